@@ -1,0 +1,35 @@
+"""tinyhal.scheduler: a generic task system.
+
+A worker pool (`Executor`), task-graph nodes gated by suspend counts (`Task`, `CallTask`,
+`NopTask`, `TiledTask`) and a trio bridge (`await_callback`). It knows nothing of
+buffers, semaphores, devices or modules; HAL drivers build on it.
+"""
+
+from __future__ import annotations
+
+from .executor import (
+    CallTask,
+    CooperativeTask,
+    Executor,
+    ExecutorStatistics,
+    NopTask,
+    Task,
+    TiledTask,
+    current_worker_index,
+    default_worker_count,
+)
+from .trio_bridge import await_callback, await_task
+
+__all__ = [
+    "CallTask",
+    "CooperativeTask",
+    "Executor",
+    "ExecutorStatistics",
+    "NopTask",
+    "Task",
+    "TiledTask",
+    "await_callback",
+    "await_task",
+    "current_worker_index",
+    "default_worker_count",
+]

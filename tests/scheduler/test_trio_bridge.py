@@ -1,0 +1,87 @@
+"""The trio bridge: waiting for cross-thread events without blocking the event loop."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+from tinyhal.errors import AbortedError
+from tinyhal.scheduler import CallTask, Executor, await_callback, await_task
+
+
+@pytest.fixture
+def ex():
+    executor = Executor(2)
+    yield executor
+    executor.shutdown(cancel=True, timeout=10)
+
+
+@pytest.mark.trio
+async def test_await_task_from_worker(ex):
+    t = CallTask(ex, lambda: None)
+    release = t.add_wait()
+    ex.submit(t)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.sleep(0.001)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        threading.Timer(0.05, release).start()
+        with trio.fail_after(10):
+            await await_task(t)
+        nursery.cancel_scope.cancel()
+    assert ticks > 3  # the loop kept running while we waited
+
+
+@pytest.mark.trio
+async def test_await_task_raises_its_error(ex):
+    t = CallTask(ex, lambda: None)
+    release = t.add_wait()
+    ex.submit(t)
+    threading.Timer(0.01, release, args=(AbortedError("nope"),)).start()
+    with trio.fail_after(10), pytest.raises(AbortedError):
+        await await_task(t)
+
+
+@pytest.mark.trio
+async def test_cancellation_unsubscribes():
+    waiters = []
+
+    def subscribe(cb):
+        waiters.append(cb)
+        return lambda: waiters.remove(cb)
+
+    with trio.move_on_after(0.02) as scope:
+        await await_callback(subscribe)
+    assert scope.cancelled_caught
+    assert waiters == []
+
+
+@pytest.mark.trio
+async def test_callback_fired_synchronously_and_values():
+    def subscribe(cb):
+        cb(value=42)
+        return None
+
+    with trio.fail_after(10):
+        assert await await_callback(subscribe) == 42
+
+
+@pytest.mark.trio
+async def test_late_callback_after_cancel_is_harmless():
+    holder = []
+
+    def subscribe(cb):
+        holder.append(cb)
+        return lambda: None  # does not actually remove: the callback may still fire
+
+    with trio.move_on_after(0.01):
+        await await_callback(subscribe)
+    holder[0]()  # fires after the waiter left: ignored
+    await trio.sleep(0.01)
