@@ -1,0 +1,254 @@
+"""The transient ringbuffer behind `queue_alloca` / `queue_dealloca`.
+
+One preallocated block of `capacity` bytes (64-byte aligned, allocated lazily on first
+use) is handed out in allocation order: each reservation bumps a write head, each
+retirement (a `queue_dealloca` whose waits were reached) marks its block free, and the
+read tail advances over the oldest blocks once they are all free. Frees may happen in any
+order; the space comes back in allocation order, as in IREE's "Transient Tensor
+Ringbuffer" roadmap item.
+
+When the ring has no room a reservation does not fail: it is parked, in order, and granted
+by the retirement that makes room (on the thread that retires). Only a request larger
+than the whole ring fails, with RESOURCE_EXHAUSTED, when it is made.
+
+Live and peak bytes (sum of the 64-byte-rounded sizes of unretired blocks) are reported to
+the device allocator under the heap name `"transient"`, so `allocator.statistics()`
+shows them next to the ordinary heaps.
+
+A buffer returned by `queue_alloca` exists before its memory does: it is created over a
+`Storage` with no bytes yet, and `commit` points that storage at the block when the
+reservation is granted, so subspans taken before that see the memory as well.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import Error, InvalidArgumentError, ResourceExhaustedError
+from .buffer import ALIGNMENT, Storage
+
+if TYPE_CHECKING:
+    from .allocator import Allocator
+
+__all__ = ["RingBlock", "RingStatistics", "TransientRingbuffer", "DEFAULT_CAPACITY", "HEAP_NAME"]
+
+DEFAULT_CAPACITY = 256 << 20
+"""Default ring size; numpy's zeroed allocation maps pages lazily, so untouched capacity
+costs address space only."""
+
+HEAP_NAME = "transient"
+
+_EMPTY = np.zeros(0, dtype=np.uint8)
+
+GrantCallback = Callable[["RingBlock | None", "Error | None"], None]
+
+
+def _align(size: int) -> int:
+    return (size + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+
+
+class RingBlock:
+    """One reservation: `[offset, offset + size)` of the ring (`size` 64-byte rounded)."""
+
+    __slots__ = ("offset", "size", "requested", "retired")
+
+    def __init__(self, offset: int, size: int, requested: int) -> None:
+        self.offset = offset
+        self.size = size
+        self.requested = requested
+        self.retired = False
+
+    def __repr__(self) -> str:
+        state = "retired" if self.retired else "live"
+        return f"<RingBlock [{self.offset}, {self.offset + self.size}) {state}>"
+
+
+@dataclasses.dataclass(frozen=True)
+class RingStatistics:
+    capacity: int
+    live_bytes: int
+    peak_bytes: int
+    live_blocks: int
+    parked_requests: int
+    head: int
+    tail: int
+    reservations: int
+    waits: int  # reservations that had to wait for a retirement
+
+
+class TransientRingbuffer:
+    """A bump allocator over one block, with in-order reclamation and parked requests."""
+
+    def __init__(
+        self, allocator: Allocator | None = None, capacity: int = DEFAULT_CAPACITY
+    ) -> None:
+        if not isinstance(capacity, int) or capacity < ALIGNMENT:
+            raise InvalidArgumentError(
+                f"transient ringbuffer capacity must be an int >= {ALIGNMENT}, not {capacity!r}"
+            )
+        self.capacity = capacity & ~(ALIGNMENT - 1)
+        self.allocator = allocator
+        self._lock = threading.Lock()
+        self._backing: np.ndarray | None = None
+        self._blocks: collections.deque[RingBlock] = collections.deque()
+        self._parked: collections.deque[tuple[int, GrantCallback]] = collections.deque()
+        self._head = 0  # next free byte
+        self._tail = 0  # first byte of the oldest live block
+        self._live = 0
+        self._peak = 0
+        self._reservations = 0
+        self._waits = 0
+        self._closed: Error | None = None
+
+    def __repr__(self) -> str:
+        return f"<TransientRingbuffer {self._live}/{self.capacity} bytes live>"
+
+    # -- requests ---------------------------------------------------------------------
+
+    def check_size(self, size: int) -> None:
+        """Raises RESOURCE_EXHAUSTED if `size` could never fit, however long it waited."""
+        if not isinstance(size, int) or size < 0:
+            raise InvalidArgumentError(f"transient allocation size must be an int >= 0, not {size!r}")
+        if _align(size) > self.capacity:
+            raise ResourceExhaustedError(
+                f"transient allocation of {size} bytes exceeds the whole ringbuffer of "
+                f"{self.capacity} bytes (raise the device's transient_capacity)"
+            )
+
+    def reserve(self, size: int, on_grant: GrantCallback) -> None:
+        """Reserves `size` bytes; calls `on_grant(block, None)` when it has them.
+
+        That happens at once if there is room and nobody is parked ahead, otherwise on
+        the thread whose `retire` makes room. After `close(error)`, `on_grant(None,
+        error)`.
+        """
+        self.check_size(size)
+        with self._lock:
+            if self._closed is not None:
+                error = self._closed
+                block = None
+            elif not self._parked and (block := self._place(size)) is not None:
+                error = None
+            else:
+                self._parked.append((size, on_grant))
+                self._waits += 1
+                return
+        on_grant(block, error)
+
+    def retire(self, block: RingBlock) -> None:
+        """Frees `block`; grants parked reservations that now fit, in order."""
+        granted = []
+        with self._lock:
+            if block.retired:
+                return
+            block.retired = True
+            self._live -= block.size
+            blocks = self._blocks
+            while blocks and blocks[0].retired:
+                blocks.popleft()
+            if blocks:
+                self._tail = blocks[0].offset
+            else:
+                self._head = self._tail = 0
+            while self._parked:
+                size, cb = self._parked[0]
+                placed = self._place(size)
+                if placed is None:
+                    break
+                self._parked.popleft()
+                granted.append((cb, placed))
+        self._report(-block.size)
+        for cb, placed in granted:
+            cb(placed, None)
+
+    def close(self, error: Error) -> None:
+        """Fails every parked reservation with `error`, and every later one."""
+        with self._lock:
+            self._closed = error
+            parked = list(self._parked)
+            self._parked.clear()
+        for _size, cb in parked:
+            cb(None, error)
+
+    # -- buffers ----------------------------------------------------------------------
+
+    @staticmethod
+    def pending_storage(size: int) -> Storage:
+        """A `Storage` with no memory yet, to be `commit`ted when the block is granted."""
+        storage = Storage(0, array=_EMPTY)
+        storage.byte_length = size
+        storage.address = 0
+        return storage
+
+    def commit(self, storage: Storage, block: RingBlock) -> None:
+        """Points `storage` at the bytes of `block` (64-byte aligned)."""
+        backing = self._backing
+        assert backing is not None
+        storage.array = backing[block.offset : block.offset + storage.byte_length]
+        storage.address = backing.ctypes.data + block.offset
+
+    # -- inspection -------------------------------------------------------------------
+
+    def statistics(self) -> RingStatistics:
+        with self._lock:
+            return RingStatistics(
+                capacity=self.capacity,
+                live_bytes=self._live,
+                peak_bytes=self._peak,
+                live_blocks=sum(1 for b in self._blocks if not b.retired),
+                parked_requests=len(self._parked),
+                head=self._head,
+                tail=self._tail,
+                reservations=self._reservations,
+                waits=self._waits,
+            )
+
+    # -- internals --------------------------------------------------------------------
+
+    def _ensure_backing(self) -> np.ndarray:
+        if self._backing is None:
+            raw = np.zeros(self.capacity + ALIGNMENT - 1, dtype=np.uint8)
+            start = (-raw.ctypes.data) % ALIGNMENT
+            self._backing = raw[start : start + self.capacity]
+        return self._backing
+
+    def _place(self, size: int) -> RingBlock | None:
+        """Finds room for `size` bytes at the head (wrapping to 0); lock held."""
+        need = _align(size) or ALIGNMENT  # a block is never empty: head == tail means full
+        head, tail, cap = self._head, self._tail, self.capacity
+        if not self._blocks:
+            offset = 0 if need <= cap else None
+        elif head > tail:
+            if head + need <= cap:
+                offset = head
+            elif need <= tail:
+                offset = 0  # wrap; [head, cap) stays unused until the tail passes it
+            else:
+                offset = None
+        else:  # wrapped: live data is [tail, cap) + [0, head)
+            offset = head if head + need <= tail else None
+        if offset is None:
+            return None
+        self._ensure_backing()
+        block = RingBlock(offset, need, size)
+        self._blocks.append(block)
+        self._head = offset + need
+        self._tail = self._blocks[0].offset
+        self._live += need
+        self._reservations += 1
+        if self._live > self._peak:
+            self._peak = self._live
+        if self.allocator is not None:
+            # Reported under the lock so live/peak in the allocator follow ring order.
+            self.allocator.track(HEAP_NAME, need)
+        return block
+
+    def _report(self, delta: int) -> None:
+        if self.allocator is not None:
+            self.allocator.track(HEAP_NAME, delta)
