@@ -114,7 +114,7 @@ def test_random_workload_never_overlaps_live_blocks():
         live.extend(granted)
         granted.clear()
         spans = sorted((b.offset, b.offset + b.size) for b in live)
-        for (s0, e0), (s1, _e1) in zip(spans, spans[1:]):
+        for (_s0, e0), (s1, _e1) in zip(spans, spans[1:]):
             assert e0 <= s1
         assert all(b.offset % 64 == 0 and b.offset + b.size <= 8192 for b in live)
         assert ring.statistics().live_bytes == sum(b.size for b in live)
