@@ -1,0 +1,48 @@
+"""tinyhal.hal: the HAL API (devices, memory, command buffers, semaphores, executables)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import Error, StatusCode
+from .allocator import Allocator, AllocatorStatistics, Heap, HeapStatistics
+from .buffer import ALIGNMENT, Buffer
+from .buffer_view import BufferView
+from .command_buffer import CommandBuffer, CommandBufferMode
+from .device import Device
+from .executable import FORMATS, Executable, ExportInfo
+from .kernels import KernelExport, build_executable
+from .semaphore import Fence, Semaphore
+from .types import (
+    WHOLE_BUFFER,
+    BufferUsage,
+    ElementType,
+    EncodingType,
+    MemoryAccess,
+    MemoryType,
+)
+
+_DRIVER_ALIASES = {"local-sync": "sync", "local-task": "task", "local-emu": "emu"}
+
+
+def available_drivers() -> list[str]:
+    """Driver names `create_device` accepts."""
+    from . import drivers
+
+    return drivers.names()
+
+
+def create_device(driver: str = "task", **options: Any) -> Device:
+    """Creates a device of the named driver (`sync`, `task`, `emu`; `local-*` aliases)."""
+    from . import drivers
+
+    return drivers.create(_DRIVER_ALIASES.get(driver, driver), **options)
+
+
+__all__ = [
+    "ALIGNMENT", "Allocator", "AllocatorStatistics", "Buffer", "BufferUsage", "BufferView",
+    "CommandBuffer", "CommandBufferMode", "Device", "ElementType", "EncodingType", "Error",
+    "Executable", "ExportInfo", "FORMATS", "Fence", "Heap", "HeapStatistics", "KernelExport",
+    "MemoryAccess", "MemoryType", "Semaphore", "StatusCode", "WHOLE_BUFFER",
+    "available_drivers", "build_executable", "create_device",
+]

@@ -1,0 +1,187 @@
+"""The device allocator: heaps, aligned allocations, host import and exact statistics."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, ResourceExhaustedError
+from .buffer import ALIGNMENT, Buffer, Storage
+from .types import BufferUsage, MemoryAccess, MemoryType
+
+
+@dataclass(frozen=True)
+class Heap:
+    """A memory heap the allocator can place buffers in."""
+
+    name: str
+    memory_type: MemoryType
+    allowed_usage: BufferUsage
+    max_allocation_size: int
+    min_alignment: int = ALIGNMENT
+
+
+@dataclass(frozen=True)
+class HeapStatistics:
+    """A snapshot of one heap's byte counts."""
+
+    live_bytes: int
+    peak_bytes: int
+    allocated_bytes: int
+    freed_bytes: int
+    allocation_count: int
+
+
+@dataclass(frozen=True)
+class AllocatorStatistics:
+    """A snapshot of every heap plus device-wide live and peak bytes."""
+
+    heaps: dict[str, HeapStatistics]
+    live_bytes: int
+    peak_bytes: int
+
+    def __getitem__(self, heap: str) -> HeapStatistics:
+        return self.heaps[heap]
+
+
+class _Counter:
+    __slots__ = ("live", "peak", "allocated", "freed", "count")
+
+    def __init__(self) -> None:
+        self.live = self.peak = self.allocated = self.freed = self.count = 0
+
+
+_ALL_USAGE = BufferUsage(0x1FFFFFFF)
+
+
+class Allocator:
+    """Allocates 64-byte-aligned buffers from a device's heaps and counts every byte.
+
+    Statistics are per allocator (that is, per device), exact on every driver: a buffer's
+    bytes are live from `allocate` until its memory is freed. Other memory sources (the
+    transient ringbuffer) report through `track` so one snapshot covers the device.
+    """
+
+    def __init__(self, device_name: str, heaps: list[Heap] | None = None) -> None:
+        self.device_name = device_name
+        limit = 1 << 40
+        self.heaps: list[Heap] = heaps or [
+            Heap(
+                "device",
+                MemoryType.OPTIMAL
+                | MemoryType.DEVICE_LOCAL
+                | MemoryType.HOST_VISIBLE
+                | MemoryType.HOST_COHERENT,
+                _ALL_USAGE,
+                limit,
+            ),
+            Heap("host", MemoryType.HOST_LOCAL | MemoryType.DEVICE_VISIBLE, _ALL_USAGE, limit),
+        ]
+        self._lock = threading.Lock()
+        self._counters: dict[str, _Counter] = {h.name: _Counter() for h in self.heaps}
+        self._live_total = 0
+        self._peak_total = 0
+
+    def __repr__(self) -> str:
+        return f"<Allocator of {self.device_name}>"
+
+    def select_heap(self, memory_type: MemoryType) -> Heap:
+        """The first heap whose memory type includes every requested bit."""
+        wanted = int(memory_type) & ~int(MemoryType.OPTIMAL)
+        for heap in self.heaps:
+            if int(heap.memory_type) & wanted == wanted:
+                return heap
+        raise InvalidArgumentError(
+            f"{self.device_name} has no heap with memory type {MemoryType(memory_type)!r}"
+        )
+
+    def allocate(
+        self,
+        size: int,
+        memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
+        usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING,
+        access: MemoryAccess = MemoryAccess.ALL,
+    ) -> Buffer:
+        """A new zero-filled buffer of `size` bytes whose address is 64-byte aligned."""
+        if not isinstance(size, int) or size < 0:
+            raise InvalidArgumentError(f"allocation size must be a non-negative int, not {size!r}")
+        heap = self.select_heap(memory_type)
+        if size > heap.max_allocation_size:
+            raise ResourceExhaustedError(
+                f"allocation of {size} bytes exceeds heap '{heap.name}' maximum of "
+                f"{heap.max_allocation_size} bytes"
+            )
+        try:
+            storage = Storage(size, on_release=self._releaser(heap.name))
+        except MemoryError:
+            raise ResourceExhaustedError(
+                f"out of host memory allocating {size} bytes on {self.device_name}"
+            ) from None
+        self.track(heap.name, size)
+        return Buffer(self, storage, 0, size, heap.memory_type, BufferUsage(usage), access)
+
+    def import_host(
+        self,
+        array: np.ndarray | memoryview | bytes | bytearray,
+        memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
+        usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING,
+        access: MemoryAccess = MemoryAccess.ALL,
+    ) -> Buffer | None:
+        """Wraps host memory as a buffer without copying, or returns None when it cannot.
+
+        The memory must be C-contiguous and 64-byte aligned. Read-only memory is imported
+        with READ access only. Imported bytes do not count as allocated.
+        """
+        view = np.frombuffer(array, dtype=np.uint8) if not isinstance(array, np.ndarray) else array
+        if not view.flags.c_contiguous:
+            return None
+        flat = view.reshape(-1).view(np.uint8)
+        if flat.ctypes.data % ALIGNMENT:
+            return None
+        heap = self.select_heap(memory_type)
+        if not flat.flags.writeable:
+            access = MemoryAccess(access) & ~(MemoryAccess.WRITE | MemoryAccess.DISCARD)
+        storage = Storage(flat.nbytes, array=flat)
+        return Buffer(self, storage, 0, flat.nbytes, heap.memory_type, BufferUsage(usage), access)
+
+    def track(self, heap: str, delta: int) -> None:
+        """Adds `delta` bytes (negative to free) to a heap's counters."""
+        with self._lock:
+            counter = self._counters.get(heap)
+            if counter is None:
+                counter = self._counters[heap] = _Counter()
+            counter.live += delta
+            if delta >= 0:
+                counter.allocated += delta
+                counter.count += 1
+                if counter.live > counter.peak:
+                    counter.peak = counter.live
+            else:
+                counter.freed -= delta
+            self._live_total += delta
+            if self._live_total > self._peak_total:
+                self._peak_total = self._live_total
+
+    def _releaser(self, heap: str):
+        def release(size: int) -> None:
+            self.track(heap, -size)
+
+        return release
+
+    def statistics(self) -> AllocatorStatistics:
+        """A consistent snapshot of live, peak, allocated and freed bytes per heap."""
+        with self._lock:
+            heaps = {
+                name: HeapStatistics(c.live, c.peak, c.allocated, c.freed, c.count)
+                for name, c in self._counters.items()
+            }
+            return AllocatorStatistics(heaps, self._live_total, self._peak_total)
+
+    def reset_peak(self) -> None:
+        """Restarts peak tracking from the current live bytes (e.g. between benchmark runs)."""
+        with self._lock:
+            for c in self._counters.values():
+                c.peak = c.live
+            self._peak_total = self._live_total

@@ -1,0 +1,82 @@
+"""Buffer views: a buffer plus shape, element type and encoding, as IREE describes tensors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, OutOfRangeError
+from .buffer import Buffer
+from .types import (
+    BufferUsage,
+    ElementType,
+    EncodingType,
+    MemoryType,
+    element_type_for,
+    numpy_dtype,
+)
+
+
+def dense_byte_length(shape: Sequence[int], element_type: int) -> int:
+    """Bytes of a dense row-major tensor; sub-byte elements are packed."""
+    bits = int(element_type) & 0xFF
+    return (math.prod(shape) * bits + 7) // 8
+
+
+class BufferView:
+    """A shaped, typed view of a buffer."""
+
+    __slots__ = ("buffer", "shape", "element_type", "encoding_type")
+
+    def __init__(self, buffer: Buffer, shape: Sequence[int], element_type: int,
+                 encoding_type: int = EncodingType.DENSE_ROW_MAJOR) -> None:
+        if not isinstance(buffer, Buffer):
+            raise InvalidArgumentError(f"a buffer view needs a Buffer, not {buffer!r}")
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise InvalidArgumentError(f"buffer view shape {shape} has a negative dimension")
+        self.buffer = buffer
+        self.shape = shape
+        self.element_type = int(element_type)
+        self.encoding_type = int(encoding_type)
+        needed = self.byte_length
+        if needed > buffer.byte_length:
+            raise OutOfRangeError(
+                f"buffer view of shape {shape} and element type 0x{self.element_type:08X} needs "
+                f"{needed} bytes but the buffer has {buffer.byte_length}"
+            )
+
+    def __repr__(self) -> str:
+        try:
+            et = ElementType(self.element_type).name
+        except ValueError:
+            et = f"0x{self.element_type:08X}"
+        return f"<BufferView {'x'.join(map(str, self.shape)) or 'scalar'} {et}>"
+
+    @property
+    def byte_length(self) -> int:
+        return dense_byte_length(self.shape, self.element_type)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return numpy_dtype(self.element_type)
+
+    @classmethod
+    def from_numpy(cls, device: Any, array: Any,
+                   memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
+                   usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING) -> BufferView:
+        """Copies a numpy array into a new device buffer."""
+        array = np.asarray(array)
+        element_type = element_type_for(array.dtype)
+        buffer = device.allocator.allocate(array.nbytes, memory_type, usage)
+        buffer.host_bytes()[:] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        return cls(buffer, array.shape, element_type)
+
+    def to_numpy(self) -> np.ndarray:
+        """Copies the view's contents into a new numpy array."""
+        dtype = self.dtype
+        with self.buffer.map(offset=0, length=self.byte_length) as view:
+            return np.frombuffer(view, dtype=dtype).reshape(self.shape).copy()

@@ -1,0 +1,297 @@
+"""Command buffers: validated recordings of fill, update, copy, dispatch and barriers.
+
+Recording validates each command once (ranges, usage bits, alignment, export signature)
+so drivers receive only valid work. A buffer reference is either direct (a `Buffer` with
+offset and length) or indirect (a slot of the binding table supplied at submit time, with
+an offset and length inside that slot's range). Recording from two threads at once is a
+misuse and is reported instead of corrupting the recording.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    OutOfRangeError,
+)
+from .buffer import ALIGNMENT, Buffer
+from .executable import MAX_BINDINGS, MAX_CONSTANTS, Executable, validate_workgroups
+from .types import WHOLE_BUFFER, BufferUsage
+
+
+class CommandBufferMode(enum.Enum):
+    ONE_SHOT = "one_shot"
+    REUSABLE = "reusable"
+
+
+class BufferRef(NamedTuple):
+    """A direct (`buffer` set) or indirect (`slot` of the binding table) buffer range."""
+
+    buffer: Buffer | None
+    slot: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class FillCommand:
+    target: BufferRef
+    pattern: bytes
+
+
+@dataclass(frozen=True)
+class UpdateCommand:
+    source: bytes
+    target: BufferRef
+
+
+@dataclass(frozen=True)
+class CopyCommand:
+    source: BufferRef
+    target: BufferRef
+
+
+@dataclass(frozen=True)
+class DispatchCommand:
+    executable: Executable
+    ordinal: int
+    workgroups: tuple[int, int, int]
+    constants: tuple[int, ...]
+    bindings: tuple[BufferRef, ...]
+
+
+@dataclass(frozen=True)
+class BarrierCommand:
+    pass
+
+
+Command = FillCommand | UpdateCommand | CopyCommand | DispatchCommand | BarrierCommand
+
+
+def as_buffer_ref(value: Any, what: str, binding_capacity: int) -> BufferRef:
+    """Normalizes a Buffer, (Buffer, offset, length), slot int or (slot, offset, length)."""
+    buffer, offset, length = value, 0, WHOLE_BUFFER
+    if isinstance(value, tuple):
+        if len(value) != 3:
+            raise InvalidArgumentError(
+                f"{what} must be a Buffer, (Buffer, offset, length) or a binding slot, "
+                f"not a {len(value)}-tuple"
+            )
+        buffer, offset, length = value
+    if isinstance(buffer, Buffer):
+        buffer.check_live()
+        offset, length = buffer.resolve_range(int(offset), int(length), what)
+        return BufferRef(buffer, -1, offset, length)
+    if isinstance(buffer, int) and not isinstance(buffer, bool):
+        if not 0 <= buffer < binding_capacity:
+            raise OutOfRangeError(
+                f"{what} names binding slot {buffer} but the command buffer's binding "
+                f"capacity is {binding_capacity}"
+            )
+        if offset < 0 or (length != WHOLE_BUFFER and length < 0):
+            raise OutOfRangeError(f"{what} range ({offset}, {length}) is negative")
+        return BufferRef(None, buffer, int(offset), int(length))
+    raise InvalidArgumentError(
+        f"{what} must be a Buffer, (Buffer, offset, length) or a binding slot, not {value!r}"
+    )
+
+
+class CommandBuffer:
+    """A recording of device commands; submit it with `Device.submit`.
+
+    Life cycle: recording (commands may be added) -> `finalize()` -> submittable. One-shot
+    command buffers may be submitted once; reusable ones any number of times, each time
+    with a binding table filling their indirect slots.
+    """
+
+    def __init__(self, device: Any, mode: str | CommandBufferMode = "one_shot",
+                 binding_capacity: int = 0) -> None:
+        try:
+            self.mode = CommandBufferMode(mode)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"command buffer mode must be 'one_shot' or 'reusable', not {mode!r}"
+            ) from None
+        if not isinstance(binding_capacity, int) or binding_capacity < 0:
+            raise InvalidArgumentError(
+                f"binding_capacity must be a non-negative int, not {binding_capacity!r}"
+            )
+        self.device = device
+        self.binding_capacity = binding_capacity
+        self.commands: list[Command] = []
+        self.finalized = False
+        self.submitted = False
+        self.max_slot = -1
+        self._recording_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        state = "finalized" if self.finalized else "recording"
+        return f"<CommandBuffer {self.mode.value} {state} {len(self.commands)} commands>"
+
+    def _record(self, command: Command) -> None:
+        if not self._recording_lock.acquire(blocking=False):
+            raise FailedPreconditionError(
+                f"{self!r} is being recorded from another thread at the same time"
+            )
+        try:
+            if self.finalized:
+                raise FailedPreconditionError(f"{self!r} is finalized; no more commands")
+            self.commands.append(command)
+        finally:
+            self._recording_lock.release()
+
+    def _ref(self, value: Any, what: str, usage: BufferUsage) -> BufferRef:
+        ref = as_buffer_ref(value, what, self.binding_capacity)
+        if ref.buffer is not None:
+            ref.buffer.validate_usage(usage, what)
+        else:
+            self.max_slot = max(self.max_slot, ref.slot)
+        return ref
+
+    def fill(self, target: Any, offset: int, length: int, pattern: int | bytes,
+             pattern_length: int | None = None) -> None:
+        """Fills [offset, offset+length) of `target` with a 1-, 2- or 4-byte pattern.
+
+        `pattern` is bytes, or an int encoded little-endian in `pattern_length` bytes
+        (default: the smallest of 1/2/4 that holds it). Offset and length must be
+        multiples of the pattern length.
+        """
+        if isinstance(pattern, (bytes, bytearray)):
+            pattern_bytes = bytes(pattern)
+        else:
+            if pattern_length is None:
+                pattern_length = 1 if 0 <= pattern < 256 else 2 if 0 <= pattern < 65536 else 4
+            try:
+                pattern_bytes = int(pattern).to_bytes(pattern_length, "little",
+                                                      signed=pattern < 0)
+            except OverflowError:
+                raise InvalidArgumentError(
+                    f"fill pattern {pattern} does not fit in {pattern_length} bytes"
+                ) from None
+        n = len(pattern_bytes)
+        if n not in (1, 2, 4):
+            raise InvalidArgumentError(f"fill pattern must be 1, 2 or 4 bytes, not {n}")
+        ref = self._ref(_subrange(target, offset, length), "fill target",
+                        BufferUsage.TRANSFER_TARGET)
+        if ref.offset % n or (ref.length != WHOLE_BUFFER and ref.length % n):
+            raise InvalidArgumentError(
+                f"fill offset {ref.offset} and length {ref.length} must be multiples of "
+                f"the {n}-byte pattern"
+            )
+        self._record(FillCommand(ref, pattern_bytes))
+
+    def update(self, source: Any, target: Any, offset: int = 0, length: int | None = None) -> None:
+        """Copies host bytes into `target` at `offset`; the source is captured now."""
+        data = _host_bytes(source)
+        if length is not None:
+            if length < 0 or length > len(data):
+                raise OutOfRangeError(
+                    f"update length {length} exceeds the {len(data)} source bytes"
+                )
+            data = data[:length]
+        ref = self._ref(_subrange(target, offset, len(data)), "update target",
+                        BufferUsage.TRANSFER_TARGET)
+        self._record(UpdateCommand(data, ref))
+
+    def copy(self, source: Any, source_offset: int, target: Any, target_offset: int,
+             length: int) -> None:
+        """Copies `length` bytes between buffers (ranges may be in the same buffer)."""
+        src = self._ref(_subrange(source, source_offset, length), "copy source",
+                        BufferUsage.TRANSFER_SOURCE)
+        dst = self._ref(_subrange(target, target_offset, length), "copy target",
+                        BufferUsage.TRANSFER_TARGET)
+        if src.length != dst.length and WHOLE_BUFFER not in (src.length, dst.length):
+            raise OutOfRangeError(
+                f"copy source length {src.length} differs from target length {dst.length}"
+            )
+        self._record(CopyCommand(src, dst))
+
+    def dispatch(self, executable: Executable, entry: int | str,
+                 workgroups: tuple[int, int, int] = (1, 1, 1), constants: Any = (),
+                 bindings: Any = ()) -> None:
+        """Records a dispatch of `executable`'s export over a 3D grid of workgroups."""
+        if not isinstance(executable, Executable):
+            raise InvalidArgumentError(f"dispatch needs an Executable, not {executable!r}")
+        ordinal = executable.resolve_entry(entry)
+        export = executable.exports[ordinal]
+        grid = validate_workgroups(workgroups)
+        consts = _constants(constants)
+        if len(consts) > MAX_CONSTANTS:
+            raise OutOfRangeError(f"{len(consts)} constants exceed the maximum of {MAX_CONSTANTS}")
+        if export.constant_count is not None and len(consts) != export.constant_count:
+            raise InvalidArgumentError(
+                f"export {export.name!r} takes {export.constant_count} constants, got {len(consts)}"
+            )
+        bindings = list(bindings)
+        if len(bindings) > MAX_BINDINGS:
+            raise OutOfRangeError(f"{len(bindings)} bindings exceed the maximum of {MAX_BINDINGS}")
+        if export.binding_count is not None and len(bindings) < export.binding_count:
+            raise InvalidArgumentError(
+                f"export {export.name!r} takes {export.binding_count} bindings, got {len(bindings)}"
+            )
+        refs = []
+        for i, b in enumerate(bindings):
+            ref = self._ref(b, f"binding {i} of {export.name!r}", BufferUsage.DISPATCH_STORAGE)
+            if ref.buffer is not None:
+                check_binding_alignment(ref.buffer, ref.offset, i, export.name)
+            refs.append(ref)
+        self._record(DispatchCommand(executable, ordinal, grid, consts, tuple(refs)))
+
+    def barrier(self) -> None:
+        """Orders every command before it ahead of every command after it."""
+        self._record(BarrierCommand())
+
+    execution_barrier = barrier
+
+    def finalize(self) -> None:
+        if self.finalized:
+            raise FailedPreconditionError(f"{self!r} is already finalized")
+        self.finalized = True
+
+
+def check_binding_alignment(buffer: Buffer, offset: int, index: int, export: str) -> None:
+    if (buffer.address + offset) % ALIGNMENT:
+        raise InvalidArgumentError(
+            f"binding {index} of {export!r} starts at offset {offset}, which is not "
+            f"{ALIGNMENT}-byte aligned; IREE kernels require aligned bindings"
+        )
+
+
+def _subrange(target: Any, offset: int, length: int) -> Any:
+    if isinstance(target, tuple):
+        raise InvalidArgumentError("pass the buffer and the offset/length separately")
+    return (target, offset, length)
+
+
+def _host_bytes(source: Any) -> bytes:
+    if isinstance(source, np.ndarray):
+        return np.ascontiguousarray(source).tobytes()
+    try:
+        return bytes(memoryview(source).cast("B"))
+    except TypeError:
+        raise InvalidArgumentError(
+            f"update source must be bytes-like or a numpy array, not {type(source).__name__}"
+        ) from None
+
+
+def _constants(constants: Any) -> tuple[int, ...]:
+    if isinstance(constants, np.ndarray):
+        if constants.dtype.itemsize != 4:
+            raise InvalidArgumentError(f"constants must be 32-bit values, not {constants.dtype}")
+        return tuple(int(v) for v in constants.view(np.uint32).reshape(-1))
+    out = []
+    for c in constants:
+        if isinstance(c, float):
+            c = int(np.float32(c).view(np.uint32))
+        c = int(c)
+        if not -(1 << 31) <= c < (1 << 32):
+            raise OutOfRangeError(f"constant {c} does not fit in 32 bits")
+        out.append(c & 0xFFFFFFFF)
+    return tuple(out)

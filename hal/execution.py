@@ -1,0 +1,150 @@
+"""Turning a finalized command buffer plus a binding table into runnable operations.
+
+`resolve_commands` runs at submit time on the submitting thread: it resolves indirect
+bindings against the binding table, re-validates ranges and alignment, and packs each
+dispatch into a `PreparedDispatch`. The result is a list of plain operations a driver runs
+in order (`run_operations`), handing dispatches to its own dispatch strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import FailedPreconditionError, InvalidArgumentError, OutOfRangeError
+from .buffer import Buffer
+from .command_buffer import (
+    BarrierCommand,
+    BufferRef,
+    CommandBuffer,
+    CopyCommand,
+    DispatchCommand,
+    FillCommand,
+    UpdateCommand,
+    as_buffer_ref,
+    check_binding_alignment,
+)
+from .executable import PreparedDispatch
+from .types import WHOLE_BUFFER, BufferUsage
+
+BindingTable = Sequence[Any]
+Resolved = tuple[Buffer, int, int]
+
+FILL, UPDATE, COPY, DISPATCH, BARRIER = range(5)
+_PATTERN_DTYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+
+
+def normalize_binding_table(table: BindingTable | None, needed: int) -> list[Resolved]:
+    """Validates binding table entries (Buffer or (Buffer, offset, length))."""
+    entries: list[Resolved] = []
+    for i, entry in enumerate(table or ()):
+        ref = as_buffer_ref(entry, f"binding table entry {i}", 0)
+        entries.append((ref.buffer, ref.offset, ref.length))
+    if needed > len(entries):
+        raise InvalidArgumentError(
+            f"command buffer uses binding slot {needed - 1} but the binding table has "
+            f"{len(entries)} entries"
+        )
+    return entries
+
+
+def _resolve(ref: BufferRef, table: list[Resolved], usage: BufferUsage, what: str) -> Resolved:
+    if ref.buffer is not None:
+        ref.buffer.check_live()
+        return ref.buffer, ref.offset, ref.length
+    buffer, base, base_length = table[ref.slot]
+    buffer.check_live()
+    buffer.validate_usage(usage, f"{what} (binding slot {ref.slot})")
+    length = base_length - ref.offset if ref.length == WHOLE_BUFFER else ref.length
+    if ref.offset + length > base_length:
+        raise OutOfRangeError(
+            f"{what} range [{ref.offset}, {ref.offset + length}) overruns binding slot "
+            f"{ref.slot} of {base_length} bytes"
+        )
+    return buffer, base + ref.offset, length
+
+
+def _bytes(resolved: Resolved) -> np.ndarray:
+    buffer, offset, length = resolved
+    return buffer.host_bytes()[offset : offset + length]
+
+
+def resolve_commands(
+    command_buffer: CommandBuffer, binding_table: BindingTable | None, max_concurrency: int = 1
+) -> list[tuple]:
+    """Validates a submission of `command_buffer` and returns its operations."""
+    if not isinstance(command_buffer, CommandBuffer):
+        raise InvalidArgumentError(f"submit takes command buffers, not {command_buffer!r}")
+    if not command_buffer.finalized:
+        raise FailedPreconditionError(f"{command_buffer!r} must be finalized before submit")
+    if command_buffer.mode.value == "one_shot":
+        if command_buffer.submitted:
+            raise FailedPreconditionError(f"{command_buffer!r} is one-shot and was submitted")
+    table = normalize_binding_table(binding_table, command_buffer.max_slot + 1)
+    ops: list[tuple] = []
+    for cmd in command_buffer.commands:
+        if isinstance(cmd, DispatchCommand):
+            ptrs, lengths = [], []
+            name = cmd.executable.exports[cmd.ordinal].name
+            for i, ref in enumerate(cmd.bindings):
+                buffer, offset, length = _resolve(ref, table, BufferUsage.DISPATCH_STORAGE,
+                                                  f"binding {i} of {name!r}")
+                if ref.buffer is None:
+                    check_binding_alignment(buffer, offset, i, name)
+                ptrs.append(buffer.address + offset)
+                lengths.append(length)
+            x, y, z = cmd.workgroups
+            if x and y and z:
+                ops.append((DISPATCH, cmd.executable.prepare_dispatch(
+                    cmd.ordinal, cmd.workgroups, cmd.constants, ptrs, lengths,
+                    max_concurrency)))
+        elif isinstance(cmd, FillCommand):
+            dst = _resolve(cmd.target, table, BufferUsage.TRANSFER_TARGET, "fill target")
+            n = len(cmd.pattern)
+            if dst[2] % n:
+                raise InvalidArgumentError(
+                    f"fill length {dst[2]} is not a multiple of the {n}-byte pattern"
+                )
+            value = np.frombuffer(cmd.pattern, dtype=_PATTERN_DTYPES[n])[0]
+            ops.append((FILL, dst, value))
+        elif isinstance(cmd, UpdateCommand):
+            dst = _resolve(cmd.target, table, BufferUsage.TRANSFER_TARGET, "update target")
+            ops.append((UPDATE, dst, cmd.source))
+        elif isinstance(cmd, CopyCommand):
+            src = _resolve(cmd.source, table, BufferUsage.TRANSFER_SOURCE, "copy source")
+            dst = _resolve(cmd.target, table, BufferUsage.TRANSFER_TARGET, "copy target")
+            if src[2] != dst[2]:
+                raise OutOfRangeError(
+                    f"copy source length {src[2]} differs from target length {dst[2]}"
+                )
+            ops.append((COPY, src, dst))
+        elif isinstance(cmd, BarrierCommand):
+            if ops and ops[-1][0] != BARRIER:
+                ops.append((BARRIER,))
+    command_buffer.submitted = True
+    return ops
+
+
+def run_transfer(op: tuple) -> None:
+    """Runs one fill, update or copy operation on host-visible memory."""
+    kind = op[0]
+    if kind == FILL:
+        dst = _bytes(op[1])
+        value = op[2]
+        dst.view(value.dtype)[:] = value
+    elif kind == UPDATE:
+        _bytes(op[1])[:] = np.frombuffer(op[2], dtype=np.uint8)
+    elif kind == COPY:
+        _bytes(op[2])[:] = _bytes(op[1])
+
+
+def run_operations(ops: list[tuple], dispatch: Callable[[PreparedDispatch], None]) -> None:
+    """Runs operations in order on this thread, dispatches through `dispatch`."""
+    for op in ops:
+        kind = op[0]
+        if kind == DISPATCH:
+            dispatch(op[1])
+        elif kind != BARRIER:
+            run_transfer(op)

@@ -1,0 +1,372 @@
+"""Timeline semaphores and fences.
+
+A `Semaphore` holds a monotonically increasing 64-bit value. Work waits for a value and
+signals a larger one; host threads block in `wait`, trio tasks suspend in `wait_async`, and
+drivers register timepoint callbacks that fire exactly when a value is reached, so nothing
+ever polls. `fail` records the first error; every current and future waiter sees it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import outcome
+import trio
+
+from ..errors import (
+    AbortedError,
+    DeadlineExceededError,
+    Error,
+    InvalidArgumentError,
+    OutOfRangeError,
+)
+
+MAX_VALUE = (1 << 64) - 1
+TimepointCallback = Callable[[Error | None], None]
+
+
+@dataclass(frozen=True)
+class SemaphoreStatistics:
+    value: int
+    failed: bool
+    pending_timepoints: int
+    blocked_threads: int
+
+
+class Timepoint:
+    """A registered callback for a semaphore value; `cancel()` unregisters it if unfired."""
+
+    __slots__ = ("value", "callback", "fired", "_seq")
+
+    def __init__(self, value: int, callback: TimepointCallback, seq: int) -> None:
+        self.value = value
+        self.callback = callback
+        self.fired = False
+        self._seq = seq
+
+    def __lt__(self, other: Timepoint) -> bool:
+        return (self.value, self._seq) < (other.value, other._seq)
+
+
+class Semaphore:
+    """A timeline semaphore: a uint64 that only moves forward, or fails once."""
+
+    _seq = itertools.count()
+
+    def __init__(self, initial: int = 0, name: str = "") -> None:
+        _check_value(initial, "initial value")
+        self._value = initial
+        self._failure: Error | None = None
+        self._cond = threading.Condition(threading.Lock())
+        self._timepoints: list[Timepoint] = []
+        self._blocked = 0
+        self.name = name
+
+    def __repr__(self) -> str:
+        label = f" {self.name}" if self.name else ""
+        state = f"failed: {self._failure}" if self._failure else f"value={self._value}"
+        return f"<Semaphore{label} {state}>"
+
+    @property
+    def failure(self) -> Error | None:
+        """The error the semaphore failed with, or None."""
+        return self._failure
+
+    def query(self) -> int:
+        """The current value; raises the failure if the semaphore has failed."""
+        failure = self._failure
+        if failure is not None:
+            raise failure
+        return self._value
+
+    def signal(self, value: int) -> None:
+        """Advances to `value`, waking every waiter at or below it.
+
+        Values must strictly increase (OUT_OF_RANGE otherwise); signalling a failed
+        semaphore raises its failure.
+        """
+        _check_value(value, "signal value")
+        with self._cond:
+            if self._failure is not None:
+                raise self._failure
+            if value <= self._value:
+                raise OutOfRangeError(
+                    f"{self!r} cannot be signalled to {value}: timeline values must increase "
+                    f"(current {self._value})"
+                )
+            self._value = value
+            ready = self._pop_reached(value)
+            self._cond.notify_all()
+        for tp in ready:
+            tp.callback(None)
+
+    def fail(self, error: BaseException | str) -> None:
+        """Fails the semaphore; the first failure wins and reaches every waiter."""
+        if isinstance(error, str):
+            error = AbortedError(error)
+        elif not isinstance(error, Error):
+            wrapped = AbortedError(f"{type(error).__name__}: {error}")
+            wrapped.__cause__ = error
+            error = wrapped
+        with self._cond:
+            if self._failure is not None:
+                return
+            self._failure = error
+            ready = self._timepoints
+            self._timepoints = []
+            for tp in ready:
+                tp.fired = True
+            self._cond.notify_all()
+        for tp in ready:
+            tp.callback(error)
+
+    def wait(self, value: int, timeout: float | None = None) -> None:
+        """Blocks until the value is reached; DEADLINE_EXCEEDED after `timeout` seconds.
+
+        `timeout=0` only checks. Raises the semaphore's failure if it fails.
+        """
+        _check_value(value, "wait value")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._blocked += 1
+            try:
+                while True:
+                    if self._failure is not None:
+                        raise self._failure
+                    if self._value >= value:
+                        return
+                    if deadline is None:
+                        self._cond.wait()
+                    else:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise DeadlineExceededError(
+                                f"{self!r} did not reach {value} within {timeout} s"
+                            )
+                        self._cond.wait(remaining)
+            finally:
+                self._blocked -= 1
+
+    async def wait_async(self, value: int) -> None:
+        """Waits in a trio task without blocking the event loop; cancellation is safe."""
+        _check_value(value, "wait value")
+        token = trio.lowlevel.current_trio_token()
+        task = trio.lowlevel.current_task()
+        state = {"done": False}
+
+        def on_reached(error: Error | None) -> None:
+            outcome_value = _outcome_for(error)
+
+            def wake() -> None:
+                if not state["done"]:
+                    state["done"] = True
+                    trio.lowlevel.reschedule(task, outcome_value)
+
+            try:
+                token.run_sync_soon(wake)
+            except trio.RunFinishedError:
+                pass
+
+        tp = self.on_reached(value, on_reached)
+        if tp is None:
+            await trio.lowlevel.checkpoint()
+            self._raise_if_failed()
+            return
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            # Either the timepoint is still registered (unregister it) or its wake-up is
+            # already queued (void it): both ways the task is rescheduled exactly once.
+            self.cancel_timepoint(tp)
+            state["done"] = True
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def on_reached(self, value: int, callback: TimepointCallback) -> Timepoint | None:
+        """Calls `callback(None)` when `value` is reached or `callback(error)` on failure.
+
+        If the outcome is already known, the callback is not stored and this returns None
+        after calling nothing: the caller checks `query()`/`failure` itself. Otherwise it
+        returns the timepoint; the callback later runs on the signalling thread, outside the
+        semaphore's lock, exactly once.
+        """
+        with self._cond:
+            if self._failure is not None or self._value >= value:
+                return None
+            tp = Timepoint(value, callback, next(self._seq))
+            heapq.heappush(self._timepoints, tp)
+            return tp
+
+    def cancel_timepoint(self, tp: Timepoint) -> bool:
+        """Unregisters an unfired timepoint; False if it already fired."""
+        with self._cond:
+            if tp.fired:
+                return False
+            tp.fired = True
+            try:
+                self._timepoints.remove(tp)
+                heapq.heapify(self._timepoints)
+            except ValueError:
+                pass
+            return True
+
+    def statistics(self) -> SemaphoreStatistics:
+        with self._cond:
+            return SemaphoreStatistics(
+                self._value, self._failure is not None, len(self._timepoints), self._blocked
+            )
+
+    def _pop_reached(self, value: int) -> list[Timepoint]:
+        ready = []
+        heap = self._timepoints
+        while heap and heap[0].value <= value:
+            tp = heapq.heappop(heap)
+            tp.fired = True
+            ready.append(tp)
+        return ready
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+
+def _outcome_for(error: Error | None) -> outcome.Outcome:
+    return outcome.Value(None) if error is None else outcome.Error(error)
+
+
+def _check_value(value: int, what: str) -> None:
+    if not isinstance(value, int) or value < 0 or value > MAX_VALUE:
+        raise InvalidArgumentError(f"semaphore {what} must be an int in [0, 2**64), not {value!r}")
+
+
+SemaphorePoint = tuple[Semaphore, int]
+
+
+class Fence:
+    """A set of semaphore points: reached when every semaphore reaches its value.
+
+    A semaphore appears at most once, at the largest value inserted for it.
+    """
+
+    def __init__(self, points: Iterable[SemaphorePoint] = ()) -> None:
+        self._points: dict[Semaphore, int] = {}
+        for sem, value in points:
+            self.insert(sem, value)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{s!r}@{v}" for s, v in self._points.items())
+        return f"<Fence [{inner}]>"
+
+    @classmethod
+    def join(cls, fences: Iterable[Fence | None]) -> Fence:
+        joined = cls()
+        for fence in fences:
+            if fence is not None:
+                for sem, value in fence.points:
+                    joined.insert(sem, value)
+        return joined
+
+    def insert(self, semaphore: Semaphore, value: int) -> None:
+        _check_value(value, "fence value")
+        if value > self._points.get(semaphore, -1):
+            self._points[semaphore] = value
+
+    @property
+    def points(self) -> list[SemaphorePoint]:
+        return list(self._points.items())
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    def signal(self) -> None:
+        for sem, value in self._points.items():
+            sem.signal(value)
+
+    def fail(self, error: BaseException | str) -> None:
+        for sem in self._points:
+            sem.fail(error)
+
+    @property
+    def failure(self) -> Error | None:
+        for sem in self._points:
+            if sem.failure is not None:
+                return sem.failure
+        return None
+
+    def query(self) -> bool:
+        """True when every point is reached; raises the first failure."""
+        return all(sem.query() >= value for sem, value in self._points.items())
+
+    def wait(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for sem, value in self._points.items():
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            sem.wait(value, remaining)
+
+    async def wait_async(self) -> None:
+        for sem, value in self._points.items():
+            await sem.wait_async(value)
+
+
+def normalize_points(
+    points: Fence | Sequence[SemaphorePoint] | None, what: str
+) -> list[SemaphorePoint]:
+    """Turns a Fence or a list of (Semaphore, value) into a validated list."""
+    if points is None:
+        return []
+    if isinstance(points, Fence):
+        return points.points
+    result = []
+    for item in points:
+        try:
+            sem, value = item
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"{what} entries must be (Semaphore, value) pairs, not {item!r}"
+            ) from None
+        if not isinstance(sem, Semaphore):
+            raise InvalidArgumentError(f"{what} entry {item!r} does not name a Semaphore")
+        _check_value(value, f"{what} value")
+        result.append((sem, value))
+    return result
+
+
+def when_all_reached(
+    points: Sequence[SemaphorePoint], callback: TimepointCallback
+) -> None:
+    """Calls `callback(None)` once every point is reached, or `callback(error)` on the first
+    failure; immediately (on this thread) if already decided, else on the signalling thread.
+    """
+    pending = []
+    for sem, value in points:
+        failure = sem.failure
+        if failure is not None:
+            callback(failure)
+            return
+        if sem._value < value:
+            pending.append((sem, value))
+    if not pending:
+        callback(None)
+        return
+    lock = threading.Lock()
+    state = {"left": len(pending), "done": False}
+
+    def one(error: Error | None) -> None:
+        with lock:
+            if state["done"]:
+                return
+            if error is None:
+                state["left"] -= 1
+                if state["left"]:
+                    return
+            state["done"] = True
+        callback(error)
+
+    for sem, value in pending:
+        if sem.on_reached(value, one) is None:
+            one(sem.failure)
