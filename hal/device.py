@@ -10,6 +10,13 @@ Drivers subclass `Device` and override:
 - `_start(work, signal)`: run `work()` (on some thread) and then `self._complete(signal,
   error)`; the default runs inline on whichever thread satisfied the last wait.
 - `_run_dispatch(prepared)`: run one prepared dispatch to completion.
+- `_enqueue_commands(wait, signal, ops, keep)`: queue a submission's resolved operations;
+  the default runs them in order as one unit of work (drivers that run commands in
+  parallel between barriers override it).
+
+`queue_alloca` memory comes from the device's transient ringbuffer (`self.transient`,
+capacity set by the `transient_capacity` option): the buffer is returned at once and gets
+its memory when the alloca runs, which waits for ringbuffer space if the ring is full.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import (
+    AbortedError,
     Error,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -35,6 +43,7 @@ from .buffer import Buffer
 from .command_buffer import CommandBuffer, _host_bytes, as_buffer_ref
 from .executable import FORMATS, Executable, PreparedDispatch
 from .execution import COPY, FILL, UPDATE, resolve_commands, run_operations, run_transfer
+from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import Fence, Semaphore, SemaphorePoint, normalize_points, when_all_reached
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
 
@@ -58,7 +67,7 @@ class Device:
     driver_name = "base"
     identifier = "local"
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, transient_capacity: int = DEFAULT_CAPACITY, **options: Any) -> None:
         if options:
             raise InvalidArgumentError(
                 f"driver {self.driver_name!r} does not take options {sorted(options)}"
@@ -69,6 +78,7 @@ class Device:
         )
         self._executables_lock = threading.Lock()
         self._closed = False
+        self.transient = TransientRingbuffer(self.allocator, transient_capacity)
 
     def __repr__(self) -> str:
         return f"<Device {self.identifier}>"
@@ -82,6 +92,8 @@ class Device:
     def close(self) -> None:
         """Releases driver resources; queued work still completes or fails."""
         self._closed = True
+        self.transient.close(AbortedError(
+            f"{self!r} closed while a queue_alloca waited for ringbuffer space"))
 
     # -- objects ----------------------------------------------------------------------
 
@@ -150,8 +162,7 @@ class Device:
         ops: list[tuple] = []
         for cb in batch_list:
             ops.extend(resolve_commands(cb, binding_table, self.concurrency))
-        self._enqueue(wait_points, signal_points,
-                      lambda: run_operations(ops, self._run_dispatch), keep=batch_list)
+        self._enqueue_commands(wait_points, signal_points, ops, batch_list)
 
     queue_execute = submit
 
@@ -236,11 +247,18 @@ class Device:
     def queue_alloca(self, size: int, wait: Points = (), signal: Points = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
                      usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING) -> Buffer:
-        """A transient buffer usable once `signal` is reached."""
+        """A transient buffer usable once `signal` is reached.
+
+        Its memory comes from the transient ringbuffer when the alloca runs; a full ring
+        makes it wait for a `queue_dealloca` to retire space. Only a size larger than the
+        whole ring fails, here, with RESOURCE_EXHAUSTED.
+        """
         wait_points = normalize_points(wait, "wait")
         signal_points = normalize_points(signal, "signal")
-        buffer = self._alloca(size, memory_type, usage, wait_points)
-        self._enqueue(wait_points, signal_points, _nothing)
+        self.transient.check_size(size)
+        buffer = self._alloca(size, memory_type, usage)
+        self._enqueue_async(wait_points, signal_points,
+                            lambda done: self._commit_alloca(buffer, done))
         return buffer
 
     def queue_dealloca(self, buffer: Buffer, wait: Points = (), signal: Points = ()) -> None:
@@ -254,12 +272,50 @@ class Device:
 
     # -- driver hooks -----------------------------------------------------------------
 
-    def _alloca(self, size: int, memory_type: MemoryType, usage: BufferUsage,
-                wait: list[SemaphorePoint]) -> Buffer:
-        return self.allocator.allocate(size, memory_type, usage)
+    def _alloca(self, size: int, memory_type: MemoryType, usage: BufferUsage) -> Buffer:
+        """A buffer with no memory yet; `_commit_alloca` gives it ringbuffer memory."""
+        heap = self.allocator.select_heap(memory_type)
+        storage = TransientRingbuffer.pending_storage(size)
+        return Buffer(self.allocator, storage, 0, size, heap.memory_type, BufferUsage(usage))
+
+    def _commit_alloca(self, buffer: Buffer, done: Callable[[Error | None], None]) -> None:
+        storage = buffer.storage
+
+        def granted(block: Any, error: Error | None) -> None:
+            if error is None:
+                self.transient.commit(storage, block)
+            done(error)
+
+        self.transient.reserve(buffer.byte_length, granted)
 
     def _dealloca(self, buffer: Buffer) -> None:
         buffer.storage.release()
+        self.transient.release(buffer.storage)
+
+    def _enqueue_commands(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
+                          ops: list[tuple], keep: Any) -> None:
+        self._enqueue(wait, signal, lambda: run_operations(ops, self._run_dispatch), keep=keep)
+
+    def _enqueue_async(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
+                       start: Callable[[Callable[[Error | None], None]], None]) -> None:
+        """Like `_enqueue`, for work that finishes later: `start(done)` runs once the waits
+        are reached and `done(error)` completes it (on whatever thread calls it)."""
+        if self._closed:
+            raise FailedPreconditionError(f"{self!r} is closed")
+
+        def done(error: Error | None) -> None:
+            self._complete(signal, error)
+
+        def on_waits(error: Error | None) -> None:
+            if error is not None:
+                self._complete(signal, error)
+                return
+            try:
+                start(done)
+            except BaseException as exc:  # noqa: BLE001 - becomes the operation's error
+                self._complete(signal, as_error(exc))
+
+        when_all_reached(wait, on_waits)
 
     def _enqueue(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
                  work: Callable[[], None], keep: Any = None) -> None:

@@ -8,6 +8,7 @@ in order (`run_operations`), handing dispatches to its own dispatch strategy.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -86,20 +87,25 @@ def resolve_commands(
     ops: list[tuple] = []
     for cmd in command_buffer.commands:
         if isinstance(cmd, DispatchCommand):
-            ptrs, lengths = [], []
+            resolved = []
             name = cmd.executable.exports[cmd.ordinal].name
             for i, ref in enumerate(cmd.bindings):
                 buffer, offset, length = _resolve(ref, table, BufferUsage.DISPATCH_STORAGE,
                                                   f"binding {i} of {name!r}")
                 if ref.buffer is None:
                     check_binding_alignment(buffer, offset, i, name)
-                ptrs.append(buffer.address + offset)
-                lengths.append(length)
+                resolved.append((buffer, offset, length))
             x, y, z = cmd.workgroups
             if x and y and z:
-                ops.append((DISPATCH, cmd.executable.prepare_dispatch(
-                    cmd.ordinal, cmd.workgroups, cmd.constants, ptrs, lengths,
-                    max_concurrency)))
+                if any(not b.storage.address for b, _o, _n in resolved):
+                    # A queue_alloca buffer whose memory arrives when its alloca runs:
+                    # addresses are taken when the dispatch starts.
+                    ops.append((DISPATCH, DeferredDispatch(cmd, resolved, max_concurrency)))
+                else:
+                    ops.append((DISPATCH, cmd.executable.prepare_dispatch(
+                        cmd.ordinal, cmd.workgroups, cmd.constants,
+                        [b.address + o for b, o, _n in resolved],
+                        [n for _b, _o, n in resolved], max_concurrency)))
         elif isinstance(cmd, FillCommand):
             dst = _resolve(cmd.target, table, BufferUsage.TRANSFER_TARGET, "fill target")
             n = len(cmd.pattern)
@@ -125,6 +131,56 @@ def resolve_commands(
                 ops.append((BARRIER,))
     command_buffer.submitted = True
     return ops
+
+
+class DeferredDispatch:
+    """A dispatch binding transient memory not yet committed at submit time.
+
+    Behaves like a `PreparedDispatch` (`run`, `raise_for_status`, `total`); the first
+    `run` packs the dispatch with the addresses the buffers have by then.
+    """
+
+    __slots__ = ("_cmd", "_resolved", "_max_concurrency", "_prepared", "_error", "_lock",
+                 "total")
+
+    def __init__(self, cmd: DispatchCommand, resolved: list[Resolved],
+                 max_concurrency: int) -> None:
+        self._cmd = cmd
+        self._resolved = resolved
+        self._max_concurrency = max_concurrency
+        self._prepared: PreparedDispatch | None = None
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        x, y, z = cmd.workgroups
+        self.total = x * y * z
+
+    def prepare(self) -> PreparedDispatch:
+        with self._lock:
+            if self._prepared is None:
+                if self._error is not None:
+                    raise self._error
+                try:
+                    for buffer, _offset, _length in self._resolved:
+                        buffer.check_live()
+                        if not buffer.storage.address:
+                            raise FailedPreconditionError(
+                                f"{buffer!r} has no memory: its queue_alloca has not run"
+                            )
+                    cmd = self._cmd
+                    self._prepared = cmd.executable.prepare_dispatch(
+                        cmd.ordinal, cmd.workgroups, cmd.constants,
+                        [b.address + o for b, o, _n in self._resolved],
+                        [n for _b, _o, n in self._resolved], self._max_concurrency)
+                except BaseException as exc:
+                    self._error = exc
+                    raise
+            return self._prepared
+
+    def run(self, processor_id: int = 0, tile: int = 0) -> int:
+        return self.prepare().run(processor_id, tile)
+
+    def raise_for_status(self, rc: int) -> None:
+        self.prepare().raise_for_status(rc)
 
 
 def run_transfer(op: tuple) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -105,6 +106,7 @@ class TransientRingbuffer:
         self._reservations = 0
         self._waits = 0
         self._closed: Error | None = None
+        self._owned: weakref.WeakKeyDictionary[Storage, RingBlock] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"<TransientRingbuffer {self._live}/{self.capacity} bytes live>"
@@ -187,11 +189,26 @@ class TransientRingbuffer:
         return storage
 
     def commit(self, storage: Storage, block: RingBlock) -> None:
-        """Points `storage` at the bytes of `block` (64-byte aligned)."""
+        """Points `storage` at the bytes of `block` (64-byte aligned).
+
+        `release(storage)` retires the block; so does the storage being garbage
+        collected, so a transient buffer dropped without `queue_dealloca` cannot wedge
+        the ring forever.
+        """
         backing = self._backing
         assert backing is not None
         storage.array = backing[block.offset : block.offset + storage.byte_length]
         storage.address = backing.ctypes.data + block.offset
+        with self._lock:
+            self._owned[storage] = block
+        weakref.finalize(storage, self.retire, block)
+
+    def release(self, storage: Storage) -> None:
+        """Retires the block committed to `storage` (nothing if it has none)."""
+        with self._lock:
+            block = self._owned.pop(storage, None)
+        if block is not None:
+            self.retire(block)
 
     # -- inspection -------------------------------------------------------------------
 
