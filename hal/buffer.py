@@ -37,11 +37,14 @@ class Storage:
         array: np.ndarray | None = None,
     ) -> None:
         if array is None:
-            raw = np.zeros(byte_length + ALIGNMENT - 1, dtype=np.uint8)
+            raw = np.zeros(byte_length + ALIGNMENT, dtype=np.uint8)
             start = (-raw.ctypes.data) % ALIGNMENT
             array = raw[start : start + byte_length]
+            address = raw.ctypes.data + start  # also right for empty buffers
+        else:
+            address = array.ctypes.data
         self.array: np.ndarray = array
-        self.address: int = array.ctypes.data
+        self.address: int = address
         self.byte_length = byte_length
         self.released = False
         self._on_release = on_release

@@ -78,7 +78,7 @@ def _check_elf(data: bytes) -> str:
         raise DataLossError("ELF executable is truncated: program headers run past the end")
     if e_shnum and e_shoff + e_shnum * e_shentsize > len(data):
         raise DataLossError("ELF executable is truncated: section headers run past the end")
-    needed = False
+    system = False
     for i in range(e_phnum):
         p_type, _, p_offset, _, _, p_filesz, _, _ = struct.unpack_from(
             "<IIQQQQQQ", data, e_phoff + i * e_phentsize
@@ -93,9 +93,9 @@ def _check_elf(data: bytes) -> str:
                 tag = struct.unpack_from("<q", data, j)[0]
                 if tag == 0:
                     break
-                if tag == 1:
-                    needed = True
-    return FORMATS[1] if needed else FORMATS[0]
+                if tag in (1, 0x6FFFFEF5):  # DT_NEEDED, DT_GNU_HASH: a system linker's output
+                    system = True
+    return FORMATS[1] if system else FORMATS[0]
 
 
 class Executable:

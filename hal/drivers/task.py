@@ -1,0 +1,195 @@
+"""The `task` driver: submissions become task graphs on a `tinyhal.scheduler.Executor`.
+
+Each queue operation is a graph whose entry node is gated by the wait semaphores (one
+gate released by a semaphore timepoint callback, so nothing polls). A submission's
+commands are split at execution barriers: commands between two barriers run in parallel,
+each dispatch as a cooperative task whose shares, one per worker, drive the C workgroup
+loop over a shared cursor (tiles of workgroups, like compute units claiming work on a
+GPU); a join node stands for the barrier. The last node signals the signal semaphores, or
+fails them with the first error of the graph or of its waits, which reaches every
+dependent submission the same way.
+
+Independent submissions run out of order: the only ordering is the one semaphores give.
+Tiny work (no dispatch and few bytes to move) runs inline on the thread that readies it,
+usually the submitting thread, which avoids waking a worker (tens of microseconds) for
+nothing. `close()` shuts the executor down: work already running finishes, and every
+operation still waiting fails its signal semaphores with ABORTED, so nothing hangs.
+
+Options: `workers` (default one per core), `transient_capacity` (ringbuffer bytes),
+`inline_bytes` (largest transfer-only submission run inline, default 64 KiB).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...errors import Error, FailedPreconditionError, InvalidArgumentError
+from ...scheduler import CallTask, CooperativeTask, Executor, NopTask, Task
+from ..device import Device
+from ..execution import BARRIER, COPY, DISPATCH, FILL, UPDATE, run_operations, run_transfer
+from ..semaphore import SemaphorePoint, when_all_reached
+
+DEFAULT_INLINE_BYTES = 64 << 10
+TILES_PER_WORKER = 8  # tiles a dispatch is cut into per worker (load balance vs. claims)
+
+
+def _transfer_bytes(op: tuple) -> int:
+    kind = op[0]
+    if kind == FILL or kind == UPDATE:
+        return op[1][2]
+    if kind == COPY:
+        return op[2][2]
+    return 0
+
+
+class TaskDevice(Device):
+    driver_name = "task"
+    identifier = "local-task"
+
+    def __init__(self, workers: int | None = None, *, inline_bytes: int = DEFAULT_INLINE_BYTES,
+                 **options: Any) -> None:
+        super().__init__(**options)
+        if not isinstance(inline_bytes, int) or inline_bytes < 0:
+            raise InvalidArgumentError(f"inline_bytes must be an int >= 0, not {inline_bytes!r}")
+        self.inline_bytes = inline_bytes
+        self.executor = Executor(workers, name="tinyhal-task")
+
+    def __repr__(self) -> str:
+        return f"<Device {self.identifier} workers={self.executor.worker_count}>"
+
+    def close(self) -> None:
+        """Stops the workers; queued operations finish or fail with ABORTED."""
+        if self._closed:
+            return
+        super().close()
+        self.executor.shutdown(timeout=60.0)
+
+    @property
+    def concurrency(self) -> int:
+        return self.executor.worker_count
+
+    def statistics(self) -> Any:
+        """The executor's statistics snapshot (queued, running, live tasks, ...)."""
+        return self.executor.statistics()
+
+    # -- queue hooks ------------------------------------------------------------------
+
+    def _gate(self, entry: Task, wait: list[SemaphorePoint]) -> None:
+        if wait:
+            when_all_reached(wait, entry.add_wait())
+
+    def _finish_with(self, last: Task, signal: list[SemaphorePoint], keep: Any = None) -> None:
+        def complete(error: Error | None) -> None:
+            self._complete(signal, error)
+            del keep_alive[:]
+
+        keep_alive = [keep]  # command buffers stay alive until the work is done
+        last.on_complete(complete)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FailedPreconditionError(f"{self!r} is closed")
+
+    def _enqueue(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
+                 work: Callable[[], None], keep: Any = None) -> None:
+        self._check_open()
+        task = CallTask(self.executor, work, name="queue-op")
+        self._gate(task, wait)
+        self._finish_with(task, signal, keep)
+        self.executor.submit(task)
+
+    def _enqueue_async(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
+                       start: Callable[[Callable[[Error | None], None]], None]) -> None:
+        # The start (e.g. a ringbuffer reservation) is cheap: run it inline on the thread
+        # that releases the gate; its completion arrives through `done`.
+        self._check_open()
+        done_fired = []
+
+        def done(error: Error | None) -> None:
+            if not done_fired:
+                done_fired.append(True)
+                self._complete(signal, error)
+
+        def run() -> None:
+            start(done)
+
+        task = CallTask(self.executor, run, name="queue-async-op", inline=True)
+        self._gate(task, wait)
+        # Gate failure, shutdown or a failing start complete the operation here; a
+        # successful start completes it through `done`.
+        task.on_complete(lambda error: done(error) if error is not None else None)
+        self.executor.submit(task)
+
+    def _enqueue_commands(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
+                          ops: list[tuple], keep: Any) -> None:
+        self._check_open()
+        ex = self.executor
+        has_dispatch = any(op[0] == DISPATCH for op in ops)
+        if not has_dispatch and sum(map(_transfer_bytes, ops)) <= self.inline_bytes:
+            # Tiny: one node, inline on whichever thread readies it.
+            task = CallTask(ex, lambda: run_operations(ops, self._run_dispatch),
+                            name="submit-inline", inline=True)
+            self._gate(task, wait)
+            self._finish_with(task, signal, keep)
+            ex.submit(task)
+            return
+        entry = NopTask(ex, name="submit")
+        self._gate(entry, wait)
+        tasks: list[Task] = [entry]
+        prev: Task = entry  # what the current segment depends on
+        segment: list[Task] = []
+        transfers: list[tuple] = []
+
+        def flush_transfers() -> None:
+            if transfers:
+                batch = list(transfers)
+                transfers.clear()
+                segment.append(CallTask(ex, lambda: _run_transfers(batch), name="transfers"))
+
+        def close_segment() -> Task:
+            flush_transfers()
+            if not segment:
+                return prev
+            for t in segment:
+                t.depends_on(prev)
+            tasks.extend(segment)
+            if len(segment) == 1:
+                join = segment[0]
+            else:
+                join = NopTask(ex, name="barrier").depends_on(*segment)
+                tasks.append(join)
+            segment.clear()
+            return join
+
+        for op in ops:
+            kind = op[0]
+            if kind == BARRIER:
+                prev = close_segment()
+            elif kind == DISPATCH:
+                segment.append(self._dispatch_task(op[1]))
+            else:
+                transfers.append(op)
+        last = close_segment()
+        self._finish_with(last, signal, keep)
+        ex.submit(*reversed(tasks))  # entry last: the graph is complete before it starts
+
+    def _dispatch_task(self, prepared: Any) -> Task:
+        workers = self.executor.worker_count
+        total = prepared.total
+        tile = max(1, total // (workers * TILES_PER_WORKER))
+        shares = min(workers, -(-total // tile))
+
+        def share(worker_index: int | None) -> None:
+            prepared.raise_for_status(prepared.run(worker_index or 0, tile))
+
+        return CooperativeTask(self.executor, share, max_concurrency=shares, name="dispatch")
+
+    def _run_dispatch(self, prepared: Any) -> None:
+        # Inline path only (dispatch-free submissions never get here); whole grid at once.
+        prepared.raise_for_status(prepared.run())
+
+
+def _run_transfers(ops: list[tuple]) -> None:
+    for op in ops:
+        run_transfer(op)

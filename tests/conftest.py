@@ -1,0 +1,6 @@
+"""Shared test configuration: makes `tests/support` importable for every suite."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -1,0 +1,126 @@
+"""Semaphore and fence conformance (after IREE's CTS semaphore suite), on every driver."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from tinyhal import errors
+from tinyhal.hal import Fence
+
+
+def test_initial_value_and_signal(device):
+    sem = device.create_semaphore(5)
+    assert sem.query() == 5
+    sem.signal(6)
+    sem.signal(1 << 63)
+    assert sem.query() == 1 << 63
+
+
+def test_signal_backwards_is_rejected(device):
+    sem = device.create_semaphore(3)
+    with pytest.raises(errors.OutOfRangeError, match="must increase"):
+        sem.signal(3)
+    with pytest.raises(errors.OutOfRangeError):
+        sem.signal(2)
+    assert sem.query() == 3
+
+
+def test_value_range_checked(device):
+    with pytest.raises(errors.InvalidArgumentError):
+        device.create_semaphore(-1)
+    sem = device.create_semaphore()
+    with pytest.raises(errors.InvalidArgumentError):
+        sem.signal(1 << 64)
+
+
+def test_wait_already_reached_and_timeout(device):
+    sem = device.create_semaphore(2)
+    sem.wait(1, timeout=0)
+    sem.wait(2, timeout=0)
+    with pytest.raises(errors.DeadlineExceededError, match="did not reach 3"):
+        sem.wait(3, timeout=0.01)
+
+
+def test_threaded_waiters_wake_on_signal(device):
+    sem = device.create_semaphore()
+    reached = []
+    threads = [
+        threading.Thread(target=lambda v=v: (sem.wait(v, timeout=10), reached.append(v)))
+        for v in (1, 2, 3, 3)
+    ]
+    for t in threads:
+        t.start()
+    sem.signal(2)
+    sem.signal(3)
+    for t in threads:
+        t.join(10)
+    assert sorted(reached) == [1, 2, 3, 3]
+
+
+def test_failure_reaches_every_waiter(device):
+    sem = device.create_semaphore()
+    seen = []
+
+    def waiter():
+        try:
+            sem.wait(10, timeout=10)
+        except errors.Error as exc:
+            seen.append(exc)
+
+    threads = [threading.Thread(target=waiter) for _ in range(4)]
+    for t in threads:
+        t.start()
+    sem.fail(errors.DataLossError("device lost"))
+    for t in threads:
+        t.join(10)
+    assert len(seen) == 4 and all(isinstance(e, errors.DataLossError) for e in seen)
+    with pytest.raises(errors.DataLossError):
+        sem.query()
+    with pytest.raises(errors.DataLossError):
+        sem.wait(1, timeout=1)
+
+
+def test_first_failure_wins(device):
+    sem = device.create_semaphore()
+    sem.fail(errors.AbortedError("first"))
+    sem.fail(errors.InternalError("second"))
+    assert isinstance(sem.failure, errors.AbortedError)
+    with pytest.raises(errors.AbortedError, match="first"):
+        sem.signal(1)
+
+
+def test_timepoint_callbacks_fire_once(device):
+    sem = device.create_semaphore()
+    fired = []
+    tp = sem.on_reached(2, fired.append)
+    assert tp is not None
+    sem.signal(1)
+    assert fired == []
+    sem.signal(5)
+    assert fired == [None]
+    assert sem.on_reached(3, fired.append) is None  # already reached: caller checks
+
+
+def test_fence_join_wait_and_failure(device):
+    a, b = device.create_semaphore(), device.create_semaphore()
+    fence = Fence.join([Fence([(a, 1)]), Fence([(a, 2), (b, 1)]), None])
+    assert len(fence) == 2 and dict(fence.points)[a] == 2
+    assert fence.query() is False
+    a.signal(2)
+    b.signal(1)
+    fence.wait(timeout=1)
+    assert fence.query() is True
+    f2 = Fence([(device.create_semaphore(), 1)])
+    f2.fail("boom")
+    with pytest.raises(errors.AbortedError, match="boom"):
+        f2.wait(timeout=1)
+
+
+def test_fence_signal_and_timeout(device):
+    s = device.create_semaphore()
+    fence = Fence([(s, 4)])
+    with pytest.raises(errors.DeadlineExceededError):
+        fence.wait(timeout=0.01)
+    fence.signal()
+    assert s.query() == 4
