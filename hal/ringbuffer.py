@@ -106,6 +106,12 @@ class TransientRingbuffer:
         self._reservations = 0
         self._waits = 0
         self._closed: Error | None = None
+        if allocator is not None:
+            # The heap shows in statistics from the start (with zero allocations).
+            from .allocator import _Counter
+
+            with allocator._lock:
+                allocator._counters.setdefault(HEAP_NAME, _Counter())
         self._owned: weakref.WeakKeyDictionary[Storage, RingBlock] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
@@ -151,6 +157,7 @@ class TransientRingbuffer:
                 return
             block.retired = True
             self._live -= block.size
+            self._report(-block.size)  # before any grant below, so peaks stay exact
             blocks = self._blocks
             while blocks and blocks[0].retired:
                 blocks.popleft()
@@ -165,7 +172,6 @@ class TransientRingbuffer:
                     break
                 self._parked.popleft()
                 granted.append((cb, placed))
-        self._report(-block.size)
         for cb, placed in granted:
             cb(placed, None)
 
