@@ -1,0 +1,151 @@
+"""Behaviour specific to the `task` driver: out-of-order execution, tiling, shutdown."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tinyhal import errors, hal
+from tinyhal.hal import BufferView, KernelExport, build_executable
+
+T = 30
+
+KERNELS = r"""
+/* out[wg] = processor id, after a little busy work so both workers take part. */
+static int who(const tinyhal_environment_t* env, const tinyhal_dispatch_state_t* d,
+               const tinyhal_workgroup_state_t* w) {
+  volatile uint32_t spin = 0;
+  for (uint32_t i = 0; i < 20000u; ++i) spin += i;
+  uint32_t* out = (uint32_t*)d->binding_ptrs[0];
+  out[w->workgroup_id_x] = w->processor_id + 1u;
+  return 0;
+}
+/* out[i] = in[i] * 2 + 1, 64 items per workgroup */
+static int step(const tinyhal_environment_t* env, const tinyhal_dispatch_state_t* d,
+                const tinyhal_workgroup_state_t* w) {
+  const int32_t* in = (const int32_t*)d->binding_ptrs[0];
+  int32_t* out = (int32_t*)d->binding_ptrs[1];
+  uint32_t base = w->workgroup_id_x * 64u;
+  for (uint32_t i = base; i < base + 64u; ++i) out[i] = in[i] * 2 + 1;
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def kernels() -> bytes:
+    return build_executable(KERNELS, [KernelExport("who", binding_count=1),
+                                      KernelExport("step", binding_count=2)],
+                            name="task_kernels")
+
+
+@pytest.fixture
+def task_device():
+    dev = hal.create_device("task", workers=2)
+    yield dev
+    dev.close()
+
+
+def test_independent_work_overtakes_blocked_work(task_device):
+    dev = task_device
+    gate, blocked, free = (dev.create_semaphore() for _ in range(3))
+    a = dev.allocator.allocate(1 << 20)
+    dev.queue_fill(a, 0, 1 << 20, b"\x01", wait=[(gate, 1)], signal=[(blocked, 1)])
+    dev.queue_fill(a, 0, 1 << 20, b"\x02", signal=[(free, 1)])  # queued later, runs first
+    free.wait(1, timeout=T)
+    assert blocked.query() == 0
+    gate.signal(1)
+    blocked.wait(1, timeout=T)
+
+
+def test_dispatch_is_tiled_across_workers(task_device, kernels):
+    dev = task_device
+    exe = dev.load_executable(kernels)
+    n = 512
+    out = dev.allocator.allocate(4 * n)
+    cb = dev.create_command_buffer()
+    cb.dispatch(exe, "who", (n, 1, 1), bindings=[out])
+    cb.finalize()
+    s = dev.create_semaphore()
+    dev.submit(cb, signal=[(s, 1)])
+    s.wait(1, timeout=T)
+    ids = BufferView(out, (n,), 0x10000020).to_numpy()
+    assert ids.min() >= 1  # every workgroup ran
+    assert set(ids.tolist()) == {1, 2}  # on both workers (processor ids 0 and 1)
+
+
+def test_barriers_order_dispatches_inside_a_command_buffer(task_device, kernels):
+    dev = task_device
+    exe = dev.load_executable(kernels)
+    n = 64 * 64
+    x = np.arange(n, dtype=np.int32)
+    a = BufferView.from_numpy(dev, x).buffer
+    b = dev.allocator.allocate(4 * n)
+    cb = dev.create_command_buffer()
+    for i in range(10):
+        src, dst = (a, b) if i % 2 == 0 else (b, a)
+        cb.dispatch(exe, "step", (n // 64, 1, 1), bindings=[src, dst])
+        cb.barrier()
+    cb.finalize()
+    s = dev.create_semaphore()
+    dev.submit(cb, signal=[(s, 1)])
+    s.wait(1, timeout=T)
+    expected = x.astype(np.int64)
+    for _ in range(10):
+        expected = expected * 2 + 1
+    assert np.array_equal(BufferView(a, (n,), 0x10000020).to_numpy(), expected.astype(np.int32))
+
+
+def test_close_fails_waiting_work_and_leaves_nothing_hanging(kernels):
+    dev = hal.create_device("task", workers=2)
+    gate, s, t = (dev.create_semaphore() for _ in range(3))
+    buf = dev.allocator.allocate(4096)
+    exe = dev.load_executable(kernels)
+    cb = dev.create_command_buffer()
+    cb.dispatch(exe, "who", (16, 1, 1), bindings=[buf])
+    cb.finalize()
+    dev.submit(cb, wait=[(gate, 1)], signal=[(s, 1)])
+    dev.queue_barrier(wait=[(s, 1)], signal=[(t, 1)])
+    done = dev.create_semaphore()
+    dev.queue_fill(buf, 0, 4096, b"\x00", signal=[(done, 1)])
+    done.wait(1, timeout=T)
+    dev.close()
+    for sem in (s, t):
+        with pytest.raises(errors.AbortedError):
+            sem.wait(1, timeout=T)
+    st = dev.statistics()
+    assert st.closed and st.live_tasks == 0 and st.queued == 0 and st.running == 0
+    assert not any(th.is_alive() for th in dev.executor._threads)
+    with pytest.raises(errors.FailedPreconditionError, match="closed"):
+        dev.queue_barrier()
+    gate.signal(1)  # late signal: nothing left to run, nothing breaks
+    dev.close()
+
+
+def test_kernel_failure_stops_the_other_tiles_and_fails_dependents(task_device):
+    src = r"""
+static int fail_at_7(const tinyhal_environment_t* env, const tinyhal_dispatch_state_t* d,
+                     const tinyhal_workgroup_state_t* w) {
+  return w->workgroup_id_x == 7 ? 13 : 0;
+}
+"""
+    exe = task_device.load_executable(build_executable(src, ["fail_at_7"], name="fail7"))
+    cb = task_device.create_command_buffer()
+    cb.dispatch(exe, 0, (64, 1, 1))
+    cb.finalize()
+    s, t = task_device.create_semaphore(), task_device.create_semaphore()
+    task_device.submit(cb, signal=[(s, 1)])
+    task_device.queue_barrier(wait=[(s, 1)], signal=[(t, 1)])
+    for sem in (s, t):
+        with pytest.raises(errors.InternalError, match=r"workgroup \(7, 0, 0\)"):
+            sem.wait(1, timeout=T)
+
+
+def test_workers_option(task_device):
+    assert task_device.concurrency == 2
+    dev = hal.create_device("task", workers=1)
+    try:
+        assert dev.query("hal.device", "concurrency") == 1
+    finally:
+        dev.close()
+    with pytest.raises(errors.InvalidArgumentError):
+        hal.create_device("task", workers=0)
