@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -66,6 +68,7 @@ class Allocator:
 
     def __init__(self, device_name: str, heaps: list[Heap] | None = None) -> None:
         self.device_name = device_name
+        self.device_ref: Callable[[], Any] = lambda: None
         limit = 1 << 40
         self.heaps: list[Heap] = heaps or [
             Heap(

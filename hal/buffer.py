@@ -100,6 +100,12 @@ class Buffer:
         """Host address of the first byte (only meaningful on host-visible memory)."""
         return self.storage.address + self.byte_offset
 
+    @property
+    def mappable(self) -> bool:
+        """Whether `map()` is allowed: host-visible memory with a MAPPING usage bit."""
+        return bool(self.memory_type & MemoryType.HOST_VISIBLE) and bool(
+            self.allowed_usage & (BufferUsage.MAPPING_SCOPED | BufferUsage.MAPPING_PERSISTENT))
+
     def check_live(self) -> None:
         if self.storage.released:
             raise FailedPreconditionError(f"{self!r} was deallocated; it may not be used")

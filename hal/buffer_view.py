@@ -72,11 +72,19 @@ class BufferView:
         array = np.asarray(array)
         element_type = element_type_for(array.dtype)
         buffer = device.allocator.allocate(array.nbytes, memory_type, usage)
-        buffer.host_bytes()[:] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        device.write_bytes(buffer, np.ascontiguousarray(array).reshape(-1).view(np.uint8))
         return cls(buffer, array.shape, element_type)
 
-    def to_numpy(self) -> np.ndarray:
-        """Copies the view's contents into a new numpy array."""
+    def to_numpy(self, device: Any = None) -> np.ndarray:
+        """Copies the view's contents into a new numpy array.
+
+        Host-visible memory is read through a mapping; device-only memory (the `emu`
+        driver's) through a transfer on the buffer's device (or `device`).
+        """
         dtype = self.dtype
-        with self.buffer.map(offset=0, length=self.byte_length) as view:
-            return np.frombuffer(view, dtype=dtype).reshape(self.shape).copy()
+        if self.buffer.mappable:
+            with self.buffer.map(offset=0, length=self.byte_length) as view:
+                return np.frombuffer(view, dtype=dtype).reshape(self.shape).copy()
+        device = device or self.buffer.allocator.device_ref()
+        data = device.read_bytes(self.buffer, 0, self.byte_length)
+        return np.frombuffer(data, dtype=dtype).reshape(self.shape).copy()

@@ -72,7 +72,8 @@ class Device:
             raise InvalidArgumentError(
                 f"driver {self.driver_name!r} does not take options {sorted(options)}"
             )
-        self.allocator = Allocator(self.identifier)
+        self.allocator = self._create_allocator()
+        self.allocator.device_ref = weakref.ref(self)
         self._executables: weakref.WeakValueDictionary[str, Executable] = (
             weakref.WeakValueDictionary()
         )
@@ -94,6 +95,36 @@ class Device:
         self._closed = True
         self.transient.close(AbortedError(
             f"{self!r} closed while a queue_alloca waited for ringbuffer space"))
+
+    def _create_allocator(self) -> Allocator:
+        """The device's allocator; drivers with their own memory model override this."""
+        return Allocator(self.identifier)
+
+    def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
+                   timeout: float | None = 60.0) -> bytes:
+        """Copies buffer contents to the host, mapping when possible, else by a transfer."""
+        offset, length = buffer.resolve_range(offset, length, "read")
+        if buffer.mappable:
+            with buffer.map(offset=offset, length=length) as view:
+                return bytes(view)
+        host = bytearray(length)
+        done = Semaphore()
+        self.queue_write(buffer, offset, host, 0, length, signal=[(done, 1)])
+        done.wait(1, timeout)
+        return bytes(host)
+
+    def write_bytes(self, buffer: Buffer, data: Any, offset: int = 0,
+                    timeout: float | None = 60.0) -> None:
+        """Copies host bytes into a buffer, mapping when possible, else by a transfer."""
+        view = _host_view(data)
+        offset, length = buffer.resolve_range(offset, len(view), "write")
+        if buffer.mappable:
+            with buffer.map(offset=offset, length=length) as target:
+                target[:] = view
+            return
+        done = Semaphore()
+        self.queue_update(view, buffer, offset, signal=[(done, 1)])
+        done.wait(1, timeout)
 
     # -- objects ----------------------------------------------------------------------
 

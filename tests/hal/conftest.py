@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from support.executables import compile_executable
 from tinyhal import hal
 
