@@ -21,6 +21,7 @@ its memory when the alloca runs, which waits for ringbuffer space if the ring is
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import os
 import threading
@@ -365,17 +366,36 @@ class Device:
         self._complete(signal, _run_work(work))
 
     def _complete(self, signal: list[SemaphorePoint], error: Error | None) -> None:
-        for sem, value in signal:
-            if error is not None:
-                sem.fail(error)
-                continue
-            try:
-                sem.signal(value)
-            except Error as exc:
-                sem.fail(exc)
+        """Signals (or fails) `signal`. Trampolined: completions that a signal triggers on
+        this thread are queued for the outermost call, so chains of thousands of dependent
+        submissions, succeeding or failing, never recurse once per link."""
+        pending = getattr(_inline, "pending", None)
+        if pending is not None:
+            pending.append((signal, error))
+            return
+        _inline.pending = pending = collections.deque([(signal, error)])
+        try:
+            while pending:
+                _settle(*pending.popleft())
+        finally:
+            _inline.pending = None
 
     def _run_dispatch(self, prepared: PreparedDispatch) -> None:
         prepared.raise_for_status(prepared.run())
+
+
+_inline = threading.local()
+
+
+def _settle(signal: list[SemaphorePoint], error: Error | None) -> None:
+    for sem, value in signal:
+        if error is not None:
+            sem.fail(error)
+            continue
+        try:
+            sem.signal(value)
+        except Error as exc:
+            sem.fail(exc)
 
 
 def _run_work(work: Callable[[], None]) -> Error | None:

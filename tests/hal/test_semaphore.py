@@ -125,3 +125,17 @@ def test_fence_signal_and_timeout(device):
         fence.wait(timeout=0.01)
     fence.signal()
     assert s.query() == 4
+
+
+def test_long_dependency_chain_completes_without_deep_recursion(device):
+    sems = [device.create_semaphore() for _ in range(5001)]
+    for i in range(5000):
+        device.queue_barrier(wait=[(sems[i], 1)], signal=[(sems[i + 1], 1)])
+    sems[0].signal(1)
+    sems[-1].wait(1, timeout=60)
+    failing = [device.create_semaphore() for _ in range(3001)]
+    for i in range(3000):
+        device.queue_barrier(wait=[(failing[i], 1)], signal=[(failing[i + 1], 1)])
+    failing[0].fail(errors.CancelledError("upstream cancelled"))
+    with pytest.raises(errors.CancelledError, match="upstream cancelled"):
+        failing[-1].wait(1, timeout=60)
