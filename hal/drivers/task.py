@@ -26,7 +26,7 @@ from typing import Any
 
 from ...errors import Error, FailedPreconditionError, InvalidArgumentError
 from ...scheduler import CallTask, CooperativeTask, Executor, NopTask, Task
-from ..device import Device
+from ..device import Device, _nothing
 from ..execution import BARRIER, COPY, DISPATCH, FILL, UPDATE, run_operations, run_transfer
 from ..semaphore import SemaphorePoint, when_all_reached
 
@@ -94,7 +94,8 @@ class TaskDevice(Device):
     def _enqueue(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
                  work: Callable[[], None], keep: Any = None) -> None:
         self._check_open()
-        task = CallTask(self.executor, work, name="queue-op")
+        # Work-free operations (queue_barrier) complete on the readying thread.
+        task = CallTask(self.executor, work, name="queue-op", inline=work is _nothing)
         self._gate(task, wait)
         self._finish_with(task, signal, keep)
         self.executor.submit(task)
