@@ -13,46 +13,13 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE_NAME = "tinyhal.hal.native._dispatch"
 
-CDEF = """
-typedef int (*tinyhal_import_fn_t)(void* params, void* context, void* reserved);
-typedef int (*tinyhal_import_thunk_t)(tinyhal_import_fn_t fn, void* params, void* context,
-                                      void* reserved);
-typedef struct { uint32_t version; const char* name; uint32_t features; int32_t sanitizer; }
-    tinyhal_library_header_t;
-typedef struct {
-  const uint32_t* constants;
-  tinyhal_import_thunk_t import_thunk;
-  const tinyhal_import_fn_t* import_funcs;
-  const void** import_contexts;
-  uint64_t processor_data[8];
-} tinyhal_environment_t;
-typedef struct {
-  uint32_t workgroup_size_x; uint32_t workgroup_size_y; uint16_t workgroup_size_z;
-  uint16_t constant_count;
-  uint32_t workgroup_count_x; uint32_t workgroup_count_y; uint16_t workgroup_count_z;
-  uint8_t max_concurrency; uint8_t binding_count;
-  const uint32_t* constants; void* const* binding_ptrs; const size_t* binding_lengths;
-} tinyhal_dispatch_state_t;
-typedef struct tinyhal_workgroup_state_t tinyhal_workgroup_state_t;
-typedef int (*tinyhal_dispatch_fn_t)(const tinyhal_environment_t*,
-                                     const tinyhal_dispatch_state_t*,
-                                     const tinyhal_workgroup_state_t*);
-typedef struct {
-  uint64_t flags; uint16_t local_memory_pages; uint8_t constant_count; uint8_t binding_count;
-  uint32_t workgroup_size_x; uint32_t workgroup_size_y; uint16_t workgroup_size_z;
-  uint16_t parameter_count; ...;
-} tinyhal_dispatch_attrs_t;
-typedef struct { uint32_t count; const char* const* symbols; } tinyhal_import_table_t;
-typedef struct {
-  uint32_t count; const tinyhal_dispatch_fn_t* ptrs; const tinyhal_dispatch_attrs_t* attrs;
-  const char* const* names; const char* const* tags; ...;
-} tinyhal_export_table_t;
-typedef struct { uint32_t count; } tinyhal_constant_table_t;
-typedef struct {
-  const tinyhal_library_header_t* header; tinyhal_import_table_t imports;
-  tinyhal_export_table_t exports; tinyhal_constant_table_t constants; ...;
-} tinyhal_library_t;
+def _header_declarations() -> str:
+    """The ABI header's type declarations, minus preprocessor lines, for `cdef`."""
+    with open(os.path.join(HERE, "tinyhal_executable.h")) as f:
+        return "".join(line for line in f if not line.lstrip().startswith("#"))
 
+
+CDEF = _header_declarations() + """
 void* tinyhal_library_open(const char* path, char* err, size_t err_size);
 const tinyhal_library_t* tinyhal_library_query(void* handle,
     const tinyhal_environment_t* environment, char* err, size_t err_size);
