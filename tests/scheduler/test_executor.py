@@ -6,6 +6,7 @@ import random
 import threading
 
 import pytest
+
 from tinyhal.errors import (
     AbortedError,
     CancelledError,
@@ -328,3 +329,37 @@ def test_idle_workers_sleep(ex):
             break
         deadline.wait(0.01)
     assert ex.statistics().idle_workers == 2
+
+
+def test_scheduler_is_generic_and_does_not_import_the_hal():
+    import subprocess
+    import sys
+
+    code = ("import sys, tinyhal.scheduler; "
+            "print(any(m.startswith('tinyhal.hal') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_many_random_gates_from_many_threads(ex):
+    rng = random.Random(5)
+    tasks, releases = [], []
+    for i in range(2000):
+        t = CallTask(ex, lambda: None, name=str(i)) if i % 2 else NopTask(ex)
+        for _ in range(rng.randint(0, 3)):
+            releases.append(t.add_wait())
+        if tasks and rng.random() < 0.5:
+            t.depends_on(rng.choice(tasks))
+        tasks.append(t)
+    ex.submit(*tasks)
+    rng.shuffle(releases)
+    chunks = [releases[i::4] for i in range(4)]
+    threads = [threading.Thread(target=lambda c=c: [r() for r in c]) for c in chunks]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(WAIT)
+    for t in tasks:
+        assert t.wait(WAIT) is None
+    assert ex.statistics().live_tasks == 0

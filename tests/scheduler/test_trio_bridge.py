@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import trio
+
 from tinyhal.errors import AbortedError
 from tinyhal.scheduler import CallTask, Executor, await_callback, await_task
 
