@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from tinyhal import errors
 from tinyhal.hal import BufferView, KernelExport, build_executable
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from tinyhal.errors import AbortedError, InvalidArgumentError, ResourceExhaustedError
 from tinyhal.hal.allocator import Allocator
 from tinyhal.hal.ringbuffer import HEAP_NAME, TransientRingbuffer

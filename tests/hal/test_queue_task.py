@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from tinyhal import errors, hal
 from tinyhal.hal import BufferView, KernelExport, build_executable
 

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import trio
+
 from tinyhal import errors
 from tinyhal.hal import Fence
 
