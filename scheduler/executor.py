@@ -620,6 +620,15 @@ class Executor:
 
     # -- shutdown ---------------------------------------------------------------------
 
+    def stop_nowait(self) -> None:
+        """Closes the pool and lets the workers exit once the queue is empty, without
+        waiting and without failing blocked tasks (for finalizers; prefer `shutdown`).
+        Safe to call from any thread, including a worker."""
+        with self._lock:
+            self._closed = True
+            self._stopping = True
+            self._work_cond.notify_all()
+
     def shutdown(
         self, *, cancel: bool = False, timeout: float | None = 30.0, error: BaseException | None = None
     ) -> None:

@@ -21,6 +21,7 @@ Options: `workers` (default one per core), `transient_capacity` (ringbuffer byte
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +55,8 @@ class TaskDevice(Device):
             raise InvalidArgumentError(f"inline_bytes must be an int >= 0, not {inline_bytes!r}")
         self.inline_bytes = inline_bytes
         self.executor = Executor(workers, name="tinyhal-task")
+        # A device dropped without close() must not leave its worker threads behind.
+        weakref.finalize(self, self.executor.stop_nowait)
 
     def __repr__(self) -> str:
         return f"<Device {self.identifier} workers={self.executor.worker_count}>"

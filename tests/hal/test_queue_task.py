@@ -150,3 +150,18 @@ def test_workers_option(task_device):
         dev.close()
     with pytest.raises(errors.InvalidArgumentError):
         hal.create_device("task", workers=0)
+
+
+def test_a_dropped_device_stops_its_workers():
+    import gc
+
+    dev = hal.create_device("task", workers=2)
+    threads = list(dev.executor._threads)
+    s = dev.create_semaphore()
+    dev.queue_barrier(signal=[(s, 1)])
+    s.wait(1, timeout=T)
+    del dev
+    gc.collect()
+    for th in threads:
+        th.join(T)
+        assert not th.is_alive()
