@@ -122,7 +122,8 @@ def run_and_wait(device, cb, sem, state):
     sem.wait(state[0], timeout=60)
 
 
-def bench_matmul(device, library, workgroups, export, a, b, repeat) -> tuple[float, bool]:
+def matmul_runner(device, library, workgroups, export, a, b):
+    """(one submit+wait of the matmul, a correctness check) on a tinyhal device."""
     exe = device.load_executable(library)
     va, vb = BufferView.from_numpy(device, a), BufferView.from_numpy(device, b)
     out = device.allocator.allocate(4 * N * N)
@@ -130,10 +131,27 @@ def bench_matmul(device, library, workgroups, export, a, b, repeat) -> tuple[flo
     cb.dispatch(exe, export, workgroups, bindings=[va.buffer, vb.buffer, out])
     cb.finalize()
     sem, state = device.create_semaphore(), [0]
-    seconds = median_seconds(lambda: run_and_wait(device, cb, sem, state), repeat)
-    got = BufferView(out, (N, N), 0x21000020).to_numpy()
-    ok = bool(np.allclose(got, a @ b, rtol=1e-3, atol=1e-3))
-    return seconds, ok
+
+    def check() -> bool:
+        got = BufferView(out, (N, N), 0x21000020).to_numpy()
+        return bool(np.allclose(got, a @ b, rtol=1e-3, atol=1e-3))
+
+    return (lambda: run_and_wait(device, cb, sem, state)), check
+
+
+def interleaved_medians(runners: dict, repeat: int, warmup: int = 3) -> dict:
+    """Median seconds per runner, sampled round-robin so that background load on the
+    machine hits every runner alike."""
+    for fn in runners.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict = {name: [] for name in runners}
+    for _ in range(repeat):
+        for name, fn in runners.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: float(np.median(v)) for name, v in samples.items()}
 
 
 def bench_empty_round_trip(device, repeat: int) -> dict:
@@ -182,16 +200,16 @@ def bench_tiny_workgroups(device, count: int, repeat: int) -> float:
     return median_seconds(lambda: run_and_wait(device, cb, sem, state), repeat) / count
 
 
-def bench_iree(workers: int, a: np.ndarray, b: np.ndarray, repeat: int) -> list[dict]:
+def iree_runners(workers: int, a: np.ndarray, b: np.ndarray) -> dict:
     """IREE's own runtime on the same matmul module (the whole `mm` call, including
-    the invocation and reading the result back), local-sync vs local-task."""
+    the invocation and reading the result back), local-sync and local-task."""
     try:
         import iree.runtime as rt
     except ImportError:
-        return []
+        return {}
     with open(_cache_paths()[2], "rb") as f:
         data = f.read()
-    rows = []
+    runners = {}
     for label, driver, flags in (
         ("iree local-sync", "local-sync", []),
         (f"iree local-task({workers})", "local-task",
@@ -204,10 +222,45 @@ def bench_iree(workers: int, a: np.ndarray, b: np.ndarray, repeat: int) -> list[
         ctx.add_vm_module(rt.VmModule.copy_buffer(ctx.instance, data))
         fn = ctx.modules.module["mm"]
         da, db = rt.asdevicearray(config.device, a), rt.asdevicearray(config.device, b)
-        seconds = median_seconds(lambda fn=fn, da=da, db=db: fn(da, db).to_host(), repeat)
-        rows.append({"device": label, "matmul_ms": seconds * 1e3,
-                     "matmul_gflops": 2 * N**3 / seconds / 1e9})
-    return rows
+        runners[label] = lambda fn=fn, da=da, db=db, ctx=ctx: fn(da, db).to_host()
+    return runners
+
+
+SPIN = r"""
+static int spin(const tinyhal_environment_t* e, const tinyhal_dispatch_state_t* d,
+                const tinyhal_workgroup_state_t* w) {
+  volatile uint32_t s = 0;
+  for (uint32_t i = 0; i < 100000u; ++i) s += i;
+  ((uint32_t*)d->binding_ptrs[0])[w->workgroup_id_x & 1023u] = s;
+  return 0;
+}
+"""
+
+
+def probe_parallelism(threads: int, repeat: int) -> float:
+    """Speed-up of `threads` plain threads running one C workgroup loop over 1 thread,
+    without any scheduler: what the machine offers right now (other load included)."""
+    from tinyhal.hal.execution import resolve_commands
+
+    device = hal.create_device("sync")
+    exe = device.load_executable(build_executable(SPIN, ["spin"], name="bench_spin"))
+    out = device.allocator.allocate(4096)
+    cb = device.create_command_buffer("reusable")
+    cb.dispatch(exe, "spin", (128, 1, 1), bindings=[out])
+    cb.finalize()
+
+    def run(n: int) -> None:
+        prepared = resolve_commands(cb, None, n)[0][1]
+        pool = [threading.Thread(target=prepared.run, args=(i, 4)) for i in range(n)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+
+    one = median_seconds(lambda: run(1), repeat)
+    many = median_seconds(lambda: run(threads), repeat)
+    device.close()
+    return one / many
 
 
 def main() -> None:
@@ -218,6 +271,7 @@ def main() -> None:
     args = ap.parse_args()
 
     library, workgroups, export = compile_matmul()
+    probe = probe_parallelism(args.workers, max(5, args.repeat // 2))
     rng = np.random.default_rng(0)
     a = rng.standard_normal((N, N)).astype(np.float32)
     b = rng.standard_normal((N, N)).astype(np.float32)
@@ -226,42 +280,48 @@ def main() -> None:
                f"task({args.workers})": hal.create_device("task", workers=args.workers)}
     rows = []
     try:
+        runners, checks = {}, {}
         for name, device in devices.items():
-            mm, ok = bench_matmul(device, library, workgroups, export, a, b, args.repeat)
+            runners[name], checks[name] = matmul_runner(device, library, workgroups, export,
+                                                        a, b)
+        runners.update(iree_runners(args.workers, a, b))
+        medians = interleaved_medians(runners, args.repeat)
+        for name, device in devices.items():
             rt = bench_empty_round_trip(device, args.repeat)
             worker_rt = bench_worker_round_trip(device, args.repeat)
             ns_wg = bench_tiny_workgroups(device, args.workgroups, max(5, args.repeat // 4))
             rows.append({
                 "device": name,
-                "matmul_ms": mm * 1e3,
-                "matmul_gflops": 2 * N**3 / mm / 1e9,
-                "matmul_correct": ok,
+                "matmul_ms": medians[name] * 1e3,
+                "matmul_correct": checks[name](),
                 "empty_submit_us": rt["inline_us"],
                 "host_signalled_submit_us": rt["cross_thread_us"],
                 "worker_submit_us": worker_rt * 1e6,
                 "tiny_wg_ns": ns_wg * 1e9,
             })
+        for name in runners:
+            if name.startswith("iree"):
+                rows.append({"device": name, "matmul_ms": medians[name] * 1e3})
     finally:
         for device in devices.values():
             device.close()
-    sync_ms = rows[0]["matmul_ms"]
     for r in rows:
-        r["speedup_vs_sync"] = sync_ms / r["matmul_ms"]
-    iree_rows = bench_iree(args.workers, a, b, args.repeat)
-    for r in iree_rows:
-        r["speedup_vs_sync"] = iree_rows[0]["matmul_ms"] / r["matmul_ms"]
-    rows.extend(iree_rows)
+        base = "iree local-sync" if r["device"].startswith("iree") else "sync"
+        r["speedup_vs_sync"] = medians[base] * 1e3 / r["matmul_ms"]
+        r["matmul_gflops"] = 2 * N**3 / (r["matmul_ms"] / 1e3) / 1e9
     extra = {
         "matmul": {"shape": [N, N, N], "workgroups": list(workgroups), "export": export,
                    "compile": "iree-compile --compile-mode=hal-executable (3.13.0), cpu=host"},
         "targets": {"speedup_task2_vs_sync": 1.7, "empty_submit_us_task": 100},
+        "machine_parallel_speedup": probe,
         "timestamp": time.time(),
     }
     path = write_results("task_scaling", rows, extra)
     print_table(rows, ["device", "matmul_ms", "matmul_gflops", "speedup_vs_sync",
                        "matmul_correct", "empty_submit_us", "host_signalled_submit_us",
                        "worker_submit_us", "tiny_wg_ns"])
-    print(f"\nmatmul {N}x{N}x{N} f32, workgroups {workgroups}; results: {path}")
+    print(f"\nmatmul {N}x{N}x{N} f32, workgroups {workgroups}; machine parallelism now: "
+          f"{probe:.2f}x with {args.workers} plain threads (no scheduler); results: {path}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from ..execution import BARRIER, COPY, DISPATCH, FILL, UPDATE, run_operations, r
 from ..semaphore import SemaphorePoint, when_all_reached
 
 DEFAULT_INLINE_BYTES = 64 << 10
-TILES_PER_WORKER = 8  # tiles a dispatch is cut into per worker (load balance vs. claims)
+TILES_PER_WORKER = 32  # tiles per worker: small tiles limit what a descheduled worker holds
 
 
 def _transfer_bytes(op: tuple) -> int:
