@@ -82,6 +82,13 @@ def default_worker_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _allowed_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return []
+
+
 def current_worker_index() -> int | None:
     """The index of the executor worker running the caller, or None off the pool."""
     return getattr(_tls, "worker_index", None)
@@ -449,11 +456,13 @@ def _run_ready(task: Task, *, _finish_only: bool = False) -> None:
 class Executor:
     """A pool of worker threads running a task graph.
 
-    `workers` defaults to one per core. Threads are daemons, started at construction and
+    `workers` defaults to one per core; `pin` (default: when workers <= CPUs) binds worker
+    i to the i-th CPU the process may use. Threads are daemons, started at construction and
     stopped by `shutdown()` (also via `with Executor() as ex:`).
     """
 
-    def __init__(self, workers: int | None = None, *, name: str = "tinyhal-worker") -> None:
+    def __init__(self, workers: int | None = None, *, name: str = "tinyhal-worker",
+                 pin: bool | None = None) -> None:
         if workers is None:
             workers = default_worker_count()
         workers = int(workers)
@@ -470,6 +479,13 @@ class Executor:
         self._completed = 0
         self._closed = False
         self._stopping = False
+        # Pin worker i to the i-th allowed CPU (like IREE's topology groups) so the kernel
+        # does not stack a freshly woken worker onto the core of the worker that woke it.
+        # Default: pin when there are no more workers than CPUs.
+        cpus = _allowed_cpus()
+        if pin is None:
+            pin = len(cpus) > 1 and workers <= len(cpus)
+        self._cpus = cpus if pin else []
         self._threads = [
             threading.Thread(target=self._worker_main, args=(i,), name=f"{name}-{i}", daemon=True)
             for i in range(workers)
@@ -589,6 +605,11 @@ class Executor:
 
     def _worker_main(self, index: int) -> None:
         _tls.worker_index = index
+        if self._cpus:
+            try:
+                os.sched_setaffinity(0, {self._cpus[index % len(self._cpus)]})
+            except OSError:  # pragma: no cover - restricted environments
+                pass
         lock = self._lock
         cond = self._work_cond
         queue = self._queue
