@@ -11,12 +11,24 @@ from tinyhal.hal import BufferView, KernelExport, build_executable
 T = 30
 
 KERNELS = r"""
-/* out[wg] = processor id, after a little busy work so both workers take part. */
+#include <time.h>
+/* out[wg] = processor id + 1. The first 16 slots of binding 0 double as arrival flags:
+ * a workgroup marks its processor, then waits (at most 5 s) until two processors have
+ * arrived, so the test does not depend on how fast the OS wakes the second worker. */
 static int who(const tinyhal_environment_t* env, const tinyhal_dispatch_state_t* d,
                const tinyhal_workgroup_state_t* w) {
-  volatile uint32_t spin = 0;
-  for (uint32_t i = 0; i < 20000u; ++i) spin += i;
   uint32_t* out = (uint32_t*)d->binding_ptrs[0];
+  uint32_t* flags = out + d->workgroup_count_x;
+  __atomic_store_n(&flags[w->processor_id & 15u], 1u, __ATOMIC_SEQ_CST);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    uint32_t n = 0;
+    for (int i = 0; i < 16; ++i) n += __atomic_load_n(&flags[i], __ATOMIC_SEQ_CST);
+    if (n >= 2u) break;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > 5) break;
+  }
   out[w->workgroup_id_x] = w->processor_id + 1u;
   return 0;
 }
@@ -62,14 +74,14 @@ def test_dispatch_is_tiled_across_workers(task_device, kernels):
     dev = task_device
     exe = dev.load_executable(kernels)
     n = 512
-    out = dev.allocator.allocate(4 * n)
+    out = dev.allocator.allocate(4 * n + 64)  # + arrival flags
     cb = dev.create_command_buffer()
     cb.dispatch(exe, "who", (n, 1, 1), bindings=[out])
     cb.finalize()
     s = dev.create_semaphore()
     dev.submit(cb, signal=[(s, 1)])
     s.wait(1, timeout=T)
-    ids = BufferView(out, (n,), 0x10000020).to_numpy()
+    ids = BufferView(out, (n + 16,), 0x10000020).to_numpy()[:n]
     assert ids.min() >= 1  # every workgroup ran
     assert set(ids.tolist()) == {1, 2}  # on both workers (processor ids 0 and 1)
 
@@ -102,7 +114,7 @@ def test_close_fails_waiting_work_and_leaves_nothing_hanging(kernels):
     buf = dev.allocator.allocate(4096)
     exe = dev.load_executable(kernels)
     cb = dev.create_command_buffer()
-    cb.dispatch(exe, "who", (16, 1, 1), bindings=[buf])
+    cb.dispatch(exe, "step", (16, 1, 1), bindings=[buf, buf])
     cb.finalize()
     dev.submit(cb, wait=[(gate, 1)], signal=[(s, 1)])
     dev.queue_barrier(wait=[(s, 1)], signal=[(t, 1)])
