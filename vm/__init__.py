@@ -1,0 +1,43 @@
+"""tinyhal.vm — the IREE VM: `.vmfb` loader, bytecode interpreter and module contexts.
+
+    from tinyhal.vm import Context, load_module
+    ctx = Context([hal_module, load_module("model.vmfb")])
+    ctx.invoke("module.main", [x, y])          # -> list of results
+    await ctx.invoke_async("module.main", [x])  # on trio
+
+Native modules (such as `hal`) implement the contract in `tinyhal.vm.native`.
+"""
+
+from __future__ import annotations
+
+from .context import Context, ModuleInstance, VMFunction, drive_blocking
+from .loader import BytecodeModule, load_module, parse_cconv
+from .native import NativeFunction, NativeModule, Suspend
+from .ops import F32SNaN
+from .types import VMBuffer, VMList
+
+__all__ = [
+    "BytecodeModule",
+    "Context",
+    "F32SNaN",
+    "ModuleInstance",
+    "NativeFunction",
+    "NativeModule",
+    "Suspend",
+    "VMBuffer",
+    "VMFunction",
+    "VMList",
+    "drive_blocking",
+    "load_module",
+    "parse_cconv",
+]
+
+
+def __getattr__(name: str):
+    # `load` (the high-level API) lives in vm/api.py, owned separately; import lazily so
+    # this package stays importable before that file exists.
+    if name == "load":
+        from .api import load
+
+        return load
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,440 @@
+"""Contexts: module instantiation, import resolution and invocation.
+
+A `Context` holds one instance (globals, rodata refs, resolved imports) of each bytecode
+module given to it, next to the native modules those import from. Invocations can be
+driven three ways over the same machinery:
+
+- `invoke(name, args)` runs on the calling thread; a `Suspend` from a yieldable import
+  is waited on with `Suspend.block()`;
+- `await invoke_async(name, args)` runs on trio; a `Suspend` is awaited with
+  `Suspend.wait_async()`, so many invocations interleave on one event loop;
+- `invoke_gen(name, args)` is the low-level form: a generator that yields each
+  `Suspend` (or `None` for a `vm.yield`) to its driver, which sends back the import's
+  results, and returns the invocation's results.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Generator, Iterable
+from types import GeneratorType
+from typing import Any
+
+from ..errors import (
+    Error,
+    FailedPreconditionError,
+    IncompatibleError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
+from . import codegen, ops
+from .loader import BytecodeModule, CConv, parse_cconv
+from .native import NativeFunction, NativeModule, Suspend
+
+
+class VMFunction:
+    """A function resolved in a context: `context.lookup_function("mod.fn")`."""
+
+    __slots__ = ("instance", "name", "ordinal", "callable", "cconv", "is_generator",
+                 "reflection")
+
+    def __init__(self, instance, name, ordinal, fn, cconv, is_generator, reflection):
+        self.instance = instance
+        self.name = name
+        self.ordinal = ordinal
+        self.callable = fn
+        self.cconv: CConv = cconv
+        self.is_generator = is_generator
+        self.reflection = reflection
+
+    def __repr__(self) -> str:
+        return f"VMFunction({self.instance.module.name}.{self.name}, {self.cconv.text})"
+
+
+class ModuleInstance:
+    """State of one bytecode module in one context."""
+
+    def __init__(self, context: Context, module: BytecodeModule) -> None:
+        self.context = context
+        self.module = module
+        self.rwdata = bytearray(module.global_bytes_capacity)
+        self.global_refs: list = [None] * module.global_ref_count
+        self.namespace: dict = {}
+
+    def function(self, name: str) -> VMFunction | None:
+        export = self.module.exports.get(name)
+        if export is None:
+            return None
+        ordinal = export.internal_ordinal
+        return VMFunction(self, name, ordinal, self.namespace[f"_f{ordinal}"], export.cconv,
+                          ordinal in self.module.program.generator_ordinals, export.reflection)
+
+
+def _blocking(fn):
+    """Adapts a callee that may suspend or be a generator to a plain blocking call."""
+
+    def call(*args):
+        result = fn(*args)
+        cls = result.__class__
+        if cls is Suspend:
+            return result.block()
+        if cls is GeneratorType:
+            return drive_blocking(result)
+        return result
+
+    return call
+
+
+def drive_blocking(gen: Generator) -> Any:
+    """Runs an invocation generator to completion on this thread."""
+    send = None
+    while True:
+        try:
+            request = gen.send(send)
+        except StopIteration as stop:
+            return stop.value
+        if request is None:
+            send = None
+            continue
+        try:
+            send = request.block()
+        except BaseException as exc:  # hand the failure to the suspended VM frame
+            try:
+                request = gen.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            # The VM caught nothing (it cannot); anything else is a protocol error.
+            raise InternalError("invocation resumed after a failed wait") from exc
+
+
+class Context:
+    """A set of modules linked together: `Context([hal_module, load_module(vmfb)])`.
+
+    Bytecode modules are instantiated in order; imports resolve by fully qualified name
+    against the other modules (native or bytecode). Each bytecode module's `__init`
+    export runs once, at construction unless `defer_init=True` (then call
+    `initialize()` or `await initialize_async()`).
+    """
+
+    def __init__(
+        self,
+        modules: Iterable[BytecodeModule | NativeModule],
+        *,
+        defer_init: bool = False,
+        on_print=None,
+        on_trace=None,
+    ) -> None:
+        self.modules: list = list(modules)
+        self.on_print = on_print
+        self.on_trace = on_trace
+        self.instances: list[ModuleInstance] = []
+        self._by_name: dict[str, Any] = {}
+        self._programs: dict[str, ModuleInstance] = {}
+        self._initialized = False
+        for m in self.modules:
+            if not isinstance(m, (BytecodeModule, NativeModule)):
+                raise InvalidArgumentError(f"not a module: {type(m).__name__}")
+            if m.name in self._by_name:
+                raise InvalidArgumentError(f"duplicate module name {m.name!r} in context")
+        for m in self.modules:
+            if isinstance(m, BytecodeModule):
+                inst = self._instantiate(m)
+                self._by_name[m.name] = inst
+            else:
+                self._by_name[m.name] = m
+        if not defer_init:
+            self.initialize()
+
+    # -- instantiation
+    def _check_dependencies(self, module: BytecodeModule, available: dict) -> None:
+        for dep in module.dependencies:
+            target = available.get(dep.name)
+            if target is None:
+                if dep.optional:
+                    continue
+                raise NotFoundError(
+                    f"module {module.name!r} depends on module {dep.name!r} "
+                    f"(version >= {dep.minimum_version}), which is not in the context"
+                )
+            version = target.version if not isinstance(target, ModuleInstance) \
+                else target.module.version
+            if version < dep.minimum_version:
+                raise IncompatibleError(
+                    f"module {module.name!r} requires {dep.name!r} version >= "
+                    f"{dep.minimum_version}, context has version {version}"
+                )
+
+    def _resolve_import(self, module: BytecodeModule, imp, available: dict):
+        mod_name, _, fn_name = imp.full_name.partition(".")
+        target = available.get(mod_name)
+        if isinstance(target, NativeModule):
+            nf: NativeFunction | None = target.lookup(imp.full_name)
+            if nf is None:
+                return None
+            if imp.signature.calling_convention and nf.cconv:
+                theirs = parse_cconv(nf.cconv, imp.full_name)
+                if (theirs.args, theirs.results) != (imp.cconv.args, imp.cconv.results):
+                    raise IncompatibleError(
+                        f"import {imp.full_name} of module {module.name!r} expects calling "
+                        f"convention {imp.cconv.text}, native module provides {nf.cconv}"
+                    )
+            fn = nf.fn
+            return (_blocking(fn) if nf.yieldable else fn), fn
+        if isinstance(target, ModuleInstance):
+            vf = target.function(fn_name)
+            if vf is None:
+                return None
+            if (vf.cconv.args, vf.cconv.results) != (imp.cconv.args, imp.cconv.results):
+                raise IncompatibleError(
+                    f"import {imp.full_name} expects calling convention {imp.cconv.text}, "
+                    f"module {mod_name!r} exports {vf.cconv.text}"
+                )
+            fn = vf.callable
+            return (_blocking(fn) if vf.is_generator else fn), fn
+        return None
+
+    def _instantiate(self, module: BytecodeModule) -> ModuleInstance:
+        available = dict(self._by_name)
+        self._check_dependencies(module, available)
+        inst = ModuleInstance(self, module)
+        extra: dict[str, Any] = {
+            "_G": inst.rwdata,
+            "_GCAP": len(inst.rwdata),
+            "_GR": inst.global_refs,
+            "_GRN": len(inst.global_refs),
+            "_ROD": module.rodata,
+            "_on_print": self._print_hook,
+            "_on_trace": self._trace_hook,
+        }
+        for imp in module.imports:
+            resolved = self._resolve_import(module, imp, available)
+            if resolved is None:
+                if not imp.optional:
+                    raise NotFoundError(
+                        f"module {module.name!r} imports {imp.full_name} "
+                        f"({imp.cconv.text}), which no module in the context provides"
+                    )
+                missing = ops.null_import(imp.full_name, imp.ordinal)
+                extra[f"_imp{imp.ordinal}"] = missing
+                extra[f"_impy{imp.ordinal}"] = missing
+                extra[f"_res{imp.ordinal}"] = 0
+            else:
+                extra[f"_imp{imp.ordinal}"], extra[f"_impy{imp.ordinal}"] = resolved
+                extra[f"_res{imp.ordinal}"] = 1
+        inst.namespace = codegen.instantiate(module, extra)
+        self.instances.append(inst)
+        self._programs[module.program.filename] = inst
+        return inst
+
+    def _print_hook(self, name: bytes, values: tuple) -> None:
+        if self.on_print is not None:
+            self.on_print(name.decode("utf-8", "replace"), values)
+
+    def _trace_hook(self, name: bytes, values: tuple) -> None:
+        if self.on_trace is not None:
+            self.on_trace(name.decode("utf-8", "replace"), values)
+
+    def _init_functions(self) -> list[VMFunction]:
+        out = []
+        for inst in self.instances:
+            f = inst.function("__init")
+            if f is not None:
+                out.append(f)
+        return out
+
+    def initialize(self) -> None:
+        """Runs every module's `__init` (once) on this thread."""
+        if self._initialized:
+            return
+        self._initialized = True
+        for f in self._init_functions():
+            drive_blocking(self._run(f, []))
+
+    async def initialize_async(self) -> None:
+        """Runs every module's `__init` (once) on the trio event loop."""
+        if self._initialized:
+            return
+        self._initialized = True
+        for f in self._init_functions():
+            await _drive_async(self._run(f, []))
+
+    # -- lookup
+    def lookup_function(self, name: str) -> VMFunction:
+        """Finds an export by `module.function` or, searching the last module first, by
+        bare name."""
+        mod_name, dot, fn_name = name.rpartition(".")
+        if dot:
+            inst = self._by_name.get(mod_name)
+            if isinstance(inst, ModuleInstance):
+                f = inst.function(fn_name)
+                if f is not None:
+                    return f
+        for inst in reversed(self.instances):
+            f = inst.function(name)
+            if f is not None:
+                return f
+        raise NotFoundError(f"function {name!r} not found in context")
+
+    # -- invocation
+    def invoke(self, function: str | VMFunction, args: list | tuple = ()) -> list:
+        """Calls an export synchronously and returns its results as a list."""
+        f = function if isinstance(function, VMFunction) else self.lookup_function(function)
+        if not self._initialized:
+            self.initialize()
+        if not f.is_generator:
+            pyargs = marshal_arguments(f, args)
+            try:
+                result = f.callable(*pyargs)
+            except Exception as exc:  # noqa: BLE001 - every trap becomes a tinyhal.Error
+                raise self._trap(exc, f) from None
+            return _results(f, result)
+        return drive_blocking(self._run(f, args))
+
+    async def invoke_async(self, function: str | VMFunction, args: list | tuple = ()) -> list:
+        """Calls an export on trio; yieldable imports suspend only this invocation."""
+        f = function if isinstance(function, VMFunction) else self.lookup_function(function)
+        if not self._initialized:
+            await self.initialize_async()
+        return await _drive_async(self._run(f, args))
+
+    def invoke_gen(self, function: str | VMFunction, args: list | tuple = ()) -> Generator:
+        """Low-level entry: a generator yielding `Suspend` (or `None` for `vm.yield`),
+        to be sent each wait's results, returning the results list."""
+        f = function if isinstance(function, VMFunction) else self.lookup_function(function)
+        return self._run(f, args)
+
+    def _run(self, f: VMFunction, args) -> Generator:
+        pyargs = marshal_arguments(f, args)
+        try:
+            if f.is_generator:
+                result = yield from f.callable(*pyargs)
+            else:
+                result = f.callable(*pyargs)
+        except GeneratorExit:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise self._trap(exc, f) from None
+        return _results(f, result)
+
+    # -- traps
+    def _trap(self, exc: BaseException, entry: VMFunction) -> Error:
+        frames = []
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            inst = self._programs.get(code.co_filename)
+            if inst is not None:
+                line_pcs = inst.module.program.line_pcs
+                lineno = tb.tb_lineno
+                if 0 < lineno < len(line_pcs) and line_pcs[lineno] is not None:
+                    ordinal, pc = line_pcs[lineno]
+                    fn = inst.module.functions[ordinal]
+                    loc = inst.module.source_location(fn, pc)
+                    frames.append(f"{inst.module.name}.{fn.name}+{pc:08X}"
+                                  + (f" {loc}" if loc else ""))
+            tb = tb.tb_next
+        if isinstance(exc, Error):
+            if getattr(exc, "vm_stack", None) is not None:
+                return exc  # already annotated by a nested context
+            err = exc
+        elif isinstance(exc, RecursionError):
+            err = ResourceExhaustedError("VM stack overflow (call depth exceeds the limit)")
+        elif isinstance(exc, MemoryError):
+            err = ResourceExhaustedError("out of memory")
+        else:
+            err = InternalError(f"{type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+        where = frames[-1] if frames else f"{entry.instance.module.name}.{entry.name}"
+        if frames:
+            err.message = f"{err.message}; at {where}"
+            if len(frames) > 1:
+                err.message += " (called from " + " <- ".join(reversed(frames[:-1])) + ")"
+        else:
+            err.message = f"{err.message}; in {where}"
+        err.args = (err.message,)
+        err.vm_stack = frames
+        err.with_traceback(None)
+        return err
+
+    def close(self) -> None:
+        """Runs `__deinit` exports (if any) and drops module state."""
+        for inst in reversed(self.instances):
+            f = inst.function("__deinit")
+            if f is not None:
+                drive_blocking(self._run(f, []))
+            inst.global_refs[:] = [None] * len(inst.global_refs)
+
+
+async def _drive_async(gen: Generator) -> Any:
+    import trio
+
+    send = None
+    while True:
+        try:
+            request = gen.send(send)
+        except StopIteration as stop:
+            return stop.value
+        if request is None:
+            await trio.lowlevel.checkpoint()
+            send = None
+            continue
+        try:
+            send = await request.wait_async()
+        except BaseException as exc:
+            try:
+                gen.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            raise InternalError("invocation resumed after a failed wait") from exc
+
+
+_I32_RANGE = (-(1 << 31), (1 << 32))
+_I64_RANGE = (-(1 << 63), (1 << 64))
+
+
+def marshal_arguments(f: VMFunction, args) -> list:
+    types = f.cconv.args
+    if len(args) != len(types):
+        raise InvalidArgumentError(
+            f"{f.instance.module.name}.{f.name} takes {len(types)} arguments "
+            f"({f.cconv.text}), {len(args)} given"
+        )
+    out = []
+    for i, (t, v) in enumerate(zip(types, args)):
+        try:
+            if t == "i":
+                v = int(v)
+                if not _I32_RANGE[0] <= v < _I32_RANGE[1]:
+                    raise InvalidArgumentError(f"argument {i} ({v}) does not fit in i32")
+                out.append(ops.wrap32(v))
+            elif t == "I":
+                v = int(v)
+                if not _I64_RANGE[0] <= v < _I64_RANGE[1]:
+                    raise InvalidArgumentError(f"argument {i} ({v}) does not fit in i64")
+                out.append(ops.wrap64(v))
+            elif t == "f":
+                out.append(v if isinstance(v, ops.F32SNaN) else ops.round_f32(float(v)))
+            elif t == "F":
+                out.append(float(v))
+            else:
+                out.append(v)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidArgumentError(
+                f"argument {i} of {f.name} must be convertible to {t}: {exc}"
+            ) from None
+    return out
+
+
+def _results(f: VMFunction, result) -> list:
+    n = len(f.cconv.results)
+    if n == 0:
+        return []
+    if n == 1:
+        return [result]
+    return list(result)
+
+
+def _unused() -> None:  # pragma: no cover - keeps imports referenced for re-export
+    _ = (FailedPreconditionError, sys)

@@ -1,0 +1,378 @@
+"""Loading and verifying `.vmfb` modules.
+
+`load_module(path_or_bytes)` parses the container (optional ZIP local header, 4-byte
+size prefix, FlatBuffer, 64-byte aligned external rodata), reads the `BytecodeModuleDef`,
+checks every offset, signature and ordinal, decodes every function once and translates
+it into Python (see `codegen.py`). Anything malformed raises a `tinyhal.Error`
+(`InvalidArgumentError`, `OutOfRangeError`, `DataLossError`, `IncompatibleError`...)
+naming what was wrong; nothing in a hostile file can crash, hang or over-allocate.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+
+from ..errors import (
+    DataLossError,
+    Error,
+    IncompatibleError,
+    InternalError,
+    InvalidArgumentError,
+    UnimplementedError,
+)
+from . import isa
+from .bytecode_module_def import (
+    DebugDatabase,
+    Dependency,
+    FunctionDescriptor,
+    FunctionSignature,
+    ModuleDef,
+    read_module_def,
+)
+from .types import VMBuffer
+
+ZIP_LOCAL_HEADER = 0x04034B50
+SEGMENT_ALIGNMENT = 64
+MAX_REGISTERS = 0x3FFF
+
+
+@dataclass(frozen=True)
+class CConv:
+    """A parsed calling convention `0<args>_<results>`; spans as ('span', (types...))."""
+
+    text: str
+    args: tuple  # each: a type char in 'iIfFr' or ('span', tuple_of_chars)
+    results: tuple
+
+    @property
+    def is_variadic(self) -> bool:
+        return any(isinstance(a, tuple) for a in self.args)
+
+
+def parse_cconv(text: str | None, what: str) -> CConv:
+    if text is None:
+        return CConv("0v_v", (), ())
+    if len(text) < 2 or text[0] != "0" or "_" not in text:
+        raise InvalidArgumentError(f"{what}: unsupported calling convention {text!r}")
+    arg_text, _, res_text = text[1:].partition("_")
+
+    def frag(s: str, allow_spans: bool) -> tuple:
+        out: list = []
+        i = 0
+        while i < len(s):
+            c = s[i]
+            if c == "v":
+                i += 1
+                continue
+            if c in "iIfFr":
+                out.append(c)
+                i += 1
+            elif c == "C" and allow_spans:
+                j = s.find("D", i + 1)
+                if j < 0:
+                    raise InvalidArgumentError(f"{what}: unterminated span in {text!r}")
+                inner = s[i + 1 : j]
+                if not inner or any(ch not in "iIfFr" for ch in inner):
+                    raise InvalidArgumentError(f"{what}: bad span in {text!r}")
+                out.append(("span", tuple(inner)))
+                i = j + 1
+            else:
+                raise InvalidArgumentError(f"{what}: unsupported cconv char {c!r} in {text!r}")
+        return tuple(out)
+
+    return CConv(text, frag(arg_text, True), frag(res_text, False))
+
+
+def cconv_registers(types: tuple) -> list[tuple[str, int]]:
+    """Register assignment of internal-function arguments: [(bank, ordinal)]."""
+    out = []
+    i32 = ref = 0
+    for t in types:
+        if t in "if":
+            out.append(("i", i32))
+            i32 += 1
+        elif t in "IF":
+            i32 += i32 & 1
+            out.append(("i", i32))
+            i32 += 2
+        else:
+            out.append(("r", ref))
+            ref += 1
+    return out
+
+
+@dataclass
+class Function:
+    """An internal function: descriptor, signature, decoded instructions, source map."""
+
+    ordinal: int
+    name: str
+    descriptor: FunctionDescriptor
+    signature: FunctionSignature
+    cconv: CConv
+    instructions: list = field(default_factory=list)
+    locations: dict[int, int] = field(default_factory=dict)  # pc -> location index
+
+    @property
+    def reflection(self) -> dict[str, str]:
+        return self.signature.attrs
+
+
+@dataclass
+class Import:
+    ordinal: int
+    full_name: str
+    signature: FunctionSignature
+    cconv: CConv
+    optional: bool
+
+
+@dataclass
+class Export:
+    name: str
+    internal_ordinal: int
+    function: Function
+
+    @property
+    def cconv(self) -> CConv:
+        return self.function.cconv
+
+    @property
+    def reflection(self) -> dict[str, str]:
+        return self.function.signature.attrs
+
+
+class BytecodeModule:
+    """A loaded, verified bytecode module; instantiate it in a `vm.Context`."""
+
+    def __init__(self, data: memoryview, module_def: ModuleDef, rodata: list[VMBuffer],
+                 owner=None) -> None:
+        self._data = data
+        self._owner = owner  # keeps an mmap alive
+        self.definition = module_def
+        self.name = module_def.name
+        self.version = module_def.version
+        self.requirements = module_def.requirements
+        self.attrs = module_def.attrs
+        self.types = module_def.types
+        self.dependencies: list[Dependency] = module_def.dependencies
+        self.bytecode_version = module_def.bytecode_version
+        self.global_bytes_capacity = module_def.global_bytes_capacity
+        self.global_ref_count = module_def.global_ref_count
+        self.rodata: list[VMBuffer] = rodata
+        self.debug_database: DebugDatabase | None = module_def.debug_database
+        self.functions: list[Function] = []
+        self.imports: list[Import] = []
+        self.exports: dict[str, Export] = {}
+        self.program = None  # codegen.ModuleProgram
+
+    def lookup_export(self, name: str) -> Export | None:
+        return self.exports.get(name)
+
+    def location_string(self, index: int, depth: int = 0) -> str | None:
+        db = self.debug_database
+        if db is None or not 0 <= index < len(db.location_table) or depth > 16:
+            return None
+        loc = db.location_table[index]
+        if loc is None:
+            return None
+        kind = loc[0]
+        if kind == "file":
+            return f"{loc[1]}:{loc[2]}:{loc[3]}"
+        if kind == "name":
+            child = self.location_string(loc[2], depth + 1)
+            return f'"{loc[1]}"' + (f"({child})" if child else "")
+        if kind == "callsite":
+            return self.location_string(loc[1], depth + 1)
+        if kind == "fused":
+            parts = [self.location_string(c, depth + 1) for c in loc[2][:4]]
+            parts = [p for p in parts if p]
+            return "; ".join(parts) if parts else None
+        return None
+
+    def source_location(self, function: Function, pc: int) -> str | None:
+        if not function.locations:
+            return None
+        best = None
+        for off, loc in function.locations.items():
+            if off <= pc and (best is None or off > best[0]):
+                best = (off, loc)
+        if best is None:
+            return None
+        return self.location_string(best[1])
+
+    def __repr__(self) -> str:
+        return f"BytecodeModule({self.name!r}, {len(self.exports)} exports)"
+
+
+def _split_container(buf: memoryview) -> tuple[memoryview, int]:
+    """Returns (flatbuffer, rodata base offset) per IREE's archive layout."""
+    if len(buf) >= 30 and struct.unpack_from("<I", buf, 0)[0] == ZIP_LOCAL_HEADER:
+        name_len, extra_len = struct.unpack_from("<HH", buf, 26)
+        start = 30 + name_len + extra_len
+        if start > len(buf):
+            raise InvalidArgumentError(
+                "archive self-reports as a zip but does not have enough data to contain "
+                "a module"
+            )
+    else:
+        start = 0
+    if len(buf) - start < 16:
+        raise InvalidArgumentError(
+            f"FlatBuffer data is not present or less than 16 bytes ({len(buf) - start} total)"
+        )
+    prefix = struct.unpack_from("<I", buf, start)[0]
+    remaining = len(buf) - start - 4
+    if prefix > remaining:
+        raise InvalidArgumentError(
+            f"FlatBuffer length prefix out of bounds (prefix is {prefix} but only "
+            f"{remaining} available)"
+        )
+    fb = buf[start + 4 : start + 4 + prefix]
+    rodata_base = (start + 4 + prefix + SEGMENT_ALIGNMENT - 1) & ~(SEGMENT_ALIGNMENT - 1)
+    return fb, rodata_base
+
+
+def _to_view(source) -> tuple[memoryview, object]:
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return memoryview(b""), None
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return memoryview(mm), mm
+    if isinstance(source, memoryview):
+        return source.cast("B") if source.format != "B" else source, None
+    if isinstance(source, (bytes, bytearray)):
+        return memoryview(source), None
+    raise InvalidArgumentError(f"cannot load a module from {type(source).__name__}")
+
+
+def load_module(source, *, name_hint: str | None = None) -> BytecodeModule:
+    """Loads and verifies a `.vmfb` from a path, bytes, bytearray or memoryview.
+
+    The returned module keeps zero-copy views of `source` (rodata buffers included);
+    a bytearray passed in must not be mutated afterwards.
+    """
+    view, owner = _to_view(source)
+    try:
+        return _load(view, owner)
+    except Error:
+        raise
+    except RecursionError as exc:
+        raise InvalidArgumentError(f"module too deeply nested: {exc}") from None
+    except (struct.error, IndexError, ValueError, TypeError, OverflowError,
+            UnicodeDecodeError) as exc:
+        raise DataLossError(f"corrupt module: {type(exc).__name__}: {exc}") from None
+    except MemoryError:
+        raise DataLossError("corrupt module: implausible sizes") from None
+    except SyntaxError as exc:  # pragma: no cover - generated code is ours
+        raise InternalError(f"code generation failed: {exc}") from exc
+
+
+def _load(view: memoryview, owner) -> BytecodeModule:
+    fb, rodata_base = _split_container(view)
+    mdef = read_module_def(fb)
+
+    if mdef.bytecode_version != isa.BYTECODE_VERSION:
+        major, minor = mdef.bytecode_version >> 16, mdef.bytecode_version & 0xFFFF
+        raise IncompatibleError(
+            f"bytecode version mismatch; runtime supports 17.0, module has {major}.{minor}"
+        )
+    unsupported = mdef.requirements & ~isa.SUPPORTED_FEATURES
+    if unsupported:
+        raise UnimplementedError(f"module requires unsupported features 0x{unsupported:X}")
+
+    # Rodata segments, zero-copy.
+    rodata: list[VMBuffer] = []
+    for i, seg in enumerate(mdef.rodata_segments):
+        if seg.compressed:
+            raise UnimplementedError(f"rodata[{i}] uses an unsupported compression type")
+        if seg.embedded is not None:
+            rodata.append(VMBuffer(seg.embedded.toreadonly(), mutable=False))
+            continue
+        off, length = seg.external_offset or 0, seg.external_length or 0
+        avail = len(view)
+        if rodata_base > avail or off > avail - rodata_base or length > avail - rodata_base - off:
+            raise InvalidArgumentError(f"rodata[{i}] external reference out of range")
+        start = rodata_base + off
+        rodata.append(VMBuffer(view[start : start + length].toreadonly(), mutable=False))
+
+    if mdef.global_bytes_capacity < 0 or mdef.global_ref_count < 0:
+        raise InvalidArgumentError("module state sizes are negative")
+    if mdef.global_bytes_capacity > (1 << 30) or mdef.global_ref_count > (1 << 24):
+        raise InvalidArgumentError(
+            f"module state too large ({mdef.global_bytes_capacity} bytes, "
+            f"{mdef.global_ref_count} refs)"
+        )
+
+    if len(mdef.function_signatures) != len(mdef.function_descriptors):
+        raise InvalidArgumentError(
+            "function signature and descriptor table length mismatch "
+            f"({len(mdef.function_signatures)} vs {len(mdef.function_descriptors)})"
+        )
+
+    module = BytecodeModule(view, mdef, rodata, owner)
+    bytecode = mdef.bytecode_data
+
+    # Names of internal functions: exports first, then debug names, else ordinal.
+    names: dict[int, str] = {}
+    for e in mdef.exported_functions:
+        if not 0 <= e.internal_ordinal < len(mdef.function_descriptors):
+            raise InvalidArgumentError(
+                f"export {e.local_name!r} internal_ordinal {e.internal_ordinal} out of bounds"
+            )
+        names.setdefault(e.internal_ordinal, e.local_name)
+    if mdef.debug_database is not None:
+        for i, fmap in enumerate(mdef.debug_database.functions):
+            if fmap.local_name and i not in names:
+                names[i] = fmap.local_name
+
+    for i, (desc, sig) in enumerate(zip(mdef.function_descriptors, mdef.function_signatures)):
+        fname = names.get(i, f"function#{i}")
+        where = f"{mdef.name}.{fname}"
+        if desc.block_count <= 0:
+            raise InvalidArgumentError(f"{where}: descriptor block count is {desc.block_count}")
+        if desc.bytecode_length <= 0:
+            raise InvalidArgumentError(f"{where}: descriptor bytecode length is 0")
+        if desc.bytecode_offset < 0 or desc.bytecode_offset + desc.bytecode_length > len(bytecode):
+            raise InvalidArgumentError(
+                f"{where}: descriptor bytecode span out of range "
+                f"({desc.bytecode_offset}+{desc.bytecode_length} > {len(bytecode)})"
+            )
+        if not 0 <= desc.i32_register_count <= MAX_REGISTERS or not (
+            0 <= desc.ref_register_count <= MAX_REGISTERS
+        ):
+            raise InvalidArgumentError(f"{where}: descriptor register count out of range")
+        unsupported = desc.requirements & ~isa.SUPPORTED_FEATURES
+        if unsupported:
+            raise UnimplementedError(f"{where} requires unsupported features 0x{unsupported:X}")
+        cconv = parse_cconv(sig.calling_convention, where)
+        if cconv.is_variadic:
+            raise InvalidArgumentError(f"{where}: internal functions cannot be variadic")
+        fn = Function(i, fname, desc, sig, cconv)
+        span = bytecode[desc.bytecode_offset : desc.bytecode_offset + desc.bytecode_length]
+        fn.instructions = isa.decode_function(span, where)
+        if mdef.debug_database is not None and i < len(mdef.debug_database.functions):
+            fn.locations = dict(mdef.debug_database.functions[i].locations)
+        module.functions.append(fn)
+
+    for i, imp in enumerate(mdef.imported_functions):
+        module.imports.append(
+            Import(i, imp.full_name, imp.signature,
+                   parse_cconv(imp.signature.calling_convention, imp.full_name), imp.optional)
+        )
+
+    for e in mdef.exported_functions:
+        fn = module.functions[e.internal_ordinal]
+        if e.local_name in module.exports:
+            raise InvalidArgumentError(f"duplicate export {e.local_name!r}")
+        module.exports[e.local_name] = Export(e.local_name, e.internal_ordinal, fn)
+
+    from .codegen import generate_module
+
+    module.program = generate_module(module)
+    return module
