@@ -135,9 +135,14 @@ def _float_ops(t: str) -> None:
         return _FR.format(e=expr, r=res) if f32 else f"{res} = {expr}"
 
     _SIMPLE.update({
-        f"add.{t}": arith("{0} + {1}", "{2}"),
+        # Which NaN a commutative op returns depends on how CPython was compiled (and
+        # differs between its generic and specialised paths); IREE returns the first
+        # NaN operand's payload, so a NaN result is fixed up explicitly.
+        f"add.{t}": "_t = {0} + {1}\nif _t != _t: _t = _nanp({0}, {1}, _t)\n"
+        + arith("_t", "{2}"),
         f"sub.{t}": arith("{0} - {1}", "{2}"),
-        f"mul.{t}": arith("{0} * {1}", "{2}"),
+        f"mul.{t}": "_t = {0} * {1}\nif _t != _t: _t = _nanp({0}, {1}, _t)\n"
+        + arith("_t", "{2}"),
         f"div.{t}": arith("({0} / {1} if {1} else _div_f({0}, {1}))", "{2}"),
         f"rem.{t}": "{2} = _rem_%s({0}, {1})" % t,
         f"fma.{t}": "{3} = _fma_%s({0}, {1}, {2})" % t,
@@ -245,6 +250,7 @@ def base_namespace() -> dict:
         "_goff": ops.global_offset,
         "_grefi": ops.global_ref_index,
         "_div_f": ops.div_f,
+        "_nanp": ops.nan_propagate,
         "_wrap32": ops.wrap32, "_wrap64": ops.wrap64,
         "_round_f32": ops.round_f32,
         "_fail": ops.fail,
@@ -491,7 +497,8 @@ class _Gen:
             text = tmpl.format(*args)
             if "_fa" in text:
                 self.uses_fa = True
-            self.emit(ind, text, pc)
+            for line in text.split("\n"):
+                self.emit(ind, line, pc)
             # move semantics for refs read with the move bit (e.g. none in _SIMPLE)
             return
         handler = getattr(self, "op_" + name.replace(".", "_"), None)

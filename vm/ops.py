@@ -105,12 +105,26 @@ def bitcast_i64_f64(x: int) -> float:
 _libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
 _cf, _cd, _cl, _cll = ctypes.c_float, ctypes.c_double, ctypes.c_long, ctypes.c_longlong
 
+# The iree-base-runtime 3.13.0 wheel links these symbol versions of glibc's libm (its
+# manylinux baseline); newer default versions differ in edge cases (e.g. the sign of
+# log(-1)'s NaN), so bind exactly the ones IREE calls, where the C library has them.
+_GLIBC_2_27 = {"expf", "exp2f", "logf", "log2f", "powf"}
+try:
+    _dlvsym = ctypes.CDLL(None).dlvsym
+    _dlvsym.restype = ctypes.c_void_p
+    _dlvsym.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p)
+except AttributeError:  # pragma: no cover - not glibc
+    _dlvsym = None
+
 
 def _libm_fn(name: str, restype, *argtypes):
-    fn = getattr(_libm, name)
-    fn.restype = restype
-    fn.argtypes = argtypes
-    return fn
+    proto = ctypes.CFUNCTYPE(restype, *argtypes)
+    if _dlvsym is not None:
+        version = "GLIBC_2.27" if name in _GLIBC_2_27 else "GLIBC_2.2.5"
+        addr = _dlvsym(_libm._handle, name.encode(), version.encode())
+        if addr:
+            return proto(addr)
+    return proto((name, _libm))
 
 
 _F32_UNARY = {}
@@ -173,14 +187,19 @@ def rsqrt_f64(x):
     return div_f(1.0, _F64_UNARY["sqrt"](x))
 
 
+_DEFAULT_NAN = _S_d.unpack(_S_Q.pack(0xFFF8000000000000))[0]  # x86 "real indefinite"
+
+
 def div_f(a: float, b: float) -> float:
-    """IEEE division (Python raises on a zero divisor)."""
+    """IEEE division by a zero divisor (Python raises), as x86 SSE computes it."""
     if b:
         return a / b
-    if a != a or b != b or a == 0.0:
-        return float("nan")
-    sign = (a < 0.0) != (_S_Q.unpack(_S_d.pack(b))[0] >> 63 == 1)
-    return float("-inf") if sign else float("inf")
+    if a != a:
+        return a + 0.0  # propagates (and quiets) the NaN operand
+    if a == 0.0:
+        return _DEFAULT_NAN
+    negative = (a < 0.0) != (_S_Q.unpack(_S_d.pack(b))[0] >> 63 == 1)
+    return float("-inf") if negative else float("inf")
 
 
 def round_even_f32(x):
@@ -268,12 +287,33 @@ def cast_f64_ui64(x):
     return wrap64(_llround(x))
 
 
+def nan_propagate(a: float, b: float, result: float) -> float:
+    """The NaN x86 returns for a commutative op: the first NaN operand, quieted."""
+    if a != a:
+        return float(a) + 0.0
+    if b != b:
+        return float(b) + 0.0
+    return result  # invalid operation: the hardware's default NaN
+
+
 def fma_f32(a, b, c):
-    return round_f32(round_f32(a * b) + c)
+    # IREE computes a * b + c in float (no fused fma on its baseline x86-64 build).
+    p = a * b
+    if p != p:
+        p = nan_propagate(a, b, p)
+    p = round_f32(p)
+    r = p + c
+    if r != r:
+        r = nan_propagate(p, c, r)
+    return round_f32(r)
 
 
 def fma_f64(a, b, c):
-    return a * b + c
+    p = a * b
+    if p != p:
+        p = nan_propagate(a, b, p)
+    r = p + c
+    return nan_propagate(p, c, r) if r != r else r
 
 
 # ---------------------------------------------------------------------------
