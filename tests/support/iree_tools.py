@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
-import sys
 from pathlib import Path
 
 COMPILER_VERSION = "3.13.0"
+COMPILE_TIMEOUT = 300
 
 
 def cache_dir() -> Path:
@@ -27,13 +28,17 @@ def cache_dir() -> Path:
 
 
 def iree_compile_path() -> str:
-    exe = Path(sys.executable).with_name("iree-compile")
-    if exe.exists():
-        return str(exe)
-    found = shutil.which("iree-compile")
-    if not found:
-        raise RuntimeError("iree-compile not found; install the test extras")
-    return found
+    """The compiler binary itself (not the console-script wrapper, whose child would
+    outlive a timeout)."""
+    try:
+        from iree.compiler.tools import binaries
+
+        return binaries.find_tool("iree-compile")
+    except Exception:
+        found = shutil.which("iree-compile")
+        if not found:
+            raise RuntimeError("iree-compile not found; install the test extras") from None
+        return found
 
 
 def compile_mlir(source: str, flags: list[str] | tuple[str, ...] = (), suffix: str = ".vmfb") -> Path:
@@ -48,14 +53,21 @@ def compile_mlir(source: str, flags: list[str] | tuple[str, ...] = (), suffix: s
     src = cache_dir() / f"{key}.mlir"
     src.write_text(source)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    result = subprocess.run(
+    proc = subprocess.Popen(
         [iree_compile_path(), str(src), "-o", str(tmp), *flags],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
+        start_new_session=True,
     )
-    if result.returncode != 0:
-        raise RuntimeError(f"iree-compile failed:\n{result.stderr[-4000:]}")
+    try:
+        _, stderr = proc.communicate(timeout=COMPILE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RuntimeError(f"iree-compile did not finish within {COMPILE_TIMEOUT} s") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"iree-compile failed:\n{stderr[-4000:]}")
     os.replace(tmp, out)
     return out
 
