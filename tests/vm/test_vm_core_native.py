@@ -1,0 +1,219 @@
+"""Native imports and suspension: `Suspend` flows through nested VM calls to the driver."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+from conftest import vm_compile_source
+
+from tinyhal.errors import Error, InvalidArgumentError, NotFoundError
+from tinyhal.vm import Context, NativeModule, Suspend, VMBuffer, load_module
+
+YIELD_VM = """
+vm.module @ym {
+  vm.import private @native.wait(%x : i32) -> i32 attributes {vm.yield}
+  vm.import private @native.add(%a : i32, %b : i64) -> i64
+  vm.import private @native.fill(%b : !vm.buffer, %v : i32) -> !vm.buffer
+  vm.import private @native.sum(%xs : i32 ...) -> i32
+  vm.import private optional @native.missing(%a : i32) -> i32
+  vm.func private @inner(%n : i32) -> i32 {
+    %c1 = vm.const.i32 1
+    vm.call.yieldable @native.wait(%n) : (i32) -> ^bb1(i32)
+  ^bb1(%r : i32):
+    vm.yield ^bb2
+  ^bb2:
+    %s = vm.add.i32 %r, %c1 : i32
+    vm.return %s : i32
+  }
+  vm.func @outer(%n : i32) -> (i32, i64, i32) {
+    %a = vm.call @inner(%n) : (i32) -> i32
+    %b = vm.call @inner(%a) : (i32) -> i32
+    %w = vm.ext.i32.i64.s %b : i32 -> i64
+    %c = vm.call @native.add(%b, %w) : (i32, i64) -> i64
+    %res = vm.import.resolved @native.missing : i32
+    vm.return %b, %c, %res : i32, i64, i32
+  }
+  vm.export @outer
+  vm.func @buf(%v : i32) -> !vm.buffer {
+    %c8 = vm.const.i64 8
+    %c0 = vm.const.i32 0
+    %b = vm.buffer.alloc %c8, %c0 : !vm.buffer
+    %r = vm.call @native.fill(%b, %v) : (!vm.buffer, i32) -> !vm.buffer
+    vm.return %r : !vm.buffer
+  }
+  vm.export @buf
+  vm.func @variadic(%a : i32, %b : i32) -> i32 {
+    %s = vm.call.variadic @native.sum([%a, %b, %a]) : (i32 ...) -> i32
+    vm.return %s : i32
+  }
+  vm.export @variadic
+  vm.func @call_missing(%a : i32) -> i32 {
+    %s = vm.call @native.missing(%a) : (i32) -> i32
+    vm.return %s : i32
+  }
+  vm.export @call_missing
+}
+"""
+
+
+def make_native(log: list) -> NativeModule:
+    m = NativeModule("native")
+
+    @m.export("wait", "0i_i", yieldable=True)
+    def wait(x):
+        log.append(("wait", x))
+        done = threading.Event()
+        threading.Timer(0.001, done.set).start()
+
+        def block():
+            done.wait()
+            return x * 2
+
+        async def wait_async():
+            await trio.sleep(0.001)
+            return x * 2
+
+        return Suspend(block, wait_async)
+
+    @m.export("add", "0iI_I")
+    def add(a, b):
+        return a + b + (1 << 40)
+
+    @m.export("fill", "0ri_r")
+    def fill(buf, v):
+        assert isinstance(buf, VMBuffer)
+        buf.data[:] = bytes([v & 0xFF]) * len(buf.data)
+        return buf
+
+    @m.export("sum", "0CiD_i")
+    def sum_(xs):
+        assert all(isinstance(t, tuple) and len(t) == 1 for t in xs)
+        return sum(t[0] for t in xs) + 2**32  # wrapped to i32 by the interpreter
+
+    return m
+
+
+@pytest.fixture(scope="module")
+def ym_path():
+    return vm_compile_source(YIELD_VM, ["--compile-from=vm"])
+
+
+def expected(n):
+    a = n * 2 + 1
+    b = a * 2 + 1
+    return [b, b + b + (1 << 40), 0]
+
+
+def test_suspend_blocking(ym_path):
+    log = []
+    ctx = Context([make_native(log), load_module(ym_path)])
+    assert ctx.invoke("outer", [3]) == expected(3)
+    assert log == [("wait", 3), ("wait", 7)]
+    assert ctx.lookup_function("outer").is_generator
+
+
+def test_suspend_generator_driver(ym_path):
+    ctx = Context([make_native([]), load_module(ym_path)])
+    gen = ctx.invoke_gen("ym.outer", [5])
+    kinds = []
+    send = None
+    while True:
+        try:
+            req = gen.send(send)
+        except StopIteration as stop:
+            result = stop.value
+            break
+        kinds.append(type(req).__name__)
+        send = None if req is None else req.block()
+    assert result == expected(5)
+    assert kinds == ["Suspend", "NoneType", "Suspend", "NoneType"]
+
+
+def test_suspend_trio_interleaves(ym_path):
+    log = []
+    ctx = Context([make_native(log), load_module(ym_path)])
+    results = {}
+
+    async def one(n):
+        results[n] = await ctx.invoke_async("outer", [n])
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            for n in range(5):
+                nursery.start_soon(one, n)
+
+    trio.run(main)
+    assert results == {n: expected(n) for n in range(5)}
+    firsts = [x for _, x in log[:5]]
+    assert sorted(firsts) == list(range(5))  # all five started before any finished
+
+
+def test_ref_and_variadic_imports(ym_path):
+    ctx = Context([make_native([]), load_module(ym_path)])
+    (buf,) = ctx.invoke("buf", [0x1AB])
+    assert isinstance(buf, VMBuffer) and buf.tobytes() == b"\xab" * 8
+    assert ctx.invoke("variadic", [4, 5]) == [13]
+
+
+def test_optional_import_missing(ym_path):
+    ctx = Context([make_native([]), load_module(ym_path)])
+    with pytest.raises(NotFoundError, match="native.missing"):
+        ctx.invoke("call_missing", [1])
+
+
+def test_missing_required_import_named(ym_path):
+    empty = NativeModule("native")
+    with pytest.raises(NotFoundError, match="native.wait"):
+        Context([empty, load_module(ym_path)])
+
+
+def test_import_signature_mismatch(ym_path):
+    m = make_native([])
+    bad = NativeModule("native", functions=dict(m.functions))
+    bad.export("add", "0ii_i")(lambda a, b: a)
+    with pytest.raises(Error, match="native.add"):
+        Context([bad, load_module(ym_path)])
+
+
+def test_native_error_propagates_with_location(ym_path):
+    m = make_native([])
+
+    @m.export("add", "0iI_I")
+    def add(a, b):
+        raise InvalidArgumentError("boom from native")
+
+    ctx = Context([m, load_module(ym_path)])
+    with pytest.raises(InvalidArgumentError, match="boom from native.*ym.outer"):
+        ctx.invoke("outer", [1])
+
+
+def test_wait_failure_reaches_caller(ym_path):
+    m = make_native([])
+
+    @m.export("wait", "0i_i", yieldable=True)
+    def wait(x):
+        def block():
+            raise InvalidArgumentError("wait failed")
+
+        async def wait_async():
+            raise InvalidArgumentError("wait failed")
+
+        return Suspend(block, wait_async)
+
+    ctx = Context([m, load_module(ym_path)])
+    with pytest.raises(InvalidArgumentError, match="wait failed"):
+        ctx.invoke("outer", [1])
+    with pytest.raises(InvalidArgumentError, match="wait failed"):
+        trio.run(ctx.invoke_async, "outer", [1])
+
+
+def test_argument_validation(ym_path):
+    ctx = Context([make_native([]), load_module(ym_path)])
+    with pytest.raises(InvalidArgumentError):
+        ctx.invoke("outer", [])
+    with pytest.raises(InvalidArgumentError):
+        ctx.invoke("outer", [1 << 40])
+    with pytest.raises(NotFoundError):
+        ctx.invoke("nope", [])
