@@ -264,13 +264,12 @@ def load_module(source, *, name_hint: str | None = None) -> BytecodeModule:
         raise
     except RecursionError as exc:
         raise InvalidArgumentError(f"module too deeply nested: {exc}") from None
-    except (struct.error, IndexError, ValueError, TypeError, OverflowError,
-            UnicodeDecodeError) as exc:
-        raise DataLossError(f"corrupt module: {type(exc).__name__}: {exc}") from None
     except MemoryError:
         raise DataLossError("corrupt module: implausible sizes") from None
     except SyntaxError as exc:  # pragma: no cover - generated code is ours
         raise InternalError(f"code generation failed: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - any other failure means a corrupt file
+        raise DataLossError(f"corrupt module: {type(exc).__name__}: {exc}") from None
 
 
 def _load(view: memoryview, owner) -> BytecodeModule:
