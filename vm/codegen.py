@@ -42,25 +42,36 @@ def _w64(expr: str) -> str:
     return f"({expr} + {H64} & {M64}) - {H64}"
 
 
+def _wrapped(res: str, expr: str, bits: int) -> str:
+    """`res = expr` wrapped to a signed `bits` integer; the common in-range case costs
+    two compares instead of three big-int operations."""
+    hi, lo = (2**31 - 1, -(2**31)) if bits == 32 else (2**63 - 1, -(2**63))
+    wrap = _w32(res) if bits == 32 else _w64(res)
+    return f"{res} = {expr}\nif {res} > {hi} or {res} < {lo}: {res} = {wrap}"
+
+
 # Straight-line ops: template over the instruction's fields in layout order.
 _SIMPLE: dict[str, str] = {}
 
 
 def _int_ops(bits: int) -> None:
     t = f"i{bits}"
-    w = _w32 if bits == 32 else _w64
+
+    def w(expr: str, res: str) -> str:
+        return _wrapped(res, expr, bits)
+
     m = M32 if bits == 32 else M64
     sh = 31 if bits == 32 else 63
     _SIMPLE.update({
-        f"add.{t}": "{2} = " + w("{0} + {1}"),
-        f"sub.{t}": "{2} = " + w("{0} - {1}"),
-        f"mul.{t}": "{2} = " + w("{0} * {1}"),
+        f"add.{t}": w("{0} + {1}", "{2}"),
+        f"sub.{t}": w("{0} - {1}", "{2}"),
+        f"mul.{t}": w("{0} * {1}", "{2}"),
         f"div.{t}.s": "{2} = _div_%ss({0}, {1})" % t,
         f"div.{t}.u": "{2} = _div_%su({0}, {1})" % t,
         f"rem.{t}.s": "{2} = _rem_%ss({0}, {1})" % t,
         f"rem.{t}.u": "{2} = _rem_%su({0}, {1})" % t,
-        f"fma.{t}": "{3} = " + w("{0} * {1} + {2}"),
-        f"abs.{t}": "{1} = " + w("abs({0})"),
+        f"fma.{t}": w("{0} * {1} + {2}", "{3}"),
+        f"abs.{t}": w("abs({0})", "{1}"),
         f"min.{t}.s": "{2} = {1} if {1} < {0} else {0}",
         f"min.{t}.u": "{2} = {1} if ({1} & %s) < ({0} & %s) else {0}" % (m, m),
         f"max.{t}.s": "{2} = {1} if {0} < {1} else {0}",
@@ -70,9 +81,9 @@ def _int_ops(bits: int) -> None:
         f"or.{t}": "{2} = {0} | {1}",
         f"xor.{t}": "{2} = {0} ^ {1}",
         f"ctlz.{t}": "{1} = %d - ({0} & %s).bit_length()" % (bits, m),
-        f"shl.{t}": "{2} = " + w("({0} << ({1} & %d))" % sh),
+        f"shl.{t}": w("{0} << ({1} & %d)" % sh, "{2}"),
         f"shr.{t}.s": "{2} = {0} >> ({1} & %d)" % sh,
-        f"shr.{t}.u": "{2} = " + w("(({0} & %s) >> ({1} & %d))" % (m, sh)),
+        f"shr.{t}.u": w("({0} & %s) >> ({1} & %d)" % (m, sh), "{2}"),
         f"cmp.eq.{t}": "{2} = 1 if {0} == {1} else 0",
         f"cmp.ne.{t}": "{2} = 1 if {0} != {1} else 0",
         f"cmp.lt.{t}.s": "{2} = 1 if {0} < {1} else 0",
@@ -96,11 +107,11 @@ _int_ops(64)
 _SIMPLE.update({
     "trunc.i32.i8": "{1} = {0} & 255",
     "trunc.i32.i16": "{1} = {0} & 65535",
-    "ext.i8.i32.s": "{1} = ({0} + 128 & 255) - 128",
+    "ext.i8.i32.s": "{1} = {0} & 255\nif {1} > 127: {1} -= 256",
     "ext.i8.i32.u": "{1} = {0} & 255",
-    "ext.i16.i32.s": "{1} = ({0} + 32768 & 65535) - 32768",
+    "ext.i16.i32.s": "{1} = {0} & 65535\nif {1} > 32767: {1} -= 65536",
     "ext.i16.i32.u": "{1} = {0} & 65535",
-    "trunc.i64.i32": "{1} = " + _w32("{0}"),
+    "trunc.i64.i32": "{1} = {0} & %s\nif {1} > 2147483647: {1} -= 4294967296" % M32,
     "ext.i32.i64.s": "{1} = {0}",
     "ext.i32.i64.u": "{1} = {0} & " + M32,
     "cmp.eq.ref": "{2} = 1 if {0} is {1} else 0",
@@ -145,7 +156,12 @@ def _float_ops(t: str) -> None:
         + arith("_t", "{2}"),
         f"div.{t}": arith("({0} / {1} if {1} else _div_f({0}, {1}))", "{2}"),
         f"rem.{t}": "{2} = _rem_%s({0}, {1})" % t,
-        f"fma.{t}": "{3} = _fma_%s({0}, {1}, {2})" % t,
+        f"fma.{t}": (
+            "_t = {0} * {1}\nif _t != _t: _t = _nanp({0}, {1}, _t)\n"
+            + ("_fa[0] = _t; _t = _fa[0] + {2}\nif _t != _t: _t = _nanp(_fa[0], {2}, _t)\n"
+               "_fa[0] = _t; {3} = _fa[0]" if f32 else
+               "_u = _t + {2}\nif _u != _u: _u = _nanp(_t, {2}, _u)\n{3} = _u")
+        ),
         f"abs.{t}": "{1} = abs({0})",
         f"neg.{t}": "{1} = -{0}",
         f"min.{t}": "{2} = {1} if {1} < {0} else {0}",
@@ -316,6 +332,11 @@ class _Gen:
         self.r_regs: set[int] = set()
         self.uses_fa = False
         self.block_index: dict[int, int] = {}
+        self.blocks: list = []
+        self.cur_block = -1
+        self.loop_mode = False
+        self.self_loop_used = False
+        self.inlining = False
 
     # -- register helpers
     def err(self, ins, msg: str) -> InvalidArgumentError:
@@ -383,10 +404,41 @@ class _Gen:
                 if src & isa.REF_BIT and src & isa.MOVE_BIT:
                     self.emit(indent, f"{s} = None", ins.pc)
 
-    def jump(self, ins, target_pc: int, pairs, indent: int, marker_delta: bool = True) -> None:
+    def jump(self, ins, target_pc: int, pairs, indent: int) -> None:
         self.remap(ins, pairs, indent)
-        self.emit(indent, f"_b = {self.block(ins, target_pc)}", ins.pc)
-        self.emit(indent, "continue", ins.pc)
+        self.goto(indent, self.block(ins, target_pc), ins.pc)
+
+    def goto(self, indent: int, idx: int, pc: int, pre: tuple = ()) -> None:
+        """Transfers control to block `idx` (after emitting `pre` lines)."""
+        if self.loop_mode and idx == self.cur_block:
+            for line in pre:
+                self.emit(indent, line, pc)
+            self.emit(indent, "continue", pc)  # the block's own `while` loop
+            self.self_loop_used = True
+            return
+        self.emit(indent, f"_b = {idx}", pc)
+        for line in pre:
+            self.emit(indent, line, pc)
+        self.emit(indent, "break" if self.loop_mode else "continue", pc)
+
+    # Blocks this small are duplicated into an unconditional branch that targets them
+    # (typically a loop header: compare + cond_br), saving a dispatch per iteration and
+    # turning loops into self-loops that run as a plain Python `while`.
+    TAIL_DUP_MAX = 4
+
+    def _emit_block(self, bi: int, blk: list, loop_mode: bool) -> list:
+        self.lines = []
+        self.cur_block = bi
+        self.loop_mode = loop_mode
+        self.self_loop_used = False
+        for ins in blk[1:]:
+            self.instruction(ins, 0)
+        if blk[-1].name not in _TERMINATORS:
+            if bi + 1 < len(self.blocks):
+                self.goto(0, bi + 1, blk[-1].pc)
+            else:
+                self.emit(0, "raise _fail(13, _FALLOFF)", blk[-1].pc)
+        return self.lines
 
     def generate(self) -> list[tuple[int, str, int]]:
         fn = self.fn
@@ -409,18 +461,17 @@ class _Gen:
         if last.name not in _TERMINATORS and last.name != "fail":
             raise InvalidArgumentError(f"{self.where}: function missing terminator in the last block")
 
+        self.blocks = blocks
         bodies: list[list[tuple[int, str, int]]] = []
         for bi, blk in enumerate(blocks):
-            self.lines = []
-            for ins in blk[1:]:
-                self.instruction(ins, 0)
-            if blk[-1].name not in _TERMINATORS:
-                if bi + 1 < len(blocks):
-                    self.emit(0, f"_b = {bi + 1}", blk[-1].pc)
-                    self.emit(0, "continue", blk[-1].pc)
-                else:
-                    self.emit(0, "raise _fail(13, _FALLOFF)", blk[-1].pc)
-            bodies.append(self.lines)
+            lines = self._emit_block(bi, blk, True)
+            if self.self_loop_used:
+                body = [(0, "while 1:", -1)]
+                body += [(ind + 1, text, pc) for ind, text, pc in lines]
+                body.append((0, "continue", -1))
+            else:
+                body = self._emit_block(bi, blk, False)
+            bodies.append(body)
 
         # Header: parameters and register initialisation.
         params = []
@@ -690,6 +741,24 @@ class _Gen:
     # -- control flow
     def op_br(self, ins, f, ind):
         self.has_branches = True
+        idx = self.block(ins, f[0])
+        target = self.blocks[idx] if idx < len(self.blocks) else None
+        if (
+            not self.inlining
+            and ins.name == "br"
+            and target is not None
+            and idx != self.cur_block
+            and 1 < len(target) <= self.TAIL_DUP_MAX + 1
+            and target[-1].name in ("cond_br", "br", "return")
+        ):
+            self.remap(ins, f[1], ind)
+            self.inlining = True
+            try:
+                for t_ins in target[1:]:
+                    self.instruction(t_ins, ind)
+            finally:
+                self.inlining = False
+            return
         self.jump(ins, f[0], f[1], ind)
 
     op_break = op_br
@@ -703,7 +772,7 @@ class _Gen:
         self.has_branches = True
         cond = self.ireg(ins, f[0], False)
         t_idx, f_idx = self.block(ins, f[1]), self.block(ins, f[3])
-        if not f[2] and not f[4]:
+        if not f[2] and not f[4] and not self.loop_mode:
             self.emit(ind, f"_b = {t_idx} if {cond} else {f_idx}", ins.pc)
             self.emit(ind, "continue", ins.pc)
             return
@@ -742,9 +811,7 @@ class _Gen:
         self.has_branches = True
         self.st.mark_generator(self.fn.ordinal)
         self.remap(ins, f[1], ind)
-        self.emit(ind, f"_b = {self.block(ins, f[0])}", ins.pc)
-        self.emit(ind, "yield None", ins.pc)
-        self.emit(ind, "continue", ins.pc)
+        self.goto(ind, self.block(ins, f[0]), ins.pc, pre=("yield None",))
 
     def op_call(self, ins, f, ind):
         self._call(ins, f[0], None, f[1], f[2], None, ind)
@@ -829,8 +896,7 @@ class _Gen:
             else:
                 self.emit(ind, f"{', '.join(results)} = {call}", pc)
         if yieldable:
-            self.emit(ind, f"_b = {self.block(ins, resume_pc)}", pc)
-            self.emit(ind, "continue", pc)
+            self.goto(ind, self.block(ins, resume_pc), pc)
 
     def _import_args(self, ins, imp, segments, src) -> str:
         parts = []
