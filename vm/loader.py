@@ -325,10 +325,21 @@ def _load(view: memoryview, owner) -> BytecodeModule:
                 f"export {e.local_name!r} internal_ordinal {e.internal_ordinal} out of bounds"
             )
         names.setdefault(e.internal_ordinal, e.local_name)
-    if mdef.debug_database is not None:
-        for i, fmap in enumerate(mdef.debug_database.functions):
-            if fmap.local_name and i not in names:
-                names[i] = fmap.local_name
+    # Source maps are meant to be 1:1 with the descriptors, but iree-compile 3.13.0 may
+    # emit fewer (observed: only the last function's); then match them by name.
+    source_maps: dict[int, object] = {}
+    db = mdef.debug_database
+    if db is not None:
+        if len(db.functions) == len(mdef.function_descriptors):
+            for i, fmap in enumerate(db.functions):
+                source_maps[i] = fmap
+                if fmap.local_name and i not in names:
+                    names[i] = fmap.local_name
+        else:
+            by_name = {n: i for i, n in names.items()}
+            for fmap in db.functions:
+                if fmap.local_name in by_name:
+                    source_maps[by_name[fmap.local_name]] = fmap
 
     for i, (desc, sig) in enumerate(zip(mdef.function_descriptors, mdef.function_signatures)):
         fname = names.get(i, f"function#{i}")
@@ -355,8 +366,8 @@ def _load(view: memoryview, owner) -> BytecodeModule:
         fn = Function(i, fname, desc, sig, cconv)
         span = bytecode[desc.bytecode_offset : desc.bytecode_offset + desc.bytecode_length]
         fn.instructions = isa.decode_function(span, where)
-        if mdef.debug_database is not None and i < len(mdef.debug_database.functions):
-            fn.locations = dict(mdef.debug_database.functions[i].locations)
+        if i in source_maps:
+            fn.locations = dict(source_maps[i].locations)
         module.functions.append(fn)
 
     for i, imp in enumerate(mdef.imported_functions):

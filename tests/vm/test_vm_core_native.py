@@ -217,3 +217,9 @@ def test_argument_validation(ym_path):
         ctx.invoke("outer", [1 << 40])
     with pytest.raises(NotFoundError):
         ctx.invoke("nope", [])
+
+
+def test_trap_names_function_and_source_location(ym_path):
+    ctx = Context([make_native([]), load_module(ym_path)])
+    with pytest.raises(NotFoundError, match=r"at ym\.call_missing\+[0-9A-F]{8} \S+\.mlir:\d+:\d+"):
+        ctx.invoke("call_missing", [1])
