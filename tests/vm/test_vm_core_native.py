@@ -223,3 +223,45 @@ def test_trap_names_function_and_source_location(ym_path):
     ctx = Context([make_native([]), load_module(ym_path)])
     with pytest.raises(NotFoundError, match=r"at ym\.call_missing\+[0-9A-F]{8} \S+\.mlir:\d+:\d+"):
         ctx.invoke("call_missing", [1])
+
+
+LIB_VM = """
+vm.module @lib {
+  vm.import private @native.wait(%x : i32) -> i32 attributes {vm.yield}
+  vm.func @twice(%x : i32, %y : i64) -> (i32, i64) {
+    vm.call.yieldable @native.wait(%x) : (i32) -> ^bb1(i32)
+  ^bb1(%r : i32):
+    %z = vm.add.i64 %y, %y : i64
+    vm.return %r, %z : i32, i64
+  }
+  vm.export @twice
+}
+"""
+
+APP_VM = """
+vm.module @app {
+  vm.import private @lib.twice(%x : i32, %y : i64) -> (i32, i64) attributes {vm.yield}
+  vm.func @main(%x : i32) -> (i32, i64) {
+    %y = vm.ext.i32.i64.s %x : i32 -> i64
+    vm.call.yieldable @lib.twice(%x, %y) : (i32, i64) -> ^bb1(i32, i64)
+  ^bb1(%a : i32, %b : i64):
+    vm.return %a, %b : i32, i64
+  }
+  vm.export @main
+  vm.func @main_sync(%x : i32) -> (i32, i64) {
+    %y = vm.const.i64 -3
+    %a, %b = vm.call @lib.twice(%x, %y) : (i32, i64) -> (i32, i64)
+    vm.return %a, %b : i32, i64
+  }
+  vm.export @main_sync
+}
+"""
+
+
+def test_bytecode_module_imports_bytecode_module():
+    lib = load_module(vm_compile_source(LIB_VM, ["--compile-from=vm"]))
+    app = load_module(vm_compile_source(APP_VM, ["--compile-from=vm"]))
+    ctx = Context([make_native([]), lib, app])
+    assert ctx.invoke("app.main", [21]) == [42, 42]
+    assert ctx.invoke("main_sync", [5]) == [10, -6]
+    assert trio.run(ctx.invoke_async, "app.main", [-4]) == [-8, -8]
