@@ -26,6 +26,7 @@ from types import GeneratorType
 
 from ..errors import InvalidArgumentError, OutOfRangeError
 from . import isa, ops
+from .loader import cconv_registers
 from .native import Suspend
 
 M32 = "4294967295"
@@ -475,7 +476,7 @@ class _Gen:
 
         # Header: parameters and register initialisation.
         params = []
-        for bank, reg in _param_registers(fn.cconv.args):
+        for bank, reg in cconv_registers(fn.cconv.args):
             params.append(f"{bank}{reg}")
         param_set = set(params)
         out: list[tuple[int, str, int]] = []
@@ -941,23 +942,6 @@ def _pow2(n: int) -> int:
 def _chunks(items, n):
     for i in range(0, len(items), n):
         yield items[i : i + n]
-
-
-def _param_registers(types) -> list[tuple[str, int]]:
-    out = []
-    i32 = ref = 0
-    for t in types:
-        if t in "if":
-            out.append(("i", i32))
-            i32 += 1
-        elif t in "IF":
-            i32 += i32 & 1
-            out.append(("i", i32))
-            i32 += 2
-        else:
-            out.append(("r", ref))
-            ref += 1
-    return out
 
 
 class _ProgramState:
