@@ -1,0 +1,802 @@
+"""The native `hal` module (version 7): what compiled modules import, backed by tinyhal.hal.
+
+`create_hal_module(devices)` returns a `NativeModule` whose functions are closures over one
+module state (the device list and the transient buffers this state allocated), so each
+`vm.Context` gets its own. Semantics and status codes follow IREE's HAL module
+(`runtime/src/iree/modules/hal/module.c`):
+
+- refs are checked by type and a wrong or null ref is INVALID_ARGUMENT naming the
+  expected type; `*_or_null` buffer arguments turn a null buffer into a binding-table
+  slot reference (`command_buffer.dispatch` bindings `(unused, slot, buffer, offset,
+  length)`, fill/update/copy targets);
+- `device.query.i64` answers `(1, value)` or `(0, 0)` for queries the device does not
+  know; `allocator.import` with its try flag returns null instead of failing;
+- `fence.await` is yieldable: if a fence is still pending it returns a `Suspend` that
+  blocks (`block()`) or suspends the trio task (`wait_async()`); a timeout yields
+  DEADLINE_EXCEEDED (4) as the result, a failed fence raises its failure.
+
+`!vm.buffer` arguments (rodata, strings) are taken as any object exposing the bytes
+through `.data` or the buffer protocol; read-only memory is treated as immutable, as
+IREE treats rodata. Rodata imported with `allocator.import` is wrapped zero-copy (the
+HAL's `import_host` needs 64-byte alignment, which rodata has when the module file is
+loaded into a 64-byte-aligned buffer), so weights are used in place.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    DeadlineExceededError,
+    Error,
+    InvalidArgumentError,
+    OutOfRangeError,
+    PermissionDeniedError,
+    StatusCode,
+    UnimplementedError,
+    error_for_code,
+)
+from ..hal.allocator import Allocator
+from ..hal.buffer import Buffer, Storage
+from ..hal.buffer_view import BufferView
+from ..hal.command_buffer import CommandBuffer
+from ..hal.device import Device
+from ..hal.executable import FORMATS, Executable
+from ..hal.semaphore import Fence
+from ..hal.types import WHOLE_BUFFER, BufferUsage, MemoryAccess, MemoryType
+from .native import NativeModule, Suspend
+
+HAL_MODULE_VERSION = 7
+
+_COMMAND_BUFFER_MODE_ONE_SHOT = 1 << 0
+_SHARING_IMMUTABLE = int(BufferUsage.SHARING_IMMUTABLE)
+_STATUS_DEFERRED = int(StatusCode.DEFERRED)
+_STATUS_DEADLINE_EXCEEDED = int(StatusCode.DEADLINE_EXCEEDED)
+_U32 = 0xFFFFFFFF
+_MAX_BINDINGS = 64
+
+
+class HalFile:
+    """A `!hal.file`: read-only host memory (`ex.file.from_memory`) that queue_read reads."""
+
+    __slots__ = ("data", "access", "source")
+
+    def __init__(self, data: memoryview, access: int, source: Any) -> None:
+        self.data = data
+        self.access = access
+        self.source = source  # keeps the VM buffer alive as long as the file
+
+    def __repr__(self) -> str:
+        return f"<HalFile {self.data.nbytes} bytes>"
+
+
+# -- argument helpers ------------------------------------------------------------------
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _check(value: Any, cls: type, what: str) -> Any:
+    if type(value) is cls or isinstance(value, cls):
+        return value
+    raise InvalidArgumentError(f"expected a {what} ref but got {_type_name(value)}")
+
+
+def _check_or_null(value: Any, cls: type, what: str) -> Any:
+    if value is None or isinstance(value, cls):
+        return value
+    raise InvalidArgumentError(f"expected a {what} ref or null but got {_type_name(value)}")
+
+
+def _fence_or_null(value: Any) -> Fence | None:
+    if value is None or isinstance(value, Fence):
+        return value
+    raise InvalidArgumentError(f"expected a hal.fence ref or null but got {_type_name(value)}")
+
+
+def vm_buffer_view(ref: Any, what: str = "vm.buffer") -> memoryview:
+    """The bytes of a `!vm.buffer` ref as a flat byte memoryview (no copy)."""
+    if ref is None:
+        raise InvalidArgumentError(f"expected a {what} ref but got null")
+    data = getattr(ref, "data", ref)
+    try:
+        view = data if isinstance(data, memoryview) else memoryview(data)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"expected a {what} ref but got {_type_name(ref)}"
+        ) from None
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def vm_buffer_string(ref: Any, what: str = "vm.buffer") -> str:
+    return bytes(vm_buffer_view(ref, what)).decode("utf-8", errors="replace")
+
+
+def _vm_buffer_mutable(ref: Any, view: memoryview) -> bool:
+    mutable = getattr(ref, "mutable", None)
+    if mutable is None:
+        mutable = getattr(ref, "is_mutable", None)
+    if callable(mutable):
+        mutable = mutable()
+    if mutable is None:
+        return not view.readonly
+    return bool(mutable) and not view.readonly
+
+
+def _byte_range(view: memoryview, offset: int, length: int, what: str) -> memoryview:
+    size = view.nbytes
+    if length == -1:
+        length = size - offset
+    if offset < 0 or length < 0 or offset > size or offset + length > size:
+        raise OutOfRangeError(
+            f"{what} byte range [{offset}, {offset + length}) is out of bounds of the "
+            f"{size}-byte buffer"
+        )
+    return view[offset : offset + length]
+
+
+def _timeout_seconds(timeout_ms: int) -> float | None:
+    timeout_ms &= _U32
+    return None if timeout_ms == _U32 else timeout_ms / 1000.0
+
+
+# -- the module --------------------------------------------------------------------------
+
+
+def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
+    """A `hal` module instance over `devices` (the first is the default device)."""
+    device_list: list[Device] = [devices] if isinstance(devices, Device) else list(devices)
+    if not device_list:
+        raise InvalidArgumentError("the hal module needs at least one device")
+    for d in device_list:
+        _check(d, Device, "hal.device")
+    module = NativeModule("hal", HAL_MODULE_VERSION)
+    export = module.export
+    # Storages of buffers this module allocated with queue_alloca: only those have
+    # transient memory to give back on queue_dealloca.
+    transient: weakref.WeakSet[Any] = weakref.WeakSet()
+    module.devices = device_list  # type: ignore[attr-defined]
+
+    # -- experimental -----------------------------------------------------------------
+
+    @export("ex.file.from_memory", "0rIirIIi_r")
+    def ex_file_from_memory(device, queue_affinity, access, buffer, offset, length, flags):
+        _check(device, Device, "hal.device")
+        if access & ~int(MemoryAccess.READ):
+            raise PermissionDeniedError(
+                "only read-only memory can be accessed via a file handle (today)"
+            )
+        view = vm_buffer_view(buffer)
+        return HalFile(_byte_range(view, offset, length, "file"), access, buffer)
+
+    # -- allocator --------------------------------------------------------------------
+
+    @export("allocator.select", "0iiICrID_rI")
+    def allocator_select(memory_types, buffer_usage, flags, pairs):
+        if not pairs:
+            raise InvalidArgumentError(
+                "at least one device/queue affinity pair must be provided"
+            )
+        device, affinity = pairs[0]
+        _check(device, Device, "hal.device")
+        return device, affinity
+
+    @export("allocator.allocate", "0rIiiI_r")
+    def allocator_allocate(allocator, queue_affinity, memory_types, buffer_usage, size):
+        allocator = _check(allocator, Allocator, "hal.allocator")
+        try:
+            return allocator.allocate(
+                size, MemoryType(memory_types & _U32), BufferUsage(buffer_usage & _U32)
+            )
+        except Error as exc:
+            exc.message = f"failed to allocate buffer of length {size}; {exc.message}"
+            raise
+
+    @export("allocator.import", "0riIiirII_r")
+    def allocator_import(allocator, is_try, queue_affinity, memory_types, buffer_usage,
+                         source, offset, length):
+        allocator = _check(allocator, Allocator, "hal.allocator")
+        view = vm_buffer_view(source)
+        size = view.nbytes
+        if length == -1:
+            length = size
+        if length < 0 or offset < 0 or offset > size or offset + length > size:
+            raise InvalidArgumentError(
+                f"byte range out of bounds (requested {offset}-{offset + length - 1} of "
+                f"available {size})"
+            )
+        usage = buffer_usage & _U32
+        access = MemoryAccess.READ
+        if not _vm_buffer_mutable(source, view):
+            if usage & _SHARING_IMMUTABLE != _SHARING_IMMUTABLE:
+                raise PermissionDeniedError(
+                    "source buffer is immutable and can only be imported for constant usage"
+                )
+        elif usage & _SHARING_IMMUTABLE != _SHARING_IMMUTABLE:
+            access |= MemoryAccess.WRITE
+        try:
+            array = np.frombuffer(view, dtype=np.uint8, count=length, offset=offset)
+            buffer = allocator.import_host(
+                array, MemoryType(memory_types & _U32), BufferUsage(usage), access
+            )
+        except Error:
+            if is_try:
+                return None
+            raise
+        if buffer is None and not is_try:
+            raise InvalidArgumentError(
+                f"host memory at offset {offset} ({length} bytes) cannot be imported: "
+                "it must be 64-byte aligned"
+            )
+        return buffer
+
+    # -- buffer -----------------------------------------------------------------------
+
+    @export("buffer.assert", "0rrrIii_v")
+    def buffer_assert(buffer, message, allocator, minimum_length, memory_types, usage):
+        buffer = _check(buffer, Buffer, "hal.buffer")
+        label = vm_buffer_string(message)
+        if buffer.byte_length < minimum_length:
+            raise InvalidArgumentError(
+                f"{label} buffer byte length {buffer.byte_length} less than expected "
+                f"minimum {minimum_length}"
+            )
+        required = memory_types & _U32
+        if int(buffer.memory_type) & required != required:
+            raise PermissionDeniedError(
+                f"{label} buffer memory type is not compatible; buffer has "
+                f"{int(buffer.memory_type):08X}, operation requires {required:08X}"
+            )
+        required = usage & _U32
+        if int(buffer.allowed_usage) & required != required:
+            raise PermissionDeniedError(
+                f"{label} requested usage was not specified when the buffer was "
+                f"allocated; buffer allows {int(buffer.allowed_usage):08X}, operation "
+                f"requires {required:08X}"
+            )
+        _check(allocator, Allocator, "hal.allocator")
+
+    @export("buffer.allocation.preserve", "0r_v")
+    def buffer_allocation_preserve(buffer):
+        _check(buffer, Buffer, "hal.buffer")
+
+    @export("buffer.allocation.discard", "0r_i")
+    def buffer_allocation_discard(buffer):
+        # Ownership is tracked by Python references, not an explicit count: the caller
+        # never holds the last reference here, so the allocation is never terminal.
+        _check(buffer, Buffer, "hal.buffer")
+        return 0
+
+    @export("buffer.allocation.is_terminal", "0r_i")
+    def buffer_allocation_is_terminal(buffer):
+        _check(buffer, Buffer, "hal.buffer")
+        return 0
+
+    @export("buffer.subspan", "0rII_r")
+    def buffer_subspan(buffer, offset, length):
+        buffer = _check(buffer, Buffer, "hal.buffer")
+        try:
+            return buffer.subspan(offset, length)
+        except Error as exc:
+            exc.message = (f"invalid subspan of an existing buffer (source_offset={offset}, "
+                           f"length={length}); {exc.message}")
+            raise
+
+    @export("buffer.length", "0r_I")
+    def buffer_length(buffer):
+        return _check(buffer, Buffer, "hal.buffer").byte_length
+
+    @export("buffer.load", "0rIi_i")
+    def buffer_load(buffer, offset, length):
+        buffer = _check(buffer, Buffer, "hal.buffer")
+        if length > 4:
+            raise InvalidArgumentError(f"load length byte count {length} exceeds max")
+        buffer.check_live()
+        offset, length = buffer.resolve_range(offset, length, "load")
+        start = buffer.byte_offset + offset
+        return int.from_bytes(buffer.storage.array[start : start + length].tobytes(), "little")
+
+    @export("buffer.store", "0irIi_v")
+    def buffer_store(value, buffer, offset, length):
+        buffer = _check(buffer, Buffer, "hal.buffer")
+        if length > 4:
+            raise InvalidArgumentError(f"store length byte count {length} exceeds max")
+        if offset + length > buffer.byte_length or offset < 0 or length < 0:
+            raise OutOfRangeError(
+                f"store out of bounds (target_offset={offset}, length={length} into max "
+                f"{buffer.byte_length})"
+            )
+        buffer.check_live()
+        start = buffer.byte_offset + offset
+        data = (value & _U32).to_bytes(4, "little")[:length]
+        buffer.storage.array[start : start + length] = np.frombuffer(data, dtype=np.uint8)
+
+    # -- buffer view ------------------------------------------------------------------
+
+    @export("buffer_view.create", "0rIIiiCID_r")
+    def buffer_view_create(buffer, offset, length, element_type, encoding_type, shape):
+        buffer = _check(buffer, Buffer, "hal.buffer")
+        if offset != 0 or length != buffer.byte_length:
+            try:
+                buffer = buffer.subspan(offset, length)
+            except Error as exc:
+                exc.message = (f"invalid subspan of an existing buffer (source_offset="
+                               f"{offset}, length={length}); {exc.message}")
+                raise
+        return BufferView(buffer, [d for (d,) in shape], element_type & _U32,
+                          encoding_type & _U32)
+
+    @export("buffer_view.assert", "0rriiCID_v")
+    def buffer_view_assert(view, message, element_type, encoding_type, shape):
+        view = _check(view, BufferView, "hal.buffer_view")
+        label = vm_buffer_string(message)
+        expected_encoding = encoding_type & _U32
+        if view.encoding_type != 0 and view.encoding_type != expected_encoding:
+            raise InvalidArgumentError(
+                f"{label} encoding mismatch; expected {expected_encoding:08X} but have "
+                f"{view.encoding_type:08X}"
+            )
+        expected_type = element_type & _U32
+        if not _element_types_compatible(view.element_type, expected_type):
+            raise InvalidArgumentError(
+                f"{label} element type mismatch; expected {format_element_type(expected_type)}"
+                f" ({expected_type:08X}) but have {format_element_type(view.element_type)} "
+                f"({view.element_type:08X})"
+            )
+        expected_shape = tuple(d for (d,) in shape)
+        actual = view.shape
+        if len(actual) != len(expected_shape):
+            raise InvalidArgumentError(
+                f"{label} shape rank mismatch; expected {len(expected_shape)}"
+                f"{' (scalar)' if not expected_shape else ''} but have {len(actual)}"
+                f"{' (scalar)' if not actual else ''}; expected shape "
+                f"`{_shape_str(expected_shape)}`, actual shape `{_shape_str(actual)}`"
+            )
+        for i, (have, want) in enumerate(zip(actual, expected_shape)):
+            if have != want:
+                raise InvalidArgumentError(
+                    f"{label} shape dimension {i} mismatch; expected {want} but have "
+                    f"{have}; expected shape `{_shape_str(expected_shape)}`, actual shape "
+                    f"`{_shape_str(actual)}`"
+                )
+
+    @export("buffer_view.buffer", "0r_r")
+    def buffer_view_buffer(view):
+        return _check(view, BufferView, "hal.buffer_view").buffer
+
+    @export("buffer_view.element_type", "0r_i")
+    def buffer_view_element_type(view):
+        return _check(view, BufferView, "hal.buffer_view").element_type
+
+    @export("buffer_view.encoding_type", "0r_i")
+    def buffer_view_encoding_type(view):
+        return _check(view, BufferView, "hal.buffer_view").encoding_type
+
+    @export("buffer_view.rank", "0r_i")
+    def buffer_view_rank(view):
+        return len(_check(view, BufferView, "hal.buffer_view").shape)
+
+    @export("buffer_view.dim", "0ri_I")
+    def buffer_view_dim(view, index):
+        shape = _check(view, BufferView, "hal.buffer_view").shape
+        if not 0 <= index < len(shape):
+            raise OutOfRangeError(
+                f"buffer view dimension {index} out of range of rank {len(shape)}"
+            )
+        return shape[index]
+
+    @export("buffer_view.trace", "0rCrD_v")
+    def buffer_view_trace(key, views):
+        for (view,) in views:
+            _check(view, BufferView, "hal.buffer_view")
+
+    # -- channels (collectives) -------------------------------------------------------
+
+    @export("channel.create", "0rIIrrii_r")
+    def channel_create(*args):
+        raise UnimplementedError("collective channels are not supported by tinyhal")
+
+    @export("channel.split", "0riiI_r")
+    def channel_split(*args):
+        raise UnimplementedError("collective channels are not supported by tinyhal")
+
+    @export("channel.rank_and_count", "0r_ii")
+    def channel_rank_and_count(*args):
+        raise UnimplementedError("collective channels are not supported by tinyhal")
+
+    # -- command buffer ---------------------------------------------------------------
+
+    @export("command_buffer.create", "0riiIi_r")
+    def command_buffer_create(device, modes, categories, queue_affinity, binding_capacity):
+        device = _check(device, Device, "hal.device")
+        mode = "one_shot" if modes & _COMMAND_BUFFER_MODE_ONE_SHOT else "reusable"
+        return device.create_command_buffer(mode, binding_capacity)
+
+    @export("command_buffer.finalize", "0r_v")
+    def command_buffer_finalize(cb):
+        _check(cb, CommandBuffer, "hal.command_buffer").finalize()
+
+    @export("command_buffer.begin_debug_group", "0rr_v")
+    def command_buffer_begin_debug_group(cb, label):
+        _check(cb, CommandBuffer, "hal.command_buffer")
+
+    @export("command_buffer.end_debug_group", "0r_v")
+    def command_buffer_end_debug_group(cb):
+        _check(cb, CommandBuffer, "hal.command_buffer")
+
+    @export("command_buffer.execution_barrier", "0riiI_v")
+    def command_buffer_execution_barrier(cb, source_stage, target_stage, flags):
+        _check(cb, CommandBuffer, "hal.command_buffer").barrier()
+
+    @export("command_buffer.advise_buffer", "0rrIIIi_v")
+    def command_buffer_advise_buffer(cb, buffer, flags, arg0, arg1, slot):
+        _check(cb, CommandBuffer, "hal.command_buffer")
+        _check_or_null(buffer, Buffer, "hal.buffer")
+
+    @export("command_buffer.fill_buffer", "0rrIIiIiI_v")
+    def command_buffer_fill_buffer(cb, target, offset, length, slot, pattern,
+                                   pattern_length, flags):
+        cb = _check(cb, CommandBuffer, "hal.command_buffer")
+        target = _check_or_null(target, Buffer, "hal.buffer")
+        if pattern_length not in (1, 2, 4):
+            raise InvalidArgumentError(
+                f"fill patterns must be 1, 2 or 4 bytes, not {pattern_length}"
+            )
+        pattern &= (1 << (8 * pattern_length)) - 1
+        cb.fill(slot if target is None else target, offset, length, pattern, pattern_length)
+
+    @export("command_buffer.update_buffer", "0rrIrIIiI_v")
+    def command_buffer_update_buffer(cb, source, source_offset, target, target_offset,
+                                     length, slot, flags):
+        cb = _check(cb, CommandBuffer, "hal.command_buffer")
+        data = _byte_range(vm_buffer_view(source), source_offset, length, "update source")
+        target = _check_or_null(target, Buffer, "hal.buffer")
+        cb.update(data, slot if target is None else target, target_offset)
+
+    @export("command_buffer.copy_buffer", "0riirIrIII_v")
+    def command_buffer_copy_buffer(cb, source_slot, target_slot, source, source_offset,
+                                   target, target_offset, length, flags):
+        cb = _check(cb, CommandBuffer, "hal.command_buffer")
+        source = _check_or_null(source, Buffer, "hal.buffer")
+        target = _check_or_null(target, Buffer, "hal.buffer")
+        cb.copy(source_slot if source is None else source, source_offset,
+                target_slot if target is None else target, target_offset, length)
+
+    @export("command_buffer.collective", "0rriiiirrIIIII_v")
+    def command_buffer_collective(*args):
+        raise UnimplementedError("collective operations are not supported by tinyhal")
+
+    @export("command_buffer.dispatch", "0rrIiiiICiDCiirIID_v")
+    def command_buffer_dispatch(cb, executable, function, x, y, z, flags, constants,
+                                bindings):
+        if type(cb) is not CommandBuffer:
+            _check(cb, CommandBuffer, "hal.command_buffer")
+        if type(executable) is not Executable:
+            _check(executable, Executable, "hal.executable")
+        if len(bindings) > _MAX_BINDINGS:
+            raise OutOfRangeError(f"binding count {len(bindings)} > {_MAX_BINDINGS}")
+        refs = []
+        for _unused, slot, buffer, offset, length in bindings:
+            if buffer is None:
+                refs.append((slot, offset, length))
+            elif type(buffer) is Buffer or isinstance(buffer, Buffer):
+                refs.append((buffer, offset, length))
+            else:
+                raise InvalidArgumentError(
+                    f"expected a hal.buffer ref or null but got {_type_name(buffer)}"
+                )
+        cb.dispatch(executable, function, (x & _U32, y & _U32, z & _U32),
+                    [c for (c,) in constants], refs)
+
+    @export("command_buffer.dispatch.indirect", "0rrIirIICiDCiirIID_v")
+    def command_buffer_dispatch_indirect(*args):
+        raise UnimplementedError(
+            "indirect dispatch (workgroup counts read from a buffer) is not supported yet"
+        )
+
+    # -- device -----------------------------------------------------------------------
+
+    @export("device.allocator", "0r_r")
+    def device_allocator(device):
+        return _check(device, Device, "hal.device").allocator
+
+    @export("device.query.i64", "0rrr_iI")
+    def device_query_i64(device, category, key):
+        device = _check(device, Device, "hal.device")
+        category_str = vm_buffer_string(category)
+        key_str = vm_buffer_string(key)
+        try:
+            value = device.query(category_str, key_str)
+        except Error:
+            return 0, 0
+        return 1, int(value)
+
+    @export("device.queue.alloca", "0rIrrIiiII_r")
+    def device_queue_alloca(device, queue_affinity, wait, signal, pool, memory_types,
+                            usage, size, flags):
+        device = _check(device, Device, "hal.device")
+        if pool != 0:
+            raise UnimplementedError("VM queue allocation pools are not supported")
+        buffer = device.queue_alloca(
+            size, _fence_or_null(wait), _fence_or_null(signal),
+            MemoryType(memory_types & _U32), BufferUsage(usage & _U32),
+        )
+        transient.add(buffer.storage)
+        return buffer
+
+    @export("device.queue.dealloca", "0rIrrrI_v")
+    def device_queue_dealloca(device, queue_affinity, wait, signal, buffer, flags):
+        device = _check(device, Device, "hal.device")
+        buffer = _check(buffer, Buffer, "hal.buffer")
+        wait, signal = _fence_or_null(wait), _fence_or_null(signal)
+        if buffer.storage in transient:
+            transient.discard(buffer.storage)
+            device.queue_dealloca(buffer, wait, signal)
+        else:
+            # Not transient memory: the buffer lives on while referenced; only order.
+            device.queue_barrier(wait, signal)
+
+    @export("device.queue.fill", "0rIrrrIIIiI_v")
+    def device_queue_fill(device, queue_affinity, wait, signal, target, offset, length,
+                          pattern, pattern_length, flags):
+        device = _check(device, Device, "hal.device")
+        target = _check(target, Buffer, "hal.buffer")
+        if pattern_length not in (1, 2, 4):
+            raise InvalidArgumentError(
+                f"fill patterns must be 1, 2 or 4 bytes, not {pattern_length}"
+            )
+        pattern &= (1 << (8 * pattern_length)) - 1
+        device.queue_fill(target, offset, length, pattern, _fence_or_null(wait),
+                          _fence_or_null(signal), pattern_length)
+
+    @export("device.queue.update", "0rIrrrIrIII_v")
+    def device_queue_update(device, queue_affinity, wait, signal, source, source_offset,
+                            target, target_offset, length, flags):
+        device = _check(device, Device, "hal.device")
+        data = _byte_range(vm_buffer_view(source), source_offset, length, "update source")
+        target = _check(target, Buffer, "hal.buffer")
+        device.queue_update(data, target, target_offset, _fence_or_null(wait),
+                            _fence_or_null(signal))
+
+    @export("device.queue.copy", "0rIrrrIrIII_v")
+    def device_queue_copy(device, queue_affinity, wait, signal, source, source_offset,
+                          target, target_offset, length, flags):
+        device = _check(device, Device, "hal.device")
+        source = _check(source, Buffer, "hal.buffer")
+        target = _check(target, Buffer, "hal.buffer")
+        device.queue_copy(source, source_offset, target, target_offset, length,
+                          _fence_or_null(wait), _fence_or_null(signal))
+
+    @export("device.queue.read", "0rIrrrIrIII_v")
+    def device_queue_read(device, queue_affinity, wait, signal, source, source_offset,
+                          target, target_offset, length, flags):
+        device = _check(device, Device, "hal.device")
+        source = _check(source, HalFile, "hal.file")
+        target = _check(target, Buffer, "hal.buffer")
+        if length == WHOLE_BUFFER:
+            length = target.byte_length - target_offset
+        device.queue_read(source.data, source_offset, target, target_offset, length,
+                          _fence_or_null(wait), _fence_or_null(signal))
+
+    @export("device.queue.write", "0rIrrrIrIII_v")
+    def device_queue_write(device, queue_affinity, wait, signal, source, source_offset,
+                           target, target_offset, length, flags):
+        device = _check(device, Device, "hal.device")
+        source = _check(source, Buffer, "hal.buffer")
+        target = _check(target, HalFile, "hal.file")
+        if target.data.readonly:
+            raise PermissionDeniedError("file was imported read-only and cannot be written")
+        device.queue_write(source, source_offset, target.data, target_offset, length,
+                           _fence_or_null(wait), _fence_or_null(signal))
+
+    @export("device.queue.barrier", "0rIrrI_v")
+    def device_queue_barrier(device, queue_affinity, wait, signal, flags):
+        device = _check(device, Device, "hal.device")
+        device.queue_barrier(_fence_or_null(wait), _fence_or_null(signal))
+
+    @export("device.queue.execute", "0rIrrrI_v")
+    def device_queue_execute(device, queue_affinity, wait, signal, cb, flags):
+        device = _check(device, Device, "hal.device")
+        cb = _check(cb, CommandBuffer, "hal.command_buffer")
+        device.submit(cb, _fence_or_null(wait), _fence_or_null(signal))
+
+    @export("device.queue.execute.indirect", "0rIrrrICrIID_v")
+    def device_queue_execute_indirect(device, queue_affinity, wait, signal, cb, flags,
+                                      bindings):
+        if type(device) is not Device and not isinstance(device, Device):
+            _check(device, Device, "hal.device")
+        if type(cb) is not CommandBuffer:
+            _check(cb, CommandBuffer, "hal.command_buffer")
+        table = []
+        for buffer, offset, length in bindings:
+            if buffer is None:
+                # An unused slot; any valid range will do, the recording never reads it.
+                table.append((_EMPTY_BUFFER, 0, 0))
+            elif type(buffer) is Buffer or isinstance(buffer, Buffer):
+                table.append((buffer, offset, length))
+            else:
+                raise InvalidArgumentError(
+                    f"expected a hal.buffer ref or null but got {_type_name(buffer)}"
+                )
+        device.submit(cb, _fence_or_null(wait), _fence_or_null(signal), table)
+
+    @export("device.queue.flush", "0rI_v")
+    def device_queue_flush(device, queue_affinity):
+        _check(device, Device, "hal.device")
+
+    # -- devices ----------------------------------------------------------------------
+
+    @export("devices.count", "0v_i")
+    def devices_count():
+        return len(device_list)
+
+    @export("devices.get", "0i_r")
+    def devices_get(index):
+        return device_list[index] if 0 <= index < len(device_list) else None
+
+    # -- executables ------------------------------------------------------------------
+
+    @export("executable.create", "0rIrrr_r")
+    def executable_create(device, queue_affinity, executable_format, data, constants):
+        device = _check(device, Device, "hal.device")
+        format_str = vm_buffer_string(executable_format)
+        if format_str not in FORMATS:
+            raise error_for_code(
+                StatusCode.NOT_FOUND,
+                f"no executable loader can load format `{format_str}`; tinyhal loads "
+                + ", ".join(FORMATS),
+            )
+        if constants is not None and vm_buffer_view(constants).nbytes:
+            size = vm_buffer_view(constants).nbytes
+            if size % 4:
+                raise InvalidArgumentError(
+                    "constant buffer data must contain 4-byte elements but data length "
+                    f"is {size}"
+                )
+            raise UnimplementedError("executable-level constants are not supported yet")
+        return device.load_executable(vm_buffer_view(data, "executable data"))
+
+    @export("executable.lookup.function", "0rr_I")
+    def executable_lookup_function(executable, name):
+        executable = _check(executable, Executable, "hal.executable")
+        return executable.lookup(vm_buffer_string(name))
+
+    # -- fences -----------------------------------------------------------------------
+
+    @export("fence.create", "0rI_r")
+    def fence_create(device, flags):
+        device = _check(device, Device, "hal.device")
+        return Fence(((device.create_semaphore(0), 1),))
+
+    @export("fence.join", "0ICrD_r")
+    def fence_join(flags, fences):
+        present = []
+        for (fence,) in fences:
+            fence = _fence_or_null(fence)
+            if fence is not None and len(fence):
+                present.append(fence)
+        if not present:
+            return None
+        if len(present) == 1:
+            return Fence(present[0].points)
+        return Fence.join(present)
+
+    @export("fence.query", "0r_i")
+    def fence_query(fence):
+        fence = _check(fence, Fence, "hal.fence")
+        try:
+            return 0 if fence.query() else _STATUS_DEFERRED
+        except Error as exc:
+            return int(exc.code)
+
+    @export("fence.signal", "0r_v")
+    def fence_signal(fence):
+        _check(fence, Fence, "hal.fence").signal()
+
+    @export("fence.fail", "0ri_v")
+    def fence_fail(fence, status_code):
+        fence = _check(fence, Fence, "hal.fence")
+        code = status_code & 0x1F
+        fence.fail(error_for_code(code, f"fence failed by the program with status {code}"))
+
+    @export("fence.await", "0iICrD_i", yieldable=True)
+    def fence_await(timeout_ms, flags, fences):
+        pending = []
+        for (fence,) in fences:
+            if fence is None:
+                continue
+            if type(fence) is not Fence:
+                _check(fence, Fence, "hal.fence")
+            if not fence.query():  # raises the failure of a failed fence
+                pending.append(fence)
+        if not pending:
+            return 0
+        timeout = _timeout_seconds(timeout_ms)
+        if timeout == 0:
+            return _STATUS_DEADLINE_EXCEEDED
+        return Suspend(lambda: _await_block(pending, timeout),
+                       lambda: _await_async(pending, timeout))
+
+    return module
+
+
+def _await_block(fences: list[Fence], timeout: float | None) -> int:
+    import time
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        for fence in fences:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            fence.wait(remaining)
+    except DeadlineExceededError:
+        return _STATUS_DEADLINE_EXCEEDED
+    return 0
+
+
+async def _await_async(fences: list[Fence], timeout: float | None) -> int:
+    import trio
+
+    if timeout is None:
+        for fence in fences:
+            await fence.wait_async()
+        return 0
+    with trio.move_on_after(timeout):
+        for fence in fences:
+            await fence.wait_async()
+        return 0
+    return _STATUS_DEADLINE_EXCEEDED
+
+
+# An always-valid stand-in for null binding-table entries.
+_EMPTY_BUFFER = Buffer(
+    None,
+    Storage(0),
+    0,
+    0,
+    MemoryType.DEVICE_LOCAL | MemoryType.HOST_VISIBLE,
+    BufferUsage(0x1FFFFFFF),
+)
+
+
+# -- element types -----------------------------------------------------------------------
+
+
+def _is_integer(element_type: int) -> bool:
+    return (element_type >> 24) & 0xFF in (0x10, 0x11, 0x12)
+
+
+def _element_types_compatible(actual: int, expected: int) -> bool:
+    if (actual >> 24) & 0xFF == 0:  # opaque
+        return True
+    if _is_integer(actual) and _is_integer(expected) and (actual & 0xFF) == (expected & 0xFF):
+        return True
+    return actual == expected
+
+
+_ELEMENT_PREFIX = {0x10: "i", 0x11: "si", 0x12: "ui", 0x13: "i", 0x21: "f", 0x22: "bf",
+                   0x23: "cf"}
+
+
+def format_element_type(element_type: int) -> str:
+    """IREE's spelling of an element type (`f32`, `i8`, `si32`, `ui16`, `i1`, ...)."""
+    numerical = (element_type >> 24) & 0xFF
+    bits = element_type & 0xFF
+    if numerical == 0x13:
+        bits = 1
+    return f"{_ELEMENT_PREFIX.get(numerical, '*')}{bits}"
+
+
+def _shape_str(shape: Sequence[int]) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def dense_element_count(shape: Sequence[int]) -> int:
+    return math.prod(shape)
