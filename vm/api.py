@@ -1,0 +1,524 @@
+"""`tinyhal.load`: run a compiled `.vmfb` from Python with numpy arrays in and out.
+
+    module = tinyhal.load("model.vmfb", device="task")
+    y = module.main(x)                     # or module.invoke("main", x)
+    y = await module.invoke_async("main", x)
+
+A `Module` is one `vm.Context` (the `hal` module plus the bytecode module) on one device,
+so module globals persist across calls. Arguments are converted by each function's ABI
+declaration (the `iree.abi.declaration` reflection attribute, or the calling convention
+when a module carries none): numpy arrays (or anything `numpy.asarray` accepts) become
+buffer views after their dtype and shape are checked against the declaration, Python
+numbers become VM scalars; results come back as numpy arrays (copies, so they outlive
+the device memory) and Python scalars, one value bare and several as a tuple. Bad input
+raises `tinyhal.Error` (INVALID_ARGUMENT) naming the argument.
+
+Functions compiled with the `coarse-fences` ABI (`f$async`, or `async func` exports) take
+a wait and a signal fence after their inputs; `invoke` and `invoke_async` add those and
+wait on the signal fence before reading results. `invoke_async` runs on trio: every
+`hal.fence.await` the program reaches suspends only this invocation.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import Error, InvalidArgumentError, NotFoundError
+from ..hal import Device, create_device
+from ..hal.buffer import ALIGNMENT
+from ..hal.buffer_view import BufferView
+from ..hal.semaphore import Fence
+from ..hal.types import BufferUsage, ElementType, MemoryType, numpy_dtype
+from .context import Context
+from .hal_module import create_hal_module
+from .loader import load_module
+
+__all__ = ["ArgSpec", "FunctionInfo", "Module", "load", "parse_declaration"]
+
+_INPUT_MEMORY = MemoryType.DEVICE_LOCAL
+_INPUT_USAGE = BufferUsage.DEFAULT | BufferUsage.MAPPING
+
+# MLIR element type spelling -> (numpy dtype, HAL element type)
+_ELEMENTS: dict[str, tuple[np.dtype, int]] = {
+    "i1": (np.dtype(np.bool_), ElementType.BOOL_8),
+    "i8": (np.dtype(np.int8), ElementType.INT_8),
+    "si8": (np.dtype(np.int8), ElementType.SINT_8),
+    "ui8": (np.dtype(np.uint8), ElementType.UINT_8),
+    "i16": (np.dtype(np.int16), ElementType.INT_16),
+    "si16": (np.dtype(np.int16), ElementType.SINT_16),
+    "ui16": (np.dtype(np.uint16), ElementType.UINT_16),
+    "i32": (np.dtype(np.int32), ElementType.INT_32),
+    "si32": (np.dtype(np.int32), ElementType.SINT_32),
+    "ui32": (np.dtype(np.uint32), ElementType.UINT_32),
+    "i64": (np.dtype(np.int64), ElementType.INT_64),
+    "si64": (np.dtype(np.int64), ElementType.SINT_64),
+    "ui64": (np.dtype(np.uint64), ElementType.UINT_64),
+    "index": (np.dtype(np.int64), ElementType.INT_64),
+    "f16": (np.dtype(np.float16), ElementType.FLOAT_16),
+    "f32": (np.dtype(np.float32), ElementType.FLOAT_32),
+    "f64": (np.dtype(np.float64), ElementType.FLOAT_64),
+    "complex<f32>": (np.dtype(np.complex64), ElementType.COMPLEX_FLOAT_64),
+    "complex<f64>": (np.dtype(np.complex128), ElementType.COMPLEX_FLOAT_128),
+}
+_SCALARS = {"i1", "i8", "i16", "i32", "i64", "si32", "ui32", "si64", "ui64", "index",
+            "f16", "f32", "f64"}
+_INT_BITS = {"i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64, "index": 64, "si32": 32,
+             "ui32": 32, "si64": 64, "ui64": 64}
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One argument or result: a tensor (shape with None for dynamic dims) or a scalar."""
+
+    name: str
+    kind: str  # "tensor" | "scalar" | "ref" (opaque: buffer views, lists, ...)
+    type: str  # the MLIR element or scalar type ("f32", "i1", ...) or the ref type
+    shape: tuple[int | None, ...] | None = None
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        entry = _ELEMENTS.get(self.type)
+        return entry[0] if entry else None
+
+    def describe(self) -> str:
+        if self.kind == "tensor":
+            dims = "x".join("?" if d is None else str(d) for d in self.shape or ())
+            return f"tensor<{dims + 'x' if dims else ''}{self.type}>"
+        return self.type
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    """What a module export takes and returns, from its ABI declaration."""
+
+    name: str
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    is_async: bool  # coarse-fences ABI: (inputs..., wait_fence, signal_fence)
+    declaration: str
+
+
+# -- declaration parsing -------------------------------------------------------------------
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c in "<([{":
+            depth += 1
+        elif c in ">)]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    tail = text[start:].strip()
+    if tail:
+        parts.append(tail)
+    return parts
+
+
+def _parse_type(name: str, text: str) -> ArgSpec:
+    text = text.strip()
+    m = re.fullmatch(r"tensor<(.*)>", text)
+    if m:
+        body = m.group(1).split(",")[0].strip()  # drop an encoding attribute
+        pieces = body.split("x")
+        # element types never contain 'x' except complex<...>: rejoin from the end
+        dims: list[int | None] = []
+        idx = 0
+        while idx < len(pieces) - 1 and re.fullmatch(r"\?|\d+", pieces[idx]):
+            dims.append(None if pieces[idx] == "?" else int(pieces[idx]))
+            idx += 1
+        element = "x".join(pieces[idx:])
+        return ArgSpec(name, "tensor", element, tuple(dims))
+    if text in _SCALARS:
+        return ArgSpec(name, "scalar", text)
+    return ArgSpec(name, "ref", text)
+
+
+def parse_declaration(decl: str) -> tuple[str, list[ArgSpec], list[ArgSpec], bool]:
+    """Parses `sync func @f(%input0: tensor<4xf32>, ...) -> (%output0: ..., ...)`."""
+    m = re.match(r"\s*(sync|async)?\s*func\s+@([^(\s]+)\(", decl)
+    if not m:
+        raise InvalidArgumentError(f"unrecognized ABI declaration: {decl!r}")
+    is_async = m.group(1) == "async"
+    name = m.group(2)
+    depth, end = 1, m.end()
+    while end < len(decl) and depth:
+        depth += {"(": 1, "<": 1, ")": -1, ">": -1}.get(decl[end], 0)
+        end += 1
+    if depth:
+        raise InvalidArgumentError(f"unbalanced ABI declaration: {decl!r}")
+    args_text = decl[m.end() : end - 1]
+    rest = decl[end:].strip()
+    results_text = rest[2:].strip() if rest.startswith("->") else ""
+    if results_text.startswith("(") and results_text.endswith(")"):
+        results_text = results_text[1:-1]
+
+    def specs(text: str, prefix: str) -> list[ArgSpec]:
+        out = []
+        for i, part in enumerate(_split_top(text)):
+            if ":" in part and part.lstrip().startswith("%"):
+                label, _, type_text = part.partition(":")
+                label = label.strip().lstrip("%")
+            else:
+                label, type_text = f"{prefix}{i}", part
+            # drop argument attributes like {iree.abi.name = "x"}
+            type_text = re.sub(r"\{.*\}\s*$", "", type_text).strip()
+            out.append(_parse_type(label, type_text))
+        return out
+
+    return name, specs(args_text, "input"), specs(results_text, "output"), is_async
+
+
+_CCONV_SCALAR = {"i": "i32", "I": "i64", "f": "f32", "F": "f64"}
+
+
+def _info_from_cconv(name: str, cconv: Any) -> FunctionInfo:
+    def specs(types: Any, prefix: str) -> tuple[ArgSpec, ...]:
+        return tuple(
+            ArgSpec(f"{prefix}{i}", "scalar", _CCONV_SCALAR[t]) if t in _CCONV_SCALAR
+            else ArgSpec(f"{prefix}{i}", "ref", "!vm.ref<?>")
+            for i, t in enumerate(types)
+        )
+
+    return FunctionInfo(name, specs(cconv.args, "input"), specs(cconv.results, "output"),
+                        False, "")
+
+
+# -- the module ----------------------------------------------------------------------------
+
+
+def _aligned_copy(data: bytes | bytearray | memoryview) -> memoryview:
+    """`data` copied into 64-byte-aligned memory (so rodata can be imported in place)."""
+    view = memoryview(data).cast("B")
+    raw = np.empty(view.nbytes + ALIGNMENT, dtype=np.uint8)
+    start = (-raw.ctypes.data) % ALIGNMENT
+    aligned = raw[start : start + view.nbytes]
+    aligned[:] = np.frombuffer(view, dtype=np.uint8)
+    aligned.flags.writeable = False
+    return memoryview(aligned)
+
+
+def _resolve_device(device: Any, options: dict) -> tuple[Device, bool]:
+    if isinstance(device, Device):
+        if options:
+            raise InvalidArgumentError(
+                f"device options {sorted(options)} given with an existing device"
+            )
+        return device, False
+    if not isinstance(device, str):
+        raise InvalidArgumentError(
+            f"device must be a driver name ('sync', 'task', ...) or a Device, not {device!r}"
+        )
+    return create_device(device, **options), True
+
+
+class _Bound:
+    __slots__ = ("_module", "_name", "__doc__")
+
+    def __init__(self, module: Module, name: str) -> None:
+        self._module = module
+        self._name = name
+        self.__doc__ = module.functions[name].declaration or name
+
+    def __call__(self, *args: Any) -> Any:
+        return self._module.invoke(self._name, *args)
+
+    async def call_async(self, *args: Any) -> Any:
+        return await self._module.invoke_async(self._name, *args)
+
+    def __repr__(self) -> str:
+        return f"<function {self._name} of {self._module!r}>"
+
+
+class Module:
+    """A loaded `.vmfb` on a device; call its exports with numpy arrays and scalars."""
+
+    def __init__(self, source: Any, device: Any = "task", **options: Any) -> None:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            data: Any = _aligned_copy(source)
+            self.path = None
+        elif isinstance(source, (str, os.PathLike)):
+            data = os.fspath(source)
+            self.path = data
+        else:
+            raise InvalidArgumentError(
+                f"tinyhal.load takes a path or the module's bytes, not {type(source).__name__}"
+            )
+        self.device, self._owns_device = _resolve_device(device, options)
+        try:
+            self.bytecode = load_module(data)
+            self.hal_module = create_hal_module(self.device)
+            self.context = Context([self.hal_module, self.bytecode])
+        except BaseException:
+            self.close()
+            raise
+        self.name = self.bytecode.name
+        self.functions: dict[str, FunctionInfo] = {}
+        self._vm_functions: dict[str, Any] = {}
+        for export_name in self.bytecode.exports:
+            if export_name.startswith("__"):
+                continue
+            self.functions[export_name] = self._function_info(export_name)
+
+    def _function_info(self, name: str) -> FunctionInfo:
+        export = self.bytecode.exports[name]
+        reflection = export.reflection or {}
+        decl = reflection.get("iree.abi.declaration")
+        model = reflection.get("iree.abi.model", "")
+        if decl:
+            try:
+                _, inputs, outputs, is_async = parse_declaration(decl)
+            except Error:
+                return _info_from_cconv(name, export.cconv)
+            is_async = is_async or model == "coarse-fences"
+            return FunctionInfo(name, tuple(inputs), tuple(outputs), is_async, decl)
+        info = _info_from_cconv(name, export.cconv)
+        if model == "coarse-fences":
+            inputs = info.inputs[:-2]
+            return FunctionInfo(name, inputs, info.outputs, True, "")
+        return info
+
+    def __repr__(self) -> str:
+        return f"<tinyhal.Module {self.name} on {self.device!r}>"
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | {n for n in self.functions if n.isidentifier()})
+
+    def __getattr__(self, name: str) -> Any:
+        functions = self.__dict__.get("functions")
+        if functions is not None and name in functions:
+            return _Bound(self, name)
+        raise AttributeError(
+            f"{type(self).__name__} {self.__dict__.get('name', '?')!r} has no function "
+            f"{name!r}" + (f"; functions: {sorted(functions)}" if functions else "")
+        )
+
+    @property
+    def function_names(self) -> list[str]:
+        return list(self.functions)
+
+    # -- invocation -------------------------------------------------------------------
+
+    def _lookup(self, name: str) -> tuple[FunctionInfo, Any]:
+        info = self.functions.get(name)
+        if info is None:
+            raise NotFoundError(
+                f"module {self.name!r} has no function {name!r}; functions: "
+                f"{', '.join(self.functions) or '(none)'}"
+            )
+        vmf = self._vm_functions.get(name)
+        if vmf is None:
+            vmf = self._vm_functions[name] = self.context.lookup_function(
+                f"{self.name}.{name}")
+        return info, vmf
+
+    def invoke(self, name: str, *args: Any) -> Any:
+        """Calls export `name` and waits for its results (numpy arrays / scalars)."""
+        info, vmf = self._lookup(name)
+        vm_args = self._convert_inputs(info, args)
+        signal = None
+        if info.is_async:
+            signal = self._append_fences(vm_args)
+        results = self.context.invoke(vmf, vm_args)
+        if signal is not None:
+            signal.wait()
+        return self._convert_outputs(info, results)
+
+    async def invoke_async(self, name: str, *args: Any) -> Any:
+        """Calls export `name` on trio (prefers its `name$async` variant if present)."""
+        async_name = f"{name}$async"
+        if async_name in self.functions and not self.functions[name].is_async:
+            name = async_name
+        info, vmf = self._lookup(name)
+        vm_args = self._convert_inputs(info, args)
+        signal = None
+        if info.is_async:
+            signal = self._append_fences(vm_args)
+        results = await self.context.invoke_async(vmf, vm_args)
+        if signal is not None:
+            await signal.wait_async()
+        return self._convert_outputs(info, results)
+
+    def _append_fences(self, vm_args: list) -> Fence:
+        wait = Fence()
+        signal = Fence(((self.device.create_semaphore(0), 1),))
+        vm_args.append(wait)
+        vm_args.append(signal)
+        return signal
+
+    # -- conversion -------------------------------------------------------------------
+
+    def _convert_inputs(self, info: FunctionInfo, args: tuple) -> list:
+        specs = info.inputs
+        if len(args) != len(specs):
+            raise InvalidArgumentError(
+                f"{info.name} takes {len(specs)} argument{'s' if len(specs) != 1 else ''} "
+                f"({', '.join(s.name + ': ' + s.describe() for s in specs)}), "
+                f"{len(args)} given"
+            )
+        device = self.device
+        out = []
+        for spec, value in zip(specs, args):
+            kind = spec.kind
+            if kind == "tensor":
+                out.append(_tensor_input(device, info.name, spec, value))
+            elif kind == "scalar":
+                out.append(_scalar_input(info.name, spec, value))
+            else:
+                out.append(value)
+        return out
+
+    def _convert_outputs(self, info: FunctionInfo, results: list) -> Any:
+        specs = info.outputs
+        out = []
+        for i, value in enumerate(results):
+            spec = specs[i] if i < len(specs) else None
+            if isinstance(value, BufferView):
+                out.append(_to_numpy(value))
+            elif spec is not None and spec.kind == "scalar":
+                out.append(_scalar_output(spec, value))
+            else:
+                out.append(value)
+        if not out:
+            return None
+        return out[0] if len(out) == 1 else tuple(out)
+
+    # -- lifetime ---------------------------------------------------------------------
+
+    def statistics(self) -> Any:
+        """The device allocator's statistics (live and peak bytes per heap)."""
+        return self.device.allocator.statistics()
+
+    def close(self) -> None:
+        context = self.__dict__.pop("context", None)
+        if context is not None:
+            try:
+                context.close()
+            except Error:
+                pass
+        if self.__dict__.get("_owns_device"):
+            self._owns_device = False
+            self.device.close()
+
+    def __enter__(self) -> Module:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any) -> BufferView:
+    if type(value) is BufferView:
+        return value
+    dtype = spec.dtype
+    if type(value) is not np.ndarray:
+        if isinstance(value, BufferView):
+            return value
+        try:
+            value = np.asarray(value, dtype=dtype)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(
+                f"argument {spec.name} of {fn} must be a {spec.describe()} array: {exc}"
+            ) from None
+    elif dtype is not None and value.dtype != dtype and not _same_integer_width(
+        value.dtype, dtype, spec.type
+    ):
+        raise InvalidArgumentError(
+            f"argument {spec.name} of {fn} has dtype {value.dtype} but {spec.describe()} "
+            f"needs {dtype}"
+        )
+    shape = spec.shape
+    if shape is not None:
+        have = value.shape
+        if len(have) != len(shape) or any(
+            want is not None and want != got for want, got in zip(shape, have)
+        ):
+            raise InvalidArgumentError(
+                f"argument {spec.name} of {fn} has shape "
+                f"{'x'.join(map(str, have)) or '(scalar)'} but {spec.describe()} needs "
+                f"{'x'.join('?' if d is None else str(d) for d in shape) or '(scalar)'}"
+            )
+    element_type = _ELEMENTS[spec.type][1] if spec.type in _ELEMENTS else None
+    if element_type is None:
+        from ..hal.types import element_type_for
+
+        element_type = element_type_for(value.dtype)
+    nbytes = value.nbytes
+    buffer = device.allocator.allocate(nbytes, _INPUT_MEMORY, _INPUT_USAGE)
+    if nbytes:
+        src = value if value.flags.c_contiguous else np.ascontiguousarray(value)
+        buffer.storage.array[:nbytes] = src.reshape(-1).view(np.uint8)
+    return BufferView(buffer, value.shape, element_type)
+
+
+def _same_integer_width(have: np.dtype, want: np.dtype, mlir_type: str) -> bool:
+    # Signless MLIR integers take either signedness of the same width.
+    return (mlir_type.startswith("i") and mlir_type != "i1" and have.kind in "iu"
+            and have.itemsize == want.itemsize)
+
+
+def _scalar_input(fn: str, spec: ArgSpec, value: Any) -> Any:
+    t = spec.type
+    if isinstance(value, np.ndarray):
+        if value.ndim != 0:
+            raise InvalidArgumentError(
+                f"argument {spec.name} of {fn} is a {t} scalar, not an array of shape "
+                f"{'x'.join(map(str, value.shape))}"
+            )
+        value = value.item()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if t.startswith("f"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidArgumentError(
+                f"argument {spec.name} of {fn} must be a {t} number, not "
+                f"{type(value).__name__}"
+            )
+        return float(value)
+    if isinstance(value, bool):
+        return int(value)
+    if not isinstance(value, int):
+        raise InvalidArgumentError(
+            f"argument {spec.name} of {fn} must be an {t} integer, not {type(value).__name__}"
+        )
+    bits = _INT_BITS.get(t, 64)
+    lo = 0 if t.startswith("ui") else -(1 << (bits - 1)) if bits > 1 else 0
+    hi = (1 << (bits - 1)) - 1 if t.startswith("si") else (1 << bits) - 1
+    if not lo <= value <= hi:
+        raise InvalidArgumentError(
+            f"argument {spec.name} of {fn} ({value}) does not fit in {t}"
+        )
+    return value
+
+
+def _scalar_output(spec: ArgSpec, value: Any) -> Any:
+    t = spec.type
+    if t == "i1":
+        return bool(value & 1)
+    if t.startswith("ui") and value < 0:
+        return value + (1 << _INT_BITS[t])
+    return value
+
+
+def _to_numpy(view: BufferView) -> np.ndarray:
+    dtype = numpy_dtype(view.element_type)
+    buffer = view.buffer
+    count = 1
+    for d in view.shape:
+        count *= d
+    nbytes = count * dtype.itemsize
+    buffer.check_live()
+    src = buffer.storage.array[buffer.byte_offset : buffer.byte_offset + nbytes]
+    return src.view(dtype).reshape(view.shape).copy()
+
+
+def load(path_or_bytes: Any, device: Any = "task", **options: Any) -> Module:
+    """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`)."""
+    return Module(path_or_bytes, device, **options)
