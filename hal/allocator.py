@@ -84,6 +84,7 @@ class Allocator:
         ]
         self._lock = threading.Lock()
         self._counters: dict[str, _Counter] = {h.name: _Counter() for h in self.heaps}
+        self._releasers = {h.name: self._releaser(h.name) for h in self.heaps}
         self._live_total = 0
         self._peak_total = 0
 
@@ -117,13 +118,13 @@ class Allocator:
                 f"{heap.max_allocation_size} bytes"
             )
         try:
-            storage = Storage(size, on_release=self._releaser(heap.name))
+            storage = Storage(size, on_release=self._releasers[heap.name])
         except MemoryError:
             raise ResourceExhaustedError(
                 f"out of host memory allocating {size} bytes on {self.device_name}"
             ) from None
         self.track(heap.name, size)
-        return Buffer(self, storage, 0, size, heap.memory_type, BufferUsage(usage), access)
+        return Buffer(self, storage, 0, size, heap.memory_type, usage, access)
 
     def import_host(
         self,
@@ -147,7 +148,7 @@ class Allocator:
         if not flat.flags.writeable:
             access = MemoryAccess(access) & ~(MemoryAccess.WRITE | MemoryAccess.DISCARD)
         storage = Storage(flat.nbytes, array=flat)
-        return Buffer(self, storage, 0, flat.nbytes, heap.memory_type, BufferUsage(usage), access)
+        return Buffer(self, storage, 0, flat.nbytes, heap.memory_type, usage, access)
 
     def track(self, heap: str, delta: int) -> None:
         """Adds `delta` bytes (negative to free) to a heap's counters."""

@@ -9,7 +9,6 @@ explicitly (transient buffers, `queue_dealloca`).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -38,9 +37,10 @@ class Storage:
     ) -> None:
         if array is None:
             raw = np.zeros(byte_length + ALIGNMENT, dtype=np.uint8)
-            start = (-raw.ctypes.data) % ALIGNMENT
+            base = raw.ctypes.data
+            start = (-base) % ALIGNMENT
             array = raw[start : start + byte_length]
-            address = raw.ctypes.data + start  # also right for empty buffers
+            address = base + start  # also right for empty buffers
         else:
             address = array.ctypes.data
         self.array: np.ndarray = array
@@ -48,8 +48,15 @@ class Storage:
         self.byte_length = byte_length
         self.released = False
         self._on_release = on_release
+
+    def __del__(self) -> None:
+        on_release = self._on_release
         if on_release is not None:
-            weakref.finalize(self, on_release, byte_length)
+            self._on_release = None
+            try:
+                on_release(self.byte_length)
+            except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to report to
+                pass
 
     def release(self) -> None:
         """Marks the block dead now (use-after-release is then rejected)."""
@@ -57,14 +64,24 @@ class Storage:
             self.released = True
 
 
+_HOST_VISIBLE = int(MemoryType.HOST_VISIBLE)
+_MAPPING = int(BufferUsage.MAPPING_SCOPED | BufferUsage.MAPPING_PERSISTENT)
+_ACCESS_ALL = int(MemoryAccess.ALL)
+_WRITE = int(MemoryAccess.WRITE)
+
+
 class Buffer:
-    """A range of device memory with a memory type, allowed usage and allowed access."""
+    """A range of device memory with a memory type, allowed usage and allowed access.
+
+    The three bit sets are kept as plain ints (`*_bits`) for the checks on hot paths;
+    the properties give them back as IREE-valued flags.
+    """
 
     __slots__ = (
         "allocator",
-        "memory_type",
-        "allowed_usage",
-        "allowed_access",
+        "memory_type_bits",
+        "usage_bits",
+        "access_bits",
         "storage",
         "byte_offset",
         "byte_length",
@@ -77,17 +94,29 @@ class Buffer:
         storage: Storage,
         byte_offset: int,
         byte_length: int,
-        memory_type: MemoryType,
-        allowed_usage: BufferUsage,
-        allowed_access: MemoryAccess = MemoryAccess.ALL,
+        memory_type: MemoryType | int,
+        allowed_usage: BufferUsage | int,
+        allowed_access: MemoryAccess | int = MemoryAccess.ALL,
     ) -> None:
         self.allocator = allocator
         self.storage = storage
         self.byte_offset = byte_offset
         self.byte_length = byte_length
-        self.memory_type = MemoryType(memory_type)
-        self.allowed_usage = BufferUsage(allowed_usage)
-        self.allowed_access = MemoryAccess(allowed_access)
+        self.memory_type_bits = int(memory_type)
+        self.usage_bits = int(allowed_usage)
+        self.access_bits = int(allowed_access)
+
+    @property
+    def memory_type(self) -> MemoryType:
+        return MemoryType(self.memory_type_bits)
+
+    @property
+    def allowed_usage(self) -> BufferUsage:
+        return BufferUsage(self.usage_bits)
+
+    @property
+    def allowed_access(self) -> MemoryAccess:
+        return MemoryAccess(self.access_bits)
 
     def __repr__(self) -> str:
         return (
@@ -103,8 +132,7 @@ class Buffer:
     @property
     def mappable(self) -> bool:
         """Whether `map()` is allowed: host-visible memory with a MAPPING usage bit."""
-        return bool(self.memory_type & MemoryType.HOST_VISIBLE) and bool(
-            self.allowed_usage & (BufferUsage.MAPPING_SCOPED | BufferUsage.MAPPING_PERSISTENT))
+        return bool(self.memory_type_bits & _HOST_VISIBLE) and bool(self.usage_bits & _MAPPING)
 
     def check_live(self) -> None:
         if self.storage.released:
@@ -125,8 +153,9 @@ class Buffer:
             )
         return offset, length
 
-    def validate_usage(self, required: BufferUsage, what: str) -> None:
-        if (self.allowed_usage & required) != required:
+    def validate_usage(self, required: BufferUsage | int, what: str) -> None:
+        required = int(required)
+        if (self.usage_bits & required) != required:
             raise PermissionDeniedError(
                 f"{what} needs buffer usage {BufferUsage(required)!r} but {self!r} allows "
                 f"only {self.allowed_usage!r}"
@@ -140,9 +169,9 @@ class Buffer:
             self.storage,
             self.byte_offset + offset,
             length,
-            self.memory_type,
-            self.allowed_usage,
-            self.allowed_access,
+            self.memory_type_bits,
+            self.usage_bits,
+            self.access_bits,
         )
 
     def map(
@@ -157,23 +186,24 @@ class Buffer:
         context manager to release it. Needs HOST_VISIBLE memory and a MAPPING usage bit.
         """
         self.check_live()
-        if not self.memory_type & MemoryType.HOST_VISIBLE:
+        if not self.memory_type_bits & _HOST_VISIBLE:
             raise PermissionDeniedError(
                 f"{self!r} is not host-visible memory and cannot be mapped"
             )
-        if not self.allowed_usage & (BufferUsage.MAPPING_SCOPED | BufferUsage.MAPPING_PERSISTENT):
+        if not self.usage_bits & _MAPPING:
             raise PermissionDeniedError(
                 f"{self!r} was allocated without MAPPING usage and cannot be mapped"
             )
-        access = MemoryAccess(access)
-        if (access & MemoryAccess.ALL) & ~self.allowed_access & MemoryAccess.ALL:
+        access = int(access)
+        if access & _ACCESS_ALL & ~self.access_bits:
             raise PermissionDeniedError(
-                f"mapping access {access!r} exceeds the buffer's allowed {self.allowed_access!r}"
+                f"mapping access {MemoryAccess(access)!r} exceeds the buffer's allowed "
+                f"{self.allowed_access!r}"
             )
         offset, length = self.resolve_range(offset, length, "mapping")
         start = self.byte_offset + offset
         view = memoryview(self.storage.array[start : start + length])
-        if not access & MemoryAccess.WRITE:
+        if not access & _WRITE:
             view = view.toreadonly()
         return view
 

@@ -210,7 +210,7 @@ class EmuDevice(Device):
 def _device_visible(op: tuple) -> bool:
     for part in op[1:]:
         if isinstance(part, tuple) and part and isinstance(part[0], Buffer):
-            if not part[0].memory_type & MemoryType.DEVICE_VISIBLE:
+            if not part[0].memory_type_bits & MemoryType.DEVICE_VISIBLE:
                 return False
     return True
 
