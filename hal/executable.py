@@ -126,6 +126,7 @@ class Executable:
             self.close()
             raise
         self.export_names = [e.name for e in self.exports]
+        self._templates: dict[tuple, _DispatchTemplate] = {}
         self._by_name = {e.name: e.ordinal for e in self.exports}
 
     def __repr__(self) -> str:
@@ -200,9 +201,19 @@ class Executable:
         binding_lengths: list[int],
         max_concurrency: int = 1,
     ) -> PreparedDispatch:
-        """Packs one dispatch into C memory (validated by the caller)."""
-        return PreparedDispatch(self, ordinal, workgroups, constants, binding_ptrs,
-                                binding_lengths, max_concurrency)
+        """Packs one dispatch into C memory (validated by the caller).
+
+        The parts that recur across submissions (state fields, constants) come from a
+        per-executable template cache; only binding addresses are new each time.
+        """
+        key = (ordinal, workgroups, constants, max_concurrency)
+        template = self._templates.get(key)
+        if template is None:
+            if len(self._templates) >= _TEMPLATE_CACHE_SIZE:
+                self._templates.clear()
+            template = self._templates[key] = _DispatchTemplate(
+                self, ordinal, workgroups, constants, max_concurrency)
+        return PreparedDispatch(template, binding_ptrs, binding_lengths)
 
     def close(self) -> None:
         if getattr(self, "_handle", ffi.NULL) != ffi.NULL:
@@ -219,41 +230,59 @@ class Executable:
             pass
 
 
-class PreparedDispatch:
-    """One dispatch's C-side state; `run` may be called by several threads at once."""
+_TEMPLATE_CACHE_SIZE = 256
 
-    __slots__ = ("executable", "export", "total", "_keep", "_state", "_fn", "_cursor",
-                 "_abort", "_failed", "_lmem")
+
+class _DispatchTemplate:
+    """The submission-independent C state of a dispatch: copied, then patched, per run."""
+
+    __slots__ = ("executable", "export", "total", "state", "consts", "fn", "lmem")
 
     def __init__(self, executable: Executable, ordinal: int, workgroups: tuple[int, int, int],
-                 constants: Any, binding_ptrs: list[int], binding_lengths: list[int],
-                 max_concurrency: int) -> None:
+                 constants: Any, max_concurrency: int) -> None:
         export = executable.exports[ordinal]
         x, y, z = workgroups
         self.executable = executable
         self.export = export
         self.total = x * y * z
-        consts = ffi.new("uint32_t[]", list(constants) or [0])
-        ptrs = ffi.new("void*[]", [ffi.cast("void*", p) for p in binding_ptrs] or [ffi.NULL])
-        lengths = ffi.new("size_t[]", list(binding_lengths) or [0])
-        state = ffi.new("tinyhal_dispatch_state_t*")
+        self.consts = ffi.new("uint32_t[]", list(constants) or [0])
+        state = self.state = ffi.new("tinyhal_dispatch_state_t*")
         state.workgroup_size_x, state.workgroup_size_y, state.workgroup_size_z = (
             export.workgroup_size
         )
         state.constant_count = len(constants)
         state.workgroup_count_x, state.workgroup_count_y, state.workgroup_count_z = x, y, z
         state.max_concurrency = max(1, min(255, max_concurrency))
+        state.constants = self.consts
+        self.fn = executable._library.exports.ptrs[ordinal]
+        self.lmem = export.local_memory_size
+
+
+class PreparedDispatch:
+    """One dispatch's C-side state; `run` may be called by several threads at once."""
+
+    __slots__ = ("executable", "export", "total", "_template", "_keep", "_state", "_fn",
+                 "_cursor", "_abort", "_failed", "_lmem")
+
+    def __init__(self, template: _DispatchTemplate, binding_ptrs: list[int],
+                 binding_lengths: list[int]) -> None:
+        self.executable = template.executable
+        self.export = template.export
+        self.total = template.total
+        self._template = template  # keeps the constants alive
+        ptrs = ffi.new("uint64_t[]", binding_ptrs or [0])
+        lengths = ffi.new("size_t[]", binding_lengths or [0])
+        state = self._state = ffi.new("tinyhal_dispatch_state_t*", template.state[0])
         state.binding_count = len(binding_ptrs)
-        state.constants = consts
-        state.binding_ptrs = ptrs
+        state.binding_ptrs = ffi.cast("void* const*", ptrs)
         state.binding_lengths = lengths
-        self._keep = (consts, ptrs, lengths)
-        self._state = state
-        self._fn = executable._library.exports.ptrs[ordinal]
-        self._cursor = ffi.new("uint64_t*")
-        self._abort = ffi.new("int*")
-        self._failed = ffi.new("uint64_t*")
-        self._lmem = export.local_memory_size
+        control = ffi.new("uint64_t[3]")  # cursor, failed workgroup, abort flag
+        self._keep = (ptrs, lengths, control)
+        self._fn = template.fn
+        self._cursor = control
+        self._failed = control + 1
+        self._abort = ffi.cast("int*", control + 2)
+        self._lmem = template.lmem
 
     def run(self, processor_id: int = 0, tile: int = 0) -> int:
         """Runs workgroups until the grid is exhausted; returns the kernel status (0 = ok).

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FailedPreconditionError, InvalidArgumentError, OutOfRangeError
-from .buffer import Buffer
+from ..errors import Error, FailedPreconditionError, InvalidArgumentError, OutOfRangeError
+from .buffer import ALIGNMENT, Buffer
 from .command_buffer import (
     BarrierCommand,
     BufferRef,
@@ -35,12 +35,18 @@ Resolved = tuple[Buffer, int, int]
 
 FILL, UPDATE, COPY, DISPATCH, BARRIER = range(5)
 _PATTERN_DTYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+_DISPATCH_STORAGE = int(BufferUsage.DISPATCH_STORAGE)
+_TRANSFER_SOURCE = int(BufferUsage.TRANSFER_SOURCE)
+_TRANSFER_TARGET = int(BufferUsage.TRANSFER_TARGET)
 
 
 def normalize_binding_table(table: BindingTable | None, needed: int) -> list[Resolved]:
     """Validates binding table entries (Buffer or (Buffer, offset, length))."""
     entries: list[Resolved] = []
     for i, entry in enumerate(table or ()):
+        if type(entry) is Buffer and not entry.storage.released:
+            entries.append((entry, 0, entry.byte_length))
+            continue
         ref = as_buffer_ref(entry, f"binding table entry {i}", 0)
         entries.append((ref.buffer, ref.offset, ref.length))
     if needed > len(entries):
@@ -51,20 +57,36 @@ def normalize_binding_table(table: BindingTable | None, needed: int) -> list[Res
     return entries
 
 
-def _resolve(ref: BufferRef, table: list[Resolved], usage: BufferUsage, what: str) -> Resolved:
+def _resolve(ref: BufferRef, table: list[Resolved], usage: int) -> Resolved:
+    """Resolves a reference against the binding table; errors name the slot, and the
+    caller adds which command and operand it was (messages are built only on error)."""
     if ref.buffer is not None:
         ref.buffer.check_live()
         return ref.buffer, ref.offset, ref.length
     buffer, base, base_length = table[ref.slot]
     buffer.check_live()
-    buffer.validate_usage(usage, f"{what} (binding slot {ref.slot})")
+    if buffer.usage_bits & usage != usage:
+        buffer.validate_usage(usage, f"binding slot {ref.slot}")
     length = base_length - ref.offset if ref.length == WHOLE_BUFFER else ref.length
     if ref.offset + length > base_length:
         raise OutOfRangeError(
-            f"{what} range [{ref.offset}, {ref.offset + length}) overruns binding slot "
+            f"range [{ref.offset}, {ref.offset + length}) overruns binding slot "
             f"{ref.slot} of {base_length} bytes"
         )
     return buffer, base + ref.offset, length
+
+
+def _with_context(exc: Error, what: str) -> Error:
+    err = type(exc)(f"{what}: {exc.message}")
+    err.__cause__ = exc
+    return err
+
+
+def _resolve_operand(ref: BufferRef, table: list[Resolved], usage: int, what: str) -> Resolved:
+    try:
+        return _resolve(ref, table, usage)
+    except Error as exc:
+        raise _with_context(exc, what) from None
 
 
 def _bytes(resolved: Resolved) -> np.ndarray:
@@ -88,11 +110,15 @@ def resolve_commands(
     for cmd in command_buffer.commands:
         if isinstance(cmd, DispatchCommand):
             resolved = []
-            name = cmd.executable.exports[cmd.ordinal].name
             for i, ref in enumerate(cmd.bindings):
-                buffer, offset, length = _resolve(ref, table, BufferUsage.DISPATCH_STORAGE,
-                                                  f"binding {i} of {name!r}")
-                if ref.buffer is None:
+                try:
+                    buffer, offset, length = _resolve(ref, table, _DISPATCH_STORAGE)
+                except Error as exc:
+                    name = cmd.executable.exports[cmd.ordinal].name
+                    raise _with_context(exc, f"binding {i} of {name!r}") from None
+                if ref.buffer is None and (buffer.storage.address + buffer.byte_offset
+                                           + offset) % ALIGNMENT:
+                    name = cmd.executable.exports[cmd.ordinal].name
                     check_binding_alignment(buffer, offset, i, name)
                 resolved.append((buffer, offset, length))
             x, y, z = cmd.workgroups
@@ -107,7 +133,7 @@ def resolve_commands(
                         [b.address + o for b, o, _n in resolved],
                         [n for _b, _o, n in resolved], max_concurrency)))
         elif isinstance(cmd, FillCommand):
-            dst = _resolve(cmd.target, table, BufferUsage.TRANSFER_TARGET, "fill target")
+            dst = _resolve_operand(cmd.target, table, _TRANSFER_TARGET, "fill target")
             n = len(cmd.pattern)
             if dst[2] % n:
                 raise InvalidArgumentError(
@@ -116,11 +142,11 @@ def resolve_commands(
             value = np.frombuffer(cmd.pattern, dtype=_PATTERN_DTYPES[n])[0]
             ops.append((FILL, dst, value))
         elif isinstance(cmd, UpdateCommand):
-            dst = _resolve(cmd.target, table, BufferUsage.TRANSFER_TARGET, "update target")
+            dst = _resolve_operand(cmd.target, table, _TRANSFER_TARGET, "update target")
             ops.append((UPDATE, dst, cmd.source))
         elif isinstance(cmd, CopyCommand):
-            src = _resolve(cmd.source, table, BufferUsage.TRANSFER_SOURCE, "copy source")
-            dst = _resolve(cmd.target, table, BufferUsage.TRANSFER_TARGET, "copy target")
+            src = _resolve_operand(cmd.source, table, _TRANSFER_SOURCE, "copy source")
+            dst = _resolve_operand(cmd.target, table, _TRANSFER_TARGET, "copy target")
             if src[2] != dst[2]:
                 raise OutOfRangeError(
                     f"copy source length {src[2]} differs from target length {dst[2]}"
