@@ -100,8 +100,9 @@ class Semaphore:
                     f"(current {self._value})"
                 )
             self._value = value
-            ready = self._pop_reached(value)
-            self._cond.notify_all()
+            ready = self._pop_reached(value) if self._timepoints else ()
+            if self._blocked:
+                self._cond.notify_all()
         for tp in ready:
             tp.callback(None)
 
@@ -121,7 +122,8 @@ class Semaphore:
             self._timepoints = []
             for tp in ready:
                 tp.fired = True
-            self._cond.notify_all()
+            if self._blocked:
+                self._cond.notify_all()
         for tp in ready:
             tp.callback(error)
 
