@@ -331,6 +331,16 @@ class Module:
             signal.wait()
         return self._convert_outputs(info, results)
 
+    def invoke_raw(self, name: str, *args: Any) -> list:
+        """Like `invoke` but returns the VM's results as they are (buffer views, ints)."""
+        info, vmf = self._lookup(name)
+        vm_args = self._convert_inputs(info, args)
+        signal = self._append_fences(vm_args) if info.is_async else None
+        results = self.context.invoke(vmf, vm_args)
+        if signal is not None:
+            signal.wait()
+        return results
+
     async def invoke_async(self, name: str, *args: Any) -> Any:
         """Calls export `name` on trio (prefers its `name$async` variant if present)."""
         async_name = f"{name}$async"
