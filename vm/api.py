@@ -280,9 +280,13 @@ class Module:
             is_async = is_async or model == "coarse-fences"
             return FunctionInfo(name, tuple(inputs), tuple(outputs), is_async, decl)
         info = _info_from_cconv(name, export.cconv)
-        if model == "coarse-fences":
-            inputs = info.inputs[:-2]
-            return FunctionInfo(name, inputs, info.outputs, True, "")
+        sync_export = self.bytecode.exports.get(name[: -len("$async")]) \
+            if name.endswith("$async") else None
+        if model == "coarse-fences" or (
+            sync_export is not None
+            and export.cconv.args == sync_export.cconv.args + ("r", "r")
+        ):
+            return FunctionInfo(name, info.inputs[:-2], info.outputs, True, "")
         return info
 
     def __repr__(self) -> str:
@@ -381,8 +385,10 @@ class Module:
                 out.append(_tensor_input(device, info.name, spec, value))
             elif kind == "scalar":
                 out.append(_scalar_input(info.name, spec, value))
-            else:
+            elif value is None or isinstance(value, BufferView) or hasattr(value, "type_name"):
                 out.append(value)
+            else:  # no declaration: arrays and numbers go in as tensors of their dtype
+                out.append(_tensor_input(device, info.name, spec, value))
         return out
 
     def _convert_outputs(self, info: FunctionInfo, results: list) -> Any:

@@ -1,0 +1,122 @@
+"""Real networks built in code (no downloads): MobileNetV2 with seeded random weights.
+
+`mobilenet_v2_onnx()` builds the standard MobileNetV2 (width 1.0, 224x224, batch-norm
+folded into conv biases, ReLU6 as Clip) with onnx's helper API; `mobilenet_v2_vmfb()`
+imports it with `iree-import-onnx` and compiles it for this host with the pinned
+iree-compile, both cached by content hash like every compiled test artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .iree_tools import HOST_FLAGS, cache_dir, compile_mlir
+
+# (expansion t, channels c, repeats n, first stride s)
+_SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+             (6, 160, 3, 2), (6, 320, 1, 1)]
+
+
+def mobilenet_v2_onnx(seed: int = 0, num_classes: int = 1000, size: int = 224) -> bytes:
+    """The serialized ONNX model (opset 17), deterministic for a seed."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes: list = []
+    inits: list = []
+    counter = [0]
+
+    def name(prefix: str) -> str:
+        counter[0] += 1
+        return f"{prefix}_{counter[0]}"
+
+    def const(array: np.ndarray, prefix: str) -> str:
+        n = name(prefix)
+        inits.append(numpy_helper.from_array(array.astype(np.float32), n))
+        return n
+
+    relu_lo = const(np.array(0.0), "zero")
+    relu_hi = const(np.array(6.0), "six")
+
+    def conv(x: str, cin: int, cout: int, k: int, stride: int, groups: int = 1,
+             relu6: bool = True) -> str:
+        fan_in = cin // groups * k * k
+        w = rng.standard_normal((cout, cin // groups, k, k)) * np.sqrt(2.0 / fan_in)
+        b = rng.standard_normal(cout) * 0.05
+        out = name("conv")
+        pad = k // 2
+        nodes.append(helper.make_node(
+            "Conv", [x, const(w, "w"), const(b, "b")], [out], kernel_shape=[k, k],
+            strides=[stride, stride], pads=[pad, pad, pad, pad], group=groups))
+        if relu6:
+            clipped = name("relu6")
+            nodes.append(helper.make_node("Clip", [out, relu_lo, relu_hi], [clipped]))
+            return clipped
+        return out
+
+    x = conv("input", 3, 32, 3, 2)
+    cin = 32
+    for t, c, n, s in _SETTINGS:
+        for i in range(n):
+            stride = s if i == 0 else 1
+            hidden = cin * t
+            y = x
+            if t != 1:
+                y = conv(y, cin, hidden, 1, 1)
+            y = conv(y, hidden, hidden, 3, stride, groups=hidden)
+            y = conv(y, hidden, c, 1, 1, relu6=False)
+            if stride == 1 and cin == c:
+                added = name("add")
+                nodes.append(helper.make_node("Add", [x, y], [added]))
+                y = added
+            x, cin = y, c
+    x = conv(x, cin, 1280, 1, 1)
+    pooled = name("pool")
+    nodes.append(helper.make_node("GlobalAveragePool", [x], [pooled]))
+    flat = name("flat")
+    nodes.append(helper.make_node("Flatten", [pooled], [flat], axis=1))
+    fc_w = const(rng.standard_normal((num_classes, 1280)) * np.sqrt(1.0 / 1280), "fc_w")
+    fc_b = const(rng.standard_normal(num_classes) * 0.01, "fc_b")
+    nodes.append(helper.make_node("Gemm", [flat, fc_w, fc_b], ["logits"], transB=1))
+
+    graph = helper.make_graph(
+        nodes, "mobilenet_v2",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, num_classes])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              producer_name="tinyhal-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def import_onnx(model: bytes) -> str:
+    """MLIR text for an ONNX model, via the pinned `iree-import-onnx` (cached)."""
+    key = hashlib.sha256(model).hexdigest()[:24]
+    out = cache_dir() / f"{key}.onnx.mlir"
+    if not out.exists():
+        src = cache_dir() / f"{key}.onnx"
+        src.write_bytes(model)
+        tool = Path(sys.executable).with_name("iree-import-onnx")
+        tmp = out.with_name(out.name + ".tmp")
+        subprocess.run([str(tool), str(src), "-o", str(tmp)], check=True,
+                       capture_output=True, timeout=600)
+        tmp.replace(out)
+    return out.read_text()
+
+
+def mobilenet_v2_vmfb(seed: int = 0) -> Path:
+    """MobileNetV2 compiled for this host (cached by content hash)."""
+    return compile_mlir(import_onnx(mobilenet_v2_onnx(seed)), HOST_FLAGS)
+
+
+def mobilenet_input(seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((1, 3, 224, 224)).astype(np.float32)

@@ -1,0 +1,140 @@
+"""The native hal module's functions called directly, as compiled code calls them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+
+import tinyhal
+from tinyhal import hal
+from tinyhal.hal.types import BufferUsage, MemoryType
+from tinyhal.vm import Suspend, VMBuffer
+from tinyhal.vm.hal_module import HAL_MODULE_VERSION, create_hal_module
+
+
+@pytest.fixture(params=["sync", "task"])
+def env(request):
+    dev = hal.create_device(request.param)
+    mod = create_hal_module(dev)
+    yield dev, (lambda name, *args: mod.functions[f"hal.{name}"].fn(*args))
+    dev.close()
+
+
+def aligned_rodata(n: int, offset: int = 0) -> VMBuffer:
+    raw = np.arange(n + 128, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    view = memoryview(raw[start : start + n])
+    return VMBuffer(view.toreadonly(), mutable=False)
+
+
+USAGE = int(BufferUsage.DEFAULT | BufferUsage.SHARING_IMMUTABLE)
+DEVICE_LOCAL = int(MemoryType.DEVICE_LOCAL)
+
+
+def test_module_identity():
+    mod = create_hal_module(hal.create_device("sync"))
+    assert mod.name == "hal" and mod.version == HAL_MODULE_VERSION >= 7
+    assert mod.functions["hal.fence.await"].yieldable
+
+
+def test_allocator_import_is_zero_copy(env):
+    dev, call = env
+    rodata = aligned_rodata(256)
+    buf = call("allocator.import", dev.allocator, 1, -1, DEVICE_LOCAL, USAGE, rodata, 64, 128)
+    assert buf is not None and buf.byte_length == 128
+    assert buf.address == np.frombuffer(rodata.data, np.uint8).ctypes.data + 64
+    assert dev.allocator.statistics().live_bytes == 0
+
+
+def test_allocator_import_try_returns_null_when_unaligned(env):
+    dev, call = env
+    rodata = aligned_rodata(256, offset=4)
+    assert call("allocator.import", dev.allocator, 1, -1, DEVICE_LOCAL, USAGE, rodata, 0, 64) \
+        is None
+    with pytest.raises(tinyhal.Error):
+        call("allocator.import", dev.allocator, 0, -1, DEVICE_LOCAL, USAGE, rodata, 0, 64)
+    with pytest.raises(tinyhal.Error, match="immutable"):  # rodata needs constant usage
+        call("allocator.import", dev.allocator, 1, -1, DEVICE_LOCAL,
+             int(BufferUsage.DEFAULT), aligned_rodata(64), 0, 64)
+
+
+def test_device_query(env):
+    dev, call = env
+    key = VMBuffer(b"hal.device.id")
+    assert call("device.query.i64", dev, key, VMBuffer(b"local*")) == (1, 1)
+    assert call("device.query.i64", dev, key, VMBuffer(b"cuda*")) == (1, 0)
+    assert call("device.query.i64", dev, VMBuffer(b"no.such"), VMBuffer(b"x")) == (0, 0)
+    fmt = VMBuffer(b"hal.executable.format")
+    assert call("device.query.i64", dev, fmt, VMBuffer(b"embedded-elf-x86_64"))[1] in (0, 1)
+
+
+def test_wrong_ref_types_are_invalid_argument(env):
+    dev, call = env
+    with pytest.raises(tinyhal.Error, match="hal.buffer_view"):
+        call("buffer_view.buffer", None)
+    with pytest.raises(tinyhal.Error, match="hal.device"):
+        call("device.allocator", dev.allocator)
+
+
+def test_buffer_load_store_and_views(env):
+    dev, call = env
+    buf = call("allocator.allocate", dev.allocator, -1, DEVICE_LOCAL, int(BufferUsage.DEFAULT
+                                                                       | BufferUsage.MAPPING), 16)
+    call("buffer.store", -2, buf, 4, 4)
+    assert call("buffer.load", buf, 4, 4) == 0xFFFFFFFE
+    assert call("buffer.load", buf, 4, 2) == 0xFFFE
+    with pytest.raises(tinyhal.Error):
+        call("buffer.store", 1, buf, 14, 4)
+    view = call("buffer_view.create", buf, 0, 16, 0x20000020, 1, [(2,), (2,)])
+    assert call("buffer_view.rank", view) == 2 and call("buffer_view.dim", view, 1) == 2
+    call("buffer_view.assert", view, VMBuffer(b"x"), 0x20000020, 1, [(2,), (2,)])
+    with pytest.raises(tinyhal.Error, match="x shape dimension 1 mismatch"):
+        call("buffer_view.assert", view, VMBuffer(b"x"), 0x20000020, 1, [(2,), (3,)])
+    with pytest.raises(tinyhal.Error, match="element type mismatch"):
+        call("buffer_view.assert", view, VMBuffer(b"x"), 0x21000010, 1, [(2,), (2,)])
+    call("device.queue.dealloca", dev, -1, None, None, buf, 0)  # not transient: just orders
+    assert call("buffer.length", buf) == 16
+
+
+def test_fence_query_signal_fail_and_await(env):
+    dev, call = env
+    f = call("fence.create", dev, 0)
+    assert call("fence.query", f) == tinyhal.StatusCode.DEFERRED
+    assert call("fence.await", 0, 0, [(f,)]) == tinyhal.StatusCode.DEADLINE_EXCEEDED
+    pending = call("fence.await", 10, 0, [(f,), (None,)])
+    assert isinstance(pending, Suspend)
+    assert pending.block() == tinyhal.StatusCode.DEADLINE_EXCEEDED
+    joined = call("fence.join", 0, [(f,), (None,)])
+    assert call("fence.join", 0, [(None,)]) is None
+    call("fence.signal", f)
+    assert call("fence.query", joined) == 0
+    assert call("fence.await", -1, 0, [(joined,)]) == 0
+    g = call("fence.create", dev, 0)
+    suspended = call("fence.await", -1, 0, [(g,)])
+    call("fence.fail", g, int(tinyhal.StatusCode.ABORTED))
+    with pytest.raises(tinyhal.Error) as info:
+        suspended.block()
+    assert info.value.code == tinyhal.StatusCode.ABORTED
+    assert call("fence.query", g) == tinyhal.StatusCode.ABORTED
+
+
+def test_fence_await_async_resumes_when_signalled(env):
+    dev, call = env
+    f = call("fence.create", dev, 0)
+    suspended = call("fence.await", -1, 0, [(f,)])
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            result = []
+
+            async def waiter():
+                result.append(await suspended.wait_async())
+
+            nursery.start_soon(waiter)
+            await trio.sleep(0.01)
+            assert not result
+            call("fence.signal", f)
+        return result
+
+    assert trio.run(main) == [0]

@@ -1,0 +1,134 @@
+"""tinyhal.load / Module: conversions, argument checks naming the argument, async interleaving."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+from programs.corpus import compile_program
+
+import tinyhal
+from tinyhal import hal
+from tinyhal.vm.api import parse_declaration
+
+
+@pytest.fixture(scope="module", params=["sync", "task"])
+def device(request):
+    dev = hal.create_device(request.param)
+    yield dev
+    dev.close()
+
+
+def test_load_from_path_and_bytes_agree(device):
+    vmfb = compile_program("constants_weights")
+    x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
+    with tinyhal.load(vmfb, device=device) as a, tinyhal.load(vmfb.read_bytes(), device=device) as b:
+        assert a.main(x).tobytes() == b.main(x).tobytes()
+        assert a.invoke("main", x).tobytes() == a.main(x).tobytes()
+
+
+def test_top_level_load_owns_its_device():
+    vmfb = compile_program("add_f32")
+    module = tinyhal.load(str(vmfb), device="local-sync")
+    assert module.device.driver_name == "sync"
+    np.testing.assert_array_equal(module.main([1, 2, 3, 4], np.ones(4, np.float32)),
+                                  [2, 3, 4, 5])
+    module.close()
+    assert module.device._closed
+
+
+def test_scalars_and_multiple_results(device):
+    with tinyhal.load(compile_program("scalar_i32"), device=device) as m:
+        assert m.main(17, 5) == (22, 85, 3, 2, False)
+        assert m.main(np.int32(-7), 3)[4] is True
+    with tinyhal.load(compile_program("dynamic_reduce"), device=device) as m:
+        sums, rows = m.main(np.ones((3, 5), np.float32))
+        assert rows == 3 and sums.tolist() == [3.0] * 5
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda m: m.main(np.ones(4, np.float32)), "takes 2 arguments"),
+    (lambda m: m.main(np.ones(4, np.float32), np.ones(4, np.float32), 1), "3 given"),
+    (lambda m: m.main(np.ones(5, np.float32), np.ones(4, np.float32)), "argument input0"),
+    (lambda m: m.main(np.ones(4, np.float32), np.ones((4, 1), np.float32)), "argument input1"),
+    (lambda m: m.main(np.ones(4, np.float64), np.ones(4, np.float32)), "dtype float64"),
+    (lambda m: m.main(np.ones(4, np.int32), np.ones(4, np.float32)), "argument input0"),
+    (lambda m: m.main("abc", np.ones(4, np.float32)), "argument input0"),
+    (lambda m: m.invoke("nope"), "no function 'nope'"),
+])
+def test_bad_arguments_raise_named_errors(device, call, needle):
+    with tinyhal.load(compile_program("add_f32"), device=device) as m:
+        with pytest.raises(tinyhal.Error) as info:
+            call(m)
+    assert needle in str(info.value)
+    assert info.value.code in (tinyhal.StatusCode.INVALID_ARGUMENT, tinyhal.StatusCode.NOT_FOUND)
+
+
+def test_bad_scalar_arguments(device):
+    with tinyhal.load(compile_program("scalar_i32"), device=device) as m:
+        for bad, needle in [((1.5, 2), "input0"), ((1, 2**40), "input1"),
+                            ((np.ones(2, np.int32), 1), "input0")]:
+            with pytest.raises(tinyhal.Error) as info:
+                m.main(*bad)
+            assert needle in str(info.value)
+
+
+def test_unknown_attribute_lists_functions(device):
+    with tinyhal.load(compile_program("globals_counter"), device=device) as m:
+        with pytest.raises(AttributeError, match="accumulate"):
+            m.nothing  # noqa: B018
+        assert sorted(m.function_names) == ["accumulate", "get_count"]
+
+
+def test_dynamic_shapes_checked_only_where_static(device):
+    with tinyhal.load(compile_program("matmul_dynamic"), device=device) as m:
+        a = np.arange(6, dtype=np.float32).reshape(2, 3)
+        np.testing.assert_array_equal(m.main(a, np.eye(3, dtype=np.float32)), a)
+        with pytest.raises(tinyhal.Error, match="input0"):
+            m.main(np.ones(3, np.float32), np.ones((3, 3), np.float32))
+
+
+def test_invocations_interleave_on_one_event_loop():
+    """A yielding hal.fence.await suspends only its own invocation."""
+    vmfb = compile_program("large_matmul")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((256, 384)).astype(np.float32)
+    b = rng.standard_normal((384, 200)).astype(np.float32)
+    with tinyhal.load(vmfb, device="task") as m:
+        expected = m.main(a, b)
+        events = []
+
+        async def one(i):
+            events.append(("start", i))
+            out = await m.invoke_async("main", a, b)
+            events.append(("end", i))
+            assert out.tobytes() == expected.tobytes()
+
+        async def main():
+            async with trio.open_nursery() as nursery:
+                for i in range(6):
+                    nursery.start_soon(one, i)
+
+        trio.run(main)
+    first_end = next(k for k, e in enumerate(events) if e[0] == "end")
+    assert first_end == 6, events  # every invocation started before the first finished
+
+
+def test_invoke_async_on_sync_device_and_state():
+    vmfb = compile_program("globals_counter")
+    with tinyhal.load(vmfb, device="sync") as m:
+        async def main():
+            for _ in range(3):
+                await m.invoke_async("accumulate", np.ones(4, np.float32))
+            return await m.invoke_async("get_count")
+
+        assert trio.run(main) == 3
+
+
+def test_parse_declaration_shapes():
+    name, ins, outs, is_async = parse_declaration(
+        "async func @f(%input0: tensor<?x3xf16>, %input1: i64) -> "
+        "(%output0: tensor<i1>, %output1: f32)")
+    assert (name, is_async) == ("f", True)
+    assert ins[0].shape == (None, 3) and ins[0].dtype == np.float16
+    assert ins[1].kind == "scalar" and outs[0].shape == () and outs[1].type == "f32"
