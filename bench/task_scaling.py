@@ -139,18 +139,24 @@ def matmul_runner(device, library, workgroups, export, a, b):
     return (lambda: run_and_wait(device, cb, sem, state)), check
 
 
-def interleaved_medians(runners: dict, repeat: int, warmup: int = 3) -> dict:
-    """Median seconds per runner, sampled round-robin so that background load on the
-    machine hits every runner alike."""
-    for fn in runners.values():
-        for _ in range(warmup):
-            fn()
+def interleaved_medians(runners: dict, repeat: int, warmup: int = 3, rounds: int = 4) -> dict:
+    """Median seconds per runner, sampled in alternating blocks.
+
+    Blocks (not single samples) alternate so that background load hits every runner
+    alike, while a runner never pays for the previous one's threads: IREE's workers spin
+    for a while after their work, so sample-by-sample round-robin charges that spinning to
+    whoever runs next. Each block starts with its own warm-up calls.
+    """
     samples: dict = {name: [] for name in runners}
-    for _ in range(repeat):
+    per_block = max(1, repeat // rounds)
+    for _ in range(rounds):
         for name, fn in runners.items():
-            start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
+            for _ in range(warmup):
+                fn()
+            for _ in range(per_block):
+                start = time.perf_counter()
+                fn()
+                samples[name].append(time.perf_counter() - start)
     return {name: float(np.median(v)) for name, v in samples.items()}
 
 
@@ -266,7 +272,7 @@ def probe_parallelism(threads: int, repeat: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--workgroups", type=int, default=1 << 20, help="tiny-workgroup grid")
     args = ap.parse_args()
 
