@@ -120,3 +120,39 @@ def mobilenet_v2_vmfb(seed: int = 0) -> Path:
 
 def mobilenet_input(seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((1, 3, 224, 224)).astype(np.float32)
+
+
+def small_cnn_onnx(seed: int = 0) -> bytes:
+    """A small CNN (3 strided conv+ReLU, global pool, FC) on 1x3x64x64 inputs."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    x, cin = "input", 3
+    for i, cout in enumerate((16, 32, 64)):
+        w = (rng.standard_normal((cout, cin, 3, 3)) * np.sqrt(2.0 / (cin * 9))).astype(np.float32)
+        b = (rng.standard_normal(cout) * 0.05).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"],
+                                      kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        x, cin = f"r{i}", cout
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["pool"]))
+    nodes.append(helper.make_node("Flatten", ["pool"], ["flat"], axis=1))
+    inits += [numpy_helper.from_array((rng.standard_normal((10, 64)) * 0.1).astype(np.float32),
+                                      "fc_w"),
+              numpy_helper.from_array(np.zeros(10, np.float32), "fc_b")]
+    nodes.append(helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], transB=1))
+    graph = helper.make_graph(
+        nodes, "small_cnn",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 64, 64])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def small_cnn_vmfb(seed: int = 0) -> Path:
+    return compile_mlir(import_onnx(small_cnn_onnx(seed)), HOST_FLAGS)

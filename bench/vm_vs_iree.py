@@ -1,0 +1,174 @@
+"""tinyhal vs IREE's runtime on the same .vmfb, side by side in one process run.
+
+Median latency of one invocation (numpy in, numpy out) for a tiny module (elementwise
+on 4 floats), a small CNN and MobileNetV2 on sync/task (IREE: local-sync/local-task);
+VM instructions per second on a pure-VM loop; the peak device memory of one MobileNetV2
+invocation (tinyhal `allocator.statistics()`, IREE's allocator statistics on local-sync).
+Writes bench/results/vm_vs_iree.json and prints a table.
+
+    python bench/vm_vs_iree.py [--repeat N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+from _common import median_seconds, write_results  # noqa: E402
+
+import tinyhal  # noqa: E402
+from support.iree_tools import HOST_FLAGS, compile_mlir  # noqa: E402
+from support.models import (  # noqa: E402
+    mobilenet_input,
+    mobilenet_v2_vmfb,
+    small_cnn_vmfb,
+)
+
+TINY = """
+func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = arith.addf %a, %b : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+"""
+
+LOOP = """
+func.func @loop(%n: i32) -> i32 {
+  %c0 = arith.constant 0 : i32
+  %c1 = arith.constant 1 : i32
+  %r:2 = scf.while (%i = %c0, %acc = %c0) : (i32, i32) -> (i32, i32) {
+    %go = arith.cmpi slt, %i, %n : i32
+    scf.condition(%go) %i, %acc : i32, i32
+  } do {
+  ^bb0(%i: i32, %acc: i32):
+    %x = arith.muli %i, %i : i32
+    %y = arith.xori %x, %acc : i32
+    %s = arith.addi %y, %i : i32
+    %n1 = arith.addi %i, %c1 : i32
+    scf.yield %n1, %s : i32, i32
+  }
+  return %r#1 : i32
+}
+"""
+
+
+def iree_module(vmfb, driver):
+    import iree.runtime as rt
+
+    config = rt.Config(driver)
+    ctx = rt.SystemContext(config=config)
+    ctx.add_vm_module(rt.VmModule.mmap(ctx.instance, str(vmfb)))
+    return config, ctx.modules.module
+
+
+def loop_instructions_per_iteration(vmfb) -> int:
+    """Instructions executed per loop trip, counted from iree-dump-module's disassembly."""
+    dump = subprocess.run([os.path.join(os.path.dirname(sys.executable), "iree-dump-module"),
+                           str(vmfb)], capture_output=True, text=True).stdout
+    body = dump[dump.index("vm.func @loop"):]
+    body = body[: body.index("\n}")]
+    blocks = re.split(r"\n\^bb\d+:", body)
+    # blocks[2] is the loop header (compare, branch), blocks[3] the loop body
+    return sum(1 for blk in blocks[2:4] for line in blk.strip().splitlines()
+               if line.strip() and not line.strip().startswith("//"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=0, help="samples per row (0: auto)")
+    parser.add_argument("--quick", action="store_true", help="fewer samples")
+    args = parser.parse_args()
+
+    tiny = compile_mlir(TINY, HOST_FLAGS)
+    loop = compile_mlir(LOOP, HOST_FLAGS)
+    models = {
+        "tiny (4xf32 add)": (tiny, "main", lambda: (np.arange(4, dtype=np.float32),
+                                                    np.ones(4, np.float32)), 2000),
+        "small CNN (1x3x64x64)": (small_cnn_vmfb(), "small_cnn",
+                                  lambda: (np.random.default_rng(0).standard_normal(
+                                      (1, 3, 64, 64)).astype(np.float32),), 200),
+        "MobileNetV2 (1x3x224x224)": (mobilenet_v2_vmfb(), "mobilenet_v2",
+                                      lambda: (mobilenet_input(),), 30),
+    }
+    rows = []
+    for label, (vmfb, fn, make_args, repeat) in models.items():
+        repeat = args.repeat or (max(5, repeat // 5) if args.quick else repeat)
+        inputs = make_args()
+        for ours, theirs in (("sync", "local-sync"), ("task", "local-task")):
+            module = tinyhal.load(vmfb, device=ours)
+            f = getattr(module, fn)
+            _, iree_mod = iree_module(vmfb, theirs)
+            g = iree_mod[fn]
+
+            def call_iree(g=g, inputs=inputs):
+                r = g(*inputs)
+                return r.to_host() if hasattr(r, "to_host") else r
+
+            assert np.array_equal(f(*inputs), call_iree())
+            # interleave the two so background load hits both alike
+            t_ours, t_iree = [], []
+            for _ in range(3):
+                t_ours.append(median_seconds(lambda f=f, inputs=inputs: f(*inputs), max(1, repeat // 3)))
+                t_iree.append(median_seconds(call_iree, max(1, repeat // 3)))
+            ours_s, iree_s = sorted(t_ours)[1], sorted(t_iree)[1]
+            rows.append({"model": label, "driver": ours, "iree_driver": theirs,
+                         "tinyhal_ms": ours_s * 1e3, "iree_ms": iree_s * 1e3,
+                         "ratio": ours_s / iree_s})
+            module.close()
+
+    # VM instructions per second on a pure-VM loop (no HAL calls at all).
+    per_iter = loop_instructions_per_iteration(loop)
+    n = 200_000 if not args.quick else 50_000
+    module = tinyhal.load(loop, device="sync")
+    _, iree_loop = iree_module(loop, "local-sync")
+    assert module.loop(1000) == iree_loop["loop"](1000)
+    t0 = median_seconds(lambda: module.loop(0), 20)
+    t1 = median_seconds(lambda: module.loop(n), 3, warmup=1)
+    i0 = median_seconds(lambda: iree_loop["loop"](0), 20)
+    i1 = median_seconds(lambda: iree_loop["loop"](n), 3, warmup=1)
+    vm = {"instructions_per_iteration": per_iter, "iterations": n,
+          "tinyhal_instr_per_s": per_iter * n / max(t1 - t0, 1e-9),
+          "iree_instr_per_s": per_iter * n / max(i1 - i0, 1e-9)}
+    module.close()
+
+    # Peak device memory of one MobileNetV2 invocation.
+    vmfb = mobilenet_v2_vmfb()
+    x = mobilenet_input()
+    module = tinyhal.load(vmfb, device="sync")
+    module.mobilenet_v2(x)
+    module.device.allocator.reset_peak()
+    module.mobilenet_v2(x)
+    ours_peak = module.statistics().peak_bytes
+    module.close()
+    config, iree_mn = iree_module(vmfb, "local-sync")
+    iree_mn["mobilenet_v2"](x).to_host()
+    iree_stats = config.device.allocator.statistics
+    iree_peak = iree_stats["device_bytes_peak"] + iree_stats["host_bytes_peak"]
+    memory = {"tinyhal_peak_bytes": ours_peak, "iree_peak_bytes": iree_peak,
+              "note": "IREE's peak is its allocator's since process start (two runs here)"}
+
+    path = write_results("vm_vs_iree", rows, {"vm_loop": vm, "mobilenet_peak_memory": memory})
+    print(f"{'model':28} {'driver':6} {'tinyhal':>11} {'IREE':>11} {'ratio':>7}")
+    for r in rows:
+        fmt = (lambda ms: f"{ms * 1e3:8.1f} us") if r["iree_ms"] < 1 else (
+            lambda ms: f"{ms:8.2f} ms")
+        print(f"{r['model']:28} {r['driver']:6} {fmt(r['tinyhal_ms']):>11} "
+              f"{fmt(r['iree_ms']):>11} {r['ratio']:6.2f}x")
+    print(f"VM loop: tinyhal {vm['tinyhal_instr_per_s'] / 1e6:.1f} M instr/s, "
+          f"IREE {vm['iree_instr_per_s'] / 1e6:.1f} M instr/s "
+          f"({per_iter} instructions per trip)")
+    print(f"MobileNetV2 peak device memory: tinyhal {ours_peak / 1e6:.2f} MB, "
+          f"IREE local-sync {iree_peak / 1e6:.2f} MB")
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
