@@ -173,9 +173,9 @@ def ulp_diff(a: np.ndarray, b: np.ndarray) -> int:
     ai = a.view(itype).astype(np.int64)
     bi = b.view(itype).astype(np.int64)
     # map sign-magnitude to a monotonic integer line
-    sign = np.int64(1) << (a.dtype.itemsize * 8 - 1)
-    ai = np.where(ai < 0, -(ai & (sign - 1)), ai)
-    bi = np.where(bi < 0, -(bi & (sign - 1)), bi)
+    mask = np.int64((1 << (a.dtype.itemsize * 8 - 1)) - 1)
+    ai = np.where(ai < 0, -(ai & mask), ai)
+    bi = np.where(bi < 0, -(bi & mask), bi)
     return int(np.max(np.abs(ai - bi))) if ai.size else 0
 
 
