@@ -300,8 +300,9 @@ class CallTask(Task):
         self.inline = inline
 
     def _run(self, worker_index: int | None) -> bool:
+        fn, self.fn = self.fn, None  # runs once; drop what it captured as soon as it ran
         try:
-            self.fn()
+            fn()
         except BaseException as exc:  # noqa: BLE001 - becomes the task's status
             self._error = as_error(exc)
         return True
@@ -370,6 +371,7 @@ class CooperativeTask(Task):
                 self._exhausted = 1
             if self._active == 0 and self._exhausted == 1:
                 self._exhausted = 2
+                self.fn = None  # no call can start any more: drop what it captured
                 return True
             return False
 
@@ -634,6 +636,7 @@ class Executor:
             except BaseException:  # pragma: no cover - _run swallows task errors
                 _log.exception("worker %d: task %r escaped its error handling", index, task)
             finally:
+                task = None  # an idle worker must not keep the last task's captures alive
                 with lock:
                     self._running -= 1
                     if not queue and not self._running:
