@@ -81,10 +81,6 @@ class BufferView:
         Host-visible memory is read through a mapping; device-only memory (the `emu`
         driver's) through a transfer on the buffer's device (or `device`).
         """
-        dtype = self.dtype
-        if self.buffer.mappable:
-            with self.buffer.map(offset=0, length=self.byte_length) as view:
-                return np.frombuffer(view, dtype=dtype).reshape(self.shape).copy()
         device = device or self.buffer.allocator.device_ref()
-        data = device.read_bytes(self.buffer, 0, self.byte_length)
-        return np.frombuffer(data, dtype=dtype).reshape(self.shape).copy()
+        data = device.read_array(self.buffer, 0, self.byte_length)
+        return data.view(self.dtype).reshape(self.shape)

@@ -101,27 +101,37 @@ class Device:
         """The device's allocator; drivers with their own memory model override this."""
         return Allocator(self.identifier)
 
-    def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
-                   timeout: float | None = 60.0) -> bytes:
-        """Copies buffer contents to the host, mapping when possible, else by a transfer."""
+    def read_array(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
+                   timeout: float | None = 60.0) -> np.ndarray:
+        """A new uint8 array with the buffer's bytes: copied directly from host-visible
+        memory, or by a queue transfer from memory the host cannot map (and in order
+        with nothing else: it waits for nothing)."""
+        buffer.check_live()
         offset, length = buffer.resolve_range(offset, length, "read")
         if buffer.mappable:
-            with buffer.map(offset=offset, length=length) as view:
-                return bytes(view)
-        host = bytearray(length)
+            start = buffer.byte_offset + offset
+            return buffer.storage.array[start : start + length].copy()
+        host = np.empty(length, dtype=np.uint8)
         done = Semaphore()
         self.queue_write(buffer, offset, host, 0, length, signal=[(done, 1)])
         done.wait(1, timeout)
-        return bytes(host)
+        return host
+
+    def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
+                   timeout: float | None = 60.0) -> bytes:
+        """Copies buffer contents to the host (see `read_array`)."""
+        return self.read_array(buffer, offset, length, timeout).tobytes()
 
     def write_bytes(self, buffer: Buffer, data: Any, offset: int = 0,
                     timeout: float | None = 60.0) -> None:
-        """Copies host bytes into a buffer, mapping when possible, else by a transfer."""
+        """Copies host bytes into a buffer: directly into host-visible memory, or by a
+        queue transfer into memory the host cannot map."""
+        buffer.check_live()
         view = _host_view(data)
         offset, length = buffer.resolve_range(offset, len(view), "write")
         if buffer.mappable:
-            with buffer.map(offset=offset, length=length) as target:
-                target[:] = view
+            start = buffer.byte_offset + offset
+            buffer.storage.array[start : start + length] = np.frombuffer(view, np.uint8)
             return
         done = Semaphore()
         self.queue_update(view, buffer, offset, signal=[(done, 1)])

@@ -470,7 +470,7 @@ def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any) -> BufferV
     buffer = device.allocator.allocate(nbytes, _INPUT_MEMORY, _INPUT_USAGE)
     if nbytes:
         src = value if value.flags.c_contiguous else np.ascontiguousarray(value)
-        buffer.storage.array[:nbytes] = src.reshape(-1).view(np.uint8)
+        device.write_bytes(buffer, src.reshape(-1).view(np.uint8))
     return BufferView(buffer, value.shape, element_type)
 
 
@@ -524,15 +524,14 @@ def _scalar_output(spec: ArgSpec, value: Any) -> Any:
 
 
 def _to_numpy(view: BufferView) -> np.ndarray:
+    """A copy of the view's contents (by a transfer when the host cannot map them)."""
     dtype = numpy_dtype(view.element_type)
-    buffer = view.buffer
     count = 1
     for d in view.shape:
         count *= d
-    nbytes = count * dtype.itemsize
-    buffer.check_live()
-    src = buffer.storage.array[buffer.byte_offset : buffer.byte_offset + nbytes]
-    return src.view(dtype).reshape(view.shape).copy()
+    device = view.buffer.allocator.device_ref()
+    data = device.read_array(view.buffer, 0, count * dtype.itemsize)
+    return data.view(dtype).reshape(view.shape)
 
 
 def load(path_or_bytes: Any, device: Any = "task", **options: Any) -> Module:

@@ -299,10 +299,9 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         buffer = _check(buffer, Buffer, "hal.buffer")
         if length > 4:
             raise InvalidArgumentError(f"load length byte count {length} exceeds max")
-        buffer.check_live()
         offset, length = buffer.resolve_range(offset, length, "load")
-        start = buffer.byte_offset + offset
-        return int.from_bytes(buffer.storage.array[start : start + length].tobytes(), "little")
+        data = buffer.allocator.device_ref().read_array(buffer, offset, length)
+        return int.from_bytes(data.tobytes(), "little")
 
     @export("buffer.store", "0irIi_v")
     def buffer_store(value, buffer, offset, length):
@@ -314,10 +313,8 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
                 f"store out of bounds (target_offset={offset}, length={length} into max "
                 f"{buffer.byte_length})"
             )
-        buffer.check_live()
-        start = buffer.byte_offset + offset
         data = (value & _U32).to_bytes(4, "little")[:length]
-        buffer.storage.array[start : start + length] = np.frombuffer(data, dtype=np.uint8)
+        buffer.allocator.device_ref().write_bytes(buffer, data, offset)
 
     # -- buffer view ------------------------------------------------------------------
 

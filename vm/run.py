@@ -86,9 +86,8 @@ def format_buffer_view(view: BufferView, max_elements: int = 1024) -> str:
     except Error:
         dtype = None
     size = max(1, ((element_type & 0xFF) + 7) // 8)
-    buffer = view.buffer
     count = math.prod(shape)
-    raw = buffer.storage.array[buffer.byte_offset : buffer.byte_offset + count * size]
+    raw = view.buffer.allocator.device_ref().read_array(view.buffer, 0, count * size)
     if dtype is not None:
         flat: Any = raw.view(dtype)
         fmt = _element_formatter(element_type, dtype)
@@ -319,7 +318,7 @@ def parse_input(text: str, spec: Any, streams: _NpyStreams) -> list[Any]:
 
 def _as_numpy(value: Any, cconv: str) -> np.ndarray:
     if isinstance(value, BufferView):
-        raw = value.buffer.host_bytes()[: value.byte_length]
+        raw = value.buffer.allocator.device_ref().read_array(value.buffer, 0, value.byte_length)
         try:
             dtype = numpy_dtype(value.element_type)
         except Error:

@@ -14,7 +14,7 @@ from programs.corpus import CASES, Case, assert_same, compile_program, iree_run_
 import tinyhal
 from tinyhal import hal
 
-DRIVERS = ["sync", "task"]
+DRIVERS = ["sync", "task", "emu"]
 
 
 @pytest.fixture(scope="module", params=DRIVERS)
