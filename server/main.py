@@ -1,0 +1,163 @@
+"""`tinyhal-serve`: the KServe V2 inference daemon.
+
+    tinyhal-serve [--model-repository DIR] [--host HOST] [--port PORT] [--device DRIVER]
+
+With no arguments it serves the sample models bundled in the package on 127.0.0.1:8000.
+HTTP runs on hypercorn's trio worker; the app is a small Starlette (anyio on trio) app, so
+inference invocations (`Module.invoke_async`) interleave on the same trio event loop.
+
+Start-up: the listener opens first (liveness answers at once), then models load in a
+worker thread and readiness turns 200. With --exit-on-error (default) a model that fails
+to load stops the server with exit code 1; with --no-exit-on-error it is served as
+unavailable and readiness stays 503.
+
+SIGTERM (or SIGINT) drains: readiness turns 503, the listener closes, requests in flight
+finish (up to --drain-timeout seconds), invocations still running in the background
+finish, then the process exits 0. A second signal exits at once with code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import signal
+import sys
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from .app import Server, create_app
+from .repository import ModelRepository, bundled_models_dir
+
+log = logging.getLogger("tinyhal.server")
+
+__all__ = ["main", "serve"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tinyhal-serve",
+        description="Serve IREE-compiled .vmfb models over KServe V2 REST with tinyhal.",
+    )
+    p.add_argument("--model-repository", type=Path, default=None, metavar="DIR",
+                   help="DIR/<model>/<version>/model.vmfb (+ config.json); default: the "
+                        "bundled sample models")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="port (default 8000; 0 picks a free one and prints it)")
+    p.add_argument("--device", default="task",
+                   help="default driver for models whose config names none: task|sync|emu")
+    p.add_argument("--max-request-bytes", type=int, default=64 << 20,
+                   help="largest request body accepted (413 beyond; default 64 MiB)")
+    p.add_argument("--max-timeout", type=float, default=None, metavar="SECONDS",
+                   help="upper bound on every request's deadline (504 beyond)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM, how long in-flight requests may take (default 30)")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--exit-on-error", action=argparse.BooleanOptionalAction, default=True,
+                   help="exit 1 when a model fails to load (default on)")
+    p.add_argument("--access-log", action="store_true", help="log every request to stderr")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"])
+    return p
+
+
+async def serve(args: argparse.Namespace) -> int:
+    """Runs the server until SIGTERM/SIGINT; returns the exit code."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve as hypercorn_serve
+
+    root = args.model_repository or bundled_models_dir()
+    repository = ModelRepository(root, default_device=args.device)
+    server = Server(repository, max_request_bytes=args.max_request_bytes,
+                    max_timeout=args.max_timeout)
+    app = create_app(server)
+
+    config = Config()
+    config.bind = [f"[{args.host}]:{args.port}" if ":" in args.host else
+                   f"{args.host}:{args.port}"]
+    config.graceful_timeout = args.drain_timeout
+    config.keep_alive_timeout = args.keep_alive_timeout
+    config.accesslog = "-" if args.access_log else None
+    config.errorlog = logging.getLogger("hypercorn.error")  # through our logging setup
+    config.loglevel = args.log_level.upper()
+    config.include_server_header = False
+
+    shutdown = trio.Event()
+    exit_code = 0
+
+    async def watch_signals(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        nonlocal exit_code
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
+            async for signum in signals:
+                if not shutdown.is_set():
+                    log.info("%s: draining (finishing in-flight requests, up to %.0f s)",
+                             signal.Signals(signum).name, args.drain_timeout)
+                    server.draining = True
+                    shutdown.set()
+                else:
+                    log.warning("second signal: exiting without waiting")
+                    exit_code = 1
+                    outer.cancel_scope.cancel()
+                    return
+
+    async def run_http(front: trio.Nursery, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait,
+                              task_status=task_status)
+        front.cancel_scope.cancel()
+
+    try:
+        async with trio.open_nursery() as outer:
+            server.background = outer
+            await outer.start(watch_signals)
+            async with trio.open_nursery() as front:
+                binds = await front.start(run_http, front)
+                for bind in binds:
+                    print(f"tinyhal-serve: listening on {bind}", flush=True)
+                failed = await trio.to_thread.run_sync(repository.load_all)
+                server.loaded = True
+                if failed and args.exit_on_error:
+                    log.error("%d model version(s) failed to load; exiting "
+                              "(--no-exit-on-error serves the rest)", len(failed))
+                    exit_code = 1
+                    shutdown.set()
+                elif not shutdown.is_set():
+                    names = [f"{mv.name}/{mv.version}" for mv in repository.all_versions()
+                             if mv.ready]
+                    print(f"tinyhal-serve: ready ({', '.join(names) or 'no models'})",
+                          flush=True)
+            # hypercorn returned: the listener is closed and connections are done
+            with trio.move_on_after(args.drain_timeout):
+                await server.wait_idle()
+            outer.cancel_scope.cancel()
+    finally:
+        await trio.to_thread.run_sync(repository.close)
+    print(f"tinyhal-serve: stopped (exit {exit_code})", flush=True)
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from prometheus_client import disable_created_metrics
+
+    disable_created_metrics()  # no *_created series: they double the exposition
+    if args.max_timeout is not None and not (args.max_timeout > 0 and
+                                             math.isfinite(args.max_timeout)):
+        print("tinyhal-serve: --max-timeout must be a positive number", file=sys.stderr)
+        return 2
+    try:
+        return trio.run(partial(serve, args))
+    except FileNotFoundError as exc:
+        print(f"tinyhal-serve: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Prometheus metrics of a `tinyhal-serve` process (`GET /metrics`).
+
+Device memory is read from `Allocator.statistics()` at scrape time (exact, no polling):
+
+    tinyhal_device_memory_peak_bytes{device}         peak live bytes, all heaps together
+    tinyhal_device_memory_live_bytes{device}         live bytes now, all heaps together
+    tinyhal_device_heap_peak_bytes{device,heap}      per heap ("device", "host", "transient")
+    tinyhal_device_heap_live_bytes{device,heap}
+    tinyhal_device_heap_allocated_bytes_total{device,heap}
+    tinyhal_device_heap_allocations_total{device,heap}
+
+The device-wide figures are separate metrics (not a heap="all" label) so that summing the
+per-heap series never double-counts. Peaks are since start (the allocator's own peaks).
+
+Requests and models:
+
+    tinyhal_inference_requests_total{model,version,code}       by HTTP status code
+    tinyhal_inference_request_duration_seconds{model,version}  end to end (histogram)
+    tinyhal_inference_queue_duration_seconds{model,version}    admission wait (histogram)
+    tinyhal_inference_compute_duration_seconds{model,version}  the invocation (histogram)
+    tinyhal_inference_in_flight{model,version}                 invocations running
+    tinyhal_inference_queued{model,version}                    requests waiting for a slot
+    tinyhal_inference_detached{model,version}                  running after their 504
+    tinyhal_model_info{model,version,function,device,execution}  1 per loaded version
+    tinyhal_model_ready{model,version}                         1 ready, 0 not
+    tinyhal_model_load_seconds{model,version}
+    tinyhal_server_draining                                    1 after SIGTERM
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from .app import Server
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                    2.5, 5.0, 10.0, 30.0)
+
+
+class _StateCollector:
+    """Gauges read from live server state at scrape time."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Any:
+        server = self.server
+        peak = GaugeMetricFamily("tinyhal_device_memory_peak_bytes",
+                                 "Peak live bytes of the device allocator, all heaps",
+                                 labels=["device"])
+        live = GaugeMetricFamily("tinyhal_device_memory_live_bytes",
+                                 "Live bytes of the device allocator, all heaps",
+                                 labels=["device"])
+        heap_peak = GaugeMetricFamily("tinyhal_device_heap_peak_bytes",
+                                      "Peak live bytes of one device heap",
+                                      labels=["device", "heap"])
+        heap_live = GaugeMetricFamily("tinyhal_device_heap_live_bytes",
+                                      "Live bytes of one device heap", labels=["device", "heap"])
+        heap_alloc = CounterMetricFamily("tinyhal_device_heap_allocated_bytes",
+                                         "Bytes ever allocated from one device heap",
+                                         labels=["device", "heap"])
+        heap_count = CounterMetricFamily("tinyhal_device_heap_allocations",
+                                         "Allocations ever made from one device heap",
+                                         labels=["device", "heap"])
+        for name, device in list(server.repository.devices.items()):
+            stats = device.allocator.statistics()
+            peak.add_metric([name], stats.peak_bytes)
+            live.add_metric([name], stats.live_bytes)
+            for heap, h in stats.heaps.items():
+                heap_peak.add_metric([name, heap], h.peak_bytes)
+                heap_live.add_metric([name, heap], h.live_bytes)
+                heap_alloc.add_metric([name, heap], h.allocated_bytes)
+                heap_count.add_metric([name, heap], h.allocation_count)
+        yield from (peak, live, heap_peak, heap_live, heap_alloc, heap_count)
+
+        in_flight = GaugeMetricFamily("tinyhal_inference_in_flight",
+                                      "Invocations running", labels=["model", "version"])
+        queued = GaugeMetricFamily("tinyhal_inference_queued",
+                                   "Requests waiting for a concurrency slot",
+                                   labels=["model", "version"])
+        detached = GaugeMetricFamily("tinyhal_inference_detached",
+                                     "Invocations still running after their request got 504",
+                                     labels=["model", "version"])
+        info = GaugeMetricFamily("tinyhal_model_info", "A loaded model version",
+                                 labels=["model", "version", "function", "device", "execution"])
+        ready = GaugeMetricFamily("tinyhal_model_ready", "1 when the model version is ready",
+                                  labels=["model", "version"])
+        load = GaugeMetricFamily("tinyhal_model_load_seconds",
+                                 "Seconds the model version took to load",
+                                 labels=["model", "version"])
+        for mv in server.repository.all_versions():
+            labels = [mv.name, mv.version]
+            ready.add_metric(labels, 1 if mv.ready else 0)
+            if mv.admission is not None:
+                st = mv.admission.statistics()
+                in_flight.add_metric(labels, st.running)
+                queued.add_metric(labels, st.queued)
+                detached.add_metric(labels, st.detached)
+            if mv.ready:
+                info.add_metric([mv.name, mv.version, mv.function, mv.device_name,
+                                 mv.execution], 1)
+                load.add_metric(labels, mv.load_seconds)
+        draining = GaugeMetricFamily("tinyhal_server_draining",
+                                     "1 once the server is draining (SIGTERM)")
+        draining.add_metric([], 1 if server.draining else 0)
+        yield from (in_flight, queued, detached, info, ready, load, draining)
+
+
+class Metrics:
+    """The registry of one server (not the process-global one)."""
+
+    def __init__(self, server: Server) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_StateCollector(server))
+        self.requests = Counter("tinyhal_inference_requests", "Inference requests by status",
+                                ["model", "version", "code"], registry=self.registry)
+        self.duration = Histogram("tinyhal_inference_request_duration_seconds",
+                                  "Inference request latency, end to end",
+                                  ["model", "version"], buckets=_LATENCY_BUCKETS,
+                                  registry=self.registry)
+        self.queue = Histogram("tinyhal_inference_queue_duration_seconds",
+                               "Time an admitted request waited for a slot",
+                               ["model", "version"], buckets=_LATENCY_BUCKETS,
+                               registry=self.registry)
+        self.compute = Histogram("tinyhal_inference_compute_duration_seconds",
+                                 "Time of the invocation (completed ones)",
+                                 ["model", "version"], buckets=_LATENCY_BUCKETS,
+                                 registry=self.registry)
+
+    def generate(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)

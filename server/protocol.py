@@ -1,0 +1,325 @@
+"""KServe V2 / Open Inference Protocol: request parsing and response building.
+
+Pure functions over bytes, dicts and numpy arrays (no I/O, no trio), so every rule of the
+wire format can be tested without a server:
+
+- JSON tensors: `{"name", "shape", "datatype", "data"}` with `data` flat or nested,
+  row-major; BOOL as JSON booleans.
+- The binary tensor extension as Triton and `tritonclient` use it: the request header
+  `Inference-Header-Content-Length: N` says the first N body bytes are the JSON header;
+  each input with `parameters.binary_data_size` takes that many bytes from what follows,
+  in the order the inputs appear. Outputs asked for with `parameters.binary_data: true`
+  (or every output, with the request parameter `binary_data_output: true`) are returned
+  the same way, little-endian, after the JSON header of the response.
+- Datatypes BOOL, INT8..INT64, UINT8..UINT64, FP16, FP32, FP64. BYTES (and BF16) are
+  rejected with a message saying so: no tinyhal model takes strings.
+
+Every malformed request raises `ProtocolError(status, message)`; the app turns it into a
+V2 error body `{"error": message}` with that status.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DATATYPES",
+    "InferRequest",
+    "ProtocolError",
+    "RequestedOutput",
+    "build_infer_response",
+    "datatype_for_mlir",
+    "parse_infer_request",
+]
+
+# V2 datatype -> little-endian numpy dtype
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype("?"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+_UNSUPPORTED = {
+    "BYTES": "BYTES (string) tensors are not supported: tinyhal models take numeric tensors",
+    "BF16": "BF16 tensors are not supported by this server",
+}
+
+# MLIR element / scalar type (as the ABI declaration spells it) -> V2 datatype
+_MLIR_TO_V2 = {
+    "i1": "BOOL",
+    "i8": "INT8", "si8": "INT8", "ui8": "UINT8",
+    "i16": "INT16", "si16": "INT16", "ui16": "UINT16",
+    "i32": "INT32", "si32": "INT32", "ui32": "UINT32",
+    "i64": "INT64", "si64": "INT64", "ui64": "UINT64", "index": "INT64",
+    "f16": "FP16", "f32": "FP32", "f64": "FP64",
+}
+
+
+def datatype_for_mlir(mlir_type: str) -> str | None:
+    """The V2 datatype of an MLIR element type, or None when V2 has none for it."""
+    return _MLIR_TO_V2.get(mlir_type)
+
+
+class ProtocolError(Exception):
+    """A request the protocol (or the model's signature) rejects: HTTP `status` + message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class RequestedOutput:
+    name: str
+    binary: bool
+
+
+@dataclass
+class InferRequest:
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    input_datatypes: dict[str, str]
+    outputs: list[RequestedOutput] | None  # None: every output
+    binary_output: bool  # the request-level `binary_data_output` parameter
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def timeout_us(self) -> float | None:
+        """The request's `parameters.timeout` in microseconds (Triton's convention)."""
+        value = self.parameters.get("timeout")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+                or not math.isfinite(value):
+            raise ProtocolError(400, f"parameter 'timeout' must be a non-negative number of "
+                                     f"microseconds, not {value!r}")
+        return float(value)
+
+
+def _bad(message: str) -> ProtocolError:
+    return ProtocolError(400, message)
+
+
+def _as_dict(value: Any, what: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _bad(f"{what} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _shape(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in value
+    ):
+        raise _bad(f"{what} 'shape' must be a list of integers, not {value!r}")
+    if any(d < 0 for d in value):
+        raise _bad(f"{what} 'shape' {value} has a negative dimension")
+    return tuple(value)
+
+
+def _flatten(data: Any) -> list:
+    """Nested JSON lists to one flat row-major list (data may be flat already)."""
+    if not isinstance(data, list):
+        return [data]
+    if not data or not isinstance(data[0], list):
+        if any(isinstance(x, list) for x in data):
+            raise _bad("'data' mixes lists and scalars at one level")
+        return data
+    out: list = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+    dtype = DATATYPES[datatype]
+    flat = _flatten(data)
+    count = math.prod(shape)
+    if len(flat) != count:
+        raise _bad(f"input '{name}' has {len(flat)} elements in 'data' but shape "
+                   f"{list(shape)} needs {count}")
+    if datatype == "BOOL":
+        if not all(type(x) is bool for x in flat):
+            raise _bad(f"input '{name}' is BOOL: 'data' must hold only true/false")
+        return np.array(flat, dtype=dtype).reshape(shape)
+    if dtype.kind in "iu":
+        if not all(type(x) is int for x in flat):
+            bad = next(x for x in flat if type(x) is not int)
+            raise _bad(f"input '{name}' is {datatype}: 'data' must hold integers, found {bad!r}")
+        info = np.iinfo(dtype)
+        if flat and (min(flat) < info.min or max(flat) > info.max):
+            raise _bad(f"input '{name}' has a value outside {datatype}'s range "
+                       f"[{info.min}, {info.max}]")
+        return np.array(flat, dtype=dtype).reshape(shape)
+    # floats: JSON numbers (ints too); JSON has no NaN/Inf, but Python's json reads them
+    if not all(type(x) in (int, float) for x in flat):
+        bad = next(x for x in flat if type(x) not in (int, float))
+        raise _bad(f"input '{name}' is {datatype}: 'data' must hold numbers, found {bad!r}")
+    with np.errstate(over="ignore"):
+        return np.array(flat, dtype=dtype).reshape(shape)
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+    """The JSON header and the binary tail of a request body."""
+    if header_length is None:
+        return body, memoryview(b"")
+    try:
+        n = int(header_length)
+    except ValueError:
+        raise _bad(f"Inference-Header-Content-Length must be an integer, not "
+                   f"{header_length!r}") from None
+    if not 0 <= n <= len(body):
+        raise _bad(f"Inference-Header-Content-Length {n} is outside the body of "
+                   f"{len(body)} bytes")
+    view = memoryview(body)
+    return bytes(view[:n]), view[n:]
+
+
+def parse_infer_request(body: bytes, header_length: str | None = None) -> InferRequest:
+    """Parses an inference request body (JSON, optionally followed by binary tensors)."""
+    head, tail = split_body(body, header_length)
+    try:
+        doc = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise _bad("request body must be a JSON object")
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise _bad(f"'id' must be a string, not {type(request_id).__name__}")
+    parameters = _as_dict(doc.get("parameters"), "'parameters'")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise _bad("request must have a non-empty 'inputs' list")
+
+    inputs: dict[str, np.ndarray] = {}
+    datatypes: dict[str, str] = {}
+    offset = 0
+    for i, item in enumerate(raw_inputs):
+        if not isinstance(item, dict):
+            raise _bad(f"inputs[{i}] must be a JSON object")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise _bad(f"inputs[{i}] has no 'name'")
+        if name in inputs:
+            raise _bad(f"input '{name}' appears more than once")
+        datatype = item.get("datatype")
+        if not isinstance(datatype, str):
+            raise _bad(f"input '{name}' has no 'datatype'")
+        if datatype in _UNSUPPORTED:
+            raise _bad(f"input '{name}': {_UNSUPPORTED[datatype]}")
+        if datatype not in DATATYPES:
+            raise _bad(f"input '{name}' has unknown datatype {datatype!r}; supported: "
+                       f"{', '.join(DATATYPES)}")
+        shape = _shape(item.get("shape"), f"input '{name}'")
+        params = _as_dict(item.get("parameters"), f"input '{name}' 'parameters'")
+        size = params.get("binary_data_size")
+        if size is not None:
+            if "data" in item:
+                raise _bad(f"input '{name}' has both 'data' and binary_data_size")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise _bad(f"input '{name}' binary_data_size must be a non-negative integer")
+            dtype = DATATYPES[datatype]
+            want = math.prod(shape) * dtype.itemsize
+            if size != want:
+                raise _bad(f"input '{name}' binary_data_size is {size} bytes but shape "
+                           f"{list(shape)} of {datatype} needs {want}")
+            if offset + size > len(tail):
+                raise _bad(f"input '{name}' needs {size} binary bytes at offset {offset} but "
+                           f"the body has only {len(tail)} after the JSON header")
+            array = np.frombuffer(tail[offset : offset + size], dtype=dtype).reshape(shape)
+            if datatype == "BOOL" and size and array.view(np.uint8).max() > 1:
+                raise _bad(f"input '{name}' is BOOL: binary bytes must be 0 or 1")
+            offset += size
+        else:
+            if "data" not in item:
+                raise _bad(f"input '{name}' has neither 'data' nor binary_data_size")
+            array = _json_tensor(name, datatype, shape, item["data"])
+        inputs[name] = array
+        datatypes[name] = datatype
+    if offset != len(tail):
+        raise _bad(f"the body has {len(tail) - offset} binary bytes that no input claims")
+
+    outputs = None
+    raw_outputs = doc.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise _bad("'outputs' must be a list")
+        outputs = []
+        seen = set()
+        for i, item in enumerate(raw_outputs):
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                raise _bad(f"outputs[{i}] must be an object with a 'name'")
+            oparams = _as_dict(item.get("parameters"), f"output '{item['name']}' 'parameters'")
+            if oparams.get("classification") or oparams.get("class_count"):
+                raise _bad(f"output '{item['name']}': the classification extension is not "
+                           "supported")
+            if item["name"] in seen:
+                raise _bad(f"output '{item['name']}' is requested more than once")
+            seen.add(item["name"])
+            outputs.append(RequestedOutput(item["name"], bool(oparams.get("binary_data"))))
+    return InferRequest(
+        id=request_id,
+        inputs=inputs,
+        input_datatypes=datatypes,
+        outputs=outputs,
+        binary_output=bool(parameters.get("binary_data_output", False)),
+        parameters=parameters,
+    )
+
+
+def build_infer_response(
+    model_name: str,
+    model_version: str,
+    request: InferRequest,
+    results: list[tuple[str, str, np.ndarray]],
+) -> tuple[bytes, int | None]:
+    """The response body for `results` [(name, datatype, array)], filtered and encoded as
+    `request` asked. Returns (body, json_header_length or None when all JSON)."""
+    by_name = {name: (datatype, array) for name, datatype, array in results}
+    if request.outputs is None:
+        wanted = [(name, request.binary_output) for name, _, _ in results]
+    else:
+        wanted = [(o.name, o.binary or request.binary_output) for o in request.outputs]
+    out_docs = []
+    blobs: list[bytes] = []
+    for name, binary in wanted:
+        datatype, array = by_name[name]
+        doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary:
+            blob = np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes()
+            doc["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            doc["data"] = array.reshape(-1).tolist()
+        out_docs.append(doc)
+    response: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request.id is not None:
+        response["id"] = request.id
+    response["outputs"] = out_docs
+    head = json.dumps(response, separators=(",", ":")).encode()
+    if not blobs:
+        return head, None
+    return b"".join([head, *blobs]), len(head)
