@@ -1,0 +1,189 @@
+"""Helpers of the tinyhal-serve tests: real server processes on 127.0.0.1, test models.
+
+Each server is `python -m tinyhal.server.main --port 0 ...` started as a subprocess; the
+port it picked is read from its "listening on" line. Every wait is bounded, and every
+process a test starts is stopped by pid (SIGTERM, then SIGKILL) when the test is done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+SAMPLES = Path(__file__).resolve().parents[2] / "server" / "models"
+START_TIMEOUT = 60.0
+
+# A dispatch whose run time the caller sets: each element iterates x = 0.999 x + 0.5
+# `n` times (about 0.85 s for n = 1e6 over 1024 elements on two cores).
+SPIN_MLIR = """
+func.func @spin(%x: tensor<?xf32> {iree.abi.name = "x"}, %n: i32 {iree.abi.name = "n"})
+    -> (tensor<?xf32> {iree.abi.name = "y"}) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %d = tensor.dim %x, %c0 : tensor<?xf32>
+  %e = tensor.empty(%d) : tensor<?xf32>
+  %nn = arith.index_cast %n : i32 to index
+  %r = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],
+                       iterator_types = ["parallel"]}
+      ins(%x : tensor<?xf32>) outs(%e : tensor<?xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %v = scf.for %i = %c0 to %nn step %c1 iter_args(%acc = %a) -> f32 {
+      %h = arith.constant 0.999 : f32
+      %q = arith.constant 0.5 : f32
+      %m = arith.mulf %acc, %h : f32
+      %s = arith.addf %m, %q : f32
+      scf.yield %s : f32
+    }
+    linalg.yield %v : f32
+  } -> tensor<?xf32>
+  return %r : tensor<?xf32>
+}
+"""
+
+# One input and one output per V2 datatype a compiled program can carry.
+_DTYPES = [("b", "i1"), ("i8", "i8"), ("i16", "i16"), ("i32", "i32"), ("i64", "i64"),
+           ("f16", "f16"), ("f32", "f32"), ("f64", "f64")]
+
+
+def dtypes_mlir() -> str:
+    args = ", ".join(f"%{n}: tensor<?x{t}> {{iree.abi.name = \"in_{n}\"}}" for n, t in _DTYPES)
+    results = ", ".join(f"tensor<?x{t}> {{iree.abi.name = \"out_{n}\"}}" for n, t in _DTYPES)
+    body = []
+    for n, t in _DTYPES:
+        if t == "i1":
+            op = f"%t_{n} = arith.constant true\n    %r_{n} = arith.xori %a, %t_{n} : i1"
+        elif t.startswith("i"):
+            op = (f"%k_{n} = arith.constant 3 : {t}\n    %m_{n} = arith.muli %a, %k_{n} : {t}\n"
+                  f"    %r_{n} = arith.subi %m_{n}, %k_{n} : {t}")
+        else:
+            op = (f"%k_{n} = arith.constant 1.5 : {t}\n    %m_{n} = arith.mulf %a, %k_{n} : {t}\n"
+                  f"    %r_{n} = arith.addf %m_{n}, %k_{n} : {t}")
+        body.append(f"""
+  %d_{n} = tensor.dim %{n}, %c0 : tensor<?x{t}>
+  %e_{n} = tensor.empty(%d_{n}) : tensor<?x{t}>
+  %o_{n} = linalg.generic {{indexing_maps = [#id, #id], iterator_types = ["parallel"]}}
+      ins(%{n} : tensor<?x{t}>) outs(%e_{n} : tensor<?x{t}>) {{
+  ^bb0(%a: {t}, %o: {t}):
+    {op}
+    linalg.yield %r_{n} : {t}
+  }} -> tensor<?x{t}>""")
+    rets = ", ".join(f"%o_{n}" for n, _ in _DTYPES)
+    types = ", ".join(f"tensor<?x{t}>" for _, t in _DTYPES)
+    return (f"#id = affine_map<(d0) -> (d0)>\nfunc.func @main({args}) -> ({results}) {{\n"
+            f"  %c0 = arith.constant 0 : index" + "".join(body) +
+            f"\n  return {rets} : {types}\n}}\n")
+
+
+DTYPES = _DTYPES
+
+
+def write_model(root: Path, name: str, vmfb: Path, config: dict | None = None) -> None:
+    version = root / name / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(vmfb, version / "model.vmfb")
+    if config is not None:
+        (root / name / "config.json").write_text(json.dumps(config))
+
+
+class ServerProcess:
+    """A tinyhal-serve subprocess; `url` once it listens, `stop()` always."""
+
+    def __init__(self, *args: str) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tinyhal.server.main", "--host", "127.0.0.1",
+             "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr)):
+            threading.Thread(target=self._pump, args=(stream, sink), daemon=True).start()
+        self.url = ""
+        self.port = 0
+
+    def _pump(self, stream, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line)
+            if sink is self.stdout:
+                self.lines.put(line)
+
+    def wait_line(self, pattern: str, timeout: float = START_TIMEOUT) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.proc.poll() is not None and self.lines.empty():
+                raise AssertionError(
+                    f"server did not print /{pattern}/ (exit {self.proc.poll()}):\n"
+                    + "".join(self.stdout) + "".join(self.stderr[-40:]))
+            try:
+                line = self.lines.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                continue
+            m = re.search(pattern, line)
+            if m:
+                return m
+
+    def start(self, ready: bool = True) -> ServerProcess:
+        m = self.wait_line(r"listening on http://127\.0\.0\.1:(\d+)")
+        self.port = int(m.group(1))
+        self.url = f"127.0.0.1:{self.port}"
+        if ready:
+            self.wait_line(r"tinyhal-serve: (ready|serving)")
+        return self
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    # -- raw HTTP (for status codes and headers tritonclient does not expose) --------
+
+    def request(self, method: str, path: str, body: bytes | dict | None = None,
+                headers: dict | None = None, timeout: float = 30.0):
+        """(status, headers with lower-case names, body bytes) of one request."""
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        req = urllib.request.Request(f"http://{self.url}{path}", data=data, method=method,
+                                     headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        """{(name, sorted label items): value} of one scrape."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, _, body = self.request("GET", "/metrics")
+        assert status == 200
+        out = {}
+        for family in text_string_to_metric_families(body.decode()):
+            for sample in family.samples:
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return out
+
+

@@ -1,0 +1,140 @@
+"""tinyhal-serve process lifecycle: SIGTERM drain, failed models, bundled samples, and
+peak device memory on /metrics equal to what the allocator counts for the same work."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from serve_helpers import SAMPLES, write_model
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _spin(n: int, length: int = 1024) -> dict:
+    return {"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [length], "data": [1.0] * length},
+        {"name": "n", "datatype": "INT32", "shape": [1], "data": [n]},
+    ]}
+
+
+def test_sigterm_drains_in_flight_requests_then_exits_0(tmp_path, spin_vmfb, start_server):
+    write_model(tmp_path, "spin", spin_vmfb, {"max_concurrency": 2})
+    server = start_server("--model-repository", str(tmp_path), "--drain-timeout", "20")
+    labels = (("model", "spin"), ("version", "1"))
+    results = []
+    worker = threading.Thread(target=lambda: results.append(
+        server.request("POST", "/v2/models/spin/infer", _spin(1_200_000))))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while server.metrics().get(("tinyhal_inference_in_flight", labels)) != 1:
+        assert time.monotonic() < deadline, "the slow request never started"
+        time.sleep(0.02)
+    server.terminate()
+    # the listener closes: new connections are refused while the request finishes
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=1):
+                pass
+        except OSError:
+            break
+        assert time.monotonic() < deadline, "server still accepts connections after SIGTERM"
+        time.sleep(0.02)
+    worker.join(timeout=60)
+    assert results and results[0][0] == 200, results
+    body = json.loads(results[0][2])
+    assert body["outputs"][0]["shape"] == [1024]
+    assert server.wait(timeout=30) == 0
+    out = "".join(server.stdout)
+    assert "stopped (exit 0)" in out
+    assert "SIGTERM: draining" in "".join(server.stderr)
+
+
+def test_failed_model_is_unavailable_or_stops_the_server(tmp_path, start_server):
+    shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
+    broken = tmp_path / "broken" / "1"
+    broken.mkdir(parents=True)
+    (broken / "model.vmfb").write_bytes(b"not a flatbuffer" * 8)
+    server = start_server("--model-repository", str(tmp_path), "--no-exit-on-error")
+    status, _, body = server.request("GET", "/v2/health/ready")
+    assert status == 503 and json.loads(body) == {"ready": False}
+    status, _, body = server.request("POST", "/v2/repository/index")
+    index = {m["name"]: m for m in json.loads(body)}
+    assert index["saxpy"]["state"] == "READY"
+    assert index["broken"]["state"] == "UNAVAILABLE" and "FlatBuffer" in index["broken"]["reason"]
+    status, headers, body = server.request("POST", "/v2/models/broken/infer", _spin(1))
+    assert status == 503 and "not ready" in json.loads(body)["error"]
+    status, _, _ = server.request("GET", "/v2/models/broken/ready")
+    assert status == 503
+    status, _, _ = server.request("GET", "/v2/models/saxpy/ready")
+    assert status == 200
+
+    strict = start_server("--model-repository", str(tmp_path), ready=False)
+    assert strict.wait(timeout=60) == 1
+    assert "failed to load" in "".join(strict.stderr)
+
+
+def test_peak_device_memory_on_metrics_matches_the_allocator(tmp_path, start_server):
+    """A fresh server and a fresh in-process Module run the same request: /metrics shows
+    the allocator's exact per-heap and device-wide peaks."""
+    import tinyhal
+
+    shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")
+    vmfb = tmp_path / "mlp_classifier/1/model.vmfb"
+    x = np.random.default_rng(5).normal(size=(48, 16)).astype(np.float32)
+
+    module = tinyhal.load(vmfb, device="task")
+    try:
+        module.invoke("predict", x)
+        expected = module.statistics()
+    finally:
+        module.close()
+
+    server = start_server("--model-repository", str(tmp_path))
+    status, _, body = server.request("POST", "/v2/models/mlp_classifier/infer", {
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [48, 16],
+                    "data": x.tolist()}]})
+    assert status == 200, body
+    m = server.metrics()
+    assert m[("tinyhal_device_memory_peak_bytes", (("device", "task"),))] == expected.peak_bytes
+    for heap, stats in expected.heaps.items():
+        key = (("device", "task"), ("heap", heap))
+        assert m[("tinyhal_device_heap_peak_bytes", key)] == stats.peak_bytes, heap
+        assert m[("tinyhal_device_heap_live_bytes", key)] == stats.live_bytes, heap
+        assert m[("tinyhal_device_heap_allocations_total", key)] == stats.allocation_count
+    assert expected.peak_bytes >= x.nbytes
+
+
+def test_no_arguments_serves_the_bundled_samples():
+    """`tinyhal-serve` with no --model-repository serves the samples in the package."""
+    from tinyhal.server.repository import ModelRepository, bundled_models_dir
+
+    repo = ModelRepository(bundled_models_dir())
+    try:
+        assert repo.load_all() == []
+        assert sorted(repo.models) == ["mlp_classifier", "saxpy"]
+        mv = repo.get("mlp_classifier")
+        assert (mv.function, mv.max_batch_size, mv.device_name) == ("predict", 64, "task")
+    finally:
+        repo.close()
+
+
+def test_bundled_samples_rebuild_byte_for_byte():
+    proc = subprocess.run([sys.executable, str(SAMPLES / "build_samples.py"), "--check"],
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_cli_rejects_a_missing_repository(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tinyhal.server.main", "--port", "0",
+                           "--model-repository", str(tmp_path / "nowhere")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not a directory" in proc.stderr
