@@ -127,8 +127,14 @@ async def serve(args: argparse.Namespace) -> int:
                 elif not shutdown.is_set():
                     names = [f"{mv.name}/{mv.version}" for mv in repository.all_versions()
                              if mv.ready]
-                    print(f"tinyhal-serve: ready ({', '.join(names) or 'no models'})",
-                          flush=True)
+                    if failed:
+                        print(f"tinyhal-serve: serving ({', '.join(names) or 'no models'}); "
+                              f"unavailable: "
+                              f"{', '.join(f'{mv.name}/{mv.version}' for mv in failed)}",
+                              flush=True)
+                    else:
+                        print(f"tinyhal-serve: ready ({', '.join(names) or 'no models'})",
+                              flush=True)
             # hypercorn returned: the listener is closed and connections are done
             with trio.move_on_after(args.drain_timeout):
                 await server.wait_idle()
