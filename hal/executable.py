@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import (
     DataLossError,
+    Error,
     InternalError,
     InvalidArgumentError,
     NotFoundError,
@@ -295,19 +296,21 @@ class PreparedDispatch:
             self._cursor, tile or self.total, self.total, self._abort, self._failed)
 
     def raise_for_status(self, rc: int) -> None:
-        if rc == 0:
-            return
+        if rc != 0:
+            raise self.error_for(rc, self._failed[0])
+
+    def error_for(self, rc: int, failed_index: int) -> Error:
+        """The error for kernel status `rc` in linear workgroup `failed_index`."""
         if rc == -12:
-            raise ResourceExhaustedError(
+            return ResourceExhaustedError(
                 f"no memory for {self._lmem} bytes of workgroup local memory"
             )
-        index = self._failed[0]
         state = self._state
         cx, cy = state.workgroup_count_x, state.workgroup_count_y
-        wid = (index % cx, (index // cx) % cy, index // (cx * cy))
+        wid = (failed_index % cx, (failed_index // cx) % cy, failed_index // (cx * cy))
         message = (f"dispatch of {self.export.name!r} failed in workgroup {wid} "
                    f"with kernel status {rc}")
-        raise error_for_code(rc, message) if 0 < rc < 32 else InternalError(message)
+        return error_for_code(rc, message) if 0 < rc < 32 else InternalError(message)
 
 
 def validate_workgroups(workgroups: Any) -> tuple[int, int, int]:

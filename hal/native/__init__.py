@@ -26,7 +26,7 @@ def _load() -> ModuleType:
 
     here = os.path.dirname(os.path.abspath(__file__))
     digest = hashlib.sha256()
-    for name in ("build.py", "dispatch.c", "tinyhal_executable.h"):
+    for name in ("build.py", "dispatch.c", *build.HEADERS):
         with open(os.path.join(here, name), "rb") as f:
             digest.update(f.read())
     tag = digest.hexdigest()[:16]

@@ -13,10 +13,16 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE_NAME = "tinyhal.hal.native._dispatch"
 
+HEADERS = ("tinyhal_executable.h", "tinyhal_stream.h")
+
+
 def _header_declarations() -> str:
-    """The ABI header's type declarations, minus preprocessor lines, for `cdef`."""
-    with open(os.path.join(HERE, "tinyhal_executable.h")) as f:
-        return "".join(line for line in f if not line.lstrip().startswith("#"))
+    """The headers' type declarations, minus preprocessor lines, for `cdef`."""
+    lines = []
+    for name in HEADERS:
+        with open(os.path.join(HERE, name)) as f:
+            lines.extend(line for line in f if not line.lstrip().startswith("#"))
+    return "".join(lines)
 
 
 CDEF = _header_declarations() + """
@@ -29,6 +35,8 @@ int tinyhal_dispatch_workgroups(tinyhal_dispatch_fn_t fn,
     uint32_t local_memory_size, uint32_t processor_id, uint64_t* cursor, uint64_t tile,
     uint64_t total, int* abort_flag, uint64_t* failed_index);
 tinyhal_import_thunk_t tinyhal_import_thunk(void);
+int tinyhal_run_stream(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
+    uint32_t processor_id, uint32_t local_memory_size);
 """
 
 
@@ -36,7 +44,7 @@ def make_builder(module_name: str = MODULE_NAME) -> FFI:
     builder = FFI()
     builder.cdef(CDEF)
     with open(os.path.join(HERE, "dispatch.c")) as f:
-        source = '#include "tinyhal_executable.h"\n' + f.read()
+        source = '#include "tinyhal_stream.h"\n' + f.read()
     builder.set_source(
         module_name,
         source,

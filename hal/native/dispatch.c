@@ -5,9 +5,13 @@
  * releases the GIL for the whole grid.
  */
 #include <dlfcn.h>
+#include <errno.h>
+#include <linux/futex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #define TINYHAL_HAVE_MXCSR 1
@@ -125,3 +129,188 @@ static int tinyhal_import_thunk_impl(tinyhal_import_fn_t fn, void* params, void*
 }
 
 tinyhal_import_thunk_t tinyhal_import_thunk(void) { return tinyhal_import_thunk_impl; }
+
+/* ---- Streams: a whole submission's operations run in C ---------------------------------
+ *
+ * One leader walks the operation list in order; at each dispatch it posts the dispatch
+ * and claims tiles, and any number of helpers may join a posted dispatch to claim tiles
+ * too. Before moving past a dispatch the leader waits for the helpers still inside it, so
+ * every operation completes before the next starts (commands already arrive in order and
+ * a barrier needs nothing more). Helpers are never waited for unless they joined, so a
+ * helper that starts late (or never) cannot stall the stream.
+ *
+ * `post` packs (generation << 32 | active helpers): a helper joins only the generation it
+ * saw, so it can never join a dispatch the leader has already left.
+ */
+
+static long tinyhal_futex(uint32_t* word, int op, uint32_t value) {
+  return syscall(SYS_futex, word, op, value, NULL, NULL, 0);
+}
+
+static inline void tinyhal_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+#define TINYHAL_SPIN_ITERATIONS 4000 /* ~20-40 us: bridges the gap between dispatches */
+
+static void tinyhal_fill(uint8_t* dst, uint64_t length, uint32_t pattern, uint32_t n) {
+  if (n == 1) {
+    memset(dst, (int)(pattern & 0xFF), length);
+  } else if (n == 2) {
+    uint16_t p = (uint16_t)pattern;
+    for (uint64_t i = 0; i + 2 <= length; i += 2) memcpy(dst + i, &p, 2);
+  } else {
+    for (uint64_t i = 0; i + 4 <= length; i += 4) memcpy(dst + i, &pattern, 4);
+  }
+}
+
+static int tinyhal_stream_dispatch(tinyhal_stream_t* stream, tinyhal_op_t* op, uint32_t op_index,
+                                   tinyhal_workgroup_state_t* wg) {
+  uint64_t failed = 0;
+  int rc = 0;
+  for (;;) {
+    if (__atomic_load_n(&stream->abort, __ATOMIC_RELAXED)) break;
+    uint64_t begin = __atomic_fetch_add(&op->cursor, op->tile, __ATOMIC_RELAXED);
+    if (begin >= op->length) break;
+    uint64_t end = begin + op->tile < op->length ? begin + op->tile : op->length;
+    rc = tinyhal_run_range(op->fn, op->environment, op->state, wg, begin, end, &failed);
+    if (rc != 0) {
+      int expected = 0;
+      if (__atomic_compare_exchange_n(&stream->status, &expected, rc, 0, __ATOMIC_ACQ_REL,
+                                      __ATOMIC_RELAXED)) {
+        stream->failed_op = op_index;
+        stream->failed_workgroup = failed;
+      }
+      __atomic_store_n(&stream->abort, 1, __ATOMIC_RELEASE);
+      break;
+    }
+  }
+  return rc;
+}
+
+static void tinyhal_wait_word(uint32_t* word, uint32_t seen) {
+  for (int i = 0; i < TINYHAL_SPIN_ITERATIONS; ++i) {
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen) return;
+    tinyhal_pause();
+  }
+  while (__atomic_load_n(word, __ATOMIC_ACQUIRE) == seen) {
+    tinyhal_futex(word, FUTEX_WAIT_PRIVATE, seen);
+  }
+}
+
+static void tinyhal_bump_word(uint32_t* word) {
+  __atomic_add_fetch(word, 1, __ATOMIC_ACQ_REL);
+  tinyhal_futex(word, FUTEX_WAKE_PRIVATE, 0x7FFFFFFF);
+}
+
+/* Leader: runs every operation in order. Returns 0 or the first failing status. */
+static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
+                               tinyhal_workgroup_state_t* wg) {
+  for (uint32_t i = 0; i < count && !__atomic_load_n(&stream->abort, __ATOMIC_RELAXED); ++i) {
+    tinyhal_op_t* op = &ops[i];
+    switch (op->kind) {
+      case TINYHAL_OP_DISPATCH: {
+        if (op->local_memory_size > wg->local_memory_size) {
+          __atomic_store_n(&stream->status, -12, __ATOMIC_RELEASE);
+          __atomic_store_n(&stream->abort, 1, __ATOMIC_RELEASE);
+          break;
+        }
+        /* Post: helpers see the op, then the new generation. */
+        __atomic_store_n(&stream->current, op, __ATOMIC_RELEASE);
+        __atomic_store_n(&stream->current_index, i, __ATOMIC_RELEASE);
+        uint64_t post = __atomic_load_n(&stream->post, __ATOMIC_ACQUIRE);
+        uint64_t posted = ((post >> 32) + 1) << 32;
+        while (!__atomic_compare_exchange_n(&stream->post, &post, posted | (post & 0xFFFFFFFFu),
+                                            0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+          posted = ((post >> 32) + 1) << 32;
+        }
+        tinyhal_bump_word(&stream->wake);
+        tinyhal_stream_dispatch(stream, op, i, wg);
+        /* Leave: close the generation to new joiners, then wait for joined helpers. */
+        uint64_t state = __atomic_load_n(&stream->post, __ATOMIC_ACQUIRE);
+        while (!__atomic_compare_exchange_n(&stream->post, &state,
+                                            (((state >> 32) + 1) << 32) | (state & 0xFFFFFFFFu),
+                                            0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        }
+        for (;;) {
+          uint32_t seen = __atomic_load_n(&stream->left, __ATOMIC_ACQUIRE);
+          if ((__atomic_load_n(&stream->post, __ATOMIC_ACQUIRE) & 0xFFFFFFFFu) == 0) break;
+          tinyhal_wait_word(&stream->left, seen);
+        }
+        break;
+      }
+      case TINYHAL_OP_FILL:
+        tinyhal_fill((uint8_t*)op->dst, op->length, op->pattern, op->pattern_length);
+        break;
+      case TINYHAL_OP_COPY:
+        memmove(op->dst, op->src, op->length);
+        break;
+      default:
+        break;
+    }
+  }
+  __atomic_store_n(&stream->done, 1, __ATOMIC_RELEASE);
+  tinyhal_bump_word(&stream->wake);
+  return __atomic_load_n(&stream->status, __ATOMIC_ACQUIRE);
+}
+
+/* Helper: joins posted dispatches until the stream is done. */
+static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_state_t* wg) {
+  uint64_t last_generation = 0;
+  for (;;) {
+    uint32_t seen = __atomic_load_n(&stream->wake, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&stream->done, __ATOMIC_ACQUIRE)) return;
+    uint64_t post = __atomic_load_n(&stream->post, __ATOMIC_ACQUIRE);
+    uint64_t generation = post >> 32;
+    /* Odd generations are open dispatches; join each one at most once. */
+    if ((generation & 1u) && generation != last_generation) {
+      if (__atomic_compare_exchange_n(&stream->post, &post, post + 1, 0, __ATOMIC_ACQ_REL,
+                                      __ATOMIC_ACQUIRE)) {
+        last_generation = generation;
+        tinyhal_op_t* op = __atomic_load_n(&stream->current, __ATOMIC_ACQUIRE);
+        uint32_t index = __atomic_load_n(&stream->current_index, __ATOMIC_ACQUIRE);
+        if (op->local_memory_size <= wg->local_memory_size) {
+          tinyhal_stream_dispatch(stream, op, index, wg);
+        }
+        __atomic_sub_fetch(&stream->post, 1, __ATOMIC_ACQ_REL);
+        tinyhal_bump_word(&stream->left);
+      }
+      continue;
+    }
+    tinyhal_wait_word(&stream->wake, seen);
+  }
+}
+
+int tinyhal_run_stream(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
+                       uint32_t processor_id, uint32_t local_memory_size) {
+  tinyhal_workgroup_state_t wg;
+  memset(&wg, 0, sizeof(wg));
+  wg.processor_id = processor_id;
+  void* local_memory = NULL;
+  if (local_memory_size) {
+    size_t rounded = ((size_t)local_memory_size + 63u) & ~(size_t)63u;
+    local_memory = aligned_alloc(64, rounded);
+    if (!local_memory) local_memory_size = 0; /* dispatches needing it fail with -12 */
+  }
+  wg.local_memory = local_memory;
+  wg.local_memory_size = local_memory_size;
+#ifdef TINYHAL_HAVE_MXCSR
+  unsigned int saved_csr = _mm_getcsr();
+  _mm_setcsr(saved_csr | 0x8040u);
+#endif
+  int rc = 0;
+  int expected = 0;
+  if (__atomic_compare_exchange_n(&stream->leader, &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_RELAXED)) {
+    rc = tinyhal_stream_lead(ops, count, stream, &wg);
+  } else {
+    tinyhal_stream_help(stream, &wg);
+  }
+#ifdef TINYHAL_HAVE_MXCSR
+  _mm_setcsr(saved_csr);
+#endif
+  free(local_memory);
+  return rc;
+}

@@ -1,0 +1,50 @@
+/* tinyhal_stream.h: the runtime's own C types for running a submission in C (internal;
+ * kernels never see these). */
+#ifndef TINYHAL_STREAM_H_
+#define TINYHAL_STREAM_H_
+
+#include <stdint.h>
+
+#include "tinyhal_executable.h"
+
+enum {
+  TINYHAL_OP_DISPATCH = 0,
+  TINYHAL_OP_FILL = 1,
+  TINYHAL_OP_COPY = 2,
+  TINYHAL_OP_BARRIER = 3
+};
+
+/* One operation of a stream: a dispatch (fn/environment/state over `length` workgroups,
+ * claimed `tile` at a time through `cursor`), a fill of `length` bytes at `dst` with a
+ * 1/2/4-byte pattern, or a copy (memmove) of `length` bytes from `src` to `dst`. */
+typedef struct tinyhal_op_t {
+  uint32_t kind;
+  uint32_t pattern_length;
+  uint64_t length;
+  uint64_t tile;
+  uint64_t cursor;
+  void* dst;
+  const void* src;
+  uint32_t pattern;
+  uint32_t local_memory_size;
+  tinyhal_dispatch_fn_t fn;
+  const tinyhal_environment_t* environment;
+  const tinyhal_dispatch_state_t* state;
+} tinyhal_op_t;
+
+/* Shared state of one stream run; zero-initialize before the first participant. */
+typedef struct tinyhal_stream_t {
+  int leader;
+  int done;
+  int abort;
+  int status;
+  uint32_t wake;
+  uint32_t left;
+  uint32_t current_index;
+  uint32_t failed_op;
+  uint64_t failed_workgroup;
+  uint64_t post;
+  tinyhal_op_t* current;
+} tinyhal_stream_t;
+
+#endif /* TINYHAL_STREAM_H_ */
