@@ -21,15 +21,17 @@ Options: `workers` (default one per core), `transient_capacity` (ringbuffer byte
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ...errors import Error, FailedPreconditionError, InvalidArgumentError
-from ...scheduler import CallTask, CooperativeTask, Executor, NopTask, Task
-from ..device import Device, _nothing
-from ..execution import BARRIER, COPY, DISPATCH, FILL, UPDATE, run_operations, run_transfer
+from ...scheduler import CallTask, CooperativeTask, Executor, Task
+from ..device import Device
+from ..execution import COPY, DISPATCH, FILL, UPDATE
 from ..semaphore import SemaphorePoint, when_all_reached
+from ..stream import Stream
 
 DEFAULT_INLINE_BYTES = 64 << 10
 TILES_PER_WORKER = 32  # tiles per worker: small tiles limit what a descheduled worker holds
@@ -95,10 +97,10 @@ class TaskDevice(Device):
             raise FailedPreconditionError(f"{self!r} is closed")
 
     def _enqueue(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
-                 work: Callable[[], None], keep: Any = None) -> None:
+                 work: Callable[[], None], keep: Any = None, cheap: bool = False) -> None:
         self._check_open()
-        # Work-free operations (queue_barrier) complete on the readying thread.
-        task = CallTask(self.executor, work, name="queue-op", inline=work is _nothing)
+        # Cheap operations (barriers, deallocas) complete on the readying thread.
+        task = CallTask(self.executor, work, name="queue-op", inline=cheap)
         self._gate(task, wait)
         self._finish_with(task, signal, keep)
         self.executor.submit(task)
@@ -129,71 +131,29 @@ class TaskDevice(Device):
                           ops: list[tuple], keep: Any) -> None:
         self._check_open()
         ex = self.executor
-        has_dispatch = any(op[0] == DISPATCH for op in ops)
-        if not has_dispatch and sum(map(_transfer_bytes, ops)) <= self.inline_bytes:
-            # Tiny: one node, inline on whichever thread readies it.
-            task = CallTask(ex, lambda: run_operations(ops, self._run_dispatch),
-                            name="submit-inline", inline=True)
-            self._gate(task, wait)
-            self._finish_with(task, signal, keep)
-            ex.submit(task)
-            return
-        entry = NopTask(ex, name="submit")
-        self._gate(entry, wait)
-        tasks: list[Task] = [entry]
-        prev: Task = entry  # what the current segment depends on
-        segment: list[Task] = []
-        transfers: list[tuple] = []
+        dispatches = [op[1] for op in ops if op[0] == DISPATCH]
+        if (all(d.total == 1 for d in dispatches)
+                and sum(map(_transfer_bytes, ops)) <= self.inline_bytes):
+            # Tiny: nothing to spread over workers, so no worker is woken for it; it
+            # runs on whichever thread readies it (usually the submitting one).
+            task: Task = CallTask(ex, lambda: Stream(ops).run(), name="submit-inline",
+                                  inline=True)
+        else:
+            participants = ex.worker_count
+            lock = threading.Lock()
+            packed: list[Stream] = []
 
-        def flush_transfers() -> None:
-            if transfers:
-                batch = list(transfers)
-                transfers.clear()
-                segment.append(CallTask(ex, lambda: _run_transfers(batch), name="transfers"))
+            def participate(worker_index: int | None) -> None:
+                with lock:
+                    if not packed:
+                        packed.append(Stream(ops, participants))
+                packed[0].run(worker_index or 0)
 
-        def close_segment() -> Task:
-            flush_transfers()
-            if not segment:
-                return prev
-            for t in segment:
-                t.depends_on(prev)
-            tasks.extend(segment)
-            if len(segment) == 1:
-                join = segment[0]
-            else:
-                join = NopTask(ex, name="barrier").depends_on(*segment)
-                tasks.append(join)
-            segment.clear()
-            return join
-
-        for op in ops:
-            kind = op[0]
-            if kind == BARRIER:
-                prev = close_segment()
-            elif kind == DISPATCH:
-                segment.append(self._dispatch_task(op[1]))
-            else:
-                transfers.append(op)
-        last = close_segment()
-        self._finish_with(last, signal, keep)
-        ex.submit(*reversed(tasks))  # entry last: the graph is complete before it starts
-
-    def _dispatch_task(self, prepared: Any) -> Task:
-        workers = self.executor.worker_count
-        total = prepared.total
-        tile = max(1, total // (workers * TILES_PER_WORKER))
-        shares = min(workers, -(-total // tile))
-
-        def share(worker_index: int | None) -> None:
-            prepared.raise_for_status(prepared.run(worker_index or 0, tile))
-
-        return CooperativeTask(self.executor, share, max_concurrency=shares, name="dispatch")
+            task = CooperativeTask(ex, participate, max_concurrency=participants,
+                                   name="submit")
+        self._gate(task, wait)
+        self._finish_with(task, signal, keep)
+        ex.submit(task)
 
     def _run_dispatch(self, prepared: Any) -> None:
-        # Inline path only (dispatch-free submissions never get here); whole grid at once.
         prepared.raise_for_status(prepared.run())
-
-
-def _run_transfers(ops: list[tuple]) -> None:
-    for op in ops:
-        run_transfer(op)
