@@ -56,6 +56,12 @@ class _Counter:
 
 
 _ALL_USAGE = BufferUsage(0x1FFFFFFF)
+_HOST_HEAP_USAGE = int(
+    BufferUsage.MAPPING_SCOPED
+    | BufferUsage.MAPPING_PERSISTENT
+    | BufferUsage.MAPPING_ACCESS_RANDOM
+    | BufferUsage.TRANSFER
+)
 
 
 class Allocator:
@@ -100,6 +106,18 @@ class Allocator:
         raise InvalidArgumentError(
             f"{self.device_name} has no heap with memory type {MemoryType(memory_type)!r}"
         )
+
+    def coerce_usage(self, memory_type: MemoryType | int, usage: BufferUsage | int) -> int:
+        """`usage` plus mapping and transfer when the heap for `memory_type` is host memory.
+
+        IREE's heap allocator (local-sync/local-task) grants these to every buffer because
+        the host reads and writes its memory directly; modules rely on it when reading
+        results. `allocate` itself grants exactly what it is asked for.
+        """
+        heap = self.select_heap(MemoryType(int(memory_type)))
+        if heap.memory_type & MemoryType.HOST_VISIBLE:
+            return int(usage) | _HOST_HEAP_USAGE
+        return int(usage)
 
     def allocate(
         self,

@@ -43,9 +43,10 @@ from .allocator import Allocator
 from .buffer import Buffer
 from .command_buffer import CommandBuffer, _host_bytes, as_buffer_ref
 from .executable import FORMATS, Executable, PreparedDispatch
-from .execution import COPY, FILL, UPDATE, resolve_commands, run_operations, run_transfer
+from .execution import COPY, FILL, UPDATE, resolve_commands, run_transfer
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import Fence, Semaphore, SemaphorePoint, normalize_points, when_all_reached
+from .stream import Stream
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
 
 Points = Fence | Sequence[SemaphorePoint] | None
@@ -211,7 +212,7 @@ class Device:
     def queue_barrier(self, wait: Points = (), signal: Points = ()) -> None:
         """Advances `signal` once `wait` is reached; no work."""
         self._enqueue(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
-                      _nothing)
+                      _nothing, cheap=True)
 
     def queue_fill(self, target: Buffer, offset: int, length: int, pattern: int | bytes,
                    wait: Points = (), signal: Points = (), pattern_length: int | None = None
@@ -310,7 +311,7 @@ class Device:
         buffer.check_live()
         wait_points = normalize_points(wait, "wait")
         self._enqueue(wait_points, normalize_points(signal, "signal"),
-                      lambda: self._dealloca(buffer))
+                      lambda: self._dealloca(buffer), cheap=True)
 
     # -- driver hooks -----------------------------------------------------------------
 
@@ -318,7 +319,8 @@ class Device:
         """A buffer with no memory yet; `_commit_alloca` gives it ringbuffer memory."""
         heap = self.allocator.select_heap(memory_type)
         storage = TransientRingbuffer.pending_storage(size)
-        return Buffer(self.allocator, storage, 0, size, heap.memory_type, BufferUsage(usage))
+        usage = self.allocator.coerce_usage(memory_type, usage)
+        return Buffer(self.allocator, storage, 0, size, heap.memory_type, usage)
 
     def _commit_alloca(self, buffer: Buffer, done: Callable[[Error | None], None]) -> None:
         storage = buffer.storage
@@ -336,7 +338,7 @@ class Device:
 
     def _enqueue_commands(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
                           ops: list[tuple], keep: Any) -> None:
-        self._enqueue(wait, signal, lambda: run_operations(ops, self._run_dispatch), keep=keep)
+        self._enqueue(wait, signal, lambda: Stream(ops).run(), keep=keep)
 
     def _enqueue_async(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
                        start: Callable[[Callable[[Error | None], None]], None]) -> None:
@@ -360,7 +362,9 @@ class Device:
         when_all_reached(wait, on_waits)
 
     def _enqueue(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
-                 work: Callable[[], None], keep: Any = None) -> None:
+                 work: Callable[[], None], keep: Any = None, cheap: bool = False) -> None:
+        """Queues `work` behind `wait`; `cheap` says it takes microseconds, so a driver with
+        worker threads may run it on the readying thread rather than wake a worker."""
         if self._closed:
             raise FailedPreconditionError(f"{self!r} is closed")
 

@@ -193,9 +193,9 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
     def allocator_allocate(allocator, queue_affinity, memory_types, buffer_usage, size):
         allocator = _check(allocator, Allocator, "hal.allocator")
         try:
-            return allocator.allocate(
-                size, MemoryType(memory_types & _U32), BufferUsage(buffer_usage & _U32)
-            )
+            memory_type = MemoryType(memory_types & _U32)
+            usage = allocator.coerce_usage(memory_type, buffer_usage & _U32)
+            return allocator.allocate(size, memory_type, usage)
         except Error as exc:
             exc.message = f"failed to allocate buffer of length {size}; {exc.message}"
             raise
