@@ -19,7 +19,7 @@ from ..errors import Error, InternalError, ResourceExhaustedError
 from .execution import BARRIER, COPY, DISPATCH, FILL, UPDATE
 from .native import ffi, lib
 
-TILES_PER_PARTICIPANT = 8
+TILES_PER_PARTICIPANT = 32  # small tiles limit what a descheduled worker holds back
 
 
 class Stream:

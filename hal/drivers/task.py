@@ -1,19 +1,18 @@
-"""The `task` driver: submissions become task graphs on a `tinyhal.scheduler.Executor`.
+"""The `task` driver: submissions run on a `tinyhal.scheduler.Executor`'s workers.
 
-Each queue operation is a graph whose entry node is gated by the wait semaphores (one
-gate released by a semaphore timepoint callback, so nothing polls). A submission's
-commands are split at execution barriers: commands between two barriers run in parallel,
-each dispatch as a cooperative task whose shares, one per worker, drive the C workgroup
-loop over a shared cursor (tiles of workgroups, like compute units claiming work on a
-GPU); a join node stands for the barrier. The last node signals the signal semaphores, or
-fails them with the first error of the graph or of its waits, which reaches every
-dependent submission the same way.
+Each queue operation is a task gated by its wait semaphores (a gate released by a
+semaphore timepoint callback, so nothing polls). A command-buffer submission runs as one
+`Stream` (see `hal/stream.py`): the first worker to pick it up leads through the
+operations in C, the others join each dispatch and claim tiles of its workgroups, like
+compute units on a GPU. When it completes, the signal semaphores advance, or fail with its
+error (or its waits' error), which reaches every dependent submission the same way.
 
 Independent submissions run out of order: the only ordering is the one semaphores give.
-Tiny work (no dispatch and few bytes to move) runs inline on the thread that readies it,
-usually the submitting thread, which avoids waking a worker (tens of microseconds) for
-nothing. `close()` shuts the executor down: work already running finishes, and every
-operation still waiting fails its signal semaphores with ABORTED, so nothing hangs.
+Work with nothing to spread over workers (single-workgroup dispatches, small transfers,
+barriers, deallocas) runs inline on the thread that readies it, usually the submitting
+thread, which avoids waking a worker (tens of microseconds) for nothing. `close()` shuts
+the executor down: work already running finishes, and every operation still waiting fails
+its signal semaphores with ABORTED, so nothing hangs.
 
 Options: `workers` (default one per core), `transient_capacity` (ringbuffer bytes),
 `inline_bytes` (largest transfer-only submission run inline, default 64 KiB).
@@ -34,7 +33,6 @@ from ..semaphore import SemaphorePoint, when_all_reached
 from ..stream import Stream
 
 DEFAULT_INLINE_BYTES = 64 << 10
-TILES_PER_WORKER = 32  # tiles per worker: small tiles limit what a descheduled worker holds
 
 
 def _transfer_bytes(op: tuple) -> int:
