@@ -85,7 +85,7 @@ class ProtocolError(Exception):
 @dataclass
 class RequestedOutput:
     name: str
-    binary: bool
+    binary: bool | None  # None: as the request-level binary_data_output says
 
 
 @dataclass
@@ -279,7 +279,8 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
             if item["name"] in seen:
                 raise _bad(f"output '{item['name']}' is requested more than once")
             seen.add(item["name"])
-            outputs.append(RequestedOutput(item["name"], bool(oparams.get("binary_data"))))
+            binary = oparams.get("binary_data")
+            outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary)))
     return InferRequest(
         id=request_id,
         inputs=inputs,
@@ -302,7 +303,8 @@ def build_infer_response(
     if request.outputs is None:
         wanted = [(name, request.binary_output) for name, _, _ in results]
     else:
-        wanted = [(o.name, o.binary or request.binary_output) for o in request.outputs]
+        wanted = [(o.name, request.binary_output if o.binary is None else o.binary)
+                  for o in request.outputs]
     out_docs = []
     blobs: list[bytes] = []
     for name, binary in wanted:

@@ -1,0 +1,99 @@
+"""The V2 wire format without a server: parsing and response building."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from tinyhal.server.protocol import (
+    ProtocolError,
+    build_infer_response,
+    parse_infer_request,
+)
+
+
+def _req(*inputs, **extra) -> bytes:
+    return json.dumps({"inputs": list(inputs), **extra}).encode()
+
+
+def test_nested_json_data_is_row_major():
+    req = parse_infer_request(_req({"name": "a", "datatype": "INT32", "shape": [2, 3],
+                                    "data": [[1, 2, 3], [4, 5, 6]]}))
+    np.testing.assert_array_equal(req.inputs["a"], np.arange(1, 7, dtype=np.int32).reshape(2, 3))
+    assert req.inputs["a"].dtype == np.int32
+
+
+def test_full_unsigned_and_signed_ranges():
+    big = 2**64 - 1
+    req = parse_infer_request(_req(
+        {"name": "u", "datatype": "UINT64", "shape": [2], "data": [0, big]},
+        {"name": "s", "datatype": "INT64", "shape": [1], "data": [-(2**63)]}))
+    assert req.inputs["u"].tolist() == [0, big]
+    assert req.inputs["s"].tolist() == [-(2**63)]
+    with pytest.raises(ProtocolError, match="outside UINT8's range"):
+        parse_infer_request(_req({"name": "u", "datatype": "UINT8", "shape": [1], "data": [-1]}))
+
+
+def test_binary_inputs_in_order_and_bool_bytes_checked():
+    a = np.arange(4, dtype=np.float16)
+    b = np.array([True, False, True])
+    head = _req({"name": "a", "datatype": "FP16", "shape": [4],
+                 "parameters": {"binary_data_size": a.nbytes}},
+                {"name": "j", "datatype": "INT8", "shape": [2], "data": [1, -1]},
+                {"name": "b", "datatype": "BOOL", "shape": [3],
+                 "parameters": {"binary_data_size": 3}})
+    req = parse_infer_request(head + a.tobytes() + b.tobytes(), str(len(head)))
+    np.testing.assert_array_equal(req.inputs["a"], a)
+    np.testing.assert_array_equal(req.inputs["b"], b)
+    assert req.inputs["j"].tolist() == [1, -1]
+    with pytest.raises(ProtocolError, match="must be 0 or 1"):
+        parse_infer_request(head + a.tobytes() + b"\x00\x02\x01", str(len(head)))
+
+
+@pytest.mark.parametrize("datatype,message", [("BYTES", "BYTES (string) tensors are not"),
+                                              ("BF16", "BF16 tensors are not supported")])
+def test_unsupported_datatypes_are_named(datatype, message):
+    with pytest.raises(ProtocolError, match=re.escape(message)) as info:
+        parse_infer_request(_req({"name": "a", "datatype": datatype, "shape": [1],
+                                  "data": ["x"]}))
+    assert info.value.status == 400
+
+
+def test_response_binary_outputs_follow_the_json_header():
+    req = parse_infer_request(_req(
+        {"name": "a", "datatype": "FP32", "shape": [1], "data": [1]}, id="abc",
+        outputs=[{"name": "y", "parameters": {"binary_data": True}}, {"name": "z"}]))
+    y = np.array([1.5, -2.0], np.float32)
+    z = np.array([[True], [False]])
+    body, header_length = build_infer_response(
+        "m", "1", req, [("z", "BOOL", z), ("y", "FP32", y)])
+    head = json.loads(body[:header_length])
+    assert head["id"] == "abc" and [o["name"] for o in head["outputs"]] == ["y", "z"]
+    assert head["outputs"][0]["parameters"] == {"binary_data_size": 8}
+    assert head["outputs"][1]["data"] == [True, False] and head["outputs"][1]["shape"] == [2, 1]
+    assert np.frombuffer(body[header_length:], np.float32).tolist() == [1.5, -2.0]
+
+
+def test_request_level_binary_output_and_per_output_override():
+    req = parse_infer_request(_req(
+        {"name": "a", "datatype": "FP32", "shape": [1], "data": [1]},
+        parameters={"binary_data_output": True},
+        outputs=[{"name": "y"}, {"name": "z", "parameters": {"binary_data": False}}]))
+    body, header_length = build_infer_response(
+        "m", "1", req, [("y", "INT64", np.array([7])), ("z", "INT64", np.array([8]))])
+    head = json.loads(body[:header_length])
+    assert "data" not in head["outputs"][0] and head["outputs"][1]["data"] == [8]
+    assert np.frombuffer(body[header_length:], "<i8").tolist() == [7]
+
+
+def test_all_json_response_has_no_header_length():
+    req = parse_infer_request(_req({"name": "a", "datatype": "FP64", "shape": [1],
+                                    "data": [0.1]}))
+    body, header_length = build_infer_response("m", "2", req, [("y", "FP64", np.array([0.1]))])
+    assert header_length is None
+    assert json.loads(body) == {"model_name": "m", "model_version": "2",
+                                "outputs": [{"name": "y", "datatype": "FP64", "shape": [1],
+                                             "data": [0.1]}]}
