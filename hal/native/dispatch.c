@@ -79,6 +79,38 @@ static int tinyhal_run_range(tinyhal_dispatch_fn_t fn, const tinyhal_environment
   return 0;
 }
 
+/* What a thread sets up to run workgroups: its workgroup state, its local memory, and
+ * flush-to-zero / denormals-are-zero for the duration (as IREE does around dispatches). */
+typedef struct tinyhal_participant_t {
+  tinyhal_workgroup_state_t wg;
+  unsigned int saved_csr;
+} tinyhal_participant_t;
+
+/* Returns 0, or -12 (reported as RESOURCE_EXHAUSTED) when local memory is unavailable. */
+static int tinyhal_participant_enter(tinyhal_participant_t* p, uint32_t processor_id,
+                                     uint32_t local_memory_size) {
+  memset(p, 0, sizeof(*p));
+  p->wg.processor_id = processor_id;
+  if (local_memory_size) {
+    size_t rounded = ((size_t)local_memory_size + 63u) & ~(size_t)63u;
+    p->wg.local_memory = aligned_alloc(64, rounded);
+    if (!p->wg.local_memory) return -12;
+    p->wg.local_memory_size = local_memory_size;
+  }
+#ifdef TINYHAL_HAVE_MXCSR
+  p->saved_csr = _mm_getcsr();
+  _mm_setcsr(p->saved_csr | 0x8040u);
+#endif
+  return 0;
+}
+
+static void tinyhal_participant_leave(tinyhal_participant_t* p) {
+#ifdef TINYHAL_HAVE_MXCSR
+  _mm_setcsr(p->saved_csr);
+#endif
+  free(p->wg.local_memory);
+}
+
 /* Claims tiles of `tile` workgroups from *cursor until the grid of `total` is exhausted or
  * *abort_flag is set; any number of threads may run this concurrently on one dispatch. */
 int tinyhal_dispatch_workgroups(tinyhal_dispatch_fn_t fn,
@@ -87,38 +119,24 @@ int tinyhal_dispatch_workgroups(tinyhal_dispatch_fn_t fn,
                                 uint32_t local_memory_size, uint32_t processor_id,
                                 uint64_t* cursor, uint64_t tile, uint64_t total,
                                 int* abort_flag, uint64_t* failed_index) {
-  tinyhal_workgroup_state_t wg;
-  memset(&wg, 0, sizeof(wg));
-  wg.processor_id = processor_id;
-  void* local_memory = NULL;
-  if (local_memory_size) {
-    size_t rounded = ((size_t)local_memory_size + 63u) & ~(size_t)63u;
-    local_memory = aligned_alloc(64, rounded);
-    if (!local_memory) return -12; /* ENOMEM, reported as RESOURCE_EXHAUSTED */
+  tinyhal_participant_t participant;
+  if (tinyhal_participant_enter(&participant, processor_id, local_memory_size) != 0) {
+    return -12;
   }
-  wg.local_memory = local_memory;
-  wg.local_memory_size = local_memory_size;
   if (tile == 0) tile = 1;
-#ifdef TINYHAL_HAVE_MXCSR
-  unsigned int saved_csr = _mm_getcsr();
-  _mm_setcsr(saved_csr | 0x8040u); /* flush-to-zero + denormals-are-zero */
-#endif
   int rc = 0;
   for (;;) {
     if (abort_flag && __atomic_load_n(abort_flag, __ATOMIC_RELAXED)) break;
     uint64_t begin = __atomic_fetch_add(cursor, tile, __ATOMIC_RELAXED);
     if (begin >= total) break;
     uint64_t end = begin + tile < total ? begin + tile : total;
-    rc = tinyhal_run_range(fn, environment, state, &wg, begin, end, failed_index);
+    rc = tinyhal_run_range(fn, environment, state, &participant.wg, begin, end, failed_index);
     if (rc != 0) {
       if (abort_flag) __atomic_store_n(abort_flag, 1, __ATOMIC_RELAXED);
       break;
     }
   }
-#ifdef TINYHAL_HAVE_MXCSR
-  _mm_setcsr(saved_csr);
-#endif
-  free(local_memory);
+  tinyhal_participant_leave(&participant);
   return rc;
 }
 
@@ -285,32 +303,17 @@ static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_stat
 
 int tinyhal_run_stream(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
                        uint32_t processor_id, uint32_t local_memory_size) {
-  tinyhal_workgroup_state_t wg;
-  memset(&wg, 0, sizeof(wg));
-  wg.processor_id = processor_id;
-  void* local_memory = NULL;
-  if (local_memory_size) {
-    size_t rounded = ((size_t)local_memory_size + 63u) & ~(size_t)63u;
-    local_memory = aligned_alloc(64, rounded);
-    if (!local_memory) local_memory_size = 0; /* dispatches needing it fail with -12 */
-  }
-  wg.local_memory = local_memory;
-  wg.local_memory_size = local_memory_size;
-#ifdef TINYHAL_HAVE_MXCSR
-  unsigned int saved_csr = _mm_getcsr();
-  _mm_setcsr(saved_csr | 0x8040u);
-#endif
+  tinyhal_participant_t participant;
+  /* Without local memory the dispatches that need it fail with -12 (leader's check). */
+  (void)tinyhal_participant_enter(&participant, processor_id, local_memory_size);
   int rc = 0;
   int expected = 0;
   if (__atomic_compare_exchange_n(&stream->leader, &expected, 1, 0, __ATOMIC_ACQ_REL,
                                   __ATOMIC_RELAXED)) {
-    rc = tinyhal_stream_lead(ops, count, stream, &wg);
+    rc = tinyhal_stream_lead(ops, count, stream, &participant.wg);
   } else {
-    tinyhal_stream_help(stream, &wg);
+    tinyhal_stream_help(stream, &participant.wg);
   }
-#ifdef TINYHAL_HAVE_MXCSR
-  _mm_setcsr(saved_csr);
-#endif
-  free(local_memory);
+  tinyhal_participant_leave(&participant);
   return rc;
 }
