@@ -198,3 +198,31 @@ def test_host_kernel_build_errors():
         build_executable("this is not C;", ["k"], name="broken")
     with pytest.raises(errors.InvalidArgumentError):
         build_executable("", ["not an identifier"])
+
+
+def test_mixed_commands_run_in_order_within_one_submission(device, host_kernels):
+    """Transfers and multi-workgroup dispatches interleaved in one command buffer: each
+    command sees every earlier command's results (barriers as IREE records them)."""
+    exe = device.load_executable(host_kernels)
+    n = 4096
+    x = device.allocator.allocate(4 * n)
+    y = device.allocator.allocate(4 * n)
+    z = device.allocator.allocate(4 * n)
+    cb = device.create_command_buffer()
+    cb.fill(x, 0, 4 * n, int(np.float32(1.0).view(np.uint32)), pattern_length=4)
+    cb.barrier()
+    cb.dispatch(exe, "saxpy_2d", (64, 8, 1), constants=[f32_bits(3.0)], bindings=[x, y])
+    cb.barrier()
+    cb.copy(y, 0, z, 0, 4 * n)
+    cb.barrier()
+    cb.update(np.full(16, 7.0, np.float32), z, 0)
+    cb.barrier()
+    cb.dispatch(exe, "saxpy_2d", (64, 8, 1), constants=[f32_bits(2.0)], bindings=[z, x])
+    cb.finalize()
+    run(device, cb)
+    i = np.arange(n, dtype=np.float32)
+    first = np.float32(3.0) + i
+    second_in = first.copy()
+    second_in[:16] = 7.0
+    expected = second_in * np.float32(2.0) + i
+    assert np.array_equal(np.frombuffer(device.read_bytes(x), np.float32), expected)
