@@ -88,6 +88,18 @@ class Server:
         return self.loaded and not self.draining and all(
             mv.ready for mv in self.repository.all_versions())
 
+    def models_loaded(self) -> None:
+        """Marks loading done and creates every model's request series at zero, so
+        dashboards and alert rules see them before the first request."""
+        m = self.metrics
+        for mv in self.repository.all_versions():
+            labels = (mv.name, mv.version)
+            m.requests.labels(*labels, "200")
+            m.duration.labels(*labels)
+            m.queue.labels(*labels)
+            m.compute.labels(*labels)
+        self.loaded = True
+
     async def wait_idle(self) -> None:
         """Returns when no invocation runs (detached ones included)."""
         for mv in self.repository.all_versions():

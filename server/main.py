@@ -118,7 +118,7 @@ async def serve(args: argparse.Namespace) -> int:
                 for bind in binds:
                     print(f"tinyhal-serve: listening on {bind}", flush=True)
                 failed = await trio.to_thread.run_sync(repository.load_all)
-                server.loaded = True
+                server.models_loaded()
                 if failed and args.exit_on_error:
                     log.error("%d model version(s) failed to load; exiting "
                               "(--no-exit-on-error serves the rest)", len(failed))
