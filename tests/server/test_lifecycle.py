@@ -138,3 +138,33 @@ def test_cli_rejects_a_missing_repository(tmp_path):
                            "--model-repository", str(tmp_path / "nowhere")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "not a directory" in proc.stderr
+
+
+@pytest.mark.parametrize("device,execution", [("sync", "thread"), ("emu", "async")])
+def test_other_devices_give_the_same_bits(tmp_path, start_server, device, execution):
+    """--device sync runs invocations in a worker thread (the sync device would block the
+    event loop); emu runs them on the loop like task. Both match iree.runtime."""
+    import iree.runtime as rt
+
+    shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")
+    server = start_server("--model-repository", str(tmp_path), "--device", device)
+    x = np.random.default_rng(9).normal(size=(3, 16)).astype(np.float32)
+    head = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [3, 16],
+                                   "parameters": {"binary_data_size": x.nbytes}}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    status, headers, body = server.request(
+        "POST", "/v2/models/mlp_classifier/infer", head + x.tobytes(),
+        {"Inference-Header-Content-Length": str(len(head))})
+    assert status == 200
+    n = int(headers["inference-header-content-length"])
+    probs = np.frombuffer(body[n : n + 48], np.float32).reshape(3, 4)
+    cls = np.frombuffer(body[n + 48 :], np.int32)
+    ref = rt.load_vm_flatbuffer_file(str(tmp_path / "mlp_classifier/1/model.vmfb"),
+                                     driver="local-task").predict(x)
+    np.testing.assert_array_equal(probs, ref[0].to_host())
+    np.testing.assert_array_equal(cls, ref[1].to_host())
+    status, _, body = server.request("GET", "/v2/models/mlp_classifier/config")
+    config = json.loads(body)
+    assert (config["device"], config["execution"]) == (device, execution)
+    m = server.metrics()
+    assert m[("tinyhal_device_memory_peak_bytes", (("device", device),))] > 0
