@@ -87,9 +87,10 @@ async def serve(args: argparse.Namespace) -> int:
 
     shutdown = trio.Event()
     exit_code = 0
+    drain_deadline = math.inf  # one budget for the whole drain, set when it starts
 
     async def watch_signals(task_status=trio.TASK_STATUS_IGNORED) -> None:
-        nonlocal exit_code
+        nonlocal exit_code, drain_deadline
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             task_status.started()
             async for signum in signals:
@@ -97,6 +98,7 @@ async def serve(args: argparse.Namespace) -> int:
                     log.info("%s: draining (finishing in-flight requests, up to %.0f s)",
                              signal.Signals(signum).name, args.drain_timeout)
                     server.draining = True
+                    drain_deadline = trio.current_time() + args.drain_timeout
                     shutdown.set()
                 else:
                     log.warning("second signal: exiting without waiting")
@@ -136,8 +138,14 @@ async def serve(args: argparse.Namespace) -> int:
                         print(f"tinyhal-serve: ready ({', '.join(names) or 'no models'})",
                               flush=True)
             # hypercorn returned: the listener is closed and connections are done
-            with trio.move_on_after(args.drain_timeout):
+            # ... then invocations still running in the background (e.g. after a 504),
+            # within what is left of the same drain budget
+            if drain_deadline == math.inf:
+                drain_deadline = trio.current_time() + args.drain_timeout
+            with trio.move_on_at(drain_deadline) as budget:
                 await server.wait_idle()
+            if budget.cancelled_caught:
+                log.warning("drain timeout: abandoning invocations still running")
             outer.cancel_scope.cancel()
     finally:
         await trio.to_thread.run_sync(repository.close)
