@@ -1,0 +1,7 @@
+"""`python -m tinyhal.server` is `tinyhal-serve`."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())
