@@ -158,6 +158,7 @@ class EmuDevice(Device):
                 return
             work, signal = item
             self._complete(signal, _run_work(work))
+            item = work = None  # an idle processor must not keep finished work's captures
 
     def _enqueue_commands(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
                           ops: list[tuple], keep: Any) -> None:
