@@ -66,3 +66,32 @@ def test_mobilenet_bad_input_names_argument(vmfb):
     with tinyhal.load(vmfb, device="sync") as module, pytest.raises(tinyhal.Error) as info:
         module.mobilenet_v2(np.zeros((1, 3, 224, 225), np.float32))
     assert "input0" in str(info.value) or "shape" in str(info.value)
+
+
+def test_mobilenet_v2_peak_memory_exact_per_device_and_within_iree(vmfb):
+    """One invocation's peak device memory is the same on every driver, counted per
+    device (two devices in one process do not share counts), and no more than what IREE's
+    allocator reports for the same module on local-sync."""
+    import iree.runtime as rt
+
+    config = rt.Config("local-sync")
+    ctx = rt.SystemContext(config=config)
+    ctx.add_vm_module(rt.VmModule.mmap(ctx.instance, str(vmfb)))
+    ctx.modules.module["mobilenet_v2"](mobilenet_input()).to_host()
+    iree_stats = config.device.allocator.statistics
+    iree_peak = iree_stats["device_bytes_peak"] + iree_stats["host_bytes_peak"]
+
+    peaks = {}
+    for driver in ("sync", "task", "emu"):
+        with tinyhal.load(vmfb, device=driver) as module:
+            module.mobilenet_v2(mobilenet_input())
+            stats = module.statistics()
+            assert stats.live_bytes == 0
+            peaks[driver] = stats.peak_bytes
+    assert len(set(peaks.values())) == 1, peaks
+    assert 0 < peaks["sync"] <= iree_peak
+
+    with tinyhal.load(vmfb, device="sync") as busy, tinyhal.load(vmfb, device="sync") as idle:
+        busy.mobilenet_v2(mobilenet_input())
+        assert busy.statistics().peak_bytes == peaks["sync"]
+        assert idle.statistics().peak_bytes == 0
