@@ -9,10 +9,10 @@ runs the work; its failure reaches the signal semaphores instead.
 Drivers subclass `Device` and override:
 - `_start(work, signal)`: run `work()` (on some thread) and then `self._complete(signal,
   error)`; the default runs inline on whichever thread satisfied the last wait.
-- `_run_dispatch(prepared)`: run one prepared dispatch to completion.
 - `_enqueue_commands(wait, signal, ops, keep)`: queue a submission's resolved operations;
-  the default runs them in order as one unit of work (drivers that run commands in
-  parallel between barriers override it).
+  the default runs them as one `Stream` on one thread (the task driver spreads the
+  stream over its workers; the emu driver runs operations one by one on its clock).
+- `_enqueue(wait, signal, work, keep, cheap)` / `_enqueue_async(...)`: queue other work.
 
 `queue_alloca` memory comes from the device's transient ringbuffer (`self.transient`,
 capacity set by the `transient_capacity` option): the buffer is returned at once and gets
@@ -41,9 +41,9 @@ from ..errors import (
 )
 from .allocator import Allocator
 from .buffer import Buffer
-from .command_buffer import CommandBuffer, _host_bytes, as_buffer_ref
-from .executable import FORMATS, Executable, PreparedDispatch
-from .execution import COPY, FILL, UPDATE, resolve_commands, run_transfer
+from .command_buffer import CommandBuffer, as_buffer_ref
+from .executable import FORMATS, Executable
+from .execution import resolve_commands
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import Fence, Semaphore, SemaphorePoint, normalize_points, when_all_reached
 from .stream import Stream
@@ -394,8 +394,6 @@ class Device:
         finally:
             _inline.pending = None
 
-    def _run_dispatch(self, prepared: PreparedDispatch) -> None:
-        prepared.raise_for_status(prepared.run())
 
 
 _inline = threading.local()
@@ -462,4 +460,4 @@ def _write_file(target: Any, offset: int, data: np.ndarray) -> None:
         f.write(memoryview(data))
 
 
-__all__ = ["Device", "WHOLE_BUFFER", "COPY", "FILL", "UPDATE", "run_transfer", "_host_bytes"]
+__all__ = ["Device"]

@@ -3,13 +3,13 @@
 `resolve_commands` runs at submit time on the submitting thread: it resolves indirect
 bindings against the binding table, re-validates ranges and alignment, and packs each
 dispatch into a `PreparedDispatch`. The result is a list of plain operations a driver runs
-in order (`run_operations`), handing dispatches to its own dispatch strategy.
+in order (as a `Stream`, or one by one with `run_transfer` and `PreparedDispatch.run`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -220,13 +220,3 @@ def run_transfer(op: tuple) -> None:
         _bytes(op[1])[:] = np.frombuffer(op[2], dtype=np.uint8)
     elif kind == COPY:
         _bytes(op[2])[:] = _bytes(op[1])
-
-
-def run_operations(ops: list[tuple], dispatch: Callable[[PreparedDispatch], None]) -> None:
-    """Runs operations in order on this thread, dispatches through `dispatch`."""
-    for op in ops:
-        kind = op[0]
-        if kind == DISPATCH:
-            dispatch(op[1])
-        elif kind != BARRIER:
-            run_transfer(op)

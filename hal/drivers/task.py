@@ -152,6 +152,3 @@ class TaskDevice(Device):
         self._gate(task, wait)
         self._finish_with(task, signal, keep)
         ex.submit(task)
-
-    def _run_dispatch(self, prepared: Any) -> None:
-        prepared.raise_for_status(prepared.run())
