@@ -6,9 +6,10 @@ import itertools
 import math
 
 import pytest
-from conftest import F32_EDGES, F64_EDGES, I32_EDGES, I64_EDGES, vm_compile_source
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from support.vm_pairs import F32_EDGES, F64_EDGES, I32_EDGES, I64_EDGES, vm_compile_source
 
 # Keep f64 as f64 (iree-compile demotes it to f32 by default).
 F64_FLAGS = ["--iree-input-demote-f64-to-f32=false"]
@@ -172,7 +173,7 @@ def test_int_division_faults_trap(vm_pair, int_path, t):
 @given(a=st.integers(-(2**31), 2**31 - 1), b=st.integers(-(2**31), 2**31 - 1),
        c=st.integers(-(2**63), 2**63 - 1), d=st.integers(-(2**63), 2**63 - 1))
 def test_int_random(vm_pair_cache, a, b, c, d):
-    from conftest import Pair
+    from support.vm_pairs import Pair
 
     path = vm_compile_source(_int_source("i32") + "\n" + _int_source("i64"))
     p = vm_pair_cache.get(path) or vm_pair_cache.setdefault(path, Pair(path))
@@ -208,7 +209,7 @@ def test_float_edges(vm_pair, float_path, t, edges):
 @settings(max_examples=80, deadline=None)
 @given(a=st.floats(width=32), b=st.floats(width=32))
 def test_f32_random(vm_pair_cache, a, b):
-    from conftest import Pair
+    from support.vm_pairs import Pair
 
     path = vm_compile_source(_float_source("f32") + "\n" + _float_source("f64"), F64_FLAGS)
     p = vm_pair_cache.get(path) or vm_pair_cache.setdefault(path, Pair(path))

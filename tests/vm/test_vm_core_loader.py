@@ -5,10 +5,10 @@ from __future__ import annotations
 import struct
 
 import pytest
-from conftest import vm_compile_source
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support.vm_pairs import vm_compile_source
 from tinyhal.errors import Error, IncompatibleError, InvalidArgumentError
 from tinyhal.vm import load_module
 from tinyhal.vm.bytecode_module_def import _Tab

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 import trio
-from conftest import vm_compile_source
 
+from support.vm_pairs import vm_compile_source
 from tinyhal.errors import Error, InvalidArgumentError, NotFoundError
 from tinyhal.vm import Context, NativeModule, Suspend, VMBuffer, load_module
 

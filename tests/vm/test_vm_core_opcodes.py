@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import I32_EDGES, I64_EDGES, vm_compile_source
 
+from support.vm_pairs import I32_EDGES, I64_EDGES, vm_compile_source
 from tinyhal.errors import Error
 
 OPS_VM = """

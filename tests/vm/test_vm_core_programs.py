@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import vm_compile_source
 
+from support.vm_pairs import vm_compile_source
 from tinyhal.errors import Error
 
 PROGRAM = """
