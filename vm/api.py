@@ -516,8 +516,7 @@ def _scalar_input(fn: str, spec: ArgSpec, value: Any) -> Any:
 
 def _scalar_output(spec: ArgSpec, value: Any) -> Any:
     t = spec.type
-    if t == "i1":
-        return bool(value & 1)
+    # i1 comes back as the VM's i32 (0 or 1), as iree.runtime returns it.
     if t.startswith("ui") and value < 0:
         return value + (1 << _INT_BITS[t])
     return value
