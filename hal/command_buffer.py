@@ -159,12 +159,15 @@ class CommandBuffer:
              pattern_length: int | None = None) -> None:
         """Fills [offset, offset+length) of `target` with a 1-, 2- or 4-byte pattern.
 
-        `pattern` is bytes, or an int encoded little-endian in `pattern_length` bytes
-        (default: the smallest of 1/2/4 that holds it). Offset and length must be
+        `pattern` is bytes, a numpy scalar (its own width: `np.float32(1.5)`, `np.uint16(7)`)
+        or an int encoded little-endian in `pattern_length` bytes (default: the smallest of
+        1/2/4 that holds it). Offset and length must be
         multiples of the pattern length.
         """
         if isinstance(pattern, (bytes, bytearray)):
             pattern_bytes = bytes(pattern)
+        elif isinstance(pattern, np.generic) and pattern_length is None:
+            pattern_bytes = pattern.tobytes()  # np.uint16(7): its own width
         else:
             if pattern_length is None:
                 pattern_length = 1 if 0 <= pattern < 256 else 2 if 0 <= pattern < 65536 else 4

@@ -48,6 +48,15 @@ def test_fill_int_pattern_and_misaligned(device):
     cb.finalize()
     run(device, cb)
     assert np.array_equal(np.frombuffer(contents(buf), np.uint32), [0xDEADBEEF] * 4)
+    typed = device.allocator.allocate(16)
+    cb = device.create_command_buffer()
+    cb.fill(typed, 0, 8, np.float32(1.5))
+    cb.fill(typed, 8, 8, np.uint16(7))
+    cb.finalize()
+    run(device, cb)
+    data = contents(typed)
+    assert np.array_equal(data[:8].view(np.float32), [1.5, 1.5])
+    assert np.array_equal(data[8:].view(np.uint16), [7] * 4)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
