@@ -250,16 +250,16 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
                 f"minimum {minimum_length}"
             )
         required = memory_types & _U32
-        if int(buffer.memory_type) & required != required:
+        if buffer.memory_type_bits & required != required:
             raise PermissionDeniedError(
                 f"{label} buffer memory type is not compatible; buffer has "
-                f"{int(buffer.memory_type):08X}, operation requires {required:08X}"
+                f"{buffer.memory_type_bits:08X}, operation requires {required:08X}"
             )
         required = usage & _U32
-        if int(buffer.allowed_usage) & required != required:
+        if buffer.usage_bits & required != required:
             raise PermissionDeniedError(
                 f"{label} requested usage was not specified when the buffer was "
-                f"allocated; buffer allows {int(buffer.allowed_usage):08X}, operation "
+                f"allocated; buffer allows {buffer.usage_bits:08X}, operation "
                 f"requires {required:08X}"
             )
         _check(allocator, Allocator, "hal.allocator")
