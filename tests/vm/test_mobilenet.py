@@ -95,3 +95,16 @@ def test_mobilenet_v2_peak_memory_exact_per_device_and_within_iree(vmfb):
         busy.mobilenet_v2(mobilenet_input())
         assert busy.statistics().peak_bytes == peaks["sync"]
         assert idle.statistics().peak_bytes == 0
+
+
+def test_mobilenet_v2_weights_through_file_read_when_import_refuses(vmfb, expected, monkeypatch):
+    """When the allocator cannot import rodata in place (try-import returns null), the
+    module falls back to `hal.ex.file.from_memory` + `device.queue.read`: same bits,
+    weights now copied into device memory."""
+    from tinyhal.hal.allocator import Allocator
+
+    monkeypatch.setattr(Allocator, "import_host", lambda self, *a, **k: None)
+    with tinyhal.load(vmfb, device="task") as module:
+        ours = module.mobilenet_v2(mobilenet_input())
+        assert ours.tobytes() == expected.tobytes()
+        assert module.statistics()["device"].live_bytes > 1 << 20  # the weights, copied
