@@ -78,10 +78,6 @@ class Stream:
         self._dispatches = dispatches
         self._lmem = lmem
 
-    @property
-    def has_dispatch(self) -> bool:
-        return bool(self._dispatches)
-
     def run(self, processor_id: int = 0) -> None:
         """Participates in the stream: the first caller leads, later ones help.
 

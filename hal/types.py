@@ -191,11 +191,5 @@ def element_type_for(dtype: np.dtype) -> ElementType:
         raise InvalidArgumentError(f"numpy dtype {np.dtype(dtype)} has no HAL element type") from None
 
 
-def element_byte_size(element_type: int) -> int:
-    """Bytes per element, rounding sub-byte types up to one byte as IREE's dense layout does."""
-    bits = int(element_type) & 0xFF
-    return max(1, (bits + 7) // 8)
-
-
 WHOLE_BUFFER = -1
 """A length meaning "from the offset to the end of the buffer" (IREE_HAL_WHOLE_BUFFER)."""
