@@ -17,6 +17,8 @@ from .types import (
     MemoryType,
     element_type_for,
     numpy_dtype,
+    pack_elements,
+    unpack_elements,
 )
 
 
@@ -71,8 +73,9 @@ class BufferView:
         """Copies a numpy array into a new device buffer."""
         array = np.asarray(array)
         element_type = element_type_for(array.dtype)
-        buffer = device.allocator.allocate(array.nbytes, memory_type, usage)
-        device.write_bytes(buffer, np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        data = pack_elements(array, element_type)
+        buffer = device.allocator.allocate(data.nbytes, memory_type, usage)
+        device.write_bytes(buffer, data)
         return cls(buffer, array.shape, element_type)
 
     def to_numpy(self, device: Any = None) -> np.ndarray:
@@ -83,4 +86,4 @@ class BufferView:
         """
         device = device or self.buffer.allocator.device_ref()
         data = device.read_array(self.buffer, 0, self.byte_length)
-        return data.view(self.dtype).reshape(self.shape)
+        return unpack_elements(data, self.shape, self.element_type)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import enum
+import math
+from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import InvalidArgumentError
@@ -79,6 +82,11 @@ class NumericalType(enum.IntEnum):
     FLOAT_IEEE = 0x21
     FLOAT_BRAIN = 0x22
     FLOAT_COMPLEX = 0x23
+    FLOAT_8_E5M2 = 0x24
+    FLOAT_8_E4M3FN = 0x25
+    FLOAT_8_E5M2_FNUZ = 0x26
+    FLOAT_8_E4M3_FNUZ = 0x27
+    FLOAT_8_E8M0_FNU = 0x28
 
 
 def _element(numerical: NumericalType, bits: int) -> int:
@@ -94,6 +102,9 @@ class ElementType(enum.IntEnum):
     OPAQUE_32 = _element(NumericalType.UNKNOWN, 32)
     OPAQUE_64 = _element(NumericalType.UNKNOWN, 64)
     BOOL_8 = _element(NumericalType.BOOLEAN, 8)
+    INT_2 = _element(NumericalType.INTEGER, 2)
+    SINT_2 = _element(NumericalType.INTEGER_SIGNED, 2)
+    UINT_2 = _element(NumericalType.INTEGER_UNSIGNED, 2)
     INT_4 = _element(NumericalType.INTEGER, 4)
     SINT_4 = _element(NumericalType.INTEGER_SIGNED, 4)
     UINT_4 = _element(NumericalType.INTEGER_UNSIGNED, 4)
@@ -115,6 +126,11 @@ class ElementType(enum.IntEnum):
     BFLOAT_16 = _element(NumericalType.FLOAT_BRAIN, 16)
     COMPLEX_FLOAT_64 = _element(NumericalType.FLOAT_COMPLEX, 64)
     COMPLEX_FLOAT_128 = _element(NumericalType.FLOAT_COMPLEX, 128)
+    FLOAT_8_E5M2 = _element(NumericalType.FLOAT_8_E5M2, 8)
+    FLOAT_8_E4M3_FN = _element(NumericalType.FLOAT_8_E4M3FN, 8)
+    FLOAT_8_E5M2_FNUZ = _element(NumericalType.FLOAT_8_E5M2_FNUZ, 8)
+    FLOAT_8_E4M3_FNUZ = _element(NumericalType.FLOAT_8_E4M3_FNUZ, 8)
+    FLOAT_8_E8M0_FNU = _element(NumericalType.FLOAT_8_E8M0_FNU, 8)
 
     @property
     def bit_count(self) -> int:
@@ -130,65 +146,217 @@ class EncodingType(enum.IntEnum):
     DENSE_ROW_MAJOR = 1
 
 
-_NUMPY_BY_ELEMENT: dict[int, np.dtype] = {
-    ElementType.BOOL_8: np.dtype(np.bool_),
-    ElementType.INT_8: np.dtype(np.int8),
-    ElementType.SINT_8: np.dtype(np.int8),
-    ElementType.UINT_8: np.dtype(np.uint8),
-    ElementType.OPAQUE_8: np.dtype(np.uint8),
-    ElementType.INT_16: np.dtype(np.int16),
-    ElementType.SINT_16: np.dtype(np.int16),
-    ElementType.UINT_16: np.dtype(np.uint16),
-    ElementType.OPAQUE_16: np.dtype(np.uint16),
-    ElementType.INT_32: np.dtype(np.int32),
-    ElementType.SINT_32: np.dtype(np.int32),
-    ElementType.UINT_32: np.dtype(np.uint32),
-    ElementType.OPAQUE_32: np.dtype(np.uint32),
-    ElementType.INT_64: np.dtype(np.int64),
-    ElementType.SINT_64: np.dtype(np.int64),
-    ElementType.UINT_64: np.dtype(np.uint64),
-    ElementType.OPAQUE_64: np.dtype(np.uint64),
-    ElementType.FLOAT_16: np.dtype(np.float16),
-    ElementType.FLOAT_32: np.dtype(np.float32),
-    ElementType.FLOAT_64: np.dtype(np.float64),
-    ElementType.COMPLEX_FLOAT_64: np.dtype(np.complex64),
-    ElementType.COMPLEX_FLOAT_128: np.dtype(np.complex128),
-}
+# -- the element-type table ----------------------------------------------------------------
 
-_ELEMENT_BY_NUMPY: dict[np.dtype, ElementType] = {
-    np.dtype(np.bool_): ElementType.BOOL_8,
-    np.dtype(np.int8): ElementType.SINT_8,
-    np.dtype(np.uint8): ElementType.UINT_8,
-    np.dtype(np.int16): ElementType.SINT_16,
-    np.dtype(np.uint16): ElementType.UINT_16,
-    np.dtype(np.int32): ElementType.SINT_32,
-    np.dtype(np.uint32): ElementType.UINT_32,
-    np.dtype(np.int64): ElementType.SINT_64,
-    np.dtype(np.uint64): ElementType.UINT_64,
-    np.dtype(np.float16): ElementType.FLOAT_16,
-    np.dtype(np.float32): ElementType.FLOAT_32,
-    np.dtype(np.float64): ElementType.FLOAT_64,
-    np.dtype(np.complex64): ElementType.COMPLEX_FLOAT_64,
-    np.dtype(np.complex128): ElementType.COMPLEX_FLOAT_128,
-}
+
+@dataclass(frozen=True)
+class ElementInfo:
+    """One element type at every boundary it crosses.
+
+    `element_type` is the HAL code; `mlir` IREE's spelling (in MLIR types, ABI
+    declarations and `iree-run-module`'s `--input=2xbf16=...`); `dtype` the numpy dtype
+    that holds one element (ml_dtypes' for bf16, the fp8 family and sub-byte integers,
+    one element per byte as ml_dtypes stores them); `kserve` the KServe V2 datatype, or
+    None where V2 has none.
+    """
+
+    element_type: int
+    mlir: str
+    dtype: np.dtype
+    kserve: str | None = None
+
+    @property
+    def bit_count(self) -> int:
+        return self.element_type & 0xFF
+
+    @property
+    def numerical_type(self) -> int:
+        return (self.element_type >> 24) & 0xFF
+
+    @property
+    def is_integer(self) -> bool:
+        return self.numerical_type in (0x10, 0x11, 0x12)
+
+    @property
+    def is_float(self) -> bool:
+        """Real floating point (IEEE, brain and the fp8 family; not complex)."""
+        return self.numerical_type & 0xF0 == 0x20 and self.numerical_type != 0x23
+
+    @property
+    def is_sub_byte(self) -> bool:
+        """Packed in buffers: 8 // bits elements per byte, the first in the low bits."""
+        return self.bit_count < 8
+
+
+def _info(element_type: ElementType, mlir: str, dtype: object, kserve: str | None = None
+          ) -> ElementInfo:
+    return ElementInfo(int(element_type), mlir, np.dtype(dtype), kserve)
+
+
+ELEMENT_TYPES: tuple[ElementInfo, ...] = (
+    _info(ElementType.BOOL_8, "i1", np.bool_, "BOOL"),
+    _info(ElementType.INT_2, "i2", ml_dtypes.int2),
+    _info(ElementType.SINT_2, "si2", ml_dtypes.int2),
+    _info(ElementType.UINT_2, "ui2", ml_dtypes.uint2),
+    _info(ElementType.INT_4, "i4", ml_dtypes.int4),
+    _info(ElementType.SINT_4, "si4", ml_dtypes.int4),
+    _info(ElementType.UINT_4, "ui4", ml_dtypes.uint4),
+    _info(ElementType.INT_8, "i8", np.int8, "INT8"),
+    _info(ElementType.SINT_8, "si8", np.int8, "INT8"),
+    _info(ElementType.UINT_8, "ui8", np.uint8, "UINT8"),
+    _info(ElementType.INT_16, "i16", np.int16, "INT16"),
+    _info(ElementType.SINT_16, "si16", np.int16, "INT16"),
+    _info(ElementType.UINT_16, "ui16", np.uint16, "UINT16"),
+    _info(ElementType.INT_32, "i32", np.int32, "INT32"),
+    _info(ElementType.SINT_32, "si32", np.int32, "INT32"),
+    _info(ElementType.UINT_32, "ui32", np.uint32, "UINT32"),
+    _info(ElementType.INT_64, "i64", np.int64, "INT64"),
+    _info(ElementType.SINT_64, "si64", np.int64, "INT64"),
+    _info(ElementType.UINT_64, "ui64", np.uint64, "UINT64"),
+    _info(ElementType.FLOAT_16, "f16", np.float16, "FP16"),
+    _info(ElementType.FLOAT_32, "f32", np.float32, "FP32"),
+    _info(ElementType.FLOAT_64, "f64", np.float64, "FP64"),
+    _info(ElementType.BFLOAT_16, "bf16", ml_dtypes.bfloat16, "BF16"),
+    _info(ElementType.FLOAT_8_E5M2, "f8E5M2", ml_dtypes.float8_e5m2),
+    _info(ElementType.FLOAT_8_E4M3_FN, "f8E4M3FN", ml_dtypes.float8_e4m3fn),
+    _info(ElementType.FLOAT_8_E5M2_FNUZ, "f8E5M2FNUZ", ml_dtypes.float8_e5m2fnuz),
+    _info(ElementType.FLOAT_8_E4M3_FNUZ, "f8E4M3FNUZ", ml_dtypes.float8_e4m3fnuz),
+    _info(ElementType.FLOAT_8_E8M0_FNU, "f8E8M0FNU", ml_dtypes.float8_e8m0fnu),
+    _info(ElementType.COMPLEX_FLOAT_64, "complex<f32>", np.complex64),
+    _info(ElementType.COMPLEX_FLOAT_128, "complex<f64>", np.complex128),
+    _info(ElementType.OPAQUE_8, "x8", np.uint8),
+    _info(ElementType.OPAQUE_16, "x16", np.uint16),
+    _info(ElementType.OPAQUE_32, "x32", np.uint32),
+    _info(ElementType.OPAQUE_64, "x64", np.uint64),
+)
+"""Every element type tinyhal moves across a boundary (API, tinyhal-run, .npy, server)."""
+
+_BY_CODE: dict[int, ElementInfo] = {e.element_type: e for e in ELEMENT_TYPES}
+_BY_MLIR: dict[str, ElementInfo] = {e.mlir: e for e in ELEMENT_TYPES}
+_BY_MLIR["index"] = _BY_CODE[ElementType.INT_64]
+# numpy -> HAL as iree.runtime maps it: numpy integers are signed or unsigned, never signless.
+_BY_DTYPE: dict[np.dtype, ElementInfo] = {}
+for _e in ELEMENT_TYPES:
+    if _e.numerical_type not in (0x00, 0x10):
+        _BY_DTYPE.setdefault(_e.dtype, _e)
+_BY_KSERVE: dict[str, ElementInfo] = {}
+for _e in ELEMENT_TYPES:
+    if _e.kserve is not None and _e.numerical_type != 0x10:
+        _BY_KSERVE.setdefault(_e.kserve, _e)
+del _e
+
+
+def element_info(element_type: int) -> ElementInfo | None:
+    """The table entry of a HAL element type, or None for one tinyhal has no dtype for."""
+    return _BY_CODE.get(int(element_type))
+
+
+def element_info_for_mlir(name: str) -> ElementInfo | None:
+    """The table entry of an MLIR element type (`f32`, `bf16`, `f8E4M3FN`, `i4`, `index`)."""
+    return _BY_MLIR.get(name)
+
+
+def element_info_for_kserve(datatype: str) -> ElementInfo | None:
+    """The table entry of a KServe V2 datatype (`FP32`, `BF16`, ...), or None."""
+    return _BY_KSERVE.get(datatype)
 
 
 def numpy_dtype(element_type: int) -> np.dtype:
     """The numpy dtype that holds `element_type`; INVALID_ARGUMENT if numpy has none."""
-    try:
-        return _NUMPY_BY_ELEMENT[element_type]
-    except KeyError:
+    info = _BY_CODE.get(int(element_type))
+    if info is None:
         raise InvalidArgumentError(
-            f"element type 0x{int(element_type):08X} has no numpy equivalent"
-        ) from None
+            f"element type {format_element_type(element_type)} "
+            f"(0x{int(element_type):08X}) has no numpy equivalent"
+        )
+    return info.dtype
 
 
 def element_type_for(dtype: np.dtype) -> ElementType:
     """The IREE element type for a numpy dtype; INVALID_ARGUMENT for unsupported dtypes."""
-    try:
-        return _ELEMENT_BY_NUMPY[np.dtype(dtype)]
-    except KeyError:
-        raise InvalidArgumentError(f"numpy dtype {np.dtype(dtype)} has no HAL element type") from None
+    info = _BY_DTYPE.get(np.dtype(dtype))
+    if info is None:
+        raise InvalidArgumentError(f"numpy dtype {np.dtype(dtype)} has no HAL element type")
+    return ElementType(info.element_type)
+
+
+_FORMAT_PREFIX = {0x10: "i", 0x11: "si", 0x12: "ui", 0x21: "f", 0x22: "bf", 0x23: "cf"}
+_SPECIAL_NAMES = {
+    int(ElementType.FLOAT_8_E5M2): "f8E5M2",
+    int(ElementType.FLOAT_8_E4M3_FN): "f8E4M3FN",
+    int(ElementType.FLOAT_8_E5M2_FNUZ): "f8E5M2FNUZ",
+    int(ElementType.FLOAT_8_E4M3_FNUZ): "f8E4M3FNUZ",
+    int(ElementType.FLOAT_8_E8M0_FNU): "f8E8M0FNU",
+}
+
+
+def format_element_type(element_type: int) -> str:
+    """IREE's spelling of any element type code (`iree_hal_format_element_type`):
+    `f32`, `si8`, `i1`, `bf16`, `f8E4M3FN`, `*16` for opaque or unknown kinds."""
+    element_type = int(element_type)
+    special = _SPECIAL_NAMES.get(element_type)
+    if special is not None:
+        return special
+    numerical = (element_type >> 24) & 0xFF
+    if numerical == 0x13:
+        return "i1"
+    return f"{_FORMAT_PREFIX.get(numerical, '*')}{element_type & 0xFF}"
+
+
+def parse_element_type(text: str) -> int:
+    """An element type from IREE's spelling, by `iree_hal_parse_element_type`'s rules
+    (`i1`, `i8`/`si8`/`ui8`, `f32`, `bf16`, `cf64`, `x16`/`*16`, the fp8 names)."""
+    if text == "i1":
+        return int(ElementType.BOOL_8)
+    for code, name in _SPECIAL_NAMES.items():
+        if text == name:
+            return code
+    for prefix, numerical in (("i", 0x10), ("si", 0x11), ("ui", 0x12), ("f", 0x21),
+                              ("bf", 0x22), ("cf", 0x23), ("x", 0x00), ("*", 0x00)):
+        if text.startswith(prefix):
+            digits = text[len(prefix):]
+            if not digits.isdigit() or not digits.isascii() or int(digits) > 0xFF:
+                raise InvalidArgumentError(f"out of range bit count in '{text}'")
+            return (numerical << 24) | int(digits)
+    raise InvalidArgumentError(f"unhandled element type prefix in '{text}'")
+
+
+def packed_byte_length(element_count: int, element_type: int) -> int:
+    """Bytes `element_count` dense elements take in a buffer (sub-byte types packed)."""
+    return (element_count * (int(element_type) & 0xFF) + 7) // 8
+
+
+def pack_elements(array: np.ndarray, element_type: int) -> np.ndarray:
+    """The bytes a HAL buffer holds for `array` (row-major; sub-byte elements packed
+    8 // bits to a byte, the first element in the low bits, as IREE packs i4)."""
+    bits = int(element_type) & 0xFF
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if bits >= 8 or 8 % bits:
+        return flat.view(np.uint8)
+    per_byte = 8 // bits
+    values = flat.view(np.uint8) & np.uint8((1 << bits) - 1)
+    padded = np.zeros(-(-values.size // per_byte) * per_byte, np.uint8)
+    padded[: values.size] = values
+    lanes = padded.reshape(-1, per_byte)
+    out = np.zeros(lanes.shape[0], np.uint8)
+    for lane in range(per_byte):
+        out |= lanes[:, lane] << np.uint8(lane * bits)
+    return out
+
+
+def unpack_elements(raw: np.ndarray, shape: tuple[int, ...], element_type: int) -> np.ndarray:
+    """The array of `shape` a HAL buffer's bytes `raw` hold (inverse of `pack_elements`)."""
+    dtype = numpy_dtype(element_type)
+    bits = int(element_type) & 0xFF
+    count = math.prod(shape)
+    raw = np.asarray(raw, np.uint8).reshape(-1)
+    if bits >= 8 or 8 % bits:
+        return raw[: count * dtype.itemsize].view(dtype).reshape(shape)
+    per_byte = 8 // bits
+    lanes = [(raw >> np.uint8(lane * bits)) & np.uint8((1 << bits) - 1)
+             for lane in range(per_byte)]
+    values = np.stack(lanes, axis=1).reshape(-1)[:count]
+    return values.view(dtype).reshape(shape)
 
 
 WHOLE_BUFFER = -1

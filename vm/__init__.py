@@ -5,12 +5,16 @@
     ctx.invoke("module.main", [x, y])          # -> list of results
     await ctx.invoke_async("module.main", [x])  # on trio
 
-Native modules (such as `hal`) implement the contract in `tinyhal.vm.native`.
+Native modules (such as `hal`) implement the contract in `tinyhal.vm.native`; host apps
+write their own the same way and pass them to `tinyhal.load(path, modules=[...])` (or
+`tinyhal-run --native_module=pkg.mod:factory`). `create_hal_module(device)` makes the
+`hal` module for a context built by hand.
 """
 
 from __future__ import annotations
 
 from .context import Context, ModuleInstance, VMFunction, drive_blocking
+from .hal_module import create_hal_module
 from .loader import BytecodeModule, load_module, parse_cconv
 from .native import NativeFunction, NativeModule, Suspend
 from .ops import F32SNaN
@@ -27,6 +31,7 @@ __all__ = [
     "VMBuffer",
     "VMFunction",
     "VMList",
+    "create_hal_module",
     "drive_blocking",
     "load_module",
     "parse_cconv",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,38 +34,24 @@ from ..hal import Device, create_device
 from ..hal.buffer import ALIGNMENT
 from ..hal.buffer_view import BufferView
 from ..hal.semaphore import Fence
-from ..hal.types import BufferUsage, ElementType, MemoryType, numpy_dtype
+from ..hal.types import (
+    BufferUsage,
+    MemoryType,
+    element_info_for_mlir,
+    element_type_for,
+    pack_elements,
+    unpack_elements,
+)
 from .context import Context
 from .hal_module import create_hal_module
-from .loader import load_module
+from .loader import BytecodeModule, load_module
+from .native import NativeModule
 
 __all__ = ["ArgSpec", "FunctionInfo", "Module", "load", "parse_declaration"]
 
 _INPUT_MEMORY = MemoryType.DEVICE_LOCAL
 _INPUT_USAGE = BufferUsage.DEFAULT | BufferUsage.MAPPING
 
-# MLIR element type spelling -> (numpy dtype, HAL element type)
-_ELEMENTS: dict[str, tuple[np.dtype, int]] = {
-    "i1": (np.dtype(np.bool_), ElementType.BOOL_8),
-    "i8": (np.dtype(np.int8), ElementType.INT_8),
-    "si8": (np.dtype(np.int8), ElementType.SINT_8),
-    "ui8": (np.dtype(np.uint8), ElementType.UINT_8),
-    "i16": (np.dtype(np.int16), ElementType.INT_16),
-    "si16": (np.dtype(np.int16), ElementType.SINT_16),
-    "ui16": (np.dtype(np.uint16), ElementType.UINT_16),
-    "i32": (np.dtype(np.int32), ElementType.INT_32),
-    "si32": (np.dtype(np.int32), ElementType.SINT_32),
-    "ui32": (np.dtype(np.uint32), ElementType.UINT_32),
-    "i64": (np.dtype(np.int64), ElementType.INT_64),
-    "si64": (np.dtype(np.int64), ElementType.SINT_64),
-    "ui64": (np.dtype(np.uint64), ElementType.UINT_64),
-    "index": (np.dtype(np.int64), ElementType.INT_64),
-    "f16": (np.dtype(np.float16), ElementType.FLOAT_16),
-    "f32": (np.dtype(np.float32), ElementType.FLOAT_32),
-    "f64": (np.dtype(np.float64), ElementType.FLOAT_64),
-    "complex<f32>": (np.dtype(np.complex64), ElementType.COMPLEX_FLOAT_64),
-    "complex<f64>": (np.dtype(np.complex128), ElementType.COMPLEX_FLOAT_128),
-}
 _SCALARS = {"i1", "i8", "i16", "i32", "i64", "si32", "ui32", "si64", "ui64", "index",
             "f16", "f32", "f64"}
 _INT_BITS = {"i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64, "index": 64, "si32": 32,
@@ -82,8 +69,8 @@ class ArgSpec:
 
     @property
     def dtype(self) -> np.dtype | None:
-        entry = _ELEMENTS.get(self.type)
-        return entry[0] if entry else None
+        info = element_info_for_mlir(self.type)
+        return info.dtype if info else None
 
     def describe(self) -> str:
         if self.kind == "tensor":
@@ -240,7 +227,8 @@ class _Bound:
 class Module:
     """A loaded `.vmfb` on a device; call its exports with numpy arrays and scalars."""
 
-    def __init__(self, source: Any, device: Any = "task", **options: Any) -> None:
+    def __init__(self, source: Any, device: Any = "task", *,
+                 modules: Sequence[Any] = (), **options: Any) -> None:
         if isinstance(source, (bytes, bytearray, memoryview)):
             data: Any = _aligned_copy(source)
             self.path = None
@@ -255,7 +243,10 @@ class Module:
         try:
             self.bytecode = load_module(data)
             self.hal_module = create_hal_module(self.device)
-            self.context = Context([self.hal_module, self.bytecode])
+            user_modules = [_user_module(m, self.device) for m in modules]
+            self.context = Context([self.hal_module, *user_modules, self.bytecode])
+            self._instance = next(i for i in self.context.instances
+                                  if i.module is self.bytecode)
         except BaseException:
             self.close()
             raise
@@ -319,8 +310,12 @@ class Module:
             )
         vmf = self._vm_functions.get(name)
         if vmf is None:
-            vmf = self._vm_functions[name] = self.context.lookup_function(
-                f"{self.name}.{name}")
+            # Export names are opaque (`i16i16.i32` is one name): find it in this module's
+            # instance rather than splitting a qualified name at a dot.
+            vmf = self._instance.function(name)
+            if vmf is None:
+                raise NotFoundError(f"module {self.name!r} has no function {name!r}")
+            self._vm_functions[name] = vmf
         return info, vmf
 
     def invoke(self, name: str, *args: Any) -> Any:
@@ -433,7 +428,8 @@ class Module:
 def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any) -> BufferView:
     if type(value) is BufferView:
         return value
-    dtype = spec.dtype
+    info = element_info_for_mlir(spec.type)
+    dtype = info.dtype if info is not None else None
     if type(value) is not np.ndarray:
         if isinstance(value, BufferView):
             return value
@@ -444,7 +440,7 @@ def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any) -> BufferV
                 f"argument {spec.name} of {fn} must be a {spec.describe()} array: {exc}"
             ) from None
     elif dtype is not None and value.dtype != dtype and not _same_integer_width(
-        value.dtype, dtype, spec.type
+        value.dtype, info
     ):
         raise InvalidArgumentError(
             f"argument {spec.name} of {fn} has dtype {value.dtype} but {spec.describe()} "
@@ -461,23 +457,24 @@ def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any) -> BufferV
                 f"{'x'.join(map(str, have)) or '(scalar)'} but {spec.describe()} needs "
                 f"{'x'.join('?' if d is None else str(d) for d in shape) or '(scalar)'}"
             )
-    element_type = _ELEMENTS[spec.type][1] if spec.type in _ELEMENTS else None
-    if element_type is None:
-        from ..hal.types import element_type_for
-
-        element_type = element_type_for(value.dtype)
-    nbytes = value.nbytes
-    buffer = device.allocator.allocate(nbytes, _INPUT_MEMORY, _INPUT_USAGE)
-    if nbytes:
-        src = value if value.flags.c_contiguous else np.ascontiguousarray(value)
-        device.write_bytes(buffer, src.reshape(-1).view(np.uint8))
+    element_type = info.element_type if info is not None else element_type_for(value.dtype)
+    data = pack_elements(value, element_type) if value.size else None
+    buffer = device.allocator.allocate(0 if data is None else data.nbytes, _INPUT_MEMORY,
+                                       _INPUT_USAGE)
+    if data is not None:
+        device.write_bytes(buffer, data)
     return BufferView(buffer, value.shape, element_type)
 
 
-def _same_integer_width(have: np.dtype, want: np.dtype, mlir_type: str) -> bool:
-    # Signless MLIR integers take either signedness of the same width.
-    return (mlir_type.startswith("i") and mlir_type != "i1" and have.kind in "iu"
-            and have.itemsize == want.itemsize)
+def _same_integer_width(have: np.dtype, info: Any) -> bool:
+    """Signless MLIR integers (`i8`, `i4`, ...) take either signedness of the same width."""
+    if info.numerical_type != 0x10:
+        return False
+    try:
+        have_info = element_type_for(have)
+    except Error:
+        return False
+    return (have_info & 0xFF) == info.bit_count and (have_info >> 24) in (0x11, 0x12)
 
 
 def _scalar_input(fn: str, spec: ArgSpec, value: Any) -> Any:
@@ -523,16 +520,39 @@ def _scalar_output(spec: ArgSpec, value: Any) -> Any:
 
 
 def _to_numpy(view: BufferView) -> np.ndarray:
-    """A copy of the view's contents (by a transfer when the host cannot map them)."""
-    dtype = numpy_dtype(view.element_type)
-    count = 1
-    for d in view.shape:
-        count *= d
+    """A copy of the view's contents (by a transfer when the host cannot map them);
+    sub-byte elements come back one per byte, in ml_dtypes' int4/uint4/int2/uint2."""
     device = view.buffer.allocator.device_ref()
-    data = device.read_array(view.buffer, 0, count * dtype.itemsize)
-    return data.view(dtype).reshape(view.shape)
+    data = device.read_array(view.buffer, 0, view.byte_length)
+    return unpack_elements(data, view.shape, view.element_type)
 
 
-def load(path_or_bytes: Any, device: Any = "task", **options: Any) -> Module:
-    """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`)."""
-    return Module(path_or_bytes, device, **options)
+def _user_module(module: Any, device: Device) -> NativeModule | BytecodeModule:
+    """A module a host app passes to `load(..., modules=[...])`: a `NativeModule` (or a
+    loaded `BytecodeModule`) as it is, or a factory called with the device."""
+    if isinstance(module, (NativeModule, BytecodeModule)):
+        return module
+    if callable(module):
+        made = module(device)
+        if isinstance(made, (NativeModule, BytecodeModule)):
+            return made
+        raise InvalidArgumentError(
+            f"module factory {module!r} returned {type(made).__name__}, not a NativeModule"
+        )
+    raise InvalidArgumentError(
+        f"modules= takes NativeModule objects or factories device -> NativeModule, "
+        f"not {type(module).__name__}"
+    )
+
+
+def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (),
+         **options: Any) -> Module:
+    """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`).
+
+    `modules` are extra modules the program imports from, linked between `hal` and the
+    program as IREE's tools link them: `NativeModule` objects (functions written in
+    Python, see `tinyhal.vm.native`) or factories called with the device. Every import is
+    checked against its provider's calling convention when the module loads; a mismatch
+    raises `tinyhal.Error` (INCOMPATIBLE) naming the function.
+    """
+    return Module(path_or_bytes, device, modules=modules, **options)

@@ -263,8 +263,8 @@ class Context:
     # -- lookup
     def lookup_function(self, name: str) -> VMFunction:
         """Finds an export by `module.function` or, searching the last module first, by
-        bare name."""
-        mod_name, dot, fn_name = name.rpartition(".")
+        bare name. Module names hold no dot; export names may (`m.i16i16.i32`)."""
+        mod_name, dot, fn_name = name.partition(".")
         if dot:
             inst = self._by_name.get(mod_name)
             if isinstance(inst, ModuleInstance):
