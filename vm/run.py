@@ -3,117 +3,90 @@
     tinyhal-run --module=m.vmfb --function=main --input=2x2xf32=1,2,3,4 --input=@x.npy
 
 Inputs (`--input=`, once per argument, in order):
-- `[shape x]type=values` builds a tensor: `2x3xf32=1 2 3 4 5 6`, `2x2xi32=[1 2][3 4]`,
-  `f32=2.5` (rank 0); one value is splatted, no values give zeros; `...=@file.bin`
-  reads raw bytes;
-- `@file.npy` reads a numpy file (`+file.npy` the next array of one opened before);
+- `[shape x]type=values` builds a tensor of any IREE element type: `2x3xf32=1 2 3 4 5 6`,
+  `2x2xi32=[1 2][3 4]`, `2xbf16=1.5,2`, `4xf8E4M3FN=0.5`, `f32=2.5` (rank 0); one value
+  is splatted, no values give zeros; `...=@file.bin` reads raw bytes. i1, sub-byte
+  integers (`8xi4=21 43 65 87`: packed bytes, the first element in the low nibble),
+  complex and opaque types take hex bytes, as IREE reads them;
+- `@file.npy` reads a numpy file (`+file.npy` the next array of one opened before),
+  typed by its `descr` as IREE types it (`<V2` is opaque 16-bit, which any 16-bit
+  element type accepts, so bf16 arrays numpy and ml_dtypes wrote load as they are);
 - a scalar argument takes a number (`5`, `2.5`); tinyhal also accepts `i32=5`;
 - `(null)` / `(ignored)` give a null ref (or zero for a scalar).
 
 Results print as `iree-run-module` prints them (`result[0]: hal.buffer_view` then
 `2x2xf32=[1 2][3 4]`, scalars as `i32=5`); `--output=` (once per result) redirects:
 `-` prints without the `result[i]:` label, `@f.npy` / `+f.npy` write / append a numpy
-file, `@f.bin` raw bytes, an empty value drops the result. Errors print one line to stderr
-and exit with status 1.
+file, `@f.bin` raw bytes, an empty value drops the result. `.npy` files are written byte
+for byte as IREE writes them; bf16 and fp8 results, which iree-run-module 3.13 refuses
+to write (UNIMPLEMENTED), are written as numpy writes ml_dtypes arrays of them (`<V2`,
+`|V1`: raw bits that `--input=@` and `--expected_output=@` read back).
+
+`--expected_output=` (once per result, the `--input=` syntax, `(ignored)` to skip one)
+compares instead of printing, as iree-run-module does: integers, i1 and opaque types
+exactly, f16/f32/f64/bf16 within `abs(actual - expected) <= atol + rtol * abs(expected)`
+(`--expected_{f16,f32,f64,bf16}_threshold`, `--expected_rtol`; NaN equals NaN), or
+byte-exact with `--equality_mode=exact`. Mismatches print `[FAILED] result[i]: ...` with
+both values and exit 1; a match prints `[SUCCESS] ...` and exits 0. Two deliberate
+differences from iree-run-module 3.13, which fails every scalar comparison ("variant
+types mismatch; expected i32 but got i32") and every integer tensor read back from its
+own `--output=@x.npy` (an `.npy` file cannot say "signless"): tinyhal compares scalars
+by value, and takes an expected `.npy` integer or opaque type as the result's type when
+the widths agree, so `--output=@x.npy` round-trips through `--expected_output=@x.npy`.
+
+`--native_module=package.module:factory` (repeatable) links a native module written in
+Python: `factory(device)` returns a `tinyhal.vm.NativeModule`.
+
+Errors print one line to stderr and exit with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import math
 import os
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import Error, InvalidArgumentError, OutOfRangeError, UnimplementedError
 from ..hal.buffer_view import BufferView
-from ..hal.types import ElementType, numpy_dtype
+from ..hal.text import (
+    dense_byte_count,
+    format_buffer_elements,
+    format_c_float,
+    format_shape_and_element_type,
+    parse_buffer_elements,
+    parse_shape_and_element_type,
+)
+from ..hal.types import (
+    BufferUsage,
+    ElementType,
+    MemoryType,
+    element_info,
+    packed_byte_length,
+    unpack_elements,
+)
 
-_ELEMENT_TYPES: dict[str, int] = {
-    "i1": ElementType.BOOL_8,
-    "i8": ElementType.INT_8, "si8": ElementType.SINT_8, "ui8": ElementType.UINT_8,
-    "i16": ElementType.INT_16, "si16": ElementType.SINT_16, "ui16": ElementType.UINT_16,
-    "i32": ElementType.INT_32, "si32": ElementType.SINT_32, "ui32": ElementType.UINT_32,
-    "i64": ElementType.INT_64, "si64": ElementType.SINT_64, "ui64": ElementType.UINT_64,
-    "f16": ElementType.FLOAT_16, "f32": ElementType.FLOAT_32, "f64": ElementType.FLOAT_64,
-    "bf16": ElementType.BFLOAT_16,
-}
-_PREFIX = {0x10: "i", 0x11: "si", 0x12: "ui", 0x21: "f", 0x22: "bf", 0x23: "cf"}
-
-
-# -- formatting (as IREE's string utilities do) ------------------------------------------
-
-
-def format_element_type(element_type: int) -> str:
-    numerical = (element_type >> 24) & 0xFF
-    bits = element_type & 0xFF
-    if numerical == 0x13:
-        return "i1"
-    return f"{_PREFIX.get(numerical, '*')}{bits}"
+# -- formatting (as IREE's tools do) -------------------------------------------------------
 
 
-def _c_float(value: float, spec: str) -> str:
-    if math.isnan(value):
-        text = "nan" if spec == "g" else "NAN"
-        return ("-" if math.copysign(1.0, value) < 0 else "") + text
-    return ("%" + spec) % value
-
-
-def _element_formatter(element_type: int, dtype: np.dtype | None):
-    numerical = (element_type >> 24) & 0xFF
-    if numerical in (0x10, 0x11, 0x12) and dtype is not None:
-        return lambda v: str(int(v))
-    if numerical == 0x21 and dtype is not None:
-        return lambda v: _c_float(float(v), "G")
-    size = max(1, ((element_type & 0xFF) + 7) // 8)
-    return lambda raw: raw.hex().upper() if isinstance(raw, bytes) else \
-        bytes(np.asarray(raw).tobytes()[:size]).hex().upper()
+def _read_bytes(view: BufferView) -> np.ndarray:
+    device = view.buffer.allocator.device_ref()
+    return device.read_array(view.buffer, 0, view.byte_length)
 
 
 def format_buffer_view(view: BufferView, max_elements: int = 1024) -> str:
     """`2x2xf32=[1 2][3 4]`, exactly as `iree_hal_buffer_view_format` writes it."""
-    shape = view.shape
-    element_type = view.element_type
-    head = "x".join(str(d) for d in shape)
-    head = (head + "x" if head else "") + format_element_type(element_type) + "="
-    numerical = (element_type >> 24) & 0xFF
-    try:
-        dtype = numpy_dtype(element_type) if numerical in (0x10, 0x11, 0x12, 0x21) else None
-    except Error:
-        dtype = None
-    size = max(1, ((element_type & 0xFF) + 7) // 8)
-    count = math.prod(shape)
-    raw = view.buffer.allocator.device_ref().read_array(view.buffer, 0, count * size)
-    if dtype is not None:
-        flat: Any = raw.view(dtype)
-        fmt = _element_formatter(element_type, dtype)
-    else:
-        flat = [raw[i * size : (i + 1) * size].tobytes() for i in range(count)]
-        fmt = _element_formatter(element_type, None)
-    budget = [max_elements]
-    out: list[str] = []
-
-    def rec(offset: int, dims: tuple[int, ...]) -> None:
-        if len(dims) > 1:
-            stride = math.prod(dims[1:])
-            for i in range(dims[0]):
-                out.append("[")
-                rec(offset + i * stride, dims[1:])
-                out.append("]")
-            return
-        n = dims[0]
-        shown = min(budget[0], n)
-        budget[0] -= shown
-        out.append(" ".join(fmt(flat[offset + i]) for i in range(shown)))
-        if shown < n:
-            out.append("...")
-
-    rec(0, shape if shape else (1,))
-    return head + "".join(out)
+    head = format_shape_and_element_type(view.shape, view.element_type) + "="
+    return head + format_buffer_elements(_read_bytes(view), view.shape, view.element_type,
+                                         max_elements)
 
 
 def format_scalar(value: Any, cconv: str) -> str:
@@ -124,10 +97,18 @@ def format_scalar(value: Any, cconv: str) -> str:
     if cconv == "I":
         return f"i64={int(value)}"
     if cconv == "f":
-        return "f32=" + _c_float(float(value), "g")
+        return "f32=" + _c_g(value)
     if cconv == "F":
-        return "f64=" + _c_float(float(value), "g")
+        return "f64=" + _c_g(value)
     return "?"
+
+
+def _c_g(value: float) -> str:
+    """C's `%g` of a double, keeping a NaN's sign as C does."""
+    value = float(value)
+    if math.isnan(value):
+        return "-nan" if math.copysign(1.0, value) < 0 else "nan"
+    return "%g" % value
 
 
 def format_result(value: Any, cconv: str, max_elements: int) -> str:
@@ -141,201 +122,89 @@ def format_result(value: Any, cconv: str, max_elements: int) -> str:
     return f"{name}\n(no printer)"
 
 
-# -- parsing -------------------------------------------------------------------------------
+# -- numpy files (IREE's tooling/numpy_io rules) -----------------------------------------------
 
 
-def parse_shape_and_type(text: str) -> tuple[tuple[int, ...], int]:
-    text = text.strip().strip('"')
-    if not text:
-        raise InvalidArgumentError("empty string input")
-    shape_text, _, type_text = text.rpartition("x") if "x" in text else ("", "", text)
-    shape: list[int] = []
-    if shape_text:
-        for dim in shape_text.split("x"):
-            if not re.fullmatch(r"\d+", dim.strip()):
-                raise InvalidArgumentError(f"shape[{len(shape)}] invalid value '{dim}' of "
-                                           f"'{shape_text}'")
-            shape.append(int(dim))
-    element_type = _ELEMENT_TYPES.get(type_text.strip())
-    if element_type is None:
-        raise InvalidArgumentError(f"unsupported element type '{type_text}'")
-    return tuple(shape), int(element_type)
+def _npy_descr_element_type(descr: str) -> int:
+    if not descr or descr[0] not in "|=<":
+        raise InvalidArgumentError(f"unsupported npy byte order in descr '{descr}'")
+    kind, width = descr[1:2], descr[2:]
+    numerical = {"b": 0x13, "i": 0x11, "u": 0x12, "f": 0x21, "c": 0x23, "V": 0x00}.get(kind)
+    if numerical is None:
+        raise UnimplementedError(f"unsupported data type {kind}")
+    if not width.isdigit():
+        raise InvalidArgumentError("invalid descr byte width")
+    return (numerical << 24) | (int(width) * 8)
 
 
-def _parse_int(token: str) -> int:
+def read_npy(f: Any, path: str) -> tuple[tuple[int, ...], int, np.ndarray]:
+    """(shape, element type, bytes) of the next array in an open `.npy` file."""
+    magic = f.read(8)
+    if len(magic) < 8:
+        raise OutOfRangeError(f"end-of-file encountered reading a numpy header from {path}")
+    if magic[:6] != b"\x93NUMPY" or magic[6] not in (1, 2, 3):
+        raise InvalidArgumentError(f"{path} is not a numpy .npy file")
+    length_size = 2 if magic[6] == 1 else 4
+    header_length = int.from_bytes(f.read(length_size), "little")
     try:
-        return int(token, 10)
-    except ValueError:
-        raise InvalidArgumentError(f"invalid integer value '{token}'") from None
-
-
-def _parse_float(token: str) -> float:
-    try:
-        return float(token)
-    except ValueError:
-        raise InvalidArgumentError(f"invalid floating-point value '{token}'") from None
-
-
-def parse_elements(data: str, shape: tuple[int, ...], element_type: int) -> np.ndarray:
-    """Parses `1 2,3 [4 5]` into an array of `shape` (one value splats, none is zeros)."""
-    count = math.prod(shape)
-    tokens = [t for t in re.split(r"[\s,\[\]]+", data) if t]
-    numerical = (element_type >> 24) & 0xFF
-    if numerical in (0x10, 0x11, 0x12, 0x21):
-        dtype = numpy_dtype(element_type)
-        if not tokens:
-            return np.zeros(shape, dtype)
-        if len(tokens) > count:
-            raise OutOfRangeError(
-                f"output data buffer overflow: element_capacity={count} < dst_i={count}+"
-            )
-        if numerical == 0x21:
-            values = np.array([_parse_float(t) for t in tokens], dtype=np.float64)
-            with np.errstate(over="ignore"):
-                array = values.astype(dtype)
-        else:
-            ints = [_parse_int(t) for t in tokens]
-            info = np.iinfo(dtype)
-            lo = info.min if numerical != 0x10 else -(1 << (dtype.itemsize * 8 - 1))
-            hi = info.max if numerical != 0x10 else (1 << (dtype.itemsize * 8)) - 1
-            for v in ints:
-                if not lo <= v <= hi:
-                    raise InvalidArgumentError(
-                        f"value {v} does not fit element type {format_element_type(element_type)}"
-                    )
-            mask = (1 << (dtype.itemsize * 8)) - 1
-            array = np.array([v & mask for v in ints],
-                             dtype=np.dtype(f"u{dtype.itemsize}")).view(dtype)
-    else:  # booleans and opaque types are written as hex bytes, as IREE does
-        size = max(1, ((element_type & 0xFF) + 7) // 8)
-        dtype = np.dtype(np.bool_) if numerical == 0x13 else np.dtype(f"V{size}")
-        if not tokens:
-            return np.zeros(shape, dtype)
-        if len(tokens) > count:
-            raise OutOfRangeError(
-                f"output data buffer overflow: element_capacity={count} < dst_i={count}+"
-            )
-        raw = bytearray()
-        for t in tokens:
-            if len(t) != 2 * size or not re.fullmatch(r"[0-9A-Fa-f]+", t):
-                raise InvalidArgumentError(
-                    f"binary hex element count mismatch: '{t}' is not {size} hex byte(s)"
-                )
-            raw += bytes.fromhex(t)
-        array = np.frombuffer(bytes(raw), dtype=np.uint8).view(dtype) if numerical != 0x13 \
-            else np.frombuffer(bytes(raw), dtype=np.uint8).astype(bool)
-    if array.size == 1 and count > 1:
-        array = np.full(count, array[0], dtype=array.dtype)
-    elif array.size < count:
+        header = ast.literal_eval(f.read(header_length).decode("latin-1").strip())
+        descr, shape = header["descr"], tuple(int(d) for d in header["shape"])
+    except (ValueError, SyntaxError, KeyError, TypeError):
+        raise InvalidArgumentError(f"malformed numpy header in {path}") from None
+    if header.get("fortran_order"):
+        raise UnimplementedError("fortran_order npy files are not supported")
+    if not isinstance(descr, str):
+        raise UnimplementedError(f"structured numpy dtypes are not supported ({path})")
+    element_type = _npy_descr_element_type(descr)
+    nbytes = math.prod(shape) * dense_byte_count(element_type)
+    data = f.read(nbytes)
+    if len(data) < nbytes:
         raise OutOfRangeError(
-            f"input data string underflow: dst_i={array.size} < element_capacity={count}"
-        )
-    return array.reshape(shape)
+            f"end-of-file encountered during read; failed to read npy contents of "
+            f"{nbytes} bytes")
+    return shape, element_type, np.frombuffer(data, np.uint8).copy()
 
 
-class _NpyStreams:
-    """Open .npy files so `+file.npy` reads the next array of a file read before."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, Any] = {}
-
-    def read(self, path: str, append: bool) -> np.ndarray:
-        if not path.endswith(".npy"):
-            raise UnimplementedError(
-                "only numpy (.npy) files are supported for metadata-less variant I/O"
-            )
-        f = self.files.get(path) if append else None
-        if f is None:
-            old = self.files.pop(path, None)
-            if old is not None:
-                old.close()
-            try:
-                f = self.files[path] = open(path, "rb")
-            except OSError as exc:
-                raise InvalidArgumentError(f"cannot open {path}: {exc.strerror}") from None
-        try:
-            return np.load(f, allow_pickle=False)
-        except (ValueError, EOFError, OSError) as exc:
-            raise InvalidArgumentError(f"cannot read a numpy array from {path}: {exc}") from None
-
-    def close(self) -> None:
-        for f in self.files.values():
-            f.close()
+_NPY_KIND = {0x00: "V", 0x13: "b", 0x10: "i", 0x11: "i", 0x12: "u", 0x21: "f", 0x23: "c"}
 
 
-def parse_input(text: str, spec: Any, streams: _NpyStreams) -> list[Any]:
-    """One `--input=` value as the argument value(s) it provides."""
-    text = text.strip()
-    if not text:
-        raise InvalidArgumentError("no value specified for input")
-    if text in ("(null)", "(ignored)"):
-        return [0 if spec is not None and spec.kind == "scalar" else None]
-    if text[0] in "@+*":
-        path = text[1:]
-        if text[0] == "*":
-            out = []
-            with open(path, "rb") as f:
-                while f.peek(1) if hasattr(f, "peek") else f.read(1):
-                    out.append(np.load(f, allow_pickle=False))
-            return out
-        return [streams.read(path, append=text[0] == "+")]
-    if text.startswith("&"):
-        raise UnimplementedError("storage (`&`) inputs are not supported by tinyhal-run")
-    if spec is not None and spec.kind == "scalar":
-        value_text = text
-        m = re.fullmatch(r"(i1|i8|i16|i32|i64|si32|ui32|si64|ui64|index|f16|f32|f64)=(.*)",
-                         text)
-        if m:
-            value_text = m.group(2).strip()
-        if spec.type.startswith("f"):
-            return [_parse_float(value_text)]
-        return [_parse_int(value_text)]
-    if "=" not in text and "x" not in text:
-        raise InvalidArgumentError(
-            "invalid tensor specification, requires at least a shape/type (`4x2xf32=...`)"
-        )
-    meta, _, data = text.partition("=")
-    shape, element_type = parse_shape_and_type(meta)
-    data = data.strip()
-    if data.startswith("@") or data.startswith("+"):
-        size = max(1, ((element_type & 0xFF) + 7) // 8)
-        try:
-            with open(data[1:], "rb") as f:
-                raw = f.read(math.prod(shape) * size)
-        except OSError as exc:
-            raise InvalidArgumentError(f"cannot open {data[1:]}: {exc.strerror}") from None
-        if len(raw) < math.prod(shape) * size:
-            raise OutOfRangeError(
-                f"file {data[1:]} has {len(raw)} bytes, {math.prod(shape) * size} needed"
-            )
-        dtype = numpy_dtype(element_type)
-        return [np.frombuffer(raw, dtype=dtype).reshape(shape).copy()]
-    return [parse_elements(data, shape, element_type)]
+def npy_bytes(shape: Sequence[int], element_type: int, data: np.ndarray) -> bytes:
+    """A `.npy` file for a tensor, byte for byte as iree-run-module writes it."""
+    numerical = (element_type >> 24) & 0xFF
+    size = dense_byte_count(element_type)
+    kind = _NPY_KIND.get(numerical)
+    if kind is None and element_info(element_type) is not None and size in (1, 2):
+        kind = "V"  # bf16 / fp8: raw bits, as numpy writes ml_dtypes arrays
+    if kind is None:
+        raise UnimplementedError("unsupported data encoding")
+    dims = ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "")
+    descr = ("|" if size == 1 else "<") + kind + str(size)
+    head = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({dims}), }}"
+    big = len(head) > 65535
+    prefix = 8 + (4 if big else 2)
+    padding = -(prefix + len(head) + 1) % 64
+    body = head + " " * padding + "\n"
+    return (b"\x93NUMPY" + bytes([2 if big else 1, 0])
+            + len(body).to_bytes(4 if big else 2, "little") + body.encode("latin-1")
+            + np.ascontiguousarray(data).tobytes())
 
 
-# -- outputs ---------------------------------------------------------------------------------
+_SCALAR_NPY = {"i": (ElementType.SINT_32, np.int32), "I": (ElementType.SINT_64, np.int64),
+               "f": (ElementType.FLOAT_32, np.float32), "F": (ElementType.FLOAT_64, np.float64)}
 
 
-def _as_numpy(value: Any, cconv: str) -> np.ndarray:
+def _output_tensor(value: Any, cconv: str) -> tuple[tuple[int, ...], int, np.ndarray]:
     if isinstance(value, BufferView):
-        raw = value.buffer.allocator.device_ref().read_array(value.buffer, 0, value.byte_length)
-        try:
-            dtype = numpy_dtype(value.element_type)
-        except Error:
-            dtype = np.dtype(np.int8)
-            return raw.view(dtype).copy()
-        if (value.element_type >> 24) & 0xFF == 0x13:
-            dtype = np.dtype(np.bool_)
-        return raw.view(dtype).reshape(value.shape).copy()
+        return tuple(value.shape), int(value.element_type), _read_bytes(value)
     if value is None:
-        return np.zeros(0, np.int8)
-    dtype = {"i": np.int32, "I": np.int64, "f": np.float32, "F": np.float64}.get(cconv)
-    if dtype is None:
+        return (0,), int(ElementType.SINT_8), np.zeros(0, np.uint8)
+    entry = _SCALAR_NPY.get(cconv)
+    if entry is None:
         raise InvalidArgumentError(
             "unsupported output source type; expected: !hal.buffer, !hal.buffer_view, "
             "!vm.buffer"
         )
-    return np.array(value, dtype=dtype)
+    return (), int(entry[0]), np.array(value, dtype=entry[1]).reshape(-1).view(np.uint8)
 
 
 def write_output(value: Any, cconv: str, spec: str, max_elements: int, out) -> None:
@@ -351,15 +220,284 @@ def write_output(value: Any, cconv: str, spec: str, max_elements: int, out) -> N
     else:
         raise UnimplementedError(f"unsupported output mode specification '{spec}'")
     path = spec[1:]
-    array = _as_numpy(value, cconv)
+    shape, element_type, data = _output_tensor(value, cconv)
+    blob = npy_bytes(shape, element_type, data) if path.endswith(".npy") else data.tobytes()
     try:
         with open(path, mode) as f:
-            if path.endswith(".npy"):
-                np.save(f, array, allow_pickle=False)
-            else:
-                f.write(np.ascontiguousarray(array).tobytes())
+            f.write(blob)
     except OSError as exc:
         raise InvalidArgumentError(f"cannot write {path}: {exc.strerror}") from None
+
+
+# -- inputs ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A parsed tensor value: shape, HAL element type and its buffer bytes."""
+
+    shape: tuple[int, ...]
+    element_type: int
+    data: np.ndarray
+    from_npy: bool = False
+
+    def to_numpy(self) -> np.ndarray:
+        return unpack_elements(self.data, self.shape, self.element_type)
+
+
+class _NpyStreams:
+    """Open .npy files so `+file.npy` reads the next array of a file read before."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, Any] = {}
+
+    def read(self, path: str, append: bool) -> Tensor:
+        if not path.endswith(".npy"):
+            raise UnimplementedError(
+                "only numpy (.npy) files are supported for metadata-less variant I/O"
+            )
+        f = self.files.get(path) if append else None
+        if f is None:
+            old = self.files.pop(path, None)
+            if old is not None:
+                old.close()
+            try:
+                f = self.files[path] = open(path, "rb")
+            except OSError as exc:
+                raise InvalidArgumentError(f"cannot open {path}: {exc.strerror}") from None
+        shape, element_type, data = read_npy(f, path)
+        return Tensor(shape, element_type, data, from_npy=True)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+def _parse_float(token: str) -> float:
+    try:
+        return float(token)
+    except ValueError:
+        raise InvalidArgumentError(f"invalid floating-point value '{token}'") from None
+
+
+def _parse_int(token: str) -> int:
+    try:
+        return int(token, 10)
+    except ValueError:
+        raise InvalidArgumentError(f"invalid integer value '{token}'") from None
+
+
+def parse_tensor(text: str) -> Tensor:
+    """`2x2xf32=1,2,3,4` (or `...=@raw.bin`) as a tensor."""
+    if "=" not in text and "x" not in text:
+        raise InvalidArgumentError(
+            "invalid tensor specification, requires at least a shape/type (`4x2xf32=...`)"
+        )
+    meta, _, data = text.partition("=")
+    shape, element_type = parse_shape_and_element_type(meta)
+    data = data.strip()
+    nbytes = packed_byte_length(math.prod(shape), element_type)
+    if data.startswith("@") or data.startswith("+"):
+        try:
+            with open(data[1:], "rb") as f:
+                raw = f.read(nbytes)
+        except OSError as exc:
+            raise InvalidArgumentError(f"cannot open {data[1:]}: {exc.strerror}") from None
+        if len(raw) < nbytes:
+            raise OutOfRangeError(f"file {data[1:]} has {len(raw)} bytes, {nbytes} needed")
+        return Tensor(shape, element_type, np.frombuffer(raw, np.uint8).copy())
+    try:
+        return Tensor(shape, element_type, parse_buffer_elements(data, shape, element_type))
+    except InvalidArgumentError as exc:
+        m = re.match(r"invalid (\w+) value '(.*)'$", exc.message)
+        if m and m.group(1).startswith(("f", "bf")):
+            raise InvalidArgumentError(f"invalid floating-point value '{m.group(2)}'") \
+                from None
+        if m:
+            raise InvalidArgumentError(f"invalid integer value '{m.group(2)}'") from None
+        raise
+
+
+def parse_value(text: str, spec: Any, streams: _NpyStreams) -> list[Any]:
+    """One `--input=` (or `--expected_output=`) value as the value(s) it provides: a
+    `Tensor`, a Python number for a scalar, or None for a null ref."""
+    text = text.strip()
+    if not text:
+        raise InvalidArgumentError("no value specified for input")
+    if text in ("(null)", "(ignored)"):
+        return [0 if spec is not None and spec.kind == "scalar" else None]
+    if text[0] in "@+*":
+        path = text[1:]
+        if text[0] == "*":
+            out = []
+            try:
+                with open(path, "rb") as f:
+                    while f.peek(1):
+                        shape, element_type, data = read_npy(f, path)
+                        out.append(Tensor(shape, element_type, data, from_npy=True))
+            except OSError as exc:
+                raise InvalidArgumentError(f"cannot open {path}: {exc.strerror}") from None
+            return out
+        return [streams.read(path, append=text[0] == "+")]
+    if text.startswith("&"):
+        raise UnimplementedError("storage (`&`) inputs are not supported by tinyhal-run")
+    if spec is not None and spec.kind == "scalar":
+        value_text = text
+        m = re.fullmatch(r"(i1|i8|i16|i32|i64|si32|ui32|si64|ui64|index|f16|f32|f64)=(.*)",
+                         text)
+        if m:
+            value_text = m.group(2).strip()
+        if spec.type.startswith("f"):
+            return [_parse_float(value_text)]
+        return [_parse_int(value_text)]
+    return [parse_tensor(text)]
+
+
+_INPUT_MEMORY = MemoryType.DEVICE_LOCAL
+_INPUT_USAGE = BufferUsage.DEFAULT | BufferUsage.MAPPING
+
+
+def to_buffer_view(device: Any, tensor: Tensor) -> BufferView:
+    """The tensor in a new device buffer, with exactly its element type."""
+    buffer = device.allocator.allocate(tensor.data.nbytes, _INPUT_MEMORY, _INPUT_USAGE)
+    if tensor.data.nbytes:
+        device.write_bytes(buffer, tensor.data)
+    return BufferView(buffer, tensor.shape, tensor.element_type)
+
+
+# -- expected outputs --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Equality:
+    """How `--expected_output` compares tensors (iree-run-module's flags and defaults)."""
+
+    mode: str = "approximate"
+    f16_atol: float = 0.001
+    f32_atol: float = 0.0001
+    f64_atol: float = 0.0001
+    bf16_atol: float = 0.01
+    rtol: float = 1e-5
+
+    def atol(self, element_type: int) -> float | None:
+        """The absolute tolerance for a floating type, None where comparison is exact."""
+        if self.mode != "approximate":
+            return None
+        return {int(ElementType.FLOAT_16): self.f16_atol,
+                int(ElementType.FLOAT_32): self.f32_atol,
+                int(ElementType.FLOAT_64): self.f64_atol,
+                int(ElementType.BFLOAT_16): self.bf16_atol}.get(int(element_type))
+
+
+def _fuzzy_equal(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float
+                 ) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):
+        close = np.abs(actual - expected) <= atol + rtol * np.abs(expected)
+    return (actual == expected) | (np.isnan(actual) & np.isnan(expected)) | (
+        np.isfinite(expected) & close)
+
+
+def _element_text(data: np.ndarray, index: int, element_type: int) -> str:
+    size = dense_byte_count(element_type)
+    return format_buffer_elements(data[index * size : (index + 1) * size], (1,), element_type)
+
+
+def compare_tensor(index: int, expected: Tensor, actual: BufferView, equality: Equality,
+                   max_elements: int = 1024) -> str:
+    """'' when `actual` matches, else iree-run-module's `[FAILED] result[i]: ...` text."""
+    expected_type = expected.element_type
+    actual_type = int(actual.element_type)
+    if expected.from_npy and (expected_type & 0xFF) == (actual_type & 0xFF) and (
+            (expected_type >> 24) in (0x00, 0x11, 0x12)) and (
+            (actual_type >> 24) in (0x10, 0x11, 0x12) or element_info(actual_type)):
+        expected = Tensor(expected.shape, actual_type, expected.data)
+        expected_type = actual_type
+    actual_data = _read_bytes(actual)
+    expected_view = format_shape_and_element_type(expected.shape, expected_type)
+    reason = ""
+    if tuple(actual.shape) != expected.shape or actual_type != expected_type:
+        reason = (f"metadata is {format_shape_and_element_type(actual.shape, actual_type)}; "
+                  f"expected that the view matches {expected_view}")
+    else:
+        count = math.prod(expected.shape)
+        atol = equality.atol(expected_type)
+        size = dense_byte_count(expected_type)
+        if atol is None or count == 0:
+            a = actual_data[: count * size].reshape(count, size) if size else actual_data
+            e = expected.data[: count * size].reshape(count, size) if size else expected.data
+            bad = np.nonzero(np.any(a != e, axis=1))[0] if count else []
+        else:
+            wide = np.float64 if expected_type == ElementType.FLOAT_64 else np.float32
+            a = unpack_elements(actual_data, (count,), expected_type).astype(wide)
+            e = unpack_elements(expected.data, (count,), expected_type).astype(wide)
+            bad = np.nonzero(~_fuzzy_equal(a.astype(np.float64), e.astype(np.float64),
+                                           atol, equality.rtol))[0]
+        if len(bad):
+            i = int(bad[0])
+            reason = (f"element at index {i} ({_element_text(actual_data, i, expected_type)})"
+                      f" does not match the expected "
+                      f"({_element_text(expected.data, i, expected_type)})")
+    if not reason:
+        return ""
+    expected_text = expected_view + "=" + format_buffer_elements(
+        expected.data, expected.shape, expected_type, max_elements)
+    return (f"[FAILED] result[{index}]: {reason}; expected that the view is equal to "
+            f"contents of a view of {expected_view}\n  expected:\n{expected_text}\n"
+            f"  actual:\n{format_buffer_view(actual, max_elements)}\n")
+
+
+_SCALAR_NAMES = {"i": "i32", "I": "i64", "f": "f32", "F": "f64"}
+
+
+def compare_results(expected: list[Any], results: list[Any], cconvs: str,
+                    equality: Equality) -> str:
+    """'' when every result matches its expected value, else the `[FAILED]` report."""
+    if len(expected) != len(results):
+        return f"[FAILED] expected {len(expected)} list elements but {len(results)} provided\n"
+    out = []
+    for i, (want, have) in enumerate(zip(expected, results)):
+        cc = cconvs[i] if i < len(cconvs) else "r"
+        if want is None:
+            continue
+        if isinstance(want, Tensor) and isinstance(have, BufferView):
+            out.append(compare_tensor(i, want, have, equality))
+        elif cc in _SCALAR_NAMES and not isinstance(want, Tensor) and have is not None:
+            name = _SCALAR_NAMES[cc]
+            if want != have:
+                show = (lambda v: format_c_float(float(v))) if cc in "fF" else \
+                    (lambda v: str(int(v)))
+                out.append(f"[FAILED] result[{i}]: {name} values differ\n  expected: "
+                           f"{show(want)}\n  actual: {show(have)}\n")
+        else:
+            want_name = "hal.buffer_view" if isinstance(want, Tensor) else \
+                _SCALAR_NAMES.get(cc, "?")
+            have_name = "empty" if have is None else (
+                _SCALAR_NAMES[cc] if cc in _SCALAR_NAMES else
+                getattr(type(have), "type_name", type(have).__name__))
+            out.append(f"[FAILED] result[{i}]: variant types mismatch; expected {want_name} "
+                       f"but got {have_name}\n")
+    return "".join(out)
+
+
+# -- native modules --------------------------------------------------------------------------
+
+
+def native_module_factory(spec: str) -> Any:
+    """`package.module:factory` -> the factory (called later with the device)."""
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        raise InvalidArgumentError(
+            f"--native_module takes package.module:factory, not {spec!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidArgumentError(f"cannot import {module_name!r}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise InvalidArgumentError(f"{module_name!r} has no attribute {attr!r}") from None
+    return target
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -371,9 +509,20 @@ def _parser() -> argparse.ArgumentParser:
         description="Runs a function of a compiled IREE module (iree-run-module's flags).",
     )
     p.add_argument("--module", action="append", default=[], help="the .vmfb to load")
+    p.add_argument("--native_module", action="append", default=[],
+                   help="package.module:factory of a Python native module to link")
     p.add_argument("--function", default="", help="function to run")
     p.add_argument("--input", action="append", default=[], help="an input value")
     p.add_argument("--output", action="append", default=None, help="where a result goes")
+    p.add_argument("--expected_output", action="append", default=None,
+                   help="an expected result (the --input syntax; `(ignored)` skips one)")
+    p.add_argument("--equality_mode", default="approximate",
+                   choices=("approximate", "exact"))
+    p.add_argument("--expected_f16_threshold", type=float, default=0.001)
+    p.add_argument("--expected_f32_threshold", type=float, default=0.0001)
+    p.add_argument("--expected_f64_threshold", type=float, default=0.0001)
+    p.add_argument("--expected_bf16_threshold", type=float, default=0.01)
+    p.add_argument("--expected_rtol", type=float, default=1e-5)
     p.add_argument("--device", default="task",
                    help="sync, task or emu (local-sync/local-task accepted)")
     p.add_argument("--output_max_element_count", type=int, default=1024)
@@ -387,6 +536,10 @@ def _device_name(name: str) -> str:
     if "://" in name:
         name = name.split("://", 1)[0]
     return name
+
+
+def _as_argument(device: Any, value: Any) -> Any:
+    return to_buffer_view(device, value) if isinstance(value, Tensor) else value
 
 
 def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
@@ -410,7 +563,8 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         path = args.module[0]
         if not os.path.exists(path):
             raise InvalidArgumentError(f"module file {path!r} does not exist")
-        module = Module(path, _device_name(args.device))
+        factories = [native_module_factory(s) for s in args.native_module]
+        module = Module(path, _device_name(args.device), modules=factories)
         name = args.function
         if not name:
             names = [n for n in module.functions if "$" not in n]
@@ -429,19 +583,39 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                     f"function expected fewer input values (it takes {len(info.inputs)})"
                 )
             try:
-                values.extend(parse_input(text, spec, streams))
+                values.extend(parse_value(text, spec, streams))
             except Error as exc:
                 exc.message = f"{exc.message}; parsing input `{text.strip()}`"
                 raise
         stdout.write(f"EXEC @{name}\n")
         stdout.flush()
-        results = module.invoke_raw(name, *values)
+        arguments = [_as_argument(module.device, v) for v in values]
+        results = module.invoke_raw(name, *arguments)
         cconvs = vmf.cconv.results
-        if args.output is None:
+        if args.expected_output is not None:
+            expected: list[Any] = []
+            for text in args.expected_output:
+                spec = info.outputs[len(expected)] if len(expected) < len(info.outputs) \
+                    else None
+                if spec is None and len(expected) >= len(results):
+                    raise InvalidArgumentError(
+                        f"function expected fewer input values; parsing input `{text}`; "
+                        "parsing expected function outputs")
+                expected.extend(parse_value(text, spec, streams))
+            equality = Equality(args.equality_mode, args.expected_f16_threshold,
+                                args.expected_f32_threshold, args.expected_f64_threshold,
+                                args.expected_bf16_threshold, args.expected_rtol)
+            report = compare_results(expected, results, cconvs, equality)
+            if report:
+                stdout.write(report)
+                stdout.flush()
+                return 1
+            stdout.write("[SUCCESS] all function outputs matched their expected values.\n")
+        elif args.output is None:
             for i, value in enumerate(results):
                 cc = cconvs[i] if i < len(cconvs) else "r"
-                stdout.write(f"result[{i}]: "
-                             + format_result(value, cc, args.output_max_element_count) + "\n")
+                text = format_result(value, cc, args.output_max_element_count)
+                stdout.write(f"result[{i}]: {text}\n")
         else:
             if len(args.output) != len(results):
                 raise OutOfRangeError(
