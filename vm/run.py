@@ -32,7 +32,10 @@ differences from iree-run-module 3.13, which fails every scalar comparison ("var
 types mismatch; expected i32 but got i32") and every integer tensor read back from its
 own `--output=@x.npy` (an `.npy` file cannot say "signless"): tinyhal compares scalars
 by value, and takes an expected `.npy` integer or opaque type as the result's type when
-the widths agree, so `--output=@x.npy` round-trips through `--expected_output=@x.npy`.
+the widths agree, so `--output=@x.npy` round-trips through `--expected_output=@x.npy`;
+sub-byte integer results go to `.npy` one element per byte (`|i1`, `|u1`), where IREE
+3.13 writes packed bytes under a header promising twice as many, and read back into the
+packed type when compared.
 
 `--native_module=package.module:factory` (repeatable) links a native module written in
 Python: `factory(device)` returns a `tinyhal.vm.NativeModule`.
@@ -70,6 +73,7 @@ from ..hal.types import (
     ElementType,
     MemoryType,
     element_info,
+    pack_elements,
     packed_byte_length,
     unpack_elements,
 )
@@ -172,6 +176,10 @@ def npy_bytes(shape: Sequence[int], element_type: int, data: np.ndarray) -> byte
     """A `.npy` file for a tensor, byte for byte as iree-run-module writes it."""
     numerical = (element_type >> 24) & 0xFF
     size = dense_byte_count(element_type)
+    if (element_type & 0xFF) < 8 and numerical in (0x10, 0x11, 0x12):
+        # one element per byte (IREE 3.13 writes the packed bytes under a header that
+        # promises one byte per element, a file neither numpy nor IREE can read)
+        data = unpack_elements(data, tuple(shape), element_type).view(np.uint8)
     kind = _NPY_KIND.get(numerical)
     if kind is None and element_info(element_type) is not None and size in (1, 2):
         kind = "V"  # bf16 / fp8: raw bits, as numpy writes ml_dtypes arrays
@@ -412,6 +420,11 @@ def compare_tensor(index: int, expected: Tensor, actual: BufferView, equality: E
             (actual_type >> 24) in (0x10, 0x11, 0x12) or element_info(actual_type)):
         expected = Tensor(expected.shape, actual_type, expected.data)
         expected_type = actual_type
+    elif expected.from_npy and (expected_type & 0xFF) == 8 and (
+            (expected_type >> 24) in (0x11, 0x12)) and (actual_type & 0xFF) < 8 and (
+            (actual_type >> 24) in (0x10, 0x11, 0x12)) and expected.shape == tuple(actual.shape):
+        expected = Tensor(expected.shape, actual_type, pack_elements(expected.data, actual_type))
+        expected_type = actual_type
     actual_data = _read_bytes(actual)
     expected_view = format_shape_and_element_type(expected.shape, expected_type)
     reason = ""
@@ -423,9 +436,11 @@ def compare_tensor(index: int, expected: Tensor, actual: BufferView, equality: E
         atol = equality.atol(expected_type)
         size = dense_byte_count(expected_type)
         if atol is None or count == 0:
-            a = actual_data[: count * size].reshape(count, size) if size else actual_data
-            e = expected.data[: count * size].reshape(count, size) if size else expected.data
-            bad = np.nonzero(np.any(a != e, axis=1))[0] if count else []
+            # exact: element by element of the buffer (a packed byte at a time for i4)
+            units = packed_byte_length(count, expected_type) // size if size else 0
+            a = actual_data[: units * size].reshape(units, size)
+            e = expected.data[: units * size].reshape(units, size)
+            bad = np.nonzero(np.any(a != e, axis=1))[0]
         else:
             wide = np.float64 if expected_type == ElementType.FLOAT_64 else np.float32
             a = unpack_elements(actual_data, (count,), expected_type).astype(wide)
