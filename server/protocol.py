@@ -11,8 +11,9 @@ wire format can be tested without a server:
   in the order the inputs appear. Outputs asked for with `parameters.binary_data: true`
   (or every output, with the request parameter `binary_data_output: true`) are returned
   the same way, little-endian, after the JSON header of the response.
-- Datatypes BOOL, INT8..INT64, UINT8..UINT64, FP16, FP32, FP64. BYTES (and BF16) are
-  rejected with a message saying so: no tinyhal model takes strings.
+- Datatypes BOOL, INT8..INT64, UINT8..UINT64, FP16, FP32, FP64 and BF16 (as
+  `ml_dtypes.bfloat16`; JSON data are numbers). BYTES is rejected with a message saying
+  so: no tinyhal model takes strings.
 
 Every malformed request raises `ProtocolError(status, message)`; the app turns it into a
 V2 error body `{"error": message}` with that status.
@@ -27,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from ..hal.types import ELEMENT_TYPES, element_info_for_mlir
+
 __all__ = [
     "DATATYPES",
     "InferRequest",
@@ -37,40 +40,22 @@ __all__ = [
     "parse_infer_request",
 ]
 
-# V2 datatype -> little-endian numpy dtype
+# V2 datatype -> little-endian numpy dtype (BF16 as ml_dtypes.bfloat16), from the one
+# element-type table the VM and tinyhal-run use
 DATATYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype("?"),
-    "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "UINT8": np.dtype("<u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
+    info.kserve: info.dtype.newbyteorder("<") if info.dtype.itemsize > 1 else info.dtype
+    for info in ELEMENT_TYPES
+    if info.kserve is not None
 }
 _UNSUPPORTED = {
     "BYTES": "BYTES (string) tensors are not supported: tinyhal models take numeric tensors",
-    "BF16": "BF16 tensors are not supported by this server",
-}
-
-# MLIR element / scalar type (as the ABI declaration spells it) -> V2 datatype
-_MLIR_TO_V2 = {
-    "i1": "BOOL",
-    "i8": "INT8", "si8": "INT8", "ui8": "UINT8",
-    "i16": "INT16", "si16": "INT16", "ui16": "UINT16",
-    "i32": "INT32", "si32": "INT32", "ui32": "UINT32",
-    "i64": "INT64", "si64": "INT64", "ui64": "UINT64", "index": "INT64",
-    "f16": "FP16", "f32": "FP32", "f64": "FP64",
 }
 
 
 def datatype_for_mlir(mlir_type: str) -> str | None:
     """The V2 datatype of an MLIR element type, or None when V2 has none for it."""
-    return _MLIR_TO_V2.get(mlir_type)
+    info = element_info_for_mlir(mlir_type)
+    return info.kserve if info is not None else None
 
 
 class ProtocolError(Exception):
