@@ -179,7 +179,8 @@ def npy_bytes(shape: Sequence[int], element_type: int, data: np.ndarray) -> byte
     if (element_type & 0xFF) < 8 and numerical in (0x10, 0x11, 0x12):
         # one element per byte (IREE 3.13 writes the packed bytes under a header that
         # promises one byte per element, a file neither numpy nor IREE can read)
-        data = unpack_elements(data, tuple(shape), element_type).view(np.uint8)
+        wide = np.uint8 if numerical == 0x12 else np.int8
+        data = unpack_elements(data, tuple(shape), element_type).astype(wide).view(np.uint8)
     kind = _NPY_KIND.get(numerical)
     if kind is None and element_info(element_type) is not None and size in (1, 2):
         kind = "V"  # bf16 / fp8: raw bits, as numpy writes ml_dtypes arrays
