@@ -48,7 +48,13 @@ from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
 from ..hal.executable import FORMATS, Executable
 from ..hal.semaphore import Fence
-from ..hal.types import WHOLE_BUFFER, BufferUsage, MemoryAccess, MemoryType
+from ..hal.types import (
+    WHOLE_BUFFER,
+    BufferUsage,
+    MemoryAccess,
+    MemoryType,
+    format_element_type,
+)
 from .native import NativeModule, Suspend
 
 HAL_MODULE_VERSION = 7
@@ -776,19 +782,6 @@ def _element_types_compatible(actual: int, expected: int) -> bool:
     if _is_integer(actual) and _is_integer(expected) and (actual & 0xFF) == (expected & 0xFF):
         return True
     return actual == expected
-
-
-_ELEMENT_PREFIX = {0x10: "i", 0x11: "si", 0x12: "ui", 0x13: "i", 0x21: "f", 0x22: "bf",
-                   0x23: "cf"}
-
-
-def format_element_type(element_type: int) -> str:
-    """IREE's spelling of an element type (`f32`, `i8`, `si32`, `ui16`, `i1`, ...)."""
-    numerical = (element_type >> 24) & 0xFF
-    bits = element_type & 0xFF
-    if numerical == 0x13:
-        bits = 1
-    return f"{_ELEMENT_PREFIX.get(numerical, '*')}{bits}"
 
 
 def _shape_str(shape: Sequence[int]) -> str:
