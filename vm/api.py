@@ -11,7 +11,13 @@ when a module carries none): numpy arrays (or anything `numpy.asarray` accepts) 
 buffer views after their dtype and shape are checked against the declaration, Python
 numbers become VM scalars; results come back as numpy arrays (copies, so they outlive
 the device memory) and Python scalars, one value bare and several as a tuple. Bad input
-raises `tinyhal.Error` (INVALID_ARGUMENT) naming the argument.
+raises `tinyhal.Error` (INVALID_ARGUMENT) naming the argument. Element types follow the
+table in `tinyhal.hal.types` (bf16 and fp8 as ml_dtypes arrays; i4/ui4 as ml_dtypes
+int4/uint4, one element per byte in numpy and packed on the device). Export names are
+opaque: `invoke("i16i16.i32", ...)` calls the export of that name.
+
+`load(path, modules=[...])` links extra modules (host apps' `NativeModule`s, or factories
+called with the device) between `hal` and the program, as IREE's tools link theirs.
 
 Functions compiled with the `coarse-fences` ABI (`f$async`, or `async func` exports) take
 a wait and a signal fence after their inputs; `invoke` and `invoke_async` add those and
