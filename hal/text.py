@@ -30,7 +30,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..errors import InvalidArgumentError, OutOfRangeError
-from .types import ElementType, format_element_type, numpy_dtype, packed_byte_length
+from .types import (
+    ElementType,
+    format_element_type,
+    numpy_dtype,
+    packed_byte_length,
+    parse_element_type,
+)
 
 __all__ = [
     "dense_byte_count",
@@ -56,7 +62,7 @@ for _fn_name, _restype, _ in _C_PARSERS.values():
     _fn.argtypes = (ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)) + (
         () if _fn_name in ("strtof", "strtod") else (ctypes.c_int,))
 
-_INT_RANGES = {  # element type -> (C parser, bits of its result, lowest, highest accepted)
+_INT_RANGES = {  # element type -> (C parser, lowest, highest value accepted; None: any)
     ElementType.INT_8: ("i32", -(1 << 7), (1 << 8) - 1),
     ElementType.SINT_8: ("i32", None, (1 << 7) - 1),
     ElementType.UINT_8: ("u32", None, (1 << 8) - 1),
@@ -270,8 +276,6 @@ def parse_shape_and_element_type(text: str) -> tuple[tuple[int, ...], int]:
                 raise InvalidArgumentError(
                     f"shape[{len(shape)}] invalid value '{dim}' of '{shape_text}'")
             shape.append(int(dim))
-    from .types import parse_element_type
-
     return tuple(shape), parse_element_type(type_text)
 
 

@@ -58,7 +58,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Error, InvalidArgumentError, OutOfRangeError, UnimplementedError
+from ..errors import (
+    Error,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    UnimplementedError,
+)
 from ..hal.buffer_view import BufferView
 from ..hal.text import (
     dense_byte_count,
@@ -590,7 +596,11 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                     "specified explicitly" if names else "no exported functions in the module"
                 )
             name = names[0]
-        info, vmf = module._lookup(name)
+        info = module.functions.get(name)
+        if info is None:
+            raise NotFoundError(
+                f"module {module.name!r} has no function {name!r}; functions: "
+                f"{', '.join(module.functions) or '(none)'}")
         values: list[Any] = []
         for text in args.input:
             spec = info.inputs[len(values)] if len(values) < len(info.inputs) else None
@@ -607,7 +617,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         stdout.flush()
         arguments = [_as_argument(module.device, v) for v in values]
         results = module.invoke_raw(name, *arguments)
-        cconvs = vmf.cconv.results
+        cconvs = module.bytecode.exports[name].cconv.results
         if args.expected_output is not None:
             expected: list[Any] = []
             for text in args.expected_output:
