@@ -310,3 +310,31 @@ def test_expected_output_reports_as_iree_does(vmfb, function, args):
     rc, out, err = _ours(flags)
     assert (rc, out) == (rc_iree, out_iree)
     assert (err == "") == ("[" in out_iree)  # a report on stdout, or an error on stderr
+
+
+OTHER_MLIR = """
+func.func @c(%a: tensor<2xcomplex<f32>>, %b: tensor<3xf64>, %d: tensor<2x2xui16>,
+             %e: tensor<2xsi64>, %f: tensor<3xi1>)
+    -> (tensor<2xcomplex<f32>>, tensor<3xf64>, tensor<2x2xui16>, tensor<2xsi64>, tensor<3xi1>) {
+  return %a, %b, %d, %e, %f
+      : tensor<2xcomplex<f32>>, tensor<3xf64>, tensor<2x2xui16>, tensor<2xsi64>, tensor<3xi1>
+}
+"""
+
+
+def test_complex_f64_and_signed_types_print_and_save_as_iree(tmp_path):
+    from support.iree_tools import HOST_FLAGS, compile_mlir
+
+    vmfb = compile_mlir(OTHER_MLIR, [*HOST_FLAGS, "--iree-input-demote-f64-to-f32=false"])
+    inputs = [f"--module={vmfb}", "--function=c", "--input=2xcf64=0000C03F00000040 0000803F000080BF",
+              "--input=3xf64=1e300 -2.5e-310 nan", "--input=2x2xui16=65535 0 1 2",
+              "--input=2xsi64=-9223372036854775808 5", "--input=3xi1=01 00 01"]
+    rc_iree, out_iree = _iree(inputs)
+    assert rc_iree == 0 and _ours(inputs) == (0, out_iree, "")
+    for tool, run_tool in (("iree", _iree), ("ours", _ours)):
+        outputs = [f"--output=@{tmp_path}/{tool}1.npy", f"--output=@{tmp_path}/{tool}2.npy",
+                   "--output=-", f"--output=+{tmp_path}/{tool}2.npy", "--output="]
+        assert run_tool([*inputs, *outputs])[0] == 0
+    for n in (1, 2):
+        assert (tmp_path / f"ours{n}.npy").read_bytes() == \
+            (tmp_path / f"iree{n}.npy").read_bytes()
