@@ -195,6 +195,19 @@ def narrow_float_bits(value: float, element_type: int) -> int:
     return sign | exp | mantissa
 
 
+def _e8m0_bits(value: float) -> int:
+    """f32 -> f8E8M0FNU (a power of two, no sign, no zero) as IREE converts it: the
+    nearer of the two powers of two by the frexp fraction, NaN (0xFF) past the range."""
+    value = float(np.float32(value))
+    if not math.isfinite(value):
+        return 0xFF
+    if value <= 0:
+        return 0
+    fraction, exponent = math.frexp(value)
+    biased = exponent - (fraction < 0.75) + 127
+    return 0 if biased < 0 else min(biased, 0xFF)
+
+
 def _parse_element(token: str, element_type: int, size: int) -> bytes:
     entry = _INT_RANGES.get(element_type)  # type: ignore[call-overload]
     if entry is not None:
@@ -212,6 +225,8 @@ def _parse_element(token: str, element_type: int, size: int) -> bytes:
                 f"invalid {format_element_type(element_type)} value '{token}'")
         if element_type in _NARROW_FLOATS:
             return narrow_float_bits(value, element_type).to_bytes(size, "little")
+        if element_type == ElementType.FLOAT_8_E8M0_FNU:
+            return bytes([_e8m0_bits(value)])
         with np.errstate(over="ignore", invalid="ignore"):
             return np.asarray(value, numpy_dtype(element_type)).tobytes()
     if len(token) != size * 2:

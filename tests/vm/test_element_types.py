@@ -338,3 +338,32 @@ def test_complex_f64_and_signed_types_print_and_save_as_iree(tmp_path):
     for n in (1, 2):
         assert (tmp_path / f"ours{n}.npy").read_bytes() == \
             (tmp_path / f"iree{n}.npy").read_bytes()
+
+
+E8M0_MLIR = """
+func.func @from_bits(%a: tensor<256xi8>) -> tensor<256xf8E8M0FNU> {
+  %0 = arith.bitcast %a : tensor<256xi8> to tensor<256xf8E8M0FNU>
+  return %0 : tensor<256xf8E8M0FNU>
+}
+func.func @to_bits(%a: tensor<16xf8E8M0FNU>) -> tensor<16xi8> {
+  %0 = arith.bitcast %a : tensor<16xf8E8M0FNU> to tensor<16xi8>
+  return %0 : tensor<16xi8>
+}
+"""
+
+
+def test_f8e8m0fnu_scales(tmp_path):
+    from support.iree_tools import HOST_FLAGS, compile_mlir
+
+    vmfb = str(compile_mlir(E8M0_MLIR, HOST_FLAGS))
+    bits = np.arange(256, dtype=np.uint8).view(np.int8)
+    with tinyhal.load(vmfb, device="sync") as m:
+        _same_bits(m.from_bits(bits), iree_invoke_raw(vmfb, "from_bits", [_raw(bits, "i8")])[0])
+    all8 = tmp_path / "all8.bin"
+    bits.tofile(all8)
+    for args in (["--function=from_bits", f"--input=256xi8=@{all8}"],
+                 ["--function=to_bits", "--input=16xf8E8M0FNU=0.1 -0.1 1e10 nan inf 0.0009 -0 "
+                  "1.0625 1.5 1.3 500 3 0 1e-38 5.9e-39 3e38"]):
+        flags = [f"--module={vmfb}", *args]
+        rc_iree, out_iree = _iree(flags)
+        assert rc_iree == 0 and _ours(flags) == (0, out_iree, "")
