@@ -367,3 +367,30 @@ def test_f8e8m0fnu_scales(tmp_path):
         flags = [f"--module={vmfb}", *args]
         rc_iree, out_iree = _iree(flags)
         assert rc_iree == 0 and _ours(flags) == (0, out_iree, "")
+
+
+I2_MLIR = """
+func.func @narrow(%a: tensor<8xi8>) -> tensor<8xi2> {
+  %0 = arith.trunci %a : tensor<8xi8> to tensor<8xi2>
+  return %0 : tensor<8xi2>
+}
+func.func @widen(%a: tensor<8xi2>) -> tensor<8xi8> {
+  %0 = arith.extsi %a : tensor<8xi2> to tensor<8xi8>
+  return %0 : tensor<8xi8>
+}
+"""
+
+
+@pytest.mark.parametrize("device", DRIVERS)
+def test_i2_packs_four_to_a_byte(device):
+    from support.iree_tools import HOST_FLAGS, compile_mlir
+
+    vmfb = str(compile_mlir(I2_MLIR, HOST_FLAGS))
+    wide = np.array([0, 1, 2, 3, -1, -2, 1, 0], np.int8)
+    theirs = iree_invoke_raw(vmfb, "narrow", [_raw(wide, "i8")])[0]
+    assert theirs[2] == bytes([0xE4, 0x1B])
+    with tinyhal.load(vmfb, device=device) as m:
+        got = m.narrow(wide)
+        assert got.dtype == np.dtype(ml_dtypes.int2)
+        _same_bits(got, theirs)
+        np.testing.assert_array_equal(m.widen(got), [0, 1, -2, -1, -1, -2, 1, 0])
