@@ -46,7 +46,7 @@ from ..hal.text import format_buffer_elements, format_shape_and_element_type
 from ..hal.types import ElementType, element_info, format_element_type, unpack_elements
 from .native import NativeModule
 
-__all__ = ["CheckState", "check_failures", "create_check_module", "main", "run"]
+__all__ = ["CheckModule", "CheckState", "check_failures", "create_check_module", "main", "run"]
 
 
 @dataclass
@@ -94,6 +94,14 @@ _ALMOST_EQ_TYPES = {
 }
 
 
+class CheckModule(NativeModule):
+    """IREE's `check` native module; `state` holds the expectations that failed."""
+
+    def __init__(self, state: CheckState) -> None:
+        super().__init__("check", 0)
+        self.state = state
+
+
 def _unsupported(element_type: int) -> Error:
     return InvalidArgumentError(f"unsupported element type {format_element_type(element_type)}")
 
@@ -102,8 +110,7 @@ def create_check_module(device: Any = None, state: CheckState | None = None) -> 
     """IREE's `check` module (version 0) recording failures in `state` (a new one if
     None; reachable as `module.state`)."""
     state = state if state is not None else CheckState()
-    module = NativeModule("check", 0)
-    module.state = state  # type: ignore[attr-defined]
+    module = CheckModule(state)
 
     @module.export("expect_true", "0i_v")
     def expect_true(operand: int) -> None:
@@ -208,8 +215,8 @@ def check_failures(module: Any) -> list[str]:
     `tinyhal.Module` (empty when there is none)."""
     context = getattr(module, "context", None)
     for m in context.modules if context is not None else ():
-        if isinstance(m, NativeModule) and m.name == "check":
-            return list(m.state.failures)  # type: ignore[attr-defined]
+        if isinstance(m, CheckModule):
+            return list(m.state.failures)
     return []
 
 
