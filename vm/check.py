@@ -10,7 +10,8 @@ operand and bakes the tolerances in as `f32` operands. Every export (except `__*
 device, as iree-check-module registers each as a gtest test. A failed expectation is
 recorded and the test goes on (gtest's `EXPECT_*`); an invocation that fails (a trap, an
 unsupported element type) fails the test with the error. Output follows gtest's console
-format, and the exit status is 0 when every test passed and 1 otherwise
+format as iree-check-module prints it, with `check.expect_eq: Failure` where gtest names
+the C++ source line; the exit status is 0 when every test passed and 1 otherwise
 (`--expect_failure` inverts that, printing "Test failed as expected").
 
 The `check` module (`create_check_module`) is also usable on its own:
@@ -116,6 +117,7 @@ def create_check_module(device: Any = None, state: CheckState | None = None) -> 
     def expect_true(operand: int) -> None:
         if not operand:
             state.failures.append(
+                "check.expect_true: Failure\n"
                 f"Value of: operand\n  Actual: false\nExpected: true\n"
                 f"Expected {operand} to be nonzero.")
 
@@ -123,6 +125,7 @@ def create_check_module(device: Any = None, state: CheckState | None = None) -> 
     def expect_false(operand: int) -> None:
         if operand:
             state.failures.append(
+                "check.expect_false: Failure\n"
                 f"Value of: operand\n  Actual: true\nExpected: false\n"
                 f"Expected {operand} to be zero.")
 
@@ -139,6 +142,7 @@ def create_check_module(device: Any = None, state: CheckState | None = None) -> 
                 str(v) if values.dtype.kind in "iu" else _cxx_double(float(v))
                 for v in values[:32]) + (", ..." if len(values) > 32 else "")
             state.failures.append(
+                "check.expect_all_true: Failure\n"
                 f"Value of: ToSpan<T>(bytes)\nExpected: only contains elements that isn't "
                 f"equal to 0\n  Actual: {{ {shown} }}, whose element #{int(zero[0])} "
                 f"equals 0")
@@ -155,6 +159,7 @@ def create_check_module(device: Any = None, state: CheckState | None = None) -> 
             "" if shape_eq else " Shapes do not match.") + (
             "" if contents_eq else " Contents does not match.")
         state.failures.append(
+            "check.expect_eq: Failure\nFailed\n"
             f"Expected equality of these values.{reasons}\n  lhs:\n    {_view_text(lhs)}\n"
             f"  rhs:\n    {_view_text(rhs)}")
 
@@ -205,7 +210,7 @@ def create_check_module(device: Any = None, state: CheckState | None = None) -> 
                 f"at index {index} as the lhs value {_cxx_double(lhs_value)} differs from "
                 f"the rhs value {_cxx_double(rhs_value)} by {delta_text}.")
         state.failures.append(
-            f"{message}\n  lhs:\n    {_view_text(lhs)}\n  rhs:\n    {_view_text(rhs)}")
+            f"check.expect_almost_eq: Failure\nFailed\n{message}\n  lhs:\n    {_view_text(lhs)}\n  rhs:\n    {_view_text(rhs)}")
 
     return module
 
@@ -252,7 +257,8 @@ def _run_test(path: str, device: str, native: list[Any], name: str) -> list[str]
                         modules=[lambda dev: create_check_module(dev, state), *native])
         module.invoke(name)
     except Error as exc:
-        state.failures.append(f"Value of: status\nExpected: is OK\n  Actual: {exc}")
+        state.failures.append(
+            f"{name}: Failure\nValue of: status\nExpected: is OK\n  Actual: {exc}")
     finally:
         if module is not None:
             module.close()
@@ -337,7 +343,7 @@ def _run_suite(suite: str, names: list[str], path: str, device: str, native: lis
         failures = _run_test(path, device, native, name)
         ms = int((time.monotonic() - start) * 1000)
         for failure in failures:
-            out.write(f"check.{name}: Failure\n{failure}\n")
+            out.write(f"{failure}\n")
         out.write(f"{'[  FAILED  ]' if failures else '[       OK ]'} {suite}.{name} ({ms} ms)\n")
         out.flush()
         results.append(TestResult(name, failures, ms))
