@@ -263,6 +263,14 @@ def test_npy_outputs_match_iree_and_narrow_floats_round_trip(vmfb, tmp_path):
         assert _ours([*flags, f"--expected_output=@{out}"]) == (
             0, f"EXEC @{function}\n[SUCCESS] all function outputs matched their expected "
                "values.\n", "")
+    # A signless integer result read back from .npy (which cannot say "signless"):
+    # iree-run-module 3.13 reports a metadata mismatch (si8 vs i8), tinyhal matches it.
+    flags = [f"--module={vmfb}", "--function=i4_widen", "--input=2x4xi4=21 43 65 87"]
+    assert _iree([*flags, f"--output=@{tmp_path}/w.npy"])[0] == 0
+    rc_iree, out_iree = _iree([*flags, f"--expected_output=@{tmp_path}/w.npy"])
+    assert rc_iree == 1 and "expected that the view matches 2x4xsi8" in out_iree
+    assert _ours([*flags, f"--expected_output=@{tmp_path}/w.npy"])[:2] == (
+        0, "EXEC @i4_widen\n[SUCCESS] all function outputs matched their expected values.\n")
     loaded = np.load(tmp_path / "bf16_add.npy").view(ml_dtypes.bfloat16)
     assert loaded.tolist() == [1.75, 2.25, 3.25, 4.25, 5.25, 6.25, 7.25, 8.25]
     assert np.load(tmp_path / "i4_add.npy").tolist() == [
@@ -394,3 +402,20 @@ def test_i2_packs_four_to_a_byte(device):
         assert got.dtype == np.dtype(ml_dtypes.int2)
         _same_bits(got, theirs)
         np.testing.assert_array_equal(m.widen(got), [0, 1, -2, -1, -1, -2, 1, 0])
+
+
+def test_buffer_views_pack_and_unpack_sub_byte_arrays():
+    from tinyhal.hal import create_device
+    from tinyhal.hal.buffer_view import BufferView
+
+    device = create_device("sync")
+    try:
+        values = np.array([[1, -2, 3], [-4, 5, -6]], ml_dtypes.int4)
+        view = BufferView.from_numpy(device, values)
+        assert (view.element_type, view.byte_length) == (ElementType.SINT_4, 3)
+        back = view.to_numpy()
+        assert back.dtype == np.dtype(ml_dtypes.int4) and np.array_equal(back, values)
+        bf = BufferView.from_numpy(device, np.array([1.5, -2], ml_dtypes.bfloat16))
+        assert bf.element_type == ElementType.BFLOAT_16 and bf.to_numpy().tolist() == [1.5, -2]
+    finally:
+        device.close()
