@@ -329,9 +329,13 @@ def packed_byte_length(element_count: int, element_type: int) -> int:
 def pack_elements(array: np.ndarray, element_type: int) -> np.ndarray:
     """The bytes a HAL buffer holds for `array` (row-major; sub-byte elements packed
     8 // bits to a byte, the first element in the low bits, as IREE packs i4)."""
-    bits = int(element_type) & 0xFF
+    bits = element_type & 0xFF
+    if bits >= 8:
+        if array.flags.c_contiguous:
+            return array.reshape(-1).view(np.uint8)
+        return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     flat = np.ascontiguousarray(array).reshape(-1)
-    if bits >= 8 or 8 % bits:
+    if 8 % bits:
         return flat.view(np.uint8)
     per_byte = 8 // bits
     values = flat.view(np.uint8) & np.uint8((1 << bits) - 1)
@@ -346,8 +350,14 @@ def pack_elements(array: np.ndarray, element_type: int) -> np.ndarray:
 
 def unpack_elements(raw: np.ndarray, shape: tuple[int, ...], element_type: int) -> np.ndarray:
     """The array of `shape` a HAL buffer's bytes `raw` hold (inverse of `pack_elements`)."""
-    dtype = numpy_dtype(element_type)
-    bits = int(element_type) & 0xFF
+    info = _BY_CODE.get(element_type)
+    dtype = info.dtype if info is not None else numpy_dtype(element_type)
+    bits = element_type & 0xFF
+    if bits >= 8 and type(raw) is np.ndarray and raw.dtype == np.uint8 and raw.ndim == 1:
+        count = 1
+        for d in shape:
+            count *= d
+        return raw[: count * dtype.itemsize].view(dtype).reshape(shape)
     count = math.prod(shape)
     raw = np.asarray(raw, np.uint8).reshape(-1)
     if bits >= 8 or 8 % bits:
