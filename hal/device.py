@@ -96,6 +96,7 @@ class Device:
         self._executables_lock = threading.Lock()
         self._closed = False
         self._in_flight: set[_Entry] = set()
+        self._running = 0
         self._idle = threading.Condition(threading.Lock())
         self.transient = TransientRingbuffer(self.allocator, transient_capacity)
         _live_devices.add(self)
@@ -112,24 +113,33 @@ class Device:
     def close(self, timeout: float | None = 60.0) -> None:
         """Stops accepting work and releases the driver; safe with work in flight.
 
-        Entries still waiting on their semaphores fail with ABORTED and never run;
-        parked `queue_alloca` reservations fail with ABORTED; running work finishes
-        (waited for up to `timeout` seconds) and its resources are released when it
-        retires, never before. Calling it again does nothing.
+        Running work finishes, and so does work it makes ready (waited for up to
+        `timeout` seconds in all); its resources are released when it retires, never
+        before. Once nothing runs, entries still waiting on semaphores fail with ABORTED
+        and never run, as do parked `queue_alloca` reservations. Calling it again does
+        nothing.
         """
         with self._idle:
             if self._closed:
                 return
             self._closed = True
-            waiting = [e for e in self._in_flight if e.state is _WAITING]
-            for entry in waiting:
-                entry.state = _RUNNING  # claimed: a late `ready` leaves it alone
-        for entry in waiting:
-            self._retire(entry, AbortedError(f"{self!r} closed before the work ran"))
         self.transient.close(AbortedError(
             f"{self!r} closed while a queue_alloca waited for ringbuffer space"))
-        self.wait_idle(timeout)
-        self._stop(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._running:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._idle.wait(left)
+            waiting = [e for e in self._in_flight if e.state is _WAITING]
+            for entry in waiting:  # claimed under the lock: a late `ready` finds it retired
+                entry.state = _RETIRED
+                self._in_flight.discard(entry)
+        for entry in waiting:
+            self._finish(entry, AbortedError(f"{self!r} closed before the work ran"))
+        self.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self._stop(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _create_allocator(self) -> Allocator:
         """The device's allocator; drivers with their own memory model override this."""
@@ -397,6 +407,7 @@ class Device:
                 if entry.state is not _WAITING:
                     return  # aborted by close() while it waited
                 entry.state = _RUNNING
+                self._running += 1
             try:
                 start(done)
             except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
@@ -406,12 +417,18 @@ class Device:
 
     def _retire(self, entry: _Entry, error: Error | None) -> None:
         with self._idle:
-            if entry.state is _RETIRED:
+            state = entry.state
+            if state is _RETIRED:
                 return
             entry.state = _RETIRED
             self._in_flight.discard(entry)
-            if not self._in_flight:
+            if state is _RUNNING:
+                self._running -= 1
+            if not self._running or not self._in_flight:
                 self._idle.notify_all()
+        self._finish(entry, error)
+
+    def _finish(self, entry: _Entry, error: Error | None) -> None:
         # The resource set goes before the signal, so a woken waiter sees it released.
         entry.resources = None
         self._complete(entry.signal, error)
