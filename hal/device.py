@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import collections
 import fnmatch
+import functools
 import os
 import threading
 import time
@@ -97,7 +98,9 @@ class Device:
         self._closed = False
         self._in_flight: set[_Entry] = set()
         self._running = 0
-        self._idle = threading.Condition(threading.Lock())
+        self._entries_lock = threading.Lock()
+        self._idle = threading.Condition(self._entries_lock)  # for wait_idle() and close()
+        self._watchers = 0  # threads waiting on `_idle`; retiring notifies only if any
         self.transient = TransientRingbuffer(self.allocator, transient_capacity)
         _live_devices.add(self)
 
@@ -119,19 +122,15 @@ class Device:
         and never run, as do parked `queue_alloca` reservations. Calling it again does
         nothing.
         """
-        with self._idle:
+        with self._entries_lock:
             if self._closed:
                 return
             self._closed = True
         self.transient.close(AbortedError(
             f"{self!r} closed while a queue_alloca waited for ringbuffer space"))
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._idle:
-            while self._running:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                self._idle.wait(left)
+        self._wait_until(lambda: not self._running, timeout)
+        with self._entries_lock:
             waiting = [e for e in self._in_flight if e.state is _WAITING]
             for entry in waiting:  # claimed under the lock: a late `ready` finds it retired
                 entry.state = _RETIRED
@@ -249,7 +248,7 @@ class Device:
         for cb in batch_list:
             ops.extend(resolve_commands(cb, binding_table, self.concurrency))
         self._accept(wait_points, signal_points, (batch_list, binding_table, ops),
-                     lambda done: self._execute(ops, done))
+                     functools.partial(self._execute, ops))
 
     queue_execute = submit
 
@@ -303,7 +302,7 @@ class Device:
                 target.host_bytes()[ref.offset : ref.offset + length] = (
                     src[source_offset : source_offset + length])
         self._accept(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
-                     (source, target), lambda done: self._call(read, done))
+                     (source, target), functools.partial(self._call, read))
 
     def queue_write(self, source: Buffer, source_offset: int, target: Any, target_offset: int,
                     length: int, wait: Points = (), signal: Points = ()) -> None:
@@ -331,7 +330,7 @@ class Device:
             def write() -> None:
                 dst[target_offset : target_offset + length] = data()
         self._accept(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
-                     (source, target), lambda done: self._call(write, done))
+                     (source, target), functools.partial(self._call, write))
 
     def queue_alloca(self, size: int, wait: Points = (), signal: Points = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
@@ -347,7 +346,7 @@ class Device:
         self.transient.check_size(size)
         buffer = self._alloca(size, memory_type, usage)
         self._accept(wait_points, signal_points, buffer,
-                     lambda done: self._commit_alloca(buffer, done))
+                     functools.partial(self._commit_alloca, buffer))
         return buffer
 
     def queue_dealloca(self, buffer: Buffer, wait: Points = (), signal: Points = ()) -> None:
@@ -371,19 +370,26 @@ class Device:
         Entries waiting on semaphores that nobody signals keep the device busy; `close()`
         aborts those.
         """
+        return self._wait_until(lambda: not self._in_flight, timeout)
+
+    def _wait_until(self, condition: Callable[[], bool], timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._idle:
-            while self._in_flight:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._idle.wait(left)
+            self._watchers += 1
+            try:
+                while not condition():
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._idle.wait(left)
+            finally:
+                self._watchers -= 1
         return True
 
     @property
     def in_flight(self) -> int:
         """Queue entries accepted and not yet retired (waiting or running)."""
-        with self._idle:
+        with self._entries_lock:
             return len(self._in_flight)
 
     def _accept(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
@@ -391,19 +397,18 @@ class Device:
         """Registers a queue entry holding `resources`; once `wait` is reached calls
         `start(done)`, and `done(error)` (on any thread, once) retires the entry."""
         entry = _Entry(signal, resources)
-        with self._idle:
+        with self._entries_lock:
             if self._closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
             self._in_flight.add(entry)
 
-        def done(error: Error | None) -> None:
-            self._retire(entry, error)
+        done = functools.partial(self._retire, entry)
 
         def ready(error: Error | None) -> None:
             if error is not None:
                 self._retire(entry, error)
                 return
-            with self._idle:
+            with self._entries_lock:
                 if entry.state is not _WAITING:
                     return  # aborted by close() while it waited
                 entry.state = _RUNNING
@@ -416,7 +421,7 @@ class Device:
         when_all_reached(wait, ready)
 
     def _retire(self, entry: _Entry, error: Error | None) -> None:
-        with self._idle:
+        with self._entries_lock:
             state = entry.state
             if state is _RETIRED:
                 return
@@ -424,9 +429,10 @@ class Device:
             self._in_flight.discard(entry)
             if state is _RUNNING:
                 self._running -= 1
-            if not self._running or not self._in_flight:
+            if self._watchers and (not self._running or not self._in_flight):
                 self._idle.notify_all()
-        self._finish(entry, error)
+        entry.resources = None  # released before the signal: a woken waiter sees it
+        self._complete(entry.signal, error)
 
     def _finish(self, entry: _Entry, error: Error | None) -> None:
         # The resource set goes before the signal, so a woken waiter sees it released.
