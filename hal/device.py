@@ -396,7 +396,7 @@ class Device:
                 resources: Any, start: Callable[[Completion], None]) -> None:
         """Registers a queue entry holding `resources`; once `wait` is reached calls
         `start(done)`, and `done(error)` (on any thread, once) retires the entry."""
-        entry = _Entry(signal, resources)
+        entry = _Entry(signal, resources, start)
         with self._entries_lock:
             if self._closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
@@ -413,6 +413,8 @@ class Device:
                     return  # aborted by close() while it waited
                 entry.state = _RUNNING
                 self._running += 1
+                start = entry.start
+                entry.start = None
             try:
                 start(done)
             except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
@@ -426,7 +428,7 @@ class Device:
             if state is _RETIRED:
                 return
             entry.state = _RETIRED
-        entry.resources = None  # released before the signal: a woken waiter sees it
+        entry.resources = entry.start = None  # before the signal: a woken waiter sees it
         self._complete(entry.signal, error)
         # Counted as in flight until its signal has readied what depends on it, so that
         # close() sees work made ready by running work as running, never as waiting.
@@ -439,7 +441,8 @@ class Device:
 
     def _finish(self, entry: _Entry, error: Error | None) -> None:
         # The resource set goes before the signal, so a woken waiter sees it released.
-        entry.resources = None
+        # (A semaphore that never reaches the wait may keep `ready`, never the set.)
+        entry.resources = entry.start = None
         self._complete(entry.signal, error)
 
     def _complete(self, signal: list[SemaphorePoint], error: Error | None) -> None:
@@ -503,11 +506,13 @@ _WAITING, _RUNNING, _RETIRED = "waiting", "running", "retired"
 class _Entry:
     """One accepted queue entry: its signal points, its resource set and its state."""
 
-    __slots__ = ("signal", "resources", "state")
+    __slots__ = ("signal", "resources", "start", "state")
 
-    def __init__(self, signal: list[SemaphorePoint], resources: Any) -> None:
+    def __init__(self, signal: list[SemaphorePoint], resources: Any,
+                 start: Callable[[Completion], None] | None) -> None:
         self.signal = signal
         self.resources = resources
+        self.start = start  # captures the work; dropped with the resource set
         self.state = _WAITING
 
 
