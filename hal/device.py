@@ -17,12 +17,13 @@ safe: the memory is freed only after the work retires, and the references are re
 before the signal semaphores advance, so a waiter that wakes sees the allocator's live
 bytes without them. Drivers need not keep anything alive themselves.
 
-**Closing.** `close()` stops accepting work, fails every entry still waiting on its
-semaphores with ABORTED (it never runs), fails parked `queue_alloca` reservations, waits
-(bounded) for running work to finish, then lets the driver stop its threads. Running
-work is never interrupted and its memory is never freed under it. At interpreter exit
-every live device is closed the same way (an `atexit` hook), so worker threads are not
-left running kernels while the interpreter tears down.
+**Closing.** `close()` stops accepting work, fails parked `queue_alloca` reservations
+with ABORTED, lets running work finish (and work that running work makes ready), then
+fails every entry still waiting on its semaphores with ABORTED (it never runs) and lets
+the driver stop its threads; `timeout` bounds the wait. Running work is never
+interrupted and its memory is never freed under it. At interpreter exit every live
+device is closed the same way (an `atexit` hook, `EXIT_DRAIN_SECONDS` in all), so worker
+threads are not left running kernels while the interpreter tears down.
 
 The driver contract (what `hal/drivers/*` implement) is documented in `tinyhal.hal.drivers`.
 
