@@ -44,6 +44,7 @@ from .buffer import Buffer
 from .command_buffer import CommandBuffer, as_buffer_ref
 from .executable import FORMATS, Executable
 from .execution import resolve_commands
+from .profile import Profile
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import Fence, Semaphore, SemaphorePoint, normalize_points, when_all_reached
 from .stream import Stream
@@ -82,6 +83,7 @@ class Device:
         self._executables_lock = threading.Lock()
         self._closed = False
         self.transient = TransientRingbuffer(self.allocator, transient_capacity)
+        self.profile: Profile | None = None  # set by Profile.attach; hooks test it
 
     def __repr__(self) -> str:
         return f"<Device {self.identifier}>"
@@ -205,14 +207,18 @@ class Device:
         ops: list[tuple] = []
         for cb in batch_list:
             ops.extend(resolve_commands(cb, binding_table, self.concurrency))
+        if self.profile is not None:
+            self.profile.record_submission("execute", wait_points, signal_points, batch_list)
         self._enqueue_commands(wait_points, signal_points, ops, batch_list)
 
     queue_execute = submit
 
     def queue_barrier(self, wait: Points = (), signal: Points = ()) -> None:
         """Advances `signal` once `wait` is reached; no work."""
-        self._enqueue(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
-                      _nothing, cheap=True)
+        wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        if self.profile is not None:
+            self.profile.record_submission("barrier", wait_points, signal_points)
+        self._enqueue(wait_points, signal_points, _nothing, cheap=True)
 
     def queue_fill(self, target: Buffer, offset: int, length: int, pattern: int | bytes,
                    wait: Points = (), signal: Points = (), pattern_length: int | None = None
@@ -258,7 +264,10 @@ class Device:
             def read() -> None:
                 target.host_bytes()[ref.offset : ref.offset + length] = (
                     src[source_offset : source_offset + length])
-        self._enqueue(normalize_points(wait, "wait"), normalize_points(signal, "signal"), read)
+        wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        if self.profile is not None:
+            self.profile.record_submission("read", wait_points, signal_points, payload_length=length)
+        self._enqueue(wait_points, signal_points, read)
 
     def queue_write(self, source: Buffer, source_offset: int, target: Any, target_offset: int,
                     length: int, wait: Points = (), signal: Points = ()) -> None:
@@ -285,7 +294,10 @@ class Device:
 
             def write() -> None:
                 dst[target_offset : target_offset + length] = data()
-        self._enqueue(normalize_points(wait, "wait"), normalize_points(signal, "signal"), write)
+        wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        if self.profile is not None:
+            self.profile.record_submission("write", wait_points, signal_points, payload_length=length)
+        self._enqueue(wait_points, signal_points, write)
 
     def queue_alloca(self, size: int, wait: Points = (), signal: Points = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
@@ -300,6 +312,8 @@ class Device:
         signal_points = normalize_points(signal, "signal")
         self.transient.check_size(size)
         buffer = self._alloca(size, memory_type, usage)
+        if self.profile is not None:
+            self.profile.record_submission("alloca", wait_points, signal_points, payload_length=size)
         self._enqueue_async(wait_points, signal_points,
                             lambda done: self._commit_alloca(buffer, done))
         return buffer
@@ -309,9 +323,11 @@ class Device:
         if not isinstance(buffer, Buffer):
             raise InvalidArgumentError(f"queue_dealloca takes a Buffer, not {buffer!r}")
         buffer.check_live()
-        wait_points = normalize_points(wait, "wait")
-        self._enqueue(wait_points, normalize_points(signal, "signal"),
-                      lambda: self._dealloca(buffer), cheap=True)
+        wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        if self.profile is not None:
+            self.profile.record_submission("dealloca", wait_points, signal_points,
+                                           payload_length=buffer.byte_length)
+        self._enqueue(wait_points, signal_points, lambda: self._dealloca(buffer), cheap=True)
 
     # -- driver hooks -----------------------------------------------------------------
 

@@ -82,7 +82,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidArgumentError, UnimplementedError
+from ..errors import Error, InvalidArgumentError, UnimplementedError
+from .ringbuffer import HEAP_NAME as TRANSIENT_HEAP
+from .semaphore import when_all_reached
 
 SCHEMA_VERSION = 15
 NO_ORDINAL = 0xFFFFFFFF
@@ -202,6 +204,7 @@ class Profile:
         # (command_buffer_id, ((op, executable, export, workgroups, length), ...))
         self._command_buffers: list[tuple[int, tuple]] = []
         self._command_buffer_ids = itertools.count(1)
+        self._command_buffer_objects: dict[int, tuple[Any, int]] = {}
         self._dropped = 0
 
     def __repr__(self) -> str:
@@ -389,6 +392,88 @@ class Profile:
             return
         begin = time.monotonic_ns() if host_begin_ns is None else host_begin_ns
         self._clock.append((device_tick, begin, begin if host_end_ns is None else host_end_ns))
+
+    # The device layer's hooks ---------------------------------------------------------
+
+    def attach(self, device: Any) -> Profile:
+        """Starts the session and makes `device` (and its allocator) report to it.
+
+        The device's hook sites test `device.profile is not None`; the allocator's test
+        `allocator.profile is not None`.
+        """
+        self.device_name = getattr(device, "identifier", self.device_name)
+        self.start()
+        device.allocator.profile = self
+        device.profile = self
+        return self
+
+    def detach(self, device: Any) -> Profile:
+        """Stops the device reporting and closes the session."""
+        if getattr(device, "profile", None) is self:
+            device.profile = None
+        if getattr(device.allocator, "profile", None) is self:
+            device.allocator.profile = None
+        return self.stop()
+
+    def record_submission(self, op: str, wait: Sequence[tuple[Any, int]],
+                          signal: Sequence[tuple[Any, int]], command_buffers: Sequence[Any] = (),
+                          payload_length: int = 0, queue: int = 0) -> int:
+        """Records a queue operation at the device's public layer; returns its submission id.
+
+        Call it before the operation is handed to the driver. Besides the queue event it
+        watches the semaphores: when `wait` is reached it records the ready time, and
+        when every `signal` point is reached (or one fails) it records an execution span
+        from ready to signal, with the failure's status code. An operation with no signal
+        points gets no span. The span covers scheduling as well as running; per-dispatch
+        spans come from driver hooks (`record_dispatch`).
+        """
+        if not self.recording:
+            return 0
+        command_buffer_id = 0
+        if command_buffers:
+            command_buffer_id = self._command_buffer_id(command_buffers[0])
+        submission_id = self.record_queue(
+            op, wait, signal, queue=queue, command_buffer_id=command_buffer_id,
+            operation_count=max(1, len(command_buffers)), payload_length=payload_length)
+        if not (self._host_on or self._queue_on) or not submission_id:
+            return submission_id
+        ready_ns = [0]
+
+        def ready(error: Error | None) -> None:
+            ready_ns[0] = now = time.monotonic_ns()
+            self.record_ready(submission_id, now)
+
+        def finished(error: Error | None) -> None:
+            end = time.monotonic_ns()
+            status = 0 if error is None else int(getattr(error, "code", 2))
+            self.record_execution(op, ready_ns[0] or end, end, submission_id, queue=queue,
+                                  worker=f"queue[{queue}]", command_buffer_id=command_buffer_id,
+                                  status_code=status, payload_length=payload_length)
+
+        when_all_reached(list(wait), ready)
+        if signal:
+            when_all_reached(list(signal), finished)
+        return submission_id
+
+    def _command_buffer_id(self, command_buffer: Any) -> int:
+        ids = self._command_buffer_objects
+        entry = ids.get(id(command_buffer))
+        if entry is None or entry[0] is not command_buffer:
+            entry = ids[id(command_buffer)] = (command_buffer, self.new_command_buffer_id())
+        return entry[1]
+
+    def record_heap_change(self, heap: str, delta: int, live_bytes: int, peak_bytes: int) -> None:
+        """The allocator's hook: `delta` bytes came to (or, negative, left) `heap`.
+
+        The transient ringbuffer's heap reports queue alloca/dealloca; other heaps
+        report buffer allocate/free.
+        """
+        if delta >= 0:
+            kind = "alloca" if heap == TRANSIENT_HEAP else "allocate"
+        else:
+            kind = "dealloca" if heap == TRANSIENT_HEAP else "free"
+        self.record_memory(kind, abs(delta), heap, live_bytes, peak_bytes,
+                           queue=0 if heap == TRANSIENT_HEAP else -1)
 
     # Views --------------------------------------------------------------------------
 

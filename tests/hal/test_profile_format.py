@@ -8,6 +8,7 @@ without error, and by decoding that trace and finding tinyhal's slices in it.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from support.iree_tools import HOST_FLAGS, compile_mlir
+from tinyhal import hal
 from tinyhal.errors import InvalidArgumentError, UnimplementedError
 from tinyhal.hal.profile import SCHEMA_VERSION, Profile, parse_modes
 
@@ -430,3 +432,74 @@ def test_host_times_share_iree_clock(iree_capture):
     captured = max(r["host_time_ns"] for r in iree_capture if r["record_type"] == "queue_event")
     now = time.monotonic_ns()
     assert 0 < now - captured < 3600 * 10**9
+
+
+# --- a real run, recorded through the device and allocator hooks ------------------------------
+
+
+@pytest.fixture(scope="module")
+def mobilenet():
+    from support.models import mobilenet_input, mobilenet_v2_vmfb
+
+    return mobilenet_v2_vmfb(), mobilenet_input()
+
+
+def iree_queue_ops(vmfb: Path, x, work: Path) -> collections.Counter:
+    """The queue operations IREE's local-task runtime issues for one call of the model."""
+    import numpy as np
+
+    np.save(work / "x.npy", x)
+    result = _run([_iree_tool("iree-run-module"), "--device=local-task", f"--module={vmfb}",
+                   "--function=mobilenet_v2", "--input=@x.npy",
+                   "--device_profiling_mode=queue-events",
+                   "--device_profiling_output=mn.ireeprof"], cwd=work)
+    assert result.returncode == 0, result.stderr
+    result = _run([_iree_tool("iree-profile"), "export", "--format=ireeperf-jsonl",
+                   "--output=mn.jsonl", "mn.ireeprof"], cwd=work)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (work / "mn.jsonl").read_text().splitlines()]
+    return collections.Counter(r["op"] for r in records if r["record_type"] == "queue_event")
+
+
+@pytest.mark.parametrize("driver", hal.available_drivers())
+def test_mobilenet_profile_from_a_real_run(driver, mobilenet, tmp_path):
+    import tinyhal
+
+    vmfb, x = mobilenet
+    module = tinyhal.load(vmfb, device=driver)
+    try:
+        profile = Profile(modes="queue-events,host-execution,memory-events").attach(module.device)
+        assert module.device.profile is profile
+        module.mobilenet_v2(x)
+        peak = module.device.allocator.statistics().peak_bytes
+        profile.detach(module.device)
+        assert module.device.profile is None and module.device.allocator.profile is None
+        events = profile.event_count
+        module.mobilenet_v2(x)
+        assert profile.event_count == events
+    finally:
+        module.close()
+
+    records = records_of(profile)
+    queue = [r for r in records if r["record_type"] == "queue_event"]
+    spans = {r["submission_id"]: r for r in records if r["record_type"] == "host_execution_event"}
+    ops = collections.Counter(r["op"] for r in queue)
+    assert ops["execute"] >= 1 and ops["alloca"] >= 1 and ops["dealloca"] >= 1
+    for q in queue:
+        assert q["signal_count"] == len(q["tinyhal_signal_points"]) >= 1
+        span = spans[q["submission_id"]]
+        assert span["status_code"] == 0 and span["valid"]
+        assert q["host_time_ns"] <= q["ready_host_time_ns"] <= span["start_host_time_ns"]
+    memory = [r for r in records if r["record_type"] == "memory_event"]
+    assert {"queue_alloca", "queue_dealloca"} <= {m["event_type"] for m in memory}
+    assert max(m["tinyhal_peak_bytes"] for m in memory) == peak
+    if driver in ("sync", "task"):  # host-visible memory: the same HAL calls IREE makes
+        assert ops == iree_queue_ops(vmfb, x, tmp_path)
+
+    check_chrome_trace(profile.to_chrome_trace())
+    path = tmp_path / f"mobilenet_{driver}.ireeperf.jsonl"
+    profile.write(path)
+    stats = render_stats(render(path)[1])
+    assert stats["host_execution_slices"] == len(spans)
+    assert stats["queue_instants"] >= len(queue)
+    assert stats["memory_instants"] == len(memory)
