@@ -78,11 +78,19 @@ import itertools
 import json
 import os
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Error, InvalidArgumentError, UnimplementedError
+from .command_buffer import (
+    BarrierCommand,
+    CopyCommand,
+    DispatchCommand,
+    FillCommand,
+    UpdateCommand,
+)
 from .ringbuffer import HEAP_NAME as TRANSIENT_HEAP
 from .semaphore import when_all_reached
 
@@ -204,7 +212,7 @@ class Profile:
         # (command_buffer_id, ((op, executable, export, workgroups, length), ...))
         self._command_buffers: list[tuple[int, tuple]] = []
         self._command_buffer_ids = itertools.count(1)
-        self._command_buffer_objects: dict[int, tuple[Any, int]] = {}
+        self._command_buffer_objects: dict[int, tuple[weakref.ref, int]] = {}
         self._dropped = 0
 
     def __repr__(self) -> str:
@@ -456,11 +464,24 @@ class Profile:
         return submission_id
 
     def _command_buffer_id(self, command_buffer: Any) -> int:
+        """The command buffer's id in this session, describing it when first seen.
+
+        Held by weak reference: a profile must not keep a command buffer (and the
+        buffers it binds) alive, or profiling would change the allocator's live bytes.
+        """
         ids = self._command_buffer_objects
         entry = ids.get(id(command_buffer))
-        if entry is None or entry[0] is not command_buffer:
-            entry = ids[id(command_buffer)] = (command_buffer, self.new_command_buffer_id())
-        return entry[1]
+        if entry is not None and entry[0]() is command_buffer:
+            return entry[1]
+        command_buffer_id = self.new_command_buffer_id()
+        try:
+            ids[id(command_buffer)] = (weakref.ref(command_buffer), command_buffer_id)
+        except TypeError:
+            pass  # not weakly referenceable: described again on every submit
+        commands = getattr(command_buffer, "commands", None)
+        if commands is not None:
+            self.record_command_buffer(command_buffer_id, [_describe(c) for c in commands])
+        return command_buffer_id
 
     def record_heap_change(self, heap: str, delta: int, live_bytes: int, peak_bytes: int) -> None:
         """The allocator's hook: `delta` bytes came to (or, negative, left) `heap`.
@@ -853,6 +874,21 @@ _ENDPOINT_TYPES = {
     "queue_submission": 1, "queue_event": 2, "dispatch_event": 3, "command_operation": 4,
     "memory_event": 5, "artifact": 6, "queue_device_event": 7, "host_execution_event": 8,
 }
+
+
+def _describe(command: Any) -> tuple[str, Any, Any, tuple, int]:
+    """A recorded command as `(op, executable, export, workgroups, length)`."""
+    if isinstance(command, DispatchCommand):
+        return ("dispatch", command.executable, command.ordinal, tuple(command.workgroups), 0)
+    if isinstance(command, FillCommand):
+        return ("fill", None, None, (), max(0, command.target.length))
+    if isinstance(command, CopyCommand):
+        return ("copy", None, None, (), max(0, command.target.length))
+    if isinstance(command, UpdateCommand):
+        return ("update", None, None, (), len(command.source))
+    if isinstance(command, BarrierCommand):
+        return ("barrier", None, None, (), 0)
+    raise InvalidArgumentError(f"cannot profile command {command!r}")
 
 
 def _product(values: Sequence[int]) -> int:

@@ -9,6 +9,7 @@ without error, and by decoding that trace and finding tinyhal's slices in it.
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import os
 import shutil
@@ -444,21 +445,25 @@ def mobilenet():
     return mobilenet_v2_vmfb(), mobilenet_input()
 
 
-def iree_queue_ops(vmfb: Path, x, work: Path) -> collections.Counter:
-    """The queue operations IREE's local-task runtime issues for one call of the model."""
+def iree_mobilenet_records(vmfb: Path, x, work: Path) -> list[dict]:
+    """IREE's own profile (local-task) of one call of the model, as ireeperf-jsonl."""
     import numpy as np
 
     np.save(work / "x.npy", x)
     result = _run([_iree_tool("iree-run-module"), "--device=local-task", f"--module={vmfb}",
                    "--function=mobilenet_v2", "--input=@x.npy",
-                   "--device_profiling_mode=queue-events",
+                   "--device_profiling_mode=queue-events,host-execution",
                    "--device_profiling_output=mn.ireeprof"], cwd=work)
     assert result.returncode == 0, result.stderr
     result = _run([_iree_tool("iree-profile"), "export", "--format=ireeperf-jsonl",
                    "--output=mn.jsonl", "mn.ireeprof"], cwd=work)
     assert result.returncode == 0, result.stderr
-    records = [json.loads(line) for line in (work / "mn.jsonl").read_text().splitlines()]
-    return collections.Counter(r["op"] for r in records if r["record_type"] == "queue_event")
+    return [json.loads(line) for line in (work / "mn.jsonl").read_text().splitlines()]
+
+
+def command_operations(records: list[dict]) -> list[tuple]:
+    return [(r["op"], r["key"], r["workgroup_count"]) for r in records
+            if r["record_type"] == "command_operation"]
 
 
 @pytest.mark.parametrize("driver", hal.available_drivers())
@@ -468,10 +473,15 @@ def test_mobilenet_profile_from_a_real_run(driver, mobilenet, tmp_path):
     vmfb, x = mobilenet
     module = tinyhal.load(vmfb, device=driver)
     try:
+        module.mobilenet_v2(x)
+        gc.collect()
+        live_before = module.device.allocator.statistics().live_bytes
         profile = Profile(modes="queue-events,host-execution,memory-events").attach(module.device)
         assert module.device.profile is profile
         module.mobilenet_v2(x)
         peak = module.device.allocator.statistics().peak_bytes
+        gc.collect()  # the session holds no command buffer or buffer alive
+        assert module.device.allocator.statistics().live_bytes == live_before
         profile.detach(module.device)
         assert module.device.profile is None and module.device.allocator.profile is None
         events = profile.event_count
@@ -494,12 +504,20 @@ def test_mobilenet_profile_from_a_real_run(driver, mobilenet, tmp_path):
     assert {"queue_alloca", "queue_dealloca"} <= {m["event_type"] for m in memory}
     assert max(m["tinyhal_peak_bytes"] for m in memory) == peak
     if driver in ("sync", "task"):  # host-visible memory: the same HAL calls IREE makes
-        assert ops == iree_queue_ops(vmfb, x, tmp_path)
+        iree = iree_mobilenet_records(vmfb, x, tmp_path)
+        assert ops == collections.Counter(
+            r["op"] for r in iree if r["record_type"] == "queue_event")
+        assert command_operations(records) == command_operations(iree)
+    dispatches = [c for c in command_operations(records) if c[0] == "dispatch"]
+    assert len(dispatches) == 55 and all(key.startswith("mobilenet_v2") for _, key, _ in dispatches)
 
     check_chrome_trace(profile.to_chrome_trace())
     path = tmp_path / f"mobilenet_{driver}.ireeperf.jsonl"
     profile.write(path)
-    stats = render_stats(render(path)[1])
+    pftrace, log = render(path)
+    stats = render_stats(log)
+    assert any(n.startswith("execute cb#") and n.endswith("(129 ops, 55 dispatches)")
+               for n in slice_names(pftrace))
     assert stats["host_execution_slices"] == len(spans)
     assert stats["queue_instants"] >= len(queue)
     assert stats["memory_instants"] == len(memory)
