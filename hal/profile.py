@@ -9,11 +9,20 @@ A `Profile` is one profiling session of one device. Hook sites in the HAL call i
   format `iree-profile export --format=ireeperf-jsonl` writes and IREE 3.13's
   `iree-profile-render --format=perfetto` turns into a native Perfetto trace.
 
+Hooks. `Profile.attach(device)` sets `device.profile` and `device.allocator.profile`;
+the device's public queue entry points call `record_submission` (one queue event, then
+the ready time when the waits are reached and an execution span from ready to signal,
+watched through the semaphores), and `Allocator.track` calls `record_heap_change` (the
+transient ringbuffer's heap as queue alloca/dealloca, other heaps as buffer
+allocate/free, with the allocator's live and peak bytes). Drivers add per-dispatch and
+device-time spans with `record_dispatch` / `record_execution`.
+
 Cost. A device holds `profile = None` while no session runs, so a hook site costs one
 attribute test. While recording, each event is one tuple appended to a list (atomic
 under CPython's GIL, so producers on any thread need no lock); names, ids and JSON are
-produced only at export. Objects passed in (executables, semaphores) are kept alive by
-the session until it is dropped.
+produced only at export. Executables and semaphores named by events are kept alive by
+the session; command buffers are held weakly, so a session never keeps device memory
+alive.
 
 Facts about ireeperf-jsonl (schema version 15, as IREE 3.13.0's exporter writes it and
 its renderer reads it) that this module relies on:
@@ -50,6 +59,13 @@ its renderer reads it) that this module relies on:
   `tile_duration_sum_ns`, plus the ids above and `executable_id`/`function_ordinal`.
   The renderer puts these on "host execution" lanes per queue, giving overlapping
   spans separate lanes.
+- `command_buffer` (`command_buffer_id`, `command_categories`) and `command_operation`
+  (`command_buffer_id`, `command_index`, `op` barrier/dispatch/fill/copy/update, `key`,
+  `executable_id`, `function_ordinal`, `workgroup_count`, `length`): what a command
+  buffer holds. The renderer names an `execute` span "execute cb#N (ops, dispatches)"
+  from them, and marks a `host_execution_event` carrying a `command_index` with an
+  instant on the queue's "command buffer operations" track. For MobileNetV2 on sync and
+  task tinyhal's list equals the one IREE's local-task profile holds, command by command.
 - `dispatch_event` / `queue_device_event`: spans in device ticks (`start_tick`,
   `end_tick`). The renderer maps ticks to host time by a straight line through the
   first and last `clock_correlation` samples of the device (`device_tick` against the
@@ -77,6 +93,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -173,8 +190,9 @@ class Profile:
 
     Times are `time.monotonic_ns()` nanoseconds (`clock="host"`) or device ticks in
     nanoseconds of modelled time (`clock="device"`, e.g. the emu driver), tied to host
-    time by `record_clock_correlation`. `capacity` bounds the events kept per family;
-    the rest are counted as dropped and reported in both exports.
+    time by `record_clock_correlation`. `capacity` bounds the events kept per family
+    (give or take one per producer thread racing at the bound); the rest are counted as
+    dropped and reported in both exports.
     """
 
     def __init__(self, device_name: str = "device", modes: str | Iterable[str] = DEFAULT_MODES,
@@ -214,6 +232,7 @@ class Profile:
         self._command_buffer_ids = itertools.count(1)
         self._command_buffer_objects: dict[int, tuple[weakref.ref, int]] = {}
         self._dropped = 0
+        self._drop_lock = threading.Lock()
 
     def __repr__(self) -> str:
         state = "recording" if self.recording else "stopped"
@@ -250,6 +269,10 @@ class Profile:
     def dropped_events(self) -> int:
         return self._dropped
 
+    def _drop(self) -> None:
+        with self._drop_lock:  # only once full, so the common path takes no lock
+            self._dropped += 1
+
     # Recording (the hook API) ------------------------------------------------------
 
     def record_queue(self, op: str, wait: Sequence[tuple[Any, int]] = (),
@@ -270,7 +293,7 @@ class Profile:
         if not self._queue_on:
             return submission_id
         if len(self._queue) >= self.capacity:
-            self._dropped += 1
+            self._drop()
             return submission_id
         self._queue.append((
             submission_id, op, queue,
@@ -328,7 +351,7 @@ class Profile:
         if op not in QUEUE_OPS:
             raise InvalidArgumentError(f"unknown operation '{op}' (known: {', '.join(QUEUE_OPS)})")
         if len(self._spans) >= self.capacity:
-            self._dropped += 1
+            self._drop()
             return
         self._spans.append((clock, op, queue, submission_id, start, end, executable, export,
                             workgroups, worker, command_buffer_id, command_index, status_code,
@@ -349,7 +372,7 @@ class Profile:
             raise InvalidArgumentError(
                 f"unknown memory event kind '{kind}' (known: {', '.join(MEMORY_KINDS)})")
         if len(self._memory) >= self.capacity:
-            self._dropped += 1
+            self._drop()
             return
         self._memory.append((
             kind, time.monotonic_ns() if host_time_ns is None else host_time_ns, heap, length,
@@ -437,29 +460,41 @@ class Profile:
         """
         if not self.recording:
             return 0
-        command_buffer_id = 0
-        if command_buffers:
-            command_buffer_id = self._command_buffer_id(command_buffers[0])
-        submission_id = self.record_queue(
-            op, wait, signal, queue=queue, command_buffer_id=command_buffer_id,
-            operation_count=max(1, len(command_buffers)), payload_length=payload_length)
-        if not (self._host_on or self._queue_on) or not submission_id:
-            return submission_id
-        ready_ns = [0]
+        command_buffer_id = operation_count = 0
+        for command_buffer in command_buffers:
+            cb_id = self._command_buffer_id(command_buffer)
+            command_buffer_id = command_buffer_id or cb_id
+            operation_count += len(getattr(command_buffer, "commands", ()))
+        submitted = time.monotonic_ns()
+        # [ready ns, submission id once recorded]; the ready callback may run at once
+        # (waits already reached: IREE's "inline" strategy) or later on another thread.
+        state = [0, 0]
 
         def ready(error: Error | None) -> None:
-            ready_ns[0] = now = time.monotonic_ns()
-            self.record_ready(submission_id, now)
+            state[0] = now = time.monotonic_ns()
+            if state[1]:
+                self.record_ready(state[1], now)
+
+        when_all_reached(list(wait), ready)
+        inline = state[0] != 0
+        submission_id = self.record_queue(
+            op, wait, signal, queue=queue, command_buffer_id=command_buffer_id,
+            operation_count=max(1, operation_count), payload_length=payload_length,
+            strategy="inline" if inline else "software_defer", host_time_ns=submitted)
+        if not submission_id:
+            return 0
+        state[1] = submission_id
+        if inline:
+            self.record_ready(submission_id, state[0])
 
         def finished(error: Error | None) -> None:
             end = time.monotonic_ns()
             status = 0 if error is None else int(getattr(error, "code", 2))
-            self.record_execution(op, ready_ns[0] or end, end, submission_id, queue=queue,
+            self.record_execution(op, state[0] or end, end, submission_id, queue=queue,
                                   worker=f"queue[{queue}]", command_buffer_id=command_buffer_id,
                                   status_code=status, payload_length=payload_length)
 
-        when_all_reached(list(wait), ready)
-        if signal:
+        if signal and self._host_on:
             when_all_reached(list(signal), finished)
         return submission_id
 
