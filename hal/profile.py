@@ -462,7 +462,7 @@ class Profile:
             return 0
         command_buffer_id = operation_count = 0
         for command_buffer in command_buffers:
-            cb_id = self._command_buffer_id(command_buffer)
+            cb_id = self.command_buffer_id(command_buffer)
             command_buffer_id = command_buffer_id or cb_id
             operation_count += len(getattr(command_buffer, "commands", ()))
         submitted = time.monotonic_ns()
@@ -498,10 +498,11 @@ class Profile:
             when_all_reached(list(signal), finished)
         return submission_id
 
-    def _command_buffer_id(self, command_buffer: Any) -> int:
+    def command_buffer_id(self, command_buffer: Any) -> int:
         """The command buffer's id in this session, describing it when first seen.
 
-        Held by weak reference: a profile must not keep a command buffer (and the
+        Drivers pass it (with the command's index) to `record_dispatch`, so the renderer
+        ties each dispatch span to its command. Held by weak reference: a profile must not keep a command buffer (and the
         buffers it binds) alive, or profiling would change the allocator's live bytes.
         """
         ids = self._command_buffer_objects
