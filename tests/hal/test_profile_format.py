@@ -368,6 +368,7 @@ def test_iree_profile_render_accepts_synthetic_jsonl(tmp_path):
     assert stats["dispatch_slices"] == 1 and stats["queue_device_slices"] == 1
     assert stats["queue_instants"] == 5 and stats["memory_instants"] == 4
     assert stats["relationship_flows"] == 6
+    assert stats["command_operation_instants"] == 2  # the two host dispatch spans
     assert stats["skipped_dispatches"] == stats["skipped_host_execution_events"] == 0
     names = slice_names(pftrace)
     assert {"matmul_dispatch_0", "add_dispatch_1", "queue-device:copy"} <= set(names)
