@@ -93,6 +93,7 @@ class Allocator:
         self._releasers = {h.name: self._releaser(h.name) for h in self.heaps}
         self._live_total = 0
         self._peak_total = 0
+        self.profile: Any = None  # a hal.profile.Profile while one records (Profile.attach)
 
     def __repr__(self) -> str:
         return f"<Allocator of {self.device_name}>"
@@ -191,6 +192,8 @@ class Allocator:
             self._live_total += delta
             if self._live_total > self._peak_total:
                 self._peak_total = self._live_total
+            if self.profile is not None:
+                self.profile.record_heap_change(heap, delta, self._live_total, self._peak_total)
 
     def _releaser(self, heap: str):
         def release(size: int) -> None:

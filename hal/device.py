@@ -61,6 +61,7 @@ from .buffer import Buffer
 from .command_buffer import CommandBuffer, as_buffer_ref
 from .executable import FORMATS, Executable
 from .execution import resolve_commands
+from .profile import Profile
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import Fence, Semaphore, SemaphorePoint, normalize_points, when_all_reached
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
@@ -104,6 +105,7 @@ class Device:
         self._watchers = 0  # threads waiting on `_idle`; retiring notifies only if any
         self.transient = TransientRingbuffer(self.allocator, transient_capacity)
         _live_devices.add(self)
+        self.profile: Profile | None = None  # set by Profile.attach; hooks test it
 
     def __repr__(self) -> str:
         return f"<Device {self.identifier}>"
@@ -248,6 +250,8 @@ class Device:
         ops: list[tuple] = []
         for cb in batch_list:
             ops.extend(resolve_commands(cb, binding_table, self.concurrency))
+        if self.profile is not None:
+            self.profile.record_submission("execute", wait_points, signal_points, batch_list)
         self._accept(wait_points, signal_points, (batch_list, binding_table, ops),
                      functools.partial(self._execute, ops))
 
@@ -255,7 +259,10 @@ class Device:
 
     def queue_barrier(self, wait: Points = (), signal: Points = ()) -> None:
         """Advances `signal` once `wait` is reached; no work."""
-        self._accept(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
+        wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        if self.profile is not None:
+            self.profile.record_submission("barrier", wait_points, signal_points)
+        self._accept(wait_points, signal_points,
                      None, _no_work)
 
     def queue_fill(self, target: Buffer, offset: int, length: int, pattern: int | bytes,
@@ -302,7 +309,10 @@ class Device:
             def read() -> None:
                 target.host_bytes()[ref.offset : ref.offset + length] = (
                     src[source_offset : source_offset + length])
-        self._accept(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
+        wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        if self.profile is not None:
+            self.profile.record_submission("read", wait_points, signal_points, payload_length=length)
+        self._accept(wait_points, signal_points,
                      (source, target), functools.partial(self._call, read))
 
     def queue_write(self, source: Buffer, source_offset: int, target: Any, target_offset: int,
@@ -330,7 +340,10 @@ class Device:
 
             def write() -> None:
                 dst[target_offset : target_offset + length] = data()
-        self._accept(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
+        wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        if self.profile is not None:
+            self.profile.record_submission("write", wait_points, signal_points, payload_length=length)
+        self._accept(wait_points, signal_points,
                      (source, target), functools.partial(self._call, write))
 
     def queue_alloca(self, size: int, wait: Points = (), signal: Points = (),
@@ -346,6 +359,8 @@ class Device:
         signal_points = normalize_points(signal, "signal")
         self.transient.check_size(size)
         buffer = self._alloca(size, memory_type, usage)
+        if self.profile is not None:
+            self.profile.record_submission("alloca", wait_points, signal_points, payload_length=size)
         self._accept(wait_points, signal_points, buffer,
                      functools.partial(self._commit_alloca, buffer))
         return buffer
@@ -360,8 +375,11 @@ class Device:
             self._dealloca(buffer)
             done(None)
 
-        self._accept(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
-                     buffer, dealloca)
+        wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        if self.profile is not None:
+            self.profile.record_submission("dealloca", wait_points, signal_points,
+                                           payload_length=buffer.byte_length)
+        self._accept(wait_points, signal_points, buffer, dealloca)
 
     # -- in-flight work ---------------------------------------------------------------
 
