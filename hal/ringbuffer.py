@@ -51,25 +51,6 @@ _EMPTY = np.zeros(0, dtype=np.uint8)
 GrantCallback = Callable[["RingBlock | None", "Error | None"], None]
 
 
-class _OwnedLock:
-    """A lock that records the thread holding it, so a finalizer running on that thread
-    (a garbage collection inside a locked section) can tell it must not wait for it."""
-
-    __slots__ = ("_lock", "owner")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.owner = 0
-
-    def __enter__(self) -> None:
-        self._lock.acquire()
-        self.owner = threading.get_ident()
-
-    def __exit__(self, *exc: object) -> None:
-        self.owner = 0
-        self._lock.release()
-
-
 _reclaim_queue: queue.SimpleQueue = queue.SimpleQueue()
 _reclaim_thread: list[threading.Thread] = []
 _reclaim_start = threading.Lock()
@@ -150,7 +131,9 @@ class TransientRingbuffer:
             )
         self.capacity = capacity & ~(ALIGNMENT - 1)
         self.allocator = allocator
-        self._lock = _OwnedLock()
+        # An RLock only so a finalizer can ask whether its own thread holds it (see
+        # `_retire_collected`); nothing re-enters it.
+        self._lock = threading.RLock()
         self._backing: np.ndarray | None = None
         self._blocks: collections.deque[RingBlock] = collections.deque()
         self._parked: collections.deque[tuple[int, GrantCallback]] = collections.deque()
@@ -238,7 +221,7 @@ class TransientRingbuffer:
         queues): so grants never run here, and if this thread holds the ring's lock the
         whole retirement moves to the reclaim thread. Live bytes drop here otherwise.
         """
-        if self._lock.owner == threading.get_ident():
+        if self._lock._is_owned():  # threading.Condition relies on the same query
             _reclaim(self.retire, block)
             return
         granted = self._free(block)
