@@ -134,6 +134,7 @@ class Context:
         self._programs: dict[str, ModuleInstance] = {}
         self._initialized = False
         self._init_error: Error | None = None
+        self._init_running: Any = None  # a trio.Event while initialize_async runs
         for m in self.modules:
             if not isinstance(m, (BytecodeModule, NativeModule)):
                 raise InvalidArgumentError(f"not a module: {type(m).__name__}")
@@ -269,14 +270,23 @@ class Context:
         if self._initialized:
             return
         self._check_initialized()
-        self._initialized = True
+        running = self._init_running
+        if running is not None:  # another task is initializing: its globals are not set yet
+            await running.wait()
+            self._check_initialized()
+            return
+        self._init_running = running = trio.Event()
         try:
             with trio.CancelScope(shield=True):
                 for f in self._init_functions():
                     await _drive_async(self._run(f, []))
+            self._initialized = True
         except BaseException as exc:
             self._init_failed(exc)
             raise
+        finally:
+            self._init_running = None
+            running.set()
         await trio.lowlevel.checkpoint_if_cancelled()
 
     def _init_failed(self, exc: BaseException) -> None:

@@ -217,6 +217,27 @@ for delay in (0.0, 0.0001, 0.0005, 0.002):
     got = dev.read_array(result.buffer).view(np.float32)
     assert np.allclose(got, 1 + 0.01 * 0.01 * 256), got[:4]
     dev.close()
+
+# Concurrent first calls: the later ones wait for the one running `__init`.
+dev = hal.create_device(driver)
+ctx = Context([create_hal_module(dev), load_module(path)], defer_init=True)
+x = BufferView.from_numpy(dev, np.ones((256, 256), np.float32))
+results = []
+
+async def call():
+    (result,) = await ctx.invoke_async("main", [x])
+    results.append(dev.read_array(result.buffer).view(np.float32))
+
+async def several():
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(call)
+
+trio.run(several)
+assert len(results) == 4
+for got in results:
+    assert np.allclose(got, 1 + 0.01 * 0.01 * 256), got[:4]
+dev.close()
 print("ok")
 """, str(vmfb), driver)
     assert out.strip().endswith("ok")
