@@ -100,7 +100,9 @@ class Device:
         self._closed = False
         self._in_flight: set[_Entry] = set()
         self._running = 0
-        self._entries_lock = threading.Lock()
+        # Re-entrant: a garbage collection under the lock may free a transient buffer whose
+        # ringbuffer retirement grants a parked queue_alloca, which retires its entry.
+        self._entries_lock = threading.RLock()
         self._idle = threading.Condition(self._entries_lock)  # for wait_idle() and close()
         self._watchers = 0  # threads waiting on `_idle`; retiring notifies only if any
         self.transient = TransientRingbuffer(self.allocator, transient_capacity)
@@ -133,11 +135,13 @@ class Device:
             f"{self!r} closed while a queue_alloca waited for ringbuffer space"))
         deadline = None if timeout is None else time.monotonic() + timeout
         self._wait_until(lambda: not self._running, timeout)
+        waiting: list[_Entry] = []
         with self._entries_lock:
-            waiting = [e for e in self._in_flight if e.state is _WAITING]
-            for entry in waiting:  # claimed under the lock: a late `ready` finds it retired
-                entry.state = _RETIRED
-                self._in_flight.discard(entry)
+            for entry in tuple(self._in_flight):
+                if entry.state is _WAITING:  # claimed: a late `ready` finds it retired
+                    entry.state = _RETIRED
+                    self._in_flight.discard(entry)
+                    waiting.append(entry)
         for entry in waiting:
             self._finish(entry, AbortedError(f"{self!r} closed before the work ran"))
         self.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -415,13 +419,21 @@ class Device:
                 resources: Any, start: Callable[[Completion], None]) -> None:
         """Registers a queue entry holding `resources`; once `wait` is reached calls
         `start(done)`, and `done(error)` (on any thread, once) retires the entry."""
-        entry = _Entry(signal, resources, start)
+        entry = _Entry(signal, resources, start if wait else None)
         with self._entries_lock:
             if self._closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
             self._in_flight.add(entry)
-
+            if not wait:  # nothing to wait for: it runs now
+                entry.state = _RUNNING
+                self._running += 1
         done = functools.partial(self._retire, entry)
+        if not wait:
+            try:
+                start(done)
+            except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
+                self._retire(entry, as_error(exc))
+            return
 
         def ready(error: Error | None) -> None:
             if error is not None:
@@ -448,15 +460,17 @@ class Device:
                 return
             entry.state = _RETIRED
         entry.resources = entry.start = None  # before the signal: a woken waiter sees it
-        self._complete(entry.signal, error)
-        # Counted as in flight until its signal has readied what depends on it, so that
-        # close() sees work made ready by running work as running, never as waiting.
-        with self._entries_lock:
-            self._in_flight.discard(entry)
-            if state is _RUNNING:
-                self._running -= 1
-            if self._watchers and (not self._running or not self._in_flight):
-                self._idle.notify_all()
+        try:
+            self._complete(entry.signal, error)
+        finally:
+            # Counted as in flight until its signal has readied what depends on it, so
+            # close() sees work made ready by running work as running, never as waiting.
+            with self._entries_lock:
+                self._in_flight.discard(entry)
+                if state is _RUNNING:
+                    self._running -= 1
+                if self._watchers and (not self._running or not self._in_flight):
+                    self._idle.notify_all()
 
     def _finish(self, entry: _Entry, error: Error | None) -> None:
         # The resource set goes before the signal, so a woken waiter sees it released.
