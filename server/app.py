@@ -42,7 +42,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..errors import Error, StatusCode
-from .admission import DeadlineExceeded, Overloaded
+from .admission import DeadlineExceeded, Overloaded, RunningInvocation
 from .metrics import Metrics
 from .protocol import ProtocolError, build_infer_response, parse_infer_request
 from .repository import ModelRepository, ModelVersion
@@ -99,6 +99,12 @@ class Server:
             m.queue.labels(*labels)
             m.compute.labels(*labels)
         self.loaded = True
+
+    def running_invocations(self) -> list[RunningInvocation]:
+        """Every invocation still running, over all model versions, oldest first."""
+        running = [r for mv in self.repository.all_versions() if mv.admission is not None
+                   for r in mv.admission.running_invocations()]
+        return sorted(running, key=lambda r: r.started)
 
     async def wait_idle(self) -> None:
         """Returns when no invocation runs (detached ones included)."""
@@ -212,7 +218,9 @@ def create_app(server: Server) -> Starlette:
             return out
 
         try:
-            results = await mv.admission.run(call, deadline, server.background, started)
+            label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
+            results = await mv.admission.run(call, deadline, server.background, started,
+                                             label)
         except Overloaded as exc:
             return _error(429, f"model '{mv.name}' is overloaded: {exc}; retry after "
                                f"{exc.retry_after} s", {"Retry-After": str(exc.retry_after)})

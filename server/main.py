@@ -13,7 +13,19 @@ unavailable and readiness stays 503.
 
 SIGTERM (or SIGINT) drains: readiness turns 503, the listener closes, requests in flight
 finish (up to --drain-timeout seconds), invocations still running in the background
-finish, then the process exits 0. A second signal exits at once with code 1.
+finish, then the process exits 0.
+
+Exit codes (always one of these, never death by a signal):
+
+    0  clean stop: every invocation finished within the drain budget
+    1  start-up failed: a model failed to load (with --exit-on-error)
+    2  bad command line or unusable environment (port in use, unreadable repository)
+    3  the drain budget ran out with invocations still running
+    4  a second SIGTERM/SIGINT during the drain
+
+With 3 and 4 the invocations still running are abandoned: each is logged (model, version,
+request id, seconds it ran), logs are flushed and the process ends at once with
+`os._exit`, without closing devices whose memory kernels may still be writing.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import signal
 import sys
 from functools import partial
@@ -33,7 +46,33 @@ from .repository import ModelRepository, bundled_models_dir
 
 log = logging.getLogger("tinyhal.server")
 
-__all__ = ["main", "serve"]
+__all__ = ["EXIT_DRAIN_TIMEOUT", "EXIT_OK", "EXIT_SECOND_SIGNAL", "EXIT_START_FAILED",
+           "EXIT_USAGE", "main", "serve"]
+
+EXIT_OK = 0
+EXIT_START_FAILED = 1
+EXIT_USAGE = 2
+EXIT_DRAIN_TIMEOUT = 3
+EXIT_SECOND_SIGNAL = 4
+
+
+def _abandon_and_exit(server: Server, code: int, why: str) -> None:
+    """Logs every invocation still running, flushes, and ends the process with `code`.
+
+    Device memory is never freed here: kernels of the abandoned invocations may still be
+    writing it, so the process ends without tearing anything down.
+    """
+    running = server.running_invocations()
+    now = trio.current_time()
+    log.error("%s: abandoning %d invocation(s) still running", why, len(running))
+    for r in running:
+        log.error("abandoned: %s (running %.3f s%s)", r.label, now - r.started,
+                  "; its request already got 504" if r.detached else "")
+    print(f"tinyhal-serve: stopped (exit {code})", flush=True)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -86,7 +125,7 @@ async def serve(args: argparse.Namespace) -> int:
     config.include_server_header = False
 
     shutdown = trio.Event()
-    exit_code = 0
+    exit_code = EXIT_OK
     drain_deadline = math.inf  # one budget for the whole drain, set when it starts
 
     async def watch_signals(task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -101,10 +140,8 @@ async def serve(args: argparse.Namespace) -> int:
                     drain_deadline = trio.current_time() + args.drain_timeout
                     shutdown.set()
                 else:
-                    log.warning("second signal: exiting without waiting")
-                    exit_code = 1
-                    outer.cancel_scope.cancel()
-                    return
+                    _abandon_and_exit(server, EXIT_SECOND_SIGNAL,
+                                      f"second {signal.Signals(signum).name}")
 
     async def run_http(front: trio.Nursery, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait,
@@ -124,7 +161,7 @@ async def serve(args: argparse.Namespace) -> int:
                 if failed and args.exit_on_error:
                     log.error("%d model version(s) failed to load; exiting "
                               "(--no-exit-on-error serves the rest)", len(failed))
-                    exit_code = 1
+                    exit_code = EXIT_START_FAILED
                     shutdown.set()
                 elif not shutdown.is_set():
                     names = [f"{mv.name}/{mv.version}" for mv in repository.all_versions()
@@ -142,10 +179,11 @@ async def serve(args: argparse.Namespace) -> int:
             # within what is left of the same drain budget
             if drain_deadline == math.inf:
                 drain_deadline = trio.current_time() + args.drain_timeout
-            with trio.move_on_at(drain_deadline) as budget:
+            with trio.move_on_at(drain_deadline):
                 await server.wait_idle()
-            if budget.cancelled_caught:
-                log.warning("drain timeout: abandoning invocations still running")
+            if server.running_invocations():
+                _abandon_and_exit(server, EXIT_DRAIN_TIMEOUT,
+                                  f"drain timeout ({args.drain_timeout:g} s)")
             outer.cancel_scope.cancel()
     finally:
         await trio.to_thread.run_sync(repository.close)
@@ -163,14 +201,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_timeout is not None and not (args.max_timeout > 0 and
                                              math.isfinite(args.max_timeout)):
         print("tinyhal-serve: --max-timeout must be a positive number", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    # until the server's own handler takes over, SIGTERM stops like a second signal
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         return trio.run(partial(serve, args))
     except FileNotFoundError as exc:
         print(f"tinyhal-serve: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        return 1
+        return EXIT_SECOND_SIGNAL
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -168,3 +168,37 @@ def test_other_devices_give_the_same_bits(tmp_path, start_server, device, execut
     assert (config["device"], config["execution"]) == (device, execution)
     m = server.metrics()
     assert m[("tinyhal_device_memory_peak_bytes", (("device", device),))] > 0
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_drain_timeout_exits_3_and_logs_what_it_abandoned(tmp_path, spin_vmfb, start_server,
+                                                          attempt):
+    """SIGTERM with --drain-timeout far below a running invocation's time: the documented
+    exit code 3, never a signal, and the log names the abandoned invocation."""
+    from tinyhal.server.main import EXIT_DRAIN_TIMEOUT
+
+    write_model(tmp_path, "spin", spin_vmfb, {"max_concurrency": 2})
+    server = start_server("--model-repository", str(tmp_path), "--drain-timeout", "0.2")
+    labels = (("model", "spin"), ("version", "1"))
+    body = {**_spin(4_000_000), "id": f"slow-{attempt}"}
+
+    def send() -> None:
+        try:
+            server.request("POST", "/v2/models/spin/infer", body, timeout=30)
+        except OSError:
+            pass  # the server ended with the request unanswered: that is the point
+
+    worker = threading.Thread(target=send, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while server.metrics().get(("tinyhal_inference_in_flight", labels)) != 1:
+        assert time.monotonic() < deadline, "the slow request never started"
+        time.sleep(0.02)
+    time.sleep(0.05 * attempt)  # a different point of the invocation each time
+    server.terminate()
+    code = server.wait(timeout=30)
+    assert code == EXIT_DRAIN_TIMEOUT, (code, "".join(server.stderr[-20:]))
+    err = "".join(server.stderr)
+    assert "abandoning 1 invocation(s)" in err, err
+    assert f"abandoned: model spin version 1 request slow-{attempt}" in err, err
+    assert f"stopped (exit {EXIT_DRAIN_TIMEOUT})" in "".join(server.stdout)
