@@ -3,8 +3,8 @@
     tinyhal-serve [--model-repository DIR] [--host HOST] [--port PORT] [--device DRIVER]
 
 With no arguments it serves the sample models bundled in the package on 127.0.0.1:8000.
-HTTP runs on hypercorn's trio worker; the app is a small Starlette (anyio on trio) app, so
-inference invocations (`Module.invoke_async`) interleave on the same trio event loop.
+HTTP/1.1 is h11 driven directly on trio streams (`server/http.py`), so connections and
+inference invocations (`Module.invoke_async`) interleave on one trio event loop.
 
 Start-up: the listener opens first (liveness answers at once), then models load in a
 worker thread and readiness turns 200. With --exit-on-error (default) a model that fails
@@ -41,7 +41,8 @@ from pathlib import Path
 
 import trio
 
-from .app import Server, create_app
+from .app import Server, error_response
+from .http import HttpServer
 from .repository import ModelRepository, bundled_models_dir
 
 log = logging.getLogger("tinyhal.server")
@@ -103,38 +104,39 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class StartupError(Exception):
+    """A one-line reason the server cannot start (exit code 2)."""
+
+
 async def serve(args: argparse.Namespace) -> int:
     """Runs the server until SIGTERM/SIGINT; returns the exit code."""
-    from hypercorn.config import Config
-    from hypercorn.trio import serve as hypercorn_serve
-
     root = args.model_repository or bundled_models_dir()
-    repository = ModelRepository(root, default_device=args.device)
+    try:
+        repository = ModelRepository(root, default_device=args.device)
+    except OSError as exc:
+        raise StartupError(f"cannot read the model repository {root}: "
+                           f"{exc.strerror or exc}") from None
     server = Server(repository, max_request_bytes=args.max_request_bytes,
                     max_timeout=args.max_timeout)
-    app = create_app(server)
-
-    config = Config()
-    config.bind = [f"[{args.host}]:{args.port}" if ":" in args.host else
-                   f"{args.host}:{args.port}"]
-    config.graceful_timeout = args.drain_timeout
-    config.keep_alive_timeout = args.keep_alive_timeout
-    config.accesslog = "-" if args.access_log else None
-    config.errorlog = logging.getLogger("hypercorn.error")  # through our logging setup
-    config.loglevel = args.log_level.upper()
-    config.include_server_header = False
+    http = HttpServer(server.handle, error_response, max_body=args.max_request_bytes,
+                      keep_alive_timeout=args.keep_alive_timeout, access_log=args.access_log)
+    try:
+        listeners = await trio.open_tcp_listeners(args.port, host=args.host)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {args.host} port {args.port}: "
+                           f"{exc.strerror or exc}") from None
 
     shutdown = trio.Event()
     exit_code = EXIT_OK
     drain_deadline = math.inf  # one budget for the whole drain, set when it starts
 
     async def watch_signals(task_status=trio.TASK_STATUS_IGNORED) -> None:
-        nonlocal exit_code, drain_deadline
+        nonlocal drain_deadline
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             task_status.started()
             async for signum in signals:
                 if not shutdown.is_set():
-                    log.info("%s: draining (finishing in-flight requests, up to %.0f s)",
+                    log.info("%s: draining (finishing in-flight requests, up to %g s)",
                              signal.Signals(signum).name, args.drain_timeout)
                     server.draining = True
                     drain_deadline = trio.current_time() + args.drain_timeout
@@ -143,42 +145,51 @@ async def serve(args: argparse.Namespace) -> int:
                     _abandon_and_exit(server, EXIT_SECOND_SIGNAL,
                                       f"second {signal.Signals(signum).name}")
 
-    async def run_http(front: trio.Nursery, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait,
-                              task_status=task_status)
-        front.cancel_scope.cancel()
+    http_done = trio.Event()
+
+    async def run_http() -> None:
+        try:
+            await http.serve(listeners)
+        finally:
+            http_done.set()
 
     try:
         async with trio.open_nursery() as outer:
             server.background = outer
             await outer.start(watch_signals)
-            async with trio.open_nursery() as front:
-                binds = await front.start(run_http, front)
-                for bind in binds:
-                    print(f"tinyhal-serve: listening on {bind}", flush=True)
-                failed = await trio.to_thread.run_sync(repository.load_all)
-                server.models_loaded()
-                if failed and args.exit_on_error:
-                    log.error("%d model version(s) failed to load; exiting "
-                              "(--no-exit-on-error serves the rest)", len(failed))
-                    exit_code = EXIT_START_FAILED
-                    shutdown.set()
-                elif not shutdown.is_set():
-                    names = [f"{mv.name}/{mv.version}" for mv in repository.all_versions()
-                             if mv.ready]
-                    if failed:
-                        print(f"tinyhal-serve: serving ({', '.join(names) or 'no models'}); "
-                              f"unavailable: "
-                              f"{', '.join(f'{mv.name}/{mv.version}' for mv in failed)}",
-                              flush=True)
-                    else:
-                        print(f"tinyhal-serve: ready ({', '.join(names) or 'no models'})",
-                              flush=True)
-            # hypercorn returned: the listener is closed and connections are done
-            # ... then invocations still running in the background (e.g. after a 504),
-            # within what is left of the same drain budget
+            outer.start_soon(run_http)
+            for listener in listeners:
+                host, port = listener.socket.getsockname()[:2]
+                host = f"[{host}]" if ":" in host else host
+                print(f"tinyhal-serve: listening on http://{host}:{port}", flush=True)
+            failed = await trio.to_thread.run_sync(repository.load_all)
+            server.models_loaded()
+            if failed and args.exit_on_error:
+                log.error("%d model version(s) failed to load; exiting "
+                          "(--no-exit-on-error serves the rest)", len(failed))
+                exit_code = EXIT_START_FAILED
+                server.draining = True
+                shutdown.set()
+            elif not shutdown.is_set():
+                names = [f"{mv.name}/{mv.version}" for mv in repository.all_versions()
+                         if mv.ready]
+                if failed:
+                    print(f"tinyhal-serve: serving ({', '.join(names) or 'no models'}); "
+                          f"unavailable: "
+                          f"{', '.join(f'{mv.name}/{mv.version}' for mv in failed)}",
+                          flush=True)
+                else:
+                    print(f"tinyhal-serve: ready ({', '.join(names) or 'no models'})",
+                          flush=True)
+            await shutdown.wait()
+            # the listener closes, idle connections close, requests in flight finish ...
+            http.drain()
             if drain_deadline == math.inf:
                 drain_deadline = trio.current_time() + args.drain_timeout
+            with trio.move_on_at(drain_deadline):
+                await http_done.wait()
+            # ... then invocations still running in the background (e.g. after a 504),
+            # within what is left of the same budget
             with trio.move_on_at(drain_deadline):
                 await server.wait_idle()
             if server.running_invocations():
@@ -198,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # no *_created series: they double the exposition
+    if not 0 <= args.port <= 65535:
+        print(f"tinyhal-serve: --port {args.port} is out of range (0-65535; 0 picks a free "
+              f"port)", file=sys.stderr)
+        return EXIT_USAGE
     if args.max_timeout is not None and not (args.max_timeout > 0 and
                                              math.isfinite(args.max_timeout)):
         print("tinyhal-serve: --max-timeout must be a positive number", file=sys.stderr)
@@ -206,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         return trio.run(partial(serve, args))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, StartupError) as exc:
         print(f"tinyhal-serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
