@@ -114,6 +114,40 @@ class Admission:
         while self.running:
             await self._idle.wait()
 
+    async def acquire(self) -> object:
+        """Waits for a free slot (no queue bound, no deadline); the token to release it.
+        For callers that queue requests themselves (the dynamic batcher)."""
+        token = object()
+        await self._limiter.acquire_on_behalf_of(token)
+        return token
+
+    def release(self, token: object) -> None:
+        self._limiter.release_on_behalf_of(token)
+
+    async def execute(self, fn: Callable[[], Awaitable[Any]], token: object, label: str) -> Any:
+        """Runs `await fn()` in the calling task under the slot `token` (from `acquire`),
+        counted as running and listed by `running_invocations()`; releases the slot."""
+        job = _Job(label, trio.current_time())
+        self._jobs.add(job)
+        self.running += 1
+        self._idle = trio.Event()
+        try:
+            return await fn()
+        finally:
+            self._finish(job, token)
+
+    def _finish(self, job: _Job, token: object) -> None:
+        elapsed = trio.current_time() - job.started
+        self._latency = elapsed if not self._latency else 0.8 * self._latency + 0.2 * elapsed
+        self.running -= 1
+        self._jobs.discard(job)
+        if job.detached:
+            self.detached -= 1
+        self._limiter.release_on_behalf_of(token)
+        job.done.set()
+        if not self.running:
+            self._idle.set()
+
     async def run(
         self,
         fn: Callable[[], Awaitable[Any]],
@@ -182,13 +216,4 @@ class Admission:
         except Exception as exc:  # noqa: BLE001 - handed to the waiting request
             job.error = exc
         finally:
-            elapsed = trio.current_time() - started
-            self._latency = elapsed if not self._latency else 0.8 * self._latency + 0.2 * elapsed
-            self.running -= 1
-            self._jobs.discard(job)
-            if job.detached:
-                self.detached -= 1
-            self._limiter.release_on_behalf_of(token)
-            job.done.set()
-            if not self.running:
-                self._idle.set()
+            self._finish(job, token)

@@ -9,6 +9,7 @@ Routes (V2 / Open Inference Protocol, plus the Triton extensions tritonclient us
     GET  /v2/models/{m}[/versions/{v}]/ready  200 ready, 503 not (404 unknown)
     GET  /v2/models/{m}[/versions/{v}]/config the model's serving configuration
     POST /v2/models/{m}[/versions/{v}]/infer  inference (JSON and binary tensors)
+    GET  /v2/models[/{m}[/versions/{v}]]/stats  statistics (Triton's extension; stats.py)
     POST /v2/repository/index                 every model version and its state
     GET  /metrics                             Prometheus exposition
 
@@ -93,8 +94,8 @@ class Server:
             labels = (mv.name, mv.version)
             m.requests.labels(*labels, "200")
             m.duration.labels(*labels)
-            m.queue.labels(*labels)
-            m.compute.labels(*labels)
+            for histogram in (m.queue, m.compute_input, m.compute_infer, m.compute_output):
+                histogram.labels(*labels)
         self.loaded = True
 
     async def handle(self, request: Request) -> Response:
@@ -141,6 +142,7 @@ class _Routes:
             "/v2/repository/index": {"POST": self.repository_index,
                                      "GET": self.repository_index},
             "/metrics": {"GET": self.metrics},
+            "/v2/models/stats": {"GET": self.model_stats},
         }
         # /v2/models/{m}[/versions/{v}][/<action>]
         self.model_actions = {
@@ -148,6 +150,7 @@ class _Routes:
             "ready": {"GET": self.model_ready},
             "config": {"GET": self.model_config},
             "infer": {"POST": self.infer},
+            "stats": {"GET": self.model_stats},
         }
 
     async def handle(self, request: Request) -> Response:
@@ -218,6 +221,18 @@ class _Routes:
                            ) -> Response:
         return json_response(self.repo.get(name, version).describe_config())
 
+    async def model_stats(self, request: Request, name: str | None = None,
+                          version: str | None = None) -> Response:
+        if name is None:
+            versions = self.repo.all_versions()
+        elif version is None:
+            self.repo.get(name)  # 404 for an unknown model
+            versions = list(self.repo.models[name].values())
+        else:
+            versions = [self.repo.get(name, version)]
+        return json_response({"model_stats": [mv.stats.doc(mv.name, mv.version)
+                                              for mv in versions]})
+
     async def repository_index(self, request: Request) -> Response:
         index = []
         for mv in self.repo.all_versions():
@@ -260,6 +275,7 @@ class _Routes:
             return error_response(503, f"model '{mv.name}' version {mv.version} is not "
                                        f"ready: {mv.reason or mv.state}", _RETRY)
         headers = request.headers
+        t_input = trio.current_time()
         try:
             body = _decode_body(request, server.max_request_bytes)
             req = parse_infer_request(body, headers.get("inference-header-content-length"))
@@ -267,41 +283,47 @@ class _Routes:
             deadline = _deadline(headers.get("inference-timeout"), req.timeout_us, mv,
                                  server.max_timeout, request.arrived)
         except ProtocolError as exc:
-            return error_response(exc.status, exc.message)
-
-        labels = (mv.name, mv.version)
-        metrics = server.metrics
-
-        def started(queued: float) -> None:
-            metrics.queue.labels(*labels).observe(queued)
-
-        async def call() -> Any:
-            t0 = trio.current_time()
-            out = await mv.invoke(args)
-            metrics.compute.labels(*labels).observe(trio.current_time() - t0)
-            return out
+            return self._failed(mv, request, error_response(exc.status, exc.message))
+        compute_input = trio.current_time() - t_input
 
         try:
             label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
-            results = await mv.admission.run(call, deadline, server.background, started,
-                                             label)
+            results, queued, compute_infer = await mv.infer(args, deadline, server.background,
+                                                            label)
         except Overloaded as exc:
-            return error_response(429, f"model '{mv.name}' is overloaded: {exc}; retry after "
-                                       f"{exc.retry_after} s",
-                                  [("retry-after", str(exc.retry_after))])
+            return self._failed(mv, request, error_response(
+                429, f"model '{mv.name}' is overloaded: {exc}; retry after "
+                     f"{exc.retry_after} s", [("retry-after", str(exc.retry_after))]))
         except DeadlineExceeded as exc:
-            return error_response(504, f"model '{mv.name}': {exc}")
+            return self._failed(mv, request, error_response(504, f"model '{mv.name}': {exc}"))
         except Error as exc:
             status = _ERROR_STATUS.get(exc.code, 500)
             if status == 500:
                 log.error("model %s version %s failed: %s", mv.name, mv.version, exc)
-            return error_response(status, f"model '{mv.name}' failed: {exc}",
-                                  _RETRY if status == 503 else None)
+            return self._failed(mv, request, error_response(
+                status, f"model '{mv.name}' failed: {exc}", _RETRY if status == 503 else None))
+        t_output = trio.current_time()
         out, header_length = build_infer_response(mv.name, mv.version, req, results)
         if header_length is None:
-            return Response(200, out, JSON)
-        return Response(200, out, "application/octet-stream",
-                        [("inference-header-content-length", str(header_length))])
+            response = Response(200, out, JSON)
+        else:
+            response = Response(200, out, "application/octet-stream",
+                                [("inference-header-content-length", str(header_length))])
+        done = trio.current_time()
+        labels = (mv.name, mv.version)
+        m, phases = server.metrics, mv.stats.phases
+        for histogram, phase, seconds in (
+                (m.queue, "queue", queued), (m.compute_input, "compute_input", compute_input),
+                (m.compute_infer, "compute_infer", compute_infer),
+                (m.compute_output, "compute_output", done - t_output)):
+            histogram.labels(*labels).observe(seconds)
+            phases[phase].add(seconds)
+        mv.stats.finished(True, done - request.arrived)
+        return response
+
+    def _failed(self, mv: ModelVersion, request: Request, response: Response) -> Response:
+        mv.stats.finished(False, trio.current_time() - request.arrived)
+        return response
 
 
 def _decode_body(request: Request, limit: int) -> bytes:

@@ -16,8 +16,15 @@ Requests and models:
 
     tinyhal_inference_requests_total{model,version,code}       by HTTP status code
     tinyhal_inference_request_duration_seconds{model,version}  end to end (histogram)
-    tinyhal_inference_queue_duration_seconds{model,version}    admission wait (histogram)
-    tinyhal_inference_compute_duration_seconds{model,version}  the invocation (histogram)
+    tinyhal_inference_queue_duration_seconds{model,version}    waiting for a slot / a batch
+    tinyhal_inference_compute_input_duration_seconds{model,version}   decoding the request
+    tinyhal_inference_compute_infer_duration_seconds{model,version}   the invocation
+    tinyhal_inference_compute_output_duration_seconds{model,version}  building the response
+        (the four phases of a successful request, as histograms: p99 aggregates across
+        replicas)
+    tinyhal_inference_count_total{model,version}               inferences (batch rows)
+    tinyhal_inference_exec_count_total{model,version}          invocations; with dynamic
+        batching inference_count / exec_count is the average batch size
     tinyhal_inference_in_flight{model,version}                 invocations running
     tinyhal_inference_queued{model,version}                    requests waiting for a slot
     tinyhal_inference_detached{model,version}                  running after their 504
@@ -94,12 +101,20 @@ class _StateCollector:
                                  labels=["model", "version", "function", "device", "execution"])
         ready = GaugeMetricFamily("tinyhal_model_ready", "1 when the model version is ready",
                                   labels=["model", "version"])
+        inferences = CounterMetricFamily("tinyhal_inference_count",
+                                         "Inferences served (batch rows)",
+                                         labels=["model", "version"])
+        executions = CounterMetricFamily("tinyhal_inference_exec_count",
+                                         "Invocations of the program (one per batch)",
+                                         labels=["model", "version"])
         load = GaugeMetricFamily("tinyhal_model_load_seconds",
                                  "Seconds the model version took to load",
                                  labels=["model", "version"])
         for mv in server.repository.all_versions():
             labels = [mv.name, mv.version]
             ready.add_metric(labels, 1 if mv.ready else 0)
+            inferences.add_metric(labels, mv.stats.inference_count)
+            executions.add_metric(labels, mv.stats.execution_count)
             if mv.admission is not None:
                 st = mv.admission.statistics()
                 in_flight.add_metric(labels, st.running)
@@ -112,7 +127,8 @@ class _StateCollector:
         draining = GaugeMetricFamily("tinyhal_server_draining",
                                      "1 once the server is draining (SIGTERM)")
         draining.add_metric([], 1 if server.draining else 0)
-        yield from (in_flight, queued, detached, info, ready, load, draining)
+        yield from (in_flight, queued, detached, info, ready, load, draining, inferences,
+                    executions)
 
 
 class Metrics:
@@ -131,10 +147,18 @@ class Metrics:
                                "Time an admitted request waited for a slot",
                                ["model", "version"], buckets=_LATENCY_BUCKETS,
                                registry=self.registry)
-        self.compute = Histogram("tinyhal_inference_compute_duration_seconds",
-                                 "Time of the invocation (completed ones)",
-                                 ["model", "version"], buckets=_LATENCY_BUCKETS,
-                                 registry=self.registry)
+        self.compute_input = Histogram("tinyhal_inference_compute_input_duration_seconds",
+                                       "Time decoding a request into arrays",
+                                       ["model", "version"], buckets=_LATENCY_BUCKETS,
+                                       registry=self.registry)
+        self.compute_infer = Histogram("tinyhal_inference_compute_infer_duration_seconds",
+                                       "Time of the invocation (with batching, the batch's)",
+                                       ["model", "version"], buckets=_LATENCY_BUCKETS,
+                                       registry=self.registry)
+        self.compute_output = Histogram("tinyhal_inference_compute_output_duration_seconds",
+                                        "Time building a response",
+                                        ["model", "version"], buckets=_LATENCY_BUCKETS,
+                                        registry=self.registry)
 
     def generate(self) -> bytes:
         from prometheus_client import generate_latest

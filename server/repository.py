@@ -12,8 +12,12 @@
     function          the export to serve (default: the only public export, else "main")
     device            driver: "task" | "sync" | "emu" (default: the server's --device)
     max_batch_size    > 0: the first dim of every input is a batch dim, at most this
+    dynamic_batching  {"max_queue_delay_microseconds": int, "preferred_batch_size": [int]}:
+                      batch queued requests into one invocation (needs max_batch_size > 0
+                      and a dynamic first dim on every input and output; see batching.py)
     max_concurrency   invocations running at once for this version (default 4)
     max_queue         requests waiting beyond that (default 16); more get 429
+                      (with dynamic_batching: requests waiting to be batched)
     timeout_s         default deadline of a request in seconds (default: none)
     execution         "async" (Module.invoke_async on the event loop; default for task
                       and emu) or "thread" (Module.invoke in a worker thread; default for
@@ -37,11 +41,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import trio
 
 from .. import load as load_module
 from ..errors import Error
 from .admission import Admission
+from .batching import BatchingConfig, DynamicBatcher, parse_batching_config
 from .protocol import DATATYPES, InferRequest, ProtocolError, datatype_for_mlir
+from .stats import ModelStatistics
 
 log = logging.getLogger("tinyhal.server")
 
@@ -49,7 +56,7 @@ __all__ = ["ModelRepository", "ModelVersion", "TensorSpec", "bundled_models_dir"
 
 _CONFIG_KEYS = {
     "function", "device", "max_batch_size", "max_concurrency", "max_queue", "timeout_s",
-    "execution", "input_names", "output_names", "description",
+    "execution", "input_names", "output_names", "description", "dynamic_batching",
 }
 DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_MAX_QUEUE = 16
@@ -119,6 +126,9 @@ class ModelVersion:
     timeout_s: float | None = None
     execution: str = "async"
     admission: Admission | None = None
+    batching: BatchingConfig | None = None
+    batcher: DynamicBatcher | None = None
+    stats: ModelStatistics = field(default_factory=ModelStatistics)
     load_seconds: float = 0.0
     _thread_lock: threading.Lock | None = None
 
@@ -133,6 +143,11 @@ class ModelVersion:
         start = time.perf_counter()
         config = self.config
         self.max_batch_size = _positive_int(config, "max_batch_size", 0, minimum=0)
+        try:
+            self.batching = parse_batching_config(config.get("dynamic_batching"),
+                                                  self.max_batch_size)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         max_concurrency = _positive_int(config, "max_concurrency", DEFAULT_MAX_CONCURRENCY)
         max_queue = _positive_int(config, "max_queue", DEFAULT_MAX_QUEUE, minimum=0)
         timeout = config.get("timeout_s")
@@ -156,6 +171,9 @@ class ModelVersion:
             raise
         self.module = module
         self.admission = Admission(max_concurrency, max_queue)
+        if self.batching is not None:
+            self.batcher = DynamicBatcher(self.batching, self.admission, self.invoke,
+                                          self.stats.executed)
         self.load_seconds = time.perf_counter() - start
         self.state = "READY"
 
@@ -182,6 +200,12 @@ class ModelVersion:
                 if spec.scalar or not spec.shape or spec.shape[0] != -1:
                     raise ConfigError(
                         f"max_batch_size needs a dynamic first dim on every input; "
+                        f"'{spec.name}' has shape {list(spec.shape)}")
+        if self.batching is not None:
+            for spec in self.outputs:
+                if spec.scalar or not spec.shape or spec.shape[0] != -1:
+                    raise ConfigError(
+                        f"dynamic_batching needs a dynamic first dim on every output; "
                         f"'{spec.name}' has shape {list(spec.shape)}")
 
     def _specs(self, args: Any, names: Any, what: str) -> list[TensorSpec]:
@@ -252,13 +276,33 @@ class ModelVersion:
             args.append(array)
         return args
 
+    async def infer(self, args: list[Any], deadline: float, background: Any, label: str
+                    ) -> tuple[list[tuple[str, str, np.ndarray]], float, float]:
+        """Runs one request's invocation under admission control (batched with others when
+        the model has dynamic batching): (results, seconds queued, seconds invoking)."""
+        if self.batcher is not None:
+            return await self.batcher.infer(args, deadline, background, label)
+        times = [0.0, 0.0]
+        rows = int(args[0].shape[0]) if self.max_batch_size else 1
+
+        def started(queued: float) -> None:
+            times[0] = queued
+
+        async def call() -> Any:
+            t0 = trio.current_time()
+            out = await self.invoke(args)
+            times[1] = trio.current_time() - t0
+            self.stats.executed(1, rows, times[1])
+            return out
+
+        results = await self.admission.run(call, deadline, background, started, label)
+        return results, times[0], times[1]
+
     async def invoke(self, args: list[Any]) -> list[tuple[str, str, np.ndarray]]:
         """Runs the function; [(output name, datatype, array)]."""
         if self.execution == "async":
             result = await self.module.invoke_async(self.function, *args)
         else:
-            import trio
-
             result = await trio.to_thread.run_sync(self._invoke_blocking, args)
         values = result if isinstance(result, tuple) else (result,)
         if len(self.outputs) == 0:
@@ -298,6 +342,7 @@ class ModelVersion:
             "device": self.device_name,
             "execution": self.execution,
             "max_batch_size": self.max_batch_size,
+            "dynamic_batching": self.batching.describe() if self.batching else None,
             "max_concurrency": admission.max_concurrency if admission else None,
             "max_queue": admission.max_queue if admission else None,
             "timeout_s": self.timeout_s,
