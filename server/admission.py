@@ -121,6 +121,15 @@ class Admission:
         await self._limiter.acquire_on_behalf_of(token)
         return token
 
+    def try_acquire(self) -> object | None:
+        """A slot's token if one is free now, else None."""
+        token = object()
+        try:
+            self._limiter.acquire_on_behalf_of_nowait(token)
+        except trio.WouldBlock:
+            return None
+        return token
+
     def release(self, token: object) -> None:
         self._limiter.release_on_behalf_of(token)
 

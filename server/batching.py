@@ -114,9 +114,18 @@ class DynamicBatcher:
             self._started = True
             background.start_soon(self._schedule, background)
         pending = _Pending(args, deadline, label)
-        self._queue.append(pending)
-        self.admission.queued += 1
-        self._wakeup.set()
+        token = None
+        if not self._queue and not self.config.max_queue_delay_us:
+            token = self.admission.try_acquire()
+        if token is not None:
+            # nothing to batch with and a slot free: a batch of one, without a hop through
+            # the scheduler task
+            pending.taken = True
+            background.start_soon(self._run, [pending], token)
+        else:
+            self._queue.append(pending)
+            self.admission.queued += 1
+            self._wakeup.set()
         with trio.move_on_at(deadline):
             await pending.done.wait()
         if pending.done.is_set():

@@ -91,7 +91,7 @@ def test_peak_device_memory_on_metrics_matches_the_allocator(tmp_path, start_ser
     vmfb = tmp_path / "mlp_classifier/1/model.vmfb"
     x = np.random.default_rng(5).normal(size=(48, 16)).astype(np.float32)
 
-    module = tinyhal.load(vmfb, device="task")
+    module = tinyhal.load(vmfb, device="sync")  # the bundled config's device
     try:
         module.invoke("predict", x)
         expected = module.statistics()
@@ -104,9 +104,9 @@ def test_peak_device_memory_on_metrics_matches_the_allocator(tmp_path, start_ser
                     "data": x.tolist()}]})
     assert status == 200, body
     m = server.metrics()
-    assert m[("tinyhal_device_memory_peak_bytes", (("device", "task"),))] == expected.peak_bytes
+    assert m[("tinyhal_device_memory_peak_bytes", (("device", "sync"),))] == expected.peak_bytes
     for heap, stats in expected.heaps.items():
-        key = (("device", "task"), ("heap", heap))
+        key = (("device", "sync"), ("heap", heap))
         assert m[("tinyhal_device_heap_peak_bytes", key)] == stats.peak_bytes, heap
         assert m[("tinyhal_device_heap_live_bytes", key)] == stats.live_bytes, heap
         assert m[("tinyhal_device_heap_allocations_total", key)] == stats.allocation_count
@@ -122,7 +122,9 @@ def test_no_arguments_serves_the_bundled_samples():
         assert repo.load_all() == []
         assert sorted(repo.models) == ["mlp_classifier", "saxpy"]
         mv = repo.get("mlp_classifier")
-        assert (mv.function, mv.max_batch_size, mv.device_name) == ("predict", 64, "task")
+        assert (mv.function, mv.max_batch_size, mv.device_name, mv.execution) == \
+            ("predict", 64, "sync", "async")
+        assert mv.batcher is not None
     finally:
         repo.close()
 
@@ -147,6 +149,10 @@ def test_other_devices_give_the_same_bits(tmp_path, start_server, device, execut
     import iree.runtime as rt
 
     shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")
+    config_path = tmp_path / "mlp_classifier/config.json"
+    config = json.loads(config_path.read_text())
+    del config["device"], config["execution"]  # the server's --device decides
+    config_path.write_text(json.dumps(config))
     server = start_server("--model-repository", str(tmp_path), "--device", device)
     x = np.random.default_rng(9).normal(size=(3, 16)).astype(np.float32)
     head = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [3, 16],
