@@ -83,8 +83,11 @@ class Server:
 
     @property
     def ready(self) -> bool:
-        return self.loaded and not self.draining and all(
-            mv.ready for mv in self.repository.all_versions())
+        """Every model version loaded, at least one of them, and not draining (a server
+        with no model to serve is not ready: it would only answer 404s)."""
+        versions = self.repository.all_versions()
+        return self.loaded and not self.draining and bool(versions) and all(
+            mv.ready for mv in versions)
 
     def models_loaded(self) -> None:
         """Marks loading done and creates every model's request series at zero, so

@@ -14,6 +14,13 @@ wire format can be tested without a server:
 - Datatypes BOOL, INT8..INT64, UINT8..UINT64, FP16, FP32, FP64. BYTES (and BF16) are
   rejected with a message saying so: no tinyhal model takes strings.
 
+Strictness (every case is a 400 naming what is wrong): JSON nested deeper than
+`MAX_JSON_DEPTH` (400) levels; `data` that is ragged, nested unlike `shape` or holds values
+of the wrong JSON type; values that do not fit the datatype (an integer out of range, a
+finite number that overflows FP16/FP32); shapes with a negative dimension or an element
+count over 2**63 - 1; boolean parameters (`binary_data_output`, `binary_data`) that are
+not JSON booleans; `Inference-Header-Content-Length` outside (0, body length].
+
 Every malformed request raises `ProtocolError(status, message)`; the app turns it into a
 V2 error body `{"error": message}` with that status.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +40,7 @@ __all__ = [
     "InferRequest",
     "ProtocolError",
     "RequestedOutput",
+    "MAX_JSON_DEPTH",
     "build_infer_response",
     "datatype_for_mlir",
     "parse_infer_request",
@@ -52,6 +61,11 @@ DATATYPES: dict[str, np.dtype] = {
     "FP32": np.dtype("<f4"),
     "FP64": np.dtype("<f8"),
 }
+MAX_JSON_DEPTH = 400
+_MAX_ELEMENTS = 2**63 - 1
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
 _UNSUPPORTED = {
     "BYTES": "BYTES (string) tensors are not supported: tinyhal models take numeric tensors",
     "BF16": "BF16 tensors are not supported by this server",
@@ -129,33 +143,39 @@ def _shape(value: Any, what: str) -> tuple[int, ...]:
         raise _bad(f"{what} 'shape' must be a list of integers, not {value!r}")
     if any(d < 0 for d in value):
         raise _bad(f"{what} 'shape' {value} has a negative dimension")
+    if math.prod(value) > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in value):
+        raise _bad(f"{what} 'shape' {value} has more elements than fit in a 64-bit count")
     return tuple(value)
 
 
-def _flatten(data: Any) -> list:
-    """Nested JSON lists to one flat row-major list (data may be flat already)."""
+def _flatten(data: Any, shape: tuple[int, ...], name: str) -> list:
+    """`data` as one flat row-major list: either flat already, or nested exactly as `shape`
+    says (every level a list of the dim's length, scalars only at the innermost)."""
     if not isinstance(data, list):
-        return [data]
-    if not data or not isinstance(data[0], list):
-        if any(isinstance(x, list) for x in data):
-            raise _bad("'data' mixes lists and scalars at one level")
+        raise _bad(f"input '{name}' 'data' must be a list, not {type(data).__name__}")
+    if not any(type(x) is list for x in data):
         return data
-    out: list = []
-    stack = [iter(data)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                stack.append(iter(item))
-                break
-            out.append(item)
-        else:
-            stack.pop()
-    return out
+    if len(data) != (shape[0] if shape else 1):
+        raise _bad(f"input '{name}' 'data' has {len(data)} items at the outer level but "
+                   f"shape {list(shape)} needs {shape[0] if shape else 1}")
+    level = data
+    for depth in range(1, len(shape)):
+        nxt: list = []
+        want = shape[depth]
+        for item in level:
+            if type(item) is not list or len(item) != want:
+                raise _bad(f"input '{name}' 'data' is ragged or nested unlike shape "
+                           f"{list(shape)}: expected lists of {want} at depth {depth}")
+            nxt.extend(item)
+        level = nxt
+    if any(type(x) is list for x in level):
+        raise _bad(f"input '{name}' 'data' is nested deeper than shape {list(shape)}")
+    return level
 
 
 def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
     dtype = DATATYPES[datatype]
-    flat = _flatten(data)
+    flat = _flatten(data, shape, name)
     count = math.prod(shape)
     if len(flat) != count:
         raise _bad(f"input '{name}' has {len(flat)} elements in 'data' but shape "
@@ -177,8 +197,37 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
     if not all(type(x) in (int, float) for x in flat):
         bad = next(x for x in flat if type(x) not in (int, float))
         raise _bad(f"input '{name}' is {datatype}: 'data' must hold numbers, found {bad!r}")
+    try:
+        wide = np.array(flat, dtype=np.float64)
+    except OverflowError:
+        raise _bad(f"input '{name}' has a value that does not fit {datatype}") from None
     with np.errstate(over="ignore"):
-        return np.array(flat, dtype=dtype).reshape(shape)
+        array = wide.astype(dtype)
+    if dtype != wide.dtype and not np.isfinite(array).all():
+        bad = np.isinf(array) & np.isfinite(wide)
+        if bad.any():
+            raise _bad(f"input '{name}' has the value {wide[bad][0]!r}, which does not fit "
+                       f"{datatype} (largest finite {float(np.finfo(dtype).max)!r})")
+    return array.reshape(shape)
+
+
+def _bool(value: Any, what: str) -> bool | None:
+    if value is None or type(value) is bool:
+        return value
+    raise _bad(f"{what} must be true or false, not {value!r}")
+
+
+def _check_depth(head: bytes) -> None:
+    """400 if the JSON nests deeper than MAX_JSON_DEPTH (checked on the bytes, in C-speed
+    steps, before a recursive parser sees them)."""
+    if head.count(b"[") + head.count(b"{") <= MAX_JSON_DEPTH:
+        return
+    brackets = _JSON_STRING.sub(b"", head).translate(None, _NOT_BRACKETS)
+    steps = np.frombuffer(brackets, np.uint8)
+    opening = (steps == ord("[")) | (steps == ord("{"))
+    depth = np.cumsum(np.where(opening, 1, -1), dtype=np.int64)
+    if depth.size and depth.max() > MAX_JSON_DEPTH:
+        raise _bad(f"request JSON is nested deeper than {MAX_JSON_DEPTH} levels")
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
@@ -190,9 +239,9 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
     except ValueError:
         raise _bad(f"Inference-Header-Content-Length must be an integer, not "
                    f"{header_length!r}") from None
-    if not 0 <= n <= len(body):
+    if not 0 < n <= len(body):
         raise _bad(f"Inference-Header-Content-Length {n} is outside the body of "
-                   f"{len(body)} bytes")
+                   f"{len(body)} bytes (it must be in (0, {len(body)}])")
     view = memoryview(body)
     return bytes(view[:n]), view[n:]
 
@@ -200,10 +249,13 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
 def parse_infer_request(body: bytes, header_length: str | None = None) -> InferRequest:
     """Parses an inference request body (JSON, optionally followed by binary tensors)."""
     head, tail = split_body(body, header_length)
+    _check_depth(head)
     try:
         doc = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long integers
         raise _bad(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _bad(f"request JSON is nested deeper than {MAX_JSON_DEPTH} levels") from None
     if not isinstance(doc, dict):
         raise _bad("request body must be a JSON object")
     request_id = doc.get("id")
@@ -279,14 +331,16 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
             if item["name"] in seen:
                 raise _bad(f"output '{item['name']}' is requested more than once")
             seen.add(item["name"])
-            binary = oparams.get("binary_data")
-            outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary)))
+            binary = _bool(oparams.get("binary_data"), f"output '{item['name']}' parameter "
+                                                       f"'binary_data'")
+            outputs.append(RequestedOutput(item["name"], binary))
     return InferRequest(
         id=request_id,
         inputs=inputs,
         input_datatypes=datatypes,
         outputs=outputs,
-        binary_output=bool(parameters.get("binary_data_output", False)),
+        binary_output=bool(_bool(parameters.get("binary_data_output"),
+                                 "parameter 'binary_data_output'")),
         parameters=parameters,
     )
 

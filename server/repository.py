@@ -376,7 +376,15 @@ class ModelRepository:
             versions: dict[str, ModelVersion] = {}
             for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
                 vmfb = version_dir / "model.vmfb"
-                if not version_dir.name.isdigit() or not vmfb.exists():
+                if not version_dir.name.isdigit():
+                    log.warning("model %s: skipping %s/: version directories are named by "
+                                "integers", model_dir.name, version_dir.name)
+                    continue
+                if not vmfb.exists():
+                    found = sorted(p.name for p in version_dir.iterdir())
+                    log.warning("model %s version %s: no model.vmfb in %s (found: %s); "
+                                "skipped", model_dir.name, version_dir.name, version_dir,
+                                ", ".join(found) or "nothing")
                     continue
                 mv = ModelVersion(model_dir.name, version_dir.name, vmfb, {}, self.default_device)
                 try:
@@ -392,6 +400,9 @@ class ModelRepository:
                 except ConfigError as exc:
                     mv.state, mv.reason = "UNAVAILABLE", str(exc)
                 versions[version_dir.name] = mv
+            if not versions:
+                log.warning("model %s: no version directory with a model.vmfb under %s; "
+                            "skipped", model_dir.name, model_dir)
             if versions:
                 self.models[model_dir.name] = dict(
                     sorted(versions.items(), key=lambda kv: _version_key(kv[0])))
@@ -416,6 +427,7 @@ class ModelRepository:
                 failed.append(mv)
                 log.error("model %s version %s: %s", mv.name, mv.version, mv.reason)
                 continue
+            log.info("loading model %s version %s from %s", mv.name, mv.version, mv.path)
             try:
                 device = self.device(mv.device_name)
                 mv.load(device, self._device_locks[mv.device_name])
