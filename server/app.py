@@ -11,6 +11,8 @@ Routes (V2 / Open Inference Protocol, plus the Triton extensions tritonclient us
     POST /v2/models/{m}[/versions/{v}]/infer  inference (JSON and binary tensors)
     GET  /v2/models[/{m}[/versions/{v}]]/stats  statistics (Triton's extension; stats.py)
     POST /v2/repository/index                 every model version and its state
+    POST /v2/repository/models/{m}/load       (re)load a model: new versions picked up
+    POST /v2/repository/models/{m}/unload     stop serving a model (after what is admitted)
     GET  /metrics                             Prometheus exposition
 
 Every error body is `{"error": "..."}`. Status codes: 400 malformed request, bad
@@ -79,27 +81,31 @@ class Server:
         self.draining = False
         self.background: trio.Nursery | None = None
         self.metrics = Metrics(self)
+        self.repository_lock = trio.Lock()  # one load/unload at a time
         self._routes = _Routes(self)
 
     @property
     def ready(self) -> bool:
         """Every model version loaded, at least one of them, and not draining (a server
         with no model to serve is not ready: it would only answer 404s)."""
-        versions = self.repository.all_versions()
+        versions = [mv for mv in self.repository.all_versions() if not mv.unloaded]
         return self.loaded and not self.draining and bool(versions) and all(
             mv.ready for mv in versions)
 
     def models_loaded(self) -> None:
         """Marks loading done and creates every model's request series at zero, so
         dashboards and alert rules see them before the first request."""
-        m = self.metrics
         for mv in self.repository.all_versions():
-            labels = (mv.name, mv.version)
-            m.requests.labels(*labels, "200")
-            m.duration.labels(*labels)
-            for histogram in (m.queue, m.compute_input, m.compute_infer, m.compute_output):
-                histogram.labels(*labels)
+            self.create_series(mv)
         self.loaded = True
+
+    def create_series(self, mv: ModelVersion) -> None:
+        m = self.metrics
+        labels = (mv.name, mv.version)
+        m.requests.labels(*labels, "200")
+        m.duration.labels(*labels)
+        for histogram in (m.queue, m.compute_input, m.compute_infer, m.compute_output):
+            histogram.labels(*labels)
 
     async def handle(self, request: Request) -> Response:
         """Answers one HTTP request (never raises: a failure of ours is a 500)."""
@@ -178,6 +184,10 @@ class _Routes:
         if methods is not None:
             return methods, ()
         parts = path.split("/")
+        # ["", "v2", "repository", "models", name, "load" | "unload"]
+        if len(parts) == 6 and parts[1:4] == ["v2", "repository", "models"] and parts[4]:
+            action = {"load": self.load_model, "unload": self.unload_model}.get(parts[5])
+            return ({"POST": action}, (parts[4],)) if action else (None, ())
         # ["", "v2", "models", name, ("versions", v)?, action?]
         if len(parts) < 4 or parts[1] != "v2" or parts[2] != "models" or not parts[3]:
             return None, ()
@@ -236,9 +246,62 @@ class _Routes:
         return json_response({"model_stats": [mv.stats.doc(mv.name, mv.version)
                                               for mv in versions]})
 
+    async def load_model(self, request: Request, name: str) -> Response:
+        """Triton's repository `load`: (re)reads the model's directory; new versions (and
+        failed or unloaded ones) load, versions whose directory is gone unload."""
+        if request.body.strip():
+            try:
+                doc = json.loads(request.body)
+            except ValueError as exc:
+                raise ProtocolError(400, f"load request body is not valid JSON: {exc}") \
+                    from None
+            params = doc.get("parameters") if isinstance(doc, dict) else None
+            if params:
+                raise ProtocolError(400, f"load parameters are not supported "
+                                         f"({', '.join(map(str, params))}): put the "
+                                         f"config in the model's config.json")
+        server = self.server
+        async with server.repository_lock:
+            to_load, removed = self.repo.rescan_model(name)
+            for mv in removed:
+                await mv.unload()
+                self.repo.forget(mv)
+            failed = await trio.to_thread.run_sync(self.repo.load_versions, to_load)
+            for mv in to_load:
+                server.create_series(mv)
+        if failed:
+            return error_response(400, f"failed to load '{name}': " + "; ".join(
+                f"version {mv.version}: {mv.reason}" for mv in failed))
+        return json_response({})
+
+    async def unload_model(self, request: Request, name: str) -> Response:
+        """Triton's repository `unload`: every version of the model stops serving once
+        what is admitted finished (new requests get 503 meanwhile)."""
+        async with self.server.repository_lock:
+            versions = self.repo.models.get(name)
+            if versions is None:
+                raise ProtocolError(404, f"unknown model '{name}'")
+            async with trio.open_nursery() as nursery:
+                for mv in versions.values():
+                    nursery.start_soon(mv.unload)
+        return json_response({})
+
     async def repository_index(self, request: Request) -> Response:
+        only_ready = False
+        if request.method == "POST" and request.body.strip():
+            try:
+                doc = json.loads(request.body)
+            except ValueError as exc:
+                raise ProtocolError(400, f"index request body is not valid JSON: {exc}") \
+                    from None
+            ready_flag = doc.get("ready", False) if isinstance(doc, dict) else None
+            if type(ready_flag) is not bool:
+                raise ProtocolError(400, "index request 'ready' must be true or false")
+            only_ready = ready_flag
         index = []
         for mv in self.repo.all_versions():
+            if only_ready and not mv.ready:
+                continue
             entry = {"name": mv.name, "version": mv.version, "state": mv.state}
             if mv.reason:
                 entry["reason"] = mv.reason

@@ -116,7 +116,7 @@ class ModelVersion:
     path: Path
     config: dict
     device_name: str
-    state: str = "LOADING"  # LOADING | READY | UNAVAILABLE
+    state: str = "LOADING"  # LOADING | READY | UNLOADING | UNAVAILABLE
     reason: str = ""
     module: Any = None
     function: str = ""
@@ -130,6 +130,7 @@ class ModelVersion:
     batcher: DynamicBatcher | None = None
     stats: ModelStatistics = field(default_factory=ModelStatistics)
     load_seconds: float = 0.0
+    unloaded: bool = False  # unloaded on request: not counted against server readiness
     _thread_lock: threading.Lock | None = None
 
     @property
@@ -318,6 +319,23 @@ class ModelVersion:
             out.append((spec.name, spec.datatype, array))
         return out
 
+    async def unload(self) -> None:
+        """Stops serving this version: new requests get 503 at once, requests already
+        admitted or queued finish, then the module closes (never under a running
+        invocation). Its state becomes UNAVAILABLE, reason "unloaded"."""
+        if self.state == "READY":
+            self.state = "UNLOADING"
+        admission = self.admission
+        while admission is not None and (admission.running or admission.queued or (
+                self.batcher is not None and self.batcher.queued)):
+            await admission.wait_idle()
+            await trio.sleep(0.005)
+        module, self.module = self.module, None
+        if module is not None:
+            await trio.to_thread.run_sync(module.close)
+        self.state, self.reason, self.unloaded = "UNAVAILABLE", "unloaded", True
+        log.info("unloaded model %s version %s", self.name, self.version)
+
     def _invoke_blocking(self, args: list[Any]) -> Any:
         with self._thread_lock:
             return self.module.invoke(self.function, *args)
@@ -373,39 +391,68 @@ class ModelRepository:
         for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
             if model_dir.name.startswith((".", "_")):
                 continue
-            versions: dict[str, ModelVersion] = {}
-            for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
-                vmfb = version_dir / "model.vmfb"
-                if not version_dir.name.isdigit():
-                    log.warning("model %s: skipping %s/: version directories are named by "
-                                "integers", model_dir.name, version_dir.name)
-                    continue
-                if not vmfb.exists():
-                    found = sorted(p.name for p in version_dir.iterdir())
-                    log.warning("model %s version %s: no model.vmfb in %s (found: %s); "
-                                "skipped", model_dir.name, version_dir.name, version_dir,
-                                ", ".join(found) or "nothing")
-                    continue
-                mv = ModelVersion(model_dir.name, version_dir.name, vmfb, {}, self.default_device)
-                try:
-                    config = _read_config(model_dir / "config.json")
-                    config.update(_read_config(version_dir / "config.json"))
-                    mv.config = config
-                    device = config.get("device", self.default_device)
-                    if not isinstance(device, str):
-                        raise ConfigError(f"config 'device' must be a driver name, not "
-                                          f"{device!r}")
-                    mv.device_name = {"local-task": "task", "local-sync": "sync",
-                                      "local-emu": "emu"}.get(device, device)
-                except ConfigError as exc:
-                    mv.state, mv.reason = "UNAVAILABLE", str(exc)
-                versions[version_dir.name] = mv
-            if not versions:
-                log.warning("model %s: no version directory with a model.vmfb under %s; "
-                            "skipped", model_dir.name, model_dir)
+            versions = self._scan_model(model_dir)
             if versions:
-                self.models[model_dir.name] = dict(
-                    sorted(versions.items(), key=lambda kv: _version_key(kv[0])))
+                self.models[model_dir.name] = versions
+
+    def _scan_model(self, model_dir: Path) -> dict[str, ModelVersion]:
+        versions: dict[str, ModelVersion] = {}
+        for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
+            vmfb = version_dir / "model.vmfb"
+            if not version_dir.name.isdigit():
+                log.warning("model %s: skipping %s/: version directories are named by "
+                            "integers", model_dir.name, version_dir.name)
+                continue
+            if not vmfb.exists():
+                found = sorted(p.name for p in version_dir.iterdir())
+                log.warning("model %s version %s: no model.vmfb in %s (found: %s); "
+                            "skipped", model_dir.name, version_dir.name, version_dir,
+                            ", ".join(found) or "nothing")
+                continue
+            mv = ModelVersion(model_dir.name, version_dir.name, vmfb, {}, self.default_device)
+            try:
+                config = _read_config(model_dir / "config.json")
+                config.update(_read_config(version_dir / "config.json"))
+                mv.config = config
+                device = config.get("device", self.default_device)
+                if not isinstance(device, str):
+                    raise ConfigError(f"config 'device' must be a driver name, not "
+                                      f"{device!r}")
+                mv.device_name = {"local-task": "task", "local-sync": "sync",
+                                  "local-emu": "emu"}.get(device, device)
+            except ConfigError as exc:
+                mv.state, mv.reason = "UNAVAILABLE", str(exc)
+            versions[version_dir.name] = mv
+        if not versions:
+            log.warning("model %s: no version directory with a model.vmfb under %s; "
+                        "skipped", model_dir.name, model_dir)
+        return dict(sorted(versions.items(), key=lambda kv: _version_key(kv[0])))
+
+    def rescan_model(self, name: str) -> tuple[list[ModelVersion], list[ModelVersion]]:
+        """Reads `name`'s directory again for the model-repository extension's `load`:
+        versions loaded stay as they are; new, failed and unloaded ones are made afresh
+        (to be loaded); versions whose directory is gone are returned to be unloaded.
+        Returns (to load, to unload). ProtocolError 400 when there is nothing to load."""
+        model_dir = self.root / name
+        if not name or name.startswith((".", "_")) or "/" in name or not model_dir.is_dir():
+            raise ProtocolError(400, f"failed to load '{name}': no directory {name}/ in the "
+                                     f"model repository")
+        try:
+            fresh = self._scan_model(model_dir)
+        except OSError as exc:
+            raise ProtocolError(400, f"failed to load '{name}': {exc}") from None
+        if not fresh:
+            raise ProtocolError(400, f"failed to load '{name}': no version directory with "
+                                     f"a model.vmfb")
+        current = self.models.get(name, {})
+        merged = {v: (current[v] if v in current and current[v].ready else mv)
+                  for v, mv in fresh.items()}
+        removed = [mv for v, mv in current.items() if v not in fresh]
+        self.models[name] = {**{v: mv for v, mv in current.items() if v not in fresh},
+                             **merged}
+        self.models[name] = dict(sorted(self.models[name].items(),
+                                        key=lambda kv: _version_key(kv[0])))
+        return [mv for mv in merged.values() if not mv.ready], removed
 
     def all_versions(self) -> list[ModelVersion]:
         return [mv for versions in self.models.values() for mv in versions.values()]
@@ -421,8 +468,12 @@ class ModelRepository:
 
     def load_all(self) -> list[ModelVersion]:
         """Loads every version (blocking); returns those that failed."""
+        return self.load_versions(self.all_versions())
+
+    def load_versions(self, versions: list[ModelVersion]) -> list[ModelVersion]:
+        """Loads `versions` (blocking); returns those that failed."""
         failed = []
-        for mv in self.all_versions():
+        for mv in versions:
             if mv.state == "UNAVAILABLE":
                 failed.append(mv)
                 log.error("model %s version %s: %s", mv.name, mv.version, mv.reason)
@@ -455,6 +506,14 @@ class ModelRepository:
             raise ProtocolError(404, f"unknown version '{version}' of model '{name}'; "
                                      f"versions: {', '.join(versions)}")
         return mv
+
+    def forget(self, mv: ModelVersion) -> None:
+        """Drops an unloaded version whose directory is gone from the repository."""
+        versions = self.models.get(mv.name, {})
+        if versions.get(mv.version) is mv:
+            del versions[mv.version]
+        if not versions:
+            self.models.pop(mv.name, None)
 
     def close(self) -> None:
         for mv in self.all_versions():
