@@ -9,6 +9,11 @@ Device memory is read from `Allocator.statistics()` at scrape time (exact, no po
     tinyhal_device_heap_allocated_bytes_total{device,heap}
     tinyhal_device_heap_allocations_total{device,heap}
 
+Per model version (what one pod needs per model, which the device-wide peak cannot say):
+
+    tinyhal_model_memory_peak_bytes{model,version,device}  most device memory one
+        invocation held, transients included (see memory.py)
+
 The device-wide figures are separate metrics (not a heap="all" label) so that summing the
 per-heap series never double-counts. Peaks are since start (the allocator's own peaks).
 
@@ -78,12 +83,14 @@ class _StateCollector:
         heap_count = CounterMetricFamily("tinyhal_device_heap_allocations",
                                          "Allocations ever made from one device heap",
                                          labels=["device", "heap"])
+        memory = server.repository.memory
         for name, device in list(server.repository.devices.items()):
             stats = device.allocator.statistics()
-            peak.add_metric([name], stats.peak_bytes)
+            peak_bytes, heap_peaks = memory.device_peaks(name, stats)
+            peak.add_metric([name], peak_bytes)
             live.add_metric([name], stats.live_bytes)
             for heap, h in stats.heaps.items():
-                heap_peak.add_metric([name, heap], h.peak_bytes)
+                heap_peak.add_metric([name, heap], heap_peaks[heap])
                 heap_live.add_metric([name, heap], h.live_bytes)
                 heap_alloc.add_metric([name, heap], h.allocated_bytes)
                 heap_count.add_metric([name, heap], h.allocation_count)
@@ -107,12 +114,19 @@ class _StateCollector:
         executions = CounterMetricFamily("tinyhal_inference_exec_count",
                                          "Invocations of the program (one per batch)",
                                          labels=["model", "version"])
+        model_peak = GaugeMetricFamily(
+            "tinyhal_model_memory_peak_bytes",
+            "Most device memory one invocation of the model version held (transients "
+            "included; invocations that ran alone on their device)",
+            labels=["model", "version", "device"])
         load = GaugeMetricFamily("tinyhal_model_load_seconds",
                                  "Seconds the model version took to load",
                                  labels=["model", "version"])
         for mv in server.repository.all_versions():
             labels = [mv.name, mv.version]
             ready.add_metric(labels, 1 if mv.ready else 0)
+            if mv.peak_invocation_bytes is not None:
+                model_peak.add_metric([*labels, mv.device_name], mv.peak_invocation_bytes)
             inferences.add_metric(labels, mv.stats.inference_count)
             executions.add_metric(labels, mv.stats.execution_count)
             if mv.admission is not None:
@@ -128,7 +142,7 @@ class _StateCollector:
                                      "1 once the server is draining (SIGTERM)")
         draining.add_metric([], 1 if server.draining else 0)
         yield from (in_flight, queued, detached, info, ready, load, draining, inferences,
-                    executions)
+                    executions, model_peak)
 
 
 class Metrics:

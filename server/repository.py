@@ -47,6 +47,7 @@ from .. import load as load_module
 from ..errors import Error
 from .admission import Admission
 from .batching import BatchingConfig, DynamicBatcher, parse_batching_config
+from .memory import DeviceMemory
 from .protocol import DATATYPES, InferRequest, ProtocolError, datatype_for_mlir
 from .stats import ModelStatistics
 
@@ -131,6 +132,9 @@ class ModelVersion:
     stats: ModelStatistics = field(default_factory=ModelStatistics)
     load_seconds: float = 0.0
     unloaded: bool = False  # unloaded on request: not counted against server readiness
+    memory: DeviceMemory | None = None
+    device: Any = None
+    peak_invocation_bytes: int | None = None  # most device memory one invocation held
     _thread_lock: threading.Lock | None = None
 
     @property
@@ -164,6 +168,7 @@ class ModelVersion:
         # A sync device runs each invocation inline on the calling thread; one at a time.
         self._thread_lock = device_lock if execution == "thread" else None
 
+        self.device = device
         module = load_module(str(self.path), device=device)
         try:
             self._derive_signature(module)
@@ -301,10 +306,17 @@ class ModelVersion:
 
     async def invoke(self, args: list[Any]) -> list[tuple[str, str, np.ndarray]]:
         """Runs the function; [(output name, datatype, array)]."""
-        if self.execution == "async":
-            result = await self.module.invoke_async(self.function, *args)
-        else:
-            result = await trio.to_thread.run_sync(self._invoke_blocking, args)
+        watch = self.memory.begin(self.device_name, self.device) if self.memory else None
+        try:
+            if self.execution == "async":
+                result = await self.module.invoke_async(self.function, *args)
+            else:
+                result = await trio.to_thread.run_sync(self._invoke_blocking, args)
+        finally:
+            if watch is not None:
+                held = self.memory.end(watch, self.device)
+                if held is not None and held > (self.peak_invocation_bytes or 0):
+                    self.peak_invocation_bytes = held
         values = result if isinstance(result, tuple) else (result,)
         if len(self.outputs) == 0:
             values = ()
@@ -364,6 +376,7 @@ class ModelVersion:
             "max_concurrency": admission.max_concurrency if admission else None,
             "max_queue": admission.max_queue if admission else None,
             "timeout_s": self.timeout_s,
+            "peak_invocation_bytes": self.peak_invocation_bytes,
             "description": self.config.get("description", ""),
             "input": [s.metadata() for s in self.inputs],
             "output": [s.metadata() for s in self.outputs],
@@ -382,6 +395,7 @@ class ModelRepository:
         self.default_device = default_device
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.devices: dict[str, Any] = {}
+        self.memory = DeviceMemory()
         self._device_locks: dict[str, threading.Lock] = {}
         self._scan()
 
@@ -479,6 +493,7 @@ class ModelRepository:
                 log.error("model %s version %s: %s", mv.name, mv.version, mv.reason)
                 continue
             log.info("loading model %s version %s from %s", mv.name, mv.version, mv.path)
+            mv.memory = self.memory
             try:
                 device = self.device(mv.device_name)
                 mv.load(device, self._device_locks[mv.device_name])

@@ -208,3 +208,41 @@ def test_drain_timeout_exits_3_and_logs_what_it_abandoned(tmp_path, spin_vmfb, s
     assert "abandoning 1 invocation(s)" in err, err
     assert f"abandoned: model spin version 1 request slow-{attempt}" in err, err
     assert f"stopped (exit {EXIT_DRAIN_TIMEOUT})" in "".join(server.stdout)
+
+
+def test_per_model_peak_memory_is_what_one_invocation_held(tmp_path, start_server):
+    """tinyhal_model_memory_peak_bytes equals the allocator's peak over one invocation of
+    the same request in a fresh process, minus what was live before it; bigger batches
+    hold more; the device-wide peak stays the since-start peak."""
+    import tinyhal
+
+    shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")
+    vmfb = tmp_path / "mlp_classifier/1/model.vmfb"
+    rng = np.random.default_rng(6)
+    small = rng.normal(size=(4, 16)).astype(np.float32)
+    large = rng.normal(size=(64, 16)).astype(np.float32)
+
+    module = tinyhal.load(vmfb, device="sync")
+    try:
+        module.invoke("predict", small)  # warm: constants and caches as the server has them
+        before = module.statistics().live_bytes
+        module.device.allocator.reset_peak()
+        module.invoke("predict", large)
+        expected_large = module.statistics().peak_bytes - before
+    finally:
+        module.close()
+
+    server = start_server("--model-repository", str(tmp_path))
+    labels = (("device", "sync"), ("model", "mlp_classifier"), ("version", "1"))
+    peaks = []
+    for x in (small, large, small):
+        status, _, body = server.request("POST", "/v2/models/mlp_classifier/infer", {
+            "inputs": [{"name": "features", "datatype": "FP32", "shape": list(x.shape),
+                        "data": x.tolist()}]})
+        assert status == 200, body
+        peaks.append(server.metrics()[("tinyhal_model_memory_peak_bytes", labels)])
+    assert peaks[0] < peaks[1] == peaks[2] == expected_large, (peaks, expected_large)
+    m = server.metrics()
+    assert m[("tinyhal_device_memory_peak_bytes", (("device", "sync"),))] >= peaks[1]
+    status, _, body = server.request("GET", "/v2/models/mlp_classifier/config")
+    assert json.loads(body)["peak_invocation_bytes"] == expected_large
