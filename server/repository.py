@@ -55,7 +55,7 @@ log = logging.getLogger("tinyhal.server")
 
 __all__ = ["ModelRepository", "ModelVersion", "TensorSpec", "bundled_models_dir"]
 
-_CONFIG_KEYS = {
+CONFIG_KEYS = {
     "function", "device", "max_batch_size", "max_concurrency", "max_queue", "timeout_s",
     "execution", "input_names", "output_names", "description", "dynamic_batching",
 }
@@ -94,10 +94,10 @@ def _read_config(path: Path) -> dict:
         raise ConfigError(f"{path.parent.name}/{path.name}: {exc}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path.parent.name}/{path.name} must hold a JSON object")
-    unknown = set(config) - _CONFIG_KEYS
+    unknown = set(config) - CONFIG_KEYS
     if unknown:
         raise ConfigError(f"{path.parent.name}/{path.name}: unknown keys {sorted(unknown)}; "
-                          f"known: {sorted(_CONFIG_KEYS)}")
+                          f"known: {sorted(CONFIG_KEYS)}")
     return config
 
 
