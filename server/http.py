@@ -27,6 +27,7 @@ __all__ = ["BodyTooLarge", "HttpServer", "Request", "Response"]
 _READ_SIZE = 64 << 10
 _MAX_HEAD_BYTES = 64 << 10
 _DISCARD_BYTES = 256 << 20
+_COALESCE_BYTES = 64 << 10
 _DISCARD_SECONDS = 10.0
 
 
@@ -204,9 +205,17 @@ class HttpServer:
         if self.draining:
             headers.append(("connection", "close"))
         head = conn.send(h11.Response(status_code=response.status, headers=headers))
-        data = conn.send(h11.Data(data=response.body)) if response.body else b""
+        body = response.body
+        pieces = conn.send_with_data_passthrough(h11.Data(data=body)) if body else []
         tail = conn.send(h11.EndOfMessage())
-        await stream.send_all(b"".join((head, data, tail)))
+        if len(body) <= _COALESCE_BYTES:
+            await stream.send_all(b"".join((head, *pieces, tail)))
+            return
+        await stream.send_all(head)  # large bodies go out as they are, without a copy
+        for piece in pieces:
+            await stream.send_all(piece)
+        if tail:
+            await stream.send_all(tail)
 
     async def _send_error(self, stream: trio.SocketStream, conn: h11.Connection, status: int,
                           message: str) -> None:
