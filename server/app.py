@@ -100,12 +100,7 @@ class Server:
         self.loaded = True
 
     def create_series(self, mv: ModelVersion) -> None:
-        m = self.metrics
-        labels = (mv.name, mv.version)
-        m.requests.labels(*labels, "200")
-        m.duration.labels(*labels)
-        for histogram in (m.queue, m.compute_input, m.compute_infer, m.compute_output):
-            histogram.labels(*labels)
+        self.metrics.series(mv.name, mv.version).requests(200)
 
     async def handle(self, request: Request) -> Response:
         """Answers one HTTP request (never raises: a failure of ours is a 500)."""
@@ -321,16 +316,15 @@ class _Routes:
             # unknown names are not labels: count them under one bucket
             server.metrics.requests.labels("", "", str(exc.status)).inc()
             return error_response(exc.status, exc.message)
-        labels = (mv.name, mv.version)
+        series = server.metrics.series(mv.name, mv.version)
         status = 500
         try:
             response = await self._infer(request, mv)
             status = response.status
             return response
         finally:
-            server.metrics.requests.labels(*labels, str(status)).inc()
-            server.metrics.duration.labels(*labels).observe(
-                trio.current_time() - request.arrived)
+            series.requests(status).inc()
+            series.duration.observe(trio.current_time() - request.arrived)
 
     async def _infer(self, request: Request, mv: ModelVersion) -> Response:
         server = self.server
@@ -376,13 +370,11 @@ class _Routes:
             response = Response(200, out, "application/octet-stream",
                                 [("inference-header-content-length", str(header_length))])
         done = trio.current_time()
-        labels = (mv.name, mv.version)
-        m, phases = server.metrics, mv.stats.phases
-        for histogram, phase, seconds in (
-                (m.queue, "queue", queued), (m.compute_input, "compute_input", compute_input),
-                (m.compute_infer, "compute_infer", compute_infer),
-                (m.compute_output, "compute_output", done - t_output)):
-            histogram.labels(*labels).observe(seconds)
+        histograms, phases = server.metrics.series(mv.name, mv.version).phases, mv.stats.phases
+        for phase, seconds in (("queue", queued), ("compute_input", compute_input),
+                               ("compute_infer", compute_infer),
+                               ("compute_output", done - t_output)):
+            histograms[phase].observe(seconds)
             phases[phase].add(seconds)
         mv.stats.finished(True, done - request.arrived)
         return response

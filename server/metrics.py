@@ -49,7 +49,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 if TYPE_CHECKING:
     from .app import Server
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "ModelSeries"]
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                     2.5, 5.0, 10.0, 30.0)
@@ -145,10 +145,34 @@ class _StateCollector:
                     executions, model_peak)
 
 
+class ModelSeries:
+    """One model version's request series."""
+
+    def __init__(self, metrics: Metrics, model: str, version: str) -> None:
+        labels = (model, version)
+        self._requests = metrics.requests
+        self._labels = labels
+        self._by_code: dict[int, Any] = {}
+        self.duration = metrics.duration.labels(*labels)
+        self.phases = {
+            "queue": metrics.queue.labels(*labels),
+            "compute_input": metrics.compute_input.labels(*labels),
+            "compute_infer": metrics.compute_infer.labels(*labels),
+            "compute_output": metrics.compute_output.labels(*labels),
+        }
+
+    def requests(self, status: int) -> Any:
+        child = self._by_code.get(status)
+        if child is None:
+            child = self._by_code[status] = self._requests.labels(*self._labels, str(status))
+        return child
+
+
 class Metrics:
     """The registry of one server (not the process-global one)."""
 
     def __init__(self, server: Server) -> None:
+        self._series: dict[tuple[str, str], ModelSeries] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_StateCollector(server))
         self.requests = Counter("tinyhal_inference_requests", "Inference requests by status",
@@ -173,6 +197,15 @@ class Metrics:
                                         "Time building a response",
                                         ["model", "version"], buckets=_LATENCY_BUCKETS,
                                         registry=self.registry)
+
+    def series(self, model: str, version: str) -> ModelSeries:
+        """The labelled children of one model version, looked up once (a `labels()` call
+        per observation costs more than the observation)."""
+        key = (model, version)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = ModelSeries(self, model, version)
+        return found
 
     def generate(self) -> bytes:
         from prometheus_client import generate_latest
