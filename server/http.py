@@ -114,6 +114,8 @@ class HttpServer:
                     break
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             pass
+        except Exception:  # a bug of ours must cost one connection, never the server
+            log.exception("connection failed")
         finally:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(1):
@@ -164,8 +166,12 @@ class HttpServer:
         response = await self.handler(Request(method, path, headers, body, arrived))
         await self._send(stream, conn, response)
         if self.access_log:
-            log.info('%s "%s %s" %d %d', stream.socket.getpeername()[0], method, target,
-                     response.status, len(response.body))
+            try:
+                peer = stream.socket.getpeername()[0]
+            except OSError:
+                peer = "-"
+            log.info('%s "%s %s" %d %d', peer, method, target, response.status,
+                     len(response.body))
         return True
 
     async def _read_body(self, stream: trio.SocketStream, conn: h11.Connection) -> bytes:

@@ -246,3 +246,36 @@ def test_per_model_peak_memory_is_what_one_invocation_held(tmp_path, start_serve
     assert m[("tinyhal_device_memory_peak_bytes", (("device", "sync"),))] >= peaks[1]
     status, _, body = server.request("GET", "/v2/models/mlp_classifier/config")
     assert json.loads(body)["peak_invocation_bytes"] == expected_large
+
+
+def test_second_signal_exits_4_and_logs_what_it_abandoned(tmp_path, spin_vmfb, start_server):
+    from tinyhal.server.main import EXIT_SECOND_SIGNAL
+
+    write_model(tmp_path, "spin", spin_vmfb, {"max_concurrency": 1})
+    server = start_server("--model-repository", str(tmp_path), "--drain-timeout", "60",
+                          "--access-log")
+    labels = (("model", "spin"), ("version", "1"))
+
+    def send() -> None:
+        try:
+            server.request("POST", "/v2/models/spin/infer",
+                           {**_spin(4_000_000), "id": "twice"}, timeout=30)
+        except OSError:
+            pass
+
+    threading.Thread(target=send, daemon=True).start()
+    deadline = time.monotonic() + 30
+    while server.metrics().get(("tinyhal_inference_in_flight", labels)) != 1:
+        assert time.monotonic() < deadline, "the slow request never started"
+        time.sleep(0.02)
+    server.terminate()
+    deadline = time.monotonic() + 10
+    while "draining" not in "".join(server.stderr):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    server.terminate()
+    assert server.wait(timeout=30) == EXIT_SECOND_SIGNAL
+    err = "".join(server.stderr)
+    assert "second SIGTERM: abandoning 1 invocation(s)" in err, err
+    assert "abandoned: model spin version 1 request twice" in err
+    assert '"GET /metrics" 200' in err  # --access-log logs each request
