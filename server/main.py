@@ -3,8 +3,9 @@
     tinyhal-serve [--model-repository DIR] [--host HOST] [--port PORT] [--device DRIVER]
 
 With no arguments it serves the sample models bundled in the package on 127.0.0.1:8000.
-HTTP/1.1 is h11 driven directly on trio streams (`server/http.py`), so connections and
-inference invocations (`Module.invoke_async`) interleave on one trio event loop.
+HTTP/1.1 is httptools (llhttp) driven directly on trio streams (`server/http.py`), so
+connections and inference invocations (`Module.invoke_async`) interleave on one trio event
+loop.
 
 Start-up: the listener opens first (liveness answers at once), then models load in a
 worker thread and readiness turns 200. With --exit-on-error (default) a model that fails

@@ -148,3 +148,38 @@ def test_start_up_logs_each_model_and_warns_about_a_missing_model_vmfb(tmp_path,
     assert "model saxpy version 2: no model.vmfb" in err and "saxpy.vmfb" in err, err
     assert "loading model saxpy version 1" in err
     assert "loaded model saxpy version 1" in err
+
+
+def test_http_edges_pipelining_continue_http10_head(server):
+    body = json.dumps(_features([_ROW])).encode()
+    post = (b"POST /v2/models/mlp_classifier/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    # two pipelined requests, then one that closes: three answers in order, then EOF
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(post + post + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+                     b"Connection: close\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.count(b"HTTP/1.1 200 OK") == 3 and data.endswith(b'{"live":true}')
+    # Expect: 100-continue gets its interim answer before the body is sent
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(post.split(b"\r\n\r\n")[0].replace(b"Host: x", b"Host: x\r\nExpect: "
+                                                        b"100-continue") + b"\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(body)
+        assert b"HTTP/1.1 200 OK" in sock.recv(65536)
+    # HTTP/1.0 without keep-alive: answered, then closed; HEAD: headers only
+    status, payload = _raw(server, b"GET /v2/health/live HTTP/1.0\r\n\r\n")
+    assert status == 200 and json.loads(payload) == {"live": True}
+    status, payload = _raw(server, b"HEAD /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+                                   b"Connection: close\r\n\r\n")
+    assert status == 405 and payload == b""
+    # garbage and an oversized head: 400 with a JSON error
+    status, payload = _raw(server, b"NOT HTTP AT ALL\r\n\r\n")
+    assert status == 400 and "malformed HTTP request" in json.loads(payload)["error"]
+    status, payload = _raw(server, b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Big: " +
+                           b"a" * (70 << 10) + b"\r\n\r\n")
+    assert status == 400 and "error" in json.loads(payload)
+    status, _, _ = server.request("GET", "/v2/health/live")
+    assert status == 200
