@@ -66,6 +66,10 @@ _MAX_ELEMENTS = 2**63 - 1
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
+_BOOL_TYPES = frozenset({bool})
+_INT_TYPES = frozenset({int})
+_NUMBER_TYPES = frozenset({int, float})
+
 _UNSUPPORTED = {
     "BYTES": "BYTES (string) tensors are not supported: tinyhal models take numeric tensors",
     "BF16": "BF16 tensors are not supported by this server",
@@ -153,7 +157,7 @@ def _flatten(data: Any, shape: tuple[int, ...], name: str) -> list:
     says (every level a list of the dim's length, scalars only at the innermost)."""
     if not isinstance(data, list):
         raise _bad(f"input '{name}' 'data' must be a list, not {type(data).__name__}")
-    if not any(type(x) is list for x in data):
+    if list not in set(map(type, data)):
         return data
     if len(data) != (shape[0] if shape else 1):
         raise _bad(f"input '{name}' 'data' has {len(data)} items at the outer level but "
@@ -180,12 +184,13 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
     if len(flat) != count:
         raise _bad(f"input '{name}' has {len(flat)} elements in 'data' but shape "
                    f"{list(shape)} needs {count}")
+    types = set(map(type, flat))  # one C-level pass instead of a Python loop
     if datatype == "BOOL":
-        if not all(type(x) is bool for x in flat):
+        if not types <= _BOOL_TYPES:
             raise _bad(f"input '{name}' is BOOL: 'data' must hold only true/false")
         return np.array(flat, dtype=dtype).reshape(shape)
     if dtype.kind in "iu":
-        if not all(type(x) is int for x in flat):
+        if not types <= _INT_TYPES:
             bad = next(x for x in flat if type(x) is not int)
             raise _bad(f"input '{name}' is {datatype}: 'data' must hold integers, found {bad!r}")
         info = np.iinfo(dtype)
@@ -194,21 +199,24 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
                        f"[{info.min}, {info.max}]")
         return np.array(flat, dtype=dtype).reshape(shape)
     # floats: JSON numbers (ints too); JSON has no NaN/Inf, but Python's json reads them
-    if not all(type(x) in (int, float) for x in flat):
-        bad = next(x for x in flat if type(x) not in (int, float))
+    if not types <= _NUMBER_TYPES:
+        bad = next(x for x in flat if type(x) not in _NUMBER_TYPES)
         raise _bad(f"input '{name}' is {datatype}: 'data' must hold numbers, found {bad!r}")
     try:
         wide = np.array(flat, dtype=np.float64)
     except OverflowError:
         raise _bad(f"input '{name}' has a value that does not fit {datatype}") from None
-    with np.errstate(over="ignore"):
-        array = wide.astype(dtype)
-    if dtype != wide.dtype and not np.isfinite(array).all():
-        bad = np.isinf(array) & np.isfinite(wide)
+    if dtype == wide.dtype:
+        return wide.reshape(shape)
+    largest = float(np.finfo(dtype).max)
+    if not np.abs(wide).max(initial=0.0) <= largest:  # NaN and inf land here too
+        bad = np.isfinite(wide) & (np.abs(wide) > largest)
         if bad.any():
             raise _bad(f"input '{name}' has the value {wide[bad][0]!r}, which does not fit "
-                       f"{datatype} (largest finite {float(np.finfo(dtype).max)!r})")
-    return array.reshape(shape)
+                       f"{datatype} (largest finite {largest!r})")
+        with np.errstate(over="ignore", invalid="ignore"):
+            return wide.astype(dtype).reshape(shape)
+    return wide.astype(dtype).reshape(shape)
 
 
 def _bool(value: Any, what: str) -> bool | None:
