@@ -4,7 +4,8 @@ The baseline is `bench/baseline_server.py`: FastAPI + uvicorn, a plain `def` rou
 iree.runtime (local-task) on the same bundled `mlp_classifier` .vmfb, JSON in and out
 (`pip install '.[bench]'`). Beside it run two `tinyhal-serve` processes over temporary
 copies of the model: one without dynamic batching, one with the bundled config's
-`dynamic_batching`. The load generator is `hey` (`apt-get install hey`), the same JSON request of one
+`dynamic_batching` (the unbatched one runs the bundled config without that key: same
+device, concurrency and queue). The load generator is `hey` (`apt-get install hey`), the same JSON request of one
 16-feature row for every server.
 Each round runs every concurrency level against every server, in an order that rotates
 from round to round, so drift on a shared machine spreads over all of them; a cell's
