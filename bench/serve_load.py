@@ -14,8 +14,9 @@ figure is the median over rounds.
     python bench/serve_load.py [--seconds 3] [--rounds 3] [--concurrency 1,8,32]
 
 Writes bench/results/serve_load.json and prints a table with each server's requests/s and
-p99 and their ratios to the baseline's. The load generator shares the machine's cores with
-the servers, so the absolute numbers are floors.
+p99 and their ratios to the baseline's, and the server process's CPU time per request
+(user + system, from /proc: steadier than wall-clock figures on a shared machine). The load
+generator shares the machine's cores with the servers, so the absolute numbers are floors.
 """
 
 from __future__ import annotations
@@ -85,7 +86,15 @@ class Process:
         return self.proc.returncode
 
 
-def hey(port: int, body_file: str, seconds: float, concurrency: int) -> dict:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def hey(port: int, body_file: str, seconds: float, concurrency: int, pid: int = 0) -> dict:
+    cpu0 = _cpu_seconds(pid) if pid else 0.0
     out = subprocess.run(
         ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST",
          "-T", "application/json", "-D", body_file, f"http://127.0.0.1:{port}{PATH}"],
@@ -98,8 +107,10 @@ def hey(port: int, body_file: str, seconds: float, concurrency: int) -> dict:
     if "Error distribution:" in out:  # connection-level failures: "  [count]\tmessage"
         tail = out.split("Error distribution:", 1)[1]
         errors += sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]", tail, re.M))
+    cpu = _cpu_seconds(pid) - cpu0 if pid else float("nan")
+    answered = max(1, sum(codes.values()))
     return {"rps": rps, "p50_ms": p.get("50", float("nan")), "p99_ms": p.get("99", float("nan")),
-            "ok": codes.get(200, 0), "errors": errors}
+            "ok": codes.get(200, 0), "errors": errors, "cpu_us": 1e6 * cpu / answered}
 
 
 def _repo(root: Path, batching: bool) -> Path:
@@ -149,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                 for c in levels:
                     order = servers[r % len(servers):] + servers[:r % len(servers)]
                     for server in order:
-                        result = hey(server.port, body_file, args.seconds, c)
+                        result = hey(server.port, body_file, args.seconds, c,
+                                     server.proc.pid)
                         cells.setdefault((server.name, c), []).append(result)
                         print(f"round {r + 1} c={c:<3} {server.name:<42} "
                               f"{result['rps']:8.1f} req/s  p99 {result['p99_ms']:7.2f} ms",
@@ -168,17 +180,21 @@ def main(argv: list[str] | None = None) -> int:
             runs = cells[(server.name, c)]
             rps = statistics.median(x["rps"] for x in runs)
             p99 = statistics.median(x["p99_ms"] for x in runs)
+            cpu = statistics.median(x["cpu_us"] for x in runs)
+            base_cpu = statistics.median(x["cpu_us"] for x in base)
             rows.append({
                 "server": server.name, "concurrency": c, "rps": rps,
+                "cpu_us_per_request": cpu, "cpu_vs_baseline": cpu / base_cpu,
                 "p50_ms": statistics.median(x["p50_ms"] for x in runs), "p99_ms": p99,
                 "rps_vs_baseline": rps / base_rps, "p99_vs_baseline": p99 / base_p99,
                 "errors": sum(x["errors"] for x in runs),
-                "rounds": [{"rps": x["rps"], "p99_ms": x["p99_ms"]} for x in runs],
+                "rounds": [{"rps": x["rps"], "p99_ms": x["p99_ms"], "cpu_us": x["cpu_us"]}
+                           for x in runs],
             })
     print(f"\nmodel {MODEL}, one 1x16 f32 row per JSON request, hey -z {args.seconds:g}s, "
           f"median of {args.rounds} alternating rounds")
     print_table(rows, ["server", "concurrency", "rps", "p50_ms", "p99_ms", "rps_vs_baseline",
-                       "p99_vs_baseline", "errors"])
+                       "p99_vs_baseline", "cpu_us_per_request", "cpu_vs_baseline", "errors"])
     path = write_results("serve_load", rows, {
         "model": MODEL, "seconds": args.seconds, "rounds": args.rounds,
         "load_generator": "hey",
