@@ -30,12 +30,12 @@ Triton).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import zlib
 from typing import Any
 
+import orjson
 import trio
 
 from .. import __version__
@@ -121,7 +121,7 @@ class Server:
 
 def json_response(doc: Any, status: int = 200,
                   headers: list[tuple[str, str]] | None = None) -> Response:
-    return Response(status, json.dumps(doc, separators=(",", ":")).encode(), JSON,
+    return Response(status, orjson.dumps(doc), JSON,
                      headers or [])
 
 
@@ -246,7 +246,7 @@ class _Routes:
         failed or unloaded ones) load, versions whose directory is gone unload."""
         if request.body.strip():
             try:
-                doc = json.loads(request.body)
+                doc = orjson.loads(request.body)
             except ValueError as exc:
                 raise ProtocolError(400, f"load request body is not valid JSON: {exc}") \
                     from None
@@ -285,7 +285,7 @@ class _Routes:
         only_ready = False
         if request.method == "POST" and request.body.strip():
             try:
-                doc = json.loads(request.body)
+                doc = orjson.loads(request.body)
             except ValueError as exc:
                 raise ProtocolError(400, f"index request body is not valid JSON: {exc}") \
                     from None

@@ -27,13 +27,13 @@ V2 error body `{"error": message}` with that status.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 __all__ = [
     "DATATYPES",
@@ -198,7 +198,7 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
             raise _bad(f"input '{name}' has a value outside {datatype}'s range "
                        f"[{info.min}, {info.max}]")
         return np.array(flat, dtype=dtype).reshape(shape)
-    # floats: JSON numbers (ints too); JSON has no NaN/Inf, but Python's json reads them
+    # floats: JSON numbers (ints too; JSON has no NaN/Inf and orjson refuses them)
     if not types <= _NUMBER_TYPES:
         bad = next(x for x in flat if type(x) not in _NUMBER_TYPES)
         raise _bad(f"input '{name}' is {datatype}: 'data' must hold numbers, found {bad!r}")
@@ -259,8 +259,8 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
     head, tail = split_body(body, header_length)
     _check_depth(head)
     try:
-        doc = json.loads(head)
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long integers
+        doc = orjson.loads(head)
+    except ValueError as exc:  # JSONDecodeError (bad UTF-8, integers beyond 64 bits too)
         raise _bad(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise _bad(f"request JSON is nested deeper than {MAX_JSON_DEPTH} levels") from None
@@ -386,7 +386,7 @@ def build_infer_response(
     if request.id is not None:
         response["id"] = request.id
     response["outputs"] = out_docs
-    head = json.dumps(response, separators=(",", ":")).encode()
+    head = orjson.dumps(response)
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)

@@ -35,7 +35,9 @@ BAD = [
     ("1e300 as FP32", _features([[1e300] + _ROW[1:]]), {}, "does not fit FP32"),
     ("huge int as FP32", b'{"inputs": [{"name": "features", "datatype": "FP32", '
      b'"shape": [1, 16], "data": [' + b"1" * 400 + b"," + b"0," * 14 + b"0]}]}", {},
-     "does not fit FP32"),
+     "not valid JSON"),
+    ("NaN literal", b'{"inputs": [{"name": "features", "datatype": "FP32", '
+     b'"shape": [1, 1], "data": [NaN]}]}', {}, "not valid JSON"),
     ("5000-digit int", b'{"inputs": [{"name": "features", "datatype": "FP32", '
      b'"shape": [1, 1], "data": [' + b"1" * 5000 + b"]}]}", {}, "not valid JSON"),
     ("binary_data_output yes", _features([_ROW], parameters={"binary_data_output": "yes"}),
