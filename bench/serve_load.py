@@ -1,81 +1,79 @@
-"""tinyhal-serve under load on loopback, against iree.runtime called in-process.
+"""tinyhal-serve against the server a user would write instead, under the same load.
 
-Starts a real `tinyhal-serve` process on 127.0.0.1 (a free port) over a temporary copy of
-a bundled sample model, once per execution mode ("async": `Module.invoke_async` on the
-trio loop; "thread": `Module.invoke` in worker threads), and sends a bounded number of
-requests from `--clients` keep-alive connections, JSON and binary bodies. Reports
-requests/s and latency percentiles; the reference rows call the same `.vmfb` directly in
-this process with iree.runtime (local-task) and with tinyhal (`Module.invoke`), no HTTP.
+The baseline is `bench/baseline_server.py`: FastAPI + uvicorn, a plain `def` route calling
+iree.runtime (local-task) on the same bundled `mlp_classifier` .vmfb, JSON in and out
+(`pip install '.[bench]'`). Beside it run two `tinyhal-serve` processes over temporary
+copies of the model: one without dynamic batching, one with the bundled config's
+`dynamic_batching` (the unbatched one runs the bundled config without that key: same
+device, concurrency and queue). The load generator is `hey` (`apt-get install hey`), the same JSON request of one
+16-feature row for every server.
+Each round runs every concurrency level against every server, in an order that rotates
+from round to round, so drift on a shared machine spreads over all of them; a cell's
+figure is the median over rounds.
 
-    python bench/serve_load.py [--requests 600] [--clients 4] [--batch 8]
+    python bench/serve_load.py [--seconds 3] [--rounds 3] [--concurrency 1,8,32]
 
-Writes bench/results/serve_load.json and prints a table. The client shares the machine's
-cores with the server, so requests/s is a floor for what the server alone could do.
+Writes bench/results/serve_load.json and prints a table with each server's requests/s and
+p99 and their ratios to the baseline's, and the server process's CPU time per request
+(user + system, from /proc: steadier than wall-clock figures on a shared machine). The load
+generator shares the machine's cores with the servers, so the absolute numbers are floors.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
 from _common import print_table, write_results  # noqa: E402
 
-SAMPLES = Path(__file__).resolve().parents[1] / "server" / "models"
+HERE = Path(__file__).resolve().parent
+SAMPLES = HERE.parent / "server" / "models"
 MODEL = "mlp_classifier"
+PATH = f"/v2/models/{MODEL}/infer"
 
 
-def _percentiles(latencies: list[float]) -> dict:
-    ms = sorted(x * 1e3 for x in latencies)
-
-    def q(p: float) -> float:
-        return ms[min(len(ms) - 1, int(p * len(ms)))]
-
-    return {"p50_ms": q(0.50), "p90_ms": q(0.90), "p99_ms": q(0.99),
-            "mean_ms": statistics.fmean(ms)}
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-class Server:
-    def __init__(self, repo: Path, timeout: float = 60.0) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tinyhal.server.main", "--host", "127.0.0.1", "--port", "0",
-             "--model-repository", str(repo), "--log-level", "warning"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )
-        self.port = 0
-        deadline = time.monotonic() + timeout
-        result: list[str] = []
-        reader = threading.Thread(target=self._read, args=(result,), daemon=True)
-        reader.start()
-        reader.join(timeout=max(0.0, deadline - time.monotonic()))
-        if not result:
-            self.stop()
-            raise SystemExit("tinyhal-serve did not become ready")
-        self.port = int(result[0])
+class Process:
+    """A server subprocess on 127.0.0.1:`port`, ready once `PATH` answers 200."""
 
-    def _read(self, result: list[str]) -> None:
-        port = None
-        for line in self.proc.stdout:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                port = m.group(1)
-            if line.startswith("tinyhal-serve: ready") and port:
-                result.append(port)
-                return
+    def __init__(self, name: str, argv: list[str], port: int, body: bytes) -> None:
+        self.name, self.port = name, port
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 90
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{name} exited: {self.proc.stderr.read().decode()[-2000:]}")
+            try:
+                req = urllib.request.Request(f"http://127.0.0.1:{port}{PATH}", body,
+                                             {"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"{name} did not answer within 90 s")
+            time.sleep(0.2)
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:
@@ -88,123 +86,118 @@ class Server:
         return self.proc.returncode
 
 
-def _bodies(x: np.ndarray) -> dict[str, tuple[bytes, dict]]:
-    json_body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32",
-                                        "shape": list(x.shape), "data": x.ravel().tolist()}]})
-    head = json.dumps({
-        "inputs": [{"name": "features", "datatype": "FP32", "shape": list(x.shape),
-                    "parameters": {"binary_data_size": x.nbytes}}],
-        "parameters": {"binary_data_output": True},
-    }).encode()
-    return {
-        "json": (json_body.encode(), {"Content-Type": "application/json"}),
-        "binary": (head + x.tobytes(), {"Content-Type": "application/octet-stream",
-                                        "Inference-Header-Content-Length": str(len(head))}),
-    }
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def load(port: int, body: bytes, headers: dict, requests: int, clients: int) -> dict:
-    path = f"/v2/models/{MODEL}/infer"
-    latencies: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-    counter = iter(range(requests))
-
-    def client() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        mine = []
-        try:
-            while True:
-                with lock:
-                    if next(counter, None) is None:
-                        break
-                t0 = time.perf_counter()
-                conn.request("POST", path, body, headers)
-                resp = conn.getresponse()
-                resp.read()
-                mine.append(time.perf_counter() - t0)
-                if resp.status != 200:
-                    errors.append(str(resp.status))
-        finally:
-            conn.close()
-            with lock:
-                latencies.extend(mine)
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    elapsed = time.perf_counter() - start
-    return {"requests": len(latencies), "errors": len(errors), "seconds": elapsed,
-            "rps": len(latencies) / elapsed, **_percentiles(latencies)}
+def hey(port: int, body_file: str, seconds: float, concurrency: int, pid: int = 0) -> dict:
+    cpu0 = _cpu_seconds(pid) if pid else 0.0
+    out = subprocess.run(
+        ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST",
+         "-T", "application/json", "-D", body_file, f"http://127.0.0.1:{port}{PATH}"],
+        capture_output=True, text=True, timeout=seconds + 120, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    p = {q: float(m.group(1)) * 1e3 for q in ("50", "99")
+         if (m := re.search(rf"{q}% in ([\d.]+) secs", out))}
+    codes = {int(c): int(n) for c, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
+    errors = sum(n for c, n in codes.items() if c != 200)
+    if "Error distribution:" in out:  # connection-level failures: "  [count]\tmessage"
+        tail = out.split("Error distribution:", 1)[1]
+        errors += sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]", tail, re.M))
+    cpu = _cpu_seconds(pid) - cpu0 if pid else float("nan")
+    answered = max(1, sum(codes.values()))
+    return {"rps": rps, "p50_ms": p.get("50", float("nan")), "p99_ms": p.get("99", float("nan")),
+            "ok": codes.get(200, 0), "errors": errors, "cpu_us": 1e6 * cpu / answered}
 
 
-def in_process(call, requests: int) -> dict:
-    for _ in range(10):
-        call()
-    latencies = []
-    start = time.perf_counter()
-    for _ in range(requests):
-        t0 = time.perf_counter()
-        call()
-        latencies.append(time.perf_counter() - t0)
-    elapsed = time.perf_counter() - start
-    return {"requests": requests, "errors": 0, "seconds": elapsed, "rps": requests / elapsed,
-            **_percentiles(latencies)}
+def _repo(root: Path, batching: bool) -> Path:
+    shutil.copytree(SAMPLES / MODEL, root / MODEL)
+    config_path = root / MODEL / "config.json"
+    config = json.loads(config_path.read_text())
+    if not batching:
+        config.pop("dynamic_batching", None)
+    config_path.write_text(json.dumps(config))
+    return root
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=600, help="per row (bounded)")
-    parser.add_argument("--clients", type=int, default=4, help="concurrent connections")
-    parser.add_argument("--batch", type=int, default=8, help="rows per request (<= 64)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per cell and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", default="1,8,32")
     args = parser.parse_args(argv)
-    x = np.random.default_rng(0).normal(size=(args.batch, 16)).astype(np.float32)
-    vmfb = SAMPLES / MODEL / "1" / "model.vmfb"
-    rows = []
+    levels = [int(c) for c in args.concurrency.split(",")]
+    if not shutil.which("hey"):
+        raise SystemExit("hey not found: apt-get install hey")
 
-    import iree.runtime as ireert
-
-    import tinyhal
-
-    iree_module = ireert.load_vm_flatbuffer_file(str(vmfb), driver="local-task")
-    ref = [np.asarray(r.to_host()) for r in iree_module.predict(x)]
-    rows.append({"what": "iree.runtime in-process (local-task)", "body": "-",
-                 **in_process(lambda: [r.to_host() for r in iree_module.predict(x)],
-                              args.requests)})
-    module = tinyhal.load(vmfb, device="task")
-    got = module.predict(x)
-    assert all(np.array_equal(a, b) for a, b in zip(got, ref)), "tinyhal != iree.runtime"
-    rows.append({"what": "tinyhal Module.invoke in-process (task)", "body": "-",
-                 **in_process(lambda: module.predict(x), args.requests)})
-    module.close()
-
-    bodies = _bodies(x)
-    for execution in ("async", "thread"):
-        with tempfile.TemporaryDirectory() as tmp:
-            repo = Path(tmp)
-            shutil.copytree(SAMPLES / MODEL, repo / MODEL)
-            config = json.loads((repo / MODEL / "config.json").read_text())
-            config.update(execution=execution, max_queue=4 * args.clients)
-            (repo / MODEL / "config.json").write_text(json.dumps(config))
-            server = Server(repo)
-            try:
-                for kind, (body, headers) in bodies.items():
-                    load(server.port, body, headers, min(50, args.requests), args.clients)
-                    rows.append({"what": f"tinyhal-serve {execution}, {args.clients} clients",
-                                 "body": kind,
-                                 **load(server.port, body, headers, args.requests,
-                                        args.clients)})
-            finally:
+    features = [round(0.1 * i - 0.7, 3) for i in range(16)]
+    body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                                   "data": features}]}).encode()
+    servers: list[Process] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        body_file = os.path.join(tmp, "body.json")
+        Path(body_file).write_bytes(body)
+        try:
+            port = _free_port()
+            servers.append(Process(
+                "baseline (FastAPI+uvicorn+iree.runtime)",
+                [sys.executable, str(HERE / "baseline_server.py"),
+                 str(SAMPLES / MODEL / "1" / "model.vmfb"), "--port", str(port)], port, body))
+            for batching in (False, True):
+                repo = _repo(Path(tmp) / f"repo-{batching}", batching)
+                port = _free_port()
+                servers.append(Process(
+                    f"tinyhal-serve{' + dynamic batching' if batching else ''}",
+                    [sys.executable, "-m", "tinyhal.server.main", "--port", str(port),
+                     "--model-repository", str(repo), "--log-level", "warning"], port, body))
+            for server in servers:  # warm-up
+                hey(server.port, body_file, 1, 8)
+            cells: dict[tuple[str, int], list[dict]] = {}
+            for r in range(args.rounds):
+                for c in levels:
+                    order = servers[r % len(servers):] + servers[:r % len(servers)]
+                    for server in order:
+                        result = hey(server.port, body_file, args.seconds, c,
+                                     server.proc.pid)
+                        cells.setdefault((server.name, c), []).append(result)
+                        print(f"round {r + 1} c={c:<3} {server.name:<42} "
+                              f"{result['rps']:8.1f} req/s  p99 {result['p99_ms']:7.2f} ms",
+                              flush=True)
+        finally:
+            for server in servers:
                 server.stop()
 
-    columns = ["what", "body", "requests", "errors", "rps", "p50_ms", "p90_ms", "p99_ms"]
-    print(f"model {MODEL}, batch {args.batch}x16 f32, {args.requests} requests per row")
-    print_table(rows, columns)
+    rows = []
+    baseline_name = servers[0].name
+    for c in levels:
+        base = cells[(baseline_name, c)]
+        base_rps = statistics.median(x["rps"] for x in base)
+        base_p99 = statistics.median(x["p99_ms"] for x in base)
+        for server in servers:
+            runs = cells[(server.name, c)]
+            rps = statistics.median(x["rps"] for x in runs)
+            p99 = statistics.median(x["p99_ms"] for x in runs)
+            cpu = statistics.median(x["cpu_us"] for x in runs)
+            base_cpu = statistics.median(x["cpu_us"] for x in base)
+            rows.append({
+                "server": server.name, "concurrency": c, "rps": rps,
+                "cpu_us_per_request": cpu, "cpu_vs_baseline": cpu / base_cpu,
+                "p50_ms": statistics.median(x["p50_ms"] for x in runs), "p99_ms": p99,
+                "rps_vs_baseline": rps / base_rps, "p99_vs_baseline": p99 / base_p99,
+                "errors": sum(x["errors"] for x in runs),
+                "rounds": [{"rps": x["rps"], "p99_ms": x["p99_ms"], "cpu_us": x["cpu_us"]}
+                           for x in runs],
+            })
+    print(f"\nmodel {MODEL}, one 1x16 f32 row per JSON request, hey -z {args.seconds:g}s, "
+          f"median of {args.rounds} alternating rounds")
+    print_table(rows, ["server", "concurrency", "rps", "p50_ms", "p99_ms", "rps_vs_baseline",
+                       "p99_vs_baseline", "cpu_us_per_request", "cpu_vs_baseline", "errors"])
     path = write_results("serve_load", rows, {
-        "model": MODEL, "batch": args.batch, "clients": args.clients,
+        "model": MODEL, "seconds": args.seconds, "rounds": args.rounds,
+        "load_generator": "hey",
         "command": "python bench/serve_load.py " + " ".join(argv or sys.argv[1:]),
     })
     print(f"wrote {os.path.relpath(path)}")

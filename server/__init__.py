@@ -4,7 +4,8 @@
 - `repository` the model repository (`DIR/<model>/<version>/model.vmfb` + config.json)
 - `admission`  bounded concurrency, bounded queue, deadlines
 - `metrics`    Prometheus metrics, above all peak device memory
-- `app`        the Starlette (ASGI) routes
-- `main`       the CLI: hypercorn on trio, model loading, SIGTERM drain
+- `http`       HTTP/1.1: httptools (llhttp) on trio streams, keep-alive, drain
+- `app`        the V2 routes (`Server.handle`)
+- `main`       the CLI: listeners, model loading, SIGTERM drain, exit codes
 - `models/`    bundled sample models (and the script that builds them)
 """

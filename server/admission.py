@@ -25,7 +25,8 @@ from typing import Any
 
 import trio
 
-__all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Overloaded"]
+__all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Overloaded",
+           "RunningInvocation"]
 
 
 class Overloaded(Exception):
@@ -53,14 +54,25 @@ class AdmissionStatistics:
     detached: int  # invocations still running whose requests already got their 504
 
 
-class _Job:
-    __slots__ = ("result", "error", "done", "detached")
+@dataclass(frozen=True)
+class RunningInvocation:
+    """One invocation still running: what it is (the caller's label) and since when."""
 
-    def __init__(self) -> None:
+    label: str
+    started: float  # trio clock
+    detached: bool
+
+
+class _Job:
+    __slots__ = ("result", "error", "done", "detached", "label", "started")
+
+    def __init__(self, label: str, started: float) -> None:
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = trio.Event()
         self.detached = False
+        self.label = label
+        self.started = started
 
 
 class Admission:
@@ -80,6 +92,12 @@ class Admission:
         self._latency = 0.0  # exponentially weighted mean of invocation seconds
         self._idle = trio.Event()
         self._idle.set()
+        self._jobs: set[_Job] = set()
+
+    def running_invocations(self) -> list[RunningInvocation]:
+        """The invocations running now, oldest first (for the drain's abandon log)."""
+        jobs = sorted(self._jobs, key=lambda j: j.started)
+        return [RunningInvocation(j.label, j.started, j.detached) for j in jobs]
 
     def statistics(self) -> AdmissionStatistics:
         return AdmissionStatistics(self.running, self.queued, self.max_concurrency,
@@ -96,18 +114,62 @@ class Admission:
         while self.running:
             await self._idle.wait()
 
+    async def acquire(self) -> object:
+        """Waits for a free slot (no queue bound, no deadline); the token to release it.
+        For callers that queue requests themselves (the dynamic batcher)."""
+        token = object()
+        await self._limiter.acquire_on_behalf_of(token)
+        return token
+
+    def try_acquire(self) -> object | None:
+        """A slot's token if one is free now, else None."""
+        token = object()
+        try:
+            self._limiter.acquire_on_behalf_of_nowait(token)
+        except trio.WouldBlock:
+            return None
+        return token
+
+    def release(self, token: object) -> None:
+        self._limiter.release_on_behalf_of(token)
+
+    async def execute(self, fn: Callable[[], Awaitable[Any]], token: object, label: str) -> Any:
+        """Runs `await fn()` in the calling task under the slot `token` (from `acquire`),
+        counted as running and listed by `running_invocations()`; releases the slot."""
+        job = _Job(label, trio.current_time())
+        self._jobs.add(job)
+        self.running += 1
+        self._idle = trio.Event()
+        try:
+            return await fn()
+        finally:
+            self._finish(job, token)
+
+    def _finish(self, job: _Job, token: object) -> None:
+        elapsed = trio.current_time() - job.started
+        self._latency = elapsed if not self._latency else 0.8 * self._latency + 0.2 * elapsed
+        self.running -= 1
+        self._jobs.discard(job)
+        if job.detached:
+            self.detached -= 1
+        self._limiter.release_on_behalf_of(token)
+        job.done.set()
+        if not self.running:
+            self._idle.set()
+
     async def run(
         self,
         fn: Callable[[], Awaitable[Any]],
         deadline: float,
         background: trio.Nursery,
         on_start: Callable[[float], None] | None = None,
+        label: str = "",
     ) -> Any:
         """Runs `await fn()` once admitted, in `background`; returns its result.
 
         Raises `Overloaded` when the queue is full, `DeadlineExceeded` when `deadline`
         (trio clock; `math.inf` for none) passes first. `on_start(queued_seconds)` is
-        called when the invocation starts.
+        called when the invocation starts; `label` names it in `running_invocations()`.
         """
         if self._limiter.available_tokens == 0 and self.queued >= self.max_queue:
             raise Overloaded(
@@ -136,7 +198,8 @@ class Admission:
         started = trio.current_time()
         if on_start is not None:
             on_start(started - queued_at)
-        job = _Job()
+        job = _Job(label, started)
+        self._jobs.add(job)
         self.running += 1
         self._idle = trio.Event()
         background.start_soon(self._execute, fn, token, job, started)
@@ -162,12 +225,4 @@ class Admission:
         except Exception as exc:  # noqa: BLE001 - handed to the waiting request
             job.error = exc
         finally:
-            elapsed = trio.current_time() - started
-            self._latency = elapsed if not self._latency else 0.8 * self._latency + 0.2 * elapsed
-            self.running -= 1
-            if job.detached:
-                self.detached -= 1
-            self._limiter.release_on_behalf_of(token)
-            job.done.set()
-            if not self.running:
-                self._idle.set()
+            self._finish(job, token)

@@ -1,4 +1,4 @@
-"""The ASGI app of `tinyhal-serve`: KServe V2 REST routes over a `Server`.
+"""The routes of `tinyhal-serve`: KServe V2 REST over a `Server` (`Server.handle`).
 
 Routes (V2 / Open Inference Protocol, plus the Triton extensions tritonclient uses):
 
@@ -9,7 +9,10 @@ Routes (V2 / Open Inference Protocol, plus the Triton extensions tritonclient us
     GET  /v2/models/{m}[/versions/{v}]/ready  200 ready, 503 not (404 unknown)
     GET  /v2/models/{m}[/versions/{v}]/config the model's serving configuration
     POST /v2/models/{m}[/versions/{v}]/infer  inference (JSON and binary tensors)
+    GET  /v2/models[/{m}[/versions/{v}]]/stats  statistics (Triton's extension; stats.py)
     POST /v2/repository/index                 every model version and its state
+    POST /v2/repository/models/{m}/load       (re)load a model: new versions picked up
+    POST /v2/repository/models/{m}/unload     stop serving a model (after what is admitted)
     GET  /metrics                             Prometheus exposition
 
 Every error body is `{"error": "..."}`. Status codes: 400 malformed request, bad
@@ -27,29 +30,25 @@ Triton).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import zlib
 from typing import Any
 
+import orjson
 import trio
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from .. import __version__
 from ..errors import Error, StatusCode
-from .admission import DeadlineExceeded, Overloaded
+from .admission import DeadlineExceeded, Overloaded, RunningInvocation
+from .http import Request, Response
 from .metrics import Metrics
 from .protocol import ProtocolError, build_infer_response, parse_infer_request
 from .repository import ModelRepository, ModelVersion
 
 log = logging.getLogger("tinyhal.server")
 
-__all__ = ["Server", "create_app"]
+__all__ = ["Server", "error_response", "json_response"]
 
 JSON = "application/json"
 EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy", "statistics"]
@@ -82,23 +81,36 @@ class Server:
         self.draining = False
         self.background: trio.Nursery | None = None
         self.metrics = Metrics(self)
+        self.repository_lock = trio.Lock()  # one load/unload at a time
+        self._routes = _Routes(self)
 
     @property
     def ready(self) -> bool:
-        return self.loaded and not self.draining and all(
-            mv.ready for mv in self.repository.all_versions())
+        """Every model version loaded, at least one of them, and not draining (a server
+        with no model to serve is not ready: it would only answer 404s)."""
+        versions = [mv for mv in self.repository.all_versions() if not mv.unloaded]
+        return self.loaded and not self.draining and bool(versions) and all(
+            mv.ready for mv in versions)
 
     def models_loaded(self) -> None:
         """Marks loading done and creates every model's request series at zero, so
         dashboards and alert rules see them before the first request."""
-        m = self.metrics
         for mv in self.repository.all_versions():
-            labels = (mv.name, mv.version)
-            m.requests.labels(*labels, "200")
-            m.duration.labels(*labels)
-            m.queue.labels(*labels)
-            m.compute.labels(*labels)
+            self.create_series(mv)
         self.loaded = True
+
+    def create_series(self, mv: ModelVersion) -> None:
+        self.metrics.series(mv.name, mv.version).requests(200)
+
+    async def handle(self, request: Request) -> Response:
+        """Answers one HTTP request (never raises: a failure of ours is a 500)."""
+        return await self._routes.handle(request)
+
+    def running_invocations(self) -> list[RunningInvocation]:
+        """Every invocation still running, over all model versions, oldest first."""
+        running = [r for mv in self.repository.all_versions() if mv.admission is not None
+                   for r in mv.admission.running_invocations()]
+        return sorted(running, key=lambda r: r.started)
 
     async def wait_idle(self) -> None:
         """Returns when no invocation runs (detached ones included)."""
@@ -107,188 +119,274 @@ class Server:
                 await mv.admission.wait_idle()
 
 
-def _json(doc: Any, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(json.dumps(doc, separators=(",", ":")), status, headers, media_type=JSON)
+def json_response(doc: Any, status: int = 200,
+                  headers: list[tuple[str, str]] | None = None) -> Response:
+    return Response(status, orjson.dumps(doc), JSON,
+                     headers or [])
 
 
-def _error(status: int, message: str, headers: dict | None = None) -> Response:
-    return _json({"error": message}, status, headers)
+def error_response(status: int, message: str,
+                   headers: list[tuple[str, str]] | None = None) -> Response:
+    return json_response({"error": message}, status, headers)
 
 
-def create_app(server: Server) -> Starlette:
-    repo = server.repository
+_RETRY = [("retry-after", "1")]
 
-    async def live(request: Request) -> Response:
-        return _json({"live": True})
 
-    async def ready(request: Request) -> Response:
-        if server.ready:
-            return _json({"ready": True})
-        return _json({"ready": False}, 503, {"Retry-After": "1"})
+class _Routes:
+    """The V2 routes of one `Server`: `handle(request)` -> `Response`."""
 
-    async def server_metadata(request: Request) -> Response:
-        return _json({"name": "tinyhal", "version": __version__, "extensions": EXTENSIONS})
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.repo = server.repository
+        self.exact = {
+            "/v2/health/live": {"GET": self.live},
+            "/v2/health/ready": {"GET": self.ready},
+            "/v2": {"GET": self.server_metadata},
+            "/v2/repository/index": {"POST": self.repository_index,
+                                     "GET": self.repository_index},
+            "/metrics": {"GET": self.metrics},
+            "/v2/models/stats": {"GET": self.model_stats},
+        }
+        # /v2/models/{m}[/versions/{v}][/<action>]
+        self.model_actions = {
+            "": {"GET": self.model_metadata},
+            "ready": {"GET": self.model_ready},
+            "config": {"GET": self.model_config},
+            "infer": {"POST": self.infer},
+            "stats": {"GET": self.model_stats},
+        }
 
-    def _model(request: Request) -> ModelVersion:
-        params = request.path_params
-        return repo.get(params["name"], params.get("version"))
+    async def handle(self, request: Request) -> Response:
+        try:
+            methods, params = self._route(request.path)
+            if methods is None:
+                return error_response(404, f"no route {request.path}")
+            handler = methods.get(request.method)
+            if handler is None:
+                return error_response(
+                    405, f"method {request.method} not allowed on {request.path}",
+                    [("allow", ", ".join(methods))])
+            return await handler(request, *params)
+        except ProtocolError as exc:
+            return error_response(exc.status, exc.message)
+        except Exception as exc:  # a bug of ours: answer 500 and keep serving
+            log.exception("internal error on %s %s", request.method, request.path)
+            return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
 
-    async def model_metadata(request: Request) -> Response:
-        mv = _model(request)
-        versions = list(repo.models[mv.name])
+    def _route(self, path: str) -> tuple[dict | None, tuple]:
+        methods = self.exact.get(path)
+        if methods is not None:
+            return methods, ()
+        parts = path.split("/")
+        # ["", "v2", "repository", "models", name, "load" | "unload"]
+        if len(parts) == 6 and parts[1:4] == ["v2", "repository", "models"] and parts[4]:
+            action = {"load": self.load_model, "unload": self.unload_model}.get(parts[5])
+            return ({"POST": action}, (parts[4],)) if action else (None, ())
+        # ["", "v2", "models", name, ("versions", v)?, action?]
+        if len(parts) < 4 or parts[1] != "v2" or parts[2] != "models" or not parts[3]:
+            return None, ()
+        name, rest = parts[3], parts[4:]
+        version = None
+        if len(rest) >= 2 and rest[0] == "versions" and rest[1]:
+            version, rest = rest[1], rest[2:]
+        if len(rest) > 1:
+            return None, ()
+        methods = self.model_actions.get(rest[0] if rest else "")
+        if methods is None:
+            return None, ()
+        return methods, (name, version)
+
+    async def live(self, request: Request) -> Response:
+        return json_response({"live": True})
+
+    async def ready(self, request: Request) -> Response:
+        if self.server.ready:
+            return json_response({"ready": True})
+        return json_response({"ready": False}, 503, _RETRY)
+
+    async def server_metadata(self, request: Request) -> Response:
+        return json_response({"name": "tinyhal", "version": __version__,
+                              "extensions": EXTENSIONS})
+
+    async def model_metadata(self, request: Request, name: str, version: str | None
+                             ) -> Response:
+        mv = self.repo.get(name, version)
+        versions = list(self.repo.models[mv.name])
         if not mv.ready:
-            return _error(503, f"model '{mv.name}' version {mv.version} is not ready: "
-                               f"{mv.reason or mv.state}")
-        return _json(mv.metadata(versions))
+            return error_response(503, f"model '{mv.name}' version {mv.version} is not "
+                                       f"ready: {mv.reason or mv.state}")
+        return json_response(mv.metadata(versions))
 
-    async def model_ready(request: Request) -> Response:
-        mv = _model(request)
-        if mv.ready and not server.draining:
-            return _json({"name": mv.name, "ready": True})
-        return _json({"name": mv.name, "ready": False}, 503)
+    async def model_ready(self, request: Request, name: str, version: str | None
+                          ) -> Response:
+        mv = self.repo.get(name, version)
+        if mv.ready and not self.server.draining:
+            return json_response({"name": mv.name, "ready": True})
+        return json_response({"name": mv.name, "ready": False}, 503)
 
-    async def model_config(request: Request) -> Response:
-        mv = _model(request)
-        return _json(mv.describe_config())
+    async def model_config(self, request: Request, name: str, version: str | None
+                           ) -> Response:
+        return json_response(self.repo.get(name, version).describe_config())
 
-    async def repository_index(request: Request) -> Response:
+    async def model_stats(self, request: Request, name: str | None = None,
+                          version: str | None = None) -> Response:
+        if name is None:
+            versions = self.repo.all_versions()
+        elif version is None:
+            self.repo.get(name)  # 404 for an unknown model
+            versions = list(self.repo.models[name].values())
+        else:
+            versions = [self.repo.get(name, version)]
+        return json_response({"model_stats": [mv.stats.doc(mv.name, mv.version)
+                                              for mv in versions]})
+
+    async def load_model(self, request: Request, name: str) -> Response:
+        """Triton's repository `load`: (re)reads the model's directory; new versions (and
+        failed or unloaded ones) load, versions whose directory is gone unload."""
+        if request.body.strip():
+            try:
+                doc = orjson.loads(request.body)
+            except ValueError as exc:
+                raise ProtocolError(400, f"load request body is not valid JSON: {exc}") \
+                    from None
+            params = doc.get("parameters") if isinstance(doc, dict) else None
+            if params:
+                raise ProtocolError(400, f"load parameters are not supported "
+                                         f"({', '.join(map(str, params))}): put the "
+                                         f"config in the model's config.json")
+        server = self.server
+        async with server.repository_lock:
+            to_load, removed = self.repo.rescan_model(name)
+            for mv in removed:
+                await mv.unload()
+                self.repo.forget(mv)
+            failed = await trio.to_thread.run_sync(self.repo.load_versions, to_load)
+            for mv in to_load:
+                server.create_series(mv)
+        if failed:
+            return error_response(400, f"failed to load '{name}': " + "; ".join(
+                f"version {mv.version}: {mv.reason}" for mv in failed))
+        return json_response({})
+
+    async def unload_model(self, request: Request, name: str) -> Response:
+        """Triton's repository `unload`: every version of the model stops serving once
+        what is admitted finished (new requests get 503 meanwhile)."""
+        async with self.server.repository_lock:
+            versions = self.repo.models.get(name)
+            if versions is None:
+                raise ProtocolError(404, f"unknown model '{name}'")
+            async with trio.open_nursery() as nursery:
+                for mv in versions.values():
+                    nursery.start_soon(mv.unload)
+        return json_response({})
+
+    async def repository_index(self, request: Request) -> Response:
+        only_ready = False
+        if request.method == "POST" and request.body.strip():
+            try:
+                doc = orjson.loads(request.body)
+            except ValueError as exc:
+                raise ProtocolError(400, f"index request body is not valid JSON: {exc}") \
+                    from None
+            ready_flag = doc.get("ready", False) if isinstance(doc, dict) else None
+            if type(ready_flag) is not bool:
+                raise ProtocolError(400, "index request 'ready' must be true or false")
+            only_ready = ready_flag
         index = []
-        for mv in repo.all_versions():
+        for mv in self.repo.all_versions():
+            if only_ready and not mv.ready:
+                continue
             entry = {"name": mv.name, "version": mv.version, "state": mv.state}
             if mv.reason:
                 entry["reason"] = mv.reason
             index.append(entry)
-        return _json(index)
+        return json_response(index)
 
-    async def metrics(request: Request) -> Response:
+    async def metrics(self, request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return Response(server.metrics.generate(), media_type=CONTENT_TYPE_LATEST)
+        return Response(200, self.server.metrics.generate(), CONTENT_TYPE_LATEST)
 
-    async def infer(request: Request) -> Response:
-        arrived = trio.current_time()
-        params = request.path_params
-        name, version = params["name"], params.get("version") or ""
+    async def infer(self, request: Request, name: str, version: str | None) -> Response:
+        server = self.server
         try:
-            mv = repo.get(name, version or None)
+            mv = self.repo.get(name, version)
         except ProtocolError as exc:
             # unknown names are not labels: count them under one bucket
             server.metrics.requests.labels("", "", str(exc.status)).inc()
-            return _error(exc.status, exc.message)
-        labels = (mv.name, mv.version)
+            return error_response(exc.status, exc.message)
+        series = server.metrics.series(mv.name, mv.version)
         status = 500
         try:
-            response = await _infer(request, mv, arrived)
-            status = response.status_code
+            response = await self._infer(request, mv)
+            status = response.status
             return response
         finally:
-            server.metrics.requests.labels(*labels, str(status)).inc()
-            server.metrics.duration.labels(*labels).observe(trio.current_time() - arrived)
+            series.requests(status).inc()
+            series.duration.observe(trio.current_time() - request.arrived)
 
-    async def _infer(request: Request, mv: ModelVersion, arrived: float) -> Response:
+    async def _infer(self, request: Request, mv: ModelVersion) -> Response:
+        server = self.server
         if server.draining:
-            return _error(503, "server is shutting down; retry on another replica",
-                          {"Retry-After": "1"})
+            return error_response(503, "server is shutting down; retry on another replica",
+                                  _RETRY)
         if not mv.ready:
-            return _error(503, f"model '{mv.name}' version {mv.version} is not ready: "
-                               f"{mv.reason or mv.state}", {"Retry-After": "1"})
+            return error_response(503, f"model '{mv.name}' version {mv.version} is not "
+                                       f"ready: {mv.reason or mv.state}", _RETRY)
+        headers = request.headers
+        t_input = trio.current_time()
         try:
-            body = await _read_body(request, server.max_request_bytes)
-            req = parse_infer_request(body, request.headers.get("inference-header-content-length"))
+            body = _decode_body(request, server.max_request_bytes)
+            req = parse_infer_request(body, headers.get("inference-header-content-length"))
             args = mv.prepare(req)
-            deadline = _deadline(request, req.timeout_us, mv, server.max_timeout, arrived)
+            deadline = _deadline(headers.get("inference-timeout"), req.timeout_us, mv,
+                                 server.max_timeout, request.arrived)
         except ProtocolError as exc:
-            return _error(exc.status, exc.message)
-
-        labels = (mv.name, mv.version)
-
-        def started(queued: float) -> None:
-            server.metrics.queue.labels(*labels).observe(queued)
-
-        async def call() -> Any:
-            t0 = trio.current_time()
-            out = await mv.invoke(args)
-            server.metrics.compute.labels(*labels).observe(trio.current_time() - t0)
-            return out
+            return self._failed(mv, request, error_response(exc.status, exc.message))
+        compute_input = trio.current_time() - t_input
 
         try:
-            results = await mv.admission.run(call, deadline, server.background, started)
+            label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
+            results, queued, compute_infer = await mv.infer(args, deadline, server.background,
+                                                            label)
         except Overloaded as exc:
-            return _error(429, f"model '{mv.name}' is overloaded: {exc}; retry after "
-                               f"{exc.retry_after} s", {"Retry-After": str(exc.retry_after)})
+            return self._failed(mv, request, error_response(
+                429, f"model '{mv.name}' is overloaded: {exc}; retry after "
+                     f"{exc.retry_after} s", [("retry-after", str(exc.retry_after))]))
         except DeadlineExceeded as exc:
-            return _error(504, f"model '{mv.name}': {exc}")
+            return self._failed(mv, request, error_response(504, f"model '{mv.name}': {exc}"))
         except Error as exc:
             status = _ERROR_STATUS.get(exc.code, 500)
             if status == 500:
                 log.error("model %s version %s failed: %s", mv.name, mv.version, exc)
-            headers = {"Retry-After": "1"} if status == 503 else None
-            return _error(status, f"model '{mv.name}' failed: {exc}", headers)
-        body, header_length = build_infer_response(mv.name, mv.version, req, results)
+            return self._failed(mv, request, error_response(
+                status, f"model '{mv.name}' failed: {exc}", _RETRY if status == 503 else None))
+        t_output = trio.current_time()
+        out, header_length = build_infer_response(mv.name, mv.version, req, results)
         if header_length is None:
-            return Response(body, 200, media_type=JSON)
-        return Response(body, 200, {"Inference-Header-Content-Length": str(header_length)},
-                        media_type="application/octet-stream")
+            response = Response(200, out, JSON)
+        else:
+            response = Response(200, out, "application/octet-stream",
+                                [("inference-header-content-length", str(header_length))])
+        done = trio.current_time()
+        histograms, phases = server.metrics.series(mv.name, mv.version).phases, mv.stats.phases
+        for phase, seconds in (("queue", queued), ("compute_input", compute_input),
+                               ("compute_infer", compute_infer),
+                               ("compute_output", done - t_output)):
+            histograms[phase].observe(seconds)
+            phases[phase].add(seconds)
+        mv.stats.finished(True, done - request.arrived)
+        return response
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        message = {404: f"no route {request.url.path}",
-                   405: f"method {request.method} not allowed on {request.url.path}"}.get(
-            exc.status_code, str(exc.detail))
-        return _error(exc.status_code, message, getattr(exc, "headers", None))
-
-    async def protocol_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ProtocolError)
-        return _error(exc.status, exc.message)
-
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        log.exception("internal error on %s %s", request.method, request.url.path,
-                      exc_info=exc)
-        return _error(500, f"internal server error: {type(exc).__name__}: {exc}")
-
-    model_paths = ["/v2/models/{name}", "/v2/models/{name}/versions/{version}"]
-    routes = [
-        Route("/v2/health/live", live, methods=["GET"]),
-        Route("/v2/health/ready", ready, methods=["GET"]),
-        Route("/v2", server_metadata, methods=["GET"]),
-        Route("/v2/repository/index", repository_index, methods=["POST", "GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
-    for base in model_paths:
-        routes += [
-            Route(base, model_metadata, methods=["GET"]),
-            Route(base + "/ready", model_ready, methods=["GET"]),
-            Route(base + "/config", model_config, methods=["GET"]),
-            Route(base + "/infer", infer, methods=["POST"]),
-        ]
-    return Starlette(
-        routes=routes,
-        exception_handlers={
-            HTTPException: http_error,
-            ProtocolError: protocol_error,
-            Exception: internal_error,
-        },
-    )
+    def _failed(self, mv: ModelVersion, request: Request, response: Response) -> Response:
+        mv.stats.finished(False, trio.current_time() - request.arrived)
+        return response
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None:
-        try:
-            n = int(length)
-        except ValueError:
-            raise ProtocolError(400, f"Content-Length {length!r} is not an integer") from None
-        if n > limit:
-            raise ProtocolError(413, f"request body of {n} bytes exceeds the limit of "
-                                     f"{limit} bytes (--max-request-bytes)")
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise ProtocolError(413, f"request body exceeds the limit of {limit} bytes "
-                                     f"(--max-request-bytes)")
-        chunks.append(chunk)
-    body = b"".join(chunks)
+def _decode_body(request: Request, limit: int) -> bytes:
+    """The body after Content-Encoding (the HTTP layer already bounded its raw size)."""
+    body = request.body
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("identity", ""):
         return body
@@ -306,10 +404,9 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return out
 
 
-def _deadline(request: Request, timeout_us: float | None, mv: ModelVersion,
+def _deadline(header: str | None, timeout_us: float | None, mv: ModelVersion,
               max_timeout: float | None, arrived: float) -> float:
     limits = []
-    header = request.headers.get("inference-timeout")
     if header is not None:
         try:
             seconds = float(header)

@@ -3,8 +3,9 @@
     tinyhal-serve [--model-repository DIR] [--host HOST] [--port PORT] [--device DRIVER]
 
 With no arguments it serves the sample models bundled in the package on 127.0.0.1:8000.
-HTTP runs on hypercorn's trio worker; the app is a small Starlette (anyio on trio) app, so
-inference invocations (`Module.invoke_async`) interleave on the same trio event loop.
+HTTP/1.1 is httptools (llhttp) driven directly on trio streams (`server/http.py`), so
+connections and inference invocations (`Module.invoke_async`) interleave on one trio event
+loop.
 
 Start-up: the listener opens first (liveness answers at once), then models load in a
 worker thread and readiness turns 200. With --exit-on-error (default) a model that fails
@@ -13,7 +14,19 @@ unavailable and readiness stays 503.
 
 SIGTERM (or SIGINT) drains: readiness turns 503, the listener closes, requests in flight
 finish (up to --drain-timeout seconds), invocations still running in the background
-finish, then the process exits 0. A second signal exits at once with code 1.
+finish, then the process exits 0.
+
+Exit codes (always one of these, never death by a signal):
+
+    0  clean stop: every invocation finished within the drain budget
+    1  start-up failed: a model failed to load (with --exit-on-error)
+    2  bad command line or unusable environment (port in use, unreadable repository)
+    3  the drain budget ran out with invocations still running
+    4  a second SIGTERM/SIGINT during the drain
+
+With 3 and 4 the invocations still running are abandoned: each is logged (model, version,
+request id, seconds it ran), logs are flushed and the process ends at once with
+`os._exit`, without closing devices whose memory kernels may still be writing.
 """
 
 from __future__ import annotations
@@ -21,6 +34,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import signal
 import sys
 from functools import partial
@@ -28,12 +42,39 @@ from pathlib import Path
 
 import trio
 
-from .app import Server, create_app
+from .app import Server, error_response
+from .http import HttpServer
 from .repository import ModelRepository, bundled_models_dir
 
 log = logging.getLogger("tinyhal.server")
 
-__all__ = ["main", "serve"]
+__all__ = ["EXIT_DRAIN_TIMEOUT", "EXIT_OK", "EXIT_SECOND_SIGNAL", "EXIT_START_FAILED",
+           "EXIT_USAGE", "main", "serve"]
+
+EXIT_OK = 0
+EXIT_START_FAILED = 1
+EXIT_USAGE = 2
+EXIT_DRAIN_TIMEOUT = 3
+EXIT_SECOND_SIGNAL = 4
+
+
+def _abandon_and_exit(server: Server, code: int, why: str) -> None:
+    """Logs every invocation still running, flushes, and ends the process with `code`.
+
+    Device memory is never freed here: kernels of the abandoned invocations may still be
+    writing it, so the process ends without tearing anything down.
+    """
+    running = server.running_invocations()
+    now = trio.current_time()
+    log.error("%s: abandoning %d invocation(s) still running", why, len(running))
+    for r in running:
+        log.error("abandoned: %s (running %.3f s%s)", r.label, now - r.started,
+                  "; its request already got 504" if r.detached else "")
+    print(f"tinyhal-serve: stopped (exit {code})", flush=True)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,88 +105,97 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class StartupError(Exception):
+    """A one-line reason the server cannot start (exit code 2)."""
+
+
 async def serve(args: argparse.Namespace) -> int:
     """Runs the server until SIGTERM/SIGINT; returns the exit code."""
-    from hypercorn.config import Config
-    from hypercorn.trio import serve as hypercorn_serve
-
     root = args.model_repository or bundled_models_dir()
-    repository = ModelRepository(root, default_device=args.device)
+    try:
+        repository = ModelRepository(root, default_device=args.device)
+    except OSError as exc:
+        raise StartupError(f"cannot read the model repository {root}: "
+                           f"{exc.strerror or exc}") from None
     server = Server(repository, max_request_bytes=args.max_request_bytes,
                     max_timeout=args.max_timeout)
-    app = create_app(server)
-
-    config = Config()
-    config.bind = [f"[{args.host}]:{args.port}" if ":" in args.host else
-                   f"{args.host}:{args.port}"]
-    config.graceful_timeout = args.drain_timeout
-    config.keep_alive_timeout = args.keep_alive_timeout
-    config.accesslog = "-" if args.access_log else None
-    config.errorlog = logging.getLogger("hypercorn.error")  # through our logging setup
-    config.loglevel = args.log_level.upper()
-    config.include_server_header = False
+    http = HttpServer(server.handle, error_response, max_body=args.max_request_bytes,
+                      keep_alive_timeout=args.keep_alive_timeout, access_log=args.access_log)
+    try:
+        listeners = await trio.open_tcp_listeners(args.port, host=args.host)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {args.host} port {args.port}: "
+                           f"{exc.strerror or exc}") from None
 
     shutdown = trio.Event()
-    exit_code = 0
+    exit_code = EXIT_OK
     drain_deadline = math.inf  # one budget for the whole drain, set when it starts
 
     async def watch_signals(task_status=trio.TASK_STATUS_IGNORED) -> None:
-        nonlocal exit_code, drain_deadline
+        nonlocal drain_deadline
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             task_status.started()
             async for signum in signals:
                 if not shutdown.is_set():
-                    log.info("%s: draining (finishing in-flight requests, up to %.0f s)",
+                    log.info("%s: draining (finishing in-flight requests, up to %g s)",
                              signal.Signals(signum).name, args.drain_timeout)
                     server.draining = True
                     drain_deadline = trio.current_time() + args.drain_timeout
                     shutdown.set()
                 else:
-                    log.warning("second signal: exiting without waiting")
-                    exit_code = 1
-                    outer.cancel_scope.cancel()
-                    return
+                    _abandon_and_exit(server, EXIT_SECOND_SIGNAL,
+                                      f"second {signal.Signals(signum).name}")
 
-    async def run_http(front: trio.Nursery, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait,
-                              task_status=task_status)
-        front.cancel_scope.cancel()
+    http_done = trio.Event()
+
+    async def run_http() -> None:
+        try:
+            await http.serve(listeners)
+        finally:
+            http_done.set()
 
     try:
         async with trio.open_nursery() as outer:
             server.background = outer
             await outer.start(watch_signals)
-            async with trio.open_nursery() as front:
-                binds = await front.start(run_http, front)
-                for bind in binds:
-                    print(f"tinyhal-serve: listening on {bind}", flush=True)
-                failed = await trio.to_thread.run_sync(repository.load_all)
-                server.models_loaded()
-                if failed and args.exit_on_error:
-                    log.error("%d model version(s) failed to load; exiting "
-                              "(--no-exit-on-error serves the rest)", len(failed))
-                    exit_code = 1
-                    shutdown.set()
-                elif not shutdown.is_set():
-                    names = [f"{mv.name}/{mv.version}" for mv in repository.all_versions()
-                             if mv.ready]
-                    if failed:
-                        print(f"tinyhal-serve: serving ({', '.join(names) or 'no models'}); "
-                              f"unavailable: "
-                              f"{', '.join(f'{mv.name}/{mv.version}' for mv in failed)}",
-                              flush=True)
-                    else:
-                        print(f"tinyhal-serve: ready ({', '.join(names) or 'no models'})",
-                              flush=True)
-            # hypercorn returned: the listener is closed and connections are done
-            # ... then invocations still running in the background (e.g. after a 504),
-            # within what is left of the same drain budget
+            outer.start_soon(run_http)
+            for listener in listeners:
+                host, port = listener.socket.getsockname()[:2]
+                host = f"[{host}]" if ":" in host else host
+                print(f"tinyhal-serve: listening on http://{host}:{port}", flush=True)
+            failed = await trio.to_thread.run_sync(repository.load_all)
+            server.models_loaded()
+            if failed and args.exit_on_error:
+                log.error("%d model version(s) failed to load; exiting "
+                          "(--no-exit-on-error serves the rest)", len(failed))
+                exit_code = EXIT_START_FAILED
+                server.draining = True
+                shutdown.set()
+            elif not shutdown.is_set():
+                names = [f"{mv.name}/{mv.version}" for mv in repository.all_versions()
+                         if mv.ready]
+                if failed:
+                    print(f"tinyhal-serve: serving ({', '.join(names) or 'no models'}); "
+                          f"unavailable: "
+                          f"{', '.join(f'{mv.name}/{mv.version}' for mv in failed)}",
+                          flush=True)
+                else:
+                    print(f"tinyhal-serve: ready ({', '.join(names) or 'no models'})",
+                          flush=True)
+            await shutdown.wait()
+            # the listener closes, idle connections close, requests in flight finish ...
+            http.drain()
             if drain_deadline == math.inf:
                 drain_deadline = trio.current_time() + args.drain_timeout
-            with trio.move_on_at(drain_deadline) as budget:
+            with trio.move_on_at(drain_deadline):
+                await http_done.wait()
+            # ... then invocations still running in the background (e.g. after a 504),
+            # within what is left of the same budget
+            with trio.move_on_at(drain_deadline):
                 await server.wait_idle()
-            if budget.cancelled_caught:
-                log.warning("drain timeout: abandoning invocations still running")
+            if server.running_invocations():
+                _abandon_and_exit(server, EXIT_DRAIN_TIMEOUT,
+                                  f"drain timeout ({args.drain_timeout:g} s)")
             outer.cancel_scope.cancel()
     finally:
         await trio.to_thread.run_sync(repository.close)
@@ -160,17 +210,27 @@ def main(argv: list[str] | None = None) -> int:
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # no *_created series: they double the exposition
+    if not 0 <= args.port <= 65535:
+        print(f"tinyhal-serve: --port {args.port} is out of range (0-65535; 0 picks a free "
+              f"port)", file=sys.stderr)
+        return EXIT_USAGE
     if args.max_timeout is not None and not (args.max_timeout > 0 and
                                              math.isfinite(args.max_timeout)):
         print("tinyhal-serve: --max-timeout must be a positive number", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    # until the server's own handler takes over, SIGTERM stops like a second signal
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         return trio.run(partial(serve, args))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, StartupError) as exc:
         print(f"tinyhal-serve: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        return 1
+        return EXIT_SECOND_SIGNAL
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

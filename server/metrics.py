@@ -9,6 +9,11 @@ Device memory is read from `Allocator.statistics()` at scrape time (exact, no po
     tinyhal_device_heap_allocated_bytes_total{device,heap}
     tinyhal_device_heap_allocations_total{device,heap}
 
+Per model version (what one pod needs per model, which the device-wide peak cannot say):
+
+    tinyhal_model_memory_peak_bytes{model,version,device}  most device memory one
+        invocation held, transients included (see memory.py)
+
 The device-wide figures are separate metrics (not a heap="all" label) so that summing the
 per-heap series never double-counts. Peaks are since start (the allocator's own peaks).
 
@@ -16,8 +21,15 @@ Requests and models:
 
     tinyhal_inference_requests_total{model,version,code}       by HTTP status code
     tinyhal_inference_request_duration_seconds{model,version}  end to end (histogram)
-    tinyhal_inference_queue_duration_seconds{model,version}    admission wait (histogram)
-    tinyhal_inference_compute_duration_seconds{model,version}  the invocation (histogram)
+    tinyhal_inference_queue_duration_seconds{model,version}    waiting for a slot / a batch
+    tinyhal_inference_compute_input_duration_seconds{model,version}   decoding the request
+    tinyhal_inference_compute_infer_duration_seconds{model,version}   the invocation
+    tinyhal_inference_compute_output_duration_seconds{model,version}  building the response
+        (the four phases of a successful request, as histograms: p99 aggregates across
+        replicas)
+    tinyhal_inference_count_total{model,version}               inferences (batch rows)
+    tinyhal_inference_exec_count_total{model,version}          invocations; with dynamic
+        batching inference_count / exec_count is the average batch size
     tinyhal_inference_in_flight{model,version}                 invocations running
     tinyhal_inference_queued{model,version}                    requests waiting for a slot
     tinyhal_inference_detached{model,version}                  running after their 504
@@ -37,7 +49,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 if TYPE_CHECKING:
     from .app import Server
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "ModelSeries"]
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                     2.5, 5.0, 10.0, 30.0)
@@ -71,12 +83,14 @@ class _StateCollector:
         heap_count = CounterMetricFamily("tinyhal_device_heap_allocations",
                                          "Allocations ever made from one device heap",
                                          labels=["device", "heap"])
+        memory = server.repository.memory
         for name, device in list(server.repository.devices.items()):
             stats = device.allocator.statistics()
-            peak.add_metric([name], stats.peak_bytes)
+            peak_bytes, heap_peaks = memory.device_peaks(name, stats)
+            peak.add_metric([name], peak_bytes)
             live.add_metric([name], stats.live_bytes)
             for heap, h in stats.heaps.items():
-                heap_peak.add_metric([name, heap], h.peak_bytes)
+                heap_peak.add_metric([name, heap], heap_peaks[heap])
                 heap_live.add_metric([name, heap], h.live_bytes)
                 heap_alloc.add_metric([name, heap], h.allocated_bytes)
                 heap_count.add_metric([name, heap], h.allocation_count)
@@ -94,12 +108,27 @@ class _StateCollector:
                                  labels=["model", "version", "function", "device", "execution"])
         ready = GaugeMetricFamily("tinyhal_model_ready", "1 when the model version is ready",
                                   labels=["model", "version"])
+        inferences = CounterMetricFamily("tinyhal_inference_count",
+                                         "Inferences served (batch rows)",
+                                         labels=["model", "version"])
+        executions = CounterMetricFamily("tinyhal_inference_exec_count",
+                                         "Invocations of the program (one per batch)",
+                                         labels=["model", "version"])
+        model_peak = GaugeMetricFamily(
+            "tinyhal_model_memory_peak_bytes",
+            "Most device memory one invocation of the model version held (transients "
+            "included; invocations that ran alone on their device)",
+            labels=["model", "version", "device"])
         load = GaugeMetricFamily("tinyhal_model_load_seconds",
                                  "Seconds the model version took to load",
                                  labels=["model", "version"])
         for mv in server.repository.all_versions():
             labels = [mv.name, mv.version]
             ready.add_metric(labels, 1 if mv.ready else 0)
+            if mv.peak_invocation_bytes is not None:
+                model_peak.add_metric([*labels, mv.device_name], mv.peak_invocation_bytes)
+            inferences.add_metric(labels, mv.stats.inference_count)
+            executions.add_metric(labels, mv.stats.execution_count)
             if mv.admission is not None:
                 st = mv.admission.statistics()
                 in_flight.add_metric(labels, st.running)
@@ -112,13 +141,38 @@ class _StateCollector:
         draining = GaugeMetricFamily("tinyhal_server_draining",
                                      "1 once the server is draining (SIGTERM)")
         draining.add_metric([], 1 if server.draining else 0)
-        yield from (in_flight, queued, detached, info, ready, load, draining)
+        yield from (in_flight, queued, detached, info, ready, load, draining, inferences,
+                    executions, model_peak)
+
+
+class ModelSeries:
+    """One model version's request series."""
+
+    def __init__(self, metrics: Metrics, model: str, version: str) -> None:
+        labels = (model, version)
+        self._requests = metrics.requests
+        self._labels = labels
+        self._by_code: dict[int, Any] = {}
+        self.duration = metrics.duration.labels(*labels)
+        self.phases = {
+            "queue": metrics.queue.labels(*labels),
+            "compute_input": metrics.compute_input.labels(*labels),
+            "compute_infer": metrics.compute_infer.labels(*labels),
+            "compute_output": metrics.compute_output.labels(*labels),
+        }
+
+    def requests(self, status: int) -> Any:
+        child = self._by_code.get(status)
+        if child is None:
+            child = self._by_code[status] = self._requests.labels(*self._labels, str(status))
+        return child
 
 
 class Metrics:
     """The registry of one server (not the process-global one)."""
 
     def __init__(self, server: Server) -> None:
+        self._series: dict[tuple[str, str], ModelSeries] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_StateCollector(server))
         self.requests = Counter("tinyhal_inference_requests", "Inference requests by status",
@@ -131,10 +185,27 @@ class Metrics:
                                "Time an admitted request waited for a slot",
                                ["model", "version"], buckets=_LATENCY_BUCKETS,
                                registry=self.registry)
-        self.compute = Histogram("tinyhal_inference_compute_duration_seconds",
-                                 "Time of the invocation (completed ones)",
-                                 ["model", "version"], buckets=_LATENCY_BUCKETS,
-                                 registry=self.registry)
+        self.compute_input = Histogram("tinyhal_inference_compute_input_duration_seconds",
+                                       "Time decoding a request into arrays",
+                                       ["model", "version"], buckets=_LATENCY_BUCKETS,
+                                       registry=self.registry)
+        self.compute_infer = Histogram("tinyhal_inference_compute_infer_duration_seconds",
+                                       "Time of the invocation (with batching, the batch's)",
+                                       ["model", "version"], buckets=_LATENCY_BUCKETS,
+                                       registry=self.registry)
+        self.compute_output = Histogram("tinyhal_inference_compute_output_duration_seconds",
+                                        "Time building a response",
+                                        ["model", "version"], buckets=_LATENCY_BUCKETS,
+                                        registry=self.registry)
+
+    def series(self, model: str, version: str) -> ModelSeries:
+        """The labelled children of one model version, looked up once (a `labels()` call
+        per observation costs more than the observation)."""
+        key = (model, version)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = ModelSeries(self, model, version)
+        return found
 
     def generate(self) -> bytes:
         from prometheus_client import generate_latest

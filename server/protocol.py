@@ -15,18 +15,26 @@ wire format can be tested without a server:
   `ml_dtypes.bfloat16`; JSON data are numbers). BYTES is rejected with a message saying
   so: no tinyhal model takes strings.
 
+Strictness (every case is a 400 naming what is wrong): JSON nested deeper than
+`MAX_JSON_DEPTH` (400) levels; `data` that is ragged, nested unlike `shape` or holds values
+of the wrong JSON type; values that do not fit the datatype (an integer out of range, a
+finite number that overflows FP16/FP32); shapes with a negative dimension or an element
+count over 2**63 - 1; boolean parameters (`binary_data_output`, `binary_data`) that are
+not JSON booleans; `Inference-Header-Content-Length` outside (0, body length].
+
 Every malformed request raises `ProtocolError(status, message)`; the app turns it into a
 V2 error body `{"error": message}` with that status.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from ..hal.types import ELEMENT_TYPES, element_info_for_mlir
 
@@ -35,6 +43,7 @@ __all__ = [
     "InferRequest",
     "ProtocolError",
     "RequestedOutput",
+    "MAX_JSON_DEPTH",
     "build_infer_response",
     "datatype_for_mlir",
     "parse_infer_request",
@@ -47,6 +56,15 @@ DATATYPES: dict[str, np.dtype] = {
     for info in ELEMENT_TYPES
     if info.kserve is not None
 }
+MAX_JSON_DEPTH = 400
+_MAX_ELEMENTS = 2**63 - 1
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+_BOOL_TYPES = frozenset({bool})
+_INT_TYPES = frozenset({int})
+_NUMBER_TYPES = frozenset({int, float})
+
 _UNSUPPORTED = {
     "BYTES": "BYTES (string) tensors are not supported: tinyhal models take numeric tensors",
 }
@@ -114,43 +132,50 @@ def _shape(value: Any, what: str) -> tuple[int, ...]:
         raise _bad(f"{what} 'shape' must be a list of integers, not {value!r}")
     if any(d < 0 for d in value):
         raise _bad(f"{what} 'shape' {value} has a negative dimension")
+    if math.prod(value) > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in value):
+        raise _bad(f"{what} 'shape' {value} has more elements than fit in a 64-bit count")
     return tuple(value)
 
 
-def _flatten(data: Any) -> list:
-    """Nested JSON lists to one flat row-major list (data may be flat already)."""
+def _flatten(data: Any, shape: tuple[int, ...], name: str) -> list:
+    """`data` as one flat row-major list: either flat already, or nested exactly as `shape`
+    says (every level a list of the dim's length, scalars only at the innermost)."""
     if not isinstance(data, list):
-        return [data]
-    if not data or not isinstance(data[0], list):
-        if any(isinstance(x, list) for x in data):
-            raise _bad("'data' mixes lists and scalars at one level")
+        raise _bad(f"input '{name}' 'data' must be a list, not {type(data).__name__}")
+    if list not in set(map(type, data)):
         return data
-    out: list = []
-    stack = [iter(data)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                stack.append(iter(item))
-                break
-            out.append(item)
-        else:
-            stack.pop()
-    return out
+    if len(data) != (shape[0] if shape else 1):
+        raise _bad(f"input '{name}' 'data' has {len(data)} items at the outer level but "
+                   f"shape {list(shape)} needs {shape[0] if shape else 1}")
+    level = data
+    for depth in range(1, len(shape)):
+        nxt: list = []
+        want = shape[depth]
+        for item in level:
+            if type(item) is not list or len(item) != want:
+                raise _bad(f"input '{name}' 'data' is ragged or nested unlike shape "
+                           f"{list(shape)}: expected lists of {want} at depth {depth}")
+            nxt.extend(item)
+        level = nxt
+    if any(type(x) is list for x in level):
+        raise _bad(f"input '{name}' 'data' is nested deeper than shape {list(shape)}")
+    return level
 
 
 def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
     dtype = DATATYPES[datatype]
-    flat = _flatten(data)
+    flat = _flatten(data, shape, name)
     count = math.prod(shape)
     if len(flat) != count:
         raise _bad(f"input '{name}' has {len(flat)} elements in 'data' but shape "
                    f"{list(shape)} needs {count}")
+    types = set(map(type, flat))  # one C-level pass instead of a Python loop
     if datatype == "BOOL":
-        if not all(type(x) is bool for x in flat):
+        if not types <= _BOOL_TYPES:
             raise _bad(f"input '{name}' is BOOL: 'data' must hold only true/false")
         return np.array(flat, dtype=dtype).reshape(shape)
     if dtype.kind in "iu":
-        if not all(type(x) is int for x in flat):
+        if not types <= _INT_TYPES:
             bad = next(x for x in flat if type(x) is not int)
             raise _bad(f"input '{name}' is {datatype}: 'data' must hold integers, found {bad!r}")
         info = np.iinfo(dtype)
@@ -158,12 +183,44 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
             raise _bad(f"input '{name}' has a value outside {datatype}'s range "
                        f"[{info.min}, {info.max}]")
         return np.array(flat, dtype=dtype).reshape(shape)
-    # floats: JSON numbers (ints too); JSON has no NaN/Inf, but Python's json reads them
-    if not all(type(x) in (int, float) for x in flat):
-        bad = next(x for x in flat if type(x) not in (int, float))
+    # floats: JSON numbers (ints too; JSON has no NaN/Inf and orjson refuses them)
+    if not types <= _NUMBER_TYPES:
+        bad = next(x for x in flat if type(x) not in _NUMBER_TYPES)
         raise _bad(f"input '{name}' is {datatype}: 'data' must hold numbers, found {bad!r}")
-    with np.errstate(over="ignore"):
-        return np.array(flat, dtype=dtype).reshape(shape)
+    try:
+        wide = np.array(flat, dtype=np.float64)
+    except OverflowError:
+        raise _bad(f"input '{name}' has a value that does not fit {datatype}") from None
+    if dtype == wide.dtype:
+        return wide.reshape(shape)
+    largest = float(np.finfo(dtype).max)
+    if not np.abs(wide).max(initial=0.0) <= largest:  # NaN and inf land here too
+        bad = np.isfinite(wide) & (np.abs(wide) > largest)
+        if bad.any():
+            raise _bad(f"input '{name}' has the value {wide[bad][0]!r}, which does not fit "
+                       f"{datatype} (largest finite {largest!r})")
+        with np.errstate(over="ignore", invalid="ignore"):
+            return wide.astype(dtype).reshape(shape)
+    return wide.astype(dtype).reshape(shape)
+
+
+def _bool(value: Any, what: str) -> bool | None:
+    if value is None or type(value) is bool:
+        return value
+    raise _bad(f"{what} must be true or false, not {value!r}")
+
+
+def _check_depth(head: bytes) -> None:
+    """400 if the JSON nests deeper than MAX_JSON_DEPTH (checked on the bytes, in C-speed
+    steps, before a recursive parser sees them)."""
+    if head.count(b"[") + head.count(b"{") <= MAX_JSON_DEPTH:
+        return
+    brackets = _JSON_STRING.sub(b"", head).translate(None, _NOT_BRACKETS)
+    steps = np.frombuffer(brackets, np.uint8)
+    opening = (steps == ord("[")) | (steps == ord("{"))
+    depth = np.cumsum(np.where(opening, 1, -1), dtype=np.int64)
+    if depth.size and depth.max() > MAX_JSON_DEPTH:
+        raise _bad(f"request JSON is nested deeper than {MAX_JSON_DEPTH} levels")
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
@@ -175,9 +232,9 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
     except ValueError:
         raise _bad(f"Inference-Header-Content-Length must be an integer, not "
                    f"{header_length!r}") from None
-    if not 0 <= n <= len(body):
+    if not 0 < n <= len(body):
         raise _bad(f"Inference-Header-Content-Length {n} is outside the body of "
-                   f"{len(body)} bytes")
+                   f"{len(body)} bytes (it must be in (0, {len(body)}])")
     view = memoryview(body)
     return bytes(view[:n]), view[n:]
 
@@ -185,10 +242,13 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
 def parse_infer_request(body: bytes, header_length: str | None = None) -> InferRequest:
     """Parses an inference request body (JSON, optionally followed by binary tensors)."""
     head, tail = split_body(body, header_length)
+    _check_depth(head)
     try:
-        doc = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = orjson.loads(head)
+    except ValueError as exc:  # JSONDecodeError (bad UTF-8, integers beyond 64 bits too)
         raise _bad(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _bad(f"request JSON is nested deeper than {MAX_JSON_DEPTH} levels") from None
     if not isinstance(doc, dict):
         raise _bad("request body must be a JSON object")
     request_id = doc.get("id")
@@ -264,14 +324,16 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
             if item["name"] in seen:
                 raise _bad(f"output '{item['name']}' is requested more than once")
             seen.add(item["name"])
-            binary = oparams.get("binary_data")
-            outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary)))
+            binary = _bool(oparams.get("binary_data"), f"output '{item['name']}' parameter "
+                                                       f"'binary_data'")
+            outputs.append(RequestedOutput(item["name"], binary))
     return InferRequest(
         id=request_id,
         inputs=inputs,
         input_datatypes=datatypes,
         outputs=outputs,
-        binary_output=bool(parameters.get("binary_data_output", False)),
+        binary_output=bool(_bool(parameters.get("binary_data_output"),
+                                 "parameter 'binary_data_output'")),
         parameters=parameters,
     )
 
@@ -291,13 +353,16 @@ def build_infer_response(
         wanted = [(o.name, request.binary_output if o.binary is None else o.binary)
                   for o in request.outputs]
     out_docs = []
-    blobs: list[bytes] = []
+    blobs: list[memoryview] = []
     for name, binary in wanted:
         datatype, array = by_name[name]
         doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary:
-            blob = np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes()
-            doc["parameters"] = {"binary_data_size": len(blob)}
+            # a byte view of the array (no copy when it is contiguous already, e.g. a
+            # batch-mate's rows); the one copy is the join into the body below
+            blob = memoryview(np.ascontiguousarray(array, dtype=DATATYPES[datatype])
+                              ).cast("B")
+            doc["parameters"] = {"binary_data_size": blob.nbytes}
             blobs.append(blob)
         else:
             doc["data"] = array.reshape(-1).tolist()
@@ -306,7 +371,7 @@ def build_infer_response(
     if request.id is not None:
         response["id"] = request.id
     response["outputs"] = out_docs
-    head = json.dumps(response, separators=(",", ":")).encode()
+    head = orjson.dumps(response)
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)

@@ -12,8 +12,12 @@
     function          the export to serve (default: the only public export, else "main")
     device            driver: "task" | "sync" | "emu" (default: the server's --device)
     max_batch_size    > 0: the first dim of every input is a batch dim, at most this
+    dynamic_batching  {"max_queue_delay_microseconds": int, "preferred_batch_size": [int]}:
+                      batch queued requests into one invocation (needs max_batch_size > 0
+                      and a dynamic first dim on every input and output; see batching.py)
     max_concurrency   invocations running at once for this version (default 4)
     max_queue         requests waiting beyond that (default 16); more get 429
+                      (with dynamic_batching: requests waiting to be batched)
     timeout_s         default deadline of a request in seconds (default: none)
     execution         "async" (Module.invoke_async on the event loop; default for task
                       and emu) or "thread" (Module.invoke in a worker thread; default for
@@ -37,19 +41,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import trio
 
 from .. import load as load_module
 from ..errors import Error
 from .admission import Admission
+from .batching import BatchingConfig, DynamicBatcher, parse_batching_config
+from .memory import DeviceMemory
 from .protocol import DATATYPES, InferRequest, ProtocolError, datatype_for_mlir
+from .stats import ModelStatistics
 
 log = logging.getLogger("tinyhal.server")
 
 __all__ = ["ModelRepository", "ModelVersion", "TensorSpec", "bundled_models_dir"]
 
-_CONFIG_KEYS = {
+CONFIG_KEYS = {
     "function", "device", "max_batch_size", "max_concurrency", "max_queue", "timeout_s",
-    "execution", "input_names", "output_names", "description",
+    "execution", "input_names", "output_names", "description", "dynamic_batching",
 }
 DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_MAX_QUEUE = 16
@@ -86,10 +94,10 @@ def _read_config(path: Path) -> dict:
         raise ConfigError(f"{path.parent.name}/{path.name}: {exc}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path.parent.name}/{path.name} must hold a JSON object")
-    unknown = set(config) - _CONFIG_KEYS
+    unknown = set(config) - CONFIG_KEYS
     if unknown:
         raise ConfigError(f"{path.parent.name}/{path.name}: unknown keys {sorted(unknown)}; "
-                          f"known: {sorted(_CONFIG_KEYS)}")
+                          f"known: {sorted(CONFIG_KEYS)}")
     return config
 
 
@@ -109,7 +117,7 @@ class ModelVersion:
     path: Path
     config: dict
     device_name: str
-    state: str = "LOADING"  # LOADING | READY | UNAVAILABLE
+    state: str = "LOADING"  # LOADING | READY | UNLOADING | UNAVAILABLE
     reason: str = ""
     module: Any = None
     function: str = ""
@@ -119,7 +127,14 @@ class ModelVersion:
     timeout_s: float | None = None
     execution: str = "async"
     admission: Admission | None = None
+    batching: BatchingConfig | None = None
+    batcher: DynamicBatcher | None = None
+    stats: ModelStatistics = field(default_factory=ModelStatistics)
     load_seconds: float = 0.0
+    unloaded: bool = False  # unloaded on request: not counted against server readiness
+    memory: DeviceMemory | None = None
+    device: Any = None
+    peak_invocation_bytes: int | None = None  # most device memory one invocation held
     _thread_lock: threading.Lock | None = None
 
     @property
@@ -133,6 +148,11 @@ class ModelVersion:
         start = time.perf_counter()
         config = self.config
         self.max_batch_size = _positive_int(config, "max_batch_size", 0, minimum=0)
+        try:
+            self.batching = parse_batching_config(config.get("dynamic_batching"),
+                                                  self.max_batch_size)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         max_concurrency = _positive_int(config, "max_concurrency", DEFAULT_MAX_CONCURRENCY)
         max_queue = _positive_int(config, "max_queue", DEFAULT_MAX_QUEUE, minimum=0)
         timeout = config.get("timeout_s")
@@ -148,6 +168,7 @@ class ModelVersion:
         # A sync device runs each invocation inline on the calling thread; one at a time.
         self._thread_lock = device_lock if execution == "thread" else None
 
+        self.device = device
         module = load_module(str(self.path), device=device)
         try:
             self._derive_signature(module)
@@ -156,6 +177,9 @@ class ModelVersion:
             raise
         self.module = module
         self.admission = Admission(max_concurrency, max_queue)
+        if self.batching is not None:
+            self.batcher = DynamicBatcher(self.batching, self.admission, self.invoke,
+                                          self.stats.executed)
         self.load_seconds = time.perf_counter() - start
         self.state = "READY"
 
@@ -182,6 +206,12 @@ class ModelVersion:
                 if spec.scalar or not spec.shape or spec.shape[0] != -1:
                     raise ConfigError(
                         f"max_batch_size needs a dynamic first dim on every input; "
+                        f"'{spec.name}' has shape {list(spec.shape)}")
+        if self.batching is not None:
+            for spec in self.outputs:
+                if spec.scalar or not spec.shape or spec.shape[0] != -1:
+                    raise ConfigError(
+                        f"dynamic_batching needs a dynamic first dim on every output; "
                         f"'{spec.name}' has shape {list(spec.shape)}")
 
     def _specs(self, args: Any, names: Any, what: str) -> list[TensorSpec]:
@@ -252,14 +282,41 @@ class ModelVersion:
             args.append(array)
         return args
 
+    async def infer(self, args: list[Any], deadline: float, background: Any, label: str
+                    ) -> tuple[list[tuple[str, str, np.ndarray]], float, float]:
+        """Runs one request's invocation under admission control (batched with others when
+        the model has dynamic batching): (results, seconds queued, seconds invoking)."""
+        if self.batcher is not None:
+            return await self.batcher.infer(args, deadline, background, label)
+        times = [0.0, 0.0]
+        rows = int(args[0].shape[0]) if self.max_batch_size else 1
+
+        def started(queued: float) -> None:
+            times[0] = queued
+
+        async def call() -> Any:
+            t0 = trio.current_time()
+            out = await self.invoke(args)
+            times[1] = trio.current_time() - t0
+            self.stats.executed(1, rows, times[1])
+            return out
+
+        results = await self.admission.run(call, deadline, background, started, label)
+        return results, times[0], times[1]
+
     async def invoke(self, args: list[Any]) -> list[tuple[str, str, np.ndarray]]:
         """Runs the function; [(output name, datatype, array)]."""
-        if self.execution == "async":
-            result = await self.module.invoke_async(self.function, *args)
-        else:
-            import trio
-
-            result = await trio.to_thread.run_sync(self._invoke_blocking, args)
+        watch = self.memory.begin(self.device_name, self.device) if self.memory else None
+        try:
+            if self.execution == "async":
+                result = await self.module.invoke_async(self.function, *args)
+            else:
+                result = await trio.to_thread.run_sync(self._invoke_blocking, args)
+        finally:
+            if watch is not None:
+                held = self.memory.end(watch, self.device)
+                if held is not None and held > (self.peak_invocation_bytes or 0):
+                    self.peak_invocation_bytes = held
         values = result if isinstance(result, tuple) else (result,)
         if len(self.outputs) == 0:
             values = ()
@@ -273,6 +330,23 @@ class ModelVersion:
                 array = array.astype(dtype)
             out.append((spec.name, spec.datatype, array))
         return out
+
+    async def unload(self) -> None:
+        """Stops serving this version: new requests get 503 at once, requests already
+        admitted or queued finish, then the module closes (never under a running
+        invocation). Its state becomes UNAVAILABLE, reason "unloaded"."""
+        if self.state == "READY":
+            self.state = "UNLOADING"
+        admission = self.admission
+        while admission is not None and (admission.running or admission.queued or (
+                self.batcher is not None and self.batcher.queued)):
+            await admission.wait_idle()
+            await trio.sleep(0.005)
+        module, self.module = self.module, None
+        if module is not None:
+            await trio.to_thread.run_sync(module.close)
+        self.state, self.reason, self.unloaded = "UNAVAILABLE", "unloaded", True
+        log.info("unloaded model %s version %s", self.name, self.version)
 
     def _invoke_blocking(self, args: list[Any]) -> Any:
         with self._thread_lock:
@@ -298,9 +372,11 @@ class ModelVersion:
             "device": self.device_name,
             "execution": self.execution,
             "max_batch_size": self.max_batch_size,
+            "dynamic_batching": self.batching.describe() if self.batching else None,
             "max_concurrency": admission.max_concurrency if admission else None,
             "max_queue": admission.max_queue if admission else None,
             "timeout_s": self.timeout_s,
+            "peak_invocation_bytes": self.peak_invocation_bytes,
             "description": self.config.get("description", ""),
             "input": [s.metadata() for s in self.inputs],
             "output": [s.metadata() for s in self.outputs],
@@ -319,6 +395,7 @@ class ModelRepository:
         self.default_device = default_device
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.devices: dict[str, Any] = {}
+        self.memory = DeviceMemory()
         self._device_locks: dict[str, threading.Lock] = {}
         self._scan()
 
@@ -328,28 +405,68 @@ class ModelRepository:
         for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
             if model_dir.name.startswith((".", "_")):
                 continue
-            versions: dict[str, ModelVersion] = {}
-            for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
-                vmfb = version_dir / "model.vmfb"
-                if not version_dir.name.isdigit() or not vmfb.exists():
-                    continue
-                mv = ModelVersion(model_dir.name, version_dir.name, vmfb, {}, self.default_device)
-                try:
-                    config = _read_config(model_dir / "config.json")
-                    config.update(_read_config(version_dir / "config.json"))
-                    mv.config = config
-                    device = config.get("device", self.default_device)
-                    if not isinstance(device, str):
-                        raise ConfigError(f"config 'device' must be a driver name, not "
-                                          f"{device!r}")
-                    mv.device_name = {"local-task": "task", "local-sync": "sync",
-                                      "local-emu": "emu"}.get(device, device)
-                except ConfigError as exc:
-                    mv.state, mv.reason = "UNAVAILABLE", str(exc)
-                versions[version_dir.name] = mv
+            versions = self._scan_model(model_dir)
             if versions:
-                self.models[model_dir.name] = dict(
-                    sorted(versions.items(), key=lambda kv: _version_key(kv[0])))
+                self.models[model_dir.name] = versions
+
+    def _scan_model(self, model_dir: Path) -> dict[str, ModelVersion]:
+        versions: dict[str, ModelVersion] = {}
+        for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
+            vmfb = version_dir / "model.vmfb"
+            if not version_dir.name.isdigit():
+                log.warning("model %s: skipping %s/: version directories are named by "
+                            "integers", model_dir.name, version_dir.name)
+                continue
+            if not vmfb.exists():
+                found = sorted(p.name for p in version_dir.iterdir())
+                log.warning("model %s version %s: no model.vmfb in %s (found: %s); "
+                            "skipped", model_dir.name, version_dir.name, version_dir,
+                            ", ".join(found) or "nothing")
+                continue
+            mv = ModelVersion(model_dir.name, version_dir.name, vmfb, {}, self.default_device)
+            try:
+                config = _read_config(model_dir / "config.json")
+                config.update(_read_config(version_dir / "config.json"))
+                mv.config = config
+                device = config.get("device", self.default_device)
+                if not isinstance(device, str):
+                    raise ConfigError(f"config 'device' must be a driver name, not "
+                                      f"{device!r}")
+                mv.device_name = {"local-task": "task", "local-sync": "sync",
+                                  "local-emu": "emu"}.get(device, device)
+            except ConfigError as exc:
+                mv.state, mv.reason = "UNAVAILABLE", str(exc)
+            versions[version_dir.name] = mv
+        if not versions:
+            log.warning("model %s: no version directory with a model.vmfb under %s; "
+                        "skipped", model_dir.name, model_dir)
+        return dict(sorted(versions.items(), key=lambda kv: _version_key(kv[0])))
+
+    def rescan_model(self, name: str) -> tuple[list[ModelVersion], list[ModelVersion]]:
+        """Reads `name`'s directory again for the model-repository extension's `load`:
+        versions loaded stay as they are; new, failed and unloaded ones are made afresh
+        (to be loaded); versions whose directory is gone are returned to be unloaded.
+        Returns (to load, to unload). ProtocolError 400 when there is nothing to load."""
+        model_dir = self.root / name
+        if not name or name.startswith((".", "_")) or "/" in name or not model_dir.is_dir():
+            raise ProtocolError(400, f"failed to load '{name}': no directory {name}/ in the "
+                                     f"model repository")
+        try:
+            fresh = self._scan_model(model_dir)
+        except OSError as exc:
+            raise ProtocolError(400, f"failed to load '{name}': {exc}") from None
+        if not fresh:
+            raise ProtocolError(400, f"failed to load '{name}': no version directory with "
+                                     f"a model.vmfb")
+        current = self.models.get(name, {})
+        merged = {v: (current[v] if v in current and current[v].ready else mv)
+                  for v, mv in fresh.items()}
+        removed = [mv for v, mv in current.items() if v not in fresh]
+        self.models[name] = {**{v: mv for v, mv in current.items() if v not in fresh},
+                             **merged}
+        self.models[name] = dict(sorted(self.models[name].items(),
+                                        key=lambda kv: _version_key(kv[0])))
+        return [mv for mv in merged.values() if not mv.ready], removed
 
     def all_versions(self) -> list[ModelVersion]:
         return [mv for versions in self.models.values() for mv in versions.values()]
@@ -365,12 +482,18 @@ class ModelRepository:
 
     def load_all(self) -> list[ModelVersion]:
         """Loads every version (blocking); returns those that failed."""
+        return self.load_versions(self.all_versions())
+
+    def load_versions(self, versions: list[ModelVersion]) -> list[ModelVersion]:
+        """Loads `versions` (blocking); returns those that failed."""
         failed = []
-        for mv in self.all_versions():
+        for mv in versions:
             if mv.state == "UNAVAILABLE":
                 failed.append(mv)
                 log.error("model %s version %s: %s", mv.name, mv.version, mv.reason)
                 continue
+            log.info("loading model %s version %s from %s", mv.name, mv.version, mv.path)
+            mv.memory = self.memory
             try:
                 device = self.device(mv.device_name)
                 mv.load(device, self._device_locks[mv.device_name])
@@ -398,6 +521,14 @@ class ModelRepository:
             raise ProtocolError(404, f"unknown version '{version}' of model '{name}'; "
                                      f"versions: {', '.join(versions)}")
         return mv
+
+    def forget(self, mv: ModelVersion) -> None:
+        """Drops an unloaded version whose directory is gone from the repository."""
+        versions = self.models.get(mv.name, {})
+        if versions.get(mv.version) is mv:
+            del versions[mv.version]
+        if not versions:
+            self.models.pop(mv.name, None)
 
     def close(self) -> None:
         for mv in self.all_versions():

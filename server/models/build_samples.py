@@ -111,9 +111,14 @@ func.func @predict(%x: tensor<?x16xf32> {{iree.abi.name = "features"}})
 """
     config = {
         "function": "predict",
+        # one invocation takes well under a millisecond: running it inline on the event
+        # loop (sync device) costs less CPU than handing it to worker threads and back
+        "device": "sync",
+        "execution": "async",
         "max_batch_size": 64,
-        "max_concurrency": 4,
-        "max_queue": 32,
+        "dynamic_batching": {"max_queue_delay_microseconds": 0},
+        "max_concurrency": 2,
+        "max_queue": 64,
         "description": "16-feature MLP classifier (seeded weights): class probabilities "
                        "and the arg-max class",
     }

@@ -167,3 +167,58 @@ def test_readme_covers_every_file():
     for path in DEPLOY.rglob("*"):
         if path.is_file() and path.name != "README.md":
             assert path.name in readme, path.name
+
+
+def _kubernetes_docs() -> list[tuple[str, dict]]:
+    return [(f"{path.parent.name}/{path.name}", doc)
+            for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")) +
+            sorted((DEPLOY / "kserve").glob("*.yaml"))
+            for doc in _yaml_docs(path)]
+
+
+def test_manifests_validate_against_the_kubernetes_api_schemas():
+    """kubernetes-validate (schemas bundled, offline), strict: unknown fields fail too.
+    KServe's CRDs (InferenceService, ServingRuntime) have no schema there."""
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    validated, crds = [], []
+    for where, doc in _kubernetes_docs():
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+            validated.append(doc["kind"])
+        except kubernetes_validate.SchemaNotFoundError:
+            crds.append(doc["kind"])
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{where} {doc['kind']}: {exc.message}")
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
+            "ConfigMap"} <= set(validated)
+    assert set(crds) <= {"InferenceService", "ServingRuntime"}
+    # the validator does catch mistakes: a misspelt field and a wrong type
+    deployment = next(d for _, d in _kubernetes_docs() if d["kind"] == "Deployment")
+    for broken in ({**deployment, "spec": {**deployment["spec"], "replica": 2}},
+                   {**deployment, "spec": {**deployment["spec"], "replicas": "two"}}):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, version, strict=True)
+
+
+def test_autoscaler_and_disruption_budget_target_the_deployment(server):
+    docs = _yaml_docs(DEPLOY / "kubernetes/tinyhal-serve.yaml")
+    kinds = {d["kind"]: d for d in docs}
+    deployment = kinds["Deployment"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    pdb = kinds["PodDisruptionBudget"]["spec"]
+    assert pdb["selector"]["matchLabels"].items() <= labels.items()
+    assert pdb["minAvailable"] < deployment["spec"]["replicas"]
+    adapter = {d["kind"]: d for d in _yaml_docs(DEPLOY / "kubernetes/hpa-prometheus-adapter.yaml")}
+    for hpa in (kinds["HorizontalPodAutoscaler"], adapter["HorizontalPodAutoscaler"]):
+        target = hpa["spec"]["scaleTargetRef"]
+        assert (target["kind"], target["name"]) == ("Deployment",
+                                                   deployment["metadata"]["name"])
+        assert hpa["spec"]["minReplicas"] >= pdb["minAvailable"] + 1
+    rules = yaml.safe_load(adapter["ConfigMap"]["data"]["config.yaml"])["rules"]
+    (rule,) = rules
+    metric = adapter["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]
+    assert rule["name"]["as"] == metric["name"]
+    queried = _queried_metrics(rule["seriesQuery"] + rule["metricsQuery"])
+    assert queried and queried <= _exposed_metric_names(server)

@@ -91,7 +91,7 @@ def test_peak_device_memory_on_metrics_matches_the_allocator(tmp_path, start_ser
     vmfb = tmp_path / "mlp_classifier/1/model.vmfb"
     x = np.random.default_rng(5).normal(size=(48, 16)).astype(np.float32)
 
-    module = tinyhal.load(vmfb, device="task")
+    module = tinyhal.load(vmfb, device="sync")  # the bundled config's device
     try:
         module.invoke("predict", x)
         expected = module.statistics()
@@ -104,9 +104,9 @@ def test_peak_device_memory_on_metrics_matches_the_allocator(tmp_path, start_ser
                     "data": x.tolist()}]})
     assert status == 200, body
     m = server.metrics()
-    assert m[("tinyhal_device_memory_peak_bytes", (("device", "task"),))] == expected.peak_bytes
+    assert m[("tinyhal_device_memory_peak_bytes", (("device", "sync"),))] == expected.peak_bytes
     for heap, stats in expected.heaps.items():
-        key = (("device", "task"), ("heap", heap))
+        key = (("device", "sync"), ("heap", heap))
         assert m[("tinyhal_device_heap_peak_bytes", key)] == stats.peak_bytes, heap
         assert m[("tinyhal_device_heap_live_bytes", key)] == stats.live_bytes, heap
         assert m[("tinyhal_device_heap_allocations_total", key)] == stats.allocation_count
@@ -122,7 +122,9 @@ def test_no_arguments_serves_the_bundled_samples():
         assert repo.load_all() == []
         assert sorted(repo.models) == ["mlp_classifier", "saxpy"]
         mv = repo.get("mlp_classifier")
-        assert (mv.function, mv.max_batch_size, mv.device_name) == ("predict", 64, "task")
+        assert (mv.function, mv.max_batch_size, mv.device_name, mv.execution) == \
+            ("predict", 64, "sync", "async")
+        assert mv.batcher is not None
     finally:
         repo.close()
 
@@ -147,6 +149,10 @@ def test_other_devices_give_the_same_bits(tmp_path, start_server, device, execut
     import iree.runtime as rt
 
     shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")
+    config_path = tmp_path / "mlp_classifier/config.json"
+    config = json.loads(config_path.read_text())
+    del config["device"], config["execution"]  # the server's --device decides
+    config_path.write_text(json.dumps(config))
     server = start_server("--model-repository", str(tmp_path), "--device", device)
     x = np.random.default_rng(9).normal(size=(3, 16)).astype(np.float32)
     head = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [3, 16],
@@ -168,3 +174,108 @@ def test_other_devices_give_the_same_bits(tmp_path, start_server, device, execut
     assert (config["device"], config["execution"]) == (device, execution)
     m = server.metrics()
     assert m[("tinyhal_device_memory_peak_bytes", (("device", device),))] > 0
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_drain_timeout_exits_3_and_logs_what_it_abandoned(tmp_path, spin_vmfb, start_server,
+                                                          attempt):
+    """SIGTERM with --drain-timeout far below a running invocation's time: the documented
+    exit code 3, never a signal, and the log names the abandoned invocation."""
+    from tinyhal.server.main import EXIT_DRAIN_TIMEOUT
+
+    write_model(tmp_path, "spin", spin_vmfb, {"max_concurrency": 2})
+    server = start_server("--model-repository", str(tmp_path), "--drain-timeout", "0.2")
+    labels = (("model", "spin"), ("version", "1"))
+    body = {**_spin(4_000_000), "id": f"slow-{attempt}"}
+
+    def send() -> None:
+        try:
+            server.request("POST", "/v2/models/spin/infer", body, timeout=30)
+        except OSError:
+            pass  # the server ended with the request unanswered: that is the point
+
+    worker = threading.Thread(target=send, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while server.metrics().get(("tinyhal_inference_in_flight", labels)) != 1:
+        assert time.monotonic() < deadline, "the slow request never started"
+        time.sleep(0.02)
+    time.sleep(0.05 * attempt)  # a different point of the invocation each time
+    server.terminate()
+    code = server.wait(timeout=30)
+    assert code == EXIT_DRAIN_TIMEOUT, (code, "".join(server.stderr[-20:]))
+    err = "".join(server.stderr)
+    assert "abandoning 1 invocation(s)" in err, err
+    assert f"abandoned: model spin version 1 request slow-{attempt}" in err, err
+    assert f"stopped (exit {EXIT_DRAIN_TIMEOUT})" in "".join(server.stdout)
+
+
+def test_per_model_peak_memory_is_what_one_invocation_held(tmp_path, start_server):
+    """tinyhal_model_memory_peak_bytes equals the allocator's peak over one invocation of
+    the same request in a fresh process, minus what was live before it; bigger batches
+    hold more; the device-wide peak stays the since-start peak."""
+    import tinyhal
+
+    shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")
+    vmfb = tmp_path / "mlp_classifier/1/model.vmfb"
+    rng = np.random.default_rng(6)
+    small = rng.normal(size=(4, 16)).astype(np.float32)
+    large = rng.normal(size=(64, 16)).astype(np.float32)
+
+    module = tinyhal.load(vmfb, device="sync")
+    try:
+        module.invoke("predict", small)  # warm: constants and caches as the server has them
+        before = module.statistics().live_bytes
+        module.device.allocator.reset_peak()
+        module.invoke("predict", large)
+        expected_large = module.statistics().peak_bytes - before
+    finally:
+        module.close()
+
+    server = start_server("--model-repository", str(tmp_path))
+    labels = (("device", "sync"), ("model", "mlp_classifier"), ("version", "1"))
+    peaks = []
+    for x in (small, large, small):
+        status, _, body = server.request("POST", "/v2/models/mlp_classifier/infer", {
+            "inputs": [{"name": "features", "datatype": "FP32", "shape": list(x.shape),
+                        "data": x.tolist()}]})
+        assert status == 200, body
+        peaks.append(server.metrics()[("tinyhal_model_memory_peak_bytes", labels)])
+    assert peaks[0] < peaks[1] == peaks[2] == expected_large, (peaks, expected_large)
+    m = server.metrics()
+    assert m[("tinyhal_device_memory_peak_bytes", (("device", "sync"),))] >= peaks[1]
+    status, _, body = server.request("GET", "/v2/models/mlp_classifier/config")
+    assert json.loads(body)["peak_invocation_bytes"] == expected_large
+
+
+def test_second_signal_exits_4_and_logs_what_it_abandoned(tmp_path, spin_vmfb, start_server):
+    from tinyhal.server.main import EXIT_SECOND_SIGNAL
+
+    write_model(tmp_path, "spin", spin_vmfb, {"max_concurrency": 1})
+    server = start_server("--model-repository", str(tmp_path), "--drain-timeout", "60",
+                          "--access-log")
+    labels = (("model", "spin"), ("version", "1"))
+
+    def send() -> None:
+        try:
+            server.request("POST", "/v2/models/spin/infer",
+                           {**_spin(4_000_000), "id": "twice"}, timeout=30)
+        except OSError:
+            pass
+
+    threading.Thread(target=send, daemon=True).start()
+    deadline = time.monotonic() + 30
+    while server.metrics().get(("tinyhal_inference_in_flight", labels)) != 1:
+        assert time.monotonic() < deadline, "the slow request never started"
+        time.sleep(0.02)
+    server.terminate()
+    deadline = time.monotonic() + 10
+    while "draining" not in "".join(server.stderr):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    server.terminate()
+    assert server.wait(timeout=30) == EXIT_SECOND_SIGNAL
+    err = "".join(server.stderr)
+    assert "second SIGTERM: abandoning 1 invocation(s)" in err, err
+    assert "abandoned: model spin version 1 request twice" in err
+    assert '"GET /metrics" 200' in err  # --access-log logs each request

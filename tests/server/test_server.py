@@ -350,22 +350,22 @@ def test_metrics_expose_device_memory_and_requests(server, client):
     x = np.ones((64, 16), np.float32)
     client.infer("mlp_classifier", [_input("features", x, "FP32")])
     m = server.metrics()
-    dev = (("device", "task"),)
+    dev = (("device", "sync"),)  # mlp_classifier's config
     peak = m[("tinyhal_device_memory_peak_bytes", dev)]
     live = m[("tinyhal_device_memory_live_bytes", dev)]
     heaps = {labels[1][1]: v for (name, labels), v in m.items()
-             if name == "tinyhal_device_heap_peak_bytes"}
+             if name == "tinyhal_device_heap_peak_bytes" and labels[0] == dev[0]}
     assert set(heaps) >= {"device", "transient"}
     # a 64x16 f32 input (4 KiB) was live at some point
     assert peak >= 64 * 16 * 4
     assert max(heaps.values()) <= peak <= sum(heaps.values())
-    assert live == sum(v for (name, _), v in m.items()
-                       if name == "tinyhal_device_heap_live_bytes")
+    assert live == sum(v for (name, labels), v in m.items()
+                       if name == "tinyhal_device_heap_live_bytes" and labels[0] == dev[0])
     assert m[("tinyhal_inference_requests_total",
               (("code", "200"), ("model", "mlp_classifier"), ("version", "1")))] >= 1
     assert m[("tinyhal_inference_request_duration_seconds_count",
               (("model", "mlp_classifier"), ("version", "1")))] >= 1
-    assert m[("tinyhal_model_info", (("device", "task"), ("execution", "async"),
+    assert m[("tinyhal_model_info", (("device", "sync"), ("execution", "async"),
                                      ("function", "predict"), ("model", "mlp_classifier"),
                                      ("version", "1")))] == 1
     assert m[("tinyhal_server_draining", ())] == 0

@@ -1,0 +1,73 @@
+"""Per-model-version inference statistics in the shape of Triton's statistics extension.
+
+`GET /v2/models[/{m}[/versions/{v}]]/stats` (tritonclient's `get_inference_statistics`)
+returns, per version: `inference_count` (inferences, i.e. batch rows served),
+`execution_count` (invocations of the program; with dynamic batching fewer than the
+requests, and inference_count / execution_count is the average batch size),
+`last_inference` (ms since the epoch), and `inference_stats` with a count and total
+nanoseconds for `success` and `fail` (end to end) and for each phase of a successful
+request: `queue` (waiting for an execution slot or a batch), `compute_input` (decoding the
+request into arrays), `compute_infer` (the invocation; with batching, its batch's) and
+`compute_output` (building the response). `batch_stats` counts executions by batch size.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["PHASES", "ModelStatistics"]
+
+PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+@dataclass
+class _Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.ns += int(seconds * 1e9)
+
+    def doc(self) -> dict:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class ModelStatistics:
+    success: _Duration = field(default_factory=_Duration)
+    fail: _Duration = field(default_factory=_Duration)
+    phases: dict[str, _Duration] = field(
+        default_factory=lambda: {p: _Duration() for p in PHASES})
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    batches: dict[int, _Duration] = field(default_factory=dict)  # rows -> invocations
+
+    def executed(self, requests: int, rows: int, seconds: float) -> None:
+        self.execution_count += 1
+        self.inference_count += rows
+        self.batches.setdefault(rows, _Duration()).add(seconds)
+        self.last_inference_ms = int(time.time() * 1e3)
+
+    def finished(self, ok: bool, seconds: float) -> None:
+        (self.success if ok else self.fail).add(seconds)
+
+    def doc(self, name: str, version: str) -> dict:
+        return {
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.doc(),
+                "fail": self.fail.doc(),
+                **{p: d.doc() for p, d in self.phases.items()},
+                "cache_hit": {"count": 0, "ns": 0},
+                "cache_miss": {"count": 0, "ns": 0},
+            },
+            "batch_stats": [{"batch_size": rows, "compute_infer": d.doc()}
+                            for rows, d in sorted(self.batches.items())],
+        }
