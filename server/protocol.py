@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import orjson
 
@@ -193,7 +194,7 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
         raise _bad(f"input '{name}' has a value that does not fit {datatype}") from None
     if dtype == wide.dtype:
         return wide.reshape(shape)
-    largest = float(np.finfo(dtype).max)
+    largest = float(ml_dtypes.finfo(dtype).max)  # numpy's finfo knows no bf16
     if not np.abs(wide).max(initial=0.0) <= largest:  # NaN and inf land here too
         bad = np.isfinite(wide) & (np.abs(wide) > largest)
         if bad.any():
@@ -361,11 +362,14 @@ def build_infer_response(
             # a byte view of the array (no copy when it is contiguous already, e.g. a
             # batch-mate's rows); the one copy is the join into the body below
             blob = memoryview(np.ascontiguousarray(array, dtype=DATATYPES[datatype])
-                              ).cast("B")
+                              .reshape(-1).view(np.uint8))  # bf16 has no buffer format
             doc["parameters"] = {"binary_data_size": blob.nbytes}
             blobs.append(blob)
         else:
-            doc["data"] = array.reshape(-1).tolist()
+            flat = array.reshape(-1)
+            if flat.dtype.kind == "V" or flat.dtype.type.__module__.startswith("ml_dtypes"):
+                flat = flat.astype(np.float32)  # bf16: exact in f32, JSON numbers
+            doc["data"] = flat.tolist()
         out_docs.append(doc)
     response: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
