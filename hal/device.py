@@ -43,7 +43,7 @@ from .allocator import Allocator
 from .buffer import Buffer
 from .command_buffer import CommandBuffer, as_buffer_ref
 from .executable import FORMATS, Executable
-from .execution import resolve_commands
+from .execution import Submission, resolve_commands
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import Fence, Semaphore, SemaphorePoint, normalize_points, when_all_reached
 from .stream import Stream
@@ -202,9 +202,7 @@ class Device:
         batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
         wait_points = normalize_points(wait, "wait")
         signal_points = normalize_points(signal, "signal")
-        ops: list[tuple] = []
-        for cb in batch_list:
-            ops.extend(resolve_commands(cb, binding_table, self.concurrency))
+        ops = resolve_commands(batch_list, binding_table, self.concurrency)
         self._enqueue_commands(wait_points, signal_points, ops, batch_list)
 
     queue_execute = submit
@@ -337,7 +335,7 @@ class Device:
         self.transient.release(buffer.storage)
 
     def _enqueue_commands(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
-                          ops: list[tuple], keep: Any) -> None:
+                          ops: Submission, keep: Any) -> None:
         self._enqueue(wait, signal, lambda: Stream(ops).run(), keep=keep)
 
     def _enqueue_async(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],

@@ -28,20 +28,11 @@ from typing import Any
 from ...errors import Error, FailedPreconditionError, InvalidArgumentError
 from ...scheduler import CallTask, CooperativeTask, Executor, Task
 from ..device import Device
-from ..execution import COPY, DISPATCH, FILL, UPDATE
+from ..execution import Submission
 from ..semaphore import SemaphorePoint, when_all_reached
 from ..stream import Stream
 
 DEFAULT_INLINE_BYTES = 64 << 10
-
-
-def _transfer_bytes(op: tuple) -> int:
-    kind = op[0]
-    if kind == FILL or kind == UPDATE:
-        return op[1][2]
-    if kind == COPY:
-        return op[2][2]
-    return 0
 
 
 class TaskDevice(Device):
@@ -126,12 +117,10 @@ class TaskDevice(Device):
         self.executor.submit(task)
 
     def _enqueue_commands(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
-                          ops: list[tuple], keep: Any) -> None:
+                          ops: Submission, keep: Any) -> None:
         self._check_open()
         ex = self.executor
-        dispatches = [op[1] for op in ops if op[0] == DISPATCH]
-        if (all(d.total == 1 for d in dispatches)
-                and sum(map(_transfer_bytes, ops)) <= self.inline_bytes):
+        if ops.single_workgroup and ops.transfer_bytes() <= self.inline_bytes:
             # Tiny: nothing to spread over workers, so no worker is woken for it; it
             # runs on whichever thread readies it (usually the submitting one).
             task: Task = CallTask(ex, lambda: Stream(ops).run(), name="submit-inline",
