@@ -168,6 +168,12 @@ class Allocator:
         storage = Storage(flat.nbytes, array=flat)
         return Buffer(self, storage, 0, flat.nbytes, heap.memory_type, usage, access)
 
+    def add_heap_statistics(self, heap: str) -> None:
+        """Makes `heap` (a memory source other than the allocator's own heaps, such as
+        the transient ringbuffer) appear in `statistics()`, at zero until it `track`s."""
+        with self._lock:
+            self._counters.setdefault(heap, _Counter())
+
     def track(self, heap: str, delta: int) -> None:
         """Adds `delta` bytes (negative to free) to a heap's counters."""
         with self._lock:

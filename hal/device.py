@@ -1,18 +1,30 @@
-"""The device: the one public layer that validates, and the hooks drivers implement.
+"""The device: the one public layer that validates, retains and completes queue work.
 
 Every entry point (`submit`, the `queue_*` operations) validates its arguments on the
-calling thread and raises `tinyhal.Error` for bad input. What passes becomes a unit of
-work gated by the wait semaphores; once they are reached the driver runs it (`_start`)
-and the signal semaphores advance, or fail with the work's error. A wait that fails never
-runs the work; its failure reaches the signal semaphores instead.
+calling thread and raises `tinyhal.Error` for bad input. What passes becomes a queue
+entry gated by its wait semaphores; once they are reached the device hands the entry to
+its driver, and when the driver reports it done the signal semaphores advance, or fail
+with the work's error. A wait that fails never runs the work; its failure reaches the
+signal semaphores instead.
 
-Drivers subclass `Device` and override:
-- `_start(work, signal)`: run `work()` (on some thread) and then `self._complete(signal,
-  error)`; the default runs inline on whichever thread satisfied the last wait.
-- `_enqueue_commands(wait, signal, ops, keep)`: queue a submission's resolved operations;
-  the default runs them as one `Stream` on one thread (the task driver spreads the
-  stream over its workers; the emu driver runs operations one by one on its clock).
-- `_enqueue(wait, signal, work, keep, cheap)` / `_enqueue_async(...)`: queue other work.
+**Resource sets.** From the call until the entry retires (signals, fails or is aborted),
+the device holds a strong reference to everything the work touches: the command buffers
+(and through them their executables and directly bound buffers), the binding table and
+its buffers, the resolved operations, transient buffers, and host memory or files given
+to `queue_read` / `queue_write` / `queue_update`. Kernels and transfers address memory by
+raw pointer, so this is what makes dropping every host reference while work is in flight
+safe: the memory is freed only after the work retires, and the references are released
+before the signal semaphores advance, so a waiter that wakes sees the allocator's live
+bytes without them. Drivers need not keep anything alive themselves.
+
+**Closing.** `close()` stops accepting work, fails every entry still waiting on its
+semaphores with ABORTED (it never runs), fails parked `queue_alloca` reservations, waits
+(bounded) for running work to finish, then lets the driver stop its threads. Running
+work is never interrupted and its memory is never freed under it. At interpreter exit
+every live device is closed the same way (an `atexit` hook), so worker threads are not
+left running kernels while the interpreter tears down.
+
+The driver contract (what `hal/drivers/*` implement) is documented in `tinyhal.hal.drivers`.
 
 `queue_alloca` memory comes from the device's transient ringbuffer (`self.transient`,
 capacity set by the `transient_capacity` option): the buffer is returned at once and gets
@@ -21,10 +33,13 @@ its memory when the alloca runs, which waits for ringbuffer space if the ring is
 
 from __future__ import annotations
 
+import atexit
 import collections
 import fnmatch
+import functools
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,6 +52,7 @@ from ..errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    UnimplementedError,
     as_error,
 )
 from .allocator import Allocator
@@ -46,7 +62,6 @@ from .executable import FORMATS, Executable
 from .execution import Submission, resolve_commands
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import Fence, Semaphore, SemaphorePoint, normalize_points, when_all_reached
-from .stream import Stream
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
 
 Points = Fence | Sequence[SemaphorePoint] | None
@@ -81,7 +96,13 @@ class Device:
         )
         self._executables_lock = threading.Lock()
         self._closed = False
+        self._in_flight: set[_Entry] = set()
+        self._running = 0
+        self._entries_lock = threading.Lock()
+        self._idle = threading.Condition(self._entries_lock)  # for wait_idle() and close()
+        self._watchers = 0  # threads waiting on `_idle`; retiring notifies only if any
         self.transient = TransientRingbuffer(self.allocator, transient_capacity)
+        _live_devices.add(self)
 
     def __repr__(self) -> str:
         return f"<Device {self.identifier}>"
@@ -92,11 +113,32 @@ class Device:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Releases driver resources; queued work still completes or fails."""
-        self._closed = True
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Stops accepting work and releases the driver; safe with work in flight.
+
+        Running work finishes, and so does work it makes ready (waited for up to
+        `timeout` seconds in all); its resources are released when it retires, never
+        before. Once nothing runs, entries still waiting on semaphores fail with ABORTED
+        and never run, as do parked `queue_alloca` reservations. Calling it again does
+        nothing.
+        """
+        with self._entries_lock:
+            if self._closed:
+                return
+            self._closed = True
         self.transient.close(AbortedError(
             f"{self!r} closed while a queue_alloca waited for ringbuffer space"))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._wait_until(lambda: not self._running, timeout)
+        with self._entries_lock:
+            waiting = [e for e in self._in_flight if e.state is _WAITING]
+            for entry in waiting:  # claimed under the lock: a late `ready` finds it retired
+                entry.state = _RETIRED
+                self._in_flight.discard(entry)
+        for entry in waiting:
+            self._finish(entry, AbortedError(f"{self!r} closed before the work ran"))
+        self.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self._stop(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _create_allocator(self) -> Allocator:
         """The device's allocator; drivers with their own memory model override this."""
@@ -203,14 +245,15 @@ class Device:
         wait_points = normalize_points(wait, "wait")
         signal_points = normalize_points(signal, "signal")
         ops = resolve_commands(batch_list, binding_table, self.concurrency)
-        self._enqueue_commands(wait_points, signal_points, ops, batch_list)
+        self._accept(wait_points, signal_points, (batch_list, binding_table, ops),
+                     functools.partial(self._execute, ops))
 
     queue_execute = submit
 
     def queue_barrier(self, wait: Points = (), signal: Points = ()) -> None:
         """Advances `signal` once `wait` is reached; no work."""
-        self._enqueue(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
-                      _nothing, cheap=True)
+        self._accept(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
+                     None, _no_work)
 
     def queue_fill(self, target: Buffer, offset: int, length: int, pattern: int | bytes,
                    wait: Points = (), signal: Points = (), pattern_length: int | None = None
@@ -256,7 +299,8 @@ class Device:
             def read() -> None:
                 target.host_bytes()[ref.offset : ref.offset + length] = (
                     src[source_offset : source_offset + length])
-        self._enqueue(normalize_points(wait, "wait"), normalize_points(signal, "signal"), read)
+        self._accept(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
+                     (source, target), functools.partial(self._call, read))
 
     def queue_write(self, source: Buffer, source_offset: int, target: Any, target_offset: int,
                     length: int, wait: Points = (), signal: Points = ()) -> None:
@@ -283,7 +327,8 @@ class Device:
 
             def write() -> None:
                 dst[target_offset : target_offset + length] = data()
-        self._enqueue(normalize_points(wait, "wait"), normalize_points(signal, "signal"), write)
+        self._accept(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
+                     (source, target), functools.partial(self._call, write))
 
     def queue_alloca(self, size: int, wait: Points = (), signal: Points = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
@@ -298,8 +343,8 @@ class Device:
         signal_points = normalize_points(signal, "signal")
         self.transient.check_size(size)
         buffer = self._alloca(size, memory_type, usage)
-        self._enqueue_async(wait_points, signal_points,
-                            lambda done: self._commit_alloca(buffer, done))
+        self._accept(wait_points, signal_points, buffer,
+                     functools.partial(self._commit_alloca, buffer))
         return buffer
 
     def queue_dealloca(self, buffer: Buffer, wait: Points = (), signal: Points = ()) -> None:
@@ -307,75 +352,90 @@ class Device:
         if not isinstance(buffer, Buffer):
             raise InvalidArgumentError(f"queue_dealloca takes a Buffer, not {buffer!r}")
         buffer.check_live()
-        wait_points = normalize_points(wait, "wait")
-        self._enqueue(wait_points, normalize_points(signal, "signal"),
-                      lambda: self._dealloca(buffer), cheap=True)
 
-    # -- driver hooks -----------------------------------------------------------------
+        def dealloca(done: Completion) -> None:
+            self._dealloca(buffer)
+            done(None)
 
-    def _alloca(self, size: int, memory_type: MemoryType, usage: BufferUsage) -> Buffer:
-        """A buffer with no memory yet; `_commit_alloca` gives it ringbuffer memory."""
-        heap = self.allocator.select_heap(memory_type)
-        storage = TransientRingbuffer.pending_storage(size)
-        usage = self.allocator.coerce_usage(memory_type, usage)
-        return Buffer(self.allocator, storage, 0, size, heap.memory_type, usage)
+        self._accept(normalize_points(wait, "wait"), normalize_points(signal, "signal"),
+                     buffer, dealloca)
 
-    def _commit_alloca(self, buffer: Buffer, done: Callable[[Error | None], None]) -> None:
-        storage = buffer.storage
+    # -- in-flight work ---------------------------------------------------------------
 
-        def granted(block: Any, error: Error | None) -> None:
-            if error is None:
-                self.transient.commit(storage, block)
-            done(error)
+    def wait_idle(self, timeout: float | None = 60.0) -> bool:
+        """Waits until every accepted queue entry has retired; False on timeout.
 
-        self.transient.reserve(buffer.byte_length, granted)
+        Entries waiting on semaphores that nobody signals keep the device busy; `close()`
+        aborts those.
+        """
+        return self._wait_until(lambda: not self._in_flight, timeout)
 
-    def _dealloca(self, buffer: Buffer) -> None:
-        buffer.storage.release()
-        self.transient.release(buffer.storage)
+    def _wait_until(self, condition: Callable[[], bool], timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            self._watchers += 1
+            try:
+                while not condition():
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._idle.wait(left)
+            finally:
+                self._watchers -= 1
+        return True
 
-    def _enqueue_commands(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
-                          ops: Submission, keep: Any) -> None:
-        self._enqueue(wait, signal, lambda: Stream(ops).run(), keep=keep)
+    @property
+    def in_flight(self) -> int:
+        """Queue entries accepted and not yet retired (waiting or running)."""
+        with self._entries_lock:
+            return len(self._in_flight)
 
-    def _enqueue_async(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
-                       start: Callable[[Callable[[Error | None], None]], None]) -> None:
-        """Like `_enqueue`, for work that finishes later: `start(done)` runs once the waits
-        are reached and `done(error)` completes it (on whatever thread calls it)."""
-        if self._closed:
-            raise FailedPreconditionError(f"{self!r} is closed")
+    def _accept(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
+                resources: Any, start: Callable[[Completion], None]) -> None:
+        """Registers a queue entry holding `resources`; once `wait` is reached calls
+        `start(done)`, and `done(error)` (on any thread, once) retires the entry."""
+        entry = _Entry(signal, resources)
+        with self._entries_lock:
+            if self._closed:
+                raise FailedPreconditionError(f"{self!r} is closed")
+            self._in_flight.add(entry)
 
-        def done(error: Error | None) -> None:
-            self._complete(signal, error)
+        done = functools.partial(self._retire, entry)
 
-        def on_waits(error: Error | None) -> None:
+        def ready(error: Error | None) -> None:
             if error is not None:
-                self._complete(signal, error)
+                self._retire(entry, error)
                 return
+            with self._entries_lock:
+                if entry.state is not _WAITING:
+                    return  # aborted by close() while it waited
+                entry.state = _RUNNING
+                self._running += 1
             try:
                 start(done)
-            except BaseException as exc:  # noqa: BLE001 - becomes the operation's error
-                self._complete(signal, as_error(exc))
+            except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
+                self._retire(entry, as_error(exc))
 
-        when_all_reached(wait, on_waits)
+        when_all_reached(wait, ready)
 
-    def _enqueue(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
-                 work: Callable[[], None], keep: Any = None, cheap: bool = False) -> None:
-        """Queues `work` behind `wait`; `cheap` says it takes microseconds, so a driver with
-        worker threads may run it on the readying thread rather than wake a worker."""
-        if self._closed:
-            raise FailedPreconditionError(f"{self!r} is closed")
+    def _retire(self, entry: _Entry, error: Error | None) -> None:
+        with self._entries_lock:
+            state = entry.state
+            if state is _RETIRED:
+                return
+            entry.state = _RETIRED
+            self._in_flight.discard(entry)
+            if state is _RUNNING:
+                self._running -= 1
+            if self._watchers and (not self._running or not self._in_flight):
+                self._idle.notify_all()
+        entry.resources = None  # released before the signal: a woken waiter sees it
+        self._complete(entry.signal, error)
 
-        def on_waits(error: Error | None) -> None:
-            if error is not None:
-                self._complete(signal, error)
-            else:
-                self._start(work, signal)
-
-        when_all_reached(wait, on_waits)
-
-    def _start(self, work: Callable[[], None], signal: list[SemaphorePoint]) -> None:
-        self._complete(signal, _run_work(work))
+    def _finish(self, entry: _Entry, error: Error | None) -> None:
+        # The resource set goes before the signal, so a woken waiter sees it released.
+        entry.resources = None
+        self._complete(entry.signal, error)
 
     def _complete(self, signal: list[SemaphorePoint], error: Error | None) -> None:
         """Signals (or fails) `signal`. Trampolined: completions that a signal triggers on
@@ -392,9 +452,76 @@ class Device:
         finally:
             _inline.pending = None
 
+    # -- transient memory -------------------------------------------------------------
+
+    def _alloca(self, size: int, memory_type: MemoryType, usage: BufferUsage) -> Buffer:
+        """A buffer with no memory yet; `_commit_alloca` gives it ringbuffer memory."""
+        heap = self.allocator.select_heap(memory_type)
+        storage = TransientRingbuffer.pending_storage(size)
+        usage = self.allocator.coerce_usage(memory_type, usage)
+        return Buffer(self.allocator, storage, 0, size, heap.memory_type, usage)
+
+    def _commit_alloca(self, buffer: Buffer, done: Completion) -> None:
+        storage = buffer.storage
+
+        def granted(block: Any, error: Error | None) -> None:
+            if error is None:
+                self.transient.commit(storage, block)
+            done(error)
+
+        self.transient.reserve(buffer.byte_length, granted)
+
+    def _dealloca(self, buffer: Buffer) -> None:
+        buffer.storage.release()
+        self.transient.release(buffer.storage)
+
+    # -- the driver contract (see tinyhal.hal.drivers) --------------------------------
+
+    def _execute(self, ops: Submission, done: Completion) -> None:
+        """Runs a submission's resolved operations (its waits are reached) in order, then
+        calls `done(error)` once."""
+        raise UnimplementedError(f"driver {self.driver_name!r} cannot execute commands")
+
+    def _call(self, work: Callable[[], None], done: Completion) -> None:
+        """Runs host work (a file or host-memory transfer; its waits are reached), then
+        calls `done(error)` once."""
+        raise UnimplementedError(f"driver {self.driver_name!r} cannot run host work")
+
+    def _stop(self, timeout: float | None) -> None:
+        """Stops the driver's threads; called by `close()` once no work is running."""
+
+
+Completion = Callable[[Error | None], None]
+_WAITING, _RUNNING, _RETIRED = "waiting", "running", "retired"
+
+
+class _Entry:
+    """One accepted queue entry: its signal points, its resource set and its state."""
+
+    __slots__ = ("signal", "resources", "state")
+
+    def __init__(self, signal: list[SemaphorePoint], resources: Any) -> None:
+        self.signal = signal
+        self.resources = resources
+        self.state = _WAITING
 
 
 _inline = threading.local()
+_live_devices: weakref.WeakSet[Device] = weakref.WeakSet()
+EXIT_DRAIN_SECONDS = 60.0
+"""How long interpreter exit waits, in all, for running device work to finish."""
+
+
+def _close_devices_at_exit() -> None:
+    deadline = time.monotonic() + EXIT_DRAIN_SECONDS
+    for device in list(_live_devices):
+        try:
+            device.close(timeout=max(0.0, deadline - time.monotonic()))
+        except BaseException:  # noqa: BLE001 - nothing to report to at exit
+            pass
+
+
+atexit.register(_close_devices_at_exit)
 
 
 def _settle(signal: list[SemaphorePoint], error: Error | None) -> None:
@@ -408,7 +535,9 @@ def _settle(signal: list[SemaphorePoint], error: Error | None) -> None:
             sem.fail(exc)
 
 
-def _run_work(work: Callable[[], None]) -> Error | None:
+def run_capturing(work: Callable[[], None]) -> Error | None:
+    """Runs `work`; returns its failure as a `tinyhal.Error` (None on success). Drivers
+    use it to turn a queue entry's exception into the error its signals fail with."""
     try:
         work()
     except BaseException as exc:  # noqa: BLE001 - any failure becomes the submission's error
@@ -416,8 +545,8 @@ def _run_work(work: Callable[[], None]) -> Error | None:
     return None
 
 
-def _nothing() -> None:
-    return None
+def _no_work(done: Completion) -> None:
+    done(None)
 
 
 def _host_view(obj: Any) -> memoryview:
@@ -458,4 +587,4 @@ def _write_file(target: Any, offset: int, data: np.ndarray) -> None:
         f.write(memoryview(data))
 
 
-__all__ = ["Device"]
+__all__ = ["Completion", "Device", "run_capturing"]

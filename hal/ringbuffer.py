@@ -107,11 +107,7 @@ class TransientRingbuffer:
         self._waits = 0
         self._closed: Error | None = None
         if allocator is not None:
-            # The heap shows in statistics from the start (with zero allocations).
-            from .allocator import _Counter
-
-            with allocator._lock:
-                allocator._counters.setdefault(HEAP_NAME, _Counter())
+            allocator.add_heap_statistics(HEAP_NAME)  # shown from the start, at zero
         self._owned: weakref.WeakKeyDictionary[Storage, RingBlock] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:

@@ -17,6 +17,30 @@ Functions compiled with the `coarse-fences` ABI (`f$async`, or `async func` expo
 a wait and a signal fence after their inputs; `invoke` and `invoke_async` add those and
 wait on the signal fence before reading results. `invoke_async` runs on trio: every
 `hal.fence.await` the program reaches suspends only this invocation.
+
+Cancellation. Cancelling `invoke_async` (a trio cancel scope, `move_on_after`,
+`fail_after`, a server's deadline) abandons the invocation; it never frees memory that
+device work still uses, on any driver:
+
+- before anything is submitted (the scope is already cancelled when `invoke_async` is
+  called): `trio.Cancelled` is raised at once; the program does not run and the device
+  is not touched;
+- while the program waits on a fence (`hal.fence.await`, or the signal fence of a
+  coarse-fences function): the wait ends with `trio.Cancelled` and the program stops
+  there. Work it already submitted is not interrupted: it runs to completion (or
+  failure), and what it uses (buffers, transients, command buffers, executables, host
+  memory) stays alive until it retires, then is released, so the allocator's live bytes
+  return to where they were. Work it would have submitted later is never submitted;
+- while a dispatch runs: device work is never stopped part way. On `task` and `emu` the
+  invocation is already suspended on a fence, as above. On `sync`, device work runs on
+  the calling thread inside the call, so a cancel takes effect at the first suspension
+  after it, once that work is done.
+
+Afterwards the module, its globals and the device stay usable: later calls give the
+same results. `device.wait_idle()` waits for abandoned work to retire. `Module.close()`
+and `Device.close()` with work in flight let running work finish and abort work that
+can no longer start (see `tinyhal.hal.device`); at interpreter exit every device is
+closed that way, so the process exits normally.
 """
 
 from __future__ import annotations

@@ -293,7 +293,15 @@ class Context:
         return drive_blocking(self._run(f, args))
 
     async def invoke_async(self, function: str | VMFunction, args: list | tuple = ()) -> list:
-        """Calls an export on trio; yieldable imports suspend only this invocation."""
+        """Calls an export on trio; yieldable imports suspend only this invocation.
+
+        A cancelled scope raises `trio.Cancelled` here, before anything runs; a cancel
+        that lands at a later suspension abandons the invocation (see `tinyhal.vm.api`,
+        "Cancellation").
+        """
+        import trio
+
+        await trio.lowlevel.checkpoint_if_cancelled()
         f = function if isinstance(function, VMFunction) else self.lookup_function(function)
         if not self._initialized:
             await self.initialize_async()

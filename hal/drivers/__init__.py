@@ -1,4 +1,28 @@
-"""Driver registry: each driver is a `Device` subclass in its own module, imported lazily."""
+"""Drivers: each is a `Device` subclass in its own module, imported lazily.
+
+The driver contract. The public `Device` layer validates every call, holds the resource
+set of each queue entry until it retires, waits on the entry's wait semaphores, and owns
+completion (signalling or failing the signal semaphores, aborting on `close()`). A
+driver only runs work whose waits are already reached, through three methods, defined in
+this order in every driver module:
+
+- `_execute(ops, done)`: run a submission's resolved operations (`hal.execution`) in
+  order, then call `done(error)` exactly once, on any thread (`error` is None on
+  success). Operations may overlap only where no barrier separates them.
+- `_call(work, done)`: run host work (a `queue_read` / `queue_write` transfer, a
+  callable taking no arguments), then call `done(error)` exactly once.
+- `_stop(timeout)`: release the driver's threads; `close()` calls it once no work is
+  running. Optional (the default does nothing).
+
+Optional capabilities: `concurrency` (workers a dispatch may spread over, default 1),
+`_create_allocator()` (a driver with its own memory model), `statistics()`. Drivers keep
+nothing alive for the work's sake: the device's resource sets do that. A driver that
+lacks `_execute` or `_call` fails such work with UNIMPLEMENTED (the `Device` defaults).
+
+`sync` runs both inline on the thread that readies the work; `task` runs them on a
+`tinyhal.scheduler.Executor` (a command stream shared by its workers); `emu` runs them
+on one command-processor thread with a simulated clock.
+"""
 
 from __future__ import annotations
 

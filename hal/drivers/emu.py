@@ -34,15 +34,8 @@ from ...errors import (
 )
 from ..allocator import Allocator, Heap
 from ..buffer import Buffer
-from ..device import Device, _run_work
-from ..execution import (
-    Barrier,
-    Dispatch,
-    Operation,
-    Submission,
-    run_transfer,
-)
-from ..semaphore import SemaphorePoint
+from ..device import Completion, Device, run_capturing
+from ..execution import Barrier, Dispatch, Operation, Submission, run_transfer
 from ..types import BufferUsage, MemoryAccess, MemoryType
 
 _ALL_USAGE = BufferUsage(0x1FFFFFFF)
@@ -145,31 +138,32 @@ class EmuDevice(Device):
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
 
-    def close(self) -> None:
-        if not self._closed:
-            super().close()
-            self._queue.put(None)
-            self._processor.join(timeout=30)
+    # -- driver contract ----------------------------------------------------------------
 
-    # -- driver hooks -------------------------------------------------------------------
+    def _execute(self, ops: Submission, done: Completion) -> None:
+        self._queue.put((lambda: self._run_commands(ops.operations()), done))
 
-    def _start(self, work: Callable[[], None], signal: list[SemaphorePoint]) -> None:
-        self._queue.put((work, signal))
+    def _call(self, work: Callable[[], None], done: Completion) -> None:
+        self._queue.put((work, done))
+
+    def _stop(self, timeout: float | None) -> None:
+        self._queue.put(None)
+        self._processor.join(timeout)
+
+    # -- the command processor ----------------------------------------------------------
 
     def _command_processor(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            work, signal = item
-            self._complete(signal, _run_work(work))
-            item = work = None  # an idle processor must not keep finished work's captures
+            work, done = item
+            item = None  # an idle processor must not keep finished work's captures
+            error = run_capturing(work)
+            work = None
+            done(error)
 
-    def _enqueue_commands(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
-                          ops: Submission, keep: Any) -> None:
-        self._enqueue(wait, signal, lambda: self._execute(ops.operations()), keep=keep)
-
-    def _execute(self, ops: list[Operation]) -> None:
+    def _run_commands(self, ops: list[Operation]) -> None:
         """Runs a submission's operations, advancing the engines' simulated clocks."""
         with self._lock:
             segment_start = self.clock_ns

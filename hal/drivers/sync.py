@@ -8,9 +8,21 @@ other drivers.
 
 from __future__ import annotations
 
-from ..device import Device
+from collections.abc import Callable
+
+from ..device import Completion, Device, run_capturing
+from ..execution import Submission
+from ..stream import Stream
 
 
 class SyncDevice(Device):
     driver_name = "sync"
     identifier = "local-sync"
+
+    # -- driver contract --------------------------------------------------------------
+
+    def _execute(self, ops: Submission, done: Completion) -> None:
+        done(run_capturing(Stream(ops).run))
+
+    def _call(self, work: Callable[[], None], done: Completion) -> None:
+        done(run_capturing(work))

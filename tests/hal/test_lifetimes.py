@@ -1,0 +1,193 @@
+"""The queue owns what it uses: dropping every host reference while work is in flight,
+closing the device with work in flight and exiting the interpreter with work in flight
+are safe on every driver.
+
+Each scenario runs in a child process (see `support.child`), so a kernel writing freed
+memory is a failed test rather than a dead test runner. Freed memory is reused on
+purpose (fresh numpy arrays of the same sizes) before the work runs, and buffers are
+256 KiB or more so glibc returns them to the OS: a missing reference shows as a crash
+or as wrong bytes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from support.child import run_child
+
+PRELUDE = """
+import gc, sys
+import numpy as np
+from support.executables import compile_executable
+from tinyhal import errors, hal
+
+driver = sys.argv[1]
+dev = hal.create_device(driver)
+EXE = compile_executable("elementwise_3d")
+T = 60
+WG = 1 << 14            # workgroups of 4 floats: 256 KiB buffers
+N = 4 * WG
+
+def f32_bits(x):
+    return int(np.array(x, np.float32).view(np.uint32))
+
+def churn():
+    # Reuse whatever was freed, so a dangling address points at someone else's bytes.
+    gc.collect()
+    return [np.full(4 * N, 0xAB, np.uint8) for _ in range(8)]
+
+def live():
+    gc.collect()
+    return dev.allocator.statistics().live_bytes
+"""
+
+
+def test_dropping_every_host_reference_in_flight_is_safe(driver):
+    out = run_child(PRELUDE + """
+baseline = live()
+a_expected = np.arange(N, dtype=np.float32)
+b_expected = np.full(N, 0.5, np.float32)
+for round_ in range(3):
+    gate, done = dev.create_semaphore(), dev.create_semaphore()
+    result = dev.allocator.allocate(4 * N)          # the only buffer the host keeps
+    host_out = np.zeros(N, np.float32)              # kept: receives a queue_write
+
+    def submit_all():
+        exe = dev.load_executable(EXE)
+        a = dev.allocator.allocate(4 * N)
+        b = dev.allocator.allocate(4 * N)
+        mid = dev.allocator.allocate(4 * N)
+        s = [dev.create_semaphore() for _ in range(8)]
+        dev.queue_update(np.arange(N, dtype=np.float32), a, wait=[(gate, 1)],
+                         signal=[(s[0], 1)])
+        dev.queue_read(np.full(N, 0.5, np.float32).tobytes(), 0, b, 0, 4 * N,
+                       wait=[(s[0], 1)], signal=[(s[1], 1)])
+        # reusable command buffer + binding table: mid = a * 2 + b
+        cb = dev.create_command_buffer("reusable", binding_capacity=3)
+        cb.dispatch(exe, "fma_3d", (WG, 1, 1), constants=[f32_bits(2.0), 0],
+                    bindings=[0, 1, 2])
+        cb.finalize()
+        dev.submit(cb, wait=[(s[1], 1)], signal=[(s[2], 1)], binding_table=[a, b, mid])
+        # a transient, dropped without queue_dealloca: t = mid * 1 + a + 1
+        t = dev.queue_alloca(4 * N, wait=[(s[2], 1)], signal=[(s[3], 1)])
+        cb2 = dev.create_command_buffer()
+        cb2.dispatch(exe, "fma_3d", (WG, 1, 1), constants=[f32_bits(1.0), 1],
+                     bindings=[mid, a, t])
+        cb2.barrier()
+        cb2.copy(t, 0, result, 0, 4 * N)
+        cb2.finalize()
+        dev.submit(cb2, wait=[(s[3], 1)], signal=[(s[4], 1)])
+        # queue_write into host memory the host drops, and into memory it keeps
+        dev.queue_write(result, 0, np.empty(N, np.float32), 0, 4 * N,
+                        wait=[(s[4], 1)], signal=[(s[5], 1)])
+        dev.queue_write(result, 0, host_out, 0, 4 * N, wait=[(s[5], 1)],
+                        signal=[(done, 1)])
+
+    submit_all()
+    junk = churn()
+    in_flight = dev.allocator.statistics().live_bytes
+    assert in_flight >= baseline + 4 * 4 * N, (in_flight, baseline)
+    gate.signal(1)
+    done.wait(1, timeout=T)
+    expected = (a_expected * 2 + b_expected) + a_expected + 1
+    assert np.array_equal(host_out, expected), round_
+    got = dev.read_array(result).view(np.float32)
+    assert np.array_equal(got, expected), round_
+    del result, junk
+    assert dev.wait_idle(T)
+    after = live()
+    assert after == baseline, (round_, after, baseline)
+dev.close()
+print("ok")
+""", driver)
+    assert out.strip().endswith("ok")
+
+
+def test_close_with_work_in_flight(driver):
+    out = run_child(PRELUDE + """
+baseline = live()
+never = dev.create_semaphore()
+ran, waited = [], []
+
+def submit_all():
+    exe = dev.load_executable(EXE)
+    prev = None
+    for i in range(6):
+        x = dev.allocator.allocate(4 * N)
+        y = dev.allocator.allocate(4 * N)
+        cb = dev.create_command_buffer()
+        cb.fill(x, 0, 4 * N, np.float32(1.0))
+        cb.barrier()
+        for _ in range(4):
+            cb.dispatch(exe, "fma_3d", (WG, 1, 1), constants=[f32_bits(1.0), 1],
+                        bindings=[x, x, y])
+            cb.barrier()
+        cb.finalize()
+        s = dev.create_semaphore()
+        dev.submit(cb, wait=[] if prev is None else [(prev, 1)], signal=[(s, 1)])
+        ran.append(s)
+        prev = s
+    # work that can never start: it must fail with ABORTED, not hang or run
+    z = dev.allocator.allocate(4 * N)
+    cb = dev.create_command_buffer()
+    cb.dispatch(exe, "fma_3d", (WG, 1, 1), constants=[0, 0], bindings=[z, z, z])
+    cb.finalize()
+    w = dev.create_semaphore()
+    dev.submit(cb, wait=[(never, 1)], signal=[(w, 1)])
+    waited.append(w)
+    t = dev.queue_alloca(4 * N, wait=[(never, 1)], signal=[(dev.create_semaphore(), 1)])
+
+submit_all()
+junk = churn()
+dev.close()
+assert dev.in_flight == 0
+for s in ran:                      # running and queued-behind-running work completed
+    s.wait(1, timeout=T)
+for w in waited:
+    try:
+        w.wait(1, timeout=T)
+    except errors.AbortedError:
+        pass
+    else:
+        raise AssertionError("work waiting on a never-signalled semaphore ran")
+try:
+    dev.queue_barrier()
+except errors.FailedPreconditionError:
+    pass
+else:
+    raise AssertionError("a closed device accepted work")
+never.signal(1)                    # a late signal finds nothing to run
+del junk
+assert live() == baseline, (live(), baseline)
+dev.close()
+print("ok")
+""", driver)
+    assert out.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("waiting", [False, True], ids=["running", "running+waiting"])
+def test_interpreter_exit_with_work_in_flight(driver, waiting):
+    out = run_child(PRELUDE + """
+waiting = sys.argv[2] == "1"
+exe = dev.load_executable(EXE)
+never = dev.create_semaphore()
+prev = None
+for i in range(8):
+    x = dev.allocator.allocate(4 * N)
+    y = dev.allocator.allocate(4 * N)
+    cb = dev.create_command_buffer()
+    for _ in range(4):
+        cb.dispatch(exe, "fma_3d", (WG, 1, 1), constants=[f32_bits(1.0), 1],
+                    bindings=[x, x, y])
+        cb.barrier()
+    cb.finalize()
+    s = dev.create_semaphore()
+    wait = [] if prev is None else [(prev, 1)]
+    if waiting and i == 7:
+        wait.append((never, 1))
+    dev.submit(cb, wait=wait, signal=[(s, 1)])
+    prev = s
+del x, y, cb, exe
+print("exiting", flush=True)
+""", driver, "1" if waiting else "0")
+    assert "exiting" in out
