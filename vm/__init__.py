@@ -10,8 +10,9 @@ Native modules (such as `hal`) implement the contract in `tinyhal.vm.native`.
 
 from __future__ import annotations
 
+from .cconv import parse_cconv
 from .context import Context, ModuleInstance, VMFunction, drive_blocking
-from .loader import BytecodeModule, load_module, parse_cconv
+from .loader import BytecodeModule, load_module
 from .native import NativeFunction, NativeModule, Suspend
 from .ops import F32SNaN
 from .types import VMBuffer, VMList

@@ -420,7 +420,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                     "specified explicitly" if names else "no exported functions in the module"
                 )
             name = names[0]
-        info, vmf = module._lookup(name)
+        info, vmf = module.lookup(name)
         values: list[Any] = []
         for text in args.input:
             spec = info.inputs[len(values)] if len(values) < len(info.inputs) else None
