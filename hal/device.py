@@ -17,12 +17,13 @@ safe: the memory is freed only after the work retires, and the references are re
 before the signal semaphores advance, so a waiter that wakes sees the allocator's live
 bytes without them. Drivers need not keep anything alive themselves.
 
-**Closing.** `close()` stops accepting work, fails every entry still waiting on its
-semaphores with ABORTED (it never runs), fails parked `queue_alloca` reservations, waits
-(bounded) for running work to finish, then lets the driver stop its threads. Running
-work is never interrupted and its memory is never freed under it. At interpreter exit
-every live device is closed the same way (an `atexit` hook), so worker threads are not
-left running kernels while the interpreter tears down.
+**Closing.** `close()` stops accepting work, fails parked `queue_alloca` reservations
+with ABORTED, lets running work finish (and work that running work makes ready), then
+fails every entry still waiting on its semaphores with ABORTED (it never runs) and lets
+the driver stop its threads; `timeout` bounds the wait. Running work is never
+interrupted and its memory is never freed under it. At interpreter exit every live
+device is closed the same way (an `atexit` hook, `EXIT_DRAIN_SECONDS` in all), so worker
+threads are not left running kernels while the interpreter tears down.
 
 The driver contract (what `hal/drivers/*` implement) is documented in `tinyhal.hal.drivers`.
 
@@ -98,7 +99,9 @@ class Device:
         self._closed = False
         self._in_flight: set[_Entry] = set()
         self._running = 0
-        self._entries_lock = threading.Lock()
+        # Re-entrant: a garbage collection under the lock may free a transient buffer whose
+        # ringbuffer retirement grants a parked queue_alloca, which retires its entry.
+        self._entries_lock = threading.RLock()
         self._idle = threading.Condition(self._entries_lock)  # for wait_idle() and close()
         self._watchers = 0  # threads waiting on `_idle`; retiring notifies only if any
         self.transient = TransientRingbuffer(self.allocator, transient_capacity)
@@ -130,11 +133,13 @@ class Device:
             f"{self!r} closed while a queue_alloca waited for ringbuffer space"))
         deadline = None if timeout is None else time.monotonic() + timeout
         self._wait_until(lambda: not self._running, timeout)
+        waiting: list[_Entry] = []
         with self._entries_lock:
-            waiting = [e for e in self._in_flight if e.state is _WAITING]
-            for entry in waiting:  # claimed under the lock: a late `ready` finds it retired
-                entry.state = _RETIRED
-                self._in_flight.discard(entry)
+            for entry in tuple(self._in_flight):
+                if entry.state is _WAITING:  # claimed: a late `ready` finds it retired
+                    entry.state = _RETIRED
+                    self._in_flight.discard(entry)
+                    waiting.append(entry)
         for entry in waiting:
             self._finish(entry, AbortedError(f"{self!r} closed before the work ran"))
         self.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -394,7 +399,7 @@ class Device:
                 resources: Any, start: Callable[[Completion], None]) -> None:
         """Registers a queue entry holding `resources`; once `wait` is reached calls
         `start(done)`, and `done(error)` (on any thread, once) retires the entry."""
-        entry = _Entry(signal, resources)
+        entry = _Entry(signal, resources, start)
         with self._entries_lock:
             if self._closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
@@ -411,6 +416,8 @@ class Device:
                     return  # aborted by close() while it waited
                 entry.state = _RUNNING
                 self._running += 1
+                start = entry.start
+                entry.start = None
             try:
                 start(done)
             except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
@@ -424,17 +431,21 @@ class Device:
             if state is _RETIRED:
                 return
             entry.state = _RETIRED
+        entry.resources = entry.start = None  # before the signal: a woken waiter sees it
+        self._complete(entry.signal, error)
+        # Counted as in flight until its signal has readied what depends on it, so that
+        # close() sees work made ready by running work as running, never as waiting.
+        with self._entries_lock:
             self._in_flight.discard(entry)
             if state is _RUNNING:
                 self._running -= 1
             if self._watchers and (not self._running or not self._in_flight):
                 self._idle.notify_all()
-        entry.resources = None  # released before the signal: a woken waiter sees it
-        self._complete(entry.signal, error)
 
     def _finish(self, entry: _Entry, error: Error | None) -> None:
         # The resource set goes before the signal, so a woken waiter sees it released.
-        entry.resources = None
+        # (A semaphore that never reaches the wait may keep `ready`, never the set.)
+        entry.resources = entry.start = None
         self._complete(entry.signal, error)
 
     def _complete(self, signal: list[SemaphorePoint], error: Error | None) -> None:
@@ -498,18 +509,22 @@ _WAITING, _RUNNING, _RETIRED = "waiting", "running", "retired"
 class _Entry:
     """One accepted queue entry: its signal points, its resource set and its state."""
 
-    __slots__ = ("signal", "resources", "state")
+    __slots__ = ("signal", "resources", "start", "state")
 
-    def __init__(self, signal: list[SemaphorePoint], resources: Any) -> None:
+    def __init__(self, signal: list[SemaphorePoint], resources: Any,
+                 start: Callable[[Completion], None] | None) -> None:
         self.signal = signal
         self.resources = resources
+        self.start = start  # captures the work; dropped with the resource set
         self.state = _WAITING
 
 
 _inline = threading.local()
 _live_devices: weakref.WeakSet[Device] = weakref.WeakSet()
 EXIT_DRAIN_SECONDS = 60.0
-"""How long interpreter exit waits, in all, for running device work to finish."""
+"""How long interpreter exit waits, in all, for running device work to finish (assign to
+change it; 0 exits at once: work still running keeps its memory, held by its resource
+set, and its threads stop with the interpreter)."""
 
 
 def _close_devices_at_exit() -> None:

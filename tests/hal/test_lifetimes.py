@@ -166,8 +166,13 @@ print("ok")
 
 
 @pytest.mark.parametrize("waiting", [False, True], ids=["running", "running+waiting"])
-def test_interpreter_exit_with_work_in_flight(driver, waiting):
+@pytest.mark.parametrize("drain", ["60", "0"], ids=["drain", "no-drain"])
+def test_interpreter_exit_with_work_in_flight(driver, waiting, drain):
+    # With no drain budget the process exits while kernels still run: their memory is
+    # held by the device's resource sets, so teardown frees nothing under them.
     out = run_child(PRELUDE + """
+import tinyhal.hal.device
+tinyhal.hal.device.EXIT_DRAIN_SECONDS = float(sys.argv[3])
 waiting = sys.argv[2] == "1"
 exe = dev.load_executable(EXE)
 never = dev.create_semaphore()
@@ -189,5 +194,53 @@ for i in range(8):
     prev = s
 del x, y, cb, exe
 print("exiting", flush=True)
-""", driver, "1" if waiting else "0")
+""", driver, "1" if waiting else "0", drain)
     assert "exiting" in out
+
+
+def test_close_at_random_moments_leaves_every_signal_decided(driver):
+    out = run_child(PRELUDE + """
+import random, threading, time
+choice = random.Random(99)
+exe_bytes = EXE
+for round_ in range(20):
+    dev = hal.create_device(driver)
+    exe = dev.load_executable(exe_bytes)
+    baseline = live()
+    gates = [dev.create_semaphore() for _ in range(3)]
+    signals = []
+    for i in range(30):
+        x = dev.allocator.allocate(4 * 4096)
+        wait = [(choice.choice(gates + [s for s, _ in signals[-5:]]), 1)] if i else []
+        s = dev.create_semaphore()
+        kind = choice.random()
+        if kind < 0.5:
+            cb = dev.create_command_buffer()
+            cb.dispatch(exe, "fma_3d", (4096 // 4, 1, 1), constants=[0, 1],
+                        bindings=[x, x, x])
+            cb.finalize()
+            dev.submit(cb, wait=wait, signal=[(s, 1)])
+        elif kind < 0.7:
+            t = dev.queue_alloca(4096, wait=wait, signal=[(s, 1)])
+        elif kind < 0.85:
+            dev.queue_update(np.ones(4096, np.uint8), x, 0, wait=wait, signal=[(s, 1)])
+        else:
+            dev.queue_barrier(wait=wait, signal=[(s, 1)])
+        signals.append((s, i))
+    opener = threading.Thread(target=lambda: [g.signal(1) for g in gates[:2]])
+    opener.start()
+    time.sleep(choice.uniform(0, 0.003))
+    dev.close()
+    opener.join(T)
+    for s, i in signals:
+        try:
+            s.wait(1, timeout=T)
+        except errors.AbortedError:
+            pass
+    for name in ("x", "t", "cb", "exe"):
+        globals().pop(name, None)
+    assert dev.in_flight == 0
+    assert live() == baseline, (round_, live(), baseline)
+print("ok")
+""", driver)
+    assert out.strip().endswith("ok")
