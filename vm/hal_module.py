@@ -575,8 +575,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         if pool != 0:
             raise UnimplementedError("VM queue allocation pools are not supported")
         buffer = device.queue_alloca(
-            size, wait, signal,
-            MemoryType(memory_types & _U32), BufferUsage(usage & _U32),
+            size, wait, signal, memory_types & _U32, usage & _U32,
         )
         transient.add(buffer.storage)
         return buffer
