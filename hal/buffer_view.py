@@ -37,14 +37,14 @@ class BufferView:
                  encoding_type: int = EncodingType.DENSE_ROW_MAJOR) -> None:
         if not isinstance(buffer, Buffer):
             raise InvalidArgumentError(f"a buffer view needs a Buffer, not {buffer!r}")
-        shape = tuple(int(d) for d in shape)
-        if any(d < 0 for d in shape):
+        shape = tuple(map(int, shape))
+        if shape and min(shape) < 0:
             raise InvalidArgumentError(f"buffer view shape {shape} has a negative dimension")
         self.buffer = buffer
         self.shape = shape
         self.element_type = int(element_type)
         self.encoding_type = int(encoding_type)
-        needed = self.byte_length
+        needed = (math.prod(shape) * (self.element_type & 0xFF) + 7) // 8  # byte_length
         if needed > buffer.byte_length:
             raise OutOfRangeError(
                 f"buffer view of shape {shape} and element type 0x{self.element_type:08X} needs "

@@ -8,15 +8,13 @@ ever polls. `fail` records the first error; every current and future waiter sees
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-
-import outcome
-import trio
 
 from ..errors import (
     AbortedError,
@@ -25,6 +23,7 @@ from ..errors import (
     InvalidArgumentError,
     OutOfRangeError,
 )
+from ..scheduler.trio_bridge import await_callback
 
 MAX_VALUE = (1 << 64) - 1
 TimepointCallback = Callable[[Error | None], None]
@@ -59,10 +58,13 @@ class Semaphore:
     _seq = itertools.count()
 
     def __init__(self, initial: int = 0, name: str = "") -> None:
-        _check_value(initial, "initial value")
+        if type(initial) is not int or not 0 <= initial <= MAX_VALUE:
+            _check_value(initial, "initial value")
         self._value = initial
         self._failure: Error | None = None
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        # Made by the first blocking `wait` (over `_lock`); most semaphores never need one.
+        self._cond: threading.Condition | None = None
         self._timepoints: list[Timepoint] = []
         self._blocked = 0
         self.name = name
@@ -90,8 +92,9 @@ class Semaphore:
         Values must strictly increase (OUT_OF_RANGE otherwise); signalling a failed
         semaphore raises its failure.
         """
-        _check_value(value, "signal value")
-        with self._cond:
+        if type(value) is not int or not 0 <= value <= MAX_VALUE:
+            _check_value(value, "signal value")
+        with self._lock:
             if self._failure is not None:
                 raise self._failure
             if value <= self._value:
@@ -114,7 +117,7 @@ class Semaphore:
             wrapped = AbortedError(f"{type(error).__name__}: {error}")
             wrapped.__cause__ = error
             error = wrapped
-        with self._cond:
+        with self._lock:
             if self._failure is not None:
                 return
             self._failure = error
@@ -134,7 +137,10 @@ class Semaphore:
         """
         _check_value(value, "wait value")
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        with self._lock:
+            cond = self._cond
+            if cond is None:
+                cond = self._cond = threading.Condition(self._lock)
             self._blocked += 1
             try:
                 while True:
@@ -143,51 +149,30 @@ class Semaphore:
                     if self._value >= value:
                         return
                     if deadline is None:
-                        self._cond.wait()
+                        cond.wait()
                     else:
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             raise DeadlineExceededError(
                                 f"{self!r} did not reach {value} within {timeout} s"
                             )
-                        self._cond.wait(remaining)
+                        cond.wait(remaining)
             finally:
                 self._blocked -= 1
 
     async def wait_async(self, value: int) -> None:
-        """Waits in a trio task without blocking the event loop; cancellation is safe."""
+        """Waits in a trio task without blocking the event loop; cancellation is safe
+        (it unregisters the timepoint). Raises the semaphore's failure."""
         _check_value(value, "wait value")
-        token = trio.lowlevel.current_trio_token()
-        task = trio.lowlevel.current_task()
-        state = {"done": False}
 
-        def on_reached(error: Error | None) -> None:
-            outcome_value = _outcome_for(error)
+        def subscribe(callback: Callable[..., None]) -> Callable[[], bool] | None:
+            tp = self.on_reached(value, callback)
+            if tp is None:
+                callback(self._failure)  # already reached, or failed
+                return None
+            return functools.partial(self.cancel_timepoint, tp)
 
-            def wake() -> None:
-                if not state["done"]:
-                    state["done"] = True
-                    trio.lowlevel.reschedule(task, outcome_value)
-
-            try:
-                token.run_sync_soon(wake)
-            except trio.RunFinishedError:
-                pass
-
-        tp = self.on_reached(value, on_reached)
-        if tp is None:
-            await trio.lowlevel.checkpoint()
-            self._raise_if_failed()
-            return
-
-        def abort(_: object) -> trio.lowlevel.Abort:
-            # Either the timepoint is still registered (unregister it) or its wake-up is
-            # already queued (void it): both ways the task is rescheduled exactly once.
-            self.cancel_timepoint(tp)
-            state["done"] = True
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        await await_callback(subscribe)
 
     def on_reached(self, value: int, callback: TimepointCallback) -> Timepoint | None:
         """Calls `callback(None)` when `value` is reached or `callback(error)` on failure.
@@ -197,7 +182,7 @@ class Semaphore:
         returns the timepoint; the callback later runs on the signalling thread, outside the
         semaphore's lock, exactly once.
         """
-        with self._cond:
+        with self._lock:
             if self._failure is not None or self._value >= value:
                 return None
             tp = Timepoint(value, callback, next(self._seq))
@@ -206,7 +191,7 @@ class Semaphore:
 
     def cancel_timepoint(self, tp: Timepoint) -> bool:
         """Unregisters an unfired timepoint; False if it already fired."""
-        with self._cond:
+        with self._lock:
             if tp.fired:
                 return False
             tp.fired = True
@@ -218,7 +203,7 @@ class Semaphore:
             return True
 
     def statistics(self) -> SemaphoreStatistics:
-        with self._cond:
+        with self._lock:
             return SemaphoreStatistics(
                 self._value, self._failure is not None, len(self._timepoints), self._blocked
             )
@@ -235,10 +220,6 @@ class Semaphore:
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
             raise self._failure
-
-
-def _outcome_for(error: Error | None) -> outcome.Outcome:
-    return outcome.Value(None) if error is None else outcome.Error(error)
 
 
 def _check_value(value: int, what: str) -> None:
@@ -274,7 +255,8 @@ class Fence:
         return joined
 
     def insert(self, semaphore: Semaphore, value: int) -> None:
-        _check_value(value, "fence value")
+        if type(value) is not int or not 0 <= value <= MAX_VALUE:
+            _check_value(value, "fence value")
         if value > self._points.get(semaphore, -1):
             self._points[semaphore] = value
 
@@ -333,7 +315,8 @@ def normalize_points(
             ) from None
         if not isinstance(sem, Semaphore):
             raise InvalidArgumentError(f"{what} entry {item!r} does not name a Semaphore")
-        _check_value(value, f"{what} value")
+        if type(value) is not int or not 0 <= value <= MAX_VALUE:
+            _check_value(value, f"{what} value")
         result.append((sem, value))
     return result
 
