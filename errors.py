@@ -46,6 +46,13 @@ class Error(Exception):
     def __str__(self) -> str:
         return f"{self.code.name}: {self.message}"
 
+    def with_context(self, what: str) -> Error:
+        """The same error (same class and code) prefixed with what was being done
+        (`"fill target: ..."`); this error becomes its cause."""
+        err = type(self)(f"{what}: {self.message}")
+        err.__cause__ = self
+        return err
+
 
 _BY_CODE: dict[StatusCode, type[Error]] = {}
 

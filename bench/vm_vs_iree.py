@@ -1,7 +1,10 @@
 """tinyhal vs IREE's runtime on the same .vmfb, side by side in one process run.
 
 Median latency of one invocation (numpy in, numpy out) for a tiny module (elementwise
-on 4 floats), a small CNN and MobileNetV2 on sync/task (IREE: local-sync/local-task);
+on 4 floats), the keyword-spotting DS-CNN (1x1x49x10 MFCC in, 12 keywords out), a small
+CNN and MobileNetV2 on sync/task (IREE: local-sync/local-task), rounds of the two
+alternating; the Python function calls one invocation makes on the calling thread
+(`sys.setprofile` call events; deterministic, unlike the timings on a shared machine);
 VM instructions per second on a pure-VM loop; the peak device memory of one MobileNetV2
 invocation (tinyhal `allocator.statistics()`, IREE's allocator statistics on local-sync).
 Writes bench/results/vm_vs_iree.json and prints a table.
@@ -28,6 +31,8 @@ from _common import median_seconds, write_results  # noqa: E402
 import tinyhal  # noqa: E402
 from support.iree_tools import HOST_FLAGS, compile_mlir  # noqa: E402
 from support.models import (  # noqa: E402
+    ds_cnn_kws_vmfb,
+    kws_input,
     mobilenet_input,
     mobilenet_v2_vmfb,
     small_cnn_vmfb,
@@ -69,6 +74,24 @@ def iree_module(vmfb, driver):
     return config, ctx.modules.module
 
 
+def python_calls(fn) -> int:
+    """Python function calls (profile `call` events) one `fn()` makes on this thread."""
+    fn()
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event == "call":
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count - 1  # the profile hook sees fn's own frame
+
+
 def loop_instructions_per_iteration(vmfb) -> int:
     """Instructions executed per loop trip, counted from iree-dump-module's disassembly."""
     dump = subprocess.run([os.path.join(os.path.dirname(sys.executable), "iree-dump-module"),
@@ -92,6 +115,7 @@ def main() -> None:
     models = {
         "tiny (4xf32 add)": (tiny, "main", lambda: (np.arange(4, dtype=np.float32),
                                                     np.ones(4, np.float32)), 2000),
+        "KWS DS-CNN (1x1x49x10)": (ds_cnn_kws_vmfb(), "ds_cnn_kws", lambda: (kws_input(),), 600),
         "small CNN (1x3x64x64)": (small_cnn_vmfb(), "small_cnn",
                                   lambda: (np.random.default_rng(0).standard_normal(
                                       (1, 3, 64, 64)).astype(np.float32),), 200),
@@ -112,16 +136,21 @@ def main() -> None:
                 r = g(*inputs)
                 return r.to_host() if hasattr(r, "to_host") else r
 
-            assert np.array_equal(f(*inputs), call_iree())
+            assert np.array_equal(f(*inputs), call_iree())  # bit-exact
+            calls = python_calls(lambda f=f, inputs=inputs: f(*inputs))
+            iree_calls = python_calls(call_iree)
             # interleave the two so background load hits both alike
             t_ours, t_iree = [], []
-            for _ in range(3):
-                t_ours.append(median_seconds(lambda f=f, inputs=inputs: f(*inputs), max(1, repeat // 3)))
-                t_iree.append(median_seconds(call_iree, max(1, repeat // 3)))
-            ours_s, iree_s = sorted(t_ours)[1], sorted(t_iree)[1]
+            rounds = 5
+            for _ in range(rounds):
+                t_ours.append(median_seconds(lambda f=f, inputs=inputs: f(*inputs),
+                                             max(1, repeat // rounds)))
+                t_iree.append(median_seconds(call_iree, max(1, repeat // rounds)))
+            ours_s, iree_s = sorted(t_ours)[rounds // 2], sorted(t_iree)[rounds // 2]
             rows.append({"model": label, "driver": ours, "iree_driver": theirs,
                          "tinyhal_ms": ours_s * 1e3, "iree_ms": iree_s * 1e3,
-                         "ratio": ours_s / iree_s})
+                         "ratio": ours_s / iree_s, "tinyhal_python_calls": calls,
+                         "iree_python_calls": iree_calls})
             module.close()
 
     # VM instructions per second on a pure-VM loop (no HAL calls at all).
@@ -156,12 +185,14 @@ def main() -> None:
               "note": "IREE's peak is its allocator's since process start (two runs here)"}
 
     path = write_results("vm_vs_iree", rows, {"vm_loop": vm, "mobilenet_peak_memory": memory})
-    print(f"{'model':28} {'driver':6} {'tinyhal':>11} {'IREE':>11} {'ratio':>7}")
+    print(f"{'model':28} {'driver':6} {'tinyhal':>11} {'IREE':>11} {'ratio':>7} "
+          f"{'py calls':>9} {'IREE py':>8}")
     for r in rows:
         fmt = (lambda ms: f"{ms * 1e3:8.1f} us") if r["iree_ms"] < 1 else (
             lambda ms: f"{ms:8.2f} ms")
         print(f"{r['model']:28} {r['driver']:6} {fmt(r['tinyhal_ms']):>11} "
-              f"{fmt(r['iree_ms']):>11} {r['ratio']:6.2f}x")
+              f"{fmt(r['iree_ms']):>11} {r['ratio']:6.2f}x {r['tinyhal_python_calls']:9d} "
+              f"{r['iree_python_calls']:8d}")
     print(f"VM loop: tinyhal {vm['tinyhal_instr_per_s'] / 1e6:.1f} M instr/s, "
           f"IREE {vm['iree_instr_per_s'] / 1e6:.1f} M instr/s "
           f"({per_iter} instructions per trip)")

@@ -129,6 +129,8 @@ class CommandBuffer:
         self.finalized = False
         self.submitted = False
         self.max_slot = -1
+        # The submit-time form (`hal.execution.Recording`), built by the first submit.
+        self.recording: Any = None
         self._recording_lock = threading.Lock()
 
     def __repr__(self) -> str:

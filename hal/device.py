@@ -60,7 +60,7 @@ from .allocator import Allocator
 from .buffer import Buffer
 from .command_buffer import CommandBuffer, as_buffer_ref
 from .executable import FORMATS, Executable
-from .execution import resolve_commands
+from .execution import Submission, resolve_commands
 from .profile import Profile
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import Fence, Semaphore, SemaphorePoint, normalize_points, when_all_reached
@@ -247,9 +247,7 @@ class Device:
         batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
         wait_points = normalize_points(wait, "wait")
         signal_points = normalize_points(signal, "signal")
-        ops: list[tuple] = []
-        for cb in batch_list:
-            ops.extend(resolve_commands(cb, binding_table, self.concurrency))
+        ops = resolve_commands(batch_list, binding_table, self.concurrency)
         if self.profile is not None:
             self.profile.record_submission("execute", wait_points, signal_points, batch_list)
         self._accept(wait_points, signal_points, (batch_list, binding_table, ops),
@@ -504,7 +502,7 @@ class Device:
 
     # -- the driver contract (see tinyhal.hal.drivers) --------------------------------
 
-    def _execute(self, ops: list[tuple], done: Completion) -> None:
+    def _execute(self, ops: Submission, done: Completion) -> None:
         """Runs a submission's resolved operations (its waits are reached) in order, then
         calls `done(error)` once."""
         raise UnimplementedError(f"driver {self.driver_name!r} cannot execute commands")

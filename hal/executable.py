@@ -237,7 +237,8 @@ _TEMPLATE_CACHE_SIZE = 256
 class _DispatchTemplate:
     """The submission-independent C state of a dispatch: copied, then patched, per run."""
 
-    __slots__ = ("executable", "export", "total", "state", "consts", "fn", "lmem")
+    __slots__ = ("executable", "export", "total", "state", "consts", "function", "environment",
+                 "local_memory_size")
 
     def __init__(self, executable: Executable, ordinal: int, workgroups: tuple[int, int, int],
                  constants: Any, max_concurrency: int) -> None:
@@ -255,15 +256,23 @@ class _DispatchTemplate:
         state.workgroup_count_x, state.workgroup_count_y, state.workgroup_count_z = x, y, z
         state.max_concurrency = max(1, min(255, max_concurrency))
         state.constants = self.consts
-        self.fn = executable._library.exports.ptrs[ordinal]
-        self.lmem = export.local_memory_size
+        self.function = executable._library.exports.ptrs[ordinal]
+        self.environment = executable._environment
+        self.local_memory_size = export.local_memory_size
 
 
 class PreparedDispatch:
-    """One dispatch's C-side state; `run` may be called by several threads at once."""
+    """One dispatch's C-side state; `run` may be called by several threads at once.
 
-    __slots__ = ("executable", "export", "total", "_template", "_keep", "_state", "_fn",
-                 "_cursor", "_abort", "_failed", "_lmem")
+    What a native stream reads is public: `function`, `environment`, `state` (the
+    `tinyhal_dispatch_state_t*`), `local_memory_size`, `total` (workgroups), and the
+    `binding_addresses` / `binding_lengths` arrays `state` points at, which a recorded
+    stream patches in place for each execution.
+    """
+
+    __slots__ = ("executable", "export", "total", "function", "environment", "state",
+                 "local_memory_size", "binding_addresses", "binding_lengths", "_template",
+                 "_cursor", "_abort", "_failed", "_control")
 
     def __init__(self, template: _DispatchTemplate, binding_ptrs: list[int],
                  binding_lengths: list[int]) -> None:
@@ -271,19 +280,19 @@ class PreparedDispatch:
         self.export = template.export
         self.total = template.total
         self._template = template  # keeps the constants alive
-        ptrs = ffi.new("uint64_t[]", binding_ptrs or [0])
-        lengths = ffi.new("size_t[]", binding_lengths or [0])
-        state = self._state = ffi.new("tinyhal_dispatch_state_t*", template.state[0])
+        self.binding_addresses = ffi.new("uint64_t[]", binding_ptrs or [0])
+        self.binding_lengths = ffi.new("size_t[]", binding_lengths or [0])
+        state = self.state = ffi.new("tinyhal_dispatch_state_t*", template.state[0])
         state.binding_count = len(binding_ptrs)
-        state.binding_ptrs = ffi.cast("void* const*", ptrs)
-        state.binding_lengths = lengths
-        control = ffi.new("uint64_t[3]")  # cursor, failed workgroup, abort flag
-        self._keep = (ptrs, lengths, control)
-        self._fn = template.fn
+        state.binding_ptrs = ffi.cast("void* const*", self.binding_addresses)
+        state.binding_lengths = self.binding_lengths
+        control = self._control = ffi.new("uint64_t[3]")  # cursor, failed workgroup, abort
+        self.function = template.function
+        self.environment = template.environment
+        self.local_memory_size = template.local_memory_size
         self._cursor = control
         self._failed = control + 1
         self._abort = ffi.cast("int*", control + 2)
-        self._lmem = template.lmem
 
     def run(self, processor_id: int = 0, tile: int = 0) -> int:
         """Runs workgroups until the grid is exhausted; returns the kernel status (0 = ok).
@@ -292,8 +301,9 @@ class PreparedDispatch:
         at a time (0 = the whole grid at once).
         """
         return lib.tinyhal_dispatch_workgroups(
-            self._fn, self.executable._environment, self._state, self._lmem, processor_id,
-            self._cursor, tile or self.total, self.total, self._abort, self._failed)
+            self.function, self.environment, self.state, self.local_memory_size,
+            processor_id, self._cursor, tile or self.total, self.total, self._abort,
+            self._failed)
 
     def raise_for_status(self, rc: int) -> None:
         if rc != 0:
@@ -303,9 +313,9 @@ class PreparedDispatch:
         """The error for kernel status `rc` in linear workgroup `failed_index`."""
         if rc == -12:
             return ResourceExhaustedError(
-                f"no memory for {self._lmem} bytes of workgroup local memory"
+                f"no memory for {self.local_memory_size} bytes of workgroup local memory"
             )
-        state = self._state
+        state = self.state
         cx, cy = state.workgroup_count_x, state.workgroup_count_y
         wid = (failed_index % cx, (failed_index // cx) % cy, failed_index // (cx * cy))
         message = (f"dispatch of {self.export.name!r} failed in workgroup {wid} "

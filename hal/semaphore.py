@@ -8,15 +8,13 @@ ever polls. `fail` records the first error; every current and future waiter sees
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-
-import outcome
-import trio
 
 from ..errors import (
     AbortedError,
@@ -25,6 +23,7 @@ from ..errors import (
     InvalidArgumentError,
     OutOfRangeError,
 )
+from ..scheduler.trio_bridge import await_callback
 
 MAX_VALUE = (1 << 64) - 1
 TimepointCallback = Callable[[Error | None], None]
@@ -155,39 +154,18 @@ class Semaphore:
                 self._blocked -= 1
 
     async def wait_async(self, value: int) -> None:
-        """Waits in a trio task without blocking the event loop; cancellation is safe."""
+        """Waits in a trio task without blocking the event loop; cancellation is safe
+        (it unregisters the timepoint). Raises the semaphore's failure."""
         _check_value(value, "wait value")
-        token = trio.lowlevel.current_trio_token()
-        task = trio.lowlevel.current_task()
-        state = {"done": False}
 
-        def on_reached(error: Error | None) -> None:
-            outcome_value = _outcome_for(error)
+        def subscribe(callback: Callable[..., None]) -> Callable[[], bool] | None:
+            tp = self.on_reached(value, callback)
+            if tp is None:
+                callback(self._failure)  # already reached, or failed
+                return None
+            return functools.partial(self.cancel_timepoint, tp)
 
-            def wake() -> None:
-                if not state["done"]:
-                    state["done"] = True
-                    trio.lowlevel.reschedule(task, outcome_value)
-
-            try:
-                token.run_sync_soon(wake)
-            except trio.RunFinishedError:
-                pass
-
-        tp = self.on_reached(value, on_reached)
-        if tp is None:
-            await trio.lowlevel.checkpoint()
-            self._raise_if_failed()
-            return
-
-        def abort(_: object) -> trio.lowlevel.Abort:
-            # Either the timepoint is still registered (unregister it) or its wake-up is
-            # already queued (void it): both ways the task is rescheduled exactly once.
-            self.cancel_timepoint(tp)
-            state["done"] = True
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        await await_callback(subscribe)
 
     def on_reached(self, value: int, callback: TimepointCallback) -> Timepoint | None:
         """Calls `callback(None)` when `value` is reached or `callback(error)` on failure.
@@ -235,10 +213,6 @@ class Semaphore:
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
             raise self._failure
-
-
-def _outcome_for(error: Error | None) -> outcome.Outcome:
-    return outcome.Value(None) if error is None else outcome.Error(error)
 
 
 def _check_value(value: int, what: str) -> None:

@@ -1,13 +1,19 @@
-"""Running a whole submission in C: its operations packed as one stream.
+"""Running a whole submission in C: its recordings resolved once into native streams.
 
-`Stream` turns a submission's resolved operations (dispatches, fills, copies, updates)
-into an array of `tinyhal_op_t` and runs it with `tinyhal_run_stream`: one participant
-leads through the operations in order, any others help by claiming workgroup tiles of the
-dispatch the leader has posted. Python runs once per participant per submission, never
-per operation, workgroup or barrier: a stream needs no barrier handling because the
-leader completes each operation, helpers included, before starting the next.
+A `NativeProgram` is a recording's operations as an array of `tinyhal_op_t` (dispatches,
+fills, copies, updates; barriers need nothing) plus one patch per buffer operand: where
+in C memory the operand's address (and length) goes, and which slot it comes from. It
+is built once per recording and kept in the recording's pool; every execution takes one
+from the pool, and `tinyhal_stream_bind` writes the submission's slot addresses through
+the patches, rewinds the cursors and sizes the tiles, in one C call. This is the replay
+of a reusable command buffer (IREE's `queue.execute.indirect` with a binding table):
+nothing of the command buffer is resolved again, only the binding addresses change.
 
-Packing happens when the submission starts (its waits are met), so transient buffers
+`tinyhal_run_stream` then runs it: one participant leads through the operations in
+order, any others help by claiming workgroup tiles of the dispatch the leader has posted.
+Python runs once per participant per submission, never per operation or workgroup.
+
+Binding happens when the submission starts (its waits are met), so transient buffers
 from `queue_alloca` already have their memory.
 """
 
@@ -15,84 +21,205 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import Error, InternalError, ResourceExhaustedError
-from .execution import BARRIER, COPY, DISPATCH, FILL, UPDATE
+from ..errors import Error, FailedPreconditionError, InternalError, ResourceExhaustedError
+from .command_buffer import (
+    BarrierCommand,
+    CopyCommand,
+    DispatchCommand,
+    FillCommand,
+    UpdateCommand,
+)
+from .executable import PreparedDispatch
+from .execution import Range, Recording, Submission
 from .native import ffi, lib
 
 TILES_PER_PARTICIPANT = 32  # small tiles limit what a descheduled worker holds back
+POOL_SIZE = 4  # native programs kept per recording for executions in flight at once
+_WHOLE_SLOT = 0xFFFFFFFFFFFFFFFF
+
+
+class NativeProgram:
+    """One or more recordings' operations in C memory, with their binding patches.
+
+    `slot_bases[k]` is where the k-th recording's slots start in the slot list a bind
+    receives (one recording: 0).
+    """
+
+    __slots__ = ("ops", "count", "state", "patches", "patch_count", "dispatches",
+                 "local_memory_size", "_keep")
+
+    def __init__(self, recordings: list[Recording]) -> None:
+        ops_needed = sum(_op_count(r) for r in recordings)
+        ops = ffi.new("tinyhal_op_t[]", max(1, ops_needed))
+        sites: list[tuple[int, int, int, Any, Any]] = []
+        keep: list[Any] = []
+        dispatches: dict[int, PreparedDispatch] = {}
+        lmem = 0
+        i = 0
+        base = 0
+        for recording in recordings:
+            def slot(ref: Any, recording: Recording = recording, base: int = base) -> int:
+                return base + recording.slot_of(ref)
+
+            for index, cmd in enumerate(recording.commands):
+                if type(cmd) is DispatchCommand:
+                    x, y, z = cmd.workgroups
+                    if not (x and y and z):
+                        continue
+                    count = len(cmd.bindings)
+                    prepared = cmd.executable.prepare_dispatch(
+                        cmd.ordinal, cmd.workgroups, cmd.constants, [0] * count, [0] * count,
+                        recording.max_concurrency)
+                    dispatches[i] = prepared
+                    c = ops[i]
+                    c.kind = lib.TINYHAL_OP_DISPATCH
+                    c.length = prepared.total
+                    c.fn = prepared.function
+                    c.environment = prepared.environment
+                    c.state = prepared.state
+                    c.local_memory_size = prepared.local_memory_size
+                    lmem = max(lmem, prepared.local_memory_size)
+                    for j, ref in enumerate(cmd.bindings):
+                        sites.append((slot(ref), ref.offset, ref.length,
+                                      prepared.binding_addresses + j,
+                                      prepared.binding_lengths + j))
+                elif type(cmd) is FillCommand:
+                    pattern = recording.patterns[index]
+                    c = ops[i]
+                    c.kind = lib.TINYHAL_OP_FILL
+                    c.pattern = int(pattern)
+                    c.pattern_length = pattern.dtype.itemsize
+                    ref = cmd.target
+                    sites.append((slot(ref), ref.offset, ref.length,
+                                  ffi.addressof(c, "dst"), ffi.addressof(c, "length")))
+                elif type(cmd) is UpdateCommand:
+                    data = ffi.from_buffer(cmd.source)
+                    keep.append(data)
+                    c = ops[i]
+                    c.kind = lib.TINYHAL_OP_COPY
+                    c.src = data
+                    c.length = len(cmd.source)
+                    ref = cmd.target
+                    sites.append((slot(ref), ref.offset, ref.length,
+                                  ffi.addressof(c, "dst"), ffi.NULL))
+                elif type(cmd) is CopyCommand:
+                    c = ops[i]
+                    c.kind = lib.TINYHAL_OP_COPY
+                    src, dst = cmd.source, cmd.target
+                    sites.append((slot(src), src.offset, src.length,
+                                  ffi.addressof(c, "src"), ffi.addressof(c, "length")))
+                    sites.append((slot(dst), dst.offset, dst.length,
+                                  ffi.addressof(c, "dst"), ffi.NULL))
+                else:
+                    continue
+                i += 1
+            base += recording.table_slots + len(recording.direct)
+        patches = ffi.new("tinyhal_patch_t[]", max(1, len(sites)))
+        for p, (slot_index, offset, size, address, length) in zip(patches, sites):
+            p.slot = slot_index
+            p.offset = offset
+            p.size = _WHOLE_SLOT if size < 0 else size
+            p.address = address
+            p.length = length
+        self.ops = ops
+        self.count = i
+        self.state = ffi.new("tinyhal_stream_t*")
+        self.patches = patches
+        self.patch_count = len(sites)
+        self.dispatches = dispatches
+        self.local_memory_size = lmem
+        self._keep = keep  # never the recording: a cycle would outlive its buffers
+
+    def error(self, rc: int) -> Error:
+        """The error for a failed run (status `rc`)."""
+        if rc == -12:
+            return ResourceExhaustedError(
+                f"no memory for {self.local_memory_size} bytes of workgroup local memory"
+            )
+        state = self.state
+        prepared = self.dispatches.get(state.failed_op)
+        if prepared is None:
+            return InternalError(f"stream failed with status {rc}")
+        return prepared.error_for(rc, state.failed_workgroup)
+
+
+def _op_count(recording: Recording) -> int:
+    n = 0
+    for cmd in recording.commands:
+        if type(cmd) is DispatchCommand:
+            x, y, z = cmd.workgroups
+            n += bool(x and y and z)
+        elif type(cmd) is not BarrierCommand:
+            n += 1
+    return n
 
 
 class Stream:
-    """One submission's operations in C memory, ready for `participants` threads."""
+    """One execution of a submission in C, ready for `participants` threads.
 
-    __slots__ = ("_ops", "_count", "_state", "_keep", "_dispatches", "_lmem")
+    Built when the submission starts: takes a native program from the recording's pool
+    (building one only when all are in flight) and binds the submission's buffers.
+    """
 
-    def __init__(self, operations: list[tuple], participants: int = 1) -> None:
-        packed = [op for op in operations if op[0] != BARRIER]
-        ops = ffi.new("tinyhal_op_t[]", max(1, len(packed)))
-        keep: list[Any] = []
-        dispatches: dict[int, Any] = {}
-        lmem = 0
-        for i, op in enumerate(packed):
-            kind, c = op[0], ops[i]
-            if kind == DISPATCH:
-                prepared = op[1]
-                prepared = getattr(prepared, "prepare", lambda p=prepared: p)()
-                dispatches[i] = prepared
-                c.kind = lib.TINYHAL_OP_DISPATCH
-                c.length = prepared.total
-                c.tile = max(1, prepared.total // (participants * TILES_PER_PARTICIPANT))
-                c.fn = prepared._fn
-                c.environment = prepared.executable._environment
-                c.state = prepared._state
-                c.local_memory_size = prepared._lmem
-                lmem = max(lmem, prepared._lmem)
-            elif kind == FILL:
-                buffer, offset, length = op[1]
-                c.kind = lib.TINYHAL_OP_FILL
-                c.dst = ffi.cast("void*", buffer.address + offset)
-                c.length = length
-                c.pattern = int(op[2])
-                c.pattern_length = op[2].dtype.itemsize
-            else:
-                if kind == COPY:
-                    source, offset, length = op[1]
-                    c.src = ffi.cast("void*", source.address + offset)
-                    keep.append(source)
-                    target = op[2]
-                elif kind == UPDATE:
-                    data = ffi.from_buffer(op[2])
-                    keep.append(data)
-                    c.src = data
-                    target, length = op[1], len(op[2])
-                else:  # pragma: no cover - resolve_commands emits no other kinds
-                    raise InternalError(f"unknown operation kind {kind}")
-                buffer, offset, _ = target
-                c.kind = lib.TINYHAL_OP_COPY
-                c.dst = ffi.cast("void*", buffer.address + offset)
-                c.length = length
-        self._ops = ops
-        self._count = len(packed)
-        self._state = ffi.new("tinyhal_stream_t*")
-        self._keep = (keep, operations)
-        self._dispatches = dispatches
-        self._lmem = lmem
+    __slots__ = ("_program", "_pool", "_entries")
+
+    def __init__(self, submission: Submission, participants: int = 1) -> None:
+        parts = submission.parts
+        if len(parts) == 1:
+            recording, entries = parts[0]
+            pool = recording.streams
+            try:
+                program = pool.pop()
+            except IndexError:
+                program = NativeProgram([recording])
+            self._pool = pool
+        else:
+            entries = [e for _r, part in parts for e in part]
+            program = NativeProgram([r for r, _e in parts])
+            self._pool = None
+        self._program = program
+        self._entries = entries  # the buffers stay alive while the stream may run
+        addresses = []
+        lengths = []
+        for index, (buffer, offset, length) in enumerate(entries):
+            storage_address = buffer.storage.address
+            if not storage_address and _slot_used(parts, index):
+                _check_has_memory(buffer)
+            addresses.append(storage_address + buffer.byte_offset + offset)
+            lengths.append(length)
+        lib.tinyhal_stream_bind(program.ops, program.count, program.state, program.patches,
+                                program.patch_count, addresses, lengths, participants,
+                                TILES_PER_PARTICIPANT)
 
     def run(self, processor_id: int = 0) -> None:
         """Participates in the stream: the first caller leads, later ones help.
 
         Returns when this participant is done; the leader raises the stream's error.
         """
-        rc = lib.tinyhal_run_stream(self._ops, self._count, self._state, processor_id,
-                                    self._lmem)
+        program = self._program
+        rc = lib.tinyhal_run_stream(program.ops, program.count, program.state, processor_id,
+                                    program.local_memory_size)
         if rc:
-            raise self._error(rc)
+            raise program.error(rc)
 
-    def _error(self, rc: int) -> Error:
-        state = self._state
-        prepared = self._dispatches.get(state.failed_op)
-        if rc == -12 or prepared is None:
-            return ResourceExhaustedError(
-                f"no memory for {self._lmem} bytes of workgroup local memory"
-            ) if rc == -12 else InternalError(f"stream failed with status {rc}")
-        return prepared.error_for(rc, state.failed_workgroup)
+    def __del__(self) -> None:
+        pool = self._pool
+        if pool is not None and len(pool) < POOL_SIZE:
+            pool.append(self._program)
+
+
+def _slot_used(parts: list[tuple[Recording, list[Range]]], index: int) -> bool:
+    for recording, entries in parts:
+        if index < len(entries):
+            return index >= recording.table_slots or bool(recording.slot_usage[index])
+        index -= len(entries)
+    return False
+
+
+def _check_has_memory(buffer: Any) -> None:
+    buffer.check_live()
+    if not buffer.storage.address:
+        raise FailedPreconditionError(f"{buffer!r} has no memory: its queue_alloca has not run")
+
+
+__all__ = ["NativeProgram", "Stream", "Range", "TILES_PER_PARTICIPANT"]

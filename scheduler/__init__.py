@@ -1,7 +1,8 @@
 """tinyhal.scheduler: a generic task system.
 
 A worker pool (`Executor`), task-graph nodes gated by suspend counts (`Task`, `CallTask`,
-`NopTask`, `TiledTask`) and a trio bridge (`await_callback`). It knows nothing of
+`NopTask`, `CooperativeTask`) and a trio bridge (`await_callback`, which the HAL's
+semaphores wait through). It knows nothing of
 buffers, semaphores, devices or modules; HAL drivers build on it.
 """
 
@@ -14,7 +15,6 @@ from .executor import (
     ExecutorStatistics,
     NopTask,
     Task,
-    TiledTask,
     current_worker_index,
     default_worker_count,
 )
@@ -27,7 +27,6 @@ __all__ = [
     "ExecutorStatistics",
     "NopTask",
     "Task",
-    "TiledTask",
     "await_callback",
     "await_task",
     "current_worker_index",

@@ -18,10 +18,6 @@ Kinds of task:
 - `CooperativeTask(fn)` calls `fn(worker_index)` on several workers at once, each call
   claiming work from a pool it shares with the others (e.g. a C workgroup loop with an
   atomic cursor) and returning when the pool is empty.
-- `TiledTask(count, fn)` splits `[0, count)` into tiles of `grain` items; several workers
-  claim tiles from one shared counter and call `fn(begin, end, worker_index)` per tile,
-  like compute units of a GPU pulling workgroups. The task completes when the last tile
-  finishes, on whichever worker finished it.
 
 Unlike `concurrent.futures`, nothing here blocks a worker on another task: joins are
 graph edges, so a pool of N workers never deadlocks waiting on itself.
@@ -57,7 +53,6 @@ __all__ = [
     "Task",
     "CallTask",
     "NopTask",
-    "TiledTask",
     "CooperativeTask",
     "default_worker_count",
     "current_worker_index",
@@ -374,64 +369,6 @@ class CooperativeTask(Task):
                 self.fn = None  # no call can start any more: drop what it captured
                 return True
             return False
-
-
-class TiledTask(CooperativeTask):
-    """Spreads `fn(begin, end, worker_index)` over tiles of `[0, count)`.
-
-    `grain` items per tile (default: about four tiles per worker); at most
-    `max_concurrency` workers (default: all) claim tiles at once from one shared counter.
-    Python runs once per tile, never per item: `fn` is expected to hand its range to a C
-    loop. After a failing tile the remaining tiles are skipped.
-    """
-
-    __slots__ = ("tile_fn", "count", "grain", "_ntiles", "_claim")
-
-    def __init__(
-        self,
-        executor: Executor,
-        count: int,
-        fn: Callable[[int, int, int | None], Any],
-        *,
-        grain: int | None = None,
-        max_concurrency: int | None = None,
-        name: str = "tiled",
-    ) -> None:
-        super().__init__(executor, fn, max_concurrency=max_concurrency, name=name)
-        count = int(count)
-        if count < 0:
-            raise InvalidArgumentError(f"tiled task {name!r}: count {count} < 0")
-        if grain is None:
-            grain = max(1, -(-count // (executor.worker_count * 4)))
-        grain = int(grain)
-        if grain < 1:
-            raise InvalidArgumentError(f"tiled task {name!r}: grain {grain} < 1")
-        self.tile_fn = fn
-        self.count = count
-        self.grain = grain
-        self._ntiles = -(-count // grain)
-        self._claim = itertools.count()  # next() is atomic under the GIL
-
-    @property
-    def tile_count(self) -> int:
-        return self._ntiles
-
-    def _share_count(self) -> int:
-        return max(1, min(super()._share_count(), self._ntiles))
-
-    def _share(self, worker_index: int | None) -> None:
-        n = self._ntiles
-        claim = self._claim
-        grain = self.grain
-        count = self.count
-        fn = self.tile_fn
-        while self._error is None:
-            i = next(claim)
-            if i >= n:
-                return
-            begin = i * grain
-            end = begin + grain
-            fn(begin, end if end < count else count, worker_index)
 
 
 def _run_ready(task: Task, *, _finish_only: bool = False) -> None:

@@ -13,9 +13,10 @@ write their own the same way and pass them to `tinyhal.load(path, modules=[...])
 
 from __future__ import annotations
 
+from .cconv import parse_cconv
 from .context import Context, ModuleInstance, VMFunction, drive_blocking
 from .hal_module import create_hal_module
-from .loader import BytecodeModule, load_module, parse_cconv
+from .loader import BytecodeModule, load_module
 from .native import NativeFunction, NativeModule, Suspend
 from .ops import F32SNaN
 from .types import VMBuffer, VMList

@@ -331,6 +331,10 @@ class Module:
 
     # -- invocation -------------------------------------------------------------------
 
+    def lookup(self, name: str) -> tuple[FunctionInfo, Any]:
+        """The export `name`'s signature and VM function (NOT_FOUND names the exports)."""
+        return self._lookup(name)
+
     def _lookup(self, name: str) -> tuple[FunctionInfo, Any]:
         info = self.functions.get(name)
         if info is None:

@@ -26,7 +26,7 @@ from types import GeneratorType
 
 from ..errors import InvalidArgumentError, OutOfRangeError
 from . import isa, ops
-from .loader import cconv_registers
+from .cconv import cconv_registers
 from .native import Suspend
 
 M32 = "4294967295"

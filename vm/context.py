@@ -30,7 +30,8 @@ from ..errors import (
     ResourceExhaustedError,
 )
 from . import codegen, ops
-from .loader import BytecodeModule, CConv, parse_cconv
+from .cconv import CConv, parse_cconv
+from .loader import BytecodeModule
 from .native import NativeFunction, NativeModule, Suspend
 
 

@@ -248,27 +248,15 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
 
     @export("buffer.assert", "0rrrIii_v")
     def buffer_assert(buffer, message, allocator, minimum_length, memory_types, usage):
-        buffer = _check(buffer, Buffer, "hal.buffer")
-        label = vm_buffer_string(message)
-        if buffer.byte_length < minimum_length:
-            raise InvalidArgumentError(
-                f"{label} buffer byte length {buffer.byte_length} less than expected "
-                f"minimum {minimum_length}"
-            )
-        required = memory_types & _U32
-        if buffer.memory_type_bits & required != required:
-            raise PermissionDeniedError(
-                f"{label} buffer memory type is not compatible; buffer has "
-                f"{buffer.memory_type_bits:08X}, operation requires {required:08X}"
-            )
-        required = usage & _U32
-        if buffer.usage_bits & required != required:
-            raise PermissionDeniedError(
-                f"{label} requested usage was not specified when the buffer was "
-                f"allocated; buffer allows {buffer.usage_bits:08X}, operation "
-                f"requires {required:08X}"
-            )
-        _check(allocator, Allocator, "hal.allocator")
+        if type(buffer) is not Buffer:
+            buffer = _check(buffer, Buffer, "hal.buffer")
+        types, bits = memory_types & _U32, usage & _U32
+        if (buffer.byte_length < minimum_length or buffer.memory_type_bits & types != types
+                or buffer.usage_bits & bits != bits):
+            _buffer_assert_failure(buffer, vm_buffer_string(message), minimum_length,
+                                   types, bits)
+        if type(allocator) is not Allocator:
+            _check(allocator, Allocator, "hal.allocator")
 
     @export("buffer.allocation.preserve", "0r_v")
     def buffer_allocation_preserve(buffer):
@@ -339,37 +327,17 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
 
     @export("buffer_view.assert", "0rriiCID_v")
     def buffer_view_assert(view, message, element_type, encoding_type, shape):
-        view = _check(view, BufferView, "hal.buffer_view")
-        label = vm_buffer_string(message)
-        expected_encoding = encoding_type & _U32
-        if view.encoding_type != 0 and view.encoding_type != expected_encoding:
-            raise InvalidArgumentError(
-                f"{label} encoding mismatch; expected {expected_encoding:08X} but have "
-                f"{view.encoding_type:08X}"
-            )
-        expected_type = element_type & _U32
-        if not _element_types_compatible(view.element_type, expected_type):
-            raise InvalidArgumentError(
-                f"{label} element type mismatch; expected {format_element_type(expected_type)}"
-                f" ({expected_type:08X}) but have {format_element_type(view.element_type)} "
-                f"({view.element_type:08X})"
-            )
-        expected_shape = tuple(d for (d,) in shape)
+        if type(view) is not BufferView:
+            view = _check(view, BufferView, "hal.buffer_view")
         actual = view.shape
-        if len(actual) != len(expected_shape):
-            raise InvalidArgumentError(
-                f"{label} shape rank mismatch; expected {len(expected_shape)}"
-                f"{' (scalar)' if not expected_shape else ''} but have {len(actual)}"
-                f"{' (scalar)' if not actual else ''}; expected shape "
-                f"`{_shape_str(expected_shape)}`, actual shape `{_shape_str(actual)}`"
-            )
-        for i, (have, want) in enumerate(zip(actual, expected_shape)):
-            if have != want:
-                raise InvalidArgumentError(
-                    f"{label} shape dimension {i} mismatch; expected {want} but have "
-                    f"{have}; expected shape `{_shape_str(expected_shape)}`, actual shape "
-                    f"`{_shape_str(actual)}`"
-                )
+        expected_type = element_type & _U32
+        if ((view.encoding_type and view.encoding_type != encoding_type & _U32)
+                or (view.element_type != expected_type
+                    and not _element_types_compatible(view.element_type, expected_type))
+                or len(actual) != len(shape)
+                or [want for (want,) in shape] != list(actual)):
+            _buffer_view_assert_failure(view, vm_buffer_string(message), expected_type,
+                                        encoding_type & _U32, tuple(d for (d,) in shape))
 
     @export("buffer_view.buffer", "0r_r")
     def buffer_view_buffer(view):
@@ -770,6 +738,57 @@ _EMPTY_BUFFER = Buffer(
 
 
 # -- element types -----------------------------------------------------------------------
+
+
+def _buffer_assert_failure(buffer: Buffer, label: str, minimum_length: int,
+                           required_types: int, required_usage: int) -> None:
+    """Raises IREE's error for a failed `buffer.assert` (built only when it fails)."""
+    if buffer.byte_length < minimum_length:
+        raise InvalidArgumentError(
+            f"{label} buffer byte length {buffer.byte_length} less than expected "
+            f"minimum {minimum_length}"
+        )
+    if buffer.memory_type_bits & required_types != required_types:
+        raise PermissionDeniedError(
+            f"{label} buffer memory type is not compatible; buffer has "
+            f"{buffer.memory_type_bits:08X}, operation requires {required_types:08X}"
+        )
+    raise PermissionDeniedError(
+        f"{label} requested usage was not specified when the buffer was "
+        f"allocated; buffer allows {buffer.usage_bits:08X}, operation "
+        f"requires {required_usage:08X}"
+    )
+
+
+def _buffer_view_assert_failure(view: BufferView, label: str, expected_type: int,
+                                expected_encoding: int, expected_shape: tuple) -> None:
+    """Raises IREE's error for a failed `buffer_view.assert` (built only when it fails)."""
+    if view.encoding_type != 0 and view.encoding_type != expected_encoding:
+        raise InvalidArgumentError(
+            f"{label} encoding mismatch; expected {expected_encoding:08X} but have "
+            f"{view.encoding_type:08X}"
+        )
+    if not _element_types_compatible(view.element_type, expected_type):
+        raise InvalidArgumentError(
+            f"{label} element type mismatch; expected {format_element_type(expected_type)}"
+            f" ({expected_type:08X}) but have {format_element_type(view.element_type)} "
+            f"({view.element_type:08X})"
+        )
+    actual = view.shape
+    if len(actual) != len(expected_shape):
+        raise InvalidArgumentError(
+            f"{label} shape rank mismatch; expected {len(expected_shape)}"
+            f"{' (scalar)' if not expected_shape else ''} but have {len(actual)}"
+            f"{' (scalar)' if not actual else ''}; expected shape "
+            f"`{_shape_str(expected_shape)}`, actual shape `{_shape_str(actual)}`"
+        )
+    for i, (have, want) in enumerate(zip(actual, expected_shape)):
+        if have != want:
+            raise InvalidArgumentError(
+                f"{label} shape dimension {i} mismatch; expected {want} but have "
+                f"{have}; expected shape `{_shape_str(expected_shape)}`, actual shape "
+                f"`{_shape_str(actual)}`"
+            )
 
 
 def _is_integer(element_type: int) -> bool:

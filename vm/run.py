@@ -61,7 +61,6 @@ import numpy as np
 from ..errors import (
     Error,
     InvalidArgumentError,
-    NotFoundError,
     OutOfRangeError,
     UnimplementedError,
 )
@@ -596,11 +595,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                     "specified explicitly" if names else "no exported functions in the module"
                 )
             name = names[0]
-        info = module.functions.get(name)
-        if info is None:
-            raise NotFoundError(
-                f"module {module.name!r} has no function {name!r}; functions: "
-                f"{', '.join(module.functions) or '(none)'}")
+        info, vmf = module.lookup(name)
         values: list[Any] = []
         for text in args.input:
             spec = info.inputs[len(values)] if len(values) < len(info.inputs) else None
@@ -617,7 +612,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         stdout.flush()
         arguments = [_as_argument(module.device, v) for v in values]
         results = module.invoke_raw(name, *arguments)
-        cconvs = module.bytecode.exports[name].cconv.results
+        cconvs = vmf.cconv.results
         if args.expected_output is not None:
             expected: list[Any] = []
             for text in args.expected_output:

@@ -13,6 +13,7 @@ from ..errors import (
     OutOfRangeError,
     ResourceExhaustedError,
 )
+from .numbers import round_f32
 
 # Largest single allocation the VM will make for guest code (vm.buffer.alloc, lists).
 MAX_ALLOCATION_BYTES = 1 << 36
@@ -88,8 +89,6 @@ def convert_value(value, source: str, target: str):
     if source == "f32" and target == "f64":
         return float(value)
     if source == "f64" and target == "f32":
-        from .ops import round_f32
-
         return round_f32(value)
     return 0.0 if target in ("f32", "f64") else 0
 

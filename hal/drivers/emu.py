@@ -35,11 +35,10 @@ from ...errors import (
 from ..allocator import Allocator, Heap
 from ..buffer import Buffer
 from ..device import Completion, Device, run_capturing
-from ..execution import BARRIER, COPY, DISPATCH, FILL, UPDATE, run_transfer
+from ..execution import Barrier, Dispatch, Operation, Submission, run_transfer
 from ..types import BufferUsage, MemoryAccess, MemoryType
 
 _ALL_USAGE = BufferUsage(0x1FFFFFFF)
-_KIND_NAMES = {FILL: "fill", UPDATE: "update", COPY: "copy", DISPATCH: "dispatch"}
 
 
 @dataclass(frozen=True)
@@ -141,8 +140,8 @@ class EmuDevice(Device):
 
     # -- driver contract ----------------------------------------------------------------
 
-    def _execute(self, ops: list[tuple], done: Completion) -> None:
-        self._queue.put((lambda: self._run_commands(ops), done))
+    def _execute(self, ops: Submission, done: Completion) -> None:
+        self._queue.put((lambda: self._run_commands(ops.operations()), done))
 
     def _call(self, work: Callable[[], None], done: Completion) -> None:
         self._queue.put((work, done))
@@ -164,30 +163,28 @@ class EmuDevice(Device):
             work = None
             done(error)
 
-    def _run_commands(self, ops: list[tuple]) -> None:
+    def _run_commands(self, ops: list[Operation]) -> None:
         """Runs a submission's operations, advancing the engines' simulated clocks."""
         with self._lock:
             segment_start = self.clock_ns
         for op in ops:
-            kind = op[0]
-            if kind == BARRIER:
+            if type(op) is Barrier:
                 with self._lock:
                     segment_start = max(self._engine_free.values())
                 continue
-            self._check_fault(_KIND_NAMES[kind])
-            if kind == DISPATCH:
-                prepared = op[1]
+            self._check_fault(op.name)
+            if type(op) is Dispatch:
+                prepared = op.prepared
                 prepared.raise_for_status(prepared.run())
                 engine, size = "compute", prepared.total
-                name = getattr(getattr(prepared, "export", None), "name", "dispatch")
+                name = prepared.export.name
                 cost = self.launch_latency_ns + int(
                     size * self.workgroup_time_ns / self.compute_units)
             else:
                 if not _device_visible(op):
                     raise FailedPreconditionError("transfer touches memory the device cannot see")
                 run_transfer(op)
-                engine, name = "dma", _KIND_NAMES[kind]
-                size = len(op[2]) if kind == UPDATE else op[1][2]
+                engine, name, size = "dma", op.name, op.target.length
                 cost = self.dma_latency_ns + int(size * 1e9 / self.dma_bandwidth)
             with self._lock:
                 start = max(segment_start, self._engine_free[engine])
@@ -208,12 +205,12 @@ class EmuDevice(Device):
                     fault[1] -= 1
 
 
-def _device_visible(op: tuple) -> bool:
-    for part in op[1:]:
-        if isinstance(part, tuple) and part and isinstance(part[0], Buffer):
-            if not part[0].memory_type_bits & MemoryType.DEVICE_VISIBLE:
-                return False
+def _device_visible(op: Operation) -> bool:
+    ranges = (op.source, op.target) if hasattr(op, "source") else (op.target,)
+    for r in ranges:
+        if not r.buffer.memory_type_bits & MemoryType.DEVICE_VISIBLE:
+            return False
     return True
 
 
-__all__ = ["EmuDevice", "EmuAllocator", "TraceEvent", "COPY"]
+__all__ = ["EmuDevice", "EmuAllocator", "TraceEvent"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..device import Completion, Device, run_capturing
+from ..execution import Submission
 from ..stream import Stream
 
 
@@ -20,7 +21,7 @@ class SyncDevice(Device):
 
     # -- driver contract --------------------------------------------------------------
 
-    def _execute(self, ops: list[tuple], done: Completion) -> None:
+    def _execute(self, ops: Submission, done: Completion) -> None:
         done(run_capturing(Stream(ops).run))
 
     def _call(self, work: Callable[[], None], done: Completion) -> None:

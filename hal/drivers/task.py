@@ -28,19 +28,10 @@ from typing import Any
 from ...errors import InvalidArgumentError
 from ...scheduler import CallTask, CooperativeTask, Executor
 from ..device import Completion, Device, run_capturing
-from ..execution import COPY, DISPATCH, FILL, UPDATE
+from ..execution import Submission
 from ..stream import Stream
 
 DEFAULT_INLINE_BYTES = 64 << 10
-
-
-def _transfer_bytes(op: tuple) -> int:
-    kind = op[0]
-    if kind == FILL or kind == UPDATE:
-        return op[1][2]
-    if kind == COPY:
-        return op[2][2]
-    return 0
 
 
 class TaskDevice(Device):
@@ -71,11 +62,9 @@ class TaskDevice(Device):
 
     # -- driver contract --------------------------------------------------------------
 
-    def _execute(self, ops: list[tuple], done: Completion) -> None:
+    def _execute(self, ops: Submission, done: Completion) -> None:
         ex = self.executor
-        dispatches = [op[1] for op in ops if op[0] == DISPATCH]
-        if (all(d.total == 1 for d in dispatches)
-                and sum(map(_transfer_bytes, ops)) <= self.inline_bytes):
+        if ops.single_workgroup and ops.transfer_bytes() <= self.inline_bytes:
             # Tiny: nothing to spread over workers, so no worker is woken for it; it
             # runs on whichever thread readies it (usually the submitting one).
             done(run_capturing(Stream(ops).run))

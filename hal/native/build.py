@@ -37,6 +37,9 @@ int tinyhal_dispatch_workgroups(tinyhal_dispatch_fn_t fn,
 tinyhal_import_thunk_t tinyhal_import_thunk(void);
 int tinyhal_run_stream(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
     uint32_t processor_id, uint32_t local_memory_size);
+void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
+    const tinyhal_patch_t* patches, uint32_t patch_count, const uint64_t* slot_addresses,
+    const uint64_t* slot_lengths, uint32_t participants, uint32_t tiles_per_participant);
 """
 
 

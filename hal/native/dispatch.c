@@ -317,3 +317,30 @@ int tinyhal_run_stream(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stre
   tinyhal_participant_leave(&participant);
   return rc;
 }
+
+/* Readies a recorded stream for one execution: writes each binding's address and length
+ * where its patch points, rewinds every operation's cursor, sizes dispatch tiles for
+ * `participants`, and clears the shared run state. */
+void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
+                         const tinyhal_patch_t* patches, uint32_t patch_count,
+                         const uint64_t* slot_addresses, const uint64_t* slot_lengths,
+                         uint32_t participants, uint32_t tiles_per_participant) {
+  for (uint32_t i = 0; i < patch_count; ++i) {
+    const tinyhal_patch_t* p = &patches[i];
+    uint64_t address = slot_addresses[p->slot] + p->offset;
+    memcpy(p->address, &address, sizeof(address));
+    if (p->length) {
+      uint64_t size = p->size == TINYHAL_WHOLE_SLOT ? slot_lengths[p->slot] - p->offset : p->size;
+      memcpy(p->length, &size, sizeof(size));
+    }
+  }
+  uint64_t share = (uint64_t)(participants ? participants : 1) * tiles_per_participant;
+  for (uint32_t i = 0; i < count; ++i) {
+    ops[i].cursor = 0;
+    if (ops[i].kind == TINYHAL_OP_DISPATCH) {
+      uint64_t tile = share ? ops[i].length / share : ops[i].length;
+      ops[i].tile = tile ? tile : 1;
+    }
+  }
+  memset(stream, 0, sizeof(*stream));
+}

@@ -47,4 +47,17 @@ typedef struct tinyhal_stream_t {
   tinyhal_op_t* current;
 } tinyhal_stream_t;
 
+/* Where one binding of a recorded stream goes: on each execution the 8-byte word at
+ * `address` receives the slot's address plus `offset`, and (if `length` is not NULL) the
+ * word at `length` receives `size`, or the rest of the slot after `offset` when `size`
+ * is TINYHAL_WHOLE_SLOT. Slots index the `slot_addresses`/`slot_lengths` of one execution. */
+#define TINYHAL_WHOLE_SLOT UINT64_MAX
+typedef struct tinyhal_patch_t {
+  uint64_t slot;
+  uint64_t offset;
+  uint64_t size;
+  void* address;
+  void* length;
+} tinyhal_patch_t;
+
 #endif /* TINYHAL_STREAM_H_ */

@@ -18,7 +18,6 @@ from tinyhal.scheduler import (
     CooperativeTask,
     Executor,
     NopTask,
-    TiledTask,
     current_worker_index,
 )
 
@@ -181,50 +180,6 @@ def test_long_chain_of_inline_nodes_does_not_recurse(ex):
     ex.submit(*nodes)
     ex.submit(head)
     assert prev.wait(WAIT) is None
-
-
-def test_tiled_task_covers_every_item_once_across_workers(ex):
-    count = 1000
-    hits = bytearray(count)
-    workers = set()
-    barrier = threading.Barrier(2, timeout=WAIT)
-    first = {}
-
-    def tile(begin, end, worker):
-        workers.add(worker)
-        if worker not in first:  # both workers must be inside the task at once
-            first[worker] = True
-            barrier.wait()
-        for i in range(begin, end):
-            hits[i] += 1
-
-    t = TiledTask(ex, count, tile, grain=10)
-    assert t.tile_count == 100
-    ex.submit(t)
-    assert t.wait(WAIT) is None
-    assert all(h == 1 for h in hits)
-    assert workers == {0, 1}
-
-
-def test_tiled_task_error_skips_the_rest(ex):
-    calls = []
-
-    def tile(begin, end, worker):
-        calls.append(begin)
-        raise RuntimeError("tile broke")
-
-    t = TiledTask(ex, 100, tile, grain=1, max_concurrency=1)
-    after = NopTask(ex).depends_on(t)
-    ex.submit(t, after)
-    err = after.wait(WAIT)
-    assert err is not None and "tile broke" in str(err)
-    assert len(calls) == 1
-
-
-def test_tiled_task_with_nothing_to_do(ex):
-    t = TiledTask(ex, 0, lambda b, e, w: None)
-    ex.submit(t)
-    assert t.wait(WAIT) is None
 
 
 def test_cooperative_task_shares_a_cursor(ex):

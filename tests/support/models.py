@@ -156,3 +156,62 @@ def small_cnn_onnx(seed: int = 0) -> bytes:
 
 def small_cnn_vmfb(seed: int = 0) -> Path:
     return compile_mlir(import_onnx(small_cnn_onnx(seed)), HOST_FLAGS)
+
+
+def ds_cnn_kws_onnx(seed: int = 0, keywords: int = 12) -> bytes:
+    """The keyword-spotting DS-CNN (small) that TFLM benchmarks: 1x1x49x10 MFCC in.
+
+    A 10x4 stride-2 conv to 64 channels, four depthwise-separable blocks (3x3 depthwise,
+    1x1 pointwise, each followed by ReLU; batch-norm folded into biases), global average
+    pooling and a linear layer to `keywords` logits.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+
+    def conv(x: str, tag: str, cin: int, cout: int, kernel: tuple[int, int],
+             strides: tuple[int, int], pads: list[int], groups: int = 1) -> str:
+        fan_in = cin // groups * kernel[0] * kernel[1]
+        w = rng.standard_normal((cout, cin // groups, *kernel)) * np.sqrt(2.0 / fan_in)
+        b = rng.standard_normal(cout) * 0.05
+        inits.extend([numpy_helper.from_array(w.astype(np.float32), f"{tag}_w"),
+                      numpy_helper.from_array(b.astype(np.float32), f"{tag}_b")])
+        nodes.append(helper.make_node(
+            "Conv", [x, f"{tag}_w", f"{tag}_b"], [f"{tag}_c"], kernel_shape=list(kernel),
+            strides=list(strides), pads=pads, group=groups))
+        nodes.append(helper.make_node("Relu", [f"{tag}_c"], [f"{tag}_r"]))
+        return f"{tag}_r"
+
+    # "same" padding for 49x10 with a 10x4 kernel and stride 2: 25x5 out
+    x = conv("input", "conv0", 1, 64, (10, 4), (2, 2), [4, 1, 5, 1])
+    for i in range(4):
+        x = conv(x, f"dw{i}", 64, 64, (3, 3), (1, 1), [1, 1, 1, 1], groups=64)
+        x = conv(x, f"pw{i}", 64, 64, (1, 1), (1, 1), [0, 0, 0, 0])
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["pool"]))
+    nodes.append(helper.make_node("Flatten", ["pool"], ["flat"], axis=1))
+    inits += [numpy_helper.from_array(
+                  (rng.standard_normal((keywords, 64)) * 0.125).astype(np.float32), "fc_w"),
+              numpy_helper.from_array(
+                  (rng.standard_normal(keywords) * 0.01).astype(np.float32), "fc_b")]
+    nodes.append(helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], transB=1))
+    graph = helper.make_graph(
+        nodes, "ds_cnn_kws",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 1, 49, 10])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, keywords])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              producer_name="tinyhal-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def ds_cnn_kws_vmfb(seed: int = 0) -> Path:
+    """The KWS DS-CNN compiled for this host (cached by content hash)."""
+    return compile_mlir(import_onnx(ds_cnn_kws_onnx(seed)), HOST_FLAGS)
+
+
+def kws_input(seed: int = 1) -> np.ndarray:
+    """A seeded 1x1x49x10 MFCC-shaped input."""
+    return np.random.default_rng(seed).standard_normal((1, 1, 49, 10)).astype(np.float32)
