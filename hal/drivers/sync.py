@@ -8,10 +8,12 @@ other drivers.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from ..device import Completion, Device, run_capturing
 from ..execution import Submission
+from ..profile import run_profiled
 from ..stream import Stream
 
 
@@ -22,6 +24,10 @@ class SyncDevice(Device):
     # -- driver contract --------------------------------------------------------------
 
     def _execute(self, ops: Submission, done: Completion) -> None:
+        profile = self.profile
+        if profile is not None and profile.records_host_execution:
+            done(run_capturing(functools.partial(run_profiled, ops, profile, "inline")))
+            return
         done(run_capturing(Stream(ops).run))
 
     def _call(self, work: Callable[[], None], done: Completion) -> None:
