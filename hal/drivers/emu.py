@@ -455,9 +455,10 @@ class EmuDevice(Device):
             busy = dict(self._busy)
             units = self.model.compute_units
             util = {}
+            busy["compute"] = busy.get("compute", 0) // units  # unit-ns as whole-engine ns
             for engine in [f"dma{i}" for i in range(len(self._dma_free))] + ["compute"]:
                 b = busy.setdefault(engine, 0)
-                util[engine] = b / (total * (units if engine == "compute" else 1)) if total else 0.0
+                util[engine] = b / total if total else 0.0
             for q in range(self._queue_count):
                 b = busy.setdefault(f"queue{q}", 0)
                 util[f"queue{q}"] = b / total if total else 0.0
