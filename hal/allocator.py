@@ -115,7 +115,7 @@ class Allocator:
         the host reads and writes its memory directly; modules rely on it when reading
         results. `allocate` itself grants exactly what it is asked for.
         """
-        heap = self.select_heap(MemoryType(int(memory_type)))
+        heap = self.select_heap(memory_type)
         if heap.memory_type & MemoryType.HOST_VISIBLE:
             return int(usage) | _HOST_HEAP_USAGE
         return int(usage)

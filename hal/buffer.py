@@ -37,12 +37,12 @@ class Storage:
     ) -> None:
         if array is None:
             raw = np.zeros(byte_length + ALIGNMENT, dtype=np.uint8)
-            base = raw.ctypes.data
+            base = raw.__array_interface__["data"][0]  # no ctypes object per buffer
             start = (-base) % ALIGNMENT
             array = raw[start : start + byte_length]
             address = base + start  # also right for empty buffers
         else:
-            address = array.ctypes.data
+            address = array.__array_interface__["data"][0]
         self.array: np.ndarray = array
         self.address: int = address
         self.byte_length = byte_length

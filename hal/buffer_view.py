@@ -37,8 +37,8 @@ class BufferView:
                  encoding_type: int = EncodingType.DENSE_ROW_MAJOR) -> None:
         if not isinstance(buffer, Buffer):
             raise InvalidArgumentError(f"a buffer view needs a Buffer, not {buffer!r}")
-        shape = tuple(int(d) for d in shape)
-        if any(d < 0 for d in shape):
+        shape = tuple(map(int, shape))
+        if shape and min(shape) < 0:
             raise InvalidArgumentError(f"buffer view shape {shape} has a negative dimension")
         self.buffer = buffer
         self.shape = shape

@@ -101,7 +101,9 @@ class Device:
         self._closed = False
         self._in_flight: set[_Entry] = set()
         self._running = 0
-        self._entries_lock = threading.Lock()
+        # Re-entrant: a garbage collection under the lock may free a transient buffer whose
+        # ringbuffer retirement grants a parked queue_alloca, which retires its entry.
+        self._entries_lock = threading.RLock()
         self._idle = threading.Condition(self._entries_lock)  # for wait_idle() and close()
         self._watchers = 0  # threads waiting on `_idle`; retiring notifies only if any
         self.transient = TransientRingbuffer(self.allocator, transient_capacity)
@@ -135,11 +137,13 @@ class Device:
             f"{self!r} closed while a queue_alloca waited for ringbuffer space"))
         deadline = None if timeout is None else time.monotonic() + timeout
         self._wait_until(lambda: not self._running, timeout)
+        waiting: list[_Entry] = []
         with self._entries_lock:
-            waiting = [e for e in self._in_flight if e.state is _WAITING]
-            for entry in waiting:  # claimed under the lock: a late `ready` finds it retired
-                entry.state = _RETIRED
-                self._in_flight.discard(entry)
+            for entry in tuple(self._in_flight):
+                if entry.state is _WAITING:  # claimed: a late `ready` finds it retired
+                    entry.state = _RETIRED
+                    self._in_flight.discard(entry)
+                    waiting.append(entry)
         for entry in waiting:
             self._finish(entry, AbortedError(f"{self!r} closed before the work ran"))
         self.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))

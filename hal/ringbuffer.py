@@ -200,7 +200,7 @@ class TransientRingbuffer:
         backing = self._backing
         assert backing is not None
         storage.array = backing[block.offset : block.offset + storage.byte_length]
-        storage.address = backing.ctypes.data + block.offset
+        storage.address = backing.__array_interface__["data"][0] + block.offset
         with self._lock:
             self._owned[storage] = block
         weakref.finalize(storage, self.retire, block)

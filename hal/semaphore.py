@@ -58,7 +58,8 @@ class Semaphore:
     _seq = itertools.count()
 
     def __init__(self, initial: int = 0, name: str = "") -> None:
-        _check_value(initial, "initial value")
+        if type(initial) is not int or not 0 <= initial <= MAX_VALUE:
+            _check_value(initial, "initial value")
         self._value = initial
         self._failure: Error | None = None
         self._cond = threading.Condition(threading.Lock())
@@ -89,7 +90,8 @@ class Semaphore:
         Values must strictly increase (OUT_OF_RANGE otherwise); signalling a failed
         semaphore raises its failure.
         """
-        _check_value(value, "signal value")
+        if type(value) is not int or not 0 <= value <= MAX_VALUE:
+            _check_value(value, "signal value")
         with self._cond:
             if self._failure is not None:
                 raise self._failure
@@ -248,7 +250,8 @@ class Fence:
         return joined
 
     def insert(self, semaphore: Semaphore, value: int) -> None:
-        _check_value(value, "fence value")
+        if type(value) is not int or not 0 <= value <= MAX_VALUE:
+            _check_value(value, "fence value")
         if value > self._points.get(semaphore, -1):
             self._points[semaphore] = value
 
@@ -307,7 +310,8 @@ def normalize_points(
             ) from None
         if not isinstance(sem, Semaphore):
             raise InvalidArgumentError(f"{what} entry {item!r} does not name a Semaphore")
-        _check_value(value, f"{what} value")
+        if type(value) is not int or not 0 <= value <= MAX_VALUE:
+            _check_value(value, f"{what} value")
         result.append((sem, value))
     return result
 

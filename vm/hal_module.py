@@ -5,8 +5,10 @@ module state (the device list and the transient buffers this state allocated), s
 `vm.Context` gets its own. Semantics and status codes follow IREE's HAL module
 (`runtime/src/iree/modules/hal/module.c`):
 
-- refs are checked by type and a wrong or null ref is INVALID_ARGUMENT naming the
-  expected type; `*_or_null` buffer arguments turn a null buffer into a binding-table
+- the exports are declared in one table (`EXPORTS`: name, calling convention, ref type
+  of each argument); a marshaller generated from the declaration checks refs by type and
+  a wrong or null ref is INVALID_ARGUMENT naming the expected type, so the shims only
+  forward to the HAL, which validates the rest once; `*_or_null` buffer arguments turn a null buffer into a binding-table
   slot reference (`command_buffer.dispatch` bindings `(unused, slot, buffer, offset,
   length)`, fill/update/copy targets);
 - `device.query.i64` answers `(1, value)` or `(0, 0)` for queries the device does not
@@ -55,7 +57,7 @@ from ..hal.types import (
     MemoryType,
     format_element_type,
 )
-from .native import NativeModule, Suspend
+from .native import NativeModule, RefType, Suspend
 
 HAL_MODULE_VERSION = 7
 
@@ -156,6 +158,112 @@ def _timeout_seconds(timeout_ms: int) -> float | None:
 
 # -- the module --------------------------------------------------------------------------
 
+# The hal module's exports: name, calling convention, and the ref type of each
+# top-level argument (None: not a ref, or checked by the shim; "?": may be null).
+# `create_hal_module` registers each with its shim behind a marshaller generated
+# from this declaration (vm/native.py), as IREE declares its exports in exports.inl.
+EXPORTS: tuple[tuple[str, str, tuple[str | None, ...] | None, bool], ...] = (
+    ("allocator.allocate", "0rIiiI_r", ("hal.allocator", None, None, None, None), False),
+    ("allocator.import", "0riIiirII_r",
+     ("hal.allocator", None, None, None, None, None, None, None), False),
+    ("allocator.select", "0iiICrID_rI", (None, None, None, None), False),
+    ("buffer.allocation.discard", "0r_i", ("hal.buffer",), False),
+    ("buffer.allocation.is_terminal", "0r_i", ("hal.buffer",), False),
+    ("buffer.allocation.preserve", "0r_v", ("hal.buffer",), False),
+    ("buffer.assert", "0rrrIii_v",
+     ("hal.buffer", None, "hal.allocator", None, None, None), False),
+    ("buffer.length", "0r_I", ("hal.buffer",), False),
+    ("buffer.load", "0rIi_i", ("hal.buffer", None, None), False),
+    ("buffer.store", "0irIi_v", (None, "hal.buffer", None, None), False),
+    ("buffer.subspan", "0rII_r", ("hal.buffer", None, None), False),
+    ("buffer_view.assert", "0rriiCID_v", ("hal.buffer_view", None, None, None, None), False),
+    ("buffer_view.buffer", "0r_r", ("hal.buffer_view",), False),
+    ("buffer_view.create", "0rIIiiCID_r", ("hal.buffer", None, None, None, None, None), False),
+    ("buffer_view.dim", "0ri_I", ("hal.buffer_view", None), False),
+    ("buffer_view.element_type", "0r_i", ("hal.buffer_view",), False),
+    ("buffer_view.encoding_type", "0r_i", ("hal.buffer_view",), False),
+    ("buffer_view.rank", "0r_i", ("hal.buffer_view",), False),
+    ("buffer_view.trace", "0rCrD_v", (None, None), False),
+    ("channel.create", "0rIIrrii_r", None, False),
+    ("channel.rank_and_count", "0r_ii", None, False),
+    ("channel.split", "0riiI_r", None, False),
+    ("command_buffer.advise_buffer", "0rrIIIi_v",
+     ("hal.command_buffer", "hal.buffer?", None, None, None, None), False),
+    ("command_buffer.begin_debug_group", "0rr_v", ("hal.command_buffer", None), False),
+    ("command_buffer.collective", "0rriiiirrIIIII_v", None, False),
+    ("command_buffer.copy_buffer", "0riirIrIII_v",
+     ("hal.command_buffer", None, None, "hal.buffer?", None, "hal.buffer?", None, None, None), False),
+    ("command_buffer.create", "0riiIi_r", ("hal.device", None, None, None, None), False),
+    ("command_buffer.dispatch", "0rrIiiiICiDCiirIID_v",
+     ("hal.command_buffer", "hal.executable", None, None, None, None, None, None, None), False),
+    ("command_buffer.dispatch.indirect", "0rrIirIICiDCiirIID_v", None, False),
+    ("command_buffer.end_debug_group", "0r_v", ("hal.command_buffer",), False),
+    ("command_buffer.execution_barrier", "0riiI_v",
+     ("hal.command_buffer", None, None, None), False),
+    ("command_buffer.fill_buffer", "0rrIIiIiI_v",
+     ("hal.command_buffer", "hal.buffer?", None, None, None, None, None, None), False),
+    ("command_buffer.finalize", "0r_v", ("hal.command_buffer",), False),
+    ("command_buffer.update_buffer", "0rrIrIIiI_v",
+     ("hal.command_buffer", None, None, "hal.buffer?", None, None, None, None), False),
+    ("device.allocator", "0r_r", ("hal.device",), False),
+    ("device.query.i64", "0rrr_iI", ("hal.device", None, None), False),
+    ("device.queue.alloca", "0rIrrIiiII_r",
+     ("hal.device", None, "hal.fence?", "hal.fence?", None, None, None, None, None), False),
+    ("device.queue.barrier", "0rIrrI_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", None), False),
+    ("device.queue.copy", "0rIrrrIrIII_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None, "hal.buffer", None, None, None), False),
+    ("device.queue.dealloca", "0rIrrrI_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None), False),
+    ("device.queue.execute", "0rIrrrI_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None), False),
+    ("device.queue.execute.indirect", "0rIrrrICrIID_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None, None), False),
+    ("device.queue.fill", "0rIrrrIIIiI_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None, None, None, None, None), False),
+    ("device.queue.flush", "0rI_v", ("hal.device", None), False),
+    ("device.queue.read", "0rIrrrIrIII_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.file", None, "hal.buffer", None, None, None), False),
+    ("device.queue.update", "0rIrrrIrIII_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", None, None, "hal.buffer", None, None, None), False),
+    ("device.queue.write", "0rIrrrIrIII_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None, "hal.file", None, None, None), False),
+    ("devices.count", "0v_i", (), False),
+    ("devices.get", "0i_r", (None,), False),
+    ("ex.file.from_memory", "0rIirIIi_r",
+     ("hal.device", None, None, None, None, None, None), False),
+    ("executable.create", "0rIrrr_r", ("hal.device", None, None, None, None), False),
+    ("executable.lookup.function", "0rr_I", ("hal.executable", None), False),
+    ("fence.await", "0iICrD_i", (None, None, None), True),
+    ("fence.create", "0rI_r", ("hal.device", None), False),
+    ("fence.fail", "0ri_v", ("hal.fence", None), False),
+    ("fence.join", "0ICrD_r", (None, None), False),
+    ("fence.query", "0r_i", ("hal.fence",), False),
+    ("fence.signal", "0r_v", ("hal.fence",), False),
+)
+
+_REF_TYPES = {
+    "hal.allocator": Allocator,
+    "hal.buffer": Buffer,
+    "hal.buffer_view": BufferView,
+    "hal.command_buffer": CommandBuffer,
+    "hal.device": Device,
+    "hal.executable": Executable,
+    "hal.fence": Fence,
+    "hal.file": HalFile,
+}
+
+
+def _declared_refs(refs: tuple[str | None, ...]) -> tuple[RefType | None, ...]:
+    out: list[RefType | None] = []
+    for name in refs:
+        if name is None:
+            out.append(None)
+        else:
+            base = name.rstrip("?")
+            out.append(RefType(_REF_TYPES[base], base, name.endswith("?")))
+    return tuple(out)
+
 
 def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
     """A `hal` module instance over `devices` (the first is the default device)."""
@@ -165,7 +273,13 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
     for d in device_list:
         _check(d, Device, "hal.device")
     module = NativeModule("hal", HAL_MODULE_VERSION)
-    export = module.export
+    shims: dict[str, Any] = {}
+
+    def shim(name: str) -> Any:
+        def register(fn: Any) -> Any:
+            shims[name] = fn
+            return fn
+        return register
     # Storages of buffers this module allocated with queue_alloca: only those have
     # transient memory to give back on queue_dealloca.
     transient: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -173,9 +287,8 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
 
     # -- experimental -----------------------------------------------------------------
 
-    @export("ex.file.from_memory", "0rIirIIi_r")
+    @shim("ex.file.from_memory")
     def ex_file_from_memory(device, queue_affinity, access, buffer, offset, length, flags):
-        _check(device, Device, "hal.device")
         if access & ~int(MemoryAccess.READ):
             raise PermissionDeniedError(
                 "only read-only memory can be accessed via a file handle (today)"
@@ -185,7 +298,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
 
     # -- allocator --------------------------------------------------------------------
 
-    @export("allocator.select", "0iiICrID_rI")
+    @shim("allocator.select")
     def allocator_select(memory_types, buffer_usage, flags, pairs):
         if not pairs:
             raise InvalidArgumentError(
@@ -195,9 +308,8 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         _check(device, Device, "hal.device")
         return device, affinity
 
-    @export("allocator.allocate", "0rIiiI_r")
+    @shim("allocator.allocate")
     def allocator_allocate(allocator, queue_affinity, memory_types, buffer_usage, size):
-        allocator = _check(allocator, Allocator, "hal.allocator")
         try:
             memory_type = MemoryType(memory_types & _U32)
             usage = allocator.coerce_usage(memory_type, buffer_usage & _U32)
@@ -206,10 +318,9 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
             exc.message = f"failed to allocate buffer of length {size}; {exc.message}"
             raise
 
-    @export("allocator.import", "0riIiirII_r")
+    @shim("allocator.import")
     def allocator_import(allocator, is_try, queue_affinity, memory_types, buffer_usage,
                          source, offset, length):
-        allocator = _check(allocator, Allocator, "hal.allocator")
         view = vm_buffer_view(source)
         size = view.nbytes
         if length == -1:
@@ -246,37 +357,30 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
 
     # -- buffer -----------------------------------------------------------------------
 
-    @export("buffer.assert", "0rrrIii_v")
+    @shim("buffer.assert")
     def buffer_assert(buffer, message, allocator, minimum_length, memory_types, usage):
-        if type(buffer) is not Buffer:
-            buffer = _check(buffer, Buffer, "hal.buffer")
         types, bits = memory_types & _U32, usage & _U32
         if (buffer.byte_length < minimum_length or buffer.memory_type_bits & types != types
                 or buffer.usage_bits & bits != bits):
             _buffer_assert_failure(buffer, vm_buffer_string(message), minimum_length,
                                    types, bits)
-        if type(allocator) is not Allocator:
-            _check(allocator, Allocator, "hal.allocator")
 
-    @export("buffer.allocation.preserve", "0r_v")
+    @shim("buffer.allocation.preserve")
     def buffer_allocation_preserve(buffer):
-        _check(buffer, Buffer, "hal.buffer")
+        return None  # the declaration checks the ref; nothing more to do
 
-    @export("buffer.allocation.discard", "0r_i")
+    @shim("buffer.allocation.discard")
     def buffer_allocation_discard(buffer):
         # Ownership is tracked by Python references, not an explicit count: the caller
         # never holds the last reference here, so the allocation is never terminal.
-        _check(buffer, Buffer, "hal.buffer")
         return 0
 
-    @export("buffer.allocation.is_terminal", "0r_i")
+    @shim("buffer.allocation.is_terminal")
     def buffer_allocation_is_terminal(buffer):
-        _check(buffer, Buffer, "hal.buffer")
         return 0
 
-    @export("buffer.subspan", "0rII_r")
+    @shim("buffer.subspan")
     def buffer_subspan(buffer, offset, length):
-        buffer = _check(buffer, Buffer, "hal.buffer")
         try:
             return buffer.subspan(offset, length)
         except Error as exc:
@@ -284,22 +388,20 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
                            f"length={length}); {exc.message}")
             raise
 
-    @export("buffer.length", "0r_I")
+    @shim("buffer.length")
     def buffer_length(buffer):
-        return _check(buffer, Buffer, "hal.buffer").byte_length
+        return buffer.byte_length
 
-    @export("buffer.load", "0rIi_i")
+    @shim("buffer.load")
     def buffer_load(buffer, offset, length):
-        buffer = _check(buffer, Buffer, "hal.buffer")
         if length > 4:
             raise InvalidArgumentError(f"load length byte count {length} exceeds max")
         offset, length = buffer.resolve_range(offset, length, "load")
         data = buffer.allocator.device_ref().read_array(buffer, offset, length)
         return int.from_bytes(data.tobytes(), "little")
 
-    @export("buffer.store", "0irIi_v")
+    @shim("buffer.store")
     def buffer_store(value, buffer, offset, length):
-        buffer = _check(buffer, Buffer, "hal.buffer")
         if length > 4:
             raise InvalidArgumentError(f"store length byte count {length} exceeds max")
         if offset + length > buffer.byte_length or offset < 0 or length < 0:
@@ -312,9 +414,8 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
 
     # -- buffer view ------------------------------------------------------------------
 
-    @export("buffer_view.create", "0rIIiiCID_r")
+    @shim("buffer_view.create")
     def buffer_view_create(buffer, offset, length, element_type, encoding_type, shape):
-        buffer = _check(buffer, Buffer, "hal.buffer")
         if offset != 0 or length != buffer.byte_length:
             try:
                 buffer = buffer.subspan(offset, length)
@@ -325,10 +426,8 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         return BufferView(buffer, [d for (d,) in shape], element_type & _U32,
                           encoding_type & _U32)
 
-    @export("buffer_view.assert", "0rriiCID_v")
+    @shim("buffer_view.assert")
     def buffer_view_assert(view, message, element_type, encoding_type, shape):
-        if type(view) is not BufferView:
-            view = _check(view, BufferView, "hal.buffer_view")
         actual = view.shape
         expected_type = element_type & _U32
         if ((view.encoding_type and view.encoding_type != encoding_type & _U32)
@@ -339,84 +438,80 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
             _buffer_view_assert_failure(view, vm_buffer_string(message), expected_type,
                                         encoding_type & _U32, tuple(d for (d,) in shape))
 
-    @export("buffer_view.buffer", "0r_r")
+    @shim("buffer_view.buffer")
     def buffer_view_buffer(view):
-        return _check(view, BufferView, "hal.buffer_view").buffer
+        return view.buffer
 
-    @export("buffer_view.element_type", "0r_i")
+    @shim("buffer_view.element_type")
     def buffer_view_element_type(view):
-        return _check(view, BufferView, "hal.buffer_view").element_type
+        return view.element_type
 
-    @export("buffer_view.encoding_type", "0r_i")
+    @shim("buffer_view.encoding_type")
     def buffer_view_encoding_type(view):
-        return _check(view, BufferView, "hal.buffer_view").encoding_type
+        return view.encoding_type
 
-    @export("buffer_view.rank", "0r_i")
+    @shim("buffer_view.rank")
     def buffer_view_rank(view):
-        return len(_check(view, BufferView, "hal.buffer_view").shape)
+        return len(view.shape)
 
-    @export("buffer_view.dim", "0ri_I")
+    @shim("buffer_view.dim")
     def buffer_view_dim(view, index):
-        shape = _check(view, BufferView, "hal.buffer_view").shape
+        shape = view.shape
         if not 0 <= index < len(shape):
             raise OutOfRangeError(
                 f"buffer view dimension {index} out of range of rank {len(shape)}"
             )
         return shape[index]
 
-    @export("buffer_view.trace", "0rCrD_v")
+    @shim("buffer_view.trace")
     def buffer_view_trace(key, views):
         for (view,) in views:
             _check(view, BufferView, "hal.buffer_view")
 
     # -- channels (collectives) -------------------------------------------------------
 
-    @export("channel.create", "0rIIrrii_r")
+    @shim("channel.create")
     def channel_create(*args):
         raise UnimplementedError("collective channels are not supported by tinyhal")
 
-    @export("channel.split", "0riiI_r")
+    @shim("channel.split")
     def channel_split(*args):
         raise UnimplementedError("collective channels are not supported by tinyhal")
 
-    @export("channel.rank_and_count", "0r_ii")
+    @shim("channel.rank_and_count")
     def channel_rank_and_count(*args):
         raise UnimplementedError("collective channels are not supported by tinyhal")
 
     # -- command buffer ---------------------------------------------------------------
 
-    @export("command_buffer.create", "0riiIi_r")
+    @shim("command_buffer.create")
     def command_buffer_create(device, modes, categories, queue_affinity, binding_capacity):
-        device = _check(device, Device, "hal.device")
         mode = "one_shot" if modes & _COMMAND_BUFFER_MODE_ONE_SHOT else "reusable"
         return device.create_command_buffer(mode, binding_capacity)
 
-    @export("command_buffer.finalize", "0r_v")
+    @shim("command_buffer.finalize")
     def command_buffer_finalize(cb):
-        _check(cb, CommandBuffer, "hal.command_buffer").finalize()
+        cb.finalize()
 
-    @export("command_buffer.begin_debug_group", "0rr_v")
+    @shim("command_buffer.begin_debug_group")
     def command_buffer_begin_debug_group(cb, label):
-        _check(cb, CommandBuffer, "hal.command_buffer")
+        return None  # the declaration checks the ref; nothing more to do
 
-    @export("command_buffer.end_debug_group", "0r_v")
+    @shim("command_buffer.end_debug_group")
     def command_buffer_end_debug_group(cb):
-        _check(cb, CommandBuffer, "hal.command_buffer")
+        return None  # the declaration checks the ref; nothing more to do
 
-    @export("command_buffer.execution_barrier", "0riiI_v")
+    @shim("command_buffer.execution_barrier")
     def command_buffer_execution_barrier(cb, source_stage, target_stage, flags):
-        _check(cb, CommandBuffer, "hal.command_buffer").barrier()
+        cb.barrier()
 
-    @export("command_buffer.advise_buffer", "0rrIIIi_v")
+    @shim("command_buffer.advise_buffer")
     def command_buffer_advise_buffer(cb, buffer, flags, arg0, arg1, slot):
-        _check(cb, CommandBuffer, "hal.command_buffer")
-        _check_or_null(buffer, Buffer, "hal.buffer")
+        return None  # the declaration checks the ref; nothing more to do
 
-    @export("command_buffer.fill_buffer", "0rrIIiIiI_v")
+    @shim("command_buffer.fill_buffer")
     def command_buffer_fill_buffer(cb, target, offset, length, slot, pattern,
                                    pattern_length, flags):
-        cb = _check(cb, CommandBuffer, "hal.command_buffer")
-        target = _check_or_null(target, Buffer, "hal.buffer")
         if pattern_length not in (1, 2, 4):
             raise InvalidArgumentError(
                 f"fill patterns must be 1, 2 or 4 bytes, not {pattern_length}"
@@ -424,34 +519,25 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         pattern &= (1 << (8 * pattern_length)) - 1
         cb.fill(slot if target is None else target, offset, length, pattern, pattern_length)
 
-    @export("command_buffer.update_buffer", "0rrIrIIiI_v")
+    @shim("command_buffer.update_buffer")
     def command_buffer_update_buffer(cb, source, source_offset, target, target_offset,
                                      length, slot, flags):
-        cb = _check(cb, CommandBuffer, "hal.command_buffer")
         data = _byte_range(vm_buffer_view(source), source_offset, length, "update source")
-        target = _check_or_null(target, Buffer, "hal.buffer")
         cb.update(data, slot if target is None else target, target_offset)
 
-    @export("command_buffer.copy_buffer", "0riirIrIII_v")
+    @shim("command_buffer.copy_buffer")
     def command_buffer_copy_buffer(cb, source_slot, target_slot, source, source_offset,
                                    target, target_offset, length, flags):
-        cb = _check(cb, CommandBuffer, "hal.command_buffer")
-        source = _check_or_null(source, Buffer, "hal.buffer")
-        target = _check_or_null(target, Buffer, "hal.buffer")
         cb.copy(source_slot if source is None else source, source_offset,
                 target_slot if target is None else target, target_offset, length)
 
-    @export("command_buffer.collective", "0rriiiirrIIIII_v")
+    @shim("command_buffer.collective")
     def command_buffer_collective(*args):
         raise UnimplementedError("collective operations are not supported by tinyhal")
 
-    @export("command_buffer.dispatch", "0rrIiiiICiDCiirIID_v")
+    @shim("command_buffer.dispatch")
     def command_buffer_dispatch(cb, executable, function, x, y, z, flags, constants,
                                 bindings):
-        if type(cb) is not CommandBuffer:
-            _check(cb, CommandBuffer, "hal.command_buffer")
-        if type(executable) is not Executable:
-            _check(executable, Executable, "hal.executable")
         if len(bindings) > _MAX_BINDINGS:
             raise OutOfRangeError(f"binding count {len(bindings)} > {_MAX_BINDINGS}")
         refs = []
@@ -467,7 +553,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         cb.dispatch(executable, function, (x & _U32, y & _U32, z & _U32),
                     [c for (c,) in constants], refs)
 
-    @export("command_buffer.dispatch.indirect", "0rrIirIICiDCiirIID_v")
+    @shim("command_buffer.dispatch.indirect")
     def command_buffer_dispatch_indirect(*args):
         raise UnimplementedError(
             "indirect dispatch (workgroup counts read from a buffer) is not supported yet"
@@ -475,13 +561,12 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
 
     # -- device -----------------------------------------------------------------------
 
-    @export("device.allocator", "0r_r")
+    @shim("device.allocator")
     def device_allocator(device):
-        return _check(device, Device, "hal.device").allocator
+        return device.allocator
 
-    @export("device.query.i64", "0rrr_iI")
+    @shim("device.query.i64")
     def device_query_i64(device, category, key):
-        device = _check(device, Device, "hal.device")
         category_str = vm_buffer_string(category)
         key_str = vm_buffer_string(key)
         try:
@@ -490,24 +575,20 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
             return 0, 0
         return 1, int(value)
 
-    @export("device.queue.alloca", "0rIrrIiiII_r")
+    @shim("device.queue.alloca")
     def device_queue_alloca(device, queue_affinity, wait, signal, pool, memory_types,
                             usage, size, flags):
-        device = _check(device, Device, "hal.device")
         if pool != 0:
             raise UnimplementedError("VM queue allocation pools are not supported")
         buffer = device.queue_alloca(
-            size, _fence_or_null(wait), _fence_or_null(signal),
-            MemoryType(memory_types & _U32), BufferUsage(usage & _U32),
+            size, wait, signal, memory_types & _U32, usage & _U32,
         )
         transient.add(buffer.storage)
         return buffer
 
-    @export("device.queue.dealloca", "0rIrrrI_v")
+    @shim("device.queue.dealloca")
     def device_queue_dealloca(device, queue_affinity, wait, signal, buffer, flags):
-        device = _check(device, Device, "hal.device")
-        buffer = _check(buffer, Buffer, "hal.buffer")
-        wait, signal = _fence_or_null(wait), _fence_or_null(signal)
+        wait, signal = wait, signal
         if buffer.storage in transient:
             transient.discard(buffer.storage)
             device.queue_dealloca(buffer, wait, signal)
@@ -515,77 +596,57 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
             # Not transient memory: the buffer lives on while referenced; only order.
             device.queue_barrier(wait, signal)
 
-    @export("device.queue.fill", "0rIrrrIIIiI_v")
+    @shim("device.queue.fill")
     def device_queue_fill(device, queue_affinity, wait, signal, target, offset, length,
                           pattern, pattern_length, flags):
-        device = _check(device, Device, "hal.device")
-        target = _check(target, Buffer, "hal.buffer")
         if pattern_length not in (1, 2, 4):
             raise InvalidArgumentError(
                 f"fill patterns must be 1, 2 or 4 bytes, not {pattern_length}"
             )
         pattern &= (1 << (8 * pattern_length)) - 1
-        device.queue_fill(target, offset, length, pattern, _fence_or_null(wait),
-                          _fence_or_null(signal), pattern_length)
+        device.queue_fill(target, offset, length, pattern, wait,
+                          signal, pattern_length)
 
-    @export("device.queue.update", "0rIrrrIrIII_v")
+    @shim("device.queue.update")
     def device_queue_update(device, queue_affinity, wait, signal, source, source_offset,
                             target, target_offset, length, flags):
-        device = _check(device, Device, "hal.device")
         data = _byte_range(vm_buffer_view(source), source_offset, length, "update source")
-        target = _check(target, Buffer, "hal.buffer")
-        device.queue_update(data, target, target_offset, _fence_or_null(wait),
-                            _fence_or_null(signal))
+        device.queue_update(data, target, target_offset, wait,
+                            signal)
 
-    @export("device.queue.copy", "0rIrrrIrIII_v")
+    @shim("device.queue.copy")
     def device_queue_copy(device, queue_affinity, wait, signal, source, source_offset,
                           target, target_offset, length, flags):
-        device = _check(device, Device, "hal.device")
-        source = _check(source, Buffer, "hal.buffer")
-        target = _check(target, Buffer, "hal.buffer")
         device.queue_copy(source, source_offset, target, target_offset, length,
-                          _fence_or_null(wait), _fence_or_null(signal))
+                          wait, signal)
 
-    @export("device.queue.read", "0rIrrrIrIII_v")
+    @shim("device.queue.read")
     def device_queue_read(device, queue_affinity, wait, signal, source, source_offset,
                           target, target_offset, length, flags):
-        device = _check(device, Device, "hal.device")
-        source = _check(source, HalFile, "hal.file")
-        target = _check(target, Buffer, "hal.buffer")
         if length == WHOLE_BUFFER:
             length = target.byte_length - target_offset
         device.queue_read(source.data, source_offset, target, target_offset, length,
-                          _fence_or_null(wait), _fence_or_null(signal))
+                          wait, signal)
 
-    @export("device.queue.write", "0rIrrrIrIII_v")
+    @shim("device.queue.write")
     def device_queue_write(device, queue_affinity, wait, signal, source, source_offset,
                            target, target_offset, length, flags):
-        device = _check(device, Device, "hal.device")
-        source = _check(source, Buffer, "hal.buffer")
-        target = _check(target, HalFile, "hal.file")
         if target.data.readonly:
             raise PermissionDeniedError("file was imported read-only and cannot be written")
         device.queue_write(source, source_offset, target.data, target_offset, length,
-                           _fence_or_null(wait), _fence_or_null(signal))
+                           wait, signal)
 
-    @export("device.queue.barrier", "0rIrrI_v")
+    @shim("device.queue.barrier")
     def device_queue_barrier(device, queue_affinity, wait, signal, flags):
-        device = _check(device, Device, "hal.device")
-        device.queue_barrier(_fence_or_null(wait), _fence_or_null(signal))
+        device.queue_barrier(wait, signal)
 
-    @export("device.queue.execute", "0rIrrrI_v")
+    @shim("device.queue.execute")
     def device_queue_execute(device, queue_affinity, wait, signal, cb, flags):
-        device = _check(device, Device, "hal.device")
-        cb = _check(cb, CommandBuffer, "hal.command_buffer")
-        device.submit(cb, _fence_or_null(wait), _fence_or_null(signal))
+        device.submit(cb, wait, signal)
 
-    @export("device.queue.execute.indirect", "0rIrrrICrIID_v")
+    @shim("device.queue.execute.indirect")
     def device_queue_execute_indirect(device, queue_affinity, wait, signal, cb, flags,
                                       bindings):
-        if type(device) is not Device and not isinstance(device, Device):
-            _check(device, Device, "hal.device")
-        if type(cb) is not CommandBuffer:
-            _check(cb, CommandBuffer, "hal.command_buffer")
         table = []
         for buffer, offset, length in bindings:
             if buffer is None:
@@ -597,27 +658,26 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
                 raise InvalidArgumentError(
                     f"expected a hal.buffer ref or null but got {_type_name(buffer)}"
                 )
-        device.submit(cb, _fence_or_null(wait), _fence_or_null(signal), table)
+        device.submit(cb, wait, signal, table)
 
-    @export("device.queue.flush", "0rI_v")
+    @shim("device.queue.flush")
     def device_queue_flush(device, queue_affinity):
-        _check(device, Device, "hal.device")
+        return None  # the declaration checks the ref; nothing more to do
 
     # -- devices ----------------------------------------------------------------------
 
-    @export("devices.count", "0v_i")
+    @shim("devices.count")
     def devices_count():
         return len(device_list)
 
-    @export("devices.get", "0i_r")
+    @shim("devices.get")
     def devices_get(index):
         return device_list[index] if 0 <= index < len(device_list) else None
 
     # -- executables ------------------------------------------------------------------
 
-    @export("executable.create", "0rIrrr_r")
+    @shim("executable.create")
     def executable_create(device, queue_affinity, executable_format, data, constants):
-        device = _check(device, Device, "hal.device")
         format_str = vm_buffer_string(executable_format)
         if format_str not in FORMATS:
             raise error_for_code(
@@ -635,19 +695,17 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
             raise UnimplementedError("executable-level constants are not supported yet")
         return device.load_executable(vm_buffer_view(data, "executable data"))
 
-    @export("executable.lookup.function", "0rr_I")
+    @shim("executable.lookup.function")
     def executable_lookup_function(executable, name):
-        executable = _check(executable, Executable, "hal.executable")
         return executable.lookup(vm_buffer_string(name))
 
     # -- fences -----------------------------------------------------------------------
 
-    @export("fence.create", "0rI_r")
+    @shim("fence.create")
     def fence_create(device, flags):
-        device = _check(device, Device, "hal.device")
         return Fence(((device.create_semaphore(0), 1),))
 
-    @export("fence.join", "0ICrD_r")
+    @shim("fence.join")
     def fence_join(flags, fences):
         present = []
         for (fence,) in fences:
@@ -660,25 +718,23 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
             return Fence(present[0].points)
         return Fence.join(present)
 
-    @export("fence.query", "0r_i")
+    @shim("fence.query")
     def fence_query(fence):
-        fence = _check(fence, Fence, "hal.fence")
         try:
             return 0 if fence.query() else _STATUS_DEFERRED
         except Error as exc:
             return int(exc.code)
 
-    @export("fence.signal", "0r_v")
+    @shim("fence.signal")
     def fence_signal(fence):
-        _check(fence, Fence, "hal.fence").signal()
+        fence.signal()
 
-    @export("fence.fail", "0ri_v")
+    @shim("fence.fail")
     def fence_fail(fence, status_code):
-        fence = _check(fence, Fence, "hal.fence")
         code = status_code & 0x1F
         fence.fail(error_for_code(code, f"fence failed by the program with status {code}"))
 
-    @export("fence.await", "0iICrD_i", yieldable=True)
+    @shim("fence.await")
     def fence_await(timeout_ms, flags, fences):
         pending = []
         for (fence,) in fences:
@@ -696,6 +752,11 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         return Suspend(lambda: _await_block(pending, timeout),
                        lambda: _await_async(pending, timeout))
 
+    for name, cconv, refs, yieldable in EXPORTS:
+        module.export(name, cconv, yieldable=yieldable,
+                      refs=None if refs is None else _declared_refs(refs))(shims.pop(name))
+    if shims:  # pragma: no cover - a shim without a declaration is a programming error
+        raise InvalidArgumentError(f"hal module shims without a declaration: {sorted(shims)}")
     return module
 
 

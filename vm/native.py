@@ -12,6 +12,12 @@ qualified import name (`hal.buffer_view.create`) with IREE's calling-convention 
 The function returns `None` for `_v`, the bare value for one result and a tuple for
 several. Ints returned are wrapped to the declared width by the interpreter.
 
+An export may declare the ref types of its `r` arguments (`refs`, one `RefType` or None
+per top-level argument of the convention). The module then wraps the function in a
+marshaller generated from that declaration, which rejects a ref of another type, or a
+null where none is allowed, with INVALID_ARGUMENT (`expected a hal.buffer ref but got
+null`), so the function body receives only what it declared.
+
 A function declared `yieldable` may instead return a `Suspend`: the interpreter hands it
 to whoever drives the invocation, which either blocks on it (`Suspend.block()`) or awaits
 it on trio (`await Suspend.wait_async()`); both return the function's results.
@@ -19,9 +25,11 @@ it on trio (`await Suspend.wait_async()`); both return the function's results.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+from ..errors import InvalidArgumentError
 
 
 class Suspend:
@@ -46,6 +54,66 @@ class Suspend:
         return await self._wait_async()
 
 
+class RefType(NamedTuple):
+    """A declared ref argument: instances of `cls`, called `name` in messages; `nullable`
+    says whether a null ref is accepted."""
+
+    cls: type
+    name: str
+    nullable: bool = False
+
+
+def ref_type_error(value: Any, ref: RefType) -> InvalidArgumentError:
+    """IREE's message for a ref argument that is not what was declared."""
+    got = "null" if value is None else type(value).__name__
+    either = " or null" if ref.nullable else ""
+    return InvalidArgumentError(f"expected a {ref.name} ref{either} but got {got}")
+
+
+def _top_level_arity(cconv: str) -> int:
+    args = cconv[1:].partition("_")[0]
+    count, depth = 0, 0
+    for c in args:
+        if c == "C":
+            depth += 1
+            if depth == 1:
+                count += 1
+        elif c == "D":
+            depth -= 1
+        elif depth == 0 and c != "v":
+            count += 1
+    return count
+
+
+def make_marshaller(fn: Callable[..., Any], cconv: str,
+                    refs: Sequence[RefType | None]) -> Callable[..., Any]:
+    """`fn` behind a function, generated from the declaration, that checks each declared
+    ref argument inline (an exact type test first, `isinstance` for subclasses) and then
+    calls `fn` with the same arguments."""
+    arity = _top_level_arity(cconv)
+    if len(refs) != arity:
+        raise InvalidArgumentError(
+            f"declaration of {fn.__name__} lists {len(refs)} arguments, calling "
+            f"convention {cconv} has {arity}"
+        )
+    names = [f"a{i}" for i in range(arity)]
+    namespace: dict[str, Any] = {"_fn": fn, "_error": ref_type_error,
+                                 "_isinstance": isinstance}
+    lines = [f"def marshal_{fn.__name__}({', '.join(names)}):"]
+    for i, ref in enumerate(refs):
+        if ref is None:
+            continue
+        namespace[f"_T{i}"] = ref.cls
+        namespace[f"_R{i}"] = ref
+        test = f"a{i}.__class__ is not _T{i} and not _isinstance(a{i}, _T{i})"
+        if ref.nullable:
+            test = f"a{i} is not None and {test}"
+        lines.append(f"    if {test}: raise _error(a{i}, _R{i})")
+    lines.append(f"    return _fn({', '.join(names)})")
+    exec(compile("\n".join(lines), f"<marshal {fn.__name__}>", "exec"), namespace)
+    return namespace[f"marshal_{fn.__name__}"]
+
+
 @dataclass(frozen=True)
 class NativeFunction:
     """One function a native module exports."""
@@ -65,13 +133,18 @@ class NativeModule:
     functions: dict[str, NativeFunction] = field(default_factory=dict)
 
     def export(
-        self, name: str, cconv: str, *, yieldable: bool = False
+        self, name: str, cconv: str, *, yieldable: bool = False,
+        refs: Sequence[RefType | None] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator registering `fn` as `<module>.<name>` with calling convention `cconv`."""
+        """Decorator registering `fn` as `<module>.<name>` with calling convention `cconv`;
+        with `refs`, behind a marshaller that checks the declared ref arguments."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             full = f"{self.name}.{name}"
-            self.functions[full] = NativeFunction(full, cconv, fn, yieldable)
+            target = fn
+            if refs is not None and any(r is not None for r in refs):
+                target = make_marshaller(fn, cconv, refs)
+            self.functions[full] = NativeFunction(full, cconv, target, yieldable)
             return fn
 
         return register

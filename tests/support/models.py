@@ -215,3 +215,14 @@ def ds_cnn_kws_vmfb(seed: int = 0) -> Path:
 def kws_input(seed: int = 1) -> np.ndarray:
     """A seeded 1x1x49x10 MFCC-shaped input."""
     return np.random.default_rng(seed).standard_normal((1, 1, 49, 10)).astype(np.float32)
+
+
+def iree_function(vmfb: Path, name: str, driver: str = "local-sync"):
+    """`name` of the module in `vmfb` on iree.runtime: call it with numpy arrays, get
+    numpy arrays back (the reference every bit-exactness test compares with)."""
+    import iree.runtime as rt
+
+    ctx = rt.SystemContext(config=rt.Config(driver))
+    ctx.add_vm_module(rt.VmModule.mmap(ctx.instance, str(vmfb)))
+    fn = ctx.modules.module[name]
+    return lambda *args: fn(*args).to_host()

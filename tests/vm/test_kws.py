@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tinyhal
-from support.models import ds_cnn_kws_vmfb, kws_input
+from support.models import ds_cnn_kws_vmfb, iree_function, kws_input
 
 pytest.importorskip("onnx")
 
@@ -25,13 +25,8 @@ def vmfb():
 
 @pytest.fixture(scope="module")
 def expected(vmfb):
-    import iree.runtime as rt
-
-    config = rt.Config("local-sync")
-    ctx = rt.SystemContext(config=config)
-    ctx.add_vm_module(rt.VmModule.mmap(ctx.instance, str(vmfb)))
-    fn = ctx.modules.module["ds_cnn_kws"]
-    return {seed: fn(kws_input(seed)).to_host() for seed in SEEDS}
+    reference = iree_function(vmfb, "ds_cnn_kws")
+    return {seed: reference(kws_input(seed)) for seed in SEEDS}
 
 
 @pytest.mark.parametrize("driver", ["sync", "task", "emu"])
