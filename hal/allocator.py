@@ -88,7 +88,9 @@ class Allocator:
             ),
             Heap("host", MemoryType.HOST_LOCAL | MemoryType.DEVICE_VISIBLE, _ALL_USAGE, limit),
         ]
-        self._lock = threading.Lock()
+        # Re-entrant: a garbage collection inside a locked section (an allocation there)
+        # may free a buffer, whose storage reports its bytes back through `track`.
+        self._lock = threading.RLock()
         self._counters: dict[str, _Counter] = {h.name: _Counter() for h in self.heaps}
         self._releasers = {h.name: self._releaser(h.name) for h in self.heaps}
         self._live_total = 0

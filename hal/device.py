@@ -471,15 +471,23 @@ class Device:
                 resources: Any, start: Callable[[Completion], None]) -> None:
         """Registers a queue entry holding `resources`; once `wait` is reached calls
         `start(done)`, and `done(error)` (on any thread, once) retires the entry."""
-        entry = _Entry(signal, resources, start)
+        entry = _Entry(signal, resources, start if wait else None)
         with self._entries_lock:
             if self._closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
             self._in_flight.add(entry)
-
+            if not wait:  # nothing to wait for: it runs now
+                entry.state = _RUNNING
+                self._running += 1
         done = functools.partial(self._retire, entry)
         if self._lost is not None:
             self._retire(entry, self._lost)
+            return
+        if not wait:
+            try:
+                start(done)
+            except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
+                self._retire(entry, as_error(exc))
             return
 
         def ready(error: Error | None) -> None:

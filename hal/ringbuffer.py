@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import queue
 import threading
 import weakref
 from collections.abc import Callable
@@ -48,6 +49,41 @@ HEAP_NAME = "transient"
 _EMPTY = np.zeros(0, dtype=np.uint8)
 
 GrantCallback = Callable[["RingBlock | None", "Error | None"], None]
+
+
+_reclaim_queue: queue.SimpleQueue = queue.SimpleQueue()
+_reclaim_thread: list[threading.Thread] = []
+_reclaim_start = threading.Lock()
+
+
+def _reclaim(fn: Callable[..., None], arg: object) -> None:
+    """Runs `fn(arg)` on the reclaim thread (started on first use). `SimpleQueue.put` is
+    safe to call from finalizers, which is what this is for."""
+    _reclaim_queue.put((fn, arg))
+    if not _reclaim_thread and _reclaim_start.acquire(blocking=False):
+        try:
+            if not _reclaim_thread:
+                thread = threading.Thread(target=_reclaim_loop, name="tinyhal-ring-reclaim",
+                                          daemon=True)
+                _reclaim_thread.append(thread)
+                thread.start()
+        finally:
+            _reclaim_start.release()
+
+
+def _reclaim_loop() -> None:
+    while True:
+        fn, arg = _reclaim_queue.get()
+        try:
+            fn(arg)
+        except Exception:  # noqa: BLE001 - a grant's failure belongs to its own operation
+            pass
+        fn = arg = None
+
+
+def _grant_all(granted: list[tuple[GrantCallback, RingBlock]]) -> None:
+    for cb, placed in granted:
+        cb(placed, None)
 
 
 def _align(size: int) -> int:
@@ -95,7 +131,9 @@ class TransientRingbuffer:
             )
         self.capacity = capacity & ~(ALIGNMENT - 1)
         self.allocator = allocator
-        self._lock = threading.Lock()
+        # An RLock only so a finalizer can ask whether its own thread holds it (see
+        # `_retire_collected`); nothing re-enters it.
+        self._lock = threading.RLock()
         self._backing: np.ndarray | None = None
         self._blocks: collections.deque[RingBlock] = collections.deque()
         self._parked: collections.deque[tuple[int, GrantCallback]] = collections.deque()
@@ -147,10 +185,15 @@ class TransientRingbuffer:
 
     def retire(self, block: RingBlock) -> None:
         """Frees `block`; grants parked reservations that now fit, in order."""
-        granted = []
+        for cb, placed in self._free(block):
+            cb(placed, None)
+
+    def _free(self, block: RingBlock) -> list[tuple[GrantCallback, RingBlock]]:
+        """Retires `block` under the lock; returns the grants to make (outside it)."""
+        granted: list[tuple[GrantCallback, RingBlock]] = []
         with self._lock:
             if block.retired:
-                return
+                return granted
             block.retired = True
             self._live -= block.size
             self._report(-block.size)  # before any grant below, so peaks stay exact
@@ -168,8 +211,22 @@ class TransientRingbuffer:
                     break
                 self._parked.popleft()
                 granted.append((cb, placed))
-        for cb, placed in granted:
-            cb(placed, None)
+        return granted
+
+    def _retire_collected(self, block: RingBlock) -> None:
+        """Retires the block of a transient buffer the garbage collector freed.
+
+        A collection can run at any allocation, including inside this ring's locked
+        sections or inside locks held by whoever a grant completes (semaphores, device
+        queues): so grants never run here, and if this thread holds the ring's lock the
+        whole retirement moves to the reclaim thread. Live bytes drop here otherwise.
+        """
+        if self._lock._is_owned():  # threading.Condition relies on the same query
+            _reclaim(self.retire, block)
+            return
+        granted = self._free(block)
+        if granted:
+            _reclaim(_grant_all, granted)
 
     def close(self, error: Error) -> None:
         """Fails every parked reservation with `error`, and every later one."""
@@ -203,7 +260,7 @@ class TransientRingbuffer:
         storage.address = backing.__array_interface__["data"][0] + block.offset
         with self._lock:
             self._owned[storage] = block
-        weakref.finalize(storage, self.retire, block)
+        weakref.finalize(storage, self._retire_collected, block)
 
     def release(self, storage: Storage) -> None:
         """Retires the block committed to `storage` (nothing if it has none)."""

@@ -584,10 +584,23 @@ class Executor:
     def stop_nowait(self) -> None:
         """Closes the pool and lets the workers exit once the queue is empty, without
         waiting and without failing blocked tasks (for finalizers; prefer `shutdown`).
-        Safe to call from any thread, including a worker."""
+        Safe to call from any thread, including a worker, and from a finalizer that a
+        garbage collection runs inside this executor's own locked section: the flags are
+        set without the lock, and if the lock is busy the wake-up goes to a short-lived
+        thread instead of waiting for it here."""
+        self._closed = True
+        self._stopping = True
+        if self._lock.acquire(blocking=False):
+            try:
+                self._work_cond.notify_all()
+            finally:
+                self._lock.release()
+        else:
+            threading.Thread(target=self._wake_all, name=f"{self.name}-stop",
+                             daemon=True).start()
+
+    def _wake_all(self) -> None:
         with self._lock:
-            self._closed = True
-            self._stopping = True
             self._work_cond.notify_all()
 
     def shutdown(

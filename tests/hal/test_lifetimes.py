@@ -244,3 +244,55 @@ for round_ in range(20):
 print("ok")
 """, driver)
     assert out.strip().endswith("ok")
+
+
+def test_a_collection_inside_a_locked_section_frees_transients_without_deadlock(driver):
+    # A garbage collection can run at any allocation, also inside the ringbuffer's and
+    # the allocator's locked sections; the transient it frees must not wait for a lock
+    # its own thread holds. Simulated by collecting at allocations made under the locks.
+    out = run_child(PRELUDE + """
+import time
+import faulthandler
+from tinyhal.hal import allocator as allocator_module
+from tinyhal.hal import ringbuffer
+faulthandler.dump_traceback_later(50, exit=True)
+ring_block_init = ringbuffer.RingBlock.__init__
+heap_stats_init = allocator_module.HeapStatistics.__init__
+
+def collecting(init):
+    def wrapped(self, *args):
+        gc.collect()
+        init(self, *args)
+    return wrapped
+
+dev = hal.create_device(driver, transient_capacity=1 << 16)
+baseline = live()
+for i in range(20):
+    s = dev.create_semaphore()
+    t = dev.queue_alloca(4 << 10, signal=[(s, 1)])
+    s.wait(1, timeout=T)
+    held = dev.allocator.allocate(4 << 10)
+    cycle = [t, held]
+    cycle.append(cycle)           # garbage only a collection frees
+    del t, held, cycle
+    ringbuffer.RingBlock.__init__ = collecting(ring_block_init)
+    allocator_module.HeapStatistics.__init__ = collecting(heap_stats_init)
+    try:
+        dev.allocator.statistics()
+        s2 = dev.create_semaphore()
+        t2 = dev.queue_alloca(4 << 10, signal=[(s2, 1)])
+        s2.wait(1, timeout=T)
+    finally:
+        ringbuffer.RingBlock.__init__ = ring_block_init
+        allocator_module.HeapStatistics.__init__ = heap_stats_init
+    dev.queue_dealloca(t2)
+    del t2
+deadline = time.monotonic() + T
+while live() != baseline:         # retirements deferred to the reclaim thread land
+    assert time.monotonic() < deadline, (live(), baseline)
+    time.sleep(0.01)
+assert dev.transient.statistics().live_bytes == 0
+dev.close()
+print("ok")
+""", driver)
+    assert out.strip().endswith("ok")
