@@ -44,6 +44,7 @@ import json
 import math
 import os
 import queue as queue_module
+import statistics
 import threading
 import time
 import weakref
@@ -399,6 +400,11 @@ class EmuDevice(Device):
     def queue_count(self) -> int:
         return self._queue_count
 
+    @property
+    def concurrency(self) -> int:
+        """Host threads a dispatch's workgroups spread over (processor ids 0..n-1)."""
+        return len(self._compute_queues)
+
     # -- public extras ------------------------------------------------------------------
 
     def inject_fault(self, kind: str = "dispatch", after: int = 0,
@@ -473,18 +479,17 @@ class EmuDevice(Device):
 
     def fit_calibration(self, samples: list[DispatchSample] | None = None) -> dict[str, float]:
         """Fits each export's per-workgroup cost (seconds) to measured samples (default:
-        all so far) as total measured time over total workgroups, and makes the model
-        use it. Returns the fitted costs."""
+        all so far): the median over its samples of measured time per workgroup (robust
+        to a sample the host preempted), and makes the model use it. Returns the costs."""
         samples = self.calibration_samples() if samples is None else samples
         if not samples:
             raise FailedPreconditionError("no calibration samples: create the device with "
                                           "calibrate=True and run dispatches first")
-        totals: dict[str, list[int]] = {}
+        per_export: dict[str, list[float]] = {}
         for s in samples:
-            t = totals.setdefault(s.export, [0, 0])
-            t[0] += s.measured_ns
-            t[1] += s.workgroups
-        costs = {name: ns / wg / 1e9 for name, (ns, wg) in totals.items() if wg}
+            if s.workgroups:
+                per_export.setdefault(s.export, []).append(s.measured_ns / s.workgroups)
+        costs = {name: statistics.median(values) / 1e9 for name, values in per_export.items()}
         with self._lock:
             self.model = replace(self.model, export_costs={**self.model.export_costs, **costs})
         return costs
