@@ -23,7 +23,7 @@ models:
 - **Modes.** `mode="fast"` runs as fast as the host can while keeping modelled time;
   `mode="paced"` makes each operation take its modelled time in wall time too.
 - **Calibration.** `calibrate=True` runs each dispatch on one host thread and measures
-  it; `fit_calibration()` fits per-export per-workgroup costs to the measurements and
+  its CPU time; `fit_calibration()` fits per-export per-workgroup costs to the measurements and
   `calibration_report()` compares prediction with measurement per dispatch.
 - **Faults.** `inject_fault(kind, after, error, export=, queue=)` fails the (after+1)-th
   matching operation; kind `"device_loss"` (or `lose_device()`) loses the device: every
@@ -162,11 +162,14 @@ class TraceEvent:
 
 @dataclass(frozen=True)
 class DispatchSample:
-    """One dispatch measured in calibration mode (host time on one thread)."""
+    """One dispatch measured in calibration mode, run on one host thread: `measured_ns`
+    is that thread's CPU time (what the kernels cost, not what other processes on a
+    shared host took from it), `wall_ns` the wall time."""
 
     export: str
     workgroups: int
     measured_ns: int
+    wall_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -709,7 +712,9 @@ class EmuDevice(Device):
                     job.host_start = now
             prepared = job.op.prepared
             tile = 0 if job.calibrate else max(1, prepared.total // (4 * len(self._compute_queues)))
+            cpu_start = time.thread_time_ns()
             rc = 0 if self._lost is not None else prepared.run(index, tile)
+            cpu_ns = time.thread_time_ns() - cpu_start
             with job.lock:
                 if rc and job.error is None:
                     job.error = _dispatch_error(prepared, rc)
@@ -720,7 +725,7 @@ class EmuDevice(Device):
                 if job.calibrate and job.error is None:
                     with self._lock:
                         self._samples.append(DispatchSample(prepared.export.name, prepared.total,
-                                                            end - job.host_start))
+                                                            cpu_ns, end - job.host_start))
                 if job.not_until:
                     _sleep_until(job.not_until)
                     end = time.monotonic_ns()
