@@ -216,6 +216,21 @@ def test_vm_invocation_fails_on_the_nth_dispatch_of_an_export(mobilenet):
     emu.close()
 
 
+@pytest.mark.parametrize("kind,queue", [("transfer", None), ("fill", 0), ("any", 0)])
+def test_vm_invocation_fails_on_a_transfer_or_queue_fault(mobilenet, kind, queue):
+    import tinyhal
+
+    vmfb, x = mobilenet
+    emu = hal.create_device("emu", preset="edge-npu")
+    with tinyhal.load(vmfb, device=emu) as module:
+        expected = module.mobilenet_v2(x)
+        emu.inject_fault(kind, after=0, queue=queue)
+        with pytest.raises(errors.InternalError, match="injected fault"):
+            module.mobilenet_v2(x)
+        assert module.mobilenet_v2(x).tobytes() == expected.tobytes()
+    emu.close()
+
+
 def test_vm_invocation_on_a_lost_device_fails_cleanly(mobilenet):
     vmfb, _x = mobilenet
     out = run_child(f"""
