@@ -643,8 +643,11 @@ class EmuDevice(Device):
                 workers = 1 if self.calibrating else len(self._compute_queues)
                 targets = self._compute_queues[:workers]
             else:
-                if not _device_visible(op):
-                    raise FailedPreconditionError("transfer touches memory the device cannot see")
+                if not _device_visible(op):  # fail after what was issued has finished
+                    batch.add()
+                    batch.finish(FailedPreconditionError(
+                        "transfer touches memory the device cannot see"))
+                    break
                 size = op.target.length
                 with self._lock:
                     engine_index = min(range(len(self._dma_free)), key=lambda i: (
