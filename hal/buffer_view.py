@@ -44,7 +44,7 @@ class BufferView:
         self.shape = shape
         self.element_type = int(element_type)
         self.encoding_type = int(encoding_type)
-        needed = self.byte_length
+        needed = (math.prod(shape) * (self.element_type & 0xFF) + 7) // 8  # byte_length
         if needed > buffer.byte_length:
             raise OutOfRangeError(
                 f"buffer view of shape {shape} and element type 0x{self.element_type:08X} needs "

@@ -62,7 +62,9 @@ class Semaphore:
             _check_value(initial, "initial value")
         self._value = initial
         self._failure: Error | None = None
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        # Made by the first blocking `wait` (over `_lock`); most semaphores never need one.
+        self._cond: threading.Condition | None = None
         self._timepoints: list[Timepoint] = []
         self._blocked = 0
         self.name = name
@@ -92,7 +94,7 @@ class Semaphore:
         """
         if type(value) is not int or not 0 <= value <= MAX_VALUE:
             _check_value(value, "signal value")
-        with self._cond:
+        with self._lock:
             if self._failure is not None:
                 raise self._failure
             if value <= self._value:
@@ -115,7 +117,7 @@ class Semaphore:
             wrapped = AbortedError(f"{type(error).__name__}: {error}")
             wrapped.__cause__ = error
             error = wrapped
-        with self._cond:
+        with self._lock:
             if self._failure is not None:
                 return
             self._failure = error
@@ -135,7 +137,10 @@ class Semaphore:
         """
         _check_value(value, "wait value")
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        with self._lock:
+            cond = self._cond
+            if cond is None:
+                cond = self._cond = threading.Condition(self._lock)
             self._blocked += 1
             try:
                 while True:
@@ -144,14 +149,14 @@ class Semaphore:
                     if self._value >= value:
                         return
                     if deadline is None:
-                        self._cond.wait()
+                        cond.wait()
                     else:
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             raise DeadlineExceededError(
                                 f"{self!r} did not reach {value} within {timeout} s"
                             )
-                        self._cond.wait(remaining)
+                        cond.wait(remaining)
             finally:
                 self._blocked -= 1
 
@@ -177,7 +182,7 @@ class Semaphore:
         returns the timepoint; the callback later runs on the signalling thread, outside the
         semaphore's lock, exactly once.
         """
-        with self._cond:
+        with self._lock:
             if self._failure is not None or self._value >= value:
                 return None
             tp = Timepoint(value, callback, next(self._seq))
@@ -186,7 +191,7 @@ class Semaphore:
 
     def cancel_timepoint(self, tp: Timepoint) -> bool:
         """Unregisters an unfired timepoint; False if it already fired."""
-        with self._cond:
+        with self._lock:
             if tp.fired:
                 return False
             tp.fired = True
@@ -198,7 +203,7 @@ class Semaphore:
             return True
 
     def statistics(self) -> SemaphoreStatistics:
-        with self._cond:
+        with self._lock:
             return SemaphoreStatistics(
                 self._value, self._failure is not None, len(self._timepoints), self._blocked
             )

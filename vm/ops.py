@@ -594,7 +594,13 @@ def list_set_ref(lst, index, obj):
 
 
 def check_ref_type(obj, expected: str | None, what: str):
-    if obj is not None and not ref_type_matches(obj, expected):
+    """`obj` if a ref of type `expected` may hold it (see `types.ref_type_matches`)."""
+    if obj is None:
+        return obj
+    name = getattr(type(obj), "type_name", None)
+    if name == expected or not isinstance(name, str):
+        return obj  # the common cases (and native objects, never checked), without a call
+    if not ref_type_matches(obj, expected):
         raise InvalidArgumentError(
             f"{what}: ref type mismatch: have {type(obj).__name__}, expected {expected}"
         )
