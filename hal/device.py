@@ -516,15 +516,17 @@ class Device:
                 return
             entry.state = _RETIRED
         entry.resources = entry.start = None  # before the signal: a woken waiter sees it
-        self._complete(entry.signal, error)
-        # Counted as in flight until its signal has readied what depends on it, so that
-        # close() sees work made ready by running work as running, never as waiting.
-        with self._entries_lock:
-            self._in_flight.discard(entry)
-            if state is _RUNNING:
-                self._running -= 1
-            if self._watchers and (not self._running or not self._in_flight):
-                self._idle.notify_all()
+        try:
+            self._complete(entry.signal, error)
+        finally:
+            # Counted as in flight until its signal has readied what depends on it, so
+            # close() sees work made ready by running work as running, never as waiting.
+            with self._entries_lock:
+                self._in_flight.discard(entry)
+                if state is _RUNNING:
+                    self._running -= 1
+                if self._watchers and (not self._running or not self._in_flight):
+                    self._idle.notify_all()
 
     def _lose(self, error: Error) -> None:
         """Loses the device: entries waiting on semaphores fail with `error` now, as do

@@ -37,6 +37,8 @@ device work still uses, on any driver:
   failure), and what it uses (buffers, transients, command buffers, executables, host
   memory) stays alive until it retires, then is released, so the allocator's live bytes
   return to where they were. Work it would have submitted later is never submitted;
+- during a deferred context's initialization (`__init`): initialization is never
+  abandoned half way; the cancel takes effect when it is done;
 - while a dispatch runs: device work is never stopped part way. On `task` and `emu` the
   invocation is already suspended on a fence, as above. On `sync`, device work runs on
   the calling thread inside the call, so a cancel takes effect at the first suspension

@@ -134,6 +134,8 @@ class Context:
         self._by_name: dict[str, Any] = {}
         self._programs: dict[str, ModuleInstance] = {}
         self._initialized = False
+        self._init_error: Error | None = None
+        self._init_running: Any = None  # a trio.Event while initialize_async runs
         for m in self.modules:
             if not isinstance(m, (BytecodeModule, NativeModule)):
                 raise InvalidArgumentError(f"not a module: {type(m).__name__}")
@@ -249,17 +251,54 @@ class Context:
         """Runs every module's `__init` (once) on this thread."""
         if self._initialized:
             return
+        self._check_initialized()
         self._initialized = True
-        for f in self._init_functions():
-            drive_blocking(self._run(f, []))
+        try:
+            for f in self._init_functions():
+                drive_blocking(self._run(f, []))
+        except BaseException as exc:
+            self._init_failed(exc)
+            raise
 
     async def initialize_async(self) -> None:
-        """Runs every module's `__init` (once) on the trio event loop."""
+        """Runs every module's `__init` (once) on the trio event loop.
+
+        Initialization is never abandoned half way: a cancel that arrives while it runs
+        takes effect once it is done (the module globals it sets are what every later
+        call relies on)."""
+        import trio
+
         if self._initialized:
             return
-        self._initialized = True
-        for f in self._init_functions():
-            await _drive_async(self._run(f, []))
+        self._check_initialized()
+        running = self._init_running
+        if running is not None:  # another task is initializing: its globals are not set yet
+            await running.wait()
+            self._check_initialized()
+            return
+        self._init_running = running = trio.Event()
+        try:
+            with trio.CancelScope(shield=True):
+                for f in self._init_functions():
+                    await _drive_async(self._run(f, []))
+            self._initialized = True
+        except BaseException as exc:
+            self._init_failed(exc)
+            raise
+        finally:
+            self._init_running = None
+            running.set()
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    def _init_failed(self, exc: BaseException) -> None:
+        self._initialized = False  # so every later call reaches `_check_initialized`
+        self._init_error = FailedPreconditionError(
+            f"module initialization failed ({type(exc).__name__}: {exc}); the context "
+            f"cannot be used")
+
+    def _check_initialized(self) -> None:
+        if self._init_error is not None:
+            raise self._init_error
 
     # -- lookup
     def lookup_function(self, name: str) -> VMFunction:

@@ -164,3 +164,80 @@ trio.run(leave_running)
 print("exiting", flush=True)   # exit with the abandoned call's work still running
 """, chain_vmfb, driver, timeout=120)
     assert "exiting" in out
+
+
+INIT_MLIR = """
+util.global private @w : tensor<256x256xf32>
+util.initializer {
+  %a = arith.constant dense<0.01> : tensor<256x256xf32>
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<256x256xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<256x256xf32>) -> tensor<256x256xf32>
+  %m = linalg.matmul ins(%a, %a : tensor<256x256xf32>, tensor<256x256xf32>)
+      outs(%f : tensor<256x256xf32>) -> tensor<256x256xf32>
+  util.global.store %m, @w : tensor<256x256xf32>
+  util.return
+}
+func.func @main(%x: tensor<256x256xf32>) -> tensor<256x256xf32> {
+  %w = util.global.load @w : tensor<256x256xf32>
+  %r = arith.addf %x, %w : tensor<256x256xf32>
+  return %r : tensor<256x256xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_cancel_during_deferred_initialization_leaves_the_context_usable(driver):
+    # The initializer computes a global on the device (const-eval off), so a deferred
+    # context's first invoke_async suspends inside `__init`; a cancel there must not
+    # leave the globals half set.
+    vmfb = compile_mlir(INIT_MLIR, HOST_FLAGS + ["--iree-opt-const-eval=false"])
+    out = run_child("""
+import sys
+import numpy as np
+import trio
+from tinyhal import hal
+from tinyhal.hal.buffer_view import BufferView
+from tinyhal.vm.context import Context
+from tinyhal.vm.hal_module import create_hal_module
+from tinyhal.vm.loader import load_module
+
+path, driver = sys.argv[1], sys.argv[2]
+for delay in (0.0, 0.0001, 0.0005, 0.002):
+    dev = hal.create_device(driver)
+    ctx = Context([create_hal_module(dev), load_module(path)], defer_init=True)
+    x = BufferView.from_numpy(dev, np.ones((256, 256), np.float32))
+
+    async def first_call():
+        with trio.move_on_after(delay):
+            await ctx.invoke_async("main", [x])
+
+    trio.run(first_call)
+    (result,) = ctx.invoke("main", [x])
+    got = dev.read_array(result.buffer).view(np.float32)
+    assert np.allclose(got, 1 + 0.01 * 0.01 * 256), got[:4]
+    dev.close()
+
+# Concurrent first calls: the later ones wait for the one running `__init`.
+dev = hal.create_device(driver)
+ctx = Context([create_hal_module(dev), load_module(path)], defer_init=True)
+x = BufferView.from_numpy(dev, np.ones((256, 256), np.float32))
+results = []
+
+async def call():
+    (result,) = await ctx.invoke_async("main", [x])
+    results.append(dev.read_array(result.buffer).view(np.float32))
+
+async def several():
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(call)
+
+trio.run(several)
+assert len(results) == 4
+for got in results:
+    assert np.allclose(got, 1 + 0.01 * 0.01 * 256), got[:4]
+dev.close()
+print("ok")
+""", str(vmfb), driver)
+    assert out.strip().endswith("ok")
