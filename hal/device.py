@@ -261,6 +261,9 @@ class Device:
     # -- profiling --------------------------------------------------------------------
 
     default_profiling_modes: tuple[str, ...] = ("queue-events", "host-execution", "memory-events")
+    profiles_submissions = False
+    """True for a driver whose `_execute` takes `submission_id=` while a session records
+    (the profile's id of the submission), to tie its spans to the queue submission."""
 
     @contextlib.contextmanager
     def profiling(self, modes: str | Sequence[str] | None = None, capacity: int = 1_000_000
@@ -294,11 +297,13 @@ class Device:
         signal_points = normalize_points(signal, "signal")
         self._check_queue(queue)
         ops = resolve_commands(batch_list, binding_table, self.concurrency)
+        start = self._driver_start(self._execute, ops, wait_points, signal_points, queue)
         if self.profile is not None:
-            self.profile.record_submission("execute", wait_points, signal_points, batch_list,
-                                           queue=queue)
-        self._accept(wait_points, signal_points, (batch_list, binding_table, ops),
-                     self._driver_start(self._execute, ops, wait_points, signal_points, queue))
+            submission_id = self.profile.record_submission(
+                "execute", wait_points, signal_points, batch_list, queue=queue)
+            if submission_id and self.profiles_submissions:
+                start = functools.partial(start, submission_id=submission_id)
+        self._accept(wait_points, signal_points, (batch_list, binding_table, ops), start)
 
     queue_execute = submit
 

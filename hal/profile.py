@@ -918,7 +918,8 @@ _ENDPOINT_TYPES = {
 }
 
 
-def run_profiled(submission: Submission, profile: Profile, worker: str, queue: int = 0) -> None:
+def run_profiled(submission: Submission, profile: Profile, worker: str, queue: int = 0,
+                 submission_id: int = 0) -> None:
     """Runs a submission's operations one at a time on this thread, recording a host span
     per dispatch (export, workgroup count) and per transfer into `profile`.
 
@@ -941,14 +942,16 @@ def run_profiled(submission: Submission, profile: Profile, worker: str, queue: i
                 error = prepared.error_for(rc, 0)
                 status = int(error.code)
             profile.record_dispatch(prepared.executable, prepared.export.name, groups, start,
-                                    end, queue=queue, worker=worker, status_code=status)
+                                    end, submission_id, queue=queue, worker=worker,
+                                    status_code=status)
             prepared.raise_for_status(rc)
         else:
             try:
                 run_transfer(op)
             finally:
-                profile.record_execution(op.name, start, time.monotonic_ns(), queue=queue,
-                                         worker=worker, payload_length=op.target.length)
+                profile.record_execution(op.name, start, time.monotonic_ns(), submission_id,
+                                         queue=queue, worker=worker,
+                                         payload_length=op.target.length)
 
 
 def _describe(command: Any) -> tuple[str, Any, Any, tuple, int]:

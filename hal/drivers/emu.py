@@ -288,7 +288,7 @@ class _Job:
     """One operation handed to an engine's workers."""
 
     __slots__ = ("op", "batch", "queue", "not_before", "not_until", "left", "lock",
-                 "error", "host_start", "event", "calibrate", "seq")
+                 "error", "host_start", "event", "calibrate", "seq", "submission_id")
 
     def __init__(self, op: Operation, batch: _Batch, queue: int, not_before: int,
                  not_until: int, workers: int, event: TraceEvent, calibrate: bool) -> None:
@@ -304,6 +304,7 @@ class _Job:
         self.event = event
         self.calibrate = calibrate
         self.seq = 0
+        self.submission_id = 0
 
 
 def _sleep_until(deadline_ns: int) -> None:
@@ -533,8 +534,11 @@ class EmuDevice(Device):
                       queue: int) -> Callable[[Completion], None]:
         return functools.partial(method, payload, context=(wait, signal, queue))
 
-    def _execute(self, ops: Submission, done: Completion, context: Any = None) -> None:
-        self._enqueue(context, ops, done)
+    profiles_submissions = True
+
+    def _execute(self, ops: Submission, done: Completion, context: Any = None,
+                 submission_id: int = 0) -> None:
+        self._enqueue(context, (ops, submission_id), done)
 
     def _call(self, work: Callable[[], None], done: Completion, context: Any = None) -> None:
         self._enqueue(context, work, done)
@@ -563,9 +567,9 @@ class EmuDevice(Device):
             item = None
             error = self._lost
             if error is None:
-                if isinstance(work, Submission):
+                if type(work) is tuple:
                     error = run_capturing(functools.partial(
-                        self._run_submission, work, wait, signal, q))
+                        self._run_submission, work[0], wait, signal, q, work[1]))
                 else:
                     error = run_capturing(work)
                     with self._lock:
@@ -596,7 +600,8 @@ class EmuDevice(Device):
             if len(history) > 64:
                 del history[:-64]
 
-    def _run_submission(self, submission: Submission, wait: Any, signal: Any, q: int) -> None:
+    def _run_submission(self, submission: Submission, wait: Any, signal: Any, q: int,
+                        submission_id: int = 0) -> None:
         ops = submission.operations()
         model = self.model
         profile = self.profile
@@ -669,6 +674,7 @@ class EmuDevice(Device):
                 not_until = wall_anchor + (op_start + cost - start)
             job = _Job(op, batch, q, not_before, not_until, workers, event, self.calibrating)
             job.seq = next(self._issued)
+            job.submission_id = submission_id
             batch.add()
             for target in targets:
                 target.put(job)
@@ -745,21 +751,21 @@ class EmuDevice(Device):
             status = 0 if error is None else int(getattr(error, "code", 2))
             op = job.op
             end_tick = event.start_ns + event.duration_ns
+            sid, q = job.submission_id, job.queue
             if type(op) is Dispatch:
                 prepared = op.prepared
                 s = prepared.state
                 groups = (s.workgroup_count_x, s.workgroup_count_y, s.workgroup_count_z)
-                profile.record_dispatch(prepared.executable, prepared.export.name, groups,
-                                        event.start_ns, end_tick, queue=job.queue,
+                exe, name = prepared.executable, prepared.export.name
+                profile.record_dispatch(exe, name, groups, event.start_ns, end_tick, sid, queue=q,
                                         worker="compute", clock=DEVICE, status_code=status)
-                profile.record_dispatch(prepared.executable, prepared.export.name, groups,
-                                        host_start, host_end, queue=job.queue,
+                profile.record_dispatch(exe, name, groups, host_start, host_end, sid, queue=q,
                                         worker="compute workers", clock=HOST, status_code=status)
             else:
-                profile.record_execution(op.name, event.start_ns, end_tick, queue=job.queue,
+                profile.record_execution(op.name, event.start_ns, end_tick, sid, queue=q,
                                          worker=event.engine, clock=DEVICE, status_code=status,
                                          payload_length=event.size)
-                profile.record_execution(op.name, host_start, host_end, queue=job.queue,
+                profile.record_execution(op.name, host_start, host_end, sid, queue=q,
                                          worker=event.engine, clock=HOST, status_code=status,
                                          payload_length=event.size)
         job.batch.finish(error)

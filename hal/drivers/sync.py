@@ -23,10 +23,13 @@ class SyncDevice(Device):
 
     # -- driver contract --------------------------------------------------------------
 
-    def _execute(self, ops: Submission, done: Completion) -> None:
+    profiles_submissions = True
+
+    def _execute(self, ops: Submission, done: Completion, submission_id: int = 0) -> None:
         profile = self.profile
         if profile is not None and profile.records_host_execution:
-            done(run_capturing(functools.partial(run_profiled, ops, profile, "inline")))
+            done(run_capturing(functools.partial(run_profiled, ops, profile, "inline",
+                                                 submission_id=submission_id)))
             return
         done(run_capturing(Stream(ops).run))
 

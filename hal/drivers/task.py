@@ -63,12 +63,15 @@ class TaskDevice(Device):
 
     # -- driver contract --------------------------------------------------------------
 
-    def _execute(self, ops: Submission, done: Completion) -> None:
+    profiles_submissions = True
+
+    def _execute(self, ops: Submission, done: Completion, submission_id: int = 0) -> None:
         ex = self.executor
         profile = self.profile
         if profile is not None and profile.records_host_execution:
             def profiled() -> None:
-                run_profiled(ops, profile, threading.current_thread().name)
+                run_profiled(ops, profile, threading.current_thread().name,
+                             submission_id=submission_id)
 
             task = CallTask(ex, profiled, name="submit-profiled")
             task.on_complete(done)
