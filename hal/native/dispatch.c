@@ -208,19 +208,30 @@ static int tinyhal_stream_dispatch(tinyhal_stream_t* stream, tinyhal_op_t* op, u
   return rc;
 }
 
-static void tinyhal_wait_word(uint32_t* word, uint32_t seen) {
+/* Sleeping and waking on a stream word. A thread about to sleep counts itself in
+ * `stream->sleepers` first, and a bump makes the wake system call only when someone may
+ * sleep: with sequentially consistent order on both sides, either the bumper sees the
+ * sleeper or the sleeper sees the new value (and the kernel rechecks it again). A stream
+ * run by one participant (the sync driver) so never enters the kernel. */
+static void tinyhal_wait_word(tinyhal_stream_t* stream, uint32_t* word, uint32_t seen) {
   for (int i = 0; i < TINYHAL_SPIN_ITERATIONS; ++i) {
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen) return;
     tinyhal_pause();
   }
   while (__atomic_load_n(word, __ATOMIC_ACQUIRE) == seen) {
-    tinyhal_futex(word, FUTEX_WAIT_PRIVATE, seen);
+    __atomic_add_fetch(&stream->sleepers, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(word, __ATOMIC_SEQ_CST) == seen) {
+      tinyhal_futex(word, FUTEX_WAIT_PRIVATE, seen);
+    }
+    __atomic_sub_fetch(&stream->sleepers, 1, __ATOMIC_SEQ_CST);
   }
 }
 
-static void tinyhal_bump_word(uint32_t* word) {
-  __atomic_add_fetch(word, 1, __ATOMIC_ACQ_REL);
-  tinyhal_futex(word, FUTEX_WAKE_PRIVATE, 0x7FFFFFFF);
+static void tinyhal_bump_word(tinyhal_stream_t* stream, uint32_t* word) {
+  __atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&stream->sleepers, __ATOMIC_SEQ_CST)) {
+    tinyhal_futex(word, FUTEX_WAKE_PRIVATE, 0x7FFFFFFF);
+  }
 }
 
 /* Leader: runs every operation in order. Returns 0 or the first failing status. */
@@ -244,7 +255,7 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
                                             0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
           posted = ((post >> 32) + 1) << 32;
         }
-        tinyhal_bump_word(&stream->wake);
+        tinyhal_bump_word(stream, &stream->wake);
         tinyhal_stream_dispatch(stream, op, i, wg);
         /* Leave: close the generation to new joiners, then wait for joined helpers. */
         uint64_t state = __atomic_load_n(&stream->post, __ATOMIC_ACQUIRE);
@@ -255,7 +266,7 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
         for (;;) {
           uint32_t seen = __atomic_load_n(&stream->left, __ATOMIC_ACQUIRE);
           if ((__atomic_load_n(&stream->post, __ATOMIC_ACQUIRE) & 0xFFFFFFFFu) == 0) break;
-          tinyhal_wait_word(&stream->left, seen);
+          tinyhal_wait_word(stream, &stream->left, seen);
         }
         break;
       }
@@ -270,7 +281,7 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
     }
   }
   __atomic_store_n(&stream->done, 1, __ATOMIC_RELEASE);
-  tinyhal_bump_word(&stream->wake);
+  tinyhal_bump_word(stream, &stream->wake);
   return __atomic_load_n(&stream->status, __ATOMIC_ACQUIRE);
 }
 
@@ -293,11 +304,11 @@ static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_stat
           tinyhal_stream_dispatch(stream, op, index, wg);
         }
         __atomic_sub_fetch(&stream->post, 1, __ATOMIC_ACQ_REL);
-        tinyhal_bump_word(&stream->left);
+        tinyhal_bump_word(stream, &stream->left);
       }
       continue;
     }
-    tinyhal_wait_word(&stream->wake, seen);
+    tinyhal_wait_word(stream, &stream->wake, seen);
   }
 }
 

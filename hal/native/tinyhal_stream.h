@@ -45,6 +45,7 @@ typedef struct tinyhal_stream_t {
   uint64_t failed_workgroup;
   uint64_t post;
   tinyhal_op_t* current;
+  uint32_t sleepers; /* threads in (or entering) a futex wait on `wake` or `left` */
 } tinyhal_stream_t;
 
 /* Where one binding of a recorded stream goes: on each execution the 8-byte word at

@@ -138,3 +138,38 @@ def test_fence_await_async_resumes_when_signalled(env):
         return result
 
     assert trio.run(main) == [0]
+
+
+def test_every_export_is_declared_with_its_ref_types():
+    from tinyhal.vm.hal_module import EXPORTS
+
+    mod = create_hal_module(hal.create_device("sync"))
+    assert {f"hal.{name}" for name, *_ in EXPORTS} == set(mod.functions)
+    for name, cconv, refs, _yieldable in EXPORTS:
+        assert mod.functions[f"hal.{name}"].cconv == cconv
+        if refs is not None:
+            assert all(r is None or r.rstrip("?") in (
+                "hal.allocator", "hal.buffer", "hal.buffer_view", "hal.command_buffer",
+                "hal.device", "hal.executable", "hal.fence", "hal.file") for r in refs)
+
+
+@pytest.mark.parametrize("name, args, message", [
+    ("buffer.length", (None,), "expected a hal.buffer ref but got null"),
+    ("buffer_view.rank", ("view",), "expected a hal.buffer_view ref but got str"),
+    ("device.allocator", (3,), "expected a hal.device ref but got int"),
+    ("fence.query", (None,), "expected a hal.fence ref but got null"),
+])
+def test_declared_refs_are_checked_before_the_shim_runs(env, name, args, message):
+    _dev, call = env
+    with pytest.raises(tinyhal.errors.InvalidArgumentError, match=message):
+        call(name, *args)
+
+
+def test_nullable_refs_accept_null_and_reject_other_types(env):
+    dev, call = env
+    # queue.barrier's wait and signal fences may be null ...
+    call("device.queue.barrier", dev, -1, None, None, 0)
+    # ... but not another type
+    with pytest.raises(tinyhal.errors.InvalidArgumentError,
+                       match="expected a hal.fence ref or null but got SyncDevice|TaskDevice"):
+        call("device.queue.barrier", dev, -1, dev, None, 0)
