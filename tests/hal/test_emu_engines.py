@@ -225,3 +225,28 @@ def test_summary_reports_engines_bytes_and_peak(noop_library):
         text = s.format()
         assert "dma1" in text and "peak device memory" in text
         assert np.array_equal(np.frombuffer(emu.read_bytes(b, 0, 4), np.uint8), [2, 2, 2, 2])
+
+
+def test_timeline_script_draws_an_exported_trace(noop_library, tmp_path):
+    pytest.importorskip("matplotlib")
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "emu_timeline.py"
+    spec = importlib.util.spec_from_file_location("emu_timeline", script)
+    timeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timeline)
+    with make(queues=2, dma_engines=2) as emu:
+        exe = emu.load_executable(noop_library)
+        buf = emu.allocator.allocate(1 << 16)
+        for q in (0, 1):
+            cb = emu.create_command_buffer()
+            cb.fill(buf, 0, 1 << 16, q)
+            cb.dispatch(exe, "k", (8, 1, 1))
+            cb.finalize()
+            run(emu, cb, queue=q).wait(1, timeout=30)
+        emu.export_trace(str(tmp_path / "t.json"))
+    events, title = timeline.trace_events(str(tmp_path / "t.json"))
+    assert len(events) == 4 and {e["queue"] for e in events} == {0, 1}
+    timeline.plot(events, title, str(tmp_path / "t.png"))
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
