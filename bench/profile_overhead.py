@@ -81,7 +81,10 @@ def measure(driver: str, vmfb, x, rounds: int, calls: int, test_ns: float) -> di
         counter = Profile(modes=MODES).attach(module.device)
         call()
         counter.detach(module.device)
-        tests_per_call = counter.event_count  # one hook-site test per recorded event
+        # At most one hook-site test per recorded event: the device layer tests once per
+        # queue operation and allocator change, the drivers once per submission (sync,
+        # task) or per operation (emu), each of which records at least one span.
+        tests_per_call = counter.event_count
         off: list[float] = []
         on: list[float] = []
         for _ in range(rounds):

@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import fnmatch
 import functools
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -108,6 +109,7 @@ class Device:
         self.transient = TransientRingbuffer(self.allocator, transient_capacity)
         _live_devices.add(self)
         self.profile: Profile | None = None  # set by Profile.attach; hooks test it
+        self._lost: Error | None = None  # set by `_lose`: every entry fails with it
 
     def __repr__(self) -> str:
         return f"<Device {self.identifier}>"
@@ -239,59 +241,107 @@ class Device:
     def concurrency(self) -> int:
         return 1
 
+    @property
+    def queue_count(self) -> int:
+        """How many queues the device has (the `queue=` argument of queue operations)."""
+        return 1
+
+    def _check_queue(self, queue: int) -> None:
+        if type(queue) is not int or not 0 <= queue < self.queue_count:
+            raise InvalidArgumentError(
+                f"queue {queue!r} out of range: {self!r} has {self.queue_count} queue(s)")
+
+    def _driver_start(self, method: Callable[..., None], payload: Any,
+                      wait: list[SemaphorePoint], signal: list[SemaphorePoint], queue: int
+                      ) -> Callable[[Completion], None]:
+        """How a queue entry starts its driver work: `method(payload, done)`. A driver
+        that models queues or dependencies overrides this to pass them along."""
+        return functools.partial(method, payload)
+
+    # -- profiling --------------------------------------------------------------------
+
+    default_profiling_modes: tuple[str, ...] = ("queue-events", "host-execution", "memory-events")
+    profiles_submissions = False
+    """True for a driver whose `_execute` takes `submission_id=` while a session records
+    (the profile's id of the submission), to tie its spans to the queue submission."""
+
+    @contextlib.contextmanager
+    def profiling(self, modes: str | Sequence[str] | None = None, capacity: int = 1_000_000
+                  ) -> Iterator[Profile]:
+        """A profiling session of this device for the `with` block; yields the `Profile`
+        (export it with `profile.write(path)` after the block). `modes` as
+        `--device_profiling_mode` (default: the driver's `default_profiling_modes`)."""
+        if self.profile is not None:
+            raise FailedPreconditionError(f"{self!r} is already being profiled")
+        profile = Profile(self.identifier, modes or self.default_profiling_modes,
+                          queue_count=self.queue_count, capacity=capacity)
+        profile.attach(self)
+        try:
+            yield profile
+        finally:
+            profile.detach(self)
+
     # -- queue ------------------------------------------------------------------------
 
     def submit(self, batch: CommandBuffer | Sequence[CommandBuffer], wait: Points = (),
-               signal: Points = (), binding_table: Sequence[Any] | None = None) -> None:
+               signal: Points = (), binding_table: Sequence[Any] | None = None,
+               queue: int = 0) -> None:
         """Queues command buffers to run once `wait` is reached; advances `signal` after.
 
         Returns at once. Validation errors raise here; errors while running fail the
-        signal semaphores.
+        signal semaphores. `queue` picks the device queue (0 .. `queue_count`-1); every
+        queue operation takes it.
         """
         batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
         wait_points = normalize_points(wait, "wait")
         signal_points = normalize_points(signal, "signal")
+        self._check_queue(queue)
         ops = resolve_commands(batch_list, binding_table, self.concurrency)
+        start = self._driver_start(self._execute, ops, wait_points, signal_points, queue)
         if self.profile is not None:
-            self.profile.record_submission("execute", wait_points, signal_points, batch_list)
-        self._accept(wait_points, signal_points, (batch_list, binding_table, ops),
-                     functools.partial(self._execute, ops))
+            submission_id = self.profile.record_submission(
+                "execute", wait_points, signal_points, batch_list, queue=queue)
+            if submission_id and self.profiles_submissions:
+                start = functools.partial(start, submission_id=submission_id)
+        self._accept(wait_points, signal_points, (batch_list, binding_table, ops), start)
 
     queue_execute = submit
 
-    def queue_barrier(self, wait: Points = (), signal: Points = ()) -> None:
+    def queue_barrier(self, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
         """Advances `signal` once `wait` is reached; no work."""
         wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        self._check_queue(queue)
         if self.profile is not None:
-            self.profile.record_submission("barrier", wait_points, signal_points)
+            self.profile.record_submission("barrier", wait_points, signal_points, queue=queue)
         self._accept(wait_points, signal_points,
                      None, _no_work)
 
     def queue_fill(self, target: Buffer, offset: int, length: int, pattern: int | bytes,
-                   wait: Points = (), signal: Points = (), pattern_length: int | None = None
-                   ) -> None:
+                   wait: Points = (), signal: Points = (), pattern_length: int | None = None,
+                   queue: int = 0) -> None:
         cb = self.create_command_buffer()
         cb.fill(target, offset, length, pattern, pattern_length)
         cb.finalize()
-        self.submit(cb, wait, signal)
+        self.submit(cb, wait, signal, queue=queue)
 
     def queue_update(self, source: Any, target: Buffer, offset: int = 0,
-                     wait: Points = (), signal: Points = (), length: int | None = None) -> None:
+                     wait: Points = (), signal: Points = (), length: int | None = None,
+                     queue: int = 0) -> None:
         """Writes host bytes into `target`; the source is captured at this call."""
         cb = self.create_command_buffer()
         cb.update(source, target, offset, length)
         cb.finalize()
-        self.submit(cb, wait, signal)
+        self.submit(cb, wait, signal, queue=queue)
 
     def queue_copy(self, source: Buffer, source_offset: int, target: Buffer, target_offset: int,
-                   length: int, wait: Points = (), signal: Points = ()) -> None:
+                   length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
         cb = self.create_command_buffer()
         cb.copy(source, source_offset, target, target_offset, length)
         cb.finalize()
-        self.submit(cb, wait, signal)
+        self.submit(cb, wait, signal, queue=queue)
 
     def queue_read(self, source: Any, source_offset: int, target: Buffer, target_offset: int,
-                   length: int, wait: Points = (), signal: Points = ()) -> None:
+                   length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
         """Reads `length` bytes from a file (path or binary file object) or host memory."""
         ref = as_buffer_ref((target, target_offset, length), "read target", 0)
         target.validate_usage(BufferUsage.TRANSFER_TARGET, "read target")
@@ -312,13 +362,15 @@ class Device:
                 target.host_bytes()[ref.offset : ref.offset + length] = (
                     src[source_offset : source_offset + length])
         wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        self._check_queue(queue)
         if self.profile is not None:
-            self.profile.record_submission("read", wait_points, signal_points, payload_length=length)
-        self._accept(wait_points, signal_points,
-                     (source, target), functools.partial(self._call, read))
+            self.profile.record_submission("read", wait_points, signal_points, payload_length=length,
+                                           queue=queue)
+        self._accept(wait_points, signal_points, (source, target),
+                     self._driver_start(self._call, read, wait_points, signal_points, queue))
 
     def queue_write(self, source: Buffer, source_offset: int, target: Any, target_offset: int,
-                    length: int, wait: Points = (), signal: Points = ()) -> None:
+                    length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
         """Writes buffer bytes to a file (path or binary file object) or writable host memory."""
         ref = as_buffer_ref((source, source_offset, length), "write source", 0)
         source.validate_usage(BufferUsage.TRANSFER_SOURCE, "write source")
@@ -343,14 +395,17 @@ class Device:
             def write() -> None:
                 dst[target_offset : target_offset + length] = data()
         wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        self._check_queue(queue)
         if self.profile is not None:
-            self.profile.record_submission("write", wait_points, signal_points, payload_length=length)
-        self._accept(wait_points, signal_points,
-                     (source, target), functools.partial(self._call, write))
+            self.profile.record_submission("write", wait_points, signal_points, payload_length=length,
+                                           queue=queue)
+        self._accept(wait_points, signal_points, (source, target),
+                     self._driver_start(self._call, write, wait_points, signal_points, queue))
 
     def queue_alloca(self, size: int, wait: Points = (), signal: Points = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
-                     usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING) -> Buffer:
+                     usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING,
+                     queue: int = 0) -> Buffer:
         """A transient buffer usable once `signal` is reached.
 
         Its memory comes from the transient ringbuffer when the alloca runs; a full ring
@@ -359,15 +414,18 @@ class Device:
         """
         wait_points = normalize_points(wait, "wait")
         signal_points = normalize_points(signal, "signal")
+        self._check_queue(queue)
         self.transient.check_size(size)
         buffer = self._alloca(size, memory_type, usage)
         if self.profile is not None:
-            self.profile.record_submission("alloca", wait_points, signal_points, payload_length=size)
+            self.profile.record_submission("alloca", wait_points, signal_points, payload_length=size,
+                                           queue=queue)
         self._accept(wait_points, signal_points, buffer,
                      functools.partial(self._commit_alloca, buffer))
         return buffer
 
-    def queue_dealloca(self, buffer: Buffer, wait: Points = (), signal: Points = ()) -> None:
+    def queue_dealloca(self, buffer: Buffer, wait: Points = (), signal: Points = (),
+                       queue: int = 0) -> None:
         """Frees a buffer once `wait` is reached; later use of it is rejected."""
         if not isinstance(buffer, Buffer):
             raise InvalidArgumentError(f"queue_dealloca takes a Buffer, not {buffer!r}")
@@ -378,9 +436,10 @@ class Device:
             done(None)
 
         wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        self._check_queue(queue)
         if self.profile is not None:
             self.profile.record_submission("dealloca", wait_points, signal_points,
-                                           payload_length=buffer.byte_length)
+                                           payload_length=buffer.byte_length, queue=queue)
         self._accept(wait_points, signal_points, buffer, dealloca)
 
     # -- in-flight work ---------------------------------------------------------------
@@ -426,6 +485,9 @@ class Device:
                 entry.state = _RUNNING
                 self._running += 1
         done = functools.partial(self._retire, entry)
+        if self._lost is not None:
+            self._retire(entry, self._lost)
+            return
         if not wait:
             try:
                 start(done)
@@ -434,6 +496,7 @@ class Device:
             return
 
         def ready(error: Error | None) -> None:
+            error = error or self._lost
             if error is not None:
                 self._retire(entry, error)
                 return
@@ -469,6 +532,24 @@ class Device:
                     self._running -= 1
                 if self._watchers and (not self._running or not self._in_flight):
                     self._idle.notify_all()
+
+    def _lose(self, error: Error) -> None:
+        """Loses the device: entries waiting on semaphores fail with `error` now, as do
+        parked `queue_alloca` reservations and every later entry; the driver fails the
+        work it holds. The device stays usable only for `close()`."""
+        with self._entries_lock:
+            if self._lost is not None:
+                return
+            self._lost = error
+            waiting = [e for e in self._in_flight if e.state is _WAITING]
+            for entry in waiting:
+                entry.state = _RETIRED
+                self._in_flight.discard(entry)
+            if self._watchers:
+                self._idle.notify_all()
+        self.transient.close(error)
+        for entry in waiting:
+            self._finish(entry, error)
 
     def _finish(self, entry: _Entry, error: Error | None) -> None:
         # The resource set goes before the signal, so a woken waiter sees it released.

@@ -547,6 +547,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="task",
                    help="sync, task or emu (local-sync/local-task accepted)")
     p.add_argument("--output_max_element_count", type=int, default=1024)
+    p.add_argument("--device_profiling_mode", default="",
+                   help="profile the device during the call: comma-separated modes "
+                        "(queue-events, host-execution, memory-events, dispatch-events, ...)")
+    p.add_argument("--device_profiling_output", default="",
+                   help="where the profile goes; .json is Chrome trace JSON, .jsonl is "
+                        "IREE's ireeperf-jsonl")
+    p.add_argument("--emu_summary", action="store_true",
+                   help="on emu: print the run's modelled-time summary to stderr")
     p.add_argument("--print_statistics", action="store_true",
                    help="print device allocator statistics to stderr")
     return p
@@ -557,6 +565,14 @@ def _device_name(name: str) -> str:
     if "://" in name:
         name = name.split("://", 1)[0]
     return name
+
+
+def _device_options(name: str) -> dict[str, Any]:
+    """`emu://PRESET` picks an emulator preset (e.g. `--device=emu://edge-npu`)."""
+    driver, sep, rest = name.strip().partition("://")
+    if sep and rest and driver == "emu":
+        return {"preset": rest.strip("/")}
+    return {}
 
 
 def _as_argument(device: Any, value: Any) -> Any:
@@ -585,7 +601,15 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         if not os.path.exists(path):
             raise InvalidArgumentError(f"module file {path!r} does not exist")
         factories = [native_module_factory(s) for s in args.native_module]
-        module = Module(path, _device_name(args.device), modules=factories)
+        profile_output = args.device_profiling_output
+        if args.device_profiling_mode and not profile_output:
+            raise InvalidArgumentError("--device_profiling_mode needs --device_profiling_output")
+        if profile_output and not profile_output.endswith((".json", ".jsonl")):
+            raise InvalidArgumentError(
+                f"--device_profiling_output={profile_output}: the extension picks the format, "
+                "'.json' (Chrome trace) or '.jsonl' (ireeperf-jsonl)")
+        module = Module(path, _device_name(args.device), modules=factories,
+                        **_device_options(args.device))
         name = args.function
         if not name:
             names = [n for n in module.functions if "$" not in n]
@@ -595,7 +619,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                     "specified explicitly" if names else "no exported functions in the module"
                 )
             name = names[0]
-        info, _ = module.lookup(name)
+        info, vmf = module.lookup(name)
         values: list[Any] = []
         for text in args.input:
             spec = info.inputs[len(values)] if len(values) < len(info.inputs) else None
@@ -611,8 +635,18 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         stdout.write(f"EXEC @{name}\n")
         stdout.flush()
         arguments = [_as_argument(module.device, v) for v in values]
-        results = module.invoke_raw(name, *arguments)
-        cconvs = module.bytecode.exports[name].cconv.results
+        if profile_output:
+            with module.device.profiling(args.device_profiling_mode or None) as profile:
+                results = module.invoke_raw(name, *arguments)
+            profile.write(profile_output)
+        else:
+            results = module.invoke_raw(name, *arguments)
+        if args.emu_summary:
+            summary = getattr(module.device, "summary", None)
+            if summary is None:
+                raise InvalidArgumentError("--emu_summary needs --device=emu")
+            stderr.write(summary().format())
+        cconvs = vmf.cconv.results
         if args.expected_output is not None:
             expected: list[Any] = []
             for text in args.expected_output:

@@ -15,13 +15,19 @@ this order in every driver module:
   running. Optional (the default does nothing).
 
 Optional capabilities: `concurrency` (workers a dispatch may spread over, default 1),
-`_create_allocator()` (a driver with its own memory model), `statistics()`. Drivers keep
+`queue_count` (queues the `queue=` argument of queue operations may name, default 1; the
+device validates it), `_driver_start(method, payload, wait, signal, queue)` (how an entry
+calls `_execute` / `_call`: a driver that models queues or dependencies passes them on),
+`_create_allocator()` (a driver with its own memory model), `statistics()`. While a
+profiling session is attached (`device.profile is not None`) drivers record their own
+spans into it (per dispatch and transfer); when it is None that costs one attribute test. Drivers keep
 nothing alive for the work's sake: the device's resource sets do that. A driver that
 lacks `_execute` or `_call` fails such work with UNIMPLEMENTED (the `Device` defaults).
 
 `sync` runs both inline on the thread that readies the work; `task` runs them on a
 `tinyhal.scheduler.Executor` (a command stream shared by its workers); `emu` runs them
-on one command-processor thread with a simulated clock.
+on a command-processor thread per queue that feeds DMA-engine and compute-unit worker
+threads, on a modelled clock (see `docs/emu.md`).
 """
 
 from __future__ import annotations

@@ -8,10 +8,12 @@ other drivers.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from ..device import Completion, Device, run_capturing
 from ..execution import Submission
+from ..profile import run_profiled
 from ..stream import Stream
 
 
@@ -21,7 +23,14 @@ class SyncDevice(Device):
 
     # -- driver contract --------------------------------------------------------------
 
-    def _execute(self, ops: Submission, done: Completion) -> None:
+    profiles_submissions = True
+
+    def _execute(self, ops: Submission, done: Completion, submission_id: int = 0) -> None:
+        profile = self.profile
+        if profile is not None and profile.records_host_execution:
+            done(run_capturing(functools.partial(run_profiled, ops, profile, "inline",
+                                                 submission_id=submission_id)))
+            return
         done(run_capturing(Stream(ops).run))
 
     def _call(self, work: Callable[[], None], done: Completion) -> None:

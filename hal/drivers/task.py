@@ -29,6 +29,7 @@ from ...errors import InvalidArgumentError
 from ...scheduler import CallTask, CooperativeTask, Executor
 from ..device import Completion, Device, run_capturing
 from ..execution import Submission
+from ..profile import run_profiled
 from ..stream import Stream
 
 DEFAULT_INLINE_BYTES = 64 << 10
@@ -62,8 +63,20 @@ class TaskDevice(Device):
 
     # -- driver contract --------------------------------------------------------------
 
-    def _execute(self, ops: Submission, done: Completion) -> None:
+    profiles_submissions = True
+
+    def _execute(self, ops: Submission, done: Completion, submission_id: int = 0) -> None:
         ex = self.executor
+        profile = self.profile
+        if profile is not None and profile.records_host_execution:
+            def profiled() -> None:
+                run_profiled(ops, profile, threading.current_thread().name,
+                             submission_id=submission_id)
+
+            task = CallTask(ex, profiled, name="submit-profiled")
+            task.on_complete(done)
+            ex.submit(task)
+            return
         if ops.single_workgroup and ops.transfer_bytes() <= self.inline_bytes:
             # Tiny: nothing to spread over workers, so no worker is woken for it; it
             # runs on whichever thread readies it (usually the submitting one).

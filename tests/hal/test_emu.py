@@ -55,7 +55,7 @@ def test_cost_model_trace_and_clock(emu, tmp_path):
     cb.finalize()
     wait(emu, cb)
     events = emu.trace()
-    assert [(e.name, e.engine) for e in events] == [("fill", "dma"), ("copy", "dma")]
+    assert [(e.name, e.engine) for e in events] == [("fill", "dma0"), ("copy", "dma0")]
     # 1 µs latency + 1000 B at 1 GB/s = 2 µs each, the copy after the barrier
     assert [e.duration_ns for e in events] == [2000, 2000]
     assert events[1].start_ns == events[0].start_ns + 2000
@@ -64,7 +64,9 @@ def test_cost_model_trace_and_clock(emu, tmp_path):
     path = tmp_path / "trace.json"
     emu.export_trace(str(path))
     trace = json.loads(path.read_text())
-    assert len(trace["traceEvents"]) == 2 and trace["traceEvents"][0]["ph"] == "X"
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    # each operation on its engine's track and on its queue's track
+    assert len(spans) == 4 and {e["name"] for e in spans} == {"fill", "copy"}
 
 
 def test_engines_overlap_between_barriers(emu):
