@@ -361,13 +361,7 @@ class Device:
             def read() -> None:
                 target.host_bytes()[ref.offset : ref.offset + length] = (
                     src[source_offset : source_offset + length])
-        wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
-        self._check_queue(queue)
-        if self.profile is not None:
-            self.profile.record_submission("read", wait_points, signal_points, payload_length=length,
-                                           queue=queue)
-        self._accept(wait_points, signal_points, (source, target),
-                     self._driver_start(self._call, read, wait_points, signal_points, queue))
+        self._accept_host_transfer("read", wait, signal, queue, length, (source, target), read)
 
     def queue_write(self, source: Buffer, source_offset: int, target: Any, target_offset: int,
                     length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
@@ -394,13 +388,18 @@ class Device:
 
             def write() -> None:
                 dst[target_offset : target_offset + length] = data()
+        self._accept_host_transfer("write", wait, signal, queue, length, (source, target), write)
+
+    def _accept_host_transfer(self, operation: str, wait: Points, signal: Points, queue: int,
+                              length: int, resources: Any, work: Callable[[], None]) -> None:
+        """Queues `work`, a host-side read or write of `length` bytes holding `resources`."""
         wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
         self._check_queue(queue)
         if self.profile is not None:
-            self.profile.record_submission("write", wait_points, signal_points, payload_length=length,
-                                           queue=queue)
-        self._accept(wait_points, signal_points, (source, target),
-                     self._driver_start(self._call, write, wait_points, signal_points, queue))
+            self.profile.record_submission(operation, wait_points, signal_points,
+                                           payload_length=length, queue=queue)
+        self._accept(wait_points, signal_points, resources,
+                     self._driver_start(self._call, work, wait_points, signal_points, queue))
 
     def queue_alloca(self, size: int, wait: Points = (), signal: Points = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
