@@ -244,6 +244,8 @@ def parse_elf(data: bytes, what: str = "executable") -> ElfLibrary:
                                  f"0x{p_offset:X} disagree modulo its alignment {p_align}")
             if p_flags & PF_W and p_flags & PF_X:
                 raise _unsupported(what, f"segment {i} is both writable and executable")
+            if not p_flags & PF_R:
+                raise _unsupported(what, f"segment {i} is not readable (flags {p_flags})")
             if p_memsz == 0:
                 continue
             if segments and p_vaddr < segments[-1].end:

@@ -21,6 +21,8 @@ from ..errors import (
     IncompatibleError,
     InternalError,
     InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
     UnimplementedError,
 )
 from . import isa
@@ -236,13 +238,36 @@ def _split_container(buf: memoryview) -> tuple[memoryview, int]:
     return fb, rodata_base
 
 
-def _to_view(source) -> tuple[memoryview, object]:
+def _origin(source) -> str:
+    """How errors name where a module came from: its path, or `<bytes>`."""
     if isinstance(source, (str, os.PathLike)):
-        with open(source, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                return memoryview(b""), None
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return os.fspath(source) if isinstance(os.fspath(source), str) else repr(source)
+    return "<bytes>"
+
+
+def _to_view(source, origin: str) -> tuple[memoryview, object]:
+    """A view of the module's bytes; a file is mapped privately (copy-on-write).
+
+    A private mapping gives every page its own copy on first write, so a program whose
+    kernels write into constant-backed buffers (IREE's tools read the file into writable
+    memory, where that works) runs here too, and the file on disk never changes.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            with open(source, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    return memoryview(b""), None
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except FileNotFoundError:
+            raise NotFoundError(f"module file not found: {origin}") from None
+        except PermissionError:
+            raise PermissionDeniedError(f"module file cannot be read: {origin}") from None
+        except IsADirectoryError:
+            raise InvalidArgumentError(f"module path is a directory: {origin}") from None
+        except (OSError, ValueError) as exc:
+            raise InvalidArgumentError(f"module file cannot be mapped: {origin}: {exc}"
+                                       ) from None
         return memoryview(mm), mm
     if isinstance(source, memoryview):
         return source.cast("B") if source.format != "B" else source, None
@@ -255,21 +280,25 @@ def load_module(source, *, name_hint: str | None = None) -> BytecodeModule:
     """Loads and verifies a `.vmfb` from a path, bytes, bytearray or memoryview.
 
     The returned module keeps zero-copy views of `source` (rodata buffers included);
-    a bytearray passed in must not be mutated afterwards.
+    a bytearray passed in must not be mutated afterwards. A path is mapped privately
+    (copy-on-write). Every error names the file (or `<bytes>`).
     """
-    view, owner = _to_view(source)
+    origin = _origin(source)
+    view, owner = _to_view(source, origin)
     try:
         return _load(view, owner)
-    except Error:
+    except Error as exc:
+        exc.message = f"{origin}: {exc.message}"
         raise
-    except RecursionError as exc:
-        raise InvalidArgumentError(f"module too deeply nested: {exc}") from None
+    except RecursionError:
+        raise InvalidArgumentError(f"{origin}: module too deeply nested") from None
     except MemoryError:
-        raise DataLossError("corrupt module: implausible sizes") from None
+        raise DataLossError(f"{origin}: corrupt module: implausible sizes") from None
     except SyntaxError as exc:  # pragma: no cover - generated code is ours
-        raise InternalError(f"code generation failed: {exc}") from exc
+        raise InternalError(f"{origin}: code generation failed: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - any other failure means a corrupt file
-        raise DataLossError(f"corrupt module: {type(exc).__name__}: {exc}") from None
+        raise DataLossError(f"{origin}: corrupt module: {type(exc).__name__}: {exc}"
+                            ) from None
 
 
 def _load(view: memoryview, owner) -> BytecodeModule:
