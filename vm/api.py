@@ -256,8 +256,12 @@ class Module:
             self.bytecode = load_module(data)
             self.hal_module = create_hal_module(self.device)
             self.context = Context([self.hal_module, self.bytecode])
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            origin = self.path or "<bytes>"
+            if isinstance(exc, Error) and not exc.message.startswith(origin):
+                exc.message = f"{origin}: {exc.message}"
+                exc.args = (exc.message,)
             raise
         self.name = self.bytecode.name
         self.functions: dict[str, FunctionInfo] = {}
