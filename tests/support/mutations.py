@@ -208,3 +208,89 @@ def mutate(data: bytes, seed: str, mutator: str | None = None) -> tuple[bytes, s
             buf[at] = rng.randrange(256)
         detail = f"flatbuffer byte at {at}"
     return bytes(buf), f"{mutator}: {detail}"
+
+
+# -- the modules fuzzed --------------------------------------------------------------
+
+TINY = """
+func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = arith.addf %a, %b : tensor<4xf32>
+  %1 = arith.mulf %0, %b : tensor<4xf32>
+  return %1 : tensor<4xf32>
+}
+"""
+
+SYSTEM_ELF = """
+func.func @main(%a: tensor<3x70xf32>, %b: tensor<70x5xf32>) -> (tensor<3x5xf32>, tensor<3xf32>) {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<3x5xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<3x5xf32>) -> tensor<3x5xf32>
+  %m = linalg.matmul ins(%a, %b : tensor<3x70xf32>, tensor<70x5xf32>)
+                     outs(%f : tensor<3x5xf32>) -> tensor<3x5xf32>
+  %e2 = tensor.empty() : tensor<3xf32>
+  %f2 = linalg.fill ins(%z : f32) outs(%e2 : tensor<3xf32>) -> tensor<3xf32>
+  %s = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>,
+                                        affine_map<(d0, d1) -> (d0)>],
+                       iterator_types = ["parallel", "reduction"]}
+      ins(%a : tensor<3x70xf32>) outs(%f2 : tensor<3xf32>) {
+  ^bb0(%x: f32, %acc: f32):
+    %t = math.tanh %x : f32
+    %r = arith.addf %t, %acc : f32
+    linalg.yield %r : f32
+  } -> tensor<3xf32>
+  return %m, %s : tensor<3x5xf32>, tensor<3xf32>
+}
+"""
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A module to mutate: its file, the function to call and its inputs."""
+
+    name: str
+    path: str
+    function: str
+    shapes: tuple[tuple[int, ...], ...]
+
+    def inputs(self) -> list:
+        import numpy as np
+
+        rng = np.random.default_rng(7)
+        return [rng.standard_normal(s).astype(np.float32) for s in self.shapes]
+
+    def iree_inputs(self, directory: str) -> list[str]:
+        """`--input=@x.npy` flags for iree-run-module, the arrays saved in `directory`."""
+        import os
+
+        import numpy as np
+
+        out = []
+        for i, array in enumerate(self.inputs()):
+            path = os.path.join(directory, f"{self.name}-input{i}.npy")
+            np.save(path, array)
+            out.append(f"--input=@{path}")
+        return out
+
+
+def subjects(names: list[str]) -> list[Subject]:
+    """The modules named (tiny, small_cnn, system_elf, mobilenet), compiled or cached."""
+    from .iree_tools import HOST_FLAGS, compile_mlir
+    from .models import mobilenet_v2_vmfb, small_cnn_vmfb
+
+    table = {
+        "tiny": lambda: Subject("tiny", str(compile_mlir(TINY, HOST_FLAGS)), "main",
+                                ((4,), (4,))),
+        "small_cnn": lambda: Subject("small_cnn", str(small_cnn_vmfb()), "small_cnn",
+                                     ((1, 3, 64, 64),)),
+        "system_elf": lambda: Subject(
+            "system_elf", str(compile_mlir(SYSTEM_ELF, [*HOST_FLAGS,
+                                                        "--iree-llvmcpu-link-embedded=false"])),
+            "main", ((3, 70), (70, 5))),
+        "mobilenet": lambda: Subject("mobilenet", str(mobilenet_v2_vmfb()), "main_graph",
+                                     ((1, 3, 224, 224),)),
+    }
+    return [table[n]() for n in names]
+
+
+def case_seed(seed: int, subject: str, case: int) -> str:
+    return f"{seed}:{subject}:{case}"
