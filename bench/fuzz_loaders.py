@@ -9,6 +9,7 @@ and run (fixed inputs) on each driver asked for and classified:
 
   ran       loaded and ran on every driver
   error     a clean tinyhal.Error (on at least one driver)
+  unclear   a tinyhal.Error that is INTERNAL or only repeats a Python exception: a bug
   other     a non-tinyhal exception: a bug
   crash     the child died by a signal
   hang      the case exceeded its timeout
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -41,7 +43,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 from _common import RESULTS_DIR, print_table, write_results  # noqa: E402
 
-from support.mutations import Subject, case_seed, mutate, subjects  # noqa: E402
+from support.mutations import Subject, case_seed, mutate, subjects, touches_code  # noqa: E402
+
+PYTHON_INTERNALS = re.compile(
+    r"\b(IndexError|KeyError|struct\.error|UnicodeDecodeError|TypeError|ValueError|"
+    r"AttributeError|RuntimeError|OverflowError|ZeroDivisionError|AssertionError|"
+    r"cannot dereference|Traceback)")
 
 
 def case_bytes(subject: Subject, seed: int, case: int, base: dict[str, bytes]) -> tuple[bytes,
@@ -63,7 +70,10 @@ def run_case(data: bytes, subject: Subject, drivers: list[str]) -> tuple[str, st
             module = tinyhal.load(data, device=driver)
             module.invoke(subject.function, *subject.inputs())
         except tinyhal.Error as exc:
-            outcome, detail = "error", f"{driver}: {exc}"[:300]
+            text = str(exc)
+            if exc.code == tinyhal.errors.StatusCode.INTERNAL or PYTHON_INTERNALS.search(text):
+                return "unclear", f"{driver}: {text}"[:400]
+            outcome, detail = "error", f"{driver}: {text}"[:300]
         except Exception as exc:  # noqa: BLE001 - the point is to count these
             tb = traceback.extract_tb(exc.__traceback__)[-1]
             return "other", (f"{driver}: {type(exc).__name__}: {exc} "
@@ -175,16 +185,22 @@ def iree_verdict(path: str, subject: Subject, timeout: float) -> str:
     exe = os.path.join(os.path.dirname(sys.executable), "iree-run-module")
     cmd = [exe, f"--module={path}", f"--function={subject.function}", "--device=local-sync",
            *subject.iree_inputs(os.path.dirname(path))]
+    # A process group of its own: the `iree-run-module` on PATH is a wrapper script, and a
+    # timeout must stop the real binary too.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, timeout=timeout)
+        _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return "hang"
     if proc.returncode < 0:
         return f"crash ({signal.Signals(-proc.returncode).name})"
     # IREE's tools catch fatal signals and exit with 256 - signal number.
     fatal = {256 - s: s for s in (signal.SIGILL, signal.SIGTRAP, signal.SIGABRT, signal.SIGBUS,
                                   signal.SIGFPE, signal.SIGSEGV)}
-    if proc.returncode in fatal and b"error" not in proc.stderr.lower():
+    if proc.returncode in fatal and b"error" not in stderr.lower():
         return f"crash ({fatal[proc.returncode].name}, exit {proc.returncode})"
     return "ran" if proc.returncode == 0 else "error"
 
@@ -219,7 +235,7 @@ def main() -> None:
     by_name = {s.name: s for s in subs}
     per = args.cases // len(subs)
     work = [(s.name, c) for c in range(per) for s in subs]
-    outcomes = ("ran", "error", "other", "crash", "hang")
+    outcomes = ("ran", "error", "unclear", "other", "crash", "hang")
     counts = {s.name: dict.fromkeys(outcomes, 0) for s in subs}
     findings: list[dict] = []
     start = time.monotonic()
@@ -229,7 +245,7 @@ def main() -> None:
         nonlocal done
         done += 1
         counts[subject][outcome] += 1
-        if outcome in ("other", "crash", "hang"):
+        if outcome in ("unclear", "other", "crash", "hang"):
             findings.append({"subject": subject, "case": case, "outcome": outcome,
                              "detail": detail})
         if done % 500 == 0:
@@ -247,7 +263,8 @@ def main() -> None:
         path = os.path.join(repro_dir, f"{subject.name}-{args.seed}-{finding['case']}.vmfb")
         with open(path, "wb") as f:
             f.write(data)
-        finding.update(mutation=description, reproducer=os.path.relpath(path, HERE))
+        finding.update(mutation=description, reproducer=os.path.relpath(path, HERE),
+                       machine_code_changed=touches_code(base[subject.name], data))
         finding["alone"] = rerun_alone(args, subs, subject.name, finding["case"])
         if finding["outcome"] in ("crash", "hang"):
             finding["iree"] = iree_verdict(path, subject, args.iree_timeout)
@@ -261,19 +278,23 @@ def main() -> None:
     rows.append(totals)
     crash_hang = [f for f in findings if f["outcome"] in ("crash", "hang")]
     iree_too = sum(1 for f in crash_hang if f.get("iree", "").startswith(("crash", "hang")))
+    iree_clean = [f for f in crash_hang if not f.get("iree", "").startswith(("crash", "hang"))]
     summary = {
         "cases": totals["cases"], "seconds": round(elapsed, 1), "drivers": args.drivers,
         "seed": args.seed, "crash_or_hang": len(crash_hang),
         "crash_or_hang_where_iree_also_crashes_or_hangs": iree_too,
-        "crash_or_hang_where_iree_is_clean": len(crash_hang) - iree_too,
+        "crash_or_hang_where_iree_is_clean": len(iree_clean),
+        "of_which_machine_code_changed": sum(1 for f in iree_clean if f["machine_code_changed"]),
         "non_tinyhal_exceptions": totals["other"],
+        "unclear_tinyhal_errors": totals["unclear"],
     }
     path = write_results("fuzz_loaders", rows, {"summary": summary, "findings": findings})
     print_table(rows, ["module", "cases", *outcomes])
     print()
     for f in findings:
+        code = " code-changed" if f["machine_code_changed"] else ""
         print(f"{f['outcome']:5} {f['subject']}:{f['case']} alone={f['alone']} "
-              f"iree={f.get('iree', '-')} [{f['mutation']}] {f['detail'][:160]}")
+              f"iree={f.get('iree', '-')}{code} [{f['mutation']}] {f['detail'][:160]}")
     print(json.dumps(summary))
     print(f"wrote {path}")
 

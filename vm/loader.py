@@ -37,6 +37,14 @@ from .bytecode_module_def import (
 from .types import VMBuffer
 
 ZIP_LOCAL_HEADER = 0x04034B50
+# Type names a module may require: the VM's value types and builtin ref types, and the
+# ref types the `hal` module registers (IREE resolves the same names at load).
+VALUE_TYPE_NAMES = frozenset({"i8", "i16", "i32", "i64", "f32", "f64", "!vm.opaque"})
+REGISTERED_REF_TYPES = frozenset({
+    "vm.buffer", "vm.list", "hal.allocator", "hal.buffer", "hal.buffer_view", "hal.channel",
+    "hal.command_buffer", "hal.device", "hal.event", "hal.executable", "hal.fence",
+    "hal.file", "hal.semaphore",
+})
 SEGMENT_ALIGNMENT = 64
 MAX_REGISTERS = 0x3FFF
 
@@ -245,6 +253,19 @@ def _origin(source) -> str:
     return "<bytes>"
 
 
+def _check_type_name(name: str) -> None:
+    """NOT_FOUND unless `name` is a value type or a registered ref type (as IREE)."""
+    if not name:
+        raise InvalidArgumentError("type definition has no name")
+    if name in VALUE_TYPE_NAMES:
+        return
+    if name.startswith("!"):
+        ref = "vm.list" if name[1:].startswith("vm.list") else name[1:]
+        if ref in REGISTERED_REF_TYPES:
+            return
+    raise NotFoundError(f"no type registered with name {name!r}")
+
+
 def _to_view(source, origin: str) -> tuple[memoryview, object]:
     """A view of the module's bytes; a file is mapped privately (copy-on-write).
 
@@ -304,6 +325,8 @@ def load_module(source, *, name_hint: str | None = None) -> BytecodeModule:
 def _load(view: memoryview, owner) -> BytecodeModule:
     fb, rodata_base = _split_container(view)
     mdef = read_module_def(fb)
+    for name in mdef.types:
+        _check_type_name(name)
 
     if mdef.bytecode_version != isa.BYTECODE_VERSION:
         major, minor = mdef.bytecode_version >> 16, mdef.bytecode_version & 0xFFFF

@@ -85,6 +85,26 @@ def _elf_span(data: bytes, start: int) -> ElfSpan | None:
         return None
 
 
+def code_ranges(data: bytes) -> list[tuple[int, int]]:
+    """File ranges of the executable (PF_X) segments of every embedded ELF in `data`."""
+    ranges = []
+    for elf in find_elfs(data):
+        for ph in elf.phdrs:
+            p_type, p_flags, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", data, ph)
+            if p_type == 1 and p_flags & 1:
+                ranges.append((elf.start + p_offset, elf.start + p_offset + p_filesz))
+    return ranges
+
+
+def touches_code(original: bytes, mutated: bytes) -> bool:
+    """Whether a same-length mutation changed machine code of an embedded executable."""
+    if len(original) != len(mutated):
+        return False
+    ranges = code_ranges(original)
+    return any(a != b and any(lo <= i < hi for lo, hi in ranges)
+               for i, (a, b) in enumerate(zip(original, mutated)))
+
+
 def flatbuffer_span(data: bytes) -> tuple[int, int]:
     """(start, end) of the FlatBuffer inside a `.vmfb` (after any ZIP header)."""
     start = 0
