@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -131,7 +132,7 @@ class Child:
 
 
 def run_cases(args: argparse.Namespace, subs: list[Subject], work: list[tuple[str, int]],
-              on_result) -> None:
+              on_result, fresh: bool = False) -> None:
     """Runs `work` over `args.jobs` children; calls on_result(subject, case, outcome, detail)."""
     queue = list(reversed(work))
     children: list[Child] = []
@@ -155,6 +156,9 @@ def run_cases(args: argparse.Namespace, subs: list[Subject], work: list[tuple[st
                         result = json.loads(line)
                         on_result(*child.pending, result["outcome"], result["detail"])
                         child.pending = None
+                        if fresh:  # one case per child: the next starts clean
+                            child.stop()
+                            children.remove(child)
                         continue
                     rc = child.proc.wait()
                     sig = -rc if rc < 0 else 0
@@ -171,13 +175,6 @@ def run_cases(args: argparse.Namespace, subs: list[Subject], work: list[tuple[st
     finally:
         for child in children:
             child.stop()
-
-
-def rerun_alone(args: argparse.Namespace, subs: list[Subject], subject: str, case: int) -> str:
-    """The outcome of one case run again in a fresh child of its own."""
-    outcome: list[str] = []
-    run_cases(args, subs, [(subject, case)], lambda *result: outcome.append(result[2]))
-    return outcome[0] if outcome else "?"
 
 
 def iree_verdict(path: str, subject: Subject, timeout: float) -> str:
@@ -202,7 +199,10 @@ def iree_verdict(path: str, subject: Subject, timeout: float) -> str:
                                   signal.SIGFPE, signal.SIGSEGV)}
     if proc.returncode in fatal and b"error" not in stderr.lower():
         return f"crash ({fatal[proc.returncode].name}, exit {proc.returncode})"
-    return "ran" if proc.returncode == 0 else "error"
+    if proc.returncode == 0:
+        return "ran"
+    last = stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+    return f"error (exit {proc.returncode}: {last[0][:120]})"
 
 
 def replay(args: argparse.Namespace) -> None:
@@ -264,10 +264,20 @@ def main() -> None:
         with open(path, "wb") as f:
             f.write(data)
         finding.update(mutation=description, reproducer=os.path.relpath(path, HERE),
-                       machine_code_changed=touches_code(base[subject.name], data))
-        finding["alone"] = rerun_alone(args, subs, subject.name, finding["case"])
-        if finding["outcome"] in ("crash", "hang"):
-            finding["iree"] = iree_verdict(path, subject, args.iree_timeout)
+                       machine_code_changed=touches_code(base[subject.name], data), path=path)
+    # Each finding again, alone in a fresh child; crashes and hangs through IREE's tool.
+    alone: dict[tuple[str, int], str] = {}
+    run_cases(args, subs, [(f["subject"], f["case"]) for f in findings],
+              lambda s, c, o, d: alone.__setitem__((s, c), o), fresh=True)
+    to_check = [f for f in findings if f["outcome"] in ("crash", "hang")]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        verdicts = pool.map(lambda f: iree_verdict(f["path"], by_name[f["subject"]],
+                                                   args.iree_timeout), to_check)
+        for finding, verdict in zip(to_check, verdicts):
+            finding["iree"] = verdict
+    for finding in findings:
+        finding["alone"] = alone.get((finding["subject"], finding["case"]), "?")
+        del finding["path"]
 
     rows = []
     for s in subs:
@@ -284,7 +294,7 @@ def main() -> None:
         "seed": args.seed, "crash_or_hang": len(crash_hang),
         "crash_or_hang_where_iree_also_crashes_or_hangs": iree_too,
         "crash_or_hang_where_iree_is_clean": len(iree_clean),
-        "of_which_machine_code_changed": sum(1 for f in iree_clean if f["machine_code_changed"]),
+        "of_which_machine_code_or_code_pointer_changed": sum(1 for f in iree_clean if f["machine_code_changed"]),
         "non_tinyhal_exceptions": totals["other"],
         "unclear_tinyhal_errors": totals["unclear"],
     }

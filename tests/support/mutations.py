@@ -97,12 +97,27 @@ def code_ranges(data: bytes) -> list[tuple[int, int]]:
 
 
 def touches_code(original: bytes, mutated: bytes) -> bool:
-    """Whether a same-length mutation changed machine code of an embedded executable."""
+    """Whether a same-length mutation changed an embedded executable's machine code, or a
+    relocation whose target is code (a function pointer moved within the code)."""
     if len(original) != len(mutated):
         return False
-    ranges = code_ranges(original)
-    return any(a != b and any(lo <= i < hi for lo, hi in ranges)
-               for i, (a, b) in enumerate(zip(original, mutated)))
+    changed = [i for i, (a, b) in enumerate(zip(original, mutated)) if a != b]
+    for lo, hi in code_ranges(original):
+        if any(lo <= i < hi for i in changed):
+            return True
+    for elf in find_elfs(original):
+        code = []
+        for ph in elf.phdrs:
+            p_type, p_flags, _, p_vaddr, _, _, p_memsz = struct.unpack_from(
+                "<IIQQQQQ", original, ph)
+            if p_type == 1 and p_flags & 1:
+                code.append((p_vaddr, p_vaddr + p_memsz))
+        for rel in elf.relocations:
+            if any(rel <= i < rel + 24 for i in changed):
+                addend = struct.unpack_from("<q", original, rel + 16)[0]
+                if any(lo <= addend < hi for lo, hi in code):
+                    return True
+    return False
 
 
 def flatbuffer_span(data: bytes) -> tuple[int, int]:
@@ -287,7 +302,10 @@ class Subject:
         out = []
         for i, array in enumerate(self.inputs()):
             path = os.path.join(directory, f"{self.name}-input{i}.npy")
-            np.save(path, array)
+            partial = f"{path}.{os.getpid()}.{id(array)}.tmp"
+            with open(partial, "wb") as f:
+                np.save(f, array)
+            os.replace(partial, path)  # readers never see a half-written file
             out.append(f"--input=@{path}")
         return out
 
