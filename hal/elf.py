@@ -27,7 +27,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import DataLossError, Error, InvalidArgumentError
+from ..errors import DataLossError, InternalError, InvalidArgumentError, ResourceExhaustedError
 
 QUERY_SYMBOL = "iree_hal_executable_library_query"
 
@@ -535,6 +535,7 @@ def _symbol_count(lib: ElfLibrary, file_bytes: Callable[[int, int, str], memoryv
         if nbuckets == 0 or bloom_size == 0 or bloom_size & (bloom_size - 1) or (
                 nbuckets > MAX_SYMBOLS or bloom_size > MAX_SYMBOLS or symoffset == 0):
             raise _bad(what, "DT_GNU_HASH header is implausible")
+        file_bytes(gnu, 16 + 8 * bloom_size, "DT_GNU_HASH bloom filter")
         buckets_at = gnu + 16 + 8 * bloom_size
         buckets = struct.unpack_from(f"<{nbuckets}I", file_bytes(
             buckets_at, 4 * nbuckets, "DT_GNU_HASH buckets"))
@@ -620,8 +621,6 @@ class MappedImage:
         base = _mmap(None, self.size, mmap.PROT_READ | mmap.PROT_WRITE,
                      mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
         if base in (None, _MAP_FAILED):
-            from ..errors import ResourceExhaustedError
-
             raise ResourceExhaustedError(f"{lib.what}: cannot map {self.size} bytes")
         self.base = base
         self.bias = base - lib.vaddr_min
@@ -671,7 +670,7 @@ class MappedImage:
         for page in range(self.size // PAGE_SIZE):
             prot = protections.get(page, 0)
             if _mprotect(self.base + page * PAGE_SIZE, PAGE_SIZE, prot) != 0:
-                raise Error(f"{lib.what}: mprotect failed (errno {ctypes.get_errno()})")
+                raise InternalError(f"{lib.what}: mprotect failed (errno {ctypes.get_errno()})")
 
     @property
     def query_address(self) -> int:
