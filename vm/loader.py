@@ -325,6 +325,8 @@ def load_module(source, *, name_hint: str | None = None) -> BytecodeModule:
 def _load(view: memoryview, owner) -> BytecodeModule:
     fb, rodata_base = _split_container(view)
     mdef = read_module_def(fb)
+    if not mdef.name or not mdef.name.isprintable():
+        raise InvalidArgumentError(f"module name {mdef.name!r} is empty or not printable")
     for name in mdef.types:
         _check_type_name(name)
 
