@@ -1,19 +1,23 @@
-"""Executables: dylibs with IREE's executable-library ABI (version 6), loaded with cffi.
+"""Executables: libraries with IREE's executable-library ABI (version 6), loaded with cffi.
 
-IREE's llvm-cpu output (embedded or system ELF) and kernels host apps build against
-`tinyhal_executable.h` load the same way: the bytes go into a memfd (unique per load, so
-glibc's by-path cache never returns a stale library), are checked as a well-formed ELF for
-this machine, then `dlopen`ed; the library's query function yields the export table.
+Every library is first validated in full by `elf.parse_elf` (header, segments, dynamic
+section, relocations, symbols), so no loader ever sees bytes it cannot trust. A
+self-contained library (IREE's llvm-cpu output, embedded or system ELF: no imports, no
+initializers) is then loaded by `elf.MappedImage`, as IREE's own loader does, and glibc
+never reads it; one that needs the dynamic loader (host kernels built by a C compiler) goes
+into a memfd (unique per load, so glibc's by-path cache never returns a stale library) and
+is `dlopen`ed. The query function's library table and every pointer read from it (export
+functions, names, attributes) are checked to lie inside the library's own image.
 A `PreparedDispatch` packs one dispatch's state into C memory once; running it calls the
 C workgroup loop, which may run on several threads at once over one grid.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
-import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +32,7 @@ from ..errors import (
     UnimplementedError,
     error_for_code,
 )
+from .elf import PF_X, QUERY_SYMBOL, ElfLibrary, MappedImage, parse_elf
 from .native import ffi, lib
 
 LOCAL_MEMORY_PAGE_SIZE = 4096
@@ -35,9 +40,9 @@ MAX_CONSTANTS = 64
 MAX_BINDINGS = 64
 MAX_WORKGROUP_COUNT_Z = 0xFFFF
 
-_MACHINES = {"x86_64": (62, "x86_64"), "AMD64": (62, "x86_64"), "aarch64": (183, "arm_64"),
-             "arm64": (183, "arm_64")}
-_HOST_MACHINE, HOST_ARCH = _MACHINES.get(platform.machine(), (None, platform.machine()))
+LIBRARY_VERSION = 6
+HOST_ARCH = {"x86_64": "x86_64", "AMD64": "x86_64", "aarch64": "arm_64",
+             "arm64": "arm_64"}.get(platform.machine(), platform.machine())
 FORMATS = (f"embedded-elf-{HOST_ARCH}", f"system-elf-{HOST_ARCH}")
 
 
@@ -55,48 +60,77 @@ class ExportInfo:
     tag: str
 
 
-def _check_elf(data: bytes) -> str:
-    """Validates the ELF header and segment table; returns the executable format name."""
-    if len(data) < 4 or data[:4] != b"\x7fELF":
+_QUERY_FN = "const tinyhal_library_header_t** (*)(uint32_t, const tinyhal_environment_t*)"
+_MAX_EXPORTS = 1 << 16
+_MAX_STRING = 4096
+_libc = ctypes.CDLL(None)
+_dlsym = _libc.dlsym
+_dlsym.restype = ctypes.c_void_p
+_dlsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+
+
+def _address(pointer: Any) -> int:
+    return int(ffi.cast("uintptr_t", pointer))
+
+
+def _in_regions(pointer: Any, size: int, regions: list[tuple[int, int, int]],
+                executable: bool = False) -> bool:
+    at = _address(pointer)
+    for start, end, flags in regions:
+        if start <= at and at + size <= end:
+            return not executable or bool(flags & PF_X)
+    return False
+
+
+def _check_array(pointer: Any, ctype: str, count: int, regions: list[tuple[int, int, int]],
+                 what: str, required: bool = False) -> None:
+    if pointer == ffi.NULL:
+        if required and count:
+            raise DataLossError(f"{what} is missing")
+        return
+    if count and not _in_regions(pointer, ffi.sizeof(ctype) * count, regions):
+        raise DataLossError(f"{what} ({count} entries) lies outside the library image")
+
+
+def _checked_string(pointer: Any, regions: list[tuple[int, int, int]], what: str) -> str:
+    at = _address(pointer)
+    for start, end, _ in regions:
+        if start <= at < end:
+            raw = ffi.buffer(ffi.cast("char*", pointer), min(end - at, _MAX_STRING))[:]
+            nul = raw.find(b"\0")
+            if nul < 0:
+                raise DataLossError(f"{what} is not NUL-terminated inside the library image")
+            try:
+                return raw[:nul].decode()
+            except UnicodeDecodeError:
+                raise DataLossError(f"{what} is not UTF-8") from None
+    raise DataLossError(f"{what} lies outside the library image")
+
+
+def _checked_library(header: Any, regions: list[tuple[int, int, int]], what: str) -> Any:
+    """The library the query returned, checked to be version 6 and inside the image."""
+    if header == ffi.NULL:
         raise InvalidArgumentError(
-            "executable data is not an ELF library (bad magic); formats supported: "
-            + ", ".join(FORMATS)
+            f"{what}: library does not provide executable-library version {LIBRARY_VERSION}"
         )
-    if len(data) < 64:
-        raise DataLossError(f"ELF executable is truncated: {len(data)} bytes, header needs 64")
-    if data[4] != 2 or data[5] != 1:
-        raise InvalidArgumentError("ELF executable is not 64-bit little-endian")
-    e_type, e_machine = struct.unpack_from("<HH", data, 16)
-    if e_machine != _HOST_MACHINE:
+    if not _in_regions(header, ffi.sizeof("tinyhal_library_t"), regions):
+        raise DataLossError(f"{what}: library table lies outside the library image")
+    library = ffi.cast("const tinyhal_library_t*", header)
+    if not _in_regions(library.header, ffi.sizeof("tinyhal_library_header_t"), regions):
+        raise DataLossError(f"{what}: library header lies outside the library image")
+    if library.header.version != LIBRARY_VERSION:
         raise InvalidArgumentError(
-            f"ELF executable is for machine {e_machine}, this host is {platform.machine()}"
+            f"{what}: library version {library.header.version}, tinyhal loads "
+            f"{LIBRARY_VERSION}"
         )
-    if e_type != 3:
-        raise InvalidArgumentError(f"ELF executable is not a shared object (e_type={e_type})")
-    e_phoff, e_shoff = struct.unpack_from("<QQ", data, 32)
-    e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from("<HHHH", data, 54)
-    if e_phentsize < 56 or e_phoff + e_phnum * e_phentsize > len(data):
-        raise DataLossError("ELF executable is truncated: program headers run past the end")
-    if e_shnum and e_shoff + e_shnum * e_shentsize > len(data):
-        raise DataLossError("ELF executable is truncated: section headers run past the end")
-    system = False
-    for i in range(e_phnum):
-        p_type, _, p_offset, _, _, p_filesz, _, _ = struct.unpack_from(
-            "<IIQQQQQQ", data, e_phoff + i * e_phentsize
-        )
-        if p_type in (1, 2) and p_offset + p_filesz > len(data):
-            raise DataLossError(
-                f"ELF executable is truncated: segment {i} needs bytes up to "
-                f"{p_offset + p_filesz}, file has {len(data)}"
-            )
-        if p_type == 2:
-            for j in range(p_offset, p_offset + p_filesz - 15, 16):
-                tag = struct.unpack_from("<q", data, j)[0]
-                if tag == 0:
-                    break
-                if tag in (1, 0x6FFFFEF5):  # DT_NEEDED, DT_GNU_HASH: a system linker's output
-                    system = True
-    return FORMATS[1] if system else FORMATS[0]
+    imports = library.imports
+    if imports.count > _MAX_EXPORTS:
+        raise DataLossError(f"{what}: implausible import count {imports.count}")
+    _check_array(imports.symbols, "char*", imports.count, regions, f"{what}: import table",
+                 True)
+    for i in range(imports.count):
+        _checked_string(imports.symbols[i], regions, f"{what}: import {i}")
+    return library
 
 
 class Executable:
@@ -104,31 +138,46 @@ class Executable:
 
     def __init__(self, data: bytes, name: str = "") -> None:
         data = bytes(data)
-        self.format = _check_elf(data)
         self.name = name
         self.digest = hashlib.sha256(data).hexdigest()
-        self._fd = os.memfd_create(f"tinyhal-{name or self.digest[:12]}", os.MFD_CLOEXEC)
+        what = f"executable {name!r}" if name else f"executable {self.digest[:12]}"
+        elf = parse_elf(data, what)
+        self.format = FORMATS[1] if elf.is_system else FORMATS[0]
+        self._fd = -1
         self._handle = ffi.NULL
+        self._image: MappedImage | None = None
         try:
-            os.write(self._fd, data)
-            err = ffi.new("char[]", 512)
-            self._handle = lib.tinyhal_library_open(f"/proc/self/fd/{self._fd}".encode(), err, 512)
-            if self._handle == ffi.NULL:
-                raise DataLossError(f"executable could not be loaded: {ffi.string(err).decode()}")
             self._environment = ffi.new("tinyhal_environment_t*")
-            self._library = lib.tinyhal_library_query(self._handle, self._environment, err, 512)
-            if self._library == ffi.NULL:
-                raise InvalidArgumentError(
-                    f"executable is not an executable library: {ffi.string(err).decode()}"
-                )
+            if elf.self_contained:
+                self._image = MappedImage(elf, data)
+                query = ffi.cast(_QUERY_FN, self._image.query_address)
+                bias = self._image.bias
+            else:
+                query, bias = self._dlopen(data, elf, what)
+            regions = [(bias + s.vaddr, bias + s.end, s.flags) for s in elf.segments]
+            header = query(LIBRARY_VERSION, self._environment)
+            self._library = _checked_library(header, regions, what)
             self._bind_imports()
-            self.exports = self._read_exports()
+            self.exports = self._read_exports(regions, what)
         except BaseException:
             self.close()
             raise
         self.export_names = [e.name for e in self.exports]
         self._templates: dict[tuple, _DispatchTemplate] = {}
         self._by_name = {e.name: e.ordinal for e in self.exports}
+
+    def _dlopen(self, data: bytes, elf: ElfLibrary, what: str) -> tuple[Any, int]:
+        """Loads a validated library that needs the dynamic loader; (query, load bias)."""
+        self._fd = os.memfd_create(f"tinyhal-{self.name or self.digest[:12]}", os.MFD_CLOEXEC)
+        os.write(self._fd, data)
+        err = ffi.new("char[]", 512)
+        self._handle = lib.tinyhal_library_open(f"/proc/self/fd/{self._fd}".encode(), err, 512)
+        if self._handle == ffi.NULL:
+            raise DataLossError(f"{what} could not be loaded: {ffi.string(err).decode()}")
+        address = _dlsym(_address(self._handle), QUERY_SYMBOL.encode())
+        if not address:
+            raise InvalidArgumentError(f"{what} exports no {QUERY_SYMBOL}")
+        return ffi.cast(_QUERY_FN, address), address - elf.query_value
 
     def __repr__(self) -> str:
         return f"<Executable {self.name or self.digest[:12]} {self.format} {self.export_names}>"
@@ -139,7 +188,7 @@ class Executable:
             return
         missing = []
         for i in range(imports.count):
-            symbol = ffi.string(imports.symbols[i]).decode()
+            symbol = ffi.string(imports.symbols[i]).decode(errors="replace")
             if not symbol.startswith("?"):
                 missing.append(symbol)
         if missing:
@@ -152,18 +201,28 @@ class Executable:
         self._environment.import_funcs = self._import_funcs
         self._environment.import_contexts = ffi.cast("const void**", self._import_contexts)
 
-    def _read_exports(self) -> list[ExportInfo]:
+    def _read_exports(self, regions: list[tuple[int, int, int]], what: str
+                      ) -> list[ExportInfo]:
+        """The export table, every pointer checked to lie in the library's own image."""
         table = self._library.exports
+        count = table.count
+        if count > _MAX_EXPORTS:
+            raise DataLossError(f"{what}: implausible export count {count}")
+        _check_array(table.ptrs, "void*", count, regions, f"{what}: export table", True)
+        _check_array(table.names, "char*", count, regions, f"{what}: export names")
+        _check_array(table.tags, "char*", count, regions, f"{what}: export tags")
+        _check_array(table.attrs, "tinyhal_dispatch_attrs_t", count, regions,
+                     f"{what}: export attributes")
         exports = []
-        for i in range(table.count):
-            name = ffi.string(table.names[i]).decode() if table.names != ffi.NULL else str(i)
-            tag = (
-                ffi.string(table.tags[i]).decode()
-                if table.tags != ffi.NULL and table.tags[i] != ffi.NULL
-                else ""
-            )
-            if table.ptrs[i] == ffi.NULL:
-                raise InvalidArgumentError(f"export {name!r} has no dispatch function")
+        for i in range(count):
+            name = (_checked_string(table.names[i], regions, f"{what}: export {i} name")
+                    if table.names != ffi.NULL else str(i))
+            tag = (_checked_string(table.tags[i], regions, f"{what}: export {name!r} tag")
+                   if table.tags != ffi.NULL and table.tags[i] != ffi.NULL else "")
+            if not _in_regions(table.ptrs[i], 1, regions, executable=True):
+                raise DataLossError(
+                    f"{what}: export {name!r} dispatch function is not in executable code"
+                )
             if table.attrs != ffi.NULL:
                 a = table.attrs[i]
                 size = (a.workgroup_size_x or 1, a.workgroup_size_y or 1, a.workgroup_size_z or 1)
@@ -220,6 +279,9 @@ class Executable:
         if getattr(self, "_handle", ffi.NULL) != ffi.NULL:
             lib.tinyhal_library_close(self._handle)
             self._handle = ffi.NULL
+        if getattr(self, "_image", None) is not None:
+            self._image.close()
+            self._image = None
         if getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -279,8 +279,11 @@ class Module:
             self.context = Context([self.hal_module, *user_modules, self.bytecode])
             self._instance = next(i for i in self.context.instances
                                   if i.module is self.bytecode)
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            origin = self.path or "<bytes>"
+            if isinstance(exc, Error) and not exc.message.startswith(origin):
+                raise exc.with_context(origin) from exc
             raise
         self.name = self.bytecode.name
         self.functions: dict[str, FunctionInfo] = {}

@@ -48,6 +48,7 @@ from ..hal.buffer import Buffer, Storage
 from ..hal.buffer_view import BufferView
 from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
+from ..hal.elf import parse_elf
 from ..hal.executable import FORMATS, Executable
 from ..hal.semaphore import Fence
 from ..hal.types import (
@@ -693,7 +694,20 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
                     f"is {size}"
                 )
             raise UnimplementedError("executable-level constants are not supported yet")
-        return device.load_executable(vm_buffer_view(data, "executable data"))
+        view = vm_buffer_view(data, "executable data")
+        try:
+            if format_str.startswith("embedded-elf") and not parse_elf(
+                    bytes(view), "embedded ELF").self_contained:
+                raise InvalidArgumentError(
+                    "embedded ELF imports symbols, names libraries or has initializers; "
+                    "only self-contained libraries load as embedded ELF"
+                )
+            return device.load_executable(view)
+        except Error as exc:
+            exc.message = (f"hal.executable.create ({format_str}, {view.nbytes} bytes): "
+                           f"{exc.message}")
+            exc.args = (exc.message,)
+            raise
 
     @shim("executable.lookup.function")
     def executable_lookup_function(executable, name):

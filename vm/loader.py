@@ -21,6 +21,8 @@ from ..errors import (
     IncompatibleError,
     InternalError,
     InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
     UnimplementedError,
 )
 from . import isa
@@ -36,6 +38,14 @@ from .cconv import CConv, parse_cconv
 from .types import VMBuffer
 
 ZIP_LOCAL_HEADER = 0x04034B50
+# Type names a module may require: the VM's value types and builtin ref types, and the
+# ref types the `hal` module registers (IREE resolves the same names at load).
+VALUE_TYPE_NAMES = frozenset({"i8", "i16", "i32", "i64", "f32", "f64", "!vm.opaque"})
+REGISTERED_REF_TYPES = frozenset({
+    "vm.buffer", "vm.list", "hal.allocator", "hal.buffer", "hal.buffer_view", "hal.channel",
+    "hal.command_buffer", "hal.device", "hal.event", "hal.executable", "hal.fence",
+    "hal.file", "hal.semaphore",
+})
 SEGMENT_ALIGNMENT = 64
 MAX_REGISTERS = 0x3FFF
 
@@ -172,13 +182,49 @@ def _split_container(buf: memoryview) -> tuple[memoryview, int]:
     return fb, rodata_base
 
 
-def _to_view(source) -> tuple[memoryview, object]:
+def _origin(source) -> str:
+    """How errors name where a module came from: its path, or `<bytes>`."""
     if isinstance(source, (str, os.PathLike)):
-        with open(source, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                return memoryview(b""), None
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return os.fspath(source) if isinstance(os.fspath(source), str) else repr(source)
+    return "<bytes>"
+
+
+def _check_type_name(name: str) -> None:
+    """NOT_FOUND unless `name` is a value type or a registered ref type (as IREE)."""
+    if not name:
+        raise InvalidArgumentError("type definition has no name")
+    if name in VALUE_TYPE_NAMES:
+        return
+    if name.startswith("!"):
+        ref = "vm.list" if name[1:].startswith("vm.list") else name[1:]
+        if ref in REGISTERED_REF_TYPES:
+            return
+    raise NotFoundError(f"no type registered with name {name!r}")
+
+
+def _to_view(source, origin: str) -> tuple[memoryview, object]:
+    """A view of the module's bytes; a file is mapped privately (copy-on-write).
+
+    A private mapping gives every page its own copy on first write, so a program whose
+    kernels write into constant-backed buffers (IREE's tools read the file into writable
+    memory, where that works) runs here too, and the file on disk never changes.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            with open(source, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    return memoryview(b""), None
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except FileNotFoundError:
+            raise NotFoundError(f"module file not found: {origin}") from None
+        except PermissionError:
+            raise PermissionDeniedError(f"module file cannot be read: {origin}") from None
+        except IsADirectoryError:
+            raise InvalidArgumentError(f"module path is a directory: {origin}") from None
+        except (OSError, ValueError) as exc:
+            raise InvalidArgumentError(f"module file cannot be mapped: {origin}: {exc}"
+                                       ) from None
         return memoryview(mm), mm
     if isinstance(source, memoryview):
         return source.cast("B") if source.format != "B" else source, None
@@ -191,26 +237,34 @@ def load_module(source, *, name_hint: str | None = None) -> BytecodeModule:
     """Loads and verifies a `.vmfb` from a path, bytes, bytearray or memoryview.
 
     The returned module keeps zero-copy views of `source` (rodata buffers included);
-    a bytearray passed in must not be mutated afterwards.
+    a bytearray passed in must not be mutated afterwards. A path is mapped privately
+    (copy-on-write). Every error names the file (or `<bytes>`).
     """
-    view, owner = _to_view(source)
+    origin = _origin(source)
+    view, owner = _to_view(source, origin)
     try:
         return _load(view, owner)
-    except Error:
+    except Error as exc:
+        exc.message = f"{origin}: {exc.message}"
         raise
-    except RecursionError as exc:
-        raise InvalidArgumentError(f"module too deeply nested: {exc}") from None
+    except RecursionError:
+        raise InvalidArgumentError(f"{origin}: module too deeply nested") from None
     except MemoryError:
-        raise DataLossError("corrupt module: implausible sizes") from None
+        raise DataLossError(f"{origin}: corrupt module: implausible sizes") from None
     except SyntaxError as exc:  # pragma: no cover - generated code is ours
-        raise InternalError(f"code generation failed: {exc}") from exc
+        raise InternalError(f"{origin}: code generation failed: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - any other failure means a corrupt file
-        raise DataLossError(f"corrupt module: {type(exc).__name__}: {exc}") from None
+        raise DataLossError(f"{origin}: corrupt module: {type(exc).__name__}: {exc}"
+                            ) from None
 
 
 def _load(view: memoryview, owner) -> BytecodeModule:
     fb, rodata_base = _split_container(view)
     mdef = read_module_def(fb)
+    if not mdef.name or not mdef.name.isprintable():
+        raise InvalidArgumentError(f"module name {mdef.name!r} is empty or not printable")
+    for name in mdef.types:
+        _check_type_name(name)
 
     if mdef.bytecode_version != isa.BYTECODE_VERSION:
         major, minor = mdef.bytecode_version >> 16, mdef.bytecode_version & 0xFFFF
