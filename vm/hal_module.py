@@ -27,6 +27,7 @@ loaded into a 64-byte-aligned buffer), so weights are used in place.
 from __future__ import annotations
 
 import math
+import operator
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -66,6 +67,7 @@ _SHARING_IMMUTABLE = int(BufferUsage.SHARING_IMMUTABLE)
 _STATUS_DEFERRED = int(StatusCode.DEFERRED)
 _STATUS_DEADLINE_EXCEEDED = int(StatusCode.DEADLINE_EXCEEDED)
 _U32 = 0xFFFFFFFF
+_first = operator.itemgetter(0)  # a variadic shape's 1-tuples -> dims, without a frame
 _MAX_BINDINGS = 64
 
 
@@ -423,7 +425,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
                 exc.message = (f"invalid subspan of an existing buffer (source_offset="
                                f"{offset}, length={length}); {exc.message}")
                 raise
-        return BufferView(buffer, [d for (d,) in shape], element_type & _U32,
+        return BufferView(buffer, map(_first, shape), element_type & _U32,
                           encoding_type & _U32)
 
     @shim("buffer_view.assert")
@@ -433,8 +435,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         if ((view.encoding_type and view.encoding_type != encoding_type & _U32)
                 or (view.element_type != expected_type
                     and not _element_types_compatible(view.element_type, expected_type))
-                or len(actual) != len(shape)
-                or [want for (want,) in shape] != list(actual)):
+                or tuple(map(_first, shape)) != actual):
             _buffer_view_assert_failure(view, vm_buffer_string(message), expected_type,
                                         encoding_type & _U32, tuple(d for (d,) in shape))
 
