@@ -285,6 +285,8 @@ class Module:
         self.name = self.bytecode.name
         self.functions: dict[str, FunctionInfo] = {}
         self._vm_functions: dict[str, Any] = {}
+        # name -> (info, VM function, one input plan per argument), built on first call
+        self._resolved: dict[str, tuple[FunctionInfo, Any, tuple]] = {}
         for export_name in self.bytecode.exports:
             if export_name.startswith("__"):
                 continue
@@ -354,10 +356,19 @@ class Module:
             self._vm_functions[name] = vmf
         return info, vmf
 
+    def _resolve(self, name: str) -> tuple[FunctionInfo, Any, tuple]:
+        """`_lookup` plus the export's input plans (see `_input_plan`), cached."""
+        resolved = self._resolved.get(name)
+        if resolved is None:
+            info, vmf = self._lookup(name)
+            resolved = self._resolved[name] = (
+                info, vmf, tuple(_input_plan(spec) for spec in info.inputs))
+        return resolved
+
     def invoke(self, name: str, *args: Any) -> Any:
         """Calls export `name` and waits for its results (numpy arrays / scalars)."""
-        info, vmf = self._lookup(name)
-        vm_args = self._convert_inputs(info, args)
+        info, vmf, plans = self._resolved.get(name) or self._resolve(name)
+        vm_args = self._convert_inputs(info, args, plans)
         signal = None
         if info.is_async:
             signal = self._append_fences(vm_args)
@@ -368,8 +379,8 @@ class Module:
 
     def invoke_raw(self, name: str, *args: Any) -> list:
         """Like `invoke` but returns the VM's results as they are (buffer views, ints)."""
-        info, vmf = self._lookup(name)
-        vm_args = self._convert_inputs(info, args)
+        info, vmf, plans = self._resolved.get(name) or self._resolve(name)
+        vm_args = self._convert_inputs(info, args, plans)
         signal = self._append_fences(vm_args) if info.is_async else None
         results = self.context.invoke(vmf, vm_args)
         if signal is not None:
@@ -381,8 +392,8 @@ class Module:
         async_name = f"{name}$async"
         if async_name in self.functions and not self.functions[name].is_async:
             name = async_name
-        info, vmf = self._lookup(name)
-        vm_args = self._convert_inputs(info, args)
+        info, vmf, plans = self._resolved.get(name) or self._resolve(name)
+        vm_args = self._convert_inputs(info, args, plans)
         signal = None
         if info.is_async:
             signal = self._append_fences(vm_args)
@@ -400,7 +411,7 @@ class Module:
 
     # -- conversion -------------------------------------------------------------------
 
-    def _convert_inputs(self, info: FunctionInfo, args: tuple) -> list:
+    def _convert_inputs(self, info: FunctionInfo, args: tuple, plans: tuple = ()) -> list:
         specs = info.inputs
         if len(args) != len(specs):
             raise InvalidArgumentError(
@@ -410,7 +421,19 @@ class Module:
             )
         device = self.device
         out = []
-        for spec, value in zip(specs, args):
+        for i, (spec, value) in enumerate(zip(specs, args)):
+            plan = plans[i] if plans else None
+            if (plan is not None and type(value) is np.ndarray and value.dtype == plan[0]
+                    and value.shape == plan[1] and value.flags.c_contiguous):
+                # The common case, checked against the plan: an array of exactly the
+                # declared static shape and dtype is copied straight into a new buffer.
+                buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY, _INPUT_USAGE)
+                if buffer.mappable:
+                    buffer.storage.array[: value.nbytes] = value.reshape(-1).view(np.uint8)
+                else:
+                    device.write_bytes(buffer, pack_elements(value, plan[2]))
+                out.append(BufferView(buffer, plan[1], plan[2]))
+                continue
             kind = spec.kind
             if kind == "tensor":
                 out.append(_tensor_input(device, info.name, spec, value))
@@ -555,9 +578,30 @@ def _scalar_output(spec: ArgSpec, value: Any) -> Any:
     return value
 
 
+def _input_plan(spec: ArgSpec) -> tuple[np.dtype, tuple[int, ...], int] | None:
+    """(dtype, shape, HAL element type) for a tensor argument of static shape whose
+    elements are whole bytes: an array matching it exactly needs no other check or
+    conversion. None for everything else (those take `_tensor_input`'s general path)."""
+    if spec.kind != "tensor" or spec.shape is None or None in spec.shape:
+        return None
+    info = element_info_for_mlir(spec.type)
+    if info is None or info.bit_count < 8 or info.bit_count % 8:
+        return None
+    return info.dtype, tuple(spec.shape), info.element_type
+
+
 def _to_numpy(view: BufferView) -> np.ndarray:
     """A copy of the view's contents (by a transfer when the host cannot map them);
     sub-byte elements come back one per byte, in ml_dtypes' int4/uint4/int2/uint2."""
+    buffer = view.buffer
+    if buffer.mappable and not buffer.storage.released:
+        count = 1
+        for d in view.shape:
+            count *= d
+        length = (count * (view.element_type & 0xFF) + 7) // 8  # fits: checked at creation
+        start = buffer.byte_offset
+        return unpack_elements(buffer.storage.array[start : start + length].copy(),
+                               view.shape, view.element_type)
     device = view.buffer.allocator.device_ref()
     data = device.read_array(view.buffer, 0, view.byte_length)
     return unpack_elements(data, view.shape, view.element_type)
