@@ -213,8 +213,22 @@ class Allocator:
                 self.profile.record_heap_change(heap, delta, self._live_total, self._peak_total)
 
     def _releaser(self, heap: str):
+        """What a storage of `heap` calls with its size when freed: `track(heap, -size)`,
+        inline (one frame per freed buffer instead of two)."""
+        lock = self._lock
+
         def release(size: int) -> None:
-            self.track(heap, -size)
+            if not size:  # `track` counts a zero delta as an allocation; kept as it was
+                self.track(heap, 0)
+                return
+            with lock:
+                counter = self._counters[heap]
+                counter.live -= size
+                counter.freed += size
+                self._live_total -= size
+                if self.profile is not None:
+                    self.profile.record_heap_change(heap, -size, self._live_total,
+                                                    self._peak_total)
 
         return release
 

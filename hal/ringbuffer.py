@@ -86,10 +86,6 @@ def _grant_all(granted: list[tuple[GrantCallback, RingBlock]]) -> None:
         cb(placed, None)
 
 
-def _align(size: int) -> int:
-    return (size + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
-
-
 class RingBlock:
     """One reservation: `[offset, offset + size)` of the ring (`size` 64-byte rounded)."""
 
@@ -157,7 +153,7 @@ class TransientRingbuffer:
         """Raises RESOURCE_EXHAUSTED if `size` could never fit, however long it waited."""
         if not isinstance(size, int) or size < 0:
             raise InvalidArgumentError(f"transient allocation size must be an int >= 0, not {size!r}")
-        if _align(size) > self.capacity:
+        if (size + ALIGNMENT - 1) & ~(ALIGNMENT - 1) > self.capacity:
             raise ResourceExhaustedError(
                 f"transient allocation of {size} bytes exceeds the whole ringbuffer of "
                 f"{self.capacity} bytes (raise the device's transient_capacity)"
@@ -196,7 +192,8 @@ class TransientRingbuffer:
                 return granted
             block.retired = True
             self._live -= block.size
-            self._report(-block.size)  # before any grant below, so peaks stay exact
+            if self.allocator is not None:  # before any grant below: peaks stay exact
+                self.allocator.track(HEAP_NAME, -block.size)
             blocks = self._blocks
             while blocks and blocks[0].retired:
                 blocks.popleft()
@@ -296,7 +293,8 @@ class TransientRingbuffer:
 
     def _place(self, size: int) -> RingBlock | None:
         """Finds room for `size` bytes at the head (wrapping to 0); lock held."""
-        need = _align(size) or ALIGNMENT  # a block is never empty: head == tail means full
+        # 64-byte rounded; a block is never empty: head == tail means full
+        need = ((size + ALIGNMENT - 1) & ~(ALIGNMENT - 1)) or ALIGNMENT
         head, tail, cap = self._head, self._tail, self.capacity
         if not self._blocks:
             offset = 0 if need <= cap else None
@@ -311,7 +309,8 @@ class TransientRingbuffer:
             offset = head if head + need <= tail else None
         if offset is None:
             return None
-        self._ensure_backing()
+        if self._backing is None:
+            self._ensure_backing()
         block = RingBlock(offset, need, size)
         self._blocks.append(block)
         self._head = offset + need
@@ -324,7 +323,3 @@ class TransientRingbuffer:
             # Reported under the lock so live/peak in the allocator follow ring order.
             self.allocator.track(HEAP_NAME, need)
         return block
-
-    def _report(self, delta: int) -> None:
-        if self.allocator is not None:
-            self.allocator.track(HEAP_NAME, delta)
