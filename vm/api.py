@@ -423,17 +423,27 @@ class Module:
         out = []
         for i, (spec, value) in enumerate(zip(specs, args)):
             plan = plans[i] if plans else None
-            if (plan is not None and type(value) is np.ndarray and value.dtype == plan[0]
-                    and value.shape == plan[1] and value.flags.c_contiguous):
+            if plan is not None and type(value) is np.ndarray and value.flags.c_contiguous:
                 # The common case, checked against the plan: an array of exactly the
-                # declared static shape and dtype is copied straight into a new buffer.
-                buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY, _INPUT_USAGE)
-                if buffer.mappable:
-                    buffer.storage.array[: value.nbytes] = value.reshape(-1).view(np.uint8)
+                # declared static shape and dtype (or, with no declaration, of a dtype
+                # with whole-byte elements) is copied straight into a new buffer.
+                if plan is _UNDECLARED:
+                    element_type = _WHOLE_BYTE_TYPES.get(value.dtype)
+                    if element_type is None:
+                        element_type = _whole_byte_element_type(value.dtype)
+                elif value.dtype == plan[0] and value.shape == plan[1]:
+                    element_type = plan[2]
                 else:
-                    device.write_bytes(buffer, pack_elements(value, plan[2]))
-                out.append(BufferView(buffer, plan[1], plan[2]))
-                continue
+                    element_type = 0
+                if element_type:
+                    buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY,
+                                                       _INPUT_USAGE)
+                    if buffer.mappable:
+                        buffer.storage.array[: value.nbytes] = value.reshape(-1).view(np.uint8)
+                    else:
+                        device.write_bytes(buffer, pack_elements(value, element_type))
+                    out.append(BufferView(buffer, value.shape, element_type))
+                    continue
             kind = spec.kind
             if kind == "tensor":
                 out.append(_tensor_input(device, info.name, spec, value))
@@ -578,10 +588,33 @@ def _scalar_output(spec: ArgSpec, value: Any) -> Any:
     return value
 
 
-def _input_plan(spec: ArgSpec) -> tuple[np.dtype, tuple[int, ...], int] | None:
+_UNDECLARED = ()
+"""The input plan of an argument with no declaration: any array of whole-byte elements
+goes in as a tensor of its own dtype and shape."""
+_WHOLE_BYTE_TYPES: dict[np.dtype, int] = {}  # dtype -> HAL element type (0: not whole-byte)
+
+
+def _whole_byte_element_type(dtype: np.dtype) -> int:
+    """The HAL element type of `dtype` if its elements are whole bytes, else 0 (cached;
+    0 sends the array down the general path, which reports unsupported dtypes)."""
+    try:
+        element_type = int(element_type_for(dtype))
+    except Error:
+        return 0
+    bits = element_type & 0xFF
+    if bits < 8 or bits % 8:
+        element_type = 0
+    _WHOLE_BYTE_TYPES[dtype] = element_type
+    return element_type
+
+
+def _input_plan(spec: ArgSpec) -> tuple[np.dtype, tuple[int, ...], int] | tuple[()] | None:
     """(dtype, shape, HAL element type) for a tensor argument of static shape whose
     elements are whole bytes: an array matching it exactly needs no other check or
-    conversion. None for everything else (those take `_tensor_input`'s general path)."""
+    conversion. `_UNDECLARED` for a ref argument with no declaration. None for
+    everything else (those take `_tensor_input`'s general path)."""
+    if spec.kind == "ref" and spec.shape is None:
+        return _UNDECLARED
     if spec.kind != "tensor" or spec.shape is None or None in spec.shape:
         return None
     info = element_info_for_mlir(spec.type)
