@@ -131,6 +131,7 @@ class TransientRingbuffer:
         # `_retire_collected`); nothing re-enters it.
         self._lock = threading.RLock()
         self._backing: np.ndarray | None = None
+        self._backing_address = 0  # the backing's first byte, once it exists
         self._blocks: collections.deque[RingBlock] = collections.deque()
         self._parked: collections.deque[tuple[int, GrantCallback]] = collections.deque()
         self._head = 0  # next free byte
@@ -239,9 +240,8 @@ class TransientRingbuffer:
     @staticmethod
     def pending_storage(size: int) -> Storage:
         """A `Storage` with no memory yet, to be `commit`ted when the block is granted."""
-        storage = Storage(0, array=_EMPTY)
+        storage = Storage(0, array=_EMPTY, address=0)
         storage.byte_length = size
-        storage.address = 0
         return storage
 
     def commit(self, storage: Storage, block: RingBlock) -> None:
@@ -254,7 +254,7 @@ class TransientRingbuffer:
         backing = self._backing
         assert backing is not None
         storage.array = backing[block.offset : block.offset + storage.byte_length]
-        storage.address = backing.__array_interface__["data"][0] + block.offset
+        storage.address = self._backing_address + block.offset
         with self._lock:
             self._owned[storage] = block
         weakref.finalize(storage, self._retire_collected, block)
@@ -289,6 +289,7 @@ class TransientRingbuffer:
             raw = np.zeros(self.capacity + ALIGNMENT - 1, dtype=np.uint8)
             start = (-raw.ctypes.data) % ALIGNMENT
             self._backing = raw[start : start + self.capacity]
+            self._backing_address = raw.ctypes.data + start
         return self._backing
 
     def _place(self, size: int) -> RingBlock | None:
