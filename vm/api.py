@@ -53,6 +53,7 @@ closed that way, so the process exits normally.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -238,22 +239,20 @@ def _resolve_device(device: Any, options: dict) -> tuple[Device, bool]:
     return create_device(device, **options), True
 
 
-class _Bound:
-    __slots__ = ("_module", "_name", "__doc__")
+class _Bound(functools.partial):
+    """`module.invoke` with the export's name bound: a `functools.partial`, so calling
+    it enters `Module.invoke` directly (no Python frame of its own)."""
 
-    def __init__(self, module: Module, name: str) -> None:
-        self._module = module
-        self._name = name
+    def __new__(cls, module: Module, name: str) -> _Bound:
+        self = super().__new__(cls, module.invoke, name)
         self.__doc__ = module.functions[name].declaration or name
-
-    def __call__(self, *args: Any) -> Any:
-        return self._module.invoke(self._name, *args)
+        return self
 
     async def call_async(self, *args: Any) -> Any:
-        return await self._module.invoke_async(self._name, *args)
+        return await self.func.__self__.invoke_async(self.args[0], *args)
 
     def __repr__(self) -> str:
-        return f"<function {self._name} of {self._module!r}>"
+        return f"<function {self.args[0]} of {self.func.__self__!r}>"
 
 
 class Module:
