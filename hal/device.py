@@ -305,7 +305,10 @@ class Device:
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         ops = resolve_commands(batch_list, binding_table, self.concurrency)
-        start = self._driver_start(self._execute, ops, wait_points, signal_points, queue)
+        if type(self)._driver_start is Device._driver_start:  # the default: no frame
+            start = functools.partial(self._execute, ops)
+        else:
+            start = self._driver_start(self._execute, ops, wait_points, signal_points, queue)
         if self.profile is not None:
             submission_id = self.profile.record_submission(
                 "execute", wait_points, signal_points, batch_list, queue=queue)

@@ -251,10 +251,12 @@ class Fence:
     @classmethod
     def join(cls, fences: Iterable[Fence | None]) -> Fence:
         joined = cls()
+        points = joined._points
         for fence in fences:
             if fence is not None:
-                for sem, value in fence.points:
-                    joined.insert(sem, value)
+                for sem, value in fence._points.items():  # values were checked on insert
+                    if value > points.get(sem, -1):
+                        points[sem] = value
         return joined
 
     def insert(self, semaphore: Semaphore, value: int) -> None:

@@ -710,7 +710,8 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
     def fence_join(flags, fences):
         present = []
         for (fence,) in fences:
-            fence = _fence_or_null(fence)
+            if fence is not None and type(fence) is not Fence:
+                fence = _fence_or_null(fence)
             if fence is not None and len(fence):
                 present.append(fence)
         if not present:
