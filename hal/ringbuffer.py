@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import queue
 import threading
 import weakref
@@ -143,7 +144,11 @@ class TransientRingbuffer:
         self._closed: Error | None = None
         if allocator is not None:
             allocator.add_heap_statistics(HEAP_NAME)  # shown from the start, at zero
-        self._owned: weakref.WeakKeyDictionary[Storage, RingBlock] = weakref.WeakKeyDictionary()
+        # id(storage) -> (weak reference to it, its block). The reference's callback
+        # retires the block of a storage collected without `release`; `release` drops
+        # the entry, and with it the reference, so the callback then never runs. (An id
+        # cannot be reused before its entry goes: the callback runs as the storage dies.)
+        self._owned: dict[int, tuple[weakref.ref, RingBlock]] = {}
 
     def __repr__(self) -> str:
         return f"<TransientRingbuffer {self._live}/{self.capacity} bytes live>"
@@ -255,16 +260,24 @@ class TransientRingbuffer:
         assert backing is not None
         storage.array = backing[block.offset : block.offset + storage.byte_length]
         storage.address = self._backing_address + block.offset
+        key = id(storage)
+        entry = (weakref.ref(storage, functools.partial(self._collected, key)), block)
         with self._lock:
-            self._owned[storage] = block
-        weakref.finalize(storage, self._retire_collected, block)
+            self._owned[key] = entry
 
     def release(self, storage: Storage) -> None:
         """Retires the block committed to `storage` (nothing if it has none)."""
         with self._lock:
-            block = self._owned.pop(storage, None)
-        if block is not None:
-            self.retire(block)
+            entry = self._owned.pop(id(storage), None)
+        if entry is not None:
+            self.retire(entry[1])
+
+    def _collected(self, key: int, _ref: weakref.ref) -> None:
+        """A committed storage died without `release`: retire its block."""
+        with self._lock:  # re-entrant: the collection may run inside this ring's lock
+            entry = self._owned.pop(key, None)
+        if entry is not None:
+            self._retire_collected(entry[1])
 
     # -- inspection -------------------------------------------------------------------
 
