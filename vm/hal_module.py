@@ -26,6 +26,7 @@ loaded into a 64-byte-aligned buffer), so weights are used in place.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import weakref
@@ -284,7 +285,12 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         return register
     # Storages of buffers this module allocated with queue_alloca: only those have
     # transient memory to give back on queue_dealloca.
-    transient: weakref.WeakSet[Any] = weakref.WeakSet()
+    # id(storage) -> a weak reference to it whose callback drops the entry when the
+    # storage dies (a plain dict: cheaper per alloca than a WeakSet).
+    transient: dict[int, weakref.ref] = {}
+
+    def forget_transient(key: int, _ref: weakref.ref) -> None:
+        transient.pop(key, None)
     module.devices = device_list  # type: ignore[attr-defined]
 
     # -- experimental -----------------------------------------------------------------
@@ -584,14 +590,16 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         buffer = device.queue_alloca(
             size, wait, signal, memory_types & _U32, usage & _U32,
         )
-        transient.add(buffer.storage)
+        key = id(buffer.storage)
+        transient[key] = weakref.ref(buffer.storage, functools.partial(forget_transient, key))
         return buffer
 
     @shim("device.queue.dealloca")
     def device_queue_dealloca(device, queue_affinity, wait, signal, buffer, flags):
         wait, signal = wait, signal
-        if buffer.storage in transient:
-            transient.discard(buffer.storage)
+        ref = transient.get(id(buffer.storage))
+        if ref is not None and ref() is buffer.storage:
+            transient.pop(id(buffer.storage), None)
             device.queue_dealloca(buffer, wait, signal)
         else:
             # Not transient memory: the buffer lives on while referenced; only order.
