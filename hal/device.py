@@ -64,7 +64,14 @@ from .executable import FORMATS, Executable
 from .execution import Submission, resolve_commands
 from .profile import Profile
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
-from .semaphore import Fence, Semaphore, SemaphorePoint, normalize_points, when_all_reached
+from .semaphore import (
+    Fence,
+    Semaphore,
+    SemaphorePoint,
+    all_reached,
+    normalize_points,
+    when_all_reached,
+)
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
 
 Points = Fence | Sequence[SemaphorePoint] | None
@@ -295,9 +302,13 @@ class Device:
         batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
         wait_points = normalize_points(wait, "wait")
         signal_points = normalize_points(signal, "signal")
-        self._check_queue(queue)
+        if type(queue) is not int or queue:  # queue 0 always exists
+            self._check_queue(queue)
         ops = resolve_commands(batch_list, binding_table, self.concurrency)
-        start = self._driver_start(self._execute, ops, wait_points, signal_points, queue)
+        if type(self)._driver_start is Device._driver_start:  # the default: no frame
+            start = functools.partial(self._execute, ops)
+        else:
+            start = self._driver_start(self._execute, ops, wait_points, signal_points, queue)
         if self.profile is not None:
             submission_id = self.profile.record_submission(
                 "execute", wait_points, signal_points, batch_list, queue=queue)
@@ -310,7 +321,8 @@ class Device:
     def queue_barrier(self, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
         """Advances `signal` once `wait` is reached; no work."""
         wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
-        self._check_queue(queue)
+        if type(queue) is not int or queue:  # queue 0 always exists
+            self._check_queue(queue)
         if self.profile is not None:
             self.profile.record_submission("barrier", wait_points, signal_points, queue=queue)
         self._accept(wait_points, signal_points,
@@ -394,7 +406,8 @@ class Device:
                               length: int, resources: Any, work: Callable[[], None]) -> None:
         """Queues `work`, a host-side read or write of `length` bytes holding `resources`."""
         wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
-        self._check_queue(queue)
+        if type(queue) is not int or queue:  # queue 0 always exists
+            self._check_queue(queue)
         if self.profile is not None:
             self.profile.record_submission(operation, wait_points, signal_points,
                                            payload_length=length, queue=queue)
@@ -413,7 +426,8 @@ class Device:
         """
         wait_points = normalize_points(wait, "wait")
         signal_points = normalize_points(signal, "signal")
-        self._check_queue(queue)
+        if type(queue) is not int or queue:  # queue 0 always exists
+            self._check_queue(queue)
         self.transient.check_size(size)
         buffer = self._alloca(size, memory_type, usage)
         if self.profile is not None:
@@ -435,7 +449,8 @@ class Device:
             done(None)
 
         wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
-        self._check_queue(queue)
+        if type(queue) is not int or queue:  # queue 0 always exists
+            self._check_queue(queue)
         if self.profile is not None:
             self.profile.record_submission("dealloca", wait_points, signal_points,
                                            payload_length=buffer.byte_length, queue=queue)
@@ -475,19 +490,20 @@ class Device:
                 resources: Any, start: Callable[[Completion], None]) -> None:
         """Registers a queue entry holding `resources`; once `wait` is reached calls
         `start(done)`, and `done(error)` (on any thread, once) retires the entry."""
-        entry = _Entry(signal, resources, start if wait else None)
+        runs_now = not wait or all_reached(wait)  # a failed wait takes the slow path
+        entry = _Entry(signal, resources, None if runs_now else start)
         with self._entries_lock:
             if self._closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
             self._in_flight.add(entry)
-            if not wait:  # nothing to wait for: it runs now
+            if runs_now:  # nothing left to wait for: it runs now
                 entry.state = _RUNNING
                 self._running += 1
         done = functools.partial(self._retire, entry)
         if self._lost is not None:
             self._retire(entry, self._lost)
             return
-        if not wait:
+        if runs_now:
             try:
                 start(done)
             except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
@@ -564,8 +580,16 @@ class Device:
         if pending is not None:
             pending.append((signal, error))
             return
-        _inline.pending = pending = collections.deque([(signal, error)])
+        _inline.pending = pending = collections.deque()
         try:
+            for sem, value in signal:  # _settle, inline for the common first signal
+                if error is not None:
+                    sem.fail(error)
+                    continue
+                try:
+                    sem.signal(value)
+                except Error as exc:
+                    sem.fail(exc)
             while pending:
                 _settle(*pending.popleft())
         finally:

@@ -29,6 +29,7 @@ from .command_buffer import (
     BarrierCommand,
     BufferRef,
     CommandBuffer,
+    CommandBufferMode,
     CopyCommand,
     DispatchCommand,
     FillCommand,
@@ -53,6 +54,9 @@ class Range(NamedTuple):
     buffer: Buffer
     offset: int
     length: int
+
+
+_new_range = tuple.__new__  # `_new_range(Range, (buffer, offset, length))`: no Python frame
 
 
 # -- typed operations ------------------------------------------------------------------
@@ -317,11 +321,11 @@ class Recording:
                 for residue in align[i]:
                     if (start + residue) % ALIGNMENT:
                         ok = False
-            entries.append(Range(buffer, base, length))
+            entries.append(_new_range(Range, (buffer, base, length)))
         for buffer in self.direct:
             if buffer.storage.released:
                 ok = False
-            entries.append(Range(buffer, 0, buffer.byte_length))
+            entries.append(_new_range(Range, (buffer, 0, buffer.byte_length)))
         if not ok or not self.exact:
             _check_each_command(self.commands, entries)
             if not ok:  # pragma: no cover - the per-slot checks only fail what it fails
@@ -429,15 +433,17 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
                      binding_table: BindingTable | None, max_concurrency: int = 1
                      ) -> Submission:
     """Validates a submission of command buffers against `binding_table`."""
-    if type(command_buffers) is CommandBuffer or not isinstance(command_buffers, Sequence):
+    if type(command_buffers) is list:
+        pass
+    elif type(command_buffers) is CommandBuffer or not isinstance(command_buffers, Sequence):
         command_buffers = (command_buffers,)
     parts = []
     for cb in command_buffers:
-        if not isinstance(cb, CommandBuffer):
+        if type(cb) is not CommandBuffer and not isinstance(cb, CommandBuffer):
             raise InvalidArgumentError(f"submit takes command buffers, not {cb!r}")
         if not cb.finalized:
             raise FailedPreconditionError(f"{cb!r} must be finalized before submit")
-        if cb.submitted and cb.mode.value == "one_shot":
+        if cb.submitted and cb.mode is CommandBufferMode.ONE_SHOT:
             raise FailedPreconditionError(f"{cb!r} is one-shot and was submitted")
         recording = cb.recording
         if recording is None or recording.max_concurrency != max_concurrency:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import queue
 import threading
 import weakref
@@ -86,10 +87,6 @@ def _grant_all(granted: list[tuple[GrantCallback, RingBlock]]) -> None:
         cb(placed, None)
 
 
-def _align(size: int) -> int:
-    return (size + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
-
-
 class RingBlock:
     """One reservation: `[offset, offset + size)` of the ring (`size` 64-byte rounded)."""
 
@@ -135,6 +132,7 @@ class TransientRingbuffer:
         # `_retire_collected`); nothing re-enters it.
         self._lock = threading.RLock()
         self._backing: np.ndarray | None = None
+        self._backing_address = 0  # the backing's first byte, once it exists
         self._blocks: collections.deque[RingBlock] = collections.deque()
         self._parked: collections.deque[tuple[int, GrantCallback]] = collections.deque()
         self._head = 0  # next free byte
@@ -146,7 +144,11 @@ class TransientRingbuffer:
         self._closed: Error | None = None
         if allocator is not None:
             allocator.add_heap_statistics(HEAP_NAME)  # shown from the start, at zero
-        self._owned: weakref.WeakKeyDictionary[Storage, RingBlock] = weakref.WeakKeyDictionary()
+        # id(storage) -> (weak reference to it, its block). The reference's callback
+        # retires the block of a storage collected without `release`; `release` drops
+        # the entry, and with it the reference, so the callback then never runs. (An id
+        # cannot be reused before its entry goes: the callback runs as the storage dies.)
+        self._owned: dict[int, tuple[weakref.ref, RingBlock]] = {}
 
     def __repr__(self) -> str:
         return f"<TransientRingbuffer {self._live}/{self.capacity} bytes live>"
@@ -157,7 +159,7 @@ class TransientRingbuffer:
         """Raises RESOURCE_EXHAUSTED if `size` could never fit, however long it waited."""
         if not isinstance(size, int) or size < 0:
             raise InvalidArgumentError(f"transient allocation size must be an int >= 0, not {size!r}")
-        if _align(size) > self.capacity:
+        if (size + ALIGNMENT - 1) & ~(ALIGNMENT - 1) > self.capacity:
             raise ResourceExhaustedError(
                 f"transient allocation of {size} bytes exceeds the whole ringbuffer of "
                 f"{self.capacity} bytes (raise the device's transient_capacity)"
@@ -196,7 +198,8 @@ class TransientRingbuffer:
                 return granted
             block.retired = True
             self._live -= block.size
-            self._report(-block.size)  # before any grant below, so peaks stay exact
+            if self.allocator is not None:  # before any grant below: peaks stay exact
+                self.allocator.track(HEAP_NAME, -block.size)
             blocks = self._blocks
             while blocks and blocks[0].retired:
                 blocks.popleft()
@@ -242,9 +245,8 @@ class TransientRingbuffer:
     @staticmethod
     def pending_storage(size: int) -> Storage:
         """A `Storage` with no memory yet, to be `commit`ted when the block is granted."""
-        storage = Storage(0, array=_EMPTY)
+        storage = Storage(0, array=_EMPTY, address=0)
         storage.byte_length = size
-        storage.address = 0
         return storage
 
     def commit(self, storage: Storage, block: RingBlock) -> None:
@@ -257,17 +259,25 @@ class TransientRingbuffer:
         backing = self._backing
         assert backing is not None
         storage.array = backing[block.offset : block.offset + storage.byte_length]
-        storage.address = backing.__array_interface__["data"][0] + block.offset
+        storage.address = self._backing_address + block.offset
+        key = id(storage)
+        entry = (weakref.ref(storage, functools.partial(self._collected, key)), block)
         with self._lock:
-            self._owned[storage] = block
-        weakref.finalize(storage, self._retire_collected, block)
+            self._owned[key] = entry
 
     def release(self, storage: Storage) -> None:
         """Retires the block committed to `storage` (nothing if it has none)."""
         with self._lock:
-            block = self._owned.pop(storage, None)
-        if block is not None:
-            self.retire(block)
+            entry = self._owned.pop(id(storage), None)
+        if entry is not None:
+            self.retire(entry[1])
+
+    def _collected(self, key: int, _ref: weakref.ref) -> None:
+        """A committed storage died without `release`: retire its block."""
+        with self._lock:  # re-entrant: the collection may run inside this ring's lock
+            entry = self._owned.pop(key, None)
+        if entry is not None:
+            self._retire_collected(entry[1])
 
     # -- inspection -------------------------------------------------------------------
 
@@ -292,11 +302,13 @@ class TransientRingbuffer:
             raw = np.zeros(self.capacity + ALIGNMENT - 1, dtype=np.uint8)
             start = (-raw.ctypes.data) % ALIGNMENT
             self._backing = raw[start : start + self.capacity]
+            self._backing_address = raw.ctypes.data + start
         return self._backing
 
     def _place(self, size: int) -> RingBlock | None:
         """Finds room for `size` bytes at the head (wrapping to 0); lock held."""
-        need = _align(size) or ALIGNMENT  # a block is never empty: head == tail means full
+        # 64-byte rounded; a block is never empty: head == tail means full
+        need = ((size + ALIGNMENT - 1) & ~(ALIGNMENT - 1)) or ALIGNMENT
         head, tail, cap = self._head, self._tail, self.capacity
         if not self._blocks:
             offset = 0 if need <= cap else None
@@ -311,7 +323,8 @@ class TransientRingbuffer:
             offset = head if head + need <= tail else None
         if offset is None:
             return None
-        self._ensure_backing()
+        if self._backing is None:
+            self._ensure_backing()
         block = RingBlock(offset, need, size)
         self._blocks.append(block)
         self._head = offset + need
@@ -324,7 +337,3 @@ class TransientRingbuffer:
             # Reported under the lock so live/peak in the allocator follow ring order.
             self.allocator.track(HEAP_NAME, need)
         return block
-
-    def _report(self, delta: int) -> None:
-        if self.allocator is not None:
-            self.allocator.track(HEAP_NAME, delta)

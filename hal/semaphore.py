@@ -239,7 +239,10 @@ class Fence:
     def __init__(self, points: Iterable[SemaphorePoint] = ()) -> None:
         self._points: dict[Semaphore, int] = {}
         for sem, value in points:
-            self.insert(sem, value)
+            if type(value) is not int or not 0 <= value <= MAX_VALUE:
+                _check_value(value, "fence value")
+            if value > self._points.get(sem, -1):
+                self._points[sem] = value
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{s!r}@{v}" for s, v in self._points.items())
@@ -248,10 +251,12 @@ class Fence:
     @classmethod
     def join(cls, fences: Iterable[Fence | None]) -> Fence:
         joined = cls()
+        points = joined._points
         for fence in fences:
             if fence is not None:
-                for sem, value in fence.points:
-                    joined.insert(sem, value)
+                for sem, value in fence._points.items():  # values were checked on insert
+                    if value > points.get(sem, -1):
+                        points[sem] = value
         return joined
 
     def insert(self, semaphore: Semaphore, value: int) -> None:
@@ -284,7 +289,10 @@ class Fence:
 
     def query(self) -> bool:
         """True when every point is reached; raises the first failure."""
-        return all(sem.query() >= value for sem, value in self._points.items())
+        for sem, value in self._points.items():
+            if sem.query() < value:
+                return False
+        return True
 
     def wait(self, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -301,6 +309,8 @@ def normalize_points(
     points: Fence | Sequence[SemaphorePoint] | None, what: str
 ) -> list[SemaphorePoint]:
     """Turns a Fence or a list of (Semaphore, value) into a validated list."""
+    if type(points) is Fence:
+        return list(points._points.items())
     if points is None:
         return []
     if isinstance(points, Fence):
@@ -319,6 +329,15 @@ def normalize_points(
             _check_value(value, f"{what} value")
         result.append((sem, value))
     return result
+
+
+def all_reached(points: Sequence[SemaphorePoint]) -> bool:
+    """True when every point is reached and no semaphore has failed (a failure, or a
+    point still ahead, is for `when_all_reached` to decide)."""
+    for sem, value in points:
+        if sem._failure is not None or sem._value < value:
+            return False
+    return True
 
 
 def when_all_reached(

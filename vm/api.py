@@ -53,6 +53,7 @@ closed that way, so the process exits normally.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -238,22 +239,20 @@ def _resolve_device(device: Any, options: dict) -> tuple[Device, bool]:
     return create_device(device, **options), True
 
 
-class _Bound:
-    __slots__ = ("_module", "_name", "__doc__")
+class _Bound(functools.partial):
+    """`module.invoke` with the export's name bound: a `functools.partial`, so calling
+    it enters `Module.invoke` directly (no Python frame of its own)."""
 
-    def __init__(self, module: Module, name: str) -> None:
-        self._module = module
-        self._name = name
+    def __new__(cls, module: Module, name: str) -> _Bound:
+        self = super().__new__(cls, module.invoke, name)
         self.__doc__ = module.functions[name].declaration or name
-
-    def __call__(self, *args: Any) -> Any:
-        return self._module.invoke(self._name, *args)
+        return self
 
     async def call_async(self, *args: Any) -> Any:
-        return await self._module.invoke_async(self._name, *args)
+        return await self.func.__self__.invoke_async(self.args[0], *args)
 
     def __repr__(self) -> str:
-        return f"<function {self._name} of {self._module!r}>"
+        return f"<function {self.args[0]} of {self.func.__self__!r}>"
 
 
 class Module:
@@ -288,6 +287,8 @@ class Module:
         self.name = self.bytecode.name
         self.functions: dict[str, FunctionInfo] = {}
         self._vm_functions: dict[str, Any] = {}
+        # name -> (info, VM function, one input plan per argument), built on first call
+        self._resolved: dict[str, tuple[FunctionInfo, Any, tuple]] = {}
         for export_name in self.bytecode.exports:
             if export_name.startswith("__"):
                 continue
@@ -357,10 +358,19 @@ class Module:
             self._vm_functions[name] = vmf
         return info, vmf
 
+    def _resolve(self, name: str) -> tuple[FunctionInfo, Any, tuple]:
+        """`_lookup` plus the export's input plans (see `_input_plan`), cached."""
+        resolved = self._resolved.get(name)
+        if resolved is None:
+            info, vmf = self._lookup(name)
+            resolved = self._resolved[name] = (
+                info, vmf, tuple(_input_plan(spec) for spec in info.inputs))
+        return resolved
+
     def invoke(self, name: str, *args: Any) -> Any:
         """Calls export `name` and waits for its results (numpy arrays / scalars)."""
-        info, vmf = self._lookup(name)
-        vm_args = self._convert_inputs(info, args)
+        info, vmf, plans = self._resolved.get(name) or self._resolve(name)
+        vm_args = self._convert_inputs(info, args, plans)
         signal = None
         if info.is_async:
             signal = self._append_fences(vm_args)
@@ -371,8 +381,8 @@ class Module:
 
     def invoke_raw(self, name: str, *args: Any) -> list:
         """Like `invoke` but returns the VM's results as they are (buffer views, ints)."""
-        info, vmf = self._lookup(name)
-        vm_args = self._convert_inputs(info, args)
+        info, vmf, plans = self._resolved.get(name) or self._resolve(name)
+        vm_args = self._convert_inputs(info, args, plans)
         signal = self._append_fences(vm_args) if info.is_async else None
         results = self.context.invoke(vmf, vm_args)
         if signal is not None:
@@ -384,8 +394,8 @@ class Module:
         async_name = f"{name}$async"
         if async_name in self.functions and not self.functions[name].is_async:
             name = async_name
-        info, vmf = self._lookup(name)
-        vm_args = self._convert_inputs(info, args)
+        info, vmf, plans = self._resolved.get(name) or self._resolve(name)
+        vm_args = self._convert_inputs(info, args, plans)
         signal = None
         if info.is_async:
             signal = self._append_fences(vm_args)
@@ -403,7 +413,7 @@ class Module:
 
     # -- conversion -------------------------------------------------------------------
 
-    def _convert_inputs(self, info: FunctionInfo, args: tuple) -> list:
+    def _convert_inputs(self, info: FunctionInfo, args: tuple, plans: tuple = ()) -> list:
         specs = info.inputs
         if len(args) != len(specs):
             raise InvalidArgumentError(
@@ -413,7 +423,29 @@ class Module:
             )
         device = self.device
         out = []
-        for spec, value in zip(specs, args):
+        for i, (spec, value) in enumerate(zip(specs, args)):
+            plan = plans[i] if plans else None
+            if plan is not None and type(value) is np.ndarray and value.flags.c_contiguous:
+                # The common case, checked against the plan: an array of exactly the
+                # declared static shape and dtype (or, with no declaration, of a dtype
+                # with whole-byte elements) is copied straight into a new buffer.
+                if plan is _UNDECLARED:
+                    element_type = _WHOLE_BYTE_TYPES.get(value.dtype)
+                    if element_type is None:
+                        element_type = _whole_byte_element_type(value.dtype)
+                elif value.dtype == plan[0] and value.shape == plan[1]:
+                    element_type = plan[2]
+                else:
+                    element_type = 0
+                if element_type:
+                    buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY,
+                                                       _INPUT_USAGE)
+                    if buffer.mappable:
+                        buffer.storage.array[: value.nbytes] = value.reshape(-1).view(np.uint8)
+                    else:
+                        device.write_bytes(buffer, pack_elements(value, element_type))
+                    out.append(BufferView(buffer, value.shape, element_type))
+                    continue
             kind = spec.kind
             if kind == "tensor":
                 out.append(_tensor_input(device, info.name, spec, value))
@@ -558,9 +590,53 @@ def _scalar_output(spec: ArgSpec, value: Any) -> Any:
     return value
 
 
+_UNDECLARED = ()
+"""The input plan of an argument with no declaration: any array of whole-byte elements
+goes in as a tensor of its own dtype and shape."""
+_WHOLE_BYTE_TYPES: dict[np.dtype, int] = {}  # dtype -> HAL element type (0: not whole-byte)
+
+
+def _whole_byte_element_type(dtype: np.dtype) -> int:
+    """The HAL element type of `dtype` if its elements are whole bytes, else 0 (cached;
+    0 sends the array down the general path, which reports unsupported dtypes)."""
+    try:
+        element_type = int(element_type_for(dtype))
+    except Error:
+        return 0
+    bits = element_type & 0xFF
+    if bits < 8 or bits % 8:
+        element_type = 0
+    _WHOLE_BYTE_TYPES[dtype] = element_type
+    return element_type
+
+
+def _input_plan(spec: ArgSpec) -> tuple[np.dtype, tuple[int, ...], int] | tuple[()] | None:
+    """(dtype, shape, HAL element type) for a tensor argument of static shape whose
+    elements are whole bytes: an array matching it exactly needs no other check or
+    conversion. `_UNDECLARED` for a ref argument with no declaration. None for
+    everything else (those take `_tensor_input`'s general path)."""
+    if spec.kind == "ref" and spec.shape is None:
+        return _UNDECLARED
+    if spec.kind != "tensor" or spec.shape is None or None in spec.shape:
+        return None
+    info = element_info_for_mlir(spec.type)
+    if info is None or info.bit_count < 8 or info.bit_count % 8:
+        return None
+    return info.dtype, tuple(spec.shape), info.element_type
+
+
 def _to_numpy(view: BufferView) -> np.ndarray:
     """A copy of the view's contents (by a transfer when the host cannot map them);
     sub-byte elements come back one per byte, in ml_dtypes' int4/uint4/int2/uint2."""
+    buffer = view.buffer
+    if buffer.mappable and not buffer.storage.released:
+        count = 1
+        for d in view.shape:
+            count *= d
+        length = (count * (view.element_type & 0xFF) + 7) // 8  # fits: checked at creation
+        start = buffer.byte_offset
+        return unpack_elements(buffer.storage.array[start : start + length].copy(),
+                               view.shape, view.element_type)
     device = view.buffer.allocator.device_ref()
     data = device.read_array(view.buffer, 0, view.byte_length)
     return unpack_elements(data, view.shape, view.element_type)

@@ -26,7 +26,9 @@ loaded into a 64-byte-aligned buffer), so weights are used in place.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -67,6 +69,7 @@ _SHARING_IMMUTABLE = int(BufferUsage.SHARING_IMMUTABLE)
 _STATUS_DEFERRED = int(StatusCode.DEFERRED)
 _STATUS_DEADLINE_EXCEEDED = int(StatusCode.DEADLINE_EXCEEDED)
 _U32 = 0xFFFFFFFF
+_first = operator.itemgetter(0)  # a variadic shape's 1-tuples -> dims, without a frame
 _MAX_BINDINGS = 64
 
 
@@ -283,7 +286,12 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         return register
     # Storages of buffers this module allocated with queue_alloca: only those have
     # transient memory to give back on queue_dealloca.
-    transient: weakref.WeakSet[Any] = weakref.WeakSet()
+    # id(storage) -> a weak reference to it whose callback drops the entry when the
+    # storage dies (a plain dict: cheaper per alloca than a WeakSet).
+    transient: dict[int, weakref.ref] = {}
+
+    def forget_transient(key: int, _ref: weakref.ref) -> None:
+        transient.pop(key, None)
     module.devices = device_list  # type: ignore[attr-defined]
 
     # -- experimental -----------------------------------------------------------------
@@ -424,7 +432,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
                 exc.message = (f"invalid subspan of an existing buffer (source_offset="
                                f"{offset}, length={length}); {exc.message}")
                 raise
-        return BufferView(buffer, [d for (d,) in shape], element_type & _U32,
+        return BufferView(buffer, map(_first, shape), element_type & _U32,
                           encoding_type & _U32)
 
     @shim("buffer_view.assert")
@@ -434,8 +442,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         if ((view.encoding_type and view.encoding_type != encoding_type & _U32)
                 or (view.element_type != expected_type
                     and not _element_types_compatible(view.element_type, expected_type))
-                or len(actual) != len(shape)
-                or [want for (want,) in shape] != list(actual)):
+                or tuple(map(_first, shape)) != actual):
             _buffer_view_assert_failure(view, vm_buffer_string(message), expected_type,
                                         encoding_type & _U32, tuple(d for (d,) in shape))
 
@@ -584,14 +591,16 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         buffer = device.queue_alloca(
             size, wait, signal, memory_types & _U32, usage & _U32,
         )
-        transient.add(buffer.storage)
+        key = id(buffer.storage)
+        transient[key] = weakref.ref(buffer.storage, functools.partial(forget_transient, key))
         return buffer
 
     @shim("device.queue.dealloca")
     def device_queue_dealloca(device, queue_affinity, wait, signal, buffer, flags):
         wait, signal = wait, signal
-        if buffer.storage in transient:
-            transient.discard(buffer.storage)
+        ref = transient.get(id(buffer.storage))
+        if ref is not None and ref() is buffer.storage:
+            transient.pop(id(buffer.storage), None)
             device.queue_dealloca(buffer, wait, signal)
         else:
             # Not transient memory: the buffer lives on while referenced; only order.
@@ -723,7 +732,8 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
     def fence_join(flags, fences):
         present = []
         for (fence,) in fences:
-            fence = _fence_or_null(fence)
+            if fence is not None and type(fence) is not Fence:
+                fence = _fence_or_null(fence)
             if fence is not None and len(fence):
                 present.append(fence)
         if not present:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from ...errors import as_error
 from ..device import Completion, Device, run_capturing
 from ..execution import Submission
 from ..profile import run_profiled
@@ -31,7 +32,12 @@ class SyncDevice(Device):
             done(run_capturing(functools.partial(run_profiled, ops, profile, "inline",
                                                  submission_id=submission_id)))
             return
-        done(run_capturing(Stream(ops).run))
+        try:
+            Stream(ops).run()
+        except BaseException as exc:  # noqa: BLE001 - becomes the submission's error
+            done(as_error(exc))
+            return
+        done(None)
 
     def _call(self, work: Callable[[], None], done: Completion) -> None:
         done(run_capturing(work))
