@@ -8,28 +8,7 @@ import pytest
 
 import tinyhal
 from support.iree_tools import HOST_FLAGS, compile_mlir
-
-SOURCE = """
-func.func @main(%a: tensor<3x70xf32>, %b: tensor<70x5xf32>) -> (tensor<3x5xf32>, tensor<3xf32>) {
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<3x5xf32>
-  %f = linalg.fill ins(%z : f32) outs(%e : tensor<3x5xf32>) -> tensor<3x5xf32>
-  %m = linalg.matmul ins(%a, %b : tensor<3x70xf32>, tensor<70x5xf32>)
-                     outs(%f : tensor<3x5xf32>) -> tensor<3x5xf32>
-  %e2 = tensor.empty() : tensor<3xf32>
-  %f2 = linalg.fill ins(%z : f32) outs(%e2 : tensor<3xf32>) -> tensor<3xf32>
-  %s = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>,
-                                        affine_map<(d0, d1) -> (d0)>],
-                       iterator_types = ["parallel", "reduction"]}
-      ins(%a : tensor<3x70xf32>) outs(%f2 : tensor<3xf32>) {
-  ^bb0(%x: f32, %acc: f32):
-    %t = math.tanh %x : f32
-    %r = arith.addf %t, %acc : f32
-    linalg.yield %r : f32
-  } -> tensor<3xf32>
-  return %m, %s : tensor<3x5xf32>, tensor<3xf32>
-}
-"""
+from support.mutations import SYSTEM_ELF as SOURCE
 
 
 @pytest.fixture(scope="module")
