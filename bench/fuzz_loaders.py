@@ -177,32 +177,53 @@ def run_cases(args: argparse.Namespace, subs: list[Subject], work: list[tuple[st
             child.stop()
 
 
-def iree_verdict(path: str, subject: Subject, timeout: float) -> str:
-    """How `iree-run-module` fares on the same file: ran, error, crash (signal) or hang."""
+IREE_DEVICES = ("local-sync", "local-task")
+
+
+def iree_run(path: str, subject: Subject, device: str, timeout: float) -> tuple[str, bytes]:
+    """How `iree-run-module` fares on `path` on one device: (verdict, stdout), the verdict
+    being ran, error, crash (signal) or hang."""
     exe = os.path.join(os.path.dirname(sys.executable), "iree-run-module")
-    cmd = [exe, f"--module={path}", f"--function={subject.function}", "--device=local-sync",
+    cmd = [exe, f"--module={path}", f"--function={subject.function}", f"--device={device}",
            *subject.iree_inputs(os.path.dirname(path))]
     # A process group of its own: the `iree-run-module` on PATH is a wrapper script, and a
     # timeout must stop the real binary too.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     try:
-        _, stderr = proc.communicate(timeout=timeout)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        return "hang"
+        return "hang", b""
     if proc.returncode < 0:
-        return f"crash ({signal.Signals(-proc.returncode).name})"
+        return f"crash ({signal.Signals(-proc.returncode).name})", stdout
     # IREE's tools catch fatal signals and exit with 256 - signal number.
     fatal = {256 - s: s for s in (signal.SIGILL, signal.SIGTRAP, signal.SIGABRT, signal.SIGBUS,
                                   signal.SIGFPE, signal.SIGSEGV)}
     if proc.returncode in fatal and b"error" not in stderr.lower():
-        return f"crash ({fatal[proc.returncode].name}, exit {proc.returncode})"
+        return f"crash ({fatal[proc.returncode].name}, exit {proc.returncode})", stdout
     if proc.returncode == 0:
-        return "ran"
+        return "ran", stdout
     last = stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-    return f"error (exit {proc.returncode}: {last[0][:120]})"
+    return f"error (exit {proc.returncode}: {last[0][:120]})", stdout
+
+
+def iree_verdict(path: str, subject: Subject, timeout: float, reference: bytes) -> dict:
+    """`iree-run-module` on each CPU device until one crashes or hangs. Where IREE runs the
+    file, whether it printed the unmutated module's results (`reference`): a corrupted
+    kernel that IREE survives usually computes something else."""
+    out: dict = {}
+    for device in IREE_DEVICES:
+        verdict, stdout = iree_run(path, subject, device, timeout)
+        out[device] = verdict
+        if verdict == "ran":
+            out[f"{device} output"] = "same" if stdout == reference else "different"
+        if verdict.startswith(("crash", "hang")):
+            out["verdict"] = f"{verdict} on {device}"
+            return out
+    out["verdict"] = out[IREE_DEVICES[0]]
+    return out
 
 
 def replay(args: argparse.Namespace) -> None:
@@ -270,11 +291,18 @@ def main() -> None:
     run_cases(args, subs, [(f["subject"], f["case"]) for f in findings],
               lambda s, c, o, d: alone.__setitem__((s, c), o), fresh=True)
     to_check = [f for f in findings if f["outcome"] in ("crash", "hang")]
+    references = {}
+    for s in subs:
+        if any(f["subject"] == s.name for f in to_check):
+            verdict, references[s.name] = iree_run(s.path, s, IREE_DEVICES[0], args.iree_timeout)
+            assert verdict == "ran", f"iree-run-module fails on the unmutated {s.name}: {verdict}"
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         verdicts = pool.map(lambda f: iree_verdict(f["path"], by_name[f["subject"]],
-                                                   args.iree_timeout), to_check)
+                                                   args.iree_timeout, references[f["subject"]]),
+                            to_check)
         for finding, verdict in zip(to_check, verdicts):
-            finding["iree"] = verdict
+            finding["iree"] = verdict.pop("verdict")
+            finding["iree_devices"] = verdict
     for finding in findings:
         finding["alone"] = alone.get((finding["subject"], finding["case"]), "?")
         del finding["path"]
@@ -304,7 +332,7 @@ def main() -> None:
     for f in findings:
         code = " code-changed" if f["machine_code_changed"] else ""
         print(f"{f['outcome']:5} {f['subject']}:{f['case']} alone={f['alone']} "
-              f"iree={f.get('iree', '-')}{code} [{f['mutation']}] {f['detail'][:160]}")
+              f"iree={f.get('iree', '-')} {f.get('iree_devices', '')}{code} [{f['mutation']}] {f['detail'][:160]}")
     print(json.dumps(summary))
     print(f"wrote {path}")
 
