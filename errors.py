@@ -81,6 +81,19 @@ DataLossError = _subclass("DataLossError", StatusCode.DATA_LOSS)
 IncompatibleError = _subclass("IncompatibleError", StatusCode.INCOMPATIBLE)
 
 
+class DeviceLostError(UnavailableError):
+    """The device was lost (an emulated loss, or a kernel that faulted): this and every
+    later operation on it fails (UNAVAILABLE, as IREE reports a lost device). Create a
+    new device to go on."""
+
+
+class KernelFaultError(DataLossError):
+    """A kernel faulted (SIGSEGV, SIGBUS, SIGILL, SIGFPE or SIGTRAP) while running a
+    dispatch: the machine code is corrupt or it touched memory it does not own. The
+    process survives; the device that ran it is lost, since whatever the kernel wrote
+    before faulting cannot be trusted."""
+
+
 def error_for_code(code: int, message: str) -> Error:
     """Builds the Error subclass for an IREE status code (UNKNOWN for unknown codes)."""
     try:

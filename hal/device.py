@@ -50,9 +50,11 @@ import numpy as np
 
 from ..errors import (
     AbortedError,
+    DeviceLostError,
     Error,
     FailedPreconditionError,
     InvalidArgumentError,
+    KernelFaultError,
     NotFoundError,
     UnimplementedError,
     as_error,
@@ -547,6 +549,8 @@ class Device:
                     self._running -= 1
                 if self._watchers and (not self._running or not self._in_flight):
                     self._idle.notify_all()
+        if type(error) is KernelFaultError:
+            self._lose(DeviceLostError(f"{self!r} lost: a kernel faulted ({error.message})"))
 
     def _lose(self, error: Error) -> None:
         """Loses the device: entries waiting on semaphores fail with `error` now, as do

@@ -26,6 +26,7 @@ from ..errors import (
     Error,
     InternalError,
     InvalidArgumentError,
+    KernelFaultError,
     NotFoundError,
     OutOfRangeError,
     ResourceExhaustedError,
@@ -58,6 +59,44 @@ class ExportInfo:
     local_memory_size: int
     flags: int
     tag: str
+
+
+# Kernel status for a contained fault: FAULT_STATUS - signal number (dispatch.c).
+FAULT_STATUS = -1000
+_FAULT_HANDLER = [False]
+
+
+def _query_contained(query: Any, environment: Any, what: str) -> Any:
+    """Calls the library query under the fault trap (installing it on first use)."""
+    if not _FAULT_HANDLER[0]:
+        rc = lib.tinyhal_install_fault_handler()
+        if rc:
+            raise InternalError(f"cannot install the kernel fault handler: {os.strerror(rc)}")
+        _FAULT_HANDLER[0] = True
+    fault = ffi.new("int*")
+    header = lib.tinyhal_library_query_contained(query, LIBRARY_VERSION, environment, fault)
+    if fault[0]:
+        raise KernelFaultError(f"{what}: the library query {fault_description(fault[0], None)}")
+    return header
+
+
+def fault_description(signal_number: int, executable: Executable | None) -> str:
+    """`"SIGSEGV at +0x1f40 in executable 'x', address 0x0 (...)"`, from the last contained
+    fault (process-wide: with two faults at once the addresses may be the other's)."""
+    import signal
+
+    info = ffi.new("uint64_t[3]")
+    lib.tinyhal_last_fault_info(info)
+    try:
+        name = signal.Signals(signal_number).name
+    except ValueError:
+        name = f"signal {signal_number}"
+    pc, address = info[1], info[2]
+    where = f"pc 0x{pc:x}"
+    if executable is not None:
+        where = executable.describe_address(pc)
+    return (f"{name} at {where}, address 0x{address:x} (corrupt machine code, or a kernel "
+            "touching memory it does not own)")
 
 
 _QUERY_FN = "const tinyhal_library_header_t** (*)(uint32_t, const tinyhal_environment_t*)"
@@ -146,6 +185,8 @@ class Executable:
         self._fd = -1
         self._handle = ffi.NULL
         self._image: MappedImage | None = None
+        self._what = what
+        self._regions: list[tuple[int, int, int]] = []
         try:
             self._environment = ffi.new("tinyhal_environment_t*")
             if elf.self_contained:
@@ -155,8 +196,15 @@ class Executable:
             else:
                 query, bias = self._dlopen(data, elf, what)
             regions = [(bias + s.vaddr, bias + s.end, s.flags) for s in elf.segments]
-            header = query(LIBRARY_VERSION, self._environment)
+            self._regions = regions
+            header = _query_contained(query, self._environment, what)
             self._library = _checked_library(header, regions, what)
+            if not name:
+                try:
+                    library_name = _checked_string(self._library.header.name, regions, what)
+                    self._what = f"executable {library_name!r}"
+                except DataLossError:
+                    pass  # the digest names it
             self._bind_imports()
             self.exports = self._read_exports(regions, what)
         except BaseException:
@@ -181,6 +229,13 @@ class Executable:
 
     def __repr__(self) -> str:
         return f"<Executable {self.name or self.digest[:12]} {self.format} {self.export_names}>"
+
+    def describe_address(self, address: int) -> str:
+        """`+0x1f40 in executable 'x'` for an address inside its image, else the address."""
+        regions = self._regions
+        if regions and any(lo <= address < hi for lo, hi, _ in regions):
+            return f"+0x{address - min(lo for lo, _, _ in regions):x} in {self._what}"
+        return f"pc 0x{address:x} (outside the executable)"
 
     def _bind_imports(self) -> None:
         imports = self._library.imports
@@ -380,6 +435,10 @@ class PreparedDispatch:
         state = self.state
         cx, cy = state.workgroup_count_x, state.workgroup_count_y
         wid = (failed_index % cx, (failed_index // cx) % cy, failed_index // (cx * cy))
+        if rc <= FAULT_STATUS:
+            return KernelFaultError(
+                f"dispatch of {self.export.name!r} faulted in workgroup {wid}: "
+                f"{fault_description(-rc + FAULT_STATUS, self.executable)}")
         message = (f"dispatch of {self.export.name!r} failed in workgroup {wid} "
                    f"with kernel status {rc}")
         return error_for_code(rc, message) if 0 < rc < 32 else InternalError(message)

@@ -53,12 +53,12 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ...errors import (
+    DeviceLostError,
     Error,
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
     ResourceExhaustedError,
-    UnavailableError,
 )
 from ..allocator import Allocator, Heap
 from ..buffer import Buffer
@@ -71,11 +71,6 @@ from ..types import BufferUsage, MemoryAccess, MemoryType
 _ALL_USAGE = BufferUsage(0x1FFFFFFF)
 MODES = ("fast", "paced")
 FAULT_KINDS = ("fill", "update", "copy", "transfer", "dispatch", "any", "device_loss")
-
-
-class DeviceLostError(UnavailableError):
-    """The emulated device was lost: this and every later operation on it fails
-    (UNAVAILABLE, as IREE reports a lost device). Create a new device to go on."""
 
 
 @dataclass(frozen=True)

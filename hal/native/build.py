@@ -35,6 +35,10 @@ int tinyhal_dispatch_workgroups(tinyhal_dispatch_fn_t fn,
     uint32_t local_memory_size, uint32_t processor_id, uint64_t* cursor, uint64_t tile,
     uint64_t total, int* abort_flag, uint64_t* failed_index);
 tinyhal_import_thunk_t tinyhal_import_thunk(void);
+int tinyhal_install_fault_handler(void);
+void tinyhal_last_fault_info(uint64_t* out);
+const tinyhal_library_header_t** tinyhal_library_query_contained(void* query,
+    uint32_t max_version, const tinyhal_environment_t* environment, int* fault_signal);
 int tinyhal_run_stream(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
     uint32_t processor_id, uint32_t local_memory_size);
 void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
@@ -52,7 +56,7 @@ def make_builder(module_name: str = MODULE_NAME) -> FFI:
         module_name,
         source,
         include_dirs=[HERE],
-        libraries=["dl"],
+        libraries=["dl", "pthread"],
         extra_compile_args=["-O2", "-std=c11", "-D_GNU_SOURCE"],
     )
     return builder

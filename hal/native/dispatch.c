@@ -6,11 +6,16 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <linux/futex.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <ucontext.h>
 #include <unistd.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
@@ -51,6 +56,147 @@ const tinyhal_library_t* tinyhal_library_query(void* handle,
 
 int tinyhal_library_close(void* handle) { return handle ? dlclose(handle) : 0; }
 
+/* Kernel fault containment.
+ *
+ * A kernel that faults (a corrupted executable, a host C kernel with a bad pointer) must
+ * not take the host process with it. While a thread runs workgroups it publishes a jump
+ * target; the handler for synchronous fault signals jumps back to it and the dispatch
+ * fails with status TINYHAL_FAULT_STATUS - signal. Faults anywhere else go to whatever
+ * handler was installed before ours (or the default action), so hosts keep their own
+ * crash handling. Memory the kernel wrote before it faulted is not restored: Python
+ * treats a fault as losing the device.
+ */
+#define TINYHAL_FAULT_STATUS (-1000)
+
+typedef struct tinyhal_trap_t {
+  sigjmp_buf jump;
+  volatile int signal;
+} tinyhal_trap_t;
+
+static __thread tinyhal_trap_t* tinyhal_active_trap;
+static const int tinyhal_fault_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP};
+#define TINYHAL_FAULT_SIGNAL_COUNT (sizeof(tinyhal_fault_signals) / sizeof(int))
+static struct sigaction tinyhal_previous_actions[TINYHAL_FAULT_SIGNAL_COUNT];
+static uint64_t tinyhal_last_fault[3]; /* signal, program counter, faulting address */
+
+static void tinyhal_fault_handler(int sig, siginfo_t* info, void* context) {
+  tinyhal_trap_t* trap = tinyhal_active_trap;
+  if (trap) {
+    tinyhal_active_trap = NULL;
+    uint64_t pc = 0;
+#if defined(__x86_64__)
+    pc = (uint64_t)((ucontext_t*)context)->uc_mcontext.gregs[REG_RIP];
+#elif defined(__aarch64__)
+    pc = (uint64_t)((ucontext_t*)context)->uc_mcontext.pc;
+#endif
+    tinyhal_last_fault[0] = (uint64_t)sig;
+    tinyhal_last_fault[1] = pc;
+    tinyhal_last_fault[2] = (uint64_t)(uintptr_t)info->si_addr;
+    trap->signal = sig;
+    siglongjmp(trap->jump, 1);
+  }
+  for (size_t i = 0; i < TINYHAL_FAULT_SIGNAL_COUNT; ++i) {
+    if (tinyhal_fault_signals[i] != sig) continue;
+    struct sigaction* previous = &tinyhal_previous_actions[i];
+    if (previous->sa_flags & SA_SIGINFO) {
+      previous->sa_sigaction(sig, info, context);
+    } else if (previous->sa_handler != SIG_DFL && previous->sa_handler != SIG_IGN) {
+      previous->sa_handler(sig);
+    } else {
+      /* Default action: restore it and re-deliver once this handler returns. */
+      sigaction(sig, previous, NULL);
+      raise(sig);
+    }
+    return;
+  }
+}
+
+/* The signal stays blocked after a jump out of its handler (sigsetjmp saved no mask). */
+static void tinyhal_unblock(int sig) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, sig);
+  pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
+/* A kernel that corrupts its stack pointer or overflows the stack can only be caught on
+ * an alternate signal stack: each thread that runs kernels gets one (unless it has one
+ * already), freed when the thread exits. */
+#define TINYHAL_SIGNAL_STACK_SIZE (64 * 1024)
+static pthread_key_t tinyhal_signal_stack_key;
+static pthread_once_t tinyhal_signal_stack_once = PTHREAD_ONCE_INIT;
+static __thread int tinyhal_signal_stack_checked;
+
+static void tinyhal_signal_stack_free(void* memory) {
+  stack_t off;
+  memset(&off, 0, sizeof(off));
+  off.ss_flags = SS_DISABLE;
+  sigaltstack(&off, NULL);
+  free(memory);
+}
+
+static void tinyhal_signal_stack_key_create(void) {
+  pthread_key_create(&tinyhal_signal_stack_key, tinyhal_signal_stack_free);
+}
+
+static void tinyhal_ensure_signal_stack(void) {
+  if (tinyhal_signal_stack_checked) return;
+  tinyhal_signal_stack_checked = 1;
+  stack_t current;
+  if (sigaltstack(NULL, &current) != 0 || !(current.ss_flags & SS_DISABLE)) return;
+  pthread_once(&tinyhal_signal_stack_once, tinyhal_signal_stack_key_create);
+  stack_t stack;
+  memset(&stack, 0, sizeof(stack));
+  stack.ss_sp = malloc(TINYHAL_SIGNAL_STACK_SIZE);
+  if (!stack.ss_sp) return;
+  stack.ss_size = TINYHAL_SIGNAL_STACK_SIZE;
+  if (sigaltstack(&stack, NULL) != 0 ||
+      pthread_setspecific(tinyhal_signal_stack_key, stack.ss_sp) != 0) {
+    tinyhal_signal_stack_free(stack.ss_sp);
+  }
+}
+
+/* Installs the fault handler once per process; returns 0 or errno. */
+int tinyhal_install_fault_handler(void) {
+  static int installed = 0;
+  if (__atomic_exchange_n(&installed, 1, __ATOMIC_ACQ_REL)) return 0;
+  struct sigaction action;
+  memset(&action, 0, sizeof(action));
+  action.sa_sigaction = tinyhal_fault_handler;
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&action.sa_mask);
+  for (size_t i = 0; i < TINYHAL_FAULT_SIGNAL_COUNT; ++i) {
+    if (sigaction(tinyhal_fault_signals[i], &action, &tinyhal_previous_actions[i]) != 0) {
+      return errno;
+    }
+  }
+  return 0;
+}
+
+/* Calls a library's query function under the fault trap: a corrupt library must not
+ * kill the process while it is loaded either. Returns the header; *fault_signal is the
+ * signal if the query faulted (and NULL is returned), else 0. */
+const tinyhal_library_header_t** tinyhal_library_query_contained(
+    void* query, uint32_t max_version, const tinyhal_environment_t* environment,
+    int* fault_signal) {
+  tinyhal_trap_t trap;
+  *fault_signal = 0;
+  tinyhal_ensure_signal_stack();
+  if (sigsetjmp(trap.jump, 0)) {
+    tinyhal_unblock(trap.signal);
+    *fault_signal = trap.signal;
+    return NULL;
+  }
+  tinyhal_active_trap = &trap;
+  const tinyhal_library_header_t** header =
+      ((tinyhal_query_fn_t)query)(max_version, environment);
+  tinyhal_active_trap = NULL;
+  return header;
+}
+
+/* The last contained fault: signal, program counter and faulting address. */
+void tinyhal_last_fault_info(uint64_t* out) { memcpy(out, tinyhal_last_fault, sizeof(tinyhal_last_fault)); }
+
 static int tinyhal_run_range(tinyhal_dispatch_fn_t fn, const tinyhal_environment_t* environment,
                              const tinyhal_dispatch_state_t* state,
                              tinyhal_workgroup_state_t* wg, uint64_t begin, uint64_t end,
@@ -59,12 +205,23 @@ static int tinyhal_run_range(tinyhal_dispatch_fn_t fn, const tinyhal_environment
   const uint64_t plane = cx * cy;
   uint64_t z = begin / plane, rem = begin % plane;
   uint64_t y = rem / cx, x = rem % cx;
+  volatile uint64_t current = begin;
+  tinyhal_trap_t trap;
+  tinyhal_ensure_signal_stack();
+  if (sigsetjmp(trap.jump, 0)) {
+    tinyhal_unblock(trap.signal);
+    if (failed_index) *failed_index = current;
+    return TINYHAL_FAULT_STATUS - trap.signal;
+  }
+  tinyhal_active_trap = &trap;
   for (uint64_t i = begin; i < end; ++i) {
+    current = i;
     wg->workgroup_id_x = (uint32_t)x;
     wg->workgroup_id_y = (uint32_t)y;
     wg->workgroup_id_z = (uint16_t)z;
     int rc = fn(environment, state, wg);
     if (rc != 0) {
+      tinyhal_active_trap = NULL;
       if (failed_index) *failed_index = i;
       return rc;
     }
@@ -76,6 +233,7 @@ static int tinyhal_run_range(tinyhal_dispatch_fn_t fn, const tinyhal_environment
       }
     }
   }
+  tinyhal_active_trap = NULL;
   return 0;
 }
 

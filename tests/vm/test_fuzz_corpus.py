@@ -2,8 +2,10 @@
 
 Each entry is a mutation of a real module regenerated from its seed by
 `support.mutations` (the same code `bench/fuzz_loaders.py` uses), never a stored binary:
-two past failures (a module name with a NUL byte reached Python's `compile()`; an ELF
-data segment with no permissions made reading the library table fault) and inputs that reach every validator the fuzzer found (ELF header, program headers,
+past failures (a module name with a NUL byte reached Python's `compile()`; an ELF data
+segment with no permissions made reading the library table fault; corrupted machine code
+that killed the process before kernel faults were contained) and inputs that reach every
+validator the fuzzer found (ELF header, program headers,
 dynamic section, relocations, symbols, library table; FlatBuffer tables, strings, vectors,
 types; bytecode decoding and verification; HAL argument checks). Each case runs in its own
 child process with a timeout, on every driver, and must end in a clean `tinyhal.Error` (a
@@ -51,6 +53,13 @@ CORPUS = [
     ("tiny", 0, 216, "bitflip", "bytecode data overrun"),
     ("tiny", 0, 344, "fb_bytes", "branch target is not a block"),
     ("system_elf", 0, 95, "byteset", "relocation names a symbol past the table"),
+    # corrupted machine code: contained kernel faults (each was a crash)
+    ("small_cnn", 0, 196, "splice", "SIGSEGV storing through a zero register (iree-run-module "
+     "ran it and printed wrong results)"),
+    ("small_cnn", 0, 23, "byteset", "SIGILL in a kernel (crashes iree-run-module too)"),
+    ("system_elf", 0, 173, "elf_bytes", "jump to an unrelocated address with a wild stack "
+     "pointer: caught on the alternate signal stack (crashes iree-run-module too)"),
+    ("tiny", 0, 318, "elf_symbol", "code pointer into the middle of an instruction: SIGILL"),
 ]
 
 CHILD = r"""
