@@ -20,7 +20,9 @@ datatype/shape, unknown input/output, or the program rejecting its input (INVALI
 FAILED_PRECONDITION, OUT_OF_RANGE); 404 unknown model/version/route; 405 wrong method;
 413 body over --max-request-bytes; 415 unknown Content-Encoding; 429 model queue full and
 503 draining/not ready (both with Retry-After); 504 deadline exceeded. A 500 is a bug of
-the server or runtime, never an answer to bad input.
+the server or runtime, never an answer to bad input, or a model whose kernel faulted:
+that request gets the 500 and every model on the same device becomes UNAVAILABLE (503)
+until it is loaded again (on a fresh device); the process keeps serving the rest.
 
 Deadlines: the smallest of the header `Inference-Timeout` (seconds), the request parameter
 `timeout` (microseconds, as tritonclient sends it), the model's `timeout_s` and the
@@ -39,7 +41,7 @@ import orjson
 import trio
 
 from .. import __version__
-from ..errors import Error, StatusCode
+from ..errors import DeviceLostError, Error, KernelFaultError, StatusCode
 from .admission import DeadlineExceeded, Overloaded, RunningInvocation
 from .http import Request, Response
 from .metrics import Metrics
@@ -360,6 +362,11 @@ class _Routes:
             status = _ERROR_STATUS.get(exc.code, 500)
             if status == 500:
                 log.error("model %s version %s failed: %s", mv.name, mv.version, exc)
+            if isinstance(exc, (KernelFaultError, DeviceLostError)):
+                for lost in server.repository.device_lost(mv.device, exc):
+                    log.error("model %s version %s is unavailable: its device %s was lost; "
+                              "load it again to retry on a new device", lost.name,
+                              lost.version, lost.device_name)
             return self._failed(mv, request, error_response(
                 status, f"model '{mv.name}' failed: {exc}", _RETRY if status == 503 else None))
         t_output = trio.current_time()

@@ -471,6 +471,19 @@ class ModelRepository:
     def all_versions(self) -> list[ModelVersion]:
         return [mv for versions in self.models.values() for mv in versions.values()]
 
+    def device_lost(self, device: Any, error: Error) -> list[ModelVersion]:
+        """A kernel faulted on `device` (or it was lost otherwise): every ready model
+        version on it becomes UNAVAILABLE with the reason, and the device is forgotten,
+        so loading a model again (`load_model`) starts on a fresh one. Returns the
+        versions it took down."""
+        lost = [mv for mv in self.all_versions() if mv.device is device and mv.ready]
+        for mv in lost:
+            mv.state, mv.reason = "UNAVAILABLE", f"device lost: {error.message}"
+        for name, known in list(self.devices.items()):
+            if known is device:
+                del self.devices[name]
+        return lost
+
     def device(self, name: str) -> Any:
         device = self.devices.get(name)
         if device is None:

@@ -279,3 +279,42 @@ def test_second_signal_exits_4_and_logs_what_it_abandoned(tmp_path, spin_vmfb, s
     assert "second SIGTERM: abandoning 1 invocation(s)" in err, err
     assert "abandoned: model spin version 1 request twice" in err
     assert '"GET /metrics" 200' in err  # --access-log logs each request
+
+
+def test_a_faulting_kernel_takes_down_its_device_not_the_server(tmp_path, start_server):
+    """A model whose machine code is corrupt (a fuzz case whose kernel faults with
+    SIGSEGV): the request gets a 500 naming the fault, the model and its device become
+    unavailable, the server keeps serving models on other devices, and loading the model
+    again runs it on a fresh device (where it faults again, cleanly)."""
+    from support.mutations import case_seed, mutate, subjects
+
+    subject = subjects(["tiny"])[0]
+    with open(subject.path, "rb") as f:
+        corrupt, _ = mutate(f.read(), case_seed(0, "tiny", 1794))
+    version = tmp_path / "corrupt" / "1"
+    version.mkdir(parents=True)
+    (version / "model.vmfb").write_bytes(corrupt)
+    (tmp_path / "corrupt" / "config.json").write_text(
+        json.dumps({"function": "main", "device": "task"}))
+    shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")  # on sync
+    server = start_server("--model-repository", str(tmp_path))
+    status, _, body = server.request("GET", "/v2/models/corrupt")
+    request = {"inputs": [{"name": spec["name"], "datatype": "FP32", "shape": [4],
+                           "data": [1.0, 2.0, 3.0, 4.0]} for spec in json.loads(body)["inputs"]]}
+    for _ in range(2):
+        status, _, body = server.request("POST", "/v2/models/corrupt/infer", request)
+        assert status == 500, body
+        assert "faulted" in json.loads(body)["error"] and "SIGSEGV" in json.loads(body)["error"]
+        status, _, body = server.request("POST", "/v2/models/corrupt/infer", request)
+        assert status == 503 and "device lost" in json.loads(body)["error"], body
+        assert server.request("GET", "/v2/models/corrupt/ready")[0] == 503
+        assert server.request("GET", "/v2/health/ready")[0] == 503
+        assert server.request("GET", "/v2/health/live")[0] == 200
+        status, _, body = server.request("POST", "/v2/models/mlp_classifier/infer", {
+            "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                        "data": [0.5] * 16}]})
+        assert status == 200, body
+        status, _, body = server.request("POST", "/v2/repository/models/corrupt/load")
+        assert status == 200, body
+        assert server.request("GET", "/v2/models/corrupt/ready")[0] == 200
+    assert "device task was lost" in "".join(server.stderr)
