@@ -4,8 +4,10 @@ Each case is a real `.vmfb` mutated deterministically from a seed (tests/support
 mutations.py: bit flips, byte and word overwrites, truncation, splices, insertions,
 deletions, and targeted mutations of the embedded ELFs and of FlatBuffer offsets). Cases
 run in batches inside long-lived child processes, each case with a timeout; a child that
-dies or hangs is replaced, and its input is saved and re-run alone. Every case is loaded
-and run (fixed inputs) on each driver asked for and classified:
+dies or hangs is replaced, and its input is saved and re-run alone; so is a child in
+which a kernel faulted (contained, but what it wrote before faulting may have damaged the
+process). Every case is loaded and run (fixed inputs) on each driver asked for and
+classified:
 
   ran       loaded and ran on every driver
   error     a clean tinyhal.Error (on at least one driver)
@@ -60,11 +62,14 @@ def case_bytes(subject: Subject, seed: int, case: int, base: dict[str, bytes]) -
     return mutate(base[subject.name], case_seed(seed, subject.name, case))
 
 
-def run_case(data: bytes, subject: Subject, drivers: list[str]) -> tuple[str, str]:
-    """Loads and runs one mutated module on each driver; (outcome, detail)."""
+def run_case(data: bytes, subject: Subject, drivers: list[str]) -> tuple[str, str, bool]:
+    """Loads and runs one mutated module on each driver; (outcome, detail, tainted):
+    tainted when a kernel faulted, since what it wrote before faulting may have damaged
+    this process (the next case must not pay for it)."""
     import tinyhal
+    from tinyhal.errors import DeviceLostError, KernelFaultError
 
-    outcome, detail = "ran", ""
+    outcome, detail, tainted = "ran", "", False
     for driver in drivers:
         module = None
         try:
@@ -72,20 +77,21 @@ def run_case(data: bytes, subject: Subject, drivers: list[str]) -> tuple[str, st
             module.invoke(subject.function, *subject.inputs())
         except tinyhal.Error as exc:
             text = str(exc)
+            tainted = tainted or isinstance(exc, (KernelFaultError, DeviceLostError))
             if exc.code == tinyhal.errors.StatusCode.INTERNAL or PYTHON_INTERNALS.search(text):
-                return "unclear", f"{driver}: {text}"[:400]
+                return "unclear", f"{driver}: {text}"[:400], tainted
             outcome, detail = "error", f"{driver}: {text}"[:300]
         except Exception as exc:  # noqa: BLE001 - the point is to count these
             tb = traceback.extract_tb(exc.__traceback__)[-1]
             return "other", (f"{driver}: {type(exc).__name__}: {exc} "
-                             f"({os.path.basename(tb.filename)}:{tb.lineno})")[:400]
+                             f"({os.path.basename(tb.filename)}:{tb.lineno})")[:400], tainted
         finally:
             if module is not None:
                 try:
                     module.close()
                 except Exception:  # noqa: BLE001
                     pass
-    return outcome, detail
+    return outcome, detail, tainted
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -100,9 +106,12 @@ def worker(args: argparse.Namespace) -> None:
         name, case = line.split()
         subject = subs[name]
         data, _ = case_bytes(subject, args.seed, int(case), base)
-        outcome, detail = run_case(data, subject, drivers)
-        sys.stdout.write(json.dumps({"outcome": outcome, "detail": detail}) + "\n")
+        outcome, detail, tainted = run_case(data, subject, drivers)
+        sys.stdout.write(json.dumps({"outcome": outcome, "detail": detail,
+                                     "tainted": tainted}) + "\n")
         sys.stdout.flush()
+        if tainted:
+            return
 
 
 class Child:
@@ -156,7 +165,7 @@ def run_cases(args: argparse.Namespace, subs: list[Subject], work: list[tuple[st
                         result = json.loads(line)
                         on_result(*child.pending, result["outcome"], result["detail"])
                         child.pending = None
-                        if fresh:  # one case per child: the next starts clean
+                        if fresh or result["tainted"]:  # the next case starts clean
                             child.stop()
                             children.remove(child)
                         continue
@@ -231,7 +240,7 @@ def replay(args: argparse.Namespace) -> None:
     subject = subjects([name])[0]
     data, description = case_bytes(subject, args.seed, int(case), {})
     print(f"{name}:{case} {description}")
-    print(run_case(data, subject, args.drivers.split(",")))
+    print(run_case(data, subject, args.drivers.split(","))[:2])
 
 
 def main() -> None:

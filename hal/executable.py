@@ -76,7 +76,8 @@ def _query_contained(query: Any, environment: Any, what: str) -> Any:
     fault = ffi.new("int*")
     header = lib.tinyhal_library_query_contained(query, LIBRARY_VERSION, environment, fault)
     if fault[0]:
-        raise KernelFaultError(f"{what}: the library query {fault_description(fault[0], None)}")
+        raise KernelFaultError(
+            f"{what}: the library query faulted: {fault_description(fault[0], None)}")
     return header
 
 

@@ -5,6 +5,7 @@
  * releases the GIL for the whole grid.
  */
 #include <dlfcn.h>
+#include <alloca.h>
 #include <errno.h>
 #include <pthread.h>
 #include <linux/futex.h>
@@ -74,6 +75,16 @@ typedef struct tinyhal_trap_t {
 } tinyhal_trap_t;
 
 static __thread tinyhal_trap_t* tinyhal_active_trap;
+
+/* Stack left unused between the runtime's frame and a kernel's: a corrupted kernel that
+ * stores past its own frame (a flipped displacement bit) hits this padding rather than
+ * the runtime's saved registers or the interpreter's frames. */
+#define TINYHAL_STACK_PAD (16 * 1024)
+#define TINYHAL_PAD_STACK()                                  \
+  do {                                                       \
+    volatile char* tinyhal_pad = alloca(TINYHAL_STACK_PAD);  \
+    tinyhal_pad[0] = 0;                                      \
+  } while (0)
 static const int tinyhal_fault_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP};
 #define TINYHAL_FAULT_SIGNAL_COUNT (sizeof(tinyhal_fault_signals) / sizeof(int))
 static struct sigaction tinyhal_previous_actions[TINYHAL_FAULT_SIGNAL_COUNT];
@@ -187,6 +198,7 @@ const tinyhal_library_header_t** tinyhal_library_query_contained(
     *fault_signal = trap.signal;
     return NULL;
   }
+  TINYHAL_PAD_STACK();
   tinyhal_active_trap = &trap;
   const tinyhal_library_header_t** header =
       ((tinyhal_query_fn_t)query)(max_version, environment);
@@ -213,6 +225,7 @@ static int tinyhal_run_range(tinyhal_dispatch_fn_t fn, const tinyhal_environment
     if (failed_index) *failed_index = current;
     return TINYHAL_FAULT_STATUS - trap.signal;
   }
+  TINYHAL_PAD_STACK();
   tinyhal_active_trap = &trap;
   for (uint64_t i = begin; i < end; ++i) {
     current = i;

@@ -60,6 +60,8 @@ CORPUS = [
     ("system_elf", 0, 173, "elf_bytes", "jump to an unrelocated address with a wild stack "
      "pointer: caught on the alternate signal stack (crashes iree-run-module too)"),
     ("tiny", 0, 318, "elf_symbol", "code pointer into the middle of an instruction: SIGILL"),
+    ("small_cnn", 7, 1850, "elf_bytes", "a vector store 2 KiB past the kernel's frame smashed "
+     "the interpreter's stack (now lands in the stack pad; IREE runs it, with wrong results)"),
 ]
 
 CHILD = r"""
