@@ -185,6 +185,24 @@ class TransientRingbuffer:
                 return
         on_grant(block, error)
 
+    def try_commit(self, storage: Storage) -> bool:
+        """Reserves `storage.byte_length` bytes and `commit`s them to `storage` at once,
+        if the ring has room and no reservation is parked ahead; False otherwise (then
+        `reserve` parks the request in order). The path of an alloca whose waits are
+        already met: one call instead of a reservation and a grant."""
+        with self._lock:
+            if self._closed is not None or self._parked:
+                return False
+            block = self._place(storage.byte_length)
+            if block is None:
+                return False
+            storage.array = self._backing[block.offset : block.offset + storage.byte_length]
+            storage.address = self._backing_address + block.offset
+            key = id(storage)
+            self._owned[key] = (weakref.ref(storage, functools.partial(self._collected, key)),
+                                block)
+        return True
+
     def retire(self, block: RingBlock) -> None:
         """Frees `block`; grants parked reservations that now fit, in order."""
         for cb, placed in self._free(block):

@@ -24,6 +24,7 @@ class SyncDevice(Device):
 
     # -- driver contract --------------------------------------------------------------
 
+    completes_inline = True
     profiles_submissions = True
 
     def _execute(self, ops: Submission, done: Completion, submission_id: int = 0) -> None:
