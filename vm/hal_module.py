@@ -164,8 +164,9 @@ def _timeout_seconds(timeout_ms: int) -> float | None:
 
 # The hal module's exports: name, calling convention, and the ref type of each
 # top-level argument (None: not a ref, or checked by the shim; "?": may be null).
-# `create_hal_module` registers each with its shim behind a marshaller generated
-# from this declaration (vm/native.py), as IREE declares its exports in exports.inl.
+# `create_hal_module` registers each with its shim behind the checks generated from
+# this declaration (vm/native.py: compiled into one function with the shim's body), as
+# IREE declares its exports in exports.inl.
 EXPORTS: tuple[tuple[str, str, tuple[str | None, ...] | None, bool], ...] = (
     ("allocator.allocate", "0rIiiI_r", ("hal.allocator", None, None, None, None), False),
     ("allocator.import", "0riIiirII_r",
