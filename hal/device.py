@@ -461,7 +461,10 @@ class Device:
                     self._complete(signal_points, None)
                     return buffer
             finally:
-                self._ran_ready()
+                with self._entries_lock:
+                    self._running -= 1
+                    if self._watchers and not self._running:
+                        self._idle.notify_all()
         if self.profile is not None:
             self.profile.record_submission("alloca", wait_points, signal_points, payload_length=size,
                                            queue=queue)
@@ -583,13 +586,10 @@ class Device:
             self._complete(signal, outcome[0] if outcome else InternalError(
                 f"{self!r} finished inline work without completing it"))
         finally:
-            self._ran_ready()
-
-    def _ran_ready(self) -> None:
-        with self._entries_lock:
-            self._running -= 1
-            if self._watchers and not self._running:
-                self._idle.notify_all()
+            with self._entries_lock:
+                self._running -= 1
+                if self._watchers and not self._running:
+                    self._idle.notify_all()
 
     def _retire(self, entry: _Entry, error: Error | None) -> None:
         with self._entries_lock:

@@ -52,7 +52,7 @@ from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
 from ..hal.elf import parse_elf
 from ..hal.executable import FORMATS, Executable
-from ..hal.semaphore import Fence
+from ..hal.semaphore import Fence, Semaphore
 from ..hal.types import (
     WHOLE_BUFFER,
     BufferUsage,
@@ -727,7 +727,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
 
     @shim("fence.create")
     def fence_create(device, flags):
-        return Fence(((device.create_semaphore(0), 1),))
+        return Fence(((Semaphore(0), 1),))
 
     @shim("fence.join")
     def fence_join(flags, fences):
