@@ -10,7 +10,7 @@ explicitly (transient buffers, `queue_dealloca`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,11 +27,14 @@ ALIGNMENT = 64
 
 _cast = ffi.cast
 _from_buffer = ffi.from_buffer
+_memmove = ffi.memmove
 
 
 class Storage:
     """One aligned block of host memory backing one or more buffers (`address`, when
-    given with `array`, is taken as the array's address instead of reading it)."""
+    given with `array`, is taken as the array's address instead of reading it). A new
+    block is zero-filled, or holds a copy of the first `byte_length` bytes of `initial`
+    (any C-contiguous buffer-protocol object)."""
 
     __slots__ = ("array", "address", "byte_length", "released", "_on_release", "__weakref__")
 
@@ -41,15 +44,19 @@ class Storage:
         on_release: Callable[[int], None] | None = None,
         array: np.ndarray | None = None,
         address: int | None = None,
+        initial: Any = None,
     ) -> None:
         if array is None:
-            raw = np.zeros(byte_length + ALIGNMENT, dtype=np.uint8)
+            raw = (np.zeros if initial is None else np.empty)(byte_length + ALIGNMENT,
+                                                               dtype=np.uint8)
             # cffi reads the address ~3x faster than __array_interface__ (which builds a
             # dict) and makes no ctypes object per buffer
             base = int(_cast("uintptr_t", _from_buffer(raw)))
             start = (-base) % ALIGNMENT
             array = raw[start : start + byte_length]
             address = base + start  # also right for empty buffers
+            if initial is not None:
+                _memmove(array, initial, byte_length)
         elif address is None:
             address = array.__array_interface__["data"][0]
         self.array: np.ndarray = array
@@ -105,15 +112,16 @@ class Buffer:
         byte_length: int,
         memory_type: MemoryType | int,
         allowed_usage: BufferUsage | int,
-        allowed_access: MemoryAccess | int = MemoryAccess.ALL,
+        allowed_access: MemoryAccess | int = int(MemoryAccess.ALL),
     ) -> None:
         self.allocator = allocator
         self.storage = storage
         self.byte_offset = byte_offset
         self.byte_length = byte_length
-        self.memory_type_bits = int(memory_type)
-        self.usage_bits = int(allowed_usage)
-        self.access_bits = int(allowed_access)
+        # int() of an IntFlag member costs several times a type test: skip it for ints
+        self.memory_type_bits = memory_type if type(memory_type) is int else int(memory_type)
+        self.usage_bits = allowed_usage if type(allowed_usage) is int else int(allowed_usage)
+        self.access_bits = allowed_access if type(allowed_access) is int else int(allowed_access)
 
     @property
     def memory_type(self) -> MemoryType:

@@ -445,7 +445,7 @@ class Device:
         kind = self._alloca_kinds.get((memory_type, usage))
         if kind is None:
             heap = self.allocator.select_heap(memory_type)
-            kind = (heap.memory_type, self.allocator.coerce_usage(memory_type, usage))
+            kind = (int(heap.memory_type), self.allocator.coerce_usage(memory_type, usage))
             self._alloca_kinds[(memory_type, usage)] = kind
         buffer = Buffer(self.allocator, Storage(size, array=_NO_BYTES, address=0), 0, size,
                         *kind)

@@ -82,8 +82,10 @@ from .native import NativeModule
 
 __all__ = ["ArgSpec", "FunctionInfo", "Module", "load", "parse_declaration"]
 
-_INPUT_MEMORY = MemoryType.DEVICE_LOCAL
-_INPUT_USAGE = BufferUsage.DEFAULT | BufferUsage.MAPPING
+_INPUT_MEMORY = int(MemoryType.DEVICE_LOCAL)  # ints: IntFlag arithmetic is slow per call
+_INPUT_USAGE = int(BufferUsage.DEFAULT | BufferUsage.MAPPING)
+_HOST_VISIBLE = int(MemoryType.HOST_VISIBLE)
+_MAPPING = int(BufferUsage.MAPPING_SCOPED | BufferUsage.MAPPING_PERSISTENT)
 
 _SCALARS = {"i1", "i8", "i16", "i32", "i64", "si32", "ui32", "si64", "ui64", "index",
             "f16", "f32", "f64"}
@@ -285,6 +287,10 @@ class Module:
                 raise exc.with_context(origin) from exc
             raise
         self.name = self.bytecode.name
+        # Whether input buffers are host memory the host may write (else: a transfer).
+        input_heap = self.device.allocator.select_heap(_INPUT_MEMORY)
+        self._inputs_mappable = bool(input_heap.memory_type & _HOST_VISIBLE
+                                     and _INPUT_USAGE & _MAPPING)
         self.functions: dict[str, FunctionInfo] = {}
         self._vm_functions: dict[str, Any] = {}
         # name -> (info, VM function, one input plan per argument), built on first call
@@ -438,11 +444,12 @@ class Module:
                 else:
                     element_type = 0
                 if element_type:
-                    buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY,
-                                                       _INPUT_USAGE)
-                    if buffer.mappable:
-                        buffer.storage.array[: value.nbytes] = value.reshape(-1).view(np.uint8)
+                    if self._inputs_mappable:  # copied as the buffer is made
+                        buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY,
+                                                           _INPUT_USAGE, initial=value)
                     else:
+                        buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY,
+                                                           _INPUT_USAGE)
                         device.write_bytes(buffer, pack_elements(value, element_type))
                     out.append(BufferView(buffer, value.shape, element_type))
                     continue
@@ -629,7 +636,8 @@ def _to_numpy(view: BufferView) -> np.ndarray:
     """A copy of the view's contents (by a transfer when the host cannot map them);
     sub-byte elements come back one per byte, in ml_dtypes' int4/uint4/int2/uint2."""
     buffer = view.buffer
-    if buffer.mappable and not buffer.storage.released:
+    if (buffer.memory_type_bits & _HOST_VISIBLE and buffer.usage_bits & _MAPPING
+            and not buffer.storage.released):  # `buffer.mappable`, without its frame
         count = 1
         for d in view.shape:
             count *= d
