@@ -249,9 +249,8 @@ class Device:
             return int(key.lower() in _cpu_flags())
         raise NotFoundError(f"unknown device query {category!r} :: {key!r}")
 
-    @property
-    def concurrency(self) -> int:
-        return 1
+    concurrency = 1
+    """Workers a dispatch may spread over (a class attribute or a property per driver)."""
 
     @property
     def queue_count(self) -> int:
@@ -441,7 +440,8 @@ class Device:
         signal_points = normalize_points(signal, "signal")
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
-        self.transient.check_size(size)
+        if type(size) is not int or size < 0:
+            self.transient.check_size(size)  # raises INVALID_ARGUMENT
         kind = self._alloca_kinds.get((memory_type, usage))
         if kind is None:
             heap = self.allocator.select_heap(memory_type)
@@ -465,6 +465,7 @@ class Device:
                     self._running -= 1
                     if self._watchers and not self._running:
                         self._idle.notify_all()
+        self.transient.check_size(size)  # larger than the whole ring: RESOURCE_EXHAUSTED
         if self.profile is not None:
             self.profile.record_submission("alloca", wait_points, signal_points, payload_length=size,
                                            queue=queue)
