@@ -478,7 +478,8 @@ class Device:
         """Frees a buffer once `wait` is reached; later use of it is rejected."""
         if not isinstance(buffer, Buffer):
             raise InvalidArgumentError(f"queue_dealloca takes a Buffer, not {buffer!r}")
-        buffer.check_live()
+        if buffer.storage.released:
+            buffer.check_live()  # raises FAILED_PRECONDITION
         wait_points = normalize_points(wait, "wait")
         signal_points = normalize_points(signal, "signal") if signal is not None else []
         if type(queue) is not int or queue:  # queue 0 always exists

@@ -283,12 +283,18 @@ class TransientRingbuffer:
         with self._lock:
             self._owned[key] = entry
 
+    def owns(self, storage: Storage) -> bool:
+        """Whether `storage` holds a block of this ring (committed and not released)."""
+        entry = self._owned.get(id(storage))
+        return entry is not None and entry[0]() is storage
+
     def release(self, storage: Storage) -> None:
         """Retires the block committed to `storage` (nothing if it has none)."""
         with self._lock:
             entry = self._owned.pop(id(storage), None)
         if entry is not None:
-            self.retire(entry[1])
+            for cb, placed in self._free(entry[1]):  # `retire`, inline
+                cb(placed, None)
 
     def _collected(self, key: int, _ref: weakref.ref) -> None:
         """A committed storage died without `release`: retire its block."""
