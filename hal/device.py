@@ -308,8 +308,11 @@ class Device:
         queue operation takes it.
         """
         batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
-        wait_points = normalize_points(wait, "wait")
-        signal_points = normalize_points(signal, "signal")
+        # normalize_points, without its frame for the common Fence
+        wait_points = (list(wait.timeline.items()) if type(wait) is Fence
+                       else normalize_points(wait, "wait"))
+        signal_points = (list(signal.timeline.items()) if type(signal) is Fence
+                         else normalize_points(signal, "signal"))
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         ops = resolve_commands(batch_list, binding_table, self.concurrency)
@@ -436,8 +439,10 @@ class Device:
         makes it wait for a `queue_dealloca` to retire space. Only a size larger than the
         whole ring fails, here, with RESOURCE_EXHAUSTED.
         """
-        wait_points = normalize_points(wait, "wait") if wait is not None else []
-        signal_points = normalize_points(signal, "signal")
+        wait_points = (list(wait.timeline.items()) if type(wait) is Fence
+                       else normalize_points(wait, "wait"))
+        signal_points = (list(signal.timeline.items()) if type(signal) is Fence
+                         else normalize_points(signal, "signal"))
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         if type(size) is not int or size < 0:
@@ -480,8 +485,10 @@ class Device:
             raise InvalidArgumentError(f"queue_dealloca takes a Buffer, not {buffer!r}")
         if buffer.storage.released:
             buffer.check_live()  # raises FAILED_PRECONDITION
-        wait_points = normalize_points(wait, "wait")
-        signal_points = normalize_points(signal, "signal") if signal is not None else []
+        wait_points = (list(wait.timeline.items()) if type(wait) is Fence
+                       else normalize_points(wait, "wait"))
+        signal_points = (list(signal.timeline.items()) if type(signal) is Fence
+                         else normalize_points(signal, "signal"))
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         if (self.profile is None and self._lost is None

@@ -538,7 +538,21 @@ class Module:
         for i, value in enumerate(results):
             spec = specs[i] if i < len(specs) else None
             if isinstance(value, BufferView):
-                out.append(_to_numpy(value))
+                buffer = value.buffer
+                element_type = value.element_type
+                if (buffer.memory_type_bits & _HOST_VISIBLE and buffer.usage_bits & _MAPPING
+                        and not buffer.storage.released):  # `buffer.mappable`, inline
+                    # A copy of the view's bytes (in range: checked when it was made).
+                    count = 1
+                    for d in value.shape:
+                        count *= d
+                    start = buffer.byte_offset
+                    length = (count * (element_type & 0xFF) + 7) // 8
+                    out.append(unpack_elements(
+                        buffer.storage.array[start : start + length].copy(), value.shape,
+                        element_type))
+                else:
+                    out.append(_read_to_numpy(value))
             elif spec is not None and spec.kind == "scalar":
                 out.append(_scalar_output(spec, value))
             else:
@@ -716,19 +730,11 @@ def _input_plan(spec: ArgSpec) -> tuple[np.dtype, tuple[int, ...], int] | tuple[
     return info.dtype, tuple(spec.shape), info.element_type
 
 
-def _to_numpy(view: BufferView) -> np.ndarray:
-    """A copy of the view's contents (by a transfer when the host cannot map them);
-    sub-byte elements come back one per byte, in ml_dtypes' int4/uint4/int2/uint2."""
-    buffer = view.buffer
-    if (buffer.memory_type_bits & _HOST_VISIBLE and buffer.usage_bits & _MAPPING
-            and not buffer.storage.released):  # `buffer.mappable`, without its frame
-        count = 1
-        for d in view.shape:
-            count *= d
-        length = (count * (view.element_type & 0xFF) + 7) // 8  # fits: checked at creation
-        start = buffer.byte_offset
-        return unpack_elements(buffer.storage.array[start : start + length].copy(),
-                               view.shape, view.element_type)
+def _read_to_numpy(view: BufferView) -> np.ndarray:
+    """A copy of the contents of a view the host cannot map (or whose storage was
+    released: the read reports it), by a transfer; `_convert_outputs` copies host
+    memory itself. Sub-byte elements come back one per byte, in ml_dtypes'
+    int4/uint4/int2/uint2."""
     device = view.buffer.allocator.device_ref()
     data = device.read_array(view.buffer, 0, view.byte_length)
     return unpack_elements(data, view.shape, view.element_type)
