@@ -456,20 +456,14 @@ class Device:
                         *kind)
         if (self.profile is None and self._lost is None and self._inline_alloca
                 and (not wait_points or all_reached(wait_points))):
-            # Ready now: the ring places it at once, or it takes the queue path below.
-            with self._entries_lock:
-                if self._closed:
-                    raise FailedPreconditionError(f"{self!r} is closed")
-                self._running += 1
-            try:
-                if self.transient.try_commit(buffer.storage):
-                    self._complete(signal_points, None)
-                    return buffer
-            finally:
-                with self._entries_lock:
-                    self._running -= 1
-                    if self._watchers and not self._running:
-                        self._idle.notify_all()
+            # Ready now: the ring places it at once (no driver work, so nothing for
+            # close() to wait for; a ring closed meanwhile refuses it), or it takes the
+            # queue path below.
+            if self._closed:
+                raise FailedPreconditionError(f"{self!r} is closed")
+            if self.transient.try_commit(buffer.storage):
+                self._complete(signal_points, None)
+                return buffer
         self.transient.check_size(size)  # larger than the whole ring: RESOURCE_EXHAUSTED
         if self.profile is not None:
             self.profile.record_submission("alloca", wait_points, signal_points, payload_length=size,
@@ -493,7 +487,17 @@ class Device:
             self._check_queue(queue)
         if (self.profile is None and self._lost is None
                 and (not wait_points or all_reached(wait_points))):
-            self._run_ready(signal_points, self._dealloca, buffer)
+            # Ready now: `_dealloca` inline (host bookkeeping only, as for a ready alloca).
+            if self._closed:
+                raise FailedPreconditionError(f"{self!r} is closed")
+            storage = buffer.storage
+            storage.released = True
+            try:
+                self.transient.release(storage)
+            except BaseException as exc:  # noqa: BLE001 - a grant's failure: the signal's
+                self._complete(signal_points, as_error(exc))
+                return
+            self._complete(signal_points, None)
             return
         if self.profile is not None:
             self.profile.record_submission("dealloca", wait_points, signal_points,
@@ -577,8 +581,8 @@ class Device:
     def _run_ready(self, signal: list[SemaphorePoint], method: Callable[[Any, Completion], None],
                    payload: Any) -> None:
         """Runs work whose waits are already met on this thread, without a queue entry:
-        `method(payload, done)` must call `done` before it returns (`_dealloca`, or
-        `_execute` of a driver that `completes_inline`). It counts as running (so
+        `method(payload, done)` must call `done` before it returns (`_execute` of a
+        driver that `completes_inline`). It counts as running (so
         `close()` and `wait_idle()` wait for it), and the work's references are dropped
         before `signal` advances, as an entry's resource set is."""
         with self._entries_lock:
