@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError, ResourceExhaustedError
-from .buffer import ALIGNMENT, Buffer, Storage
+from .buffer import ALIGNMENT, Buffer, CountedStorage, Storage
 from .types import BufferUsage, MemoryAccess, MemoryType
 
 
@@ -160,7 +160,8 @@ class Allocator:
                 f"{heap.max_allocation_size} bytes"
             )
         try:
-            storage = Storage(size, on_release=self._releasers[heap.name], initial=initial)
+            storage = CountedStorage(size, on_release=self._releasers[heap.name],
+                                     initial=initial)
         except MemoryError:
             raise ResourceExhaustedError(
                 f"out of host memory allocating {size} bytes on {self.device_name}"

@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import FailedPreconditionError, OutOfRangeError, PermissionDeniedError
+from ..errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    OutOfRangeError,
+    PermissionDeniedError,
+)
 from .native import ffi
 from .types import WHOLE_BUFFER, BufferUsage, MemoryAccess, MemoryType
 
@@ -34,7 +39,10 @@ class Storage:
     """One aligned block of host memory backing one or more buffers (`address`, when
     given with `array`, is taken as the array's address instead of reading it). A new
     block is zero-filled, or holds a copy of the first `byte_length` bytes of `initial`
-    (any C-contiguous buffer-protocol object)."""
+    (any C-contiguous buffer-protocol object). `on_release` is for `CountedStorage`.
+
+    It has no finalizer, so a storage nobody counts (transient, imported) dies without
+    running Python code."""
 
     __slots__ = ("array", "address", "byte_length", "released", "_on_release", "__weakref__")
 
@@ -63,7 +71,21 @@ class Storage:
         self.address: int = address
         self.byte_length = byte_length
         self.released = False
+        if on_release is not None and type(self) is Storage:
+            raise InvalidArgumentError("on_release is called only for a CountedStorage")
         self._on_release = on_release
+
+    def release(self) -> None:
+        """Marks the block dead now (use-after-release is then rejected)."""
+        if not self.released:
+            self.released = True
+
+
+class CountedStorage(Storage):
+    """A storage whose bytes an allocator counts: `on_release(byte_length)` runs when it
+    dies (CPython frees promptly, so live and peak statistics stay exact)."""
+
+    __slots__ = ()
 
     def __del__(self) -> None:
         on_release = self._on_release
@@ -73,11 +95,6 @@ class Storage:
                 on_release(self.byte_length)
             except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to report to
                 pass
-
-    def release(self) -> None:
-        """Marks the block dead now (use-after-release is then rejected)."""
-        if not self.released:
-            self.released = True
 
 
 _HOST_VISIBLE = int(MemoryType.HOST_VISIBLE)

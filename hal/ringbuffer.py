@@ -129,7 +129,7 @@ class TransientRingbuffer:
         self.capacity = capacity & ~(ALIGNMENT - 1)
         self.allocator = allocator
         # An RLock only so a finalizer can ask whether its own thread holds it (see
-        # `_retire_collected`); nothing re-enters it.
+        # `_collected`); nothing re-enters it.
         self._lock = threading.RLock()
         self._backing: np.ndarray | None = None
         self._backing_address = 0  # the backing's first byte, once it exists
@@ -234,21 +234,6 @@ class TransientRingbuffer:
                 granted.append((cb, placed))
         return granted
 
-    def _retire_collected(self, block: RingBlock) -> None:
-        """Retires the block of a transient buffer the garbage collector freed.
-
-        A collection can run at any allocation, including inside this ring's locked
-        sections or inside locks held by whoever a grant completes (semaphores, device
-        queues): so grants never run here, and if this thread holds the ring's lock the
-        whole retirement moves to the reclaim thread. Live bytes drop here otherwise.
-        """
-        if self._lock._is_owned():  # threading.Condition relies on the same query
-            _reclaim(self.retire, block)
-            return
-        granted = self._free(block)
-        if granted:
-            _reclaim(_grant_all, granted)
-
     def close(self, error: Error) -> None:
         """Fails every parked reservation with `error`, and every later one."""
         with self._lock:
@@ -297,11 +282,24 @@ class TransientRingbuffer:
                 cb(placed, None)
 
     def _collected(self, key: int, _ref: weakref.ref) -> None:
-        """A committed storage died without `release`: retire its block."""
+        """A committed storage died without `release` (the garbage collector freed a
+        transient buffer): retire its block.
+
+        A collection can run at any allocation, including inside this ring's locked
+        sections or inside locks held by whoever a grant completes (semaphores, device
+        queues): so grants never run here, and if this thread holds the ring's lock the
+        whole retirement moves to the reclaim thread. Live bytes drop here otherwise.
+        """
         with self._lock:  # re-entrant: the collection may run inside this ring's lock
             entry = self._owned.pop(key, None)
-        if entry is not None:
-            self._retire_collected(entry[1])
+        if entry is None:
+            return
+        if self._lock._is_owned():  # threading.Condition relies on the same query
+            _reclaim(self.retire, entry[1])
+            return
+        granted = self._free(entry[1])
+        if granted:
+            _reclaim(_grant_all, granted)
 
     # -- inspection -------------------------------------------------------------------
 
