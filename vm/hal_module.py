@@ -718,7 +718,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         for (fence,) in fences:
             if fence is not None and type(fence) is not Fence:
                 fence = _fence_or_null(fence)
-            if fence is not None and len(fence):
+            if fence is not None and fence.timeline:
                 present.append(fence)
         if not present:
             return None
@@ -750,8 +750,13 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
                 continue
             if type(fence) is not Fence:
                 _check(fence, Fence, "hal.fence")
-            if not fence.query():  # raises the failure of a failed fence
-                pending.append(fence)
+                if not fence.query():  # raises the failure of a failed fence
+                    pending.append(fence)
+                continue
+            for sem, value in fence.timeline.items():  # `fence.query()`, inline
+                if sem.query() < value:  # raises the failure of a failed semaphore
+                    pending.append(fence)
+                    break
         if not pending:
             return 0
         timeout = _timeout_seconds(timeout_ms)
