@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError, ResourceExhaustedError
-from .buffer import ALIGNMENT, Buffer, Storage
+from .buffer import ALIGNMENT, Buffer, CountedStorage, Storage
 from .types import BufferUsage, MemoryAccess, MemoryType
 
 
@@ -93,6 +93,7 @@ class Allocator:
         self._lock = threading.RLock()
         self._counters: dict[str, _Counter] = {h.name: _Counter() for h in self.heaps}
         self._releasers = {h.name: self._releaser(h.name) for h in self.heaps}
+        self._heap_bits = {h.name: int(h.memory_type) for h in self.heaps}
         # The heaps are fixed: per-request answers are cached (memory type -> heap,
         # (memory type, usage) -> coerced usage) so hot paths skip the search.
         self._heap_for: dict[int, Heap] = {}
@@ -143,24 +144,30 @@ class Allocator:
         memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
         usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING,
         access: MemoryAccess = MemoryAccess.ALL,
+        initial: Any = None,
     ) -> Buffer:
-        """A new zero-filled buffer of `size` bytes whose address is 64-byte aligned."""
+        """A new zero-filled buffer of `size` bytes whose address is 64-byte aligned;
+        with `initial` (a C-contiguous buffer of at least `size` bytes, on a host-visible
+        heap) it holds a copy of those bytes instead, in the same step."""
         if not isinstance(size, int) or size < 0:
             raise InvalidArgumentError(f"allocation size must be a non-negative int, not {size!r}")
         heap = self._heap_for.get(memory_type) or self.select_heap(memory_type)
+        if type(access) is not int:
+            access = int(access)
         if size > heap.max_allocation_size:
             raise ResourceExhaustedError(
                 f"allocation of {size} bytes exceeds heap '{heap.name}' maximum of "
                 f"{heap.max_allocation_size} bytes"
             )
         try:
-            storage = Storage(size, on_release=self._releasers[heap.name])
+            storage = CountedStorage(size, on_release=self._releasers[heap.name],
+                                     initial=initial)
         except MemoryError:
             raise ResourceExhaustedError(
                 f"out of host memory allocating {size} bytes on {self.device_name}"
             ) from None
         self.track(heap.name, size)
-        return Buffer(self, storage, 0, size, heap.memory_type, usage, access)
+        return Buffer(self, storage, 0, size, self._heap_bits[heap.name], usage, access)
 
     def import_host(
         self,

@@ -10,11 +10,16 @@ explicitly (transient buffers, `queue_dealloca`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import FailedPreconditionError, OutOfRangeError, PermissionDeniedError
+from ..errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    OutOfRangeError,
+    PermissionDeniedError,
+)
 from .native import ffi
 from .types import WHOLE_BUFFER, BufferUsage, MemoryAccess, MemoryType
 
@@ -27,11 +32,17 @@ ALIGNMENT = 64
 
 _cast = ffi.cast
 _from_buffer = ffi.from_buffer
+_memmove = ffi.memmove
 
 
 class Storage:
     """One aligned block of host memory backing one or more buffers (`address`, when
-    given with `array`, is taken as the array's address instead of reading it)."""
+    given with `array`, is taken as the array's address instead of reading it). A new
+    block is zero-filled, or holds a copy of the first `byte_length` bytes of `initial`
+    (any C-contiguous buffer-protocol object). `on_release` is for `CountedStorage`.
+
+    It has no finalizer, so a storage nobody counts (transient, imported) dies without
+    running Python code."""
 
     __slots__ = ("array", "address", "byte_length", "released", "_on_release", "__weakref__")
 
@@ -41,22 +52,40 @@ class Storage:
         on_release: Callable[[int], None] | None = None,
         array: np.ndarray | None = None,
         address: int | None = None,
+        initial: Any = None,
     ) -> None:
         if array is None:
-            raw = np.zeros(byte_length + ALIGNMENT, dtype=np.uint8)
+            raw = (np.zeros if initial is None else np.empty)(byte_length + ALIGNMENT,
+                                                               dtype=np.uint8)
             # cffi reads the address ~3x faster than __array_interface__ (which builds a
             # dict) and makes no ctypes object per buffer
             base = int(_cast("uintptr_t", _from_buffer(raw)))
             start = (-base) % ALIGNMENT
             array = raw[start : start + byte_length]
             address = base + start  # also right for empty buffers
+            if initial is not None:
+                _memmove(array, initial, byte_length)
         elif address is None:
             address = array.__array_interface__["data"][0]
         self.array: np.ndarray = array
         self.address: int = address
         self.byte_length = byte_length
         self.released = False
+        if on_release is not None and type(self) is Storage:
+            raise InvalidArgumentError("on_release is called only for a CountedStorage")
         self._on_release = on_release
+
+    def release(self) -> None:
+        """Marks the block dead now (use-after-release is then rejected)."""
+        if not self.released:
+            self.released = True
+
+
+class CountedStorage(Storage):
+    """A storage whose bytes an allocator counts: `on_release(byte_length)` runs when it
+    dies (CPython frees promptly, so live and peak statistics stay exact)."""
+
+    __slots__ = ()
 
     def __del__(self) -> None:
         on_release = self._on_release
@@ -66,11 +95,6 @@ class Storage:
                 on_release(self.byte_length)
             except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to report to
                 pass
-
-    def release(self) -> None:
-        """Marks the block dead now (use-after-release is then rejected)."""
-        if not self.released:
-            self.released = True
 
 
 _HOST_VISIBLE = int(MemoryType.HOST_VISIBLE)
@@ -105,15 +129,16 @@ class Buffer:
         byte_length: int,
         memory_type: MemoryType | int,
         allowed_usage: BufferUsage | int,
-        allowed_access: MemoryAccess | int = MemoryAccess.ALL,
+        allowed_access: MemoryAccess | int = int(MemoryAccess.ALL),
     ) -> None:
         self.allocator = allocator
         self.storage = storage
         self.byte_offset = byte_offset
         self.byte_length = byte_length
-        self.memory_type_bits = int(memory_type)
-        self.usage_bits = int(allowed_usage)
-        self.access_bits = int(allowed_access)
+        # int() of an IntFlag member costs several times a type test: skip it for ints
+        self.memory_type_bits = memory_type if type(memory_type) is int else int(memory_type)
+        self.usage_bits = allowed_usage if type(allowed_usage) is int else int(allowed_usage)
+        self.access_bits = allowed_access if type(allowed_access) is int else int(allowed_access)
 
     @property
     def memory_type(self) -> MemoryType:

@@ -34,7 +34,7 @@ class BufferView:
     __slots__ = ("buffer", "shape", "element_type", "encoding_type")
 
     def __init__(self, buffer: Buffer, shape: Sequence[int], element_type: int,
-                 encoding_type: int = EncodingType.DENSE_ROW_MAJOR) -> None:
+                 encoding_type: int = int(EncodingType.DENSE_ROW_MAJOR)) -> None:
         if not isinstance(buffer, Buffer):
             raise InvalidArgumentError(f"a buffer view needs a Buffer, not {buffer!r}")
         shape = tuple(map(int, shape))
@@ -42,8 +42,9 @@ class BufferView:
             raise InvalidArgumentError(f"buffer view shape {shape} has a negative dimension")
         self.buffer = buffer
         self.shape = shape
-        self.element_type = int(element_type)
-        self.encoding_type = int(encoding_type)
+        self.element_type = element_type if type(element_type) is int else int(element_type)
+        self.encoding_type = (encoding_type if type(encoding_type) is int
+                              else int(encoding_type))
         needed = (math.prod(shape) * (self.element_type & 0xFF) + 7) // 8  # byte_length
         if needed > buffer.byte_length:
             raise OutOfRangeError(

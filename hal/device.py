@@ -53,6 +53,7 @@ from ..errors import (
     DeviceLostError,
     Error,
     FailedPreconditionError,
+    InternalError,
     InvalidArgumentError,
     KernelFaultError,
     NotFoundError,
@@ -60,7 +61,7 @@ from ..errors import (
     as_error,
 )
 from .allocator import Allocator
-from .buffer import Buffer
+from .buffer import Buffer, Storage
 from .command_buffer import CommandBuffer, as_buffer_ref
 from .executable import FORMATS, Executable
 from .execution import Submission, resolve_commands
@@ -119,6 +120,10 @@ class Device:
         _live_devices.add(self)
         self.profile: Profile | None = None  # set by Profile.attach; hooks test it
         self._lost: Error | None = None  # set by `_lose`: every entry fails with it
+        # (memory type, usage) -> (heap memory type, coerced usage) of queue_alloca buffers
+        self._alloca_kinds: dict[tuple[Any, Any], tuple[int, int]] = {}
+        # A driver that adds its own checks to an alloca's commit takes the queue path.
+        self._inline_alloca = type(self)._commit_alloca is Device._commit_alloca
 
     def __repr__(self) -> str:
         return f"<Device {self.identifier}>"
@@ -246,9 +251,8 @@ class Device:
             return int(key.lower() in _cpu_flags())
         raise NotFoundError(f"unknown device query {category!r} :: {key!r}")
 
-    @property
-    def concurrency(self) -> int:
-        return 1
+    concurrency = 1
+    """Workers a dispatch may spread over (a class attribute or a property per driver)."""
 
     @property
     def queue_count(self) -> int:
@@ -268,6 +272,10 @@ class Device:
         return functools.partial(method, payload)
 
     # -- profiling --------------------------------------------------------------------
+
+    completes_inline = False
+    """True for a driver whose `_execute` always calls `done` before it returns (`sync`):
+    a submission whose waits are met then runs without a queue entry (`_run_ready`)."""
 
     default_profiling_modes: tuple[str, ...] = ("queue-events", "host-execution", "memory-events")
     profiles_submissions = False
@@ -302,11 +310,18 @@ class Device:
         queue operation takes it.
         """
         batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
-        wait_points = normalize_points(wait, "wait")
-        signal_points = normalize_points(signal, "signal")
+        # normalize_points, without its frame for the common Fence
+        wait_points = (list(wait.timeline.items()) if type(wait) is Fence
+                       else normalize_points(wait, "wait"))
+        signal_points = (list(signal.timeline.items()) if type(signal) is Fence
+                         else normalize_points(signal, "signal"))
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         ops = resolve_commands(batch_list, binding_table, self.concurrency)
+        if (self.completes_inline and self.profile is None and self._lost is None
+                and (not wait_points or all_reached(wait_points))):
+            self._run_ready(signal_points, self._execute, ops)
+            return
         if type(self)._driver_start is Device._driver_start:  # the default: no frame
             start = functools.partial(self._execute, ops)
         else:
@@ -426,12 +441,32 @@ class Device:
         makes it wait for a `queue_dealloca` to retire space. Only a size larger than the
         whole ring fails, here, with RESOURCE_EXHAUSTED.
         """
-        wait_points = normalize_points(wait, "wait")
-        signal_points = normalize_points(signal, "signal")
+        wait_points = (list(wait.timeline.items()) if type(wait) is Fence
+                       else normalize_points(wait, "wait"))
+        signal_points = (list(signal.timeline.items()) if type(signal) is Fence
+                         else normalize_points(signal, "signal"))
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
-        self.transient.check_size(size)
-        buffer = self._alloca(size, memory_type, usage)
+        if type(size) is not int or size < 0:
+            self.transient.check_size(size)  # raises INVALID_ARGUMENT
+        kind = self._alloca_kinds.get((memory_type, usage))
+        if kind is None:
+            heap = self.allocator.select_heap(memory_type)
+            kind = (int(heap.memory_type), self.allocator.coerce_usage(memory_type, usage))
+            self._alloca_kinds[(memory_type, usage)] = kind
+        buffer = Buffer(self.allocator, Storage(size, array=_NO_BYTES, address=0), 0, size,
+                        *kind)
+        if (self.profile is None and self._lost is None and self._inline_alloca
+                and (not wait_points or all_reached(wait_points))):
+            # Ready now: the ring places it at once (no driver work, so nothing for
+            # close() to wait for; a ring closed meanwhile refuses it), or it takes the
+            # queue path below.
+            if self._closed:
+                raise FailedPreconditionError(f"{self!r} is closed")
+            if self.transient.try_commit(buffer.storage):
+                self._complete(signal_points, None)
+                return buffer
+        self.transient.check_size(size)  # larger than the whole ring: RESOURCE_EXHAUSTED
         if self.profile is not None:
             self.profile.record_submission("alloca", wait_points, signal_points, payload_length=size,
                                            queue=queue)
@@ -444,19 +479,33 @@ class Device:
         """Frees a buffer once `wait` is reached; later use of it is rejected."""
         if not isinstance(buffer, Buffer):
             raise InvalidArgumentError(f"queue_dealloca takes a Buffer, not {buffer!r}")
-        buffer.check_live()
-
-        def dealloca(done: Completion) -> None:
-            self._dealloca(buffer)
-            done(None)
-
-        wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        if buffer.storage.released:
+            buffer.check_live()  # raises FAILED_PRECONDITION
+        wait_points = (list(wait.timeline.items()) if type(wait) is Fence
+                       else normalize_points(wait, "wait"))
+        signal_points = (list(signal.timeline.items()) if type(signal) is Fence
+                         else normalize_points(signal, "signal"))
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
+        if (self.profile is None and self._lost is None
+                and (not wait_points or all_reached(wait_points))):
+            # Ready now: `_dealloca` inline (host bookkeeping only, as for a ready alloca).
+            if self._closed:
+                raise FailedPreconditionError(f"{self!r} is closed")
+            storage = buffer.storage
+            storage.released = True
+            try:
+                self.transient.release(storage)
+            except BaseException as exc:  # noqa: BLE001 - a grant's failure: the signal's
+                self._complete(signal_points, as_error(exc))
+                return
+            self._complete(signal_points, None)
+            return
         if self.profile is not None:
             self.profile.record_submission("dealloca", wait_points, signal_points,
                                            payload_length=buffer.byte_length, queue=queue)
-        self._accept(wait_points, signal_points, buffer, dealloca)
+        self._accept(wait_points, signal_points, buffer,
+                     functools.partial(self._dealloca, buffer))
 
     # -- in-flight work ---------------------------------------------------------------
 
@@ -466,7 +515,7 @@ class Device:
         Entries waiting on semaphores that nobody signals keep the device busy; `close()`
         aborts those.
         """
-        return self._wait_until(lambda: not self._in_flight, timeout)
+        return self._wait_until(lambda: not self._in_flight and not self._running, timeout)
 
     def _wait_until(self, condition: Callable[[], bool], timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -530,6 +579,32 @@ class Device:
                 self._retire(entry, as_error(exc))
 
         when_all_reached(wait, ready)
+
+    def _run_ready(self, signal: list[SemaphorePoint], method: Callable[[Any, Completion], None],
+                   payload: Any) -> None:
+        """Runs work whose waits are already met on this thread, without a queue entry:
+        `method(payload, done)` must call `done` before it returns (`_execute` of a
+        driver that `completes_inline`). It counts as running (so
+        `close()` and `wait_idle()` wait for it), and the work's references are dropped
+        before `signal` advances, as an entry's resource set is."""
+        with self._entries_lock:
+            if self._closed:
+                raise FailedPreconditionError(f"{self!r} is closed")
+            self._running += 1
+        try:
+            outcome: list[Error | None] = []
+            try:
+                method(payload, outcome.append)
+            except BaseException as exc:  # noqa: BLE001 - becomes the work's error
+                outcome.append(as_error(exc))
+            payload = None
+            self._complete(signal, outcome[0] if outcome else InternalError(
+                f"{self!r} finished inline work without completing it"))
+        finally:
+            with self._entries_lock:
+                self._running -= 1
+                if self._watchers and not self._running:
+                    self._idle.notify_all()
 
     def _retire(self, entry: _Entry, error: Error | None) -> None:
         with self._entries_lock:
@@ -601,13 +676,6 @@ class Device:
 
     # -- transient memory -------------------------------------------------------------
 
-    def _alloca(self, size: int, memory_type: MemoryType, usage: BufferUsage) -> Buffer:
-        """A buffer with no memory yet; `_commit_alloca` gives it ringbuffer memory."""
-        heap = self.allocator.select_heap(memory_type)
-        storage = TransientRingbuffer.pending_storage(size)
-        usage = self.allocator.coerce_usage(memory_type, usage)
-        return Buffer(self.allocator, storage, 0, size, heap.memory_type, usage)
-
     def _commit_alloca(self, buffer: Buffer, done: Completion) -> None:
         storage = buffer.storage
 
@@ -618,9 +686,11 @@ class Device:
 
         self.transient.reserve(buffer.byte_length, granted)
 
-    def _dealloca(self, buffer: Buffer) -> None:
-        buffer.storage.release()
-        self.transient.release(buffer.storage)
+    def _dealloca(self, buffer: Buffer, done: Completion) -> None:
+        storage = buffer.storage
+        storage.released = True
+        self.transient.release(storage)
+        done(None)
 
     # -- the driver contract (see tinyhal.hal.drivers) --------------------------------
 
@@ -656,6 +726,7 @@ class _Entry:
 
 
 _inline = threading.local()
+_NO_BYTES = np.zeros(0, dtype=np.uint8)  # the array of a transient storage before its commit
 _live_devices: weakref.WeakSet[Device] = weakref.WeakSet()
 EXIT_DRAIN_SECONDS = 60.0
 """How long interpreter exit waits, in all, for running device work to finish (assign to

@@ -129,7 +129,7 @@ class TransientRingbuffer:
         self.capacity = capacity & ~(ALIGNMENT - 1)
         self.allocator = allocator
         # An RLock only so a finalizer can ask whether its own thread holds it (see
-        # `_retire_collected`); nothing re-enters it.
+        # `_collected`); nothing re-enters it.
         self._lock = threading.RLock()
         self._backing: np.ndarray | None = None
         self._backing_address = 0  # the backing's first byte, once it exists
@@ -185,6 +185,24 @@ class TransientRingbuffer:
                 return
         on_grant(block, error)
 
+    def try_commit(self, storage: Storage) -> bool:
+        """Reserves `storage.byte_length` bytes and `commit`s them to `storage` at once,
+        if the ring has room and no reservation is parked ahead; False otherwise (then
+        `reserve` parks the request in order). The path of an alloca whose waits are
+        already met: one call instead of a reservation and a grant."""
+        with self._lock:
+            if self._closed is not None or self._parked:
+                return False
+            block = self._place(storage.byte_length)
+            if block is None:
+                return False
+            storage.array = self._backing[block.offset : block.offset + storage.byte_length]
+            storage.address = self._backing_address + block.offset
+            key = id(storage)
+            self._owned[key] = (weakref.ref(storage, functools.partial(self._collected, key)),
+                                block)
+        return True
+
     def retire(self, block: RingBlock) -> None:
         """Frees `block`; grants parked reservations that now fit, in order."""
         for cb, placed in self._free(block):
@@ -215,21 +233,6 @@ class TransientRingbuffer:
                 self._parked.popleft()
                 granted.append((cb, placed))
         return granted
-
-    def _retire_collected(self, block: RingBlock) -> None:
-        """Retires the block of a transient buffer the garbage collector freed.
-
-        A collection can run at any allocation, including inside this ring's locked
-        sections or inside locks held by whoever a grant completes (semaphores, device
-        queues): so grants never run here, and if this thread holds the ring's lock the
-        whole retirement moves to the reclaim thread. Live bytes drop here otherwise.
-        """
-        if self._lock._is_owned():  # threading.Condition relies on the same query
-            _reclaim(self.retire, block)
-            return
-        granted = self._free(block)
-        if granted:
-            _reclaim(_grant_all, granted)
 
     def close(self, error: Error) -> None:
         """Fails every parked reservation with `error`, and every later one."""
@@ -265,19 +268,38 @@ class TransientRingbuffer:
         with self._lock:
             self._owned[key] = entry
 
+    def owns(self, storage: Storage) -> bool:
+        """Whether `storage` holds a block of this ring (committed and not released)."""
+        entry = self._owned.get(id(storage))
+        return entry is not None and entry[0]() is storage
+
     def release(self, storage: Storage) -> None:
         """Retires the block committed to `storage` (nothing if it has none)."""
         with self._lock:
             entry = self._owned.pop(id(storage), None)
         if entry is not None:
-            self.retire(entry[1])
+            for cb, placed in self._free(entry[1]):  # `retire`, inline
+                cb(placed, None)
 
     def _collected(self, key: int, _ref: weakref.ref) -> None:
-        """A committed storage died without `release`: retire its block."""
+        """A committed storage died without `release` (the garbage collector freed a
+        transient buffer): retire its block.
+
+        A collection can run at any allocation, including inside this ring's locked
+        sections or inside locks held by whoever a grant completes (semaphores, device
+        queues): so grants never run here, and if this thread holds the ring's lock the
+        whole retirement moves to the reclaim thread. Live bytes drop here otherwise.
+        """
         with self._lock:  # re-entrant: the collection may run inside this ring's lock
             entry = self._owned.pop(key, None)
-        if entry is not None:
-            self._retire_collected(entry[1])
+        if entry is None:
+            return
+        if self._lock._is_owned():  # threading.Condition relies on the same query
+            _reclaim(self.retire, entry[1])
+            return
+        granted = self._free(entry[1])
+        if granted:
+            _reclaim(_grant_all, granted)
 
     # -- inspection -------------------------------------------------------------------
 

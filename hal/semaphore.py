@@ -234,27 +234,28 @@ class Fence:
     """A set of semaphore points: reached when every semaphore reaches its value.
 
     A semaphore appears at most once, at the largest value inserted for it.
+    `timeline` maps each semaphore to its value (read it; add points with `insert`).
     """
 
     def __init__(self, points: Iterable[SemaphorePoint] = ()) -> None:
-        self._points: dict[Semaphore, int] = {}
+        self.timeline: dict[Semaphore, int] = {}
         for sem, value in points:
             if type(value) is not int or not 0 <= value <= MAX_VALUE:
                 _check_value(value, "fence value")
-            if value > self._points.get(sem, -1):
-                self._points[sem] = value
+            if value > self.timeline.get(sem, -1):
+                self.timeline[sem] = value
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{s!r}@{v}" for s, v in self._points.items())
+        inner = ", ".join(f"{s!r}@{v}" for s, v in self.timeline.items())
         return f"<Fence [{inner}]>"
 
     @classmethod
     def join(cls, fences: Iterable[Fence | None]) -> Fence:
         joined = cls()
-        points = joined._points
+        points = joined.timeline
         for fence in fences:
             if fence is not None:
-                for sem, value in fence._points.items():  # values were checked on insert
+                for sem, value in fence.timeline.items():  # values were checked on insert
                     if value > points.get(sem, -1):
                         points[sem] = value
         return joined
@@ -262,46 +263,46 @@ class Fence:
     def insert(self, semaphore: Semaphore, value: int) -> None:
         if type(value) is not int or not 0 <= value <= MAX_VALUE:
             _check_value(value, "fence value")
-        if value > self._points.get(semaphore, -1):
-            self._points[semaphore] = value
+        if value > self.timeline.get(semaphore, -1):
+            self.timeline[semaphore] = value
 
     @property
     def points(self) -> list[SemaphorePoint]:
-        return list(self._points.items())
+        return list(self.timeline.items())
 
     def __len__(self) -> int:
-        return len(self._points)
+        return len(self.timeline)
 
     def signal(self) -> None:
-        for sem, value in self._points.items():
+        for sem, value in self.timeline.items():
             sem.signal(value)
 
     def fail(self, error: BaseException | str) -> None:
-        for sem in self._points:
+        for sem in self.timeline:
             sem.fail(error)
 
     @property
     def failure(self) -> Error | None:
-        for sem in self._points:
+        for sem in self.timeline:
             if sem.failure is not None:
                 return sem.failure
         return None
 
     def query(self) -> bool:
         """True when every point is reached; raises the first failure."""
-        for sem, value in self._points.items():
+        for sem, value in self.timeline.items():
             if sem.query() < value:
                 return False
         return True
 
     def wait(self, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        for sem, value in self._points.items():
+        for sem, value in self.timeline.items():
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             sem.wait(value, remaining)
 
     async def wait_async(self) -> None:
-        for sem, value in self._points.items():
+        for sem, value in self.timeline.items():
             await sem.wait_async(value)
 
 
@@ -310,7 +311,7 @@ def normalize_points(
 ) -> list[SemaphorePoint]:
     """Turns a Fence or a list of (Semaphore, value) into a validated list."""
     if type(points) is Fence:
-        return list(points._points.items())
+        return list(points.timeline.items())
     if points is None:
         return []
     if isinstance(points, Fence):

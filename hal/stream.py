@@ -179,17 +179,7 @@ class Stream:
             self._pool = None
         self._program = program
         self._entries = entries  # the buffers stay alive while the stream may run
-        addresses = []
-        lengths = []
-        for index, (buffer, offset, length) in enumerate(entries):
-            storage_address = buffer.storage.address
-            if not storage_address and _slot_used(parts, index):
-                _check_has_memory(buffer)
-            addresses.append(storage_address + buffer.byte_offset + offset)
-            lengths.append(length)
-        lib.tinyhal_stream_bind(program.ops, program.count, program.state, program.patches,
-                                program.patch_count, addresses, lengths, participants,
-                                TILES_PER_PARTICIPANT)
+        _bind(program, parts, entries, participants)
 
     def run(self, processor_id: int = 0) -> None:
         """Participates in the stream: the first caller leads, later ones help.
@@ -208,6 +198,47 @@ class Stream:
             pool.append(self._program)
 
 
+def run_alone(submission: Submission) -> None:
+    """Runs a submission in C on this thread as its only participant: what
+    `Stream(submission).run()` does, in one call (the `sync` driver's path)."""
+    parts = submission.parts
+    if len(parts) != 1:
+        Stream(submission).run()
+        return
+    recording, entries = parts[0]
+    pool = recording.streams
+    try:
+        program = pool.pop()
+    except IndexError:
+        program = NativeProgram([recording])
+    try:
+        _bind(program, parts, entries, 1)
+        rc = lib.tinyhal_run_stream(program.ops, program.count, program.state, 0,
+                                    program.local_memory_size)
+        error = program.error(rc) if rc else None  # read before another run rebinds it
+    finally:
+        if len(pool) < POOL_SIZE:
+            pool.append(program)
+    if error is not None:
+        raise error
+
+
+def _bind(program: NativeProgram, parts: list[tuple[Recording, list[Range]]],
+          entries: list[Range], participants: int) -> None:
+    """Patches the slot addresses of `entries` into `program` for one execution."""
+    addresses = []
+    lengths = []
+    for index, (buffer, offset, length) in enumerate(entries):
+        storage_address = buffer.storage.address
+        if not storage_address and _slot_used(parts, index):
+            _check_has_memory(buffer)
+        addresses.append(storage_address + buffer.byte_offset + offset)
+        lengths.append(length)
+    lib.tinyhal_stream_bind(program.ops, program.count, program.state, program.patches,
+                            program.patch_count, addresses, lengths, participants,
+                            TILES_PER_PARTICIPANT)
+
+
 def _slot_used(parts: list[tuple[Recording, list[Range]]], index: int) -> bool:
     for recording, entries in parts:
         if index < len(entries):
@@ -222,4 +253,4 @@ def _check_has_memory(buffer: Any) -> None:
         raise FailedPreconditionError(f"{buffer!r} has no memory: its queue_alloca has not run")
 
 
-__all__ = ["NativeProgram", "Stream", "Range", "TILES_PER_PARTICIPANT"]
+__all__ = ["NativeProgram", "Stream", "Range", "TILES_PER_PARTICIPANT", "run_alone"]

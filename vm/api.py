@@ -56,8 +56,10 @@ from __future__ import annotations
 import functools
 import os
 import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from sys import getrefcount
 from typing import Any
 
 import numpy as np
@@ -66,6 +68,7 @@ from ..errors import Error, InvalidArgumentError, NotFoundError
 from ..hal import Device, create_device
 from ..hal.buffer import ALIGNMENT
 from ..hal.buffer_view import BufferView
+from ..hal.native import ffi
 from ..hal.semaphore import Fence
 from ..hal.types import (
     BufferUsage,
@@ -82,8 +85,11 @@ from .native import NativeModule
 
 __all__ = ["ArgSpec", "FunctionInfo", "Module", "load", "parse_declaration"]
 
-_INPUT_MEMORY = MemoryType.DEVICE_LOCAL
-_INPUT_USAGE = BufferUsage.DEFAULT | BufferUsage.MAPPING
+_INPUT_MEMORY = int(MemoryType.DEVICE_LOCAL)  # ints: IntFlag arithmetic is slow per call
+_INPUT_USAGE = int(BufferUsage.DEFAULT | BufferUsage.MAPPING)
+_HOST_VISIBLE = int(MemoryType.HOST_VISIBLE)
+_memmove = ffi.memmove
+_MAPPING = int(BufferUsage.MAPPING_SCOPED | BufferUsage.MAPPING_PERSISTENT)
 
 _SCALARS = {"i1", "i8", "i16", "i32", "i64", "si32", "ui32", "si64", "ui64", "index",
             "f16", "f32", "f64"}
@@ -285,10 +291,20 @@ class Module:
                 raise exc.with_context(origin) from exc
             raise
         self.name = self.bytecode.name
+        # Whether input buffers are host memory the host may write (else: a transfer).
+        input_heap = self.device.allocator.select_heap(_INPUT_MEMORY)
+        self._inputs_mappable = bool(input_heap.memory_type & _HOST_VISIBLE
+                                     and _INPUT_USAGE & _MAPPING)
+        self._input_heap = input_heap.name
         self.functions: dict[str, FunctionInfo] = {}
         self._vm_functions: dict[str, Any] = {}
-        # name -> (info, VM function, one input plan per argument), built on first call
-        self._resolved: dict[str, tuple[FunctionInfo, Any, tuple]] = {}
+        # name -> (info, VM function, one input plan per argument, one stack of idle
+        # input views per argument (see `_park_inputs`)), built on first call
+        self._resolved: dict[str, tuple[FunctionInfo, Any, tuple, tuple]] = {}
+        self._idle_inputs: list[list[BufferView]] = []  # every stack, for `close`
+        self._release_idle = weakref.finalize(
+            self, _release_idle_inputs, self._idle_inputs, self.device.allocator,
+            self._input_heap)
         for export_name in self.bytecode.exports:
             if export_name.startswith("__"):
                 continue
@@ -358,30 +374,40 @@ class Module:
             self._vm_functions[name] = vmf
         return info, vmf
 
-    def _resolve(self, name: str) -> tuple[FunctionInfo, Any, tuple]:
-        """`_lookup` plus the export's input plans (see `_input_plan`), cached."""
+    def _resolve(self, name: str) -> tuple[FunctionInfo, Any, tuple, tuple]:
+        """`_lookup` plus the export's input plans (see `_input_plan`) and idle-input
+        stacks, cached."""
         resolved = self._resolved.get(name)
         if resolved is None:
             info, vmf = self._lookup(name)
+            stacks: tuple = ()
+            if self._inputs_mappable:
+                stacks = tuple([] for _ in info.inputs)
+                self._idle_inputs.extend(stacks)
             resolved = self._resolved[name] = (
-                info, vmf, tuple(_input_plan(spec) for spec in info.inputs))
+                info, vmf, tuple(_input_plan(spec) for spec in info.inputs), stacks)
         return resolved
 
     def invoke(self, name: str, *args: Any) -> Any:
         """Calls export `name` and waits for its results (numpy arrays / scalars)."""
-        info, vmf, plans = self._resolved.get(name) or self._resolve(name)
-        vm_args = self._convert_inputs(info, args, plans)
+        info, vmf, plans, stacks = self._resolved.get(name) or self._resolve(name)
+        made: list = []
+        vm_args = self._convert_inputs(info, args, plans, stacks, made)
         signal = None
         if info.is_async:
             signal = self._append_fences(vm_args)
         results = self.context.invoke(vmf, vm_args)
         if signal is not None:
             signal.wait()
-        return self._convert_outputs(info, results)
+        outputs = self._convert_outputs(info, results)
+        if made:
+            vm_args = results = None
+            self._park_inputs(made, stacks)
+        return outputs
 
     def invoke_raw(self, name: str, *args: Any) -> list:
         """Like `invoke` but returns the VM's results as they are (buffer views, ints)."""
-        info, vmf, plans = self._resolved.get(name) or self._resolve(name)
+        info, vmf, plans, _stacks = self._resolved.get(name) or self._resolve(name)
         vm_args = self._convert_inputs(info, args, plans)
         signal = self._append_fences(vm_args) if info.is_async else None
         results = self.context.invoke(vmf, vm_args)
@@ -394,15 +420,40 @@ class Module:
         async_name = f"{name}$async"
         if async_name in self.functions and not self.functions[name].is_async:
             name = async_name
-        info, vmf, plans = self._resolved.get(name) or self._resolve(name)
-        vm_args = self._convert_inputs(info, args, plans)
+        info, vmf, plans, stacks = self._resolved.get(name) or self._resolve(name)
+        made: list = []
+        vm_args = self._convert_inputs(info, args, plans, stacks, made)
         signal = None
         if info.is_async:
             signal = self._append_fences(vm_args)
         results = await self.context.invoke_async(vmf, vm_args)
         if signal is not None:
             await signal.wait_async()
-        return self._convert_outputs(info, results)
+        outputs = self._convert_outputs(info, results)
+        if made:
+            vm_args = results = None
+            self._park_inputs(made, stacks)
+        return outputs
+
+    def _park_inputs(self, made: list, stacks: tuple) -> None:
+        """Keeps the input views this invocation made for the next call of the export,
+        each only if nothing but `made` refers to it, its buffer, its storage or its
+        memory any more (no global, result, subspan, mapping or in-flight work), so a
+        later call can never write bytes anyone still reads. An idle view's bytes count
+        as freed in the allocator's statistics until a call takes it again."""
+        track = self.device.allocator.track
+        heap = self._input_heap
+        while made:
+            index, view = made.pop()
+            buffer = view.buffer
+            storage = buffer.storage
+            # References: `view` here and the getrefcount argument (+ view.buffer for
+            # the buffer, + buffer.storage for the storage, + storage.array for its base).
+            if (getrefcount(view) == 2 and getrefcount(buffer) == 3
+                    and getrefcount(storage) == 3 and getrefcount(storage.array.base) == 2
+                    and len(stacks[index]) < _IDLE_INPUTS_PER_ARGUMENT):
+                track(heap, -buffer.byte_length)
+                stacks[index].append(view)
 
     def _append_fences(self, vm_args: list) -> Fence:
         wait = Fence()
@@ -413,7 +464,11 @@ class Module:
 
     # -- conversion -------------------------------------------------------------------
 
-    def _convert_inputs(self, info: FunctionInfo, args: tuple, plans: tuple = ()) -> list:
+    def _convert_inputs(self, info: FunctionInfo, args: tuple, plans: tuple = (),
+                        stacks: tuple = (), made: list | None = None) -> list:
+        """The VM arguments for `args`. With `stacks` (one per argument) and `made`, an
+        array input reuses an idle view of its argument when one matches (see
+        `_park_inputs`) and every view made or reused is listed in `made`."""
         specs = info.inputs
         if len(args) != len(specs):
             raise InvalidArgumentError(
@@ -438,11 +493,31 @@ class Module:
                 else:
                     element_type = 0
                 if element_type:
-                    buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY,
-                                                       _INPUT_USAGE)
-                    if buffer.mappable:
-                        buffer.storage.array[: value.nbytes] = value.reshape(-1).view(np.uint8)
+                    if stacks:  # host-visible: an idle view, or a new buffer made a copy
+                        stack = stacks[i]
+                        view = stack.pop() if stack else None
+                        if view is not None:
+                            buffer = view.buffer
+                            device.allocator.track(self._input_heap, buffer.byte_length)
+                            if view.shape == value.shape and view.element_type == element_type:
+                                _memmove(buffer.storage.array, value, value.nbytes)
+                                out.append(view)
+                                made.append((i, view))
+                                continue
+                            view = buffer = None  # another shape: freed as usual
+                        view = BufferView(
+                            device.allocator.allocate(value.nbytes, _INPUT_MEMORY, _INPUT_USAGE,
+                                                      initial=value),
+                            value.shape, element_type)
+                        out.append(view)
+                        made.append((i, view))
+                        continue
+                    if self._inputs_mappable:
+                        buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY,
+                                                           _INPUT_USAGE, initial=value)
                     else:
+                        buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY,
+                                                           _INPUT_USAGE)
                         device.write_bytes(buffer, pack_elements(value, element_type))
                     out.append(BufferView(buffer, value.shape, element_type))
                     continue
@@ -463,7 +538,21 @@ class Module:
         for i, value in enumerate(results):
             spec = specs[i] if i < len(specs) else None
             if isinstance(value, BufferView):
-                out.append(_to_numpy(value))
+                buffer = value.buffer
+                element_type = value.element_type
+                if (buffer.memory_type_bits & _HOST_VISIBLE and buffer.usage_bits & _MAPPING
+                        and not buffer.storage.released):  # `buffer.mappable`, inline
+                    # A copy of the view's bytes (in range: checked when it was made).
+                    count = 1
+                    for d in value.shape:
+                        count *= d
+                    start = buffer.byte_offset
+                    length = (count * (element_type & 0xFF) + 7) // 8
+                    out.append(unpack_elements(
+                        buffer.storage.array[start : start + length].copy(), value.shape,
+                        element_type))
+                else:
+                    out.append(_read_to_numpy(value))
             elif spec is not None and spec.kind == "scalar":
                 out.append(_scalar_output(spec, value))
             else:
@@ -479,6 +568,9 @@ class Module:
         return self.device.allocator.statistics()
 
     def close(self) -> None:
+        release_idle = self.__dict__.get("_release_idle")
+        if release_idle is not None:
+            release_idle()
         context = self.__dict__.pop("context", None)
         if context is not None:
             try:
@@ -494,6 +586,19 @@ class Module:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_IDLE_INPUTS_PER_ARGUMENT = 4  # idle views kept per argument (calls running at once)
+
+
+def _release_idle_inputs(stacks: list[list[BufferView]], allocator: Any, heap: str) -> None:
+    """Drops every idle input view; their bytes count as live again just before their
+    storage's own release counts them freed."""
+    for stack in stacks:
+        while stack:
+            view = stack.pop()
+            allocator.track(heap, view.buffer.byte_length)
+            view = None
 
 
 def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any) -> BufferView:
@@ -625,18 +730,11 @@ def _input_plan(spec: ArgSpec) -> tuple[np.dtype, tuple[int, ...], int] | tuple[
     return info.dtype, tuple(spec.shape), info.element_type
 
 
-def _to_numpy(view: BufferView) -> np.ndarray:
-    """A copy of the view's contents (by a transfer when the host cannot map them);
-    sub-byte elements come back one per byte, in ml_dtypes' int4/uint4/int2/uint2."""
-    buffer = view.buffer
-    if buffer.mappable and not buffer.storage.released:
-        count = 1
-        for d in view.shape:
-            count *= d
-        length = (count * (view.element_type & 0xFF) + 7) // 8  # fits: checked at creation
-        start = buffer.byte_offset
-        return unpack_elements(buffer.storage.array[start : start + length].copy(),
-                               view.shape, view.element_type)
+def _read_to_numpy(view: BufferView) -> np.ndarray:
+    """A copy of the contents of a view the host cannot map (or whose storage was
+    released: the read reports it), by a transfer; `_convert_outputs` copies host
+    memory itself. Sub-byte elements come back one per byte, in ml_dtypes'
+    int4/uint4/int2/uint2."""
     device = view.buffer.allocator.device_ref()
     data = device.read_array(view.buffer, 0, view.byte_length)
     return unpack_elements(data, view.shape, view.element_type)

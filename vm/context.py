@@ -39,7 +39,7 @@ class VMFunction:
     """A function resolved in a context: `context.lookup_function("mod.fn")`."""
 
     __slots__ = ("instance", "name", "ordinal", "callable", "cconv", "is_generator",
-                 "reflection")
+                 "reflection", "result_count", "refs_only")
 
     def __init__(self, instance, name, ordinal, fn, cconv, is_generator, reflection):
         self.instance = instance
@@ -49,6 +49,9 @@ class VMFunction:
         self.cconv: CConv = cconv
         self.is_generator = is_generator
         self.reflection = reflection
+        self.result_count = len(cconv.results)
+        # Every argument a ref: `marshal_arguments` would only check the count.
+        self.refs_only = all(t == "r" for t in cconv.args)
 
     def __repr__(self) -> str:
         return f"VMFunction({self.instance.module.name}.{self.name}, {self.cconv.text})"
@@ -323,14 +326,36 @@ class Context:
         f = function if isinstance(function, VMFunction) else self.lookup_function(function)
         if not self._initialized:
             self.initialize()
-        if not f.is_generator:
+        if f.refs_only and len(args) == len(f.cconv.args):
+            pyargs = args
+        else:
             pyargs = marshal_arguments(f, args)
-            try:
-                result = f.callable(*pyargs)
-            except Exception as exc:  # noqa: BLE001 - every trap becomes a tinyhal.Error
-                raise self._trap(exc, f) from None
-            return _results(f, result)
-        return drive_blocking(self._run(f, args))
+        try:
+            result = f.callable(*pyargs)
+            if f.is_generator:  # drive_blocking(self._run(...)), without their frames
+                gen, send = result, None
+                while True:
+                    try:
+                        request = gen.send(send)
+                    except StopIteration as stop:
+                        result = stop.value
+                        break
+                    if request is None:
+                        send = None
+                        continue
+                    try:
+                        send = request.block()
+                    except BaseException as exc:  # noqa: BLE001 - to the suspended frame
+                        try:
+                            gen.throw(exc)
+                        except StopIteration as stop:
+                            result = stop.value
+                            break
+                        raise InternalError("invocation resumed after a failed wait") from exc
+        except Exception as exc:  # noqa: BLE001 - every trap becomes a tinyhal.Error
+            raise self._trap(exc, f) from None
+        n = f.result_count
+        return [] if n == 0 else [result] if n == 1 else list(result)
 
     async def invoke_async(self, function: str | VMFunction, args: list | tuple = ()) -> list:
         """Calls an export on trio; yieldable imports suspend only this invocation.

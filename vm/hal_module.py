@@ -1,8 +1,7 @@
 """The native `hal` module (version 7): what compiled modules import, backed by tinyhal.hal.
 
 `create_hal_module(devices)` returns a `NativeModule` whose functions are closures over one
-module state (the device list and the transient buffers this state allocated), so each
-`vm.Context` gets its own. Semantics and status codes follow IREE's HAL module
+module state (the device list), so each `vm.Context` gets its own. Semantics and status codes follow IREE's HAL module
 (`runtime/src/iree/modules/hal/module.c`):
 
 - the exports are declared in one table (`EXPORTS`: name, calling convention, ref type
@@ -11,6 +10,8 @@ module state (the device list and the transient buffers this state allocated), s
   forward to the HAL, which validates the rest once; `*_or_null` buffer arguments turn a null buffer into a binding-table
   slot reference (`command_buffer.dispatch` bindings `(unused, slot, buffer, offset,
   length)`, fill/update/copy targets);
+- `device.queue.dealloca` gives back the memory of a buffer the device's `queue_alloca`
+  made (whichever module made it) and only orders the queue for any other buffer;
 - `device.query.i64` answers `(1, value)` or `(0, 0)` for queries the device does not
   know; `allocator.import` with its try flag returns null instead of failing;
 - `fence.await` is yieldable: if a fence is still pending it returns a `Suspend` that
@@ -26,10 +27,8 @@ loaded into a 64-byte-aligned buffer), so weights are used in place.
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,7 +51,7 @@ from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
 from ..hal.elf import parse_elf
 from ..hal.executable import FORMATS, Executable
-from ..hal.semaphore import Fence
+from ..hal.semaphore import Fence, Semaphore
 from ..hal.types import (
     WHOLE_BUFFER,
     BufferUsage,
@@ -164,8 +163,9 @@ def _timeout_seconds(timeout_ms: int) -> float | None:
 
 # The hal module's exports: name, calling convention, and the ref type of each
 # top-level argument (None: not a ref, or checked by the shim; "?": may be null).
-# `create_hal_module` registers each with its shim behind a marshaller generated
-# from this declaration (vm/native.py), as IREE declares its exports in exports.inl.
+# `create_hal_module` registers each with its shim behind the checks generated from
+# this declaration (vm/native.py: compiled into one function with the shim's body), as
+# IREE declares its exports in exports.inl.
 EXPORTS: tuple[tuple[str, str, tuple[str | None, ...] | None, bool], ...] = (
     ("allocator.allocate", "0rIiiI_r", ("hal.allocator", None, None, None, None), False),
     ("allocator.import", "0riIiirII_r",
@@ -284,14 +284,6 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
             shims[name] = fn
             return fn
         return register
-    # Storages of buffers this module allocated with queue_alloca: only those have
-    # transient memory to give back on queue_dealloca.
-    # id(storage) -> a weak reference to it whose callback drops the entry when the
-    # storage dies (a plain dict: cheaper per alloca than a WeakSet).
-    transient: dict[int, weakref.ref] = {}
-
-    def forget_transient(key: int, _ref: weakref.ref) -> None:
-        transient.pop(key, None)
     module.devices = device_list  # type: ignore[attr-defined]
 
     # -- experimental -----------------------------------------------------------------
@@ -588,19 +580,11 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
                             usage, size, flags):
         if pool != 0:
             raise UnimplementedError("VM queue allocation pools are not supported")
-        buffer = device.queue_alloca(
-            size, wait, signal, memory_types & _U32, usage & _U32,
-        )
-        key = id(buffer.storage)
-        transient[key] = weakref.ref(buffer.storage, functools.partial(forget_transient, key))
-        return buffer
+        return device.queue_alloca(size, wait, signal, memory_types & _U32, usage & _U32)
 
     @shim("device.queue.dealloca")
     def device_queue_dealloca(device, queue_affinity, wait, signal, buffer, flags):
-        wait, signal = wait, signal
-        ref = transient.get(id(buffer.storage))
-        if ref is not None and ref() is buffer.storage:
-            transient.pop(id(buffer.storage), None)
+        if device.transient.owns(buffer.storage):  # queue_alloca memory of this device
             device.queue_dealloca(buffer, wait, signal)
         else:
             # Not transient memory: the buffer lives on while referenced; only order.
@@ -726,7 +710,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
 
     @shim("fence.create")
     def fence_create(device, flags):
-        return Fence(((device.create_semaphore(0), 1),))
+        return Fence(((Semaphore(0), 1),))
 
     @shim("fence.join")
     def fence_join(flags, fences):
@@ -734,7 +718,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
         for (fence,) in fences:
             if fence is not None and type(fence) is not Fence:
                 fence = _fence_or_null(fence)
-            if fence is not None and len(fence):
+            if fence is not None and fence.timeline:
                 present.append(fence)
         if not present:
             return None
@@ -766,8 +750,13 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
                 continue
             if type(fence) is not Fence:
                 _check(fence, Fence, "hal.fence")
-            if not fence.query():  # raises the failure of a failed fence
-                pending.append(fence)
+                if not fence.query():  # raises the failure of a failed fence
+                    pending.append(fence)
+                continue
+            for sem, value in fence.timeline.items():  # `fence.query()`, inline
+                if sem.query() < value:  # raises the failure of a failed semaphore
+                    pending.append(fence)
+                    break
         if not pending:
             return 0
         timeout = _timeout_seconds(timeout_ms)

@@ -18,7 +18,9 @@ Optional capabilities: `concurrency` (workers a dispatch may spread over, defaul
 `queue_count` (queues the `queue=` argument of queue operations may name, default 1; the
 device validates it), `_driver_start(method, payload, wait, signal, queue)` (how an entry
 calls `_execute` / `_call`: a driver that models queues or dependencies passes them on),
-`_create_allocator()` (a driver with its own memory model), `statistics()`. While a
+`_create_allocator()` (a driver with its own memory model), `statistics()`,
+`completes_inline` (True when `_execute` always calls `done` before it returns, as
+`sync`'s does: the device then runs a ready submission without a queue entry). While a
 profiling session is attached (`device.profile is not None`) drivers record their own
 spans into it (per dispatch and transfer); when it is None that costs one attribute test. Drivers keep
 nothing alive for the work's sake: the device's resource sets do that. A driver that

@@ -229,13 +229,13 @@ class EmuAllocator(Allocator):
 
     def allocate(self, size: int, memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
                  usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING,
-                 access: MemoryAccess = MemoryAccess.ALL) -> Buffer:
+                 access: MemoryAccess = MemoryAccess.ALL, initial: Any = None) -> Buffer:
         heap = self.select_heap(memory_type)
         if heap.name == "device":
             with self._capacity_lock:
                 self.check_capacity(size)
-                return super().allocate(size, memory_type, usage, access)
-        return super().allocate(size, memory_type, usage, access)
+                return super().allocate(size, memory_type, usage, access, initial)
+        return super().allocate(size, memory_type, usage, access, initial)
 
     def check_capacity(self, size: int) -> None:
         """Raises RESOURCE_EXHAUSTED if `size` more device bytes would not fit."""

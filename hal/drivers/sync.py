@@ -15,7 +15,7 @@ from ...errors import as_error
 from ..device import Completion, Device, run_capturing
 from ..execution import Submission
 from ..profile import run_profiled
-from ..stream import Stream
+from ..stream import run_alone
 
 
 class SyncDevice(Device):
@@ -24,6 +24,7 @@ class SyncDevice(Device):
 
     # -- driver contract --------------------------------------------------------------
 
+    completes_inline = True
     profiles_submissions = True
 
     def _execute(self, ops: Submission, done: Completion, submission_id: int = 0) -> None:
@@ -33,7 +34,7 @@ class SyncDevice(Device):
                                                  submission_id=submission_id)))
             return
         try:
-            Stream(ops).run()
+            run_alone(ops)
         except BaseException as exc:  # noqa: BLE001 - becomes the submission's error
             done(as_error(exc))
             return

@@ -133,3 +133,43 @@ def test_parse_declaration_shapes():
     assert (name, is_async) == ("f", True)
     assert ins[0].shape == (None, 3) and ins[0].dtype == np.float16
     assert ins[1].kind == "scalar" and outs[0].shape == () and outs[1].type == "f32"
+
+
+KEEPS_INPUTS = """
+util.global private mutable @kept = dense<0.0> : tensor<4xf32>
+func.func @swap(%a: tensor<4xf32>) -> tensor<4xf32> {
+  %old = util.global.load @kept : tensor<4xf32>
+  util.global.store %a, @kept : tensor<4xf32>
+  return %old : tensor<4xf32>
+}
+func.func @same(%a: tensor<4xf32>) -> tensor<4xf32> {
+  return %a : tensor<4xf32>
+}
+"""
+
+
+def test_input_buffers_reused_only_when_nothing_else_holds_them(device):
+    """Module keeps each call's input buffers for the next call of the export, but
+    never one that a global, a returned view or a mapping still refers to; idle ones
+    count as freed, and the device's live bytes are unchanged by reuse."""
+    from support.iree_tools import HOST_FLAGS, compile_mlir
+
+    before = device.allocator.statistics().live_bytes
+    with tinyhal.load(compile_mlir(KEEPS_INPUTS, HOST_FLAGS), device=device) as m:
+        xs = [np.full(4, k, np.float32) for k in range(1, 6)]
+        assert [float(m.swap(x)[0]) for x in xs] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        kept = m.invoke_raw("same", xs[0])[0]  # may be the input's own view
+        for x in xs[1:]:
+            assert np.array_equal(m.same(x), x)
+        assert np.array_equal(kept.to_numpy(), xs[0])
+        live = m.statistics().live_bytes
+        for x in xs:
+            assert np.array_equal(m.same(x), x)
+        assert m.statistics().live_bytes == live
+        if kept.buffer.mappable:
+            with kept.buffer.map() as mapped:
+                del kept
+                for x in xs[1:]:
+                    m.same(x)
+                assert np.array_equal(np.frombuffer(mapped, np.float32)[:4], xs[0])
+    assert device.allocator.statistics().live_bytes == before  # idle inputs released
