@@ -598,13 +598,16 @@ class Device:
             except BaseException as exc:  # noqa: BLE001 - becomes the work's error
                 outcome.append(as_error(exc))
             payload = None
-            self._complete(signal, outcome[0] if outcome else InternalError(
-                f"{self!r} finished inline work without completing it"))
+            error = outcome[0] if outcome else InternalError(
+                f"{self!r} finished inline work without completing it")
+            self._complete(signal, error)
         finally:
             with self._entries_lock:
                 self._running -= 1
                 if self._watchers and not self._running:
                     self._idle.notify_all()
+        if type(error) is KernelFaultError:
+            self._lose_to_fault(error)
 
     def _retire(self, entry: _Entry, error: Error | None) -> None:
         with self._entries_lock:
@@ -625,7 +628,12 @@ class Device:
                 if self._watchers and (not self._running or not self._in_flight):
                     self._idle.notify_all()
         if type(error) is KernelFaultError:
-            self._lose(DeviceLostError(f"{self!r} lost: a kernel faulted ({error.message})"))
+            self._lose_to_fault(error)
+
+    def _lose_to_fault(self, fault: Error) -> None:
+        """A kernel faulted: what it wrote before faulting cannot be trusted, so the
+        device is lost (as a GPU context is after a kernel fault)."""
+        self._lose(DeviceLostError(f"{self!r} lost: a kernel faulted ({fault.message})"))
 
     def _lose(self, error: Error) -> None:
         """Loses the device: entries waiting on semaphores fail with `error` now, as do
