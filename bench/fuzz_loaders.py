@@ -329,8 +329,13 @@ def main() -> None:
     summary = {
         "cases": totals["cases"], "seconds": round(elapsed, 1), "drivers": args.drivers,
         "seed": args.seed, "crash_or_hang": len(crash_hang),
+        # run again alone in a fresh child: a batch-only outcome (a slow case on a busy
+        # machine, damage left by an earlier case) does not reproduce
+        "crash_or_hang_reproduced_alone": sum(1 for f in crash_hang
+                                              if f["alone"] in ("crash", "hang")),
         "crash_or_hang_where_iree_also_crashes_or_hangs": iree_too,
         "crash_or_hang_where_iree_is_clean": len(iree_clean),
+        "of_which_reproduced_alone": sum(1 for f in iree_clean if f["alone"] in ("crash", "hang")),
         "of_which_machine_code_or_code_pointer_changed": sum(1 for f in iree_clean if f["machine_code_changed"]),
         "non_tinyhal_exceptions": totals["other"],
         "unclear_tinyhal_errors": totals["unclear"],
