@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import GeneratorType
 
 from ..errors import InvalidArgumentError, OutOfRangeError
-from . import isa, ops
+from . import isa, ops, regflow
 from .cconv import cconv_registers
 from .native import Suspend
 
@@ -338,12 +338,30 @@ class _Gen:
         self.loop_mode = False
         self.self_loop_used = False
         self.inlining = False
+        self.flow = regflow.Flow()
+        self.pending: dict[str, tuple[str, bool]] = {}  # fused ring results (expr, bounded)
+        self.pending_cond: tuple[str, str] | None = None  # folded compare (register, cond)
 
     # -- register helpers
     def err(self, ins, msg: str) -> InvalidArgumentError:
         return InvalidArgumentError(f"{self.where}+{ins.pc:08X} ({ins.name}): {msg}")
 
     def ireg(self, ins, raw: int, wide: bool) -> str:
+        """The value of an integer/float register as an expression, for a read."""
+        return self.read(self.ireg_name(ins, raw, wide))
+
+    def read(self, name: str) -> str:
+        c = self.flow.constants.get(name)
+        if c is not None:
+            return str(c) if c >= 0 else f"({c})"
+        w = self.flow.unsigned.get(name)
+        if w is not None:
+            h = H32 if w == 32 else H64
+            return f"(({name} ^ {h}) - {h})"
+        return name
+
+    def ireg_name(self, ins, raw: int, wide: bool) -> str:
+        """The local holding an integer/float register (validated), for a write."""
         if raw & isa.REF_BIT:
             raise self.err(ins, f"register {raw} is a ref register, expected i32/i64")
         if wide:
@@ -366,12 +384,10 @@ class _Gen:
         return f"r{idx}"
 
     def anyreg(self, ins, raw: int) -> str:
+        """A register of either bank, for a read."""
         if raw & isa.REF_BIT:
             return self.rreg(ins, raw)
-        if raw >= self.i32_limit:
-            raise OutOfRangeError(f"{self.where}: register {raw} out of range")
-        self.i_regs.add(raw)
-        return f"i{raw}"
+        return self.ireg(ins, raw, False)
 
     def const(self, value) -> str:
         return f"_K[{self.st.constant(value)}]"
@@ -395,15 +411,35 @@ class _Gen:
         self.lines.append((indent, text, pc))
 
     def remap(self, ins, pairs, indent: int) -> None:
+        skipped = self.flow.skipped_pairs.get(ins.pc, ())
         for src, dst in pairs:
-            s = self.anyreg(ins, src)
-            d = self.anyreg(ins, dst)
             if (src & isa.REF_BIT) != (dst & isa.REF_BIT):
                 raise self.err(ins, "branch operand remaps between register banks")
+            if not src & isa.REF_BIT:
+                s = self.ireg_name(ins, src, False)
+                d = self.ireg_name(ins, dst, False)
+                if s != d and (s, d) not in skipped:
+                    self.emit(indent, f"{d} = {self.copy_value(s, d)}", ins.pc)
+                continue
+            s = self.rreg(ins, src)
+            d = self.rreg(ins, dst)
             if s != d:
                 self.emit(indent, f"{d} = {s}", ins.pc)
                 if src & isa.REF_BIT and src & isa.MOVE_BIT:
                     self.emit(indent, f"{s} = None", ins.pc)
+
+    def copy_value(self, src: str, dst: str) -> str:
+        """`src`'s value in the form `dst` holds (see regflow: constant, unsigned)."""
+        w = self.flow.unsigned.get(dst)
+        if w is None:
+            return self.read(src)
+        if self.flow.unsigned.get(src) == w:
+            return src
+        m = M32 if w == 32 else M64
+        c = self.flow.constants.get(src)
+        if c is not None:
+            return str(c & int(m))
+        return f"{src} & {m}"
 
     def jump(self, ins, target_pc: int, pairs, indent: int) -> None:
         self.remap(ins, pairs, indent)
@@ -429,6 +465,8 @@ class _Gen:
 
     def _emit_block(self, bi: int, blk: list, loop_mode: bool) -> list:
         self.lines = []
+        self.pending = {}
+        self.pending_cond = None
         self.cur_block = bi
         self.loop_mode = loop_mode
         self.self_loop_used = False
@@ -463,6 +501,10 @@ class _Gen:
             raise InvalidArgumentError(f"{self.where}: function missing terminator in the last block")
 
         self.blocks = blocks
+        i_params = [f"i{reg}" for bank, reg in cconv_registers(fn.cconv.args) if bank == "i"]
+        self.flow = regflow.analyse(fn, blocks, self.block_index, i_params,
+                                    self.module.functions, self.module.imports,
+                                    _TERMINATORS) or regflow.Flow()
         bodies: list[list[tuple[int, str, int]]] = []
         for bi, blk in enumerate(blocks):
             lines = self._emit_block(bi, blk, True)
@@ -525,6 +567,13 @@ class _Gen:
         name = ins.name
         f = ins.fields
         pc = ins.pc
+        if pc in self.flow.constant_defs:
+            self.ireg_name(ins, f[-1], name.startswith("const.i64"))
+            return
+        ring = regflow.RING_OPS.get(name)
+        if ring is not None:
+            self.ring_op(ins, ring, ind)
+            return
         tmpl = _SIMPLE.get(name)
         if tmpl is not None and name not in _SPECIAL:
             args = []
@@ -532,6 +581,8 @@ class _Gen:
                 if code in ("r", "w"):
                     if arg == "ref":
                         args.append(self.rreg(ins, val))
+                    elif code == "w":
+                        args.append(self.ireg_name(ins, val, arg in ("i64", "f64")))
                     else:
                         args.append(self.ireg(ins, val, arg in ("i64", "f64")))
                 elif code == "A":
@@ -547,6 +598,8 @@ class _Gen:
                 else:
                     raise self.err(ins, f"unexpected field {code}")
             text = tmpl.format(*args)
+            if pc in self.flow.fused_cmps and self.fold_compare(ins, text):
+                return
             if "_fa" in text:
                 self.uses_fa = True
             for line in text.split("\n"):
@@ -557,6 +610,73 @@ class _Gen:
         if handler is None:
             raise self.err(ins, "unsupported instruction")
         handler(ins, f, ind)
+
+    def fold_compare(self, ins, text: str) -> bool:
+        """Keeps a compare whose only reader is the next cond_br as that branch's
+        condition instead of materialising 0/1."""
+        res = self.ireg_name(ins, ins.fields[-1], False)
+        for head, tail, negate in ((f"{res} = 1 if ", " else 0", False),
+                                   (f"{res} = 0 if ", " else 1", True)):
+            if text.startswith(head) and text.endswith(tail) and "\n" not in text:
+                cond = text[len(head): len(text) - len(tail)]
+                self.pending_cond = (res, f"not ({cond})" if negate else f"({cond})")
+                return True
+        return False
+
+    def ring_op(self, ins, ring, ind: int) -> None:
+        """add/sub/mul/fma/and/or/xor/not/shl: operands that regflow fused are substituted
+        unwrapped; the result is wrapped once, only where it is stored."""
+        tmpl, width, ring_pos, bitwise = ring
+        f = ins.fields
+        operands = []
+        bounded = bitwise
+        lits: list[int | None] = []
+        canonical: list[bool] = []
+        for i, ((_code, arg), val) in enumerate(zip(ins.layout[:-1], f[:-1])):
+            name = self.ireg_name(ins, val, arg == "i64")
+            lit = self.flow.constants.get(name)
+            lits.append(lit if i in ring_pos else None)
+            canonical.append(True)
+            if i not in ring_pos:
+                operands.append(self.read(name))
+            elif name in self.pending:
+                text, b = self.pending.pop(name)
+                operands.append(f"({text})")
+                bounded = bounded and b
+                canonical[-1] = b
+            elif lit is not None:
+                operands.append(self.read(name))
+            elif self.flow.unsigned.get(name) == width:
+                operands.append(name)
+                bounded = False
+                canonical[-1] = False
+            else:
+                operands.append(self.read(name))
+        expr = tmpl.format(*operands)
+        res = self.ireg_name(ins, f[-1], width == 64)
+        pc = ins.pc
+        if pc in self.flow.fused:
+            self.pending[res] = (expr, bounded)
+            return
+        target = self.flow.rename.get(pc, res)
+        self.i_regs.add(int(target[1:]))
+        m, h = (M32, H32) if width == 32 else (M64, H64)
+        hi, lo = (2**31 - 1, -(2**31)) if width == 32 else (2**63 - 1, -(2**63))
+        if target in self.flow.unsigned:
+            self.emit(ind, f"{target} = ({expr}) & {m}", pc)
+            return
+        if bounded:
+            self.emit(ind, f"{target} = {expr}", pc)
+            return
+        side = _one_sided(ins.name, canonical, lits, width)
+        self.emit(ind, f"{target} = {expr}", pc)
+        if side > 0:
+            self.emit(ind, f"if {target} > {hi}: {target} -= {int(m) + 1}", pc)
+        elif side < 0:
+            self.emit(ind, f"if {target} < {lo}: {target} += {int(m) + 1}", pc)
+        else:
+            self.emit(ind, f"if {target} > {hi} or {target} < {lo}: "
+                           f"{target} = ({target} + {h} & {m}) - {h}", pc)
 
     def global_offset(self, ins, val: int) -> int:
         width = 8 if ins.name.endswith(("i64", "f64")) else 4
@@ -772,6 +892,9 @@ class _Gen:
     def op_cond_br(self, ins, f, ind):
         self.has_branches = True
         cond = self.ireg(ins, f[0], False)
+        folded, self.pending_cond = self.pending_cond, None
+        if folded is not None and folded[0] == self.ireg_name(ins, f[0], False):
+            cond = folded[1]
         t_idx, f_idx = self.block(ins, f[1]), self.block(ins, f[3])
         if not f[2] and not f[4] and not self.loop_mode:
             self.emit(ind, f"_b = {t_idx} if {cond} else {f_idx}", ins.pc)
@@ -930,6 +1053,30 @@ class _Gen:
 
 
 _SPECIAL = {"const.f32", "const.f64"}
+
+
+def _one_sided(op: str, canonical: list, lits: list, width: int) -> int:
+    """+1 / -1 when a wrapped add/sub of a canonical value and a constant can only
+    overflow upwards / downwards, else 0."""
+    kind = op.split(".")[0]
+    if kind not in ("add", "sub") or len(lits) != 2:
+        return 0
+    half = 2 ** (width - 1)
+    if lits[1] is not None and lits[0] is None:
+        c, other = lits[1], canonical[0]
+    elif kind == "add" and lits[0] is not None and lits[1] is None:
+        c, other = lits[0], canonical[1]
+    else:
+        return 0
+    if not other:
+        return 0
+    if kind == "sub":
+        c = -c
+    if 0 < c < half:
+        return 1
+    if -half <= c < 0:
+        return -1
+    return 0
 
 
 def _pow2(n: int) -> int:
