@@ -656,7 +656,7 @@ class _Gen:
         res = self.ireg_name(ins, f[-1], width == 64)
         pc = ins.pc
         if pc in self.flow.fused:
-            self.pending[res] = (expr, bounded)
+            self.pending[res] = (expr, bounded or pc in self.flow.in_range)
             return
         target = self.flow.rename.get(pc, res)
         self.i_regs.add(int(target[1:]))
@@ -665,7 +665,7 @@ class _Gen:
         if target in self.flow.unsigned:
             self.emit(ind, f"{target} = ({expr}) & {m}", pc)
             return
-        if bounded:
+        if bounded or pc in self.flow.in_range:
             self.emit(ind, f"{target} = {expr}", pc)
             return
         side = _one_sided(ins.name, canonical, lits, width)

@@ -14,6 +14,9 @@ is wasteful and what it may do instead, each fact derived from the verified byte
 - **copy coalescing**: a value computed in a block and then only copied to another
   register by the block's `br` is computed straight into that register (`rename`,
   `skipped_pairs`).
+- **guarded increments**: in a block entered only through the taken edge of
+  `cond_br (cmp.lt.s a, b)`, `a + 1` cannot overflow (a < b <= max) and `b - 1` cannot
+  underflow while a and b are unchanged, so they need no wrap (`in_range`).
 - **unsigned registers**: a register written only by such ring ops (and copies) and
   read only by them, copies and `return` is held as its value modulo 2^n in
   [0, 2^n) — one `&` per store instead of a signed wrap — and converted to the signed
@@ -63,6 +66,7 @@ class Flow:
     rename: dict[int, str] = field(default_factory=dict)  # ring op pc -> register written
     skipped_pairs: dict[int, set] = field(default_factory=dict)  # br pc -> {(src, dst)}
     unsigned: dict[str, int] = field(default_factory=dict)  # register -> width
+    in_range: set[int] = field(default_factory=set)  # pcs of add/sub that cannot wrap
 
 
 def _iname(raw: int) -> str | None:
@@ -270,8 +274,54 @@ def _analyse(fn, blocks, block_index, params, functions, imports, terminators) -
     for bi in range(nb):
         _block_facts(flow, acc[bi], live_after[bi], live_in)
 
+    _guarded(flow, acc)
     _unsigned(flow, acc, types, param_set, fn)
     return flow
+
+
+def _guarded(flow: Flow, acc: list[list[_Ins]]) -> None:
+    """Adds of 1 / subtracts of 1 that a dominating signed less-than keeps in range."""
+    incoming: dict[int, list] = {0: [None]}  # the entry block is entered by the call
+    for bi, row in enumerate(acc):
+        last = row[-1]
+        for e, (t, pairs) in enumerate(last.edges):
+            incoming.setdefault(t, []).append((bi, e, pairs))
+    for bi, row in enumerate(acc):
+        edges = incoming.get(bi, [])
+        if len(edges) != 1 or edges[0] is None:
+            continue
+        pb, e, pairs = edges[0]
+        prow = acc[pb]
+        last = prow[-1]
+        if last.ins is None or last.ins.name != "cond_br" or e != 0 or len(prow) < 2:
+            continue
+        cmp = prow[-2]
+        if (
+            cmp.ins is None
+            or cmp.ins.name not in ("cmp.lt.i32.s", "cmp.lt.i64.s")
+            or cmp.writes[0][0] != last.reads[0]
+        ):
+            continue
+        lo, hi = cmp.reads
+        if cmp.writes[0][0] in (lo, hi):
+            continue
+        width = 32 if "i32" in cmp.ins.name else 64
+        if any(d in (lo, hi) for _, d in pairs):
+            continue
+        for a in row:
+            if a.ins is None:
+                break
+            ring = _ring(a)
+            if ring is not None and ring[1] == width and a.ins.name.startswith(("add", "sub")):
+                x, y = a.reads
+                if a.ins.name.startswith("add"):
+                    if (x == lo and flow.constants.get(y) == 1) or (
+                            y == lo and flow.constants.get(x) == 1):
+                        flow.in_range.add(a.ins.pc)
+                elif x == hi and flow.constants.get(y) == 1:
+                    flow.in_range.add(a.ins.pc)
+            if any(n in (lo, hi) for n, _ in a.writes):
+                break
 
 
 def _param_types(fn) -> list[str]:
