@@ -479,6 +479,29 @@ class _Gen:
                 self.emit(0, "raise _fail(13, _FALLOFF)", blk[-1].pc)
         return self.lines
 
+    def _emit_counted(self, bi: int, blk: list, loop: tuple) -> list:
+        """A counted loop (regflow): the block's body under `for counter in range(...)`,
+        its header's compare and step replaced by the range."""
+        counter, bound, step_pc, header = loop
+        self.lines = []
+        self.pending = {}
+        self.pending_cond = None
+        self.cur_block = bi
+        self.loop_mode = False
+        self.has_branches = True
+        cmp, cond_br = self.blocks[header][1:]
+        self.emit(0, f"for {counter} in range({counter}, {self.read(bound)}):", cmp.pc)
+        for ins in blk[1:-1]:
+            if ins.pc != step_pc:
+                self.instruction(ins, 1)
+        br = blk[-1]
+        self.remap(br, br.fields[1], 1)
+        if self.lines[-1][0] == 0:
+            self.emit(1, "pass", br.pc)
+        self.emit(0, f"{counter} += 1", step_pc)
+        self.jump(cond_br, cond_br.fields[3], cond_br.fields[4], 0)
+        return self.lines
+
     def generate(self) -> list[tuple[int, str, int]]:
         fn = self.fn
         instrs = fn.instructions
@@ -507,6 +530,9 @@ class _Gen:
                                     _TERMINATORS) or regflow.Flow()
         bodies: list[list[tuple[int, str, int]]] = []
         for bi, blk in enumerate(blocks):
+            if bi in self.flow.counted:
+                bodies.append(self._emit_counted(bi, blk, self.flow.counted[bi]))
+                continue
             lines = self._emit_block(bi, blk, True)
             if self.self_loop_used:
                 body = [(0, "while 1:", -1)]
@@ -574,6 +600,13 @@ class _Gen:
         if ring is not None:
             self.ring_op(ins, ring, ind)
             return
+        if name.startswith("const.i") and not name.endswith(".ref"):
+            res = self.ireg_name(ins, f[-1], name.startswith("const.i64"))
+            w = self.flow.unsigned.get(res)
+            if w is not None:
+                value = 0 if name.endswith("zero") else f[0]
+                self.emit(ind, f"{res} = {value & (2**w - 1)}", pc)
+                return
         tmpl = _SIMPLE.get(name)
         if tmpl is not None and name not in _SPECIAL:
             args = []

@@ -17,10 +17,13 @@ is wasteful and what it may do instead, each fact derived from the verified byte
 - **guarded increments**: in a block entered only through the taken edge of
   `cond_br (cmp.lt.s a, b)`, `a + 1` cannot overflow (a < b <= max) and `b - 1` cannot
   underflow while a and b are unchanged, so they need no wrap (`in_range`).
-- **unsigned registers**: a register written only by such ring ops (and copies) and
-  read only by them, copies and `return` is held as its value modulo 2^n in
-  [0, 2^n) — one `&` per store instead of a signed wrap — and converted to the signed
-  value where a copy or return reads it (`unsigned`).
+- **counted loops**: a block B ending in `br H`, where H is just `cmp.lt.s c, n` +
+  `cond_br` back to B, whose only write of c is such a guarded `c + 1` not read again in
+  B, and which leaves n alone, runs as `for c in range(c, n)` (`counted`).
+- **unsigned registers**: a register written only by such ring ops, constants and
+  copies, and read only by ring ops, copies and `return`, is held as its value modulo
+  2^n in [0, 2^n) — one `&` per store instead of a signed wrap — and converted to the
+  signed value where a copy or return reads it (`unsigned`).
 
 Registers are the generator's locals (`i<n>`), so an i64 lives in its first slot's name.
 Anything the analysis does not understand disables all of it for the function
@@ -67,6 +70,8 @@ class Flow:
     skipped_pairs: dict[int, set] = field(default_factory=dict)  # br pc -> {(src, dst)}
     unsigned: dict[str, int] = field(default_factory=dict)  # register -> width
     in_range: set[int] = field(default_factory=set)  # pcs of add/sub that cannot wrap
+    # loop block -> (counter, bound, pc of the counter's step, header block)
+    counted: dict[int, tuple[str, str, int, int]] = field(default_factory=dict)
 
 
 def _iname(raw: int) -> str | None:
@@ -275,8 +280,48 @@ def _analyse(fn, blocks, block_index, params, functions, imports, terminators) -
         _block_facts(flow, acc[bi], live_after[bi], live_in)
 
     _guarded(flow, acc)
+    _counted(flow, acc, types)
     _unsigned(flow, acc, types, param_set, fn)
     return flow
+
+
+def _counted(flow: Flow, acc: list[list[_Ins]], types: dict) -> None:
+    for bi, row in enumerate(acc):
+        last = row[-1]
+        if last.ins is None or last.ins.name != "br":
+            continue
+        h, pairs = last.edges[0]
+        hrow = acc[h]
+        if h == bi or len(hrow) != 2 or hrow[1].ins is None or hrow[1].ins.name != "cond_br":
+            continue
+        cmp, cbr = hrow
+        if cmp.ins.pc not in flow.fused_cmps or not cmp.ins.name.startswith("cmp.lt.i"):
+            continue
+        (t_true, p_true), (t_false, _) = cbr.edges
+        counter, bound = cmp.reads
+        if t_true != bi or p_true or t_false == bi or counter == bound:
+            continue
+        if types.get(counter) not in ("i32", "i64") or types.get(bound) not in (
+                None, "i32", "i64"):
+            continue
+        # registers each instruction stores to, after coalescing
+        stores = [[flow.rename.get(a.ins.pc, n) for n, _ in a.writes] for a in row[:-1]]
+        skipped = flow.skipped_pairs.get(last.ins.pc, set())
+        pairs = [p for p in pairs if p not in skipped]
+        steps = [j for j, names in enumerate(stores) if counter in names]
+        if len(steps) != 1:
+            continue
+        j = steps[0]
+        step = row[j].ins
+        if step.pc not in flow.in_range or not step.name.startswith("add"):
+            continue
+        if any(counter in row[m].reads for m in range(j + 1, len(row) - 1)):
+            continue
+        if any(counter in (s, d) or bound == d for s, d in pairs):
+            continue
+        if any(bound in names for names in stores):
+            continue
+        flow.counted[bi] = (counter, bound, step.pc, h)
 
 
 def _guarded(flow: Flow, acc: list[list[_Ins]]) -> None:
@@ -320,7 +365,8 @@ def _guarded(flow: Flow, acc: list[list[_Ins]]) -> None:
                         flow.in_range.add(a.ins.pc)
                 elif x == hi and flow.constants.get(y) == 1:
                     flow.in_range.add(a.ins.pc)
-            if any(n in (lo, hi) for n, _ in a.writes):
+            if any(flow.rename.get(a.ins.pc, n) in (lo, hi) or n in (lo, hi)
+                   for n, _ in a.writes):
                 break
 
 
@@ -486,6 +532,10 @@ def _unsigned(flow: Flow, acc, types: dict, param_set: set, fn) -> None:
             renamed = flow.rename.get(a.ins.pc)
             for n, _ in a.writes:
                 target = renamed or n
+                if a.ins.name in _CONSTS:
+                    if ok.setdefault(target, _CONSTS[a.ins.name]) != _CONSTS[a.ins.name]:
+                        bad.add(target)
+                    continue
                 if ring is None:
                     bad.add(target)
                     continue

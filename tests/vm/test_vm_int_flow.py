@@ -128,6 +128,22 @@ func.func @downto_{t}(%start: {t}, %n: {t}) -> ({t}, {t}) {{
   return %r#0, %r#1 : {t}, {t}
 }}
 
+func.func @trip_{t}(%start: i32, %n: i32, %x: {t}) -> (i32, {t}) {{
+  %c1 = arith.constant 1 : i32
+  %r:2 = scf.while (%i = %start, %acc = %x) : (i32, {t}) -> (i32, {t}) {{
+    %go = arith.cmpi slt, %i, %n : i32
+    scf.condition(%go) %i, %acc : i32, {t}
+  }} do {{
+  ^bb0(%i: i32, %acc: {t}):
+    %e = {"arith.extsi %i : i32 to i64" if t == "i64" else "arith.addi %i, %i : i32"}
+    %m = arith.muli %acc, %e : {t}
+    %a = arith.addi %m, %x : {t}
+    %i1 = arith.addi %i, %c1 : i32
+    scf.yield %i1, %a : i32, {t}
+  }}
+  return %r#0, %r#1 : i32, {t}
+}}
+
 func.func @collatz_{t}(%n: i32, %x0: {t}) -> ({t}, {t}) {{
   %c0 = arith.constant 0 : i32
   %c1 = arith.constant 1 : i32
@@ -223,6 +239,10 @@ def test_loop_carried_values(vm_pair, flow_path, t):
         p.check(f"upto_{t}", start, n)
         p.check(f"downto_{t}", n, start)
         p.check(f"downto_{t}", start, n)
+    for start, n in ((0, 0), (0, 5), (-3, 4), (2**31 - 4, 2**31 - 1), (-(2**31), -(2**31) + 3),
+                     (7, 2)):
+        for x in (1, -1, hi, lo, 3):
+            p.check(f"trip_{t}", start, n, x)
     for n in (0, 5, 60):
         for x0 in (27, hi, lo, -7, hi // 3, 1):
             p.check(f"collatz_{t}", n, x0)
