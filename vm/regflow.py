@@ -53,6 +53,10 @@ for _bits in (32, 64):
         f"shl.{_t}": ("{0} << ({1} & %d)" % _sh, _bits, (0,), False),
     })
 
+# Bounds that keep the analysis linear on very large functions.
+MAX_INSTRUCTIONS = 20000  # larger functions get the plain translation
+FUSE_WINDOW = 64  # a fused value's reader is at most this many instructions later
+
 _CONSTS = {"const.i32": 32, "const.i32.zero": 32, "const.i64": 64, "const.i64.zero": 64}
 _CALL_DST = {"i": "i32", "I": "i64", "f": "f32", "F": "f64"}
 _MIXED = "mixed"
@@ -188,6 +192,8 @@ def analyse(fn, blocks: list, block_index: dict, params: list[str], functions, i
             terminators: set) -> Flow | None:
     """The flow facts of `fn` (blocks as the generator split them), or None if the
     function uses anything the analysis does not model."""
+    if len(fn.instructions) > MAX_INSTRUCTIONS:
+        return None
     try:
         return _analyse(fn, blocks, block_index, params, functions, imports, terminators)
     except _Unknown:
@@ -500,7 +506,7 @@ def _block_facts(flow: Flow, row: list[_Ins], live_after: list[set], live_in) ->
 def _first_access(row: list[_Ins], j: int, name: str) -> int | None:
     """Index of the first instruction after j reading `name` (None if a write or the
     block end comes first, or the first reader is the terminator)."""
-    for k in range(j + 1, len(row) - 1):
+    for k in range(j + 1, min(len(row) - 1, j + 1 + FUSE_WINDOW)):
         a = row[k]
         if name in a.reads:
             return k
