@@ -5,6 +5,7 @@ held unsigned, checked bit for bit against iree.runtime at the wrap boundaries."
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -286,3 +287,88 @@ def test_errors_still_name_the_instruction(vm_pair, flow_path):
     p = vm_pair(flow_path)
     with pytest.raises(Error, match=r"chain_i32\+[0-9A-F]{8}"):
         p.ours("chain_i32", 3, 4, 5, 0)
+
+
+_RANDOM_OPS = ["addi", "subi", "muli", "xori", "andi", "ori", "shli", "shrsi", "shrui", "divui",
+               "cmp", "if"]
+
+
+def _random_function(rng: random.Random, name: str, t: str) -> str:
+    """A loop over random integer ops: values flow through loop-carried registers,
+    branches, compares, shifts and divisions, so every fast path meets the others."""
+    count = itertools.count()
+    lines = ["  %one = arith.constant 1 : {t}", "  %c0 = arith.constant 0 : i32",
+             "  %c1 = arith.constant 1 : i32"]
+    lines = [line.format(t=t) for line in lines]
+    consts = []
+    for c in rng.sample([0, 1, 2, 7, -1, 31, 2**31 - 1, -(2**31), 12345, 1 << 20], 4):
+        v = f"%k{next(count)}"
+        lines.append(f"  {v} = arith.constant {c} : {t}")
+        consts.append(v)
+
+    def ops(pool: list, out: list, nested: bool) -> None:
+        for _ in range(rng.randint(2, 8)):
+            op = rng.choice(_RANDOM_OPS)
+            a, b = rng.choice(pool), rng.choice(pool)
+            v = f"%v{next(count)}"
+            if op == "cmp":
+                c = f"%v{next(count)}"
+                pred = rng.choice(["slt", "ult", "eq", "sgt"])
+                out.append(f"  {c} = arith.cmpi {pred}, {a}, {b} : {t}")
+                out.append(f"  {v} = arith.select {c}, {a}, {rng.choice(pool)} : {t}")
+            elif op == "divui":
+                d = f"%v{next(count)}"
+                out.append(f"  {d} = arith.ori {b}, %one : {t}")
+                out.append(f"  {v} = arith.divui {a}, {d} : {t}")
+            elif op == "if":
+                if nested:
+                    continue
+                c = f"%v{next(count)}"
+                out.append(f"  {c} = arith.cmpi slt, {a}, {b} : {t}")
+                out.append(f"  {v} = scf.if {c} -> {t} {{")
+                for arm in range(2):
+                    inner_pool = list(pool)
+                    ops(inner_pool, out, True)
+                    out.append(f"    scf.yield {inner_pool[-1]} : {t}")
+                    if arm == 0:
+                        out.append("  } else {")
+                out.append("  }")
+            else:
+                out.append(f"  {v} = arith.{op} {a}, {b} : {t}")
+            pool.append(v)
+
+    pool = ["%a", "%b", "%c", *consts]
+    ops(pool, lines, False)
+    init = [rng.choice(pool) for _ in range(3)]
+    carried = f"i32, {t}, {t}, {t}"
+    lines.append(f"  %r:4 = scf.while (%i = %c0, %x = {init[0]}, %y = {init[1]}, "
+                 f"%z = {init[2]}) : ({carried}) -> ({carried}) {{")
+    lines.append("    %go = arith.cmpi slt, %i, %n : i32")
+    lines.append(f"    scf.condition(%go) %i, %x, %y, %z : {carried}")
+    lines.append("  } do {")
+    lines.append(f"  ^bb0(%i: i32, %x: {t}, %y: {t}, %z: {t}):")
+    pool = ["%x", "%y", "%z", *consts]
+    ops(pool, lines, False)
+    nxt = [rng.choice(pool[-4:] + pool[:3]) for _ in range(3)]
+    lines.append("    %i1 = arith.addi %i, %c1 : i32")
+    lines.append(f"    scf.yield %i1, {', '.join(nxt)} : {carried}")
+    lines.append("  }")
+    pool = ["%r#1", "%r#2", "%r#3", *consts]
+    ops(pool, lines, False)
+    outs = [rng.choice(pool) for _ in range(3)]
+    return (f"func.func @{name}(%a: {t}, %b: {t}, %c: {t}, %n: i32) -> ({carried}) {{\n"
+            + "\n".join(lines)
+            + f"\n  return %r#0, {', '.join(outs)} : {carried}\n}}\n")
+
+
+def test_random_programs_against_iree(vm_pair):
+    rng = random.Random(8)
+    functions = [(f"r{i}", rng.choice(["i32", "i64"])) for i in range(16)]
+    source = "".join(_random_function(rng, name, t) for name, t in functions)
+    p = vm_pair(vm_compile_source(source))
+    values = {"i32": [0, 1, -1, 2**31 - 1, -(2**31), 46341, 12345],
+              "i64": [0, 1, -1, 2**63 - 1, -(2**63), 3037000500, 12345]}
+    for name, t in functions:
+        for a, b, c in itertools.islice(itertools.product(values[t], repeat=3), 0, None, 29):
+            for n in (0, 1, 5):
+                p.check(name, a, b, c, n)
