@@ -6,6 +6,12 @@ first slot, and `r<n>` for refs), so the inner loop does no dict look-ups, attri
 chains or allocation per instruction. Basic blocks are dispatched by a block index
 through a binary `if` tree inside one `while` loop.
 
+Integer arithmetic follows the function's data flow (`regflow.py`): single-use results
+stay unwrapped inside their reader's expression and are wrapped once where stored,
+constant registers become literals, compares fold into their branch, loop-carried
+values are computed in place and may be held unsigned, and counted loops become
+`for ... in range`.
+
 A function that may suspend (it contains `vm.yield`, `call.yieldable` or calls such a
 function) is generated as a Python generator: suspension points `yield` either `None`
 (`vm.yield`) or a `native.Suspend`, and internal calls to such functions use
@@ -51,7 +57,8 @@ def _wrapped(res: str, expr: str, bits: int) -> str:
     return f"{res} = {expr}\nif {res} > {hi} or {res} < {lo}: {res} = {wrap}"
 
 
-# Straight-line ops: template over the instruction's fields in layout order.
+# Straight-line ops: template over the instruction's fields in layout order. The ring ops
+# (add, sub, mul, fma, and, or, xor, not, shl) are emitted by `_Gen.ring_op` instead.
 _SIMPLE: dict[str, str] = {}
 
 
@@ -64,25 +71,16 @@ def _int_ops(bits: int) -> None:
     m = M32 if bits == 32 else M64
     sh = 31 if bits == 32 else 63
     _SIMPLE.update({
-        f"add.{t}": w("{0} + {1}", "{2}"),
-        f"sub.{t}": w("{0} - {1}", "{2}"),
-        f"mul.{t}": w("{0} * {1}", "{2}"),
         f"div.{t}.s": "{2} = _div_%ss({0}, {1})" % t,
         f"div.{t}.u": "{2} = _div_%su({0}, {1})" % t,
         f"rem.{t}.s": "{2} = _rem_%ss({0}, {1})" % t,
         f"rem.{t}.u": "{2} = _rem_%su({0}, {1})" % t,
-        f"fma.{t}": w("{0} * {1} + {2}", "{3}"),
         f"abs.{t}": w("abs({0})", "{1}"),
         f"min.{t}.s": "{2} = {1} if {1} < {0} else {0}",
         f"min.{t}.u": "{2} = {1} if ({1} & %s) < ({0} & %s) else {0}" % (m, m),
         f"max.{t}.s": "{2} = {1} if {0} < {1} else {0}",
         f"max.{t}.u": "{2} = {1} if ({0} & %s) < ({1} & %s) else {0}" % (m, m),
-        f"not.{t}": "{1} = ~{0}",
-        f"and.{t}": "{2} = {0} & {1}",
-        f"or.{t}": "{2} = {0} | {1}",
-        f"xor.{t}": "{2} = {0} ^ {1}",
         f"ctlz.{t}": "{1} = %d - ({0} & %s).bit_length()" % (bits, m),
-        f"shl.{t}": w("{0} << ({1} & %d)" % sh, "{2}"),
         f"shr.{t}.s": "{2} = {0} >> ({1} & %d)" % sh,
         f"shr.{t}.u": w("({0} & %s) >> ({1} & %d)" % (m, sh), "{2}"),
         f"cmp.eq.{t}": "{2} = 1 if {0} == {1} else 0",
