@@ -731,10 +731,10 @@ class _Gen:
     # constants that need exact float bits
     def op_const_f32(self, ins, f, ind):
         value = ops.f32_from_bits(f[0])
-        self.emit(ind, f"{self.ireg(ins, f[1], False)} = {self._float_literal(value)}", ins.pc)
+        self.emit(ind, f"{self.ireg_name(ins, f[1], False)} = {self._float_literal(value)}", ins.pc)
 
     def op_const_f64(self, ins, f, ind):
-        self.emit(ind, f"{self.ireg(ins, f[1], True)} = {self._float_literal(f[0])}", ins.pc)
+        self.emit(ind, f"{self.ireg_name(ins, f[1], True)} = {self._float_literal(f[0])}", ins.pc)
 
     def _float_literal(self, value: float) -> str:
         if value.__class__ is float and math.isfinite(value):
@@ -822,7 +822,7 @@ class _Gen:
             default_raw, values, res_raw = f[1], f[2], f[3]
             default = self.ireg(ins, default_raw, wide)
             names = [self.ireg(ins, v, wide) for v in values]
-            res = self.ireg(ins, res_raw, wide)
+            res = self.ireg_name(ins, res_raw, wide)
         if not names:
             self.emit(ind, f"{res} = {default}", ins.pc)
         else:
@@ -874,7 +874,7 @@ class _Gen:
         k = ordinal & ~isa.IMPORT_BIT
         if k >= len(self.module.imports):
             raise self.err(ins, f"import ordinal {k} out of range")
-        self.emit(ind, f"{self.ireg(ins, f[1], False)} = _res{k}", ins.pc)
+        self.emit(ind, f"{self.ireg_name(ins, f[1], False)} = _res{k}", ins.pc)
 
     def _trace(self, ins, f, ind, kind: str):
         names = [self.anyreg(ins, r) for r in f[1]]
