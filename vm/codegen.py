@@ -6,6 +6,12 @@ first slot, and `r<n>` for refs), so the inner loop does no dict look-ups, attri
 chains or allocation per instruction. Basic blocks are dispatched by a block index
 through a binary `if` tree inside one `while` loop.
 
+Integer arithmetic follows the function's data flow (`regflow.py`): single-use results
+stay unwrapped inside their reader's expression and are wrapped once where stored,
+constant registers become literals, compares fold into their branch, loop-carried
+values are computed in place and may be held unsigned, and counted loops become
+`for ... in range`.
+
 A function that may suspend (it contains `vm.yield`, `call.yieldable` or calls such a
 function) is generated as a Python generator: suspension points `yield` either `None`
 (`vm.yield`) or a `native.Suspend`, and internal calls to such functions use
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 from types import GeneratorType
 
 from ..errors import InvalidArgumentError, OutOfRangeError
-from . import isa, ops
+from . import isa, ops, regflow
 from .cconv import cconv_registers
 from .native import Suspend
 
@@ -51,7 +57,8 @@ def _wrapped(res: str, expr: str, bits: int) -> str:
     return f"{res} = {expr}\nif {res} > {hi} or {res} < {lo}: {res} = {wrap}"
 
 
-# Straight-line ops: template over the instruction's fields in layout order.
+# Straight-line ops: template over the instruction's fields in layout order. The ring ops
+# (add, sub, mul, fma, and, or, xor, not, shl) are emitted by `_Gen.ring_op` instead.
 _SIMPLE: dict[str, str] = {}
 
 
@@ -64,25 +71,16 @@ def _int_ops(bits: int) -> None:
     m = M32 if bits == 32 else M64
     sh = 31 if bits == 32 else 63
     _SIMPLE.update({
-        f"add.{t}": w("{0} + {1}", "{2}"),
-        f"sub.{t}": w("{0} - {1}", "{2}"),
-        f"mul.{t}": w("{0} * {1}", "{2}"),
         f"div.{t}.s": "{2} = _div_%ss({0}, {1})" % t,
         f"div.{t}.u": "{2} = _div_%su({0}, {1})" % t,
         f"rem.{t}.s": "{2} = _rem_%ss({0}, {1})" % t,
         f"rem.{t}.u": "{2} = _rem_%su({0}, {1})" % t,
-        f"fma.{t}": w("{0} * {1} + {2}", "{3}"),
         f"abs.{t}": w("abs({0})", "{1}"),
         f"min.{t}.s": "{2} = {1} if {1} < {0} else {0}",
         f"min.{t}.u": "{2} = {1} if ({1} & %s) < ({0} & %s) else {0}" % (m, m),
         f"max.{t}.s": "{2} = {1} if {0} < {1} else {0}",
         f"max.{t}.u": "{2} = {1} if ({0} & %s) < ({1} & %s) else {0}" % (m, m),
-        f"not.{t}": "{1} = ~{0}",
-        f"and.{t}": "{2} = {0} & {1}",
-        f"or.{t}": "{2} = {0} | {1}",
-        f"xor.{t}": "{2} = {0} ^ {1}",
         f"ctlz.{t}": "{1} = %d - ({0} & %s).bit_length()" % (bits, m),
-        f"shl.{t}": w("{0} << ({1} & %d)" % sh, "{2}"),
         f"shr.{t}.s": "{2} = {0} >> ({1} & %d)" % sh,
         f"shr.{t}.u": w("({0} & %s) >> ({1} & %d)" % (m, sh), "{2}"),
         f"cmp.eq.{t}": "{2} = 1 if {0} == {1} else 0",
@@ -338,12 +336,30 @@ class _Gen:
         self.loop_mode = False
         self.self_loop_used = False
         self.inlining = False
+        self.flow = regflow.Flow()
+        self.pending: dict[str, tuple[str, bool]] = {}  # fused ring results (expr, bounded)
+        self.pending_cond: tuple[str, str] | None = None  # folded compare (register, cond)
 
     # -- register helpers
     def err(self, ins, msg: str) -> InvalidArgumentError:
         return InvalidArgumentError(f"{self.where}+{ins.pc:08X} ({ins.name}): {msg}")
 
     def ireg(self, ins, raw: int, wide: bool) -> str:
+        """The value of an integer/float register as an expression, for a read."""
+        return self.read(self.ireg_name(ins, raw, wide))
+
+    def read(self, name: str) -> str:
+        c = self.flow.constants.get(name)
+        if c is not None:
+            return str(c) if c >= 0 else f"({c})"
+        w = self.flow.unsigned.get(name)
+        if w is not None:
+            h = H32 if w == 32 else H64
+            return f"(({name} ^ {h}) - {h})"
+        return name
+
+    def ireg_name(self, ins, raw: int, wide: bool) -> str:
+        """The local holding an integer/float register (validated), for a write."""
         if raw & isa.REF_BIT:
             raise self.err(ins, f"register {raw} is a ref register, expected i32/i64")
         if wide:
@@ -366,12 +382,10 @@ class _Gen:
         return f"r{idx}"
 
     def anyreg(self, ins, raw: int) -> str:
+        """A register of either bank, for a read."""
         if raw & isa.REF_BIT:
             return self.rreg(ins, raw)
-        if raw >= self.i32_limit:
-            raise OutOfRangeError(f"{self.where}: register {raw} out of range")
-        self.i_regs.add(raw)
-        return f"i{raw}"
+        return self.ireg(ins, raw, False)
 
     def const(self, value) -> str:
         return f"_K[{self.st.constant(value)}]"
@@ -395,15 +409,35 @@ class _Gen:
         self.lines.append((indent, text, pc))
 
     def remap(self, ins, pairs, indent: int) -> None:
+        skipped = self.flow.skipped_pairs.get(ins.pc, ())
         for src, dst in pairs:
-            s = self.anyreg(ins, src)
-            d = self.anyreg(ins, dst)
             if (src & isa.REF_BIT) != (dst & isa.REF_BIT):
                 raise self.err(ins, "branch operand remaps between register banks")
+            if not src & isa.REF_BIT:
+                s = self.ireg_name(ins, src, False)
+                d = self.ireg_name(ins, dst, False)
+                if s != d and (s, d) not in skipped:
+                    self.emit(indent, f"{d} = {self.copy_value(s, d)}", ins.pc)
+                continue
+            s = self.rreg(ins, src)
+            d = self.rreg(ins, dst)
             if s != d:
                 self.emit(indent, f"{d} = {s}", ins.pc)
                 if src & isa.REF_BIT and src & isa.MOVE_BIT:
                     self.emit(indent, f"{s} = None", ins.pc)
+
+    def copy_value(self, src: str, dst: str) -> str:
+        """`src`'s value in the form `dst` holds (see regflow: constant, unsigned)."""
+        w = self.flow.unsigned.get(dst)
+        if w is None:
+            return self.read(src)
+        if self.flow.unsigned.get(src) == w:
+            return src
+        m = M32 if w == 32 else M64
+        c = self.flow.constants.get(src)
+        if c is not None:
+            return str(c & int(m))
+        return f"{src} & {m}"
 
     def jump(self, ins, target_pc: int, pairs, indent: int) -> None:
         self.remap(ins, pairs, indent)
@@ -429,6 +463,8 @@ class _Gen:
 
     def _emit_block(self, bi: int, blk: list, loop_mode: bool) -> list:
         self.lines = []
+        self.pending = {}
+        self.pending_cond = None
         self.cur_block = bi
         self.loop_mode = loop_mode
         self.self_loop_used = False
@@ -439,6 +475,29 @@ class _Gen:
                 self.goto(0, bi + 1, blk[-1].pc)
             else:
                 self.emit(0, "raise _fail(13, _FALLOFF)", blk[-1].pc)
+        return self.lines
+
+    def _emit_counted(self, bi: int, blk: list, loop: tuple) -> list:
+        """A counted loop (regflow): the block's body under `for counter in range(...)`,
+        its header's compare and step replaced by the range."""
+        counter, bound, step_pc, header = loop
+        self.lines = []
+        self.pending = {}
+        self.pending_cond = None
+        self.cur_block = bi
+        self.loop_mode = False
+        self.has_branches = True
+        cmp, cond_br = self.blocks[header][1:]
+        self.emit(0, f"for {counter} in range({counter}, {self.read(bound)}):", cmp.pc)
+        for ins in blk[1:-1]:
+            if ins.pc != step_pc:
+                self.instruction(ins, 1)
+        br = blk[-1]
+        self.remap(br, br.fields[1], 1)
+        if self.lines[-1][0] == 0:
+            self.emit(1, "pass", br.pc)
+        self.emit(0, f"{counter} += 1", step_pc)
+        self.jump(cond_br, cond_br.fields[3], cond_br.fields[4], 0)
         return self.lines
 
     def generate(self) -> list[tuple[int, str, int]]:
@@ -463,8 +522,15 @@ class _Gen:
             raise InvalidArgumentError(f"{self.where}: function missing terminator in the last block")
 
         self.blocks = blocks
+        i_params = [f"i{reg}" for bank, reg in cconv_registers(fn.cconv.args) if bank == "i"]
+        self.flow = regflow.analyse(fn, blocks, self.block_index, i_params,
+                                    self.module.functions, self.module.imports,
+                                    _TERMINATORS) or regflow.Flow()
         bodies: list[list[tuple[int, str, int]]] = []
         for bi, blk in enumerate(blocks):
+            if bi in self.flow.counted:
+                bodies.append(self._emit_counted(bi, blk, self.flow.counted[bi]))
+                continue
             lines = self._emit_block(bi, blk, True)
             if self.self_loop_used:
                 body = [(0, "while 1:", -1)]
@@ -525,6 +591,20 @@ class _Gen:
         name = ins.name
         f = ins.fields
         pc = ins.pc
+        if pc in self.flow.constant_defs:
+            self.ireg_name(ins, f[-1], name.startswith("const.i64"))
+            return
+        ring = regflow.RING_OPS.get(name)
+        if ring is not None:
+            self.ring_op(ins, ring, ind)
+            return
+        if name.startswith("const.i") and not name.endswith(".ref"):
+            res = self.ireg_name(ins, f[-1], name.startswith("const.i64"))
+            w = self.flow.unsigned.get(res)
+            if w is not None:
+                value = 0 if name.endswith("zero") else f[0]
+                self.emit(ind, f"{res} = {value & (2**w - 1)}", pc)
+                return
         tmpl = _SIMPLE.get(name)
         if tmpl is not None and name not in _SPECIAL:
             args = []
@@ -532,6 +612,8 @@ class _Gen:
                 if code in ("r", "w"):
                     if arg == "ref":
                         args.append(self.rreg(ins, val))
+                    elif code == "w":
+                        args.append(self.ireg_name(ins, val, arg in ("i64", "f64")))
                     else:
                         args.append(self.ireg(ins, val, arg in ("i64", "f64")))
                 elif code == "A":
@@ -547,6 +629,8 @@ class _Gen:
                 else:
                     raise self.err(ins, f"unexpected field {code}")
             text = tmpl.format(*args)
+            if pc in self.flow.fused_cmps and self.fold_compare(ins, text):
+                return
             if "_fa" in text:
                 self.uses_fa = True
             for line in text.split("\n"):
@@ -557,6 +641,73 @@ class _Gen:
         if handler is None:
             raise self.err(ins, "unsupported instruction")
         handler(ins, f, ind)
+
+    def fold_compare(self, ins, text: str) -> bool:
+        """Keeps a compare whose only reader is the next cond_br as that branch's
+        condition instead of materialising 0/1."""
+        res = self.ireg_name(ins, ins.fields[-1], False)
+        for head, tail, negate in ((f"{res} = 1 if ", " else 0", False),
+                                   (f"{res} = 0 if ", " else 1", True)):
+            if text.startswith(head) and text.endswith(tail) and "\n" not in text:
+                cond = text[len(head): len(text) - len(tail)]
+                self.pending_cond = (res, f"not ({cond})" if negate else f"({cond})")
+                return True
+        return False
+
+    def ring_op(self, ins, ring, ind: int) -> None:
+        """add/sub/mul/fma/and/or/xor/not/shl: operands that regflow fused are substituted
+        unwrapped; the result is wrapped once, only where it is stored."""
+        tmpl, width, ring_pos, bitwise = ring
+        f = ins.fields
+        operands = []
+        bounded = bitwise
+        lits: list[int | None] = []
+        canonical: list[bool] = []
+        for i, ((_code, arg), val) in enumerate(zip(ins.layout[:-1], f[:-1])):
+            name = self.ireg_name(ins, val, arg == "i64")
+            lit = self.flow.constants.get(name)
+            lits.append(lit if i in ring_pos else None)
+            canonical.append(True)
+            if i not in ring_pos:
+                operands.append(self.read(name))
+            elif name in self.pending:
+                text, b = self.pending.pop(name)
+                operands.append(f"({text})")
+                bounded = bounded and b
+                canonical[-1] = b
+            elif lit is not None:
+                operands.append(self.read(name))
+            elif self.flow.unsigned.get(name) == width:
+                operands.append(name)
+                bounded = False
+                canonical[-1] = False
+            else:
+                operands.append(self.read(name))
+        expr = tmpl.format(*operands)
+        res = self.ireg_name(ins, f[-1], width == 64)
+        pc = ins.pc
+        if pc in self.flow.fused:
+            self.pending[res] = (expr, bounded or pc in self.flow.in_range)
+            return
+        target = self.flow.rename.get(pc, res)
+        self.i_regs.add(int(target[1:]))
+        m, h = (M32, H32) if width == 32 else (M64, H64)
+        hi, lo = (2**31 - 1, -(2**31)) if width == 32 else (2**63 - 1, -(2**63))
+        if target in self.flow.unsigned:
+            self.emit(ind, f"{target} = ({expr}) & {m}", pc)
+            return
+        if bounded or pc in self.flow.in_range:
+            self.emit(ind, f"{target} = {expr}", pc)
+            return
+        side = _one_sided(ins.name, canonical, lits, width)
+        self.emit(ind, f"{target} = {expr}", pc)
+        if side > 0:
+            self.emit(ind, f"if {target} > {hi}: {target} -= {int(m) + 1}", pc)
+        elif side < 0:
+            self.emit(ind, f"if {target} < {lo}: {target} += {int(m) + 1}", pc)
+        else:
+            self.emit(ind, f"if {target} > {hi} or {target} < {lo}: "
+                           f"{target} = ({target} + {h} & {m}) - {h}", pc)
 
     def global_offset(self, ins, val: int) -> int:
         width = 8 if ins.name.endswith(("i64", "f64")) else 4
@@ -580,10 +731,10 @@ class _Gen:
     # constants that need exact float bits
     def op_const_f32(self, ins, f, ind):
         value = ops.f32_from_bits(f[0])
-        self.emit(ind, f"{self.ireg(ins, f[1], False)} = {self._float_literal(value)}", ins.pc)
+        self.emit(ind, f"{self.ireg_name(ins, f[1], False)} = {self._float_literal(value)}", ins.pc)
 
     def op_const_f64(self, ins, f, ind):
-        self.emit(ind, f"{self.ireg(ins, f[1], True)} = {self._float_literal(f[0])}", ins.pc)
+        self.emit(ind, f"{self.ireg_name(ins, f[1], True)} = {self._float_literal(f[0])}", ins.pc)
 
     def _float_literal(self, value: float) -> str:
         if value.__class__ is float and math.isfinite(value):
@@ -671,7 +822,7 @@ class _Gen:
             default_raw, values, res_raw = f[1], f[2], f[3]
             default = self.ireg(ins, default_raw, wide)
             names = [self.ireg(ins, v, wide) for v in values]
-            res = self.ireg(ins, res_raw, wide)
+            res = self.ireg_name(ins, res_raw, wide)
         if not names:
             self.emit(ind, f"{res} = {default}", ins.pc)
         else:
@@ -723,7 +874,7 @@ class _Gen:
         k = ordinal & ~isa.IMPORT_BIT
         if k >= len(self.module.imports):
             raise self.err(ins, f"import ordinal {k} out of range")
-        self.emit(ind, f"{self.ireg(ins, f[1], False)} = _res{k}", ins.pc)
+        self.emit(ind, f"{self.ireg_name(ins, f[1], False)} = _res{k}", ins.pc)
 
     def _trace(self, ins, f, ind, kind: str):
         names = [self.anyreg(ins, r) for r in f[1]]
@@ -772,6 +923,9 @@ class _Gen:
     def op_cond_br(self, ins, f, ind):
         self.has_branches = True
         cond = self.ireg(ins, f[0], False)
+        folded, self.pending_cond = self.pending_cond, None
+        if folded is not None and folded[0] == self.ireg_name(ins, f[0], False):
+            cond = folded[1]
         t_idx, f_idx = self.block(ins, f[1]), self.block(ins, f[3])
         if not f[2] and not f[4] and not self.loop_mode:
             self.emit(ind, f"_b = {t_idx} if {cond} else {f_idx}", ins.pc)
@@ -930,6 +1084,30 @@ class _Gen:
 
 
 _SPECIAL = {"const.f32", "const.f64"}
+
+
+def _one_sided(op: str, canonical: list, lits: list, width: int) -> int:
+    """+1 / -1 when a wrapped add/sub of a canonical value and a constant can only
+    overflow upwards / downwards, else 0."""
+    kind = op.split(".")[0]
+    if kind not in ("add", "sub") or len(lits) != 2:
+        return 0
+    half = 2 ** (width - 1)
+    if lits[1] is not None and lits[0] is None:
+        c, other = lits[1], canonical[0]
+    elif kind == "add" and lits[0] is not None and lits[1] is None:
+        c, other = lits[0], canonical[1]
+    else:
+        return 0
+    if not other:
+        return 0
+    if kind == "sub":
+        c = -c
+    if 0 < c < half:
+        return 1
+    if -half <= c < 0:
+        return -1
+    return 0
 
 
 def _pow2(n: int) -> int:
