@@ -267,7 +267,7 @@ def _run_test(path: str, device: str, native: list[Any], name: str) -> list[str]
 
 def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
     from .api import Module
-    from .run import _device_name, native_module_factory
+    from .run import device_name, native_module_factory
 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
@@ -295,7 +295,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         path = args.module[0]
         if not os.path.exists(path):
             raise InvalidArgumentError(f"module file {path!r} does not exist")
-        device = _device_name(args.device)
+        device = device_name(args.device)
         native = [native_module_factory(s) for s in args.native_module]
         with Module(path, device,
                     modules=[lambda dev: create_check_module(dev), *native]) as probe:

@@ -560,7 +560,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _device_name(name: str) -> str:
+def device_name(name: str) -> str:
+    """The driver of an IREE `--device=` value (`local-task`, `emu://edge-npu`)."""
     name = name.strip()
     if "://" in name:
         name = name.split("://", 1)[0]
@@ -608,7 +609,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
             raise InvalidArgumentError(
                 f"--device_profiling_output={profile_output}: the extension picks the format, "
                 "'.json' (Chrome trace) or '.jsonl' (ireeperf-jsonl)")
-        module = Module(path, _device_name(args.device), modules=factories,
+        module = Module(path, device_name(args.device), modules=factories,
                         **_device_options(args.device))
         name = args.function
         if not name:

@@ -1,0 +1,194 @@
+"""The package's layering, checked from the source: no import cycles between modules, the
+layers import only downwards, and no module uses another module's private names.
+
+Private use is found by name: `from .x import _name`, `x._name` on a module of this tree,
+and `obj._name` where `_name` is not defined (assigned, declared in `__slots__`, or a
+method) in the module doing the access, so it can only belong to a class of another
+module. `self._name` is the class's own or its base's (a driver and the `Device` it
+extends share the protected driver contract). Dunder names are public protocol. Imports
+under `if TYPE_CHECKING:` run only for type checkers and make no cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("hal", "vm", "scheduler", "server")
+# Standard-library private names used on purpose, each with its reason.
+STDLIB_PRIVATE = {
+    ("hal.ringbuffer", "_is_owned"): "RLock has no public owner query; Condition uses this",
+    ("vm.ops", "_handle"): "ctypes documents CDLL._handle, needed for dlvsym",
+    ("server.main", "_exit"): "os._exit: exit without tearing down under running kernels",
+}
+# which top-level packages each layer may import (besides itself and errors/__init__)
+ALLOWED = {
+    "scheduler": set(),
+    "hal": {"scheduler"},
+    "vm": {"hal", "scheduler"},
+    "server": {"vm", "hal", "scheduler"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "native" in path.parts and path.name == "build.py":
+                continue
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> list[str]:
+    """Absolute dotted names (inside this tree) an ImportFrom refers to."""
+    if node.level == 0:
+        return []
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    if node.level > 1:
+        base = base[: len(base) - (node.level - 1)]
+    target = ".".join(base + ([node.module] if node.module else []))
+    names = []
+    for alias in node.names:
+        candidate = f"{target}.{alias.name}" if target else alias.name
+        names.append(candidate if candidate in MODULES else target)
+    return names
+
+
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    tree = _parse(path)
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for name in _resolve(module, node, is_package):
+                if name in MODULES and name != module:
+                    out.add(name)
+    return out
+
+
+def _top_level_only(module: str, path: Path) -> set[str]:
+    """Imports executed at import time (not inside functions): what makes a cycle."""
+    tree = _parse(path)
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in tree.body:
+        nodes = [node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, ast.If | ast.Try):
+            nodes = list(ast.walk(node))
+        for sub in nodes:
+            if isinstance(sub, ast.ImportFrom):
+                for name in _resolve(module, sub, is_package):
+                    if name in MODULES and name != module:
+                        out.add(name)
+    return out
+
+
+def test_no_two_modules_import_each_other_and_no_cycles():
+    graph = {m: {d for d in _top_level_only(m, p) if not m.startswith(d + ".")}
+             for m, p in MODULES.items()}
+    # A package's __init__ importing its own submodules is how it re-exports them; a
+    # submodule importing its package's __init__ is what would close a cycle.
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep):] + [dep] if dep in stack else [node, dep])
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, cycles
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_layers_import_only_downwards(package):
+    wrong = []
+    for module, path in MODULES.items():
+        if module.split(".")[0] != package:
+            continue
+        for dep in _imports(module, path):
+            top = dep.split(".")[0]
+            if top != package and top not in ALLOWED[package]:
+                wrong.append(f"{module} -> {dep}")
+    assert not wrong, wrong
+
+
+def _defined_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)  # __slots__ entries, getattr/setattr by name
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.add(node.arg)  # dataclass / namedtuple fields set by keyword
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return names
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_no_module_uses_another_modules_private_names():
+    found = []
+    for module, path in MODULES.items():
+        tree = _parse(path)
+        defined = _defined_names(tree)
+        imported_modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                resolved = _resolve(module, node, path.name == "__init__.py")
+                for alias in node.names:
+                    own_submodule = node.level == 1 and node.module is None
+                    if _private(alias.name) and not own_submodule:
+                        found.append(f"{module}: imports {alias.name} from {node.module}")
+                    if any(r.endswith("." + alias.name) for r in resolved if r in MODULES):
+                        imported_modules.add(alias.asname or alias.name)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not _private(node.attr):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Name) and owner.id in imported_modules:
+                found.append(f"{module}:{node.lineno}: {owner.id}.{node.attr}")
+            elif node.attr not in defined and (module, node.attr) not in STDLIB_PRIVATE:
+                found.append(f"{module}:{node.lineno}: .{node.attr} is defined elsewhere")
+    assert not found, "\n".join(found)
+
+
+def test_the_checks_see_the_tree():
+    assert {"hal.device", "vm.codegen", "scheduler.executor", "server.app"} <= set(MODULES)
+    assert os.path.isfile(ROOT / "pyproject.toml")
