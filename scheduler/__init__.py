@@ -2,7 +2,7 @@
 
 A worker pool (`Executor`), task-graph nodes gated by suspend counts (`Task`, `CallTask`,
 `NopTask`, `CooperativeTask`) and a trio bridge (`await_callback`, which the HAL's
-semaphores wait through). It knows nothing of
+semaphores wait through; `on_event_loop`). It knows nothing of
 buffers, semaphores, devices or modules; HAL drivers build on it.
 """
 
@@ -18,7 +18,7 @@ from .executor import (
     current_worker_index,
     default_worker_count,
 )
-from .trio_bridge import await_callback, await_task
+from .trio_bridge import await_callback, await_task, on_event_loop
 
 __all__ = [
     "CallTask",
@@ -31,4 +31,5 @@ __all__ = [
     "await_task",
     "current_worker_index",
     "default_worker_count",
+    "on_event_loop",
 ]

@@ -35,8 +35,13 @@ int tinyhal_dispatch_workgroups(tinyhal_dispatch_fn_t fn,
     uint32_t local_memory_size, uint32_t processor_id, uint64_t* cursor, uint64_t tile,
     uint64_t total, int* abort_flag, uint64_t* failed_index);
 tinyhal_import_thunk_t tinyhal_import_thunk(void);
-int tinyhal_run_stream(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
-    uint32_t processor_id, uint32_t local_memory_size);
+typedef struct tinyhal_pool_t tinyhal_pool_t;
+tinyhal_pool_t* tinyhal_pool_create(uint32_t helper_count, uint64_t idle_spin_ns, int steer,
+    uint32_t* started);
+void tinyhal_pool_stop(tinyhal_pool_t* pool);
+void tinyhal_pool_free(tinyhal_pool_t* pool);
+int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
+    tinyhal_stream_t* stream, uint32_t local_memory_size, uint64_t budget_ns, int* paused);
 void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
     const tinyhal_patch_t* patches, uint32_t patch_count, const uint64_t* slot_addresses,
     const uint64_t* slot_lengths, uint32_t participants, uint32_t tiles_per_participant);
@@ -52,7 +57,7 @@ def make_builder(module_name: str = MODULE_NAME) -> FFI:
         module_name,
         source,
         include_dirs=[HERE],
-        libraries=["dl"],
+        libraries=["dl", "pthread"],
         extra_compile_args=["-O2", "-std=c11", "-D_GNU_SOURCE"],
     )
     return builder
