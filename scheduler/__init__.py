@@ -1,7 +1,7 @@
 """tinyhal.scheduler: a generic task system.
 
 A worker pool (`Executor`), task-graph nodes gated by suspend counts (`Task`, `CallTask`,
-`NopTask`, `CooperativeTask`) and a trio bridge (`await_callback`, which the HAL's
+`NopTask`) and a trio bridge (`await_callback`, which the HAL's
 semaphores wait through; `on_event_loop`). It knows nothing of
 buffers, semaphores, devices or modules; HAL drivers build on it.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from .executor import (
     CallTask,
-    CooperativeTask,
     Executor,
     ExecutorStatistics,
     NopTask,
@@ -22,7 +21,6 @@ from .trio_bridge import await_callback, await_task, on_event_loop
 
 __all__ = [
     "CallTask",
-    "CooperativeTask",
     "Executor",
     "ExecutorStatistics",
     "NopTask",

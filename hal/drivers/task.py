@@ -21,7 +21,7 @@ stops the executor and the helpers.
 
 Options: `workers` (default one per core: the helpers are one fewer, the leader being
 the last), `transient_capacity` (ringbuffer bytes), `inline_us` (how long a readying
-thread leads a submission before handing it to a worker, default 2000), `helper_spin_us`
+thread leads a submission before handing it to a worker, default 2000; 0: never), `helper_spin_us`
 (how long an idle helper stays awake for the next submission before it sleeps).
 """
 
@@ -89,7 +89,7 @@ class TaskDevice(Device):
             return
         helpers = None if ops.single_workgroup else self.helpers
         stream = Stream(ops, 1 + (helpers.count if helpers is not None else 0))
-        if not on_event_loop():
+        if self.inline_us and not on_event_loop():
             try:
                 finished = stream.run(helpers, self.inline_us)
             except Error as exc:
