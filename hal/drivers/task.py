@@ -54,7 +54,10 @@ class TaskDevice(Device):
             if type(value) is not int or value < 0:
                 raise InvalidArgumentError(f"{name} must be an int >= 0, not {value!r}")
         self.inline_us = inline_us
-        self.executor = Executor(workers, name="tinyhal-task")
+        # Unpinned: its workers only lead streams on (the helpers keep off their CPU
+        # themselves) and run host work, and on a loaded machine a pinned leader could
+        # not move off a busy core.
+        self.executor = Executor(workers, name="tinyhal-task", pin=False)
         self.helpers = StreamHelpers(self.executor.worker_count - 1, helper_spin_us)
         # A device dropped without close() must not leave its threads behind (at
         # interpreter exit `close()` runs instead, after running work drained).

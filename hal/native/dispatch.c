@@ -174,7 +174,7 @@ static inline void tinyhal_pause(void) {
 #endif
 }
 
-#define TINYHAL_STREAM_SPIN_NS 50000 /* between the dispatches of one stream */
+#define TINYHAL_STREAM_SPIN_NS 200000 /* between the dispatches of one stream */
 
 static void tinyhal_fill(uint8_t* dst, uint64_t length, uint32_t pattern, uint32_t n) {
   if (n == 1) {
