@@ -293,8 +293,10 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
     if (open) {
       /* A paused dispatch: claim what is left, then close it as usual. */
       open = 0;
-      if (op->local_memory_size <= wg->local_memory_size &&
-          tinyhal_stream_dispatch(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
+      if (op->local_memory_size > wg->local_memory_size) {
+        __atomic_store_n(&stream->status, -12, __ATOMIC_RELEASE);
+        __atomic_store_n(&stream->abort, 1, __ATOMIC_RELEASE);
+      } else if (tinyhal_stream_dispatch(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
         stream->resume = i;
         stream->resume_open = 1;
         return TINYHAL_PAUSED;

@@ -143,8 +143,18 @@ def test_inline_us_option():
             hal.create_device("task", inline_us=bad)
 
 
-def test_barriers_order_dispatches_inside_a_command_buffer(task_device, kernels):
-    dev = task_device
+@pytest.mark.parametrize("inline_us", [2000, 1])
+def test_barriers_order_dispatches_inside_a_command_buffer(kernels, inline_us):
+    # inline_us=1: the submitter pauses at once (inside the first dispatch or before the
+    # next), and a worker leads the rest on from where it stopped.
+    dev = hal.create_device("task", workers=2, inline_us=inline_us)
+    try:
+        _run_step_chain(dev, kernels)
+    finally:
+        dev.close()
+
+
+def _run_step_chain(dev, kernels):
     exe = dev.load_executable(kernels)
     n = 64 * 64
     x = np.arange(n, dtype=np.int32)
