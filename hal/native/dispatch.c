@@ -316,11 +316,16 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
           __atomic_store_n(&stream->abort, 1, __ATOMIC_RELEASE);
           break;
         }
-        if (op->length < 2) {
-          /* One workgroup: nothing to share, so no helper is disturbed for it. */
-          tinyhal_stream_dispatch(stream, op, i, wg, 0);
+        if (op->length < 2 || !stream->posted) {
+          /* One workgroup (nothing to share, so no helper is disturbed for it), or no
+           * helpers to share with. */
+          if (tinyhal_stream_dispatch(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
+            stream->resume = i;
+            return TINYHAL_PAUSED;
+          }
           break;
         }
+        __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
         /* Post: helpers see the op, then the new generation. */
         __atomic_store_n(&stream->current, op, __ATOMIC_RELEASE);
         __atomic_store_n(&stream->current_index, i, __ATOMIC_RELEASE);
@@ -355,8 +360,12 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
   return 0;
 }
 
+typedef struct tinyhal_helper_t tinyhal_helper_t;
+static void tinyhal_helper_steer(tinyhal_helper_t* self, int leader_cpu);
+
 /* Helper: joins posted dispatches until the stream is done. */
-static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_state_t* wg) {
+static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_state_t* wg,
+                                tinyhal_helper_t* self) {
   uint64_t last_generation = 0;
   for (;;) {
     uint32_t seen = __atomic_load_n(&stream->wake, __ATOMIC_ACQUIRE);
@@ -368,6 +377,7 @@ static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_stat
       if (__atomic_compare_exchange_n(&stream->post, &post, post + 1, 0, __ATOMIC_ACQ_REL,
                                       __ATOMIC_ACQUIRE)) {
         last_generation = generation;
+        tinyhal_helper_steer(self, __atomic_load_n(&stream->leader_cpu, __ATOMIC_RELAXED));
         tinyhal_op_t* op = __atomic_load_n(&stream->current, __ATOMIC_ACQUIRE);
         uint32_t index = __atomic_load_n(&stream->current_index, __ATOMIC_ACQUIRE);
         if (op->local_memory_size <= wg->local_memory_size) {
@@ -428,13 +438,13 @@ void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* st
 
 typedef struct tinyhal_pool_t tinyhal_pool_t;
 
-typedef struct tinyhal_helper_t {
+struct tinyhal_helper_t {
   tinyhal_pool_t* pool;
   uint32_t processor_id;
   int avoided_cpu; /* the leader's CPU its affinity leaves out, or -1 */
   pthread_t thread;
   int started;
-} tinyhal_helper_t;
+};
 
 struct tinyhal_pool_t {
   uint32_t wake;     /* bumped for every post and for stop; idle helpers wait on it */
@@ -444,7 +454,6 @@ struct tinyhal_pool_t {
   int stop;
   int busy;          /* a leader owns the pool (posts, runs, waits for detaching) */
   uint32_t local_memory_size; /* of the posted stream */
-  int leader_cpu;     /* where the posted stream's leader runs */
   int steer;          /* keep helpers off the leader's CPU */
   cpu_set_t allowed;  /* the CPUs the process may use, at creation */
   uint64_t idle_spin_ns;
@@ -454,14 +463,18 @@ struct tinyhal_pool_t {
   tinyhal_helper_t helpers[];
 };
 
-/* Keeps the calling helper off `cpu` (the leader's): woken there it would only take turns
- * with the leader. Needs another allowed CPU; nothing changes otherwise. */
-static void tinyhal_avoid_cpu(tinyhal_pool_t* pool, int cpu) {
-  if (cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &pool->allowed) || CPU_COUNT(&pool->allowed) < 2) {
+/* Keeps the calling helper off `leader_cpu`: woken there it would only take turns with the
+ * leader. A system call only when the leader's CPU changed; needs another allowed CPU. */
+static void tinyhal_helper_steer(tinyhal_helper_t* self, int leader_cpu) {
+  tinyhal_pool_t* pool = self->pool;
+  if (!pool->steer || leader_cpu < 0 || leader_cpu == self->avoided_cpu) return;
+  self->avoided_cpu = leader_cpu;
+  if (leader_cpu >= CPU_SETSIZE || !CPU_ISSET(leader_cpu, &pool->allowed) ||
+      CPU_COUNT(&pool->allowed) < 2) {
     return;
   }
   cpu_set_t others = pool->allowed;
-  CPU_CLR(cpu, &others);
+  CPU_CLR(leader_cpu, &others);
   (void)sched_setaffinity(0, sizeof(others), &others);
 }
 
@@ -494,12 +507,8 @@ static void* tinyhal_helper_main(void* arg) {
             wg.local_memory_size = need;
           }
         }
-        int leader_cpu = __atomic_load_n(&pool->leader_cpu, __ATOMIC_RELAXED);
-        if (pool->steer && leader_cpu >= 0 && leader_cpu != self->avoided_cpu) {
-          tinyhal_avoid_cpu(pool, leader_cpu);
-          self->avoided_cpu = leader_cpu;
-        }
-        tinyhal_stream_help(job, &wg);
+        tinyhal_helper_steer(self, __atomic_load_n(&job->leader_cpu, __ATOMIC_RELAXED));
+        tinyhal_stream_help(job, &wg, self);
         joined = seen;
         has_joined = 1;
       }
@@ -515,8 +524,8 @@ static void* tinyhal_helper_main(void* arg) {
 }
 
 /* Starts `helper_count` helpers with processor ids 1..helper_count (the leader is 0).
- * With `steer`, a helper keeps off the CPU its stream's leader runs on (by its affinity,
- * changed only when the leader's CPU changes). Returns NULL when not even the pool's
+ * With `steer`, a helper keeps off the CPU its stream's leader last posted from (by its
+ * affinity, changed only when the leader's CPU changes). Returns NULL when not even the pool's
  * memory is available; fewer helpers start if the system refuses threads (`*started`
  * says how many). */
 tinyhal_pool_t* tinyhal_pool_create(uint32_t helper_count, uint64_t idle_spin_ns, int steer,
@@ -526,7 +535,6 @@ tinyhal_pool_t* tinyhal_pool_create(uint32_t helper_count, uint64_t idle_spin_ns
   if (started) *started = 0;
   if (!pool) return NULL;
   pool->idle_spin_ns = idle_spin_ns;
-  pool->leader_cpu = -1;
   pool->owner = getpid();
   pool->steer = steer && sched_getaffinity(0, sizeof(pool->allowed), &pool->allowed) == 0;
   for (uint32_t i = 0; i < helper_count; ++i) {
@@ -581,12 +589,12 @@ int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
     if (__atomic_compare_exchange_n(&pool->busy, &expected, 1, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_RELAXED)) {
       __atomic_store_n(&pool->local_memory_size, local_memory_size, __ATOMIC_RELAXED);
+      __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
       __atomic_store_n(&pool->job, stream, __ATOMIC_SEQ_CST);
       tinyhal_bump_word(&pool->sleepers, &pool->wake);
       stream->posted = 1;
     }
   }
-  if (stream->posted) __atomic_store_n(&pool->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
   int stopped = tinyhal_stream_lead(ops, count, stream, &participant.wg, deadline_ns);
   if (paused) *paused = stopped == TINYHAL_PAUSED;
   if (!stopped && stream->posted) {

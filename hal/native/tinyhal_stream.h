@@ -48,6 +48,7 @@ typedef struct tinyhal_stream_t {
   uint32_t resume;   /* where a paused leader stopped: the next operation to lead */
   int resume_open;   /* ... which is a posted dispatch, still open to helpers */
   int posted;        /* the stream is posted to a helper pool (the pool is its own) */
+  int leader_cpu;    /* the leader's CPU at its latest post, which helpers keep off */
 } tinyhal_stream_t;
 
 /* Where one binding of a recorded stream goes: on each execution the 8-byte word at
