@@ -256,7 +256,7 @@ def probe_parallelism(threads: int, repeat: int) -> float:
     cb.finalize()
 
     def run(n: int) -> None:
-        prepared = resolve_commands(cb, None, n)[0][1]
+        prepared = resolve_commands(cb, None, n).operations()[0].prepared
         pool = [threading.Thread(target=prepared.run, args=(i, 4)) for i in range(n)]
         for t in pool:
             t.start()

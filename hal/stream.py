@@ -9,9 +9,10 @@ the patches, rewinds the cursors and sizes the tiles, in one C call. This is the
 of a reusable command buffer (IREE's `queue.execute.indirect` with a binding table):
 nothing of the command buffer is resolved again, only the binding addresses change.
 
-`tinyhal_run_stream` then runs it: one participant leads through the operations in
-order, any others help by claiming workgroup tiles of the dispatch the leader has posted.
-Python runs once per participant per submission, never per operation or workgroup.
+`tinyhal_run_stream` then runs it: the calling thread leads through the operations in
+order, and the native threads of a `StreamHelpers` (the task driver's) help by claiming
+workgroup tiles of each dispatch the leader posts. Python runs once per submission (twice
+when a leader pauses and another leads on), never per operation or workgroup.
 
 Binding happens when the submission starts (its waits are met), so transient buffers
 from `queue_alloca` already have their memory.
@@ -45,7 +46,7 @@ class NativeProgram:
     receives (one recording: 0).
     """
 
-    __slots__ = ("ops", "count", "state", "patches", "patch_count", "dispatches",
+    __slots__ = ("ops", "count", "state", "paused", "patches", "patch_count", "dispatches",
                  "local_memory_size", "_keep")
 
     def __init__(self, recordings: list[Recording]) -> None:
@@ -124,6 +125,7 @@ class NativeProgram:
         self.ops = ops
         self.count = i
         self.state = ffi.new("tinyhal_stream_t*")
+        self.paused = ffi.new("int*")
         self.patches = patches
         self.patch_count = len(sites)
         self.dispatches = dispatches
@@ -167,12 +169,8 @@ class Stream:
         parts = submission.parts
         if len(parts) == 1:
             recording, entries = parts[0]
-            pool = recording.streams
-            try:
-                program = pool.pop()
-            except IndexError:
-                program = NativeProgram([recording])
-            self._pool = pool
+            program = _take_program(recording)
+            self._pool = recording.streams
         else:
             entries = [e for _r, part in parts for e in part]
             program = NativeProgram([r for r, _e in parts])
@@ -181,21 +179,59 @@ class Stream:
         self._entries = entries  # the buffers stay alive while the stream may run
         _bind(program, parts, entries, participants)
 
-    def run(self, processor_id: int = 0) -> None:
-        """Participates in the stream: the first caller leads, later ones help.
+    def run(self, helpers: StreamHelpers | None = None, budget_us: int = 0) -> bool:
+        """Leads the stream on the calling thread, with `helpers`' threads joining its
+        dispatches (None: alone). Returns True once it is done; raises its error.
 
-        Returns when this participant is done; the leader raises the stream's error.
+        With a nonzero `budget_us` it may return False instead, with work left, once that
+        long has passed: the helpers go on with the dispatch in progress and a later
+        `run` (on any thread) leads the rest. A paused stream must be run to the end
+        (`abort()` first makes that quick).
         """
         program = self._program
-        rc = lib.tinyhal_run_stream(program.ops, program.count, program.state, processor_id,
-                                    program.local_memory_size)
+        paused = program.paused
+        rc = lib.tinyhal_run_stream(ffi.NULL if helpers is None else helpers.pool,
+                                    program.ops, program.count, program.state,
+                                    program.local_memory_size, budget_us * 1000, paused)
         if rc:
             raise program.error(rc)
+        return not paused[0]
+
+    @property
+    def done(self) -> bool:
+        return bool(self._program.state.done)
+
+    def abort(self) -> None:
+        """Makes the rest of a paused stream skip its remaining operations."""
+        self._program.state.abort = 1
 
     def __del__(self) -> None:
         pool = self._pool
-        if pool is not None and len(pool) < POOL_SIZE:
+        if pool is not None and len(pool) < POOL_SIZE and not self._program.state.posted:
             pool.append(self._program)
+
+
+class StreamHelpers:
+    """Native threads (no Python, no GIL) that join the dispatches of streams led by
+    other threads: `Stream.lead` posts its stream to them and they claim workgroup tiles.
+
+    `idle_spin_us` is how long a helper stays awake after a stream before it sleeps, so
+    that back-to-back submissions do not pay a wake-up each. `stop()` joins the threads
+    (streams still led then run on without helpers); dropping the object does too.
+    """
+
+    __slots__ = ("pool", "count")
+
+    def __init__(self, count: int, idle_spin_us: int = 0, steer: bool = True) -> None:
+        started = ffi.new("uint32_t*")
+        pool = lib.tinyhal_pool_create(count, idle_spin_us * 1000, int(steer), started)
+        if pool == ffi.NULL:
+            raise ResourceExhaustedError("no memory for stream helper threads")
+        self.pool = ffi.gc(pool, lib.tinyhal_pool_free)
+        self.count = int(started[0])
+
+    def stop(self) -> None:
+        lib.tinyhal_pool_stop(self.pool)
 
 
 def run_alone(submission: Submission) -> None:
@@ -207,20 +243,25 @@ def run_alone(submission: Submission) -> None:
         return
     recording, entries = parts[0]
     pool = recording.streams
-    try:
-        program = pool.pop()
-    except IndexError:
-        program = NativeProgram([recording])
+    program = _take_program(recording)
     try:
         _bind(program, parts, entries, 1)
-        rc = lib.tinyhal_run_stream(program.ops, program.count, program.state, 0,
-                                    program.local_memory_size)
+        rc = lib.tinyhal_run_stream(ffi.NULL, program.ops, program.count, program.state,
+                                    program.local_memory_size, 0, program.paused)
         error = program.error(rc) if rc else None  # read before another run rebinds it
     finally:
         if len(pool) < POOL_SIZE:
             pool.append(program)
     if error is not None:
         raise error
+
+
+def _take_program(recording: Recording) -> NativeProgram:
+    """An idle native program of `recording` from its pool, or a new one."""
+    try:
+        return recording.streams.pop()
+    except IndexError:
+        return NativeProgram([recording])
 
 
 def _bind(program: NativeProgram, parts: list[tuple[Recording, list[Range]]],
@@ -253,4 +294,5 @@ def _check_has_memory(buffer: Any) -> None:
         raise FailedPreconditionError(f"{buffer!r} has no memory: its queue_alloca has not run")
 
 
-__all__ = ["NativeProgram", "Stream", "Range", "TILES_PER_PARTICIPANT", "run_alone"]
+__all__ = ["NativeProgram", "Stream", "StreamHelpers", "Range", "TILES_PER_PARTICIPANT",
+           "run_alone"]

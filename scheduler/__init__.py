@@ -1,8 +1,8 @@
 """tinyhal.scheduler: a generic task system.
 
 A worker pool (`Executor`), task-graph nodes gated by suspend counts (`Task`, `CallTask`,
-`NopTask`, `CooperativeTask`) and a trio bridge (`await_callback`, which the HAL's
-semaphores wait through). It knows nothing of
+`NopTask`) and a trio bridge (`await_callback`, which the HAL's
+semaphores wait through; `on_event_loop`). It knows nothing of
 buffers, semaphores, devices or modules; HAL drivers build on it.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from .executor import (
     CallTask,
-    CooperativeTask,
     Executor,
     ExecutorStatistics,
     NopTask,
@@ -18,11 +17,10 @@ from .executor import (
     current_worker_index,
     default_worker_count,
 )
-from .trio_bridge import await_callback, await_task
+from .trio_bridge import await_callback, await_task, on_event_loop
 
 __all__ = [
     "CallTask",
-    "CooperativeTask",
     "Executor",
     "ExecutorStatistics",
     "NopTask",
@@ -31,4 +29,5 @@ __all__ = [
     "await_task",
     "current_worker_index",
     "default_worker_count",
+    "on_event_loop",
 ]

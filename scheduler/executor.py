@@ -15,9 +15,6 @@ Kinds of task:
 
 - `CallTask(fn)` runs `fn()` once on a worker (or on the releasing thread if `inline`).
 - `NopTask()` runs nothing: a join point, completed on the thread that readies it.
-- `CooperativeTask(fn)` calls `fn(worker_index)` on several workers at once, each call
-  claiming work from a pool it shares with the others (e.g. a C workgroup loop with an
-  atomic cursor) and returning when the pool is empty.
 
 Unlike `concurrent.futures`, nothing here blocks a worker on another task: joins are
 graph edges, so a pool of N workers never deadlocks waiting on itself.
@@ -29,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import logging
 import os
 import threading
@@ -53,7 +49,6 @@ __all__ = [
     "Task",
     "CallTask",
     "NopTask",
-    "CooperativeTask",
     "default_worker_count",
     "current_worker_index",
 ]
@@ -63,7 +58,7 @@ _log = logging.getLogger("tinyhal.scheduler")
 # Task states.
 PENDING = "pending"  # suspend count > 0
 READY = "ready"  # queued for a worker
-RUNNING = "running"  # a worker is executing it (or a share of it)
+RUNNING = "running"  # a worker is executing it
 DONE = "done"  # completed, successfully or not
 
 _tls = threading.local()
@@ -95,7 +90,7 @@ class ExecutorStatistics:
 
     worker_count: int
     idle_workers: int
-    queued: int  # queue entries (a tiled task appears once per share)
+    queued: int  # tasks ready and waiting for a worker
     running: int  # entries being executed by workers
     live_tasks: int  # submitted and not yet completed
     completed_tasks: int
@@ -250,11 +245,6 @@ class Task:
 
     # -- execution (subclasses) -------------------------------------------------------
 
-    def _enqueue(self, queue: collections.deque) -> int:
-        """Puts the task on the ready queue; returns how many workers it can use."""
-        queue.append(self)
-        return 1
-
     def _run(self, worker_index: int | None) -> bool:
         """Executes the body; returns True if the caller must complete the task."""
         return True
@@ -301,74 +291,6 @@ class CallTask(Task):
         except BaseException as exc:  # noqa: BLE001 - becomes the task's status
             self._error = as_error(exc)
         return True
-
-
-class CooperativeTask(Task):
-    """Runs `fn(worker_index)` on up to `max_concurrency` workers at once.
-
-    Every call works on one shared pool of work (claiming items from a shared cursor,
-    typically inside C) and returns only once nothing is left to claim. The task
-    completes when every call that started has returned; a worker that picks the task up
-    after that finds it done and skips it. An exception in any call fails the task; `fn`
-    should then stop the other calls (e.g. through an abort flag it shares with them).
-    """
-
-    __slots__ = ("fn", "max_concurrency", "_active", "_exhausted")
-
-    def __init__(
-        self,
-        executor: Executor,
-        fn: Callable[[int | None], Any],
-        *,
-        max_concurrency: int | None = None,
-        name: str = "cooperative",
-    ) -> None:
-        super().__init__(executor, name)
-        if max_concurrency is not None and int(max_concurrency) < 1:
-            raise InvalidArgumentError(
-                f"task {name!r}: max_concurrency must be >= 1, got {max_concurrency}"
-            )
-        self.fn = fn
-        self.max_concurrency = max_concurrency
-        self._active = 0
-        self._exhausted = 0  # 0 = work left, 1 = claimed out, 2 = completion claimed
-
-    def _share_count(self) -> int:
-        shares = self.executor.worker_count
-        if self.max_concurrency:
-            shares = min(shares, int(self.max_concurrency))
-        return max(shares, 1)
-
-    def _enqueue(self, queue: collections.deque) -> int:
-        shares = self._share_count()
-        queue.extend(itertools.repeat(self, shares))
-        return shares
-
-    def _share(self, worker_index: int | None) -> None:
-        self.fn(worker_index)
-
-    def _run(self, worker_index: int | None) -> bool:
-        lock = self.executor._lock
-        with lock:
-            if self._exhausted:
-                return False  # everything already claimed by other workers
-            self._active += 1
-        try:
-            self._share(worker_index)
-        except BaseException as exc:  # noqa: BLE001 - becomes the task's status
-            err = as_error(exc)
-            with lock:
-                if self._error is None:
-                    self._error = err
-        with lock:
-            self._active -= 1
-            if self._exhausted == 0:
-                self._exhausted = 1
-            if self._active == 0 and self._exhausted == 1:
-                self._exhausted = 2
-                self.fn = None  # no call can start any more: drop what it captured
-                return True
-            return False
 
 
 def _run_ready(task: Task, *, _finish_only: bool = False) -> None:
@@ -511,10 +433,9 @@ class Executor:
                             f"task {task.name!r} released after executor {self.name!r} shut down"
                         )
                     else:
-                        shares = task._enqueue(self._queue)
-                        wake = min(shares, self._idle)
-                        if wake:
-                            self._work_cond.notify(wake)
+                        self._queue.append(task)
+                        if self._idle:
+                            self._work_cond.notify()
                         return
             elif task._error is None:  # inline body on the releasing thread
                 with self._lock:
@@ -632,8 +553,7 @@ class Executor:
             for t in victims:
                 t._error = t._error or err
                 t._state = RUNNING  # claimed by the shutdown
-            # Drop queued entries of victims; shares of tasks already running stay so
-            # their active shares can finish claiming tiles.
+            # Drop the queued entries of victims.
             doomed = set(victims)
             keep = [t for t in self._queue if t._state is RUNNING and t not in doomed]
             self._queue.clear()

@@ -13,13 +13,27 @@ callback already fired synchronously).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import sniffio  # trio's own dependency: how trio marks the thread that runs it
 import trio
 
-__all__ = ["await_callback", "await_task"]
+__all__ = ["await_callback", "await_task", "on_event_loop"]
+
+
+def on_event_loop() -> bool:
+    """True when the calling thread runs a trio or asyncio event loop: work that would
+    hold the thread up is better handed to another thread there."""
+    if sniffio.thread_local.name is not None:
+        return True
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 async def await_callback(

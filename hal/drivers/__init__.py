@@ -26,8 +26,10 @@ spans into it (per dispatch and transfer); when it is None that costs one attrib
 nothing alive for the work's sake: the device's resource sets do that. A driver that
 lacks `_execute` or `_call` fails such work with UNIMPLEMENTED (the `Device` defaults).
 
-`sync` runs both inline on the thread that readies the work; `task` runs them on a
-`tinyhal.scheduler.Executor` (a command stream shared by its workers); `emu` runs them
+`sync` runs both inline on the thread that readies the work; `task` leads a command
+stream on the thread that readies it with native helper threads joining its dispatches
+(a `tinyhal.scheduler.Executor` worker leads on what outlasts a budget, and runs host
+work); `emu` runs them
 on a command-processor thread per queue that feeds DMA-engine and compute-unit worker
 threads, on a modelled clock (see `docs/emu.md`).
 """

@@ -1,21 +1,28 @@
-"""The `task` driver: submissions run on a `tinyhal.scheduler.Executor`'s workers.
+"""The `task` driver: submissions run on native helper threads and an executor's workers.
 
 The device hands over each queue operation once its wait semaphores are reached (a
 semaphore timepoint callback, so nothing polls). A command-buffer submission runs as one
-`Stream` (see `hal/stream.py`): the first worker to pick it up leads through the
-operations in C, the others join each dispatch and claim tiles of its workgroups, like
-compute units on a GPU. When it completes, the signal semaphores advance, or fail with its
-error (or its waits' error), which reaches every dependent submission the same way.
+native `Stream` (see `hal/stream.py`), led through its operations in C by the thread that
+readies it (usually the submitting one, which would otherwise only wait), while the
+device's `StreamHelpers` (plain C threads: no Python, no GIL) join each dispatch and claim
+tiles of its workgroups, like compute units on a GPU. So a small model's submission costs
+no thread hand-off at all: no worker is woken through Python to start it and none to
+report its end. A leader hands the rest of a stream that outlasts `inline_us` to an
+executor worker and returns, so a submitting thread is held up that long (plus one tile)
+at most; a thread that runs an event loop (trio, asyncio) hands the whole stream to a
+worker, so its other tasks go on at once. When the stream completes, the signal
+semaphores advance, or fail with its error (or its waits' error), which reaches every
+dependent submission the same way.
 
 Independent submissions run out of order: the only ordering is the one semaphores give.
-Work with nothing to spread over workers (single-workgroup dispatches, small transfers,
-barriers, deallocas) runs inline on the thread that readies it, usually the submitting
-thread, which avoids waking a worker (tens of microseconds) for nothing. `close()` (see
-`Device.close`) fails what still waits with ABORTED, lets running work finish, then shuts
-the executor down.
+Host work (file and host-memory transfers) runs on the executor's workers. `close()`
+(see `Device.close`) fails what still waits with ABORTED, lets running work finish, then
+stops the executor and the helpers.
 
-Options: `workers` (default one per core), `transient_capacity` (ringbuffer bytes),
-`inline_bytes` (largest transfer-only submission run inline, default 64 KiB).
+Options: `workers` (default one per core: the helpers are one fewer, the leader being
+the last), `transient_capacity` (ringbuffer bytes), `inline_us` (how long a readying
+thread leads a submission before handing it to a worker, default 2000; 0: never), `helper_spin_us`
+(how long an idle helper stays awake for the next submission before it sleeps).
 """
 
 from __future__ import annotations
@@ -25,30 +32,36 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import InvalidArgumentError
-from ...scheduler import CallTask, CooperativeTask, Executor
-from ..device import Completion, Device, run_capturing
+from ...errors import Error, InvalidArgumentError
+from ...scheduler import CallTask, Executor, on_event_loop
+from ..device import Completion, Device
 from ..execution import Submission
 from ..profile import run_profiled
-from ..stream import Stream
+from ..stream import Stream, StreamHelpers
 
-DEFAULT_INLINE_BYTES = 64 << 10
+DEFAULT_INLINE_US = 2000
+DEFAULT_HELPER_SPIN_US = 0
 
 
 class TaskDevice(Device):
     driver_name = "task"
     identifier = "local-task"
 
-    def __init__(self, workers: int | None = None, *, inline_bytes: int = DEFAULT_INLINE_BYTES,
-                 **options: Any) -> None:
+    def __init__(self, workers: int | None = None, *, inline_us: int = DEFAULT_INLINE_US,
+                 helper_spin_us: int = DEFAULT_HELPER_SPIN_US, **options: Any) -> None:
         super().__init__(**options)
-        if not isinstance(inline_bytes, int) or inline_bytes < 0:
-            raise InvalidArgumentError(f"inline_bytes must be an int >= 0, not {inline_bytes!r}")
-        self.inline_bytes = inline_bytes
-        self.executor = Executor(workers, name="tinyhal-task")
-        # A device dropped without close() must not leave its worker threads behind (at
+        for name, value in (("inline_us", inline_us), ("helper_spin_us", helper_spin_us)):
+            if type(value) is not int or value < 0:
+                raise InvalidArgumentError(f"{name} must be an int >= 0, not {value!r}")
+        self.inline_us = inline_us
+        # Unpinned: its workers only lead streams on (the helpers keep off their CPU
+        # themselves) and run host work, and on a loaded machine a pinned leader could
+        # not move off a busy core.
+        self.executor = Executor(workers, name="tinyhal-task", pin=False)
+        self.helpers = StreamHelpers(self.executor.worker_count - 1, helper_spin_us)
+        # A device dropped without close() must not leave its threads behind (at
         # interpreter exit `close()` runs instead, after running work drained).
-        weakref.finalize(self, self.executor.stop_nowait).atexit = False
+        weakref.finalize(self, _stop_nowait, self.executor, self.helpers).atexit = False
 
     def __repr__(self) -> str:
         return f"<Device {self.identifier} workers={self.executor.worker_count}>"
@@ -77,24 +90,36 @@ class TaskDevice(Device):
             task.on_complete(done)
             ex.submit(task)
             return
-        if ops.single_workgroup and ops.transfer_bytes() <= self.inline_bytes:
-            # Tiny: nothing to spread over workers, so no worker is woken for it; it
-            # runs on whichever thread readies it (usually the submitting one).
-            done(run_capturing(Stream(ops).run))
-            return
-        participants = ex.worker_count
-        lock = threading.Lock()
-        packed: list[Stream] = []
+        helpers = None if ops.single_workgroup else self.helpers
+        stream = Stream(ops, 1 + (helpers.count if helpers is not None else 0))
+        if self.inline_us and not on_event_loop():
+            try:
+                finished = stream.run(helpers, self.inline_us)
+            except Error as exc:
+                done(exc)
+                return
+            if finished:
+                done(None)
+                return
 
-        def participate(worker_index: int | None) -> None:
-            with lock:
-                if not packed:
-                    packed.append(Stream(ops, participants))
-            packed[0].run(worker_index or 0)
+        def lead_on() -> None:
+            stream.run(helpers)
 
-        task = CooperativeTask(ex, participate, max_concurrency=participants, name="submit")
-        task.on_complete(done)
-        ex.submit(task)
+        def completed(error: Error | None) -> None:
+            if not stream.done:  # the worker never ran it (shut down): end it here
+                stream.abort()
+                try:
+                    stream.run(helpers)
+                except Error:
+                    pass  # the error that matters is `error`
+            done(error)
+
+        task = CallTask(ex, lead_on, name="submit")
+        task.on_complete(completed)
+        try:
+            ex.submit(task)
+        except Error:
+            pass  # completed (with ABORTED) already
 
     def _call(self, work: Callable[[], None], done: Completion) -> None:
         task = CallTask(self.executor, work, name="queue-op")
@@ -103,3 +128,9 @@ class TaskDevice(Device):
 
     def _stop(self, timeout: float | None) -> None:
         self.executor.shutdown(timeout=timeout)
+        self.helpers.stop()
+
+
+def _stop_nowait(executor: Executor, helpers: StreamHelpers) -> None:
+    executor.stop_nowait()
+    helpers.stop()

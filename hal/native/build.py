@@ -39,8 +39,13 @@ int tinyhal_install_fault_handler(void);
 void tinyhal_last_fault_info(uint64_t* out);
 const tinyhal_library_header_t** tinyhal_library_query_contained(void* query,
     uint32_t max_version, const tinyhal_environment_t* environment, int* fault_signal);
-int tinyhal_run_stream(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
-    uint32_t processor_id, uint32_t local_memory_size);
+typedef struct tinyhal_pool_t tinyhal_pool_t;
+tinyhal_pool_t* tinyhal_pool_create(uint32_t helper_count, uint64_t idle_spin_ns, int steer,
+    uint32_t* started);
+void tinyhal_pool_stop(tinyhal_pool_t* pool);
+void tinyhal_pool_free(tinyhal_pool_t* pool);
+int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
+    tinyhal_stream_t* stream, uint32_t local_memory_size, uint64_t budget_ns, int* paused);
 void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
     const tinyhal_patch_t* patches, uint32_t patch_count, const uint64_t* slot_addresses,
     const uint64_t* slot_lengths, uint32_t participants, uint32_t tiles_per_participant);

@@ -4,11 +4,12 @@
  * loops call the kernel once per workgroup, so no Python runs per workgroup and cffi
  * releases the GIL for the whole grid.
  */
-#include <dlfcn.h>
 #include <alloca.h>
+#include <dlfcn.h>
 #include <errno.h>
-#include <pthread.h>
 #include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -342,7 +344,7 @@ static inline void tinyhal_pause(void) {
 #endif
 }
 
-#define TINYHAL_SPIN_ITERATIONS 4000 /* ~20-40 us: bridges the gap between dispatches */
+#define TINYHAL_STREAM_SPIN_NS 200000 /* between the dispatches of one stream */
 
 static void tinyhal_fill(uint8_t* dst, uint64_t length, uint32_t pattern, uint32_t n) {
   if (n == 1) {
@@ -355,12 +357,25 @@ static void tinyhal_fill(uint8_t* dst, uint64_t length, uint32_t pattern, uint32
   }
 }
 
+static uint64_t tinyhal_now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* Claims tiles of a dispatch until none are left, the stream aborts, or (with a nonzero
+ * `deadline_ns`) the clock passes it: then returns TINYHAL_PAUSED with tiles left, else 0. */
+#define TINYHAL_PAUSED 1
 static int tinyhal_stream_dispatch(tinyhal_stream_t* stream, tinyhal_op_t* op, uint32_t op_index,
-                                   tinyhal_workgroup_state_t* wg) {
+                                   tinyhal_workgroup_state_t* wg, uint64_t deadline_ns) {
   uint64_t failed = 0;
   int rc = 0;
   for (;;) {
     if (__atomic_load_n(&stream->abort, __ATOMIC_RELAXED)) break;
+    if (deadline_ns && tinyhal_now_ns() >= deadline_ns &&
+        __atomic_load_n(&op->cursor, __ATOMIC_RELAXED) < op->length) {
+      return TINYHAL_PAUSED;
+    }
     uint64_t begin = __atomic_fetch_add(&op->cursor, op->tile, __ATOMIC_RELAXED);
     if (begin >= op->length) break;
     uint64_t end = begin + op->tile < op->length ? begin + op->tile : op->length;
@@ -376,40 +391,94 @@ static int tinyhal_stream_dispatch(tinyhal_stream_t* stream, tinyhal_op_t* op, u
       break;
     }
   }
-  return rc;
+  return 0; /* a failure is in `stream->status` */
 }
 
-/* Sleeping and waking on a stream word. A thread about to sleep counts itself in
- * `stream->sleepers` first, and a bump makes the wake system call only when someone may
- * sleep: with sequentially consistent order on both sides, either the bumper sees the
- * sleeper or the sleeper sees the new value (and the kernel rechecks it again). A stream
- * run by one participant (the sync driver) so never enters the kernel. */
-static void tinyhal_wait_word(tinyhal_stream_t* stream, uint32_t* word, uint32_t seen) {
-  for (int i = 0; i < TINYHAL_SPIN_ITERATIONS; ++i) {
-    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen) return;
-    tinyhal_pause();
+/* Sleeping and waking on a shared word. A thread about to sleep counts itself in
+ * `*sleepers` first, and a bump makes the wake system call only when someone may sleep:
+ * with sequentially consistent order on both sides, either the bumper sees the sleeper or
+ * the sleeper sees the new value (and the kernel rechecks it again). A stream run by one
+ * participant (the sync driver) so never enters the kernel.
+ *
+ * Before sleeping a waiter stays awake for up to `spin_ns`, which bridges the short gaps
+ * between the dispatches of one stream: briefly with `pause`, then yielding the CPU on
+ * each check, so that on a loaded machine a waiter never holds back the very thread it
+ * waits for (or anyone else's) when they share a core. */
+#define TINYHAL_PAUSE_SPINS 64 /* ~2 us of `pause` before yielding */
+
+static void tinyhal_wait_word(uint32_t* sleepers, uint32_t* word, uint32_t seen,
+                              uint64_t spin_ns) {
+  if (spin_ns) {
+    for (int i = 0; i < TINYHAL_PAUSE_SPINS; ++i) {
+      if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen) return;
+      tinyhal_pause();
+    }
+    uint64_t deadline = tinyhal_now_ns() + spin_ns;
+    do {
+      if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen) return;
+      sched_yield();
+    } while (tinyhal_now_ns() < deadline);
   }
   while (__atomic_load_n(word, __ATOMIC_ACQUIRE) == seen) {
-    __atomic_add_fetch(&stream->sleepers, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(word, __ATOMIC_SEQ_CST) == seen) {
       tinyhal_futex(word, FUTEX_WAIT_PRIVATE, seen);
     }
-    __atomic_sub_fetch(&stream->sleepers, 1, __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
   }
 }
 
-static void tinyhal_bump_word(tinyhal_stream_t* stream, uint32_t* word) {
+static void tinyhal_bump_word(uint32_t* sleepers, uint32_t* word) {
   __atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&stream->sleepers, __ATOMIC_SEQ_CST)) {
+  if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST)) {
     tinyhal_futex(word, FUTEX_WAKE_PRIVATE, 0x7FFFFFFF);
   }
 }
 
-/* Leader: runs every operation in order. Returns 0 or the first failing status. */
+/* Closes the posted dispatch to new joiners, then waits for the helpers inside it. */
+static void tinyhal_stream_close(tinyhal_stream_t* stream) {
+  uint64_t state = __atomic_load_n(&stream->post, __ATOMIC_ACQUIRE);
+  while (!__atomic_compare_exchange_n(&stream->post, &state,
+                                      (((state >> 32) + 1) << 32) | (state & 0xFFFFFFFFu), 0,
+                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+  }
+  for (;;) {
+    uint32_t seen = __atomic_load_n(&stream->left, __ATOMIC_ACQUIRE);
+    if ((__atomic_load_n(&stream->post, __ATOMIC_ACQUIRE) & 0xFFFFFFFFu) == 0) break;
+    tinyhal_wait_word(&stream->sleepers, &stream->left, seen, TINYHAL_STREAM_SPIN_NS);
+  }
+}
+
+/* Leader: runs the operations in order from `stream->resume`. Returns 0 once the stream is
+ * done (its status says how), or TINYHAL_PAUSED when `deadline_ns` (nonzero) passed
+ * first: `resume`/`resume_open` then say where the next leader goes on, and a dispatch in
+ * progress stays open to its helpers meanwhile. */
 static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
-                               tinyhal_workgroup_state_t* wg) {
-  for (uint32_t i = 0; i < count && !__atomic_load_n(&stream->abort, __ATOMIC_RELAXED); ++i) {
+                               tinyhal_workgroup_state_t* wg, uint64_t deadline_ns) {
+  uint32_t i = stream->resume;
+  int open = stream->resume_open;
+  stream->resume_open = 0;
+  for (; i < count; ++i) {
     tinyhal_op_t* op = &ops[i];
+    if (open) {
+      /* A paused dispatch: claim what is left, then close it as usual. */
+      open = 0;
+      if (op->local_memory_size > wg->local_memory_size) {
+        __atomic_store_n(&stream->status, -12, __ATOMIC_RELEASE);
+        __atomic_store_n(&stream->abort, 1, __ATOMIC_RELEASE);
+      } else if (tinyhal_stream_dispatch(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
+        stream->resume = i;
+        stream->resume_open = 1;
+        return TINYHAL_PAUSED;
+      }
+      tinyhal_stream_close(stream);
+      continue;
+    }
+    if (__atomic_load_n(&stream->abort, __ATOMIC_RELAXED)) break;
+    if (deadline_ns && tinyhal_now_ns() >= deadline_ns) {
+      stream->resume = i;
+      return TINYHAL_PAUSED;
+    }
     switch (op->kind) {
       case TINYHAL_OP_DISPATCH: {
         if (op->local_memory_size > wg->local_memory_size) {
@@ -417,6 +486,16 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
           __atomic_store_n(&stream->abort, 1, __ATOMIC_RELEASE);
           break;
         }
+        if (op->length < 2 || !stream->posted) {
+          /* One workgroup (nothing to share, so no helper is disturbed for it), or no
+           * helpers to share with. */
+          if (tinyhal_stream_dispatch(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
+            stream->resume = i;
+            return TINYHAL_PAUSED;
+          }
+          break;
+        }
+        __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
         /* Post: helpers see the op, then the new generation. */
         __atomic_store_n(&stream->current, op, __ATOMIC_RELEASE);
         __atomic_store_n(&stream->current_index, i, __ATOMIC_RELEASE);
@@ -426,19 +505,13 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
                                             0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
           posted = ((post >> 32) + 1) << 32;
         }
-        tinyhal_bump_word(stream, &stream->wake);
-        tinyhal_stream_dispatch(stream, op, i, wg);
-        /* Leave: close the generation to new joiners, then wait for joined helpers. */
-        uint64_t state = __atomic_load_n(&stream->post, __ATOMIC_ACQUIRE);
-        while (!__atomic_compare_exchange_n(&stream->post, &state,
-                                            (((state >> 32) + 1) << 32) | (state & 0xFFFFFFFFu),
-                                            0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        tinyhal_bump_word(&stream->sleepers, &stream->wake);
+        if (tinyhal_stream_dispatch(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
+          stream->resume = i;
+          stream->resume_open = 1;
+          return TINYHAL_PAUSED;
         }
-        for (;;) {
-          uint32_t seen = __atomic_load_n(&stream->left, __ATOMIC_ACQUIRE);
-          if ((__atomic_load_n(&stream->post, __ATOMIC_ACQUIRE) & 0xFFFFFFFFu) == 0) break;
-          tinyhal_wait_word(stream, &stream->left, seen);
-        }
+        tinyhal_stream_close(stream);
         break;
       }
       case TINYHAL_OP_FILL:
@@ -451,13 +524,18 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
         break;
     }
   }
+  stream->resume = count;
   __atomic_store_n(&stream->done, 1, __ATOMIC_RELEASE);
-  tinyhal_bump_word(stream, &stream->wake);
-  return __atomic_load_n(&stream->status, __ATOMIC_ACQUIRE);
+  tinyhal_bump_word(&stream->sleepers, &stream->wake);
+  return 0;
 }
 
+typedef struct tinyhal_helper_t tinyhal_helper_t;
+static void tinyhal_helper_steer(tinyhal_helper_t* self, int leader_cpu);
+
 /* Helper: joins posted dispatches until the stream is done. */
-static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_state_t* wg) {
+static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_state_t* wg,
+                                tinyhal_helper_t* self) {
   uint64_t last_generation = 0;
   for (;;) {
     uint32_t seen = __atomic_load_n(&stream->wake, __ATOMIC_ACQUIRE);
@@ -469,35 +547,19 @@ static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_stat
       if (__atomic_compare_exchange_n(&stream->post, &post, post + 1, 0, __ATOMIC_ACQ_REL,
                                       __ATOMIC_ACQUIRE)) {
         last_generation = generation;
+        tinyhal_helper_steer(self, __atomic_load_n(&stream->leader_cpu, __ATOMIC_RELAXED));
         tinyhal_op_t* op = __atomic_load_n(&stream->current, __ATOMIC_ACQUIRE);
         uint32_t index = __atomic_load_n(&stream->current_index, __ATOMIC_ACQUIRE);
         if (op->local_memory_size <= wg->local_memory_size) {
-          tinyhal_stream_dispatch(stream, op, index, wg);
+          tinyhal_stream_dispatch(stream, op, index, wg, 0);
         }
         __atomic_sub_fetch(&stream->post, 1, __ATOMIC_ACQ_REL);
-        tinyhal_bump_word(stream, &stream->left);
+        tinyhal_bump_word(&stream->sleepers, &stream->left);
       }
       continue;
     }
-    tinyhal_wait_word(stream, &stream->wake, seen);
+    tinyhal_wait_word(&stream->sleepers, &stream->wake, seen, TINYHAL_STREAM_SPIN_NS);
   }
-}
-
-int tinyhal_run_stream(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
-                       uint32_t processor_id, uint32_t local_memory_size) {
-  tinyhal_participant_t participant;
-  /* Without local memory the dispatches that need it fail with -12 (leader's check). */
-  (void)tinyhal_participant_enter(&participant, processor_id, local_memory_size);
-  int rc = 0;
-  int expected = 0;
-  if (__atomic_compare_exchange_n(&stream->leader, &expected, 1, 0, __ATOMIC_ACQ_REL,
-                                  __ATOMIC_RELAXED)) {
-    rc = tinyhal_stream_lead(ops, count, stream, &participant.wg);
-  } else {
-    tinyhal_stream_help(stream, &participant.wg);
-  }
-  tinyhal_participant_leave(&participant);
-  return rc;
 }
 
 /* Readies a recorded stream for one execution: writes each binding's address and length
@@ -525,4 +587,196 @@ void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* st
     }
   }
   memset(stream, 0, sizeof(*stream));
+}
+
+/* ---- Stream helpers: native threads that join a stream its leader runs -----------------
+ *
+ * A pool of plain C threads that never touch Python (so never the GIL). The thread that
+ * readies a submission leads its stream: it posts the stream to the pool and runs it, and
+ * the helpers wake, attach, claim tiles of its dispatches like any helper, and detach when
+ * it is done. The leader returns only once every helper that attached has detached, so the
+ * stream's memory may be reused as soon as it returns. One stream is posted at a time; a
+ * second leader meanwhile runs its stream alone (the helpers are busy anyway).
+ *
+ * A helper that attached checks that the stream is still posted before touching it, with
+ * sequentially consistent order against the leader's unposting, so a leader that sees no
+ * attached helper after unposting is never joined late.
+ *
+ * An idle helper stays awake for `idle_spin_ns` after each stream before it sleeps, so
+ * the streams of back-to-back invocations can find it awake.
+ */
+
+typedef struct tinyhal_pool_t tinyhal_pool_t;
+
+struct tinyhal_helper_t {
+  tinyhal_pool_t* pool;
+  uint32_t processor_id;
+  int avoided_cpu; /* the leader's CPU its affinity leaves out, or -1 */
+  pthread_t thread;
+  int started;
+};
+
+struct tinyhal_pool_t {
+  uint32_t wake;     /* bumped for every post and for stop; idle helpers wait on it */
+  uint32_t left;     /* bumped when a helper detaches; a finishing leader waits on it */
+  uint32_t sleepers; /* threads in (or entering) a futex wait on `wake` or `left` */
+  uint32_t attached; /* helpers inside the posted stream */
+  int stop;
+  int busy;          /* a leader owns the pool (posts, runs, waits for detaching) */
+  uint32_t local_memory_size; /* of the posted stream */
+  int steer;          /* keep helpers off the leader's CPU */
+  cpu_set_t allowed;  /* the CPUs the process may use, at creation */
+  uint64_t idle_spin_ns;
+  tinyhal_stream_t* job; /* the posted stream, or NULL */
+  pid_t owner;        /* the process whose threads the helpers are (not a fork child) */
+  uint32_t helper_count;
+  tinyhal_helper_t helpers[];
+};
+
+/* Keeps the calling helper off `leader_cpu`: woken there it would only take turns with the
+ * leader. A system call only when the leader's CPU changed; needs another allowed CPU. */
+static void tinyhal_helper_steer(tinyhal_helper_t* self, int leader_cpu) {
+  tinyhal_pool_t* pool = self->pool;
+  if (!pool->steer || leader_cpu < 0 || leader_cpu == self->avoided_cpu) return;
+  self->avoided_cpu = leader_cpu;
+  if (leader_cpu >= CPU_SETSIZE || !CPU_ISSET(leader_cpu, &pool->allowed) ||
+      CPU_COUNT(&pool->allowed) < 2) {
+    return;
+  }
+  cpu_set_t others = pool->allowed;
+  CPU_CLR(leader_cpu, &others);
+  (void)sched_setaffinity(0, sizeof(others), &others);
+}
+
+static void* tinyhal_helper_main(void* arg) {
+  tinyhal_helper_t* self = (tinyhal_helper_t*)arg;
+  tinyhal_pool_t* pool = self->pool;
+#ifdef TINYHAL_HAVE_MXCSR
+  _mm_setcsr(_mm_getcsr() | 0x8040u); /* this thread only ever runs kernels */
+#endif
+  tinyhal_workgroup_state_t wg;
+  memset(&wg, 0, sizeof(wg));
+  wg.processor_id = self->processor_id;
+  uint32_t joined = 0;
+  int has_joined = 0;
+  for (;;) {
+    uint32_t seen = __atomic_load_n(&pool->wake, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE)) break;
+    tinyhal_stream_t* job = __atomic_load_n(&pool->job, __ATOMIC_SEQ_CST);
+    if (job && !(has_joined && joined == seen)) {
+      __atomic_add_fetch(&pool->attached, 1, __ATOMIC_SEQ_CST);
+      /* Still posted after attaching: the leader now waits for this helper to detach. */
+      if (__atomic_load_n(&pool->job, __ATOMIC_SEQ_CST) == job) {
+        uint32_t need = __atomic_load_n(&pool->local_memory_size, __ATOMIC_ACQUIRE);
+        if (need > wg.local_memory_size) {
+          size_t rounded = ((size_t)need + 63u) & ~(size_t)63u;
+          void* grown = aligned_alloc(64, rounded);
+          if (grown) { /* else dispatches needing it are left to the leader */
+            free(wg.local_memory);
+            wg.local_memory = grown;
+            wg.local_memory_size = need;
+          }
+        }
+        tinyhal_helper_steer(self, __atomic_load_n(&job->leader_cpu, __ATOMIC_RELAXED));
+        tinyhal_stream_help(job, &wg, self);
+        joined = seen;
+        has_joined = 1;
+      }
+      __atomic_sub_fetch(&pool->attached, 1, __ATOMIC_SEQ_CST);
+      tinyhal_bump_word(&pool->sleepers, &pool->left);
+      continue;
+    }
+    tinyhal_wait_word(&pool->sleepers, &pool->wake, seen,
+                      __atomic_load_n(&pool->idle_spin_ns, __ATOMIC_RELAXED));
+  }
+  free(wg.local_memory);
+  return NULL;
+}
+
+/* Starts `helper_count` helpers with processor ids 1..helper_count (the leader is 0).
+ * With `steer`, a helper keeps off the CPU its stream's leader last posted from (by its
+ * affinity, changed only when the leader's CPU changes). Returns NULL when not even the pool's
+ * memory is available; fewer helpers start if the system refuses threads (`*started`
+ * says how many). */
+tinyhal_pool_t* tinyhal_pool_create(uint32_t helper_count, uint64_t idle_spin_ns, int steer,
+                                    uint32_t* started) {
+  tinyhal_pool_t* pool =
+      (tinyhal_pool_t*)calloc(1, sizeof(tinyhal_pool_t) + helper_count * sizeof(tinyhal_helper_t));
+  if (started) *started = 0;
+  if (!pool) return NULL;
+  pool->idle_spin_ns = idle_spin_ns;
+  pool->owner = getpid();
+  pool->steer = steer && sched_getaffinity(0, sizeof(pool->allowed), &pool->allowed) == 0;
+  for (uint32_t i = 0; i < helper_count; ++i) {
+    tinyhal_helper_t* h = &pool->helpers[pool->helper_count];
+    h->pool = pool;
+    h->processor_id = i + 1;
+    h->avoided_cpu = -1;
+    if (pthread_create(&h->thread, NULL, tinyhal_helper_main, h) != 0) break;
+    h->started = 1;
+    ++pool->helper_count;
+  }
+  if (started) *started = pool->helper_count;
+  return pool;
+}
+
+/* Stops and joins the helpers (a stream still running finishes with its leader alone).
+ * Idempotent; the memory stays until `tinyhal_pool_free`. */
+void tinyhal_pool_stop(tinyhal_pool_t* pool) {
+  if (!pool || pool->owner != getpid()) return; /* a fork child has no helper threads */
+  __atomic_store_n(&pool->stop, 1, __ATOMIC_SEQ_CST);
+  tinyhal_bump_word(&pool->sleepers, &pool->wake);
+  for (uint32_t i = 0; i < pool->helper_count; ++i) {
+    tinyhal_helper_t* h = &pool->helpers[i];
+    if (h->started) {
+      pthread_join(h->thread, NULL);
+      h->started = 0;
+    }
+  }
+}
+
+void tinyhal_pool_free(tinyhal_pool_t* pool) {
+  tinyhal_pool_stop(pool);
+  free(pool);
+}
+
+/* Leads a bound stream (processor id 0) with the pool's helpers joining its dispatches;
+ * `pool` may be NULL (the stream runs alone). Returns 0 or the first failing status once
+ * the stream is done. With a nonzero `budget_ns` it may instead stop when that much time
+ * has passed with work left, setting `*paused`: the stream keeps the pool (its helpers go
+ * on with the dispatch in progress), and another call, on any thread, leads it on. A
+ * paused stream must be led to the end; setting `abort` first makes that quick. */
+int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
+                       tinyhal_stream_t* stream, uint32_t local_memory_size, uint64_t budget_ns,
+                       int* paused) {
+  tinyhal_participant_t participant;
+  /* Without local memory the dispatches that need it fail with -12 (leader's check). */
+  (void)tinyhal_participant_enter(&participant, 0, local_memory_size);
+  uint64_t deadline_ns = budget_ns ? tinyhal_now_ns() + budget_ns : 0;
+  if (!stream->posted && stream->resume == 0 && pool && pool->helper_count &&
+      !__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE) && pool->owner == getpid()) {
+    int expected = 0;
+    if (__atomic_compare_exchange_n(&pool->busy, &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED)) {
+      __atomic_store_n(&pool->local_memory_size, local_memory_size, __ATOMIC_RELAXED);
+      __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
+      __atomic_store_n(&pool->job, stream, __ATOMIC_SEQ_CST);
+      tinyhal_bump_word(&pool->sleepers, &pool->wake);
+      stream->posted = 1;
+    }
+  }
+  int stopped = tinyhal_stream_lead(ops, count, stream, &participant.wg, deadline_ns);
+  if (paused) *paused = stopped == TINYHAL_PAUSED;
+  if (!stopped && stream->posted) {
+    __atomic_store_n(&pool->job, NULL, __ATOMIC_SEQ_CST);
+    for (;;) {
+      uint32_t seen = __atomic_load_n(&pool->left, __ATOMIC_SEQ_CST);
+      if (__atomic_load_n(&pool->attached, __ATOMIC_SEQ_CST) == 0) break;
+      tinyhal_wait_word(&pool->sleepers, &pool->left, seen, TINYHAL_STREAM_SPIN_NS);
+    }
+    stream->posted = 0;
+    __atomic_store_n(&pool->busy, 0, __ATOMIC_RELEASE);
+  }
+  tinyhal_participant_leave(&participant);
+  return stopped ? 0 : __atomic_load_n(&stream->status, __ATOMIC_ACQUIRE);
 }

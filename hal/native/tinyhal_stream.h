@@ -34,7 +34,6 @@ typedef struct tinyhal_op_t {
 
 /* Shared state of one stream run; zero-initialize before the first participant. */
 typedef struct tinyhal_stream_t {
-  int leader;
   int done;
   int abort;
   int status;
@@ -46,6 +45,10 @@ typedef struct tinyhal_stream_t {
   uint64_t post;
   tinyhal_op_t* current;
   uint32_t sleepers; /* threads in (or entering) a futex wait on `wake` or `left` */
+  uint32_t resume;   /* where a paused leader stopped: the next operation to lead */
+  int resume_open;   /* ... which is a posted dispatch, still open to helpers */
+  int posted;        /* the stream is posted to a helper pool (the pool is its own) */
+  int leader_cpu;    /* the leader's CPU at its latest post, which helpers keep off */
 } tinyhal_stream_t;
 
 /* Where one binding of a recorded stream goes: on each execution the 8-byte word at

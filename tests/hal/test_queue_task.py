@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -32,6 +34,30 @@ static int who(const tinyhal_environment_t* env, const tinyhal_dispatch_state_t*
   out[w->workgroup_id_x] = w->processor_id + 1u;
   return 0;
 }
+/* out[wg] = 1. Workgroups below GATED_FROM busy-wait 200 us first; the others wait (at
+ * most 5 s) for the flag in binding 1, which the test sets after `submit` returned, and
+ * write 2 if it never came. */
+#define GATED_FROM 64u
+static int gated(const tinyhal_environment_t* env, const tinyhal_dispatch_state_t* d,
+                 const tinyhal_workgroup_state_t* w) {
+  uint32_t* out = (uint32_t*)d->binding_ptrs[0];
+  const uint32_t* flag = (const uint32_t*)d->binding_ptrs[1];
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    long us = (t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000L;
+    if (w->workgroup_id_x < GATED_FROM ? us >= 200 : __atomic_load_n(flag, __ATOMIC_ACQUIRE)) {
+      break;
+    }
+    if (us > 5000000L) {
+      out[w->workgroup_id_x] = 2u;
+      return 0;
+    }
+  }
+  out[w->workgroup_id_x] = 1u;
+  return 0;
+}
 /* out[i] = in[i] * 2 + 1, 64 items per workgroup */
 static int step(const tinyhal_environment_t* env, const tinyhal_dispatch_state_t* d,
                 const tinyhal_workgroup_state_t* w) {
@@ -47,7 +73,8 @@ static int step(const tinyhal_environment_t* env, const tinyhal_dispatch_state_t
 @pytest.fixture(scope="module")
 def kernels() -> bytes:
     return build_executable(KERNELS, [KernelExport("who", binding_count=1),
-                                      KernelExport("step", binding_count=2)],
+                                      KernelExport("step", binding_count=2),
+                                      KernelExport("gated", binding_count=2)],
                             name="task_kernels")
 
 
@@ -86,8 +113,48 @@ def test_dispatch_is_tiled_across_workers(task_device, kernels):
     assert set(ids.tolist()) == {1, 2}  # on both workers (processor ids 0 and 1)
 
 
-def test_barriers_order_dispatches_inside_a_command_buffer(task_device, kernels):
-    dev = task_device
+@pytest.mark.parametrize("inline_us", [1000, 0])
+def test_a_long_stream_does_not_hold_up_the_submitting_thread(kernels, inline_us):
+    # 1000: the submitter leads for ~1 ms (a few of the 64 slow workgroups), then a worker
+    # leads on; 0: a worker leads from the start. Either way `submit` returns while the
+    # gated workgroups still wait for a flag that only this thread sets afterwards.
+    dev = hal.create_device("task", workers=2, inline_us=inline_us)
+    try:
+        exe = dev.load_executable(kernels)
+        n = 64 + 8
+        out = dev.allocator.allocate(4 * n)
+        flag = dev.allocator.allocate(64)
+        dev.write_bytes(flag, bytes(64))
+        cb = dev.create_command_buffer()
+        cb.dispatch(exe, "gated", (n, 1, 1), bindings=[out, flag])
+        cb.finalize()
+        s = dev.create_semaphore()
+        dev.submit(cb, signal=[(s, 1)])
+        ctypes.c_uint32.from_address(flag.address).value = 1
+        s.wait(1, timeout=T)
+        assert BufferView(out, (n,), 0x10000020).to_numpy().tolist() == [1] * n
+    finally:
+        dev.close()
+
+
+def test_inline_us_option():
+    for bad in (-1, 1.5, "1"):
+        with pytest.raises(errors.InvalidArgumentError, match="inline_us"):
+            hal.create_device("task", inline_us=bad)
+
+
+@pytest.mark.parametrize("inline_us", [2000, 1])
+def test_barriers_order_dispatches_inside_a_command_buffer(kernels, inline_us):
+    # inline_us=1: the submitter pauses at once (inside the first dispatch or before the
+    # next), and a worker leads the rest on from where it stopped.
+    dev = hal.create_device("task", workers=2, inline_us=inline_us)
+    try:
+        _run_step_chain(dev, kernels)
+    finally:
+        dev.close()
+
+
+def _run_step_chain(dev, kernels):
     exe = dev.load_executable(kernels)
     n = 64 * 64
     x = np.arange(n, dtype=np.int32)

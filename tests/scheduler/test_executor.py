@@ -15,7 +15,6 @@ from tinyhal.errors import (
 )
 from tinyhal.scheduler import (
     CallTask,
-    CooperativeTask,
     Executor,
     NopTask,
     current_worker_index,
@@ -180,27 +179,6 @@ def test_long_chain_of_inline_nodes_does_not_recurse(ex):
     ex.submit(*nodes)
     ex.submit(head)
     assert prev.wait(WAIT) is None
-
-
-def test_cooperative_task_shares_a_cursor(ex):
-    lock = threading.Lock()
-    cursor = [0]
-    total = 5000
-    got = []
-
-    def share(worker):
-        while True:
-            with lock:
-                i = cursor[0]
-                if i >= total:
-                    return
-                cursor[0] += 1
-            got.append(i)
-
-    t = CooperativeTask(ex, share)
-    ex.submit(t)
-    assert t.wait(WAIT) is None
-    assert sorted(got) == list(range(total))
 
 
 def test_cancel_before_start(ex):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
 import trio
 
 from tinyhal.errors import AbortedError
-from tinyhal.scheduler import CallTask, Executor, await_callback, await_task
+from tinyhal.scheduler import CallTask, Executor, await_callback, await_task, on_event_loop
 
 
 @pytest.fixture
@@ -86,3 +87,18 @@ async def test_late_callback_after_cancel_is_harmless():
         await await_callback(subscribe)
     holder[0]()  # fires after the waiter left: ignored
     await trio.sleep(0.01)
+
+
+def test_on_event_loop_tells_a_thread_that_runs_one():
+    async def probe():
+        return on_event_loop()
+
+    assert not on_event_loop()
+    assert trio.run(probe)
+    assert asyncio.run(probe())
+    assert not on_event_loop()
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(on_event_loop()))
+    worker.start()
+    worker.join(10)
+    assert seen == [False]
