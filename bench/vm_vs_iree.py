@@ -31,6 +31,7 @@ from _common import median_seconds, write_results  # noqa: E402
 import tinyhal  # noqa: E402
 from support.iree_tools import HOST_FLAGS, compile_mlir  # noqa: E402
 from support.models import (  # noqa: E402
+    VM_LOOP_MLIR,
     ds_cnn_kws_vmfb,
     kws_input,
     mobilenet_input,
@@ -42,25 +43,6 @@ TINY = """
 func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
   %0 = arith.addf %a, %b : tensor<4xf32>
   return %0 : tensor<4xf32>
-}
-"""
-
-LOOP = """
-func.func @loop(%n: i32) -> i32 {
-  %c0 = arith.constant 0 : i32
-  %c1 = arith.constant 1 : i32
-  %r:2 = scf.while (%i = %c0, %acc = %c0) : (i32, i32) -> (i32, i32) {
-    %go = arith.cmpi slt, %i, %n : i32
-    scf.condition(%go) %i, %acc : i32, i32
-  } do {
-  ^bb0(%i: i32, %acc: i32):
-    %x = arith.muli %i, %i : i32
-    %y = arith.xori %x, %acc : i32
-    %s = arith.addi %y, %i : i32
-    %n1 = arith.addi %i, %c1 : i32
-    scf.yield %n1, %s : i32, i32
-  }
-  return %r#1 : i32
 }
 """
 
@@ -111,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
 
     tiny = compile_mlir(TINY, HOST_FLAGS)
-    loop = compile_mlir(LOOP, HOST_FLAGS)
+    loop = compile_mlir(VM_LOOP_MLIR, HOST_FLAGS)
     models = {
         "tiny (4xf32 add)": (tiny, "main", lambda: (np.arange(4, dtype=np.float32),
                                                     np.ones(4, np.float32)), 2000),

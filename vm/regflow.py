@@ -271,15 +271,13 @@ def _analyse(fn, blocks, block_index, params, functions, imports, terminators) -
         for a in row:
             for n, t in a.writes:
                 join(n, t)
+    copies = list(_edge_copies(acc))
     changed = True
     while changed:
         changed = False
-        for row in acc:
-            for a in row:
-                for _, pairs in a.edges:
-                    for s, d in pairs:
-                        if s in types and join(d, types[s]):
-                            changed = True
+        for s, d in copies:
+            if s in types and join(d, types[s]):
+                changed = True
 
     # Deferred wrapping, compare folding and coalescing, block by block.
     for bi in range(nb):
@@ -289,6 +287,14 @@ def _analyse(fn, blocks, block_index, params, functions, imports, terminators) -
     _counted(flow, acc, types)
     _unsigned(flow, acc, types, param_set, fn)
     return flow
+
+
+def _edge_copies(acc: list[list[_Ins]]):
+    """Every (source, destination) register copy a branch makes along an edge."""
+    for row in acc:
+        for a in row:
+            for _, pairs in a.edges:
+                yield from pairs
 
 
 def _counted(flow: Flow, acc: list[list[_Ins]], types: dict) -> None:
@@ -575,11 +581,8 @@ def _unsigned(flow: Flow, acc, types: dict, param_set: set, fn) -> None:
     changed = True
     while changed:
         changed = False
-        for row in acc:
-            for a in row:
-                for _, pairs in a.edges:
-                    for s, d in pairs:
-                        w = flow.unsigned.get(d)
-                        if w is not None and types.get(s) not in (None, f"i{w}"):
-                            del flow.unsigned[d]
-                            changed = True
+        for s, d in _edge_copies(acc):
+            w = flow.unsigned.get(d)
+            if w is not None and types.get(s) not in (None, f"i{w}"):
+                del flow.unsigned[d]
+                changed = True

@@ -21,6 +21,28 @@ from .iree_tools import HOST_FLAGS, cache_dir, compile_mlir
 _SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
              (6, 160, 3, 2), (6, 320, 1, 1)]
 
+# The bench's pure-VM loop (bench/vm_vs_iree.py): i32 multiply, xor and add carried
+# around an scf.while, no HAL calls; tests check its generated shape and results.
+VM_LOOP_MLIR = """
+func.func @loop(%n: i32) -> i32 {
+  %c0 = arith.constant 0 : i32
+  %c1 = arith.constant 1 : i32
+  %r:2 = scf.while (%i = %c0, %acc = %c0) : (i32, i32) -> (i32, i32) {
+    %go = arith.cmpi slt, %i, %n : i32
+    scf.condition(%go) %i, %acc : i32, i32
+  } do {
+  ^bb0(%i: i32, %acc: i32):
+    %x = arith.muli %i, %i : i32
+    %y = arith.xori %x, %acc : i32
+    %s = arith.addi %y, %i : i32
+    %n1 = arith.addi %i, %c1 : i32
+    scf.yield %n1, %s : i32, i32
+  }
+  return %r#1 : i32
+}
+"""
+
+
 
 def mobilenet_v2_onnx(seed: int = 0, num_classes: int = 1000, size: int = 224) -> bytes:
     """The serialized ONNX model (opset 17), deterministic for a seed."""

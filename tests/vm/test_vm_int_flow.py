@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.models import VM_LOOP_MLIR
 from support.vm_pairs import I32_EDGES, I64_EDGES, vm_compile_source
 
 LIMITS = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1)}
@@ -175,26 +176,6 @@ func.func @collatz_{t}(%n: i32, %x0: {t}) -> ({t}, {t}) {{
 """
 
 
-BENCH_LOOP = """
-func.func @loop(%n: i32) -> i32 {
-  %c0 = arith.constant 0 : i32
-  %c1 = arith.constant 1 : i32
-  %r:2 = scf.while (%i = %c0, %acc = %c0) : (i32, i32) -> (i32, i32) {
-    %go = arith.cmpi slt, %i, %n : i32
-    scf.condition(%go) %i, %acc : i32, i32
-  } do {
-  ^bb0(%i: i32, %acc: i32):
-    %x = arith.muli %i, %i : i32
-    %y = arith.xori %x, %acc : i32
-    %s = arith.addi %y, %i : i32
-    %n1 = arith.addi %i, %c1 : i32
-    scf.yield %n1, %s : i32, i32
-  }
-  return %r#1 : i32
-}
-"""
-
-
 @pytest.fixture(scope="module")
 def flow_path():
     return vm_compile_source("\n".join(f(t) for t in ("i32", "i64")
@@ -203,7 +184,7 @@ def flow_path():
 
 @pytest.fixture(scope="module")
 def bench_loop_path():
-    return vm_compile_source(BENCH_LOOP)
+    return vm_compile_source(VM_LOOP_MLIR)
 
 
 EDGES = {"i32": I32_EDGES, "i64": I64_EDGES}
