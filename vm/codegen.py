@@ -449,7 +449,9 @@ class _Gen:
         state: dict[int, tuple[str, int]] = {}
         for src, dst in pairs:
             state[dst] = state.get(src) or initial(src)
-        moved64 = {d for s, d in pairs if not s & 1 and not d & 1 and (s + 1, d + 1) in pairs}
+        moved64 = {d for s, d in pairs if not d & 1 and (s + 1, d + 1) in pairs}
+        moved64 |= {d for d, (kind, slot) in state.items()
+                    if not d & 1 and kind == "lo" and state.get(d + 1) == ("hi", slot)}
 
         def half(value: tuple[str, int]) -> str:
             kind, slot = value
@@ -466,7 +468,8 @@ class _Gen:
                 continue
             if dst in moved64:
                 lo, hi = state[dst], state[dst + 1]
-                if lo[0] == "lo" and hi == ("hi", lo[1]):
+                if (lo[0] == "lo" and hi == ("hi", lo[1])) or (
+                        lo[0] == "i32" == hi[0] and not lo[1] & 1 and hi[1] == lo[1] + 1):
                     value = self.read(f"i{lo[1]}")
                 else:
                     value = f"({half(hi)} << 32) | ({half(lo)} & {M32})"
