@@ -59,6 +59,41 @@ func.func @f0(%a: i64, %b: i64, %c: i64, %n: i32) -> (i32, i64, i64, i64) {
 }
 """
 
+# A loop whose back edge swaps two i64s through a temporary pair
+# (%i14->%i20, %i15->%i21, %i16->%i14, ..., %i20->%i16, %i21->%i17).
+SWAP_MLIR = """
+func.func @swap(%a: i64, %b: i64, %c: i64, %n: i32) -> (i32, i64, i64, i64) {
+  %v1 = arith.constant 1099511627779 : i64
+  %v2 = arith.constant -9223372036854775808 : i64
+  %v3 = arith.constant 3 : i64
+  %v4 = arith.constant -2147483648 : i64
+  %one = arith.constant 1 : i64
+  %c0 = arith.constant 0 : i32
+  %c1 = arith.constant 1 : i32
+  %v5 = arith.ori %v2, %v1 : i64
+  %v6 = arith.shrui %v1, %v4 : i64
+  %r:4 = scf.while (%i = %c0, %x = %b, %y = %v2, %z = %b) : (i32, i64, i64, i64) -> (i32, i64, i64, i64) {
+    %go = arith.cmpi slt, %i, %n : i32
+    scf.condition(%go) %i, %x, %y, %z : i32, i64, i64, i64
+  } do {
+  ^bb0(%i: i32, %x: i64, %y: i64, %z: i64):
+  %v7 = arith.muli %x, %y : i64
+  %v8 = arith.addi %v1, %v4 : i64
+  %v9 = arith.addi %x, %y : i64
+  %v10 = arith.shrui %v7, %v8 : i64
+  %v11 = arith.ori %y, %v3 : i64
+  %v12 = arith.addi %z, %v8 : i64
+    %i1 = arith.addi %i, %c1 : i32
+    scf.yield %i1, %v9, %v12, %y : i32, i64, i64, i64
+  }
+  %v13 = arith.shli %v4, %v3 : i64
+  %v14 = arith.shrsi %r#1, %v2 : i64
+  %v15 = arith.subi %v2, %v3 : i64
+  %v16 = arith.subi %v2, %r#1 : i64
+  return %r#0, %v4, %r#1, %v2 : i32, i64, i64, i64
+}
+"""
+
 
 @pytest.fixture(scope="module")
 def hazard_path():
@@ -89,3 +124,13 @@ def test_ordered_remap_matches_iree(vm_pair, hazard_path, n):
         for b in (0, -1, 2**40 + 3):
             p.check("f0", a, b, 12345, n)
     assert p.ours("f0", 0, 0, 0, 0) == (0, -9223372034707292163, 9223372036854775806, 0)
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 17])
+def test_swap_through_temporary_matches_iree(vm_pair, n):
+    path = vm_compile_source(SWAP_MLIR)
+    assert any(regflow.slot_hazard(pairs) for pairs in _remap_lists(path))
+    p = vm_pair(path)
+    for a in (0, -1):
+        for b in I64_EDGES:
+            p.check("swap", a, b, 0, n)
