@@ -449,9 +449,8 @@ class _Gen:
         state: dict[int, tuple[str, int]] = {}
         for src, dst in pairs:
             state[dst] = state.get(src) or initial(src)
-        moved64 = {d for s, d in pairs if not d & 1 and (s + 1, d + 1) in pairs}
-        moved64 |= {d for d, (kind, slot) in state.items()
-                    if not d & 1 and kind == "lo" and state.get(d + 1) == ("hi", slot)}
+        moved64 = {d for d, (kind, slot) in state.items()
+                   if not d & 1 and kind == "lo" and state.get(d + 1) == ("hi", slot)}
 
         def half(value: tuple[str, int]) -> str:
             kind, slot = value
