@@ -410,6 +410,9 @@ class _Gen:
 
     def remap(self, ins, pairs, indent: int) -> None:
         skipped = self.flow.skipped_pairs.get(ins.pc, ())
+        if regflow.slot_hazard(pairs):
+            self.remap_slots(ins, [p for p in pairs if not p[0] & isa.REF_BIT], indent)
+            pairs = [p for p in pairs if p[0] & isa.REF_BIT]
         for src, dst in pairs:
             if (src & isa.REF_BIT) != (dst & isa.REF_BIT):
                 raise self.err(ins, "branch operand remaps between register banks")
@@ -425,6 +428,96 @@ class _Gen:
                 self.emit(indent, f"{d} = {s}", ins.pc)
                 if src & isa.REF_BIT and src & isa.MOVE_BIT:
                     self.emit(indent, f"{s} = None", ins.pc)
+
+    def remap_slots(self, ins, pairs, indent: int) -> None:
+        """An integer remap list that reads a slot an earlier pair of it wrote, run as
+        IREE runs every list: 32-bit slot moves one after another, so a later pair sees
+        the earlier writes, halves of an i64 included (an i64 lives whole in its first
+        slot's local here, so its halves are split out and joined back as needed)."""
+        for src, dst in pairs:
+            self.ireg_name(ins, src, False)
+            self.ireg_name(ins, dst, False)
+        wide = self.wide_slots(ins)
+
+        def initial(slot: int) -> tuple[str, int]:
+            if slot in wide:
+                return ("lo", slot)
+            if slot & 1 and slot - 1 in wide:
+                return ("hi", slot - 1)
+            return ("i32", slot)
+
+        state: dict[int, tuple[str, int]] = {}
+        for src, dst in pairs:
+            state[dst] = state.get(src) or initial(src)
+        moved64 = {d for d, (kind, slot) in state.items()
+                   if not d & 1 and kind == "lo" and state.get(d + 1) == ("hi", slot)}
+
+        def half(value: tuple[str, int]) -> str:
+            kind, slot = value
+            r = self.read(f"i{slot}")
+            if kind == "lo":
+                return f"((({r} & {M32}) ^ {H32}) - {H32})"
+            if kind == "hi":
+                return f"({r} >> 32)"
+            return r
+
+        out: list[tuple[str, str]] = []
+        for dst in sorted(state):
+            if dst & 1 and dst - 1 in moved64:
+                continue
+            if dst in moved64:
+                lo, hi = state[dst], state[dst + 1]
+                if (lo[0] == "lo" and hi == ("hi", lo[1])) or (
+                        lo[0] == "i32" == hi[0] and not lo[1] & 1 and hi[1] == lo[1] + 1):
+                    value = self.read(f"i{lo[1]}")
+                else:
+                    value = f"({half(hi)} << 32) | ({half(lo)} & {M32})"
+            else:
+                value = half(state[dst])
+            out.append((f"i{dst}", value))
+        for k, (_, value) in enumerate(out):
+            self.emit(indent, f"_m{k} = {value}", ins.pc)
+        for k, (name, _) in enumerate(out):
+            self.emit(indent, f"{name} = _m{k}", ins.pc)
+
+    def wide_slots(self, ins) -> set[int]:
+        """First slots of the registers holding an i64 when `ins` runs: by the last typed
+        write in its block, else by every typed write in the function being an i64."""
+        params = {reg: {"I": "i64", "F": "f64", "i": "i32", "f": "f32"}[t]
+                  for t, (bank, reg) in zip(self.fn.cconv.args,
+                                            cconv_registers(self.fn.cconv.args))
+                  if bank == "i"}
+        kinds: dict[int, set] = {reg: {arg} for reg, arg in params.items()}
+        for blk in self.blocks:
+            for other in blk:
+                for (code, arg), val in zip(other.layout, other.fields):
+                    if code == "w" and arg != "ref":
+                        kinds.setdefault(val, set()).add(arg)
+        last: dict[int, str] = {}
+        for bi, blk in enumerate(self.blocks):
+            if blk[0].pc <= ins.pc <= blk[-1].pc:
+                if bi == 0:
+                    for reg, arg in params.items():
+                        last[reg] = arg
+                        if arg in ("i64", "f64"):
+                            last[reg + 1] = "hi"
+                for other in blk:
+                    if other.pc >= ins.pc:
+                        break
+                    for (code, arg), val in zip(other.layout, other.fields):
+                        if code == "w" and arg != "ref":
+                            last[val] = arg
+                            if arg in ("i64", "f64"):
+                                last[val + 1] = "hi"
+                            elif val & 1 and last.get(val - 1) in ("i64", "f64"):
+                                last[val - 1] = "split"
+                break
+        wide = set()
+        for slot, ks in kinds.items():
+            arg = last.get(slot)
+            if arg == "i64" or (arg is None and ks == {"i64"} and slot + 1 not in last):
+                wide.add(slot)
+        return wide
 
     def copy_value(self, src: str, dst: str) -> str:
         """`src`'s value in the form `dst` holds (see regflow: constant, unsigned)."""

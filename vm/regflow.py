@@ -94,7 +94,23 @@ class _Ins:
     edges: list  # [(block index, [(src, dst)])] for terminators
 
 
+def slot_hazard(pairs) -> bool:
+    """Whether an integer remap list reads a slot an earlier pair of it wrote. IREE moves
+    the slots one after another, so such a list is not a parallel copy (the compiler
+    can emit one when an i64 pair overlaps an i32 register)."""
+    written: set[int] = set()
+    for s, d in pairs:
+        if s & isa.REF_BIT:
+            continue
+        if s in written:
+            return True
+        written.add(d)
+    return False
+
+
 def _pairs(ins, pairs) -> list:
+    if slot_hazard(pairs):
+        raise _Unknown
     out = []
     for s, d in pairs:
         if (s & isa.REF_BIT) != (d & isa.REF_BIT):
