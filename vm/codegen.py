@@ -339,6 +339,7 @@ class _Gen:
         self.flow = regflow.Flow()
         self.pending: dict[str, tuple[str, bool]] = {}  # fused ring results (expr, bounded)
         self.pending_cond: tuple[str, str] | None = None  # folded compare (register, cond)
+        self.lazy: dict[str, int] = {}  # registers carried unreduced in this counted loop
 
     # -- register helpers
     def err(self, ins, msg: str) -> InvalidArgumentError:
@@ -582,6 +583,7 @@ class _Gen:
         self.has_branches = True
         cmp, cond_br = self.blocks[header][1:]
         self.emit(0, f"for {counter} in range({counter}, {self.read(bound)}):", cmp.pc)
+        self.lazy = self.flow.lazy.get(bi, {})
         for ins in blk[1:-1]:
             if ins.pc != step_pc:
                 self.instruction(ins, 1)
@@ -589,6 +591,9 @@ class _Gen:
         self.remap(br, br.fields[1], 1)
         if self.lines[-1][0] == 0:
             self.emit(1, "pass", br.pc)
+        for name, width in sorted(self.lazy.items()):
+            self.emit(0, f"{name} &= {M32 if width == 32 else M64}", br.pc)
+        self.lazy = {}
         self.emit(0, f"{counter} += 1", step_pc)
         self.jump(cond_br, cond_br.fields[3], cond_br.fields[4], 0)
         return self.lines
@@ -786,6 +791,9 @@ class _Gen:
         self.i_regs.add(int(target[1:]))
         m, h = (M32, H32) if width == 32 else (M64, H64)
         hi, lo = (2**31 - 1, -(2**31)) if width == 32 else (2**63 - 1, -(2**63))
+        if target in self.lazy:  # reduced once, after its counted loop
+            self.emit(ind, f"{target} = {expr}", pc)
+            return
         if target in self.flow.unsigned:
             self.emit(ind, f"{target} = ({expr}) & {m}", pc)
             return

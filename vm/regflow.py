@@ -24,6 +24,11 @@ is wasteful and what it may do instead, each fact derived from the verified byte
   copies, and read only by ring ops, copies and `return`, is held as its value modulo
   2^n in [0, 2^n) — one `&` per store instead of a signed wrap — and converted to the
   signed value where a copy or return reads it (`unsigned`).
+- **lazy accumulators**: in a counted loop, an unsigned register read only by ring ops
+  of its width and stored only from expressions in which it appears once, never as a
+  factor (mul, fma's multiplicands, shl's value), keeps any value congruent to it modulo 2^n and is reduced once after
+  the loop (`lazy`). |x ^ y|, |x | y|, |x & y|, |x +- y| <= |x| + |y| (+1), so such a
+  register grows by a bounded amount per trip, not geometrically.
 
 Registers are the generator's locals (`i<n>`), so an i64 lives in its first slot's name.
 Anything the analysis does not understand disables all of it for the function
@@ -76,6 +81,8 @@ class Flow:
     in_range: set[int] = field(default_factory=set)  # pcs of add/sub that cannot wrap
     # loop block -> (counter, bound, pc of the counter's step, header block)
     counted: dict[int, tuple[str, str, int, int]] = field(default_factory=dict)
+    # counted loop block -> {unsigned register carried unreduced: width}
+    lazy: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 def _iname(raw: int) -> str | None:
@@ -302,6 +309,7 @@ def _analyse(fn, blocks, block_index, params, functions, imports, terminators) -
     _guarded(flow, acc)
     _counted(flow, acc, types)
     _unsigned(flow, acc, types, param_set, fn)
+    _lazy(flow, acc)
     return flow
 
 
@@ -350,6 +358,49 @@ def _counted(flow: Flow, acc: list[list[_Ins]], types: dict) -> None:
         if any(bound in names for names in stores):
             continue
         flow.counted[bi] = (counter, bound, step.pc, h)
+
+
+def _lazy(flow: Flow, acc: list[list[_Ins]]) -> None:
+    """Unsigned registers each counted loop may carry unreduced (see the module doc)."""
+    for bi, (counter, bound, _step, _h) in flow.counted.items():
+        row = acc[bi]
+        cands = {n: w for n, w in flow.unsigned.items() if n not in (counter, bound)}
+        last = row[-1]
+        skipped = flow.skipped_pairs.get(last.ins.pc, set())
+        bad = {n for p in last.edges[0][1] if p not in skipped for n in p}
+        written: set = set()
+        pending: dict[str, dict[str, int]] = {}  # fused result -> {lazy register: count}
+        for a in row[:-1]:
+            ring = _ring(a)
+            if ring is None:
+                bad.update(a.reads)
+                bad.update(n for n, _ in a.writes)
+                continue
+            _tmpl, width, ring_pos, _bitwise = ring
+            # operand positions that scale a value (fma's addend only adds)
+            kind = a.ins.name.split(".")[0]
+            scaled = {"mul": (0, 1), "fma": (0, 1), "shl": (0,)}.get(kind, ())
+            taint: dict[str, int] = {}
+            for i, n in enumerate(a.reads):
+                src = pending.pop(n) if n in pending else ({n: 1} if n in cands else {})
+                if src and (i in scaled or i not in ring_pos
+                            or any(cands[m] != width for m in src)):
+                    bad.update(src)
+                for m, k in src.items():
+                    taint[m] = taint.get(m, 0) + k
+            res = a.writes[0][0]
+            if a.ins.pc in flow.fused:
+                pending[res] = taint
+                continue
+            target = flow.rename.get(a.ins.pc, res)
+            if taint and taint != {target: 1}:
+                bad.update(taint)
+                bad.add(target)
+            if target in cands:
+                written.add(target)
+        lazy = {n: cands[n] for n in written if n not in bad}
+        if lazy:
+            flow.lazy[bi] = lazy
 
 
 def _guarded(flow: Flow, acc: list[list[_Ins]]) -> None:
