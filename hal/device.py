@@ -310,11 +310,8 @@ class Device:
         queue operation takes it.
         """
         batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
-        # normalize_points, without its frame for the common Fence
-        wait_points = (list(wait.timeline.items()) if type(wait) is Fence
-                       else normalize_points(wait, "wait"))
-        signal_points = (list(signal.timeline.items()) if type(signal) is Fence
-                         else normalize_points(signal, "signal"))
+        wait_points = normalize_points(wait, "wait")
+        signal_points = normalize_points(signal, "signal")
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         ops = resolve_commands(batch_list, binding_table, self.concurrency)
@@ -441,10 +438,8 @@ class Device:
         makes it wait for a `queue_dealloca` to retire space. Only a size larger than the
         whole ring fails, here, with RESOURCE_EXHAUSTED.
         """
-        wait_points = (list(wait.timeline.items()) if type(wait) is Fence
-                       else normalize_points(wait, "wait"))
-        signal_points = (list(signal.timeline.items()) if type(signal) is Fence
-                         else normalize_points(signal, "signal"))
+        wait_points = normalize_points(wait, "wait")
+        signal_points = normalize_points(signal, "signal")
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         if type(size) is not int or size < 0:
@@ -481,10 +476,8 @@ class Device:
             raise InvalidArgumentError(f"queue_dealloca takes a Buffer, not {buffer!r}")
         if buffer.storage.released:
             buffer.check_live()  # raises FAILED_PRECONDITION
-        wait_points = (list(wait.timeline.items()) if type(wait) is Fence
-                       else normalize_points(wait, "wait"))
-        signal_points = (list(signal.timeline.items()) if type(signal) is Fence
-                         else normalize_points(signal, "signal"))
+        wait_points = normalize_points(wait, "wait")
+        signal_points = normalize_points(signal, "signal")
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         if (self.profile is None and self._lost is None
@@ -492,14 +485,10 @@ class Device:
             # Ready now: `_dealloca` inline (host bookkeeping only, as for a ready alloca).
             if self._closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
-            storage = buffer.storage
-            storage.released = True
             try:
-                self.transient.release(storage)
+                self._dealloca(buffer, functools.partial(self._complete, signal_points))
             except BaseException as exc:  # noqa: BLE001 - a grant's failure: the signal's
                 self._complete(signal_points, as_error(exc))
-                return
-            self._complete(signal_points, None)
             return
         if self.profile is not None:
             self.profile.record_submission("dealloca", wait_points, signal_points,
@@ -669,14 +658,7 @@ class Device:
             return
         _inline.pending = pending = collections.deque()
         try:
-            for sem, value in signal:  # _settle, inline for the common first signal
-                if error is not None:
-                    sem.fail(error)
-                    continue
-                try:
-                    sem.signal(value)
-                except Error as exc:
-                    sem.fail(exc)
+            _settle(signal, error)
             while pending:
                 _settle(*pending.popleft())
         finally:
