@@ -63,16 +63,14 @@ class ExportInfo:
 
 # Kernel status for a contained fault: FAULT_STATUS - signal number (dispatch.c).
 FAULT_STATUS = -1000
-_FAULT_HANDLER = [False]
 
 
 def _query_contained(query: Any, environment: Any, what: str) -> Any:
-    """Calls the library query under the fault trap (installing it on first use)."""
-    if not _FAULT_HANDLER[0]:
-        rc = lib.tinyhal_install_fault_handler()
-        if rc:
-            raise InternalError(f"cannot install the kernel fault handler: {os.strerror(rc)}")
-        _FAULT_HANDLER[0] = True
+    """Calls the library query under the fault trap (installed by the first load; the
+    C installer does nothing on later calls)."""
+    rc = lib.tinyhal_install_fault_handler()
+    if rc:
+        raise InternalError(f"cannot install the kernel fault handler: {os.strerror(rc)}")
     fault = ffi.new("int*")
     header = lib.tinyhal_library_query_contained(query, LIBRARY_VERSION, environment, fault)
     if fault[0]:
