@@ -72,11 +72,22 @@ def _parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), str(path))
 
 
-def _imports(module: str, path: Path) -> set[str]:
+def _imports(module: str, path: Path, import_time_only: bool = False) -> set[str]:
+    """The tree's modules `module` imports; with `import_time_only`, only the imports
+    that run when it is imported (not inside functions, not for type checkers): what
+    makes a cycle."""
     tree = _parse(path)
+    if import_time_only:
+        nodes = []
+        for node in tree.body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            nodes.extend(ast.walk(node) if isinstance(node, ast.If | ast.Try) else [node])
+    else:
+        nodes = list(ast.walk(tree))
     is_package = path.name == "__init__.py"
     out = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ImportFrom):
             for name in _resolve(module, node, is_package):
                 if name in MODULES and name != module:
@@ -84,27 +95,8 @@ def _imports(module: str, path: Path) -> set[str]:
     return out
 
 
-def _top_level_only(module: str, path: Path) -> set[str]:
-    """Imports executed at import time (not inside functions): what makes a cycle."""
-    tree = _parse(path)
-    is_package = path.name == "__init__.py"
-    out = set()
-    for node in tree.body:
-        nodes = [node]
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        if isinstance(node, ast.If | ast.Try):
-            nodes = list(ast.walk(node))
-        for sub in nodes:
-            if isinstance(sub, ast.ImportFrom):
-                for name in _resolve(module, sub, is_package):
-                    if name in MODULES and name != module:
-                        out.add(name)
-    return out
-
-
 def test_no_two_modules_import_each_other_and_no_cycles():
-    graph = {m: {d for d in _top_level_only(m, p) if not m.startswith(d + ".")}
+    graph = {m: {d for d in _imports(m, p, import_time_only=True) if not m.startswith(d + ".")}
              for m, p in MODULES.items()}
     # A package's __init__ importing its own submodules is how it re-exports them; a
     # submodule importing its package's __init__ is what would close a cycle.

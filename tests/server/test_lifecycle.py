@@ -18,6 +18,14 @@ from serve_helpers import SAMPLES, write_model
 pytestmark = pytest.mark.timeout(120)
 
 
+def _wait_in_flight(server, labels: tuple) -> None:
+    """Waits (30 s at most) until the server reports one request of `labels` running."""
+    deadline = time.monotonic() + 30
+    while server.metrics().get(("tinyhal_inference_in_flight", labels)) != 1:
+        assert time.monotonic() < deadline, "the slow request never started"
+        time.sleep(0.02)
+
+
 def _spin(n: int, length: int = 1024) -> dict:
     return {"inputs": [
         {"name": "x", "datatype": "FP32", "shape": [length], "data": [1.0] * length},
@@ -33,10 +41,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(tmp_path, spin_vmfb, sta
     worker = threading.Thread(target=lambda: results.append(
         server.request("POST", "/v2/models/spin/infer", _spin(1_200_000))))
     worker.start()
-    deadline = time.monotonic() + 30
-    while server.metrics().get(("tinyhal_inference_in_flight", labels)) != 1:
-        assert time.monotonic() < deadline, "the slow request never started"
-        time.sleep(0.02)
+    _wait_in_flight(server, labels)
     server.terminate()
     # the listener closes: new connections are refused while the request finishes
     deadline = time.monotonic() + 10
@@ -196,10 +201,7 @@ def test_drain_timeout_exits_3_and_logs_what_it_abandoned(tmp_path, spin_vmfb, s
 
     worker = threading.Thread(target=send, daemon=True)
     worker.start()
-    deadline = time.monotonic() + 30
-    while server.metrics().get(("tinyhal_inference_in_flight", labels)) != 1:
-        assert time.monotonic() < deadline, "the slow request never started"
-        time.sleep(0.02)
+    _wait_in_flight(server, labels)
     time.sleep(0.05 * attempt)  # a different point of the invocation each time
     server.terminate()
     code = server.wait(timeout=30)
@@ -264,10 +266,7 @@ def test_second_signal_exits_4_and_logs_what_it_abandoned(tmp_path, spin_vmfb, s
             pass
 
     threading.Thread(target=send, daemon=True).start()
-    deadline = time.monotonic() + 30
-    while server.metrics().get(("tinyhal_inference_in_flight", labels)) != 1:
-        assert time.monotonic() < deadline, "the slow request never started"
-        time.sleep(0.02)
+    _wait_in_flight(server, labels)
     server.terminate()
     deadline = time.monotonic() + 10
     while "draining" not in "".join(server.stderr):
