@@ -72,6 +72,7 @@ from .semaphore import (
     Semaphore,
     SemaphorePoint,
     all_reached,
+    assist_points,
     normalize_points,
     when_all_reached,
 )
@@ -549,6 +550,9 @@ class Device:
             except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
                 self._retire(entry, as_error(exc))
             return
+
+        for sem, value in signal:
+            sem.offer(value, functools.partial(assist_points, wait))
 
         def ready(error: Error | None) -> None:
             error = error or self._lost

@@ -4,6 +4,11 @@ A `Semaphore` holds a monotonically increasing 64-bit value. Work waits for a va
 signals a larger one; host threads block in `wait`, trio tasks suspend in `wait_async`, and
 drivers register timepoint callbacks that fire exactly when a value is reached, so nothing
 ever polls. `fail` records the first error; every current and future waiter sees it.
+
+A driver may also `offer` work that reaching a value depends on (a submission handed to a
+worker thread that has not started it yet): a thread about to block in `wait` for that
+value runs it itself instead of sleeping while the worker wakes up. This is the caller
+donating its thread, as IREE's task executor lets a waiting caller do.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class Semaphore:
         # Made by the first blocking `wait` (over `_lock`); most semaphores never need one.
         self._cond: threading.Condition | None = None
         self._timepoints: list[Timepoint] = []
+        self._offers: list[tuple[int, Callable[[], None]]] = []
         self._blocked = 0
         self.name = name
 
@@ -104,6 +110,8 @@ class Semaphore:
                 )
             self._value = value
             ready = self._pop_reached(value) if self._timepoints else ()
+            if self._offers:
+                self._offers = [o for o in self._offers if o[0] > value]
             if self._blocked:
                 self._cond.notify_all()
         for tp in ready:
@@ -123,6 +131,7 @@ class Semaphore:
             self._failure = error
             ready = self._timepoints
             self._timepoints = []
+            self._offers = []
             for tp in ready:
                 tp.fired = True
             if self._blocked:
@@ -133,7 +142,9 @@ class Semaphore:
     def wait(self, value: int, timeout: float | None = None) -> None:
         """Blocks until the value is reached; DEADLINE_EXCEEDED after `timeout` seconds.
 
-        `timeout=0` only checks. Raises the semaphore's failure if it fails.
+        `timeout=0` only checks. Raises the semaphore's failure if it fails. Without a
+        timeout, work `offer`ed for a value up to `value` runs on this thread rather than
+        the thread sleeping (with one, it could not keep its deadline).
         """
         _check_value(value, "wait value")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -149,6 +160,14 @@ class Semaphore:
                     if self._value >= value:
                         return
                     if deadline is None:
+                        if self._offers and self._offers[0][0] <= value:
+                            work = self._offers.pop(0)[1]
+                            self._lock.release()
+                            try:
+                                work()
+                            finally:
+                                self._lock.acquire()
+                            continue
                         cond.wait()
                     else:
                         remaining = deadline - time.monotonic()
@@ -173,6 +192,31 @@ class Semaphore:
             return functools.partial(self.cancel_timepoint, tp)
 
         await await_callback(subscribe)
+
+    def offer(self, value: int, work: Callable[[], None]) -> None:
+        """Offers `work` that reaching `value` waits on to the threads that block in `wait`.
+
+        The first such thread waiting for `value` or more runs `work()` instead of
+        sleeping; the offer lapses once `value` is reached or the semaphore fails. `work`
+        must be safe to call on any thread, more than once and after it was done by
+        others (it claims what it runs), and must not raise.
+        """
+        with self._lock:
+            if self._failure is None and self._value < value:
+                offers = self._offers
+                offers.append((value, work))
+                if len(offers) > 1:
+                    offers.sort(key=_offer_value)
+
+    def assist(self, value: int) -> None:
+        """Runs the work offered for values up to `value` on this thread, without waiting."""
+        while True:
+            with self._lock:
+                offers = self._offers
+                if not offers or offers[0][0] > value:
+                    return
+                work = offers.pop(0)[1]
+            work()
 
     def on_reached(self, value: int, callback: TimepointCallback) -> Timepoint | None:
         """Calls `callback(None)` when `value` is reached or `callback(error)` on failure.
@@ -220,6 +264,18 @@ class Semaphore:
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
             raise self._failure
+
+
+def assist_points(points: Iterable[SemaphorePoint]) -> None:
+    """`Semaphore.assist` on each point: the offer a queue entry that waits on `points`
+    makes at its own signal points, so a thread waiting on the end of a chain of
+    submissions runs the offered work at its start."""
+    for sem, value in points:
+        sem.assist(value)
+
+
+def _offer_value(offer: tuple[int, Callable[[], None]]) -> int:
+    return offer[0]
 
 
 def _check_value(value: int, what: str) -> None:

@@ -10,7 +10,10 @@ no thread hand-off at all: no worker is woken through Python to start it and non
 report its end. A leader hands the rest of a stream that outlasts `inline_us` to an
 executor worker and returns, so a submitting thread is held up that long (plus one tile)
 at most; a thread that runs an event loop (trio, asyncio) hands the whole stream to a
-worker, so its other tasks go on at once. When the stream completes, the signal
+worker, so its other tasks go on at once. A handed-off stream is also offered at its
+signal points (`Semaphore.offer`): a thread that blocks waiting for it before the worker
+has started (a VM invocation awaiting its result, typically) leads it on itself, rather
+than sleeping while a worker wakes up and moves the stream to another core. When the stream completes, the signal
 semaphores advance, or fail with its error (or its waits' error), which reaches every
 dependent submission the same way.
 
@@ -27,9 +30,10 @@ thread leads a submission before handing it to a worker, default 2000; 0: never)
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import Error, InvalidArgumentError
@@ -37,6 +41,7 @@ from ...scheduler import CallTask, Executor, on_event_loop
 from ..device import Completion, Device
 from ..execution import Submission
 from ..profile import run_profiled
+from ..semaphore import SemaphorePoint
 from ..stream import Stream, StreamHelpers
 
 DEFAULT_INLINE_US = 2000
@@ -78,7 +83,15 @@ class TaskDevice(Device):
 
     profiles_submissions = True
 
-    def _execute(self, ops: Submission, done: Completion, submission_id: int = 0) -> None:
+    def _driver_start(self, method: Callable[..., None], payload: Any,
+                      wait: list[SemaphorePoint], signal: list[SemaphorePoint], queue: int
+                      ) -> Callable[[Completion], None]:
+        if method == self._execute:  # a handed-off stream is offered to its waiters
+            return functools.partial(method, payload, signal=signal)
+        return functools.partial(method, payload)
+
+    def _execute(self, ops: Submission, done: Completion, submission_id: int = 0,
+                 signal: Sequence[SemaphorePoint] = ()) -> None:
         ex = self.executor
         profile = self.profile
         if profile is not None and profile.records_host_execution:
@@ -102,20 +115,11 @@ class TaskDevice(Device):
                 done(None)
                 return
 
-        def lead_on() -> None:
-            stream.run(helpers)
-
-        def completed(error: Error | None) -> None:
-            if not stream.done:  # the worker never ran it (shut down): end it here
-                stream.abort()
-                try:
-                    stream.run(helpers)
-                except Error:
-                    pass  # the error that matters is `error`
-            done(error)
-
-        task = CallTask(ex, lead_on, name="submit")
-        task.on_complete(completed)
+        handoff = _Handoff(stream, helpers, done)
+        for sem, value in signal:
+            sem.offer(value, handoff.lead)
+        task = CallTask(ex, handoff.lead, name="submit")
+        task.on_complete(handoff.end_unrun)
         try:
             ex.submit(task)
         except Error:
@@ -129,6 +133,42 @@ class TaskDevice(Device):
     def _stop(self, timeout: float | None) -> None:
         self.executor.shutdown(timeout=timeout)
         self.helpers.stop()
+
+
+class _Handoff:
+    """A stream its first leader paused: an executor worker leads it to the end, or a
+    thread waiting for one of its signal points does if it gets there first (it would
+    only sleep meanwhile, and a worker takes a thread wake-up to start). Whoever claims it
+    first leads it and completes it; a later `lead` does nothing."""
+
+    __slots__ = ("stream", "helpers", "done", "claim")
+
+    def __init__(self, stream: Stream, helpers: StreamHelpers | None, done: Completion) -> None:
+        self.stream = stream
+        self.helpers = helpers
+        self.done = done
+        self.claim = threading.Lock()
+
+    def lead(self) -> None:
+        if not self.claim.acquire(blocking=False):
+            return
+        try:
+            self.stream.run(self.helpers)
+        except Error as exc:
+            self.done(exc)
+            return
+        self.done(None)
+
+    def end_unrun(self, error: Error | None) -> None:
+        """The worker's task ended: if it never ran (shut down), end the stream here."""
+        if error is None or not self.claim.acquire(blocking=False):
+            return
+        self.stream.abort()
+        try:
+            self.stream.run(self.helpers)
+        except Error:
+            pass  # the error that matters is `error`
+        self.done(error)
 
 
 def _stop_nowait(executor: Executor, helpers: StreamHelpers) -> None:

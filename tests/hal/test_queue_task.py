@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 import pytest
@@ -154,7 +155,9 @@ def test_barriers_order_dispatches_inside_a_command_buffer(kernels, inline_us):
         dev.close()
 
 
-def _run_step_chain(dev, kernels):
+def _run_step_chain(dev, kernels, signal=None, wait_on: threading.Thread | None = None):
+    """Ten dependent dispatches over 4096 ints, checked. With `wait_on`, that thread is
+    started after `submit` and waits for the result instead of this one."""
     exe = dev.load_executable(kernels)
     n = 64 * 64
     x = np.arange(n, dtype=np.int32)
@@ -166,8 +169,12 @@ def _run_step_chain(dev, kernels):
         cb.dispatch(exe, "step", (n // 64, 1, 1), bindings=[src, dst])
         cb.barrier()
     cb.finalize()
-    s = dev.create_semaphore()
+    s = signal or dev.create_semaphore()
     dev.submit(cb, signal=[(s, 1)])
+    if wait_on is not None:
+        wait_on.start()
+        wait_on.join(T)
+        assert not wait_on.is_alive(), "the waiting thread did not lead the paused stream"
     s.wait(1, timeout=T)
     expected = x.astype(np.int64)
     for _ in range(10):
@@ -244,3 +251,52 @@ def test_a_dropped_device_stops_its_workers():
     for th in threads:
         th.join(T)
         assert not th.is_alive()
+
+
+class _BlockingSource:
+    """A file object whose read holds the executor worker running it until released."""
+
+    def __init__(self, started: threading.Semaphore, release: threading.Event) -> None:
+        self.started, self.release = started, release
+
+    def seek(self, offset: int) -> None:
+        pass
+
+    def readinto(self, view) -> int:
+        self.started.release()
+        self.release.wait(3 * T)  # released by the test (a bound, should it fail)
+        view[:] = bytes(len(view))
+        return len(view)
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_a_thread_waiting_for_a_handed_off_stream_leads_it(kernels, chained):
+    # Both executor workers are held by host reads, so a stream its submitter paused
+    # (inline_us=1) completes only if the thread waiting for it leads it on; `chained`:
+    # that thread waits on a barrier behind the stream, not on the stream's own signal.
+    dev = hal.create_device("task", workers=2, inline_us=1)
+    started, release = threading.Semaphore(0), threading.Event()
+    try:
+        scratch = dev.allocator.allocate(64)
+        held = dev.create_semaphore()
+        for i in range(dev.executor.worker_count):
+            dev.queue_read(_BlockingSource(started, release), 0, scratch, 0, 64,
+                           signal=[(held, i + 1)] if i == 0 else ())
+        for _ in range(dev.executor.worker_count):
+            assert started.acquire(timeout=T)
+        s, t = dev.create_semaphore(), dev.create_semaphore()
+        waited = (t, 1) if chained else (s, 1)
+        waiter_done = threading.Event()
+
+        def waiter() -> None:
+            waited[0].wait(waited[1])  # no deadline: it may lead offered work
+            waiter_done.set()
+
+        thread = threading.Thread(target=waiter, daemon=True)
+        if chained:
+            dev.queue_barrier(wait=[(s, 1)], signal=[(t, 1)])
+        _run_step_chain(dev, kernels, signal=s, wait_on=thread)
+        assert waiter_done.is_set()
+    finally:
+        release.set()
+        dev.close()

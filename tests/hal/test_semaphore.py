@@ -139,3 +139,46 @@ def test_long_dependency_chain_completes_without_deep_recursion(device):
     failing[0].fail(errors.CancelledError("upstream cancelled"))
     with pytest.raises(errors.CancelledError, match="upstream cancelled"):
         failing[-1].wait(1, timeout=60)
+
+
+def test_a_blocking_waiter_runs_offered_work_instead_of_sleeping(device):
+    s = device.create_semaphore()
+    ran_on = []
+
+    def work():
+        ran_on.append(threading.current_thread().name)
+        s.signal(2)
+
+    s.offer(2, work)
+    s.offer(5, lambda: ran_on.append("too late"))  # for a later value: not this wait's
+    s.wait(2)  # would block forever without the offer
+    assert ran_on == [threading.current_thread().name]
+    assert s.statistics().pending_timepoints == 0
+
+
+def test_offers_lapse_and_a_deadline_waiter_does_not_run_them(device):
+    s = device.create_semaphore()
+    ran = []
+    s.offer(1, lambda: ran.append(1))
+    with pytest.raises(errors.DeadlineExceededError):
+        s.wait(1, timeout=0.05)  # could not keep its deadline while running work
+    s.signal(1)  # reached: the offer lapses
+    s.assist(1)
+    s.offer(1, lambda: ran.append("reached"))  # already reached: not kept
+    s.assist(5)
+    t = device.create_semaphore()
+    t.offer(1, lambda: ran.append("failed"))
+    t.fail("gone")
+    t.assist(1)
+    assert ran == []
+
+
+def test_assist_runs_what_is_offered_up_to_a_value_in_value_order(device):
+    s = device.create_semaphore()
+    ran = []
+    for value in (3, 1, 2, 7):
+        s.offer(value, lambda v=value: ran.append(v))
+    s.assist(3)
+    assert ran == [1, 2, 3]
+    s.assist(3)  # each offer runs once
+    assert ran == [1, 2, 3]
