@@ -73,7 +73,7 @@ from .semaphore import (
     SemaphorePoint,
     all_reached,
     assist_points,
-    normalize_points,
+    normalize_wait_signal,
     when_all_reached,
 )
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
@@ -311,8 +311,7 @@ class Device:
         queue operation takes it.
         """
         batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
-        wait_points = normalize_points(wait, "wait")
-        signal_points = normalize_points(signal, "signal")
+        wait_points, signal_points = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         ops = resolve_commands(batch_list, binding_table, self.concurrency)
@@ -335,7 +334,7 @@ class Device:
 
     def queue_barrier(self, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
         """Advances `signal` once `wait` is reached; no work."""
-        wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        wait_points, signal_points = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         if self.profile is not None:
@@ -420,7 +419,7 @@ class Device:
     def _accept_host_transfer(self, operation: str, wait: Points, signal: Points, queue: int,
                               length: int, resources: Any, work: Callable[[], None]) -> None:
         """Queues `work`, a host-side read or write of `length` bytes holding `resources`."""
-        wait_points, signal_points = normalize_points(wait, "wait"), normalize_points(signal, "signal")
+        wait_points, signal_points = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         if self.profile is not None:
@@ -439,8 +438,7 @@ class Device:
         makes it wait for a `queue_dealloca` to retire space. Only a size larger than the
         whole ring fails, here, with RESOURCE_EXHAUSTED.
         """
-        wait_points = normalize_points(wait, "wait")
-        signal_points = normalize_points(signal, "signal")
+        wait_points, signal_points = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         if type(size) is not int or size < 0:
@@ -477,8 +475,7 @@ class Device:
             raise InvalidArgumentError(f"queue_dealloca takes a Buffer, not {buffer!r}")
         if buffer.storage.released:
             buffer.check_live()  # raises FAILED_PRECONDITION
-        wait_points = normalize_points(wait, "wait")
-        signal_points = normalize_points(signal, "signal")
+        wait_points, signal_points = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         if (self.profile is None and self._lost is None
@@ -656,17 +653,27 @@ class Device:
         """Signals (or fails) `signal`. Trampolined: completions that a signal triggers on
         this thread are queued for the outermost call, so chains of thousands of dependent
         submissions, succeeding or failing, never recurse once per link."""
-        pending = getattr(_inline, "pending", None)
+        inline = _inline
+        pending = getattr(inline, "pending", None)
         if pending is not None:
             pending.append((signal, error))
             return
-        _inline.pending = pending = collections.deque()
+        inline.pending = pending = collections.deque()
         try:
-            _settle(signal, error)
-            while pending:
-                _settle(*pending.popleft())
+            while True:
+                for sem, value in signal:
+                    if error is not None:
+                        sem.fail(error)
+                        continue
+                    try:
+                        sem.signal(value)
+                    except Error as exc:
+                        sem.fail(exc)
+                if not pending:
+                    break
+                signal, error = pending.popleft()
         finally:
-            _inline.pending = None
+            inline.pending = None
 
     # -- transient memory -------------------------------------------------------------
 
@@ -738,17 +745,6 @@ def _close_devices_at_exit() -> None:
 
 
 atexit.register(_close_devices_at_exit)
-
-
-def _settle(signal: list[SemaphorePoint], error: Error | None) -> None:
-    for sem, value in signal:
-        if error is not None:
-            sem.fail(error)
-            continue
-        try:
-            sem.signal(value)
-        except Error as exc:
-            sem.fail(exc)
 
 
 def run_capturing(work: Callable[[], None]) -> Error | None:

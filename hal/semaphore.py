@@ -362,6 +362,19 @@ class Fence:
             await sem.wait_async(value)
 
 
+def normalize_wait_signal(
+    wait: Fence | Sequence[SemaphorePoint] | None, signal: Fence | Sequence[SemaphorePoint] | None
+) -> tuple[list[SemaphorePoint], list[SemaphorePoint]]:
+    """`normalize_points` of a queue operation's wait and signal, in one call when they
+    are Fences (or no wait), as the VM passes them."""
+    if type(signal) is Fence:
+        if type(wait) is Fence:
+            return list(wait.timeline.items()), list(signal.timeline.items())
+        if wait is None:
+            return [], list(signal.timeline.items())
+    return normalize_points(wait, "wait"), normalize_points(signal, "signal")
+
+
 def normalize_points(
     points: Fence | Sequence[SemaphorePoint] | None, what: str
 ) -> list[SemaphorePoint]:

@@ -369,5 +369,18 @@ def unpack_elements(raw: np.ndarray, shape: tuple[int, ...], element_type: int) 
     return values.view(dtype).reshape(shape)
 
 
+def copy_elements(backing: np.ndarray, offset: int, shape: tuple[int, ...],
+                  element_type: int) -> np.ndarray:
+    """A new array of `shape` holding the elements stored at byte `offset` of `backing`
+    (1-D uint8 memory that holds them all). One numpy view and one copy for byte-sized
+    types: the result path of every invocation."""
+    info = _BY_CODE.get(element_type)
+    if info is not None and element_type & 0xFF >= 8:
+        return np.ndarray(shape, info.dtype, backing, offset).copy()
+    count = math.prod(shape)
+    length = (count * (element_type & 0xFF) + 7) // 8
+    return unpack_elements(backing[offset : offset + length].copy(), shape, element_type)
+
+
 WHOLE_BUFFER = -1
 """A length meaning "from the offset to the end of the buffer" (IREE_HAL_WHOLE_BUFFER)."""

@@ -73,6 +73,7 @@ from ..hal.semaphore import Fence
 from ..hal.types import (
     BufferUsage,
     MemoryType,
+    copy_elements,
     element_info_for_mlir,
     element_type_for,
     pack_elements,
@@ -295,16 +296,13 @@ class Module:
         input_heap = self.device.allocator.select_heap(_INPUT_MEMORY)
         self._inputs_mappable = bool(input_heap.memory_type & _HOST_VISIBLE
                                      and _INPUT_USAGE & _MAPPING)
-        self._input_heap = input_heap.name
         self.functions: dict[str, FunctionInfo] = {}
         self._vm_functions: dict[str, Any] = {}
         # name -> (info, VM function, one input plan per argument, one stack of idle
         # input views per argument (see `_park_inputs`)), built on first call
         self._resolved: dict[str, tuple[FunctionInfo, Any, tuple, tuple]] = {}
         self._idle_inputs: list[list[BufferView]] = []  # every stack, for `close`
-        self._release_idle = weakref.finalize(
-            self, _release_idle_inputs, self._idle_inputs, self.device.allocator,
-            self._input_heap)
+        self._release_idle = weakref.finalize(self, _release_idle_inputs, self._idle_inputs)
         for export_name in self.bytecode.exports:
             if export_name.startswith("__"):
                 continue
@@ -439,10 +437,8 @@ class Module:
         """Keeps the input views this invocation made for the next call of the export,
         each only if nothing but `made` refers to it, its buffer, its storage or its
         memory any more (no global, result, subspan, mapping or in-flight work), so a
-        later call can never write bytes anyone still reads. An idle view's bytes count
-        as freed in the allocator's statistics until a call takes it again."""
-        track = self.device.allocator.track
-        heap = self._input_heap
+        later call can never write bytes anyone still reads. An idle view's memory is
+        real memory: it stays live in the allocator's statistics."""
         while made:
             index, view = made.pop()
             buffer = view.buffer
@@ -452,7 +448,6 @@ class Module:
             if (getrefcount(view) == 2 and getrefcount(buffer) == 3
                     and getrefcount(storage) == 3 and getrefcount(storage.array.base) == 2
                     and len(stacks[index]) < _IDLE_INPUTS_PER_ARGUMENT):
-                track(heap, -buffer.byte_length)
                 stacks[index].append(view)
 
     def _append_fences(self, vm_args: list) -> Fence:
@@ -498,7 +493,6 @@ class Module:
                         view = stack.pop() if stack else None
                         if view is not None:
                             buffer = view.buffer
-                            device.allocator.track(self._input_heap, buffer.byte_length)
                             if view.shape == value.shape and view.element_type == element_type:
                                 _memmove(buffer.storage.array, value, value.nbytes)
                                 out.append(view)
@@ -539,18 +533,11 @@ class Module:
             spec = specs[i] if i < len(specs) else None
             if isinstance(value, BufferView):
                 buffer = value.buffer
-                element_type = value.element_type
                 if (buffer.memory_type_bits & _HOST_VISIBLE and buffer.usage_bits & _MAPPING
                         and not buffer.storage.released):  # `buffer.mappable`, inline
-                    # A copy of the view's bytes (in range: checked when it was made).
-                    count = 1
-                    for d in value.shape:
-                        count *= d
-                    start = buffer.byte_offset
-                    length = (count * (element_type & 0xFF) + 7) // 8
-                    out.append(unpack_elements(
-                        buffer.storage.array[start : start + length].copy(), value.shape,
-                        element_type))
+                    # A copy of the view's elements (in range: checked when it was made).
+                    out.append(copy_elements(buffer.storage.array, buffer.byte_offset,
+                                             value.shape, value.element_type))
                 else:
                     out.append(_read_to_numpy(value))
             elif spec is not None and spec.kind == "scalar":
@@ -566,6 +553,11 @@ class Module:
     def statistics(self) -> Any:
         """The device allocator's statistics (live and peak bytes per heap)."""
         return self.device.allocator.statistics()
+
+    def trim(self) -> None:
+        """Frees the input buffers kept for the next calls (see `_park_inputs`): memory
+        a long-lived module holds between calls, which `statistics()` counts as live."""
+        _release_idle_inputs(self._idle_inputs)
 
     def close(self) -> None:
         release_idle = self.__dict__.get("_release_idle")
@@ -591,14 +583,10 @@ class Module:
 _IDLE_INPUTS_PER_ARGUMENT = 4  # idle views kept per argument (calls running at once)
 
 
-def _release_idle_inputs(stacks: list[list[BufferView]], allocator: Any, heap: str) -> None:
-    """Drops every idle input view; their bytes count as live again just before their
-    storage's own release counts them freed."""
+def _release_idle_inputs(stacks: list[list[BufferView]]) -> None:
+    """Drops every idle input view (their storage's release counts them freed)."""
     for stack in stacks:
-        while stack:
-            view = stack.pop()
-            allocator.track(heap, view.buffer.byte_length)
-            view = None
+        stack.clear()
 
 
 def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any) -> BufferView:

@@ -151,7 +151,7 @@ func.func @same(%a: tensor<4xf32>) -> tensor<4xf32> {
 def test_input_buffers_reused_only_when_nothing_else_holds_them(device):
     """Module keeps each call's input buffers for the next call of the export, but
     never one that a global, a returned view or a mapping still refers to; idle ones
-    count as freed, and the device's live bytes are unchanged by reuse."""
+    stay live memory, and the device's live bytes are unchanged by reuse."""
     from support.iree_tools import HOST_FLAGS, compile_mlir
 
     before = device.allocator.statistics().live_bytes

@@ -35,8 +35,12 @@ def test_mobilenet_v2_matches_iree(vmfb, expected, driver):
         assert ours.tobytes() == expected.tobytes()
         again = module.mobilenet_v2(mobilenet_input())  # state (weights, cmd buffers) reused
         assert again.tobytes() == expected.tobytes()
+        # every transient and result buffer was returned; the input buffer is kept for
+        # the next call (live memory) until trim()
+        assert module.statistics().live_bytes == mobilenet_input().nbytes
+        module.trim()
         stats = module.statistics()
-        assert stats.live_bytes == 0  # every transient and result buffer was returned
+        assert stats.live_bytes == 0
         # weights are imported from the module's rodata in place, never copied
         assert stats["device"].peak_bytes < 1 << 20
 
@@ -85,6 +89,7 @@ def test_mobilenet_v2_peak_memory_exact_per_device_and_within_iree(vmfb):
     for driver in ("sync", "task", "emu"):
         with tinyhal.load(vmfb, device=driver) as module:
             module.mobilenet_v2(mobilenet_input())
+            module.trim()
             stats = module.statistics()
             assert stats.live_bytes == 0
             peaks[driver] = stats.peak_bytes
