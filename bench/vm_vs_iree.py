@@ -96,13 +96,13 @@ def main() -> None:
     loop = compile_mlir(VM_LOOP_MLIR, HOST_FLAGS)
     models = {
         "tiny (4xf32 add)": (tiny, "main", lambda: (np.arange(4, dtype=np.float32),
-                                                    np.ones(4, np.float32)), 2000),
-        "KWS DS-CNN (1x1x49x10)": (ds_cnn_kws_vmfb(), "ds_cnn_kws", lambda: (kws_input(),), 600),
+                                                    np.ones(4, np.float32)), 2800),
+        "KWS DS-CNN (1x1x49x10)": (ds_cnn_kws_vmfb(), "ds_cnn_kws", lambda: (kws_input(),), 700),
         "small CNN (1x3x64x64)": (small_cnn_vmfb(), "small_cnn",
                                   lambda: (np.random.default_rng(0).standard_normal(
-                                      (1, 3, 64, 64)).astype(np.float32),), 200),
+                                      (1, 3, 64, 64)).astype(np.float32),), 350),
         "MobileNetV2 (1x3x224x224)": (mobilenet_v2_vmfb(), "mobilenet_v2",
-                                      lambda: (mobilenet_input(),), 30),
+                                      lambda: (mobilenet_input(),), 70),
     }
     rows = []
     for label, (vmfb, fn, make_args, repeat) in models.items():
@@ -123,7 +123,7 @@ def main() -> None:
             iree_calls = python_calls(call_iree)
             # interleave the two so background load hits both alike
             t_ours, t_iree = [], []
-            rounds = 5
+            rounds = 7
             for _ in range(rounds):
                 t_ours.append(median_seconds(lambda f=f, inputs=inputs: f(*inputs),
                                              max(1, repeat // rounds)))
