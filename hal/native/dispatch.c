@@ -323,9 +323,10 @@ tinyhal_import_thunk_t tinyhal_import_thunk(void) { return tinyhal_import_thunk_
 
 /* ---- Streams: a whole submission's operations run in C ---------------------------------
  *
- * One leader walks the operation list in order; at each dispatch it posts the dispatch
- * and claims tiles, and any number of helpers may join a posted dispatch to claim tiles
- * too. Before moving past a dispatch the leader waits for the helpers still inside it, so
+ * One leader walks the operation list in order; at each operation of more than one tile
+ * (a dispatch's workgroups, a large fill's or copy's bytes) it posts the operation and
+ * claims tiles, and any number of helpers may join a posted operation to claim tiles
+ * too. Before moving past an operation the leader waits for the helpers still inside it, so
  * every operation completes before the next starts (commands already arrive in order and
  * a barrier needs nothing more). Helpers are never waited for unless they joined, so a
  * helper that starts late (or never) cannot stall the stream.
@@ -345,6 +346,9 @@ static inline void tinyhal_pause(void) {
 }
 
 #define TINYHAL_STREAM_SPIN_NS 200000 /* between the dispatches of one stream */
+/* Fills and copies are shared in tiles of this many bytes (a multiple of every pattern
+ * length), as IREE's task executor tiles them. */
+#define TINYHAL_TRANSFER_TILE ((uint64_t)64 * 1024)
 
 static void tinyhal_fill(uint8_t* dst, uint64_t length, uint32_t pattern, uint32_t n) {
   if (n == 1) {
@@ -363,11 +367,30 @@ static uint64_t tinyhal_now_ns(void) {
   return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* Claims tiles of a dispatch until none are left, the stream aborts, or (with a nonzero
+/* Runs units [begin, end) of an operation: workgroups of a dispatch (returns its status),
+ * or bytes of a fill or copy (tiles start at multiples of TINYHAL_TRANSFER_TILE, so of
+ * every pattern length). */
+static int tinyhal_op_run(tinyhal_op_t* op, tinyhal_workgroup_state_t* wg, uint64_t begin,
+                          uint64_t end, uint64_t* failed) {
+  switch (op->kind) {
+    case TINYHAL_OP_DISPATCH:
+      return tinyhal_run_range(op->fn, op->environment, op->state, wg, begin, end, failed);
+    case TINYHAL_OP_FILL:
+      tinyhal_fill((uint8_t*)op->dst + begin, end - begin, op->pattern, op->pattern_length);
+      return 0;
+    case TINYHAL_OP_COPY:
+      memmove((uint8_t*)op->dst + begin, (const uint8_t*)op->src + begin, end - begin);
+      return 0;
+    default:
+      return 0;
+  }
+}
+
+/* Claims tiles of an operation until none are left, the stream aborts, or (with a nonzero
  * `deadline_ns`) the clock passes it: then returns TINYHAL_PAUSED with tiles left, else 0. */
 #define TINYHAL_PAUSED 1
-static int tinyhal_stream_dispatch(tinyhal_stream_t* stream, tinyhal_op_t* op, uint32_t op_index,
-                                   tinyhal_workgroup_state_t* wg, uint64_t deadline_ns) {
+static int tinyhal_stream_claim(tinyhal_stream_t* stream, tinyhal_op_t* op, uint32_t op_index,
+                                tinyhal_workgroup_state_t* wg, uint64_t deadline_ns) {
   uint64_t failed = 0;
   int rc = 0;
   for (;;) {
@@ -379,7 +402,7 @@ static int tinyhal_stream_dispatch(tinyhal_stream_t* stream, tinyhal_op_t* op, u
     uint64_t begin = __atomic_fetch_add(&op->cursor, op->tile, __ATOMIC_RELAXED);
     if (begin >= op->length) break;
     uint64_t end = begin + op->tile < op->length ? begin + op->tile : op->length;
-    rc = tinyhal_run_range(op->fn, op->environment, op->state, wg, begin, end, &failed);
+    rc = tinyhal_op_run(op, wg, begin, end, &failed);
     if (rc != 0) {
       int expected = 0;
       if (__atomic_compare_exchange_n(&stream->status, &expected, rc, 0, __ATOMIC_ACQ_REL,
@@ -466,7 +489,7 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
       if (op->local_memory_size > wg->local_memory_size) {
         __atomic_store_n(&stream->status, -12, __ATOMIC_RELEASE);
         __atomic_store_n(&stream->abort, 1, __ATOMIC_RELEASE);
-      } else if (tinyhal_stream_dispatch(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
+      } else if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
         stream->resume = i;
         stream->resume_open = 1;
         return TINYHAL_PAUSED;
@@ -479,50 +502,38 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
       stream->resume = i;
       return TINYHAL_PAUSED;
     }
-    switch (op->kind) {
-      case TINYHAL_OP_DISPATCH: {
-        if (op->local_memory_size > wg->local_memory_size) {
-          __atomic_store_n(&stream->status, -12, __ATOMIC_RELEASE);
-          __atomic_store_n(&stream->abort, 1, __ATOMIC_RELEASE);
-          break;
-        }
-        if (op->length < 2 || !stream->posted) {
-          /* One workgroup (nothing to share, so no helper is disturbed for it), or no
-           * helpers to share with. */
-          if (tinyhal_stream_dispatch(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
-            stream->resume = i;
-            return TINYHAL_PAUSED;
-          }
-          break;
-        }
-        __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
-        /* Post: helpers see the op, then the new generation. */
-        __atomic_store_n(&stream->current, op, __ATOMIC_RELEASE);
-        __atomic_store_n(&stream->current_index, i, __ATOMIC_RELEASE);
-        uint64_t post = __atomic_load_n(&stream->post, __ATOMIC_ACQUIRE);
-        uint64_t posted = ((post >> 32) + 1) << 32;
-        while (!__atomic_compare_exchange_n(&stream->post, &post, posted | (post & 0xFFFFFFFFu),
-                                            0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-          posted = ((post >> 32) + 1) << 32;
-        }
-        tinyhal_bump_word(&stream->sleepers, &stream->wake);
-        if (tinyhal_stream_dispatch(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
-          stream->resume = i;
-          stream->resume_open = 1;
-          return TINYHAL_PAUSED;
-        }
-        tinyhal_stream_close(stream);
-        break;
-      }
-      case TINYHAL_OP_FILL:
-        tinyhal_fill((uint8_t*)op->dst, op->length, op->pattern, op->pattern_length);
-        break;
-      case TINYHAL_OP_COPY:
-        memmove(op->dst, op->src, op->length);
-        break;
-      default:
-        break;
+    if (op->kind == TINYHAL_OP_BARRIER) continue; /* operations already run in order */
+    if (op->local_memory_size > wg->local_memory_size) {
+      __atomic_store_n(&stream->status, -12, __ATOMIC_RELEASE);
+      __atomic_store_n(&stream->abort, 1, __ATOMIC_RELEASE);
+      continue;
     }
+    if (op->tile >= op->length || !stream->posted) {
+      /* One tile (nothing to share, so no helper is disturbed for it), or no helpers to
+       * share with. */
+      if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
+        stream->resume = i;
+        return TINYHAL_PAUSED;
+      }
+      continue;
+    }
+    __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
+    /* Post: helpers see the op, then the new generation. */
+    __atomic_store_n(&stream->current, op, __ATOMIC_RELEASE);
+    __atomic_store_n(&stream->current_index, i, __ATOMIC_RELEASE);
+    uint64_t post = __atomic_load_n(&stream->post, __ATOMIC_ACQUIRE);
+    uint64_t posted = ((post >> 32) + 1) << 32;
+    while (!__atomic_compare_exchange_n(&stream->post, &post, posted | (post & 0xFFFFFFFFu), 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+      posted = ((post >> 32) + 1) << 32;
+    }
+    tinyhal_bump_word(&stream->sleepers, &stream->wake);
+    if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
+      stream->resume = i;
+      stream->resume_open = 1;
+      return TINYHAL_PAUSED;
+    }
+    tinyhal_stream_close(stream);
   }
   stream->resume = count;
   __atomic_store_n(&stream->done, 1, __ATOMIC_RELEASE);
@@ -551,7 +562,7 @@ static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_stat
         tinyhal_op_t* op = __atomic_load_n(&stream->current, __ATOMIC_ACQUIRE);
         uint32_t index = __atomic_load_n(&stream->current_index, __ATOMIC_ACQUIRE);
         if (op->local_memory_size <= wg->local_memory_size) {
-          tinyhal_stream_dispatch(stream, op, index, wg, 0);
+          tinyhal_stream_claim(stream, op, index, wg, 0);
         }
         __atomic_sub_fetch(&stream->post, 1, __ATOMIC_ACQ_REL);
         tinyhal_bump_word(&stream->sleepers, &stream->left);
@@ -562,9 +573,16 @@ static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_stat
   }
 }
 
+/* Whether a copy's source and target bytes overlap (then it runs as one memmove). */
+static int tinyhal_ranges_overlap(const tinyhal_op_t* op) {
+  uintptr_t dst = (uintptr_t)op->dst, src = (uintptr_t)op->src;
+  return dst < src + op->length && src < dst + op->length;
+}
+
 /* Readies a recorded stream for one execution: writes each binding's address and length
- * where its patch points, rewinds every operation's cursor, sizes dispatch tiles for
- * `participants`, and clears the shared run state. */
+ * where its patch points, rewinds every operation's cursor, sizes tiles for
+ * `participants` (fills and copies in TINYHAL_TRANSFER_TILE bytes when there are
+ * several, a copy whose ranges overlap whole), and clears the shared run state. */
 void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
                          const tinyhal_patch_t* patches, uint32_t patch_count,
                          const uint64_t* slot_addresses, const uint64_t* slot_lengths,
@@ -580,11 +598,17 @@ void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* st
   }
   uint64_t share = (uint64_t)(participants ? participants : 1) * tiles_per_participant;
   for (uint32_t i = 0; i < count; ++i) {
-    ops[i].cursor = 0;
-    if (ops[i].kind == TINYHAL_OP_DISPATCH) {
-      uint64_t tile = share ? ops[i].length / share : ops[i].length;
-      ops[i].tile = tile ? tile : 1;
+    tinyhal_op_t* op = &ops[i];
+    op->cursor = 0;
+    uint64_t tile = op->length;
+    if (op->kind == TINYHAL_OP_DISPATCH) {
+      tile = share ? op->length / share : op->length;
+    } else if (participants > 1 &&
+               (op->kind == TINYHAL_OP_FILL ||
+                (op->kind == TINYHAL_OP_COPY && !tinyhal_ranges_overlap(op)))) {
+      tile = TINYHAL_TRANSFER_TILE;
     }
+    op->tile = tile ? tile : 1;
   }
   memset(stream, 0, sizeof(*stream));
 }

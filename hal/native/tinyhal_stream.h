@@ -14,9 +14,9 @@ enum {
   TINYHAL_OP_BARRIER = 3
 };
 
-/* One operation of a stream: a dispatch (fn/environment/state over `length` workgroups,
- * claimed `tile` at a time through `cursor`), a fill of `length` bytes at `dst` with a
- * 1/2/4-byte pattern, or a copy (memmove) of `length` bytes from `src` to `dst`. */
+/* One operation of a stream, claimed `tile` units at a time through `cursor`: a dispatch
+ * (fn/environment/state over `length` workgroups), a fill of `length` bytes at `dst` with
+ * a 1/2/4-byte pattern, or a copy (memmove) of `length` bytes from `src` to `dst`. */
 typedef struct tinyhal_op_t {
   uint32_t kind;
   uint32_t pattern_length;

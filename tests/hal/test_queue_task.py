@@ -300,3 +300,36 @@ def test_a_thread_waiting_for_a_handed_off_stream_leads_it(kernels, chained):
     finally:
         release.set()
         dev.close()
+
+
+@pytest.mark.parametrize("shift", [None, 4096, -4096])
+def test_large_fills_and_copies_are_shared_in_tiles_and_exact(task_device, shift):
+    # Over 64 KiB a fill or copy is split into tiles the helpers share (as IREE's task
+    # executor does); a copy whose ranges overlap (`shift`: within one buffer) runs whole,
+    # with memmove's result.
+    dev = task_device
+    n = (1 << 20) + 4 * 37  # not a whole number of tiles
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, n + 8192, dtype=np.uint8)
+    a = dev.allocator.allocate(n + 8192)
+    dev.write_bytes(a, data.tobytes())
+    b = dev.allocator.allocate(n + 8192)
+    cb = dev.create_command_buffer()
+    cb.fill(b, 4, n, b"\x01\x02\x03\x04")
+    cb.barrier()
+    expected_b = np.zeros(n + 8192, np.uint8)
+    expected_b[4 : 4 + n] = np.tile(np.array([1, 2, 3, 4], np.uint8), n // 4)
+    expected_a = data.copy()
+    if shift is None:
+        cb.copy(a, 4096, b, 0, n)
+        expected_b[0:n] = data[4096 : 4096 + n]
+    else:
+        src, dst = (0, shift) if shift > 0 else (-shift, 0)
+        cb.copy(a, src, a, dst, n)
+        expected_a[dst : dst + n] = data[src : src + n]
+    cb.finalize()
+    s = dev.create_semaphore()
+    dev.submit(cb, signal=[(s, 1)])
+    s.wait(1, timeout=T)
+    assert np.array_equal(np.frombuffer(dev.read_bytes(a), np.uint8), expected_a)
+    assert np.array_equal(np.frombuffer(dev.read_bytes(b), np.uint8), expected_b)
