@@ -13,9 +13,9 @@ at most; a thread that runs an event loop (trio, asyncio) hands the whole stream
 worker, so its other tasks go on at once. A handed-off stream is also offered at its
 signal points (`Semaphore.offer`): a thread that blocks waiting for it before the worker
 has started (a VM invocation awaiting its result, typically) leads it on itself, rather
-than sleeping while a worker wakes up and moves the stream to another core. When the stream completes, the signal
-semaphores advance, or fail with its error (or its waits' error), which reaches every
-dependent submission the same way.
+than sleeping while a worker wakes up and moves the stream to another core. When the
+stream completes, the signal semaphores advance, or fail with its error (or its waits'
+error), which reaches every dependent submission the same way.
 
 Independent submissions run out of order: the only ordering is the one semaphores give.
 Host work (file and host-memory transfers) runs on the executor's workers. `close()`
