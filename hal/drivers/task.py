@@ -36,7 +36,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...errors import Error, InvalidArgumentError
+from ...errors import AbortedError, Error, InvalidArgumentError
 from ...scheduler import CallTask, Executor, on_event_loop
 from ..device import Completion, Device
 from ..execution import Submission
@@ -111,6 +111,9 @@ class TaskDevice(Device):
             except Error as exc:
                 done(exc)
                 return
+            except BaseException:  # interrupted (KeyboardInterrupt): end the stream first
+                _end_stream(stream, helpers)
+                raise
             if finished:
                 done(None)
                 return
@@ -157,18 +160,31 @@ class _Handoff:
         except Error as exc:
             self.done(exc)
             return
+        except BaseException as exc:  # interrupted on a waiting thread: still complete it
+            _end_stream(self.stream, self.helpers)
+            self.done(AbortedError(f"the thread leading this submission was interrupted "
+                                   f"({type(exc).__name__})"))
+            raise
         self.done(None)
 
     def end_unrun(self, error: Error | None) -> None:
         """The worker's task ended: if it never ran (shut down), end the stream here."""
         if error is None or not self.claim.acquire(blocking=False):
             return
-        self.stream.abort()
-        try:
-            self.stream.run(self.helpers)
-        except Error:
-            pass  # the error that matters is `error`
+        _end_stream(self.stream, self.helpers)
         self.done(error)
+
+
+def _end_stream(stream: Stream, helpers: StreamHelpers | None) -> None:
+    """Runs what is left of a stream with its remaining operations skipped, so its
+    helpers and program are free again (a paused stream must be led to the end)."""
+    if stream.done:
+        return
+    stream.abort()
+    try:
+        stream.run(helpers)
+    except Error:
+        pass  # the stream's own outcome is not the error that ends it
 
 
 def _stop_nowait(executor: Executor, helpers: StreamHelpers) -> None:

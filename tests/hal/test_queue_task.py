@@ -333,3 +333,63 @@ def test_large_fills_and_copies_are_shared_in_tiles_and_exact(task_device, shift
     s.wait(1, timeout=T)
     assert np.array_equal(np.frombuffer(dev.read_bytes(a), np.uint8), expected_a)
     assert np.array_equal(np.frombuffer(dev.read_bytes(b), np.uint8), expected_b)
+
+
+def test_an_interrupted_waiter_still_completes_the_stream_it_led():
+    # The waiting thread leads a handed-off stream (inline_us=1) and is interrupted (a
+    # signal handler raising) while it does: the stream still ends, its signal fails
+    # rather than hanging, the interrupt reaches the waiter, and the device closes.
+    from support.child import run_child
+
+    out = run_child(r"""
+        import signal, time
+        from tinyhal import errors, hal
+        from tinyhal.hal import KernelExport, build_executable
+
+        SOURCE = r'''
+        #include <time.h>
+        static int slow(const tinyhal_environment_t* env, const tinyhal_dispatch_state_t* d,
+                        const tinyhal_workgroup_state_t* w) {
+          struct timespec t0, t;
+          clock_gettime(CLOCK_MONOTONIC, &t0);
+          do { clock_gettime(CLOCK_MONOTONIC, &t); }
+          while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 20000000L);
+          ((unsigned*)d->binding_ptrs[0])[w->workgroup_id_x] = 1u;
+          return 0;
+        }
+        '''
+
+        class Interrupted(BaseException):
+            pass
+
+        def interrupt(signum, frame):
+            raise Interrupted()
+
+        dev = hal.create_device("task", workers=2, inline_us=1)
+        exe = dev.load_executable(build_executable(
+            SOURCE, [KernelExport("slow", binding_count=1)], name="slow_kernels"))
+        out = dev.allocator.allocate(4 * 16)
+        cb = dev.create_command_buffer()
+        for _ in range(8):
+            cb.dispatch(exe, "slow", (16, 1, 1), bindings=[out])
+            cb.barrier()
+        cb.finalize()
+        s = dev.create_semaphore()
+        signal.signal(signal.SIGALRM, interrupt)
+        dev.submit(cb, signal=[(s, 1)])
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            s.wait(1)
+            print("not interrupted")
+        except Interrupted:
+            print("interrupted")
+        try:
+            s.wait(1, timeout=30)
+            print("signalled")
+        except errors.Error as exc:
+            print("failed:", type(exc).__name__)
+        dev.close()
+        print("closed")
+    """, timeout=90)
+    lines = out.split()
+    assert lines == ["interrupted", "failed:", "AbortedError", "closed"], out
