@@ -11,7 +11,8 @@ nothing of the command buffer is resolved again, only the binding addresses chan
 
 `tinyhal_run_stream` then runs it: the calling thread leads through the operations in
 order, and the native threads of a `StreamHelpers` (the task driver's) help by claiming
-workgroup tiles of each dispatch the leader posts. Python runs once per submission (twice
+tiles of each operation the leader posts (workgroups of a dispatch, 64 KiB of a large
+fill or copy). Python runs once per submission (twice
 when a leader pauses and another leads on), never per operation or workgroup.
 
 Binding happens when the submission starts (its waits are met), so transient buffers

@@ -5,7 +5,8 @@ semaphore timepoint callback, so nothing polls). A command-buffer submission run
 native `Stream` (see `hal/stream.py`), led through its operations in C by the thread that
 readies it (usually the submitting one, which would otherwise only wait), while the
 device's `StreamHelpers` (plain C threads: no Python, no GIL) join each dispatch and claim
-tiles of its workgroups, like compute units on a GPU. So a small model's submission costs
+tiles of its workgroups, like compute units on a GPU (and 64 KiB tiles of large fills and
+copies, as IREE's task executor splits them). So a small model's submission costs
 no thread hand-off at all: no worker is woken through Python to start it and none to
 report its end. A leader hands the rest of a stream that outlasts `inline_us` to an
 executor worker and returns, so a submitting thread is held up that long (plus one tile)
