@@ -301,6 +301,15 @@ class Fence:
             if value > self.timeline.get(sem, -1):
                 self.timeline[sem] = value
 
+    @classmethod
+    def single(cls, semaphore: Semaphore, value: int) -> Fence:
+        """A fence of one point (what `hal.fence.create` makes), without the loop."""
+        if type(value) is not int or not 0 <= value <= MAX_VALUE:
+            _check_value(value, "fence value")
+        fence = cls.__new__(cls)
+        fence.timeline = {semaphore: value}
+        return fence
+
     def __repr__(self) -> str:
         inner = ", ".join(f"{s!r}@{v}" for s, v in self.timeline.items())
         return f"<Fence [{inner}]>"

@@ -452,7 +452,7 @@ class Module:
 
     def _append_fences(self, vm_args: list) -> Fence:
         wait = Fence()
-        signal = Fence(((self.device.create_semaphore(0), 1),))
+        signal = Fence.single(self.device.create_semaphore(0), 1)
         vm_args.append(wait)
         vm_args.append(signal)
         return signal

@@ -710,7 +710,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
 
     @shim("fence.create")
     def fence_create(device, flags):
-        return Fence(((Semaphore(0), 1),))
+        return Fence.single(Semaphore(0), 1)
 
     @shim("fence.join")
     def fence_join(flags, fences):

@@ -182,3 +182,11 @@ def test_assist_runs_what_is_offered_up_to_a_value_in_value_order(device):
     assert ran == [1, 2, 3]
     s.assist(3)  # each offer runs once
     assert ran == [1, 2, 3]
+
+
+def test_fence_single_is_a_one_point_fence(device):
+    s = device.create_semaphore()
+    fence = Fence.single(s, 3)
+    assert fence.points == [(s, 3)] and fence.timeline == Fence([(s, 3)]).timeline
+    with pytest.raises(errors.InvalidArgumentError, match="fence value"):
+        Fence.single(s, -1)
