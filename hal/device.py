@@ -72,7 +72,6 @@ from .semaphore import (
     Semaphore,
     SemaphorePoint,
     all_reached,
-    assist_points,
     normalize_wait_signal,
     when_all_reached,
 )
@@ -549,7 +548,7 @@ class Device:
             return
 
         for sem, value in signal:
-            sem.offer(value, functools.partial(assist_points, wait))
+            sem.offer_waits(value, wait)
 
         def ready(error: Error | None) -> None:
             error = error or self._lost

@@ -71,7 +71,8 @@ class Semaphore:
         # Made by the first blocking `wait` (over `_lock`); most semaphores never need one.
         self._cond: threading.Condition | None = None
         self._timepoints: list[Timepoint] = []
-        self._offers: list[tuple[int, Callable[[], None]]] = []
+        # (value, work, None) or (value, None, points): see `offer` and `offer_waits`
+        self._offers: list[_Offer] = []
         self._blocked = 0
         self.name = name
 
@@ -161,10 +162,9 @@ class Semaphore:
                         return
                     if deadline is None:
                         if self._offers and self._offers[0][0] <= value:
-                            work = self._offers.pop(0)[1]
                             self._lock.release()
                             try:
-                                work()
+                                assist_points(((self, value),))
                             finally:
                                 self._lock.acquire()
                             continue
@@ -201,22 +201,33 @@ class Semaphore:
         must be safe to call on any thread, more than once and after it was done by
         others (it claims what it runs), and must not raise.
         """
+        self._add_offer((value, work, None))
+
+    def offer_waits(self, value: int, points: Sequence[SemaphorePoint]) -> None:
+        """Says that reaching `value` waits on `points` (a queue entry waiting on them will
+        signal it): a thread that blocks for `value` assists what is offered there, and
+        so on back along a chain of any length (iteratively, never recursively)."""
+        self._add_offer((value, None, points))
+
+    def assist(self, value: int) -> None:
+        """Runs the work offered for values up to `value` (and, through `offer_waits`, at
+        the points those wait on) on this thread, without waiting."""
+        assist_points(((self, value),))
+
+    def _add_offer(self, offer: _Offer) -> None:
         with self._lock:
-            if self._failure is None and self._value < value:
+            if self._failure is None and self._value < offer[0]:
                 offers = self._offers
-                offers.append((value, work))
+                offers.append(offer)
                 if len(offers) > 1:
                     offers.sort(key=_offer_value)
 
-    def assist(self, value: int) -> None:
-        """Runs the work offered for values up to `value` on this thread, without waiting."""
-        while True:
-            with self._lock:
-                offers = self._offers
-                if not offers or offers[0][0] > value:
-                    return
-                work = offers.pop(0)[1]
-            work()
+    def _take_offer(self, value: int) -> _Offer | None:
+        with self._lock:
+            offers = self._offers
+            if not offers or offers[0][0] > value:
+                return None
+            return offers.pop(0)
 
     def on_reached(self, value: int, callback: TimepointCallback) -> Timepoint | None:
         """Calls `callback(None)` when `value` is reached or `callback(error)` on failure.
@@ -267,14 +278,24 @@ class Semaphore:
 
 
 def assist_points(points: Iterable[SemaphorePoint]) -> None:
-    """`Semaphore.assist` on each point: the offer a queue entry that waits on `points`
-    makes at its own signal points, so a thread waiting on the end of a chain of
-    submissions runs the offered work at its start."""
-    for sem, value in points:
-        sem.assist(value)
+    """Runs the work offered at `points` on this thread, following `offer_waits` back
+    through chains of waiting queue entries with a work list, so a chain of thousands of
+    entries costs no recursion."""
+    todo = list(points)
+    while todo:
+        sem, value = todo.pop()
+        while (offer := sem._take_offer(value)) is not None:
+            _, work, waits = offer
+            if waits is not None:
+                todo.extend(waits)
+            else:
+                work()
 
 
-def _offer_value(offer: tuple[int, Callable[[], None]]) -> int:
+_Offer = tuple  # (value, work or None, wait points or None)
+
+
+def _offer_value(offer: _Offer) -> int:
     return offer[0]
 
 

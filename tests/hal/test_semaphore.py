@@ -190,3 +190,28 @@ def test_fence_single_is_a_one_point_fence(device):
     assert fence.points == [(s, 3)] and fence.timeline == Fence([(s, 3)]).timeline
     with pytest.raises(errors.InvalidArgumentError, match="fence value"):
         Fence.single(s, -1)
+
+
+def test_a_waiter_follows_a_long_chain_of_waits_without_recursing(device):
+    # 5000 entries, each waiting on the one before: a waiter at the end walks back
+    # through all of them (finding no work) and then sleeps until the chain completes.
+    gate = device.create_semaphore()
+    sems = [gate] + [device.create_semaphore() for _ in range(5000)]
+    for before, after in zip(sems, sems[1:]):
+        device.queue_barrier(wait=[(before, 1)], signal=[(after, 1)])
+    outcome = []
+
+    def waiter():
+        try:
+            sems[-1].wait(1)  # no deadline: it assists what the chain offers
+            outcome.append("reached")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    thread.join(0.5)
+    assert not outcome, outcome  # nothing to run yet: it sleeps
+    gate.signal(1)
+    thread.join(30)
+    assert outcome == ["reached"]
