@@ -71,7 +71,8 @@ class Semaphore:
         # Made by the first blocking `wait` (over `_lock`); most semaphores never need one.
         self._cond: threading.Condition | None = None
         self._timepoints: list[Timepoint] = []
-        # (value, work, None) or (value, None, points): see `offer` and `offer_waits`
+        # a heap of (value, seq, work, None) or (value, seq, None, points): see `offer`
+        # and `offer_waits`
         self._offers: list[_Offer] = []
         self._blocked = 0
         self.name = name
@@ -111,8 +112,9 @@ class Semaphore:
                 )
             self._value = value
             ready = self._pop_reached(value) if self._timepoints else ()
-            if self._offers:
-                self._offers = [o for o in self._offers if o[0] > value]
+            offers = self._offers
+            while offers and offers[0][0] <= value:  # reached: the offers lapse
+                heapq.heappop(offers)
             if self._blocked:
                 self._cond.notify_all()
         for tp in ready:
@@ -201,33 +203,31 @@ class Semaphore:
         must be safe to call on any thread, more than once and after it was done by
         others (it claims what it runs), and must not raise.
         """
-        self._add_offer((value, work, None))
+        self._add_offer(value, work, None)
 
     def offer_waits(self, value: int, points: Sequence[SemaphorePoint]) -> None:
         """Says that reaching `value` waits on `points` (a queue entry waiting on them will
         signal it): a thread that blocks for `value` assists what is offered there, and
         so on back along a chain of any length (iteratively, never recursively)."""
-        self._add_offer((value, None, points))
+        self._add_offer(value, None, points)
 
     def assist(self, value: int) -> None:
         """Runs the work offered for values up to `value` (and, through `offer_waits`, at
         the points those wait on) on this thread, without waiting."""
         assist_points(((self, value),))
 
-    def _add_offer(self, offer: _Offer) -> None:
+    def _add_offer(self, value: int, work: Callable[[], None] | None,
+                   points: Sequence[SemaphorePoint] | None) -> None:
         with self._lock:
-            if self._failure is None and self._value < offer[0]:
-                offers = self._offers
-                offers.append(offer)
-                if len(offers) > 1:
-                    offers.sort(key=_offer_value)
+            if self._failure is None and self._value < value:
+                heapq.heappush(self._offers, (value, next(self._seq), work, points))
 
     def _take_offer(self, value: int) -> _Offer | None:
         with self._lock:
             offers = self._offers
             if not offers or offers[0][0] > value:
                 return None
-            return offers.pop(0)
+            return heapq.heappop(offers)
 
     def on_reached(self, value: int, callback: TimepointCallback) -> Timepoint | None:
         """Calls `callback(None)` when `value` is reached or `callback(error)` on failure.
@@ -285,18 +285,14 @@ def assist_points(points: Iterable[SemaphorePoint]) -> None:
     while todo:
         sem, value = todo.pop()
         while (offer := sem._take_offer(value)) is not None:
-            _, work, waits = offer
+            _, _, work, waits = offer
             if waits is not None:
                 todo.extend(waits)
             else:
                 work()
 
 
-_Offer = tuple  # (value, work or None, wait points or None)
-
-
-def _offer_value(offer: _Offer) -> int:
-    return offer[0]
+_Offer = tuple  # (value, sequence number, work or None, wait points or None)
 
 
 def _check_value(value: int, what: str) -> None:
