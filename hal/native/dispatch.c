@@ -483,51 +483,44 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
   stream->resume_open = 0;
   for (; i < count; ++i) {
     tinyhal_op_t* op = &ops[i];
-    if (open) {
-      /* A paused dispatch: claim what is left, then close it as usual. */
-      open = 0;
-      if (op->local_memory_size > wg->local_memory_size) {
-        __atomic_store_n(&stream->status, -12, __ATOMIC_RELEASE);
-        __atomic_store_n(&stream->abort, 1, __ATOMIC_RELEASE);
-      } else if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
+    int shared = open; /* a paused operation, still posted to its helpers */
+    open = 0;
+    if (!shared) {
+      if (__atomic_load_n(&stream->abort, __ATOMIC_RELAXED)) break;
+      if (deadline_ns && tinyhal_now_ns() >= deadline_ns) {
         stream->resume = i;
-        stream->resume_open = 1;
         return TINYHAL_PAUSED;
       }
-      tinyhal_stream_close(stream);
-      continue;
+      if (op->kind == TINYHAL_OP_BARRIER) continue; /* operations already run in order */
     }
-    if (__atomic_load_n(&stream->abort, __ATOMIC_RELAXED)) break;
-    if (deadline_ns && tinyhal_now_ns() >= deadline_ns) {
-      stream->resume = i;
-      return TINYHAL_PAUSED;
-    }
-    if (op->kind == TINYHAL_OP_BARRIER) continue; /* operations already run in order */
     if (op->local_memory_size > wg->local_memory_size) {
-      __atomic_store_n(&stream->status, -12, __ATOMIC_RELEASE);
+      __atomic_store_n(&stream->status, -12, __ATOMIC_RELEASE); /* RESOURCE_EXHAUSTED */
       __atomic_store_n(&stream->abort, 1, __ATOMIC_RELEASE);
+      if (shared) tinyhal_stream_close(stream);
       continue;
     }
-    if (op->tile >= op->length || !stream->posted) {
-      /* One tile (nothing to share, so no helper is disturbed for it), or no helpers to
-       * share with. */
-      if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
-        stream->resume = i;
-        return TINYHAL_PAUSED;
+    if (!shared) {
+      if (op->tile >= op->length || !stream->posted) {
+        /* One tile (nothing to share, so no helper is disturbed for it), or no helpers
+         * to share with. */
+        if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
+          stream->resume = i;
+          return TINYHAL_PAUSED;
+        }
+        continue;
       }
-      continue;
+      __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
+      /* Post: helpers see the op, then the new generation. */
+      __atomic_store_n(&stream->current, op, __ATOMIC_RELEASE);
+      __atomic_store_n(&stream->current_index, i, __ATOMIC_RELEASE);
+      uint64_t post = __atomic_load_n(&stream->post, __ATOMIC_ACQUIRE);
+      uint64_t posted = ((post >> 32) + 1) << 32;
+      while (!__atomic_compare_exchange_n(&stream->post, &post, posted | (post & 0xFFFFFFFFu),
+                                          0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        posted = ((post >> 32) + 1) << 32;
+      }
+      tinyhal_bump_word(&stream->sleepers, &stream->wake);
     }
-    __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
-    /* Post: helpers see the op, then the new generation. */
-    __atomic_store_n(&stream->current, op, __ATOMIC_RELEASE);
-    __atomic_store_n(&stream->current_index, i, __ATOMIC_RELEASE);
-    uint64_t post = __atomic_load_n(&stream->post, __ATOMIC_ACQUIRE);
-    uint64_t posted = ((post >> 32) + 1) << 32;
-    while (!__atomic_compare_exchange_n(&stream->post, &post, posted | (post & 0xFFFFFFFFu), 0,
-                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-      posted = ((post >> 32) + 1) << 32;
-    }
-    tinyhal_bump_word(&stream->sleepers, &stream->wake);
     if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
       stream->resume = i;
       stream->resume_open = 1;
