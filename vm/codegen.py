@@ -555,13 +555,17 @@ class _Gen:
     # turning loops into self-loops that run as a plain Python `while`.
     TAIL_DUP_MAX = 4
 
-    def _emit_block(self, bi: int, blk: list, loop_mode: bool) -> list:
+    def _start_block(self, bi: int, loop_mode: bool) -> None:
+        """Fresh emission state for block `bi`."""
         self.lines = []
         self.pending = {}
         self.pending_cond = None
         self.cur_block = bi
         self.loop_mode = loop_mode
         self.self_loop_used = False
+
+    def _emit_block(self, bi: int, blk: list, loop_mode: bool) -> list:
+        self._start_block(bi, loop_mode)
         for ins in blk[1:]:
             self.instruction(ins, 0)
         if blk[-1].name not in _TERMINATORS:
@@ -575,11 +579,7 @@ class _Gen:
         """A counted loop (regflow): the block's body under `for counter in range(...)`,
         its header's compare and step replaced by the range."""
         counter, bound, step_pc, header = loop
-        self.lines = []
-        self.pending = {}
-        self.pending_cond = None
-        self.cur_block = bi
-        self.loop_mode = False
+        self._start_block(bi, False)
         self.has_branches = True
         cmp, cond_br = self.blocks[header][1:]
         self.emit(0, f"for {counter} in range({counter}, {self.read(bound)}):", cmp.pc)
