@@ -211,11 +211,6 @@ class Semaphore:
         so on back along a chain of any length (iteratively, never recursively)."""
         self._add_offer(value, None, points)
 
-    def assist(self, value: int) -> None:
-        """Runs the work offered for values up to `value` (and, through `offer_waits`, at
-        the points those wait on) on this thread, without waiting."""
-        assist_points(((self, value),))
-
     def _add_offer(self, value: int, work: Callable[[], None] | None,
                    points: Sequence[SemaphorePoint] | None) -> None:
         with self._lock:
