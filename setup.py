@@ -1,5 +1,5 @@
-"""Build hook: compiles the C dispatch helper with cffi when the package is installed."""
+"""Build hook: compiles the C helpers (HAL dispatch, VM integer loops) with cffi at install."""
 
 from setuptools import setup
 
-setup(cffi_modules=["hal/native/build.py:ffibuilder"])
+setup(cffi_modules=["hal/native/build.py:ffibuilder", "vm/scalar/build.py:ffibuilder"])

@@ -19,12 +19,24 @@ def vm_pair_cache():
 
 @pytest.fixture
 def vm_pair(vm_pair_cache):
+    """A cached `Pair` per program and per setting of native integer loops (the setting
+    applies when a module loads)."""
+    from tinyhal.vm import scalar
+
     def make(path: str, fresh: bool = False) -> Pair:
         if fresh:
             return Pair(path)
-        p = vm_pair_cache.get(path)
+        key = (path, scalar.enabled())
+        p = vm_pair_cache.get(key)
         if p is None:
-            p = vm_pair_cache[path] = Pair(path)
+            p = vm_pair_cache[key] = Pair(path)
         return p
 
     return make
+
+
+@pytest.fixture(params=["native loops", "python loops"])
+def loop_mode(request, monkeypatch):
+    """Runs a test once with integer loops in C (the default) and once all in Python."""
+    monkeypatch.setenv("TINYHAL_VM_NATIVE_LOOPS", "1" if request.param == "native loops" else "0")
+    return request.param

@@ -8,7 +8,7 @@ import itertools
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support.models import VM_LOOP_MLIR
@@ -208,7 +208,7 @@ def test_constant_operands_wrap_one_sided(vm_pair, flow_path, t):
 
 
 @pytest.mark.parametrize("t", ["i32", "i64"])
-def test_loop_carried_values(vm_pair, flow_path, t):
+def test_loop_carried_values(vm_pair, flow_path, t, loop_mode):
     p = vm_pair(flow_path)
     lo, hi = LIMITS[t]
     for n in (0, 1, 2, 7, 100):
@@ -230,14 +230,13 @@ def test_loop_carried_values(vm_pair, flow_path, t):
             p.check(f"collatz_{t}", n, x0)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(a=st.integers(-(2**63), 2**63 - 1), b=st.integers(-(2**63), 2**63 - 1),
        c=st.integers(-(2**63), 2**63 - 1), d=st.integers(-(2**63), 2**63 - 1),
        n=st.integers(0, 40))
-def test_random_against_iree(vm_pair_cache, flow_path, a, b, c, d, n):
-    from support.vm_pairs import Pair
-
-    p = vm_pair_cache.get(flow_path) or vm_pair_cache.setdefault(flow_path, Pair(flow_path))
+def test_random_against_iree(vm_pair, flow_path, loop_mode, a, b, c, d, n):
+    p = vm_pair(flow_path)
     d = d or 1
     p.check("chain_i64", a, b, c, d)
     p.check("lcg_i64", n, a)
@@ -249,7 +248,7 @@ def test_random_against_iree(vm_pair_cache, flow_path, a, b, c, d, n):
     p.check("consts_i32", w[1])
 
 
-def test_bench_loop_shape_and_result(vm_pair, bench_loop_path):
+def test_bench_loop_shape_and_result(vm_pair, bench_loop_path, loop_mode):
     """The VM-loop benchmark's body is one fused, unsigned-masked expression for the
     accumulator, an unchecked counter increment (guarded by the loop's compare) and the
     compare folded into the branch."""
@@ -318,7 +317,7 @@ def accumulators_path():
 
 
 @pytest.mark.parametrize("t", ["i32", "i64"])
-def test_accumulators_carried_unreduced_match_iree(vm_pair, accumulators_path, t):
+def test_accumulators_carried_unreduced_match_iree(vm_pair, accumulators_path, t, loop_mode):
     p = vm_pair(accumulators_path)
     lo, hi = LIMITS[t]
     for name in ACCUMULATORS:
@@ -414,7 +413,7 @@ def _random_function(rng: random.Random, name: str, t: str) -> str:
             + f"\n  return %r#0, {', '.join(outs)} : {carried}\n}}\n")
 
 
-def test_random_programs_against_iree(vm_pair):
+def test_random_programs_against_iree(vm_pair, loop_mode):
     rng = random.Random(8)
     functions = [(f"r{i}", rng.choice(["i32", "i64"])) for i in range(16)]
     source = "".join(_random_function(rng, name, t) for name, t in functions)

@@ -118,7 +118,7 @@ def test_slot_hazard_predicate():
 
 
 @pytest.mark.parametrize("n", [0, 1, 3])
-def test_ordered_remap_matches_iree(vm_pair, hazard_path, n):
+def test_ordered_remap_matches_iree(vm_pair, hazard_path, n, loop_mode):
     p = vm_pair(hazard_path)
     for a in I64_EDGES:
         for b in (0, -1, 2**40 + 3):
@@ -127,7 +127,7 @@ def test_ordered_remap_matches_iree(vm_pair, hazard_path, n):
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 17])
-def test_swap_through_temporary_matches_iree(vm_pair, n):
+def test_swap_through_temporary_matches_iree(vm_pair, n, loop_mode):
     path = vm_compile_source(SWAP_MLIR)
     assert any(regflow.slot_hazard(pairs) for pairs in _remap_lists(path))
     p = vm_pair(path)

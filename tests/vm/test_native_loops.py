@@ -1,0 +1,202 @@
+"""Integer loops in C (`tinyhal.vm.scalar`): which functions qualify, and that the native
+run is the Python translation's twin: same results as IREE, the same error where a
+division faults, Ctrl-C still interrupting a loop, other threads running meanwhile.
+
+The integer suites (`test_vm_int_flow.py`, `test_vm_remap_slots.py`) run every program
+both ways (`loop_mode`) against iree.runtime; this file covers what is particular to the
+native path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from support.models import VM_LOOP_MLIR
+from support.vm_pairs import I32_EDGES, I64_EDGES, vm_compile_source
+
+OPS_MLIR = """
+func.func @mix_i64(%n: i32, %a: i64, %b: i64) -> (i64, i64, i32, i64) {
+  %c0 = arith.constant 0 : i32
+  %c1 = arith.constant 1 : i32
+  %one = arith.constant 1 : i64
+  %r:4 = scf.while (%i = %c0, %x = %a, %y = %b, %z = %c0) : (i32, i64, i64, i32)
+      -> (i32, i64, i64, i32) {
+    %go = arith.cmpi slt, %i, %n : i32
+    scf.condition(%go) %i, %x, %y, %z : i32, i64, i64, i32
+  } do {
+  ^bb0(%i: i32, %x: i64, %y: i64, %z: i32):
+    %d = arith.ori %y, %one : i64
+    %q = arith.divsi %x, %d : i64
+    %rm = arith.remui %x, %d : i64
+    %mn = arith.minsi %q, %rm : i64
+    %mx = arith.maxui %x, %y : i64
+    %sh = arith.shrsi %mx, %one : i64
+    %lt = arith.cmpi ult, %q, %y : i64
+    %s = arith.select %lt, %mn, %sh : i64
+    %t = arith.trunci %s : i64 to i32
+    %e = arith.extui %t : i32 to i64
+    %x1 = arith.xori %e, %s : i64
+    %y1 = arith.subi %y, %x1 : i64
+    %z1 = arith.addi %z, %t : i32
+    %i1 = arith.addi %i, %c1 : i32
+    scf.yield %i1, %x1, %y1, %z1 : i32, i64, i64, i32
+  }
+  return %r#1, %r#2, %r#3, %r#1 : i64, i64, i32, i64
+}
+
+func.func @mix_i32(%n: i32, %a: i32, %b: i32) -> (i32, i32) {
+  %c0 = arith.constant 0 : i32
+  %c1 = arith.constant 1 : i32
+  %c7 = arith.constant 7 : i32
+  %r:3 = scf.while (%i = %c0, %x = %a, %y = %b) : (i32, i32, i32) -> (i32, i32, i32) {
+    %go = arith.cmpi slt, %i, %n : i32
+    scf.condition(%go) %i, %x, %y : i32, i32, i32
+  } do {
+  ^bb0(%i: i32, %x: i32, %y: i32):
+    %d = arith.ori %y, %c1 : i32
+    %q = arith.divui %x, %d : i32
+    %rm = arith.remsi %x, %c7 : i32
+    %sl = arith.shli %q, %i : i32
+    %su = arith.shrui %x, %c7 : i32
+    %mn = arith.minui %sl, %su : i32
+    %mx = arith.maxsi %rm, %y : i32
+    %e = arith.extsi %mn : i32 to i64
+    %t = arith.trunci %e : i64 to i16
+    %w = arith.extsi %t : i16 to i32
+    %x1 = arith.addi %w, %mx : i32
+    %y1 = arith.muli %y, %x1 : i32
+    %i1 = arith.addi %i, %c1 : i32
+    scf.yield %i1, %x1, %y1 : i32, i32, i32
+  }
+  return %r#1, %r#2 : i32, i32
+}
+
+func.func @divide_down(%n: i32, %x: i32, %d: i32) -> i32 {
+  %c0 = arith.constant 0 : i32
+  %c1 = arith.constant 1 : i32
+  %r:3 = scf.while (%i = %c0, %acc = %x, %k = %d) : (i32, i32, i32) -> (i32, i32, i32) {
+    %go = arith.cmpi slt, %i, %n : i32
+    scf.condition(%go) %i, %acc, %k : i32, i32, i32
+  } do {
+  ^bb0(%i: i32, %acc: i32, %k: i32):
+    %q = arith.divsi %acc, %k : i32
+    %a1 = arith.addi %q, %acc : i32
+    %k1 = arith.subi %k, %c1 : i32
+    %i1 = arith.addi %i, %c1 : i32
+    scf.yield %i1, %a1, %k1 : i32, i32, i32
+  }
+  return %r#1 : i32
+}
+
+func.func @straight(%a: i32, %b: i32) -> i32 {
+  %s = arith.addi %a, %b : i32
+  return %s : i32
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def ops_path():
+    return vm_compile_source(OPS_MLIR)
+
+
+def _native_names(pair) -> set[str]:
+    module = pair.module
+    return {module.functions[o].name for o in module.program.native_loops}
+
+
+def test_integer_loops_qualify_and_straight_code_does_not(vm_pair, ops_path, loop_mode):
+    names = _native_names(vm_pair(ops_path))
+    if loop_mode == "python loops":
+        assert names == set()
+    else:
+        assert {"mix_i64", "mix_i32", "divide_down"} <= names
+        assert "straight" not in names
+
+
+def test_loops_with_every_integer_op_family_match_iree(vm_pair, ops_path, loop_mode):
+    p = vm_pair(ops_path)
+    for n in (0, 1, 2, 9):
+        for a in I64_EDGES[::2]:
+            for b in I64_EDGES[1::3]:
+                p.check("mix_i64", n, a, b)
+        for a in I32_EDGES[::2]:
+            for b in I32_EDGES[1::3]:
+                p.check("mix_i32", n, a, b)
+
+
+def test_a_faulting_division_raises_the_vm_error_on_both_paths(vm_pair, ops_path, loop_mode):
+    """divide_down(n, x, d) divides by d, d-1, ...: with n > d it divides by zero on trip
+    d + 1, after the loop has run; both paths name the instruction the same way."""
+    from tinyhal.errors import InvalidArgumentError
+
+    p = vm_pair(ops_path)
+    p.check("divide_down", 3, 1000, 5)
+    with pytest.raises(InvalidArgumentError, match=r"div.i32.s: integer division fault "
+                       r"\(\d+ / 0\)") as fault:
+        p.ours("divide_down", 10, 1000, 5)
+    assert "divide_down+" in str(fault.value)
+    with pytest.raises(InvalidArgumentError, match=r"\(-2147483648 / -1\)"):
+        p.ours("divide_down", 1, -(2**31), -1)
+
+
+def test_other_threads_run_while_a_native_loop_runs(vm_pair, loop_mode):
+    """The C loop runs without the GIL: a Python thread keeps counting meanwhile."""
+    if loop_mode == "python loops":
+        pytest.skip("the Python translation holds the GIL by nature")
+    p = vm_pair(vm_compile_source(VM_LOOP_MLIR))
+    stop = threading.Event()
+    ticks = [0]
+
+    def count() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+
+    worker = threading.Thread(target=count)
+    worker.start()
+    try:
+        p.ours("loop", 20_000_000)
+    finally:
+        stop.set()
+        worker.join(10)
+    assert ticks[0] > 1000
+
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    sys.path.insert(0, {tests!r})
+    from support.models import VM_LOOP_MLIR
+    from support.vm_pairs import vm_compile_source
+    from tinyhal.vm import Context, load_module
+
+    module = load_module(vm_compile_source(VM_LOOP_MLIR))
+    assert module.program.native_loops
+    ctx = Context([module])
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    try:
+        ctx.invoke("loop", [2**31 - 1])  # minutes of work, natively
+    except KeyboardInterrupt:
+        print("interrupted after", round(time.monotonic() - start, 2))
+        sys.exit(0)
+    print("ran to the end")
+    sys.exit(1)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_interrupts_a_long_native_loop(tmp_path):
+    import os
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(tests=tests))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "interrupted after" in proc.stdout
