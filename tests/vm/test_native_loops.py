@@ -200,3 +200,17 @@ def test_ctrl_c_interrupts_a_long_native_loop(tmp_path):
                           timeout=90)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "interrupted after" in proc.stdout
+
+
+def test_a_register_out_of_range_keeps_the_function_in_python(vm_pair, ops_path):
+    """The encoder checks every register against the register file it sizes, so a
+    program the C side could address out of bounds is never run natively."""
+    from tinyhal.vm import scalar
+    from tinyhal.vm.cconv import cconv_registers
+
+    module = vm_pair(ops_path).module
+    fn = next(f for f in module.functions if f.name == "mix_i64")
+    slots = [reg for _bank, reg in cconv_registers(fn.cconv.args)]
+    args = (fn.instructions, fn.cconv.args, fn.cconv.results, slots)
+    assert scalar.encode(*args, 64) is not None
+    assert scalar.encode(*args, 4) is None

@@ -87,6 +87,21 @@ def encode(instructions: Sequence, arg_types: Sequence[str], result_types: Seque
     qualify (see the module docstring)."""
     if any(t not in _INTEGER_TYPES for t in (*arg_types, *result_types)):
         return None
+    try:
+        return _encode(instructions, arg_types, result_types, argument_slots, register_count)
+    except ValueError:  # a register the C side could not address
+        return None
+
+
+def _slot(raw: int, wide: bool, register_count: int) -> int:
+    """`raw` as a register slot in range for its width (else ValueError): the program is
+    checked here once so the interpreter never checks anything."""
+    if raw & isa.REF_BIT or raw + wide >= register_count or (wide and raw & 1):
+        raise ValueError(raw)
+    return raw
+
+
+def _encode(instructions, arg_types, result_types, argument_slots, register_count):
     words: list[int] = []
     block_words: dict[int, int] = {}  # block pc -> word index of its first instruction
     fixups: list[tuple[int, int]] = []  # (word index, target block pc)
@@ -104,13 +119,11 @@ def encode(instructions: Sequence, arg_types: Sequence[str], result_types: Seque
                 return None
             words.append(len(regs))
             for raw, t in zip(regs, result_types):
-                words += (raw, int(_INTEGER_TYPES[t]))
+                words += (_slot(raw, _INTEGER_TYPES[t], register_count), int(_INTEGER_TYPES[t]))
             continue
         for (code, arg), value in zip(ins.layout, ins.fields):
             if code in ("r", "w"):
-                if value & isa.REF_BIT:
-                    return None
-                words.append(value)
+                words.append(_slot(value, arg == "i64", register_count))
             elif code == "A":
                 words.append(_word(value))
                 if arg == "i64":
@@ -122,9 +135,7 @@ def encode(instructions: Sequence, arg_types: Sequence[str], result_types: Seque
             elif code == "O":
                 words.append(len(value))
                 for src, dst in value:
-                    if (src | dst) & isa.REF_BIT:
-                        return None
-                    words += (src, dst)
+                    words += (_slot(src, False, register_count), _slot(dst, False, register_count))
             else:  # pragma: no cover - SUPPORTED holds no other field kinds
                 return None
     if not loops:
@@ -133,10 +144,9 @@ def encode(instructions: Sequence, arg_types: Sequence[str], result_types: Seque
         if target not in block_words:
             return None
         words[at] = block_words[target]
-    return ScalarProgram(array("i", words), register_count,
-                         tuple((slot, _INTEGER_TYPES[t]) for slot, t in zip(argument_slots,
-                                                                               arg_types)),
-                         len(result_types))
+    arguments = tuple((_slot(raw, _INTEGER_TYPES[t], register_count), _INTEGER_TYPES[t])
+                      for raw, t in zip(argument_slots, arg_types))
+    return ScalarProgram(array("i", words), register_count, arguments, len(result_types))
 
 
 def entry(program: ScalarProgram, fallback: Callable) -> Callable:
