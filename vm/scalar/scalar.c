@@ -63,6 +63,7 @@ static inline uint32_t remap(uint32_t* regs, const int32_t* code, uint32_t at) {
 static inline uint32_t clz32(uint32_t v) { return v ? (uint32_t)__builtin_clz(v) : 32; }
 static inline uint64_t clz64(uint64_t v) { return v ? (uint64_t)__builtin_clzll(v) : 64; }
 
+/* Operand words of the instruction at pc, and register reads/writes by width. */
 #define A (code[pc + 1])
 #define B (code[pc + 2])
 #define C (code[pc + 3])
@@ -71,103 +72,61 @@ static inline uint64_t clz64(uint64_t v) { return v ? (uint64_t)__builtin_clzll(
 #define U32(r) (regs[r])
 #define S64(r) get64(regs, r)
 #define U64(r) ((uint64_t)get64(regs, r))
-#define BIN32(expr) { int32_t a = S32(A), b = S32(B); (void)a; (void)b; \
-    regs[C] = (uint32_t)(expr); pc += 4; break; }
-#define BIN64(expr) { int64_t a = S64(A), b = S64(B); (void)a; (void)b; \
-    set64(regs, C, (int64_t)(expr)); pc += 4; break; }
-#define CMP64(expr) { int64_t a = S64(A), b = S64(B); (void)a; (void)b; \
-    regs[C] = (expr) ? 1u : 0u; pc += 4; break; }
-#define UN32(expr) { int32_t a = S32(A); regs[B] = (uint32_t)(expr); pc += 3; break; }
-#define UN64(expr) { int64_t a = S64(A); set64(regs, B, (int64_t)(expr)); pc += 3; break; }
+#define PUT32(r, v) (regs[r] = (uint32_t)(v))
+#define PUT64(r, v) set64(regs, r, (int64_t)(v))
+#define NEXT(words) pc += words; break
+#define SIGNED_FAULT(W) (S##W(B) == 0 || (S##W(B) == -1 && S##W(A) == INT##W##_MIN))
+
+/* The integer ops IREE has at both widths; shift amounts are i32 registers at both and
+ * compares write an i32. Unsigned arithmetic wraps as the VM does. */
+#define INT_CASES(W)                                                                      \
+  case OP_CONST_I##W##_ZERO: PUT##W(A, 0); NEXT(2);                                        \
+  case OP_SELECT_I##W: PUT##W(D, regs[A] ? U##W(B) : U##W(C)); NEXT(5);                    \
+  case OP_ADD_I##W: PUT##W(C, U##W(A) + U##W(B)); NEXT(4);                                 \
+  case OP_SUB_I##W: PUT##W(C, U##W(A) - U##W(B)); NEXT(4);                                 \
+  case OP_MUL_I##W: PUT##W(C, U##W(A) * U##W(B)); NEXT(4);                                 \
+  case OP_DIV_I##W##_S: if (SIGNED_FAULT(W)) goto trap; PUT##W(C, S##W(A) / S##W(B)); NEXT(4); \
+  case OP_DIV_I##W##_U: if (U##W(B) == 0) goto trap; PUT##W(C, U##W(A) / U##W(B)); NEXT(4); \
+  case OP_REM_I##W##_S: if (SIGNED_FAULT(W)) goto trap; PUT##W(C, S##W(A) % S##W(B)); NEXT(4); \
+  case OP_REM_I##W##_U: if (U##W(B) == 0) goto trap; PUT##W(C, U##W(A) % U##W(B)); NEXT(4); \
+  case OP_FMA_I##W: PUT##W(D, U##W(A) * U##W(B) + U##W(C)); NEXT(5);                      \
+  case OP_NOT_I##W: PUT##W(B, ~U##W(A)); NEXT(3);                                          \
+  case OP_AND_I##W: PUT##W(C, U##W(A) & U##W(B)); NEXT(4);                                 \
+  case OP_OR_I##W: PUT##W(C, U##W(A) | U##W(B)); NEXT(4);                                  \
+  case OP_XOR_I##W: PUT##W(C, U##W(A) ^ U##W(B)); NEXT(4);                                 \
+  case OP_SHL_I##W: PUT##W(C, U##W(A) << (S32(B) & (W - 1))); NEXT(4);                     \
+  case OP_SHR_I##W##_S: PUT##W(C, S##W(A) >> (S32(B) & (W - 1))); NEXT(4);                 \
+  case OP_SHR_I##W##_U: PUT##W(C, U##W(A) >> (S32(B) & (W - 1))); NEXT(4);                 \
+  case OP_CMP_EQ_I##W: PUT32(C, U##W(A) == U##W(B)); NEXT(4);                              \
+  case OP_CMP_NE_I##W: PUT32(C, U##W(A) != U##W(B)); NEXT(4);                              \
+  case OP_CMP_LT_I##W##_S: PUT32(C, S##W(A) < S##W(B)); NEXT(4);                           \
+  case OP_CMP_LT_I##W##_U: PUT32(C, U##W(A) < U##W(B)); NEXT(4);                           \
+  case OP_CMP_NZ_I##W: PUT32(B, U##W(A) != 0); NEXT(3);                                    \
+  case OP_CTLZ_I##W: PUT##W(B, clz##W(U##W(A))); NEXT(3);                                  \
+  case OP_ABS_I##W: PUT##W(B, S##W(A) < 0 ? 0 - U##W(A) : U##W(A)); NEXT(3);               \
+  case OP_MIN_I##W##_S: PUT##W(C, S##W(B) < S##W(A) ? S##W(B) : S##W(A)); NEXT(4);         \
+  case OP_MIN_I##W##_U: PUT##W(C, U##W(B) < U##W(A) ? U##W(B) : U##W(A)); NEXT(4);         \
+  case OP_MAX_I##W##_S: PUT##W(C, S##W(A) < S##W(B) ? S##W(B) : S##W(A)); NEXT(4);         \
+  case OP_MAX_I##W##_U: PUT##W(C, U##W(A) < U##W(B) ? U##W(B) : U##W(A)); NEXT(4);
 
 int tinyhal_scalar_run(const int32_t* code, uint32_t* regs, uint32_t* pc_io, uint64_t budget,
                        int64_t* results) {
   uint32_t pc = *pc_io;
   for (;;) {
     switch (code[pc]) {
-      case OP_CONST_I32_ZERO: regs[A] = 0; pc += 2; break;
-      case OP_CONST_I32: regs[B] = (uint32_t)A; pc += 3; break;
-      case OP_CONST_I64_ZERO: set64(regs, A, 0); pc += 2; break;
-      case OP_CONST_I64:
-        set64(regs, C, (int64_t)(((uint64_t)(uint32_t)B << 32) | (uint32_t)A)); pc += 4; break;
-      case OP_SELECT_I32: regs[D] = regs[A] ? regs[B] : regs[C]; pc += 5; break;
-      case OP_SELECT_I64: set64(regs, D, regs[A] ? S64(B) : S64(C)); pc += 5; break;
-
-      case OP_ADD_I32: BIN32((uint32_t)a + (uint32_t)b)
-      case OP_SUB_I32: BIN32((uint32_t)a - (uint32_t)b)
-      case OP_MUL_I32: BIN32((uint32_t)a * (uint32_t)b)
-      case OP_DIV_I32_S:
-        if (S32(B) == 0 || (S32(B) == -1 && S32(A) == INT32_MIN)) goto trap;
-        BIN32(a / b)
-      case OP_DIV_I32_U: if (U32(B) == 0) goto trap; BIN32(U32(A) / U32(B))
-      case OP_REM_I32_S:
-        if (S32(B) == 0 || (S32(B) == -1 && S32(A) == INT32_MIN)) goto trap;
-        BIN32(a % b)
-      case OP_REM_I32_U: if (U32(B) == 0) goto trap; BIN32(U32(A) % U32(B))
-      case OP_FMA_I32:
-        regs[D] = U32(A) * U32(B) + U32(C); pc += 5; break;
-      case OP_ADD_I64: BIN64((uint64_t)a + (uint64_t)b)
-      case OP_SUB_I64: BIN64((uint64_t)a - (uint64_t)b)
-      case OP_MUL_I64: BIN64((uint64_t)a * (uint64_t)b)
-      case OP_DIV_I64_S:
-        if (S64(B) == 0 || (S64(B) == -1 && S64(A) == INT64_MIN)) goto trap;
-        BIN64(a / b)
-      case OP_DIV_I64_U: if (U64(B) == 0) goto trap; BIN64(U64(A) / U64(B))
-      case OP_REM_I64_S:
-        if (S64(B) == 0 || (S64(B) == -1 && S64(A) == INT64_MIN)) goto trap;
-        BIN64(a % b)
-      case OP_REM_I64_U: if (U64(B) == 0) goto trap; BIN64(U64(A) % U64(B))
-      case OP_FMA_I64:
-        set64(regs, D, (int64_t)(U64(A) * U64(B) + U64(C))); pc += 5; break;
-      case OP_NOT_I32: UN32(~a)
-      case OP_AND_I32: BIN32(a & b)
-      case OP_OR_I32: BIN32(a | b)
-      case OP_XOR_I32: BIN32(a ^ b)
-      case OP_NOT_I64: UN64(~a)
-      case OP_AND_I64: BIN64(a & b)
-      case OP_OR_I64: BIN64(a | b)
-      case OP_XOR_I64: BIN64(a ^ b)
-      case OP_SHL_I32: BIN32((uint32_t)a << (b & 31))
-      case OP_SHR_I32_S: BIN32(a >> (b & 31))
-      case OP_SHR_I32_U: BIN32((uint32_t)a >> (b & 31))
-      /* the i64 shifts take their amount from an i32 register */
-      case OP_SHL_I64: set64(regs, C, (int64_t)(U64(A) << (S32(B) & 63))); pc += 4; break;
-      case OP_SHR_I64_S: set64(regs, C, S64(A) >> (S32(B) & 63)); pc += 4; break;
-      case OP_SHR_I64_U: set64(regs, C, (int64_t)(U64(A) >> (S32(B) & 63))); pc += 4; break;
-
-      case OP_TRUNC_I32_I8: UN32((uint8_t)a)
-      case OP_TRUNC_I32_I16: UN32((uint16_t)a)
-      case OP_TRUNC_I64_I32: regs[B] = (uint32_t)U64(A); pc += 3; break;
-      case OP_EXT_I8_I32_S: UN32((int8_t)a)
-      case OP_EXT_I8_I32_U: UN32((uint8_t)a)
-      case OP_EXT_I16_I32_S: UN32((int16_t)a)
-      case OP_EXT_I16_I32_U: UN32((uint16_t)a)
-      case OP_EXT_I32_I64_S: set64(regs, B, (int64_t)S32(A)); pc += 3; break;
-      case OP_EXT_I32_I64_U: set64(regs, B, (int64_t)(uint64_t)U32(A)); pc += 3; break;
-
-      case OP_CMP_EQ_I32: BIN32(a == b)
-      case OP_CMP_NE_I32: BIN32(a != b)
-      case OP_CMP_LT_I32_S: BIN32(a < b)
-      case OP_CMP_LT_I32_U: BIN32((uint32_t)a < (uint32_t)b)
-      case OP_CMP_NZ_I32: UN32(a != 0)
-      case OP_CMP_EQ_I64: CMP64(a == b)
-      case OP_CMP_NE_I64: CMP64(a != b)
-      case OP_CMP_LT_I64_S: CMP64(a < b)
-      case OP_CMP_LT_I64_U: CMP64((uint64_t)a < (uint64_t)b)
-      case OP_CMP_NZ_I64: regs[B] = S64(A) != 0; pc += 3; break;
-
-      case OP_CTLZ_I32: UN32(clz32((uint32_t)a))
-      case OP_CTLZ_I64: UN64(clz64((uint64_t)a))
-      case OP_ABS_I32: UN32(a < 0 ? 0u - (uint32_t)a : (uint32_t)a)
-      case OP_ABS_I64: UN64(a < 0 ? 0u - (uint64_t)a : (uint64_t)a)
-      case OP_MIN_I32_S: BIN32(b < a ? b : a)
-      case OP_MIN_I32_U: BIN32((uint32_t)b < (uint32_t)a ? b : a)
-      case OP_MAX_I32_S: BIN32(a < b ? b : a)
-      case OP_MAX_I32_U: BIN32((uint32_t)a < (uint32_t)b ? b : a)
-      case OP_MIN_I64_S: BIN64(b < a ? b : a)
-      case OP_MIN_I64_U: BIN64((uint64_t)b < (uint64_t)a ? b : a)
-      case OP_MAX_I64_S: BIN64(a < b ? b : a)
-      case OP_MAX_I64_U: BIN64((uint64_t)a < (uint64_t)b ? b : a)
+      INT_CASES(32)
+      INT_CASES(64)
+      case OP_CONST_I32: PUT32(B, A); NEXT(3);
+      case OP_CONST_I64: PUT64(C, ((uint64_t)(uint32_t)B << 32) | (uint32_t)A); NEXT(4);
+      case OP_TRUNC_I32_I8: PUT32(B, (uint8_t)U32(A)); NEXT(3);
+      case OP_TRUNC_I32_I16: PUT32(B, (uint16_t)U32(A)); NEXT(3);
+      case OP_TRUNC_I64_I32: PUT32(B, U64(A)); NEXT(3);
+      case OP_EXT_I8_I32_S: PUT32(B, (int8_t)U32(A)); NEXT(3);
+      case OP_EXT_I8_I32_U: PUT32(B, (uint8_t)U32(A)); NEXT(3);
+      case OP_EXT_I16_I32_S: PUT32(B, (int16_t)U32(A)); NEXT(3);
+      case OP_EXT_I16_I32_U: PUT32(B, (uint16_t)U32(A)); NEXT(3);
+      case OP_EXT_I32_I64_S: PUT64(B, S32(A)); NEXT(3);
+      case OP_EXT_I32_I64_U: PUT64(B, U32(A)); NEXT(3);
 
       case OP_BR: {
         uint32_t target = (uint32_t)A;
