@@ -134,3 +134,21 @@ def test_a_register_out_of_range_keeps_the_function_in_python(vm_pair, ops_path)
     args = (fn.instructions, fn.cconv.args, fn.cconv.results, slots)
     assert scalar.encode(*args, 64) is not None
     assert scalar.encode(*args, 4) is None
+
+
+def test_the_interpreter_numbers_every_supported_op_as_the_isa_does():
+    """scalar.c spells IREE's opcode bytes by hand; a wrong number would run another op,
+    so each is checked against the decoder's table (`vm/isa.py`)."""
+    import re
+
+    from tinyhal.vm import isa, scalar
+
+    with open(os.path.join(os.path.dirname(scalar.__file__), "scalar.c")) as f:
+        source = f.read()
+    spelled = {name.lower().replace("_", "."): int(value, 16)
+               for name, value in re.findall(r"OP_([A-Z0-9_]+) = (0x[0-9A-F]+)", source)}
+    by_name = {name: op for op, (name, _layout) in isa.CORE_OPS.items()}
+    by_name["cond.br"] = by_name["cond_br"]
+    assert {by_name[name] for name in spelled} == {by_name[n] for n in scalar.SUPPORTED}
+    for name, value in spelled.items():
+        assert by_name[name] == value, name
