@@ -81,6 +81,7 @@ from ..hal.types import (
 )
 from .context import Context
 from .hal_module import create_hal_module
+from .io_parameters import ParameterStatistics, create_io_parameters_module
 from .loader import BytecodeModule, load_module
 from .native import NativeModule
 
@@ -266,7 +267,8 @@ class Module:
     """A loaded `.vmfb` on a device; call its exports with numpy arrays and scalars."""
 
     def __init__(self, source: Any, device: Any = "task", *,
-                 modules: Sequence[Any] = (), **options: Any) -> None:
+                 modules: Sequence[Any] = (), parameters: Any = None,
+                 **options: Any) -> None:
         if isinstance(source, (bytes, bytearray, memoryview)):
             data: Any = _aligned_copy(source)
             self.path = None
@@ -282,7 +284,10 @@ class Module:
             self.bytecode = load_module(data)
             self.hal_module = create_hal_module(self.device)
             user_modules = [_user_module(m, self.device) for m in modules]
-            self.context = Context([self.hal_module, *user_modules, self.bytecode])
+            self.parameters_module = _parameters_module(parameters, self.bytecode,
+                                                        user_modules)
+            linked = [self.hal_module, *self.parameters_module, *user_modules, self.bytecode]
+            self.context = Context(linked)
             self._instance = next(i for i in self.context.instances
                                   if i.module is self.bytecode)
         except BaseException as exc:
@@ -554,6 +559,13 @@ class Module:
         """The device allocator's statistics (live and peak bytes per heap)."""
         return self.device.allocator.statistics()
 
+    def parameter_statistics(self) -> ParameterStatistics | None:
+        """The parameter memory the program holds (see `ParameterStatistics`), or None
+        when it uses no external parameters."""
+        for module in self.__dict__.get("parameters_module", ()):
+            return module.state.statistics()
+        return None
+
     def trim(self) -> None:
         """Frees the input buffers kept for the next calls (see `_park_inputs`): memory
         a long-lived module holds between calls, which `statistics()` counts as live."""
@@ -746,8 +758,24 @@ def _user_module(module: Any, device: Device) -> NativeModule | BytecodeModule:
     )
 
 
+def _parameters_module(parameters: Any, bytecode: BytecodeModule,
+                       user_modules: list) -> list[NativeModule]:
+    """The `io_parameters` module serving `parameters`, when given or when the program
+    depends on it (then a missing scope is named when the program asks for it), unless
+    the host app links its own."""
+    if any(m.name == "io_parameters" for m in user_modules):
+        if parameters is not None:
+            raise InvalidArgumentError(
+                "parameters= given together with an io_parameters module in modules=")
+        return []
+    if parameters is None and not any(d.name == "io_parameters"
+                                       for d in bytecode.dependencies):
+        return []
+    return [create_io_parameters_module(parameters)]
+
+
 def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (),
-         **options: Any) -> Module:
+         parameters: Any = None, **options: Any) -> Module:
     """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`).
 
     `modules` are extra modules the program imports from, linked between `hal` and the
@@ -755,5 +783,12 @@ def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (
     Python, see `tinyhal.vm.native`) or factories called with the device. Every import is
     checked against its provider's calling convention when the module loads; a mismatch
     raises `tinyhal.Error` (INCOMPATIBLE) naming the function.
+
+    `parameters` feeds a program compiled with external parameters (its
+    `#stream.parameter.named` globals, IREE's `io_parameters` module): a parameter file
+    (`.irpa`, `.safetensors`, `.gguf`) or `ParameterIndex` for the anonymous scope, or a
+    mapping `{scope: path | ParameterIndex | {key: array} | [several]}`; see
+    `tinyhal.vm.io_parameters.parameter_scopes`. `Module.parameter_statistics()` tells
+    the parameter memory the program holds.
     """
-    return Module(path_or_bytes, device, modules=modules, **options)
+    return Module(path_or_bytes, device, modules=modules, parameters=parameters, **options)

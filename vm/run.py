@@ -521,6 +521,25 @@ def native_module_factory(spec: str) -> Any:
     return target
 
 
+# -- parameters ------------------------------------------------------------------------------
+
+
+def parameter_flags(flags: Sequence[str], mode: str) -> dict[str, Any] | None:
+    """`--parameters=[scope=]PATH` flags as one index per scope (IREE splits at the
+    first `=`; no `=` is the anonymous scope), or None when there are none."""
+    from .parameter_formats import ParameterIndex
+
+    if not flags:
+        return None
+    scopes: dict[str, Any] = {}
+    for flag in flags:
+        scope, eq, path = flag.partition("=")
+        if not eq:
+            scope, path = "", flag
+        scopes.setdefault(scope, ParameterIndex()).load(path, mode=mode)
+    return scopes
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -532,6 +551,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--module", action="append", default=[], help="the .vmfb to load")
     p.add_argument("--native_module", action="append", default=[],
                    help="package.module:factory of a Python native module to link")
+    p.add_argument("--parameters", action="append", default=[],
+                   help="[scope=]PATH of a parameter file (.irpa, .safetensors, .gguf) the "
+                        "program reads its weights from; repeatable, files of one scope merge")
+    p.add_argument("--parameter_mode", default="file", choices=("file", "preload"),
+                   help="file: read parameters from the file when the program loads them; "
+                        "preload: copy each file into memory at startup")
     p.add_argument("--function", default="", help="function to run")
     p.add_argument("--input", action="append", default=[], help="an input value")
     p.add_argument("--output", action="append", default=None, help="where a result goes")
@@ -610,6 +635,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                 f"--device_profiling_output={profile_output}: the extension picks the format, "
                 "'.json' (Chrome trace) or '.jsonl' (ireeperf-jsonl)")
         module = Module(path, device_name(args.device), modules=factories,
+                        parameters=parameter_flags(args.parameters, args.parameter_mode),
                         **_device_options(args.device))
         name = args.function
         if not name:
