@@ -29,6 +29,7 @@ from tinyhal.errors import (
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
+    PermissionDeniedError,
     UnimplementedError,
 )
 from tinyhal.vm.parameter_formats import ParameterIndex
@@ -496,3 +497,80 @@ def test_parameters_argument_forms(programs, archives):
         tinyhal.load(programs["load"], device="sync", parameters=42)
     with pytest.raises(Error):
         tinyhal.load(programs["load"], device="sync", parameters={"model": 42})
+
+
+# -- writing parameters (io_parameters.scatter) -------------------------------------------
+
+WRITE_READ = """
+func.func @save(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %scope = util.buffer.constant : !util.buffer = "model"
+  %key = util.buffer.constant : !util.buffer = "w"
+  %offset = arith.constant 4 : i64
+  %r = flow.parameter.write %x -> %scope::%key[%offset] : tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+func.func @fetch() -> tensor<4xf32> {
+  %scope = util.buffer.constant : !util.buffer = "model"
+  %key = util.buffer.constant : !util.buffer = "w"
+  %offset = arith.constant 0 : i64
+  %r = flow.parameter.load %scope::%key[%offset] : tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+"""
+
+
+def test_scatter_writes_parameters_as_iree_does(tmp_path):
+    """`flow.parameter.write` compiles to `io_parameters.scatter`: into a file opened
+    writable the bytes land where iree.runtime puts them; a read-only file or a splat is
+    PERMISSION_DENIED with IREE's message; a writable in-memory parameter is the
+    caller's own array."""
+    import iree.runtime as rt
+    from safetensors.numpy import save_file
+
+    vmfb = compile_mlir(WRITE_READ, [*HOST_FLAGS, "--iree-opt-const-eval=false"])
+    x = np.array([9.5, -1, 2.25, 1e6], np.float32)
+    original = tmp_path / "w.safetensors"
+    save_file({"w": np.arange(8, dtype=np.float32)}, str(original))
+
+    # iree.runtime 3.13 grants no write access to files (`load(writable=True)` still
+    # refuses scatter): its in-memory writable parameter is the oracle.
+    config = rt.Config("local-sync")
+    index = rt.ParameterIndex()
+    theirs = np.arange(8, dtype=np.float32)
+    index.add_buffer("w", theirs, writable=True)
+    params = rt.create_io_parameters_module(config.vm_instance,
+                                            index.create_provider(scope="model"))
+    main = rt.VmModule.mmap(config.vm_instance, str(vmfb))
+    context = rt.SystemContext(vm_modules=[params, main], config=config)
+    context.modules.module["save"](x)
+    fetched = context.modules.module["fetch"]().to_host()
+    del context, params, index
+    header = len(original.read_bytes()) - 32
+
+    for driver in DRIVERS:
+        ours = tmp_path / f"ours_{driver}.safetensors"
+        ours.write_bytes(original.read_bytes())
+        writable = ParameterIndex().load(ours, writable=True)
+        with tinyhal.load(vmfb, device=driver, parameters={"model": writable}) as module:
+            np.testing.assert_array_equal(module.save(x), x)
+            assert module.fetch().tobytes() == fetched.tobytes()
+        assert ours.read_bytes()[header:] == theirs.tobytes()
+
+    with pytest.raises(PermissionDeniedError,
+                       match="parameter `w` storage does not support the requested access "
+                             "type; parameter allows READ, operation requires WRITE"):
+        with tinyhal.load(vmfb, device="task", parameters={"model": original}) as module:
+            module.save(x)
+    splat = ParameterIndex()
+    splat.add_splat("w", np.float32(1.5), 32)
+    with tinyhal.load(vmfb, device="sync", parameters={"model": splat}) as module:
+        np.testing.assert_array_equal(module.fetch(), [1.5] * 4)
+        with pytest.raises(PermissionDeniedError, match="parameter allows READ"):
+            module.save(x)
+    memory = np.arange(8, dtype=np.float32)
+    in_memory = ParameterIndex()
+    in_memory.add_buffer("w", memory, writable=True)
+    with tinyhal.load(vmfb, device="emu", parameters={"model": in_memory}) as module:
+        module.save(x)
+        assert module.fetch().tobytes() == fetched.tobytes()
+    assert memory.tobytes() == theirs.tobytes()
