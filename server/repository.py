@@ -23,6 +23,11 @@
                       and emu) or "thread" (Module.invoke in a worker thread; default for
                       sync, whose device runs everything inline on the calling thread)
     input_names / output_names   rename the ABI's inputs/outputs (lists, in order)
+    parameters        the parameter files of a program compiled with external parameters
+                      (`.irpa`, `.safetensors`, `.gguf`), beside `model.vmfb` in the
+                      version directory: a file name (the anonymous scope), or
+                      {"scope": "file" or ["file", ...]} (files of one scope merge, the
+                      first holding a key wins); names may not leave the directory
     description       free text, shown by the config endpoint
 
 Input and output names, datatypes and shapes come from the function's ABI declaration
@@ -58,6 +63,7 @@ __all__ = ["ModelRepository", "ModelVersion", "TensorSpec", "bundled_models_dir"
 CONFIG_KEYS = {
     "function", "device", "max_batch_size", "max_concurrency", "max_queue", "timeout_s",
     "execution", "input_names", "output_names", "description", "dynamic_batching",
+    "parameters",
 }
 DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_MAX_QUEUE = 16
@@ -99,6 +105,28 @@ def _read_config(path: Path) -> dict:
         raise ConfigError(f"{path.parent.name}/{path.name}: unknown keys {sorted(unknown)}; "
                           f"known: {sorted(CONFIG_KEYS)}")
     return config
+
+
+def _parameter_files(config: dict, version_dir: Path) -> dict[str, list[str]] | None:
+    """The `parameters` key as {scope: [path, ...]} of files inside `version_dir`."""
+    value = config.get("parameters")
+    if value is None:
+        return None
+    scopes = value if isinstance(value, dict) else {"": value}
+    out: dict[str, list[str]] = {}
+    root = version_dir.resolve()
+    for scope, names in scopes.items():
+        names = [names] if isinstance(names, str) else names
+        if not isinstance(scope, str) or not isinstance(names, list) or not all(
+                isinstance(n, str) and n for n in names):
+            raise ConfigError("config 'parameters' must be a file name or "
+                              "{scope: file name or [file names]}")
+        for name in names:
+            path = (version_dir / name).resolve()
+            if path.parent != root and root not in path.parents:
+                raise ConfigError(f"config 'parameters': {name!r} is not inside {version_dir}")
+        out[scope] = [str(version_dir / n) for n in names]
+    return out
 
 
 def _positive_int(config: dict, key: str, default: int, minimum: int = 1) -> int:
@@ -169,7 +197,8 @@ class ModelVersion:
         self._thread_lock = device_lock if execution == "thread" else None
 
         self.device = device
-        module = load_module(str(self.path), device=device)
+        module = load_module(str(self.path), device=device,
+                             parameters=_parameter_files(config, self.path.parent))
         try:
             self._derive_signature(module)
         except BaseException:
