@@ -66,7 +66,7 @@ import numpy as np
 
 from ..errors import Error, InvalidArgumentError, NotFoundError
 from ..hal import Device, create_device
-from ..hal.buffer import ALIGNMENT
+from ..hal.buffer import ALIGNMENT, Buffer
 from ..hal.buffer_view import BufferView
 from ..hal.native import ffi
 from ..hal.semaphore import Fence
@@ -82,8 +82,10 @@ from ..hal.types import (
 from .context import Context
 from .hal_module import create_hal_module
 from .io_parameters import ParameterStatistics, create_io_parameters_module
+from .lists import is_list_type, list_input, list_output
 from .loader import BytecodeModule, load_module
 from .native import NativeModule
+from .types import VMList
 
 __all__ = ["ArgSpec", "FunctionInfo", "Module", "load", "parse_declaration"]
 
@@ -525,8 +527,14 @@ class Module:
                 out.append(_tensor_input(device, info.name, spec, value))
             elif kind == "scalar":
                 out.append(_scalar_input(info.name, spec, value))
-            elif value is None or isinstance(value, BufferView) or hasattr(value, "type_name"):
+            elif value is None or isinstance(value, (BufferView, Buffer)) or hasattr(
+                    value, "type_name"):
                 out.append(value)
+            elif isinstance(value, (list, tuple)) and (
+                    is_list_type(spec.type) or spec.type == "!vm.ref<?>"):
+                out.append(list_input(value, spec.type, functools.partial(
+                    _tensor_input, device, info.name, _UNTYPED),
+                    f"{info.name} argument {spec.name}"))
             else:  # no declaration: arrays and numbers go in as tensors of their dtype
                 out.append(_tensor_input(device, info.name, spec, value))
         return out
@@ -547,6 +555,8 @@ class Module:
                     out.append(_read_to_numpy(value))
             elif spec is not None and spec.kind == "scalar":
                 out.append(_scalar_output(spec, value))
+            elif isinstance(value, VMList):
+                out.append(list_output(value, _read_to_numpy))
             else:
                 out.append(value)
         if not out:
@@ -604,6 +614,10 @@ def _release_idle_inputs(stacks: list[list[BufferView]]) -> None:
 def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any) -> BufferView:
     if type(value) is BufferView:
         return value
+    if isinstance(value, Buffer):
+        raise InvalidArgumentError(
+            f"argument {spec.name} of {fn} is a {spec.describe()}: pass an array or a "
+            f"BufferView, not a bare hal.buffer (it has no shape or element type)")
     info = element_info_for_mlir(spec.type)
     dtype = info.dtype if info is not None else None
     if type(value) is not np.ndarray:
@@ -728,6 +742,10 @@ def _input_plan(spec: ArgSpec) -> tuple[np.dtype, tuple[int, ...], int] | tuple[
     if info is None or info.bit_count < 8 or info.bit_count % 8:
         return None
     return info.dtype, tuple(spec.shape), info.element_type
+
+
+_UNTYPED = ArgSpec("element", "ref", "!vm.ref<?>")
+"""A list element: an array goes in as a tensor of its own dtype and shape."""
 
 
 def _read_to_numpy(view: BufferView) -> np.ndarray:

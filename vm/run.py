@@ -12,6 +12,9 @@ Inputs (`--input=`, once per argument, in order):
   typed by its `descr` as IREE types it (`<V2` is opaque 16-bit, which any 16-bit
   element type accepts, so bf16 arrays numpy and ml_dtypes wrote load as they are);
 - a scalar argument takes a number (`5`, `2.5`); tinyhal also accepts `i32=5`;
+- `&[shape x]type=values` is caller-provided storage: the argument is the tensor's bare
+  `!hal.buffer` (`--input=&4096xi8=0` for an `iree.abi.transients` or an
+  `iree.abi.output` argument);
 - `(null)` / `(ignored)` give a null ref (or zero for a scalar).
 
 Results print as `iree-run-module` prints them (`result[0]: hal.buffer_view` then
@@ -254,6 +257,7 @@ class Tensor:
     element_type: int
     data: np.ndarray
     from_npy: bool = False
+    storage: bool = False  # `&...`: the argument is the tensor's bare hal.buffer
 
     def to_numpy(self) -> np.ndarray:
         return unpack_elements(self.data, self.shape, self.element_type)
@@ -353,8 +357,9 @@ def parse_value(text: str, spec: Any, streams: _NpyStreams) -> list[Any]:
                 raise InvalidArgumentError(f"cannot open {path}: {exc.strerror}") from None
             return out
         return [streams.read(path, append=text[0] == "+")]
-    if text.startswith("&"):
-        raise UnimplementedError("storage (`&`) inputs are not supported by tinyhal-run")
+    if text.startswith("&"):  # caller-provided storage: the buffer, not a view
+        tensor = parse_tensor(text[1:])
+        return [Tensor(tensor.shape, tensor.element_type, tensor.data, storage=True)]
     if spec is not None and spec.kind == "scalar":
         value_text = text
         m = re.fullmatch(r"(i1|i8|i16|i32|i64|si32|ui32|si64|ui64|index|f16|f32|f64)=(.*)",
@@ -602,7 +607,10 @@ def _device_options(name: str) -> dict[str, Any]:
 
 
 def _as_argument(device: Any, value: Any) -> Any:
-    return to_buffer_view(device, value) if isinstance(value, Tensor) else value
+    if not isinstance(value, Tensor):
+        return value
+    view = to_buffer_view(device, value)
+    return view.buffer if value.storage else view
 
 
 def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
