@@ -44,7 +44,8 @@ def test_readme_snippets_run_as_written(tmp_path, monkeypatch):
             outputs.append(out.getvalue())
     # the outputs the README shows in its comments
     assert "[[3. 0. 7. 0.]]" in outputs[0]
-    assert "[0. 2. 4. 6.]" in outputs[2]
+    assert "[1. 2. 3. 4.]\n16" in outputs[1]
+    assert "[0. 2. 4. 6.]" in outputs[3]
     from tinyhal.server.repository import ModelRepository
 
     repo = ModelRepository(tmp_path / "models")

@@ -43,6 +43,10 @@ packed type when compared.
 `--native_module=package.module:factory` (repeatable) links a native module written in
 Python: `factory(device)` returns a `tinyhal.vm.NativeModule`.
 
+Every other flag `iree-run-module --help` lists is accepted with its meaning or refused
+with one line saying why it has no meaning here (`tinyhal.vm.run_flags`), so a
+flagfile (`--flagfile=PATH`) written for iree-run-module runs unchanged.
+
 Errors print one line to stderr and exit with status 1.
 """
 
@@ -84,6 +88,17 @@ from ..hal.types import (
     pack_elements,
     packed_byte_length,
     unpack_elements,
+)
+from .loader import load_module
+from .run_flags import (
+    MODULE_MODES,
+    NO_MEANING,
+    TASK_FLAGS,
+    check_no_meaning,
+    expand_flagfiles,
+    list_devices,
+    list_drivers,
+    task_options,
 )
 
 # -- formatting (as IREE's tools do) -------------------------------------------------------
@@ -552,8 +567,14 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tinyhal-run",
         description="Runs a function of a compiled IREE module (iree-run-module's flags).",
+        allow_abbrev=False,
     )
-    p.add_argument("--module", action="append", default=[], help="the .vmfb to load")
+    p.add_argument("--module", action="append", default=[],
+                   help="a .vmfb to load; several are linked in order (each may import "
+                        "from the ones before), the function is looked up in the last")
+    p.add_argument("--module_mode", default="preload", choices=MODULE_MODES,
+                   help="accepted for iree-run-module's sake: tinyhal maps every module "
+                        "file privately (copy-on-write) either way")
     p.add_argument("--native_module", action="append", default=[],
                    help="package.module:factory of a Python native module to link")
     p.add_argument("--parameters", action="append", default=[],
@@ -574,7 +595,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--expected_f64_threshold", type=float, default=0.0001)
     p.add_argument("--expected_bf16_threshold", type=float, default=0.01)
     p.add_argument("--expected_rtol", type=float, default=1e-5)
-    p.add_argument("--device", default="task",
+    p.add_argument("--device", action="append", default=[],
                    help="sync, task or emu (local-sync/local-task accepted)")
     p.add_argument("--output_max_element_count", type=int, default=1024)
     p.add_argument("--device_profiling_mode", default="",
@@ -583,11 +604,30 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device_profiling_output", default="",
                    help="where the profile goes; .json is Chrome trace JSON, .jsonl is "
                         "IREE's ireeperf-jsonl")
-    p.add_argument("--emu_summary", action="store_true",
+    p.add_argument("--emu_summary", nargs="?", const="true", default="false", type=_flag_bool,
                    help="on emu: print the run's modelled-time summary to stderr")
-    p.add_argument("--print_statistics", action="store_true",
-                   help="print device allocator statistics to stderr")
+    p.add_argument("--print_statistics", nargs="?", const="true", default="false",
+                   type=_flag_bool, help="print device allocator statistics to stderr")
+    p.add_argument("--list_drivers", action="store_true", help="list the drivers and exit")
+    for name in ("list_devices", "dump_devices"):
+        p.add_argument(f"--{name}", nargs="?", const="", default=None,
+                       help="list the devices (of one driver) and exit")
+    for name in TASK_FLAGS:
+        p.add_argument(f"--{name}", default=None, help="task driver: see tinyhal.vm.run_flags")
+    for name in NO_MEANING:
+        p.add_argument(f"--{name}", action="append", nargs="?", const="true", default=None,
+                       help=argparse.SUPPRESS)
     return p
+
+
+def _flag_bool(text: str) -> bool:
+    """An IREE boolean flag's value (`--flag`, `--flag=true`, `--flag=false`)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", ""):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
 
 
 def device_name(name: str) -> str:
@@ -606,6 +646,15 @@ def _device_options(name: str) -> dict[str, Any]:
     return {}
 
 
+def _one_device(flags: list[str]) -> str:
+    """The device of `--device=` flags (the task driver without one)."""
+    if len(flags) > 1:
+        raise UnimplementedError(
+            f"{len(flags)} --device= flags: tinyhal-run runs a program on one device "
+            "(programs compiled for several devices are not supported yet)")
+    return flags[0] if flags else "task"
+
+
 def _as_argument(device: Any, value: Any) -> Any:
     if not isinstance(value, Tensor):
         return value
@@ -620,21 +669,35 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
     stderr = stderr or sys.stderr
     parser = _parser()
     try:
-        args = parser.parse_args(list(argv))
+        args = parser.parse_args(expand_flagfiles(list(argv)))
+        check_no_meaning({name: getattr(args, name) for name in NO_MEANING
+                          if getattr(args, name) is not None})
     except SystemExit as exc:
         return int(exc.code or 0)
+    except Error as exc:
+        stderr.write(f"tinyhal-run: {exc}\n")
+        return 1
+    if args.list_drivers or args.list_devices is not None or args.dump_devices is not None:
+        try:
+            stdout.write(list_drivers() if args.list_drivers else list_devices(
+                args.list_devices if args.list_devices is not None else args.dump_devices))
+        except Error as exc:
+            stderr.write(f"tinyhal-run: {exc}\n")
+            return 1
+        return 0
     if not args.module:
         stderr.write("tinyhal-run: error: --module= is required\n")
         return 1
     streams = _NpyStreams()
     module = None
     try:
-        if len(args.module) > 1:
-            raise UnimplementedError("tinyhal-run loads one module (one --module=)")
-        path = args.module[0]
-        if not os.path.exists(path):
-            raise InvalidArgumentError(f"module file {path!r} does not exist")
+        for path in args.module:
+            if not os.path.exists(path):
+                raise InvalidArgumentError(f"module file {path!r} does not exist")
+        *linked, path = args.module
+        device = _one_device(args.device)
         factories = [native_module_factory(s) for s in args.native_module]
+        factories += [load_module(p) for p in linked]
         profile_output = args.device_profiling_output
         if args.device_profiling_mode and not profile_output:
             raise InvalidArgumentError("--device_profiling_mode needs --device_profiling_output")
@@ -642,9 +705,10 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
             raise InvalidArgumentError(
                 f"--device_profiling_output={profile_output}: the extension picks the format, "
                 "'.json' (Chrome trace) or '.jsonl' (ireeperf-jsonl)")
-        module = Module(path, device_name(args.device), modules=factories,
+        task = {n: getattr(args, n) for n in TASK_FLAGS if getattr(args, n) is not None}
+        module = Module(path, device_name(device), modules=factories,
                         parameters=parameter_flags(args.parameters, args.parameter_mode),
-                        **_device_options(args.device))
+                        **_device_options(device), **task_options(task, device_name(device)))
         name = args.function
         if not name:
             names = [n for n in module.functions if "$" not in n]
