@@ -228,9 +228,10 @@ class _Timeline:
         self.device.queue_barrier(wait, self.signal)
 
 
-class _Reader:
-    """A file-like view of one parameter for `Device.queue_read`: reads run when the
-    queue reaches them, through the entry's source (DATA_LOSS if the file shrank)."""
+class _ParameterFile:
+    """A file-like view of one parameter for `Device.queue_read` / `queue_write`: the
+    transfer runs when the queue reaches it, through the entry's source (DATA_LOSS if a
+    file shrank)."""
 
     def __init__(self, state: IoParametersState, entry: ParameterEntry) -> None:
         self.state = state
@@ -245,17 +246,6 @@ class _Reader:
         self.entry.source.read_into(self.offset, array, self.entry.key)
         self.state._count_read(array.nbytes)
         return array.nbytes
-
-
-class _Writer:
-    """The same for `Device.queue_write` into a writable parameter."""
-
-    def __init__(self, entry: ParameterEntry) -> None:
-        self.entry = entry
-        self.offset = 0
-
-    def seek(self, offset: int) -> None:
-        self.offset = offset
 
     def write(self, data: memoryview) -> int:
         array = np.frombuffer(data, np.uint8)
@@ -280,7 +270,7 @@ def _enqueue_fill(timeline: _Timeline, target: Buffer, offset: int, span: _Span)
 def _enqueue_read(state: IoParametersState, timeline: _Timeline, target: Buffer,
                   offset: int, span: _Span) -> None:
     wait, signal = timeline.step()
-    timeline.device.queue_read(_Reader(state, span.entry),
+    timeline.device.queue_read(_ParameterFile(state, span.entry),
                                span.entry.offset + span.parameter_offset,
                                target, offset, span.length, wait, signal)
 
@@ -355,7 +345,7 @@ def scatter(state: IoParametersState, device: Device, queue_affinity: int,
     timeline = _Timeline(device, wait, signal)
     for span in resolved:
         wait_points, signal_points = timeline.step()
-        device.queue_write(source_buffer, span.buffer_offset, _Writer(span.entry),
+        device.queue_write(source_buffer, span.buffer_offset, _ParameterFile(state, span.entry),
                            span.entry.offset + span.parameter_offset, span.length,
                            wait_points, signal_points)
     timeline.finish()

@@ -4,9 +4,6 @@ arguments and lists as results, each compared with iree.runtime / iree-run-modul
 
 from __future__ import annotations
 
-import io
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +11,10 @@ import pytest
 
 import tinyhal
 from support.iree_tools import HOST_FLAGS, compile_mlir
+from support.run_compare import assert_same_output
 from tinyhal.errors import FailedPreconditionError, InvalidArgumentError
 from tinyhal.hal.buffer_view import BufferView
-from tinyhal.vm.run import run
 
-BIN = Path(sys.executable).parent
 DRIVERS = ["sync", "task", "emu"]
 
 STORAGE = """
@@ -138,15 +134,8 @@ def test_buffer_and_buffer_view_arguments(storage_vmfb, driver):
 def test_storage_inputs_in_tinyhal_run(storage_vmfb):
     for function, inputs in (("transients", ["--input=64xf32=1.5", "--input=&4096xi8=0"]),
                              ("output", ["--input=4xf32=3 -1 0.5 7", "--input=&4xf32=0"])):
-        flags = [f"--module={storage_vmfb}", f"--function={function}", *inputs]
-        iree = subprocess.run([str(BIN / "iree-run-module"), *flags], capture_output=True,
-                              text=True, timeout=60)
-        assert iree.returncode == 0, iree.stderr
-        for driver in DRIVERS:
-            out, err = io.StringIO(), io.StringIO()
-            assert run([f"--device={driver}", *flags], stdout=out, stderr=err) == 0, \
-                err.getvalue()
-            assert out.getvalue() == iree.stdout
+        assert_same_output([f"--module={storage_vmfb}", f"--function={function}", *inputs],
+                           DRIVERS)
 
 
 def _iree_sum_list(vmfb: Path, items: list) -> list:

@@ -11,7 +11,6 @@ formats' own writers (`safetensors`, `gguf`).
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pytest
 import tinyhal
 from support.child import run_child
 from support.iree_tools import HOST_FLAGS, compile_mlir
+from support.run_compare import assert_same_output, tinyhal_run
 from tinyhal.errors import (
     DataLossError,
     Error,
@@ -33,7 +33,6 @@ from tinyhal.errors import (
     UnimplementedError,
 )
 from tinyhal.vm.parameter_formats import ParameterIndex
-from tinyhal.vm.run import run
 
 BIN = Path(sys.executable).parent
 DRIVERS = ["sync", "task", "emu"]
@@ -185,16 +184,10 @@ def test_every_format_gives_iree_bits_on_every_driver(programs, archives, archiv
 def test_tinyhal_run_prints_what_iree_run_module_prints(programs, archives):
     for archive in ("gguf", "irpa-splat", "safetensors"):
         for form in ("load", "gather"):
-            flags = [f"--module={programs[form]}", f"--parameters=model={archives[archive]}",
-                     "--function=main", "--input=2x8xf32=1 2 3 4 5 6 7 8 -1 -2 -3 -4 0 0 0 9"]
-            iree = subprocess.run([str(BIN / "iree-run-module"), "--device=local-task",
-                                   *flags], capture_output=True, text=True, timeout=60)
-            assert iree.returncode == 0, iree.stderr
-            for driver in DRIVERS:
-                out, err = io.StringIO(), io.StringIO()
-                assert run([f"--device={driver}", *flags], stdout=out, stderr=err) == 0, \
-                    err.getvalue()
-                assert out.getvalue() == iree.stdout
+            assert_same_output(
+                [f"--module={programs[form]}", f"--parameters=model={archives[archive]}",
+                 "--function=main", "--input=2x8xf32=1 2 3 4 5 6 7 8 -1 -2 -3 -4 0 0 0 9"],
+                DRIVERS)
 
 
 def test_two_files_in_one_scope_merge_first_wins(programs, archives, tmp_path):
@@ -209,13 +202,9 @@ def test_two_files_in_one_scope_merge_first_wins(programs, archives, tmp_path):
     with tinyhal.load(programs["load"], device="sync",
                       parameters={"model": [part, archives["safetensors"]]}) as module:
         assert_same_bits(_as_list(module.main(INPUT)), expected)
-    flags = [f"--module={programs['load']}", f"--parameters=model={part}",
-             f"--parameters=model={archives['safetensors']}", "--input=2x8xf32=0.5"]
-    iree = subprocess.run([str(BIN / "iree-run-module"), *flags], capture_output=True,
-                          text=True, timeout=60)
-    out, err = io.StringIO(), io.StringIO()
-    assert run(["--device=task", *flags], stdout=out, stderr=err) == 0, err.getvalue()
-    assert out.getvalue() == iree.stdout
+    assert_same_output([f"--module={programs['load']}", f"--parameters=model={part}",
+                        f"--parameters=model={archives['safetensors']}",
+                        "--input=2x8xf32=0.5"], ["task"], iree_device="local-sync")
 
 
 def test_in_memory_index(programs):
@@ -378,10 +367,8 @@ def test_missing_scope_and_key_are_named(programs, archives):
     small = dict(ARRAYS, w=np.zeros(3, np.float32))
     with pytest.raises(OutOfRangeError, match="parameter `w` range out of bounds"):
         tinyhal.load(programs["load"], device="task", parameters={"model": small})
-    out, err = io.StringIO(), io.StringIO()
-    assert run([f"--module={programs['load']}", "--input=2x8xf32=1"], stdout=out,
-               stderr=err) == 1
-    assert "scopes like 'model'" in err.getvalue() and err.getvalue().count("\n") == 1
+    rc, _, err = tinyhal_run([f"--module={programs['load']}", "--input=2x8xf32=1"])
+    assert rc == 1 and "scopes like 'model'" in err and err.count("\n") == 1
 
 
 def test_sealed_memfd_is_used_in_place(programs, archives):

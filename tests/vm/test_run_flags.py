@@ -3,7 +3,6 @@ refused in one line saying why it has none here; several `--module=` link in ord
 
 from __future__ import annotations
 
-import io
 import re
 import subprocess
 import sys
@@ -12,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from support.iree_tools import HOST_FLAGS, compile_mlir
-from tinyhal.vm.run import run
+from support.run_compare import assert_same_output
+from support.run_compare import tinyhal_run as run_tinyhal
 from tinyhal.vm.run_flags import NO_MEANING
 
 BIN = Path(sys.executable).parent
@@ -49,24 +49,14 @@ def iree_help() -> str:
 
 
 def tinyhal_run(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    rc = run(list(args), stdout=out, stderr=err)
-    return rc, out.getvalue(), err.getvalue()
-
-
-def iree_run(*args: str) -> tuple[int, str]:
-    proc = subprocess.run([str(BIN / "iree-run-module"), *args], capture_output=True,
-                          text=True, timeout=60)
-    return proc.returncode, proc.stdout
+    return run_tinyhal(args)
 
 
 @pytest.mark.parametrize("device", ["sync", "task", "emu"])
 def test_two_linked_modules(linked, device):
     a, b = linked
     flags = [f"--module={a}", f"--module={b}", "--function=main", "--input=4xf32=1,2,3,-4"]
-    rc, expected = iree_run("--device=local-task", *flags)
-    assert rc == 0
-    assert tinyhal_run(f"--device={device}", *flags) == (0, expected, "")
+    assert_same_output(flags, [device])
     rc, _, err = tinyhal_run(f"--device={device}", f"--module={b}", "--input=4xf32=1")
     assert rc == 1 and "depends on module 'module_a'" in err and err.count("\n") == 1
 
@@ -92,11 +82,9 @@ def test_defaults_flagfile_runs_as_iree_does(linked, iree_help, tmp_path):
     a, b = linked
     flags = [f"--flagfile={flagfile}", f"--module={a}", f"--module={b}", "--function=main",
              "--input=4xf32=0.5 -2 3 8"]
-    rc, expected = iree_run("--device=local-task", *flags)
-    assert rc == 0
-    assert tinyhal_run("--device=task", *flags) == (0, expected, "")
-    assert tinyhal_run("--device=task", "--task_topology_group_count=1",
-                       "--task_worker_spin_us=5", *flags) == (0, expected, "")
+    assert_same_output(flags, ["task"])
+    assert_same_output(["--task_topology_group_count=1", "--task_worker_spin_us=5", *flags],
+                       ["task"])
     (tmp_path / "bad.flags").write_text("--function=main\nnot a flag\n")
     rc, _, err = tinyhal_run(f"--flagfile={tmp_path / 'bad.flags'}", f"--module={b}")
     assert rc == 1 and "bad.flags:2: positional arguments not allowed" in err
