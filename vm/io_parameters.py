@@ -208,8 +208,11 @@ def _access_name(access: int) -> str:
 
 
 class _Timeline:
-    """Queue operations in order on one private semaphore after `wait`; `finish`
-    reaches `signal` once all are done (a failure fails `signal`)."""
+    """Queue operations in order on one private semaphore after `wait`; leaving the
+    `with` block reaches `signal` once all are done (a failed operation fails it). An
+    error raised inside the block fails the timeline and `signal` at once, so nothing
+    queued before it runs and the program's waits end with that error, as IREE fails a
+    batch's signal semaphores."""
 
     def __init__(self, device: Device, wait: Fence | None, signal: Fence | None) -> None:
         self.device = device
@@ -223,9 +226,17 @@ class _Timeline:
         self.value += 1
         return wait, [(self.semaphore, self.value)]
 
-    def finish(self) -> None:
-        wait = self.wait if self.value == 0 else [(self.semaphore, self.value)]
-        self.device.queue_barrier(wait, self.signal)
+    def __enter__(self) -> _Timeline:
+        return self
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        if error is None:
+            wait = self.wait if self.value == 0 else [(self.semaphore, self.value)]
+            self.device.queue_barrier(wait, self.signal)
+            return
+        self.semaphore.fail(error)
+        if self.signal is not None:
+            self.signal.fail(error)
 
 
 class _ParameterFile:
@@ -289,28 +300,27 @@ def load(state: IoParametersState, device: Device, queue_affinity: int, wait: Fe
     allocator = device.allocator
     host_heap = bool(allocator.select_heap(memory_type).memory_type & _HOST_VISIBLE)
     usage = allocator.coerce_usage(memory_type, buffer_usage & 0xFFFFFFFF)
-    timeline = _Timeline(device, wait, signal)
     result = VMList("hal.buffer", len(resolved))
-    for span in resolved:
-        entry = span.entry
-        buffer = None
-        if host_heap and usage & _IMMUTABLE and not entry.is_splat:
-            start = entry.offset + span.parameter_offset
-            view = entry.source.host_view(start, span.length)
-            if view is not None:
-                buffer = allocator.import_host(view, memory_type, BufferUsage(usage),
-                                               MemoryAccess.READ)
-                if buffer is not None:
-                    state._count_buffer(buffer, imported=True)
-        if buffer is None:
-            buffer = allocator.allocate(span.length, memory_type, usage | _TRANSFER)
-            state._count_buffer(buffer, imported=False)
-            if entry.is_splat:
-                _enqueue_fill(timeline, buffer, span.buffer_offset, span)
-            else:
-                _enqueue_read(state, timeline, buffer, span.buffer_offset, span)
-        result.append(buffer)
-    timeline.finish()
+    with _Timeline(device, wait, signal) as timeline:
+        for span in resolved:
+            entry = span.entry
+            buffer = None
+            if host_heap and usage & _IMMUTABLE and not entry.is_splat:
+                start = entry.offset + span.parameter_offset
+                view = entry.source.host_view(start, span.length)
+                if view is not None:
+                    buffer = allocator.import_host(view, memory_type, BufferUsage(usage),
+                                                   MemoryAccess.READ)
+                    if buffer is not None:
+                        state._count_buffer(buffer, imported=True)
+            if buffer is None:
+                buffer = allocator.allocate(span.length, memory_type, usage | _TRANSFER)
+                state._count_buffer(buffer, imported=False)
+                if entry.is_splat:
+                    _enqueue_fill(timeline, buffer, span.buffer_offset, span)
+                else:
+                    _enqueue_read(state, timeline, buffer, span.buffer_offset, span)
+            result.append(buffer)
     return result
 
 
@@ -324,13 +334,12 @@ def gather(state: IoParametersState, device: Device, queue_affinity: int,
     for span in resolved:
         target_buffer.resolve_range(span.buffer_offset, span.length, "gather target")
     state._count_gathered(target_buffer, sum(span.length for span in resolved))
-    timeline = _Timeline(device, wait, signal)
-    for span in resolved:
-        if span.entry.is_splat:
-            _enqueue_fill(timeline, target_buffer, span.buffer_offset, span)
-        else:
-            _enqueue_read(state, timeline, target_buffer, span.buffer_offset, span)
-    timeline.finish()
+    with _Timeline(device, wait, signal) as timeline:
+        for span in resolved:
+            if span.entry.is_splat:
+                _enqueue_fill(timeline, target_buffer, span.buffer_offset, span)
+            else:
+                _enqueue_read(state, timeline, target_buffer, span.buffer_offset, span)
 
 
 def scatter(state: IoParametersState, device: Device, queue_affinity: int,
@@ -342,13 +351,13 @@ def scatter(state: IoParametersState, device: Device, queue_affinity: int,
                       int(MemoryAccess.WRITE))
     for span in resolved:
         source_buffer.resolve_range(span.buffer_offset, span.length, "scatter source")
-    timeline = _Timeline(device, wait, signal)
-    for span in resolved:
-        wait_points, signal_points = timeline.step()
-        device.queue_write(source_buffer, span.buffer_offset, _ParameterFile(state, span.entry),
-                           span.entry.offset + span.parameter_offset, span.length,
-                           wait_points, signal_points)
-    timeline.finish()
+    with _Timeline(device, wait, signal) as timeline:
+        for span in resolved:
+            wait_points, signal_points = timeline.step()
+            device.queue_write(source_buffer, span.buffer_offset,
+                               _ParameterFile(state, span.entry),
+                               span.entry.offset + span.parameter_offset, span.length,
+                               wait_points, signal_points)
 
 
 # -- the table ---------------------------------------------------------------------------

@@ -561,3 +561,19 @@ def test_scatter_writes_parameters_as_iree_does(tmp_path):
         module.save(x)
         assert module.fetch().tobytes() == fetched.tobytes()
     assert memory.tobytes() == theirs.tobytes()
+
+
+def test_a_load_that_fails_part_way_fails_cleanly(programs):
+    """Device memory runs out after the first parameter's read is queued: the load
+    fails with RESOURCE_EXHAUSTED at once (its signal fence fails too, so nothing waits
+    forever) and the device's memory is given back."""
+    from tinyhal.hal import create_device
+
+    device = create_device("emu", memory_size=140)  # w (128 bytes) fits, b does not
+    try:
+        with pytest.raises(Error, match="RESOURCE_EXHAUSTED.*128 of 140 bytes live"):
+            tinyhal.load(programs["load"], device=device, parameters={"model": ARRAYS})
+        device.wait_idle(30)
+        assert device.allocator.statistics().heaps["device"].live_bytes == 0
+    finally:
+        device.close()
