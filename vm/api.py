@@ -235,6 +235,30 @@ def _aligned_copy(data: bytes | bytearray | memoryview) -> memoryview:
     return memoryview(aligned)
 
 
+def _resolve_devices(device: Any, options: dict) -> list[tuple[Device, bool]]:
+    """(device, created here) for `device`: one driver name or Device, or a list of
+    them for a program compiled for several devices (IREE's `--device=A --device=B`:
+    the program's devices are taken from it in order)."""
+    if not isinstance(device, (list, tuple)):
+        return [_resolve_device(device, options)]
+    if not device:
+        raise InvalidArgumentError("device=[] names no device")
+    if options:
+        raise InvalidArgumentError(
+            f"device options {sorted(options)} given with a list of devices (make each "
+            "with tinyhal.hal.create_device instead)")
+    out: list[tuple[Device, bool]] = []
+    try:
+        for one in device:
+            out.append(_resolve_device(one, {}))
+    except BaseException:
+        for made, owned in out:
+            if owned:
+                made.close()
+        raise
+    return out
+
+
 def _resolve_device(device: Any, options: dict) -> tuple[Device, bool]:
     if isinstance(device, Device):
         if options:
@@ -281,10 +305,13 @@ class Module:
             raise InvalidArgumentError(
                 f"tinyhal.load takes a path or the module's bytes, not {type(source).__name__}"
             )
-        self.device, self._owns_device = _resolve_device(device, options)
+        resolved = _resolve_devices(device, options)
+        self.devices: list[Device] = [d for d, _ in resolved]
+        self._owned_devices = [d for d, owned in resolved if owned]
+        self.device = self.devices[0]
         try:
             self.bytecode = load_module(data)
-            self.hal_module = create_hal_module(self.device)
+            self.hal_module = create_hal_module(self.devices)
             user_modules = [_user_module(m, self.device) for m in modules]
             self.parameters_module = _parameters_module(parameters, self.bytecode,
                                                         user_modules)
@@ -591,9 +618,9 @@ class Module:
                 context.close()
             except Error:
                 pass
-        if self.__dict__.get("_owns_device"):
-            self._owns_device = False
-            self.device.close()
+        owned = self.__dict__.get("_owned_devices", [])
+        while owned:
+            owned.pop().close()
 
     def __enter__(self) -> Module:
         return self
@@ -794,7 +821,12 @@ def _parameters_module(parameters: Any, bytecode: BytecodeModule,
 
 def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (),
          parameters: Any = None, **options: Any) -> Module:
-    """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`).
+    """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`), or
+    onto several (a list of them, in the order the program's devices take them: a
+    program compiled with `--iree-hal-target-device=a=local[0]
+    --iree-hal-target-device=b=local[1]` runs `a` on the first and `b` on the second;
+    drivers may be mixed, such as a `task` CPU beside an `emu` accelerator). Inputs are
+    placed on the first device (`Module.device`); `Module.devices` lists them all.
 
     `modules` are extra modules the program imports from, linked between `hal` and the
     program as IREE's tools link them: `NativeModule` objects (functions written in

@@ -40,6 +40,10 @@ sub-byte integer results go to `.npy` one element per byte (`|i1`, `|u1`), where
 3.13 writes packed bytes under a header promising twice as many, and read back into the
 packed type when compared.
 
+Several `--device=` flags give a program compiled for several devices
+(`--iree-hal-target-device=a=local[0] --iree-hal-target-device=b=local[1]`) its
+devices in order; drivers may be mixed (`--device=task --device=emu://edge-npu`).
+
 `--native_module=package.module:factory` (repeatable) links a native module written in
 Python: `factory(device)` returns a `tinyhal.vm.NativeModule`.
 
@@ -646,13 +650,22 @@ def _device_options(name: str) -> dict[str, Any]:
     return {}
 
 
-def _one_device(flags: list[str]) -> str:
-    """The device of `--device=` flags (the task driver without one)."""
-    if len(flags) > 1:
-        raise UnimplementedError(
-            f"{len(flags)} --device= flags: tinyhal-run runs a program on one device "
-            "(programs compiled for several devices are not supported yet)")
-    return flags[0] if flags else "task"
+def _create_devices(flags: list[str], task: dict[str, str]) -> list[Any]:
+    """One device per `--device=` flag, in order (the task driver without one), as IREE
+    gives a program compiled for several devices its devices in flag order."""
+    from ..hal import create_device
+
+    devices: list[Any] = []
+    try:
+        for flag in flags or ["task"]:
+            driver = device_name(flag)
+            devices.append(create_device(driver, **_device_options(flag),
+                                         **task_options(task, driver)))
+    except BaseException:
+        for device in devices:
+            device.close()
+        raise
+    return devices
 
 
 def _as_argument(device: Any, value: Any) -> Any:
@@ -690,12 +703,12 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         return 1
     streams = _NpyStreams()
     module = None
+    devices: list[Any] = []
     try:
         for path in args.module:
             if not os.path.exists(path):
                 raise InvalidArgumentError(f"module file {path!r} does not exist")
         *linked, path = args.module
-        device = _one_device(args.device)
         factories = [native_module_factory(s) for s in args.native_module]
         factories += [load_module(p) for p in linked]
         profile_output = args.device_profiling_output
@@ -706,9 +719,9 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                 f"--device_profiling_output={profile_output}: the extension picks the format, "
                 "'.json' (Chrome trace) or '.jsonl' (ireeperf-jsonl)")
         task = {n: getattr(args, n) for n in TASK_FLAGS if getattr(args, n) is not None}
-        module = Module(path, device_name(device), modules=factories,
-                        parameters=parameter_flags(args.parameters, args.parameter_mode),
-                        **_device_options(device), **task_options(task, device_name(device)))
+        devices = _create_devices(args.device, task)
+        module = Module(path, devices if len(devices) > 1 else devices[0], modules=factories,
+                        parameters=parameter_flags(args.parameters, args.parameter_mode))
         name = args.function
         if not name:
             names = [n for n in module.functions if "$" not in n]
@@ -741,10 +754,11 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         else:
             results = module.invoke_raw(name, *arguments)
         if args.emu_summary:
-            summary = getattr(module.device, "summary", None)
-            if summary is None:
+            summaries = [d.summary() for d in module.devices if hasattr(d, "summary")]
+            if not summaries:
                 raise InvalidArgumentError("--emu_summary needs --device=emu")
-            stderr.write(summary().format())
+            for summary in summaries:
+                stderr.write(summary.format())
         cconvs = vmf.cconv.results
         if args.expected_output is not None:
             expected: list[Any] = []
@@ -800,6 +814,8 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         streams.close()
         if module is not None:
             module.close()
+        for device in devices:
+            device.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

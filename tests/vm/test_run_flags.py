@@ -110,8 +110,3 @@ def test_listing_drivers_and_devices():
     assert rc == 0 and "emu://edge-npu" in out and "task://" not in out
     rc, _, err = tinyhal_run("--dump_devices=cuda")
     assert rc == 1 and "no driver of that name" in err
-
-
-def test_several_devices_are_refused_in_one_line(linked):
-    rc, _, err = tinyhal_run("--device=task", "--device=emu", f"--module={linked[1]}")
-    assert rc == 1 and "2 --device= flags" in err and err.count("\n") == 1
