@@ -80,6 +80,7 @@ from ..hal.types import (
     unpack_elements,
 )
 from .context import Context
+from .hal_inline import InlineState, create_hal_inline_module, create_hal_loader_module
 from .hal_module import create_hal_module
 from .io_parameters import ParameterStatistics, create_io_parameters_module
 from .lists import is_list_type, list_input, list_output
@@ -90,6 +91,7 @@ from .types import VMList
 __all__ = ["ArgSpec", "FunctionInfo", "Module", "load", "parse_declaration"]
 
 _INPUT_MEMORY = int(MemoryType.DEVICE_LOCAL)  # ints: IntFlag arithmetic is slow per call
+_INLINE_INPUT_MEMORY = int(MemoryType.HOST_LOCAL | MemoryType.DEVICE_VISIBLE)
 _INPUT_USAGE = int(BufferUsage.DEFAULT | BufferUsage.MAPPING)
 _HOST_VISIBLE = int(MemoryType.HOST_VISIBLE)
 _memmove = ffi.memmove
@@ -315,7 +317,8 @@ class Module:
             user_modules = [_user_module(m, self.device) for m in modules]
             self.parameters_module = _parameters_module(parameters, self.bytecode,
                                                         user_modules)
-            linked = [self.hal_module, *self.parameters_module, *user_modules, self.bytecode]
+            linked = [self.hal_module, *_inline_modules(self.bytecode, self.device),
+                      *self.parameters_module, *user_modules, self.bytecode]
             self.context = Context(linked)
             self._instance = next(i for i in self.context.instances
                                   if i.module is self.bytecode)
@@ -326,8 +329,12 @@ class Module:
                 raise exc.with_context(origin) from exc
             raise
         self.name = self.bytecode.name
+        # Inputs go to device memory, or host memory for an inline program (which maps
+        # every buffer it is given).
+        self._input_memory = _INPUT_MEMORY if not any(
+            m.name == "hal_inline" for m in self.context.modules) else _INLINE_INPUT_MEMORY
         # Whether input buffers are host memory the host may write (else: a transfer).
-        input_heap = self.device.allocator.select_heap(_INPUT_MEMORY)
+        input_heap = self.device.allocator.select_heap(self._input_memory)
         self._inputs_mappable = bool(input_heap.memory_type & _HOST_VISIBLE
                                      and _INPUT_USAGE & _MAPPING)
         self.functions: dict[str, FunctionInfo] = {}
@@ -378,6 +385,12 @@ class Module:
             f"{type(self).__name__} {self.__dict__.get('name', '?')!r} has no function "
             f"{name!r}" + (f"; functions: {sorted(functions)}" if functions else "")
         )
+
+    @property
+    def input_memory_type(self) -> int:
+        """The memory type of the buffers inputs are placed in: device memory, or host
+        memory for an inline program (which maps every buffer it is given)."""
+        return self._input_memory
 
     @property
     def function_names(self) -> list[str]:
@@ -506,6 +519,7 @@ class Module:
                 f"{len(args)} given"
             )
         device = self.device
+        input_memory = self._input_memory
         out = []
         for i, (spec, value) in enumerate(zip(specs, args)):
             plan = plans[i] if plans else None
@@ -534,24 +548,24 @@ class Module:
                                 continue
                             view = buffer = None  # another shape: freed as usual
                         view = BufferView(
-                            device.allocator.allocate(value.nbytes, _INPUT_MEMORY, _INPUT_USAGE,
+                            device.allocator.allocate(value.nbytes, input_memory, _INPUT_USAGE,
                                                       initial=value),
                             value.shape, element_type)
                         out.append(view)
                         made.append((i, view))
                         continue
                     if self._inputs_mappable:
-                        buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY,
+                        buffer = device.allocator.allocate(value.nbytes, input_memory,
                                                            _INPUT_USAGE, initial=value)
                     else:
-                        buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY,
+                        buffer = device.allocator.allocate(value.nbytes, input_memory,
                                                            _INPUT_USAGE)
                         device.write_bytes(buffer, pack_elements(value, element_type))
                     out.append(BufferView(buffer, value.shape, element_type))
                     continue
             kind = spec.kind
             if kind == "tensor":
-                out.append(_tensor_input(device, info.name, spec, value))
+                out.append(_tensor_input(device, info.name, spec, value, input_memory))
             elif kind == "scalar":
                 out.append(_scalar_input(info.name, spec, value))
             elif value is None or isinstance(value, (BufferView, Buffer)) or hasattr(
@@ -560,10 +574,10 @@ class Module:
             elif isinstance(value, (list, tuple)) and (
                     is_list_type(spec.type) or spec.type == "!vm.ref<?>"):
                 out.append(list_input(value, spec.type, functools.partial(
-                    _tensor_input, device, info.name, _UNTYPED),
+                    _tensor_input, device, info.name, _UNTYPED, memory=input_memory),
                     f"{info.name} argument {spec.name}"))
             else:  # no declaration: arrays and numbers go in as tensors of their dtype
-                out.append(_tensor_input(device, info.name, spec, value))
+                out.append(_tensor_input(device, info.name, spec, value, input_memory))
         return out
 
     def _convert_outputs(self, info: FunctionInfo, results: list) -> Any:
@@ -638,7 +652,8 @@ def _release_idle_inputs(stacks: list[list[BufferView]]) -> None:
         stack.clear()
 
 
-def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any) -> BufferView:
+def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any,
+                  memory: int = _INPUT_MEMORY) -> BufferView:
     if type(value) is BufferView:
         return value
     if isinstance(value, Buffer):
@@ -676,7 +691,7 @@ def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any) -> BufferV
             )
     element_type = info.element_type if info is not None else element_type_for(value.dtype)
     data = pack_elements(value, element_type) if value.size else None
-    buffer = device.allocator.allocate(0 if data is None else data.nbytes, _INPUT_MEMORY,
+    buffer = device.allocator.allocate(0 if data is None else data.nbytes, memory,
                                        _INPUT_USAGE)
     if data is not None:
         device.write_bytes(buffer, data)
@@ -801,6 +816,18 @@ def _user_module(module: Any, device: Device) -> NativeModule | BytecodeModule:
         f"modules= takes NativeModule objects or factories device -> NativeModule, "
         f"not {type(module).__name__}"
     )
+
+
+def _inline_modules(bytecode: BytecodeModule, device: Device) -> list[NativeModule]:
+    """`hal_inline` and `hal_loader` for a program compiled for TinyIREE's inline
+    execution (`--iree-execution-model=inline-dynamic`), which imports them instead of
+    `hal`."""
+    wanted = {d.name for d in bytecode.dependencies} & {"hal_inline", "hal_loader"}
+    if not wanted:
+        return []
+    state = InlineState(device)
+    makers = {"hal_inline": create_hal_inline_module, "hal_loader": create_hal_loader_module}
+    return [makers[name](device, state) for name in sorted(wanted)]
 
 
 def _parameters_module(parameters: Any, bytecode: BytecodeModule,

@@ -33,7 +33,7 @@ import os
 import struct
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -43,7 +43,8 @@ from ..hal.buffer import Buffer
 from ..hal.device import Device
 from ..hal.semaphore import Fence
 from ..hal.types import BufferUsage, MemoryAccess, MemoryType
-from .native import NativeModule, RefType
+from .native import NativeModule
+from .native_table import Export, build_module
 from .parameter_formats import ParameterEntry, ParameterIndex
 from .types import VMBuffer, VMList
 
@@ -363,16 +364,6 @@ def scatter(state: IoParametersState, device: Device, queue_affinity: int,
 # -- the table ---------------------------------------------------------------------------
 
 
-class Export(NamedTuple):
-    """One export: its name, IREE calling convention, the ref type of each top-level
-    argument (`?` suffix: may be null; None: not a ref) and the function (state first)."""
-
-    name: str
-    cconv: str
-    refs: tuple[str | None, ...]
-    fn: Callable[..., Any]
-
-
 _BUFFER_ARGS = ("vm.buffer", "vm.buffer", "vm.buffer")
 EXPORTS: tuple[Export, ...] = (
     Export("gather", "0rIrrrrrrr_v",
@@ -390,31 +381,12 @@ _REF_TYPES = {"hal.device": Device, "hal.fence": Fence, "hal.buffer": Buffer,
               "vm.buffer": VMBuffer}
 
 
-def _ref(name: str | None) -> RefType | None:
-    if name is None:
-        return None
-    base = name.rstrip("?")
-    return RefType(_REF_TYPES[base], base, name.endswith("?"))
-
-
-def _bind(fn: Callable[..., Any], state: IoParametersState) -> Callable[..., Any]:
-    def bound(*args: Any) -> Any:
-        return fn(state, *args)
-
-    bound.__name__ = fn.__name__
-    return bound
-
-
 def create_io_parameters_module(parameters: Any = None) -> NativeModule:
     """An `io_parameters` module serving `parameters` (see `parameter_scopes`); its state
     is `module.state` (`module.state.statistics()` for the parameter memory)."""
     state = IoParametersState(parameter_scopes(parameters))
-    module = NativeModule("io_parameters", IO_PARAMETERS_MODULE_VERSION)
-    for export in EXPORTS:
-        module.export(export.name, export.cconv,
-                      refs=tuple(_ref(r) for r in export.refs))(_bind(export.fn, state))
-    module.state = state  # type: ignore[attr-defined]
-    return module
+    return build_module("io_parameters", IO_PARAMETERS_MODULE_VERSION, EXPORTS, state,
+                        _REF_TYPES)
 
 
 # -- what `parameters=` accepts ----------------------------------------------------------

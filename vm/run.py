@@ -395,9 +395,10 @@ _INPUT_MEMORY = MemoryType.DEVICE_LOCAL
 _INPUT_USAGE = BufferUsage.DEFAULT | BufferUsage.MAPPING
 
 
-def to_buffer_view(device: Any, tensor: Tensor) -> BufferView:
+def to_buffer_view(device: Any, tensor: Tensor,
+                   memory_type: int = _INPUT_MEMORY) -> BufferView:
     """The tensor in a new device buffer, with exactly its element type."""
-    buffer = device.allocator.allocate(tensor.data.nbytes, _INPUT_MEMORY, _INPUT_USAGE)
+    buffer = device.allocator.allocate(tensor.data.nbytes, memory_type, _INPUT_USAGE)
     if tensor.data.nbytes:
         device.write_bytes(buffer, tensor.data)
     return BufferView(buffer, tensor.shape, tensor.element_type)
@@ -668,10 +669,10 @@ def _create_devices(flags: list[str], task: dict[str, str]) -> list[Any]:
     return devices
 
 
-def _as_argument(device: Any, value: Any) -> Any:
+def _as_argument(module: Any, value: Any) -> Any:
     if not isinstance(value, Tensor):
         return value
-    view = to_buffer_view(device, value)
+    view = to_buffer_view(module.device, value, module.input_memory_type)
     return view.buffer if value.storage else view
 
 
@@ -746,7 +747,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                 raise
         stdout.write(f"EXEC @{name}\n")
         stdout.flush()
-        arguments = [_as_argument(module.device, v) for v in values]
+        arguments = [_as_argument(module, v) for v in values]
         if profile_output:
             with module.device.profiling(args.device_profiling_mode or None) as profile:
                 results = module.invoke_raw(name, *arguments)
