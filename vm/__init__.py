@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from .cconv import parse_cconv
 from .context import Context, ModuleInstance, VMFunction, drive_blocking
+from .hal_inline import create_hal_inline_module, create_hal_loader_module
 from .hal_module import create_hal_module
+from .io_parameters import create_io_parameters_module
 from .loader import BytecodeModule, load_module
 from .native import NativeFunction, NativeModule, Suspend
 from .ops import F32SNaN
+from .parameter_formats import ParameterIndex
 from .types import VMBuffer, VMList
 
 __all__ = [
@@ -28,11 +31,15 @@ __all__ = [
     "ModuleInstance",
     "NativeFunction",
     "NativeModule",
+    "ParameterIndex",
     "Suspend",
     "VMBuffer",
     "VMFunction",
     "VMList",
+    "create_hal_inline_module",
+    "create_hal_loader_module",
     "create_hal_module",
+    "create_io_parameters_module",
     "drive_blocking",
     "load_module",
     "parse_cconv",
