@@ -85,8 +85,9 @@ class ParameterSource:
         raise NotImplementedError
 
     def host_view(self, offset: int, length: int) -> np.ndarray | None:
-        """The bytes as host memory that never changes or goes away while referenced
-        (so they may be used in place), or None when that cannot be promised."""
+        """The bytes as host memory that cannot go away while referenced and changes
+        only as its owner chose (so they may be used in place), or None when that cannot
+        be promised (a file: it may shrink)."""
         return None
 
 
@@ -110,8 +111,9 @@ class MemorySource(ParameterSource):
         self.array[offset : offset + data.nbytes] = data
 
     def host_view(self, offset: int, length: int) -> np.ndarray | None:
-        if not self.immutable:
-            return None
+        # Private copies never change; a caller's writable memory is theirs to change
+        # (IREE imports such host allocations in place too, so a later scatter is seen
+        # through buffers loaded from it).
         return self.array[offset : offset + length]
 
 
@@ -305,7 +307,9 @@ class ParameterIndex:
         """Adds `data` (bytes, a numpy array, anything exposing its bytes) as parameter
         `key`. By default its bytes are copied once into private memory, which loads then
         use in place; with `writable=True` the caller's own writable memory is the
-        parameter, which `io_parameters.scatter` may write."""
+        parameter, which `io_parameters.scatter` may write and which loads use in place
+        where they can (64-byte aligned host memory, as IREE imports it), so the program
+        sees later writes to it."""
         if writable:
             array = np.frombuffer(memoryview(data).cast("B"), np.uint8)
             if not array.flags.writeable:

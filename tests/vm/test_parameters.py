@@ -506,42 +506,71 @@ func.func @fetch() -> tensor<4xf32> {
 """
 
 
-def test_scatter_writes_parameters_as_iree_does(tmp_path):
-    """`flow.parameter.write` compiles to `io_parameters.scatter`: into a file opened
-    writable the bytes land where iree.runtime puts them; a read-only file or a splat is
-    PERMISSION_DENIED with IREE's message; a writable in-memory parameter is the
-    caller's own array."""
+def _aligned(values: np.ndarray, shift: int = 0) -> np.ndarray:
+    """`values` in writable memory `shift` bytes past a 64-byte boundary."""
+    raw = np.empty(values.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + shift
+    out = raw[start : start + values.nbytes].view(values.dtype)
+    out[:] = values
+    return out
+
+
+def _iree_save_fetch(vmfb, memory: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """iree.runtime: `save(x)` into a writable in-memory parameter, then `fetch()`."""
     import iree.runtime as rt
-    from safetensors.numpy import save_file
 
-    vmfb = compile_mlir(WRITE_READ, [*HOST_FLAGS, "--iree-opt-const-eval=false"])
-    x = np.array([9.5, -1, 2.25, 1e6], np.float32)
-    original = tmp_path / "w.safetensors"
-    save_file({"w": np.arange(8, dtype=np.float32)}, str(original))
-
-    # iree.runtime 3.13 grants no write access to files (`load(writable=True)` still
-    # refuses scatter): its in-memory writable parameter is the oracle.
     config = rt.Config("local-sync")
     index = rt.ParameterIndex()
-    theirs = np.arange(8, dtype=np.float32)
-    index.add_buffer("w", theirs, writable=True)
+    index.add_buffer("w", memory, writable=True)
     params = rt.create_io_parameters_module(config.vm_instance,
                                             index.create_provider(scope="model"))
     main = rt.VmModule.mmap(config.vm_instance, str(vmfb))
     context = rt.SystemContext(vm_modules=[params, main], config=config)
     context.modules.module["save"](x)
-    fetched = context.modules.module["fetch"]().to_host()
-    del context, params, index
-    header = len(original.read_bytes()) - 32
+    return context.modules.module["fetch"]().to_host()
 
+
+def test_scatter_writes_parameters_as_iree_does(tmp_path):
+    """`flow.parameter.write` compiles to `io_parameters.scatter`. Into a writable
+    in-memory parameter, as iree.runtime: the bytes land in the caller's array, and a
+    parameter loaded earlier from 64-byte-aligned host memory is that memory (the
+    program sees the write), from other memory a copy (it does not). Into a file opened
+    writable the same bytes land in the file (loads copy from files). A read-only file
+    or a splat is PERMISSION_DENIED with IREE's message."""
+    from safetensors.numpy import save_file
+
+    vmfb = compile_mlir(WRITE_READ, [*HOST_FLAGS, "--iree-opt-const-eval=false"])
+    x = np.array([9.5, -1, 2.25, 1e6], np.float32)
+    initial = np.arange(8, dtype=np.float32)
+    theirs = {shift: _aligned(initial, shift) for shift in (0, 4)}
+    fetched = {shift: _iree_save_fetch(vmfb, theirs[shift], x) for shift in theirs}
+    assert fetched[0].tobytes() != fetched[4].tobytes()  # aliased vs copied
+    written = theirs[0].tobytes()
+    assert theirs[4].tobytes() == written
+
+    for driver in DRIVERS:
+        for shift in (0, 4):
+            memory = _aligned(initial, shift)
+            index = ParameterIndex()
+            index.add_buffer("w", memory, writable=True)
+            with tinyhal.load(vmfb, device=driver, parameters={"model": index}) as module:
+                np.testing.assert_array_equal(module.save(x), x)
+                # emu's memory is not the host's: its loads always copy
+                want = fetched[4 if driver == "emu" else shift]
+                assert module.fetch().tobytes() == want.tobytes(), (driver, shift)
+            assert memory.tobytes() == written
+
+    original = tmp_path / "w.safetensors"
+    save_file({"w": initial}, str(original))
+    header = len(original.read_bytes()) - initial.nbytes
     for driver in DRIVERS:
         ours = tmp_path / f"ours_{driver}.safetensors"
         ours.write_bytes(original.read_bytes())
         writable = ParameterIndex().load(ours, writable=True)
         with tinyhal.load(vmfb, device=driver, parameters={"model": writable}) as module:
             np.testing.assert_array_equal(module.save(x), x)
-            assert module.fetch().tobytes() == fetched.tobytes()
-        assert ours.read_bytes()[header:] == theirs.tobytes()
+            assert module.fetch().tobytes() == fetched[4].tobytes()
+        assert ours.read_bytes()[header:] == written
 
     with pytest.raises(PermissionDeniedError,
                        match="parameter `w` storage does not support the requested access "
@@ -554,13 +583,6 @@ def test_scatter_writes_parameters_as_iree_does(tmp_path):
         np.testing.assert_array_equal(module.fetch(), [1.5] * 4)
         with pytest.raises(PermissionDeniedError, match="parameter allows READ"):
             module.save(x)
-    memory = np.arange(8, dtype=np.float32)
-    in_memory = ParameterIndex()
-    in_memory.add_buffer("w", memory, writable=True)
-    with tinyhal.load(vmfb, device="emu", parameters={"model": in_memory}) as module:
-        module.save(x)
-        assert module.fetch().tobytes() == fetched.tobytes()
-    assert memory.tobytes() == theirs.tobytes()
 
 
 def test_a_load_that_fails_part_way_fails_cleanly(programs):
