@@ -228,13 +228,16 @@ def test_in_memory_index(programs):
     np.testing.assert_allclose(expected[0], INPUT @ ARRAYS["w"] + ARRAYS["b"], rtol=1e-6)
 
 
-def test_iree_opt_exported_archive(tmp_path):
-    """`iree-opt --iree-io-export-parameters` moves a program's constants to an archive
-    and rewrites the globals into parameters of scope `opt`."""
-    w = ((np.arange(64 * 8) % 13 - 6) / 4).astype(np.float32).reshape(64, 8)
-    rows = ",".join("[" + ",".join(repr(float(v)) for v in r) + "]" for r in w)
-    source = f"""
-util.global private @w = dense<[{rows}]> : tensor<64x8xf32>
+_EXPORT_W = ((np.arange(64 * 8) % 13 - 6) / 4).astype(np.float32).reshape(64, 8)
+
+
+def _export_source() -> str:
+    """A program whose weights are globals the exporters move to an archive (kept out
+    of the program's inlining, as importers mark their weights)."""
+    rows = ",".join("[" + ",".join(repr(float(v)) for v in r) + "]" for r in _EXPORT_W)
+    return f"""
+util.global private @w <{{inlining_policy = #util.inline.never}}> = dense<[{rows}]>
+    : tensor<64x8xf32>
 util.global private @s = dense<0.5> : tensor<8xf32>
 func.func @main(%x: tensor<2x64xf32>) -> tensor<2x8xf32> {{
   %w = util.global.load @w : tensor<64x8xf32>
@@ -256,7 +259,13 @@ func.func @main(%x: tensor<2x64xf32>) -> tensor<2x8xf32> {{
   return %r : tensor<2x8xf32>
 }}
 """
-    (tmp_path / "in.mlir").write_text(source)
+
+
+def test_iree_opt_exported_archive(tmp_path):
+    """`iree-opt --iree-io-export-parameters` moves a program's constants to an archive
+    and rewrites the globals into parameters of scope `opt`."""
+    w = _EXPORT_W
+    (tmp_path / "in.mlir").write_text(_export_source())
     archive = tmp_path / "exported.irpa"
     _tool("iree-opt", str(tmp_path / "in.mlir"),
           f"--pass-pipeline=builtin.module(iree-io-export-parameters"
@@ -269,6 +278,23 @@ func.func @main(%x: tensor<2x64xf32>) -> tensor<2x8xf32> {{
     np.testing.assert_allclose(expected[0], x @ w + 0.5, rtol=1e-5)
     for driver in DRIVERS:
         with tinyhal.load(vmfb, device=driver, parameters={"opt": archive}) as module:
+            assert_same_bits([module.main(x)], expected)
+
+
+def test_compiler_exported_archive(tmp_path):
+    """`iree-compile --iree-parameter-export=scope=PATH` writes the weights to an
+    archive beside the program it compiles."""
+    (tmp_path / "in.mlir").write_text(_export_source())
+    archive, vmfb = tmp_path / "exported.irpa", tmp_path / "exported.vmfb"
+    _tool("iree-compile", str(tmp_path / "in.mlir"), *HOST_FLAGS,
+          f"--iree-parameter-export=model={archive}",
+          "--iree-parameter-export-minimum-size=0", "-o", str(vmfb))
+    assert "w" in ParameterIndex().load(archive)
+    x = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)
+    expected = iree_results(vmfb, [("model", archive)], "main", x)
+    np.testing.assert_allclose(expected[0], x @ _EXPORT_W + 0.5, rtol=1e-5)
+    for driver in DRIVERS:
+        with tinyhal.load(vmfb, device=driver, parameters={"model": archive}) as module:
             assert_same_bits([module.main(x)], expected)
 
 
