@@ -169,12 +169,17 @@ class FileSource(ParameterSource):
             pass
 
 
+def _aligned_empty(size: int) -> np.ndarray:
+    """`size` uninitialised bytes starting at a 64-byte boundary."""
+    raw = np.empty(size + ALIGNMENT, np.uint8)
+    start = (-raw.ctypes.data) % ALIGNMENT
+    return raw[start : start + size]
+
+
 def _private_copy(data: Any) -> np.ndarray:
     """`data`'s bytes in new 64-byte-aligned memory (so loads can import it in place)."""
     src = np.frombuffer(memoryview(data).cast("B"), np.uint8)
-    raw = np.empty(src.nbytes + ALIGNMENT, np.uint8)
-    start = (-raw.ctypes.data) % ALIGNMENT
-    out = raw[start : start + src.nbytes]
+    out = _aligned_empty(src.nbytes)
     out[:] = src
     out.flags.writeable = False
     return out
@@ -221,10 +226,11 @@ def open_source(path: str | os.PathLike, mode: str = "file",
         source = FileSource(fd, name, size, writable)
         fd = -1
         if mode == "preload":
-            array = np.empty(size, np.uint8)
+            array = _aligned_empty(size)
             source.read_into(0, array, "(preload)")
             source.close()
-            return MemorySource(_private_copy(array), name)
+            array.flags.writeable = False
+            return MemorySource(array, name)
         return source
     finally:
         if fd >= 0:
