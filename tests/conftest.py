@@ -1,6 +1,6 @@
-"""Shared test configuration: makes `tests/support` importable for every suite."""
+"""Shared test configuration.
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+The helper modules the suites share (`tests/support`, `tests/vm/programs`, ...) are on
+`sys.path` through `pythonpath` in pyproject.toml, and test files are imported by path
+(`--import-mode=importlib`), so nothing here depends on the checkout folder's name.
+"""
