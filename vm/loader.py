@@ -373,6 +373,7 @@ def _load(view: memoryview, owner) -> BytecodeModule:
         module.exports[e.local_name] = Export(e.local_name, e.internal_ordinal, fn)
 
     from .codegen import generate_module
+    from .translation_cache import translate
 
-    module.program = generate_module(module)
+    module.program = translate(module, fb, generate_module)
     return module
