@@ -109,6 +109,7 @@ def test_readiness_with_no_model_is_not_ready(tmp_path, start_server):
     server = start_server("--model-repository", str(tmp_path))
     status, _, body = server.request("GET", "/v2/health/ready")
     assert status == 503 and json.loads(body) == {"ready": False}
+    assert "tinyhal-serve: serving no models (not ready)" in "".join(server.stdout)
     status, _, _ = server.request("GET", "/v2/health/live")
     assert status == 200
 
