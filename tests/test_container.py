@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.container, pytest.mark.timeout(3000)]
 def _log(step: str, proc: subprocess.CompletedProcess) -> None:
     """The step and the tail of what it printed, in the test's output (pytest -s)."""
     out = (proc.stdout or "") + (proc.stderr or "")
-    print(f"--- {step}: exit {proc.returncode}\n" + "\n".join(out.splitlines()[-15:]))
+    print(f"--- {step}: exit {proc.returncode}\n" + "\n".join(out.splitlines()[-40:]))
 
 
 def _run(step: str, argv: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
@@ -81,8 +81,12 @@ def base_image(tools) -> str:
 
 @pytest.fixture(scope="module")
 def image(tools, base_image) -> str:
-    _run("podman build", [tools["podman"], "build", "--isolation", "chroot",
-                          "--build-arg", f"BASE_IMAGE={base_image}",
+    # the CA bundle pip is told to trust here (a TLS-inspecting proxy's) reaches the build
+    # as a secret, never as a layer
+    bundle = os.environ.get("PIP_CERT") or "/etc/ssl/certs/ca-certificates.crt"
+    secret = ["--secret", f"id=pip-ca,src={bundle}"] if os.path.exists(bundle) else []
+    _run("podman build", [tools["podman"], "build", "--isolation", "chroot", "--format",
+                          "docker", *secret, "--build-arg", f"BASE_IMAGE={base_image}",
                           "--ignorefile", str(ROOT / "deploy" / "Dockerfile.dockerignore"),
                           "-f", str(ROOT / "deploy" / "Dockerfile"), "-t", IMAGE, str(ROOT)],
          timeout=2400)
