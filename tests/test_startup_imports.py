@@ -11,7 +11,7 @@ from support.child import run_child
 SAXPY = Path(__file__).resolve().parents[1] / "server" / "models" / "saxpy" / "1" / "model.vmfb"
 
 NOT_AT_START_UP = ("trio", "asyncio", "pycparser", "cffi.api", "tinyhal.hal.native.build",
-                   "tinyhal.vm.scalar.build", "ctypes.util")
+                   "tinyhal.vm.scalar.build", "ctypes.util", "tinyhal.hal.kernels", "tempfile")
 
 
 def test_tinyhal_run_and_load_import_no_ffi_builder_and_no_event_loop():
