@@ -11,6 +11,9 @@
    `VmModule.mmap` + `SystemContext` + the first call, on MobileNetV2, a small CNN and a
    keyword-spotting CNN, with the translation cache cold and warm.
 
+Python's bytecode cache is on for every child (as after `pip install`, which byte-compiles
+the package), whatever PYTHONDONTWRITEBYTECODE says here.
+
 Models are built by the tests' builders (`tests/support/models.py`, compiled by the pinned
 iree-compile and cached by content hash). Writes `bench/results/startup.json` and prints a
 table; ratios are tinyhal / IREE, medians over the rounds.
@@ -142,7 +145,13 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="tinyhal-startup-"))
     warm_cache = work / "vm-cache-warm"
-    base_env = dict(os.environ, TINYHAL_VM_CACHE=str(warm_cache))
+    # Python's own bytecode cache on, as after `pip install` (which byte-compiles): an
+    # editable or source checkout run with PYTHONDONTWRITEBYTECODE=1 would otherwise
+    # compile every tinyhal module from source in every process. The untimed first runs
+    # fill it.
+    python_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    python_env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+    base_env = dict(python_env, TINYHAL_VM_CACHE=str(warm_cache))
     mobilenet = mobilenet_v2_vmfb()
     np.save(work / "mobilenet_x.npy", mobilenet_input())
     small_cnn = small_cnn_vmfb()
@@ -163,7 +172,7 @@ def main() -> None:
 
     def cold_env() -> dict[str, str]:
         cold_count[0] += 1
-        return dict(os.environ, TINYHAL_VM_CACHE=str(work / f"vm-cache-cold-{cold_count[0]}"))
+        return dict(python_env, TINYHAL_VM_CACHE=str(work / f"vm-cache-cold-{cold_count[0]}"))
 
     def sides(flags: list[str]) -> dict[str, tuple]:
         return {
