@@ -181,5 +181,5 @@ def native_code(fn: Callable[..., Any], checked: tuple, compile_fused: Callable[
             pass
     compiled = compile_fused()
     entry[key] = None if compiled is None else marshal.dumps(compiled)
-    _write(path, entry)
+    _write(path, dict(entry))  # a copy: another thread may add to `entry` meanwhile
     return compiled
