@@ -264,7 +264,6 @@ func.func @main(%x: tensor<2x64xf32>) -> tensor<2x8xf32> {{
 def test_iree_opt_exported_archive(tmp_path):
     """`iree-opt --iree-io-export-parameters` moves a program's constants to an archive
     and rewrites the globals into parameters of scope `opt`."""
-    w = _EXPORT_W
     (tmp_path / "in.mlir").write_text(_export_source())
     archive = tmp_path / "exported.irpa"
     _tool("iree-opt", str(tmp_path / "in.mlir"),
@@ -272,12 +271,17 @@ def test_iree_opt_exported_archive(tmp_path):
           f"{{path=opt={archive} minimum-size=0}})", "-o", str(tmp_path / "out.mlir"))
     exported = (tmp_path / "out.mlir").read_text()
     assert '#flow.parameter.named<"opt"::"w">' in exported
-    vmfb = compile_mlir(exported, HOST_FLAGS)
+    _assert_export_runs(compile_mlir(exported, HOST_FLAGS), "opt", archive)
+
+
+def _assert_export_runs(vmfb, scope: str, archive) -> None:
+    """The exported program with its archive: the weights' result, iree.runtime's bits
+    on every driver."""
     x = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)
-    expected = iree_results(vmfb, [("opt", archive)], "main", x)
-    np.testing.assert_allclose(expected[0], x @ w + 0.5, rtol=1e-5)
+    expected = iree_results(vmfb, [(scope, archive)], "main", x)
+    np.testing.assert_allclose(expected[0], x @ _EXPORT_W + 0.5, rtol=1e-5)
     for driver in DRIVERS:
-        with tinyhal.load(vmfb, device=driver, parameters={"opt": archive}) as module:
+        with tinyhal.load(vmfb, device=driver, parameters={scope: archive}) as module:
             assert_same_bits([module.main(x)], expected)
 
 
@@ -290,12 +294,7 @@ def test_compiler_exported_archive(tmp_path):
           f"--iree-parameter-export=model={archive}",
           "--iree-parameter-export-minimum-size=0", "-o", str(vmfb))
     assert "w" in ParameterIndex().load(archive)
-    x = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)
-    expected = iree_results(vmfb, [("model", archive)], "main", x)
-    np.testing.assert_allclose(expected[0], x @ _EXPORT_W + 0.5, rtol=1e-5)
-    for driver in DRIVERS:
-        with tinyhal.load(vmfb, device=driver, parameters={"model": archive}) as module:
-            assert_same_bits([module.main(x)], expected)
+    _assert_export_runs(vmfb, "model", archive)
 
 
 def test_onnx_mlp_with_externalized_params(tmp_path):
