@@ -800,10 +800,11 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                 write_output(value, cc, spec, args.output_max_element_count, stdout)
         stdout.flush()
         if args.print_statistics:
-            stats = module.statistics()
-            stderr.write(f"Device: {module.device.identifier}\n")
-            for heap, h in stats.heaps.items():
-                stderr.write(f"  {heap}: {h.live_bytes} live, {h.peak_bytes} peak bytes\n")
+            for device in module.devices:  # each of several devices, in --device order
+                stats = device.allocator.statistics()
+                stderr.write(f"Device: {device.identifier}\n")
+                for heap, h in stats.heaps.items():
+                    stderr.write(f"  {heap}: {h.live_bytes} live, {h.peak_bytes} peak bytes\n")
         return 0
     except Error as exc:
         stdout.flush()
