@@ -4,7 +4,9 @@ Pure functions over bytes, dicts and numpy arrays (no I/O, no trio), so every ru
 wire format can be tested without a server:
 
 - JSON tensors: `{"name", "shape", "datatype", "data"}` with `data` flat or nested,
-  row-major; BOOL as JSON booleans.
+  row-major; BOOL as JSON booleans. JSON outputs are written flat straight from the array
+  by orjson, each float in the shortest form that reads back to the same value of its
+  datatype (an FP32 0.1 is `0.1`, not its float64 expansion; NaN and infinities `null`).
 - The binary tensor extension as Triton and `tritonclient` use it: the request header
   `Inference-Header-Content-Length: N` says the first N body bytes are the JSON header;
   each input with `parameters.binary_data_size` takes that many bytes from what follows,
@@ -369,13 +371,13 @@ def build_infer_response(
             flat = array.reshape(-1)
             if flat.dtype.kind == "V" or flat.dtype.type.__module__.startswith("ml_dtypes"):
                 flat = flat.astype(np.float32)  # bf16: exact in f32, JSON numbers
-            doc["data"] = flat.tolist()
+            doc["data"] = flat  # orjson writes the array itself (no Python list)
         out_docs.append(doc)
     response: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
         response["id"] = request.id
     response["outputs"] = out_docs
-    head = orjson.dumps(response)
+    head = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tinyhal.server.protocol import (
+    DATATYPES,
     ProtocolError,
     build_infer_response,
     parse_infer_request,
@@ -96,3 +97,27 @@ def test_all_json_response_has_no_header_length():
     assert json.loads(body) == {"model_name": "m", "model_version": "2",
                                 "outputs": [{"name": "y", "datatype": "FP64", "shape": [1],
                                              "data": [0.1]}]}
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64", "INT8", "UINT64", "BOOL"])
+def test_json_outputs_read_back_to_the_same_bits(datatype):
+    """JSON outputs come straight from the array; read as their datatype they give back the
+    exact values (floats in their shortest form, a batch-mate's strided rows too)."""
+    dtype = DATATYPES[datatype]
+    rng = np.random.default_rng(5)
+    if dtype.kind == "f":
+        values = rng.standard_normal((6, 3)).astype(dtype)
+    elif dtype.kind == "b":
+        values = rng.integers(0, 2, (6, 3)).astype(bool)
+    else:
+        info = np.iinfo(dtype)
+        values = rng.integers(info.min, info.max, (6, 3), dtype=dtype, endpoint=True)
+    array = values[::2]  # not contiguous
+    req = parse_infer_request(_req({"name": "a", "datatype": "FP32", "shape": [1],
+                                    "data": [1]}))
+    body, header_length = build_infer_response("m", "1", req, [("y", datatype, array)])
+    assert header_length is None
+    out = json.loads(body)["outputs"][0]
+    assert out["shape"] == [3, 3]
+    back = np.array(out["data"], dtype=dtype)
+    assert back.tobytes() == np.ascontiguousarray(array).reshape(-1).tobytes()
