@@ -356,6 +356,21 @@ def _summarise(cells: dict[tuple, list[dict]], names: list[str]) -> list[dict]:
     return rows
 
 
+def ratio_table(rows: list[dict]) -> list[dict]:
+    """The issue's summary: per queue delay, tinyhal-serve / the faster Triton driver for
+    requests/s, p99 and CPU per request, one column per (load generator, concurrency)."""
+    table: dict[tuple, dict] = {}
+    for row in rows:
+        if row["server"] != "tinyhal-serve" or "rps_x" not in row:
+            continue
+        column = f"{'pa ' if row['tool'] == 'perf_analyzer' else ''}c={row['concurrency']}"
+        for figure, key in (("requests/s", "rps_x"), ("p99", "p99_x"), ("cpu/request", "cpu_x")):
+            entry = table.setdefault((row["delay_us"], figure),
+                                     {"delay_us": row["delay_us"], "tinyhal / triton": figure})
+            entry[column] = f"{row[key]:.2f}x"
+    return list(table.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per cell and round")
@@ -467,7 +482,11 @@ def main(argv: list[str] | None = None) -> int:
                        "errors", "cpu_us", "batch", "queue_us", "rps_x", "p99_x", "cpu_x",
                        "load1"])
     print("rps_x, p99_x, cpu_x: tinyhal-serve (or a Triton driver) / the faster Triton "
-          "driver of the cell")
+          "driver of the cell\n")
+    summary = ratio_table(rows)
+    if summary:
+        columns = list(dict.fromkeys(k for entry in summary for k in entry))
+        print_table(summary, columns)
     path = write_results("serve_triton", rows, {
         "model": MODEL, "seconds": args.seconds, "rounds": args.rounds,
         "delays_us": delays, "concurrency": levels, "drivers": drivers, "skipped": skipped,
