@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -121,3 +122,26 @@ def test_json_outputs_read_back_to_the_same_bits(datatype):
     assert out["shape"] == [3, 3]
     back = np.array(out["data"], dtype=dtype)
     assert back.tobytes() == np.ascontiguousarray(array).reshape(-1).tobytes()
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64", "BF16"])
+def test_json_floats_round_once_and_refuse_what_does_not_fit(datatype):
+    """A JSON number becomes the nearest value of the datatype (as numpy rounds a float64
+    to it); a number beyond the largest finite value is a 400 naming it (JSON cannot
+    carry one beyond float64: orjson refuses it as invalid JSON)."""
+    dtype = DATATYPES[datatype]
+    largest = float(ml_dtypes.finfo(dtype).max)
+    values = [0.1, -2.5, 1, 3.0000001, 1e-8, -largest, largest, 2**60]
+    values = [v for v in values if abs(v) <= largest]
+    req = parse_infer_request(_req({"name": "a", "datatype": datatype,
+                                    "shape": [len(values)], "data": values}))
+    want = np.array(values, np.float64).astype(dtype)
+    assert req.inputs["a"].dtype == dtype
+    assert req.inputs["a"].tobytes() == want.tobytes()
+    if datatype == "FP64":
+        return
+    too_big = largest * 1.01
+    with pytest.raises(ProtocolError, match=f"does not fit {datatype}") as info:
+        parse_infer_request(_req({"name": "a", "datatype": datatype, "shape": [2],
+                                  "data": [1.0, -too_big]}))
+    assert info.value.status == 400
