@@ -47,9 +47,13 @@ def test_binary_inputs_in_order_and_bool_bytes_checked():
                 {"name": "j", "datatype": "INT8", "shape": [2], "data": [1, -1]},
                 {"name": "b", "datatype": "BOOL", "shape": [3],
                  "parameters": {"binary_data_size": 3}})
-    req = parse_infer_request(head + a.tobytes() + b.tobytes(), str(len(head)))
+    body = head + a.tobytes() + b.tobytes()
+    req = parse_infer_request(body, str(len(head)))
     np.testing.assert_array_equal(req.inputs["a"], a)
     np.testing.assert_array_equal(req.inputs["b"], b)
+    # binary tensors are views of the request body, not copies
+    whole = np.frombuffer(body, np.uint8)
+    assert np.shares_memory(req.inputs["a"], whole) and np.shares_memory(req.inputs["b"], whole)
     assert req.inputs["j"].tolist() == [1, -1]
     with pytest.raises(ProtocolError, match="must be 0 or 1"):
         parse_infer_request(head + a.tobytes() + b"\x00\x02\x01", str(len(head)))
