@@ -24,8 +24,11 @@ over the cell), and the 1-minute load average of the machine when the cell ended
                                        # 2.51 (its wheel carries perf_analyzer)
     python bench/serve_triton.py [--seconds 5] [--rounds 3] [--concurrency 1,8,32,64]
                                  [--delays 0,500] [--quick] [--no-perf-analyzer]
+                                 [--drivers local-sync,local-task] [--tinyhal-set KEY=JSON]
 
-`--quick` is one round of 2 s at concurrency 1 and 8, delay 0. Writes
+`--quick` is one round of 2 s at concurrency 1 and 8, delay 0. `--tinyhal-set KEY=JSON`
+overrides a key of tinyhal-serve's bundled config (e.g. its execution slots, to compare
+with Triton's single instance). Writes
 bench/results/serve_triton.json and prints a table. Every subprocess is bounded in time.
 
 Triton setup (all in a temporary directory; site-packages is never modified): the wheel's
@@ -214,13 +217,24 @@ class TritonInstall:
         return found, env
 
 
-def _tinyhal_repo(root: Path, delay_us: int) -> Path:
+def _tinyhal_repo(root: Path, delay_us: int, overrides: dict[str, Any]) -> Path:
     shutil.copytree(SAMPLES / MODEL, root / MODEL)
     config_path = root / MODEL / "config.json"
     config = json.loads(config_path.read_text())
+    config.update(overrides)
     config.setdefault("dynamic_batching", {})["max_queue_delay_microseconds"] = delay_us
     config_path.write_text(json.dumps(config))
     return root
+
+
+def _override(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=JSON, not {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{key}: {value!r} is not JSON") from None
 
 
 def _triton_repo(root: Path, delay_us: int, driver: str) -> Path:
@@ -382,7 +396,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-perf-analyzer", action="store_true")
     parser.add_argument("--drivers", default=",".join(TRITON_DRIVERS),
                         help="IREE drivers of the Triton model (one Triton process each)")
+    parser.add_argument("--tinyhal-set", type=_override, action="append", default=[],
+                        metavar="KEY=JSON", help="override a key of tinyhal-serve's bundled "
+                        "model config (repeatable), e.g. max_concurrency=1")
     args = parser.parse_args(argv)
+    overrides = dict(args.tinyhal_set)
     if args.quick:
         args.seconds, args.rounds, args.concurrency, args.delays = 2.0, 1, "1,8", "0"
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -428,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             servers: list[ServerProcess] = []
             try:
                 port = free_port()
-                repo = _tinyhal_repo(work / f"tinyhal-{delay}", delay)
+                repo = _tinyhal_repo(work / f"tinyhal-{delay}", delay, overrides)
                 servers.append(ServerProcess(
                     "tinyhal-serve", [sys.executable, "-m", "tinyhal.server.main",
                                       "--port", str(port), "--model-repository", str(repo),
@@ -490,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_results("serve_triton", rows, {
         "model": MODEL, "seconds": args.seconds, "rounds": args.rounds,
         "delays_us": delays, "concurrency": levels, "drivers": drivers, "skipped": skipped,
+        "tinyhal_config_overrides": overrides,
         "load_average_start": load_start, "load_average_end": os.getloadavg(),
         "wall_seconds": time.time() - started,
         "command": "python bench/serve_triton.py " + " ".join(
