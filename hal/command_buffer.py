@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 import threading
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,7 +21,13 @@ from ..errors import (
     OutOfRangeError,
 )
 from .buffer import ALIGNMENT, Buffer
-from .executable import MAX_BINDINGS, MAX_CONSTANTS, Executable, validate_workgroups
+from .executable import (
+    MAX_BINDINGS,
+    MAX_CONSTANTS,
+    MAX_WORKGROUP_COUNT_Z,
+    Executable,
+    validate_workgroups,
+)
 from .types import WHOLE_BUFFER, BufferUsage
 
 
@@ -32,34 +37,35 @@ class CommandBufferMode(enum.Enum):
 
 
 class BufferRef(NamedTuple):
-    """A direct (`buffer` set) or indirect (`slot` of the binding table) buffer range."""
+    """A buffer range by slot: `slot` >= 0 is a slot of the binding table supplied at
+    submit; a negative slot is the command buffer's own `direct[-1 - slot]`, a buffer the
+    commands name directly. Slots make a recording independent of the buffers it binds,
+    so recordings with equal commands share one executable form (`hal.execution`)."""
 
-    buffer: Buffer | None
     slot: int
     offset: int
     length: int
 
 
-@dataclass(frozen=True)
-class FillCommand:
+# The commands are tuples (NamedTuples), so a recording's content compares and hashes in
+# C: `tuple(commands)` is the key under which equal recordings share their native form.
+
+class FillCommand(NamedTuple):
     target: BufferRef
     pattern: bytes
 
 
-@dataclass(frozen=True)
-class UpdateCommand:
+class UpdateCommand(NamedTuple):
     source: bytes
     target: BufferRef
 
 
-@dataclass(frozen=True)
-class CopyCommand:
+class CopyCommand(NamedTuple):
     source: BufferRef
     target: BufferRef
 
 
-@dataclass(frozen=True)
-class DispatchCommand:
+class DispatchCommand(NamedTuple):
     executable: Executable
     ordinal: int
     workgroups: tuple[int, int, int]
@@ -67,40 +73,43 @@ class DispatchCommand:
     bindings: tuple[BufferRef, ...]
 
 
-@dataclass(frozen=True)
-class BarrierCommand:
+class BarrierCommand(NamedTuple):
     pass
 
 
+BARRIER = BarrierCommand()
+
 Command = FillCommand | UpdateCommand | CopyCommand | DispatchCommand | BarrierCommand
 
+_new_tuple = tuple.__new__  # `_new_tuple(BufferRef, (slot, offset, length))`: no frame
+_DISPATCH_STORAGE = int(BufferUsage.DISPATCH_STORAGE)
+_TRANSFER_SOURCE = int(BufferUsage.TRANSFER_SOURCE)
+_TRANSFER_TARGET = int(BufferUsage.TRANSFER_TARGET)
 
-def as_buffer_ref(value: Any, what: str, binding_capacity: int) -> BufferRef:
-    """Normalizes a Buffer, (Buffer, offset, length), slot int or (slot, offset, length)."""
+
+def _ref_error(value: Any, what: str) -> InvalidArgumentError:
+    if isinstance(value, tuple):
+        return InvalidArgumentError(
+            f"{what} must be a Buffer, (Buffer, offset, length) or a binding slot, "
+            f"not a {len(value)}-tuple"
+        )
+    return InvalidArgumentError(
+        f"{what} must be a Buffer, (Buffer, offset, length) or a binding slot, not {value!r}"
+    )
+
+
+def as_table_range(value: Any, what: str) -> tuple[Buffer, int, int]:
+    """A binding-table entry (a Buffer or (Buffer, offset, length)), validated."""
     buffer, offset, length = value, 0, WHOLE_BUFFER
     if isinstance(value, tuple):
         if len(value) != 3:
-            raise InvalidArgumentError(
-                f"{what} must be a Buffer, (Buffer, offset, length) or a binding slot, "
-                f"not a {len(value)}-tuple"
-            )
+            raise _ref_error(value, what)
         buffer, offset, length = value
-    if isinstance(buffer, Buffer):
-        buffer.check_live()
-        offset, length = buffer.resolve_range(int(offset), int(length), what)
-        return BufferRef(buffer, -1, offset, length)
-    if isinstance(buffer, int) and not isinstance(buffer, bool):
-        if not 0 <= buffer < binding_capacity:
-            raise OutOfRangeError(
-                f"{what} names binding slot {buffer} but the command buffer's binding "
-                f"capacity is {binding_capacity}"
-            )
-        if offset < 0 or (length != WHOLE_BUFFER and length < 0):
-            raise OutOfRangeError(f"{what} range ({offset}, {length}) is negative")
-        return BufferRef(None, buffer, int(offset), int(length))
-    raise InvalidArgumentError(
-        f"{what} must be a Buffer, (Buffer, offset, length) or a binding slot, not {value!r}"
-    )
+    if not isinstance(buffer, Buffer):
+        raise _ref_error(value, what)
+    buffer.check_live()
+    offset, length = buffer.resolve_range(int(offset), int(length), what)
+    return buffer, offset, length
 
 
 class CommandBuffer:
@@ -126,10 +135,14 @@ class CommandBuffer:
         self.device = device
         self.binding_capacity = binding_capacity
         self.commands: list[Command] = []
+        # Buffers the commands name directly, by first use: slot -1 - k is direct[k].
+        self.direct: list[Buffer] = []
+        self._direct_slots: dict[int, int] = {}
         self.finalized = False
         self.submitted = False
         self.max_slot = -1
-        # The submit-time form (`hal.execution.Recording`), built by the first submit.
+        # The submit-time form (`hal.execution.Recording`), found or built by the first
+        # submit and shared by every command buffer with the same commands.
         self.recording: Any = None
         self._recording_lock = threading.Lock()
 
@@ -149,13 +162,45 @@ class CommandBuffer:
         finally:
             self._recording_lock.release()
 
-    def _ref(self, value: Any, what: str, usage: BufferUsage) -> BufferRef:
-        ref = as_buffer_ref(value, what, self.binding_capacity)
-        if ref.buffer is not None:
-            ref.buffer.validate_usage(usage, what)
-        else:
-            self.max_slot = max(self.max_slot, ref.slot)
-        return ref
+    def _direct_slot(self, buffer: Buffer) -> int:
+        slot = self._direct_slots.get(id(buffer))
+        if slot is None:
+            self.direct.append(buffer)
+            slot = self._direct_slots[id(buffer)] = -len(self.direct)
+        return slot
+
+    def _ref(self, value: Any, what: str, usage: BufferUsage | int) -> BufferRef:
+        """Validates a Buffer, (Buffer, offset, length), slot or (slot, offset, length)
+        operand and gives its slot reference (a direct buffer gets a negative slot)."""
+        buffer, offset, length = value, 0, WHOLE_BUFFER
+        if isinstance(value, tuple):
+            if len(value) != 3:
+                raise _ref_error(value, what)
+            buffer, offset, length = value
+            if (type(buffer) is Buffer and type(offset) is int and type(length) is int
+                    and 0 <= offset and 0 <= length and offset + length <= buffer.byte_length
+                    and buffer.usage_bits & usage == usage and not buffer.storage.released):
+                slot = self._direct_slots.get(id(buffer))
+                if slot is None:
+                    slot = self._direct_slot(buffer)
+                return _new_tuple(BufferRef, (slot, offset, length))
+        if isinstance(buffer, Buffer):
+            buffer.check_live()
+            offset, length = buffer.resolve_range(int(offset), int(length), what)
+            buffer.validate_usage(usage, what)
+            return BufferRef(self._direct_slot(buffer), offset, length)
+        if isinstance(buffer, int) and not isinstance(buffer, bool):
+            if not 0 <= buffer < self.binding_capacity:
+                raise OutOfRangeError(
+                    f"{what} names binding slot {buffer} but the command buffer's binding "
+                    f"capacity is {self.binding_capacity}"
+                )
+            if offset < 0 or (length != WHOLE_BUFFER and length < 0):
+                raise OutOfRangeError(f"{what} range ({offset}, {length}) is negative")
+            if buffer > self.max_slot:
+                self.max_slot = buffer
+            return BufferRef(buffer, int(offset), int(length))
+        raise _ref_error(value, what)
 
     def fill(self, target: Any, offset: int, length: int, pattern: int | bytes,
              pattern_length: int | None = None) -> None:
@@ -184,7 +229,7 @@ class CommandBuffer:
         if n not in (1, 2, 4):
             raise InvalidArgumentError(f"fill pattern must be 1, 2 or 4 bytes, not {n}")
         ref = self._ref(_subrange(target, offset, length), "fill target",
-                        BufferUsage.TRANSFER_TARGET)
+                        _TRANSFER_TARGET)
         if ref.offset % n or (ref.length != WHOLE_BUFFER and ref.length % n):
             raise InvalidArgumentError(
                 f"fill offset {ref.offset} and length {ref.length} must be multiples of "
@@ -202,16 +247,16 @@ class CommandBuffer:
                 )
             data = data[:length]
         ref = self._ref(_subrange(target, offset, len(data)), "update target",
-                        BufferUsage.TRANSFER_TARGET)
+                        _TRANSFER_TARGET)
         self._record(UpdateCommand(data, ref))
 
     def copy(self, source: Any, source_offset: int, target: Any, target_offset: int,
              length: int) -> None:
         """Copies `length` bytes between buffers (ranges may be in the same buffer)."""
         src = self._ref(_subrange(source, source_offset, length), "copy source",
-                        BufferUsage.TRANSFER_SOURCE)
+                        _TRANSFER_SOURCE)
         dst = self._ref(_subrange(target, target_offset, length), "copy target",
-                        BufferUsage.TRANSFER_TARGET)
+                        _TRANSFER_TARGET)
         if src.length != dst.length and WHOLE_BUFFER not in (src.length, dst.length):
             raise OutOfRangeError(
                 f"copy source length {src.length} differs from target length {dst.length}"
@@ -224,10 +269,18 @@ class CommandBuffer:
         """Records a dispatch of `executable`'s export over a 3D grid of workgroups."""
         if not isinstance(executable, Executable):
             raise InvalidArgumentError(f"dispatch needs an Executable, not {executable!r}")
-        ordinal = executable.resolve_entry(entry)
-        export = executable.exports[ordinal]
-        grid = validate_workgroups(workgroups)
-        consts = _constants(constants)
+        exports = executable.exports
+        if type(entry) is int and 0 <= entry < len(exports):
+            ordinal = entry
+        else:
+            ordinal = executable.resolve_entry(entry)
+        export = exports[ordinal]
+        grid = workgroups
+        if type(grid) is not tuple or len(grid) != 3 or not _small_ints(grid, _MAX_GRID):
+            grid = validate_workgroups(workgroups)
+        consts = constants
+        if type(consts) is not tuple or not _small_ints(consts, 0xFFFFFFFF):
+            consts = _constants(constants)
         if len(consts) > MAX_CONSTANTS:
             raise OutOfRangeError(f"{len(consts)} constants exceed the maximum of {MAX_CONSTANTS}")
         if export.constant_count is not None and len(consts) != export.constant_count:
@@ -242,16 +295,34 @@ class CommandBuffer:
                 f"export {export.name!r} takes {export.binding_count} bindings, got {len(bindings)}"
             )
         refs = []
+        direct = self._direct_slots
         for i, b in enumerate(bindings):
-            ref = self._ref(b, f"binding {i} of {export.name!r}", BufferUsage.DISPATCH_STORAGE)
-            if ref.buffer is not None:
-                check_binding_alignment(ref.buffer, ref.offset, i, export.name)
+            # the common case inline: (Buffer, offset, length) in range, usable, aligned
+            if type(b) is tuple and len(b) == 3:
+                buffer, offset, length = b
+                if (type(buffer) is Buffer and type(offset) is int and type(length) is int
+                        and 0 <= offset and 0 <= length
+                        and offset + length <= buffer.byte_length
+                        and buffer.usage_bits & _DISPATCH_STORAGE == _DISPATCH_STORAGE
+                        and not buffer.storage.released
+                        and not (buffer.storage.address + buffer.byte_offset + offset)
+                        % ALIGNMENT):
+                    slot = direct.get(id(buffer))
+                    if slot is None:
+                        slot = self._direct_slot(buffer)
+                    refs.append(_new_tuple(BufferRef, (slot, offset, length)))
+                    continue
+            ref = self._ref(b, f"binding {i} of {export.name!r}", _DISPATCH_STORAGE)
+            if ref.slot < 0:
+                check_binding_alignment(self.direct[-1 - ref.slot], ref.offset, i,
+                                        export.name)
             refs.append(ref)
-        self._record(DispatchCommand(executable, ordinal, grid, consts, tuple(refs)))
+        self._record(_new_tuple(DispatchCommand,
+                                (executable, ordinal, grid, consts, tuple(refs))))
 
     def barrier(self) -> None:
         """Orders every command before it ahead of every command after it."""
-        self._record(BarrierCommand())
+        self._record(BARRIER)
 
     execution_barrier = barrier
 
@@ -284,6 +355,17 @@ def _host_bytes(source: Any) -> bytes:
         raise InvalidArgumentError(
             f"update source must be bytes-like or a numpy array, not {type(source).__name__}"
         ) from None
+
+
+_MAX_GRID = min(0xFFFFFFFF, MAX_WORKGROUP_COUNT_Z)
+
+
+def _small_ints(values: tuple, bound: int) -> bool:
+    """Every value an int in [0, bound]: what needs no conversion."""
+    for v in values:
+        if type(v) is not int or not 0 <= v <= bound:
+            return False
+    return True
 
 
 def _constants(constants: Any) -> tuple[int, ...]:

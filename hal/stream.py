@@ -61,7 +61,7 @@ class NativeProgram:
         base = 0
         for recording in recordings:
             def slot(ref: Any, recording: Recording = recording, base: int = base) -> int:
-                return base + recording.slot_of(ref)
+                return base + recording.slot_index(ref)
 
             for index, cmd in enumerate(recording.commands):
                 if type(cmd) is DispatchCommand:
@@ -115,7 +115,7 @@ class NativeProgram:
                 else:
                     continue
                 i += 1
-            base += recording.table_slots + len(recording.direct)
+            base += recording.slot_count
         patches = ffi.new("tinyhal_patch_t[]", max(1, len(sites)))
         for p, (slot_index, offset, size, address, length) in zip(patches, sites):
             p.slot = slot_index

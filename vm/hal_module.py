@@ -70,6 +70,7 @@ _STATUS_DEADLINE_EXCEEDED = int(StatusCode.DEADLINE_EXCEEDED)
 _U32 = 0xFFFFFFFF
 _first = operator.itemgetter(0)  # a variadic shape's 1-tuples -> dims, without a frame
 _MAX_BINDINGS = 64
+_MAX_REMEMBERED_LOOKUPS = 4096
 
 
 class HalFile:
@@ -285,6 +286,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
             return fn
         return register
     module.devices = device_list  # type: ignore[attr-defined]
+    ordinals: dict[tuple[int, int], tuple[Executable, Any, int]] = {}
 
     # -- experimental -----------------------------------------------------------------
 
@@ -550,8 +552,10 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
                 raise InvalidArgumentError(
                     f"expected a hal.buffer ref or null but got {_type_name(buffer)}"
                 )
-        cb.dispatch(executable, function, (x & _U32, y & _U32, z & _U32),
-                    [c for (c,) in constants], refs)
+        words = []
+        for (c,) in constants:
+            words.append(c & _U32)
+        cb.dispatch(executable, function, (x & _U32, y & _U32, z & _U32), tuple(words), refs)
 
     @shim("command_buffer.dispatch.indirect")
     def command_buffer_dispatch_indirect(*args):
@@ -704,7 +708,16 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
 
     @shim("executable.lookup.function")
     def executable_lookup_function(executable, name):
-        return executable.lookup(vm_buffer_string(name))
+        # programs look the same names up on every call: remembered per (executable,
+        # name buffer), holding both so that their ids stay theirs
+        known = ordinals.get((id(executable), id(name)))
+        if known is not None and known[0] is executable and known[1] is name:
+            return known[2]
+        ordinal = executable.lookup(vm_buffer_string(name))
+        if len(ordinals) >= _MAX_REMEMBERED_LOOKUPS:
+            ordinals.clear()
+        ordinals[(id(executable), id(name))] = (executable, name, ordinal)
+        return ordinal
 
     # -- fences -----------------------------------------------------------------------
 
