@@ -123,7 +123,6 @@ QUEUE_OPS: dict[str, int] = {
 # Command-buffer operation kinds with IREE's `iree_hal_profile_command_operation_type_t`.
 COMMAND_OPS: dict[str, int] = {"barrier": 1, "dispatch": 2, "fill": 3, "copy": 4, "update": 5}
 TRANSFER_OPS = frozenset({"copy", "fill", "update", "read", "write"})
-DEPENDENCY_STRATEGIES = ("none", "inline", "device_barrier", "software_defer")
 
 # tinyhal's memory event kinds and the IREE `memory_event.event_type` each becomes.
 MEMORY_KINDS: dict[str, tuple[str, int]] = {

@@ -27,7 +27,6 @@ loaded into a 64-byte-aligned buffer), so weights are used in place.
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -58,6 +57,7 @@ from ..hal.types import (
     MemoryAccess,
     MemoryType,
     format_element_type,
+    is_integer_type,
 )
 from .native import NativeModule, RefType, Suspend
 
@@ -878,14 +878,10 @@ def _buffer_view_assert_failure(view: BufferView, label: str, expected_type: int
             )
 
 
-def _is_integer(element_type: int) -> bool:
-    return (element_type >> 24) & 0xFF in (0x10, 0x11, 0x12)
-
-
 def _element_types_compatible(actual: int, expected: int) -> bool:
     if (actual >> 24) & 0xFF == 0:  # opaque
         return True
-    if _is_integer(actual) and _is_integer(expected) and (actual & 0xFF) == (expected & 0xFF):
+    if is_integer_type(actual) and is_integer_type(expected) and (actual & 0xFF) == (expected & 0xFF):
         return True
     return actual == expected
 
@@ -893,6 +889,3 @@ def _element_types_compatible(actual: int, expected: int) -> bool:
 def _shape_str(shape: Sequence[int]) -> str:
     return "x".join(str(d) for d in shape)
 
-
-def dense_element_count(shape: Sequence[int]) -> int:
-    return math.prod(shape)
