@@ -151,16 +151,23 @@ class CommandBuffer:
         return f"<CommandBuffer {self.mode.value} {state} {len(self.commands)} commands>"
 
     def _record(self, command: Command) -> None:
-        if not self._recording_lock.acquire(blocking=False):
-            raise FailedPreconditionError(
-                f"{self!r} is being recorded from another thread at the same time"
-            )
-        try:
-            if self.finalized:
-                raise FailedPreconditionError(f"{self!r} is finalized; no more commands")
-            self.commands.append(command)
-        finally:
+        lock = self._recording_lock
+        if not lock.acquire(False):
+            self._refuse(False)
+        if self.finalized:
+            self._refuse(True)
+        self.commands.append(command)
+        lock.release()
+
+    def _refuse(self, holding: bool) -> None:
+        """Raises why a command cannot be recorded now (releasing the recording lock if
+        `holding` it): the command buffer is finalized, or another thread records."""
+        if holding:
             self._recording_lock.release()
+            raise FailedPreconditionError(f"{self!r} is finalized; no more commands")
+        raise FailedPreconditionError(
+            f"{self!r} is being recorded from another thread at the same time"
+        )
 
     def _direct_slot(self, buffer: Buffer) -> int:
         slot = self._direct_slots.get(id(buffer))
@@ -253,10 +260,10 @@ class CommandBuffer:
     def copy(self, source: Any, source_offset: int, target: Any, target_offset: int,
              length: int) -> None:
         """Copies `length` bytes between buffers (ranges may be in the same buffer)."""
-        src = self._ref(_subrange(source, source_offset, length), "copy source",
-                        _TRANSFER_SOURCE)
-        dst = self._ref(_subrange(target, target_offset, length), "copy target",
-                        _TRANSFER_TARGET)
+        if isinstance(source, tuple) or isinstance(target, tuple):
+            _subrange(source if isinstance(source, tuple) else target, 0, 0)  # raises
+        src = self._ref((source, source_offset, length), "copy source", _TRANSFER_SOURCE)
+        dst = self._ref((target, target_offset, length), "copy target", _TRANSFER_TARGET)
         if src.length != dst.length and WHOLE_BUFFER not in (src.length, dst.length):
             raise OutOfRangeError(
                 f"copy source length {src.length} differs from target length {dst.length}"
@@ -276,10 +283,20 @@ class CommandBuffer:
             ordinal = executable.resolve_entry(entry)
         export = exports[ordinal]
         grid = workgroups
-        if type(grid) is not tuple or len(grid) != 3 or not _small_ints(grid, _MAX_GRID):
+        if type(grid) is tuple and len(grid) == 3:
+            for v in grid:
+                if type(v) is not int or not 0 <= v <= _MAX_GRID:
+                    grid = validate_workgroups(workgroups)
+                    break
+        else:
             grid = validate_workgroups(workgroups)
         consts = constants
-        if type(consts) is not tuple or not _small_ints(consts, 0xFFFFFFFF):
+        if type(consts) is tuple:
+            for v in consts:
+                if type(v) is not int or not 0 <= v <= 0xFFFFFFFF:
+                    consts = _constants(constants)
+                    break
+        else:
             consts = _constants(constants)
         if len(consts) > MAX_CONSTANTS:
             raise OutOfRangeError(f"{len(consts)} constants exceed the maximum of {MAX_CONSTANTS}")
@@ -317,12 +334,24 @@ class CommandBuffer:
                 check_binding_alignment(self.direct[-1 - ref.slot], ref.offset, i,
                                         export.name)
             refs.append(ref)
-        self._record(_new_tuple(DispatchCommand,
-                                (executable, ordinal, grid, consts, tuple(refs))))
+        command = _new_tuple(DispatchCommand, (executable, ordinal, grid, consts, tuple(refs)))
+        lock = self._recording_lock  # what `_record` does, without its frame
+        if not lock.acquire(False):
+            self._refuse(False)
+        if self.finalized:
+            self._refuse(True)
+        self.commands.append(command)
+        lock.release()
 
     def barrier(self) -> None:
         """Orders every command before it ahead of every command after it."""
-        self._record(BARRIER)
+        lock = self._recording_lock  # what `_record` does, without its frame
+        if not lock.acquire(False):
+            self._refuse(False)
+        if self.finalized:
+            self._refuse(True)
+        self.commands.append(BARRIER)
+        lock.release()
 
     execution_barrier = barrier
 
@@ -358,14 +387,6 @@ def _host_bytes(source: Any) -> bytes:
 
 
 _MAX_GRID = min(0xFFFFFFFF, MAX_WORKGROUP_COUNT_Z)
-
-
-def _small_ints(values: tuple, bound: int) -> bool:
-    """Every value an int in [0, bound]: what needs no conversion."""
-    for v in values:
-        if type(v) is not int or not 0 <= v <= bound:
-            return False
-    return True
 
 
 def _constants(constants: Any) -> tuple[int, ...]:
