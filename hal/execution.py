@@ -45,7 +45,7 @@ from .types import WHOLE_BUFFER, BufferUsage
 
 BindingTable = Sequence[Any]
 
-SHARED_UPDATE_BYTES = 4096  # recordings whose updates capture more are not shared
+SHARED_UPDATE_BYTES = 256  # recordings whose updates capture more are not shared
 _PATTERN_DTYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 _DISPATCH_STORAGE = int(BufferUsage.DISPATCH_STORAGE)
 _TRANSFER_SOURCE = int(BufferUsage.TRANSFER_SOURCE)

@@ -298,7 +298,7 @@ class Fence:
     """A set of semaphore points: reached when every semaphore reaches its value.
 
     A semaphore appears at most once, at the largest value inserted for it.
-    `timeline` maps each semaphore to its value (read it; add points with `insert`).
+    `timeline` maps each semaphore to its value (read it).
     """
 
     def __init__(self, points: Iterable[SemaphorePoint] = ()) -> None:
