@@ -423,6 +423,9 @@ class Submission:
         return all(recording.single_workgroup for recording, _ in self.parts)
 
 
+_new_submission = object.__new__
+
+
 def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
                      binding_table: BindingTable | None, max_concurrency: int = 1,
                      recordings: RecordingCache | None = None) -> Submission:
@@ -451,4 +454,6 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
         parts.append((recording, recording.bind(binding_table, cb.direct)))
     for cb in command_buffers:
         cb.submitted = True
-    return Submission(parts)
+    submission = _new_submission(Submission)  # without an __init__ frame
+    submission.parts = parts
+    return submission

@@ -244,9 +244,22 @@ def run_alone(submission: Submission) -> None:
         return
     recording, entries = parts[0]
     pool = recording.streams
-    program = _take_program(recording)
+    program = pool.pop() if pool else NativeProgram([recording])
     try:
-        _bind(program, parts, entries, 1)
+        # `_bind` for one participant, without its frame
+        addresses = []
+        lengths = []
+        for buffer, offset, length in entries:
+            storage_address = buffer.storage.address
+            if not storage_address:
+                _bind(program, parts, entries, 1)  # names the buffer with no memory
+                break
+            addresses.append(storage_address + buffer.byte_offset + offset)
+            lengths.append(length)
+        else:
+            lib.tinyhal_stream_bind(program.ops, program.count, program.state,
+                                    program.patches, program.patch_count, addresses,
+                                    lengths, 1, TILES_PER_PARTICIPANT)
         rc = lib.tinyhal_run_stream(ffi.NULL, program.ops, program.count, program.state,
                                     program.local_memory_size, 0, program.paused)
         error = program.error(rc) if rc else None  # read before another run rebinds it
