@@ -104,7 +104,7 @@ def hal_import_codes() -> set[Any]:
     device = create_device("sync")
     try:
         module = create_hal_module(device)
-        return {f.fn.__code__ for f in module.functions.values()}
+        return {getattr(f.fn, "func", f.fn).__code__ for f in module.functions.values()}
     finally:
         device.close()
 
