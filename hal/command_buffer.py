@@ -334,8 +334,14 @@ class CommandBuffer:
                 check_binding_alignment(self.direct[-1 - ref.slot], ref.offset, i,
                                         export.name)
             refs.append(ref)
-        self._record(_new_tuple(DispatchCommand,
-                                (executable, ordinal, grid, consts, tuple(refs))))
+        command = _new_tuple(DispatchCommand, (executable, ordinal, grid, consts, tuple(refs)))
+        lock = self._recording_lock  # what `_record` does, without its frame
+        if not lock.acquire(False):
+            self._refuse(False)
+        if self.finalized:
+            self._refuse(True)
+        self.commands.append(command)
+        lock.release()
 
     def barrier(self) -> None:
         """Orders every command before it ahead of every command after it."""

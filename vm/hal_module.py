@@ -202,7 +202,8 @@ def _queue_refs_checked(device: Any, wait: Any, signal: Any) -> tuple[Any, Any, 
 
 def _checked(value: Any, ref: RefType) -> Any:
     """`value` if it is what `ref` declares (a subclass, or null where allowed); the
-    slow path of a shim's first lines, which test the exact class inline."""
+    slow path of a shim's first lines, which test the exact class inline (`isinstance`
+    for devices and allocators, which drivers subclass)."""
     if isinstance(value, ref.cls) or (value is None and ref.nullable):
         return value
     raise ref_type_error(value, ref)
@@ -212,7 +213,7 @@ def _checked(value: Any, ref: RefType) -> Any:
 
 def ex_file_from_memory(state: HalModuleState, device, queue_affinity, access, buffer, offset,
                         length, flags):
-    if device.__class__ is not Device:
+    if not isinstance(device, Device):
         device = _checked(device, _DEVICE)
     if access & ~int(MemoryAccess.READ):
         raise PermissionDeniedError(
@@ -236,7 +237,7 @@ def allocator_select(state: HalModuleState, memory_types, buffer_usage, flags, p
 
 def allocator_allocate(state: HalModuleState, allocator, queue_affinity, memory_types, buffer_usage,
                        size):
-    if allocator.__class__ is not Allocator:
+    if not isinstance(allocator, Allocator):
         allocator = _checked(allocator, _ALLOCATOR)
     try:
         memory_type = MemoryType(memory_types & _U32)
@@ -249,7 +250,7 @@ def allocator_allocate(state: HalModuleState, allocator, queue_affinity, memory_
 
 def allocator_import(state: HalModuleState, allocator, is_try, queue_affinity, memory_types,
                      buffer_usage, source, offset, length):
-    if allocator.__class__ is not Allocator:
+    if not isinstance(allocator, Allocator):
         allocator = _checked(allocator, _ALLOCATOR)
     view = vm_buffer_view(source)
     size = view.nbytes
@@ -292,7 +293,7 @@ def buffer_assert(state: HalModuleState, buffer, message, allocator, minimum_len
                   usage):
     if buffer.__class__ is not Buffer:
         buffer = _checked(buffer, _BUFFER)
-    if allocator.__class__ is not Allocator:
+    if not isinstance(allocator, Allocator):
         allocator = _checked(allocator, _ALLOCATOR)
     types, bits = memory_types & _U32, usage & _U32
     if (buffer.byte_length < minimum_length or buffer.memory_type_bits & types != types
@@ -450,7 +451,7 @@ def channel_rank_and_count(state: HalModuleState, *args):
 
 def command_buffer_create(state: HalModuleState, device, modes, categories, queue_affinity,
                           binding_capacity):
-    if device.__class__ is not Device:
+    if not isinstance(device, Device):
         device = _checked(device, _DEVICE)
     mode = "one_shot" if modes & _COMMAND_BUFFER_MODE_ONE_SHOT else "reusable"
     return device.create_command_buffer(mode, binding_capacity)
@@ -561,13 +562,13 @@ def command_buffer_dispatch_indirect(state: HalModuleState, *args):
 # -- device -----------------------------------------------------------------------
 
 def device_allocator(state: HalModuleState, device):
-    if device.__class__ is not Device:
+    if not isinstance(device, Device):
         device = _checked(device, _DEVICE)
     return device.allocator
 
 
 def device_query_i64(state: HalModuleState, device, category, key):
-    if device.__class__ is not Device:
+    if not isinstance(device, Device):
         device = _checked(device, _DEVICE)
     category_str = vm_buffer_string(category)
     key_str = vm_buffer_string(key)
@@ -580,7 +581,7 @@ def device_query_i64(state: HalModuleState, device, category, key):
 
 def device_queue_alloca(state: HalModuleState, device, queue_affinity, wait, signal, pool,
                         memory_types, usage, size, flags):
-    if (device.__class__ is not Device or (wait is not None and wait.__class__ is not Fence)
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     if pool != 0:
@@ -590,7 +591,7 @@ def device_queue_alloca(state: HalModuleState, device, queue_affinity, wait, sig
 
 def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, signal, buffer,
                           flags):
-    if (device.__class__ is not Device or (wait is not None and wait.__class__ is not Fence)
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     if buffer.__class__ is not Buffer:
@@ -604,7 +605,7 @@ def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, s
 
 def device_queue_fill(state: HalModuleState, device, queue_affinity, wait, signal, target, offset,
                       length, pattern, pattern_length, flags):
-    if (device.__class__ is not Device or (wait is not None and wait.__class__ is not Fence)
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     if target.__class__ is not Buffer:
@@ -620,7 +621,7 @@ def device_queue_fill(state: HalModuleState, device, queue_affinity, wait, signa
 
 def device_queue_update(state: HalModuleState, device, queue_affinity, wait, signal, source,
                         source_offset, target, target_offset, length, flags):
-    if (device.__class__ is not Device or (wait is not None and wait.__class__ is not Fence)
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     if target.__class__ is not Buffer:
@@ -632,7 +633,7 @@ def device_queue_update(state: HalModuleState, device, queue_affinity, wait, sig
 
 def device_queue_copy(state: HalModuleState, device, queue_affinity, wait, signal, source,
                       source_offset, target, target_offset, length, flags):
-    if (device.__class__ is not Device or (wait is not None and wait.__class__ is not Fence)
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     if source.__class__ is not Buffer:
@@ -645,7 +646,7 @@ def device_queue_copy(state: HalModuleState, device, queue_affinity, wait, signa
 
 def device_queue_read(state: HalModuleState, device, queue_affinity, wait, signal, source,
                       source_offset, target, target_offset, length, flags):
-    if (device.__class__ is not Device or (wait is not None and wait.__class__ is not Fence)
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     if source.__class__ is not HalFile:
@@ -660,7 +661,7 @@ def device_queue_read(state: HalModuleState, device, queue_affinity, wait, signa
 
 def device_queue_write(state: HalModuleState, device, queue_affinity, wait, signal, source,
                        source_offset, target, target_offset, length, flags):
-    if (device.__class__ is not Device or (wait is not None and wait.__class__ is not Fence)
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     if source.__class__ is not Buffer:
@@ -674,14 +675,14 @@ def device_queue_write(state: HalModuleState, device, queue_affinity, wait, sign
 
 
 def device_queue_barrier(state: HalModuleState, device, queue_affinity, wait, signal, flags):
-    if (device.__class__ is not Device or (wait is not None and wait.__class__ is not Fence)
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     device.queue_barrier(wait, signal)
 
 
 def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, signal, cb, flags):
-    if (device.__class__ is not Device or (wait is not None and wait.__class__ is not Fence)
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     if cb.__class__ is not CommandBuffer:
@@ -691,7 +692,7 @@ def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, si
 
 def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity, wait, signal, cb,
                                   flags, bindings):
-    if (device.__class__ is not Device or (wait is not None and wait.__class__ is not Fence)
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     if cb.__class__ is not CommandBuffer:
@@ -711,7 +712,7 @@ def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity,
 
 
 def device_queue_flush(state: HalModuleState, device, queue_affinity):
-    if device.__class__ is not Device:
+    if not isinstance(device, Device):
         device = _checked(device, _DEVICE)
     return None  # its first lines check the refs; nothing more to do
 
@@ -730,7 +731,7 @@ def devices_get(state: HalModuleState, index):
 
 def executable_create(state: HalModuleState, device, queue_affinity, executable_format, data,
                       constants):
-    if device.__class__ is not Device:
+    if not isinstance(device, Device):
         device = _checked(device, _DEVICE)
     format_str = vm_buffer_string(executable_format)
     if format_str not in FORMATS:
@@ -781,7 +782,7 @@ def executable_lookup_function(state: HalModuleState, executable, name):
 # -- fences -----------------------------------------------------------------------
 
 def fence_create(state: HalModuleState, device, flags):
-    if device.__class__ is not Device:
+    if not isinstance(device, Device):
         device = _checked(device, _DEVICE)
     fence = _new_fence(Fence)  # Fence.single's work, without its frame
     fence.timeline = {Semaphore(0): 1}
