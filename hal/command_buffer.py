@@ -49,20 +49,43 @@ class BufferRef(NamedTuple):
 
 # The commands are tuples (NamedTuples), so a recording's content compares and hashes in
 # C: `tuple(commands)` is the key under which equal recordings share their native form.
+# They describe themselves: `op` names the kind and `operands` lists the buffer ranges
+# each reads or writes with the usage bits it needs, so code that reads a recording
+# never tests a command's class (tests/test_layering.py keeps it so).
+
+_DISPATCH_STORAGE = int(BufferUsage.DISPATCH_STORAGE)
+_TRANSFER_SOURCE = int(BufferUsage.TRANSFER_SOURCE)
+_TRANSFER_TARGET = int(BufferUsage.TRANSFER_TARGET)
+
 
 class FillCommand(NamedTuple):
     target: BufferRef
     pattern: bytes
+    op = "fill"
+
+    @property
+    def operands(self) -> tuple[tuple[BufferRef, int], ...]:
+        return ((self.target, _TRANSFER_TARGET),)
 
 
 class UpdateCommand(NamedTuple):
     source: bytes
     target: BufferRef
+    op = "update"
+
+    @property
+    def operands(self) -> tuple[tuple[BufferRef, int], ...]:
+        return ((self.target, _TRANSFER_TARGET),)
 
 
 class CopyCommand(NamedTuple):
     source: BufferRef
     target: BufferRef
+    op = "copy"
+
+    @property
+    def operands(self) -> tuple[tuple[BufferRef, int], ...]:
+        return ((self.source, _TRANSFER_SOURCE), (self.target, _TRANSFER_TARGET))
 
 
 class DispatchCommand(NamedTuple):
@@ -71,10 +94,16 @@ class DispatchCommand(NamedTuple):
     workgroups: tuple[int, int, int]
     constants: tuple[int, ...]
     bindings: tuple[BufferRef, ...]
+    op = "dispatch"
+
+    @property
+    def operands(self) -> tuple[tuple[BufferRef, int], ...]:
+        return tuple([(ref, _DISPATCH_STORAGE) for ref in self.bindings])
 
 
 class BarrierCommand(NamedTuple):
-    pass
+    op = "barrier"
+    operands = ()
 
 
 BARRIER = BarrierCommand()
@@ -82,9 +111,6 @@ BARRIER = BarrierCommand()
 Command = FillCommand | UpdateCommand | CopyCommand | DispatchCommand | BarrierCommand
 
 _new_tuple = tuple.__new__  # `_new_tuple(BufferRef, (slot, offset, length))`: no frame
-_DISPATCH_STORAGE = int(BufferUsage.DISPATCH_STORAGE)
-_TRANSFER_SOURCE = int(BufferUsage.TRANSFER_SOURCE)
-_TRANSFER_TARGET = int(BufferUsage.TRANSFER_TARGET)
 
 
 def _ref_error(value: Any, what: str) -> InvalidArgumentError:

@@ -29,14 +29,9 @@ import numpy as np
 from ..errors import Error, FailedPreconditionError, InvalidArgumentError, OutOfRangeError
 from .buffer import ALIGNMENT, Buffer
 from .command_buffer import (
-    BarrierCommand,
     BufferRef,
     CommandBuffer,
     CommandBufferMode,
-    CopyCommand,
-    DispatchCommand,
-    FillCommand,
-    UpdateCommand,
     as_table_range,
     check_binding_alignment,
 )
@@ -167,31 +162,27 @@ def _check_each_command(commands: list[Any], table: list[Range]) -> None:
     """Checks every operand of every command against `table`; raises the first failure
     naming its command and operand (the slow path, taken when a slot check fails)."""
     for cmd in commands:
-        if type(cmd) is DispatchCommand:
-            name = cmd.executable.exports[cmd.ordinal].name
-            for i, ref in enumerate(cmd.bindings):
-                try:
-                    buffer, offset, _length = _resolve(ref, table, _DISPATCH_STORAGE)
-                except Error as exc:
-                    raise exc.with_context(f"binding {i} of {name!r}") from None
-                check_binding_alignment(buffer, offset, i, name)
-        elif type(cmd) is FillCommand:
-            dst = _resolve_operand(cmd.target, table, _TRANSFER_TARGET, "fill target")
-            n = len(cmd.pattern)
-            if dst.length % n:
-                raise InvalidArgumentError(
-                    f"fill length {dst.length} is not a multiple of the {n}-byte pattern"
-                )
-        elif type(cmd) is UpdateCommand:
-            _resolve_operand(cmd.target, table, _TRANSFER_TARGET, "update target")
-        elif type(cmd) is CopyCommand:
-            src = _resolve_operand(cmd.source, table, _TRANSFER_SOURCE, "copy source")
-            dst = _resolve_operand(cmd.target, table, _TRANSFER_TARGET, "copy target")
-            if src.length != dst.length:
-                raise OutOfRangeError(
-                    f"copy source length {src.length} differs from target length "
-                    f"{dst.length}"
-                )
+        op = cmd.op
+        dispatch = op == "dispatch"
+        name = cmd.executable.exports[cmd.ordinal].name if dispatch else ""
+        ranges = []
+        for i, (ref, usage) in enumerate(cmd.operands):
+            what = (f"binding {i} of {name!r}" if dispatch
+                    else f"{op} {'source' if op == 'copy' and i == 0 else 'target'}")
+            r = _resolve_operand(ref, table, usage, what)
+            if dispatch:
+                check_binding_alignment(r.buffer, r.offset, i, name)
+            ranges.append(r)
+        if op == "fill" and ranges[0].length % len(cmd.pattern):
+            raise InvalidArgumentError(
+                f"fill length {ranges[0].length} is not a multiple of the "
+                f"{len(cmd.pattern)}-byte pattern"
+            )
+        if op == "copy" and ranges[0].length != ranges[1].length:
+            raise OutOfRangeError(
+                f"copy source length {ranges[0].length} differs from target length "
+                f"{ranges[1].length}"
+            )
 
 
 # -- recordings ------------------------------------------------------------------------
@@ -244,23 +235,21 @@ class Recording:
                 end[slot] = max(end[slot], ref.offset + ref.length)
 
         for index, cmd in enumerate(commands):
-            if type(cmd) is DispatchCommand:
+            op = cmd.op
+            dispatch = op == "dispatch"
+            for ref, bits in cmd.operands:
+                use(ref, bits, not dispatch)
+                if dispatch and ref.slot >= 0:
+                    align[ref.slot].add(ref.offset % ALIGNMENT)
+            if dispatch:
                 x, y, z = cmd.workgroups
                 if x * y * z > 1:
                     self.single_workgroup = False
-                for ref in cmd.bindings:
-                    use(ref, _DISPATCH_STORAGE, False)
-                    if ref.slot >= 0:
-                        align[ref.slot].add(ref.offset % ALIGNMENT)
-            elif type(cmd) is FillCommand:
-                use(cmd.target, _TRANSFER_TARGET, True)
+            elif op == "fill":
                 self.patterns[index] = np.frombuffer(
                     cmd.pattern, dtype=_PATTERN_DTYPES[len(cmd.pattern)])[0]
-            elif type(cmd) is UpdateCommand:
-                use(cmd.target, _TRANSFER_TARGET, True)
-            elif type(cmd) is CopyCommand:
-                use(cmd.source, _TRANSFER_SOURCE, True)
-                use(cmd.target, _TRANSFER_TARGET, True)
+            elif op == "update" and len(cmd.source) > SHARED_UPDATE_BYTES:
+                self.shareable = False
         self.slot_usage = usage
         self.slot_end = end
         self.slot_align = [tuple(sorted(a)) for a in align]
@@ -330,7 +319,8 @@ class Recording:
             return Range(buffer, base + ref.offset, length)
 
         for index, cmd in enumerate(self.commands):
-            if type(cmd) is DispatchCommand:
+            op = cmd.op
+            if op == "dispatch":
                 x, y, z = cmd.workgroups
                 if not (x and y and z):
                     continue
@@ -344,13 +334,13 @@ class Recording:
                     cmd.ordinal, cmd.workgroups, cmd.constants,
                     [b.address + o for b, o, _n in ranges], [n for _b, _o, n in ranges],
                     self.max_concurrency)))
-            elif type(cmd) is FillCommand:
+            elif op == "fill":
                 ops.append(Fill(resolve(cmd.target), self.patterns[index]))
-            elif type(cmd) is UpdateCommand:
+            elif op == "update":
                 ops.append(Update(resolve(cmd.target), cmd.source))
-            elif type(cmd) is CopyCommand:
+            elif op == "copy":
                 ops.append(Copy(resolve(cmd.source), resolve(cmd.target)))
-            elif type(cmd) is BarrierCommand:
+            elif op == "barrier":
                 if ops and type(ops[-1]) is not Barrier:
                     ops.append(Barrier())
         return ops

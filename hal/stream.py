@@ -24,13 +24,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import Error, FailedPreconditionError, InternalError, ResourceExhaustedError
-from .command_buffer import (
-    BarrierCommand,
-    CopyCommand,
-    DispatchCommand,
-    FillCommand,
-    UpdateCommand,
-)
 from .executable import PreparedDispatch
 from .execution import Range, Recording, Submission
 from .native import ffi, lib
@@ -64,7 +57,8 @@ class NativeProgram:
                 return base + recording.slot_index(ref)
 
             for index, cmd in enumerate(recording.commands):
-                if type(cmd) is DispatchCommand:
+                op = cmd.op
+                if op == "dispatch":
                     x, y, z = cmd.workgroups
                     if not (x and y and z):
                         continue
@@ -85,7 +79,7 @@ class NativeProgram:
                         sites.append((slot(ref), ref.offset, ref.length,
                                       prepared.binding_addresses + j,
                                       prepared.binding_lengths + j))
-                elif type(cmd) is FillCommand:
+                elif op == "fill":
                     pattern = recording.patterns[index]
                     c = ops[i]
                     c.kind = lib.TINYHAL_OP_FILL
@@ -94,7 +88,7 @@ class NativeProgram:
                     ref = cmd.target
                     sites.append((slot(ref), ref.offset, ref.length,
                                   ffi.addressof(c, "dst"), ffi.addressof(c, "length")))
-                elif type(cmd) is UpdateCommand:
+                elif op == "update":
                     data = ffi.from_buffer(cmd.source)
                     keep.append(data)
                     c = ops[i]
@@ -104,7 +98,7 @@ class NativeProgram:
                     ref = cmd.target
                     sites.append((slot(ref), ref.offset, ref.length,
                                   ffi.addressof(c, "dst"), ffi.NULL))
-                elif type(cmd) is CopyCommand:
+                elif op == "copy":
                     c = ops[i]
                     c.kind = lib.TINYHAL_OP_COPY
                     src, dst = cmd.source, cmd.target
@@ -149,10 +143,10 @@ class NativeProgram:
 def _op_count(recording: Recording) -> int:
     n = 0
     for cmd in recording.commands:
-        if type(cmd) is DispatchCommand:
+        if cmd.op == "dispatch":
             x, y, z = cmd.workgroups
             n += bool(x and y and z)
-        elif type(cmd) is not BarrierCommand:
+        elif cmd.op != "barrier":
             n += 1
     return n
 
