@@ -111,6 +111,7 @@ BARRIER = BarrierCommand()
 Command = FillCommand | UpdateCommand | CopyCommand | DispatchCommand | BarrierCommand
 
 _new_tuple = tuple.__new__  # `_new_tuple(BufferRef, (slot, offset, length))`: no frame
+# (a NamedTuple's own constructor is a Python function: one frame per command)
 
 
 def _ref_error(value: Any, what: str) -> InvalidArgumentError:
@@ -268,7 +269,7 @@ class CommandBuffer:
                 f"fill offset {ref.offset} and length {ref.length} must be multiples of "
                 f"the {n}-byte pattern"
             )
-        self._record(FillCommand(ref, pattern_bytes))
+        self._record(_new_tuple(FillCommand, (ref, pattern_bytes)))
 
     def update(self, source: Any, target: Any, offset: int = 0, length: int | None = None) -> None:
         """Copies host bytes into `target` at `offset`; the source is captured now."""
@@ -281,7 +282,7 @@ class CommandBuffer:
             data = data[:length]
         ref = self._ref(_subrange(target, offset, len(data)), "update target",
                         _TRANSFER_TARGET)
-        self._record(UpdateCommand(data, ref))
+        self._record(_new_tuple(UpdateCommand, (data, ref)))
 
     def copy(self, source: Any, source_offset: int, target: Any, target_offset: int,
              length: int) -> None:
@@ -294,7 +295,7 @@ class CommandBuffer:
             raise OutOfRangeError(
                 f"copy source length {src.length} differs from target length {dst.length}"
             )
-        self._record(CopyCommand(src, dst))
+        self._record(_new_tuple(CopyCommand, (src, dst)))
 
     def dispatch(self, executable: Executable, entry: int | str,
                  workgroups: tuple[int, int, int] = (1, 1, 1), constants: Any = (),
