@@ -179,6 +179,13 @@ class HalModuleState:
         self.devices = devices
         self.ordinals: dict[tuple[int, int], tuple[Executable, Any, int]] = {}
 
+    def release(self) -> None:
+        """When its context closes: drops what the state and its devices' recording
+        caches hold of the context's executables (others' recordings are rebuilt)."""
+        self.ordinals.clear()
+        for device in self.devices:
+            device.recordings.clear()
+
 
 def _refs(name: str, cls: type) -> tuple[RefType, RefType]:
     return RefType(cls, name), RefType(cls, name, True)
@@ -990,6 +997,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
     module = NativeModule("hal", HAL_MODULE_VERSION)
     module.devices = device_list  # type: ignore[attr-defined]
     module.state = state  # type: ignore[attr-defined]
+    module.on_close = state.release
     for name, cconv, _refs_declared, shim, yieldable in EXPORTS:
         module.export(name, cconv, yieldable=yieldable)(functools.partial(shim, state))
     return module

@@ -136,6 +136,8 @@ class NativeModule:
     name: str
     version: int = 0
     functions: dict[str, NativeFunction] = field(default_factory=dict)
+    # Called when a context using the module closes (the module state's release).
+    on_close: Callable[[], None] | None = None
 
     def export(
         self, name: str, cconv: str, *, yieldable: bool = False,

@@ -56,3 +56,18 @@ def test_zoo_model_matches_iree_bit_exactly(zoo_case, driver):
             for args, want in zip(inputs, expected):
                 got = [a.tobytes() for a in _arrays(fn(*args))]
                 assert got == want, (name, driver)
+
+
+def test_closing_a_module_drops_the_recordings_its_device_cached():
+    """Recordings hold executables: a device shared by modules must not keep a closed
+    module's executables alive through its recording cache."""
+    device = tinyhal.hal.create_device("sync")
+    try:
+        name = "gru"
+        module = tinyhal.load(zoo_vmfb(name), device=device)
+        getattr(module, ZOO[name].function)(*zoo_inputs(name))
+        assert len(device.recordings) > 0
+        module.close()
+        assert len(device.recordings) == 0
+    finally:
+        device.close()
