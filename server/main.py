@@ -179,9 +179,9 @@ async def serve(args: argparse.Namespace) -> int:
                           f"unavailable: "
                           f"{', '.join(f'{mv.name}/{mv.version}' for mv in failed)}",
                           flush=True)
-                else:
-                    print(f"tinyhal-serve: ready ({', '.join(names) or 'no models'})",
-                          flush=True)
+                else:  # readiness answers 503 while no model is loaded: say so
+                    print(f"tinyhal-serve: ready ({', '.join(names)})" if names else
+                          "tinyhal-serve: serving no models (not ready)", flush=True)
             await shutdown.wait()
             # the listener closes, idle connections close, requests in flight finish ...
             http.drain()
