@@ -1,25 +1,20 @@
 """A per-user cache of the VM's translations, as Python caches bytecode in `__pycache__`.
 
-Two translations dominate start-up and are the same from one process to the next:
-
-- a module's bytecode functions translated into Python (`codegen.generate_module`), most
-  of `tinyhal.load`'s time on a real model;
-- each native function fused with the checks of its ref arguments (`native.py`), compiled
-  from the function's source every time a `hal` module is made.
+One translation dominates start-up and is the same from one process to the next: a
+module's bytecode functions translated into Python (`codegen.generate_module`), most of
+`tinyhal.load`'s time on a real model. (The `hal` module's shims are plain functions
+that Python's own bytecode cache keeps; making a `hal` module compiles nothing.)
 
 A module's translation depends only on its FlatBuffer (functions, signatures, imports,
 constants; never on the weights and executables stored after it) and on the translator
 itself, so it is kept on disk under a key made of:
 
 - the BLAKE2b hash of the module's FlatBuffer,
-- tinyhal's version and a hash of the translator's sources (`vm/*.py`, `vm/scalar/`), so a
-  changed translator never reads an old entry, also between releases,
+- tinyhal's version and the translator's source files (`vm/*.py`, `vm/scalar/`: name,
+  size and modification time, as Python checks them for bytecode), so a changed
+  translator never reads an old entry, also between releases,
 - the Python implementation and version (code objects are stored with `marshal`),
 - whether integer loops run natively (`TINYHAL_VM_NATIVE_LOOPS`).
-
-A fused native function depends on the source file defining it (by content hash), its
-name and line, and which arguments are checked; each source file has one entry holding
-all of its functions.
 
 Location: `$TINYHAL_VM_CACHE` if set, else `$XDG_CACHE_HOME/tinyhal/vm`, else
 `~/.cache/tinyhal/vm`. `TINYHAL_VM_CACHE=off` (or `0`) turns the cache off. Entries are
@@ -47,7 +42,7 @@ from typing import Any
 from .. import __version__
 from . import scalar
 
-__all__ = ["cache_directory", "native_code", "translate"]
+__all__ = ["cache_directory", "translate"]
 
 _FORMAT = 1
 _translator_digest: list[str] = []
@@ -66,15 +61,19 @@ def cache_directory() -> str | None:
 
 
 def _translator() -> str:
-    """A hash of the translator's sources, computed once per process."""
+    """The identity of the translator's sources, once per process: each file's name, size
+    and modification time (what Python checks before it reuses bytecode), so a changed
+    source tree never reads entries of another, without reading the sources each start."""
     if not _translator_digest:
         digest = hashlib.blake2b(digest_size=16)
         here = os.path.dirname(os.path.abspath(__file__))
         for folder in (here, os.path.join(here, "scalar")):
-            for name in sorted(os.listdir(folder)):
-                if name.endswith((".py", ".c", ".h")):
-                    with open(os.path.join(folder, name), "rb") as f:
-                        digest.update(name.encode() + b"\0" + f.read())
+            with os.scandir(folder) as entries:
+                for entry in sorted(entries, key=lambda e: e.name):
+                    if entry.name.endswith((".py", ".c", ".h")):
+                        info = entry.stat()
+                        digest.update(f"{entry.name}|{info.st_size}|{info.st_mtime_ns}|"
+                                      .encode())
         _translator_digest.append(digest.hexdigest())
     return _translator_digest[0]
 
@@ -144,42 +143,3 @@ def translate(module: Any, flatbuffer: memoryview, generate: Callable[[Any], Any
     _write(path, replace(program, code=marshal.dumps(program.code)))
     return program
 
-
-_source_entries: dict[str, tuple[str, dict]] = {}  # source file -> (entry path, entry)
-
-
-def native_code(fn: Callable[..., Any], checked: tuple, compile_fused: Callable[[], Any]
-                ) -> Any:
-    """`compile_fused()` (the code of `fn` fused with its argument checks, or None), read
-    from the cache when `fn`'s source file is unchanged. `checked` says which arguments
-    are checked and how (all the fused code depends on besides the source)."""
-    folder = cache_directory()
-    code = fn.__code__
-    if folder is None:
-        return compile_fused()
-    known = _source_entries.get(code.co_filename)
-    if known is None:
-        try:
-            with open(code.co_filename, "rb") as f:
-                source = f.read()
-        except OSError:
-            return compile_fused()
-        digest = hashlib.blake2b(source, digest_size=20)
-        digest.update(f"{_FORMAT}|{sys.implementation.cache_tag}|{sys.hexversion}|"
-                      f"{marshal.version}|{code.co_filename}".encode())
-        path = os.path.join(folder, "native-" + digest.hexdigest() + ".pickle")
-        entry = _read(path)
-        known = _source_entries[code.co_filename] = (
-            path, entry if isinstance(entry, dict) else {})
-    path, entry = known
-    key = (code.co_name, code.co_firstlineno, checked)
-    if key in entry:
-        stored = entry[key]
-        try:
-            return None if stored is None else marshal.loads(stored)
-        except Exception:  # noqa: BLE001 - a foreign entry: compile again
-            pass
-    compiled = compile_fused()
-    entry[key] = None if compiled is None else marshal.dumps(compiled)
-    _write(path, dict(entry))  # a copy: another thread may add to `entry` meanwhile
-    return compiled
