@@ -54,6 +54,7 @@ closed that way, so the process exits normally.
 from __future__ import annotations
 
 import functools
+import linecache
 import os
 import re
 import weakref
@@ -266,7 +267,7 @@ class Module:
     """A loaded `.vmfb` on a device; call its exports with numpy arrays and scalars."""
 
     def __init__(self, source: Any, device: Any = "task", *,
-                 modules: Sequence[Any] = (), **options: Any) -> None:
+                 modules: Sequence[Any] = (), mapped: bool = False, **options: Any) -> None:
         if isinstance(source, (bytes, bytearray, memoryview)):
             data: Any = _aligned_copy(source)
             self.path = None
@@ -279,7 +280,7 @@ class Module:
             )
         self.device, self._owns_device = _resolve_device(device, options)
         try:
-            self.bytecode = load_module(data)
+            self.bytecode = load_module(data, mapped=mapped)
             self.hal_module = create_hal_module(self.device)
             user_modules = [_user_module(m, self.device) for m in modules]
             self.context = Context([self.hal_module, *user_modules, self.bytecode])
@@ -569,6 +570,9 @@ class Module:
                 context.close()
             except Error:
                 pass
+        program = getattr(self.__dict__.get("bytecode"), "program", None)
+        if program is not None:  # its generated source is only kept for tracebacks
+            linecache.cache.pop(program.filename, None)
         if self.__dict__.get("_owns_device"):
             self._owns_device = False
             self.device.close()
@@ -747,8 +751,14 @@ def _user_module(module: Any, device: Device) -> NativeModule | BytecodeModule:
 
 
 def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (),
-         **options: Any) -> Module:
+         mapped: bool = False, **options: Any) -> Module:
     """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`).
+
+    The module owns its bytes: a path is read into private memory (regular files only),
+    so later writes, truncation or deletion of the file change nothing it runs.
+    `mapped=True` maps the file instead (zero-copy, copy-on-write): faster to load a large
+    file, but the file must not change while the module lives — a truncation makes the
+    program fault on the lost pages.
 
     `modules` are extra modules the program imports from, linked between `hal` and the
     program as IREE's tools link them: `NativeModule` objects (functions written in
@@ -756,4 +766,4 @@ def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (
     checked against its provider's calling convention when the module loads; a mismatch
     raises `tinyhal.Error` (INCOMPATIBLE) naming the function.
     """
-    return Module(path_or_bytes, device, modules=modules, **options)
+    return Module(path_or_bytes, device, modules=modules, mapped=mapped, **options)

@@ -111,10 +111,9 @@ func.func @predict(%x: tensor<?x16xf32> {{iree.abi.name = "features"}})
 """
     config = {
         "function": "predict",
-        # one invocation takes well under a millisecond: running it inline on the event
-        # loop (sync device) costs less CPU than handing it to worker threads and back
+        # one invocation takes well under a millisecond: the sync device runs it inline on
+        # the instance thread, cheaper than handing each dispatch to worker threads
         "device": "sync",
-        "execution": "async",
         "max_batch_size": 64,
         "dynamic_batching": {"max_queue_delay_microseconds": 0},
         "max_concurrency": 2,
