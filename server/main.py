@@ -328,12 +328,21 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _early_signal)
     signal.signal(signal.SIGINT, _early_signal)
     try:
-        return trio.run(partial(serve, args))
+        code = trio.run(partial(serve, args))
     except (FileNotFoundError, StartupError) as exc:
         print(f"tinyhal-serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return EXIT_SECOND_SIGNAL
+        code = EXIT_SECOND_SIGNAL
+    # The interpreter's own teardown puts the default signal handlers back, so a signal
+    # arriving then would kill the process: end it here, with the code already decided.
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _early_signal(signum: int, frame: object) -> None:

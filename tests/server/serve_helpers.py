@@ -99,8 +99,8 @@ def write_model(root: Path, name: str, vmfb: Path, config: dict | None = None) -
 class ServerProcess:
     """A tinyhal-serve subprocess; `url` once it listens, `stop()` always."""
 
-    def __init__(self, *args: str) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+    def __init__(self, *args: str, env: dict | None = None) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tinyhal.server.main", "--host", "127.0.0.1",
              "--port", "0", *args],
