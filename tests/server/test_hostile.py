@@ -8,7 +8,6 @@ bounded."""
 from __future__ import annotations
 
 import gzip
-import json
 import resource
 import shutil
 import socket
