@@ -235,8 +235,11 @@ class Admission:
                 background.start_soon(self._timer)
             self._dispatch()
         try:
-            with trio.move_on_at(deadline):
+            if deadline == math.inf:
                 await request.done.wait()
+            else:
+                with trio.move_on_at(deadline):
+                    await request.done.wait()
         finally:
             if not request.done.is_set():
                 self._abandon(request)

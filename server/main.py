@@ -58,6 +58,8 @@ EXIT_USAGE = 2
 EXIT_DRAIN_TIMEOUT = 3
 EXIT_SECOND_SIGNAL = 4
 
+_SWITCH_INTERVAL = 0.0005  # seconds; measured on the bundled models (docs/architecture.md)
+
 
 def _abandon_and_exit(server: Server, code: int, why: str) -> None:
     """Logs every invocation still running, flushes, and ends the process with `code`.
@@ -322,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         print("tinyhal-serve: --max-connections must be >= 1", file=sys.stderr)
         return EXIT_USAGE
     _raise_open_files_limit()
+    # The event loop and the instance threads share the GIL: with CPython's default 5 ms
+    # switch interval, a thread that gave the GIL up for a kernel call waits up to 5 ms to
+    # get it back from a busy loop (and the loop as long behind an instance thread).
+    sys.setswitchinterval(_SWITCH_INTERVAL)
     # Until the server's own handler takes over, a signal stops like a second signal;
     # once the drain began, signals the trio handler no longer sees (after it ended)
     # are ignored: the process is already stopping with its own exit code.
