@@ -3,9 +3,9 @@
     tinyhal-serve [--model-repository DIR] [--host HOST] [--port PORT] [--device DRIVER]
 
 With no arguments it serves the sample models bundled in the package on 127.0.0.1:8000.
-HTTP/1.1 is httptools (llhttp) driven directly on trio streams (`server/http.py`), so
-connections and inference invocations (`Module.invoke_async`) interleave on one trio event
-loop.
+HTTP/1.1 is httptools (llhttp) driven directly on trio streams (`server/http.py`); the
+event loop only moves bytes and schedules, every model execution runs on its model's
+instance threads (`server/instances.py`).
 
 Start-up: the listener opens first (liveness answers at once), then models load in a
 worker thread and readiness turns 200. With --exit-on-error (default) a model that fails
@@ -22,7 +22,7 @@ Exit codes (always one of these, never death by a signal):
     1  start-up failed: a model failed to load (with --exit-on-error)
     2  bad command line or unusable environment (port in use, unreadable repository)
     3  the drain budget ran out with invocations still running
-    4  a second SIGTERM/SIGINT during the drain
+    4  a second SIGTERM/SIGINT during the drain (one after the drain completed is ignored)
 
 With 3 and 4 the invocations still running are abandoned: each is logged (model, version,
 request id, seconds it ran), logs are flushed and the process ends at once with

@@ -1,5 +1,9 @@
 """The model repository: `DIR/<model>/<version>/model.vmfb`, loaded at start.
 
+A loaded version owns its bytes: its file is read once into private memory (regular
+files only), so later writes, truncation or deletion of it change nothing it serves;
+`ModelRepository.reload` swaps a version only once its replacement loaded.
+
     DIR/
       mlp_classifier/
         config.json          optional, defaults for every version
@@ -15,13 +19,18 @@
     dynamic_batching  {"max_queue_delay_microseconds": int, "preferred_batch_size": [int]}:
                       batch queued requests into one invocation (needs max_batch_size > 0
                       and a dynamic first dim on every input and output; see batching.py)
-    max_concurrency   invocations running at once for this version (default 4)
+    instance_group    Triton's [{"count": N, "kind": "KIND_CPU"}]: N instances, each its
+                      own module and thread, run N executions at once (default 1: with
+                      one execution in flight the next batch takes all that queued)
+    max_concurrency   the same count under its older name (give one of the two)
     max_queue         requests waiting beyond that (default 16); more get 429
                       (with dynamic_batching: requests waiting to be batched)
     timeout_s         default deadline of a request in seconds (default: none)
-    execution         "async" (Module.invoke_async on the event loop; default for task
-                      and emu) or "thread" (Module.invoke in a worker thread; default for
-                      sync, whose device runs everything inline on the calling thread)
+    version_policy    Triton's {"latest": {"num_versions": N}} (default N = 1),
+                      {"all": {}} or {"specific": {"versions": [...]}}: the versions
+                      served (model-level config.json only)
+    execution         accepted for older configs ("async" | "thread"); every execution
+                      runs on an instance thread, never on the event loop
     input_names / output_names   rename the ABI's inputs/outputs (lists, in order)
     description       free text, shown by the config endpoint
 
