@@ -49,12 +49,12 @@ import trio
 from .batching import BatchingConfig, Outcome, Results, ready_rows, run_batch, take_batch
 from .instances import InstanceThread
 
+# how long before a queue-delay deadline the timer stops sleeping and starts checking the
+# clock: more than epoll's rounding of its timeout up to whole milliseconds
+_SPIN_SECONDS = 0.0015
+
 __all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Instance",
            "Overloaded", "RunningInvocation", "Unavailable"]
-
-# how long before a queue-delay deadline the timer stops sleeping and starts checking the
-# clock: more than epoll's millisecond rounding
-_SPIN_SECONDS = 0.0015
 
 
 class Overloaded(Exception):
@@ -208,8 +208,8 @@ class Admission:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def infer(self, args: list[Any], rows: int, deadline: float,
-                    background: trio.Nursery, label: str) -> tuple[Results, float, float]:
+    async def infer(self, args: list[Any], rows: int, deadline: float, label: str
+                    ) -> tuple[Results, float, float]:
         """Runs one request (batched with others when the model batches): (its results,
         seconds queued, seconds its execution took). Raises `Unavailable` when closed,
         `Overloaded` when the queue is full, `DeadlineExceeded` when `deadline` (trio
@@ -232,7 +232,7 @@ class Admission:
             self._queue.append(request)
             if self.batching is not None and self.batching.delay and not self._timer_started:
                 self._timer_started = True
-                background.start_soon(self._timer)
+                trio.lowlevel.spawn_system_task(self._timer, name="tinyhal queue delay")
             self._dispatch()
         try:
             if deadline == math.inf:
@@ -342,8 +342,9 @@ class Admission:
                 self._timer_wake.set()
 
     async def _timer(self) -> None:
-        """Ends queue delays: sleeps to just before the armed time, then checks the
-        clock at every scheduler pass until it is reached."""
+        """Ends queue delays: sleeps to just before the armed time, then checks the clock
+        at every scheduler pass until it is reached. It only spins while an instance is
+        idle and waits for a batch to fill, that is while the server has cores to spare."""
         while not (self._closed and not self._in_flight):
             at = self._timer_at
             if trio.current_time() < at - _SPIN_SECONDS:
@@ -380,3 +381,5 @@ class Admission:
         """Ends the instance threads after their current jobs (call once idle)."""
         for instance in self._instances:
             instance.thread.stop()
+        if self._timer_wake is not None:
+            self._timer_wake.set()  # the timer task ends

@@ -376,8 +376,7 @@ class _Routes:
 
         try:
             label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
-            results, queued, compute_infer = await mv.infer(args, deadline, server.background,
-                                                            label)
+            results, queued, compute_infer = await mv.infer(args, deadline, label)
         except Overloaded as exc:
             return self._failed(mv, request, error_response(
                 429, f"model '{mv.name}' is overloaded: {exc}; retry after "

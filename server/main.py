@@ -74,6 +74,12 @@ def _abandon_and_exit(server: Server, code: int, why: str) -> None:
         log.error("abandoned: %s (running %.3f s%s)", r.label, now - r.started,
                   "; its request already got 504" if r.detached else "")
     say(f"tinyhal-serve: stopped (exit {code})")
+    _end_process(code)
+
+
+def _end_process(code: int) -> None:
+    """Flushes logs and stdio and ends the process with `code`, at once: no interpreter
+    teardown (which would restore default signal handlers and join threads)."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -342,13 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_SECOND_SIGNAL
     # The interpreter's own teardown puts the default signal handlers back, so a signal
     # arriving then would kill the process: end it here, with the code already decided.
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    _end_process(code)
 
 
 def _early_signal(signum: int, frame: object) -> None:

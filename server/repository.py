@@ -327,12 +327,12 @@ class ModelVersion:
             args.append(array)
         return args
 
-    async def infer(self, args: list[Any], deadline: float, background: Any, label: str
+    async def infer(self, args: list[Any], deadline: float, label: str
                     ) -> tuple[list[tuple[str, str, np.ndarray]], float, float]:
         """Runs one request's invocation under admission control (batched with others when
         the model has dynamic batching): (results, seconds queued, seconds invoking)."""
         rows = int(args[0].shape[0]) if self.max_batch_size else 1
-        return await self.admission.infer(args, rows, deadline, background, label)
+        return await self.admission.infer(args, rows, deadline, label)
 
     def _invoke_blocking(self, module: Any, args: list[Any]
                          ) -> list[tuple[str, str, np.ndarray]]:
