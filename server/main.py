@@ -58,6 +58,7 @@ EXIT_USAGE = 2
 EXIT_DRAIN_TIMEOUT = 3
 EXIT_SECOND_SIGNAL = 4
 
+_RESERVED_FDS = 64  # descriptors kept for model files, devices, threads, logs
 _SWITCH_INTERVAL = 0.0005  # seconds; measured on the bundled models (docs/architecture.md)
 
 
@@ -329,7 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_connections < 1:
         print("tinyhal-serve: --max-connections must be >= 1", file=sys.stderr)
         return EXIT_USAGE
-    _raise_open_files_limit()
+    descriptors = _raise_open_files_limit()
+    if descriptors is not None and args.max_connections > descriptors - _RESERVED_FDS:
+        args.max_connections = max(1, descriptors - _RESERVED_FDS)
+        log.warning("--max-connections lowered to %d: the process may open %d files",
+                    args.max_connections, descriptors)
     # The event loop and the instance threads share the GIL: with CPython's default 5 ms
     # switch interval, a thread that gave the GIL up for a kernel call waits up to 5 ms to
     # get it back from a busy loop (and the loop as long behind an instance thread).
@@ -374,9 +379,10 @@ def _parse_restricted(values: list[str]) -> dict[str, tuple[str, str]]:
     return restricted
 
 
-def _raise_open_files_limit() -> None:
+def _raise_open_files_limit() -> int | None:
     """Lets the process hold as many connections as the hard limit allows (the
-    connection cap, not the soft descriptor limit, is what bounds them)."""
+    connection cap, not the soft descriptor limit, should bound them); returns the
+    descriptors it may open (None when unknown)."""
     try:
         import resource
 
@@ -385,8 +391,9 @@ def _raise_open_files_limit() -> None:
             hard = 1 << 16
         if soft < hard:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (ImportError, OSError, ValueError):
-        pass
+        return None
 
 
 if __name__ == "__main__":
