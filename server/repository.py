@@ -435,12 +435,17 @@ def _instance_count(config: dict) -> int:
 
 
 def file_fingerprint(path: Path) -> tuple:
-    """What tells a changed model file from the one loaded (poll mode)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ()
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    """What tells a changed version from the one loaded (poll mode): its model file and
+    the config files beside it and above it."""
+    marks = []
+    for file in (path, path.parent / "config.json", path.parent.parent / "config.json"):
+        try:
+            st = os.stat(file)
+        except OSError:
+            marks.append(None)
+            continue
+        marks.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(marks)
 
 
 def _version_key(version: str) -> int:
