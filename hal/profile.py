@@ -143,6 +143,9 @@ SUPPORTED_MODES = frozenset({
 })
 UNSUPPORTED_MODES = frozenset({"device-metrics", "counters", "executable-traces"})
 DEFAULT_MODES = frozenset({"queue-events", "host-execution", "memory-events"})
+# Modes timed on a device clock: only a driver with one (emu, whose default modes list
+# them) records them; IREE's local-sync and local-task answer UNIMPLEMENTED, and so do ours.
+DEVICE_TIME_MODES = frozenset({"dispatch-events", "device-queue-events"})
 
 HOST = "host"
 DEVICE = "device"
@@ -433,6 +436,13 @@ class Profile:
         The device's hook sites test `device.profile is not None`; the allocator's test
         `allocator.profile is not None`.
         """
+        without_clock = (self.modes & DEVICE_TIME_MODES) - set(
+            getattr(device, "default_profiling_modes", ()))
+        if without_clock:
+            raise UnimplementedError(
+                f"device profiling mode {', '.join(sorted(without_clock))} is not supported "
+                f"by driver {getattr(device, 'driver_name', '?')!r}: it has no device clock "
+                "(host-execution records the CPU time of dispatches)")
         self.device_name = getattr(device, "identifier", self.device_name)
         self.start()
         device.allocator.profile = self

@@ -159,7 +159,10 @@ def _fused_marshaller(fn: Callable[..., Any],
     key = (code, tuple(refs))
     compiled = _FUSED_CODE.get(key)
     if compiled is None:
-        compiled = _compile_fused(fn, refs)
+        from .translation_cache import native_code
+
+        checked = tuple(None if ref is None else ref.nullable for ref in refs)
+        compiled = native_code(fn, checked, lambda: _compile_fused(fn, refs))
         if compiled is None:
             return None
         _FUSED_CODE[key] = compiled

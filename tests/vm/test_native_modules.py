@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -192,6 +193,30 @@ def test_tinyhal_run_links_native_modules(custom_vmfb, tmp_path, monkeypatch):
     rc = run(["--device=sync", f"--module={custom_vmfb}", "--native_module=nope:create",
               "--input=4", "--input=4xf32=1"], stdout=io.StringIO(), stderr=err)
     assert rc == 1 and "nope" in err.getvalue()
+
+
+def test_tinyhal_run_finds_native_modules_in_the_current_directory(custom_vmfb, tmp_path):
+    """`--native_module=pkg.mod:factory` as the README writes it, from the folder holding
+    `pkg/`, with no PYTHONPATH: resolved as `python -m` resolves modules."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text(textwrap.dedent("""
+        from tinyhal.vm import NativeModule
+
+        def factory(device):
+            m = NativeModule("mymod")
+            m.export("scale", "0if_i")(lambda a, f: int(a * f))
+            m.export("process", "0r_r")(lambda v: v)
+            return m
+    """))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("tinyhal-run")), "--device=sync",
+         f"--module={custom_vmfb}", "--native_module=pkg.mod:factory", "--input=4",
+         "--input=4xf32=1 2 3 4"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "result[0]: i32=10" in proc.stdout
 
 
 # -- export names are opaque -----------------------------------------------------------------
