@@ -12,8 +12,9 @@ constants; never on the weights and executables stored after it) and on the tran
 itself, so it is kept on disk under a key made of:
 
 - the BLAKE2b hash of the module's FlatBuffer,
-- tinyhal's version and a hash of the translator's sources (`vm/*.py`, `vm/scalar/`), so a
-  changed translator never reads an old entry, also between releases,
+- tinyhal's version and the translator's source files (`vm/*.py`, `vm/scalar/`: name,
+  size and modification time, as Python checks them for bytecode), so a changed
+  translator never reads an old entry, also between releases,
 - the Python implementation and version (code objects are stored with `marshal`),
 - whether integer loops run natively (`TINYHAL_VM_NATIVE_LOOPS`).
 
@@ -66,15 +67,19 @@ def cache_directory() -> str | None:
 
 
 def _translator() -> str:
-    """A hash of the translator's sources, computed once per process."""
+    """The identity of the translator's sources, once per process: each file's name, size
+    and modification time (what Python checks before it reuses bytecode), so a changed
+    source tree never reads entries of another, without reading the sources each start."""
     if not _translator_digest:
         digest = hashlib.blake2b(digest_size=16)
         here = os.path.dirname(os.path.abspath(__file__))
         for folder in (here, os.path.join(here, "scalar")):
-            for name in sorted(os.listdir(folder)):
-                if name.endswith((".py", ".c", ".h")):
-                    with open(os.path.join(folder, name), "rb") as f:
-                        digest.update(name.encode() + b"\0" + f.read())
+            with os.scandir(folder) as entries:
+                for entry in sorted(entries, key=lambda e: e.name):
+                    if entry.name.endswith((".py", ".c", ".h")):
+                        info = entry.stat()
+                        digest.update(f"{entry.name}|{info.st_size}|{info.st_mtime_ns}|"
+                                      .encode())
         _translator_digest.append(digest.hexdigest())
     return _translator_digest[0]
 
