@@ -533,19 +533,27 @@ class Module:
         for i, (spec, value) in enumerate(zip(specs, args)):
             plan = plans[i] if plans else None
             if plan is not None and type(value) is np.ndarray and value.flags.c_contiguous:
-                # The common case, checked against the plan: an array of exactly the
-                # declared static shape and dtype (or, with no declaration, of a dtype
-                # with whole-byte elements) is copied straight into a new buffer.
+                # The common case, checked against the plan: a non-empty array of the
+                # declared dtype whose dims match the declaration (or, with no
+                # declaration, of a dtype with whole-byte elements) is copied straight
+                # into a new buffer. Only views of a static declared shape (or of an
+                # undeclared argument) are kept for reuse: one of a dynamic shape is
+                # freed when the call is done, as `_tensor_input`'s would be.
+                parks = bool(stacks)
                 if plan is _UNDECLARED:
                     element_type = _WHOLE_BYTE_TYPES.get(value.dtype)
                     if element_type is None:
                         element_type = _whole_byte_element_type(value.dtype)
                 elif value.dtype == plan[0] and value.shape == plan[1]:
                     element_type = plan[2]
+                elif value.dtype == plan[0] and plan[3] and value.size and _dims_match(
+                        value.shape, plan[1]):
+                    element_type = plan[2]
+                    parks = False
                 else:
                     element_type = 0
                 if element_type:
-                    if stacks:  # host-visible: an idle view, or a new buffer made a copy
+                    if parks:  # host-visible: an idle view, or a new buffer made a copy
                         stack = stacks[i]
                         view = stack.pop() if stack else None
                         if view is not None:
@@ -783,19 +791,27 @@ def _whole_byte_element_type(dtype: np.dtype) -> int:
     return element_type
 
 
-def _input_plan(spec: ArgSpec) -> tuple[np.dtype, tuple[int, ...], int] | tuple[()] | None:
-    """(dtype, shape, HAL element type) for a tensor argument of static shape whose
-    elements are whole bytes: an array matching it exactly needs no other check or
-    conversion. `_UNDECLARED` for a ref argument with no declaration. None for
-    everything else (those take `_tensor_input`'s general path)."""
+def _input_plan(spec: ArgSpec) -> tuple[np.dtype, tuple, int, bool] | tuple[()] | None:
+    """(dtype, declared shape (None for a dynamic dim), HAL element type, whether any dim
+    is dynamic) for a tensor argument of declared rank whose elements are whole bytes: a
+    non-empty array of that dtype whose dims match needs no other check or conversion.
+    `_UNDECLARED` for a ref argument with no declaration. None for everything else (those
+    take `_tensor_input`'s general path)."""
     if spec.kind == "ref" and spec.shape is None:
         return _UNDECLARED
-    if spec.kind != "tensor" or spec.shape is None or None in spec.shape:
+    if spec.kind != "tensor" or spec.shape is None:
         return None
     info = element_info_for_mlir(spec.type)
     if info is None or info.bit_count < 8 or info.bit_count % 8:
         return None
-    return info.dtype, tuple(spec.shape), info.element_type
+    shape = tuple(spec.shape)
+    return info.dtype, shape, info.element_type, None in shape
+
+
+def _dims_match(have: tuple[int, ...], declared: tuple) -> bool:
+    """Whether an array's shape has the declared rank and every static dim."""
+    return len(have) == len(declared) and all(
+        want is None or want == got for want, got in zip(declared, have))
 
 
 _UNTYPED = ArgSpec("element", "ref", "!vm.ref<?>")
