@@ -129,19 +129,23 @@ class _Request:
 
 
 class _Execution:
-    __slots__ = ("requests", "instance", "started", "label", "watch")
+    __slots__ = ("requests", "instance", "started", "watch")
 
     def __init__(self, requests: list[_Request], instance: Instance, started: float) -> None:
         self.requests = requests
         self.instance = instance
         self.started = started
         self.watch: Any = None
+
+    @property
+    def label(self) -> str:
+        """What runs, for logs (only formed when asked: most executions never are)."""
+        requests = self.requests
         if len(requests) == 1:
-            self.label = requests[0].label
-        else:
-            model = requests[0].label.split(" request ")[0]
-            ids = ", ".join(r.label.split(" request ")[-1] for r in requests)
-            self.label = f"{model} batch of {len(requests)} requests ({ids})"
+            return requests[0].label
+        model = requests[0].label.split(" request ")[0]
+        ids = ", ".join(r.label.split(" request ")[-1] for r in requests)
+        return f"{model} batch of {len(requests)} requests ({ids})"
 
 
 class Admission:
@@ -317,9 +321,17 @@ class Admission:
         instance.thread.submit(jobs)
 
     def _finished(self, execution: _Execution, result: Any) -> None:
-        """On the loop, when an instance thread finished an execution."""
+        """On the loop, when an instance thread finished an execution. The instance is
+        handed its next execution before the finished requests are woken: it computes
+        while the loop answers them."""
         if self._end is not None:
             self._end(execution.watch)
+        self._running.discard(execution)
+        instance = execution.instance
+        instance.pending -= 1
+        if not instance.pending:
+            self._idle.append(instance)
+            self._dispatch()
         if isinstance(result, BaseException):
             outcomes, executions = [(None, result)] * len(execution.requests), []
         else:
@@ -336,12 +348,6 @@ class Admission:
         if self._executed is not None:
             for counts in executions:
                 self._executed(*counts)
-        self._running.discard(execution)
-        instance = execution.instance
-        instance.pending -= 1
-        if not instance.pending:
-            self._idle.append(instance)
-            self._dispatch()
         self._left(len(execution.requests))
 
     def _left(self, count: int) -> None:
