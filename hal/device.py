@@ -228,9 +228,9 @@ class Device:
             raise InvalidArgumentError(
                 f"load_executable takes bytes or a path, not {type(data).__name__}"
             )
-        import hashlib
+        from _blake2 import blake2b  # hashlib would load OpenSSL (3.5 MiB) at start-up
 
-        key = hashlib.sha256(data).hexdigest()
+        key = blake2b(data, digest_size=32).hexdigest()
         with self._executables_lock:
             cached = self._executables.get(key)
             if cached is not None:

@@ -33,13 +33,13 @@ directory must be as private as the user's `__pycache__` directories (it is crea
 
 from __future__ import annotations
 
-import hashlib
 import linecache
 import marshal
 import os
 import pickle
 import sys
 import threading
+from _blake2 import blake2b  # not hashlib: that loads OpenSSL (3.5 MiB) at start-up
 from collections.abc import Callable
 from dataclasses import replace
 from types import CodeType
@@ -71,7 +71,7 @@ def _translator() -> str:
     and modification time (what Python checks before it reuses bytecode), so a changed
     source tree never reads entries of another, without reading the sources each start."""
     if not _translator_digest:
-        digest = hashlib.blake2b(digest_size=16)
+        digest = blake2b(digest_size=16)
         here = os.path.dirname(os.path.abspath(__file__))
         for folder in (here, os.path.join(here, "scalar")):
             with os.scandir(folder) as entries:
@@ -85,7 +85,7 @@ def _translator() -> str:
 
 
 def _key(flatbuffer: memoryview) -> str:
-    digest = hashlib.blake2b(digest_size=20)
+    digest = blake2b(digest_size=20)
     digest.update(flatbuffer)
     tag = (f"{_FORMAT}|{__version__}|{_translator()}|{sys.implementation.cache_tag}|"
            f"{sys.hexversion}|{marshal.version}|{int(scalar.enabled())}")
@@ -169,7 +169,7 @@ def native_code(fn: Callable[..., Any], checked: tuple, compile_fused: Callable[
                 source = f.read()
         except OSError:
             return compile_fused()
-        digest = hashlib.blake2b(source, digest_size=20)
+        digest = blake2b(source, digest_size=20)
         digest.update(f"{_FORMAT}|{sys.implementation.cache_tag}|{sys.hexversion}|"
                       f"{marshal.version}|{code.co_filename}".encode())
         path = os.path.join(folder, "native-" + digest.hexdigest() + ".pickle")
