@@ -58,9 +58,8 @@ import os
 import re
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from sys import getrefcount
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -98,8 +97,7 @@ _INT_BITS = {"i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64, "index": 64, "si
              "ui32": 32, "si64": 64, "ui64": 64}
 
 
-@dataclass(frozen=True)
-class ArgSpec:
+class ArgSpec(NamedTuple):
     """One argument or result: a tensor (shape with None for dynamic dims) or a scalar."""
 
     name: str
@@ -119,8 +117,7 @@ class ArgSpec:
         return self.type
 
 
-@dataclass(frozen=True)
-class FunctionInfo:
+class FunctionInfo(NamedTuple):
     """What a module export takes and returns, from its ABI declaration."""
 
     name: str

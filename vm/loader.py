@@ -14,6 +14,7 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import (
     DataLossError,
@@ -67,8 +68,7 @@ class Function:
         return self.signature.attrs
 
 
-@dataclass
-class Import:
+class Import(NamedTuple):
     ordinal: int
     full_name: str
     signature: FunctionSignature
@@ -76,8 +76,7 @@ class Import:
     optional: bool
 
 
-@dataclass
-class Export:
+class Export(NamedTuple):
     name: str
     internal_ordinal: int
     function: Function

@@ -47,14 +47,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib
 import math
 import os
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -247,8 +247,7 @@ def write_output(value: Any, cconv: str, spec: str, max_elements: int, out) -> N
 # -- inputs ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Tensor:
+class Tensor(NamedTuple):
     """A parsed tensor value: shape, HAL element type and its buffer bytes."""
 
     shape: tuple[int, ...]
@@ -383,8 +382,7 @@ def to_buffer_view(device: Any, tensor: Tensor) -> BufferView:
 # -- expected outputs --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Equality:
+class Equality(NamedTuple):
     """How `--expected_output` compares tensors (iree-run-module's flags and defaults)."""
 
     mode: str = "approximate"
@@ -529,9 +527,13 @@ def native_module_factory(spec: str) -> Any:
 
 
 def _parser() -> argparse.ArgumentParser:
+    # argparse makes a help formatter per add_argument just to check it, and the default
+    # one imports shutil (2 ms) to ask the terminal's width; a fixed width while building,
+    # the default again for --help and usage errors.
     p = argparse.ArgumentParser(
         prog="tinyhal-run",
         description="Runs a function of a compiled IREE module (iree-run-module's flags).",
+        formatter_class=functools.partial(argparse.HelpFormatter, width=80),
     )
     p.add_argument("--module", action="append", default=[], help="the .vmfb to load")
     p.add_argument("--native_module", action="append", default=[],
@@ -561,6 +563,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="on emu: print the run's modelled-time summary to stderr")
     p.add_argument("--print_statistics", action="store_true",
                    help="print device allocator statistics to stderr")
+    p.formatter_class = argparse.HelpFormatter
     return p
 
 
