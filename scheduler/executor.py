@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import logging
 import os
 import threading
 import time
@@ -53,7 +52,13 @@ __all__ = [
     "current_worker_index",
 ]
 
-_log = logging.getLogger("tinyhal.scheduler")
+
+
+def _log_exception(message: str, *args: object) -> None:
+    """Logs the exception being handled; `logging` (2.5 ms to import) loads only then."""
+    import logging
+
+    logging.getLogger("tinyhal.scheduler").exception(message, *args)
 
 # Task states.
 PENDING = "pending"  # suspend count > 0
@@ -254,7 +259,7 @@ def _call_callback(task: Task, callback: Callable, error: Error | None) -> None:
     try:
         callback(error)
     except Exception:  # a broken callback must not take a worker down
-        _log.exception("completion callback of %r raised", task)
+        _log_exception("completion callback of %r raised", task)
 
 
 def _remove_from_queue(queue: collections.deque, task: Task) -> None:
@@ -492,7 +497,7 @@ class Executor:
                 if complete:
                     _run_ready(task, _finish_only=True)
             except BaseException:  # pragma: no cover - _run swallows task errors
-                _log.exception("worker %d: task %r escaped its error handling", index, task)
+                _log_exception("worker %d: task %r escaped its error handling", index, task)
             finally:
                 task = None  # an idle worker must not keep the last task's captures alive
                 with lock:
