@@ -3,7 +3,8 @@
 `load_module(path_or_bytes)` parses the container (optional ZIP local header, 4-byte
 size prefix, FlatBuffer, 64-byte aligned external rodata), reads the `BytecodeModuleDef`,
 checks every offset, signature and ordinal, decodes every function once and translates
-it into Python (see `codegen.py`). Anything malformed raises a `tinyhal.Error`
+it into Python (see `codegen.py`), or on a translation-cache hit takes the stored
+translation and decodes nothing. Anything malformed raises a `tinyhal.Error`
 (`InvalidArgumentError`, `OutOfRangeError`, `DataLossError`, `IncompatibleError`...)
 naming what was wrong; nothing in a hostile file can crash, hang or over-allocate.
 """
@@ -60,8 +61,19 @@ class Function:
     descriptor: FunctionDescriptor
     signature: FunctionSignature
     cconv: CConv
-    instructions: list = field(default_factory=list)
+    where: str = ""  # `module.function`, for errors
+    bytecode: memoryview | None = None
+    """The body, decoded on first use of `instructions`: only translating reads them, so a
+    translation-cache hit never decodes (the entry's key covers these bytes, which decoded
+    cleanly when it was written)."""
     locations: dict[int, int] = field(default_factory=dict)  # pc -> location index
+    _instructions: list | None = field(default=None, repr=False)
+
+    @property
+    def instructions(self) -> list:
+        if self._instructions is None:
+            self._instructions = isa.decode_function(self.bytecode, self.where)
+        return self._instructions
 
     @property
     def reflection(self) -> dict[str, str]:
@@ -362,9 +374,8 @@ def _load(view: memoryview, owner) -> BytecodeModule:
         cconv = parse_cconv(sig.calling_convention, where)
         if cconv.is_variadic:
             raise InvalidArgumentError(f"{where}: internal functions cannot be variadic")
-        fn = Function(i, fname, desc, sig, cconv)
         span = bytecode[desc.bytecode_offset : desc.bytecode_offset + desc.bytecode_length]
-        fn.instructions = isa.decode_function(span, where)
+        fn = Function(i, fname, desc, sig, cconv, where, span)
         if i in source_maps:
             fn.locations = dict(source_maps[i].locations)
         module.functions.append(fn)
