@@ -712,7 +712,19 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    sys.exit(run(sys.argv[1:] if argv is None else argv))
+    """The `tinyhal-run` command. Run as the command (no `argv`), it leaves without the
+    interpreter's teardown (collecting every module's objects, ~10-20 ms): `run` has
+    closed the module and its device and written every output, and stdout and stderr are
+    flushed here."""
+    code = run(sys.argv[1:] if argv is None else argv)
+    if argv is None:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except OSError:  # e.g. a closed pipe: the interpreter reports it as usual
+            sys.exit(code)
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
