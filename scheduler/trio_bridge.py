@@ -24,7 +24,7 @@ from typing import Any
 
 import sniffio  # trio's own dependency: how trio marks the thread that runs it
 
-__all__ = ["await_callback", "await_task", "on_event_loop"]
+__all__ = ["await_callback", "on_event_loop"]
 
 
 def on_event_loop() -> bool:
@@ -92,12 +92,3 @@ async def await_callback(
 
     return await trio.lowlevel.wait_task_rescheduled(abort)
 
-
-async def await_task(task: Any) -> None:
-    """Waits in trio for a scheduler `Task` to complete; raises its error if it failed."""
-
-    def subscribe(callback: Callable[..., None]) -> None:
-        task.on_complete(lambda error: callback(error))
-        return None
-
-    await await_callback(subscribe)

@@ -13,6 +13,9 @@ Per model version (what one pod needs per model, which the device-wide peak cann
 
     tinyhal_model_memory_peak_bytes{model,version,device}  most device memory one
         invocation held, transients included (see memory.py)
+    tinyhal_model_parameter_bytes{model,version,device}       memory holding the
+    tinyhal_model_parameter_peak_bytes{model,version,device}  version's external
+        parameters (io_parameters; loaded once, not part of any invocation's peak)
 
 Request series are not prometheus_client metric objects: `ModelSeries` keeps plain
 counts and `stats.Latency` buckets, recorded once per request together with the Triton
@@ -138,6 +141,14 @@ class _StateCollector:
             "Most device memory one invocation of the model version held (transients "
             "included; invocations that ran alone on their device)",
             labels=["model", "version", "device"])
+        parameters = GaugeMetricFamily(
+            "tinyhal_model_parameter_bytes",
+            "Memory holding the model version's external parameters now",
+            labels=["model", "version", "device"])
+        parameters_peak = GaugeMetricFamily(
+            "tinyhal_model_parameter_peak_bytes",
+            "Most memory the model version's external parameters held",
+            labels=["model", "version", "device"])
         load = GaugeMetricFamily("tinyhal_model_load_seconds",
                                  "Seconds the model version took to load",
                                  labels=["model", "version"])
@@ -156,12 +167,16 @@ class _StateCollector:
             if mv.ready:
                 info.add_metric([mv.name, mv.version, mv.function, mv.device_name,
                                  mv.execution], 1)
+                held = mv.module.parameter_statistics()
+                if held is not None:
+                    parameters.add_metric([*labels, mv.device_name], held.live_bytes)
+                    parameters_peak.add_metric([*labels, mv.device_name], held.peak_bytes)
                 load.add_metric(labels, mv.load_seconds)
         draining = GaugeMetricFamily("tinyhal_server_draining",
                                      "1 once the server is draining (SIGTERM)")
         draining.add_metric([], 1 if server.draining else 0)
         yield from (in_flight, queued, detached, info, ready, load, draining, inferences,
-                    executions, model_peak)
+                    executions, model_peak, parameters, parameters_peak)
 
 
 class ModelSeries:

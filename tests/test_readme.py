@@ -70,13 +70,14 @@ def test_readme_snippets_run_as_written(tmp_path, monkeypatch):
     outputs = _run_document(README, tmp_path, monkeypatch)
     # the outputs the README shows in its comments
     assert "[[3. 0. 7. 0.]]" in outputs[0]
-    assert "[0. 2. 4. 6.]" in outputs[2]
+    assert "[1. 2. 3. 4.]\n16" in outputs[1]
+    assert "[0. 2. 4. 6.]" in outputs[3]
     from tinyhal.server.repository import ModelRepository
 
     repo = ModelRepository(tmp_path / "models")
     try:
         assert repo.load_all() == []
-        assert repo.get("scaler").batcher is not None
+        assert repo.get("scaler").batching is not None
     finally:
         repo.close()
 

@@ -28,22 +28,35 @@ __all__ = [
     "ModuleInstance",
     "NativeFunction",
     "NativeModule",
+    "ParameterIndex",
     "Suspend",
     "VMBuffer",
     "VMFunction",
     "VMList",
+    "create_hal_inline_module",
+    "create_hal_loader_module",
     "create_hal_module",
+    "create_io_parameters_module",
     "drive_blocking",
     "load_module",
     "parse_cconv",
 ]
 
 
-def __getattr__(name: str):
-    # `load` (the high-level API) lives in vm/api.py, owned separately; import lazily so
-    # this package stays importable before that file exists.
-    if name == "load":
-        from .api import load
+# Imported on first use: a program that needs neither TinyIREE's inline modules nor
+# parameters (most) does not pay for them, nor for the parameter formats' json.
+_LAZY = {
+    "create_hal_inline_module": ".hal_inline",
+    "create_hal_loader_module": ".hal_inline",
+    "create_io_parameters_module": ".io_parameters",
+    "ParameterIndex": ".parameter_formats",
+    "load": ".api",
+}
 
-        return load
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -54,18 +54,19 @@ closed that way, so the process exits normally.
 from __future__ import annotations
 
 import functools
+import linecache
 import os
 import re
 import weakref
 from collections.abc import Sequence
 from sys import getrefcount
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ..errors import Error, InvalidArgumentError, NotFoundError
 from ..hal import Device, create_device
-from ..hal.buffer import ALIGNMENT
+from ..hal.buffer import ALIGNMENT, Buffer
 from ..hal.buffer_view import BufferView
 from ..hal.native import ffi
 from ..hal.semaphore import Fence
@@ -80,12 +81,18 @@ from ..hal.types import (
 )
 from .context import Context
 from .hal_module import create_hal_module
+from .lists import is_list_type, list_input, list_output
 from .loader import BytecodeModule, load_module
 from .native import NativeModule
+from .types import VMList
+
+if TYPE_CHECKING:
+    from .io_parameters import ParameterStatistics
 
 __all__ = ["ArgSpec", "FunctionInfo", "Module", "load", "parse_declaration"]
 
 _INPUT_MEMORY = int(MemoryType.DEVICE_LOCAL)  # ints: IntFlag arithmetic is slow per call
+_INLINE_INPUT_MEMORY = int(MemoryType.HOST_LOCAL | MemoryType.DEVICE_VISIBLE)
 _INPUT_USAGE = int(BufferUsage.DEFAULT | BufferUsage.MAPPING)
 _HOST_VISIBLE = int(MemoryType.HOST_VISIBLE)
 _memmove = ffi.memmove
@@ -229,6 +236,30 @@ def _aligned_copy(data: bytes | bytearray | memoryview) -> memoryview:
     return memoryview(aligned)
 
 
+def _resolve_devices(device: Any, options: dict) -> list[tuple[Device, bool]]:
+    """(device, created here) for `device`: one driver name or Device, or a list of
+    them for a program compiled for several devices (IREE's `--device=A --device=B`:
+    the program's devices are taken from it in order)."""
+    if not isinstance(device, (list, tuple)):
+        return [_resolve_device(device, options)]
+    if not device:
+        raise InvalidArgumentError("device=[] names no device")
+    if options:
+        raise InvalidArgumentError(
+            f"device options {sorted(options)} given with a list of devices (make each "
+            "with tinyhal.hal.create_device instead)")
+    out: list[tuple[Device, bool]] = []
+    try:
+        for one in device:
+            out.append(_resolve_device(one, {}))
+    except BaseException:
+        for made, owned in out:
+            if owned:
+                made.close()
+        raise
+    return out
+
+
 def _resolve_device(device: Any, options: dict) -> tuple[Device, bool]:
     if isinstance(device, Device):
         if options:
@@ -271,7 +302,8 @@ class Module:
     """A loaded `.vmfb` on a device; call its exports with numpy arrays and scalars."""
 
     def __init__(self, source: Any, device: Any = "task", *,
-                 modules: Sequence[Any] = (), **options: Any) -> None:
+                 modules: Sequence[Any] = (), parameters: Any = None, mapped: bool = False,
+                 **options: Any) -> None:
         if isinstance(source, (bytes, bytearray, memoryview)):
             data: Any = _aligned_copy(source)
             self.path = None
@@ -282,12 +314,19 @@ class Module:
             raise InvalidArgumentError(
                 f"tinyhal.load takes a path or the module's bytes, not {type(source).__name__}"
             )
-        self.device, self._owns_device = _resolve_device(device, options)
+        resolved = _resolve_devices(device, options)
+        self.devices: list[Device] = [d for d, _ in resolved]
+        self._owned_devices = [d for d, owned in resolved if owned]
+        self.device = self.devices[0]
         try:
-            self.bytecode = load_module(data)
-            self.hal_module = create_hal_module(self.device)
+            self.bytecode = load_module(data, mapped=mapped)
+            self.hal_module = create_hal_module(self.devices)
             user_modules = [_user_module(m, self.device) for m in modules]
-            self.context = Context([self.hal_module, *user_modules, self.bytecode])
+            self.parameters_module = _parameters_module(parameters, self.bytecode,
+                                                        user_modules)
+            linked = [self.hal_module, *_inline_modules(self.bytecode, self.device),
+                      *self.parameters_module, *user_modules, self.bytecode]
+            self.context = Context(linked)
             self._instance = next(i for i in self.context.instances
                                   if i.module is self.bytecode)
         except BaseException as exc:
@@ -297,8 +336,12 @@ class Module:
                 raise exc.with_context(origin) from exc
             raise
         self.name = self.bytecode.name
+        # Inputs go to device memory, or host memory for an inline program (which maps
+        # every buffer it is given).
+        self._input_memory = _INPUT_MEMORY if not any(
+            m.name == "hal_inline" for m in self.context.modules) else _INLINE_INPUT_MEMORY
         # Whether input buffers are host memory the host may write (else: a transfer).
-        input_heap = self.device.allocator.select_heap(_INPUT_MEMORY)
+        input_heap = self.device.allocator.select_heap(self._input_memory)
         self._inputs_mappable = bool(input_heap.memory_type & _HOST_VISIBLE
                                      and _INPUT_USAGE & _MAPPING)
         self.functions: dict[str, FunctionInfo] = {}
@@ -349,6 +392,12 @@ class Module:
             f"{type(self).__name__} {self.__dict__.get('name', '?')!r} has no function "
             f"{name!r}" + (f"; functions: {sorted(functions)}" if functions else "")
         )
+
+    @property
+    def input_memory_type(self) -> int:
+        """The memory type of the buffers inputs are placed in: device memory, or host
+        memory for an inline program (which maps every buffer it is given)."""
+        return self._input_memory
 
     @property
     def function_names(self) -> list[str]:
@@ -477,6 +526,7 @@ class Module:
                 f"{len(args)} given"
             )
         device = self.device
+        input_memory = self._input_memory
         out = []
         for i, (spec, value) in enumerate(zip(specs, args)):
             plan = plans[i] if plans else None
@@ -505,30 +555,36 @@ class Module:
                                 continue
                             view = buffer = None  # another shape: freed as usual
                         view = BufferView(
-                            device.allocator.allocate(value.nbytes, _INPUT_MEMORY, _INPUT_USAGE,
+                            device.allocator.allocate(value.nbytes, input_memory, _INPUT_USAGE,
                                                       initial=value),
                             value.shape, element_type)
                         out.append(view)
                         made.append((i, view))
                         continue
                     if self._inputs_mappable:
-                        buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY,
+                        buffer = device.allocator.allocate(value.nbytes, input_memory,
                                                            _INPUT_USAGE, initial=value)
                     else:
-                        buffer = device.allocator.allocate(value.nbytes, _INPUT_MEMORY,
+                        buffer = device.allocator.allocate(value.nbytes, input_memory,
                                                            _INPUT_USAGE)
                         device.write_bytes(buffer, pack_elements(value, element_type))
                     out.append(BufferView(buffer, value.shape, element_type))
                     continue
             kind = spec.kind
             if kind == "tensor":
-                out.append(_tensor_input(device, info.name, spec, value))
+                out.append(_tensor_input(device, info.name, spec, value, input_memory))
             elif kind == "scalar":
                 out.append(_scalar_input(info.name, spec, value))
-            elif value is None or isinstance(value, BufferView) or hasattr(value, "type_name"):
+            elif value is None or isinstance(value, (BufferView, Buffer)) or hasattr(
+                    value, "type_name"):
                 out.append(value)
+            elif isinstance(value, (list, tuple)) and (
+                    is_list_type(spec.type) or spec.type == "!vm.ref<?>"):
+                out.append(list_input(value, spec.type, functools.partial(
+                    _tensor_input, device, info.name, _UNTYPED, memory=input_memory),
+                    f"{info.name} argument {spec.name}"))
             else:  # no declaration: arrays and numbers go in as tensors of their dtype
-                out.append(_tensor_input(device, info.name, spec, value))
+                out.append(_tensor_input(device, info.name, spec, value, input_memory))
         return out
 
     def _convert_outputs(self, info: FunctionInfo, results: list) -> Any:
@@ -547,6 +603,8 @@ class Module:
                     out.append(_read_to_numpy(value))
             elif spec is not None and spec.kind == "scalar":
                 out.append(_scalar_output(spec, value))
+            elif isinstance(value, VMList):
+                out.append(list_output(value, _read_to_numpy))
             else:
                 out.append(value)
         if not out:
@@ -558,6 +616,13 @@ class Module:
     def statistics(self) -> Any:
         """The device allocator's statistics (live and peak bytes per heap)."""
         return self.device.allocator.statistics()
+
+    def parameter_statistics(self) -> ParameterStatistics | None:
+        """The parameter memory the program holds (see `ParameterStatistics`), or None
+        when it uses no external parameters."""
+        for module in self.__dict__.get("parameters_module", ()):
+            return module.state.statistics()
+        return None
 
     def trim(self) -> None:
         """Frees the input buffers kept for the next calls (see `_park_inputs`): memory
@@ -574,9 +639,12 @@ class Module:
                 context.close()
             except Error:
                 pass
-        if self.__dict__.get("_owns_device"):
-            self._owns_device = False
-            self.device.close()
+        program = getattr(self.__dict__.get("bytecode"), "program", None)
+        if program is not None:  # its generated source is only kept for tracebacks
+            linecache.cache.pop(program.filename, None)
+        owned = self.__dict__.get("_owned_devices", [])
+        while owned:
+            owned.pop().close()
 
     def __enter__(self) -> Module:
         return self
@@ -594,9 +662,14 @@ def _release_idle_inputs(stacks: list[list[BufferView]]) -> None:
         stack.clear()
 
 
-def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any) -> BufferView:
+def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any,
+                  memory: int = _INPUT_MEMORY) -> BufferView:
     if type(value) is BufferView:
         return value
+    if isinstance(value, Buffer):
+        raise InvalidArgumentError(
+            f"argument {spec.name} of {fn} is a {spec.describe()}: pass an array or a "
+            f"BufferView, not a bare hal.buffer (it has no shape or element type)")
     info = element_info_for_mlir(spec.type)
     dtype = info.dtype if info is not None else None
     if type(value) is not np.ndarray:
@@ -628,7 +701,7 @@ def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any) -> BufferV
             )
     element_type = info.element_type if info is not None else element_type_for(value.dtype)
     data = pack_elements(value, element_type) if value.size else None
-    buffer = device.allocator.allocate(0 if data is None else data.nbytes, _INPUT_MEMORY,
+    buffer = device.allocator.allocate(0 if data is None else data.nbytes, memory,
                                        _INPUT_USAGE)
     if data is not None:
         device.write_bytes(buffer, data)
@@ -723,6 +796,10 @@ def _input_plan(spec: ArgSpec) -> tuple[np.dtype, tuple[int, ...], int] | tuple[
     return info.dtype, tuple(spec.shape), info.element_type
 
 
+_UNTYPED = ArgSpec("element", "ref", "!vm.ref<?>")
+"""A list element: an array goes in as a tensor of its own dtype and shape."""
+
+
 def _read_to_numpy(view: BufferView) -> np.ndarray:
     """A copy of the contents of a view the host cannot map (or whose storage was
     released: the read reports it), by a transfer; `_convert_outputs` copies host
@@ -751,14 +828,65 @@ def _user_module(module: Any, device: Device) -> NativeModule | BytecodeModule:
     )
 
 
+def _inline_modules(bytecode: BytecodeModule, device: Device) -> list[NativeModule]:
+    """`hal_inline` and `hal_loader` for a program compiled for TinyIREE's inline
+    execution (`--iree-execution-model=inline-dynamic`), which imports them instead of
+    `hal`."""
+    wanted = {d.name for d in bytecode.dependencies} & {"hal_inline", "hal_loader"}
+    if not wanted:
+        return []
+    from .hal_inline import InlineState, create_hal_inline_module, create_hal_loader_module
+
+    state = InlineState(device)
+    makers = {"hal_inline": create_hal_inline_module, "hal_loader": create_hal_loader_module}
+    return [makers[name](device, state) for name in sorted(wanted)]
+
+
+def _parameters_module(parameters: Any, bytecode: BytecodeModule,
+                       user_modules: list) -> list[NativeModule]:
+    """The `io_parameters` module serving `parameters`, when given or when the program
+    depends on it (then a missing scope is named when the program asks for it), unless
+    the host app links its own."""
+    if any(m.name == "io_parameters" for m in user_modules):
+        if parameters is not None:
+            raise InvalidArgumentError(
+                "parameters= given together with an io_parameters module in modules=")
+        return []
+    if parameters is None and not any(d.name == "io_parameters"
+                                       for d in bytecode.dependencies):
+        return []
+    from .io_parameters import create_io_parameters_module  # and its formats' json
+
+    return [create_io_parameters_module(parameters)]
+
+
 def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (),
-         **options: Any) -> Module:
-    """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`).
+         parameters: Any = None, mapped: bool = False, **options: Any) -> Module:
+    """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`), or
+    onto several (a list of them, in the order the program's devices take them: a
+    program compiled with `--iree-hal-target-device=a=local[0]
+    --iree-hal-target-device=b=local[1]` runs `a` on the first and `b` on the second;
+    drivers may be mixed, such as a `task` CPU beside an `emu` accelerator). Inputs are
+    placed on the first device (`Module.device`); `Module.devices` lists them all.
+
+    The module owns its bytes: a path is read into private memory (regular files only),
+    so later writes, truncation or deletion of the file change nothing it runs.
+    `mapped=True` maps the file instead (zero-copy, copy-on-write): faster to load a large
+    file, but the file must not change while the module lives — a truncation makes the
+    program fault on the lost pages.
 
     `modules` are extra modules the program imports from, linked between `hal` and the
     program as IREE's tools link them: `NativeModule` objects (functions written in
     Python, see `tinyhal.vm.native`) or factories called with the device. Every import is
     checked against its provider's calling convention when the module loads; a mismatch
     raises `tinyhal.Error` (INCOMPATIBLE) naming the function.
+
+    `parameters` feeds a program compiled with external parameters (its
+    `#stream.parameter.named` globals, IREE's `io_parameters` module): a parameter file
+    (`.irpa`, `.safetensors`, `.gguf`) or `ParameterIndex` for the anonymous scope, or a
+    mapping `{scope: path | ParameterIndex | {key: array} | [several]}`; see
+    `tinyhal.vm.io_parameters.parameter_scopes`. `Module.parameter_statistics()` tells
+    the parameter memory the program holds.
     """
-    return Module(path_or_bytes, device, modules=modules, **options)
+    return Module(path_or_bytes, device, modules=modules, parameters=parameters,
+                  mapped=mapped, **options)

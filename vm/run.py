@@ -12,6 +12,9 @@ Inputs (`--input=`, once per argument, in order):
   typed by its `descr` as IREE types it (`<V2` is opaque 16-bit, which any 16-bit
   element type accepts, so bf16 arrays numpy and ml_dtypes wrote load as they are);
 - a scalar argument takes a number (`5`, `2.5`); tinyhal also accepts `i32=5`;
+- `&[shape x]type=values` is caller-provided storage: the argument is the tensor's bare
+  `!hal.buffer` (`--input=&4096xi8=0` for an `iree.abi.transients` or an
+  `iree.abi.output` argument);
 - `(null)` / `(ignored)` give a null ref (or zero for a scalar).
 
 Results print as `iree-run-module` prints them (`result[0]: hal.buffer_view` then
@@ -37,8 +40,16 @@ sub-byte integer results go to `.npy` one element per byte (`|i1`, `|u1`), where
 3.13 writes packed bytes under a header promising twice as many, and read back into the
 packed type when compared.
 
+Several `--device=` flags give a program compiled for several devices
+(`--iree-hal-target-device=a=local[0] --iree-hal-target-device=b=local[1]`) its
+devices in order; drivers may be mixed (`--device=task --device=emu://edge-npu`).
+
 `--native_module=package.module:factory` (repeatable) links a native module written in
 Python: `factory(device)` returns a `tinyhal.vm.NativeModule`.
+
+Every other flag `iree-run-module --help` lists is accepted with its meaning or refused
+with one line saying why it has no meaning here (`tinyhal.vm.run_flags`), so a
+flagfile (`--flagfile=PATH`) written for iree-run-module runs unchanged.
 
 Errors print one line to stderr and exit with status 1.
 """
@@ -82,6 +93,17 @@ from ..hal.types import (
     pack_elements,
     packed_byte_length,
     unpack_elements,
+)
+from .loader import load_module
+from .run_flags import (
+    MODULE_MODES,
+    NO_MEANING,
+    TASK_FLAGS,
+    check_no_meaning,
+    expand_flagfiles,
+    list_devices,
+    list_drivers,
+    task_options,
 )
 
 # -- formatting (as IREE's tools do) -------------------------------------------------------
@@ -254,6 +276,7 @@ class Tensor(NamedTuple):
     element_type: int
     data: np.ndarray
     from_npy: bool = False
+    storage: bool = False  # `&...`: the argument is the tensor's bare hal.buffer
 
     def to_numpy(self) -> np.ndarray:
         return unpack_elements(self.data, self.shape, self.element_type)
@@ -353,8 +376,9 @@ def parse_value(text: str, spec: Any, streams: _NpyStreams) -> list[Any]:
                 raise InvalidArgumentError(f"cannot open {path}: {exc.strerror}") from None
             return out
         return [streams.read(path, append=text[0] == "+")]
-    if text.startswith("&"):
-        raise UnimplementedError("storage (`&`) inputs are not supported by tinyhal-run")
+    if text.startswith("&"):  # caller-provided storage: the buffer, not a view
+        tensor = parse_tensor(text[1:])
+        return [Tensor(tensor.shape, tensor.element_type, tensor.data, storage=True)]
     if spec is not None and spec.kind == "scalar":
         value_text = text
         m = re.fullmatch(r"(i1|i8|i16|i32|i64|si32|ui32|si64|ui64|index|f16|f32|f64)=(.*)",
@@ -371,9 +395,10 @@ _INPUT_MEMORY = MemoryType.DEVICE_LOCAL
 _INPUT_USAGE = BufferUsage.DEFAULT | BufferUsage.MAPPING
 
 
-def to_buffer_view(device: Any, tensor: Tensor) -> BufferView:
+def to_buffer_view(device: Any, tensor: Tensor,
+                   memory_type: int = _INPUT_MEMORY) -> BufferView:
     """The tensor in a new device buffer, with exactly its element type."""
-    buffer = device.allocator.allocate(tensor.data.nbytes, _INPUT_MEMORY, _INPUT_USAGE)
+    buffer = device.allocator.allocate(tensor.data.nbytes, memory_type, _INPUT_USAGE)
     if tensor.data.nbytes:
         device.write_bytes(buffer, tensor.data)
     return BufferView(buffer, tensor.shape, tensor.element_type)
@@ -523,6 +548,25 @@ def native_module_factory(spec: str) -> Any:
     return target
 
 
+# -- parameters ------------------------------------------------------------------------------
+
+
+def parameter_flags(flags: Sequence[str], mode: str) -> dict[str, Any] | None:
+    """`--parameters=[scope=]PATH` flags as one index per scope (IREE splits at the
+    first `=`; no `=` is the anonymous scope), or None when there are none."""
+    if not flags:
+        return None
+    from .parameter_formats import ParameterIndex
+
+    scopes: dict[str, Any] = {}
+    for flag in flags:
+        scope, eq, path = flag.partition("=")
+        if not eq:
+            scope, path = "", flag
+        scopes.setdefault(scope, ParameterIndex()).load(path, mode=mode)
+    return scopes
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -534,10 +578,22 @@ def _parser() -> argparse.ArgumentParser:
         prog="tinyhal-run",
         description="Runs a function of a compiled IREE module (iree-run-module's flags).",
         formatter_class=functools.partial(argparse.HelpFormatter, width=80),
+        allow_abbrev=False,
     )
-    p.add_argument("--module", action="append", default=[], help="the .vmfb to load")
+    p.add_argument("--module", action="append", default=[],
+                   help="a .vmfb to load; several are linked in order (each may import "
+                        "from the ones before), the function is looked up in the last")
+    p.add_argument("--module_mode", default="preload", choices=MODULE_MODES,
+                   help="accepted for iree-run-module's sake: tinyhal maps every module "
+                        "file privately (copy-on-write) either way")
     p.add_argument("--native_module", action="append", default=[],
                    help="package.module:factory of a Python native module to link")
+    p.add_argument("--parameters", action="append", default=[],
+                   help="[scope=]PATH of a parameter file (.irpa, .safetensors, .gguf) the "
+                        "program reads its weights from; repeatable, files of one scope merge")
+    p.add_argument("--parameter_mode", default="file", choices=("file", "preload"),
+                   help="file: read parameters from the file when the program loads them; "
+                        "preload: copy each file into memory at startup")
     p.add_argument("--function", default="", help="function to run")
     p.add_argument("--input", action="append", default=[], help="an input value")
     p.add_argument("--output", action="append", default=None, help="where a result goes")
@@ -550,7 +606,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--expected_f64_threshold", type=float, default=0.0001)
     p.add_argument("--expected_bf16_threshold", type=float, default=0.01)
     p.add_argument("--expected_rtol", type=float, default=1e-5)
-    p.add_argument("--device", default="task",
+    p.add_argument("--device", action="append", default=[],
                    help="sync, task or emu (local-sync/local-task accepted)")
     p.add_argument("--output_max_element_count", type=int, default=1024)
     p.add_argument("--device_profiling_mode", default="",
@@ -559,12 +615,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device_profiling_output", default="",
                    help="where the profile goes; .json is Chrome trace JSON, .jsonl is "
                         "IREE's ireeperf-jsonl")
-    p.add_argument("--emu_summary", action="store_true",
+    p.add_argument("--emu_summary", nargs="?", const="true", default="false", type=_flag_bool,
                    help="on emu: print the run's modelled-time summary to stderr")
-    p.add_argument("--print_statistics", action="store_true",
-                   help="print device allocator statistics to stderr")
+    p.add_argument("--print_statistics", nargs="?", const="true", default="false",
+                   type=_flag_bool, help="print device allocator statistics to stderr")
+    p.add_argument("--list_drivers", action="store_true", help="list the drivers and exit")
+    for name in ("list_devices", "dump_devices"):
+        p.add_argument(f"--{name}", nargs="?", const="", default=None,
+                       help="list the devices (of one driver) and exit")
+    for name in TASK_FLAGS:
+        p.add_argument(f"--{name}", default=None, help="task driver: see tinyhal.vm.run_flags")
+    for name in NO_MEANING:
+        p.add_argument(f"--{name}", action="append", nargs="?", const="true", default=None,
+                       help=argparse.SUPPRESS)
     p.formatter_class = argparse.HelpFormatter
     return p
+
+
+def _flag_bool(text: str) -> bool:
+    """An IREE boolean flag's value (`--flag`, `--flag=true`, `--flag=false`)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", ""):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
 
 
 def device_name(name: str) -> str:
@@ -583,8 +658,29 @@ def _device_options(name: str) -> dict[str, Any]:
     return {}
 
 
-def _as_argument(device: Any, value: Any) -> Any:
-    return to_buffer_view(device, value) if isinstance(value, Tensor) else value
+def _create_devices(flags: list[str], task: dict[str, str]) -> list[Any]:
+    """One device per `--device=` flag, in order (the task driver without one), as IREE
+    gives a program compiled for several devices its devices in flag order."""
+    from ..hal import create_device
+
+    devices: list[Any] = []
+    try:
+        for flag in flags or ["task"]:
+            driver = device_name(flag)
+            devices.append(create_device(driver, **_device_options(flag),
+                                         **task_options(task, driver)))
+    except BaseException:
+        for device in devices:
+            device.close()
+        raise
+    return devices
+
+
+def _as_argument(module: Any, value: Any) -> Any:
+    if not isinstance(value, Tensor):
+        return value
+    view = to_buffer_view(module.device, value, module.input_memory_type)
+    return view.buffer if value.storage else view
 
 
 def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
@@ -594,21 +690,35 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
     stderr = stderr or sys.stderr
     parser = _parser()
     try:
-        args = parser.parse_args(list(argv))
+        args = parser.parse_args(expand_flagfiles(list(argv)))
+        check_no_meaning({name: getattr(args, name) for name in NO_MEANING
+                          if getattr(args, name) is not None})
     except SystemExit as exc:
         return int(exc.code or 0)
+    except Error as exc:
+        stderr.write(f"tinyhal-run: {exc}\n")
+        return 1
+    if args.list_drivers or args.list_devices is not None or args.dump_devices is not None:
+        try:
+            stdout.write(list_drivers() if args.list_drivers else list_devices(
+                args.list_devices if args.list_devices is not None else args.dump_devices))
+        except Error as exc:
+            stderr.write(f"tinyhal-run: {exc}\n")
+            return 1
+        return 0
     if not args.module:
         stderr.write("tinyhal-run: error: --module= is required\n")
         return 1
     streams = _NpyStreams()
     module = None
+    devices: list[Any] = []
     try:
-        if len(args.module) > 1:
-            raise UnimplementedError("tinyhal-run loads one module (one --module=)")
-        path = args.module[0]
-        if not os.path.exists(path):  # NOT_FOUND, as tinyhal.load and iree-run-module
-            raise NotFoundError(f"module file not found: {path}")
+        for path in args.module:
+            if not os.path.exists(path):  # NOT_FOUND, as tinyhal.load and iree-run-module
+                raise NotFoundError(f"module file not found: {path}")
+        *linked, path = args.module
         factories = [native_module_factory(s) for s in args.native_module]
+        factories += [load_module(p) for p in linked]
         profile_output = args.device_profiling_output
         if args.device_profiling_mode and not profile_output:
             raise InvalidArgumentError("--device_profiling_mode needs --device_profiling_output")
@@ -616,8 +726,10 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
             raise InvalidArgumentError(
                 f"--device_profiling_output={profile_output}: the extension picks the format, "
                 "'.json' (Chrome trace) or '.jsonl' (ireeperf-jsonl)")
-        module = Module(path, device_name(args.device), modules=factories,
-                        **_device_options(args.device))
+        task = {n: getattr(args, n) for n in TASK_FLAGS if getattr(args, n) is not None}
+        devices = _create_devices(args.device, task)
+        module = Module(path, devices if len(devices) > 1 else devices[0], modules=factories,
+                        parameters=parameter_flags(args.parameters, args.parameter_mode))
         name = args.function
         if not name:
             names = [n for n in module.functions if "$" not in n]
@@ -642,7 +754,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                 raise
         stdout.write(f"EXEC @{name}\n")
         stdout.flush()
-        arguments = [_as_argument(module.device, v) for v in values]
+        arguments = [_as_argument(module, v) for v in values]
         if profile_output:
             with module.device.profiling(args.device_profiling_mode or None) as profile:
                 results = module.invoke_raw(name, *arguments)
@@ -650,10 +762,11 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         else:
             results = module.invoke_raw(name, *arguments)
         if args.emu_summary:
-            summary = getattr(module.device, "summary", None)
-            if summary is None:
+            summaries = [d.summary() for d in module.devices if hasattr(d, "summary")]
+            if not summaries:
                 raise InvalidArgumentError("--emu_summary needs --device=emu")
-            stderr.write(summary().format())
+            for summary in summaries:
+                stderr.write(summary.format())
         cconvs = vmf.cconv.results
         if args.expected_output is not None:
             expected: list[Any] = []
@@ -690,10 +803,11 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                 write_output(value, cc, spec, args.output_max_element_count, stdout)
         stdout.flush()
         if args.print_statistics:
-            stats = module.statistics()
-            stderr.write(f"Device: {module.device.identifier}\n")
-            for heap, h in stats.heaps.items():
-                stderr.write(f"  {heap}: {h.live_bytes} live, {h.peak_bytes} peak bytes\n")
+            for device in module.devices:  # each of several devices, in --device order
+                stats = device.allocator.statistics()
+                stderr.write(f"Device: {device.identifier}\n")
+                for heap, h in stats.heaps.items():
+                    stderr.write(f"  {heap}: {h.live_bytes} live, {h.peak_bytes} peak bytes\n")
         return 0
     except Error as exc:
         stdout.flush()
@@ -709,6 +823,8 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         streams.close()
         if module is not None:
             module.close()
+        for device in devices:
+            device.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

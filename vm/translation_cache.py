@@ -1,11 +1,9 @@
 """A per-user cache of the VM's translations, as Python caches bytecode in `__pycache__`.
 
-Two translations dominate start-up and are the same from one process to the next:
-
-- a module's bytecode functions translated into Python (`codegen.generate_module`), most
-  of `tinyhal.load`'s time on a real model;
-- each native function fused with the checks of its ref arguments (`native.py`), compiled
-  from the function's source every time a `hal` module is made.
+One translation dominates start-up and is the same from one process to the next: a
+module's bytecode functions translated into Python (`codegen.generate_module`), most of
+`tinyhal.load`'s time on a real model. (The `hal` module's shims are plain functions
+that Python's own bytecode cache keeps; making a `hal` module compiles nothing.)
 
 A module's translation depends only on its FlatBuffer (functions, signatures, imports,
 constants; never on the weights and executables stored after it) and on the translator
@@ -17,10 +15,6 @@ itself, so it is kept on disk under a key made of:
   translator never reads an old entry, also between releases,
 - the Python implementation and version (code objects are stored with `marshal`),
 - whether integer loops run natively (`TINYHAL_VM_NATIVE_LOOPS`).
-
-A fused native function depends on the source file defining it (by content hash), its
-name and line, and which arguments are checked; each source file has one entry holding
-all of its functions.
 
 Location: `$TINYHAL_VM_CACHE` if set, else `$XDG_CACHE_HOME/tinyhal/vm`, else
 `~/.cache/tinyhal/vm`. `TINYHAL_VM_CACHE=off` (or `0`) turns the cache off. Entries are
@@ -48,7 +42,7 @@ from typing import Any
 from .. import __version__
 from . import scalar
 
-__all__ = ["cache_directory", "native_code", "translate"]
+__all__ = ["cache_directory", "translate"]
 
 _FORMAT = 1
 _translator_digest: list[str] = []
@@ -149,42 +143,3 @@ def translate(module: Any, flatbuffer: memoryview, generate: Callable[[Any], Any
     _write(path, replace(program, code=marshal.dumps(program.code)))
     return program
 
-
-_source_entries: dict[str, tuple[str, dict]] = {}  # source file -> (entry path, entry)
-
-
-def native_code(fn: Callable[..., Any], checked: tuple, compile_fused: Callable[[], Any]
-                ) -> Any:
-    """`compile_fused()` (the code of `fn` fused with its argument checks, or None), read
-    from the cache when `fn`'s source file is unchanged. `checked` says which arguments
-    are checked and how (all the fused code depends on besides the source)."""
-    folder = cache_directory()
-    code = fn.__code__
-    if folder is None:
-        return compile_fused()
-    known = _source_entries.get(code.co_filename)
-    if known is None:
-        try:
-            with open(code.co_filename, "rb") as f:
-                source = f.read()
-        except OSError:
-            return compile_fused()
-        digest = blake2b(source, digest_size=20)
-        digest.update(f"{_FORMAT}|{sys.implementation.cache_tag}|{sys.hexversion}|"
-                      f"{marshal.version}|{code.co_filename}".encode())
-        path = os.path.join(folder, "native-" + digest.hexdigest() + ".pickle")
-        entry = _read(path)
-        known = _source_entries[code.co_filename] = (
-            path, entry if isinstance(entry, dict) else {})
-    path, entry = known
-    key = (code.co_name, code.co_firstlineno, checked)
-    if key in entry:
-        stored = entry[key]
-        try:
-            return None if stored is None else marshal.loads(stored)
-        except Exception:  # noqa: BLE001 - a foreign entry: compile again
-            pass
-    compiled = compile_fused()
-    entry[key] = None if compiled is None else marshal.dumps(compiled)
-    _write(path, dict(entry))  # a copy: another thread may add to `entry` meanwhile
-    return compiled
