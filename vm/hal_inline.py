@@ -289,5 +289,5 @@ def create_hal_inline_module(device: Device, state: InlineState | None = None
 def create_hal_loader_module(device: Device, state: InlineState | None = None
                              ) -> NativeModule:
     """The `hal_loader` module (version 1) over `device`."""
-    return build_module("hal_loader", HAL_LOADER_MODULE_VERSION, HAL_LOADER_EXPORTS, state or InlineState(device),
-                        _REF_TYPES)
+    return build_module("hal_loader", HAL_LOADER_MODULE_VERSION, HAL_LOADER_EXPORTS,
+                        state or InlineState(device), _REF_TYPES)
