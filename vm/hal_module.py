@@ -100,24 +100,6 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _check(value: Any, cls: type, what: str) -> Any:
-    if type(value) is cls or isinstance(value, cls):
-        return value
-    raise InvalidArgumentError(f"expected a {what} ref but got {_type_name(value)}")
-
-
-def _check_or_null(value: Any, cls: type, what: str) -> Any:
-    if value is None or isinstance(value, cls):
-        return value
-    raise InvalidArgumentError(f"expected a {what} ref or null but got {_type_name(value)}")
-
-
-def _fence_or_null(value: Any) -> Fence | None:
-    if value is None or isinstance(value, Fence):
-        return value
-    raise InvalidArgumentError(f"expected a hal.fence ref or null but got {_type_name(value)}")
-
-
 def vm_buffer_view(ref: Any, what: str = "vm.buffer") -> memoryview:
     """The bytes of a `!vm.buffer` ref as a flat byte memoryview (no copy)."""
     if ref is None:
@@ -239,8 +221,7 @@ def allocator_select(state: HalModuleState, memory_types, buffer_usage, flags, p
             "at least one device/queue affinity pair must be provided"
         )
     device, affinity = pairs[0]
-    _check(device, Device, "hal.device")
-    return device, affinity
+    return _checked(device, _DEVICE), affinity
 
 
 def allocator_allocate(state: HalModuleState, allocator, queue_affinity, memory_types, buffer_usage,
@@ -438,7 +419,7 @@ def buffer_view_dim(state: HalModuleState, view, index):
 
 def buffer_view_trace(state: HalModuleState, key, views):
     for (view,) in views:
-        _check(view, BufferView, "hal.buffer_view")
+        _checked(view, _BUFFER_VIEW)
 
 
 # -- channels (collectives) -------------------------------------------------------
@@ -552,9 +533,7 @@ def command_buffer_dispatch(state: HalModuleState, cb, executable, function, x, 
         elif type(buffer) is Buffer or isinstance(buffer, Buffer):
             refs.append((buffer, offset, length))
         else:
-            raise InvalidArgumentError(
-                f"expected a hal.buffer ref or null but got {_type_name(buffer)}"
-            )
+            raise ref_type_error(buffer, _BUFFER_OR_NULL)
     words = []
     for (c,) in constants:
         words.append(c & _U32)
@@ -713,9 +692,7 @@ def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity,
         elif type(buffer) is Buffer or isinstance(buffer, Buffer):
             table.append((buffer, offset, length))
         else:
-            raise InvalidArgumentError(
-                f"expected a hal.buffer ref or null but got {_type_name(buffer)}"
-            )
+            raise ref_type_error(buffer, _BUFFER_OR_NULL)
     device.submit(cb, wait, signal, table)
 
 
@@ -801,7 +778,7 @@ def fence_join(state: HalModuleState, flags, fences):
     present = []
     for (fence,) in fences:
         if fence is not None and type(fence) is not Fence:
-            fence = _fence_or_null(fence)
+            fence = _checked(fence, _FENCE_OR_NULL)
         if fence is not None and fence.timeline:
             present.append(fence)
     if not present:
@@ -839,7 +816,7 @@ def fence_await(state: HalModuleState, timeout_ms, flags, fences):
         if fence is None:
             continue
         if type(fence) is not Fence:
-            _check(fence, Fence, "hal.fence")
+            _checked(fence, _FENCE)
             if not fence.query():  # raises the failure of a failed fence
                 pending.append(fence)
             continue
@@ -994,7 +971,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
     if not device_list:
         raise InvalidArgumentError("the hal module needs at least one device")
     for d in device_list:
-        _check(d, Device, "hal.device")
+        _checked(d, _DEVICE)
     state = HalModuleState(device_list)
     module = build_module("hal", HAL_MODULE_VERSION, EXPORTS, state, shims_check_refs=True)
     module.devices = device_list  # type: ignore[attr-defined]
