@@ -11,14 +11,17 @@ Routes (V2 / Open Inference Protocol, plus the Triton extensions tritonclient us
     POST /v2/models/{m}[/versions/{v}]/infer  inference (JSON and binary tensors)
     GET  /v2/models[/{m}[/versions/{v}]]/stats  statistics (Triton's extension; stats.py)
     POST /v2/repository/index                 every model version and its state
-    POST /v2/repository/models/{m}/load       (re)load a model: new versions picked up
+    POST /v2/repository/models/{m}/load       (re)load a model (--model-control-mode
+                                              explicit; 403 otherwise)
     POST /v2/repository/models/{m}/unload     stop serving a model (after what is admitted)
     GET  /metrics                             Prometheus exposition
 
 Every error body is `{"error": "..."}`. Status codes: 400 malformed request, bad
 datatype/shape, unknown input/output, or the program rejecting its input (INVALID_ARGUMENT,
 FAILED_PRECONDITION, OUT_OF_RANGE); 404 unknown model/version/route; 405 wrong method;
-413 body over --max-request-bytes; 415 unknown Content-Encoding; 429 model queue full and
+403 an API group restricted by --http-restricted-api without its header, or model
+control refused by --model-control-mode; 408 request head or body too slow; 413 body
+over --max-request-bytes (also while inflating); 431 request head over 64 KiB; 415 unknown Content-Encoding; 429 model queue full and
 503 draining/not ready (both with Retry-After); 504 deadline exceeded. A 500 is a bug of
 the server or runtime, never an answer to bad input, or a model whose kernel faulted:
 that request gets the 500 and every model on the same device becomes UNAVAILABLE (503)
@@ -32,6 +35,8 @@ Triton).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import math
 import zlib
@@ -42,7 +47,7 @@ import trio
 
 from .. import __version__
 from ..errors import DeviceLostError, Error, KernelFaultError, StatusCode
-from .admission import DeadlineExceeded, Overloaded, RunningInvocation
+from .admission import DeadlineExceeded, Overloaded, RunningInvocation, Unavailable
 from .http import Request, Response
 from .metrics import Metrics
 from .protocol import ProtocolError, build_infer_response, parse_infer_request
@@ -75,10 +80,16 @@ class Server:
         *,
         max_request_bytes: int = 64 << 20,
         max_timeout: float | None = None,
+        model_control_mode: str = "none",
+        restricted: dict[str, tuple[str, str]] | None = None,
     ) -> None:
         self.repository = repository
         self.max_request_bytes = max_request_bytes
         self.max_timeout = max_timeout
+        self.model_control_mode = model_control_mode
+        self.restricted = restricted or {}  # API group -> (header, value) it needs
+        # bodies this large are inflated and parsed on a worker thread, a few at a time
+        self.parse_limiter = trio.CapacityLimiter(2)
         self.loaded = False
         self.draining = False
         self.background: trio.Nursery | None = None
@@ -110,13 +121,15 @@ class Server:
 
     def running_invocations(self) -> list[RunningInvocation]:
         """Every invocation still running, over all model versions, oldest first."""
-        running = [r for mv in self.repository.all_versions() if mv.admission is not None
-                   for r in mv.admission.running_invocations()]
+        repository = self.repository
+        running = [r for mv in [*repository.all_versions(), *repository.retiring]
+                   if mv.admission is not None for r in mv.admission.running_invocations()]
         return sorted(running, key=lambda r: r.started)
 
     async def wait_idle(self) -> None:
         """Returns when no invocation runs (detached ones included)."""
-        for mv in self.repository.all_versions():
+        repository = self.repository
+        for mv in [*repository.all_versions(), *repository.retiring]:
             if mv.admission is not None:
                 await mv.admission.wait_idle()
 
@@ -169,6 +182,11 @@ class _Routes:
                 return error_response(
                     405, f"method {request.method} not allowed on {request.path}",
                     [("allow", ", ".join(methods))])
+            if self.server.restricted:
+                need = self.server.restricted.get(api_group(request.path))
+                if need is not None and request.headers.get(need[0]) != need[1]:
+                    return error_response(403, f"this API is restricted: it needs the "
+                                               f"header '{need[0]}'")
             return await handler(request, *params)
         except ProtocolError as exc:
             return error_response(exc.status, exc.message)
@@ -243,9 +261,20 @@ class _Routes:
         return json_response({"model_stats": [mv.stats.doc(mv.name, mv.version)
                                               for mv in versions]})
 
+    def _control(self, action: str) -> None:
+        mode = self.server.model_control_mode
+        if mode != "explicit":
+            raise ProtocolError(403 if mode == "none" else 400,
+                                f"explicit model {action} is not allowed: the server runs "
+                                f"with --model-control-mode {mode} (start it with "
+                                f"--model-control-mode explicit to load and unload models)")
+
     async def load_model(self, request: Request, name: str) -> Response:
-        """Triton's repository `load`: (re)reads the model's directory; new versions (and
-        failed or unloaded ones) load, versions whose directory is gone unload."""
+        """Triton's repository `load`: reads the model's directory again and loads the
+        versions its policy selects afresh, each swapped in only once it loaded (a failed
+        reload keeps the old version serving and answers 400 naming file and reason);
+        versions no longer selected unload."""
+        self._control("load")
         if request.body.strip():
             try:
                 doc = orjson.loads(request.body)
@@ -259,12 +288,8 @@ class _Routes:
                                          f"config in the model's config.json")
         server = self.server
         async with server.repository_lock:
-            to_load, removed = self.repo.rescan_model(name)
-            for mv in removed:
-                await mv.unload()
-                self.repo.forget(mv)
-            failed = await trio.to_thread.run_sync(self.repo.load_versions, to_load)
-            for mv in to_load:
+            failed = await self.repo.reload(name, server.background)
+            for mv in self.repo.models.get(name, {}).values():
                 server.create_series(mv)
         if failed:
             return error_response(400, f"failed to load '{name}': " + "; ".join(
@@ -273,14 +298,12 @@ class _Routes:
 
     async def unload_model(self, request: Request, name: str) -> Response:
         """Triton's repository `unload`: every version of the model stops serving once
-        what is admitted finished (new requests get 503 meanwhile)."""
+        what it admitted finished (new requests get 503 meanwhile)."""
+        self._control("unload")
         async with self.server.repository_lock:
-            versions = self.repo.models.get(name)
-            if versions is None:
+            if name not in self.repo.models:
                 raise ProtocolError(404, f"unknown model '{name}'")
-            async with trio.open_nursery() as nursery:
-                for mv in versions.values():
-                    nursery.start_soon(mv.unload)
+            await self.repo.unload_model(name)
         return json_response({})
 
     async def repository_index(self, request: Request) -> Response:
@@ -338,8 +361,13 @@ class _Routes:
         headers = request.headers
         t_input = trio.current_time()
         try:
-            body = _decode_body(request, server.max_request_bytes)
-            req = parse_infer_request(body, headers.get("inference-header-content-length"))
+            if len(request.body) > _PARSE_ON_LOOP_BYTES or \
+                    "content-encoding" in headers:
+                async with server.parse_limiter:
+                    req = await trio.to_thread.run_sync(
+                        _parse_large, request, server.max_request_bytes)
+            else:
+                req = _parse(request, server.max_request_bytes)
             args = mv.prepare(req)
             deadline = _deadline(headers.get("inference-timeout"), req.timeout_us, mv,
                                  server.max_timeout, request.arrived)
@@ -349,14 +377,16 @@ class _Routes:
 
         try:
             label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
-            results, queued, compute_infer = await mv.infer(args, deadline, server.background,
-                                                            label)
+            results, queued, compute_infer = await mv.infer(args, deadline, label)
         except Overloaded as exc:
             return self._failed(mv, request, error_response(
                 429, f"model '{mv.name}' is overloaded: {exc}; retry after "
                      f"{exc.retry_after} s", [("retry-after", str(exc.retry_after))]))
         except DeadlineExceeded as exc:
             return self._failed(mv, request, error_response(504, f"model '{mv.name}': {exc}"))
+        except Unavailable as exc:
+            return self._failed(mv, request, error_response(
+                503, f"model '{mv.name}' version {mv.version}: {exc}", _RETRY))
         except Error as exc:
             status = _ERROR_STATUS.get(exc.code, 500)
             if status == 500:
@@ -387,6 +417,64 @@ class _Routes:
         return response
 
 
+_PARSE_ON_LOOP_BYTES = 64 << 10
+_INFLATE_CHUNK = 1 << 20  # inflated a megabyte at a time, counted against the limit
+
+
+def api_group(path: str) -> str | None:
+    """The Triton API group (`--http-restricted-api`) a route belongs to."""
+    if path.startswith("/v2/health/"):
+        return "health"
+    if path.startswith("/v2/repository/"):
+        return "model-repository"
+    if path == "/metrics":
+        return None
+    if path.startswith("/v2/models"):
+        tail = path.rsplit("/", 1)[-1]
+        return {"infer": "inference", "stats": "statistics", "config": "model-config",
+                "ready": "health"}.get(tail, "metadata")
+    return "metadata"
+
+
+API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config",
+              "model-repository", "statistics", "trace", "logging")
+
+
+def _parse(request: Request, limit: int) -> Any:
+    body = _decode_body(request, limit)
+    return parse_infer_request(body, request.headers.get("inference-header-content-length"))
+
+
+def _parse_large(request: Request, limit: int) -> Any:
+    """`_parse` on a worker thread, then the memory it freed goes back to the system:
+    inflating and parsing tens of megabytes leaves freed blocks in the thread's malloc
+    arena, and a few worker threads' arenas would otherwise hold hundreds of megabytes."""
+    try:
+        return _parse(request, limit)
+    except ProtocolError as exc:
+        # raised afresh, without the traceback whose frames hold the inflated bytes
+        failure = ProtocolError(exc.status, exc.message)
+    finally:
+        _release_freed_memory()
+    _release_freed_memory()
+    raise failure
+
+
+def _release_freed_memory() -> None:
+    trim = _MALLOC_TRIM[0] if _MALLOC_TRIM else None
+    if trim is None and not _MALLOC_TRIM:
+        try:
+            trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc: nothing to do
+            trim = None
+        _MALLOC_TRIM.append(trim)
+    if trim is not None:
+        trim(0)
+
+
+_MALLOC_TRIM: list = []
+
+
 def _decode_body(request: Request, limit: int) -> bytes:
     """The body after Content-Encoding (the HTTP layer already bounded its raw size)."""
     body = request.body
@@ -397,14 +485,24 @@ def _decode_body(request: Request, limit: int) -> bytes:
         raise ProtocolError(415, f"Content-Encoding {encoding!r} is not supported "
                                  f"(gzip, deflate)")
     decompressor = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    chunks: list[bytes] = []
+    total = 0
+    pending = body
     try:
-        out = decompressor.decompress(body, limit + 1)
+        while True:
+            chunk = decompressor.decompress(pending, _INFLATE_CHUNK)
+            total += len(chunk)
+            if total > limit:
+                chunks.clear()
+                raise ProtocolError(413, f"decompressed request body exceeds the limit of "
+                                         f"{limit} bytes (--max-request-bytes)")
+            chunks.append(chunk)
+            pending = decompressor.unconsumed_tail
+            if not pending and len(chunk) < _INFLATE_CHUNK:
+                break  # all input read and no output held back
     except zlib.error as exc:
         raise ProtocolError(400, f"request body is not valid {encoding}: {exc}") from None
-    if len(out) > limit or decompressor.unconsumed_tail:
-        raise ProtocolError(413, f"decompressed request body exceeds the limit of {limit} "
-                                 f"bytes (--max-request-bytes)")
-    return out
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _deadline(header: str | None, timeout_us: float | None, mv: ModelVersion,

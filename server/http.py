@@ -15,8 +15,9 @@ answers it with `Connection: close`.
 
 from __future__ import annotations
 
+import errno
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -30,8 +31,9 @@ __all__ = ["HttpServer", "Request", "Response"]
 
 _READ_SIZE = 64 << 10
 _MAX_HEAD_BYTES = 64 << 10
-_DISCARD_BYTES = 256 << 20
 _COALESCE_BYTES = 64 << 10
+_LINGER_SECONDS = 1.0
+_LINGER_BYTES = 16 << 20
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
@@ -58,7 +60,7 @@ ErrorResponder = Callable[[int, str], Response]
 
 class _Message:
     __slots__ = ("method", "target", "headers", "body", "size", "too_large", "keep_alive",
-                 "arrived")
+                 "arrived", "head_done")
 
     def __init__(self) -> None:
         self.method = ""
@@ -69,6 +71,7 @@ class _Message:
         self.too_large = False
         self.keep_alive = True
         self.arrived = 0.0
+        self.head_done = False
 
 
 class _Callbacks:
@@ -81,10 +84,14 @@ class _Callbacks:
         self.head_bytes = 0
         self.done: deque[_Message] = deque()
         self.expect_continue = False
+        self.head_too_large = False
+        self.head_raw = 0  # bytes received for the head in progress
+        self.head_deadline = 0.0
 
     def on_message_begin(self) -> None:
         self.current = _Message()
         self.head_bytes = 0
+        self.head_raw = 0
 
     def on_url(self, url: bytes) -> None:
         self.current.target += url
@@ -93,6 +100,7 @@ class _Callbacks:
     def on_header(self, name: bytes, value: bytes) -> None:
         self.head_bytes += len(name) + len(value)
         if self.head_bytes > _MAX_HEAD_BYTES:
+            self.head_too_large = True
             raise httptools.HttpParserError("request head too large")
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
@@ -103,7 +111,11 @@ class _Callbacks:
         message = self.current
         message.method = self.parser.get_method().decode("latin-1")
         message.arrived = trio.current_time()
-        if message.headers.get("expect", "").lower() == "100-continue":
+        message.head_done = True
+        length = message.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body:
+            message.too_large = True  # answered 413 at once, before any body is read
+        elif message.headers.get("expect", "").lower() == "100-continue":
             self.expect_continue = True
 
     def on_body(self, body: bytes) -> None:
@@ -122,18 +134,36 @@ class _Callbacks:
 
 
 class HttpServer:
-    """Serves `handler` on trio listeners until `drain()`."""
+    """Serves `handler` on trio listeners until `drain()`.
+
+    Work before a request reaches the handler is bounded: the head must arrive within
+    `head_timeout` of its first byte and at most 64 KiB of it (431 beyond, counted while
+    it arrives), a body may pause at most `body_timeout` (408 for either), a declared or
+    received body over `max_body` is 413 at once (`Expect: 100-continue` included), and at
+    most `max_connections` are open: at the cap a new connection closes the oldest one
+    that is idle or still sending its head (slowloris clients go first), or is refused
+    with 503 when every connection has a request in progress. Reaching the cap is logged.
+    """
 
     def __init__(self, handler: Handler, error: ErrorResponder, *, max_body: int,
-                 keep_alive_timeout: float = 5.0, access_log: bool = False) -> None:
+                 keep_alive_timeout: float = 5.0, access_log: bool = False,
+                 head_timeout: float = 10.0, body_timeout: float = 30.0,
+                 max_connections: int = 1000) -> None:
         self.handler = handler
         self.error = error
         self.max_body = max_body
         self.keep_alive_timeout = keep_alive_timeout
+        self.head_timeout = head_timeout
+        self.body_timeout = body_timeout
+        self.max_connections = max_connections
         self.access_log = access_log
         self.draining = False
         self._listeners: list[trio.SocketListener] = []
         self._idle: set[trio.CancelScope] = set()
+        self._open = 0
+        # connections without a request in progress, oldest first (evicted at the cap)
+        self._waiting: OrderedDict[trio.CancelScope, None] = OrderedDict()
+        self._at_cap_logged = False
 
     async def serve(self, listeners: list[trio.SocketListener],
                     task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -158,44 +188,96 @@ class HttpServer:
         while not self.draining:
             try:
                 stream = await listener.accept()
-            except (trio.ClosedResourceError, OSError):
+            except (trio.ClosedResourceError, OSError) as exc:
                 if self.draining:
                     return
-                await trio.sleep(0.01)  # e.g. EMFILE: back off, keep serving
+                if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE):
+                    self._evict_oldest(f"out of file descriptors ({exc.strerror})")
+                await trio.sleep(0.01)  # back off, keep serving
                 continue
+            if self._open >= self.max_connections:
+                if not self._evict_oldest(f"{self._open} connections open "
+                                          f"(--max-connections)"):
+                    nursery.start_soon(self._refuse, stream)
+                    continue
+            elif self._open < self.max_connections * 9 // 10:
+                self._at_cap_logged = False
             nursery.start_soon(self._connection, stream)
+
+    def _evict_oldest(self, why: str) -> bool:
+        """Closes the oldest connection that is idle or still sending its request (logged
+        once per episode); False when every connection has a request in progress."""
+        if not self._at_cap_logged:
+            self._at_cap_logged = True
+            log.warning("%s: closing the oldest idle or slow connections for new clients",
+                        why)
+        if not self._waiting:
+            return False
+        oldest, _ = self._waiting.popitem(last=False)
+        oldest.cancel()
+        return True
+
+    async def _refuse(self, stream: trio.SocketStream) -> None:
+        with trio.move_on_after(1):
+            await self._send_error(stream, 503, "too many connections; retry later")
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            await stream.aclose()
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         callbacks = _Callbacks(self.max_body)
         parser = callbacks.parser = httptools.HttpRequestParser(callbacks)
+        self._open += 1
+        scope = trio.CancelScope()
         try:
-            while not self.draining or callbacks.done:
-                if not callbacks.done:
-                    if not await self._receive(stream, parser, callbacks):
+            with scope:
+                while not self.draining or callbacks.done:
+                    if not callbacks.done:
+                        self._waiting[scope] = None
+                        try:
+                            if not await self._receive(stream, parser, callbacks):
+                                break
+                        finally:
+                            self._waiting.pop(scope, None)
+                        continue
+                    message = callbacks.done.popleft()
+                    if message.too_large:
+                        await self._send_too_large(stream)
                         break
-                    continue
-                message = callbacks.done.popleft()
-                if message.too_large:
-                    await self._send_error(stream, 413, f"request body exceeds the limit of "
-                                                        f"{self.max_body} bytes "
-                                                        f"(--max-request-bytes)")
-                    break
-                if not await self._answer(stream, message):
-                    break
+                    if not await self._answer(stream, message):
+                        break
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             pass
         except Exception:  # a bug of ours must cost one connection, never the server
             log.exception("connection failed")
         finally:
+            self._open -= 1
+            self._waiting.pop(scope, None)
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(1):
                     await stream.aclose()
 
+    async def _send_too_large(self, stream: trio.SocketStream) -> None:
+        """413, then a short bounded linger that reads and drops what the client is still
+        sending, so closing does not reset the connection before it read the answer."""
+        await self._send_error(stream, 413, f"request body exceeds the limit of "
+                                            f"{self.max_body} bytes (--max-request-bytes)")
+        try:
+            await stream.send_eof()
+            dropped = 0
+            with trio.move_on_after(_LINGER_SECONDS):
+                while dropped < _LINGER_BYTES:
+                    data = await stream.receive_some(_READ_SIZE)
+                    if not data:
+                        break
+                    dropped += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
+            pass
+
     async def _receive(self, stream: trio.SocketStream, parser: httptools.HttpRequestParser,
                        callbacks: _Callbacks) -> bool:
         """Feeds the parser what arrives next; False when the connection should close."""
-        between = callbacks.current is None
-        if between:  # idle between requests: keep-alive timeout, and drain closes it
+        current = callbacks.current
+        if current is None:  # idle between requests: keep-alive timeout, drain closes it
             idle = trio.CancelScope(deadline=trio.current_time() + self.keep_alive_timeout)
             self._idle.add(idle)
             try:
@@ -205,8 +287,20 @@ class HttpServer:
                 self._idle.discard(idle)
             if idle.cancelled_caught:
                 return False
+            callbacks.head_deadline = trio.current_time() + self.head_timeout
         else:
-            data = await stream.receive_some(_READ_SIZE)
+            in_head = not current.head_done
+            deadline = callbacks.head_deadline if in_head else \
+                trio.current_time() + self.body_timeout
+            with trio.move_on_at(deadline) as timer:
+                data = await stream.receive_some(_READ_SIZE)
+            if timer.cancelled_caught:
+                what = (f"the request head did not arrive within {self.head_timeout:g} s "
+                        f"(--request-head-timeout)" if in_head else
+                        f"the request body stalled for {self.body_timeout:g} s "
+                        f"(--request-body-timeout)")
+                await self._send_error(stream, 408, what)
+                return False
         if not data:
             return False
         try:
@@ -215,18 +309,30 @@ class HttpServer:
             await self._send_error(stream, 400, "protocol upgrades are not supported")
             return False
         except httptools.HttpParserError as exc:
-            await self._send_error(stream, 400, f"malformed HTTP request: {exc}")
+            if callbacks.head_too_large:
+                await self._send_head_too_large(stream)
+            else:
+                await self._send_error(stream, 400, f"malformed HTTP request: {exc}")
             return False
         current = callbacks.current
-        if current is not None and current.size > max(self.max_body, _DISCARD_BYTES):
-            await self._send_error(stream, 413, f"request body exceeds the limit of "
-                                                f"{self.max_body} bytes (--max-request-bytes)")
+        if current is not None and not current.head_done:
+            if callbacks.head_raw == 0:
+                callbacks.head_deadline = trio.current_time() + self.head_timeout
+            callbacks.head_raw += len(data)
+            if callbacks.head_raw > _MAX_HEAD_BYTES:
+                await self._send_head_too_large(stream)
+                return False
+        if current is not None and (current.too_large or current.size > self.max_body):
+            await self._send_too_large(stream)
             return False
         if callbacks.expect_continue:
             callbacks.expect_continue = False
             if current is not None:  # the client waits for this before it sends the body
                 await stream.send_all(_CONTINUE)
         return True
+
+    async def _send_head_too_large(self, stream: trio.SocketStream) -> None:
+        await self._send_error(stream, 431, f"request head exceeds {_MAX_HEAD_BYTES} bytes")
 
     async def _answer(self, stream: trio.SocketStream, message: _Message) -> bool:
         """Runs the handler on one complete request; False when the connection closes."""

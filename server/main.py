@@ -3,9 +3,9 @@
     tinyhal-serve [--model-repository DIR] [--host HOST] [--port PORT] [--device DRIVER]
 
 With no arguments it serves the sample models bundled in the package on 127.0.0.1:8000.
-HTTP/1.1 is httptools (llhttp) driven directly on trio streams (`server/http.py`), so
-connections and inference invocations (`Module.invoke_async`) interleave on one trio event
-loop.
+HTTP/1.1 is httptools (llhttp) driven directly on trio streams (`server/http.py`); the
+event loop only moves bytes and schedules, every model execution runs on its model's
+instance threads (`server/instances.py`).
 
 Start-up: the listener opens first (liveness answers at once), then models load in a
 worker thread and readiness turns 200. With --exit-on-error (default) a model that fails
@@ -22,7 +22,7 @@ Exit codes (always one of these, never death by a signal):
     1  start-up failed: a model failed to load (with --exit-on-error)
     2  bad command line or unusable environment (port in use, unreadable repository)
     3  the drain budget ran out with invocations still running
-    4  a second SIGTERM/SIGINT during the drain
+    4  a second SIGTERM/SIGINT during the drain (one after the drain completed is ignored)
 
 With 3 and 4 the invocations still running are abandoned: each is logged (model, version,
 request id, seconds it ran), logs are flushed and the process ends at once with
@@ -42,8 +42,9 @@ from pathlib import Path
 
 import trio
 
-from .app import Server, error_response
+from .app import API_GROUPS, Server, error_response
 from .http import HttpServer
+from .protocol import ProtocolError
 from .repository import ModelRepository, bundled_models_dir
 
 log = logging.getLogger("tinyhal.server")
@@ -56,6 +57,9 @@ EXIT_START_FAILED = 1
 EXIT_USAGE = 2
 EXIT_DRAIN_TIMEOUT = 3
 EXIT_SECOND_SIGNAL = 4
+
+_RESERVED_FDS = 64  # descriptors kept for model files, devices, threads, logs
+_SWITCH_INTERVAL = 0.0005  # seconds; measured on the bundled models (docs/architecture.md)
 
 
 def _abandon_and_exit(server: Server, code: int, why: str) -> None:
@@ -70,10 +74,19 @@ def _abandon_and_exit(server: Server, code: int, why: str) -> None:
     for r in running:
         log.error("abandoned: %s (running %.3f s%s)", r.label, now - r.started,
                   "; its request already got 504" if r.detached else "")
-    print(f"tinyhal-serve: stopped (exit {code})", flush=True)
+    say(f"tinyhal-serve: stopped (exit {code})")
+    _end_process(code)
+
+
+def _end_process(code: int) -> None:
+    """Flushes logs and stdio and ends the process with `code`, at once: no interpreter
+    teardown (which would restore default signal handlers and join threads)."""
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
     os._exit(code)
 
 
@@ -97,6 +110,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM, how long in-flight requests may take (default 30)")
     p.add_argument("--keep-alive-timeout", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--request-head-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="time a client has to send a request's head once it began (408 "
+                        "beyond; default 10)")
+    p.add_argument("--request-body-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="longest pause while a request body arrives (408 beyond; default 30)")
+    p.add_argument("--max-connections", type=int, default=1000, metavar="N",
+                   help="open connections at most; beyond, the oldest connection still "
+                        "sending its request head is closed (default 1000)")
+    p.add_argument("--model-control-mode", choices=["none", "explicit", "poll"],
+                   default="none",
+                   help="none: repository models load at start, load/unload are refused; "
+                        "explicit: the repository API loads and unloads; poll: the "
+                        "repository is re-scanned every --repository-poll-secs")
+    p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS",
+                   help="poll interval of --model-control-mode poll (default 15)")
+    p.add_argument("--load-model", action="append", default=None, metavar="NAME",
+                   help="with explicit control: load only these models at start (repeat; "
+                        "'*' for all, the default)")
+    p.add_argument("--http-restricted-api", action="append", default=[],
+                   metavar="API[,API...]:HEADER=VALUE",
+                   help="these API groups (" + ", ".join(API_GROUPS) + ") answer 403 "
+                        "unless the request carries HEADER: VALUE (repeatable)")
     p.add_argument("--exit-on-error", action=argparse.BooleanOptionalAction, default=True,
                    help="exit 1 when a model fails to load (default on)")
     p.add_argument("--access-log", action="store_true", help="log every request to stderr")
@@ -117,10 +152,24 @@ async def serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise StartupError(f"cannot read the model repository {root}: "
                            f"{exc.strerror or exc}") from None
+    if args.model_control_mode == "explicit" and args.load_model and \
+            "*" not in args.load_model:
+        unknown = sorted(set(args.load_model) - set(repository.models))
+        if unknown:
+            raise StartupError(f"--load-model: no model {', '.join(unknown)} in the "
+                               f"repository")
+        for name in list(repository.models):
+            if name not in args.load_model:
+                del repository.models[name]
     server = Server(repository, max_request_bytes=args.max_request_bytes,
-                    max_timeout=args.max_timeout)
+                    max_timeout=args.max_timeout, model_control_mode=args.model_control_mode,
+                    restricted=args.restricted)
+    repository.token = trio.lowlevel.current_trio_token()
     http = HttpServer(server.handle, error_response, max_body=args.max_request_bytes,
-                      keep_alive_timeout=args.keep_alive_timeout, access_log=args.access_log)
+                      keep_alive_timeout=args.keep_alive_timeout, access_log=args.access_log,
+                      head_timeout=args.request_head_timeout,
+                      body_timeout=args.request_body_timeout,
+                      max_connections=args.max_connections)
     try:
         listeners = await trio.open_tcp_listeners(args.port, host=args.host)
     except OSError as exc:
@@ -136,6 +185,7 @@ async def serve(args: argparse.Namespace) -> int:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             task_status.started()
             async for signum in signals:
+                _SIGNALS.drain_started = True
                 if not shutdown.is_set():
                     log.info("%s: draining (finishing in-flight requests, up to %g s)",
                              signal.Signals(signum).name, args.drain_timeout)
@@ -162,7 +212,7 @@ async def serve(args: argparse.Namespace) -> int:
             for listener in listeners:
                 host, port = listener.socket.getsockname()[:2]
                 host = f"[{host}]" if ":" in host else host
-                print(f"tinyhal-serve: listening on http://{host}:{port}", flush=True)
+                say(f"tinyhal-serve: listening on http://{host}:{port}")
             failed = await trio.to_thread.run_sync(repository.load_all)
             server.models_loaded()
             if failed and args.exit_on_error:
@@ -175,13 +225,14 @@ async def serve(args: argparse.Namespace) -> int:
                 names = [f"{mv.name}/{mv.version}" for mv in repository.all_versions()
                          if mv.ready]
                 if failed:
-                    print(f"tinyhal-serve: serving ({', '.join(names) or 'no models'}); "
-                          f"unavailable: "
-                          f"{', '.join(f'{mv.name}/{mv.version}' for mv in failed)}",
-                          flush=True)
+                    say(f"tinyhal-serve: serving ({', '.join(names) or 'no models'}); "
+                        f"unavailable: "
+                        f"{', '.join(f'{mv.name}/{mv.version}' for mv in failed)}")
                 else:  # readiness answers 503 while no model is loaded: say so
-                    print(f"tinyhal-serve: ready ({', '.join(names)})" if names else
-                          "tinyhal-serve: serving no models (not ready)", flush=True)
+                    say(f"tinyhal-serve: ready ({', '.join(names)})" if names else
+                        "tinyhal-serve: serving no models (not ready)")
+                if args.model_control_mode == "poll":
+                    outer.start_soon(poll_repository, server, args.repository_poll_secs)
             await shutdown.wait()
             # the listener closes, idle connections close, requests in flight finish ...
             http.drain()
@@ -199,8 +250,56 @@ async def serve(args: argparse.Namespace) -> int:
             outer.cancel_scope.cancel()
     finally:
         await trio.to_thread.run_sync(repository.close)
-    print(f"tinyhal-serve: stopped (exit {exit_code})", flush=True)
+    say(f"tinyhal-serve: stopped (exit {exit_code})")
     return exit_code
+
+
+async def poll_repository(server: Server, seconds: float) -> None:
+    """`--model-control-mode poll`: every `seconds`, new models load, changed versions
+    reload (swapped in once loaded), models whose directory is gone unload."""
+    repository = server.repository
+    while True:
+        await trio.sleep(seconds)
+        try:
+            names = await trio.to_thread.run_sync(repository.model_names)
+        except OSError as exc:
+            log.error("poll: cannot read the model repository: %s", exc.strerror or exc)
+            continue
+        async with server.repository_lock:
+            if server.draining:
+                return
+            for name in names:
+                try:
+                    failed = await repository.reload(name, server.background,
+                                                     changed_only=True)
+                except ProtocolError as exc:
+                    log.warning("poll: %s", exc.message)
+                    continue
+                for mv in failed:
+                    log.error("poll: model %s version %s failed to load: %s", mv.name,
+                              mv.version, mv.reason)
+                for mv in repository.models.get(name, {}).values():
+                    server.create_series(mv)
+            for name in [n for n in repository.models if n not in names]:
+                await repository.unload_model(name)
+
+
+class _SignalState:
+    drain_started = False
+
+
+_SIGNALS = _SignalState()
+
+
+def say(line: str) -> None:
+    """Prints a status line; a closed or broken stdout changes nothing else."""
+    try:
+        print(line, flush=True)
+    except (OSError, ValueError):
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+        except OSError:
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,19 +317,84 @@ def main(argv: list[str] | None = None) -> int:
                                              math.isfinite(args.max_timeout)):
         print("tinyhal-serve: --max-timeout must be a positive number", file=sys.stderr)
         return EXIT_USAGE
-    # until the server's own handler takes over, SIGTERM stops like a second signal
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        return trio.run(partial(serve, args))
+        args.restricted = _parse_restricted(args.http_restricted_api)
+    except ValueError as exc:
+        print(f"tinyhal-serve: --http-restricted-api: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for flag in ("request_head_timeout", "request_body_timeout", "repository_poll_secs"):
+        value = getattr(args, flag)
+        if not (value > 0 and math.isfinite(value)):
+            print(f"tinyhal-serve: --{flag.replace('_', '-')} must be a positive number",
+                  file=sys.stderr)
+            return EXIT_USAGE
+    if args.max_connections < 1:
+        print("tinyhal-serve: --max-connections must be >= 1", file=sys.stderr)
+        return EXIT_USAGE
+    descriptors = _raise_open_files_limit()
+    if descriptors is not None and args.max_connections > descriptors - _RESERVED_FDS:
+        args.max_connections = max(1, descriptors - _RESERVED_FDS)
+        log.warning("--max-connections lowered to %d: the process may open %d files",
+                    args.max_connections, descriptors)
+    # The event loop and the instance threads share the GIL: with CPython's default 5 ms
+    # switch interval, a thread that gave the GIL up for a kernel call waits up to 5 ms to
+    # get it back from a busy loop (and the loop as long behind an instance thread).
+    sys.setswitchinterval(_SWITCH_INTERVAL)
+    # Until the server's own handler takes over, a signal stops like a second signal;
+    # once the drain began, signals the trio handler no longer sees (after it ended)
+    # are ignored: the process is already stopping with its own exit code.
+    signal.signal(signal.SIGTERM, _early_signal)
+    signal.signal(signal.SIGINT, _early_signal)
+    try:
+        code = trio.run(partial(serve, args))
     except (FileNotFoundError, StartupError) as exc:
         print(f"tinyhal-serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return EXIT_SECOND_SIGNAL
+        code = EXIT_SECOND_SIGNAL
+    # The interpreter's own teardown puts the default signal handlers back, so a signal
+    # arriving then would kill the process: end it here, with the code already decided.
+    _end_process(code)
 
 
-def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+def _early_signal(signum: int, frame: object) -> None:
+    if not _SIGNALS.drain_started:
+        raise KeyboardInterrupt
+
+
+def _parse_restricted(values: list[str]) -> dict[str, tuple[str, str]]:
+    """`API[,API...]:HEADER=VALUE` flags -> {API group: (lower-case header, value)}."""
+    restricted: dict[str, tuple[str, str]] = {}
+    for value in values:
+        groups, sep, rule = value.partition(":")
+        header, eq, expected = rule.partition("=")
+        if not sep or not eq or not header.strip() or not groups:
+            raise ValueError(f"{value!r} is not API[,API...]:HEADER=VALUE")
+        for group in groups.split(","):
+            if group not in API_GROUPS:
+                raise ValueError(f"unknown API group {group!r}; groups: "
+                                 f"{', '.join(API_GROUPS)}")
+            if group in restricted:
+                raise ValueError(f"API group {group!r} is restricted twice")
+            restricted[group] = (header.strip().lower(), expected)
+    return restricted
+
+
+def _raise_open_files_limit() -> int | None:
+    """Lets the process hold as many connections as the hard limit allows (the
+    connection cap, not the soft descriptor limit, should bound them); returns the
+    descriptors it may open (None when unknown)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = 1 << 16
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return None
 
 
 if __name__ == "__main__":

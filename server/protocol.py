@@ -134,6 +134,9 @@ def _as_dict(value: Any, what: str) -> dict:
     return value
 
 
+MAX_DIMS = 32  # numpy holds at most 64; no model here takes more than a few
+
+
 def _shape(value: Any, what: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) for d in value
@@ -141,6 +144,8 @@ def _shape(value: Any, what: str) -> tuple[int, ...]:
         raise _bad(f"{what} 'shape' must be a list of integers, not {value!r}")
     if any(d < 0 for d in value):
         raise _bad(f"{what} 'shape' {value} has a negative dimension")
+    if len(value) > MAX_DIMS:
+        raise _bad(f"{what} 'shape' has {len(value)} dimensions; at most {MAX_DIMS}")
     if math.prod(value) > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in value):
         raise _bad(f"{what} 'shape' {value} has more elements than fit in a 64-bit count")
     return tuple(value)

@@ -1,5 +1,9 @@
 """The model repository: `DIR/<model>/<version>/model.vmfb`, loaded at start.
 
+A loaded version owns its bytes: its file is read once into private memory (regular
+files only), so later writes, truncation or deletion of it change nothing it serves;
+`ModelRepository.reload` swaps a version only once its replacement loaded.
+
     DIR/
       mlp_classifier/
         config.json          optional, defaults for every version
@@ -15,13 +19,18 @@
     dynamic_batching  {"max_queue_delay_microseconds": int, "preferred_batch_size": [int]}:
                       batch queued requests into one invocation (needs max_batch_size > 0
                       and a dynamic first dim on every input and output; see batching.py)
-    max_concurrency   invocations running at once for this version (default 4)
+    instance_group    Triton's [{"count": N, "kind": "KIND_CPU"}]: N instances, each its
+                      own module and thread, run N executions at once (default 1: with
+                      one execution in flight the next batch takes all that queued)
+    max_concurrency   the same count under its older name (give one of the two)
     max_queue         requests waiting beyond that (default 16); more get 429
                       (with dynamic_batching: requests waiting to be batched)
     timeout_s         default deadline of a request in seconds (default: none)
-    execution         "async" (Module.invoke_async on the event loop; default for task
-                      and emu) or "thread" (Module.invoke in a worker thread; default for
-                      sync, whose device runs everything inline on the calling thread)
+    version_policy    Triton's {"latest": {"num_versions": N}} (default N = 1),
+                      {"all": {}} or {"specific": {"versions": [...]}}: the versions
+                      served (model-level config.json only)
+    execution         accepted for older configs ("async" | "thread"); every execution
+                      runs on an instance thread, never on the event loop
     input_names / output_names   rename the ABI's inputs/outputs (lists, in order)
     parameters        the parameter files of a program compiled with external parameters
                       (`.irpa`, `.safetensors`, `.gguf`), beside `model.vmfb` in the
@@ -37,8 +46,10 @@ Input and output names, datatypes and shapes come from the function's ABI declar
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,8 +61,10 @@ import trio
 
 from .. import load as load_module
 from ..errors import Error
-from .admission import Admission
-from .batching import BatchingConfig, DynamicBatcher, parse_batching_config
+from ..vm.loader import read_module_file
+from .admission import Admission, Instance
+from .batching import BatchingConfig, parse_batching_config
+from .instances import InstanceThread
 from .memory import DeviceMemory
 from .protocol import DATATYPES, InferRequest, ProtocolError, datatype_for_mlir
 from .stats import ModelStatistics
@@ -63,10 +76,11 @@ __all__ = ["ModelRepository", "ModelVersion", "TensorSpec", "bundled_models_dir"
 CONFIG_KEYS = {
     "function", "device", "max_batch_size", "max_concurrency", "max_queue", "timeout_s",
     "execution", "input_names", "output_names", "description", "dynamic_batching",
-    "parameters",
+    "parameters", "instance_group", "version_policy",
 }
-DEFAULT_MAX_CONCURRENCY = 4
+DEFAULT_INSTANCES = 1
 DEFAULT_MAX_QUEUE = 16
+MAX_CONFIG_BYTES = 1 << 20
 
 
 def bundled_models_dir() -> Path:
@@ -92,11 +106,14 @@ class ConfigError(Exception):
 
 
 def _read_config(path: Path) -> dict:
-    if not path.exists():
+    if not os.path.lexists(path):
         return {}
     try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        config = json.loads(bytes(read_module_file(path, limit=MAX_CONFIG_BYTES)))
+    except Error as exc:
+        raise ConfigError(f"{path.parent.name}/{path.name}: "
+                          f"{exc.message.split(': ', 1)[-1]}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path.parent.name}/{path.name}: {exc}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path.parent.name}/{path.name} must hold a JSON object")
@@ -124,7 +141,7 @@ def _parameter_files(config: dict, version_dir: Path) -> dict[str, list[str]] | 
         for name in names:
             path = (version_dir / name).resolve()
             if path.parent != root and root not in path.parents:
-                raise ConfigError(f"config 'parameters': {name!r} is not inside {version_dir}")
+                raise ConfigError(f"config 'parameters': {name!r} is not inside the version directory")
         out[scope] = [str(version_dir / n) for n in names]
     return out
 
@@ -136,7 +153,7 @@ def _positive_int(config: dict, key: str, default: int, minimum: int = 1) -> int
     return value
 
 
-@dataclass
+@dataclass(eq=False)
 class ModelVersion:
     """One version of one model: its module, signature and admission control."""
 
@@ -153,26 +170,36 @@ class ModelVersion:
     outputs: list[TensorSpec] = field(default_factory=list)
     max_batch_size: int = 0
     timeout_s: float | None = None
-    execution: str = "async"
+    execution: str = "thread"
     admission: Admission | None = None
     batching: BatchingConfig | None = None
-    batcher: DynamicBatcher | None = None
     stats: ModelStatistics = field(default_factory=ModelStatistics)
     load_seconds: float = 0.0
     unloaded: bool = False  # unloaded on request: not counted against server readiness
     memory: DeviceMemory | None = None
     device: Any = None
     peak_invocation_bytes: int | None = None  # most device memory one invocation held
-    _thread_lock: threading.Lock | None = None
+    fingerprint: tuple = ()  # of the files it was loaded from (poll mode reloads on change)
+    modules: list[Any] = field(default_factory=list)  # one per instance
+    _device_lock: threading.Lock | None = None
 
     @property
     def ready(self) -> bool:
         return self.state == "READY"
 
+    @property
+    def display_path(self) -> str:
+        """The model file relative to the repository (errors never show absolute paths)."""
+        return f"{self.name}/{self.version}/{self.path.name}"
+
     # -- loading ---------------------------------------------------------------------
 
-    def load(self, device: Any, device_lock: threading.Lock) -> None:
-        """Loads the module onto `device` and derives the signature (blocking)."""
+    def load(self, device: Any, device_lock: threading.Lock,
+             token: trio.lowlevel.TrioToken) -> None:
+        """Reads the model file once into private memory, loads one module per instance
+        onto `device`, derives the signature and starts the instance threads (blocking).
+        Nothing reads the file again: later writes, truncation or deletion of it change
+        nothing this version runs."""
         start = time.perf_counter()
         config = self.config
         self.max_batch_size = _positive_int(config, "max_batch_size", 0, minimum=0)
@@ -181,36 +208,53 @@ class ModelVersion:
                                                   self.max_batch_size)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        max_concurrency = _positive_int(config, "max_concurrency", DEFAULT_MAX_CONCURRENCY)
+        instances = _instance_count(config)
         max_queue = _positive_int(config, "max_queue", DEFAULT_MAX_QUEUE, minimum=0)
         timeout = config.get("timeout_s")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(
                 timeout, (int, float)) or timeout <= 0):
             raise ConfigError(f"config 'timeout_s' must be a positive number, not {timeout!r}")
         self.timeout_s = timeout
-        execution = config.get("execution", "thread" if self.device_name == "sync" else "async")
+        execution = config.get("execution", "thread")
         if execution not in ("async", "thread"):
             raise ConfigError(f"config 'execution' must be 'async' or 'thread', not "
                               f"{execution!r}")
-        self.execution = execution
         # A sync device runs each invocation inline on the calling thread; one at a time.
-        self._thread_lock = device_lock if execution == "thread" else None
-
+        self._device_lock = device_lock if self.device_name == "sync" else None
         self.device = device
-        module = load_module(str(self.path), device=device,
-                             parameters=_parameter_files(config, self.path.parent))
         try:
-            self._derive_signature(module)
-        except BaseException:
-            module.close()
-            raise
-        self.module = module
-        self.admission = Admission(max_concurrency, max_queue)
-        if self.batching is not None:
-            self.batcher = DynamicBatcher(self.batching, self.admission, self.invoke,
-                                          self.stats.executed)
+            data = read_module_file(self.path)
+            self.fingerprint = file_fingerprint(self.path)
+            parameters = _parameter_files(config, self.path.parent)
+            modules: list[Any] = []
+            try:
+                for _ in range(instances):
+                    modules.append(load_module(data, device=device, parameters=parameters))
+                self._derive_signature(modules[0])
+            except BaseException:
+                for module in modules:
+                    module.close()
+                raise
+        except Error as exc:
+            message = exc.message.replace(str(self.path), "").replace("<bytes>", "")
+            raise ConfigError(f"{self.display_path}: {message.lstrip(': ')}") from None
+        del data
+        self.modules, self.module = modules, modules[0]
+        workers = [Instance(InstanceThread(f"{self.name}/{self.version}#{i}", token),
+                            functools.partial(self._invoke_blocking, module))
+                   for i, module in enumerate(modules)]
+        memory = self.memory
+        self.admission = Admission(
+            workers, max_queue, self.batching, executed=self.stats.executed,
+            begin=(lambda: memory.begin(self.device_name, device)) if memory else None,
+            end=self._memory_end if memory else None)
         self.load_seconds = time.perf_counter() - start
         self.state = "READY"
+
+    def _memory_end(self, watch: Any) -> None:
+        held = self.memory.end(watch, self.device)
+        if held is not None and held > (self.peak_invocation_bytes or 0):
+            self.peak_invocation_bytes = held
 
     def _derive_signature(self, module: Any) -> None:
         publics = list(module.functions)
@@ -311,41 +355,22 @@ class ModelVersion:
             args.append(array)
         return args
 
-    async def infer(self, args: list[Any], deadline: float, background: Any, label: str
+    async def infer(self, args: list[Any], deadline: float, label: str
                     ) -> tuple[list[tuple[str, str, np.ndarray]], float, float]:
         """Runs one request's invocation under admission control (batched with others when
         the model has dynamic batching): (results, seconds queued, seconds invoking)."""
-        if self.batcher is not None:
-            return await self.batcher.infer(args, deadline, background, label)
-        times = [0.0, 0.0]
         rows = int(args[0].shape[0]) if self.max_batch_size else 1
+        return await self.admission.infer(args, rows, deadline, label)
 
-        def started(queued: float) -> None:
-            times[0] = queued
-
-        async def call() -> Any:
-            t0 = trio.current_time()
-            out = await self.invoke(args)
-            times[1] = trio.current_time() - t0
-            self.stats.executed(1, rows, times[1])
-            return out
-
-        results = await self.admission.run(call, deadline, background, started, label)
-        return results, times[0], times[1]
-
-    async def invoke(self, args: list[Any]) -> list[tuple[str, str, np.ndarray]]:
-        """Runs the function; [(output name, datatype, array)]."""
-        watch = self.memory.begin(self.device_name, self.device) if self.memory else None
-        try:
-            if self.execution == "async":
-                result = await self.module.invoke_async(self.function, *args)
-            else:
-                result = await trio.to_thread.run_sync(self._invoke_blocking, args)
-        finally:
-            if watch is not None:
-                held = self.memory.end(watch, self.device)
-                if held is not None and held > (self.peak_invocation_bytes or 0):
-                    self.peak_invocation_bytes = held
+    def _invoke_blocking(self, module: Any, args: list[Any]
+                         ) -> list[tuple[str, str, np.ndarray]]:
+        """Runs the function on one instance's module (on its thread); [(output name,
+        datatype, array)]."""
+        if self._device_lock is not None:
+            with self._device_lock:
+                result = module.invoke(self.function, *args)
+        else:
+            result = module.invoke(self.function, *args)
         values = result if isinstance(result, tuple) else (result,)
         if len(self.outputs) == 0:
             values = ()
@@ -361,25 +386,22 @@ class ModelVersion:
         return out
 
     async def unload(self) -> None:
-        """Stops serving this version: new requests get 503 at once, requests already
-        admitted or queued finish, then the module closes (never under a running
-        invocation). Its state becomes UNAVAILABLE, reason "unloaded"."""
+        """Stops serving this version: new requests get 503 at once, every request
+        admitted before finishes, then the instance threads end and the modules close
+        (never under a running invocation). Its state becomes UNAVAILABLE, reason
+        "unloaded"."""
         if self.state == "READY":
             self.state = "UNLOADING"
         admission = self.admission
-        while admission is not None and (admission.running or admission.queued or (
-                self.batcher is not None and self.batcher.queued)):
+        if admission is not None:
+            admission.close()
             await admission.wait_idle()
-            await trio.sleep(0.005)
-        module, self.module = self.module, None
-        if module is not None:
+            admission.stop()
+        modules, self.modules, self.module = self.modules, [], None
+        for module in modules:
             await trio.to_thread.run_sync(module.close)
         self.state, self.reason, self.unloaded = "UNAVAILABLE", "unloaded", True
         log.info("unloaded model %s version %s", self.name, self.version)
-
-    def _invoke_blocking(self, args: list[Any]) -> Any:
-        with self._thread_lock:
-            return self.module.invoke(self.function, *args)
 
     def metadata(self, versions: list[str]) -> dict:
         return {
@@ -400,6 +422,8 @@ class ModelVersion:
             "function": self.function,
             "device": self.device_name,
             "execution": self.execution,
+            "instance_group": [{"count": admission.max_concurrency if admission else 0,
+                                "kind": "KIND_CPU"}],
             "max_batch_size": self.max_batch_size,
             "dynamic_batching": self.batching.describe() if self.batching else None,
             "max_concurrency": admission.max_concurrency if admission else None,
@@ -412,12 +436,93 @@ class ModelVersion:
         }
 
 
+def _instance_count(config: dict) -> int:
+    """Executions a version runs at once: Triton's `instance_group` count (the sum over
+    its groups), or `max_concurrency`, its older name here; default 1."""
+    groups = config.get("instance_group")
+    if groups is None:
+        return _positive_int(config, "max_concurrency", DEFAULT_INSTANCES)
+    if not isinstance(groups, list) or not groups or not all(
+            isinstance(g, dict) and set(g) <= {"count", "kind"} for g in groups):
+        raise ConfigError(f"config 'instance_group' must list objects with 'count' "
+                          f"(and 'kind'), not {groups!r}")
+    total = 0
+    for group in groups:
+        count = group.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ConfigError(f"config 'instance_group' count must be an integer >= 1, "
+                              f"not {count!r}")
+        if group.get("kind", "KIND_CPU") not in ("KIND_CPU", "KIND_AUTO"):
+            raise ConfigError(f"config 'instance_group' kind {group['kind']!r}: only "
+                              f"KIND_CPU (or KIND_AUTO) runs here")
+        total += count
+    if "max_concurrency" in config and config["max_concurrency"] != total:
+        raise ConfigError(f"config gives 'instance_group' ({total} instances) and "
+                          f"'max_concurrency' {config['max_concurrency']!r}, the same "
+                          f"setting: keep one")
+    return total
+
+
+def file_fingerprint(path: Path) -> tuple:
+    """What tells a changed version from the one loaded (poll mode): its model file and
+    the config files beside it and above it."""
+    marks = []
+    for file in (path, path.parent / "config.json", path.parent.parent / "config.json"):
+        try:
+            st = os.stat(file)
+        except OSError:
+            marks.append(None)
+            continue
+        marks.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(marks)
+
+
 def _version_key(version: str) -> int:
     return int(version)  # version directories are all digits (others are skipped)
 
 
+def version_policy(config: dict) -> tuple[str, Any]:
+    """The model's `version_policy` as Triton spells it: {"latest": {"num_versions": N}}
+    (the default, N = 1), {"all": {}} or {"specific": {"versions": [..]}}."""
+    policy = config.get("version_policy", {"latest": {"num_versions": 1}})
+    if not isinstance(policy, dict) or len(policy) != 1:
+        raise ConfigError(f"config 'version_policy' must be one of {{\"latest\": "
+                          f"{{\"num_versions\": N}}}}, {{\"all\": {{}}}}, {{\"specific\": "
+                          f"{{\"versions\": [..]}}}}, not {policy!r}")
+    (kind, value), = policy.items()
+    if kind == "all" and value in ({}, None):
+        return "all", None
+    if kind == "latest" and isinstance(value, dict) and set(value) <= {"num_versions"}:
+        n = value.get("num_versions", 1)
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+            return "latest", n
+    if kind == "specific" and isinstance(value, dict) and set(value) == {"versions"}:
+        versions = value["versions"]
+        if isinstance(versions, list) and versions and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in versions):
+            return "specific", {str(v) for v in versions}
+    raise ConfigError(f"config 'version_policy' {policy!r} is not a valid policy "
+                      f"(latest with num_versions >= 1, all, or specific with versions)")
+
+
+def _select_versions(policy: tuple[str, Any], versions: list[str]) -> list[str]:
+    kind, value = policy
+    ordered = sorted(versions, key=_version_key)
+    if kind == "all":
+        return ordered
+    if kind == "latest":
+        return ordered[-value:]
+    return [v for v in ordered if v in value]
+
+
 class ModelRepository:
-    """Every model version under a directory, and the devices they run on."""
+    """Every model version under a directory, and the devices they run on.
+
+    Only the versions a model's `version_policy` selects are served (Triton's default:
+    the latest one). Reloading (`reload`) loads the new versions next to the old ones
+    and swaps each only once its replacement loaded: a failed reload keeps the old
+    version serving.
+    """
 
     def __init__(self, root: Path | str, default_device: str = "task") -> None:
         self.root = Path(root)
@@ -425,37 +530,56 @@ class ModelRepository:
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.devices: dict[str, Any] = {}
         self.memory = DeviceMemory()
+        self.retiring: set[ModelVersion] = set()  # replaced, finishing what they admitted
+        self.token: trio.lowlevel.TrioToken | None = None  # set by the server at start
         self._device_locks: dict[str, threading.Lock] = {}
         self._scan()
 
     def _scan(self) -> None:
         if not self.root.is_dir():
             raise FileNotFoundError(f"model repository {self.root} is not a directory")
-        for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            if model_dir.name.startswith((".", "_")):
-                continue
-            versions = self._scan_model(model_dir)
+        for name in self.model_names():
+            versions = self._scan_model(self.root / name)
             if versions:
-                self.models[model_dir.name] = versions
+                self.models[name] = versions
+
+    def model_names(self) -> list[str]:
+        """The model directories of the repository, sorted."""
+        return sorted(p.name for p in self.root.iterdir()
+                      if p.is_dir() and not p.name.startswith((".", "_")))
 
     def _scan_model(self, model_dir: Path) -> dict[str, ModelVersion]:
-        versions: dict[str, ModelVersion] = {}
+        """The versions of `model_dir` its version policy selects, not yet loaded."""
+        try:
+            model_config = _read_config(model_dir / "config.json")
+            policy = version_policy(model_config)
+        except ConfigError as exc:
+            log.error("model %s: %s", model_dir.name, exc)
+            model_config, policy = None, ("latest", 1)
+        found: dict[str, Path] = {}
         for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
             vmfb = version_dir / "model.vmfb"
             if not version_dir.name.isdigit():
                 log.warning("model %s: skipping %s/: version directories are named by "
                             "integers", model_dir.name, version_dir.name)
                 continue
-            if not vmfb.exists():
-                found = sorted(p.name for p in version_dir.iterdir())
-                log.warning("model %s version %s: no model.vmfb in %s (found: %s); "
-                            "skipped", model_dir.name, version_dir.name, version_dir,
-                            ", ".join(found) or "nothing")
+            if not os.path.lexists(vmfb):
+                found_names = sorted(p.name for p in version_dir.iterdir())
+                log.warning("model %s version %s: no model.vmfb (found: %s); skipped",
+                            model_dir.name, version_dir.name,
+                            ", ".join(found_names) or "nothing")
                 continue
-            mv = ModelVersion(model_dir.name, version_dir.name, vmfb, {}, self.default_device)
+            found[version_dir.name] = vmfb
+        versions: dict[str, ModelVersion] = {}
+        for version in _select_versions(policy, list(found)):
+            mv = ModelVersion(model_dir.name, version, found[version], {},
+                              self.default_device)
             try:
-                config = _read_config(model_dir / "config.json")
-                config.update(_read_config(version_dir / "config.json"))
+                if model_config is None:
+                    raise ConfigError(f"{model_dir.name}/config.json is not valid")
+                config = dict(model_config)
+                config.update(_read_config(found[version].parent / "config.json"))
+                config.pop("version_policy", None)
                 mv.config = config
                 device = config.get("device", self.default_device)
                 if not isinstance(device, str):
@@ -465,37 +589,74 @@ class ModelRepository:
                                   "local-emu": "emu"}.get(device, device)
             except ConfigError as exc:
                 mv.state, mv.reason = "UNAVAILABLE", str(exc)
-            versions[version_dir.name] = mv
+            versions[version] = mv
         if not versions:
-            log.warning("model %s: no version directory with a model.vmfb under %s; "
-                        "skipped", model_dir.name, model_dir)
-        return dict(sorted(versions.items(), key=lambda kv: _version_key(kv[0])))
+            log.warning("model %s: no version directory with a model.vmfb (that its "
+                        "version policy selects); skipped", model_dir.name)
+        return versions
 
-    def rescan_model(self, name: str) -> tuple[list[ModelVersion], list[ModelVersion]]:
-        """Reads `name`'s directory again for the model-repository extension's `load`:
-        versions loaded stay as they are; new, failed and unloaded ones are made afresh
-        (to be loaded); versions whose directory is gone are returned to be unloaded.
-        Returns (to load, to unload). ProtocolError 400 when there is nothing to load."""
+    def scan_model(self, name: str) -> dict[str, ModelVersion]:
+        """`name`'s versions as its directory holds them now (blocking; not loaded).
+        ProtocolError 400 naming no path when there is nothing to load."""
         model_dir = self.root / name
-        if not name or name.startswith((".", "_")) or "/" in name or not model_dir.is_dir():
-            raise ProtocolError(400, f"failed to load '{name}': no directory {name}/ in the "
-                                     f"model repository")
+        if not name or name.startswith((".", "_")) or "/" in name or "\\" in name or \
+                not model_dir.is_dir():
+            raise ProtocolError(400, f"failed to load '{name}': no such model directory "
+                                     f"in the model repository")
         try:
             fresh = self._scan_model(model_dir)
         except OSError as exc:
-            raise ProtocolError(400, f"failed to load '{name}': {exc}") from None
+            raise ProtocolError(400, f"failed to load '{name}': "
+                                     f"{exc.strerror or type(exc).__name__}") from None
         if not fresh:
             raise ProtocolError(400, f"failed to load '{name}': no version directory with "
                                      f"a model.vmfb")
+        return fresh
+
+    async def reload(self, name: str, background: trio.Nursery, *, changed_only: bool = False
+                     ) -> list[ModelVersion]:
+        """Triton's repository `load` of one model: reads its directory again and loads
+        every version its policy selects afresh (only those whose files changed, with
+        `changed_only`), each next to the version it replaces, which is swapped out only
+        once the new one loaded and then finishes what it admitted in `background`.
+        A version that fails to load keeps its predecessor serving. Versions no longer
+        selected unload once a selected one serves. Returns the versions that failed."""
+        fresh = await trio.to_thread.run_sync(self.scan_model, name)
         current = self.models.get(name, {})
-        merged = {v: (current[v] if v in current and current[v].ready else mv)
-                  for v, mv in fresh.items()}
-        removed = [mv for v, mv in current.items() if v not in fresh]
-        self.models[name] = {**{v: mv for v, mv in current.items() if v not in fresh},
-                             **merged}
-        self.models[name] = dict(sorted(self.models[name].items(),
-                                        key=lambda kv: _version_key(kv[0])))
-        return [mv for mv in merged.values() if not mv.ready], removed
+        to_load = [mv for v, mv in fresh.items()
+                   if not (changed_only and v in current and current[v].ready
+                           and current[v].fingerprint == file_fingerprint(mv.path))]
+        failed = await trio.to_thread.run_sync(self.load_versions, to_load)
+        versions = dict(current)
+        for mv in to_load:
+            old = versions.get(mv.version)
+            if mv in failed and old is not None and old.ready:
+                continue  # the old one keeps serving
+            versions[mv.version] = mv
+            if old is not None:
+                self._retire(old, background)
+        if any(mv.ready for v, mv in versions.items() if v in fresh):
+            for v in [v for v in versions if v not in fresh]:
+                self._retire(versions.pop(v), background)
+        self.models[name] = dict(sorted(versions.items(), key=lambda kv: _version_key(kv[0])))
+        return failed
+
+    async def unload_model(self, name: str) -> None:
+        """Every version of `name` stops serving once what it admitted finished."""
+        async with trio.open_nursery() as nursery:
+            for mv in self.models[name].values():
+                nursery.start_soon(mv.unload)
+
+    def _retire(self, mv: ModelVersion, background: trio.Nursery) -> None:
+        self.retiring.add(mv)
+
+        async def retire() -> None:
+            try:
+                await mv.unload()
+            finally:
+                self.retiring.discard(mv)
+
+        background.start_soon(retire)
 
     def all_versions(self) -> list[ModelVersion]:
         return [mv for versions in self.models.values() for mv in versions.values()]
@@ -534,15 +695,17 @@ class ModelRepository:
                 failed.append(mv)
                 log.error("model %s version %s: %s", mv.name, mv.version, mv.reason)
                 continue
-            log.info("loading model %s version %s from %s", mv.name, mv.version, mv.path)
+            log.info("loading model %s version %s", mv.name, mv.version)
             mv.memory = self.memory
             try:
                 device = self.device(mv.device_name)
-                mv.load(device, self._device_locks[mv.device_name])
+                mv.load(device, self._device_locks[mv.device_name], self.token)
             except (ConfigError, Error, OSError, ValueError) as exc:
-                mv.state, mv.reason = "UNAVAILABLE", str(exc)
+                reason = str(exc).replace(str(self.root), "")
+                mv.state, mv.reason = "UNAVAILABLE", reason
                 failed.append(mv)
-                log.error("model %s version %s failed to load: %s", mv.name, mv.version, exc)
+                log.error("model %s version %s failed to load: %s", mv.name, mv.version,
+                          reason)
                 continue
             log.info("loaded model %s version %s (@%s, %d inputs, %d outputs) on %s in %.3f s",
                      mv.name, mv.version, mv.function, len(mv.inputs), len(mv.outputs),
@@ -550,36 +713,29 @@ class ModelRepository:
         return failed
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
-        """The version (the highest when `version` is None); ProtocolError 404 if none."""
+        """The version (the highest ready one when `version` is None); ProtocolError 404
+        if none (naming only what was asked for)."""
         versions = self.models.get(name)
         if versions is None:
-            raise ProtocolError(404, f"unknown model '{name}'; models: "
-                                     f"{', '.join(self.models) or '(none)'}")
+            raise ProtocolError(404, f"unknown model '{name}'")
         if version is None or version == "":
             ready = [mv for mv in versions.values() if mv.ready]
             return (ready or list(versions.values()))[-1]
         mv = versions.get(version)
         if mv is None:
-            raise ProtocolError(404, f"unknown version '{version}' of model '{name}'; "
-                                     f"versions: {', '.join(versions)}")
+            raise ProtocolError(404, f"unknown version '{version}' of model '{name}'")
         return mv
 
-    def forget(self, mv: ModelVersion) -> None:
-        """Drops an unloaded version whose directory is gone from the repository."""
-        versions = self.models.get(mv.name, {})
-        if versions.get(mv.version) is mv:
-            del versions[mv.version]
-        if not versions:
-            self.models.pop(mv.name, None)
-
     def close(self) -> None:
-        for mv in self.all_versions():
-            if mv.module is not None:
+        for mv in [*self.all_versions(), *self.retiring]:
+            if mv.admission is not None:
+                mv.admission.stop()
+            for module in mv.modules:
                 try:
-                    mv.module.close()
+                    module.close()
                 except Error:
                     pass
-                mv.module = None
+            mv.modules, mv.module = [], None
         for device in self.devices.values():
             try:
                 device.close()

@@ -77,7 +77,7 @@ def test_readme_snippets_run_as_written(tmp_path, monkeypatch):
     repo = ModelRepository(tmp_path / "models")
     try:
         assert repo.load_all() == []
-        assert repo.get("scaler").batcher is not None
+        assert repo.get("scaler").batching is not None
     finally:
         repo.close()
 

@@ -54,6 +54,7 @@ closed that way, so the process exits normally.
 from __future__ import annotations
 
 import functools
+import linecache
 import os
 import re
 import weakref
@@ -303,7 +304,7 @@ class Module:
     """A loaded `.vmfb` on a device; call its exports with numpy arrays and scalars."""
 
     def __init__(self, source: Any, device: Any = "task", *,
-                 modules: Sequence[Any] = (), parameters: Any = None,
+                 modules: Sequence[Any] = (), parameters: Any = None, mapped: bool = False,
                  **options: Any) -> None:
         if isinstance(source, (bytes, bytearray, memoryview)):
             data: Any = _aligned_copy(source)
@@ -320,7 +321,7 @@ class Module:
         self._owned_devices = [d for d, owned in resolved if owned]
         self.device = self.devices[0]
         try:
-            self.bytecode = load_module(data)
+            self.bytecode = load_module(data, mapped=mapped)
             self.hal_module = create_hal_module(self.devices)
             user_modules = [_user_module(m, self.device) for m in modules]
             self.parameters_module = _parameters_module(parameters, self.bytecode,
@@ -640,6 +641,9 @@ class Module:
                 context.close()
             except Error:
                 pass
+        program = getattr(self.__dict__.get("bytecode"), "program", None)
+        if program is not None:  # its generated source is only kept for tracebacks
+            linecache.cache.pop(program.filename, None)
         owned = self.__dict__.get("_owned_devices", [])
         while owned:
             owned.pop().close()
@@ -855,13 +859,19 @@ def _parameters_module(parameters: Any, bytecode: BytecodeModule,
 
 
 def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (),
-         parameters: Any = None, **options: Any) -> Module:
+         parameters: Any = None, mapped: bool = False, **options: Any) -> Module:
     """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`), or
     onto several (a list of them, in the order the program's devices take them: a
     program compiled with `--iree-hal-target-device=a=local[0]
     --iree-hal-target-device=b=local[1]` runs `a` on the first and `b` on the second;
     drivers may be mixed, such as a `task` CPU beside an `emu` accelerator). Inputs are
     placed on the first device (`Module.device`); `Module.devices` lists them all.
+
+    The module owns its bytes: a path is read into private memory (regular files only),
+    so later writes, truncation or deletion of the file change nothing it runs.
+    `mapped=True` maps the file instead (zero-copy, copy-on-write): faster to load a large
+    file, but the file must not change while the module lives — a truncation makes the
+    program fault on the lost pages.
 
     `modules` are extra modules the program imports from, linked between `hal` and the
     program as IREE's tools link them: `NativeModule` objects (functions written in
@@ -876,4 +886,5 @@ def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (
     `tinyhal.vm.io_parameters.parameter_scopes`. `Module.parameter_statistics()` tells
     the parameter memory the program holds.
     """
-    return Module(path_or_bytes, device, modules=modules, parameters=parameters, **options)
+    return Module(path_or_bytes, device, modules=modules, parameters=parameters,
+                  mapped=mapped, **options)

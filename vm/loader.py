@@ -10,8 +10,10 @@ naming what was wrong; nothing in a hostile file can crash, hang or over-allocat
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 
@@ -22,6 +24,7 @@ from ..errors import (
     InternalError,
     InvalidArgumentError,
     NotFoundError,
+    OutOfRangeError,
     PermissionDeniedError,
     UnimplementedError,
 )
@@ -202,16 +205,67 @@ def _check_type_name(name: str) -> None:
     raise NotFoundError(f"no type registered with name {name!r}")
 
 
-def _to_view(source, origin: str) -> tuple[memoryview, object]:
-    """A view of the module's bytes; a file is mapped privately (copy-on-write).
+def read_module_file(path: str | os.PathLike, *, limit: int | None = None) -> memoryview:
+    """The bytes of the regular file `path`, read into private 64-byte-aligned memory.
 
-    A private mapping gives every page its own copy on first write, so a program whose
-    kernels write into constant-backed buffers (IREE's tools read the file into writable
-    memory, where that works) runs here too, and the file on disk never changes.
+    What is returned belongs to the caller: no later write, truncation or deletion of the
+    file reaches it. Only regular files are read (a FIFO, device or socket is refused at
+    once, without blocking), so the time it takes is bounded by the file's size; a file
+    that shrinks while being read is DATA_LOSS. `limit` bounds the size (OUT_OF_RANGE).
     """
+    origin = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise NotFoundError(f"{origin}: module file not found") from None
+    except PermissionError:
+        raise PermissionDeniedError(f"{origin}: module file cannot be read") from None
+    except OSError as exc:
+        raise InvalidArgumentError(f"{origin}: module file cannot be opened: "
+                                   f"{exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InvalidArgumentError(f"{origin}: module path is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidArgumentError(f"{origin}: not a regular file")
+        size = st.st_size
+        if limit is not None and size > limit:
+            raise OutOfRangeError(f"{origin}: module file has {size} bytes, over the "
+                                  f"limit of {limit}")
+        raw = bytearray(size + SEGMENT_ALIGNMENT)
+        start = (-_address_of(raw)) % SEGMENT_ALIGNMENT
+        view = memoryview(raw)[start:start + size]
+        got = 0
+        while got < size:
+            n = os.readv(fd, [view[got:]])
+            if n == 0:
+                raise DataLossError(f"{origin}: module file shrank while it was read "
+                                    f"({got} of {size} bytes)")
+            got += n
+    except OSError as exc:
+        raise InvalidArgumentError(f"{origin}: module file cannot be read: "
+                                   f"{exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    return view.toreadonly()
+
+
+def _address_of(buffer: bytearray) -> int:
+    return ctypes.addressof((ctypes.c_char * 1).from_buffer(buffer))
+
+
+def _to_view(source, origin: str, mapped: bool = False) -> tuple[memoryview, object]:
+    """A view of the module's bytes. A file is read into private memory unless `mapped`;
+    then it is mapped privately (copy-on-write), zero-copy but not safe against later
+    changes of the file (a truncation makes reads of the lost pages fault)."""
     if isinstance(source, (str, os.PathLike)):
+        if not mapped:
+            return read_module_file(source), None
         try:
             with open(source, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise InvalidArgumentError(f"module file is not a regular file: {origin}")
                 size = os.fstat(f.fileno()).st_size
                 if size == 0:
                     return memoryview(b""), None
@@ -233,15 +287,18 @@ def _to_view(source, origin: str) -> tuple[memoryview, object]:
     raise InvalidArgumentError(f"cannot load a module from {type(source).__name__}")
 
 
-def load_module(source, *, name_hint: str | None = None) -> BytecodeModule:
+def load_module(source, *, name_hint: str | None = None, mapped: bool = False
+                ) -> BytecodeModule:
     """Loads and verifies a `.vmfb` from a path, bytes, bytearray or memoryview.
 
     The returned module keeps zero-copy views of `source` (rodata buffers included);
-    a bytearray passed in must not be mutated afterwards. A path is mapped privately
-    (copy-on-write). Every error names the file (or `<bytes>`).
+    a bytearray passed in must not be mutated afterwards. A path is read into private
+    memory (`read_module_file`), so the module owns its bytes; `mapped=True` maps it
+    privately instead (zero-copy; the file must then not change while the module lives).
+    Every error names the file (or `<bytes>`).
     """
     origin = _origin(source)
-    view, owner = _to_view(source, origin)
+    view, owner = _to_view(source, origin, mapped)
     try:
         return _load(view, owner)
     except Error as exc:

@@ -128,8 +128,8 @@ def test_no_arguments_serves_the_bundled_samples():
         assert sorted(repo.models) == ["mlp_classifier", "saxpy"]
         mv = repo.get("mlp_classifier")
         assert (mv.function, mv.max_batch_size, mv.device_name, mv.execution) == \
-            ("predict", 64, "sync", "async")
-        assert mv.batcher is not None
+            ("predict", 64, "sync", "thread")
+        assert mv.batching is not None
     finally:
         repo.close()
 
@@ -147,7 +147,7 @@ def test_cli_rejects_a_missing_repository(tmp_path):
     assert proc.returncode == 2 and "not a directory" in proc.stderr
 
 
-@pytest.mark.parametrize("device,execution", [("sync", "thread"), ("emu", "async")])
+@pytest.mark.parametrize("device,execution", [("sync", "thread"), ("emu", "thread")])
 def test_other_devices_give_the_same_bits(tmp_path, start_server, device, execution):
     """--device sync runs invocations in a worker thread (the sync device would block the
     event loop); emu runs them on the loop like task. Both match iree.runtime."""
@@ -156,7 +156,7 @@ def test_other_devices_give_the_same_bits(tmp_path, start_server, device, execut
     shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")
     config_path = tmp_path / "mlp_classifier/config.json"
     config = json.loads(config_path.read_text())
-    del config["device"], config["execution"]  # the server's --device decides
+    del config["device"]  # the server's --device decides
     config_path.write_text(json.dumps(config))
     server = start_server("--model-repository", str(tmp_path), "--device", device)
     x = np.random.default_rng(9).normal(size=(3, 16)).astype(np.float32)
@@ -296,7 +296,8 @@ def test_a_faulting_kernel_takes_down_its_device_not_the_server(tmp_path, start_
     (tmp_path / "corrupt" / "config.json").write_text(
         json.dumps({"function": "main", "device": "task"}))
     shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")  # on sync
-    server = start_server("--model-repository", str(tmp_path))
+    server = start_server("--model-repository", str(tmp_path), "--model-control-mode",
+                          "explicit")
     status, _, body = server.request("GET", "/v2/models/corrupt")
     request = {"inputs": [{"name": spec["name"], "datatype": "FP32", "shape": [4],
                            "data": [1.0, 2.0, 3.0, 4.0]} for spec in json.loads(body)["inputs"]]}

@@ -31,7 +31,8 @@ def _saxpy(client, version=""):
 def test_load_unload_and_new_versions(tmp_path, start_server, spin_vmfb):
     shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
     write_model(tmp_path, "spin", spin_vmfb, {"max_concurrency": 1})
-    server = start_server("--model-repository", str(tmp_path))
+    server = start_server("--model-repository", str(tmp_path), "--model-control-mode",
+                          "explicit")
     client = httpclient.InferenceServerClient(server.url, network_timeout=60.0)
     try:
         assert {"model_repository", "statistics"} <= set(
@@ -55,20 +56,31 @@ def test_load_unload_and_new_versions(tmp_path, start_server, spin_vmfb):
         assert client.is_model_ready("saxpy")
         np.testing.assert_array_equal(_saxpy(client), [1, 3, 5])
 
-        # a new version directory is picked up by load; the latest serves by default
+        # a new version directory is picked up by load; with version policy "all" both
+        # serve ...
         shutil.copytree(tmp_path / "saxpy" / "1", tmp_path / "saxpy" / "2")
+        config = json.loads((tmp_path / "saxpy" / "config.json").read_text())
+        (tmp_path / "saxpy" / "config.json").write_text(
+            json.dumps({**config, "version_policy": {"all": {}}}))
         client.load_model("saxpy")
         assert client.get_model_metadata("saxpy")["versions"] == ["1", "2"]
         assert client.is_model_ready("saxpy", "2")
         np.testing.assert_array_equal(_saxpy(client, "2"), [1, 3, 5])
+        # ... with the default policy only the latest one; the other unloads
+        (tmp_path / "saxpy" / "config.json").write_text(json.dumps(config))
+        client.load_model("saxpy")
+        assert client.get_model_metadata("saxpy")["versions"] == ["2"]
+        assert not client.is_model_ready("saxpy", "1")
         # ... and a version whose directory is gone is unloaded and dropped
-        shutil.rmtree(tmp_path / "saxpy" / "1")
+        shutil.copytree(tmp_path / "saxpy" / "2", tmp_path / "saxpy" / "3")
+        client.load_model("saxpy")
+        shutil.rmtree(tmp_path / "saxpy" / "3")
         client.load_model("saxpy")
         assert client.get_model_metadata("saxpy")["versions"] == ["2"]
 
         with pytest.raises(InferenceServerException) as info:
             client.load_model("nope")
-        assert info.value.status() == "400" and "no directory" in info.value.message()
+        assert info.value.status() == "400" and "no such model directory" in info.value.message()
         with pytest.raises(InferenceServerException) as info:
             client.unload_model("nope")
         assert info.value.status() == "404"
@@ -79,7 +91,8 @@ def test_load_unload_and_new_versions(tmp_path, start_server, spin_vmfb):
 def test_unload_waits_for_a_running_invocation(tmp_path, start_server, spin_vmfb):
     write_model(tmp_path, "spin", spin_vmfb, {"max_concurrency": 1})
     shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
-    server = start_server("--model-repository", str(tmp_path))
+    server = start_server("--model-repository", str(tmp_path), "--model-control-mode",
+                          "explicit")
     body = {"inputs": [
         {"name": "x", "datatype": "FP32", "shape": [1024], "data": [1.0] * 1024},
         {"name": "n", "datatype": "INT32", "shape": [1], "data": [1_000_000]}]}

@@ -365,7 +365,7 @@ def test_metrics_expose_device_memory_and_requests(server, client):
               (("code", "200"), ("model", "mlp_classifier"), ("version", "1")))] >= 1
     assert m[("tinyhal_inference_request_duration_seconds_count",
               (("model", "mlp_classifier"), ("version", "1")))] >= 1
-    assert m[("tinyhal_model_info", (("device", "sync"), ("execution", "async"),
+    assert m[("tinyhal_model_info", (("device", "sync"), ("execution", "thread"),
                                      ("function", "predict"), ("model", "mlp_classifier"),
                                      ("version", "1")))] == 1
     assert m[("tinyhal_server_draining", ())] == 0

@@ -183,6 +183,6 @@ def test_http_edges_pipelining_continue_http10_head(server):
     assert status == 400 and "malformed HTTP request" in json.loads(payload)["error"]
     status, payload = _raw(server, b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Big: " +
                            b"a" * (70 << 10) + b"\r\n\r\n")
-    assert status == 400 and "error" in json.loads(payload)
+    assert status == 431 and "error" in json.loads(payload)
     status, _, _ = server.request("GET", "/v2/health/live")
     assert status == 200
