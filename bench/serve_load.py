@@ -24,21 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import print_table, write_results  # noqa: E402
+from _common import ServerProcess, free_port, hey, print_table, write_results  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SAMPLES = HERE.parent / "server" / "models"
@@ -46,71 +40,12 @@ MODEL = "mlp_classifier"
 PATH = f"/v2/models/{MODEL}/infer"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Process:
-    """A server subprocess on 127.0.0.1:`port`, ready once `PATH` answers 200."""
-
-    def __init__(self, name: str, argv: list[str], port: int, body: bytes) -> None:
-        self.name, self.port = name, port
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 90
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{name} exited: {self.proc.stderr.read().decode()[-2000:]}")
-            try:
-                req = urllib.request.Request(f"http://127.0.0.1:{port}{PATH}", body,
-                                             {"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise SystemExit(f"{name} did not answer within 90 s")
-            time.sleep(0.2)
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        return self.proc.returncode
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def hey(port: int, body_file: str, seconds: float, concurrency: int, pid: int = 0) -> dict:
-    cpu0 = _cpu_seconds(pid) if pid else 0.0
-    out = subprocess.run(
-        ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST",
-         "-T", "application/json", "-D", body_file, f"http://127.0.0.1:{port}{PATH}"],
-        capture_output=True, text=True, timeout=seconds + 120, check=True).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    p = {q: float(m.group(1)) * 1e3 for q in ("50", "99")
-         if (m := re.search(rf"{q}% in ([\d.]+) secs", out))}
-    codes = {int(c): int(n) for c, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
-    errors = sum(n for c, n in codes.items() if c != 200)
-    if "Error distribution:" in out:  # connection-level failures: "  [count]\tmessage"
-        tail = out.split("Error distribution:", 1)[1]
-        errors += sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]", tail, re.M))
-    cpu = _cpu_seconds(pid) - cpu0 if pid else float("nan")
-    answered = max(1, sum(codes.values()))
-    return {"rps": rps, "p50_ms": p.get("50", float("nan")), "p99_ms": p.get("99", float("nan")),
-            "ok": codes.get(200, 0), "errors": errors, "cpu_us": 1e6 * cpu / answered}
+def _hey(server: ServerProcess, body_file: str, seconds: float, concurrency: int) -> dict:
+    cpu0 = server.cpu_seconds()
+    result = hey(server.url, body_file, seconds, concurrency)
+    cpu = server.cpu_seconds() - cpu0
+    result["cpu_us"] = 1e6 * cpu / max(1, result["answered"])
+    return result
 
 
 def _repo(root: Path, batching: bool) -> Path:
@@ -136,32 +71,33 @@ def main(argv: list[str] | None = None) -> int:
     features = [round(0.1 * i - 0.7, 3) for i in range(16)]
     body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
                                    "data": features}]}).encode()
-    servers: list[Process] = []
+    servers: list[ServerProcess] = []
     with tempfile.TemporaryDirectory() as tmp:
         body_file = os.path.join(tmp, "body.json")
         Path(body_file).write_bytes(body)
         try:
-            port = _free_port()
-            servers.append(Process(
+            port = free_port()
+            servers.append(ServerProcess(
                 "baseline (FastAPI+uvicorn+iree.runtime)",
                 [sys.executable, str(HERE / "baseline_server.py"),
-                 str(SAMPLES / MODEL / "1" / "model.vmfb"), "--port", str(port)], port, body))
+                 str(SAMPLES / MODEL / "1" / "model.vmfb"), "--port", str(port)], port, body,
+                PATH))
             for batching in (False, True):
                 repo = _repo(Path(tmp) / f"repo-{batching}", batching)
-                port = _free_port()
-                servers.append(Process(
+                port = free_port()
+                servers.append(ServerProcess(
                     f"tinyhal-serve{' + dynamic batching' if batching else ''}",
                     [sys.executable, "-m", "tinyhal.server.main", "--port", str(port),
-                     "--model-repository", str(repo), "--log-level", "warning"], port, body))
+                     "--model-repository", str(repo), "--log-level", "warning"], port, body,
+                    PATH))
             for server in servers:  # warm-up
-                hey(server.port, body_file, 1, 8)
+                hey(server.url, body_file, 1, 8)
             cells: dict[tuple[str, int], list[dict]] = {}
             for r in range(args.rounds):
                 for c in levels:
                     order = servers[r % len(servers):] + servers[:r % len(servers)]
                     for server in order:
-                        result = hey(server.port, body_file, args.seconds, c,
-                                     server.proc.pid)
+                        result = _hey(server, body_file, args.seconds, c)
                         cells.setdefault((server.name, c), []).append(result)
                         print(f"round {r + 1} c={c:<3} {server.name:<42} "
                               f"{result['rps']:8.1f} req/s  p99 {result['p99_ms']:7.2f} ms",

@@ -108,7 +108,7 @@ class Server:
         self.loaded = True
 
     def create_series(self, mv: ModelVersion) -> None:
-        self.metrics.series(mv.name, mv.version).requests(200)
+        self.metrics.series(mv.name, mv.version)
 
     async def handle(self, request: Request) -> Response:
         """Answers one HTTP request (never raises: a failure of ours is a 500)."""
@@ -334,7 +334,7 @@ class _Routes:
             mv = self.repo.get(name, version)
         except ProtocolError as exc:
             # unknown names are not labels: count them under one bucket
-            server.metrics.requests.labels("", "", str(exc.status)).inc()
+            server.metrics.unknown_model(exc.status)
             return error_response(exc.status, exc.message)
         series = server.metrics.series(mv.name, mv.version)
         status = 500
@@ -343,8 +343,7 @@ class _Routes:
             status = response.status
             return response
         finally:
-            series.requests(status).inc()
-            series.duration.observe(trio.current_time() - request.arrived)
+            series.finished(status, trio.current_time() - request.arrived)
 
     async def _infer(self, request: Request, mv: ModelVersion) -> Response:
         server = self.server
@@ -403,17 +402,14 @@ class _Routes:
             response = Response(200, out, "application/octet-stream",
                                 [("inference-header-content-length", str(header_length))])
         done = trio.current_time()
-        histograms, phases = server.metrics.series(mv.name, mv.version).phases, mv.stats.phases
-        for phase, seconds in (("queue", queued), ("compute_input", compute_input),
-                               ("compute_infer", compute_infer),
-                               ("compute_output", done - t_output)):
-            histograms[phase].observe(seconds)
-            phases[phase].add(seconds)
-        mv.stats.finished(True, done - request.arrived)
+        server.metrics.series(mv.name, mv.version).succeeded(
+            mv.stats, (queued, compute_input, compute_infer, done - t_output),
+            done - request.arrived)
         return response
 
     def _failed(self, mv: ModelVersion, request: Request, response: Response) -> Response:
-        mv.stats.finished(False, trio.current_time() - request.arrived)
+        self.server.metrics.series(mv.name, mv.version).failed(
+            mv.stats, trio.current_time() - request.arrived)
         return response
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from tinyhal.server.protocol import (
+    DATATYPES,
     ProtocolError,
     build_infer_response,
     parse_infer_request,
@@ -45,9 +47,13 @@ def test_binary_inputs_in_order_and_bool_bytes_checked():
                 {"name": "j", "datatype": "INT8", "shape": [2], "data": [1, -1]},
                 {"name": "b", "datatype": "BOOL", "shape": [3],
                  "parameters": {"binary_data_size": 3}})
-    req = parse_infer_request(head + a.tobytes() + b.tobytes(), str(len(head)))
+    body = head + a.tobytes() + b.tobytes()
+    req = parse_infer_request(body, str(len(head)))
     np.testing.assert_array_equal(req.inputs["a"], a)
     np.testing.assert_array_equal(req.inputs["b"], b)
+    # binary tensors are views of the request body, not copies
+    whole = np.frombuffer(body, np.uint8)
+    assert np.shares_memory(req.inputs["a"], whole) and np.shares_memory(req.inputs["b"], whole)
     assert req.inputs["j"].tolist() == [1, -1]
     with pytest.raises(ProtocolError, match="must be 0 or 1"):
         parse_infer_request(head + a.tobytes() + b"\x00\x02\x01", str(len(head)))
@@ -96,3 +102,50 @@ def test_all_json_response_has_no_header_length():
     assert json.loads(body) == {"model_name": "m", "model_version": "2",
                                 "outputs": [{"name": "y", "datatype": "FP64", "shape": [1],
                                              "data": [0.1]}]}
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64", "INT8", "UINT64", "BOOL"])
+def test_json_outputs_read_back_to_the_same_bits(datatype):
+    """JSON outputs come straight from the array; read as their datatype they give back the
+    exact values (floats in their shortest form, a batch-mate's strided rows too)."""
+    dtype = DATATYPES[datatype]
+    rng = np.random.default_rng(5)
+    if dtype.kind == "f":
+        values = rng.standard_normal((6, 3)).astype(dtype)
+    elif dtype.kind == "b":
+        values = rng.integers(0, 2, (6, 3)).astype(bool)
+    else:
+        info = np.iinfo(dtype)
+        values = rng.integers(info.min, info.max, (6, 3), dtype=dtype, endpoint=True)
+    array = values[::2]  # not contiguous
+    req = parse_infer_request(_req({"name": "a", "datatype": "FP32", "shape": [1],
+                                    "data": [1]}))
+    body, header_length = build_infer_response("m", "1", req, [("y", datatype, array)])
+    assert header_length is None
+    out = json.loads(body)["outputs"][0]
+    assert out["shape"] == [3, 3]
+    back = np.array(out["data"], dtype=dtype)
+    assert back.tobytes() == np.ascontiguousarray(array).reshape(-1).tobytes()
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64", "BF16"])
+def test_json_floats_round_once_and_refuse_what_does_not_fit(datatype):
+    """A JSON number becomes the nearest value of the datatype (as numpy rounds a float64
+    to it); a number beyond the largest finite value is a 400 naming it (JSON cannot
+    carry one beyond float64: orjson refuses it as invalid JSON)."""
+    dtype = DATATYPES[datatype]
+    largest = float(ml_dtypes.finfo(dtype).max)
+    values = [0.1, -2.5, 1, 3.0000001, 1e-8, -largest, largest, 2**60]
+    values = [v for v in values if abs(v) <= largest]
+    req = parse_infer_request(_req({"name": "a", "datatype": datatype,
+                                    "shape": [len(values)], "data": values}))
+    want = np.array(values, np.float64).astype(dtype)
+    assert req.inputs["a"].dtype == dtype
+    assert req.inputs["a"].tobytes() == want.tobytes()
+    if datatype == "FP64":
+        return
+    too_big = largest * 1.01
+    with pytest.raises(ProtocolError, match=f"does not fit {datatype}") as info:
+        parse_infer_request(_req({"name": "a", "datatype": datatype, "shape": [2],
+                                  "data": [1.0, -too_big]}))
+    assert info.value.status == 400

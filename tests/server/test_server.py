@@ -371,3 +371,26 @@ def test_metrics_expose_device_memory_and_requests(server, client):
     assert m[("tinyhal_server_draining", ())] == 0
     assert not math.isnan(m[("tinyhal_model_load_seconds",
                               (("model", "saxpy"), ("version", "1")))])
+
+
+def test_metrics_and_statistics_record_the_same_phases(server, client):
+    """Each request is recorded once into both the Prometheus histograms and Triton's
+    statistics: for every phase the counts and the totals agree, and the buckets are
+    cumulative up to +Inf = count."""
+    x = np.ones((2, 16), np.float32)
+    for _ in range(3):
+        client.infer("mlp_classifier", [_input("features", x, "FP32")])
+    m = server.metrics()
+    stats = client.get_inference_statistics("mlp_classifier", "1")["model_stats"][0]
+    labels = (("model", "mlp_classifier"), ("version", "1"))
+    for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
+        name = f"tinyhal_inference_{phase}_duration_seconds"
+        count = m[(f"{name}_count", labels)]
+        assert count == stats["inference_stats"][phase]["count"] >= 3, phase
+        assert m[(f"{name}_sum", labels)] == pytest.approx(
+            stats["inference_stats"][phase]["ns"] / 1e9, rel=1e-6, abs=1e-9), phase
+        buckets = sorted((float(dict(lb)["le"]), v) for (n, lb), v in m.items()
+                         if n == f"{name}_bucket" and dict(lb)["model"] == "mlp_classifier"
+                         and dict(lb)["version"] == "1")
+        values = [v for _, v in buckets]
+        assert values == sorted(values) and buckets[-1] == (math.inf, count), phase

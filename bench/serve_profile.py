@@ -1,0 +1,158 @@
+"""Where tinyhal-serve's CPU goes per request: py-spy samples of the server under hey load.
+
+Starts `tinyhal-serve` on the bundled `mlp_classifier` (its bundled config, the queue delay
+set by `--delay`), drives it with `hey` (one 1x16 FP32 JSON row, `Accept-Encoding:
+identity`) at `--concurrency` for `--seconds`, and meanwhile records the server with
+`py-spy record --format raw` (`pip install py-spy`; needs ptrace permission, e.g. root).
+Prints the server's CPU per request over the load (from /proc; py-spy's sampling adds a
+little), then the share of samples per request-path stage (a sample counts for the
+innermost stage on its stack), the functions with the most samples on top of the stack
+(self) and with the most anywhere on it (inclusive). Writes bench/results/serve_profile.json
+and keeps the collapsed stacks beside it (serve_profile.txt, for flamegraph tools).
+
+    python bench/serve_profile.py [--seconds 20] [--concurrency 8] [--delay 0] [--rate 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import RESULTS_DIR, ServerProcess, free_port, hey, write_results  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SAMPLES = HERE.parent / "server" / "models"
+MODEL = "mlp_classifier"
+PATH = f"/v2/models/{MODEL}/infer"
+
+# stage -> substrings of a frame ("function (file:line)"); the innermost match wins
+STAGES = [
+    ("http: parse, write, socket", ("server/http.py", "httptools", "trio/_highlevel_socket")),
+    ("routes + app", ("server/app.py",)),
+    ("protocol: parse request / build response", ("server/protocol.py", "orjson")),
+    ("metrics + statistics", ("server/metrics.py", "server/stats.py", "prometheus_client")),
+    ("admission + batching", ("server/admission.py", "server/batching.py")),
+    ("repository: prepare, invoke, outputs", ("server/repository.py",)),
+    ("vm: invocation (interpreter, hal module)", ("/vm/",)),
+    ("hal + drivers", ("/hal/",)),
+    ("trio: scheduler, epoll, tasks", ("trio/",)),
+]
+
+
+def _stage(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        for stage, needles in STAGES:
+            if any(n in frame for n in needles):
+                return stage
+    return "other (interpreter start, idle, unknown)"
+
+
+def analyse(raw: str, top: int = 25) -> dict:
+    """Sample counts by stage, by function on top of the stack, by function anywhere."""
+    stages: collections.Counter = collections.Counter()
+    self_counts: collections.Counter = collections.Counter()
+    inclusive: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [f for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        total += n
+        stages[_stage(frames)] += n
+        self_counts[frames[-1]] += n
+        for frame in set(frames):
+            inclusive[frame] += n
+
+    def share(counter: collections.Counter, k: int) -> list[tuple[str, float]]:
+        return [(key, 100.0 * v / total) for key, v in counter.most_common(k)]
+
+    return {"samples": total, "stages": share(stages, len(stages)),
+            "self": share(self_counts, top), "inclusive": share(inclusive, top)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--delay", type=int, default=0, help="max_queue_delay_microseconds")
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    args = parser.parse_args(argv)
+    for tool in ("hey", "py-spy"):
+        if not shutil.which(tool) and not shutil.which(tool, path=os.path.dirname(
+                sys.executable)):
+            raise SystemExit(f"{tool} not found (apt-get install hey; pip install py-spy)")
+    py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+
+    body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                                   "data": [round(0.1 * i - 0.7, 3) for i in range(16)]}]})
+    with tempfile.TemporaryDirectory(prefix="serve-profile-") as tmp:
+        work = Path(tmp)
+        body_file = work / "body.json"
+        body_file.write_text(body)
+        shutil.copytree(SAMPLES / MODEL, work / "repo" / MODEL)
+        config_path = work / "repo" / MODEL / "config.json"
+        config = json.loads(config_path.read_text())
+        config.setdefault("dynamic_batching", {})["max_queue_delay_microseconds"] = args.delay
+        config_path.write_text(json.dumps(config))
+        port = free_port()
+        server = ServerProcess("tinyhal-serve", [
+            sys.executable, "-m", "tinyhal.server.main", "--port", str(port),
+            "--model-repository", str(work / "repo"), "--log-level", "warning"],
+            port, body.encode(), PATH)
+        try:
+            hey(server.url, str(body_file), 2, args.concurrency)  # warm-up
+            raw_file = work / "stacks.txt"
+            record = [py_spy, "record", "--format", "raw", "--rate", str(args.rate),
+                      "--duration", str(max(1, int(args.seconds) - 2)), "--pid",
+                      str(server.proc.pid), "--output", str(raw_file)]
+            spy = subprocess.Popen(record, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            result: dict = {}
+            cpu0 = server.cpu_seconds()
+            runner = threading.Thread(target=lambda: result.update(
+                hey(server.url, str(body_file), args.seconds, args.concurrency)))
+            runner.start()
+            runner.join(args.seconds + 180)
+            cpu = server.cpu_seconds() - cpu0
+            spy.wait(timeout=120)
+            if not raw_file.exists():
+                raise SystemExit(f"py-spy wrote nothing: {spy.stderr.read().decode()[-500:]}")
+            raw = raw_file.read_text()
+        finally:
+            server.stop()
+    report = analyse(raw)
+    answered = max(1, result.get("answered", 0))
+    report.update({"rps": result.get("rps"), "p99_ms": result.get("p99_ms"),
+                   "cpu_us_per_request": 1e6 * cpu / answered,
+                   "load_average": os.getloadavg()})
+    print(f"hey c={args.concurrency} {args.seconds:g} s: {report['rps']:.0f} req/s, "
+          f"server CPU {report['cpu_us_per_request']:.0f} us/request (with py-spy attached), "
+          f"load average {report['load_average'][0]:.2f}; {report['samples']} samples")
+    for title, key in (("stage (innermost on the stack)", "stages"),
+                       ("function, self", "self"), ("function, inclusive", "inclusive")):
+        print(f"\n{title}:")
+        for name, pct in report[key]:
+            print(f"  {pct:5.1f}%  {name}")
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    Path(RESULTS_DIR, "serve_profile.txt").write_text(raw)
+    path = write_results("serve_profile", [], {**report, "command": "python "
+                         "bench/serve_profile.py " + " ".join(argv or sys.argv[1:])})
+    print(f"wrote {os.path.relpath(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
