@@ -726,6 +726,7 @@ class SequenceBatcher:
                     self._expired[key] = None
                     if len(self._expired) > _EXPIRED_REMEMBERED:
                         self._expired.popitem(last=False)
+            self._dispatch()  # sequences that waited for a slot may have one now
 
     # -- lifecycle -----------------------------------------------------------------------
 
