@@ -163,35 +163,33 @@ GRU_INPUT, GRU_HIDDEN = 8, 16
 def gru_step() -> tuple[str, dict]:
     """One step of a GRU cell over a batch of sequences: the hidden state comes in as
     `STATE_IN` and goes out as `STATE_OUT` (the server keeps it between a sequence's
-    requests: `sequence_batching.state`), and `OUTPUT` is the new hidden state."""
+    requests: `sequence_batching.state`), and `OUTPUT` is the new hidden state. The three
+    gates' weights are stacked (as cuDNN and PyTorch store them): two matmuls per step."""
     rng = np.random.default_rng(20261124)
     i, h = GRU_INPUT, GRU_HIDDEN
-    wx = [rng.normal(0, 0.4, (i, h)).astype(np.float32) for _ in range(3)]
-    wh = [rng.normal(0, 0.4, (h, h)).astype(np.float32) for _ in range(3)]
-    bx = [rng.normal(0, 0.1, (h,)).astype(np.float32) for _ in range(3)]
-    bh = rng.normal(0, 0.1, (h,)).astype(np.float32)
-    consts = "\n".join(
-        [f"  %wx{g} = arith.constant dense<{_hex(w)}> : tensor<{i}x{h}xf32>"
-         for g, w in enumerate(wx)] +
-        [f"  %wh{g} = arith.constant dense<{_hex(w)}> : tensor<{h}x{h}xf32>"
-         for g, w in enumerate(wh)] +
-        [f"  %bx{g} = arith.constant dense<{_hex(b)}> : tensor<{h}xf32>"
-         for g, b in enumerate(bx)] +
-        [f"  %bh = arith.constant dense<{_hex(bh)}> : tensor<{h}xf32>"])
-    products = "\n".join(
-        f"  %px{g} = linalg.matmul ins(%x, %wx{g} : tensor<?x{i}xf32>, tensor<{i}x{h}xf32>)"
-        f" outs(%zf : tensor<?x{h}xf32>) -> tensor<?x{h}xf32>\n"
-        f"  %ph{g} = linalg.matmul ins(%s, %wh{g} : tensor<?x{h}xf32>, tensor<{h}x{h}xf32>)"
-        f" outs(%zf : tensor<?x{h}xf32>) -> tensor<?x{h}xf32>" for g in range(3))
+    wx = rng.normal(0, 0.4, (i, 3 * h)).astype(np.float32)  # gates z, r, n
+    wh = rng.normal(0, 0.4, (h, 3 * h)).astype(np.float32)
+    bx = rng.normal(0, 0.1, (3, h)).astype(np.float32)
+    bhn = rng.normal(0, 0.1, (h,)).astype(np.float32)
     t = f"tensor<?x{h}xf32>"
-    v = f"tensor<{h}xf32>"
+    g = f"tensor<?x{3 * h}xf32>"
+    g3 = f"tensor<?x3x{h}xf32>"
     mlir = f"""
 #id2 = affine_map<(d0, d1) -> (d0, d1)>
 #row = affine_map<(d0, d1) -> (d1)>
+#gz = affine_map<(d0, d1) -> (d0, 0, d1)>
+#gr = affine_map<(d0, d1) -> (d0, 1, d1)>
+#gn = affine_map<(d0, d1) -> (d0, 2, d1)>
+#bz = affine_map<(d0, d1) -> (0, d1)>
+#br = affine_map<(d0, d1) -> (1, d1)>
+#bn = affine_map<(d0, d1) -> (2, d1)>
 func.func @step(%x: tensor<?x{i}xf32> {{iree.abi.name = "INPUT"}},
                 %s: {t} {{iree.abi.name = "STATE_IN"}})
     -> ({t} {{iree.abi.name = "OUTPUT"}}, {t} {{iree.abi.name = "STATE_OUT"}}) {{
-{consts}
+  %wx = arith.constant dense<{_hex(wx)}> : tensor<{i}x{3 * h}xf32>
+  %wh = arith.constant dense<{_hex(wh)}> : tensor<{h}x{3 * h}xf32>
+  %bx = arith.constant dense<{_hex(bx)}> : tensor<3x{h}xf32>
+  %bhn = arith.constant dense<{_hex(bhn)}> : tensor<{h}xf32>
   %zero = arith.constant 0.0 : f32
   %one = arith.constant 1.0 : f32
   %c0 = arith.constant 0 : index
@@ -199,17 +197,24 @@ func.func @step(%x: tensor<?x{i}xf32> {{iree.abi.name = "INPUT"}},
   %ns = tensor.dim %s, %c0 : {t}
   %same = arith.cmpi eq, %n, %ns : index
   cf.assert %same, "INPUT and STATE_IN must have the same batch size"
+  %eg = tensor.empty(%n) : {g}
+  %zg = linalg.fill ins(%zero : f32) outs(%eg : {g}) -> {g}
+  %px = linalg.matmul ins(%x, %wx : tensor<?x{i}xf32>, tensor<{i}x{3 * h}xf32>)
+                      outs(%zg : {g}) -> {g}
+  %ph = linalg.matmul ins(%s, %wh : {t}, tensor<{h}x{3 * h}xf32>)
+                      outs(%zg : {g}) -> {g}
+  %gx = tensor.expand_shape %px [[0], [1, 2]] output_shape [%n, 3, {h}] : {g} into {g3}
+  %gh = tensor.expand_shape %ph [[0], [1, 2]] output_shape [%n, 3, {h}] : {g} into {g3}
   %e = tensor.empty(%n) : {t}
-  %zf = linalg.fill ins(%zero : f32) outs(%e : {t}) -> {t}
-{products}
-  %new = linalg.generic {{indexing_maps = [#id2, #id2, #id2, #id2, #id2, #id2, #id2,
-                                          #row, #row, #row, #row, #id2],
+  %new = linalg.generic {{indexing_maps = [#gz, #gz, #gr, #gr, #gn, #gn, #id2,
+                                          #bz, #br, #bn, #row, #id2],
                          iterator_types = ["parallel", "parallel"]}}
-      ins(%px0, %ph0, %px1, %ph1, %px2, %ph2, %s, %bx0, %bx1, %bx2, %bh
-          : {t}, {t}, {t}, {t}, {t}, {t}, {t}, {v}, {v}, {v}, {v})
+      ins(%gx, %gh, %gx, %gh, %gx, %gh, %s, %bx, %bx, %bx, %bhn
+          : {g3}, {g3}, {g3}, {g3}, {g3}, {g3}, {t}, tensor<3x{h}xf32>,
+            tensor<3x{h}xf32>, tensor<3x{h}xf32>, tensor<{h}xf32>)
       outs(%e : {t}) {{
   ^bb0(%xz: f32, %hz: f32, %xr: f32, %hr: f32, %xn: f32, %hn: f32, %hp: f32,
-       %bz: f32, %br: f32, %bn: f32, %bhn: f32, %o: f32):
+       %bz: f32, %br: f32, %bn: f32, %bh: f32, %o: f32):
     %az0 = arith.addf %xz, %hz : f32
     %az = arith.addf %az0, %bz : f32
     %nz = arith.negf %az : f32
@@ -222,7 +227,7 @@ func.func @step(%x: tensor<?x{i}xf32> {{iree.abi.name = "INPUT"}},
     %er = math.exp %nr : f32
     %dr = arith.addf %one, %er : f32
     %r = arith.divf %one, %dr : f32
-    %hb = arith.addf %hn, %bhn : f32
+    %hb = arith.addf %hn, %bh : f32
     %rh = arith.mulf %r, %hb : f32
     %an0 = arith.addf %xn, %bn : f32
     %an = arith.addf %an0, %rh : f32
