@@ -201,6 +201,15 @@ def test_32_interleaved_sequences_match_each_sequence_alone(seq_server):
     seq = after["sequence_stats"]
     assert seq["live_sequences"] == 0 and seq["slots_in_use"] == 0
     assert seq["host"]["invoke"]["count"] >= executions
+    labels = (("model", "gru_step"), ("version", "1"))
+    metrics = seq_server.metrics()
+    assert metrics[("tinyhal_sequences_live", labels)] == 0
+    assert metrics[("tinyhal_sequence_slots_in_use", labels)] == 0
+    assert metrics[("tinyhal_sequence_batch_size_count", labels)] == after["execution_count"]
+    assert metrics[("tinyhal_sequence_batch_size_bucket", (("le", "1.0"), *labels))] < \
+        after["execution_count"]
+    assert metrics[("tinyhal_sequence_host_seconds_total",
+                    (("model", "gru_step"), ("phase", "invoke"), ("version", "1")))] > 0
 
 
 def test_metadata_hides_state_and_lists_sequence_extension(seq_server):
@@ -256,6 +265,8 @@ def test_idle_sequence_expires(seq_server):
     x = np.zeros((1, 8), np.float32)
     _step(client, "gru_short", x, sequence_id=9, sequence_start=True)
     assert _stats(client, "gru_short")["sequence_stats"]["slots_in_use"] == 1
+    labels = (("model", "gru_short"), ("version", "1"))
+    assert seq_server.metrics()[("tinyhal_sequence_state_bytes", labels)] == 16 * 4
     deadline = time.monotonic() + 30
     while _stats(client, "gru_short")["sequence_stats"]["slots_in_use"] and \
             time.monotonic() < deadline:
