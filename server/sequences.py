@@ -27,6 +27,9 @@ the program takes `input_name` and returns `output_name` (both [batch, *dims]); 
 keeps each live sequence's state in a *slot* of one table per state, set to
 `initial_state` (zeros, or the raw bytes of `initial_state/<data_file>` beside the model
 file) when the sequence starts. Clients never see control or state tensors.
+The slot tables are host arrays (one row per slot): each execution gathers its rows into
+the invocation's state input and writes the program's state output back, a copy of a few
+bytes per sequence in and out; the state is not kept in device buffers between steps.
 
 Cellular batching: every live sequence holds a slot (`max_candidate_sequences` of them
 with `oldest`, `max_batch_size` x instances with `direct`; further starts wait for one).
