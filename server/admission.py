@@ -39,6 +39,7 @@ One protocol for every request, batched or not:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,12 +50,14 @@ import trio
 from .batching import BatchingConfig, Outcome, Results, ready_rows, run_batch, take_batch
 from .instances import InstanceThread
 
+# how long before a queue-delay deadline the timer stops sleeping and starts checking the
+# clock: more than epoll's rounding of its timeout up to whole milliseconds
+_SPIN_SECONDS = 0.0015
+# most unbatched requests handed to a free instance at once (each its own execution)
+_RUN_LIST = 16
+
 __all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Instance",
            "Overloaded", "RunningInvocation", "Unavailable"]
-
-# how long before a queue-delay deadline the timer stops sleeping and starts checking the
-# clock: more than epoll's millisecond rounding
-_SPIN_SECONDS = 0.0015
 
 
 class Overloaded(Exception):
@@ -79,7 +82,7 @@ class Unavailable(Exception):
 
 @dataclass(frozen=True)
 class AdmissionStatistics:
-    running: int  # executions running (each one instance)
+    running: int  # executions handed to instances and not finished
     queued: int
     max_concurrency: int  # instances
     max_queue: int
@@ -102,6 +105,7 @@ class Instance:
 
     thread: InstanceThread
     invoke: Callable[[list[Any]], Results]
+    pending: int = 0  # executions handed to its thread and not finished
 
 
 class _Request:
@@ -208,8 +212,8 @@ class Admission:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def infer(self, args: list[Any], rows: int, deadline: float,
-                    background: trio.Nursery, label: str) -> tuple[Results, float, float]:
+    async def infer(self, args: list[Any], rows: int, deadline: float, label: str
+                    ) -> tuple[Results, float, float]:
         """Runs one request (batched with others when the model batches): (its results,
         seconds queued, seconds its execution took). Raises `Unavailable` when closed,
         `Overloaded` when the queue is full, `DeadlineExceeded` when `deadline` (trio
@@ -227,16 +231,19 @@ class Admission:
         if self._idle and not self._queue and (
                 self.batching is None or not self.batching.delay
                 or rows >= self.batching.target_rows):
-            self._start([request], now)  # the ready path: no queue, no task hop
+            self._start([[request]], now)  # the ready path: no queue, no task hop
         else:
             self._queue.append(request)
             if self.batching is not None and self.batching.delay and not self._timer_started:
                 self._timer_started = True
-                background.start_soon(self._timer)
+                trio.lowlevel.spawn_system_task(self._timer, name="tinyhal queue delay")
             self._dispatch()
         try:
-            with trio.move_on_at(deadline):
+            if deadline == math.inf:
                 await request.done.wait()
+            else:
+                with trio.move_on_at(deadline):
+                    await request.done.wait()
         finally:
             if not request.done.is_set():
                 self._abandon(request)
@@ -267,7 +274,10 @@ class Admission:
     # -- scheduling (on the loop, no checkpoints) ----------------------------------------
 
     def _dispatch(self) -> None:
-        """Starts executions while an instance is free and a batch is ready."""
+        """Starts executions while an instance is free and a batch is ready. Without
+        batching, a free instance is handed a run of up to `_RUN_LIST` queued requests,
+        each its own execution, run one after the other and answered one by one: the
+        instance does not sit idle while the loop hands it the next request."""
         batching = self.batching
         while self._idle and self._queue:
             now = trio.current_time()
@@ -279,35 +289,44 @@ class Admission:
             batch = take_batch(self._queue, batching, now)
             if not batch:
                 return  # only expired requests are queued; their tasks take them out
-            self._start(batch, now)
+            run = [batch]
+            while batching is None and len(run) < _RUN_LIST and self._queue:
+                more = take_batch(self._queue, None, now)
+                if not more:
+                    break
+                run.append(more)
+            self._start(run, now)
         self._arm(math.inf)
 
-    def _start(self, batch: list[_Request], now: float) -> None:
+    def _start(self, run: list[list[_Request]], now: float) -> None:
         instance = self._idle.pop()
-        execution = _Execution(batch, instance, now)
-        for request in batch:
-            request.started = True
-            request.queued_seconds = now - request.arrived
-        self._running.add(execution)
-        if self._begin is not None:
-            execution.watch = self._begin()
-        args = [r.args for r in batch]
-        rows = [r.rows for r in batch]
+        instance.pending = len(run)
         invoke = instance.invoke
-        instance.thread.submit(lambda: run_batch(invoke, args, rows),
-                               lambda result: self._finished(execution, result))
+        jobs = []
+        for batch in run:
+            execution = _Execution(batch, instance, now)
+            for request in batch:
+                request.started = True
+                request.queued_seconds = now - request.arrived
+            self._running.add(execution)
+            if self._begin is not None:
+                execution.watch = self._begin()
+            args = [r.args for r in batch]
+            rows = [r.rows for r in batch]
+            jobs.append((functools.partial(run_batch, invoke, args, rows),
+                         functools.partial(self._finished, execution)))
+        instance.thread.submit(jobs)
 
     def _finished(self, execution: _Execution, result: Any) -> None:
         """On the loop, when an instance thread finished an execution."""
-        now = trio.current_time()
         if self._end is not None:
             self._end(execution.watch)
         if isinstance(result, BaseException):
-            outcomes = [(None, result)] * len(execution.requests)
-            executions = []
+            outcomes, executions = [(None, result)] * len(execution.requests), []
         else:
             outcomes, executions = result
-        seconds = now - execution.started
+        seconds = sum(e[2] for e in executions) if executions else \
+            trio.current_time() - execution.started
         self._latency = seconds if not self._latency else 0.8 * self._latency + 0.2 * seconds
         for request, outcome in zip(execution.requests, outcomes):
             request.outcome = outcome
@@ -319,8 +338,11 @@ class Admission:
             for counts in executions:
                 self._executed(*counts)
         self._running.discard(execution)
-        self._idle.append(execution.instance)
-        self._dispatch()
+        instance = execution.instance
+        instance.pending -= 1
+        if not instance.pending:
+            self._idle.append(instance)
+            self._dispatch()
         self._left(len(execution.requests))
 
     def _left(self, count: int) -> None:
@@ -339,8 +361,9 @@ class Admission:
                 self._timer_wake.set()
 
     async def _timer(self) -> None:
-        """Ends queue delays: sleeps to just before the armed time, then checks the
-        clock at every scheduler pass until it is reached."""
+        """Ends queue delays: sleeps to just before the armed time, then checks the clock
+        at every scheduler pass until it is reached. It only spins while an instance is
+        idle and waits for a batch to fill, that is while the server has cores to spare."""
         while not (self._closed and not self._in_flight):
             at = self._timer_at
             if trio.current_time() < at - _SPIN_SECONDS:
@@ -377,3 +400,5 @@ class Admission:
         """Ends the instance threads after their current jobs (call once idle)."""
         for instance in self._instances:
             instance.thread.stop()
+        if self._timer_wake is not None:
+            self._timer_wake.set()  # the timer task ends

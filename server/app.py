@@ -11,14 +11,17 @@ Routes (V2 / Open Inference Protocol, plus the Triton extensions tritonclient us
     POST /v2/models/{m}[/versions/{v}]/infer  inference (JSON and binary tensors)
     GET  /v2/models[/{m}[/versions/{v}]]/stats  statistics (Triton's extension; stats.py)
     POST /v2/repository/index                 every model version and its state
-    POST /v2/repository/models/{m}/load       (re)load a model: new versions picked up
+    POST /v2/repository/models/{m}/load       (re)load a model (--model-control-mode
+                                              explicit; 403 otherwise)
     POST /v2/repository/models/{m}/unload     stop serving a model (after what is admitted)
     GET  /metrics                             Prometheus exposition
 
 Every error body is `{"error": "..."}`. Status codes: 400 malformed request, bad
 datatype/shape, unknown input/output, or the program rejecting its input (INVALID_ARGUMENT,
 FAILED_PRECONDITION, OUT_OF_RANGE); 404 unknown model/version/route; 405 wrong method;
-413 body over --max-request-bytes; 415 unknown Content-Encoding; 429 model queue full and
+403 an API group restricted by --http-restricted-api without its header, or model
+control refused by --model-control-mode; 408 request head or body too slow; 413 body
+over --max-request-bytes (also while inflating); 431 request head over 64 KiB; 415 unknown Content-Encoding; 429 model queue full and
 503 draining/not ready (both with Retry-After); 504 deadline exceeded. A 500 is a bug of
 the server or runtime, never an answer to bad input, or a model whose kernel faulted:
 that request gets the 500 and every model on the same device becomes UNAVAILABLE (503)
@@ -372,8 +375,8 @@ class _Routes:
 
         try:
             label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
-            results, queued, compute_infer = await mv.infer(args, deadline, server.background,
-                                                            label, req.parameters)
+            results, queued, compute_infer = await mv.infer(args, deadline, label,
+                                                            req.parameters)
         except ProtocolError as exc:  # a bad sequence control flow
             return self._failed(mv, request, error_response(exc.status, exc.message))
         except Overloaded as exc:

@@ -15,6 +15,7 @@ answers it with `Connection: close`.
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
@@ -187,25 +188,34 @@ class HttpServer:
         while not self.draining:
             try:
                 stream = await listener.accept()
-            except (trio.ClosedResourceError, OSError):
+            except (trio.ClosedResourceError, OSError) as exc:
                 if self.draining:
                     return
-                await trio.sleep(0.01)  # e.g. EMFILE: back off, keep serving
+                if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE):
+                    self._evict_oldest(f"out of file descriptors ({exc.strerror})")
+                await trio.sleep(0.01)  # back off, keep serving
                 continue
             if self._open >= self.max_connections:
-                if not self._at_cap_logged:
-                    self._at_cap_logged = True
-                    log.warning("%d connections open (--max-connections): closing the "
-                                "oldest idle or slow ones for new clients", self._open)
-                if self._waiting:
-                    oldest, _ = self._waiting.popitem(last=False)
-                    oldest.cancel()
-                else:
+                if not self._evict_oldest(f"{self._open} connections open "
+                                          f"(--max-connections)"):
                     nursery.start_soon(self._refuse, stream)
                     continue
             elif self._open < self.max_connections * 9 // 10:
                 self._at_cap_logged = False
             nursery.start_soon(self._connection, stream)
+
+    def _evict_oldest(self, why: str) -> bool:
+        """Closes the oldest connection that is idle or still sending its request (logged
+        once per episode); False when every connection has a request in progress."""
+        if not self._at_cap_logged:
+            self._at_cap_logged = True
+            log.warning("%s: closing the oldest idle or slow connections for new clients",
+                        why)
+        if not self._waiting:
+            return False
+        oldest, _ = self._waiting.popitem(last=False)
+        oldest.cancel()
+        return True
 
     async def _refuse(self, stream: trio.SocketStream) -> None:
         with trio.move_on_after(1):

@@ -2,10 +2,10 @@
 
 Triton's `instance_group` count: a model version runs on N instances, each its own loaded
 module with one thread that runs one execution at a time. The event loop hands an
-instance a job (`InstanceThread.submit`) and goes on serving; the thread does all the host
-work of the execution (VM code, marshalling of inputs and outputs, batch concatenation and
-splitting) and posts the outcome back with `TrioToken.run_sync_soon`, which calls the
-job's completion on the loop: the request tasks waiting for it are woken directly, with no
+instance a list of jobs (`InstanceThread.submit`) and goes on serving; the thread does all
+the host work of each execution (VM code, marshalling of inputs and outputs, batch concatenation and
+splitting) and posts each outcome back with `TrioToken.run_sync_soon` as soon as it has it, which
+calls the job's completion on the loop: the request tasks waiting for it are woken directly, with no
 task in between.
 
 A thread ends after `stop()` once its current job is done. Threads are daemons: a process
@@ -40,10 +40,11 @@ class InstanceThread:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
-        """Runs `work()` on the thread, then `done(result)` on the trio loop. `work` must
-        not raise (it returns its failures as values)."""
-        self._jobs.put((work, done))
+    def submit(self, jobs: list[tuple[Callable[[], Any], Callable[[Any], None]]]) -> None:
+        """Runs each `work()` of `jobs` on the thread in order, each followed by
+        `done(result)` on the trio loop (posted as soon as that `work` returned). `work`
+        returns its failures as values; an exception it raises is handed to `done`."""
+        self._jobs.put(jobs)
 
     def stop(self) -> None:
         """The thread ends after the jobs already submitted."""
@@ -51,16 +52,16 @@ class InstanceThread:
 
     def _loop(self) -> None:
         while True:
-            job = self._jobs.get()
-            if job is _STOP:
+            jobs = self._jobs.get()
+            if jobs is _STOP:
                 return
-            work, done = job
-            try:
-                result = work()
-            except BaseException as exc:  # noqa: BLE001 - a bug of ours; the loop waits on it
-                log.exception("instance %s: job failed", self.name)
-                result = exc
-            try:
-                self._token.run_sync_soon(done, result)
-            except trio.RunFinishedError:
-                return
+            for work, done in jobs:
+                try:
+                    result = work()
+                except BaseException as exc:  # noqa: BLE001 - a bug of ours; handed on
+                    log.exception("instance %s: job failed", self.name)
+                    result = exc
+                try:
+                    self._token.run_sync_soon(done, result)
+                except trio.RunFinishedError:
+                    return

@@ -3,9 +3,9 @@
     tinyhal-serve [--model-repository DIR] [--host HOST] [--port PORT] [--device DRIVER]
 
 With no arguments it serves the sample models bundled in the package on 127.0.0.1:8000.
-HTTP/1.1 is httptools (llhttp) driven directly on trio streams (`server/http.py`), so
-connections and inference invocations (`Module.invoke_async`) interleave on one trio event
-loop.
+HTTP/1.1 is httptools (llhttp) driven directly on trio streams (`server/http.py`); the
+event loop only moves bytes and schedules, every model execution runs on its model's
+instance threads (`server/instances.py`).
 
 Start-up: the listener opens first (liveness answers at once), then models load in a
 worker thread and readiness turns 200. With --exit-on-error (default) a model that fails
@@ -22,7 +22,7 @@ Exit codes (always one of these, never death by a signal):
     1  start-up failed: a model failed to load (with --exit-on-error)
     2  bad command line or unusable environment (port in use, unreadable repository)
     3  the drain budget ran out with invocations still running
-    4  a second SIGTERM/SIGINT during the drain
+    4  a second SIGTERM/SIGINT during the drain (one after the drain completed is ignored)
 
 With 3 and 4 the invocations still running are abandoned: each is logged (model, version,
 request id, seconds it ran), logs are flushed and the process ends at once with
@@ -58,6 +58,9 @@ EXIT_USAGE = 2
 EXIT_DRAIN_TIMEOUT = 3
 EXIT_SECOND_SIGNAL = 4
 
+_RESERVED_FDS = 64  # descriptors kept for model files, devices, threads, logs
+_SWITCH_INTERVAL = 0.0005  # seconds; measured on the bundled models (docs/architecture.md)
+
 
 def _abandon_and_exit(server: Server, code: int, why: str) -> None:
     """Logs every invocation still running, flushes, and ends the process with `code`.
@@ -72,6 +75,12 @@ def _abandon_and_exit(server: Server, code: int, why: str) -> None:
         log.error("abandoned: %s (running %.3f s%s)", r.label, now - r.started,
                   "; its request already got 504" if r.detached else "")
     say(f"tinyhal-serve: stopped (exit {code})")
+    _end_process(code)
+
+
+def _end_process(code: int) -> None:
+    """Flushes logs and stdio and ends the process with `code`, at once: no interpreter
+    teardown (which would restore default signal handlers and join threads)."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -321,7 +330,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_connections < 1:
         print("tinyhal-serve: --max-connections must be >= 1", file=sys.stderr)
         return EXIT_USAGE
-    _raise_open_files_limit()
+    descriptors = _raise_open_files_limit()
+    if descriptors is not None and args.max_connections > descriptors - _RESERVED_FDS:
+        args.max_connections = max(1, descriptors - _RESERVED_FDS)
+        log.warning("--max-connections lowered to %d: the process may open %d files",
+                    args.max_connections, descriptors)
+    # The event loop and the instance threads share the GIL: with CPython's default 5 ms
+    # switch interval, a thread that gave the GIL up for a kernel call waits up to 5 ms to
+    # get it back from a busy loop (and the loop as long behind an instance thread).
+    sys.setswitchinterval(_SWITCH_INTERVAL)
     # Until the server's own handler takes over, a signal stops like a second signal;
     # once the drain began, signals the trio handler no longer sees (after it ended)
     # are ignored: the process is already stopping with its own exit code.
@@ -336,13 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_SECOND_SIGNAL
     # The interpreter's own teardown puts the default signal handlers back, so a signal
     # arriving then would kill the process: end it here, with the code already decided.
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    _end_process(code)
 
 
 def _early_signal(signum: int, frame: object) -> None:
@@ -368,9 +379,10 @@ def _parse_restricted(values: list[str]) -> dict[str, tuple[str, str]]:
     return restricted
 
 
-def _raise_open_files_limit() -> None:
+def _raise_open_files_limit() -> int | None:
     """Lets the process hold as many connections as the hard limit allows (the
-    connection cap, not the soft descriptor limit, is what bounds them)."""
+    connection cap, not the soft descriptor limit, should bound them); returns the
+    descriptors it may open (None when unknown)."""
     try:
         import resource
 
@@ -379,8 +391,9 @@ def _raise_open_files_limit() -> None:
             hard = 1 << 16
         if soft < hard:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (ImportError, OSError, ValueError):
-        pass
+        return None
 
 
 if __name__ == "__main__":

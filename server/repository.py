@@ -1,5 +1,9 @@
 """The model repository: `DIR/<model>/<version>/model.vmfb`, loaded at start.
 
+A loaded version owns its bytes: its file is read once into private memory (regular
+files only), so later writes, truncation or deletion of it change nothing it serves;
+`ModelRepository.reload` swaps a version only once its replacement loaded.
+
     DIR/
       mlp_classifier/
         config.json          optional, defaults for every version
@@ -17,13 +21,18 @@
                       and a dynamic first dim on every input and output; see batching.py)
     sequence_batching Triton's sequence batcher as JSON: stateful sequences, control
                       inputs, implicit state, cellular batching (see sequences.py)
-    max_concurrency   invocations running at once for this version (default 4)
+    instance_group    Triton's [{"count": N, "kind": "KIND_CPU"}]: N instances, each its
+                      own module and thread, run N executions at once (default 1: with
+                      one execution in flight the next batch takes all that queued)
+    max_concurrency   the same count under its older name (give one of the two)
     max_queue         requests waiting beyond that (default 16); more get 429
                       (with dynamic_batching: requests waiting to be batched)
     timeout_s         default deadline of a request in seconds (default: none)
-    execution         "async" (Module.invoke_async on the event loop; default for task
-                      and emu) or "thread" (Module.invoke in a worker thread; default for
-                      sync, whose device runs everything inline on the calling thread)
+    version_policy    Triton's {"latest": {"num_versions": N}} (default N = 1),
+                      {"all": {}} or {"specific": {"versions": [...]}}: the versions
+                      served (model-level config.json only)
+    execution         accepted for older configs ("async" | "thread"); every execution
+                      runs on an instance thread, never on the event loop
     input_names / output_names   rename the ABI's inputs/outputs (lists, in order)
     description       free text, shown by the config endpoint
 
@@ -364,7 +373,7 @@ class ModelVersion:
             args.append(array)
         return args
 
-    async def infer(self, args: list[Any], deadline: float, background: Any, label: str,
+    async def infer(self, args: list[Any], deadline: float, label: str,
                     parameters: dict | None = None
                     ) -> tuple[list[tuple[str, str, np.ndarray]], float, float]:
         """Runs one request's invocation under admission control (batched with others when
@@ -372,10 +381,9 @@ class ModelVersion:
         `parameters`, when it has sequence batching): (results, seconds queued, seconds
         invoking)."""
         if self.sequences is not None:
-            return await self.sequences.infer(args, parameters or {}, deadline, background,
-                                              label)
+            return await self.sequences.infer(args, parameters or {}, deadline, label)
         rows = int(args[0].shape[0]) if self.max_batch_size else 1
-        return await self.admission.infer(args, rows, deadline, background, label)
+        return await self.admission.infer(args, rows, deadline, label)
 
     def _invoke_blocking(self, module: Any, args: list[Any]
                          ) -> list[tuple[str, str, np.ndarray]]:

@@ -430,8 +430,8 @@ class SequenceBatcher:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def infer(self, args: list[Any], parameters: dict, deadline: float,
-                    background: trio.Nursery, label: str) -> tuple[Results, float, float]:
+    async def infer(self, args: list[Any], parameters: dict, deadline: float, label: str
+                    ) -> tuple[Results, float, float]:
         """Runs one step of the request's sequence: (client outputs, seconds queued,
         seconds its execution took). Raises ProtocolError 400 for a bad control flow,
         `Unavailable`, `Overloaded`, `DeadlineExceeded`, or the invocation's error."""
@@ -444,9 +444,10 @@ class SequenceBatcher:
                                      f"'{self.model}' must have batch size 1, not {rows}")
         if not self._tasks_started:
             self._tasks_started = True
-            background.start_soon(self._expire_idle)
+            # system tasks: they end with the batcher (close), not with a request
+            trio.lowlevel.spawn_system_task(self._expire_idle)
             if self.config.max_queue_delay_us:
-                background.start_soon(self._timer)
+                trio.lowlevel.spawn_system_task(self._timer)
         if self._corrid_integer and not isinstance(sid, int):
             raise ProtocolError(400, f"model '{self.model}' takes an integer sequence_id "
                                      f"(it has a CORRID control input), not the string "
@@ -600,9 +601,9 @@ class SequenceBatcher:
         slots = [seq.slot for seq in batch]
         ids = [seq.id for seq in batch]
         invoke = instance.invoke
-        instance.thread.submit(
+        instance.thread.submit([(
             lambda: self._execute(invoke, steps, slots, ids),
-            lambda result: self._finished(instance, batch, steps, now, result))
+            lambda result: self._finished(instance, batch, steps, now, result))])
 
     def _execute(self, invoke: Callable[[list[Any]], Results], steps: list[_Step],
                  slots: list[int], ids: list[int | str]) -> tuple:

@@ -116,7 +116,9 @@ func.func @predict(%x: tensor<?x16xf32> {{iree.abi.name = "features"}})
         "device": "sync",
         "max_batch_size": 64,
         "dynamic_batching": {"max_queue_delay_microseconds": 0},
-        "max_concurrency": 2,
+        # one instance: the sync device runs one invocation at a time anyway, and with one
+        # execution in flight the next batch takes everything that queued meanwhile
+        "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
         "max_queue": 64,
         "description": "16-feature MLP classifier (seeded weights): class probabilities "
                        "and the arg-max class",
@@ -150,7 +152,7 @@ func.func @saxpy(%alpha: f32 {iree.abi.name = "alpha"},
 """
     config = {
         "function": "saxpy",
-        "max_concurrency": 4,
+        "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
         "max_queue": 32,
         "description": "z = alpha * x + y (alpha a scalar, x and y vectors of one length)",
     }

@@ -99,12 +99,20 @@ def write_model(root: Path, name: str, vmfb: Path, config: dict | None = None) -
 class ServerProcess:
     """A tinyhal-serve subprocess; `url` once it listens, `stop()` always."""
 
-    def __init__(self, *args: str, env: dict | None = None) -> None:
+    def __init__(self, *args: str, env: dict | None = None,
+                 open_files: int | None = None) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+
+        def limit_files() -> None:  # in the child: a hard limit it cannot raise
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tinyhal.server.main", "--host", "127.0.0.1",
              "--port", "0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            preexec_fn=limit_files if open_files else None,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.stdout: list[str] = []

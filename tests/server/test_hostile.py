@@ -169,6 +169,25 @@ def test_slowloris_sockets_neither_starve_clients_nor_grow_memory(hostile_server
     assert "--max-connections" in "".join(server.stderr)
 
 
+def test_slowloris_at_a_256_descriptor_limit_leaves_health_answering(tmp_path):
+    shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
+    server = ServerProcess("--model-repository", str(tmp_path), open_files=256).start()
+    sockets = []
+    try:
+        for _ in range(600):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
+            sockets.append(sock)
+        watch = HealthWatch(server)
+        time.sleep(1.0)
+        watch.stop()
+        assert "--max-connections lowered" in "".join(server.stderr)
+    finally:
+        for sock in sockets:
+            sock.close()
+        server.stop()
+
+
 def test_stalled_uploads_get_408_and_free_their_memory(hostile_server):
     server = hostile_server
     before = _rss(server)

@@ -295,3 +295,48 @@ def test_a_second_signal_at_any_moment_exits_4_or_0(tmp_path):
         finally:
             server.stop()
     assert set(codes) <= {0, 4}, codes
+
+
+def test_fifo_model_file_is_refused_and_index_reasons_name_no_absolute_path(tmp_path):
+    shutil.copytree(MLP, tmp_path / "mlp")
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "1" / "model.vmfb").write_bytes(b"not a module" * 100)
+    server = ServerProcess("--model-repository", str(tmp_path), "--model-control-mode",
+                           "explicit", "--no-exit-on-error").start()
+    try:
+        status, _, body = server.request("POST", "/v2/repository/index", b"")
+        (broken,) = [m for m in json.loads(body) if m["name"] == "broken"]
+        assert broken["state"] == "UNAVAILABLE" and "broken/1/model.vmfb" in broken["reason"]
+        assert str(tmp_path) not in body.decode()
+        vmfb = tmp_path / "mlp" / "1" / "model.vmfb"
+        vmfb.unlink()
+        os.mkfifo(vmfb)  # a reader of it would block until a writer comes: never
+        status, doc = _post(server, "/v2/repository/models/mlp/load")
+        assert status == 400 and "not a regular file" in doc["error"], doc
+        assert str(tmp_path) not in doc["error"]
+        assert server.request("GET", "/v2/models/mlp/ready")[0] == 200  # old one serves
+        status, doc = _post(server, "/v2/repository/models/broken/load")  # lock is free
+        assert status == 400 and "broken/1/model.vmfb" in doc["error"], doc
+    finally:
+        server.stop()
+
+
+def test_a_closed_stdout_changes_nothing(tmp_path):
+    shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tinyhal.server.main", "--host", "127.0.0.1", "--port", "0",
+         "--model-repository", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        for line in proc.stdout:
+            if "tinyhal-serve: ready" in line:
+                break
+            assert time.monotonic() < deadline
+        proc.stdout.close()  # the reader goes away: the "stopped" line cannot be written
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
