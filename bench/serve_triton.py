@@ -26,7 +26,7 @@ over the cell), and the 1-minute load average of the machine when the cell ended
                                  [--delays 0,500] [--quick] [--no-perf-analyzer]
                                  [--drivers local-sync,local-task] [--tinyhal-set KEY=JSON]
 
-`--quick` is one round of 2 s at concurrency 1 and 8, delay 0. `--tinyhal-set KEY=JSON`
+`--quick` makes the defaults one round of 2 s at concurrency 1 and 8, delay 0. `--tinyhal-set KEY=JSON`
 overrides a key of tinyhal-serve's bundled config (e.g. its execution slots, to compare
 with Triton's single instance). Writes
 bench/results/serve_triton.json and prints a table. Every subprocess is bounded in time.
@@ -387,12 +387,12 @@ def ratio_table(rows: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="per cell and round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--concurrency", default="1,8,32,64")
-    parser.add_argument("--delays", default="0,500", help="max_queue_delay_microseconds")
+    parser.add_argument("--seconds", type=float, help="per cell and round (default 5)")
+    parser.add_argument("--rounds", type=int, help="(default 3)")
+    parser.add_argument("--concurrency", help="(default 1,8,32,64)")
+    parser.add_argument("--delays", help="max_queue_delay_microseconds (default 0,500)")
     parser.add_argument("--quick", action="store_true",
-                        help="one round of 2 s at concurrency 1,8 and delay 0")
+                        help="defaults of one round of 2 s at concurrency 1,8 and delay 0")
     parser.add_argument("--no-perf-analyzer", action="store_true")
     parser.add_argument("--drivers", default=",".join(TRITON_DRIVERS),
                         help="IREE drivers of the Triton model (one Triton process each)")
@@ -401,8 +401,10 @@ def main(argv: list[str] | None = None) -> int:
                         "model config (repeatable), e.g. max_concurrency=1")
     args = parser.parse_args(argv)
     overrides = dict(args.tinyhal_set)
-    if args.quick:
-        args.seconds, args.rounds, args.concurrency, args.delays = 2.0, 1, "1,8", "0"
+    defaults = (2.0, 1, "1,8", "0") if args.quick else (5.0, 3, "1,8,32,64", "0,500")
+    for key, default in zip(("seconds", "rounds", "concurrency", "delays"), defaults):
+        if getattr(args, key) is None:
+            setattr(args, key, default)
     levels = [int(c) for c in args.concurrency.split(",")]
     delays = [int(d) for d in args.delays.split(",")]
     drivers = [d for d in args.drivers.split(",") if d]
