@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 import trio
 
-from .admission import DeadlineExceeded, Instance, Overloaded, Unavailable
+from .admission import DeadlineExceeded, Instance, Overloaded, PendingRequest, Unavailable
 from .batching import Outcome, Results, run_batch
 from .protocol import DATATYPES, ProtocolError
 from .stats import Latency
@@ -312,24 +312,16 @@ def sequence_parameters(parameters: dict, model: str) -> tuple[int | str, bool, 
     return sid, flags[0], flags[1]
 
 
-class _Step:
-    __slots__ = ("args", "start", "end", "deadline", "arrived", "label", "done", "outcome",
-                 "started", "detached", "queued_seconds", "infer_seconds")
+class _Step(PendingRequest):
+    """One request of a sequence: a pending request (one row) and its control flags."""
+
+    __slots__ = ("start", "end")
 
     def __init__(self, args: list[Any], start: bool, end: bool, deadline: float,
                  label: str, now: float) -> None:
-        self.args = args
+        super().__init__(args, 1, deadline, label, now)
         self.start = start
         self.end = end
-        self.deadline = deadline
-        self.arrived = now
-        self.label = label
-        self.done = trio.Event()
-        self.outcome: Outcome | None = None
-        self.started = False
-        self.detached = False
-        self.queued_seconds = 0.0
-        self.infer_seconds = 0.0
 
 
 class _Sequence:
