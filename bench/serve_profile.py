@@ -7,7 +7,11 @@ identity`) at `--concurrency` for `--seconds`, and meanwhile records the server 
 Prints the server's CPU per request over the load (from /proc; py-spy's sampling adds a
 little), then the share of samples per request-path stage (a sample counts for the
 innermost stage on its stack), the functions with the most samples on top of the stack
-(self) and with the most anywhere on it (inclusive). Writes bench/results/serve_profile.json
+(self) and with the most anywhere on it (inclusive). Samples whose innermost frame is a
+blocking wait (`WAITS`) are left out. py-spy samples wall-clock time of threads that are
+not idle, so on a loaded machine a runnable thread waiting for a core counts where it
+waits (often a syscall such as the socket send): read shares as "where the thread was",
+and the /proc figure as what it cost. Writes bench/results/serve_profile.json
 and keeps the collapsed stacks beside it (serve_profile.txt, for flamegraph tools).
 
     python bench/serve_profile.py [--seconds 20] [--concurrency 8] [--delay 0] [--rate 200]
@@ -49,6 +53,11 @@ STAGES = [
 ]
 
 
+# innermost frames that are blocking waits py-spy does not always recognise as idle (a
+# thread parked on a queue or lock, the event loop in epoll_wait): left out of the shares
+WAITS = ("InstanceThread._loop (", "WorkerThread._work (", "EpollIOManager.get_events (")
+
+
 def _stage(frames: list[str]) -> str:
     for frame in reversed(frames):
         for stage, needles in STAGES:
@@ -62,14 +71,15 @@ def analyse(raw: str, top: int = 25) -> dict:
     stages: collections.Counter = collections.Counter()
     self_counts: collections.Counter = collections.Counter()
     inclusive: collections.Counter = collections.Counter()
-    total = 0
+    total = waiting = 0
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         n = int(count)
         frames = [f for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
-        if not frames:
+        if not frames or frames[-1].startswith(WAITS):
+            waiting += n
             continue
         total += n
         stages[_stage(frames)] += n
@@ -80,7 +90,7 @@ def analyse(raw: str, top: int = 25) -> dict:
     def share(counter: collections.Counter, k: int) -> list[tuple[str, float]]:
         return [(key, 100.0 * v / total) for key, v in counter.most_common(k)]
 
-    return {"samples": total, "stages": share(stages, len(stages)),
+    return {"samples": total, "waiting_samples": waiting, "stages": share(stages, len(stages)),
             "self": share(self_counts, top), "inclusive": share(inclusive, top)}
 
 
@@ -140,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                    "load_average": os.getloadavg()})
     print(f"hey c={args.concurrency} {args.seconds:g} s: {report['rps']:.0f} req/s, "
           f"server CPU {report['cpu_us_per_request']:.0f} us/request (with py-spy attached), "
-          f"load average {report['load_average'][0]:.2f}; {report['samples']} samples")
+          f"load average {report['load_average'][0]:.2f}; {report['samples']} samples "
+          f"(and {report['waiting_samples']} in blocking waits, left out)")
     for title, key in (("stage (innermost on the stack)", "stages"),
                        ("function, self", "self"), ("function, inclusive", "inclusive")):
         print(f"\n{title}:")

@@ -20,8 +20,7 @@ server and every process it started: Triton's Python backend stub processes incl
 mean batch size and mean queue time (from each server's statistics endpoint, as deltas
 over the cell), and the 1-minute load average of the machine when the cell ended.
 
-    pip install -e '.[bench-triton]'   # nvidia-pytriton (tritonserver), tritonclient
-                                       # 2.51 (its wheel carries perf_analyzer)
+    pip install -e '.[bench-triton]'   # nvidia-pytriton (tritonserver), numpy<2
     python bench/serve_triton.py [--seconds 5] [--rounds 3] [--concurrency 1,8,32,64]
                                  [--delays 0,500] [--quick] [--no-perf-analyzer]
                                  [--drivers local-sync,local-task] [--tinyhal-set KEY=JSON]
@@ -40,8 +39,11 @@ directory of this interpreter's shared libpython (else one `ldconfig` knows;
 puts its working directory on `sys.path`, so tritonserver runs in this environment's
 site-packages: the stub then imports this environment's numpy (the wheel's stub reads
 arrays with the numpy 1.x ABI: with numpy 2 every output comes back empty) and
-iree.runtime. perf_analyzer needs `libb64.so.0d` and `libcudart.so.12`, which the pytriton
-wheel carries under hashed names: a temporary directory of links gives them their names.
+iree.runtime. perf_analyzer is taken from PATH or, failing that, out of the tritonclient
+2.51.0 wheel, which `pip download` fetches (into the temporary directory, never installed:
+that tritonclient pins protobuf below 5). It needs `libb64.so.0d` and `libcudart.so.12`,
+which the pytriton wheel carries under hashed names: a temporary directory of links gives
+them their names.
 Where any of this is missing, the Triton side (or perf_analyzer) is skipped with the
 reason, and tinyhal-serve is still measured.
 """
@@ -62,6 +64,7 @@ import sysconfig
 import tempfile
 import time
 import urllib.request
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +81,7 @@ PATH = f"/v2/models/{MODEL}/infer"
 STATS = f"/v2/models/{MODEL}/stats"
 FEATURES = [round(0.1 * i - 0.7, 3) for i in range(16)]
 TRITON_DRIVERS = ("local-sync", "local-task")
+PERF_ANALYZER_WHEEL = "2.51.0"  # the tritonclient release of Triton 2.51; its wheel has the binary
 
 TRITON_CONFIG = """\
 name: "{model}"
@@ -196,10 +200,8 @@ class TritonInstall:
     def perf_analyzer(self, workdir: Path) -> tuple[str, dict[str, str]]:
         """perf_analyzer's path and an environment in which its libraries resolve."""
         found = shutil.which("perf_analyzer") or shutil.which(
-            "perf_analyzer", path=os.path.dirname(sys.executable))
-        if found is None:
-            raise Skipped("perf_analyzer not found (pip install 'tritonclient[http]==2.51.0': "
-                          "its wheel carries the binary)")
+            "perf_analyzer", path=os.path.dirname(sys.executable)) or \
+            _perf_analyzer_from_wheel(workdir)
         links = workdir / "perf-analyzer-libs"
         links.mkdir(exist_ok=True)
         for soname, pattern in (("libb64.so.0d", "libb64-*.so.0d*"),
@@ -215,6 +217,32 @@ class TritonInstall:
         if "error while loading shared libraries" in probe.stderr:
             raise Skipped(f"perf_analyzer cannot start: {probe.stderr.strip()[:300]}")
         return found, env
+
+
+def _perf_analyzer_from_wheel(workdir: Path) -> str:
+    """perf_analyzer out of the tritonclient 2.51.0 wheel (fetched with pip, no install):
+    installing that tritonclient would pin protobuf below 5, which the test extra's
+    perfetto cannot import."""
+    wheels = workdir / "wheels"
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                        "--only-binary=:all:", "--dest", str(wheels),
+                        f"tritonclient=={PERF_ANALYZER_WHEEL}"],
+                       capture_output=True, text=True, timeout=300, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise Skipped(f"perf_analyzer not found, and pip could not fetch the tritonclient "
+                      f"{PERF_ANALYZER_WHEEL} wheel that carries it: {exc}") from None
+    for wheel in wheels.glob("tritonclient-*.whl"):
+        with zipfile.ZipFile(wheel) as archive:
+            member = next((n for n in archive.namelist()
+                           if n.endswith(".data/data/bin/perf_analyzer")), None)
+            if member is None:
+                continue
+            target = workdir / "perf_analyzer"
+            target.write_bytes(archive.read(member))
+            target.chmod(0o755)
+            return str(target)
+    raise Skipped(f"the tritonclient {PERF_ANALYZER_WHEEL} wheel has no perf_analyzer")
 
 
 def _tinyhal_repo(root: Path, delay_us: int, overrides: dict[str, Any]) -> Path:

@@ -11,7 +11,6 @@ from .buffer_view import BufferView
 from .command_buffer import CommandBuffer, CommandBufferMode
 from .device import Device
 from .executable import FORMATS, Executable, ExportInfo
-from .kernels import KernelExport, build_executable
 from .semaphore import Fence, Semaphore
 from .types import (
     WHOLE_BUFFER,
@@ -37,6 +36,16 @@ def create_device(driver: str = "task", **options: Any) -> Device:
     from . import drivers
 
     return drivers.create(_DRIVER_ALIASES.get(driver, driver), **options)
+
+
+def __getattr__(name: str) -> Any:
+    # C kernels are built by host apps, never by a module run: `kernels` (which brings in
+    # the compiler driver's helpers, tempfile and cffi's builder) loads on first use.
+    if name in ("KernelExport", "build_executable"):
+        from . import kernels
+
+        return getattr(kernels, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 import threading
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,7 +21,13 @@ from ..errors import (
     OutOfRangeError,
 )
 from .buffer import ALIGNMENT, Buffer
-from .executable import MAX_BINDINGS, MAX_CONSTANTS, Executable, validate_workgroups
+from .executable import (
+    MAX_BINDINGS,
+    MAX_CONSTANTS,
+    MAX_WORKGROUP_COUNT_Z,
+    Executable,
+    validate_workgroups,
+)
 from .types import WHOLE_BUFFER, BufferUsage
 
 
@@ -32,75 +37,106 @@ class CommandBufferMode(enum.Enum):
 
 
 class BufferRef(NamedTuple):
-    """A direct (`buffer` set) or indirect (`slot` of the binding table) buffer range."""
+    """A buffer range by slot: `slot` >= 0 is a slot of the binding table supplied at
+    submit; a negative slot is the command buffer's own `direct[-1 - slot]`, a buffer the
+    commands name directly. Slots make a recording independent of the buffers it binds,
+    so recordings with equal commands share one executable form (`hal.execution`)."""
 
-    buffer: Buffer | None
     slot: int
     offset: int
     length: int
 
 
-@dataclass(frozen=True)
-class FillCommand:
+# The commands are tuples (NamedTuples), so a recording's content compares and hashes in
+# C: `tuple(commands)` is the key under which equal recordings share their native form.
+# They describe themselves: `op` names the kind and `operands` lists the buffer ranges
+# each reads or writes with the usage bits it needs, so code that reads a recording
+# never tests a command's class (tests/test_layering.py keeps it so).
+
+_DISPATCH_STORAGE = int(BufferUsage.DISPATCH_STORAGE)
+_TRANSFER_SOURCE = int(BufferUsage.TRANSFER_SOURCE)
+_TRANSFER_TARGET = int(BufferUsage.TRANSFER_TARGET)
+
+
+class FillCommand(NamedTuple):
     target: BufferRef
     pattern: bytes
+    op = "fill"
+
+    @property
+    def operands(self) -> tuple[tuple[BufferRef, int], ...]:
+        return ((self.target, _TRANSFER_TARGET),)
 
 
-@dataclass(frozen=True)
-class UpdateCommand:
+class UpdateCommand(NamedTuple):
     source: bytes
     target: BufferRef
+    op = "update"
+
+    @property
+    def operands(self) -> tuple[tuple[BufferRef, int], ...]:
+        return ((self.target, _TRANSFER_TARGET),)
 
 
-@dataclass(frozen=True)
-class CopyCommand:
+class CopyCommand(NamedTuple):
     source: BufferRef
     target: BufferRef
+    op = "copy"
+
+    @property
+    def operands(self) -> tuple[tuple[BufferRef, int], ...]:
+        return ((self.source, _TRANSFER_SOURCE), (self.target, _TRANSFER_TARGET))
 
 
-@dataclass(frozen=True)
-class DispatchCommand:
+class DispatchCommand(NamedTuple):
     executable: Executable
     ordinal: int
     workgroups: tuple[int, int, int]
     constants: tuple[int, ...]
     bindings: tuple[BufferRef, ...]
+    op = "dispatch"
+
+    @property
+    def operands(self) -> tuple[tuple[BufferRef, int], ...]:
+        return tuple([(ref, _DISPATCH_STORAGE) for ref in self.bindings])
 
 
-@dataclass(frozen=True)
-class BarrierCommand:
-    pass
+class BarrierCommand(NamedTuple):
+    op = "barrier"
+    operands = ()
 
+
+BARRIER = BarrierCommand()
 
 Command = FillCommand | UpdateCommand | CopyCommand | DispatchCommand | BarrierCommand
 
+_new_tuple = tuple.__new__  # `_new_tuple(BufferRef, (slot, offset, length))`: no frame
+# (a NamedTuple's own constructor is a Python function: one frame per command)
 
-def as_buffer_ref(value: Any, what: str, binding_capacity: int) -> BufferRef:
-    """Normalizes a Buffer, (Buffer, offset, length), slot int or (slot, offset, length)."""
+
+def _ref_error(value: Any, what: str) -> InvalidArgumentError:
+    if isinstance(value, tuple):
+        return InvalidArgumentError(
+            f"{what} must be a Buffer, (Buffer, offset, length) or a binding slot, "
+            f"not a {len(value)}-tuple"
+        )
+    return InvalidArgumentError(
+        f"{what} must be a Buffer, (Buffer, offset, length) or a binding slot, not {value!r}"
+    )
+
+
+def as_table_range(value: Any, what: str) -> tuple[Buffer, int, int]:
+    """A binding-table entry (a Buffer or (Buffer, offset, length)), validated."""
     buffer, offset, length = value, 0, WHOLE_BUFFER
     if isinstance(value, tuple):
         if len(value) != 3:
-            raise InvalidArgumentError(
-                f"{what} must be a Buffer, (Buffer, offset, length) or a binding slot, "
-                f"not a {len(value)}-tuple"
-            )
+            raise _ref_error(value, what)
         buffer, offset, length = value
-    if isinstance(buffer, Buffer):
-        buffer.check_live()
-        offset, length = buffer.resolve_range(int(offset), int(length), what)
-        return BufferRef(buffer, -1, offset, length)
-    if isinstance(buffer, int) and not isinstance(buffer, bool):
-        if not 0 <= buffer < binding_capacity:
-            raise OutOfRangeError(
-                f"{what} names binding slot {buffer} but the command buffer's binding "
-                f"capacity is {binding_capacity}"
-            )
-        if offset < 0 or (length != WHOLE_BUFFER and length < 0):
-            raise OutOfRangeError(f"{what} range ({offset}, {length}) is negative")
-        return BufferRef(None, buffer, int(offset), int(length))
-    raise InvalidArgumentError(
-        f"{what} must be a Buffer, (Buffer, offset, length) or a binding slot, not {value!r}"
-    )
+    if not isinstance(buffer, Buffer):
+        raise _ref_error(value, what)
+    buffer.check_live()
+    offset, length = buffer.resolve_range(int(offset), int(length), what)
+    return buffer, offset, length
 
 
 class CommandBuffer:
@@ -126,10 +162,14 @@ class CommandBuffer:
         self.device = device
         self.binding_capacity = binding_capacity
         self.commands: list[Command] = []
+        # Buffers the commands name directly, by first use: slot -1 - k is direct[k].
+        self.direct: list[Buffer] = []
+        self._direct_slots: dict[int, int] = {}
         self.finalized = False
         self.submitted = False
         self.max_slot = -1
-        # The submit-time form (`hal.execution.Recording`), built by the first submit.
+        # The submit-time form (`hal.execution.Recording`), found or built by the first
+        # submit and shared by every command buffer with the same commands.
         self.recording: Any = None
         self._recording_lock = threading.Lock()
 
@@ -138,24 +178,63 @@ class CommandBuffer:
         return f"<CommandBuffer {self.mode.value} {state} {len(self.commands)} commands>"
 
     def _record(self, command: Command) -> None:
-        if not self._recording_lock.acquire(blocking=False):
-            raise FailedPreconditionError(
-                f"{self!r} is being recorded from another thread at the same time"
-            )
-        try:
-            if self.finalized:
-                raise FailedPreconditionError(f"{self!r} is finalized; no more commands")
-            self.commands.append(command)
-        finally:
-            self._recording_lock.release()
+        lock = self._recording_lock
+        if not lock.acquire(False):
+            self._refuse(False)
+        if self.finalized:
+            self._refuse(True)
+        self.commands.append(command)
+        lock.release()
 
-    def _ref(self, value: Any, what: str, usage: BufferUsage) -> BufferRef:
-        ref = as_buffer_ref(value, what, self.binding_capacity)
-        if ref.buffer is not None:
-            ref.buffer.validate_usage(usage, what)
-        else:
-            self.max_slot = max(self.max_slot, ref.slot)
-        return ref
+    def _refuse(self, holding: bool) -> None:
+        """Raises why a command cannot be recorded now (releasing the recording lock if
+        `holding` it): the command buffer is finalized, or another thread records."""
+        if holding:
+            self._recording_lock.release()
+            raise FailedPreconditionError(f"{self!r} is finalized; no more commands")
+        raise FailedPreconditionError(
+            f"{self!r} is being recorded from another thread at the same time"
+        )
+
+    def _direct_slot(self, buffer: Buffer) -> int:
+        slot = self._direct_slots.get(id(buffer))
+        if slot is None:
+            self.direct.append(buffer)
+            slot = self._direct_slots[id(buffer)] = -len(self.direct)
+        return slot
+
+    def _ref(self, value: Any, what: str, usage: BufferUsage | int) -> BufferRef:
+        """Validates a Buffer, (Buffer, offset, length), slot or (slot, offset, length)
+        operand and gives its slot reference (a direct buffer gets a negative slot)."""
+        buffer, offset, length = value, 0, WHOLE_BUFFER
+        if isinstance(value, tuple):
+            if len(value) != 3:
+                raise _ref_error(value, what)
+            buffer, offset, length = value
+            if (type(buffer) is Buffer and type(offset) is int and type(length) is int
+                    and 0 <= offset and 0 <= length and offset + length <= buffer.byte_length
+                    and buffer.usage_bits & usage == usage and not buffer.storage.released):
+                slot = self._direct_slots.get(id(buffer))
+                if slot is None:
+                    slot = self._direct_slot(buffer)
+                return _new_tuple(BufferRef, (slot, offset, length))
+        if isinstance(buffer, Buffer):
+            buffer.check_live()
+            offset, length = buffer.resolve_range(int(offset), int(length), what)
+            buffer.validate_usage(usage, what)
+            return BufferRef(self._direct_slot(buffer), offset, length)
+        if isinstance(buffer, int) and not isinstance(buffer, bool):
+            if not 0 <= buffer < self.binding_capacity:
+                raise OutOfRangeError(
+                    f"{what} names binding slot {buffer} but the command buffer's binding "
+                    f"capacity is {self.binding_capacity}"
+                )
+            if offset < 0 or (length != WHOLE_BUFFER and length < 0):
+                raise OutOfRangeError(f"{what} range ({offset}, {length}) is negative")
+            if buffer > self.max_slot:
+                self.max_slot = buffer
+            return BufferRef(buffer, int(offset), int(length))
+        raise _ref_error(value, what)
 
     def fill(self, target: Any, offset: int, length: int, pattern: int | bytes,
              pattern_length: int | None = None) -> None:
@@ -184,13 +263,13 @@ class CommandBuffer:
         if n not in (1, 2, 4):
             raise InvalidArgumentError(f"fill pattern must be 1, 2 or 4 bytes, not {n}")
         ref = self._ref(_subrange(target, offset, length), "fill target",
-                        BufferUsage.TRANSFER_TARGET)
+                        _TRANSFER_TARGET)
         if ref.offset % n or (ref.length != WHOLE_BUFFER and ref.length % n):
             raise InvalidArgumentError(
                 f"fill offset {ref.offset} and length {ref.length} must be multiples of "
                 f"the {n}-byte pattern"
             )
-        self._record(FillCommand(ref, pattern_bytes))
+        self._record(_new_tuple(FillCommand, (ref, pattern_bytes)))
 
     def update(self, source: Any, target: Any, offset: int = 0, length: int | None = None) -> None:
         """Copies host bytes into `target` at `offset`; the source is captured now."""
@@ -202,21 +281,21 @@ class CommandBuffer:
                 )
             data = data[:length]
         ref = self._ref(_subrange(target, offset, len(data)), "update target",
-                        BufferUsage.TRANSFER_TARGET)
-        self._record(UpdateCommand(data, ref))
+                        _TRANSFER_TARGET)
+        self._record(_new_tuple(UpdateCommand, (data, ref)))
 
     def copy(self, source: Any, source_offset: int, target: Any, target_offset: int,
              length: int) -> None:
         """Copies `length` bytes between buffers (ranges may be in the same buffer)."""
-        src = self._ref(_subrange(source, source_offset, length), "copy source",
-                        BufferUsage.TRANSFER_SOURCE)
-        dst = self._ref(_subrange(target, target_offset, length), "copy target",
-                        BufferUsage.TRANSFER_TARGET)
+        if isinstance(source, tuple) or isinstance(target, tuple):
+            _subrange(source if isinstance(source, tuple) else target, 0, 0)  # raises
+        src = self._ref((source, source_offset, length), "copy source", _TRANSFER_SOURCE)
+        dst = self._ref((target, target_offset, length), "copy target", _TRANSFER_TARGET)
         if src.length != dst.length and WHOLE_BUFFER not in (src.length, dst.length):
             raise OutOfRangeError(
                 f"copy source length {src.length} differs from target length {dst.length}"
             )
-        self._record(CopyCommand(src, dst))
+        self._record(_new_tuple(CopyCommand, (src, dst)))
 
     def dispatch(self, executable: Executable, entry: int | str,
                  workgroups: tuple[int, int, int] = (1, 1, 1), constants: Any = (),
@@ -224,10 +303,28 @@ class CommandBuffer:
         """Records a dispatch of `executable`'s export over a 3D grid of workgroups."""
         if not isinstance(executable, Executable):
             raise InvalidArgumentError(f"dispatch needs an Executable, not {executable!r}")
-        ordinal = executable.resolve_entry(entry)
-        export = executable.exports[ordinal]
-        grid = validate_workgroups(workgroups)
-        consts = _constants(constants)
+        exports = executable.exports
+        if type(entry) is int and 0 <= entry < len(exports):
+            ordinal = entry
+        else:
+            ordinal = executable.resolve_entry(entry)
+        export = exports[ordinal]
+        grid = workgroups
+        if type(grid) is tuple and len(grid) == 3:
+            for v in grid:
+                if type(v) is not int or not 0 <= v <= _MAX_GRID:
+                    grid = validate_workgroups(workgroups)
+                    break
+        else:
+            grid = validate_workgroups(workgroups)
+        consts = constants
+        if type(consts) is tuple:
+            for v in consts:
+                if type(v) is not int or not 0 <= v <= 0xFFFFFFFF:
+                    consts = _constants(constants)
+                    break
+        else:
+            consts = _constants(constants)
         if len(consts) > MAX_CONSTANTS:
             raise OutOfRangeError(f"{len(consts)} constants exceed the maximum of {MAX_CONSTANTS}")
         if export.constant_count is not None and len(consts) != export.constant_count:
@@ -242,16 +339,46 @@ class CommandBuffer:
                 f"export {export.name!r} takes {export.binding_count} bindings, got {len(bindings)}"
             )
         refs = []
+        direct = self._direct_slots
         for i, b in enumerate(bindings):
-            ref = self._ref(b, f"binding {i} of {export.name!r}", BufferUsage.DISPATCH_STORAGE)
-            if ref.buffer is not None:
-                check_binding_alignment(ref.buffer, ref.offset, i, export.name)
+            # the common case inline: (Buffer, offset, length) in range, usable, aligned
+            if type(b) is tuple and len(b) == 3:
+                buffer, offset, length = b
+                if (type(buffer) is Buffer and type(offset) is int and type(length) is int
+                        and 0 <= offset and 0 <= length
+                        and offset + length <= buffer.byte_length
+                        and buffer.usage_bits & _DISPATCH_STORAGE == _DISPATCH_STORAGE
+                        and not buffer.storage.released
+                        and not (buffer.storage.address + buffer.byte_offset + offset)
+                        % ALIGNMENT):
+                    slot = direct.get(id(buffer))
+                    if slot is None:
+                        slot = self._direct_slot(buffer)
+                    refs.append(_new_tuple(BufferRef, (slot, offset, length)))
+                    continue
+            ref = self._ref(b, f"binding {i} of {export.name!r}", _DISPATCH_STORAGE)
+            if ref.slot < 0:
+                check_binding_alignment(self.direct[-1 - ref.slot], ref.offset, i,
+                                        export.name)
             refs.append(ref)
-        self._record(DispatchCommand(executable, ordinal, grid, consts, tuple(refs)))
+        command = _new_tuple(DispatchCommand, (executable, ordinal, grid, consts, tuple(refs)))
+        lock = self._recording_lock  # what `_record` does, without its frame
+        if not lock.acquire(False):
+            self._refuse(False)
+        if self.finalized:
+            self._refuse(True)
+        self.commands.append(command)
+        lock.release()
 
     def barrier(self) -> None:
         """Orders every command before it ahead of every command after it."""
-        self._record(BarrierCommand())
+        lock = self._recording_lock  # what `_record` does, without its frame
+        if not lock.acquire(False):
+            self._refuse(False)
+        if self.finalized:
+            self._refuse(True)
+        self.commands.append(BARRIER)
+        lock.release()
 
     execution_barrier = barrier
 
@@ -284,6 +411,9 @@ def _host_bytes(source: Any) -> bytes:
         raise InvalidArgumentError(
             f"update source must be bytes-like or a numpy array, not {type(source).__name__}"
         ) from None
+
+
+_MAX_GRID = min(0xFFFFFFFF, MAX_WORKGROUP_COUNT_Z)
 
 
 def _constants(constants: Any) -> tuple[int, ...]:

@@ -62,9 +62,9 @@ from ..errors import (
 )
 from .allocator import Allocator
 from .buffer import Buffer, Storage
-from .command_buffer import CommandBuffer, as_buffer_ref
+from .command_buffer import CommandBuffer, as_table_range
 from .executable import FORMATS, Executable
-from .execution import Submission, resolve_commands
+from .execution import RecordingCache, Submission, resolve_commands
 from .profile import Profile
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
@@ -117,6 +117,8 @@ class Device:
         self._idle = threading.Condition(self._entries_lock)  # for wait_idle() and close()
         self._watchers = 0  # threads waiting on `_idle`; retiring notifies only if any
         self.transient = TransientRingbuffer(self.allocator, transient_capacity)
+        # Command buffers with equal commands share one recording and its native programs.
+        self.recordings = RecordingCache()
         _live_devices.add(self)
         self.profile: Profile | None = None  # set by Profile.attach; hooks test it
         self._lost: Error | None = None  # set by `_lose`: every entry fails with it
@@ -162,6 +164,7 @@ class Device:
             self._finish(entry, AbortedError(f"{self!r} closed before the work ran"))
         self.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
         self._stop(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self.recordings.clear()
 
     def _create_allocator(self) -> Allocator:
         """The device's allocator; drivers with their own memory model override this."""
@@ -313,7 +316,7 @@ class Device:
         wait_points, signal_points = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
-        ops = resolve_commands(batch_list, binding_table, self.concurrency)
+        ops = resolve_commands(batch_list, binding_table, self.concurrency, self.recordings)
         if (self.completes_inline and self.profile is None and self._lost is None
                 and (not wait_points or all_reached(wait_points))):
             self._run_ready(signal_points, self._execute, ops)
@@ -368,12 +371,11 @@ class Device:
     def queue_read(self, source: Any, source_offset: int, target: Buffer, target_offset: int,
                    length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
         """Reads `length` bytes from a file (path or binary file object) or host memory."""
-        ref = as_buffer_ref((target, target_offset, length), "read target", 0)
+        _, offset, length = as_table_range((target, target_offset, length), "read target")
         target.validate_usage(BufferUsage.TRANSFER_TARGET, "read target")
-        length = ref.length
         if isinstance(source, (str, os.PathLike)) or hasattr(source, "readinto"):
             def read() -> None:
-                dst = target.host_bytes()[ref.offset : ref.offset + length]
+                dst = target.host_bytes()[offset : offset + length]
                 _read_file(source, source_offset, dst)
         else:
             src = np.frombuffer(_host_view(source), dtype=np.uint8)
@@ -384,19 +386,18 @@ class Device:
                 )
 
             def read() -> None:
-                target.host_bytes()[ref.offset : ref.offset + length] = (
+                target.host_bytes()[offset : offset + length] = (
                     src[source_offset : source_offset + length])
         self._accept_host_transfer("read", wait, signal, queue, length, (source, target), read)
 
     def queue_write(self, source: Buffer, source_offset: int, target: Any, target_offset: int,
                     length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
         """Writes buffer bytes to a file (path or binary file object) or writable host memory."""
-        ref = as_buffer_ref((source, source_offset, length), "write source", 0)
+        _, offset, length = as_table_range((source, source_offset, length), "write source")
         source.validate_usage(BufferUsage.TRANSFER_SOURCE, "write source")
-        length = ref.length
 
         def data() -> np.ndarray:
-            return source.host_bytes()[ref.offset : ref.offset + length]
+            return source.host_bytes()[offset : offset + length]
 
         if isinstance(target, (str, os.PathLike)) or hasattr(target, "write"):
             def write() -> None:

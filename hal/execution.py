@@ -3,8 +3,11 @@
 The first submission of a finalized command buffer turns it into a `Recording`: its
 commands plus, for every binding-table slot it reads, what the slot must satisfy (usage
 bits, the bytes it must span, the offsets that must be 64-byte aligned for kernels).
-Buffers the commands name directly become extra slots after the table's, so a recording
-is a pure function of one list of `(buffer, offset, length)` entries.
+Buffers the commands name directly are numbered by the command buffer as it records
+and become extra slots after the table's, so a recording holds no buffer and is a pure
+function of one list of `(buffer, offset, length)` entries: command buffers with equal
+commands share one recording (`RecordingCache`), and a one-shot command buffer that a
+program re-records each call finds the recording, and the native programs, of the last.
 
 Each submission then only checks its binding table against those per-slot requirements
 (`Recording.bind`), on the submitting thread, and yields a `Submission`. A driver runs a
@@ -26,15 +29,10 @@ import numpy as np
 from ..errors import Error, FailedPreconditionError, InvalidArgumentError, OutOfRangeError
 from .buffer import ALIGNMENT, Buffer
 from .command_buffer import (
-    BarrierCommand,
     BufferRef,
     CommandBuffer,
     CommandBufferMode,
-    CopyCommand,
-    DispatchCommand,
-    FillCommand,
-    UpdateCommand,
-    as_buffer_ref,
+    as_table_range,
     check_binding_alignment,
 )
 from .executable import PreparedDispatch
@@ -42,6 +40,7 @@ from .types import WHOLE_BUFFER, BufferUsage
 
 BindingTable = Sequence[Any]
 
+SHARED_UPDATE_BYTES = 256  # recordings whose updates capture more are not shared
 _PATTERN_DTYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 _DISPATCH_STORAGE = int(BufferUsage.DISPATCH_STORAGE)
 _TRANSFER_SOURCE = int(BufferUsage.TRANSFER_SOURCE)
@@ -124,27 +123,7 @@ def run_transfer(op: Transfer) -> None:
         range_bytes(op.target)[:] = range_bytes(op.source)
 
 
-def transfer_bytes(op: Operation) -> int:
-    """Bytes a transfer writes (0 for dispatches and barriers)."""
-    if type(op) is Fill or type(op) is Update or type(op) is Copy:
-        return op.target.length
-    return 0
-
-
 # -- binding tables --------------------------------------------------------------------
-
-
-def normalize_binding_table(table: BindingTable | None, needed: int) -> list[Range]:
-    """Validates binding table entries (Buffer or (Buffer, offset, length))."""
-    entries: list[Range] = []
-    for i, entry in enumerate(table or ()):
-        if type(entry) is Buffer and not entry.storage.released:
-            entries.append(Range(entry, 0, entry.byte_length))
-            continue
-        ref = as_buffer_ref(entry, f"binding table entry {i}", 0)
-        entries.append(Range(ref.buffer, ref.offset, ref.length))
-    _check_table_size(len(entries), needed)
-    return entries
 
 
 def _check_table_size(have: int, needed: int) -> None:
@@ -156,11 +135,9 @@ def _check_table_size(have: int, needed: int) -> None:
 
 
 def _resolve(ref: BufferRef, table: list[Range], usage: int) -> Range:
-    """Resolves a reference against the binding table; errors name the slot, and the
-    caller adds which command and operand it was."""
-    if ref.buffer is not None:
-        ref.buffer.check_live()
-        return Range(ref.buffer, ref.offset, ref.length)
+    """Resolves a reference against the slots of a submission (table entries, then the
+    direct buffers, which negative slots index from the end); errors name the slot, and
+    the caller adds which command and operand it was."""
     buffer, base, base_length = table[ref.slot]
     buffer.check_live()
     if buffer.usage_bits & usage != usage:
@@ -185,114 +162,109 @@ def _check_each_command(commands: list[Any], table: list[Range]) -> None:
     """Checks every operand of every command against `table`; raises the first failure
     naming its command and operand (the slow path, taken when a slot check fails)."""
     for cmd in commands:
-        if type(cmd) is DispatchCommand:
-            name = cmd.executable.exports[cmd.ordinal].name
-            for i, ref in enumerate(cmd.bindings):
-                try:
-                    buffer, offset, _length = _resolve(ref, table, _DISPATCH_STORAGE)
-                except Error as exc:
-                    raise exc.with_context(f"binding {i} of {name!r}") from None
-                if ref.buffer is None:
-                    check_binding_alignment(buffer, offset, i, name)
-        elif type(cmd) is FillCommand:
-            dst = _resolve_operand(cmd.target, table, _TRANSFER_TARGET, "fill target")
-            n = len(cmd.pattern)
-            if dst.length % n:
-                raise InvalidArgumentError(
-                    f"fill length {dst.length} is not a multiple of the {n}-byte pattern"
-                )
-        elif type(cmd) is UpdateCommand:
-            _resolve_operand(cmd.target, table, _TRANSFER_TARGET, "update target")
-        elif type(cmd) is CopyCommand:
-            src = _resolve_operand(cmd.source, table, _TRANSFER_SOURCE, "copy source")
-            dst = _resolve_operand(cmd.target, table, _TRANSFER_TARGET, "copy target")
-            if src.length != dst.length:
-                raise OutOfRangeError(
-                    f"copy source length {src.length} differs from target length "
-                    f"{dst.length}"
-                )
+        op = cmd.op
+        dispatch = op == "dispatch"
+        name = cmd.executable.exports[cmd.ordinal].name if dispatch else ""
+        ranges = []
+        for i, (ref, usage) in enumerate(cmd.operands):
+            what = (f"binding {i} of {name!r}" if dispatch
+                    else f"{op} {'source' if op == 'copy' and i == 0 else 'target'}")
+            r = _resolve_operand(ref, table, usage, what)
+            if dispatch:
+                check_binding_alignment(r.buffer, r.offset, i, name)
+            ranges.append(r)
+        if op == "fill" and ranges[0].length % len(cmd.pattern):
+            raise InvalidArgumentError(
+                f"fill length {ranges[0].length} is not a multiple of the "
+                f"{len(cmd.pattern)}-byte pattern"
+            )
+        if op == "copy" and ranges[0].length != ranges[1].length:
+            raise OutOfRangeError(
+                f"copy source length {ranges[0].length} differs from target length "
+                f"{ranges[1].length}"
+            )
 
 
 # -- recordings ------------------------------------------------------------------------
 
 
 class Recording:
-    """A finalized command buffer resolved once: its commands over numbered slots.
+    """A finalized command buffer's commands resolved once, over numbered slots.
 
     Slots `0 .. table_slots-1` are the binding table's; the buffers the commands name
-    directly follow as slots `table_slots ..` (`direct`). For each table slot the
-    recording knows the usage bits its commands need (`slot_usage`), the bytes they
-    reach (`slot_end`), and the offsets that dispatches bind inside it (`slot_align`,
-    each a residue that must keep the address 64-byte aligned). `streams` is a pool of
-    native streams resolved from this recording, owned by `hal.stream`.
+    directly follow, last first: a command's negative slot -1 - k (the command buffer's
+    `direct[k]`) indexes a submission's slot list from its end. A recording holds no buffer: every command buffer with the same
+    commands shares one (`RecordingCache`), and with it its pool of native programs
+    (`streams`, owned by `hal.stream`), so re-recording the same commands costs what a
+    replay costs. For each table slot the recording knows the usage bits its commands
+    need (`slot_usage`), the bytes they reach (`slot_end`) and the offsets that
+    dispatches bind inside it (`slot_align`, residues that must keep the address 64-byte
+    aligned); direct buffers were checked when recorded.
     """
 
-    __slots__ = ("commands", "table_slots", "direct", "direct_slot", "slot_usage",
-                 "slot_end", "slot_align", "exact", "single_workgroup", "fixed_transfer_bytes",
-                 "max_concurrency", "patterns", "streams")
+    __slots__ = ("commands", "table_slots", "direct_count", "slot_count", "slot_usage",
+                 "slot_end", "slot_align", "exact", "single_workgroup", "max_concurrency",
+                 "patterns", "streams", "shareable")
 
-    def __init__(self, command_buffer: CommandBuffer, max_concurrency: int) -> None:
-        self.commands = list(command_buffer.commands)
+    def __init__(self, commands: Sequence[Any], table_slots: int, direct_count: int,
+                 max_concurrency: int) -> None:
+        self.commands = commands
         self.max_concurrency = max_concurrency
-        n = self.table_slots = command_buffer.max_slot + 1
-        self.direct: list[Buffer] = []
-        self.direct_slot: dict[int, int] = {}
+        n = self.table_slots = table_slots
+        self.direct_count = direct_count
+        self.slot_count = n + direct_count
         usage = [0] * n
         end = [0] * n
         align: list[set[int]] = [set() for _ in range(n)]
         self.exact = True
         self.single_workgroup = True
-        self.fixed_transfer_bytes = 0
         self.patterns: dict[int, np.generic] = {}
         self.streams: list[Any] = []
+        self.shareable = True  # False: it captured too many host bytes to keep around
 
         def use(ref: BufferRef, bits: int, transfer: bool) -> None:
-            if ref.buffer is not None:
-                if id(ref.buffer) not in self.direct_slot:
-                    self.direct_slot[id(ref.buffer)] = n + len(self.direct)
-                    self.direct.append(ref.buffer)
+            slot = ref.slot
+            if slot < 0:
                 return
-            usage[ref.slot] |= bits
+            usage[slot] |= bits
             if ref.length == WHOLE_BUFFER:
-                end[ref.slot] = max(end[ref.slot], ref.offset)
+                end[slot] = max(end[slot], ref.offset)
                 if transfer:
                     self.exact = False  # lengths depend on the table: check each command
             else:
-                end[ref.slot] = max(end[ref.slot], ref.offset + ref.length)
+                end[slot] = max(end[slot], ref.offset + ref.length)
 
-        for index, cmd in enumerate(self.commands):
-            if type(cmd) is DispatchCommand:
+        for index, cmd in enumerate(commands):
+            op = cmd.op
+            dispatch = op == "dispatch"
+            for ref, bits in cmd.operands:
+                use(ref, bits, not dispatch)
+                if dispatch and ref.slot >= 0:
+                    align[ref.slot].add(ref.offset % ALIGNMENT)
+            if dispatch:
                 x, y, z = cmd.workgroups
                 if x * y * z > 1:
                     self.single_workgroup = False
-                for ref in cmd.bindings:
-                    use(ref, _DISPATCH_STORAGE, False)
-                    if ref.buffer is None:
-                        align[ref.slot].add(ref.offset % ALIGNMENT)
-            elif type(cmd) is FillCommand:
-                use(cmd.target, _TRANSFER_TARGET, True)
+            elif op == "fill":
                 self.patterns[index] = np.frombuffer(
                     cmd.pattern, dtype=_PATTERN_DTYPES[len(cmd.pattern)])[0]
-                self.fixed_transfer_bytes += max(cmd.target.length, 0)
-            elif type(cmd) is UpdateCommand:
-                use(cmd.target, _TRANSFER_TARGET, True)
-                self.fixed_transfer_bytes += len(cmd.source)
-            elif type(cmd) is CopyCommand:
-                use(cmd.source, _TRANSFER_SOURCE, True)
-                use(cmd.target, _TRANSFER_TARGET, True)
-                self.fixed_transfer_bytes += max(cmd.target.length, cmd.source.length, 0)
+            elif op == "update" and len(cmd.source) > SHARED_UPDATE_BYTES:
+                self.shareable = False
         self.slot_usage = usage
         self.slot_end = end
         self.slot_align = [tuple(sorted(a)) for a in align]
 
-    def slot_of(self, ref: BufferRef) -> int:
-        """The slot a reference reads: its table slot, or its direct buffer's slot."""
-        return ref.slot if ref.buffer is None else self.direct_slot[id(ref.buffer)]
+    def slot_index(self, ref: BufferRef) -> int:
+        """The slot a reference reads, counted from the first table slot."""
+        slot = ref.slot
+        return slot if slot >= 0 else self.slot_count + slot
 
-    def bind(self, table: BindingTable | None) -> list[Range]:
+    def bind(self, table: BindingTable | None, direct: list[Buffer]) -> list[Range]:
         """Checks `table` against what the recording needs; returns every slot's range
-        (table slots, then direct buffers). Only what differs per submission is checked:
-        table entries, and that direct buffers are still live."""
+        (table slots, then the `direct` buffers of the command buffer submitted, last
+        first). Only
+        what differs per submission is checked: table entries, and that direct buffers
+        are still live."""
         n = self.table_slots
         table = table or ()
         if n > len(table):
@@ -322,7 +294,7 @@ class Recording:
                     if (start + residue) % ALIGNMENT:
                         ok = False
             entries.append(_new_range(Range, (buffer, base, length)))
-        for buffer in self.direct:
+        for buffer in reversed(direct):  # slot -1 is the last entry
             if buffer.storage.released:
                 ok = False
             entries.append(_new_range(Range, (buffer, 0, buffer.byte_length)))
@@ -339,8 +311,6 @@ class Recording:
         ops: list[Operation] = []
 
         def resolve(ref: BufferRef) -> Range:
-            if ref.buffer is not None:
-                return Range(ref.buffer, ref.offset, ref.length)
             buffer, base, length = entries[ref.slot]
             if ref.length != WHOLE_BUFFER:
                 length = ref.length
@@ -349,7 +319,8 @@ class Recording:
             return Range(buffer, base + ref.offset, length)
 
         for index, cmd in enumerate(self.commands):
-            if type(cmd) is DispatchCommand:
+            op = cmd.op
+            if op == "dispatch":
                 x, y, z = cmd.workgroups
                 if not (x and y and z):
                     continue
@@ -363,24 +334,62 @@ class Recording:
                     cmd.ordinal, cmd.workgroups, cmd.constants,
                     [b.address + o for b, o, _n in ranges], [n for _b, _o, n in ranges],
                     self.max_concurrency)))
-            elif type(cmd) is FillCommand:
+            elif op == "fill":
                 ops.append(Fill(resolve(cmd.target), self.patterns[index]))
-            elif type(cmd) is UpdateCommand:
+            elif op == "update":
                 ops.append(Update(resolve(cmd.target), cmd.source))
-            elif type(cmd) is CopyCommand:
+            elif op == "copy":
                 ops.append(Copy(resolve(cmd.source), resolve(cmd.target)))
-            elif type(cmd) is BarrierCommand:
+            elif op == "barrier":
                 if ops and type(ops[-1]) is not Barrier:
                     ops.append(Barrier())
         return ops
 
 
+class RecordingCache:
+    """A device's recordings by content: command buffers whose commands are equal (same
+    executables, ordinals, workgroup counts, constants and slots, with direct buffers
+    numbered by first use) share one `Recording` and its native programs.
+
+    Bounded: past `capacity` recordings the least recently used is dropped (its native
+    programs with it); `clear()` drops all, as a device does when it closes.
+    """
+
+    __slots__ = ("_entries", "capacity")
+
+    def __init__(self, capacity: int = 256) -> None:
+        self._entries: dict[Any, Recording] = {}
+        self.capacity = capacity
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, command_buffer: CommandBuffer, max_concurrency: int) -> Recording:
+        """The recording of `command_buffer`'s commands, found or made."""
+        commands = tuple(command_buffer.commands)
+        key = (max_concurrency, commands)
+        entries = self._entries
+        recording = entries.pop(key, None)
+        if recording is None:
+            recording = Recording(commands, command_buffer.max_slot + 1,
+                                  len(command_buffer.direct), max_concurrency)
+            if not recording.shareable:
+                return recording
+            if len(entries) >= self.capacity:
+                try:
+                    del entries[next(iter(entries))]
+                except (StopIteration, KeyError, RuntimeError):
+                    pass  # another thread evicted it
+        entries[key] = recording
+        return recording
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
 def _normalize_entry(entry: Any, index: int) -> Range:
-    if type(entry) is Buffer:
-        entry.check_live()
-        return Range(entry, 0, entry.byte_length)
-    ref = as_buffer_ref(entry, f"binding table entry {index}", 0)
-    return Range(ref.buffer, ref.offset, ref.length)
+    buffer, offset, length = as_table_range(entry, f"binding table entry {index}")
+    return Range(buffer, offset, length)
 
 
 class Submission:
@@ -403,36 +412,15 @@ class Submission:
         """No dispatch has more than one workgroup (nothing to spread over workers)."""
         return all(recording.single_workgroup for recording, _ in self.parts)
 
-    def transfer_bytes(self) -> int:
-        """Bytes the fills, updates and copies write."""
-        total = 0
-        for recording, entries in self.parts:
-            total += (recording.fixed_transfer_bytes if recording.exact
-                      else _transfer_bytes_of(recording, entries))
-        return total
 
-
-def _transfer_bytes_of(recording: Recording, entries: list[Range]) -> int:
-    total = 0
-    for cmd in recording.commands:
-        for ref in _transfer_targets(cmd):
-            if ref.buffer is None and ref.length == WHOLE_BUFFER:
-                total += entries[ref.slot].length - ref.offset
-            else:
-                total += ref.length
-    return total
-
-
-def _transfer_targets(cmd: Any) -> tuple[BufferRef, ...]:
-    if type(cmd) is FillCommand or type(cmd) is UpdateCommand or type(cmd) is CopyCommand:
-        return (cmd.target,)
-    return ()
+_new_submission = object.__new__
 
 
 def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
-                     binding_table: BindingTable | None, max_concurrency: int = 1
-                     ) -> Submission:
-    """Validates a submission of command buffers against `binding_table`."""
+                     binding_table: BindingTable | None, max_concurrency: int = 1,
+                     recordings: RecordingCache | None = None) -> Submission:
+    """Validates a submission of command buffers against `binding_table`; recordings
+    come from `recordings` (shared by content) or are made per command buffer."""
     if type(command_buffers) is list:
         pass
     elif type(command_buffers) is CommandBuffer or not isinstance(command_buffers, Sequence):
@@ -447,8 +435,15 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
             raise FailedPreconditionError(f"{cb!r} is one-shot and was submitted")
         recording = cb.recording
         if recording is None or recording.max_concurrency != max_concurrency:
-            recording = cb.recording = Recording(cb, max_concurrency)
-        parts.append((recording, recording.bind(binding_table)))
+            if recordings is not None:
+                recording = recordings.get(cb, max_concurrency)
+            else:
+                recording = Recording(tuple(cb.commands), cb.max_slot + 1, len(cb.direct),
+                                      max_concurrency)
+            cb.recording = recording
+        parts.append((recording, recording.bind(binding_table, cb.direct)))
     for cb in command_buffers:
         cb.submitted = True
-    return Submission(parts)
+    submission = _new_submission(Submission)  # without an __init__ frame
+    submission.parts = parts
+    return submission

@@ -101,13 +101,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Error, InvalidArgumentError, UnimplementedError
-from .command_buffer import (
-    BarrierCommand,
-    CopyCommand,
-    DispatchCommand,
-    FillCommand,
-    UpdateCommand,
-)
 from .execution import Barrier, Dispatch, Submission, run_transfer
 from .ringbuffer import HEAP_NAME as TRANSIENT_HEAP
 from .semaphore import when_all_reached
@@ -123,7 +116,6 @@ QUEUE_OPS: dict[str, int] = {
 # Command-buffer operation kinds with IREE's `iree_hal_profile_command_operation_type_t`.
 COMMAND_OPS: dict[str, int] = {"barrier": 1, "dispatch": 2, "fill": 3, "copy": 4, "update": 5}
 TRANSFER_OPS = frozenset({"copy", "fill", "update", "read", "write"})
-DEPENDENCY_STRATEGIES = ("none", "inline", "device_barrier", "software_defer")
 
 # tinyhal's memory event kinds and the IREE `memory_event.event_type` each becomes.
 MEMORY_KINDS: dict[str, tuple[str, int]] = {
@@ -143,6 +135,9 @@ SUPPORTED_MODES = frozenset({
 })
 UNSUPPORTED_MODES = frozenset({"device-metrics", "counters", "executable-traces"})
 DEFAULT_MODES = frozenset({"queue-events", "host-execution", "memory-events"})
+# Modes timed on a device clock: only a driver with one (emu, whose default modes list
+# them) records them; IREE's local-sync and local-task answer UNIMPLEMENTED, and so do ours.
+DEVICE_TIME_MODES = frozenset({"dispatch-events", "device-queue-events"})
 
 HOST = "host"
 DEVICE = "device"
@@ -433,6 +428,13 @@ class Profile:
         The device's hook sites test `device.profile is not None`; the allocator's test
         `allocator.profile is not None`.
         """
+        without_clock = (self.modes & DEVICE_TIME_MODES) - set(
+            getattr(device, "default_profiling_modes", ()))
+        if without_clock:
+            raise UnimplementedError(
+                f"device profiling mode {', '.join(sorted(without_clock))} is not supported "
+                f"by driver {getattr(device, 'driver_name', '?')!r}: it has no device clock "
+                "(host-execution records the CPU time of dispatches)")
         self.device_name = getattr(device, "identifier", self.device_name)
         self.start()
         device.allocator.profile = self
@@ -956,16 +958,14 @@ def run_profiled(submission: Submission, profile: Profile, worker: str, queue: i
 
 def _describe(command: Any) -> tuple[str, Any, Any, tuple, int]:
     """A recorded command as `(op, executable, export, workgroups, length)`."""
-    if isinstance(command, DispatchCommand):
+    op = getattr(command, "op", None)
+    if op == "dispatch":
         return ("dispatch", command.executable, command.ordinal, tuple(command.workgroups), 0)
-    if isinstance(command, FillCommand):
-        return ("fill", None, None, (), max(0, command.target.length))
-    if isinstance(command, CopyCommand):
-        return ("copy", None, None, (), max(0, command.target.length))
-    if isinstance(command, UpdateCommand):
+    if op == "update":
         return ("update", None, None, (), len(command.source))
-    if isinstance(command, BarrierCommand):
-        return ("barrier", None, None, (), 0)
+    if op in COMMAND_OPS:
+        operands = command.operands
+        return (op, None, None, (), max(0, operands[-1][0].length) if operands else 0)
     raise InvalidArgumentError(f"cannot profile command {command!r}")
 
 

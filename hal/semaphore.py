@@ -267,10 +267,6 @@ class Semaphore:
             ready.append(tp)
         return ready
 
-    def _raise_if_failed(self) -> None:
-        if self._failure is not None:
-            raise self._failure
-
 
 def assist_points(points: Iterable[SemaphorePoint]) -> None:
     """Runs the work offered at `points` on this thread, following `offer_waits` back
@@ -302,7 +298,7 @@ class Fence:
     """A set of semaphore points: reached when every semaphore reaches its value.
 
     A semaphore appears at most once, at the largest value inserted for it.
-    `timeline` maps each semaphore to its value (read it; add points with `insert`).
+    `timeline` maps each semaphore to its value (read it).
     """
 
     def __init__(self, points: Iterable[SemaphorePoint] = ()) -> None:
@@ -332,16 +328,10 @@ class Fence:
         points = joined.timeline
         for fence in fences:
             if fence is not None:
-                for sem, value in fence.timeline.items():  # values were checked on insert
+                for sem, value in fence.timeline.items():  # values were checked when the fence was made
                     if value > points.get(sem, -1):
                         points[sem] = value
         return joined
-
-    def insert(self, semaphore: Semaphore, value: int) -> None:
-        if type(value) is not int or not 0 <= value <= MAX_VALUE:
-            _check_value(value, "fence value")
-        if value > self.timeline.get(semaphore, -1):
-            self.timeline[semaphore] = value
 
     @property
     def points(self) -> list[SemaphorePoint]:

@@ -24,13 +24,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import Error, FailedPreconditionError, InternalError, ResourceExhaustedError
-from .command_buffer import (
-    BarrierCommand,
-    CopyCommand,
-    DispatchCommand,
-    FillCommand,
-    UpdateCommand,
-)
 from .executable import PreparedDispatch
 from .execution import Range, Recording, Submission
 from .native import ffi, lib
@@ -61,10 +54,11 @@ class NativeProgram:
         base = 0
         for recording in recordings:
             def slot(ref: Any, recording: Recording = recording, base: int = base) -> int:
-                return base + recording.slot_of(ref)
+                return base + recording.slot_index(ref)
 
             for index, cmd in enumerate(recording.commands):
-                if type(cmd) is DispatchCommand:
+                op = cmd.op
+                if op == "dispatch":
                     x, y, z = cmd.workgroups
                     if not (x and y and z):
                         continue
@@ -85,7 +79,7 @@ class NativeProgram:
                         sites.append((slot(ref), ref.offset, ref.length,
                                       prepared.binding_addresses + j,
                                       prepared.binding_lengths + j))
-                elif type(cmd) is FillCommand:
+                elif op == "fill":
                     pattern = recording.patterns[index]
                     c = ops[i]
                     c.kind = lib.TINYHAL_OP_FILL
@@ -94,7 +88,7 @@ class NativeProgram:
                     ref = cmd.target
                     sites.append((slot(ref), ref.offset, ref.length,
                                   ffi.addressof(c, "dst"), ffi.addressof(c, "length")))
-                elif type(cmd) is UpdateCommand:
+                elif op == "update":
                     data = ffi.from_buffer(cmd.source)
                     keep.append(data)
                     c = ops[i]
@@ -104,7 +98,7 @@ class NativeProgram:
                     ref = cmd.target
                     sites.append((slot(ref), ref.offset, ref.length,
                                   ffi.addressof(c, "dst"), ffi.NULL))
-                elif type(cmd) is CopyCommand:
+                elif op == "copy":
                     c = ops[i]
                     c.kind = lib.TINYHAL_OP_COPY
                     src, dst = cmd.source, cmd.target
@@ -115,7 +109,7 @@ class NativeProgram:
                 else:
                     continue
                 i += 1
-            base += recording.table_slots + len(recording.direct)
+            base += recording.slot_count
         patches = ffi.new("tinyhal_patch_t[]", max(1, len(sites)))
         for p, (slot_index, offset, size, address, length) in zip(patches, sites):
             p.slot = slot_index
@@ -149,10 +143,10 @@ class NativeProgram:
 def _op_count(recording: Recording) -> int:
     n = 0
     for cmd in recording.commands:
-        if type(cmd) is DispatchCommand:
+        if cmd.op == "dispatch":
             x, y, z = cmd.workgroups
             n += bool(x and y and z)
-        elif type(cmd) is not BarrierCommand:
+        elif cmd.op != "barrier":
             n += 1
     return n
 
@@ -244,9 +238,22 @@ def run_alone(submission: Submission) -> None:
         return
     recording, entries = parts[0]
     pool = recording.streams
-    program = _take_program(recording)
+    program = pool.pop() if pool else NativeProgram([recording])
     try:
-        _bind(program, parts, entries, 1)
+        # `_bind` for one participant, without its frame
+        addresses = []
+        lengths = []
+        for buffer, offset, length in entries:
+            storage_address = buffer.storage.address
+            if not storage_address:
+                _bind(program, parts, entries, 1)  # names the buffer with no memory
+                break
+            addresses.append(storage_address + buffer.byte_offset + offset)
+            lengths.append(length)
+        else:
+            lib.tinyhal_stream_bind(program.ops, program.count, program.state,
+                                    program.patches, program.patch_count, addresses,
+                                    lengths, 1, TILES_PER_PARTICIPANT)
         rc = lib.tinyhal_run_stream(ffi.NULL, program.ops, program.count, program.state,
                                     program.local_memory_size, 0, program.paused)
         error = program.error(rc) if rc else None  # read before another run rebinds it

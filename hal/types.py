@@ -173,19 +173,10 @@ class ElementInfo:
     def numerical_type(self) -> int:
         return (self.element_type >> 24) & 0xFF
 
-    @property
-    def is_integer(self) -> bool:
-        return self.numerical_type in (0x10, 0x11, 0x12)
 
-    @property
-    def is_float(self) -> bool:
-        """Real floating point (IEEE, brain and the fp8 family; not complex)."""
-        return self.numerical_type & 0xF0 == 0x20 and self.numerical_type != 0x23
-
-    @property
-    def is_sub_byte(self) -> bool:
-        """Packed in buffers: 8 // bits elements per byte, the first in the low bits."""
-        return self.bit_count < 8
+def is_integer_type(element_type: int) -> bool:
+    """Whether an element type code is an integer of any signedness (not i1/bool)."""
+    return (element_type >> 24) & 0xFF in (0x10, 0x11, 0x12)
 
 
 def _info(element_type: ElementType, mlir: str, dtype: object, kserve: str | None = None

@@ -1,8 +1,7 @@
 """tinyhal.scheduler: a generic task system.
 
-A worker pool (`Executor`), task-graph nodes gated by suspend counts (`Task`, `CallTask`,
-`NopTask`) and a trio bridge (`await_callback`, which the HAL's
-semaphores wait through; `on_event_loop`). It knows nothing of
+A worker pool (`Executor` running `CallTask`s) and a trio bridge (`await_callback`, which
+the HAL's semaphores wait through; `on_event_loop`). It knows nothing of
 buffers, semaphores, devices or modules; HAL drivers build on it.
 """
 
@@ -12,21 +11,16 @@ from .executor import (
     CallTask,
     Executor,
     ExecutorStatistics,
-    NopTask,
-    Task,
     current_worker_index,
     default_worker_count,
 )
-from .trio_bridge import await_callback, await_task, on_event_loop
+from .trio_bridge import await_callback, on_event_loop
 
 __all__ = [
     "CallTask",
     "Executor",
     "ExecutorStatistics",
-    "NopTask",
-    "Task",
     "await_callback",
-    "await_task",
     "current_worker_index",
     "default_worker_count",
     "on_event_loop",

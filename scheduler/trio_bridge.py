@@ -9,19 +9,22 @@ object being waited on keeps no stale waiter.
 The module is generic: `subscribe` is any function taking a one-shot
 `callback(error=None)` and returning an `unsubscribe()` function (or None if the
 callback already fired synchronously).
+
+trio (and asyncio) are imported only by the functions that run on their loops: a process
+that never starts an event loop (`tinyhal-run`, `tinyhal.load` from a script) does not pay
+for importing them.
 """
 
 from __future__ import annotations
 
-import asyncio
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import sniffio  # trio's own dependency: how trio marks the thread that runs it
-import trio
 
-__all__ = ["await_callback", "await_task", "on_event_loop"]
+__all__ = ["await_callback", "on_event_loop"]
 
 
 def on_event_loop() -> bool:
@@ -29,6 +32,9 @@ def on_event_loop() -> bool:
     hold the thread up is better handed to another thread there."""
     if sniffio.thread_local.name is not None:
         return True
+    asyncio = sys.modules.get("asyncio")  # never imported: no asyncio loop can be running
+    if asyncio is None:
+        return False
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -46,6 +52,8 @@ async def await_callback(
     before `trio.Cancelled` propagates; a callback racing with the cancellation is
     ignored.
     """
+    import trio
+
     await trio.lowlevel.checkpoint_if_cancelled()
     task = trio.lowlevel.current_task()
     token = trio.lowlevel.current_trio_token()
@@ -84,12 +92,3 @@ async def await_callback(
 
     return await trio.lowlevel.wait_task_rescheduled(abort)
 
-
-async def await_task(task: Any) -> None:
-    """Waits in trio for a scheduler `Task` to complete; raises its error if it failed."""
-
-    def subscribe(callback: Callable[..., None]) -> None:
-        task.on_complete(lambda error: callback(error))
-        return None
-
-    await await_callback(subscribe)

@@ -9,10 +9,11 @@ that many executions run at once. Requests beyond wait in one FIFO queue of at m
 up memory and latency. Whenever an instance is free the next execution takes the head of
 the queue: one request, or with dynamic batching everything that fits one batch
 (`batching.take_batch`), so when an execution finishes the next takes all that gathered
-meanwhile. A queue delay is honoured to within tens of microseconds: a timer task sleeps
-to just before it and then checks the clock at every pass of the scheduler (epoll alone
-would round the wait up to whole milliseconds), and an arrival that fills the preferred
-batch ends the wait at once.
+meanwhile. A queue delay is honoured to within tens of microseconds on a quiet machine:
+a timer thread waits for it on a condition variable and posts the dispatch to the loop
+(the loop's epoll timeout would round the wait up to whole milliseconds; spinning on the
+clock instead doubled the CPU per request at low load), and an arrival that fills the
+preferred batch ends the wait at once.
 
 Everything happens on the event loop in plain functions (`_dispatch`, `_finished`) except
 the execution itself, which runs on the instance's thread; its outcome comes back through
@@ -41,6 +42,8 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,9 +53,6 @@ import trio
 from .batching import BatchingConfig, Outcome, Results, ready_rows, run_batch, take_batch
 from .instances import InstanceThread
 
-# how long before a queue-delay deadline the timer stops sleeping and starts checking the
-# clock: more than epoll's rounding of its timeout up to whole milliseconds
-_SPIN_SECONDS = 0.0015
 # most unbatched requests handed to a free instance at once (each its own execution)
 _RUN_LIST = 16
 
@@ -181,8 +181,7 @@ class Admission:
         self._begin = begin
         self._end = end
         self._timer_at = math.inf
-        self._timer_wake: trio.Event | None = None
-        self._timer_started = False
+        self._timer: _DelayTimer | None = None
 
     # -- observation -------------------------------------------------------------------
 
@@ -237,9 +236,9 @@ class Admission:
             self._start([[request]], now)  # the ready path: no queue, no task hop
         else:
             self._queue.append(request)
-            if self.batching is not None and self.batching.delay and not self._timer_started:
-                self._timer_started = True
-                trio.lowlevel.spawn_system_task(self._timer, name="tinyhal queue delay")
+            if self.batching is not None and self.batching.delay and self._timer is None:
+                self._timer = _DelayTimer(trio.lowlevel.current_trio_token(),
+                                          self._timer_fired)
             self._dispatch()
         try:
             if deadline == math.inf:
@@ -354,32 +353,18 @@ class Admission:
             waiters, self._idle_waiters = self._idle_waiters, []
             for event in waiters:
                 event.set()
-            if self._closed and self._timer_wake is not None:
-                self._timer_wake.set()  # the timer task ends
 
     def _arm(self, at: float) -> None:
         if at != self._timer_at:
             self._timer_at = at
-            if self._timer_wake is not None:
-                self._timer_wake.set()
+            if self._timer is not None:
+                self._timer.arm(at)
 
-    async def _timer(self) -> None:
-        """Ends queue delays: sleeps to just before the armed time, then checks the clock
-        at every scheduler pass until it is reached. It only spins while an instance is
-        idle and waits for a batch to fill, that is while the server has cores to spare."""
-        while not (self._closed and not self._in_flight):
-            at = self._timer_at
-            if trio.current_time() < at - _SPIN_SECONDS:
-                self._timer_wake = wake = trio.Event()
-                with trio.move_on_at(at - _SPIN_SECONDS):
-                    await wake.wait()
-                self._timer_wake = None
-                continue
-            while trio.current_time() < at and self._timer_at == at:
-                await trio.lowlevel.checkpoint()
-            if self._timer_at == at:
-                self._timer_at = math.inf
-                self._dispatch()
+    def _timer_fired(self, at: float) -> None:
+        """On the loop, when the queue delay armed for `at` ran out."""
+        if self._timer_at == at:
+            self._timer_at = math.inf
+            self._dispatch()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -388,8 +373,6 @@ class Admission:
         self._closed = True
         self._dispatch()
         self._arm(math.inf)
-        if self._timer_wake is not None:
-            self._timer_wake.set()
 
     async def wait_idle(self) -> None:
         """Returns once every request admitted so far has finished (detached ones
@@ -403,5 +386,49 @@ class Admission:
         """Ends the instance threads after their current jobs (call once idle)."""
         for instance in self._instances:
             instance.thread.stop()
-        if self._timer_wake is not None:
-            self._timer_wake.set()  # the timer task ends
+        if self._timer is not None:
+            self._timer.stop()
+
+
+class _DelayTimer:
+    """A thread that calls `fired(at)` on the trio loop once the trio clock reaches the
+    armed time `at`. A condition variable's timed wait ends within tens of microseconds
+    of its deadline on a quiet machine, where the loop's epoll wait rounds up to whole
+    milliseconds; and nothing spins while a batch waits to fill."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken,
+                 fired: Callable[[float], None]) -> None:
+        self._token = token
+        self._fired = fired
+        self._at = math.inf
+        self._stopped = False
+        self._offset = trio.current_time() - time.monotonic()  # trio clock - monotonic
+        self._cond = threading.Condition()
+        threading.Thread(target=self._loop, name="tinyhal-queue-delay", daemon=True).start()
+
+    def arm(self, at: float) -> None:
+        with self._cond:
+            self._at = at
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                at = self._at
+                if at == math.inf:
+                    self._cond.wait()
+                    continue
+                remaining = at - self._offset - time.monotonic()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                self._at = math.inf
+                try:
+                    self._token.run_sync_soon(self._fired, at)
+                except trio.RunFinishedError:
+                    return

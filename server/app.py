@@ -35,6 +35,8 @@ Triton).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import math
 import zlib
@@ -363,7 +365,7 @@ class _Routes:
                     "content-encoding" in headers:
                 async with server.parse_limiter:
                     req = await trio.to_thread.run_sync(
-                        _parse, request, server.max_request_bytes)
+                        _parse_large, request, server.max_request_bytes)
             else:
                 req = _parse(request, server.max_request_bytes)
             args = mv.prepare(req)
@@ -419,6 +421,7 @@ class _Routes:
 
 
 _PARSE_ON_LOOP_BYTES = 64 << 10
+_INFLATE_CHUNK = 1 << 20  # inflated a megabyte at a time, counted against the limit
 
 
 def _stats_doc(mv: ModelVersion) -> dict:
@@ -453,6 +456,36 @@ def _parse(request: Request, limit: int) -> Any:
     return parse_infer_request(body, request.headers.get("inference-header-content-length"))
 
 
+def _parse_large(request: Request, limit: int) -> Any:
+    """`_parse` on a worker thread, then the memory it freed goes back to the system:
+    inflating and parsing tens of megabytes leaves freed blocks in the thread's malloc
+    arena, and a few worker threads' arenas would otherwise hold hundreds of megabytes."""
+    try:
+        return _parse(request, limit)
+    except ProtocolError as exc:
+        # raised afresh, without the traceback whose frames hold the inflated bytes
+        failure = ProtocolError(exc.status, exc.message)
+    finally:
+        _release_freed_memory()
+    _release_freed_memory()
+    raise failure
+
+
+def _release_freed_memory() -> None:
+    trim = _MALLOC_TRIM[0] if _MALLOC_TRIM else None
+    if trim is None and not _MALLOC_TRIM:
+        try:
+            trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc: nothing to do
+            trim = None
+        _MALLOC_TRIM.append(trim)
+    if trim is not None:
+        trim(0)
+
+
+_MALLOC_TRIM: list = []
+
+
 def _decode_body(request: Request, limit: int) -> bytes:
     """The body after Content-Encoding (the HTTP layer already bounded its raw size)."""
     body = request.body
@@ -463,14 +496,24 @@ def _decode_body(request: Request, limit: int) -> bytes:
         raise ProtocolError(415, f"Content-Encoding {encoding!r} is not supported "
                                  f"(gzip, deflate)")
     decompressor = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    chunks: list[bytes] = []
+    total = 0
+    pending = body
     try:
-        out = decompressor.decompress(body, limit + 1)
+        while True:
+            chunk = decompressor.decompress(pending, _INFLATE_CHUNK)
+            total += len(chunk)
+            if total > limit:
+                chunks.clear()
+                raise ProtocolError(413, f"decompressed request body exceeds the limit of "
+                                         f"{limit} bytes (--max-request-bytes)")
+            chunks.append(chunk)
+            pending = decompressor.unconsumed_tail
+            if not pending and len(chunk) < _INFLATE_CHUNK:
+                break  # all input read and no output held back
     except zlib.error as exc:
         raise ProtocolError(400, f"request body is not valid {encoding}: {exc}") from None
-    if len(out) > limit or decompressor.unconsumed_tail:
-        raise ProtocolError(413, f"decompressed request body exceeds the limit of {limit} "
-                                 f"bytes (--max-request-bytes)")
-    return out
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _deadline(header: str | None, timeout_us: float | None, mv: ModelVersion,

@@ -228,8 +228,9 @@ async def serve(args: argparse.Namespace) -> int:
                     say(f"tinyhal-serve: serving ({', '.join(names) or 'no models'}); "
                         f"unavailable: "
                         f"{', '.join(f'{mv.name}/{mv.version}' for mv in failed)}")
-                else:
-                    say(f"tinyhal-serve: ready ({', '.join(names) or 'no models'})")
+                else:  # readiness answers 503 while no model is loaded: say so
+                    say(f"tinyhal-serve: ready ({', '.join(names)})" if names else
+                        "tinyhal-serve: serving no models (not ready)")
                 if args.model_control_mode == "poll":
                     outer.start_soon(poll_repository, server, args.repository_poll_secs)
             await shutdown.wait()

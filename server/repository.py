@@ -470,9 +470,6 @@ def _instance_count(config: dict) -> int:
     groups = config.get("instance_group")
     if groups is None:
         return _positive_int(config, "max_concurrency", DEFAULT_INSTANCES)
-    if "max_concurrency" in config:
-        raise ConfigError("config gives both 'instance_group' and 'max_concurrency' "
-                          "(the same setting): keep one")
     if not isinstance(groups, list) or not groups or not all(
             isinstance(g, dict) and set(g) <= {"count", "kind"} for g in groups):
         raise ConfigError(f"config 'instance_group' must list objects with 'count' "
@@ -487,16 +484,25 @@ def _instance_count(config: dict) -> int:
             raise ConfigError(f"config 'instance_group' kind {group['kind']!r}: only "
                               f"KIND_CPU (or KIND_AUTO) runs here")
         total += count
+    if "max_concurrency" in config and config["max_concurrency"] != total:
+        raise ConfigError(f"config gives 'instance_group' ({total} instances) and "
+                          f"'max_concurrency' {config['max_concurrency']!r}, the same "
+                          f"setting: keep one")
     return total
 
 
 def file_fingerprint(path: Path) -> tuple:
-    """What tells a changed model file from the one loaded (poll mode)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ()
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    """What tells a changed version from the one loaded (poll mode): its model file and
+    the config files beside it and above it."""
+    marks = []
+    for file in (path, path.parent / "config.json", path.parent.parent / "config.json"):
+        try:
+            st = os.stat(file)
+        except OSError:
+            marks.append(None)
+            continue
+        marks.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(marks)
 
 
 def _version_key(version: str) -> int:

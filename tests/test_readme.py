@@ -1,6 +1,14 @@
-"""The README's snippets run as written: every ```python block, in order, in one fresh
-directory, after the ```sh blocks that make the files they use (those whose first line
-starts with "# make"). The model-repository keys it lists are the ones the server knows."""
+"""The documentation's snippets run as written: README.md, docs/*.md and deploy/README.md.
+
+In each document, in order, in one fresh directory: every ```python block, and every
+```sh block whose first line is a comment starting with "# make" (it makes files later
+blocks use) or "# run" (a command whose output the document describes). Other ```sh
+blocks (installing, serving on a fixed port, benchmarks) and unmarked blocks are for
+reading. Commands are run as from the repository root: its `tests/` folder is linked into
+the fresh directory (the model builders live there), so nothing is written into the
+checkout. A client snippet addressed to `HOST:PORT` is pointed at a real tinyhal-serve.
+The model-repository keys the README lists are the ones the server knows.
+"""
 
 from __future__ import annotations
 
@@ -14,34 +22,52 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md"]
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 
 
-def _blocks() -> list[tuple[str, str]]:
-    return re.findall(r"^```(\w*)\n(.*?)^```", README.read_text(), re.M | re.S)
+def _blocks(path: Path) -> list[tuple[str, str]]:
+    return re.findall(r"^```(\w*)\n(.*?)^```", path.read_text(), re.M | re.S)
+
+
+def _runs(lang: str, code: str) -> bool:
+    return lang == "python" or lang == "sh" and code.startswith(("# make", "# run"))
+
+
+def _run_document(path: Path, folder: Path, monkeypatch,
+                  substitutions: dict[str, str] | None = None) -> list[str]:
+    """Runs the document's runnable blocks in `folder`; the python blocks' outputs."""
+    (folder / "tests").symlink_to(ROOT / "tests")
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    monkeypatch.chdir(folder)
+    outputs = []
+    for lang, code in _blocks(path):
+        if not _runs(lang, code):
+            continue
+        for placeholder, value in (substitutions or {}).items():
+            code = code.replace(placeholder, value)
+        if lang == "sh":
+            proc = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=folder,
+                                  env=env, capture_output=True, text=True, timeout=400)
+            assert proc.returncode == 0, code + proc.stdout + proc.stderr
+        else:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                exec(compile(code, str(path), "exec"), {"__name__": "__doc_snippet__"})
+            outputs.append(out.getvalue())
+    return outputs
 
 
 def test_readme_snippets_run_as_written(tmp_path, monkeypatch):
-    blocks = _blocks()
+    blocks = _blocks(README)
     python = [code for lang, code in blocks if lang == "python"]
     makes = [code for lang, code in blocks if lang == "sh" and code.startswith("# make")]
     assert len(python) >= 2 and any("iree-compile" in code for code in makes)
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    monkeypatch.chdir(tmp_path)
-    outputs = []
-    for lang, code in blocks:
-        if lang == "sh" and code.startswith("# make"):
-            proc = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path,
-                                  env=env, capture_output=True, text=True, timeout=240)
-            assert proc.returncode == 0, code + proc.stdout + proc.stderr
-        elif lang == "python":
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
-            outputs.append(out.getvalue())
+    outputs = _run_document(README, tmp_path, monkeypatch)
     # the outputs the README shows in its comments
     assert "[[3. 0. 7. 0.]]" in outputs[0]
     assert "[0. 2. 4. 6.]" in outputs[2]
@@ -50,9 +76,40 @@ def test_readme_snippets_run_as_written(tmp_path, monkeypatch):
     repo = ModelRepository(tmp_path / "models")
     try:
         assert repo.load_all() == []
-        assert repo.get("scaler").batcher is not None
+        assert repo.get("scaler").batching is not None
     finally:
         repo.close()
+
+
+def test_emu_guide_snippets_run_as_written(tmp_path, monkeypatch):
+    path = ROOT / "docs" / "emu.md"
+    assert sum(_runs(lang, code) for lang, code in _blocks(path)) >= 3
+    (summary,) = _run_document(path, tmp_path, monkeypatch)
+    assert "edge-npu" in summary or "modelled" in summary.lower(), summary
+    assert (tmp_path / "mobilenet_v2.vmfb").exists() and (tmp_path / "x.npy").exists()
+
+
+def test_deploy_guide_snippets_run_against_a_real_server(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "tests" / "server"))
+    try:
+        from serve_helpers import ServerProcess
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "server"))
+    server = ServerProcess().start()
+    try:
+        (output,) = _run_document(ROOT / "deploy" / "README.md", tmp_path, monkeypatch,
+                                  {"HOST:PORT": server.url})
+    finally:
+        server.stop()
+    assert output.strip(), "the client snippet printed nothing"
+
+
+def test_every_document_with_code_is_covered():
+    """A document gaining a runnable block must gain a test above."""
+    covered = {README, ROOT / "docs" / "emu.md", ROOT / "deploy" / "README.md"}
+    for path in DOCUMENTS:
+        if any(_runs(lang, code) for lang, code in _blocks(path)):
+            assert path in covered, path
 
 
 def test_readme_documents_every_config_key():

@@ -244,6 +244,14 @@ def _resolve_device(device: Any, options: dict) -> tuple[Device, bool]:
         raise InvalidArgumentError(
             f"device must be a driver name ('sync', 'task', ...) or a Device, not {device!r}"
         )
+    for name in options:  # a misspelt keyword of load() would read as a driver option
+        import difflib
+
+        near = difflib.get_close_matches(name, ("device", "modules"), n=1, cutoff=0.7)
+        if near:
+            raise InvalidArgumentError(
+                f"unknown keyword argument {name!r} (did you mean {near[0]!r}?); other "
+                f"keywords are options of the {device!r} driver")
     return create_device(device, **options), True
 
 

@@ -438,6 +438,9 @@ class Context:
             if f is not None:
                 drive_blocking(self._run(f, []))
             inst.global_refs[:] = [None] * len(inst.global_refs)
+        for m in self.modules:
+            if isinstance(m, NativeModule) and m.on_close is not None:
+                m.on_close()
 
 
 async def _drive_async(gen: Generator) -> Any:

@@ -1,15 +1,19 @@
 """The native `hal` module (version 7): what compiled modules import, backed by tinyhal.hal.
 
-`create_hal_module(devices)` returns a `NativeModule` whose functions are closures over one
-module state (the device list), so each `vm.Context` gets its own. Semantics and status codes follow IREE's HAL module
-(`runtime/src/iree/modules/hal/module.c`):
+The shape of IREE's HAL module (`runtime/src/iree/modules/hal/module.c`): one table,
+`EXPORTS` (name, calling convention, ref type of each argument, shim, yieldable), as
+IREE's `exports.inl`, and an explicit `HalModuleState` (its devices), as IREE's
+`iree_hal_module_state_t`. Shims are plain functions taking the state first;
+`create_hal_module(devices)` makes one state and binds every shim to it, so each
+`vm.Context` gets its own and an import call is one Python frame. Semantics and status
+codes follow IREE's:
 
-- the exports are declared in one table (`EXPORTS`: name, calling convention, ref type
-  of each argument); a marshaller generated from the declaration checks refs by type and
-  a wrong or null ref is INVALID_ARGUMENT naming the expected type, so the shims only
-  forward to the HAL, which validates the rest once; `*_or_null` buffer arguments turn a null buffer into a binding-table
-  slot reference (`command_buffer.dispatch` bindings `(unused, slot, buffer, offset,
-  length)`, fill/update/copy targets);
+- each shim first checks the refs its row declares (the exact class inline, subclasses
+  and nulls through `_checked`): a wrong or null ref is INVALID_ARGUMENT naming the
+  expected type, so the shims only forward to the HAL, which validates the rest once;
+- `*_or_null` buffer arguments turn a null buffer into a binding-table slot reference
+  (`command_buffer.dispatch` bindings `(unused, slot, buffer, offset, length)`,
+  fill/update/copy targets);
 - `device.queue.dealloca` gives back the memory of a buffer the device's `queue_alloca`
   made (whichever module made it) and only orders the queue for any other buffer;
 - `device.query.i64` answers `(1, value)` or `(0, 0)` for queries the device does not
@@ -27,9 +31,9 @@ loaded into a 64-byte-aligned buffer), so weights are used in place.
 
 from __future__ import annotations
 
-import math
+import functools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,8 +62,9 @@ from ..hal.types import (
     MemoryAccess,
     MemoryType,
     format_element_type,
+    is_integer_type,
 )
-from .native import NativeModule, RefType, Suspend
+from .native import NativeModule, RefType, Suspend, ref_type_error
 
 HAL_MODULE_VERSION = 7
 
@@ -70,6 +75,8 @@ _STATUS_DEADLINE_EXCEEDED = int(StatusCode.DEADLINE_EXCEEDED)
 _U32 = 0xFFFFFFFF
 _first = operator.itemgetter(0)  # a variadic shape's 1-tuples -> dims, without a frame
 _MAX_BINDINGS = 64
+_MAX_REMEMBERED_LOOKUPS = 4096
+_new_fence = object.__new__
 
 
 class HalFile:
@@ -87,7 +94,6 @@ class HalFile:
 
 
 # -- argument helpers ------------------------------------------------------------------
-
 
 def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
@@ -159,617 +165,841 @@ def _timeout_seconds(timeout_ms: int) -> float | None:
     return None if timeout_ms == _U32 else timeout_ms / 1000.0
 
 
-# -- the module --------------------------------------------------------------------------
-
-# The hal module's exports: name, calling convention, and the ref type of each
-# top-level argument (None: not a ref, or checked by the shim; "?": may be null).
-# `create_hal_module` registers each with its shim behind the checks generated from
-# this declaration (vm/native.py: compiled into one function with the shim's body), as
-# IREE declares its exports in exports.inl.
-EXPORTS: tuple[tuple[str, str, tuple[str | None, ...] | None, bool], ...] = (
-    ("allocator.allocate", "0rIiiI_r", ("hal.allocator", None, None, None, None), False),
-    ("allocator.import", "0riIiirII_r",
-     ("hal.allocator", None, None, None, None, None, None, None), False),
-    ("allocator.select", "0iiICrID_rI", (None, None, None, None), False),
-    ("buffer.allocation.discard", "0r_i", ("hal.buffer",), False),
-    ("buffer.allocation.is_terminal", "0r_i", ("hal.buffer",), False),
-    ("buffer.allocation.preserve", "0r_v", ("hal.buffer",), False),
-    ("buffer.assert", "0rrrIii_v",
-     ("hal.buffer", None, "hal.allocator", None, None, None), False),
-    ("buffer.length", "0r_I", ("hal.buffer",), False),
-    ("buffer.load", "0rIi_i", ("hal.buffer", None, None), False),
-    ("buffer.store", "0irIi_v", (None, "hal.buffer", None, None), False),
-    ("buffer.subspan", "0rII_r", ("hal.buffer", None, None), False),
-    ("buffer_view.assert", "0rriiCID_v", ("hal.buffer_view", None, None, None, None), False),
-    ("buffer_view.buffer", "0r_r", ("hal.buffer_view",), False),
-    ("buffer_view.create", "0rIIiiCID_r", ("hal.buffer", None, None, None, None, None), False),
-    ("buffer_view.dim", "0ri_I", ("hal.buffer_view", None), False),
-    ("buffer_view.element_type", "0r_i", ("hal.buffer_view",), False),
-    ("buffer_view.encoding_type", "0r_i", ("hal.buffer_view",), False),
-    ("buffer_view.rank", "0r_i", ("hal.buffer_view",), False),
-    ("buffer_view.trace", "0rCrD_v", (None, None), False),
-    ("channel.create", "0rIIrrii_r", None, False),
-    ("channel.rank_and_count", "0r_ii", None, False),
-    ("channel.split", "0riiI_r", None, False),
-    ("command_buffer.advise_buffer", "0rrIIIi_v",
-     ("hal.command_buffer", "hal.buffer?", None, None, None, None), False),
-    ("command_buffer.begin_debug_group", "0rr_v", ("hal.command_buffer", None), False),
-    ("command_buffer.collective", "0rriiiirrIIIII_v", None, False),
-    ("command_buffer.copy_buffer", "0riirIrIII_v",
-     ("hal.command_buffer", None, None, "hal.buffer?", None, "hal.buffer?", None, None, None), False),
-    ("command_buffer.create", "0riiIi_r", ("hal.device", None, None, None, None), False),
-    ("command_buffer.dispatch", "0rrIiiiICiDCiirIID_v",
-     ("hal.command_buffer", "hal.executable", None, None, None, None, None, None, None), False),
-    ("command_buffer.dispatch.indirect", "0rrIirIICiDCiirIID_v", None, False),
-    ("command_buffer.end_debug_group", "0r_v", ("hal.command_buffer",), False),
-    ("command_buffer.execution_barrier", "0riiI_v",
-     ("hal.command_buffer", None, None, None), False),
-    ("command_buffer.fill_buffer", "0rrIIiIiI_v",
-     ("hal.command_buffer", "hal.buffer?", None, None, None, None, None, None), False),
-    ("command_buffer.finalize", "0r_v", ("hal.command_buffer",), False),
-    ("command_buffer.update_buffer", "0rrIrIIiI_v",
-     ("hal.command_buffer", None, None, "hal.buffer?", None, None, None, None), False),
-    ("device.allocator", "0r_r", ("hal.device",), False),
-    ("device.query.i64", "0rrr_iI", ("hal.device", None, None), False),
-    ("device.queue.alloca", "0rIrrIiiII_r",
-     ("hal.device", None, "hal.fence?", "hal.fence?", None, None, None, None, None), False),
-    ("device.queue.barrier", "0rIrrI_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", None), False),
-    ("device.queue.copy", "0rIrrrIrIII_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None, "hal.buffer", None, None, None), False),
-    ("device.queue.dealloca", "0rIrrrI_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None), False),
-    ("device.queue.execute", "0rIrrrI_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None), False),
-    ("device.queue.execute.indirect", "0rIrrrICrIID_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None, None), False),
-    ("device.queue.fill", "0rIrrrIIIiI_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None, None, None, None, None), False),
-    ("device.queue.flush", "0rI_v", ("hal.device", None), False),
-    ("device.queue.read", "0rIrrrIrIII_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.file", None, "hal.buffer", None, None, None), False),
-    ("device.queue.update", "0rIrrrIrIII_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", None, None, "hal.buffer", None, None, None), False),
-    ("device.queue.write", "0rIrrrIrIII_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None, "hal.file", None, None, None), False),
-    ("devices.count", "0v_i", (), False),
-    ("devices.get", "0i_r", (None,), False),
-    ("ex.file.from_memory", "0rIirIIi_r",
-     ("hal.device", None, None, None, None, None, None), False),
-    ("executable.create", "0rIrrr_r", ("hal.device", None, None, None, None), False),
-    ("executable.lookup.function", "0rr_I", ("hal.executable", None), False),
-    ("fence.await", "0iICrD_i", (None, None, None), True),
-    ("fence.create", "0rI_r", ("hal.device", None), False),
-    ("fence.fail", "0ri_v", ("hal.fence", None), False),
-    ("fence.join", "0ICrD_r", (None, None), False),
-    ("fence.query", "0r_i", ("hal.fence",), False),
-    ("fence.signal", "0r_v", ("hal.fence",), False),
-)
-
-_REF_TYPES = {
-    "hal.allocator": Allocator,
-    "hal.buffer": Buffer,
-    "hal.buffer_view": BufferView,
-    "hal.command_buffer": CommandBuffer,
-    "hal.device": Device,
-    "hal.executable": Executable,
-    "hal.fence": Fence,
-    "hal.file": HalFile,
-}
+# -- the module state ---------------------------------------------------------------------
 
 
-def _declared_refs(refs: tuple[str | None, ...]) -> tuple[RefType | None, ...]:
-    out: list[RefType | None] = []
-    for name in refs:
-        if name is None:
-            out.append(None)
+class HalModuleState:
+    """What one `hal` module instance holds (IREE's `iree_hal_module_state_t`): its
+    devices, the first the default, and the ordinals `executable.lookup.function` found
+    per (executable, name buffer), holding both so that their ids stay theirs."""
+
+    __slots__ = ("devices", "ordinals")
+
+    def __init__(self, devices: list[Device]) -> None:
+        self.devices = devices
+        self.ordinals: dict[tuple[int, int], tuple[Executable, Any, int]] = {}
+
+    def release(self) -> None:
+        """When its context closes: drops what the state and its devices' recording
+        caches hold of the context's executables (others' recordings are rebuilt)."""
+        self.ordinals.clear()
+        for device in self.devices:
+            device.recordings.clear()
+
+
+def _refs(name: str, cls: type) -> tuple[RefType, RefType]:
+    return RefType(cls, name), RefType(cls, name, True)
+
+
+_ALLOCATOR, _ALLOCATOR_OR_NULL = _refs("hal.allocator", Allocator)
+_BUFFER, _BUFFER_OR_NULL = _refs("hal.buffer", Buffer)
+_BUFFER_VIEW, _BUFFER_VIEW_OR_NULL = _refs("hal.buffer_view", BufferView)
+_COMMAND_BUFFER, _COMMAND_BUFFER_OR_NULL = _refs("hal.command_buffer", CommandBuffer)
+_DEVICE, _DEVICE_OR_NULL = _refs("hal.device", Device)
+_EXECUTABLE, _EXECUTABLE_OR_NULL = _refs("hal.executable", Executable)
+_FENCE, _FENCE_OR_NULL = _refs("hal.fence", Fence)
+_FILE, _FILE_OR_NULL = _refs("hal.file", HalFile)
+
+
+def _queue_refs_checked(device: Any, wait: Any, signal: Any) -> tuple[Any, Any, Any]:
+    """A queue operation's device and (nullable) wait and signal fences, checked."""
+    return (_checked(device, _DEVICE), _checked(wait, _FENCE_OR_NULL),
+            _checked(signal, _FENCE_OR_NULL))
+
+
+def _checked(value: Any, ref: RefType) -> Any:
+    """`value` if it is what `ref` declares (a subclass, or null where allowed); the
+    slow path of a shim's first lines, which test the exact class inline (`isinstance`
+    for devices and allocators, which drivers subclass)."""
+    if isinstance(value, ref.cls) or (value is None and ref.nullable):
+        return value
+    raise ref_type_error(value, ref)
+
+
+# -- the shims ------------------------------------------------------------------------------
+
+def ex_file_from_memory(state: HalModuleState, device, queue_affinity, access, buffer, offset,
+                        length, flags):
+    if not isinstance(device, Device):
+        device = _checked(device, _DEVICE)
+    if access & ~int(MemoryAccess.READ):
+        raise PermissionDeniedError(
+            "only read-only memory can be accessed via a file handle (today)"
+        )
+    view = vm_buffer_view(buffer)
+    return HalFile(_byte_range(view, offset, length, "file"), access, buffer)
+
+
+# -- allocator --------------------------------------------------------------------
+
+def allocator_select(state: HalModuleState, memory_types, buffer_usage, flags, pairs):
+    if not pairs:
+        raise InvalidArgumentError(
+            "at least one device/queue affinity pair must be provided"
+        )
+    device, affinity = pairs[0]
+    _check(device, Device, "hal.device")
+    return device, affinity
+
+
+def allocator_allocate(state: HalModuleState, allocator, queue_affinity, memory_types, buffer_usage,
+                       size):
+    if not isinstance(allocator, Allocator):
+        allocator = _checked(allocator, _ALLOCATOR)
+    try:
+        memory_type = MemoryType(memory_types & _U32)
+        usage = allocator.coerce_usage(memory_type, buffer_usage & _U32)
+        return allocator.allocate(size, memory_type, usage)
+    except Error as exc:
+        exc.message = f"failed to allocate buffer of length {size}; {exc.message}"
+        raise
+
+
+def allocator_import(state: HalModuleState, allocator, is_try, queue_affinity, memory_types,
+                     buffer_usage, source, offset, length):
+    if not isinstance(allocator, Allocator):
+        allocator = _checked(allocator, _ALLOCATOR)
+    view = vm_buffer_view(source)
+    size = view.nbytes
+    if length == -1:
+        length = size
+    if length < 0 or offset < 0 or offset > size or offset + length > size:
+        raise InvalidArgumentError(
+            f"byte range out of bounds (requested {offset}-{offset + length - 1} of "
+            f"available {size})"
+        )
+    usage = buffer_usage & _U32
+    access = MemoryAccess.READ
+    if not _vm_buffer_mutable(source, view):
+        if usage & _SHARING_IMMUTABLE != _SHARING_IMMUTABLE:
+            raise PermissionDeniedError(
+                "source buffer is immutable and can only be imported for constant usage"
+            )
+    elif usage & _SHARING_IMMUTABLE != _SHARING_IMMUTABLE:
+        access |= MemoryAccess.WRITE
+    try:
+        array = np.frombuffer(view, dtype=np.uint8, count=length, offset=offset)
+        buffer = allocator.import_host(
+            array, MemoryType(memory_types & _U32), BufferUsage(usage), access
+        )
+    except Error:
+        if is_try:
+            return None
+        raise
+    if buffer is None and not is_try:
+        raise InvalidArgumentError(
+            f"host memory at offset {offset} ({length} bytes) cannot be imported: "
+            "it must be 64-byte aligned"
+        )
+    return buffer
+
+
+# -- buffer -----------------------------------------------------------------------
+
+def buffer_assert(state: HalModuleState, buffer, message, allocator, minimum_length, memory_types,
+                  usage):
+    if buffer.__class__ is not Buffer:
+        buffer = _checked(buffer, _BUFFER)
+    if not isinstance(allocator, Allocator):
+        allocator = _checked(allocator, _ALLOCATOR)
+    types, bits = memory_types & _U32, usage & _U32
+    if (buffer.byte_length < minimum_length or buffer.memory_type_bits & types != types
+            or buffer.usage_bits & bits != bits):
+        _buffer_assert_failure(buffer, vm_buffer_string(message), minimum_length,
+                               types, bits)
+
+
+def buffer_allocation_preserve(state: HalModuleState, buffer):
+    if buffer.__class__ is not Buffer:
+        buffer = _checked(buffer, _BUFFER)
+    return None  # its first lines check the refs; nothing more to do
+
+
+def buffer_allocation_discard(state: HalModuleState, buffer):
+    if buffer.__class__ is not Buffer:
+        buffer = _checked(buffer, _BUFFER)
+    # Ownership is tracked by Python references, not an explicit count: the caller
+    # never holds the last reference here, so the allocation is never terminal.
+    return 0
+
+
+def buffer_allocation_is_terminal(state: HalModuleState, buffer):
+    if buffer.__class__ is not Buffer:
+        buffer = _checked(buffer, _BUFFER)
+    return 0
+
+
+def buffer_subspan(state: HalModuleState, buffer, offset, length):
+    if buffer.__class__ is not Buffer:
+        buffer = _checked(buffer, _BUFFER)
+    try:
+        return buffer.subspan(offset, length)
+    except Error as exc:
+        exc.message = (f"invalid subspan of an existing buffer (source_offset={offset}, "
+                       f"length={length}); {exc.message}")
+        raise
+
+
+def buffer_length(state: HalModuleState, buffer):
+    if buffer.__class__ is not Buffer:
+        buffer = _checked(buffer, _BUFFER)
+    return buffer.byte_length
+
+
+def buffer_load(state: HalModuleState, buffer, offset, length):
+    if buffer.__class__ is not Buffer:
+        buffer = _checked(buffer, _BUFFER)
+    if length > 4:
+        raise InvalidArgumentError(f"load length byte count {length} exceeds max")
+    offset, length = buffer.resolve_range(offset, length, "load")
+    data = buffer.allocator.device_ref().read_array(buffer, offset, length)
+    return int.from_bytes(data.tobytes(), "little")
+
+
+def buffer_store(state: HalModuleState, value, buffer, offset, length):
+    if buffer.__class__ is not Buffer:
+        buffer = _checked(buffer, _BUFFER)
+    if length > 4:
+        raise InvalidArgumentError(f"store length byte count {length} exceeds max")
+    if offset + length > buffer.byte_length or offset < 0 or length < 0:
+        raise OutOfRangeError(
+            f"store out of bounds (target_offset={offset}, length={length} into max "
+            f"{buffer.byte_length})"
+        )
+    data = (value & _U32).to_bytes(4, "little")[:length]
+    buffer.allocator.device_ref().write_bytes(buffer, data, offset)
+
+
+# -- buffer view ------------------------------------------------------------------
+
+def buffer_view_create(state: HalModuleState, buffer, offset, length, element_type, encoding_type,
+                       shape):
+    if buffer.__class__ is not Buffer:
+        buffer = _checked(buffer, _BUFFER)
+    if offset != 0 or length != buffer.byte_length:
+        try:
+            buffer = buffer.subspan(offset, length)
+        except Error as exc:
+            exc.message = (f"invalid subspan of an existing buffer (source_offset="
+                           f"{offset}, length={length}); {exc.message}")
+            raise
+    return BufferView(buffer, map(_first, shape), element_type & _U32,
+                      encoding_type & _U32)
+
+
+def buffer_view_assert(state: HalModuleState, view, message, element_type, encoding_type, shape):
+    if view.__class__ is not BufferView:
+        view = _checked(view, _BUFFER_VIEW)
+    actual = view.shape
+    expected_type = element_type & _U32
+    if ((view.encoding_type and view.encoding_type != encoding_type & _U32)
+            or (view.element_type != expected_type
+                and not _element_types_compatible(view.element_type, expected_type))
+            or tuple(map(_first, shape)) != actual):
+        _buffer_view_assert_failure(view, vm_buffer_string(message), expected_type,
+                                    encoding_type & _U32, tuple(d for (d,) in shape))
+
+
+def buffer_view_buffer(state: HalModuleState, view):
+    if view.__class__ is not BufferView:
+        view = _checked(view, _BUFFER_VIEW)
+    return view.buffer
+
+
+def buffer_view_element_type(state: HalModuleState, view):
+    if view.__class__ is not BufferView:
+        view = _checked(view, _BUFFER_VIEW)
+    return view.element_type
+
+
+def buffer_view_encoding_type(state: HalModuleState, view):
+    if view.__class__ is not BufferView:
+        view = _checked(view, _BUFFER_VIEW)
+    return view.encoding_type
+
+
+def buffer_view_rank(state: HalModuleState, view):
+    if view.__class__ is not BufferView:
+        view = _checked(view, _BUFFER_VIEW)
+    return len(view.shape)
+
+
+def buffer_view_dim(state: HalModuleState, view, index):
+    if view.__class__ is not BufferView:
+        view = _checked(view, _BUFFER_VIEW)
+    shape = view.shape
+    if not 0 <= index < len(shape):
+        raise OutOfRangeError(
+            f"buffer view dimension {index} out of range of rank {len(shape)}"
+        )
+    return shape[index]
+
+
+def buffer_view_trace(state: HalModuleState, key, views):
+    for (view,) in views:
+        _check(view, BufferView, "hal.buffer_view")
+
+
+# -- channels (collectives) -------------------------------------------------------
+
+def channel_create(state: HalModuleState, *args):
+    raise UnimplementedError("collective channels are not supported by tinyhal")
+
+
+def channel_split(state: HalModuleState, *args):
+    raise UnimplementedError("collective channels are not supported by tinyhal")
+
+
+def channel_rank_and_count(state: HalModuleState, *args):
+    raise UnimplementedError("collective channels are not supported by tinyhal")
+
+
+# -- command buffer ---------------------------------------------------------------
+
+def command_buffer_create(state: HalModuleState, device, modes, categories, queue_affinity,
+                          binding_capacity):
+    if not isinstance(device, Device):
+        device = _checked(device, _DEVICE)
+    mode = "one_shot" if modes & _COMMAND_BUFFER_MODE_ONE_SHOT else "reusable"
+    return device.create_command_buffer(mode, binding_capacity)
+
+
+def command_buffer_finalize(state: HalModuleState, cb):
+    if cb.__class__ is not CommandBuffer:
+        cb = _checked(cb, _COMMAND_BUFFER)
+    cb.finalize()
+
+
+def command_buffer_begin_debug_group(state: HalModuleState, cb, label):
+    if cb.__class__ is not CommandBuffer:
+        cb = _checked(cb, _COMMAND_BUFFER)
+    return None  # its first lines check the refs; nothing more to do
+
+
+def command_buffer_end_debug_group(state: HalModuleState, cb):
+    if cb.__class__ is not CommandBuffer:
+        cb = _checked(cb, _COMMAND_BUFFER)
+    return None  # its first lines check the refs; nothing more to do
+
+
+def command_buffer_execution_barrier(state: HalModuleState, cb, source_stage, target_stage, flags):
+    if cb.__class__ is not CommandBuffer:
+        cb = _checked(cb, _COMMAND_BUFFER)
+    cb.barrier()
+
+
+def command_buffer_advise_buffer(state: HalModuleState, cb, buffer, flags, arg0, arg1, slot):
+    if cb.__class__ is not CommandBuffer:
+        cb = _checked(cb, _COMMAND_BUFFER)
+    if buffer is not None and buffer.__class__ is not Buffer:
+        buffer = _checked(buffer, _BUFFER_OR_NULL)
+    return None  # its first lines check the refs; nothing more to do
+
+
+def command_buffer_fill_buffer(state: HalModuleState, cb, target, offset, length, slot, pattern,
+                               pattern_length, flags):
+    if cb.__class__ is not CommandBuffer:
+        cb = _checked(cb, _COMMAND_BUFFER)
+    if target is not None and target.__class__ is not Buffer:
+        target = _checked(target, _BUFFER_OR_NULL)
+    if pattern_length not in (1, 2, 4):
+        raise InvalidArgumentError(
+            f"fill patterns must be 1, 2 or 4 bytes, not {pattern_length}"
+        )
+    pattern &= (1 << (8 * pattern_length)) - 1
+    cb.fill(slot if target is None else target, offset, length, pattern, pattern_length)
+
+
+def command_buffer_update_buffer(state: HalModuleState, cb, source, source_offset, target,
+                                 target_offset, length, slot, flags):
+    if cb.__class__ is not CommandBuffer:
+        cb = _checked(cb, _COMMAND_BUFFER)
+    if target is not None and target.__class__ is not Buffer:
+        target = _checked(target, _BUFFER_OR_NULL)
+    data = _byte_range(vm_buffer_view(source), source_offset, length, "update source")
+    cb.update(data, slot if target is None else target, target_offset)
+
+
+def command_buffer_copy_buffer(state: HalModuleState, cb, source_slot, target_slot, source,
+                               source_offset, target, target_offset, length, flags):
+    if cb.__class__ is not CommandBuffer:
+        cb = _checked(cb, _COMMAND_BUFFER)
+    if source is not None and source.__class__ is not Buffer:
+        source = _checked(source, _BUFFER_OR_NULL)
+    if target is not None and target.__class__ is not Buffer:
+        target = _checked(target, _BUFFER_OR_NULL)
+    cb.copy(source_slot if source is None else source, source_offset,
+            target_slot if target is None else target, target_offset, length)
+
+
+def command_buffer_collective(state: HalModuleState, *args):
+    raise UnimplementedError("collective operations are not supported by tinyhal")
+
+
+def command_buffer_dispatch(state: HalModuleState, cb, executable, function, x, y, z, flags,
+                            constants, bindings):
+    if cb.__class__ is not CommandBuffer:
+        cb = _checked(cb, _COMMAND_BUFFER)
+    if executable.__class__ is not Executable:
+        executable = _checked(executable, _EXECUTABLE)
+    if len(bindings) > _MAX_BINDINGS:
+        raise OutOfRangeError(f"binding count {len(bindings)} > {_MAX_BINDINGS}")
+    refs = []
+    for _unused, slot, buffer, offset, length in bindings:
+        if buffer is None:
+            refs.append((slot, offset, length))
+        elif type(buffer) is Buffer or isinstance(buffer, Buffer):
+            refs.append((buffer, offset, length))
         else:
-            base = name.rstrip("?")
-            out.append(RefType(_REF_TYPES[base], base, name.endswith("?")))
-    return tuple(out)
+            raise InvalidArgumentError(
+                f"expected a hal.buffer ref or null but got {_type_name(buffer)}"
+            )
+    words = []
+    for (c,) in constants:
+        words.append(c & _U32)
+    cb.dispatch(executable, function, (x & _U32, y & _U32, z & _U32), tuple(words), refs)
+
+
+def command_buffer_dispatch_indirect(state: HalModuleState, *args):
+    raise UnimplementedError(
+        "indirect dispatch (workgroup counts read from a buffer) is not supported yet"
+    )
+
+
+# -- device -----------------------------------------------------------------------
+
+def device_allocator(state: HalModuleState, device):
+    if not isinstance(device, Device):
+        device = _checked(device, _DEVICE)
+    return device.allocator
+
+
+def device_query_i64(state: HalModuleState, device, category, key):
+    if not isinstance(device, Device):
+        device = _checked(device, _DEVICE)
+    category_str = vm_buffer_string(category)
+    key_str = vm_buffer_string(key)
+    try:
+        value = device.query(category_str, key_str)
+    except Error:
+        return 0, 0
+    return 1, int(value)
+
+
+def device_queue_alloca(state: HalModuleState, device, queue_affinity, wait, signal, pool,
+                        memory_types, usage, size, flags):
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
+            or (signal is not None and signal.__class__ is not Fence)):
+        device, wait, signal = _queue_refs_checked(device, wait, signal)
+    if pool != 0:
+        raise UnimplementedError("VM queue allocation pools are not supported")
+    return device.queue_alloca(size, wait, signal, memory_types & _U32, usage & _U32)
+
+
+def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, signal, buffer,
+                          flags):
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
+            or (signal is not None and signal.__class__ is not Fence)):
+        device, wait, signal = _queue_refs_checked(device, wait, signal)
+    if buffer.__class__ is not Buffer:
+        buffer = _checked(buffer, _BUFFER)
+    if device.transient.owns(buffer.storage):  # queue_alloca memory of this device
+        device.queue_dealloca(buffer, wait, signal)
+    else:
+        # Not transient memory: the buffer lives on while referenced; only order.
+        device.queue_barrier(wait, signal)
+
+
+def device_queue_fill(state: HalModuleState, device, queue_affinity, wait, signal, target, offset,
+                      length, pattern, pattern_length, flags):
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
+            or (signal is not None and signal.__class__ is not Fence)):
+        device, wait, signal = _queue_refs_checked(device, wait, signal)
+    if target.__class__ is not Buffer:
+        target = _checked(target, _BUFFER)
+    if pattern_length not in (1, 2, 4):
+        raise InvalidArgumentError(
+            f"fill patterns must be 1, 2 or 4 bytes, not {pattern_length}"
+        )
+    pattern &= (1 << (8 * pattern_length)) - 1
+    device.queue_fill(target, offset, length, pattern, wait,
+                      signal, pattern_length)
+
+
+def device_queue_update(state: HalModuleState, device, queue_affinity, wait, signal, source,
+                        source_offset, target, target_offset, length, flags):
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
+            or (signal is not None and signal.__class__ is not Fence)):
+        device, wait, signal = _queue_refs_checked(device, wait, signal)
+    if target.__class__ is not Buffer:
+        target = _checked(target, _BUFFER)
+    data = _byte_range(vm_buffer_view(source), source_offset, length, "update source")
+    device.queue_update(data, target, target_offset, wait,
+                        signal)
+
+
+def device_queue_copy(state: HalModuleState, device, queue_affinity, wait, signal, source,
+                      source_offset, target, target_offset, length, flags):
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
+            or (signal is not None and signal.__class__ is not Fence)):
+        device, wait, signal = _queue_refs_checked(device, wait, signal)
+    if source.__class__ is not Buffer:
+        source = _checked(source, _BUFFER)
+    if target.__class__ is not Buffer:
+        target = _checked(target, _BUFFER)
+    device.queue_copy(source, source_offset, target, target_offset, length,
+                      wait, signal)
+
+
+def device_queue_read(state: HalModuleState, device, queue_affinity, wait, signal, source,
+                      source_offset, target, target_offset, length, flags):
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
+            or (signal is not None and signal.__class__ is not Fence)):
+        device, wait, signal = _queue_refs_checked(device, wait, signal)
+    if source.__class__ is not HalFile:
+        source = _checked(source, _FILE)
+    if target.__class__ is not Buffer:
+        target = _checked(target, _BUFFER)
+    if length == WHOLE_BUFFER:
+        length = target.byte_length - target_offset
+    device.queue_read(source.data, source_offset, target, target_offset, length,
+                      wait, signal)
+
+
+def device_queue_write(state: HalModuleState, device, queue_affinity, wait, signal, source,
+                       source_offset, target, target_offset, length, flags):
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
+            or (signal is not None and signal.__class__ is not Fence)):
+        device, wait, signal = _queue_refs_checked(device, wait, signal)
+    if source.__class__ is not Buffer:
+        source = _checked(source, _BUFFER)
+    if target.__class__ is not HalFile:
+        target = _checked(target, _FILE)
+    if target.data.readonly:
+        raise PermissionDeniedError("file was imported read-only and cannot be written")
+    device.queue_write(source, source_offset, target.data, target_offset, length,
+                       wait, signal)
+
+
+def device_queue_barrier(state: HalModuleState, device, queue_affinity, wait, signal, flags):
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
+            or (signal is not None and signal.__class__ is not Fence)):
+        device, wait, signal = _queue_refs_checked(device, wait, signal)
+    device.queue_barrier(wait, signal)
+
+
+def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, signal, cb, flags):
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
+            or (signal is not None and signal.__class__ is not Fence)):
+        device, wait, signal = _queue_refs_checked(device, wait, signal)
+    if cb.__class__ is not CommandBuffer:
+        cb = _checked(cb, _COMMAND_BUFFER)
+    device.submit(cb, wait, signal)
+
+
+def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity, wait, signal, cb,
+                                  flags, bindings):
+    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
+            or (signal is not None and signal.__class__ is not Fence)):
+        device, wait, signal = _queue_refs_checked(device, wait, signal)
+    if cb.__class__ is not CommandBuffer:
+        cb = _checked(cb, _COMMAND_BUFFER)
+    table = []
+    for buffer, offset, length in bindings:
+        if buffer is None:
+            # An unused slot; any valid range will do, the recording never reads it.
+            table.append((_EMPTY_BUFFER, 0, 0))
+        elif type(buffer) is Buffer or isinstance(buffer, Buffer):
+            table.append((buffer, offset, length))
+        else:
+            raise InvalidArgumentError(
+                f"expected a hal.buffer ref or null but got {_type_name(buffer)}"
+            )
+    device.submit(cb, wait, signal, table)
+
+
+def device_queue_flush(state: HalModuleState, device, queue_affinity):
+    if not isinstance(device, Device):
+        device = _checked(device, _DEVICE)
+    return None  # its first lines check the refs; nothing more to do
+
+
+# -- devices ----------------------------------------------------------------------
+
+def devices_count(state: HalModuleState):
+    return len(state.devices)
+
+
+def devices_get(state: HalModuleState, index):
+    return state.devices[index] if 0 <= index < len(state.devices) else None
+
+
+# -- executables ------------------------------------------------------------------
+
+def executable_create(state: HalModuleState, device, queue_affinity, executable_format, data,
+                      constants):
+    if not isinstance(device, Device):
+        device = _checked(device, _DEVICE)
+    format_str = vm_buffer_string(executable_format)
+    if format_str not in FORMATS:
+        raise error_for_code(
+            StatusCode.NOT_FOUND,
+            f"no executable loader can load format `{format_str}`; tinyhal loads "
+            + ", ".join(FORMATS),
+        )
+    if constants is not None and vm_buffer_view(constants).nbytes:
+        size = vm_buffer_view(constants).nbytes
+        if size % 4:
+            raise InvalidArgumentError(
+                "constant buffer data must contain 4-byte elements but data length "
+                f"is {size}"
+            )
+        raise UnimplementedError("executable-level constants are not supported yet")
+    view = vm_buffer_view(data, "executable data")
+    try:
+        if format_str.startswith("embedded-elf") and not parse_elf(
+                bytes(view), "embedded ELF").self_contained:
+            raise InvalidArgumentError(
+                "embedded ELF imports symbols, names libraries or has initializers; "
+                "only self-contained libraries load as embedded ELF"
+            )
+        return device.load_executable(view)
+    except Error as exc:
+        exc.message = (f"hal.executable.create ({format_str}, {view.nbytes} bytes): "
+                       f"{exc.message}")
+        exc.args = (exc.message,)
+        raise
+
+
+def executable_lookup_function(state: HalModuleState, executable, name):
+    if executable.__class__ is not Executable:
+        executable = _checked(executable, _EXECUTABLE)
+    # programs look the same names up on every call: remembered per (executable,
+    # name buffer), holding both so that their ids stay theirs
+    known = state.ordinals.get((id(executable), id(name)))
+    if known is not None and known[0] is executable and known[1] is name:
+        return known[2]
+    ordinal = executable.lookup(vm_buffer_string(name))
+    if len(state.ordinals) >= _MAX_REMEMBERED_LOOKUPS:
+        state.ordinals.clear()
+    state.ordinals[(id(executable), id(name))] = (executable, name, ordinal)
+    return ordinal
+
+
+# -- fences -----------------------------------------------------------------------
+
+def fence_create(state: HalModuleState, device, flags):
+    if not isinstance(device, Device):
+        device = _checked(device, _DEVICE)
+    fence = _new_fence(Fence)  # Fence.single's work, without its frame
+    fence.timeline = {Semaphore(0): 1}
+    return fence
+
+
+def fence_join(state: HalModuleState, flags, fences):
+    present = []
+    for (fence,) in fences:
+        if fence is not None and type(fence) is not Fence:
+            fence = _fence_or_null(fence)
+        if fence is not None and fence.timeline:
+            present.append(fence)
+    if not present:
+        return None
+    if len(present) == 1:
+        return Fence(present[0].points)
+    return Fence.join(present)
+
+
+def fence_query(state: HalModuleState, fence):
+    if fence.__class__ is not Fence:
+        fence = _checked(fence, _FENCE)
+    try:
+        return 0 if fence.query() else _STATUS_DEFERRED
+    except Error as exc:
+        return int(exc.code)
+
+
+def fence_signal(state: HalModuleState, fence):
+    if fence.__class__ is not Fence:
+        fence = _checked(fence, _FENCE)
+    fence.signal()
+
+
+def fence_fail(state: HalModuleState, fence, status_code):
+    if fence.__class__ is not Fence:
+        fence = _checked(fence, _FENCE)
+    code = status_code & 0x1F
+    fence.fail(error_for_code(code, f"fence failed by the program with status {code}"))
+
+
+def fence_await(state: HalModuleState, timeout_ms, flags, fences):
+    pending = []
+    for (fence,) in fences:
+        if fence is None:
+            continue
+        if type(fence) is not Fence:
+            _check(fence, Fence, "hal.fence")
+            if not fence.query():  # raises the failure of a failed fence
+                pending.append(fence)
+            continue
+        for sem, value in fence.timeline.items():  # `fence.query()`, inline
+            if sem.query() < value:  # raises the failure of a failed semaphore
+                pending.append(fence)
+                break
+    if not pending:
+        return 0
+    timeout = _timeout_seconds(timeout_ms)
+    if timeout == 0:
+        return _STATUS_DEADLINE_EXCEEDED
+    return Suspend(lambda: _await_block(pending, timeout),
+                   lambda: _await_async(pending, timeout))
+
+
+# -- the declaration --------------------------------------------------------------------
+
+# The hal module's exports, as IREE declares them in exports.inl: name, calling
+# convention, the ref type of each top-level argument (None: not a ref, or checked by
+# the shim; "?": may be null), the shim, and whether it may yield. Each shim checks its
+# declared refs itself, first (tests check every row against its shim), so an import
+# call is one Python frame.
+EXPORTS: tuple[tuple[str, str, tuple[str | None, ...] | None, Callable[..., Any], bool], ...] = (
+    ("allocator.allocate", "0rIiiI_r",
+     ("hal.allocator", None, None, None, None),
+     allocator_allocate, False),
+    ("allocator.import", "0riIiirII_r",
+     ("hal.allocator", None, None, None, None, None, None, None),
+     allocator_import, False),
+    ("allocator.select", "0iiICrID_rI", (None, None, None, None), allocator_select, False),
+    ("buffer.allocation.discard", "0r_i", ("hal.buffer",), buffer_allocation_discard, False),
+    ("buffer.allocation.is_terminal", "0r_i",
+     ("hal.buffer",),
+     buffer_allocation_is_terminal, False),
+    ("buffer.allocation.preserve", "0r_v", ("hal.buffer",), buffer_allocation_preserve, False),
+    ("buffer.assert", "0rrrIii_v",
+     ("hal.buffer", None, "hal.allocator", None, None, None),
+     buffer_assert, False),
+    ("buffer.length", "0r_I", ("hal.buffer",), buffer_length, False),
+    ("buffer.load", "0rIi_i", ("hal.buffer", None, None), buffer_load, False),
+    ("buffer.store", "0irIi_v", (None, "hal.buffer", None, None), buffer_store, False),
+    ("buffer.subspan", "0rII_r", ("hal.buffer", None, None), buffer_subspan, False),
+    ("buffer_view.assert", "0rriiCID_v",
+     ("hal.buffer_view", None, None, None, None),
+     buffer_view_assert, False),
+    ("buffer_view.buffer", "0r_r", ("hal.buffer_view",), buffer_view_buffer, False),
+    ("buffer_view.create", "0rIIiiCID_r",
+     ("hal.buffer", None, None, None, None, None),
+     buffer_view_create, False),
+    ("buffer_view.dim", "0ri_I", ("hal.buffer_view", None), buffer_view_dim, False),
+    ("buffer_view.element_type", "0r_i", ("hal.buffer_view",), buffer_view_element_type, False),
+    ("buffer_view.encoding_type", "0r_i", ("hal.buffer_view",), buffer_view_encoding_type, False),
+    ("buffer_view.rank", "0r_i", ("hal.buffer_view",), buffer_view_rank, False),
+    ("buffer_view.trace", "0rCrD_v", (None, None), buffer_view_trace, False),
+    ("channel.create", "0rIIrrii_r", None, channel_create, False),
+    ("channel.rank_and_count", "0r_ii", None, channel_rank_and_count, False),
+    ("channel.split", "0riiI_r", None, channel_split, False),
+    ("command_buffer.advise_buffer", "0rrIIIi_v",
+     ("hal.command_buffer", "hal.buffer?", None, None, None, None),
+     command_buffer_advise_buffer, False),
+    ("command_buffer.begin_debug_group", "0rr_v",
+     ("hal.command_buffer", None),
+     command_buffer_begin_debug_group, False),
+    ("command_buffer.collective", "0rriiiirrIIIII_v", None, command_buffer_collective, False),
+    ("command_buffer.copy_buffer", "0riirIrIII_v",
+     ("hal.command_buffer", None, None, "hal.buffer?", None, "hal.buffer?", None, None, None),
+     command_buffer_copy_buffer, False),
+    ("command_buffer.create", "0riiIi_r",
+     ("hal.device", None, None, None, None),
+     command_buffer_create, False),
+    ("command_buffer.dispatch", "0rrIiiiICiDCiirIID_v",
+     ("hal.command_buffer", "hal.executable", None, None, None, None, None, None, None),
+     command_buffer_dispatch, False),
+    ("command_buffer.dispatch.indirect", "0rrIirIICiDCiirIID_v",
+     None,
+     command_buffer_dispatch_indirect, False),
+    ("command_buffer.end_debug_group", "0r_v",
+     ("hal.command_buffer",),
+     command_buffer_end_debug_group, False),
+    ("command_buffer.execution_barrier", "0riiI_v",
+     ("hal.command_buffer", None, None, None),
+     command_buffer_execution_barrier, False),
+    ("command_buffer.fill_buffer", "0rrIIiIiI_v",
+     ("hal.command_buffer", "hal.buffer?", None, None, None, None, None, None),
+     command_buffer_fill_buffer, False),
+    ("command_buffer.finalize", "0r_v", ("hal.command_buffer",), command_buffer_finalize, False),
+    ("command_buffer.update_buffer", "0rrIrIIiI_v",
+     ("hal.command_buffer", None, None, "hal.buffer?", None, None, None, None),
+     command_buffer_update_buffer, False),
+    ("device.allocator", "0r_r", ("hal.device",), device_allocator, False),
+    ("device.query.i64", "0rrr_iI", ("hal.device", None, None), device_query_i64, False),
+    ("device.queue.alloca", "0rIrrIiiII_r",
+     ("hal.device", None, "hal.fence?", "hal.fence?", None, None, None, None, None),
+     device_queue_alloca, False),
+    ("device.queue.barrier", "0rIrrI_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", None),
+     device_queue_barrier, False),
+    ("device.queue.copy", "0rIrrrIrIII_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer",
+      None, "hal.buffer", None, None, None),
+     device_queue_copy, False),
+    ("device.queue.dealloca", "0rIrrrI_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None),
+     device_queue_dealloca, False),
+    ("device.queue.execute", "0rIrrrI_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None),
+     device_queue_execute, False),
+    ("device.queue.execute.indirect", "0rIrrrICrIID_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None, None),
+     device_queue_execute_indirect, False),
+    ("device.queue.fill", "0rIrrrIIIiI_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None, None, None, None, None),
+     device_queue_fill, False),
+    ("device.queue.flush", "0rI_v", ("hal.device", None), device_queue_flush, False),
+    ("device.queue.read", "0rIrrrIrIII_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.file",
+      None, "hal.buffer", None, None, None),
+     device_queue_read, False),
+    ("device.queue.update", "0rIrrrIrIII_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", None, None, "hal.buffer", None, None, None),
+     device_queue_update, False),
+    ("device.queue.write", "0rIrrrIrIII_v",
+     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer",
+      None, "hal.file", None, None, None),
+     device_queue_write, False),
+    ("devices.count", "0v_i", (), devices_count, False),
+    ("devices.get", "0i_r", (None,), devices_get, False),
+    ("ex.file.from_memory", "0rIirIIi_r",
+     ("hal.device", None, None, None, None, None, None),
+     ex_file_from_memory, False),
+    ("executable.create", "0rIrrr_r",
+     ("hal.device", None, None, None, None),
+     executable_create, False),
+    ("executable.lookup.function", "0rr_I",
+     ("hal.executable", None),
+     executable_lookup_function, False),
+    ("fence.await", "0iICrD_i", (None, None, None), fence_await, True),
+    ("fence.create", "0rI_r", ("hal.device", None), fence_create, False),
+    ("fence.fail", "0ri_v", ("hal.fence", None), fence_fail, False),
+    ("fence.join", "0ICrD_r", (None, None), fence_join, False),
+    ("fence.query", "0r_i", ("hal.fence",), fence_query, False),
+    ("fence.signal", "0r_v", ("hal.fence",), fence_signal, False),
+)
 
 
 def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
-    """A `hal` module instance over `devices` (the first is the default device)."""
+    """A `hal` module instance over `devices` (the first is the default device): each
+    export of `EXPORTS` bound to one new `HalModuleState`."""
     device_list: list[Device] = [devices] if isinstance(devices, Device) else list(devices)
     if not device_list:
         raise InvalidArgumentError("the hal module needs at least one device")
     for d in device_list:
         _check(d, Device, "hal.device")
+    state = HalModuleState(device_list)
     module = NativeModule("hal", HAL_MODULE_VERSION)
-    shims: dict[str, Any] = {}
-
-    def shim(name: str) -> Any:
-        def register(fn: Any) -> Any:
-            shims[name] = fn
-            return fn
-        return register
     module.devices = device_list  # type: ignore[attr-defined]
-
-    # -- experimental -----------------------------------------------------------------
-
-    @shim("ex.file.from_memory")
-    def ex_file_from_memory(device, queue_affinity, access, buffer, offset, length, flags):
-        if access & ~int(MemoryAccess.READ):
-            raise PermissionDeniedError(
-                "only read-only memory can be accessed via a file handle (today)"
-            )
-        view = vm_buffer_view(buffer)
-        return HalFile(_byte_range(view, offset, length, "file"), access, buffer)
-
-    # -- allocator --------------------------------------------------------------------
-
-    @shim("allocator.select")
-    def allocator_select(memory_types, buffer_usage, flags, pairs):
-        if not pairs:
-            raise InvalidArgumentError(
-                "at least one device/queue affinity pair must be provided"
-            )
-        device, affinity = pairs[0]
-        _check(device, Device, "hal.device")
-        return device, affinity
-
-    @shim("allocator.allocate")
-    def allocator_allocate(allocator, queue_affinity, memory_types, buffer_usage, size):
-        try:
-            memory_type = MemoryType(memory_types & _U32)
-            usage = allocator.coerce_usage(memory_type, buffer_usage & _U32)
-            return allocator.allocate(size, memory_type, usage)
-        except Error as exc:
-            exc.message = f"failed to allocate buffer of length {size}; {exc.message}"
-            raise
-
-    @shim("allocator.import")
-    def allocator_import(allocator, is_try, queue_affinity, memory_types, buffer_usage,
-                         source, offset, length):
-        view = vm_buffer_view(source)
-        size = view.nbytes
-        if length == -1:
-            length = size
-        if length < 0 or offset < 0 or offset > size or offset + length > size:
-            raise InvalidArgumentError(
-                f"byte range out of bounds (requested {offset}-{offset + length - 1} of "
-                f"available {size})"
-            )
-        usage = buffer_usage & _U32
-        access = MemoryAccess.READ
-        if not _vm_buffer_mutable(source, view):
-            if usage & _SHARING_IMMUTABLE != _SHARING_IMMUTABLE:
-                raise PermissionDeniedError(
-                    "source buffer is immutable and can only be imported for constant usage"
-                )
-        elif usage & _SHARING_IMMUTABLE != _SHARING_IMMUTABLE:
-            access |= MemoryAccess.WRITE
-        try:
-            array = np.frombuffer(view, dtype=np.uint8, count=length, offset=offset)
-            buffer = allocator.import_host(
-                array, MemoryType(memory_types & _U32), BufferUsage(usage), access
-            )
-        except Error:
-            if is_try:
-                return None
-            raise
-        if buffer is None and not is_try:
-            raise InvalidArgumentError(
-                f"host memory at offset {offset} ({length} bytes) cannot be imported: "
-                "it must be 64-byte aligned"
-            )
-        return buffer
-
-    # -- buffer -----------------------------------------------------------------------
-
-    @shim("buffer.assert")
-    def buffer_assert(buffer, message, allocator, minimum_length, memory_types, usage):
-        types, bits = memory_types & _U32, usage & _U32
-        if (buffer.byte_length < minimum_length or buffer.memory_type_bits & types != types
-                or buffer.usage_bits & bits != bits):
-            _buffer_assert_failure(buffer, vm_buffer_string(message), minimum_length,
-                                   types, bits)
-
-    @shim("buffer.allocation.preserve")
-    def buffer_allocation_preserve(buffer):
-        return None  # the declaration checks the ref; nothing more to do
-
-    @shim("buffer.allocation.discard")
-    def buffer_allocation_discard(buffer):
-        # Ownership is tracked by Python references, not an explicit count: the caller
-        # never holds the last reference here, so the allocation is never terminal.
-        return 0
-
-    @shim("buffer.allocation.is_terminal")
-    def buffer_allocation_is_terminal(buffer):
-        return 0
-
-    @shim("buffer.subspan")
-    def buffer_subspan(buffer, offset, length):
-        try:
-            return buffer.subspan(offset, length)
-        except Error as exc:
-            exc.message = (f"invalid subspan of an existing buffer (source_offset={offset}, "
-                           f"length={length}); {exc.message}")
-            raise
-
-    @shim("buffer.length")
-    def buffer_length(buffer):
-        return buffer.byte_length
-
-    @shim("buffer.load")
-    def buffer_load(buffer, offset, length):
-        if length > 4:
-            raise InvalidArgumentError(f"load length byte count {length} exceeds max")
-        offset, length = buffer.resolve_range(offset, length, "load")
-        data = buffer.allocator.device_ref().read_array(buffer, offset, length)
-        return int.from_bytes(data.tobytes(), "little")
-
-    @shim("buffer.store")
-    def buffer_store(value, buffer, offset, length):
-        if length > 4:
-            raise InvalidArgumentError(f"store length byte count {length} exceeds max")
-        if offset + length > buffer.byte_length or offset < 0 or length < 0:
-            raise OutOfRangeError(
-                f"store out of bounds (target_offset={offset}, length={length} into max "
-                f"{buffer.byte_length})"
-            )
-        data = (value & _U32).to_bytes(4, "little")[:length]
-        buffer.allocator.device_ref().write_bytes(buffer, data, offset)
-
-    # -- buffer view ------------------------------------------------------------------
-
-    @shim("buffer_view.create")
-    def buffer_view_create(buffer, offset, length, element_type, encoding_type, shape):
-        if offset != 0 or length != buffer.byte_length:
-            try:
-                buffer = buffer.subspan(offset, length)
-            except Error as exc:
-                exc.message = (f"invalid subspan of an existing buffer (source_offset="
-                               f"{offset}, length={length}); {exc.message}")
-                raise
-        return BufferView(buffer, map(_first, shape), element_type & _U32,
-                          encoding_type & _U32)
-
-    @shim("buffer_view.assert")
-    def buffer_view_assert(view, message, element_type, encoding_type, shape):
-        actual = view.shape
-        expected_type = element_type & _U32
-        if ((view.encoding_type and view.encoding_type != encoding_type & _U32)
-                or (view.element_type != expected_type
-                    and not _element_types_compatible(view.element_type, expected_type))
-                or tuple(map(_first, shape)) != actual):
-            _buffer_view_assert_failure(view, vm_buffer_string(message), expected_type,
-                                        encoding_type & _U32, tuple(d for (d,) in shape))
-
-    @shim("buffer_view.buffer")
-    def buffer_view_buffer(view):
-        return view.buffer
-
-    @shim("buffer_view.element_type")
-    def buffer_view_element_type(view):
-        return view.element_type
-
-    @shim("buffer_view.encoding_type")
-    def buffer_view_encoding_type(view):
-        return view.encoding_type
-
-    @shim("buffer_view.rank")
-    def buffer_view_rank(view):
-        return len(view.shape)
-
-    @shim("buffer_view.dim")
-    def buffer_view_dim(view, index):
-        shape = view.shape
-        if not 0 <= index < len(shape):
-            raise OutOfRangeError(
-                f"buffer view dimension {index} out of range of rank {len(shape)}"
-            )
-        return shape[index]
-
-    @shim("buffer_view.trace")
-    def buffer_view_trace(key, views):
-        for (view,) in views:
-            _check(view, BufferView, "hal.buffer_view")
-
-    # -- channels (collectives) -------------------------------------------------------
-
-    @shim("channel.create")
-    def channel_create(*args):
-        raise UnimplementedError("collective channels are not supported by tinyhal")
-
-    @shim("channel.split")
-    def channel_split(*args):
-        raise UnimplementedError("collective channels are not supported by tinyhal")
-
-    @shim("channel.rank_and_count")
-    def channel_rank_and_count(*args):
-        raise UnimplementedError("collective channels are not supported by tinyhal")
-
-    # -- command buffer ---------------------------------------------------------------
-
-    @shim("command_buffer.create")
-    def command_buffer_create(device, modes, categories, queue_affinity, binding_capacity):
-        mode = "one_shot" if modes & _COMMAND_BUFFER_MODE_ONE_SHOT else "reusable"
-        return device.create_command_buffer(mode, binding_capacity)
-
-    @shim("command_buffer.finalize")
-    def command_buffer_finalize(cb):
-        cb.finalize()
-
-    @shim("command_buffer.begin_debug_group")
-    def command_buffer_begin_debug_group(cb, label):
-        return None  # the declaration checks the ref; nothing more to do
-
-    @shim("command_buffer.end_debug_group")
-    def command_buffer_end_debug_group(cb):
-        return None  # the declaration checks the ref; nothing more to do
-
-    @shim("command_buffer.execution_barrier")
-    def command_buffer_execution_barrier(cb, source_stage, target_stage, flags):
-        cb.barrier()
-
-    @shim("command_buffer.advise_buffer")
-    def command_buffer_advise_buffer(cb, buffer, flags, arg0, arg1, slot):
-        return None  # the declaration checks the ref; nothing more to do
-
-    @shim("command_buffer.fill_buffer")
-    def command_buffer_fill_buffer(cb, target, offset, length, slot, pattern,
-                                   pattern_length, flags):
-        if pattern_length not in (1, 2, 4):
-            raise InvalidArgumentError(
-                f"fill patterns must be 1, 2 or 4 bytes, not {pattern_length}"
-            )
-        pattern &= (1 << (8 * pattern_length)) - 1
-        cb.fill(slot if target is None else target, offset, length, pattern, pattern_length)
-
-    @shim("command_buffer.update_buffer")
-    def command_buffer_update_buffer(cb, source, source_offset, target, target_offset,
-                                     length, slot, flags):
-        data = _byte_range(vm_buffer_view(source), source_offset, length, "update source")
-        cb.update(data, slot if target is None else target, target_offset)
-
-    @shim("command_buffer.copy_buffer")
-    def command_buffer_copy_buffer(cb, source_slot, target_slot, source, source_offset,
-                                   target, target_offset, length, flags):
-        cb.copy(source_slot if source is None else source, source_offset,
-                target_slot if target is None else target, target_offset, length)
-
-    @shim("command_buffer.collective")
-    def command_buffer_collective(*args):
-        raise UnimplementedError("collective operations are not supported by tinyhal")
-
-    @shim("command_buffer.dispatch")
-    def command_buffer_dispatch(cb, executable, function, x, y, z, flags, constants,
-                                bindings):
-        if len(bindings) > _MAX_BINDINGS:
-            raise OutOfRangeError(f"binding count {len(bindings)} > {_MAX_BINDINGS}")
-        refs = []
-        for _unused, slot, buffer, offset, length in bindings:
-            if buffer is None:
-                refs.append((slot, offset, length))
-            elif type(buffer) is Buffer or isinstance(buffer, Buffer):
-                refs.append((buffer, offset, length))
-            else:
-                raise InvalidArgumentError(
-                    f"expected a hal.buffer ref or null but got {_type_name(buffer)}"
-                )
-        cb.dispatch(executable, function, (x & _U32, y & _U32, z & _U32),
-                    [c for (c,) in constants], refs)
-
-    @shim("command_buffer.dispatch.indirect")
-    def command_buffer_dispatch_indirect(*args):
-        raise UnimplementedError(
-            "indirect dispatch (workgroup counts read from a buffer) is not supported yet"
-        )
-
-    # -- device -----------------------------------------------------------------------
-
-    @shim("device.allocator")
-    def device_allocator(device):
-        return device.allocator
-
-    @shim("device.query.i64")
-    def device_query_i64(device, category, key):
-        category_str = vm_buffer_string(category)
-        key_str = vm_buffer_string(key)
-        try:
-            value = device.query(category_str, key_str)
-        except Error:
-            return 0, 0
-        return 1, int(value)
-
-    @shim("device.queue.alloca")
-    def device_queue_alloca(device, queue_affinity, wait, signal, pool, memory_types,
-                            usage, size, flags):
-        if pool != 0:
-            raise UnimplementedError("VM queue allocation pools are not supported")
-        return device.queue_alloca(size, wait, signal, memory_types & _U32, usage & _U32)
-
-    @shim("device.queue.dealloca")
-    def device_queue_dealloca(device, queue_affinity, wait, signal, buffer, flags):
-        if device.transient.owns(buffer.storage):  # queue_alloca memory of this device
-            device.queue_dealloca(buffer, wait, signal)
-        else:
-            # Not transient memory: the buffer lives on while referenced; only order.
-            device.queue_barrier(wait, signal)
-
-    @shim("device.queue.fill")
-    def device_queue_fill(device, queue_affinity, wait, signal, target, offset, length,
-                          pattern, pattern_length, flags):
-        if pattern_length not in (1, 2, 4):
-            raise InvalidArgumentError(
-                f"fill patterns must be 1, 2 or 4 bytes, not {pattern_length}"
-            )
-        pattern &= (1 << (8 * pattern_length)) - 1
-        device.queue_fill(target, offset, length, pattern, wait,
-                          signal, pattern_length)
-
-    @shim("device.queue.update")
-    def device_queue_update(device, queue_affinity, wait, signal, source, source_offset,
-                            target, target_offset, length, flags):
-        data = _byte_range(vm_buffer_view(source), source_offset, length, "update source")
-        device.queue_update(data, target, target_offset, wait,
-                            signal)
-
-    @shim("device.queue.copy")
-    def device_queue_copy(device, queue_affinity, wait, signal, source, source_offset,
-                          target, target_offset, length, flags):
-        device.queue_copy(source, source_offset, target, target_offset, length,
-                          wait, signal)
-
-    @shim("device.queue.read")
-    def device_queue_read(device, queue_affinity, wait, signal, source, source_offset,
-                          target, target_offset, length, flags):
-        if length == WHOLE_BUFFER:
-            length = target.byte_length - target_offset
-        device.queue_read(source.data, source_offset, target, target_offset, length,
-                          wait, signal)
-
-    @shim("device.queue.write")
-    def device_queue_write(device, queue_affinity, wait, signal, source, source_offset,
-                           target, target_offset, length, flags):
-        if target.data.readonly:
-            raise PermissionDeniedError("file was imported read-only and cannot be written")
-        device.queue_write(source, source_offset, target.data, target_offset, length,
-                           wait, signal)
-
-    @shim("device.queue.barrier")
-    def device_queue_barrier(device, queue_affinity, wait, signal, flags):
-        device.queue_barrier(wait, signal)
-
-    @shim("device.queue.execute")
-    def device_queue_execute(device, queue_affinity, wait, signal, cb, flags):
-        device.submit(cb, wait, signal)
-
-    @shim("device.queue.execute.indirect")
-    def device_queue_execute_indirect(device, queue_affinity, wait, signal, cb, flags,
-                                      bindings):
-        table = []
-        for buffer, offset, length in bindings:
-            if buffer is None:
-                # An unused slot; any valid range will do, the recording never reads it.
-                table.append((_EMPTY_BUFFER, 0, 0))
-            elif type(buffer) is Buffer or isinstance(buffer, Buffer):
-                table.append((buffer, offset, length))
-            else:
-                raise InvalidArgumentError(
-                    f"expected a hal.buffer ref or null but got {_type_name(buffer)}"
-                )
-        device.submit(cb, wait, signal, table)
-
-    @shim("device.queue.flush")
-    def device_queue_flush(device, queue_affinity):
-        return None  # the declaration checks the ref; nothing more to do
-
-    # -- devices ----------------------------------------------------------------------
-
-    @shim("devices.count")
-    def devices_count():
-        return len(device_list)
-
-    @shim("devices.get")
-    def devices_get(index):
-        return device_list[index] if 0 <= index < len(device_list) else None
-
-    # -- executables ------------------------------------------------------------------
-
-    @shim("executable.create")
-    def executable_create(device, queue_affinity, executable_format, data, constants):
-        format_str = vm_buffer_string(executable_format)
-        if format_str not in FORMATS:
-            raise error_for_code(
-                StatusCode.NOT_FOUND,
-                f"no executable loader can load format `{format_str}`; tinyhal loads "
-                + ", ".join(FORMATS),
-            )
-        if constants is not None and vm_buffer_view(constants).nbytes:
-            size = vm_buffer_view(constants).nbytes
-            if size % 4:
-                raise InvalidArgumentError(
-                    "constant buffer data must contain 4-byte elements but data length "
-                    f"is {size}"
-                )
-            raise UnimplementedError("executable-level constants are not supported yet")
-        view = vm_buffer_view(data, "executable data")
-        try:
-            if format_str.startswith("embedded-elf") and not parse_elf(
-                    bytes(view), "embedded ELF").self_contained:
-                raise InvalidArgumentError(
-                    "embedded ELF imports symbols, names libraries or has initializers; "
-                    "only self-contained libraries load as embedded ELF"
-                )
-            return device.load_executable(view)
-        except Error as exc:
-            exc.message = (f"hal.executable.create ({format_str}, {view.nbytes} bytes): "
-                           f"{exc.message}")
-            exc.args = (exc.message,)
-            raise
-
-    @shim("executable.lookup.function")
-    def executable_lookup_function(executable, name):
-        return executable.lookup(vm_buffer_string(name))
-
-    # -- fences -----------------------------------------------------------------------
-
-    @shim("fence.create")
-    def fence_create(device, flags):
-        return Fence.single(Semaphore(0), 1)
-
-    @shim("fence.join")
-    def fence_join(flags, fences):
-        present = []
-        for (fence,) in fences:
-            if fence is not None and type(fence) is not Fence:
-                fence = _fence_or_null(fence)
-            if fence is not None and fence.timeline:
-                present.append(fence)
-        if not present:
-            return None
-        if len(present) == 1:
-            return Fence(present[0].points)
-        return Fence.join(present)
-
-    @shim("fence.query")
-    def fence_query(fence):
-        try:
-            return 0 if fence.query() else _STATUS_DEFERRED
-        except Error as exc:
-            return int(exc.code)
-
-    @shim("fence.signal")
-    def fence_signal(fence):
-        fence.signal()
-
-    @shim("fence.fail")
-    def fence_fail(fence, status_code):
-        code = status_code & 0x1F
-        fence.fail(error_for_code(code, f"fence failed by the program with status {code}"))
-
-    @shim("fence.await")
-    def fence_await(timeout_ms, flags, fences):
-        pending = []
-        for (fence,) in fences:
-            if fence is None:
-                continue
-            if type(fence) is not Fence:
-                _check(fence, Fence, "hal.fence")
-                if not fence.query():  # raises the failure of a failed fence
-                    pending.append(fence)
-                continue
-            for sem, value in fence.timeline.items():  # `fence.query()`, inline
-                if sem.query() < value:  # raises the failure of a failed semaphore
-                    pending.append(fence)
-                    break
-        if not pending:
-            return 0
-        timeout = _timeout_seconds(timeout_ms)
-        if timeout == 0:
-            return _STATUS_DEADLINE_EXCEEDED
-        return Suspend(lambda: _await_block(pending, timeout),
-                       lambda: _await_async(pending, timeout))
-
-    for name, cconv, refs, yieldable in EXPORTS:
-        module.export(name, cconv, yieldable=yieldable,
-                      refs=None if refs is None else _declared_refs(refs))(shims.pop(name))
-    if shims:  # pragma: no cover - a shim without a declaration is a programming error
-        raise InvalidArgumentError(f"hal module shims without a declaration: {sorted(shims)}")
+    module.state = state  # type: ignore[attr-defined]
+    module.on_close = state.release
+    for name, cconv, _refs_declared, shim, yieldable in EXPORTS:
+        module.export(name, cconv, yieldable=yieldable)(functools.partial(shim, state))
     return module
 
 
@@ -812,7 +1042,6 @@ _EMPTY_BUFFER = Buffer(
 
 
 # -- element types -----------------------------------------------------------------------
-
 
 def _buffer_assert_failure(buffer: Buffer, label: str, minimum_length: int,
                            required_types: int, required_usage: int) -> None:
@@ -865,14 +1094,11 @@ def _buffer_view_assert_failure(view: BufferView, label: str, expected_type: int
             )
 
 
-def _is_integer(element_type: int) -> bool:
-    return (element_type >> 24) & 0xFF in (0x10, 0x11, 0x12)
-
-
 def _element_types_compatible(actual: int, expected: int) -> bool:
     if (actual >> 24) & 0xFF == 0:  # opaque
         return True
-    if _is_integer(actual) and _is_integer(expected) and (actual & 0xFF) == (expected & 0xFF):
+    if (is_integer_type(actual) and is_integer_type(expected)
+            and (actual & 0xFF) == (expected & 0xFF)):
         return True
     return actual == expected
 
@@ -880,6 +1106,3 @@ def _element_types_compatible(actual: int, expected: int) -> bool:
 def _shape_str(shape: Sequence[int]) -> str:
     return "x".join(str(d) for d in shape)
 
-
-def dense_element_count(shape: Sequence[int]) -> int:
-    return math.prod(shape)

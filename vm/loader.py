@@ -302,7 +302,7 @@ def load_module(source, *, name_hint: str | None = None, mapped: bool = False
     try:
         return _load(view, owner)
     except Error as exc:
-        exc.message = f"{origin}: {exc.message}"
+        exc.message = f"{origin}: {exc.message}{_source_text_hint(view)}"
         raise
     except RecursionError:
         raise InvalidArgumentError(f"{origin}: module too deeply nested") from None
@@ -313,6 +313,16 @@ def load_module(source, *, name_hint: str | None = None, mapped: bool = False
     except Exception as exc:  # noqa: BLE001 - any other failure means a corrupt file
         raise DataLossError(f"{origin}: corrupt module: {type(exc).__name__}: {exc}"
                             ) from None
+
+
+def _source_text_hint(view: memoryview) -> str:
+    """A hint when the bytes are MLIR source, the step before a module: a user passing
+    `model.mlir` needs to compile it, not to read about FlatBuffer prefixes."""
+    head = bytes(view[:512]).lstrip()
+    if head.startswith((b"module", b"func.func", b"//", b"#", b"util.", b"hal.", b"vm.")):
+        return ("; the file is MLIR source text, not a compiled module: compile it with "
+                "iree-compile first (iree-compile model.mlir -o model.vmfb, see the README)")
+    return ""
 
 
 def _load(view: memoryview, owner) -> BytecodeModule:
@@ -430,6 +440,7 @@ def _load(view: memoryview, owner) -> BytecodeModule:
         module.exports[e.local_name] = Export(e.local_name, e.internal_ordinal, fn)
 
     from .codegen import generate_module
+    from .translation_cache import translate
 
-    module.program = generate_module(module)
+    module.program = translate(module, fb, generate_module)
     return module

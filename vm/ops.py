@@ -9,7 +9,6 @@ rather than Python's `math`, which works in double precision and raises on domai
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import struct
 
 from ..errors import (
@@ -44,7 +43,20 @@ _S_Q = struct.Struct("<Q")
 # ---------------------------------------------------------------------------
 # libm through ctypes.
 
-_libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+
+
+def _open_libm() -> ctypes.CDLL:
+    """glibc's libm by its soname; `find_library` (which runs `ldconfig -p` in a child
+    process, milliseconds at every start) only where that name is not found."""
+    try:
+        return ctypes.CDLL("libm.so.6")
+    except OSError:
+        from ctypes.util import find_library
+
+        return ctypes.CDLL(find_library("m"))
+
+
+_libm = _open_libm()
 _cf, _cd, _cl, _cll = ctypes.c_float, ctypes.c_double, ctypes.c_long, ctypes.c_longlong
 
 # The iree-base-runtime 3.13.0 wheel links these symbol versions of glibc's libm (its

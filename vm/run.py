@@ -61,6 +61,7 @@ import numpy as np
 from ..errors import (
     Error,
     InvalidArgumentError,
+    NotFoundError,
     OutOfRangeError,
     UnimplementedError,
 )
@@ -509,6 +510,9 @@ def native_module_factory(spec: str) -> Any:
     if not colon or not module_name or not attr:
         raise InvalidArgumentError(
             f"--native_module takes package.module:factory, not {spec!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # as `python -m` does: modules of the current directory come first
+        sys.path.insert(0, os.getcwd())
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
@@ -599,8 +603,8 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         if len(args.module) > 1:
             raise UnimplementedError("tinyhal-run loads one module (one --module=)")
         path = args.module[0]
-        if not os.path.exists(path):
-            raise InvalidArgumentError(f"module file {path!r} does not exist")
+        if not os.path.exists(path):  # NOT_FOUND, as tinyhal.load and iree-run-module
+            raise NotFoundError(f"module file not found: {path}")
         factories = [native_module_factory(s) for s in args.native_module]
         profile_output = args.device_profiling_output
         if args.device_profiling_mode and not profile_output:

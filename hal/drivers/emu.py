@@ -20,8 +20,12 @@ models:
   from `export_costs[name]` or `workgroup_time`), never less than its bound bytes over
   `memory_bandwidth` (a roofline). A submission starts at the later of its queue's
   modelled clock and the modelled times its waits were signalled (by this device).
-- **Modes.** `mode="fast"` runs as fast as the host can while keeping modelled time;
-  `mode="paced"` makes each operation take its modelled time in wall time too.
+- **Modes.** `mode="fast"` runs as fast as the host can while keeping modelled time:
+  an item for an idle queue runs on the thread that made it ready (as `sync` runs it),
+  and transfers and small dispatches run on the command processor's thread rather than
+  an engine's, so only large dispatches use the engines' threads; `mode="paced"` makes
+  each operation take its modelled time in wall time too, every operation on its
+  engine.
 - **Calibration.** `calibrate=True` runs each dispatch on one host thread and measures
   its CPU time; `fit_calibration()` fits per-export per-workgroup costs to the measurements and
   `calibration_report()` compares prediction with measurement per dispatch.
@@ -70,6 +74,9 @@ from ..types import BufferUsage, MemoryAccess, MemoryType
 
 _ALL_USAGE = BufferUsage(0x1FFFFFFF)
 MODES = ("fast", "paced")
+# In fast mode, transfers and dispatches of at most this many workgroups run on the
+# command processor's thread: a hand-off to an engine thread costs more than they do.
+INLINE_WORKGROUPS = 4
 FAULT_KINDS = ("fill", "update", "copy", "transfer", "dispatch", "any", "device_loss")
 
 
@@ -372,6 +379,11 @@ class EmuDevice(Device):
         self._wall_end = 0
         self._threads: list[threading.Thread] = []
         self._command_queues = [queue_module.SimpleQueue() for _ in range(queues)]
+        # Per queue: items accepted and not yet done, and a lock held while one runs, so
+        # that in fast mode an idle queue's item can run on the thread that made it ready
+        # (as sync does) and still strictly before the queue's next.
+        self._queue_pending = [0] * queues
+        self._queue_running = [threading.Lock() for _ in range(queues)]
         for q, cq in enumerate(self._command_queues):
             self._spawn(self._command_processor, cq, f"tinyhal-emu-cp{q}")
         self._dma_queues = [queue_module.SimpleQueue() for _ in range(model.dma_engines)]
@@ -549,7 +561,16 @@ class EmuDevice(Device):
         wait, signal, q = context if context is not None else ((), (), 0)
         if not self._wall_begin:
             self._wall_begin = time.monotonic_ns()
-        self._command_queues[q].put((work, done, wait, signal, q))
+        item = (work, done, wait, signal, q)
+        running = self._queue_running[q]
+        with self._lock:
+            inline = (self.mode == "fast" and not self.calibrating
+                      and not self._queue_pending[q] and running.acquire(False))
+            self._queue_pending[q] += 1
+        if inline:
+            self._process(item, running)
+        else:
+            self._command_queues[q].put(item)
 
     # -- the command processors -----------------------------------------------------------
 
@@ -558,22 +579,33 @@ class EmuDevice(Device):
             item = commands.get()
             if item is None:
                 return
-            work, done, wait, signal, q = item
+            running = self._queue_running[item[4]]
+            running.acquire()
+            self._process(item, running)
             item = None
-            error = self._lost
-            if error is None:
-                if type(work) is tuple:
-                    error = run_capturing(functools.partial(
-                        self._run_submission, work[0], wait, signal, q, work[1]))
-                else:
-                    error = run_capturing(work)
-                    with self._lock:
-                        start = max([self._queue_clock[q]] + self._wait_times(wait))
-                        self._queue_clock[q] = start
-                        self._record_signals(signal, start)
-            work = None
-            self._wall_end = time.monotonic_ns()
-            done(error)
+
+    def _process(self, item: tuple, running: threading.Lock) -> None:
+        """Runs one queue item, then releases `running` (held by the caller) and calls
+        the item's `done`."""
+        work, done, wait, signal, q = item
+        item = ()
+        error = self._lost
+        if error is None:
+            if type(work) is tuple:
+                error = run_capturing(functools.partial(
+                    self._run_submission, work[0], wait, signal, q, work[1]))
+            else:
+                error = run_capturing(work)
+                with self._lock:
+                    start = max([self._queue_clock[q]] + self._wait_times(wait))
+                    self._queue_clock[q] = start
+                    self._record_signals(signal, start)
+        work = None
+        self._wall_end = time.monotonic_ns()
+        running.release()
+        with self._lock:
+            self._queue_pending[q] -= 1
+        done(error)
 
     def _wait_times(self, wait: Any) -> list[int]:
         times = []
@@ -606,6 +638,9 @@ class EmuDevice(Device):
         if profile is not None:
             profile.record_clock_correlation(start, wall_anchor, wall_anchor)
         paced = self.mode == "paced"
+        # fast mode: small operations run here, on the command processor, instead of being
+        # handed to an engine's threads (modelled time is the same either way)
+        inline = not paced and not self.calibrating
         batch = _Batch()
         segment_start = end = start
         for op in ops:
@@ -671,6 +706,9 @@ class EmuDevice(Device):
             job.seq = next(self._issued)
             job.submission_id = submission_id
             batch.add()
+            if inline and (type(op) is not Dispatch or op.prepared.total <= INLINE_WORKGROUPS):
+                self._run_inline(job)
+                continue
             for target in targets:
                 target.put(job)
         error = batch.join()
@@ -688,6 +726,20 @@ class EmuDevice(Device):
             raise self._lost
 
     # -- the engines ------------------------------------------------------------------------
+
+    def _run_inline(self, job: _Job) -> None:
+        """Runs a job on this thread as its engine would (fast mode, small operations)."""
+        op = job.op
+        host_start = time.monotonic_ns()
+        error = self._lost
+        if error is None:
+            if type(op) is Dispatch:
+                rc = op.prepared.run(0, 0)
+                if rc:
+                    error = _dispatch_error(op.prepared, rc)
+            else:
+                error = run_capturing(functools.partial(run_transfer, op))
+        self._finish_job(job, host_start, time.monotonic_ns(), error or self._lost)
 
     def _dma_worker(self, jobs: queue_module.SimpleQueue) -> None:
         while True:

@@ -8,26 +8,32 @@ the VM's own C module uses too).
 
 from __future__ import annotations
 
-import hashlib
+import importlib
 import importlib.util
 import os
 import sys
-import tempfile
-from collections.abc import Sequence
 from types import ModuleType
 
 
-def load_compiled(import_name: str, here: str, builder: ModuleType,
-                  sources: Sequence[str]) -> ModuleType:
-    """The installed cffi module `import_name`, or else the same module built once from
-    `builder.make_builder` into the per-user cache, keyed by the hash of `sources` (file
-    names in `here`)."""
+def load_compiled(import_name: str, builder_name: str) -> ModuleType:
+    """The installed cffi module `import_name`, or else the same module built once into
+    the per-user cache by the cffi builder in module `builder_name` (its `make_builder`,
+    keyed by the hash of its `SOURCES`).
+
+    The builder module parses the C declarations (pycparser) as it is imported, tens of
+    milliseconds, so it is imported only when the compiled module is missing: an
+    installed tinyhal loads its extensions without building an FFI at all."""
     try:
         return importlib.import_module(import_name)
     except ImportError:
         pass
+    import hashlib
+    import tempfile
+
+    builder = importlib.import_module(builder_name)
+    here = os.path.dirname(os.path.abspath(builder.__file__))
     digest = hashlib.sha256()
-    for name in sources:
+    for name in builder.SOURCES:
         with open(os.path.join(here, name), "rb") as f:
             digest.update(f.read())
     tag = digest.hexdigest()[:16]
@@ -51,14 +57,7 @@ def load_compiled(import_name: str, here: str, builder: ModuleType,
     return module
 
 
-def _load() -> ModuleType:
-    from . import build
-
-    return load_compiled(build.MODULE_NAME, os.path.dirname(os.path.abspath(__file__)), build,
-                         ("build.py", "dispatch.c", *build.HEADERS))
-
-
-_module = _load()
+_module = load_compiled(__name__ + "._dispatch", __name__ + ".build")
 ffi = _module.ffi
 lib = _module.lib
 INCLUDE_DIR = os.path.dirname(os.path.abspath(__file__))

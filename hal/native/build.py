@@ -14,6 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE_NAME = "tinyhal.hal.native._dispatch"
 
 HEADERS = ("tinyhal_executable.h", "tinyhal_stream.h")
+SOURCES = ("build.py", "dispatch.c", *HEADERS)  # what the build-on-first-use cache is keyed by
 
 
 def _header_declarations() -> str:

@@ -158,3 +158,50 @@ def test_invalid_binding_in_a_replay_is_rejected(device, elementwise_executable_
     device.submit(cb, signal=[(done, 1)], binding_table=[va2, vb2, out])
     done.wait(1, timeout=60)
     assert np.array_equal(as_f32(device, out, 16), a2 * np.float32(2) + b2)
+
+
+def _one_shot_fma(device, exe, a, b, out, workgroups=4, scale=2.0):
+    n = 16 * workgroups
+    cb = device.create_command_buffer("one_shot")
+    cb.dispatch(exe, "fma_3d", (workgroups, 1, 1), constants=[f32_bits(scale), 0],
+                bindings=[(a, 0, n), (b, 0, n), (out, 0, n)])
+    cb.finalize()
+    return cb
+
+
+def test_rerecorded_identical_one_shot_reuses_its_native_program(
+        device, elementwise_executable_bytes):
+    """A program that records the same one-shot command buffer every call (new buffers
+    each time) finds the recording, and the native programs, of the last: only the
+    bindings change. A command buffer that differs in any recorded value does not."""
+    exe = device.load_executable(elementwise_executable_bytes)
+    recordings, programs = [], []
+    for seed in range(3):
+        a, b, va, vb = inputs(device, seed)
+        out = device.allocator.allocate(64)
+        cb = _one_shot_fma(device, exe, va, vb, out)
+        sem = device.create_semaphore()
+        device.submit(cb, signal=[(sem, 1)])
+        sem.wait(1, timeout=60)
+        assert np.array_equal(as_f32(device, out, 16), a * np.float32(2) + b)
+        recordings.append(cb.recording)
+        programs.append({id(p) for p in cb.recording.streams})
+    assert recordings[0] is recordings[1] is recordings[2]
+    assert programs[0] == programs[1] == programs[2]  # empty where a driver runs per op
+
+    a, b, va, vb = inputs(device, 7)
+    out = device.allocator.allocate(64)
+    changed = [
+        _one_shot_fma(device, exe, va, vb, out, workgroups=2),  # workgroup count
+        _one_shot_fma(device, exe, va, vb, out, scale=3.0),  # constants
+        _one_shot_fma(device, exe, va, va, out),  # binding slots: one buffer twice
+    ]
+    fused = (a.astype(np.float64) * 3 + b).astype(np.float32)  # the kernel's fma
+    for cb, want in zip(changed, [None, fused, a * np.float32(3)]):
+        sem = device.create_semaphore()
+        device.submit(cb, signal=[(sem, 1)])
+        sem.wait(1, timeout=60)
+        assert cb.recording is not recordings[0]
+        if want is not None:
+            assert np.array_equal(as_f32(device, out, 16), want)
+    assert len({id(cb.recording) for cb in changed}) == 3

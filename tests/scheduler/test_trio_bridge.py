@@ -8,47 +8,7 @@ import threading
 import pytest
 import trio
 
-from tinyhal.errors import AbortedError
-from tinyhal.scheduler import CallTask, Executor, await_callback, await_task, on_event_loop
-
-
-@pytest.fixture
-def ex():
-    executor = Executor(2)
-    yield executor
-    executor.shutdown(cancel=True, timeout=10)
-
-
-@pytest.mark.trio
-async def test_await_task_from_worker(ex):
-    t = CallTask(ex, lambda: None)
-    release = t.add_wait()
-    ex.submit(t)
-    ticks = 0
-
-    async def ticker():
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await trio.sleep(0.001)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ticker)
-        threading.Timer(0.05, release).start()
-        with trio.fail_after(10):
-            await await_task(t)
-        nursery.cancel_scope.cancel()
-    assert ticks > 3  # the loop kept running while we waited
-
-
-@pytest.mark.trio
-async def test_await_task_raises_its_error(ex):
-    t = CallTask(ex, lambda: None)
-    release = t.add_wait()
-    ex.submit(t)
-    threading.Timer(0.01, release, args=(AbortedError("nope"),)).start()
-    with trio.fail_after(10), pytest.raises(AbortedError):
-        await await_task(t)
+from tinyhal.scheduler import await_callback, on_event_loop
 
 
 @pytest.mark.trio

@@ -144,6 +144,20 @@ class ServerProcess:
             if m:
                 return m
 
+    def wait_stderr(self, pattern: str, timeout: float = START_TIMEOUT) -> str:
+        """All of stderr once it matches `pattern`. stderr is read by its own thread, so a
+        line the server logged before printing "ready" on stdout may still be in flight
+        when "ready" arrives."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = "".join(self.stderr)
+            if re.search(pattern, text):
+                return text
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"server did not log /{pattern}/ (exit {self.proc.poll()}):"
+                                     f"\n{text[-4000:]}")
+            time.sleep(0.02)
+
     def start(self, ready: bool = True) -> ServerProcess:
         m = self.wait_line(r"listening on http://127\.0\.0\.1:(\d+)")
         self.port = int(m.group(1))

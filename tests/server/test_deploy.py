@@ -155,7 +155,7 @@ def test_systemd_unit(tmp_path):
         assert option in unit
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
-        pytest.skip("systemd-analyze not installed")
+        pytest.skip("systemd-analyze not installed (Debian: apt-get install systemd)")
     local = tmp_path / "tinyhal-serve.service"
     local.write_text(unit.replace(argv[0], f"{sys.executable} -m tinyhal.server.main"))
     proc = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True,
@@ -176,21 +176,45 @@ def test_alerts_and_dashboard_query_metrics_the_server_exposes(server):
             queried |= _queried_metrics(target["expr"])
     missing = queried - exposed
     assert not missing, f"queried but not exposed: {sorted(missing)}"
-    config = _yaml_docs(DEPLOY / "prometheus/prometheus.yml")[0]
-    assert config["rule_files"] == ["alerts.yml"]
-    assert all(job["metrics_path"] == "/metrics" for job in config["scrape_configs"]
-               if "metrics_path" in job)
+    for name in ("prometheus.yml", "prometheus-kubernetes.yml"):
+        config = _yaml_docs(DEPLOY / "prometheus" / name)[0]
+        assert config["rule_files"] == ["alerts.yml"]
+        assert all(job["metrics_path"] == "/metrics" for job in config["scrape_configs"]
+                   if "metrics_path" in job)
 
 
-def test_promtool_checks_and_unit_tests_the_rules():
+def _promtool(*args: str) -> subprocess.CompletedProcess:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool not installed")
-    folder = DEPLOY / "prometheus"
-    for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]):
-        proc = subprocess.run([promtool, *args], cwd=folder, capture_output=True, text=True,
-                              timeout=60)
+        pytest.skip("promtool not installed (Debian: apt-get install prometheus)")
+    return subprocess.run([promtool, *args], cwd=DEPLOY / "prometheus", capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_promtool_checks_the_config_and_unit_tests_every_alert():
+    for args in (["check", "config", "prometheus.yml"], ["check", "rules", "alerts.yml"],
+                 ["test", "rules", "alerts_test.yml"]):
+        proc = _promtool(*args)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+    alerts = {r["alert"] for r in _yaml_docs(DEPLOY / "prometheus/alerts.yml")[0]["groups"][0]
+              ["rules"]}
+    tested = {case["alertname"] for test in _yaml_docs(DEPLOY / "prometheus/alerts_test.yml")[0]
+              ["tests"] for case in test["alert_rule_test"]}
+    assert tested == alerts
+
+
+def test_the_kubernetes_scrape_config_is_the_static_one_with_pod_discovery():
+    static = _yaml_docs(DEPLOY / "prometheus/prometheus.yml")[0]
+    kubernetes = _yaml_docs(DEPLOY / "prometheus/prometheus-kubernetes.yml")[0]
+    assert {k: v for k, v in kubernetes.items() if k != "scrape_configs"} == \
+        {k: v for k, v in static.items() if k != "scrape_configs"}
+    (job,) = kubernetes["scrape_configs"]
+    assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
+    proc = _promtool("check", "config", "prometheus-kubernetes.yml")
+    if "field kubernetes_sd_configs not found" in proc.stdout + proc.stderr:
+        pytest.skip("this promtool is built without Kubernetes service discovery, as "
+                    "Debian's is; the upstream release checks prometheus-kubernetes.yml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_readme_covers_every_file():

@@ -8,6 +8,7 @@ bounded."""
 from __future__ import annotations
 
 import gzip
+import json
 import resource
 import shutil
 import socket
@@ -124,6 +125,30 @@ def test_gzip_bomb_is_refused_while_inflating(hostile_server):
         t.join(timeout=60)
     watch.stop()
     assert results == [413] * 4
+    assert _rss(server) - before < 100 * MB
+
+
+def test_large_bodies_parse_off_the_loop(hostile_server):
+    """Four 7 MB JSON bodies at once (under the limit; refused for their batch size once
+    parsed) while health keeps answering and memory comes back."""
+    server = hostile_server
+    rows = 7 * MB // 112  # "0.125, " is 7 bytes a value, 16 a row
+    body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32",
+                                   "shape": [rows, 16], "data": [0.125] * (rows * 16)}]}
+                      ).encode()
+    assert 6 * MB < len(body) < 8 * MB
+    before = _rss(server)
+    watch = HealthWatch(server)
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda: results.append(server.request(
+        "POST", "/v2/models/mlp_classifier/infer", body, timeout=120)[0]))
+        for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    watch.stop()
+    assert results == [400] * 4  # over max_batch_size: a 400 after the parse
     assert _rss(server) - before < 100 * MB
 
 

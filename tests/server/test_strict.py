@@ -109,6 +109,7 @@ def test_readiness_with_no_model_is_not_ready(tmp_path, start_server):
     server = start_server("--model-repository", str(tmp_path))
     status, _, body = server.request("GET", "/v2/health/ready")
     assert status == 503 and json.loads(body) == {"ready": False}
+    assert "tinyhal-serve: serving no models (not ready)" in "".join(server.stdout)
     status, _, _ = server.request("GET", "/v2/health/live")
     assert status == 200
 
@@ -146,7 +147,7 @@ def test_start_up_logs_each_model_and_warns_about_a_missing_model_vmfb(tmp_path,
     (tmp_path / "saxpy" / "2").mkdir()
     (tmp_path / "saxpy" / "2" / "saxpy.vmfb").write_bytes(b"x")
     server = start_server("--model-repository", str(tmp_path))
-    err = "".join(server.stderr)
+    err = server.wait_stderr(r"loaded model saxpy version 1")
     assert "model saxpy version 2: no model.vmfb" in err and "saxpy.vmfb" in err, err
     assert "loading model saxpy version 1" in err
     assert "loaded model saxpy version 1" in err

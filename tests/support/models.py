@@ -248,3 +248,31 @@ def iree_function(vmfb: Path, name: str, driver: str = "local-sync"):
     ctx.add_vm_module(rt.VmModule.mmap(ctx.instance, str(vmfb)))
     fn = ctx.modules.module[name]
     return lambda *args: fn(*args).to_host()
+
+
+_MODELS = {"mobilenet_v2": (mobilenet_v2_vmfb, mobilenet_input),
+           "small_cnn": (small_cnn_vmfb, None),
+           "ds_cnn_kws": (ds_cnn_kws_vmfb, kws_input)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m support.models NAME [DIR]` (with `tests` on PYTHONPATH): writes NAME.vmfb
+    and, where the model has one, its seeded input as x.npy into DIR (default: here), for
+    the documentation's examples."""
+    import argparse
+    import shutil
+
+    parser = argparse.ArgumentParser(prog="python -m support.models")
+    parser.add_argument("name", choices=sorted(_MODELS))
+    parser.add_argument("directory", nargs="?", default=".")
+    args = parser.parse_args(argv)
+    build, make_input = _MODELS[args.name]
+    out = Path(args.directory)
+    shutil.copyfile(build(), out / f"{args.name}.vmfb")
+    if make_input is not None:
+        np.save(out / "x.npy", make_input())
+    print(f"wrote {out / (args.name + '.vmfb')}" + (" and x.npy" if make_input else ""))
+
+
+if __name__ == "__main__":
+    main()

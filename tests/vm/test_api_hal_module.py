@@ -145,12 +145,53 @@ def test_every_export_is_declared_with_its_ref_types():
 
     mod = create_hal_module(hal.create_device("sync"))
     assert {f"hal.{name}" for name, *_ in EXPORTS} == set(mod.functions)
-    for name, cconv, refs, _yieldable in EXPORTS:
+    for name, cconv, refs, _shim, _yieldable in EXPORTS:
         assert mod.functions[f"hal.{name}"].cconv == cconv
         if refs is not None:
             assert all(r is None or r.rstrip("?") in (
                 "hal.allocator", "hal.buffer", "hal.buffer_view", "hal.command_buffer",
                 "hal.device", "hal.executable", "hal.fence", "hal.file") for r in refs)
+
+
+def test_every_shim_checks_the_refs_its_row_declares():
+    """Each shim checks its declared refs itself, in order: with every earlier ref valid,
+    a wrong object in a ref position is INVALID_ARGUMENT naming the declared type, and
+    null is too unless the declaration allows it."""
+    from support.executables import compile_executable
+    from tinyhal.hal import Fence, Semaphore
+    from tinyhal.vm.hal_module import EXPORTS, HalFile
+
+    dev = hal.create_device("sync")
+    try:
+        buffer = dev.allocator.allocate(64)
+        valid = {
+            "hal.allocator": dev.allocator, "hal.buffer": buffer,
+            "hal.buffer_view": hal.BufferView(buffer, (16,), 0x21000020),
+            "hal.command_buffer": dev.create_command_buffer(), "hal.device": dev,
+            "hal.executable": dev.load_executable(compile_executable("elementwise_3d")),
+            "hal.fence": Fence([(Semaphore(0), 1)]),
+            "hal.file": HalFile(memoryview(b"x"), 1, None),
+        }
+        mod = create_hal_module(dev)
+        checked = 0
+        for name, _cconv, refs, _shim, _yieldable in EXPORTS:
+            fn = mod.functions[f"hal.{name}"].fn
+            for i, ref in enumerate(refs or ()):
+                if ref is None:
+                    continue
+                args = [valid[r.rstrip("?")] if r is not None and j < i else 0
+                        for j, r in enumerate(refs)]
+                for wrong in (object(), None):
+                    if wrong is None and ref.endswith("?"):
+                        continue
+                    args[i] = wrong
+                    with pytest.raises(tinyhal.errors.InvalidArgumentError,
+                                       match=f"expected a {ref.rstrip('?')} ref"):
+                        fn(*args)
+                    checked += 1
+        assert checked > 60
+    finally:
+        dev.close()
 
 
 @pytest.mark.parametrize("name, args, message", [

@@ -90,6 +90,9 @@ def test_other_threads_run_while_a_native_loop_runs(vm_pair, loop_mode):
 
 CHILD = textwrap.dedent("""
     import os, signal, sys, threading, time
+    # Python installs its Ctrl-C handler only if SIGINT was not ignored when it started;
+    # a shell's `&` starts pytest (and so this child) with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     from support.models import VM_LOOP_MLIR
     from support.vm_pairs import vm_compile_source

@@ -152,4 +152,4 @@ def test_console_script_runs_and_fails_cleanly():
     bad = subprocess.run([TINYHAL_RUN, "--module=/nonexistent.vmfb"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode != 0
-    assert "Traceback" not in bad.stderr and "does not exist" in bad.stderr
+    assert "Traceback" not in bad.stderr and "NOT_FOUND: module file not found" in bad.stderr

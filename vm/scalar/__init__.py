@@ -32,10 +32,8 @@ from dataclasses import dataclass
 from ...errors import InternalError
 from ...hal.native import load_compiled
 from .. import isa
-from . import build
 
-_module = load_compiled(build.MODULE_NAME, os.path.dirname(os.path.abspath(__file__)), build,
-                        build.SOURCES)
+_module = load_compiled(__name__ + "._scalar", __name__ + ".build")
 _ffi = _module.ffi
 _lib = _module.lib
 

@@ -1,0 +1,33 @@
+"""Start-up imports only what it uses: running a module from the shell or `tinyhal.load`
+from a script builds no cffi FFI (the compiled helpers are installed) and imports no event
+loop library (nothing runs one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from support.child import run_child
+
+SAXPY = Path(__file__).resolve().parents[1] / "server" / "models" / "saxpy" / "1" / "model.vmfb"
+
+NOT_AT_START_UP = ("trio", "asyncio", "pycparser", "cffi.api", "tinyhal.hal.native.build",
+                   "tinyhal.vm.scalar.build", "ctypes.util", "tinyhal.hal.kernels", "tempfile")
+
+
+def test_tinyhal_run_and_load_import_no_ffi_builder_and_no_event_loop():
+    out = run_child(f"""
+        import io, sys
+        import numpy as np
+        import tinyhal
+        from tinyhal.vm.run import run
+
+        code = run(["--module={SAXPY}", "--function=saxpy", "--input=2",
+                    "--input=3xf32=1,2,3", "--input=3xf32=1,1,1", "--device=task"],
+                   stdout=io.StringIO(), stderr=sys.stderr)
+        assert code == 0
+        with tinyhal.load({str(SAXPY)!r}, device="sync") as module:
+            assert module.saxpy(np.float32(2), np.ones(3, np.float32),
+                                np.ones(3, np.float32)).tolist() == [3.0, 3.0, 3.0]
+        print(sorted(m for m in {NOT_AT_START_UP!r} if m in sys.modules))
+    """)
+    assert out.strip() == "[]"
