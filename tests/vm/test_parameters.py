@@ -617,3 +617,18 @@ def test_a_load_that_fails_part_way_fails_cleanly(programs):
         assert device.allocator.statistics().heaps["device"].live_bytes == 0
     finally:
         device.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["file", "preload"])
+def test_a_fifo_or_directory_as_parameter_file_is_refused_at_once(tmp_path, mode):
+    from tinyhal.vm.parameter_formats import open_source
+
+    fifo = tmp_path / "weights.irpa"
+    os.mkfifo(fifo)
+    with pytest.raises(InvalidArgumentError, match="parameter file: not a regular file"):
+        open_source(fifo, mode)
+    with pytest.raises(InvalidArgumentError, match="is a directory, not a parameter file"):
+        open_source(tmp_path, mode)
+    with pytest.raises(NotFoundError, match="parameter file not found"):
+        open_source(tmp_path / "missing.irpa", mode)
