@@ -40,6 +40,7 @@ from .bytecode_module_def import (
     read_module_def,
 )
 from .cconv import CConv, parse_cconv
+from .files import open_regular_file
 from .types import VMBuffer
 
 ZIP_LOCAL_HEADER = 0x04034B50
@@ -225,21 +226,8 @@ def read_module_file(path: str | os.PathLike, *, limit: int | None = None) -> me
     that shrinks while being read is DATA_LOSS. `limit` bounds the size (OUT_OF_RANGE).
     """
     origin = os.fspath(path)
+    fd, st = open_regular_file(path, "module file")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise NotFoundError(f"{origin}: module file not found") from None
-    except PermissionError:
-        raise PermissionDeniedError(f"{origin}: module file cannot be read") from None
-    except OSError as exc:
-        raise InvalidArgumentError(f"{origin}: module file cannot be opened: "
-                                   f"{exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise InvalidArgumentError(f"{origin}: module path is a directory")
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidArgumentError(f"{origin}: not a regular file")
         size = st.st_size
         if limit is not None and size > limit:
             raise OutOfRangeError(f"{origin}: module file has {size} bytes, over the "
