@@ -44,7 +44,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -65,7 +65,6 @@ from .buffer import Buffer, Storage
 from .command_buffer import CommandBuffer, as_table_range
 from .executable import FORMATS, Executable
 from .execution import RecordingCache, Submission, resolve_commands
-from .profile import Profile
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
     Fence,
@@ -76,6 +75,9 @@ from .semaphore import (
     when_all_reached,
 )
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
+
+if TYPE_CHECKING:
+    from .profile import Profile
 
 Points = Fence | Sequence[SemaphorePoint] | None
 
@@ -231,9 +233,9 @@ class Device:
             raise InvalidArgumentError(
                 f"load_executable takes bytes or a path, not {type(data).__name__}"
             )
-        import hashlib
+        from _blake2 import blake2b  # hashlib would load OpenSSL (3.5 MiB) at start-up
 
-        key = hashlib.sha256(data).hexdigest()
+        key = blake2b(data, digest_size=32).hexdigest()
         with self._executables_lock:
             cached = self._executables.get(key)
             if cached is not None:
@@ -293,6 +295,8 @@ class Device:
         `--device_profiling_mode` (default: the driver's `default_profiling_modes`)."""
         if self.profile is not None:
             raise FailedPreconditionError(f"{self!r} is already being profiled")
+        from .profile import Profile  # only a profiling run pays for it (and for json)
+
         profile = Profile(self.identifier, modes or self.default_profiling_modes,
                           queue_count=self.queue_count, capacity=capacity)
         profile.attach(self)

@@ -15,9 +15,9 @@ C workgroup loop, which may run on several threads at once over one grid.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
+from _blake2 import blake2b  # hashlib would load OpenSSL (3.5 MiB) at start-up
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,7 +177,7 @@ class Executable:
     def __init__(self, data: bytes, name: str = "") -> None:
         data = bytes(data)
         self.name = name
-        self.digest = hashlib.sha256(data).hexdigest()
+        self.digest = blake2b(data, digest_size=32).hexdigest()
         what = f"executable {name!r}" if name else f"executable {self.digest[:12]}"
         elf = parse_elf(data, what)
         self.format = FORMATS[1] if elf.is_system else FORMATS[0]

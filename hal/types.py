@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import InvalidArgumentError
@@ -162,8 +162,19 @@ class ElementInfo:
 
     element_type: int
     mlir: str
-    dtype: np.dtype
+    dtype_name: str
+    """The numpy type's name, or `ml_dtypes.NAME`: ml_dtypes (2.5 MiB, ~5 ms) is imported
+    only when an element type that needs it is first used."""
     kserve: str | None = None
+
+    @cached_property
+    def dtype(self) -> np.dtype:
+        module, _, name = self.dtype_name.rpartition(".")
+        if module == "ml_dtypes":
+            import ml_dtypes
+
+            return np.dtype(getattr(ml_dtypes, name))
+        return np.dtype(getattr(np, name))
 
     @property
     def bit_count(self) -> int:
@@ -179,46 +190,46 @@ def is_integer_type(element_type: int) -> bool:
     return (element_type >> 24) & 0xFF in (0x10, 0x11, 0x12)
 
 
-def _info(element_type: ElementType, mlir: str, dtype: object, kserve: str | None = None
+def _info(element_type: ElementType, mlir: str, dtype: str, kserve: str | None = None
           ) -> ElementInfo:
-    return ElementInfo(int(element_type), mlir, np.dtype(dtype), kserve)
+    return ElementInfo(int(element_type), mlir, dtype, kserve)
 
 
 ELEMENT_TYPES: tuple[ElementInfo, ...] = (
-    _info(ElementType.BOOL_8, "i1", np.bool_, "BOOL"),
-    _info(ElementType.INT_2, "i2", ml_dtypes.int2),
-    _info(ElementType.SINT_2, "si2", ml_dtypes.int2),
-    _info(ElementType.UINT_2, "ui2", ml_dtypes.uint2),
-    _info(ElementType.INT_4, "i4", ml_dtypes.int4),
-    _info(ElementType.SINT_4, "si4", ml_dtypes.int4),
-    _info(ElementType.UINT_4, "ui4", ml_dtypes.uint4),
-    _info(ElementType.INT_8, "i8", np.int8, "INT8"),
-    _info(ElementType.SINT_8, "si8", np.int8, "INT8"),
-    _info(ElementType.UINT_8, "ui8", np.uint8, "UINT8"),
-    _info(ElementType.INT_16, "i16", np.int16, "INT16"),
-    _info(ElementType.SINT_16, "si16", np.int16, "INT16"),
-    _info(ElementType.UINT_16, "ui16", np.uint16, "UINT16"),
-    _info(ElementType.INT_32, "i32", np.int32, "INT32"),
-    _info(ElementType.SINT_32, "si32", np.int32, "INT32"),
-    _info(ElementType.UINT_32, "ui32", np.uint32, "UINT32"),
-    _info(ElementType.INT_64, "i64", np.int64, "INT64"),
-    _info(ElementType.SINT_64, "si64", np.int64, "INT64"),
-    _info(ElementType.UINT_64, "ui64", np.uint64, "UINT64"),
-    _info(ElementType.FLOAT_16, "f16", np.float16, "FP16"),
-    _info(ElementType.FLOAT_32, "f32", np.float32, "FP32"),
-    _info(ElementType.FLOAT_64, "f64", np.float64, "FP64"),
-    _info(ElementType.BFLOAT_16, "bf16", ml_dtypes.bfloat16, "BF16"),
-    _info(ElementType.FLOAT_8_E5M2, "f8E5M2", ml_dtypes.float8_e5m2),
-    _info(ElementType.FLOAT_8_E4M3_FN, "f8E4M3FN", ml_dtypes.float8_e4m3fn),
-    _info(ElementType.FLOAT_8_E5M2_FNUZ, "f8E5M2FNUZ", ml_dtypes.float8_e5m2fnuz),
-    _info(ElementType.FLOAT_8_E4M3_FNUZ, "f8E4M3FNUZ", ml_dtypes.float8_e4m3fnuz),
-    _info(ElementType.FLOAT_8_E8M0_FNU, "f8E8M0FNU", ml_dtypes.float8_e8m0fnu),
-    _info(ElementType.COMPLEX_FLOAT_64, "complex<f32>", np.complex64),
-    _info(ElementType.COMPLEX_FLOAT_128, "complex<f64>", np.complex128),
-    _info(ElementType.OPAQUE_8, "x8", np.uint8),
-    _info(ElementType.OPAQUE_16, "x16", np.uint16),
-    _info(ElementType.OPAQUE_32, "x32", np.uint32),
-    _info(ElementType.OPAQUE_64, "x64", np.uint64),
+    _info(ElementType.BOOL_8, "i1", "bool_", "BOOL"),
+    _info(ElementType.INT_2, "i2", "ml_dtypes.int2"),
+    _info(ElementType.SINT_2, "si2", "ml_dtypes.int2"),
+    _info(ElementType.UINT_2, "ui2", "ml_dtypes.uint2"),
+    _info(ElementType.INT_4, "i4", "ml_dtypes.int4"),
+    _info(ElementType.SINT_4, "si4", "ml_dtypes.int4"),
+    _info(ElementType.UINT_4, "ui4", "ml_dtypes.uint4"),
+    _info(ElementType.INT_8, "i8", "int8", "INT8"),
+    _info(ElementType.SINT_8, "si8", "int8", "INT8"),
+    _info(ElementType.UINT_8, "ui8", "uint8", "UINT8"),
+    _info(ElementType.INT_16, "i16", "int16", "INT16"),
+    _info(ElementType.SINT_16, "si16", "int16", "INT16"),
+    _info(ElementType.UINT_16, "ui16", "uint16", "UINT16"),
+    _info(ElementType.INT_32, "i32", "int32", "INT32"),
+    _info(ElementType.SINT_32, "si32", "int32", "INT32"),
+    _info(ElementType.UINT_32, "ui32", "uint32", "UINT32"),
+    _info(ElementType.INT_64, "i64", "int64", "INT64"),
+    _info(ElementType.SINT_64, "si64", "int64", "INT64"),
+    _info(ElementType.UINT_64, "ui64", "uint64", "UINT64"),
+    _info(ElementType.FLOAT_16, "f16", "float16", "FP16"),
+    _info(ElementType.FLOAT_32, "f32", "float32", "FP32"),
+    _info(ElementType.FLOAT_64, "f64", "float64", "FP64"),
+    _info(ElementType.BFLOAT_16, "bf16", "ml_dtypes.bfloat16", "BF16"),
+    _info(ElementType.FLOAT_8_E5M2, "f8E5M2", "ml_dtypes.float8_e5m2"),
+    _info(ElementType.FLOAT_8_E4M3_FN, "f8E4M3FN", "ml_dtypes.float8_e4m3fn"),
+    _info(ElementType.FLOAT_8_E5M2_FNUZ, "f8E5M2FNUZ", "ml_dtypes.float8_e5m2fnuz"),
+    _info(ElementType.FLOAT_8_E4M3_FNUZ, "f8E4M3FNUZ", "ml_dtypes.float8_e4m3fnuz"),
+    _info(ElementType.FLOAT_8_E8M0_FNU, "f8E8M0FNU", "ml_dtypes.float8_e8m0fnu"),
+    _info(ElementType.COMPLEX_FLOAT_64, "complex<f32>", "complex64"),
+    _info(ElementType.COMPLEX_FLOAT_128, "complex<f64>", "complex128"),
+    _info(ElementType.OPAQUE_8, "x8", "uint8"),
+    _info(ElementType.OPAQUE_16, "x16", "uint16"),
+    _info(ElementType.OPAQUE_32, "x32", "uint32"),
+    _info(ElementType.OPAQUE_64, "x64", "uint64"),
 )
 """Every element type tinyhal moves across a boundary (API, tinyhal-run, .npy, server)."""
 
@@ -226,9 +237,11 @@ _BY_CODE: dict[int, ElementInfo] = {e.element_type: e for e in ELEMENT_TYPES}
 _BY_MLIR: dict[str, ElementInfo] = {e.mlir: e for e in ELEMENT_TYPES}
 _BY_MLIR["index"] = _BY_CODE[ElementType.INT_64]
 # numpy -> HAL as iree.runtime maps it: numpy integers are signed or unsigned, never signless.
+# Those of ml_dtypes join when a dtype of ml_dtypes is first looked up (its caller has
+# imported it).
 _BY_DTYPE: dict[np.dtype, ElementInfo] = {}
 for _e in ELEMENT_TYPES:
-    if _e.numerical_type not in (0x00, 0x10):
+    if _e.numerical_type not in (0x00, 0x10) and not _e.dtype_name.startswith("ml_dtypes."):
         _BY_DTYPE.setdefault(_e.dtype, _e)
 _BY_KSERVE: dict[str, ElementInfo] = {}
 for _e in ELEMENT_TYPES:
@@ -265,7 +278,13 @@ def numpy_dtype(element_type: int) -> np.dtype:
 
 def element_type_for(dtype: np.dtype) -> ElementType:
     """The IREE element type for a numpy dtype; INVALID_ARGUMENT for unsupported dtypes."""
-    info = _BY_DTYPE.get(np.dtype(dtype))
+    dtype = np.dtype(dtype)
+    info = _BY_DTYPE.get(dtype)
+    if info is None and dtype.type.__module__.startswith("ml_dtypes"):
+        for e in ELEMENT_TYPES:
+            if e.numerical_type not in (0x00, 0x10):
+                _BY_DTYPE.setdefault(e.dtype, e)
+        info = _BY_DTYPE.get(dtype)
     if info is None:
         raise InvalidArgumentError(f"numpy dtype {np.dtype(dtype)} has no HAL element type")
     return ElementType(info.element_type)

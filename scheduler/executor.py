@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import logging
 import os
 import threading
 import time
@@ -40,7 +39,13 @@ __all__ = [
     "current_worker_index",
 ]
 
-_log = logging.getLogger("tinyhal.scheduler")
+
+
+def _log_exception(message: str, *args: object) -> None:
+    """Logs the exception being handled; `logging` (2.5 ms to import) loads only then."""
+    import logging
+
+    logging.getLogger("tinyhal.scheduler").exception(message, *args)
 
 # Task states.
 PENDING = "pending"  # made, not yet submitted
@@ -153,7 +158,7 @@ def _call_callback(task: CallTask, callback: Callable, error: Error | None) -> N
     try:
         callback(error)
     except Exception:  # a broken callback must not take a worker down
-        _log.exception("completion callback of %r raised", task)
+        _log_exception("completion callback of %r raised", task)
 
 
 class Executor:
@@ -294,7 +299,7 @@ class Executor:
                 task._run()
                 self._finish(task)
             except BaseException:  # pragma: no cover - _run swallows task errors
-                _log.exception("worker %d: task %r escaped its error handling", index, task)
+                _log_exception("worker %d: task %r escaped its error handling", index, task)
             finally:
                 task = None  # an idle worker must not keep the last task's captures alive
                 with lock:

@@ -57,7 +57,7 @@ from .instances import InstanceThread
 _RUN_LIST = 16
 
 __all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Instance",
-           "Overloaded", "RunningInvocation", "Unavailable"]
+           "Overloaded", "PendingRequest", "RunningInvocation", "Unavailable"]
 
 
 class Overloaded(Exception):
@@ -126,6 +126,9 @@ class _Request:
         self.detached = False
         self.queued_seconds = 0.0
         self.infer_seconds = 0.0
+
+
+PendingRequest = _Request  # what a request waiting for an execution records (sequences.py)
 
 
 class _Execution:

@@ -58,7 +58,8 @@ log = logging.getLogger("tinyhal.server")
 __all__ = ["Server", "error_response", "json_response"]
 
 JSON = "application/json"
-EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy", "sequence",
+              "statistics"]
 
 # program / runtime errors -> HTTP status (the rest are 500: a failure of ours)
 _ERROR_STATUS = {
@@ -258,8 +259,7 @@ class _Routes:
             versions = list(self.repo.models[name].values())
         else:
             versions = [self.repo.get(name, version)]
-        return json_response({"model_stats": [mv.stats.doc(mv.name, mv.version)
-                                              for mv in versions]})
+        return json_response({"model_stats": [_stats_doc(mv) for mv in versions]})
 
     def _control(self, action: str) -> None:
         mode = self.server.model_control_mode
@@ -377,7 +377,10 @@ class _Routes:
 
         try:
             label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
-            results, queued, compute_infer = await mv.infer(args, deadline, label)
+            results, queued, compute_infer = await mv.infer(args, deadline, label,
+                                                            req.parameters)
+        except ProtocolError as exc:  # a bad sequence control flow
+            return self._failed(mv, request, error_response(exc.status, exc.message))
         except Overloaded as exc:
             return self._failed(mv, request, error_response(
                 429, f"model '{mv.name}' is overloaded: {exc}; retry after "
@@ -419,6 +422,14 @@ class _Routes:
 
 _PARSE_ON_LOOP_BYTES = 64 << 10
 _INFLATE_CHUNK = 1 << 20  # inflated a megabyte at a time, counted against the limit
+
+
+def _stats_doc(mv: ModelVersion) -> dict:
+    """Triton's statistics of a version, plus its sequences' when it has any."""
+    doc = mv.stats.doc(mv.name, mv.version)
+    if mv.sequences is not None:
+        doc["sequence_stats"] = mv.sequences.statistics()
+    return doc
 
 
 def api_group(path: str) -> str | None:

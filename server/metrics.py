@@ -46,6 +46,9 @@ Requests and models:
     tinyhal_model_ready{model,version}                         1 ready, 0 not
     tinyhal_model_load_seconds{model,version}
     tinyhal_server_draining                                    1 after SIGTERM
+
+Sequence-batched models add live sequences, state slots and their bytes, the sequences
+per execution and where an execution's host time goes (`sequences.SequenceCollector`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from .sequences import SequenceCollector
 from .stats import PHASES, Latency, ModelStatistics
 
 if TYPE_CHECKING:
@@ -218,6 +222,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_StateCollector(server))
         self.registry.register(_RequestCollector(self))
+        self.registry.register(SequenceCollector(lambda: server.repository.all_versions()))
 
     def series(self, model: str, version: str) -> ModelSeries:
         """The series of one model version, created at zero on first use."""
@@ -243,11 +248,7 @@ def _histogram(name: str, documentation: str, series: dict[tuple[str, str], Mode
     family = HistogramMetricFamily(name, documentation, labels=["model", "version"])
     for labels, s in series.items():
         latency: Latency = pick(s)
-        cumulative, buckets = 0, []
-        for bound, n in zip(latency.bounds, latency.buckets):
-            cumulative += n
-            buckets.append((floatToGoString(bound), cumulative))
-        buckets.append(("+Inf", latency.count))
+        buckets = [(floatToGoString(bound), n) for bound, n in latency.cumulative()]
         family.add_metric(list(labels), buckets, latency.ns / 1e9)
     return family
 

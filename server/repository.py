@@ -19,6 +19,8 @@ files only), so later writes, truncation or deletion of it change nothing it ser
     dynamic_batching  {"max_queue_delay_microseconds": int, "preferred_batch_size": [int]}:
                       batch queued requests into one invocation (needs max_batch_size > 0
                       and a dynamic first dim on every input and output; see batching.py)
+    sequence_batching Triton's sequence batcher as JSON: stateful sequences, control
+                      inputs, implicit state, cellular batching (see sequences.py)
     instance_group    Triton's [{"count": N, "kind": "KIND_CPU"}]: N instances, each its
                       own module and thread, run N executions at once (default 1: with
                       one execution in flight the next batch takes all that queued)
@@ -67,6 +69,7 @@ from .batching import BatchingConfig, parse_batching_config
 from .instances import InstanceThread
 from .memory import DeviceMemory
 from .protocol import DATATYPES, InferRequest, ProtocolError, datatype_for_mlir
+from .sequences import SequenceBatcher, SequenceConfig, parse_sequence_config
 from .stats import ModelStatistics
 
 log = logging.getLogger("tinyhal.server")
@@ -76,7 +79,7 @@ __all__ = ["ModelRepository", "ModelVersion", "TensorSpec", "bundled_models_dir"
 CONFIG_KEYS = {
     "function", "device", "max_batch_size", "max_concurrency", "max_queue", "timeout_s",
     "execution", "input_names", "output_names", "description", "dynamic_batching",
-    "parameters", "instance_group", "version_policy",
+    "parameters", "instance_group", "version_policy", "sequence_batching",
 }
 DEFAULT_INSTANCES = 1
 DEFAULT_MAX_QUEUE = 16
@@ -181,6 +184,9 @@ class ModelVersion:
     peak_invocation_bytes: int | None = None  # most device memory one invocation held
     fingerprint: tuple = ()  # of the files it was loaded from (poll mode reloads on change)
     modules: list[Any] = field(default_factory=list)  # one per instance
+    sequence_config: SequenceConfig | None = None
+    sequences: SequenceBatcher | None = None
+    program_outputs: list[TensorSpec] = field(default_factory=list)  # clients see `outputs`
     _device_lock: threading.Lock | None = None
 
     @property
@@ -206,8 +212,13 @@ class ModelVersion:
         try:
             self.batching = parse_batching_config(config.get("dynamic_batching"),
                                                   self.max_batch_size)
+            self.sequence_config = parse_sequence_config(
+                config.get("sequence_batching"), self.max_batch_size, self.path.parent)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if self.batching is not None and self.sequence_config is not None:
+            raise ConfigError("config takes one of 'dynamic_batching' and "
+                              "'sequence_batching'")
         instances = _instance_count(config)
         max_queue = _positive_int(config, "max_queue", DEFAULT_MAX_QUEUE, minimum=0)
         timeout = config.get("timeout_s")
@@ -248,6 +259,8 @@ class ModelVersion:
             workers, max_queue, self.batching, executed=self.stats.executed,
             begin=(lambda: memory.begin(self.device_name, device)) if memory else None,
             end=self._memory_end if memory else None)
+        if self.sequence_config is not None:
+            self._start_sequences(workers, max_queue)
         self.load_seconds = time.perf_counter() - start
         self.state = "READY"
 
@@ -255,6 +268,38 @@ class ModelVersion:
         held = self.memory.end(watch, self.device)
         if held is not None and held > (self.peak_invocation_bytes or 0):
             self.peak_invocation_bytes = held
+
+    def _start_sequences(self, workers: list[Instance], max_queue: int) -> None:
+        """Checks the control and state tensors against the program and hides them from
+        clients: `inputs`/`outputs` become what a request carries."""
+        config = self.sequence_config
+        by_name = {s.name: s for s in self.inputs}
+        out_by_name = {s.name: s for s in self.outputs}
+        hidden_in, hidden_out = set(), set()
+        for control in config.controls:
+            spec = by_name.get(control.name)
+            if spec is None or spec.shape != (-1, 1) or \
+                    DATATYPES[spec.datatype] != control.dtype:
+                raise ConfigError(f"sequence_batching control input '{control.name}' "
+                                  f"must be a program input of shape [-1, 1] and type "
+                                  f"{control.dtype.name}")
+            hidden_in.add(control.name)
+        for state in config.states:
+            want = (-1, *state.dims)
+            spec, out = by_name.get(state.input_name), out_by_name.get(state.output_name)
+            for name, found in ((state.input_name, spec), (state.output_name, out)):
+                if found is None or found.shape != want or found.datatype != state.datatype:
+                    raise ConfigError(f"sequence_batching state '{name}' must be a program "
+                                      f"{'input' if found is spec else 'output'} of shape "
+                                      f"{list(want)} and type {state.datatype}")
+            hidden_in.add(state.input_name)
+            hidden_out.add(state.output_name)
+        program_inputs = [s.name for s in self.inputs]
+        self.inputs = [s for s in self.inputs if s.name not in hidden_in]
+        self.outputs = [s for s in self.outputs if s.name not in hidden_out]
+        self.sequences = SequenceBatcher(self.name, config, self.max_batch_size, workers,
+                                         program_inputs, max_queue,
+                                         executed=self.stats.executed)
 
     def _derive_signature(self, module: Any) -> None:
         publics = list(module.functions)
@@ -274,17 +319,18 @@ class ModelVersion:
         self.function = function
         self.inputs = self._specs(info.inputs, self.config.get("input_names"), "input")
         self.outputs = self._specs(info.outputs, self.config.get("output_names"), "output")
+        self.program_outputs = self.outputs
         if self.max_batch_size:
             for spec in self.inputs:
                 if spec.scalar or not spec.shape or spec.shape[0] != -1:
                     raise ConfigError(
                         f"max_batch_size needs a dynamic first dim on every input; "
                         f"'{spec.name}' has shape {list(spec.shape)}")
-        if self.batching is not None:
+        if self.batching is not None or self.sequence_config is not None:
             for spec in self.outputs:
                 if spec.scalar or not spec.shape or spec.shape[0] != -1:
                     raise ConfigError(
-                        f"dynamic_batching needs a dynamic first dim on every output; "
+                        f"batching needs a dynamic first dim on every output; "
                         f"'{spec.name}' has shape {list(spec.shape)}")
 
     def _specs(self, args: Any, names: Any, what: str) -> list[TensorSpec]:
@@ -355,10 +401,15 @@ class ModelVersion:
             args.append(array)
         return args
 
-    async def infer(self, args: list[Any], deadline: float, label: str
+    async def infer(self, args: list[Any], deadline: float, label: str,
+                    parameters: dict | None = None
                     ) -> tuple[list[tuple[str, str, np.ndarray]], float, float]:
         """Runs one request's invocation under admission control (batched with others when
-        the model has dynamic batching): (results, seconds queued, seconds invoking)."""
+        the model has dynamic batching; a step of its sequence, with the request's
+        `parameters`, when it has sequence batching): (results, seconds queued, seconds
+        invoking)."""
+        if self.sequences is not None:
+            return await self.sequences.infer(args, parameters or {}, deadline, label)
         rows = int(args[0].shape[0]) if self.max_batch_size else 1
         return await self.admission.infer(args, rows, deadline, label)
 
@@ -372,10 +423,10 @@ class ModelVersion:
         else:
             result = module.invoke(self.function, *args)
         values = result if isinstance(result, tuple) else (result,)
-        if len(self.outputs) == 0:
+        if len(self.program_outputs) == 0:
             values = ()
         out = []
-        for spec, value in zip(self.outputs, values):
+        for spec, value in zip(self.program_outputs, values):
             array = np.asarray(value)
             if spec.scalar:
                 array = array.reshape((1,))
@@ -392,6 +443,9 @@ class ModelVersion:
         "unloaded"."""
         if self.state == "READY":
             self.state = "UNLOADING"
+        if self.sequences is not None:
+            self.sequences.close()
+            await self.sequences.wait_idle()
         admission = self.admission
         if admission is not None:
             admission.close()
@@ -426,6 +480,8 @@ class ModelVersion:
                                 "kind": "KIND_CPU"}],
             "max_batch_size": self.max_batch_size,
             "dynamic_batching": self.batching.describe() if self.batching else None,
+            "sequence_batching": self.sequence_config.describe() if self.sequence_config
+            else None,
             "max_concurrency": admission.max_concurrency if admission else None,
             "max_queue": admission.max_queue if admission else None,
             "timeout_s": self.timeout_s,

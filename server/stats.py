@@ -49,6 +49,16 @@ class Latency:
     def doc(self) -> dict:
         return {"count": self.count, "ns": self.ns}
 
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, durations at or below it) per bound, then (inf, count): the
+        buckets of a Prometheus histogram."""
+        out, total = [], 0
+        for bound, n in zip(self.bounds, self.buckets):
+            total += n
+            out.append((bound, total))
+        out.append((float("inf"), self.count))
+        return out
+
 
 @dataclass
 class ModelStatistics:

@@ -1,6 +1,9 @@
 """Start-up imports only what it uses: running a module from the shell or `tinyhal.load`
-from a script builds no cffi FFI (the compiled helpers are installed) and imports no event
-loop library (nothing runs one)."""
+from a script builds no cffi FFI (the compiled helpers are installed), imports no event
+loop library (nothing runs one), no ml_dtypes (no element type here needs it), no OpenSSL
+(`hashlib`; content hashes use `_blake2`), no profiler, `json` or `logging` (nothing is
+profiled or logged), no `shutil` (argparse asks it the terminal width only for help) and
+neither TinyIREE's inline modules nor parameter support (the module needs neither)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,10 @@ from support.child import run_child
 SAXPY = Path(__file__).resolve().parents[1] / "server" / "models" / "saxpy" / "1" / "model.vmfb"
 
 NOT_AT_START_UP = ("trio", "asyncio", "pycparser", "cffi.api", "tinyhal.hal.native.build",
-                   "tinyhal.vm.scalar.build", "ctypes.util", "tinyhal.hal.kernels", "tempfile")
+                   "tinyhal.vm.scalar.build", "ctypes.util", "tinyhal.hal.kernels", "tempfile", "ml_dtypes",
+                   "hashlib", "_hashlib", "tinyhal.hal.profile", "json", "logging", "shutil",
+                   "tinyhal.vm.hal_inline", "tinyhal.vm.io_parameters",
+                   "tinyhal.vm.parameter_formats")
 
 
 def test_tinyhal_run_and_load_import_no_ffi_builder_and_no_event_loop():

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from .cconv import parse_cconv
 from .context import Context, ModuleInstance, VMFunction, drive_blocking
-from .hal_inline import create_hal_inline_module, create_hal_loader_module
 from .hal_module import create_hal_module
-from .io_parameters import create_io_parameters_module
 from .loader import BytecodeModule, load_module
 from .native import NativeFunction, NativeModule, Suspend
 from .ops import F32SNaN
-from .parameter_formats import ParameterIndex
 from .types import VMBuffer, VMList
 
 __all__ = [
@@ -46,11 +43,20 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # `load` (the high-level API) lives in vm/api.py, owned separately; import lazily so
-    # this package stays importable before that file exists.
-    if name == "load":
-        from .api import load
+# Imported on first use: a program that needs neither TinyIREE's inline modules nor
+# parameters (most) does not pay for them, nor for the parameter formats' json.
+_LAZY = {
+    "create_hal_inline_module": ".hal_inline",
+    "create_hal_loader_module": ".hal_inline",
+    "create_io_parameters_module": ".io_parameters",
+    "ParameterIndex": ".parameter_formats",
+    "load": ".api",
+}
 
-        return load
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

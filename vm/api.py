@@ -59,9 +59,8 @@ import os
 import re
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from sys import getrefcount
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -81,13 +80,14 @@ from ..hal.types import (
     unpack_elements,
 )
 from .context import Context
-from .hal_inline import InlineState, create_hal_inline_module, create_hal_loader_module
 from .hal_module import create_hal_module
-from .io_parameters import ParameterStatistics, create_io_parameters_module
 from .lists import is_list_type, list_input, list_output
 from .loader import BytecodeModule, load_module
 from .native import NativeModule
 from .types import VMList
+
+if TYPE_CHECKING:
+    from .io_parameters import ParameterStatistics
 
 __all__ = ["ArgSpec", "FunctionInfo", "Module", "load", "parse_declaration"]
 
@@ -104,8 +104,7 @@ _INT_BITS = {"i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64, "index": 64, "si
              "ui32": 32, "si64": 64, "ui64": 64}
 
 
-@dataclass(frozen=True)
-class ArgSpec:
+class ArgSpec(NamedTuple):
     """One argument or result: a tensor (shape with None for dynamic dims) or a scalar."""
 
     name: str
@@ -125,8 +124,7 @@ class ArgSpec:
         return self.type
 
 
-@dataclass(frozen=True)
-class FunctionInfo:
+class FunctionInfo(NamedTuple):
     """What a module export takes and returns, from its ABI declaration."""
 
     name: str
@@ -853,6 +851,8 @@ def _inline_modules(bytecode: BytecodeModule, device: Device) -> list[NativeModu
     wanted = {d.name for d in bytecode.dependencies} & {"hal_inline", "hal_loader"}
     if not wanted:
         return []
+    from .hal_inline import InlineState, create_hal_inline_module, create_hal_loader_module
+
     state = InlineState(device)
     makers = {"hal_inline": create_hal_inline_module, "hal_loader": create_hal_loader_module}
     return [makers[name](device, state) for name in sorted(wanted)]
@@ -871,6 +871,8 @@ def _parameters_module(parameters: Any, bytecode: BytecodeModule,
     if parameters is None and not any(d.name == "io_parameters"
                                        for d in bytecode.dependencies):
         return []
+    from .io_parameters import create_io_parameters_module  # and its formats' json
+
     return [create_io_parameters_module(parameters)]
 
 

@@ -13,7 +13,7 @@ its type byte, then its value).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from flatbuffers.table import Table
 
@@ -157,34 +157,29 @@ def _read_string(buf: memoryview, at: int, what: str) -> str:
 # Plain records produced by the reader.
 
 
-@dataclass(frozen=True)
-class FunctionSignature:
+class FunctionSignature(NamedTuple):
     calling_convention: str | None
-    attrs: dict[str, str] = field(default_factory=dict)
+    attrs: dict[str, str]
 
 
-@dataclass(frozen=True)
-class ImportFunction:
+class ImportFunction(NamedTuple):
     full_name: str
     signature: FunctionSignature
     optional: bool
 
 
-@dataclass(frozen=True)
-class ExportFunction:
+class ExportFunction(NamedTuple):
     local_name: str
     internal_ordinal: int
 
 
-@dataclass(frozen=True)
-class Dependency:
+class Dependency(NamedTuple):
     name: str
     minimum_version: int
     optional: bool
 
 
-@dataclass(frozen=True)
-class FunctionDescriptor:
+class FunctionDescriptor(NamedTuple):
     bytecode_offset: int
     bytecode_length: int
     requirements: int
@@ -194,30 +189,26 @@ class FunctionDescriptor:
     ref_register_count: int
 
 
-@dataclass(frozen=True)
-class RodataSegment:
+class RodataSegment(NamedTuple):
     embedded: memoryview | None
     external_offset: int | None
     external_length: int | None
     compressed: bool
 
 
-@dataclass(frozen=True)
-class FunctionSourceMap:
+class FunctionSourceMap(NamedTuple):
     local_name: str | None
     locations: tuple[tuple[int, int], ...]  # (bytecode offset, location index)
 
 
-@dataclass(frozen=True)
-class DebugDatabase:
+class DebugDatabase(NamedTuple):
     # Each entry: ("file", filename, line, column) | ("name", name, child) |
     # ("callsite", callee, caller) | ("fused", metadata, (children...)) | None
     location_table: tuple
     functions: tuple[FunctionSourceMap, ...]
 
 
-@dataclass
-class ModuleDef:
+class ModuleDef(NamedTuple):
     name: str
     version: int
     requirements: int

@@ -8,13 +8,12 @@ context matches imports to native or bytecode exports by them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import InvalidArgumentError
 
 
-@dataclass(frozen=True)
-class CConv:
+class CConv(NamedTuple):
     """A parsed calling convention `0<args>_<results>`; spans as ('span', (types...))."""
 
     text: str

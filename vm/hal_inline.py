@@ -39,7 +39,7 @@ from ..hal.device import Device
 from ..hal.executable import FORMATS, Executable
 from ..hal.types import BufferUsage, MemoryType
 from .hal_module import create_hal_module
-from .native import NativeModule
+from .native import NativeModule, RefType, ref_type_error
 from .native_table import Export, build_module
 from .types import VMBuffer
 
@@ -224,8 +224,7 @@ def executable_lookup_function(state: InlineState, executable: Executable,
 def _binding(state: InlineState, ref: VMBuffer | None, offset: int, length: int,
              write_back: list) -> tuple:
     if not isinstance(ref, VMBuffer):
-        raise InvalidArgumentError(
-            f"expected a vm.buffer ref but got {'null' if ref is None else type(ref).__name__}")
+        raise ref_type_error(ref, _VM_BUFFER)
     size = len(ref.data)
     if offset < 0 or length < 0 or offset + length > size:
         raise InvalidArgumentError(
@@ -275,6 +274,7 @@ HAL_LOADER_EXPORTS: tuple[Export, ...] = (
     Export("executable.query_support", "0r_i", ("vm.buffer",), executable_query_support),
 )
 
+_VM_BUFFER = RefType(VMBuffer, "vm.buffer")
 _REF_TYPES = {"hal.buffer": Buffer, "hal.buffer_view": BufferView,
               "hal.executable": Executable, "vm.buffer": VMBuffer}
 
@@ -289,5 +289,5 @@ def create_hal_inline_module(device: Device, state: InlineState | None = None
 def create_hal_loader_module(device: Device, state: InlineState | None = None
                              ) -> NativeModule:
     """The `hal_loader` module (version 1) over `device`."""
-    return build_module("hal_loader", HAL_LOADER_MODULE_VERSION, HAL_LOADER_EXPORTS, state or InlineState(device),
-                        _REF_TYPES)
+    return build_module("hal_loader", HAL_LOADER_MODULE_VERSION, HAL_LOADER_EXPORTS,
+                        state or InlineState(device), _REF_TYPES)

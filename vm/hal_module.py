@@ -1,11 +1,12 @@
 """The native `hal` module (version 7): what compiled modules import, backed by tinyhal.hal.
 
 The shape of IREE's HAL module (`runtime/src/iree/modules/hal/module.c`): one table,
-`EXPORTS` (name, calling convention, ref type of each argument, shim, yieldable), as
-IREE's `exports.inl`, and an explicit `HalModuleState` (its devices), as IREE's
-`iree_hal_module_state_t`. Shims are plain functions taking the state first;
-`create_hal_module(devices)` makes one state and binds every shim to it, so each
-`vm.Context` gets its own and an import call is one Python frame. Semantics and status
+`EXPORTS` (`native_table.Export` rows: name, calling convention, ref type of each
+argument, shim, yields), as IREE's `exports.inl`, and an explicit `HalModuleState` (its
+devices), as IREE's `iree_hal_module_state_t`. Shims are plain functions taking the
+state first; `create_hal_module(devices)` makes one state and binds every shim to it
+(`native_table.build_module`, checking refs in the shims), so each `vm.Context` gets its
+own and an import call is one Python frame. Semantics and status
 codes follow IREE's:
 
 - each shim first checks the refs its row declares (the exact class inline, subclasses
@@ -31,9 +32,8 @@ loaded into a 64-byte-aligned buffer), so weights are used in place.
 
 from __future__ import annotations
 
-import functools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,7 @@ from ..hal.types import (
     is_integer_type,
 )
 from .native import NativeModule, RefType, Suspend, ref_type_error
+from .native_table import Export, build_module
 
 HAL_MODULE_VERSION = 7
 
@@ -97,24 +98,6 @@ class HalFile:
 
 def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
-
-
-def _check(value: Any, cls: type, what: str) -> Any:
-    if type(value) is cls or isinstance(value, cls):
-        return value
-    raise InvalidArgumentError(f"expected a {what} ref but got {_type_name(value)}")
-
-
-def _check_or_null(value: Any, cls: type, what: str) -> Any:
-    if value is None or isinstance(value, cls):
-        return value
-    raise InvalidArgumentError(f"expected a {what} ref or null but got {_type_name(value)}")
-
-
-def _fence_or_null(value: Any) -> Fence | None:
-    if value is None or isinstance(value, Fence):
-        return value
-    raise InvalidArgumentError(f"expected a hal.fence ref or null but got {_type_name(value)}")
 
 
 def vm_buffer_view(ref: Any, what: str = "vm.buffer") -> memoryview:
@@ -238,8 +221,7 @@ def allocator_select(state: HalModuleState, memory_types, buffer_usage, flags, p
             "at least one device/queue affinity pair must be provided"
         )
     device, affinity = pairs[0]
-    _check(device, Device, "hal.device")
-    return device, affinity
+    return _checked(device, _DEVICE), affinity
 
 
 def allocator_allocate(state: HalModuleState, allocator, queue_affinity, memory_types, buffer_usage,
@@ -437,7 +419,7 @@ def buffer_view_dim(state: HalModuleState, view, index):
 
 def buffer_view_trace(state: HalModuleState, key, views):
     for (view,) in views:
-        _check(view, BufferView, "hal.buffer_view")
+        _checked(view, _BUFFER_VIEW)
 
 
 # -- channels (collectives) -------------------------------------------------------
@@ -551,9 +533,7 @@ def command_buffer_dispatch(state: HalModuleState, cb, executable, function, x, 
         elif type(buffer) is Buffer or isinstance(buffer, Buffer):
             refs.append((buffer, offset, length))
         else:
-            raise InvalidArgumentError(
-                f"expected a hal.buffer ref or null but got {_type_name(buffer)}"
-            )
+            raise ref_type_error(buffer, _BUFFER_OR_NULL)
     words = []
     for (c,) in constants:
         words.append(c & _U32)
@@ -712,9 +692,7 @@ def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity,
         elif type(buffer) is Buffer or isinstance(buffer, Buffer):
             table.append((buffer, offset, length))
         else:
-            raise InvalidArgumentError(
-                f"expected a hal.buffer ref or null but got {_type_name(buffer)}"
-            )
+            raise ref_type_error(buffer, _BUFFER_OR_NULL)
     device.submit(cb, wait, signal, table)
 
 
@@ -800,7 +778,7 @@ def fence_join(state: HalModuleState, flags, fences):
     present = []
     for (fence,) in fences:
         if fence is not None and type(fence) is not Fence:
-            fence = _fence_or_null(fence)
+            fence = _checked(fence, _FENCE_OR_NULL)
         if fence is not None and fence.timeline:
             present.append(fence)
     if not present:
@@ -838,7 +816,7 @@ def fence_await(state: HalModuleState, timeout_ms, flags, fences):
         if fence is None:
             continue
         if type(fence) is not Fence:
-            _check(fence, Fence, "hal.fence")
+            _checked(fence, _FENCE)
             if not fence.query():  # raises the failure of a failed fence
                 pending.append(fence)
             continue
@@ -857,131 +835,132 @@ def fence_await(state: HalModuleState, timeout_ms, flags, fences):
 
 # -- the declaration --------------------------------------------------------------------
 
-# The hal module's exports, as IREE declares them in exports.inl: name, calling
-# convention, the ref type of each top-level argument (None: not a ref, or checked by
-# the shim; "?": may be null), the shim, and whether it may yield. Each shim checks its
-# declared refs itself, first (tests check every row against its shim), so an import
-# call is one Python frame.
-EXPORTS: tuple[tuple[str, str, tuple[str | None, ...] | None, Callable[..., Any], bool], ...] = (
-    ("allocator.allocate", "0rIiiI_r",
-     ("hal.allocator", None, None, None, None),
-     allocator_allocate, False),
-    ("allocator.import", "0riIiirII_r",
-     ("hal.allocator", None, None, None, None, None, None, None),
-     allocator_import, False),
-    ("allocator.select", "0iiICrID_rI", (None, None, None, None), allocator_select, False),
-    ("buffer.allocation.discard", "0r_i", ("hal.buffer",), buffer_allocation_discard, False),
-    ("buffer.allocation.is_terminal", "0r_i",
-     ("hal.buffer",),
-     buffer_allocation_is_terminal, False),
-    ("buffer.allocation.preserve", "0r_v", ("hal.buffer",), buffer_allocation_preserve, False),
-    ("buffer.assert", "0rrrIii_v",
-     ("hal.buffer", None, "hal.allocator", None, None, None),
-     buffer_assert, False),
-    ("buffer.length", "0r_I", ("hal.buffer",), buffer_length, False),
-    ("buffer.load", "0rIi_i", ("hal.buffer", None, None), buffer_load, False),
-    ("buffer.store", "0irIi_v", (None, "hal.buffer", None, None), buffer_store, False),
-    ("buffer.subspan", "0rII_r", ("hal.buffer", None, None), buffer_subspan, False),
-    ("buffer_view.assert", "0rriiCID_v",
-     ("hal.buffer_view", None, None, None, None),
-     buffer_view_assert, False),
-    ("buffer_view.buffer", "0r_r", ("hal.buffer_view",), buffer_view_buffer, False),
-    ("buffer_view.create", "0rIIiiCID_r",
-     ("hal.buffer", None, None, None, None, None),
-     buffer_view_create, False),
-    ("buffer_view.dim", "0ri_I", ("hal.buffer_view", None), buffer_view_dim, False),
-    ("buffer_view.element_type", "0r_i", ("hal.buffer_view",), buffer_view_element_type, False),
-    ("buffer_view.encoding_type", "0r_i", ("hal.buffer_view",), buffer_view_encoding_type, False),
-    ("buffer_view.rank", "0r_i", ("hal.buffer_view",), buffer_view_rank, False),
-    ("buffer_view.trace", "0rCrD_v", (None, None), buffer_view_trace, False),
-    ("channel.create", "0rIIrrii_r", None, channel_create, False),
-    ("channel.rank_and_count", "0r_ii", None, channel_rank_and_count, False),
-    ("channel.split", "0riiI_r", None, channel_split, False),
-    ("command_buffer.advise_buffer", "0rrIIIi_v",
-     ("hal.command_buffer", "hal.buffer?", None, None, None, None),
-     command_buffer_advise_buffer, False),
-    ("command_buffer.begin_debug_group", "0rr_v",
-     ("hal.command_buffer", None),
-     command_buffer_begin_debug_group, False),
-    ("command_buffer.collective", "0rriiiirrIIIII_v", None, command_buffer_collective, False),
-    ("command_buffer.copy_buffer", "0riirIrIII_v",
-     ("hal.command_buffer", None, None, "hal.buffer?", None, "hal.buffer?", None, None, None),
-     command_buffer_copy_buffer, False),
-    ("command_buffer.create", "0riiIi_r",
-     ("hal.device", None, None, None, None),
-     command_buffer_create, False),
-    ("command_buffer.dispatch", "0rrIiiiICiDCiirIID_v",
-     ("hal.command_buffer", "hal.executable", None, None, None, None, None, None, None),
-     command_buffer_dispatch, False),
-    ("command_buffer.dispatch.indirect", "0rrIirIICiDCiirIID_v",
-     None,
-     command_buffer_dispatch_indirect, False),
-    ("command_buffer.end_debug_group", "0r_v",
-     ("hal.command_buffer",),
-     command_buffer_end_debug_group, False),
-    ("command_buffer.execution_barrier", "0riiI_v",
-     ("hal.command_buffer", None, None, None),
-     command_buffer_execution_barrier, False),
-    ("command_buffer.fill_buffer", "0rrIIiIiI_v",
-     ("hal.command_buffer", "hal.buffer?", None, None, None, None, None, None),
-     command_buffer_fill_buffer, False),
-    ("command_buffer.finalize", "0r_v", ("hal.command_buffer",), command_buffer_finalize, False),
-    ("command_buffer.update_buffer", "0rrIrIIiI_v",
-     ("hal.command_buffer", None, None, "hal.buffer?", None, None, None, None),
-     command_buffer_update_buffer, False),
-    ("device.allocator", "0r_r", ("hal.device",), device_allocator, False),
-    ("device.query.i64", "0rrr_iI", ("hal.device", None, None), device_query_i64, False),
-    ("device.queue.alloca", "0rIrrIiiII_r",
-     ("hal.device", None, "hal.fence?", "hal.fence?", None, None, None, None, None),
-     device_queue_alloca, False),
-    ("device.queue.barrier", "0rIrrI_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", None),
-     device_queue_barrier, False),
-    ("device.queue.copy", "0rIrrrIrIII_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer",
-      None, "hal.buffer", None, None, None),
-     device_queue_copy, False),
-    ("device.queue.dealloca", "0rIrrrI_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None),
-     device_queue_dealloca, False),
-    ("device.queue.execute", "0rIrrrI_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None),
-     device_queue_execute, False),
-    ("device.queue.execute.indirect", "0rIrrrICrIID_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None, None),
-     device_queue_execute_indirect, False),
-    ("device.queue.fill", "0rIrrrIIIiI_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None, None, None, None, None),
-     device_queue_fill, False),
-    ("device.queue.flush", "0rI_v", ("hal.device", None), device_queue_flush, False),
-    ("device.queue.read", "0rIrrrIrIII_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.file",
-      None, "hal.buffer", None, None, None),
-     device_queue_read, False),
-    ("device.queue.update", "0rIrrrIrIII_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", None, None, "hal.buffer", None, None, None),
-     device_queue_update, False),
-    ("device.queue.write", "0rIrrrIrIII_v",
-     ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer",
-      None, "hal.file", None, None, None),
-     device_queue_write, False),
-    ("devices.count", "0v_i", (), devices_count, False),
-    ("devices.get", "0i_r", (None,), devices_get, False),
-    ("ex.file.from_memory", "0rIirIIi_r",
-     ("hal.device", None, None, None, None, None, None),
-     ex_file_from_memory, False),
-    ("executable.create", "0rIrrr_r",
-     ("hal.device", None, None, None, None),
-     executable_create, False),
-    ("executable.lookup.function", "0rr_I",
-     ("hal.executable", None),
-     executable_lookup_function, False),
-    ("fence.await", "0iICrD_i", (None, None, None), fence_await, True),
-    ("fence.create", "0rI_r", ("hal.device", None), fence_create, False),
-    ("fence.fail", "0ri_v", ("hal.fence", None), fence_fail, False),
-    ("fence.join", "0ICrD_r", (None, None), fence_join, False),
-    ("fence.query", "0r_i", ("hal.fence",), fence_query, False),
-    ("fence.signal", "0r_v", ("hal.fence",), fence_signal, False),
+# The hal module's exports, as IREE declares them in exports.inl (`native_table.Export`
+# rows; a None ref tuple: nothing declared, the export is UNIMPLEMENTED). Each shim
+# checks its declared refs itself, first (tests check every row against its shim), and
+# is bound with `shims_check_refs`, so an import call is one Python frame.
+EXPORTS: tuple[Export, ...] = (
+    Export("allocator.allocate", "0rIiiI_r",
+           ("hal.allocator", None, None, None, None),
+           allocator_allocate),
+    Export("allocator.import", "0riIiirII_r",
+           ("hal.allocator", None, None, None, None, None, None, None),
+           allocator_import),
+    Export("allocator.select", "0iiICrID_rI", (None, None, None, None), allocator_select),
+    Export("buffer.allocation.discard", "0r_i", ("hal.buffer",), buffer_allocation_discard),
+    Export("buffer.allocation.is_terminal", "0r_i",
+           ("hal.buffer",),
+           buffer_allocation_is_terminal),
+    Export("buffer.allocation.preserve", "0r_v", ("hal.buffer",), buffer_allocation_preserve),
+    Export("buffer.assert", "0rrrIii_v",
+           ("hal.buffer", None, "hal.allocator", None, None, None),
+           buffer_assert),
+    Export("buffer.length", "0r_I", ("hal.buffer",), buffer_length),
+    Export("buffer.load", "0rIi_i", ("hal.buffer", None, None), buffer_load),
+    Export("buffer.store", "0irIi_v", (None, "hal.buffer", None, None), buffer_store),
+    Export("buffer.subspan", "0rII_r", ("hal.buffer", None, None), buffer_subspan),
+    Export("buffer_view.assert", "0rriiCID_v",
+           ("hal.buffer_view", None, None, None, None),
+           buffer_view_assert),
+    Export("buffer_view.buffer", "0r_r", ("hal.buffer_view",), buffer_view_buffer),
+    Export("buffer_view.create", "0rIIiiCID_r",
+           ("hal.buffer", None, None, None, None, None),
+           buffer_view_create),
+    Export("buffer_view.dim", "0ri_I", ("hal.buffer_view", None), buffer_view_dim),
+    Export("buffer_view.element_type", "0r_i", ("hal.buffer_view",), buffer_view_element_type),
+    Export("buffer_view.encoding_type", "0r_i", ("hal.buffer_view",), buffer_view_encoding_type),
+    Export("buffer_view.rank", "0r_i", ("hal.buffer_view",), buffer_view_rank),
+    Export("buffer_view.trace", "0rCrD_v", (None, None), buffer_view_trace),
+    Export("channel.create", "0rIIrrii_r", None, channel_create),
+    Export("channel.rank_and_count", "0r_ii", None, channel_rank_and_count),
+    Export("channel.split", "0riiI_r", None, channel_split),
+    Export("command_buffer.advise_buffer", "0rrIIIi_v",
+           ("hal.command_buffer", "hal.buffer?", None, None, None, None),
+           command_buffer_advise_buffer),
+    Export("command_buffer.begin_debug_group", "0rr_v",
+           ("hal.command_buffer", None),
+           command_buffer_begin_debug_group),
+    Export("command_buffer.collective", "0rriiiirrIIIII_v", None, command_buffer_collective),
+    Export("command_buffer.copy_buffer", "0riirIrIII_v",
+           ("hal.command_buffer", None, None, "hal.buffer?", None, "hal.buffer?", None, None, None),
+           command_buffer_copy_buffer),
+    Export("command_buffer.create", "0riiIi_r",
+           ("hal.device", None, None, None, None),
+           command_buffer_create),
+    Export("command_buffer.dispatch", "0rrIiiiICiDCiirIID_v",
+           ("hal.command_buffer", "hal.executable", None, None, None, None, None, None, None),
+           command_buffer_dispatch),
+    Export("command_buffer.dispatch.indirect", "0rrIirIICiDCiirIID_v",
+           None,
+           command_buffer_dispatch_indirect),
+    Export("command_buffer.end_debug_group", "0r_v",
+           ("hal.command_buffer",),
+           command_buffer_end_debug_group),
+    Export("command_buffer.execution_barrier", "0riiI_v",
+           ("hal.command_buffer", None, None, None),
+           command_buffer_execution_barrier),
+    Export("command_buffer.fill_buffer", "0rrIIiIiI_v",
+           ("hal.command_buffer", "hal.buffer?", None, None, None, None, None, None),
+           command_buffer_fill_buffer),
+    Export("command_buffer.finalize", "0r_v", ("hal.command_buffer",), command_buffer_finalize),
+    Export("command_buffer.update_buffer", "0rrIrIIiI_v",
+           ("hal.command_buffer", None, None, "hal.buffer?", None, None, None, None),
+           command_buffer_update_buffer),
+    Export("device.allocator", "0r_r", ("hal.device",), device_allocator),
+    Export("device.query.i64", "0rrr_iI", ("hal.device", None, None), device_query_i64),
+    Export("device.queue.alloca", "0rIrrIiiII_r",
+           ("hal.device", None, "hal.fence?", "hal.fence?", None, None, None, None, None),
+           device_queue_alloca),
+    Export("device.queue.barrier", "0rIrrI_v",
+           ("hal.device", None, "hal.fence?", "hal.fence?", None),
+           device_queue_barrier),
+    Export("device.queue.copy", "0rIrrrIrIII_v",
+           ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer",
+            None, "hal.buffer", None, None, None),
+           device_queue_copy),
+    Export("device.queue.dealloca", "0rIrrrI_v",
+           ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None),
+           device_queue_dealloca),
+    Export("device.queue.execute", "0rIrrrI_v",
+           ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None),
+           device_queue_execute),
+    Export("device.queue.execute.indirect", "0rIrrrICrIID_v",
+           ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None, None),
+           device_queue_execute_indirect),
+    Export("device.queue.fill", "0rIrrrIIIiI_v",
+           ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer",
+            None, None, None, None, None),
+           device_queue_fill),
+    Export("device.queue.flush", "0rI_v", ("hal.device", None), device_queue_flush),
+    Export("device.queue.read", "0rIrrrIrIII_v",
+           ("hal.device", None, "hal.fence?", "hal.fence?", "hal.file",
+            None, "hal.buffer", None, None, None),
+           device_queue_read),
+    Export("device.queue.update", "0rIrrrIrIII_v",
+           ("hal.device", None, "hal.fence?", "hal.fence?", None,
+            None, "hal.buffer", None, None, None),
+           device_queue_update),
+    Export("device.queue.write", "0rIrrrIrIII_v",
+           ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer",
+            None, "hal.file", None, None, None),
+           device_queue_write),
+    Export("devices.count", "0v_i", (), devices_count),
+    Export("devices.get", "0i_r", (None,), devices_get),
+    Export("ex.file.from_memory", "0rIirIIi_r",
+           ("hal.device", None, None, None, None, None, None),
+           ex_file_from_memory),
+    Export("executable.create", "0rIrrr_r",
+           ("hal.device", None, None, None, None),
+           executable_create),
+    Export("executable.lookup.function", "0rr_I",
+           ("hal.executable", None),
+           executable_lookup_function),
+    Export("fence.await", "0iICrD_i", (None, None, None), fence_await, yields=True),
+    Export("fence.create", "0rI_r", ("hal.device", None), fence_create),
+    Export("fence.fail", "0ri_v", ("hal.fence", None), fence_fail),
+    Export("fence.join", "0ICrD_r", (None, None), fence_join),
+    Export("fence.query", "0r_i", ("hal.fence",), fence_query),
+    Export("fence.signal", "0r_v", ("hal.fence",), fence_signal),
 )
 
 
@@ -992,14 +971,11 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
     if not device_list:
         raise InvalidArgumentError("the hal module needs at least one device")
     for d in device_list:
-        _check(d, Device, "hal.device")
+        _checked(d, _DEVICE)
     state = HalModuleState(device_list)
-    module = NativeModule("hal", HAL_MODULE_VERSION)
+    module = build_module("hal", HAL_MODULE_VERSION, EXPORTS, state, shims_check_refs=True)
     module.devices = device_list  # type: ignore[attr-defined]
-    module.state = state  # type: ignore[attr-defined]
     module.on_close = state.release
-    for name, cconv, _refs_declared, shim, yieldable in EXPORTS:
-        module.export(name, cconv, yieldable=yieldable)(functools.partial(shim, state))
     return module
 
 

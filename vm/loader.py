@@ -3,7 +3,8 @@
 `load_module(path_or_bytes)` parses the container (optional ZIP local header, 4-byte
 size prefix, FlatBuffer, 64-byte aligned external rodata), reads the `BytecodeModuleDef`,
 checks every offset, signature and ordinal, decodes every function once and translates
-it into Python (see `codegen.py`). Anything malformed raises a `tinyhal.Error`
+it into Python (see `codegen.py`), or on a translation-cache hit takes the stored
+translation and decodes nothing. Anything malformed raises a `tinyhal.Error`
 (`InvalidArgumentError`, `OutOfRangeError`, `DataLossError`, `IncompatibleError`...)
 naming what was wrong; nothing in a hostile file can crash, hang or over-allocate.
 """
@@ -16,6 +17,7 @@ import os
 import stat
 import struct
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import (
     DataLossError,
@@ -38,6 +40,7 @@ from .bytecode_module_def import (
     read_module_def,
 )
 from .cconv import CConv, parse_cconv
+from .files import open_regular_file
 from .types import VMBuffer
 
 ZIP_LOCAL_HEADER = 0x04034B50
@@ -62,16 +65,26 @@ class Function:
     descriptor: FunctionDescriptor
     signature: FunctionSignature
     cconv: CConv
-    instructions: list = field(default_factory=list)
+    where: str = ""  # `module.function`, for errors
+    bytecode: memoryview | None = None
+    """The body, decoded on first use of `instructions`: only translating reads them, so a
+    translation-cache hit never decodes (the entry's key covers these bytes, which decoded
+    cleanly when it was written)."""
     locations: dict[int, int] = field(default_factory=dict)  # pc -> location index
+    _instructions: list | None = field(default=None, repr=False)
+
+    @property
+    def instructions(self) -> list:
+        if self._instructions is None:
+            self._instructions = isa.decode_function(self.bytecode, self.where)
+        return self._instructions
 
     @property
     def reflection(self) -> dict[str, str]:
         return self.signature.attrs
 
 
-@dataclass
-class Import:
+class Import(NamedTuple):
     ordinal: int
     full_name: str
     signature: FunctionSignature
@@ -79,8 +92,7 @@ class Import:
     optional: bool
 
 
-@dataclass
-class Export:
+class Export(NamedTuple):
     name: str
     internal_ordinal: int
     function: Function
@@ -214,21 +226,8 @@ def read_module_file(path: str | os.PathLike, *, limit: int | None = None) -> me
     that shrinks while being read is DATA_LOSS. `limit` bounds the size (OUT_OF_RANGE).
     """
     origin = os.fspath(path)
+    fd, st = open_regular_file(path, "module file")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise NotFoundError(f"{origin}: module file not found") from None
-    except PermissionError:
-        raise PermissionDeniedError(f"{origin}: module file cannot be read") from None
-    except OSError as exc:
-        raise InvalidArgumentError(f"{origin}: module file cannot be opened: "
-                                   f"{exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise InvalidArgumentError(f"{origin}: module path is a directory")
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidArgumentError(f"{origin}: not a regular file")
         size = st.st_size
         if limit is not None and size > limit:
             raise OutOfRangeError(f"{origin}: module file has {size} bytes, over the "
@@ -420,9 +419,8 @@ def _load(view: memoryview, owner) -> BytecodeModule:
         cconv = parse_cconv(sig.calling_convention, where)
         if cconv.is_variadic:
             raise InvalidArgumentError(f"{where}: internal functions cannot be variadic")
-        fn = Function(i, fname, desc, sig, cconv)
         span = bytecode[desc.bytecode_offset : desc.bytecode_offset + desc.bytecode_length]
-        fn.instructions = isa.decode_function(span, where)
+        fn = Function(i, fname, desc, sig, cconv, where, span)
         if i in source_maps:
             fn.locations = dict(source_maps[i].locations)
         module.functions.append(fn)

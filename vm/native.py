@@ -27,6 +27,7 @@ it on trio (`await Suspend.wait_async()`); both return the function's results.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -87,22 +88,29 @@ def _top_level_arity(cconv: str) -> int:
     return count
 
 
+def _function_name(fn: Callable[..., Any]) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn.__name__
+
+
 def make_marshaller(fn: Callable[..., Any], cconv: str,
                     refs: Sequence[RefType | None]) -> Callable[..., Any]:
     """`fn` behind a generated function that checks its declared ref arguments (an
     exact type test first, `isinstance` for subclasses; a failure raises
     `ref_type_error`) and then calls it. Modules whose import calls must cost one frame
     (the `hal` module) check in their functions' first lines instead."""
+    fn_name = _function_name(fn)
     arity = _top_level_arity(cconv)
     if len(refs) != arity:
         raise InvalidArgumentError(
-            f"declaration of {fn.__name__} lists {len(refs)} arguments, calling "
+            f"declaration of {fn_name} lists {len(refs)} arguments, calling "
             f"convention {cconv} has {arity}"
         )
     names = [f"a{i}" for i in range(arity)]
     namespace: dict[str, Any] = {"_fn": fn, "_marshal_error": ref_type_error,
                                  "_marshal_isinstance": isinstance}
-    lines = [f"def marshal_{fn.__name__}({', '.join(names)}):"]
+    lines = [f"def marshal_{fn_name}({', '.join(names)}):"]
     for i, ref in enumerate(refs):
         if ref is None:
             continue
@@ -115,8 +123,8 @@ def make_marshaller(fn: Callable[..., Any], cconv: str,
             test = f"{a} is not None and {test}"
         lines.append(f"    if {test}: raise _marshal_error({a}, _marshal_R{i})")
     lines.append(f"    return _fn({', '.join(names)})")
-    exec(compile("\n".join(lines), f"<marshal {fn.__name__}>", "exec"), namespace)
-    return namespace[f"marshal_{fn.__name__}"]
+    exec(compile("\n".join(lines), f"<marshal {fn_name}>", "exec"), namespace)
+    return namespace[f"marshal_{fn_name}"]
 
 
 @dataclass(frozen=True)

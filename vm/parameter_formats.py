@@ -46,10 +46,10 @@ from ..errors import (
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
-    PermissionDeniedError,
     UnimplementedError,
 )
 from ..hal.buffer import ALIGNMENT
+from .files import open_regular_file
 
 __all__ = [
     "FileSource",
@@ -208,17 +208,9 @@ def open_source(path: str | os.PathLike, mode: str = "file",
         raise InvalidArgumentError(
             f"unrecognized parameter mode '{mode}'; modes: {', '.join(MODES)}")
     name = os.fspath(path)
+    fd, st = open_regular_file(name, "parameter file", writable)
     try:
-        fd = os.open(name, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise NotFoundError(f"parameter file not found: {name}") from None
-    except PermissionError:
-        raise PermissionDeniedError(f"parameter file cannot be opened: {name}") from None
-    except OSError as exc:
-        raise InvalidArgumentError(f"parameter file cannot be opened: {name}: "
-                                   f"{exc.strerror}") from None
-    try:
-        size = os.fstat(fd).st_size
+        size = st.st_size
         if not writable and size and _sealed_immutable(fd):
             mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ)
             array = np.frombuffer(mapping, np.uint8)

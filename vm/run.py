@@ -58,14 +58,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib
 import math
 import os
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -269,8 +269,7 @@ def write_output(value: Any, cconv: str, spec: str, max_elements: int, out) -> N
 # -- inputs ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Tensor:
+class Tensor(NamedTuple):
     """A parsed tensor value: shape, HAL element type and its buffer bytes."""
 
     shape: tuple[int, ...]
@@ -408,8 +407,7 @@ def to_buffer_view(device: Any, tensor: Tensor,
 # -- expected outputs --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Equality:
+class Equality(NamedTuple):
     """How `--expected_output` compares tensors (iree-run-module's flags and defaults)."""
 
     mode: str = "approximate"
@@ -556,10 +554,10 @@ def native_module_factory(spec: str) -> Any:
 def parameter_flags(flags: Sequence[str], mode: str) -> dict[str, Any] | None:
     """`--parameters=[scope=]PATH` flags as one index per scope (IREE splits at the
     first `=`; no `=` is the anonymous scope), or None when there are none."""
-    from .parameter_formats import ParameterIndex
-
     if not flags:
         return None
+    from .parameter_formats import ParameterIndex
+
     scopes: dict[str, Any] = {}
     for flag in flags:
         scope, eq, path = flag.partition("=")
@@ -573,9 +571,13 @@ def parameter_flags(flags: Sequence[str], mode: str) -> dict[str, Any] | None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    # argparse makes a help formatter per add_argument just to check it, and the default
+    # one imports shutil (2 ms) to ask the terminal's width; a fixed width while building,
+    # the default again for --help and usage errors.
     p = argparse.ArgumentParser(
         prog="tinyhal-run",
         description="Runs a function of a compiled IREE module (iree-run-module's flags).",
+        formatter_class=functools.partial(argparse.HelpFormatter, width=80),
         allow_abbrev=False,
     )
     p.add_argument("--module", action="append", default=[],
@@ -626,6 +628,7 @@ def _parser() -> argparse.ArgumentParser:
     for name in NO_MEANING:
         p.add_argument(f"--{name}", action="append", nargs="?", const="true", default=None,
                        help=argparse.SUPPRESS)
+    p.formatter_class = argparse.HelpFormatter
     return p
 
 
@@ -825,7 +828,19 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    sys.exit(run(sys.argv[1:] if argv is None else argv))
+    """The `tinyhal-run` command. Run as the command (no `argv`), it leaves without the
+    interpreter's teardown (collecting every module's objects, ~10-20 ms): `run` has
+    closed the module and its device and written every output, and stdout and stderr are
+    flushed here."""
+    code = run(sys.argv[1:] if argv is None else argv)
+    if argv is None:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except OSError:  # e.g. a closed pipe: the interpreter reports it as usual
+            sys.exit(code)
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

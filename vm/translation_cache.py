@@ -27,13 +27,13 @@ directory must be as private as the user's `__pycache__` directories (it is crea
 
 from __future__ import annotations
 
-import hashlib
 import linecache
 import marshal
 import os
 import pickle
 import sys
 import threading
+from _blake2 import blake2b  # not hashlib: that loads OpenSSL (3.5 MiB) at start-up
 from collections.abc import Callable
 from dataclasses import replace
 from types import CodeType
@@ -65,7 +65,7 @@ def _translator() -> str:
     and modification time (what Python checks before it reuses bytecode), so a changed
     source tree never reads entries of another, without reading the sources each start."""
     if not _translator_digest:
-        digest = hashlib.blake2b(digest_size=16)
+        digest = blake2b(digest_size=16)
         here = os.path.dirname(os.path.abspath(__file__))
         for folder in (here, os.path.join(here, "scalar")):
             with os.scandir(folder) as entries:
@@ -79,7 +79,7 @@ def _translator() -> str:
 
 
 def _key(flatbuffer: memoryview) -> str:
-    digest = hashlib.blake2b(digest_size=20)
+    digest = blake2b(digest_size=20)
     digest.update(flatbuffer)
     tag = (f"{_FORMAT}|{__version__}|{_translator()}|{sys.implementation.cache_tag}|"
            f"{sys.hexversion}|{marshal.version}|{int(scalar.enabled())}")

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from ...errors import as_error
 from ..device import Completion, Device, run_capturing
 from ..execution import Submission
-from ..profile import run_profiled
 from ..stream import run_alone
 
 
@@ -30,6 +29,8 @@ class SyncDevice(Device):
     def _execute(self, ops: Submission, done: Completion, submission_id: int = 0) -> None:
         profile = self.profile
         if profile is not None and profile.records_host_execution:
+            from ..profile import run_profiled
+
             done(run_capturing(functools.partial(run_profiled, ops, profile, "inline",
                                                  submission_id=submission_id)))
             return

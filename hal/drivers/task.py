@@ -41,7 +41,6 @@ from ...errors import AbortedError, Error, InvalidArgumentError
 from ...scheduler import CallTask, Executor, on_event_loop
 from ..device import Completion, Device
 from ..execution import Submission
-from ..profile import run_profiled
 from ..semaphore import SemaphorePoint
 from ..stream import Stream, StreamHelpers
 
@@ -96,6 +95,8 @@ class TaskDevice(Device):
         ex = self.executor
         profile = self.profile
         if profile is not None and profile.records_host_execution:
+            from ..profile import run_profiled
+
             def profiled() -> None:
                 run_profiled(ops, profile, threading.current_thread().name,
                              submission_id=submission_id)

@@ -159,7 +159,112 @@ func.func @saxpy(%alpha: f32 {iree.abi.name = "alpha"},
     return mlir, config
 
 
-SAMPLES = {"mlp_classifier": mlp_classifier, "saxpy": saxpy}
+GRU_INPUT, GRU_HIDDEN = 8, 16
+
+
+def gru_step() -> tuple[str, dict]:
+    """One step of a GRU cell over a batch of sequences: the hidden state comes in as
+    `STATE_IN` and goes out as `STATE_OUT` (the server keeps it between a sequence's
+    requests: `sequence_batching.state`), and `OUTPUT` is the new hidden state. The three
+    gates' weights are stacked (as cuDNN and PyTorch store them): two matmuls per step."""
+    rng = np.random.default_rng(20261124)
+    i, h = GRU_INPUT, GRU_HIDDEN
+    wx = rng.normal(0, 0.4, (i, 3 * h)).astype(np.float32)  # gates z, r, n
+    wh = rng.normal(0, 0.4, (h, 3 * h)).astype(np.float32)
+    bx = rng.normal(0, 0.1, (3, h)).astype(np.float32)
+    bhn = rng.normal(0, 0.1, (h,)).astype(np.float32)
+    t = f"tensor<?x{h}xf32>"
+    g = f"tensor<?x{3 * h}xf32>"
+    g3 = f"tensor<?x3x{h}xf32>"
+    mlir = f"""
+#id2 = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d1)>
+#gz = affine_map<(d0, d1) -> (d0, 0, d1)>
+#gr = affine_map<(d0, d1) -> (d0, 1, d1)>
+#gn = affine_map<(d0, d1) -> (d0, 2, d1)>
+#bz = affine_map<(d0, d1) -> (0, d1)>
+#br = affine_map<(d0, d1) -> (1, d1)>
+#bn = affine_map<(d0, d1) -> (2, d1)>
+func.func @step(%x: tensor<?x{i}xf32> {{iree.abi.name = "INPUT"}},
+                %s: {t} {{iree.abi.name = "STATE_IN"}})
+    -> ({t} {{iree.abi.name = "OUTPUT"}}, {t} {{iree.abi.name = "STATE_OUT"}}) {{
+  %wx = arith.constant dense<{_hex(wx)}> : tensor<{i}x{3 * h}xf32>
+  %wh = arith.constant dense<{_hex(wh)}> : tensor<{h}x{3 * h}xf32>
+  %bx = arith.constant dense<{_hex(bx)}> : tensor<3x{h}xf32>
+  %bhn = arith.constant dense<{_hex(bhn)}> : tensor<{h}xf32>
+  %zero = arith.constant 0.0 : f32
+  %one = arith.constant 1.0 : f32
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %x, %c0 : tensor<?x{i}xf32>
+  %ns = tensor.dim %s, %c0 : {t}
+  %same = arith.cmpi eq, %n, %ns : index
+  cf.assert %same, "INPUT and STATE_IN must have the same batch size"
+  %eg = tensor.empty(%n) : {g}
+  %zg = linalg.fill ins(%zero : f32) outs(%eg : {g}) -> {g}
+  %px = linalg.matmul ins(%x, %wx : tensor<?x{i}xf32>, tensor<{i}x{3 * h}xf32>)
+                      outs(%zg : {g}) -> {g}
+  %ph = linalg.matmul ins(%s, %wh : {t}, tensor<{h}x{3 * h}xf32>)
+                      outs(%zg : {g}) -> {g}
+  %gx = tensor.expand_shape %px [[0], [1, 2]] output_shape [%n, 3, {h}] : {g} into {g3}
+  %gh = tensor.expand_shape %ph [[0], [1, 2]] output_shape [%n, 3, {h}] : {g} into {g3}
+  %e = tensor.empty(%n) : {t}
+  %new = linalg.generic {{indexing_maps = [#gz, #gz, #gr, #gr, #gn, #gn, #id2,
+                                          #bz, #br, #bn, #row, #id2],
+                         iterator_types = ["parallel", "parallel"]}}
+      ins(%gx, %gh, %gx, %gh, %gx, %gh, %s, %bx, %bx, %bx, %bhn
+          : {g3}, {g3}, {g3}, {g3}, {g3}, {g3}, {t}, tensor<3x{h}xf32>,
+            tensor<3x{h}xf32>, tensor<3x{h}xf32>, tensor<{h}xf32>)
+      outs(%e : {t}) {{
+  ^bb0(%xz: f32, %hz: f32, %xr: f32, %hr: f32, %xn: f32, %hn: f32, %hp: f32,
+       %bz: f32, %br: f32, %bn: f32, %bh: f32, %o: f32):
+    %az0 = arith.addf %xz, %hz : f32
+    %az = arith.addf %az0, %bz : f32
+    %nz = arith.negf %az : f32
+    %ez = math.exp %nz : f32
+    %dz = arith.addf %one, %ez : f32
+    %z = arith.divf %one, %dz : f32
+    %ar0 = arith.addf %xr, %hr : f32
+    %ar = arith.addf %ar0, %br : f32
+    %nr = arith.negf %ar : f32
+    %er = math.exp %nr : f32
+    %dr = arith.addf %one, %er : f32
+    %r = arith.divf %one, %dr : f32
+    %hb = arith.addf %hn, %bh : f32
+    %rh = arith.mulf %r, %hb : f32
+    %an0 = arith.addf %xn, %bn : f32
+    %an = arith.addf %an0, %rh : f32
+    %c = math.tanh %an : f32
+    %d = arith.subf %hp, %c : f32
+    %zd = arith.mulf %z, %d : f32
+    %hnew = arith.addf %c, %zd : f32
+    linalg.yield %hnew : f32
+  }} -> {t}
+  return %new, %new : {t}, {t}
+}}
+"""
+    config = {
+        "function": "step",
+        # a step of a few sequences is microseconds of kernel time: run it inline
+        "device": "sync",
+        "max_batch_size": 64,
+        "sequence_batching": {
+            "max_sequence_idle_microseconds": 10000000,
+            "oldest": {"max_candidate_sequences": 256, "max_queue_delay_microseconds": 0,
+                       "preferred_batch_size": []},
+            "state": [{"input_name": "STATE_IN", "output_name": "STATE_OUT",
+                       "data_type": "TYPE_FP32", "dims": [h],
+                       "initial_state": [{"data_type": "TYPE_FP32", "dims": [h],
+                                          "zero_data": True, "name": "zeros"}]}],
+        },
+        "max_queue": 1024,
+        "description": f"one GRU cell step ({i} inputs, {h} hidden units, seeded weights) "
+                       f"per sequence; the hidden state stays on the server between the "
+                       f"requests of a sequence (sequence_id, sequence_start, sequence_end)",
+    }
+    return mlir, config
+
+
+SAMPLES = {"mlp_classifier": mlp_classifier, "saxpy": saxpy, "gru_step": gru_step}
 
 
 def iree_compile() -> str:

@@ -125,11 +125,13 @@ def test_no_arguments_serves_the_bundled_samples():
     repo = ModelRepository(bundled_models_dir())
     try:
         assert repo.load_all() == []
-        assert sorted(repo.models) == ["mlp_classifier", "saxpy"]
+        assert sorted(repo.models) == ["gru_step", "mlp_classifier", "saxpy"]
         mv = repo.get("mlp_classifier")
         assert (mv.function, mv.max_batch_size, mv.device_name, mv.execution) == \
             ("predict", 64, "sync", "thread")
         assert mv.batching is not None
+        gru = repo.get("gru_step")
+        assert gru.sequences is not None and [s.name for s in gru.inputs] == ["INPUT"]
     finally:
         repo.close()
 

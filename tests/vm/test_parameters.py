@@ -39,6 +39,27 @@ DRIVERS = ["sync", "task", "emu"]
 
 # Parameters of several element types and sizes: a byte count that is not a multiple of
 # 4 (h) shifts the storage of what follows in formats that do not align (safetensors).
+def _dense_mlir(x: str, w: str, b: str, rows: int, k: int, n: int) -> str:
+    """MLIR lines computing `%r = x @ w + b` (f32, `b` added to every row), the layer both
+    programs below run on their parameters."""
+    out = f"tensor<{rows}x{n}xf32>"
+    return f"""  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {out}
+  %f = linalg.fill ins(%z : f32) outs(%e : {out}) -> {out}
+  %m = linalg.matmul ins({x}, {w} : tensor<{rows}x{k}xf32>, tensor<{k}x{n}xf32>)
+                     outs(%f : {out}) -> {out}
+  %r = linalg.generic {{indexing_maps = [affine_map<(i, j) -> (i, j)>,
+                                        affine_map<(i, j) -> (j)>,
+                                        affine_map<(i, j) -> (i, j)>],
+                       iterator_types = ["parallel", "parallel"]}}
+      ins(%m, {b} : {out}, tensor<{n}xf32>) outs(%e : {out}) {{
+  ^bb0(%a: f32, %c: f32, %o: f32):
+    %sum = arith.addf %a, %c : f32
+    linalg.yield %sum : f32
+  }} -> {out}
+"""
+
+
 PROGRAM = """
 util.global private @w = #stream.parameter.named<"model"::"w"> : tensor<8x4xf32>
 util.global private @b = #stream.parameter.named<"model"::"b"> : tensor<4xf32>
@@ -49,21 +70,7 @@ func.func @main(%x: tensor<2x8xf32>) -> (tensor<2x4xf32>, tensor<4xi8>, tensor<5
   %b = util.global.load @b : tensor<4xf32>
   %q = util.global.load @q : tensor<4xi8>
   %h = util.global.load @h : tensor<5xf16>
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<2x4xf32>
-  %f = linalg.fill ins(%z : f32) outs(%e : tensor<2x4xf32>) -> tensor<2x4xf32>
-  %m = linalg.matmul ins(%x, %w : tensor<2x8xf32>, tensor<8x4xf32>)
-                     outs(%f : tensor<2x4xf32>) -> tensor<2x4xf32>
-  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>,
-                                        affine_map<(i, j) -> (j)>,
-                                        affine_map<(i, j) -> (i, j)>],
-                       iterator_types = ["parallel", "parallel"]}
-      ins(%m, %b : tensor<2x4xf32>, tensor<4xf32>) outs(%e : tensor<2x4xf32>) {
-  ^bb0(%a: f32, %c: f32, %o: f32):
-    %s = arith.addf %a, %c : f32
-    linalg.yield %s : f32
-  } -> tensor<2x4xf32>
-  %q2 = arith.addi %q, %q : tensor<4xi8>
+""" + _dense_mlir("%x", "%w", "%b", 2, 8, 4) + """  %q2 = arith.addi %q, %q : tensor<4xi8>
   %h2 = arith.mulf %h, %h : tensor<5xf16>
   return %r, %q2, %h2 : tensor<2x4xf32>, tensor<4xi8>, tensor<5xf16>
 }
@@ -242,21 +249,7 @@ util.global private @s = dense<0.5> : tensor<8xf32>
 func.func @main(%x: tensor<2x64xf32>) -> tensor<2x8xf32> {{
   %w = util.global.load @w : tensor<64x8xf32>
   %s = util.global.load @s : tensor<8xf32>
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<2x8xf32>
-  %f = linalg.fill ins(%z : f32) outs(%e : tensor<2x8xf32>) -> tensor<2x8xf32>
-  %m = linalg.matmul ins(%x, %w : tensor<2x64xf32>, tensor<64x8xf32>)
-                     outs(%f : tensor<2x8xf32>) -> tensor<2x8xf32>
-  %r = linalg.generic {{indexing_maps = [affine_map<(i, j) -> (i, j)>,
-                                        affine_map<(i, j) -> (j)>,
-                                        affine_map<(i, j) -> (i, j)>],
-                       iterator_types = ["parallel", "parallel"]}}
-      ins(%m, %s : tensor<2x8xf32>, tensor<8xf32>) outs(%e : tensor<2x8xf32>) {{
-  ^bb0(%a: f32, %c: f32, %o: f32):
-    %t = arith.addf %a, %c : f32
-    linalg.yield %t : f32
-  }} -> tensor<2x8xf32>
-  return %r : tensor<2x8xf32>
+{_dense_mlir("%x", "%w", "%s", 2, 64, 8)}  return %r : tensor<2x8xf32>
 }}
 """
 
@@ -624,3 +617,18 @@ def test_a_load_that_fails_part_way_fails_cleanly(programs):
         assert device.allocator.statistics().heaps["device"].live_bytes == 0
     finally:
         device.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["file", "preload"])
+def test_a_fifo_or_directory_as_parameter_file_is_refused_at_once(tmp_path, mode):
+    from tinyhal.vm.parameter_formats import open_source
+
+    fifo = tmp_path / "weights.irpa"
+    os.mkfifo(fifo)
+    with pytest.raises(InvalidArgumentError, match="parameter file: not a regular file"):
+        open_source(fifo, mode)
+    with pytest.raises(InvalidArgumentError, match="is a directory, not a parameter file"):
+        open_source(tmp_path, mode)
+    with pytest.raises(NotFoundError, match="parameter file not found"):
+        open_source(tmp_path / "missing.irpa", mode)

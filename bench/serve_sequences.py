@@ -1,0 +1,365 @@
+"""Stateful sequences under load: tinyhal-serve's cellular batching against the same server
+with sequence batching off and against Triton 2.51's sequence batcher, on one .vmfb.
+
+The model is the bundled `gru_step` (one GRU cell step, 8 inputs, 16 hidden units; the
+hidden state is implicit state kept by the server). Three servers:
+
+- `tinyhal-1`: tinyhal-serve, the bundled config with `max_batch_size: 1`, so every
+  invocation runs one step of one sequence (sequence batching off; state still kept);
+- `tinyhal-cell`: tinyhal-serve, the bundled config (cellular batching: up to 64
+  sequences per invocation, `oldest`, no queue delay);
+- `triton`: Triton 2.51 (from the nvidia-pytriton wheel, set up as in serve_triton.py)
+  with a Python-backend `model.py` (generated here) that keeps each sequence's state in a
+  dict keyed by its CORRID control input and runs a batch of steps through `iree.runtime`
+  (`local-sync`) on the same .vmfb; `sequence_batching` with the `oldest` strategy, the
+  same candidate sequences, max_batch_size and queue delay, one instance.
+
+Load: N sequences at once (N = 1, 8, 32, 64 by default), each a keep-alive connection that
+sends its next step when the previous answer arrived (binary tensors over HTTP); a
+sequence ends after `--steps` steps (sequence_end) and a new one starts in its place, so
+sequences join and leave all the time. Each round runs every (N, server) cell, the server
+order rotating from round to round; a figure is the median over rounds. Per cell: steps/s,
+p50 and p99 per step (ms), errors, mean batch size (statistics endpoint), server CPU per
+step (/proc, Triton's stub processes included), the load average, and for tinyhal-serve
+where an execution's host time goes (gather, invoke, scatter, respond: microseconds per
+step, from the model's `sequence_stats`). Before any load, every server runs the same
+sequence and must answer with the same bits.
+
+    pip install -e '.[bench-triton]'
+    python bench/serve_sequences.py [--seconds 4] [--rounds 3] [--sequences 1,8,32,64]
+                                    [--steps 20] [--no-triton]
+
+Writes bench/results/serve_sequences.json and prints a table and the ratios at each N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import ServerProcess, free_port, print_table, write_results  # noqa: E402
+from serve_triton import Skipped, TritonInstall  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SAMPLES = HERE.parent / "server" / "models"
+MODEL = "gru_step"
+PATH = f"/v2/models/{MODEL}/infer"
+STATS = f"/v2/models/{MODEL}/stats"
+INPUT, HIDDEN = 8, 16
+
+TRITON_CONFIG = """\
+name: "{model}"
+backend: "python"
+max_batch_size: {max_batch}
+input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ {input} ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ {hidden} ] }} ]
+sequence_batching {{
+  max_sequence_idle_microseconds: {idle}
+  oldest {{ max_candidate_sequences: {candidates} max_queue_delay_microseconds: {delay} }}
+  control_input [
+    {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "END" control [ {{ kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 }} ] }}
+  ]
+}}
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+# What a Triton user writes to serve a recurrent step with the Python backend: the
+# backend keeps each sequence's state itself (Triton keeps implicit state only in its
+# ONNX Runtime and TensorRT backends).
+TRITON_MODEL_PY = '''\
+import os
+
+import iree.runtime
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        path = os.path.join(args["model_repository"], args["model_version"], "model.vmfb")
+        self.module = iree.runtime.load_vm_flatbuffer_file(path, driver="local-sync")
+        self.states = {}
+        self.zero = np.zeros((1, HIDDEN), np.float32)
+
+    def execute(self, requests):
+        xs, hs, ids, ends = [], [], [], []
+        for r in requests:
+            corrid = int(pb_utils.get_input_tensor_by_name(r, "CORRID").as_numpy().ravel()[0])
+            start = pb_utils.get_input_tensor_by_name(r, "START").as_numpy().ravel()[0]
+            end = pb_utils.get_input_tensor_by_name(r, "END").as_numpy().ravel()[0]
+            xs.append(pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy())
+            hs.append(self.zero if start else self.states[corrid])
+            ids.append(corrid)
+            ends.append(end)
+        x = xs[0] if len(xs) == 1 else np.concatenate(xs)
+        h = hs[0] if len(hs) == 1 else np.concatenate(hs)
+        out, state = (t.to_host() for t in self.module.step(x, h))
+        responses = []
+        for i, corrid in enumerate(ids):
+            if ends[i]:
+                self.states.pop(corrid, None)
+            else:
+                self.states[corrid] = state[i:i + 1].copy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT",
+                                                                         out[i:i + 1])]))
+        return responses
+'''.replace("HIDDEN", str(HIDDEN))
+
+CANDIDATES = 256
+IDLE_US = 10_000_000
+
+
+def _tinyhal_repo(root: Path, max_batch: int) -> Path:
+    shutil.copytree(SAMPLES / MODEL, root / MODEL)
+    path = root / MODEL / "config.json"
+    config = json.loads(path.read_text())
+    config["max_batch_size"] = max_batch
+    path.write_text(json.dumps(config))
+    return root
+
+
+def _triton_repo(root: Path) -> Path:
+    version = root / MODEL / "1"
+    version.mkdir(parents=True)
+    shutil.copy2(SAMPLES / MODEL / "1" / "model.vmfb", version / "model.vmfb")
+    (version / "model.py").write_text(TRITON_MODEL_PY)
+    (root / MODEL / "config.pbtxt").write_text(TRITON_CONFIG.format(
+        model=MODEL, max_batch=64, input=INPUT, hidden=HIDDEN, idle=IDLE_US,
+        candidates=CANDIDATES, delay=0))
+    return root
+
+
+def step_body(x: np.ndarray, sid: int, start: bool, end: bool) -> tuple[bytes, int]:
+    """A binary-tensor V2 request for one step: (body, JSON header length)."""
+    header = json.dumps({
+        "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, INPUT],
+                    "parameters": {"binary_data_size": x.nbytes}}],
+        "outputs": [{"name": "OUTPUT", "parameters": {"binary_data": True}}],
+        "parameters": {"sequence_id": sid, "sequence_start": start, "sequence_end": end},
+    }).encode()
+    return header + x.tobytes(), len(header)
+
+
+def _http_request(port: int, body: bytes, header_length: int) -> bytes:
+    return (f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: application/octet-stream\r\n"
+            f"Inference-Header-Content-Length: {header_length}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    request: bytes) -> tuple[int, bytes]:
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+    return status, await reader.readexactly(length)
+
+
+async def _sequences(port: int, n: int, steps: int, seconds: float, base_id: int
+                     ) -> dict[str, Any]:
+    """N closed-loop sequences for `seconds`: (steps done, per-step latencies, errors)."""
+    x = np.linspace(-1, 1, INPUT, dtype=np.float32).reshape(1, INPUT)
+    latencies: list[float] = []
+    errors = [0]
+    stop_at = time.perf_counter() + seconds
+
+    async def one(lane: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            sid = base_id + lane * 1_000_000
+            while time.perf_counter() < stop_at:
+                sid += 1
+                for k in range(steps):
+                    last = k == steps - 1 or time.perf_counter() >= stop_at
+                    request = _http_request(port, *step_body(x, sid, k == 0, last))
+                    begin = time.perf_counter()
+                    status, _ = await _exchange(reader, writer, request)
+                    latencies.append(time.perf_counter() - begin)
+                    if status != 200:
+                        errors[0] += 1
+                    if last:
+                        break
+        finally:
+            writer.close()
+
+    begin = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), seconds + 60)
+    elapsed = time.perf_counter() - begin
+    lat = np.array(latencies) * 1e3
+    return {"steps_s": len(latencies) / elapsed, "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": float(np.percentile(lat, 99)), "steps": len(latencies),
+            "errors": errors[0]}
+
+
+def _statistics(server: ServerProcess) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{STATS}", timeout=10) as r:
+        entry = json.loads(r.read())["model_stats"][0]
+    totals = {"inferences": entry["inference_count"], "executions": entry["execution_count"],
+              "fail": entry["inference_stats"]["fail"]["count"]}
+    for phase, value in entry.get("sequence_stats", {}).get("host", {}).items():
+        totals[f"{phase}_ns"] = value["ns"]
+    return totals
+
+
+def measure(server: ServerProcess, n: int, steps: int, seconds: float, base_id: int
+            ) -> dict[str, Any]:
+    stats0, cpu0 = _statistics(server), server.cpu_seconds()
+    result = asyncio.run(_sequences(server.port, n, steps, seconds, base_id))
+    cpu, stats1 = server.cpu_seconds() - cpu0, _statistics(server)
+    delta = {k: stats1[k] - stats0.get(k, 0) for k in stats1}
+    done = result["steps"]
+    result["errors"] += int(delta["fail"])
+    result["batch"] = delta["inferences"] / delta["executions"] if delta["executions"] \
+        else float("nan")
+    result["cpu_us"] = 1e6 * cpu / done if done else float("nan")
+    for phase in ("gather", "invoke", "scatter", "respond"):
+        if f"{phase}_ns" in delta and delta["inferences"]:
+            result[f"{phase}_us"] = delta[f"{phase}_ns"] / 1e3 / delta["inferences"]
+    result["load1"] = os.getloadavg()[0]
+    return result
+
+
+def _outputs(server: ServerProcess, xs: np.ndarray, sid: int) -> bytes:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=30)
+    out = []
+    try:
+        for k, x in enumerate(xs):
+            tensor = httpclient.InferInput("INPUT", [1, INPUT], "FP32")
+            tensor.set_data_from_numpy(x, binary_data=True)
+            result = client.infer(MODEL, [tensor], sequence_id=sid, sequence_start=k == 0,
+                                  sequence_end=k == len(xs) - 1)
+            out.append(result.as_numpy("OUTPUT").tobytes())
+    finally:
+        client.close()
+    return b"".join(out)
+
+
+def verify_outputs(servers: list[ServerProcess]) -> None:
+    xs = np.random.default_rng(21).standard_normal((6, 1, INPUT)).astype(np.float32)
+    reference = _outputs(servers[0], xs, 99)
+    for server in servers[1:]:
+        if _outputs(server, xs, 99) != reference:
+            raise SystemExit(f"outputs of {server.name} differ from {servers[0].name}")
+
+
+def _summarise(cells: dict[tuple, list[dict]]) -> list[dict]:
+    rows = []
+    for (n, name), runs in sorted(cells.items()):
+        row: dict[str, Any] = {"sequences": n, "server": name, "rounds": len(runs)}
+        for key in runs[0]:
+            values = [r[key] for r in runs if isinstance(r.get(key), (int, float))
+                      and r[key] == r[key]]
+            if values:
+                row[key] = statistics.median(values)
+        row["errors"] = sum(r["errors"] for r in runs)
+        rows.append(row)
+    return rows
+
+
+def ratio_table(rows: list[dict]) -> list[dict]:
+    by = {(r["sequences"], r["server"]): r for r in rows}
+    out = []
+    for n in sorted({r["sequences"] for r in rows}):
+        cell, one, triton = by.get((n, "tinyhal-cell")), by.get((n, "tinyhal-1")), \
+            by.get((n, "triton"))
+        if cell is None:
+            continue
+        entry: dict[str, Any] = {"sequences": n}
+        for label, other in (("vs_unbatched", one), ("vs_triton", triton)):
+            if other is not None:
+                entry[f"{label}_steps"] = cell["steps_s"] / other["steps_s"]
+                entry[f"{label}_p99"] = cell["p99_ms"] / other["p99_ms"]
+        out.append(entry)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sequences", default="1,8,32,64")
+    parser.add_argument("--steps", type=int, default=20, help="steps per sequence")
+    parser.add_argument("--no-triton", action="store_true")
+    args = parser.parse_args(argv)
+    counts = [int(c) for c in args.sequences.split(",")]
+    servers: list[ServerProcess] = []
+    skipped = None
+    probe = json.dumps({"inputs": []}).encode()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        try:
+            for name, max_batch in (("tinyhal-cell", 64), ("tinyhal-1", 1)):
+                port = free_port()
+                repo = _tinyhal_repo(work / name, max_batch)
+                servers.append(ServerProcess(
+                    name, [sys.executable, "-m", "tinyhal.server.main", "--host", "127.0.0.1",
+                           "--port", str(port), "--model-repository", str(repo),
+                           "--log-level", "warning"],
+                    port, probe, "/v2/repository/index"))
+            if not args.no_triton:
+                try:
+                    install = TritonInstall(work)
+                    port = free_port()
+                    servers.append(ServerProcess(
+                        "triton", install.argv(_triton_repo(work / "triton"), port), port,
+                        probe, "/v2/repository/index", cwd=install.site_packages,
+                        env=install.env()))
+                except Skipped as exc:
+                    skipped = str(exc)
+                    print(f"Triton skipped: {skipped}")
+            verify_outputs(servers)
+            cells: dict[tuple, list[dict]] = {}
+            base = 1
+            for round_index in range(args.rounds):
+                for n in counts:
+                    shift = round_index % len(servers)
+                    for server in servers[shift:] + servers[:shift]:
+                        base += 1
+                        result = measure(server, n, args.steps, args.seconds, base)
+                        cells.setdefault((n, server.name), []).append(result)
+                        print(f"round {round_index + 1} N={n} {server.name}: "
+                              f"{result['steps_s']:.0f} steps/s p99 {result['p99_ms']:.2f} ms "
+                              f"batch {result['batch']:.1f} load {result['load1']:.2f}",
+                              flush=True)
+        finally:
+            for server in servers:
+                server.stop()
+    rows = _summarise(cells)
+    ratios = ratio_table(rows)
+    path = write_results("serve_sequences", rows, {
+        "ratios": ratios, "triton_skipped": skipped,
+        "settings": {"seconds": args.seconds, "rounds": args.rounds, "steps": args.steps}})
+    print_table(rows, ["sequences", "server", "steps_s", "p50_ms", "p99_ms", "batch",
+                       "cpu_us", "gather_us", "invoke_us", "scatter_us", "respond_us",
+                       "errors", "load1"])
+    print()
+    print_table(ratios, ["sequences", "vs_unbatched_steps", "vs_unbatched_p99",
+                         "vs_triton_steps", "vs_triton_p99"])
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

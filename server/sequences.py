@@ -1,0 +1,823 @@
+"""Stateful sequences and cellular batching (Triton's sequence batcher, KServe's
+sequence extension).
+
+A model version whose config has a `sequence_batching` object serves *sequences*: each
+request names its sequence with the request parameters `sequence_id` (a non-zero uint64 or
+a non-empty string), `sequence_start` (the first request) and `sequence_end` (the last).
+The object mirrors Triton's `sequence_batching` message as JSON, with Triton's field names
+and values, so a Triton configuration carries over:
+
+    "sequence_batching": {
+      "max_sequence_idle_microseconds": 5000000,
+      "oldest": {"max_candidate_sequences": 64, "max_queue_delay_microseconds": 0,
+                 "preferred_batch_size": [16]},          # or "direct": {}
+      "control_input": [{"name": "START", "control": [
+          {"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}],
+      "state": [{"input_name": "STATE_IN", "output_name": "STATE_OUT",
+                 "data_type": "TYPE_FP32", "dims": [16],
+                 "initial_state": [{"data_type": "TYPE_FP32", "dims": [16],
+                                    "zero_data": true, "name": "zeros"}]}]
+    }
+
+*Control inputs* are program inputs the server fills, shape [batch, 1]: START and END are
+the request's flags as the configured false/true values (`int32_false_true`,
+`fp32_false_true`, `bool_false_true`), READY is always true (only ready requests are
+batched), CORRID is the sequence id as `data_type` (an integer type). *Implicit state*:
+the program takes `input_name` and returns `output_name` (both [batch, *dims]); the server
+keeps each live sequence's state in a *slot* of one table per state, set to
+`initial_state` (zeros, or the raw bytes of `initial_state/<data_file>` beside the model
+file) when the sequence starts. Clients never see control or state tensors.
+The slot tables are host arrays (one row per slot): each execution gathers its rows into
+the invocation's state input and writes the program's state output back, a copy of a few
+bytes per sequence in and out; the state is not kept in device buffers between steps.
+
+Cellular batching: every live sequence holds a slot (`max_candidate_sequences` of them
+with `oldest`, `max_batch_size` x instances with `direct`; further starts wait for one).
+Whenever an instance is free, one execution takes the head request of each of up to
+`max_batch_size` *ready* sequences (a slot, a queued request, no request running), oldest
+first: their inputs are stacked along dim 0, their state rows gathered from the table, the
+step runs once, and the new state rows are written back to the slots. A sequence never
+has two requests in one execution, so its steps run in order; sequences join and leave
+between executions. One failing request does not fail its batch-mates (each request of a
+failed batch runs again alone, `batching.run_batch`); its sequence's state stays as it
+was. With `max_queue_delay_microseconds`, a batch smaller than the largest preferred size
+(else `max_batch_size`) waits at most that long after its oldest request arrived.
+
+Triton's semantics and errors (400): a request without `sequence_id` (or 0, or ""); a
+request of an unknown (never started, ended or expired) sequence without
+`sequence_start`; a `sequence_start` for a sequence still live. A sequence that received
+nothing for `max_sequence_idle_microseconds` (none queued or running) is ended and its
+slot freed: this is also what frees the slot of a client that went away mid-sequence.
+A request whose deadline passes while queued leaves its sequence with 504 (nothing ran,
+the state did not change); one whose step already runs gets its 504 and the step still
+updates the state.
+
+Everything happens on the event loop except the execution (gather, invoke, scatter),
+which runs on the version's instance threads, as with `admission.Admission`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+
+from .admission import DeadlineExceeded, Instance, Overloaded, PendingRequest, Unavailable
+from .batching import Outcome, Results, run_batch
+from .protocol import DATATYPES, ProtocolError
+from .stats import Latency
+
+__all__ = ["ControlInput", "SequenceBatcher", "SequenceCollector", "SequenceConfig",
+           "StateSpec", "parse_sequence_config", "sequence_parameters"]
+
+CONTROL_KINDS = ("CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_END",
+                 "CONTROL_SEQUENCE_READY", "CONTROL_SEQUENCE_CORRID")
+_FALSE_TRUE = {"int32_false_true": np.int32, "fp32_false_true": np.float32,
+               "bool_false_true": np.bool_}
+_CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32")
+DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
+# the host phases of one execution, as recorded in `SequenceBatcher.host`
+HOST_PHASES = ("gather", "invoke", "scatter", "respond")
+_EXPIRED_REMEMBERED = 4096
+_WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                 0.25, 0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class ControlInput:
+    """A program input the server fills: `kind` (CONTROL_SEQUENCE_*), its false and true
+    values (START, END, READY) or its datatype (CORRID)."""
+
+    name: str
+    kind: str
+    dtype: np.dtype
+    false_true: tuple[Any, Any] = (0, 1)
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One implicit state: the program input and output that carry it, and its start value
+    (shape `dims`, without the batch dim)."""
+
+    input_name: str
+    output_name: str
+    datatype: str  # V2 name, e.g. FP32
+    dims: tuple[int, ...]
+    initial: np.ndarray
+
+    @property
+    def row_bytes(self) -> int:
+        return self.initial.nbytes
+
+
+@dataclass(frozen=True)
+class SequenceConfig:
+    max_sequence_idle_us: int
+    strategy: str  # "oldest" | "direct"
+    max_candidate_sequences: int
+    max_queue_delay_us: int
+    preferred_batch_sizes: tuple[int, ...]
+    controls: tuple[ControlInput, ...]
+    states: tuple[StateSpec, ...]
+
+    def describe(self) -> dict:
+        strategy: dict[str, Any] = {"max_queue_delay_microseconds": self.max_queue_delay_us,
+                                    "preferred_batch_size": list(self.preferred_batch_sizes)}
+        if self.strategy == "oldest":
+            strategy["max_candidate_sequences"] = self.max_candidate_sequences
+        return {
+            "max_sequence_idle_microseconds": self.max_sequence_idle_us,
+            self.strategy: strategy,
+            "control_input": [{"name": c.name, "control": [{"kind": c.kind}]}
+                              for c in self.controls],
+            "state": [{"input_name": s.input_name, "output_name": s.output_name,
+                       "data_type": "TYPE_" + s.datatype, "dims": list(s.dims)}
+                      for s in self.states],
+        }
+
+
+def _int(value: Any, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"config '{what}' must be an integer >= {minimum}, not {value!r}")
+    return value
+
+
+def _object(value: Any, what: str, keys: set[str]) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"config '{what}' must be an object, not {value!r}")
+    unknown = set(value) - keys
+    if unknown:
+        raise ValueError(f"config '{what}': unknown keys {sorted(unknown)}; known: "
+                         f"{sorted(keys)}")
+    return value
+
+
+def _datatype(value: Any, what: str) -> str:
+    name = value[5:] if isinstance(value, str) and value.startswith("TYPE_") else None
+    if name not in DATATYPES:
+        raise ValueError(f"config '{what}' must be a Triton data type like 'TYPE_FP32', "
+                         f"not {value!r}")
+    return name
+
+
+def _list(value: Any, what: str) -> list:
+    if not isinstance(value, list):
+        raise ValueError(f"config '{what}' must be a list, not {value!r}")
+    return value
+
+
+def parse_sequence_config(value: Any, max_batch_size: int, version_dir: Path
+                          ) -> SequenceConfig | None:
+    """`sequence_batching` of a model config (None when absent); ValueError naming the
+    field and the bound."""
+    if value is None:
+        return None
+    doc = _object(value, "sequence_batching",
+                  {"max_sequence_idle_microseconds", "direct", "oldest", "control_input",
+                   "state"})
+    if max_batch_size <= 0:
+        raise ValueError("config 'sequence_batching' needs 'max_batch_size' > 0 (the batch "
+                         "dim indexes sequences)")
+    idle = _int(doc.get("max_sequence_idle_microseconds", DEFAULT_IDLE_US),
+                "sequence_batching.max_sequence_idle_microseconds", 1)
+    if "direct" in doc and "oldest" in doc:
+        raise ValueError("config 'sequence_batching' takes one of 'direct' and 'oldest'")
+    strategy = "oldest" if "oldest" in doc else "direct"
+    where = f"sequence_batching.{strategy}"
+    body = _object(doc.get(strategy, {}), where,
+                   {"max_candidate_sequences", "max_queue_delay_microseconds",
+                    "preferred_batch_size"} if strategy == "oldest" else
+                   {"max_queue_delay_microseconds", "minimum_slot_utilization"})
+    candidates = _int(body.get("max_candidate_sequences", max_batch_size),
+                      f"{where}.max_candidate_sequences", 1)
+    delay = _int(body.get("max_queue_delay_microseconds", 0),
+                 f"{where}.max_queue_delay_microseconds", 0)
+    preferred = _list(body.get("preferred_batch_size", []), f"{where}.preferred_batch_size")
+    for size in preferred:
+        _int(size, f"{where}.preferred_batch_size", 1)
+        if size > max_batch_size:
+            raise ValueError(f"config '{where}.preferred_batch_size' {size} is over "
+                             f"max_batch_size {max_batch_size}")
+    controls = []
+    for i, item in enumerate(_list(doc.get("control_input", []),
+                                   "sequence_batching.control_input")):
+        what = f"sequence_batching.control_input[{i}]"
+        item = _object(item, what, {"name", "control"})
+        name = item.get("name")
+        spec = _list(item.get("control"), f"{what}.control")
+        if not isinstance(name, str) or not name or len(spec) != 1:
+            raise ValueError(f"config '{what}' needs a 'name' and one 'control'")
+        ctl = _object(spec[0], f"{what}.control[0]",
+                      {"kind", "data_type", *_FALSE_TRUE})
+        kind = ctl.get("kind")
+        if kind not in CONTROL_KINDS:
+            raise ValueError(f"config '{what}.control[0].kind' must be one of "
+                             f"{list(CONTROL_KINDS)}, not {kind!r}")
+        if kind == "CONTROL_SEQUENCE_CORRID":
+            if ctl.get("data_type") not in _CORRID_TYPES:
+                raise ValueError(f"config '{what}.control[0].data_type' must be one of "
+                                 f"{list(_CORRID_TYPES)}, not {ctl.get('data_type')!r}")
+            controls.append(ControlInput(name, kind, DATATYPES[ctl["data_type"][5:]]))
+            continue
+        given = [k for k in _FALSE_TRUE if k in ctl]
+        if len(given) != 1:
+            raise ValueError(f"config '{what}.control[0]' needs one of {list(_FALSE_TRUE)}")
+        pair = _list(ctl[given[0]], f"{what}.control[0].{given[0]}")
+        if len(pair) != 2:
+            raise ValueError(f"config '{what}.control[0].{given[0]}' must be [false, true]")
+        controls.append(ControlInput(name, kind, np.dtype(_FALSE_TRUE[given[0]]),
+                                     (pair[0], pair[1])))
+    states = []
+    for i, item in enumerate(_list(doc.get("state", []), "sequence_batching.state")):
+        what = f"sequence_batching.state[{i}]"
+        item = _object(item, what, {"input_name", "output_name", "data_type", "dims",
+                                    "initial_state"})
+        names = item.get("input_name"), item.get("output_name")
+        if not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"config '{what}' needs 'input_name' and 'output_name'")
+        datatype = _datatype(item.get("data_type"), f"{what}.data_type")
+        dims = tuple(_int(d, f"{what}.dims", 1) for d in _list(item.get("dims"),
+                                                               f"{what}.dims"))
+        initial = np.zeros(dims, DATATYPES[datatype])
+        inits = _list(item.get("initial_state", []), f"{what}.initial_state")
+        if len(inits) > 1:
+            raise ValueError(f"config '{what}.initial_state' takes at most one entry")
+        for init in inits:
+            init = _object(init, f"{what}.initial_state[0]",
+                           {"data_type", "dims", "zero_data", "data_file", "name"})
+            if "data_type" in init and _datatype(
+                    init["data_type"], f"{what}.initial_state[0].data_type") != datatype:
+                raise ValueError(f"config '{what}.initial_state[0].data_type' differs "
+                                 f"from the state's")
+            if "dims" in init and tuple(init["dims"]) != dims:
+                raise ValueError(f"config '{what}.initial_state[0].dims' {init['dims']} "
+                                 f"differ from the state's {list(dims)}")
+            if ("zero_data" in init) == ("data_file" in init):
+                raise ValueError(f"config '{what}.initial_state[0]' needs one of "
+                                 f"'zero_data' and 'data_file'")
+            if "data_file" in init:
+                initial = _initial_from_file(init["data_file"], version_dir, initial,
+                                             f"{what}.initial_state[0].data_file")
+        initial.setflags(write=False)
+        states.append(StateSpec(names[0], names[1], datatype, dims, initial))
+    return SequenceConfig(idle, strategy, candidates, delay, tuple(sorted(preferred)),
+                          tuple(controls), tuple(states))
+
+
+def _initial_from_file(name: Any, version_dir: Path, like: np.ndarray, what: str
+                       ) -> np.ndarray:
+    """Triton's `data_file`: the raw little-endian values of the state, in
+    `<version>/initial_state/<name>`."""
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        raise ValueError(f"config '{what}' must be a file name, not {name!r}")
+    path = version_dir / "initial_state" / name
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"config '{what}': cannot read initial_state/{name}: "
+                         f"{exc.strerror}") from None
+    if len(data) != like.nbytes:
+        raise ValueError(f"config '{what}': initial_state/{name} holds {len(data)} bytes, "
+                         f"the state takes {like.nbytes}")
+    return np.frombuffer(data, like.dtype.newbyteorder("<")).astype(like.dtype) \
+        .reshape(like.shape)
+
+
+def sequence_parameters(parameters: dict, model: str) -> tuple[int | str, bool, bool]:
+    """(sequence id, start, end) from a request's parameters; ProtocolError 400 when they
+    are missing or malformed."""
+    sid = parameters.get("sequence_id", 0)
+    if isinstance(sid, bool) or not isinstance(sid, (int, str)) or (
+            isinstance(sid, int) and not 0 <= sid < 1 << 64):
+        raise ProtocolError(400, f"parameter 'sequence_id' must be a uint64 or a string, "
+                                 f"not {sid!r}")
+    if sid == 0 or sid == "":
+        raise ProtocolError(400, f"inference request to model '{model}' must specify a "
+                                 f"non-zero or non-empty correlation ID (parameter "
+                                 f"'sequence_id')")
+    flags = []
+    for key in ("sequence_start", "sequence_end"):
+        value = parameters.get(key, False)
+        if type(value) is not bool:
+            raise ProtocolError(400, f"parameter '{key}' must be true or false, not "
+                                     f"{value!r}")
+        flags.append(value)
+    return sid, flags[0], flags[1]
+
+
+class _Step(PendingRequest):
+    """One request of a sequence: a pending request (one row) and its control flags."""
+
+    __slots__ = ("start", "end")
+
+    def __init__(self, args: list[Any], start: bool, end: bool, deadline: float,
+                 label: str, now: float) -> None:
+        super().__init__(args, 1, deadline, label, now)
+        self.start = start
+        self.end = end
+
+
+class _Sequence:
+    __slots__ = ("id", "slot", "steps", "running", "ending", "ready", "last_used")
+
+    def __init__(self, sid: int | str, now: float) -> None:
+        self.id = sid
+        self.slot: int | None = None
+        self.steps: deque[_Step] = deque()
+        self.running = False
+        self.ending = False  # its END request arrived: it takes no more
+        self.ready = False  # in the ready queue
+        self.last_used = now
+
+
+class SequenceBatcher:
+    """Schedules one model version's sequences onto its instances (see the module doc).
+
+    `program_inputs` names the program's inputs in order; the client's arguments
+    (`infer(args, ...)`) are the others, in order. `executed(requests, rows, seconds)` is
+    called for every execution that succeeded (Triton's statistics)."""
+
+    def __init__(self, model: str, config: SequenceConfig, max_batch_size: int,
+                 instances: list[Instance], program_inputs: list[str], max_queue: int,
+                 *, executed: Callable[[int, int, float], None] | None = None) -> None:
+        self.model = model
+        self.config = config
+        self.max_batch_size = max_batch_size
+        self.max_queue = max_queue
+        self._instances = instances
+        self._idle: list[Instance] = list(reversed(instances))
+        self._executed = executed
+        slots = config.max_candidate_sequences if config.strategy == "oldest" else \
+            max_batch_size * len(instances)
+        self.slots = slots
+        self._free_slots = list(range(slots - 1, -1, -1))
+        self.tables = [np.empty((slots, *s.dims), s.initial.dtype) for s in config.states]
+        controls = {c.name: c for c in config.controls}
+        states = {s.input_name: i for i, s in enumerate(config.states)}
+        # how each program input is made: ("client", i) | ("control", c) | ("state", i)
+        self._plan: list[tuple[str, Any]] = []
+        client = 0
+        for name in program_inputs:
+            if name in controls:
+                self._plan.append(("control", controls[name]))
+            elif name in states:
+                self._plan.append(("state", states[name]))
+            else:
+                self._plan.append(("client", client))
+                client += 1
+        self._corrid_integer = any(c.kind == "CONTROL_SEQUENCE_CORRID"
+                                   for c in config.controls)
+        self._state_outputs = {s.output_name: i for i, s in enumerate(config.states)}
+        self._sequences: dict[tuple[type, int | str], _Sequence] = {}
+        self._backlog: deque[_Sequence] = deque()  # started, waiting for a slot
+        self._ready: deque[_Sequence] = deque()
+        self._expired: OrderedDict[tuple[type, int | str], None] = OrderedDict()
+        self._queued = 0
+        self._in_flight = 0
+        self._idle_waiters: list[trio.Event] = []
+        self._closed = False
+        self._timer_at = math.inf
+        self._wake: trio.Event | None = None
+        self._tasks_started = False
+        self.expired_count = 0
+        self.host = {phase: Latency() for phase in HOST_PHASES}
+        self.queue_wait = Latency(_WAIT_BUCKETS)
+
+    # -- observation -------------------------------------------------------------------
+
+    @property
+    def live(self) -> int:
+        return len(self._sequences)
+
+    @property
+    def slots_in_use(self) -> int:
+        return self.slots - len(self._free_slots)
+
+    @property
+    def state_bytes_in_use(self) -> int:
+        return self.slots_in_use * sum(s.row_bytes for s in self.config.states)
+
+    def statistics(self) -> dict:
+        """Live sequences, slots and their state memory, and where executions spent host
+        time (count and total ns per phase)."""
+        return {
+            "strategy": self.config.strategy,
+            "live_sequences": self.live,
+            "waiting_for_slot": len(self._backlog),
+            "slots": self.slots,
+            "slots_in_use": self.slots_in_use,
+            "state_bytes_in_use": self.state_bytes_in_use,
+            "state_bytes_reserved": sum(t.nbytes for t in self.tables),
+            "expired_sequences": self.expired_count,
+            "queue_wait": self.queue_wait.doc(),
+            "host": {phase: latency.doc() for phase, latency in self.host.items()},
+        }
+
+    # -- requests ----------------------------------------------------------------------
+
+    async def infer(self, args: list[Any], parameters: dict, deadline: float, label: str
+                    ) -> tuple[Results, float, float]:
+        """Runs one step of the request's sequence: (client outputs, seconds queued,
+        seconds its execution took). Raises ProtocolError 400 for a bad control flow,
+        `Unavailable`, `Overloaded`, `DeadlineExceeded`, or the invocation's error."""
+        sid, start, end = sequence_parameters(parameters, self.model)
+        if self._closed:
+            raise Unavailable("the model version is unloading")
+        rows = int(args[0].shape[0]) if args else 1
+        if rows != 1:
+            raise ProtocolError(400, f"inference request for sequence {sid} to model "
+                                     f"'{self.model}' must have batch size 1, not {rows}")
+        if not self._tasks_started:
+            self._tasks_started = True
+            # system tasks: they end with the batcher (close), not with a request
+            trio.lowlevel.spawn_system_task(self._expire_idle)
+            if self.config.max_queue_delay_us:
+                trio.lowlevel.spawn_system_task(self._timer)
+        if self._corrid_integer and not isinstance(sid, int):
+            raise ProtocolError(400, f"model '{self.model}' takes an integer sequence_id "
+                                     f"(it has a CORRID control input), not the string "
+                                     f"{sid!r}")
+        key = (type(sid), sid)
+        now = trio.current_time()
+        seq = self._sequences.get(key)
+        if start:
+            if seq is not None:
+                raise ProtocolError(400, f"inference request for sequence {sid} to model "
+                                         f"'{self.model}' has sequence_start, but sequence "
+                                         f"{sid} is already in progress: end it "
+                                         f"(sequence_end) before starting it again")
+        elif seq is None or seq.ending:
+            why = " (it expired: idle for more than max_sequence_idle_microseconds = " \
+                  f"{self.config.max_sequence_idle_us})" if key in self._expired else ""
+            raise ProtocolError(400, f"inference request for sequence {sid} to model "
+                                     f"'{self.model}' must specify the START flag on the "
+                                     f"first request of the sequence{why}")
+        if self._queued >= max(self.max_queue, self.slots):
+            raise Overloaded(f"{self._queued} sequence requests queued (max_queue "
+                             f"{self.max_queue})", 1)
+        if seq is None:
+            seq = _Sequence(sid, now)
+            self._sequences[key] = seq
+            self._expired.pop(key, None)
+            if self._free_slots:
+                self._assign(seq)
+            else:
+                self._backlog.append(seq)
+        step = _Step(args, start, end, deadline, label, now)
+        seq.steps.append(step)
+        seq.last_used = now
+        if end:
+            seq.ending = True
+        self._queued += 1
+        self._in_flight += 1
+        self._mark_ready(seq)
+        self._dispatch()
+        try:
+            with trio.move_on_at(deadline):
+                await step.done.wait()
+        finally:
+            if not step.done.is_set():
+                self._abandon(seq, step)
+        if step.outcome is None:
+            waited = trio.current_time() - step.arrived
+            if step.started:
+                raise DeadlineExceeded(
+                    f"deadline exceeded after {waited:.3f} s; the step of sequence {sid} "
+                    f"started and still updates its state (its result is discarded)",
+                    started=True)
+            raise DeadlineExceeded(f"deadline exceeded after {waited:.3f} s in the queue "
+                                   f"of sequence {sid} (nothing ran; its state is "
+                                   f"unchanged)", started=False)
+        results, error = step.outcome
+        if error is not None:
+            raise error
+        return results, step.queued_seconds, step.infer_seconds
+
+    def _abandon(self, seq: _Sequence, step: _Step) -> None:
+        """The step stops waiting (deadline, or its task was cancelled)."""
+        if step.started:
+            step.detached = True
+            return
+        seq.steps.remove(step)
+        self._queued -= 1
+        self._left(1)
+        if step.end and not seq.steps and not seq.running:
+            self._release(seq)
+        self._dispatch()
+
+    # -- scheduling (on the loop, no checkpoints) ----------------------------------------
+
+    def _assign(self, seq: _Sequence) -> None:
+        slot = self._free_slots.pop()
+        seq.slot = slot
+        for table, state in zip(self.tables, self.config.states):
+            table[slot] = state.initial
+
+    def _mark_ready(self, seq: _Sequence) -> None:
+        if not seq.ready and not seq.running and seq.slot is not None and seq.steps:
+            seq.ready = True
+            self._ready.append(seq)
+
+    def _release(self, seq: _Sequence) -> None:
+        """Ends a sequence (after its END request, or idle): frees its slot for the next
+        sequence waiting for one."""
+        key = (type(seq.id), seq.id)
+        if self._sequences.get(key) is seq:
+            del self._sequences[key]
+        if seq.slot is None:
+            self._backlog.remove(seq)
+            return
+        self._free_slots.append(seq.slot)
+        seq.slot = None
+        while self._backlog and self._free_slots:
+            waiting = self._backlog.popleft()
+            self._assign(waiting)
+            self._mark_ready(waiting)
+
+    def _take(self, now: float) -> list[_Sequence]:
+        batch: list[_Sequence] = []
+        skipped: list[_Sequence] = []
+        ready = self._ready
+        while ready and len(batch) < self.max_batch_size:
+            seq = ready.popleft()
+            seq.ready = False
+            if seq.running or seq.slot is None or not seq.steps:
+                continue
+            if seq.steps[0].deadline <= now:
+                skipped.append(seq)  # its task takes the request out with 504
+                continue
+            batch.append(seq)
+        for seq in reversed(skipped):
+            seq.ready = True
+            ready.appendleft(seq)
+        return batch
+
+    def _dispatch(self) -> None:
+        """Starts executions while an instance is free and a sequence is ready."""
+        config = self.config
+        while self._idle and self._ready:
+            now = trio.current_time()
+            if config.max_queue_delay_us and not self._closed:
+                target = config.preferred_batch_sizes[-1] if \
+                    config.preferred_batch_sizes else self.max_batch_size
+                oldest = min(s.steps[0].arrived for s in self._ready if s.steps) \
+                    if len(self._ready) < target else now
+                until = oldest + config.max_queue_delay_us / 1e6
+                if now < until and len(self._ready) < target:
+                    self._arm(until)
+                    return
+            batch = self._take(now)
+            if not batch:
+                return
+            self._start(batch, now)
+        self._arm(math.inf)
+
+    def _start(self, batch: list[_Sequence], now: float) -> None:
+        instance = self._idle.pop()
+        steps = []
+        for seq in batch:
+            step = seq.steps.popleft()
+            step.started = True
+            step.queued_seconds = now - step.arrived
+            self.queue_wait.add(step.queued_seconds)
+            seq.running = True
+            steps.append(step)
+        self._queued -= len(steps)
+        slots = [seq.slot for seq in batch]
+        ids = [seq.id for seq in batch]
+        invoke = instance.invoke
+        instance.thread.submit([(
+            lambda: self._execute(invoke, steps, slots, ids),
+            lambda result: self._finished(instance, batch, steps, now, result))])
+
+    def _execute(self, invoke: Callable[[list[Any]], Results], steps: list[_Step],
+                 slots: list[int], ids: list[int | str]) -> tuple:
+        """On the instance thread: gather each request's program arguments (its inputs,
+        its state rows, the control values), run the batch, scatter the new state rows
+        back into the slots of the requests that succeeded."""
+        t0 = time.perf_counter()
+        batch_args = []
+        for step, slot, sid in zip(steps, slots, ids):
+            args = []
+            for kind, what in self._plan:
+                if kind == "client":
+                    args.append(step.args[what])
+                elif kind == "state":
+                    args.append(self.tables[what][slot:slot + 1])
+                else:
+                    args.append(self._control_value(what, step, sid))
+            batch_args.append(args)
+        timed = [0.0]
+
+        def timed_invoke(args: list[Any]) -> Results:
+            start = time.perf_counter()
+            try:
+                return invoke(args)
+            finally:
+                timed[0] += time.perf_counter() - start
+
+        t1 = time.perf_counter()
+        outcomes, executions = run_batch(timed_invoke, batch_args, [1] * len(steps))
+        t2 = time.perf_counter()
+        state_outputs = self._state_outputs
+        delivered: list[Outcome] = []
+        for (results, error), slot in zip(outcomes, slots):
+            if error is not None:
+                delivered.append((None, error))
+                continue
+            client = []
+            for name, datatype, array in results:
+                index = state_outputs.get(name)
+                if index is None:
+                    client.append((name, datatype, array))
+                else:
+                    self.tables[index][slot] = array[0]
+            delivered.append((client, None))
+        t3 = time.perf_counter()
+        # gather counts the stacking in run_batch too: all of its time but the program's
+        phases = (t1 - t0 + (t2 - t1 - timed[0]), timed[0], t3 - t2)
+        return delivered, executions, phases
+
+    def _control_value(self, control: ControlInput, step: _Step, sid: int | str
+                       ) -> np.ndarray:
+        kind = control.kind
+        if kind == "CONTROL_SEQUENCE_CORRID":
+            return np.array([[sid]], control.dtype)
+        flag = (step.start if kind == "CONTROL_SEQUENCE_START" else
+                step.end if kind == "CONTROL_SEQUENCE_END" else True)
+        return np.array([[control.false_true[1 if flag else 0]]], control.dtype)
+
+    def _finished(self, instance: Instance, batch: list[_Sequence], steps: list[_Step],
+                  started: float, result: Any) -> None:
+        """On the loop, when an instance thread finished an execution."""
+        t0 = time.perf_counter()
+        if isinstance(result, BaseException):
+            outcomes: list[Outcome] = [(None, result)] * len(steps)
+            executions: list[tuple[int, int, float]] = []
+        else:
+            outcomes, executions, phases = result
+            for phase, seconds in zip(HOST_PHASES, phases):
+                self.host[phase].add(seconds)
+        seconds = trio.current_time() - started
+        now = trio.current_time()
+        for seq, step, outcome in zip(batch, steps, outcomes):
+            step.outcome = outcome
+            step.infer_seconds = seconds
+            step.done.set()
+            seq.running = False
+            seq.last_used = now
+            if step.end:
+                self._release(seq)
+            else:
+                self._mark_ready(seq)
+        if self._executed is not None:
+            for counts in executions:
+                self._executed(*counts)
+        self._idle.append(instance)
+        self._dispatch()
+        self._left(len(steps))
+        if not isinstance(result, BaseException):
+            self.host["respond"].add(time.perf_counter() - t0)
+
+    def _left(self, count: int) -> None:
+        self._in_flight -= count
+        if not self._in_flight:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for event in waiters:
+                event.set()
+
+    def _arm(self, at: float) -> None:
+        if at != self._timer_at:
+            self._timer_at = at
+            if self._wake is not None:
+                self._wake.set()
+
+    async def _timer(self) -> None:
+        """Ends queue delays (with `max_queue_delay_microseconds`)."""
+        while not self._closed:
+            self._wake = wake = trio.Event()
+            with trio.move_on_at(self._timer_at):
+                await wake.wait()
+            self._wake = None
+            if trio.current_time() >= self._timer_at:
+                self._timer_at = math.inf
+                self._dispatch()
+
+    async def _expire_idle(self) -> None:
+        """Ends sequences idle longer than `max_sequence_idle_microseconds`."""
+        idle = self.config.max_sequence_idle_us / 1e6
+        period = min(max(idle / 4, 0.001), 1.0)
+        while not self._closed:
+            await trio.sleep(period)
+            now = trio.current_time()
+            for key, seq in list(self._sequences.items()):
+                if not seq.steps and not seq.running and now - seq.last_used > idle:
+                    self._release(seq)
+                    self.expired_count += 1
+                    self._expired[key] = None
+                    if len(self._expired) > _EXPIRED_REMEMBERED:
+                        self._expired.popitem(last=False)
+            self._dispatch()  # sequences that waited for a slot may have one now
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Admits nothing new; what is queued still runs."""
+        self._closed = True
+        self._arm(math.inf)
+        if self._wake is not None:
+            self._wake.set()
+        self._dispatch()
+
+    async def wait_idle(self) -> None:
+        while self._in_flight:
+            event = trio.Event()
+            self._idle_waiters.append(event)
+            await event.wait()
+
+
+class SequenceCollector:
+    """Prometheus families of every sequence-batched model version, read at scrape time:
+
+        tinyhal_sequences_live{model,version}              sequences started, not ended
+        tinyhal_sequences_waiting_for_slot{model,version}  started, no slot free yet
+        tinyhal_sequence_slots{model,version}              state slots
+        tinyhal_sequence_slots_in_use{model,version}
+        tinyhal_sequence_state_bytes{model,version}        state memory of the slots in use
+        tinyhal_sequences_expired_total{model,version}     ended by idle expiry
+        tinyhal_sequence_batch_size{model,version}         sequences per execution
+        tinyhal_sequence_queue_wait_seconds{model,version} a step's wait for its execution
+        tinyhal_sequence_host_seconds_total{model,version,phase}  host time of executions
+            (gather, invoke, scatter, respond)
+
+    `versions()` yields objects with `name`, `version`, `sequences` (a SequenceBatcher or
+    None) and `stats` (stats.ModelStatistics: the executions by batch size)."""
+
+    def __init__(self, versions: Callable[[], Iterable[Any]]) -> None:
+        self._versions = versions
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+        from prometheus_client.utils import floatToGoString
+
+        labels = ["model", "version"]
+        gauges = {
+            "live_sequences": GaugeMetricFamily("tinyhal_sequences_live", "Live sequences",
+                                      labels=labels),
+            "waiting_for_slot": GaugeMetricFamily(
+                "tinyhal_sequences_waiting_for_slot",
+                "Sequences started and waiting for a free state slot", labels=labels),
+            "slots": GaugeMetricFamily("tinyhal_sequence_slots", "State slots",
+                                       labels=labels),
+            "slots_in_use": GaugeMetricFamily("tinyhal_sequence_slots_in_use",
+                                              "State slots held by live sequences",
+                                              labels=labels),
+            "state_bytes_in_use": GaugeMetricFamily(
+                "tinyhal_sequence_state_bytes", "Bytes of implicit state in the slots in use",
+                labels=labels),
+        }
+        expired = CounterMetricFamily("tinyhal_sequences_expired",
+                                      "Sequences ended by max_sequence_idle_microseconds",
+                                      labels=labels)
+        batch = HistogramMetricFamily("tinyhal_sequence_batch_size",
+                                      "Sequences per execution", labels=labels)
+        wait = HistogramMetricFamily("tinyhal_sequence_queue_wait_seconds",
+                                     "Time a step waited for its execution", labels=labels)
+        host = CounterMetricFamily("tinyhal_sequence_host_seconds",
+                                   "Host time of executions by phase",
+                                   labels=[*labels, "phase"])
+        for mv in self._versions():
+            batcher = mv.sequences
+            if batcher is None:
+                continue
+            names = [mv.name, mv.version]
+            st = batcher.statistics()
+            for key, family in gauges.items():
+                family.add_metric(names, st[key])
+            expired.add_metric(names, batcher.expired_count)
+            rows = [(r, d.count) for r, d in mv.stats.batches.items()]
+            buckets = [(floatToGoString(bound), sum(n for r, n in rows if r <= bound))
+                       for bound in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+            buckets.append(("+Inf", sum(n for _, n in rows)))
+            batch.add_metric(names, buckets, sum(r * n for r, n in rows))
+            latency = batcher.queue_wait
+            wait.add_metric(names, [(floatToGoString(b), n) for b, n in latency.cumulative()],
+                            latency.ns / 1e9)
+            for phase, latency in batcher.host.items():
+                host.add_metric([*names, phase], latency.ns / 1e9)
+        yield from gauges.values()
+        yield from (expired, batch, wait, host)

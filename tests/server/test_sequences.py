@@ -1,0 +1,377 @@
+"""Stateful sequences and cellular batching (server/sequences.py) against a real server
+with tritonclient: outputs equal to each sequence run alone, Triton's control-flow errors,
+idle expiry, slots freed after a client went away, control inputs, failure isolation."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from serve_helpers import SAMPLES, ServerProcess, write_model
+from tritonclient.utils import InferenceServerException
+
+import tinyhal
+from support.iree_tools import HOST_FLAGS, compile_mlir
+from tinyhal.server.sequences import parse_sequence_config
+
+GRU = SAMPLES / "gru_step" / "1" / "model.vmfb"
+
+# X is added to the state ACC; FLAGS reports the control inputs as the program saw them
+# (START + 2 END + 4 READY + 8 CORRID); a negative X fails the whole invocation.
+CONTROL_MLIR = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#all = affine_map<(d0, d1) -> ()>
+func.func @acc(%x: tensor<?x1xf32> {iree.abi.name = "X"},
+               %start: tensor<?x1xi32> {iree.abi.name = "START"},
+               %end: tensor<?x1xi32> {iree.abi.name = "END"},
+               %ready: tensor<?x1xf32> {iree.abi.name = "READY"},
+               %corrid: tensor<?x1xi64> {iree.abi.name = "CORRID"},
+               %acc: tensor<?x1xf32> {iree.abi.name = "ACC_IN"})
+    -> (tensor<?x1xf32> {iree.abi.name = "SUM"}, tensor<?x1xi64> {iree.abi.name = "FLAGS"},
+        tensor<?x1xf32> {iree.abi.name = "ACC_OUT"}) {
+  %c0 = arith.constant 0 : index
+  %zero = arith.constant 0.0 : f32
+  %inf = arith.constant 0x7F800000 : f32
+  %e0 = tensor.empty() : tensor<f32>
+  %m0 = linalg.fill ins(%inf : f32) outs(%e0 : tensor<f32>) -> tensor<f32>
+  %mn = linalg.generic {indexing_maps = [#id, #all], iterator_types = ["reduction", "reduction"]}
+      ins(%x : tensor<?x1xf32>) outs(%m0 : tensor<f32>) {
+  ^bb0(%a: f32, %o: f32):
+    %m = arith.minimumf %a, %o : f32
+    linalg.yield %m : f32
+  } -> tensor<f32>
+  %v = tensor.extract %mn[] : tensor<f32>
+  %ok = arith.cmpf oge, %v, %zero : f32
+  cf.assert %ok, "X must not be negative"
+  %n = tensor.dim %x, %c0 : tensor<?x1xf32>
+  %ef = tensor.empty(%n) : tensor<?x1xf32>
+  %ei = tensor.empty(%n) : tensor<?x1xi64>
+  %sum = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x, %acc : tensor<?x1xf32>, tensor<?x1xf32>) outs(%ef : tensor<?x1xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %s = arith.addf %a, %b : f32
+    linalg.yield %s : f32
+  } -> tensor<?x1xf32>
+  %flags = linalg.generic {indexing_maps = [#id, #id, #id, #id, #id],
+                           iterator_types = ["parallel", "parallel"]}
+      ins(%start, %end, %ready, %corrid : tensor<?x1xi32>, tensor<?x1xi32>, tensor<?x1xf32>,
+          tensor<?x1xi64>) outs(%ei : tensor<?x1xi64>) {
+  ^bb0(%s: i32, %e: i32, %r: f32, %c: i64, %o: i64):
+    %s64 = arith.extsi %s : i32 to i64
+    %e64 = arith.extsi %e : i32 to i64
+    %r64 = arith.fptosi %r : f32 to i64
+    %two = arith.constant 2 : i64
+    %four = arith.constant 4 : i64
+    %eight = arith.constant 8 : i64
+    %e2 = arith.muli %e64, %two : i64
+    %r4 = arith.muli %r64, %four : i64
+    %c8 = arith.muli %c, %eight : i64
+    %a1 = arith.addi %s64, %e2 : i64
+    %a2 = arith.addi %a1, %r4 : i64
+    %a3 = arith.addi %a2, %c8 : i64
+    linalg.yield %a3 : i64
+  } -> tensor<?x1xi64>
+  return %sum, %flags, %sum : tensor<?x1xf32>, tensor<?x1xi64>, tensor<?x1xf32>
+}
+"""
+
+CONTROL_CONFIG = {
+    "function": "acc", "device": "sync", "max_batch_size": 16,
+    "sequence_batching": {
+        "max_sequence_idle_microseconds": 30000000,
+        "oldest": {"max_candidate_sequences": 16, "max_queue_delay_microseconds": 2000},
+        "control_input": [
+            {"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START",
+                                           "int32_false_true": [0, 1]}]},
+            {"name": "END", "control": [{"kind": "CONTROL_SEQUENCE_END",
+                                         "int32_false_true": [0, 1]}]},
+            {"name": "READY", "control": [{"kind": "CONTROL_SEQUENCE_READY",
+                                           "fp32_false_true": [0, 1]}]},
+            {"name": "CORRID", "control": [{"kind": "CONTROL_SEQUENCE_CORRID",
+                                            "data_type": "TYPE_INT64"}]},
+        ],
+        "state": [{"input_name": "ACC_IN", "output_name": "ACC_OUT", "data_type": "TYPE_FP32",
+                   "dims": [1], "initial_state": [{"data_type": "TYPE_FP32", "dims": [1],
+                                                   "data_file": "hundred", "name": "h"}]}],
+    },
+}
+
+IDLE_US = 300_000
+
+
+def _gru_config(**changes) -> dict:
+    config = json.loads((SAMPLES / "gru_step" / "config.json").read_text())
+    config["sequence_batching"].update(changes)
+    return config
+
+
+@pytest.fixture(scope="module")
+def seq_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("seqrepo")
+    shutil.copytree(SAMPLES / "gru_step", root / "gru_step")
+    write_model(root, "gru_short", GRU, _gru_config(max_sequence_idle_microseconds=IDLE_US))
+    write_model(root, "gru_one", GRU, _gru_config(
+        max_sequence_idle_microseconds=IDLE_US, oldest={"max_candidate_sequences": 1}))
+    write_model(root, "acc", compile_mlir(CONTROL_MLIR, HOST_FLAGS), CONTROL_CONFIG)
+    (root / "acc" / "1" / "initial_state").mkdir()
+    (root / "acc" / "1" / "initial_state" / "hundred").write_bytes(
+        np.float32(100).tobytes())
+    proc = ServerProcess("--model-repository", str(root))
+    try:
+        yield proc.start()
+    finally:
+        proc.stop()
+
+
+def _step(client, model: str, x: np.ndarray, name: str = "INPUT", **params):
+    tensor = httpclient.InferInput(name, list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return client.infer(model, [tensor], **params)
+
+
+def _stats(client, model: str) -> dict:
+    return client.get_inference_statistics(model)["model_stats"][0]
+
+
+def _error(fn) -> str:
+    with pytest.raises(InferenceServerException) as info:
+        fn()
+    assert info.value.status() == "400", info.value
+    return info.value.message()
+
+
+def test_32_interleaved_sequences_match_each_sequence_alone(seq_server):
+    rng = np.random.default_rng(7)
+    lengths = [1 + (i * 7) % 13 for i in range(32)]
+    inputs = [rng.normal(size=(n, 1, 8)).astype(np.float32) for n in lengths]
+    got: list[list[np.ndarray]] = [[] for _ in lengths]
+    errors: list[BaseException] = []
+    before = _stats(httpclient.InferenceServerClient(seq_server.url), "gru_step")
+    barrier = threading.Barrier(len(lengths))
+
+    def run(i: int) -> None:
+        try:
+            client = httpclient.InferenceServerClient(seq_server.url, network_timeout=60)
+            barrier.wait(timeout=30)
+            for k, x in enumerate(inputs[i]):
+                result = _step(client, "gru_step", x, sequence_id=1000 + i,
+                               sequence_start=k == 0, sequence_end=k == lengths[i] - 1)
+                got[i].append(result.as_numpy("OUTPUT"))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(lengths))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors[0]
+
+    module = tinyhal.load(GRU.read_bytes(), device="sync")
+    import iree.runtime as ireert
+
+    config = ireert.Config("local-sync")
+    context = ireert.SystemContext(config=config)
+    context.add_vm_module(ireert.VmModule.copy_buffer(context.instance, GRU.read_bytes()))
+    for i, xs in enumerate(inputs):
+        h = np.zeros((1, 16), np.float32)
+        hi = h
+        for k, x in enumerate(xs):
+            y, h = module.invoke("step", x, h)
+            yi, hi = context.modules.module.step(x, hi)
+            assert np.array_equal(got[i][k], y), (i, k)
+            assert np.array_equal(np.asarray(yi), y), (i, k)
+            hi = np.asarray(hi)
+
+    client = httpclient.InferenceServerClient(seq_server.url)
+    after = _stats(client, "gru_step")
+    inferences = after["inference_count"] - before["inference_count"]
+    executions = after["execution_count"] - before["execution_count"]
+    assert inferences == sum(lengths)
+    assert executions * 2 <= inferences, (executions, inferences)  # batching happened
+    assert any(b["batch_size"] > 1 for b in after["batch_stats"])
+    seq = after["sequence_stats"]
+    assert seq["live_sequences"] == 0 and seq["slots_in_use"] == 0
+    assert seq["host"]["invoke"]["count"] >= executions
+    labels = (("model", "gru_step"), ("version", "1"))
+    metrics = seq_server.metrics()
+    assert metrics[("tinyhal_sequences_live", labels)] == 0
+    assert metrics[("tinyhal_sequence_slots_in_use", labels)] == 0
+    assert metrics[("tinyhal_sequence_batch_size_count", labels)] == after["execution_count"]
+    assert metrics[("tinyhal_sequence_batch_size_bucket", (("le", "1.0"), *labels))] < \
+        after["execution_count"]
+    assert metrics[("tinyhal_sequence_host_seconds_total",
+                    (("model", "gru_step"), ("phase", "invoke"), ("version", "1")))] > 0
+
+
+def test_metadata_hides_state_and_lists_sequence_extension(seq_server):
+    client = httpclient.InferenceServerClient(seq_server.url)
+    assert "sequence" in client.get_server_metadata()["extensions"]
+    meta = client.get_model_metadata("gru_step")
+    assert [i["name"] for i in meta["inputs"]] == ["INPUT"]
+    assert [o["name"] for o in meta["outputs"]] == ["OUTPUT"]
+    config = client.get_model_config("gru_step")
+    state = config["sequence_batching"]["state"][0]
+    assert state["data_type"] == "TYPE_FP32" and state["dims"] == [16]
+
+
+def test_control_flow_errors_are_400_with_triton_messages(seq_server):
+    client = httpclient.InferenceServerClient(seq_server.url)
+    x = np.zeros((1, 8), np.float32)
+    message = _error(lambda: _step(client, "gru_step", x))
+    assert "must specify a non-zero or non-empty correlation ID" in message
+    message = _error(lambda: _step(client, "gru_step", x, sequence_id=0))
+    assert "correlation ID" in message
+    message = _error(lambda: _step(client, "gru_step", x, sequence_id=424242))
+    assert message == ("inference request for sequence 424242 to model 'gru_step' must "
+                       "specify the START flag on the first request of the sequence")
+    _step(client, "gru_step", x, sequence_id=77, sequence_start=True)
+    message = _error(lambda: _step(client, "gru_step", x, sequence_id=77,
+                                   sequence_start=True))
+    assert "sequence 77" in message and "already in progress" in message
+    # a string id is another sequence than the integer with the same digits
+    message = _error(lambda: _step(client, "gru_step", x, sequence_id="77"))
+    assert "must specify the START flag" in message
+    _step(client, "gru_step", x, sequence_id="77", sequence_start=True, sequence_end=True)
+    _step(client, "gru_step", x, sequence_id=77, sequence_end=True)
+    message = _error(lambda: _step(client, "gru_step", x, sequence_id=77))
+    assert "must specify the START flag" in message
+    message = _error(lambda: _step(client, "gru_step", np.zeros((2, 8), np.float32),
+                                   sequence_id=78, sequence_start=True))
+    assert "batch size 1" in message
+    status, _, body = seq_server.request("POST", "/v2/models/gru_step/infer", {
+        "parameters": {"sequence_id": 5, "sequence_start": "yes"},
+        "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 8],
+                    "data": [0.0] * 8}]})
+    assert status == 400 and b"'sequence_start' must be true or false" in body
+    status, _, body = seq_server.request("POST", "/v2/models/gru_step/infer", {
+        "parameters": {"sequence_id": -3},
+        "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 8],
+                    "data": [0.0] * 8}]})
+    assert status == 400 and b"uint64 or a string" in body
+    assert _stats(client, "gru_step")["sequence_stats"]["live_sequences"] == 0
+
+
+def test_idle_sequence_expires(seq_server):
+    client = httpclient.InferenceServerClient(seq_server.url)
+    x = np.zeros((1, 8), np.float32)
+    _step(client, "gru_short", x, sequence_id=9, sequence_start=True)
+    assert _stats(client, "gru_short")["sequence_stats"]["slots_in_use"] == 1
+    labels = (("model", "gru_short"), ("version", "1"))
+    assert seq_server.metrics()[("tinyhal_sequence_state_bytes", labels)] == 16 * 4
+    deadline = time.monotonic() + 30
+    while _stats(client, "gru_short")["sequence_stats"]["slots_in_use"] and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    message = _error(lambda: _step(client, "gru_short", x, sequence_id=9))
+    assert "must specify the START flag" in message and "expired" in message
+    assert _stats(client, "gru_short")["sequence_stats"]["expired_sequences"] >= 1
+
+
+_GONE_CLIENT = """
+import sys, time, numpy as np, tritonclient.http as h
+c = h.InferenceServerClient(sys.argv[1])
+t = h.InferInput("INPUT", [1, 8], "FP32"); t.set_data_from_numpy(np.ones((1, 8), np.float32))
+c.infer("gru_one", [t], sequence_id=1, sequence_start=True)
+c.infer("gru_one", [t], sequence_id=1)
+print("mid-sequence", flush=True)
+time.sleep(60)
+"""
+
+
+def test_client_gone_mid_sequence_frees_its_slot(seq_server):
+    """gru_one has one slot: a client killed mid-sequence holds it until its sequence
+    idles out; the next sequence then gets it."""
+    child = subprocess.Popen([sys.executable, "-c", _GONE_CLIENT, seq_server.url],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "mid-sequence"
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    client = httpclient.InferenceServerClient(seq_server.url, network_timeout=30)
+    assert _stats(client, "gru_one")["sequence_stats"]["slots_in_use"] == 1
+    x = np.ones((1, 8), np.float32)
+    result = _step(client, "gru_one", x, sequence_id=2, sequence_start=True, sequence_end=True)
+    alone, _ = tinyhal.load(GRU.read_bytes(), device="sync").invoke(
+        "step", x, np.zeros((1, 16), np.float32))
+    assert np.array_equal(result.as_numpy("OUTPUT"), alone)
+    seq = _stats(client, "gru_one")["sequence_stats"]
+    assert seq["expired_sequences"] == 1 and seq["slots_in_use"] == 0
+
+
+def test_control_inputs_and_state_from_file(seq_server):
+    client = httpclient.InferenceServerClient(seq_server.url)
+    sums, flags = [], []
+    for k in range(3):
+        result = _step(client, "acc", np.full((1, 1), k + 1, np.float32), "X",
+                       sequence_id=21, sequence_start=k == 0, sequence_end=k == 2)
+        sums.append(float(result.as_numpy("SUM")[0, 0]))
+        flags.append(int(result.as_numpy("FLAGS")[0, 0]))
+        assert result.as_numpy("ACC_OUT") is None
+    assert sums == [101.0, 103.0, 106.0]
+    assert flags == [1 + 4 + 8 * 21, 4 + 8 * 21, 2 + 4 + 8 * 21]
+    message = _error(lambda: _step(client, "acc", np.ones((1, 1), np.float32), "X",
+                                   sequence_id="s", sequence_start=True))
+    assert "integer sequence_id" in message
+
+
+def test_a_bad_step_fails_alone_and_keeps_its_state(seq_server):
+    ids = list(range(300, 308))
+    results: dict[int, list] = {i: [] for i in ids}
+    barrier = threading.Barrier(len(ids))
+
+    def run(sid: int) -> None:
+        client = httpclient.InferenceServerClient(seq_server.url, network_timeout=60)
+        barrier.wait(timeout=30)
+        for k in range(4):
+            value = -1.0 if (sid == 303 and k == 2) else 1.0
+            try:
+                r = _step(client, "acc", np.full((1, 1), value, np.float32), "X",
+                          sequence_id=sid, sequence_start=k == 0, sequence_end=k == 3)
+                results[sid].append(float(r.as_numpy("SUM")[0, 0]))
+            except InferenceServerException as exc:
+                results[sid].append(exc.status())
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for sid in ids:
+        if sid == 303:
+            assert results[sid] == [101.0, 102.0, "400", 103.0]
+        else:
+            assert results[sid] == [101.0, 102.0, 103.0, 104.0]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"oldest": {}, "direct": {}}, "one of 'direct' and 'oldest'"),
+    ({"max_sequence_idle_microseconds": 0}, "max_sequence_idle_microseconds"),
+    ({"bogus": 1}, "unknown keys ['bogus']"),
+    ({"state": [{"input_name": "a", "output_name": "b", "data_type": "FP32", "dims": [2]}]},
+     "Triton data type like 'TYPE_FP32'"),
+    ({"state": [{"input_name": "a", "output_name": "b", "data_type": "TYPE_FP32",
+                 "dims": [2], "initial_state": [{"zero_data": True, "data_file": "f"}]}]},
+     "one of 'zero_data' and 'data_file'"),
+    ({"state": [{"input_name": "a", "output_name": "b", "data_type": "TYPE_FP32",
+                 "dims": [2], "initial_state": [{"data_file": "missing"}]}]},
+     "cannot read initial_state/missing"),
+    ({"control_input": [{"name": "S", "control": [{"kind": "CONTROL_SEQUENCE_GO"}]}]},
+     "kind' must be one of"),
+    ({"oldest": {"preferred_batch_size": [99]}}, "over max_batch_size 8"),
+])
+def test_bad_sequence_config_names_the_field(tmp_path: Path, change: dict, message: str):
+    doc = {"oldest": {"max_candidate_sequences": 4}}
+    doc.update(change)
+    with pytest.raises(ValueError, match=None) as info:
+        parse_sequence_config(doc, 8, tmp_path)
+    assert message in str(info.value)
