@@ -89,6 +89,24 @@ def test_dynamic_shapes_checked_only_where_static(device):
             m.main(np.ones(3, np.float32), np.ones((3, 3), np.float32))
 
 
+def test_dynamic_dim_arrays_of_any_row_count_hold_no_memory_after_the_call(device):
+    """Arrays for a `tensor<?x?xf32>` argument take the planned copy path; each row count
+    gives the right result, the buffers are not kept after the call, and a wrong dtype or
+    rank is still refused naming the argument."""
+    with tinyhal.load(compile_program("matmul_dynamic"), device=device) as m:
+        eye = np.eye(3, dtype=np.float32)
+        m.main(np.ones((1, 3), np.float32), eye)
+        live = m.statistics().live_bytes
+        for rows in (1, 4, 2, 7):
+            a = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+            np.testing.assert_array_equal(m.main(a, eye), a)
+            assert m.statistics().live_bytes == live
+        with pytest.raises(tinyhal.Error, match="input0"):
+            m.main(np.ones((2, 3, 1), np.float32), eye)
+        with pytest.raises(tinyhal.Error, match="input0"):
+            m.main(np.ones((2, 3), np.float64), eye)
+
+
 def test_invocations_interleave_on_one_event_loop():
     """A yielding hal.fence.await suspends only its own invocation."""
     vmfb = compile_program("large_matmul")
