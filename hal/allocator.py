@@ -7,8 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..errors import InvalidArgumentError, ResourceExhaustedError
 from .buffer import ALIGNMENT, Buffer, CountedStorage, Storage
 from .types import BufferUsage, MemoryAccess, MemoryType
@@ -171,7 +169,7 @@ class Allocator:
 
     def import_host(
         self,
-        array: np.ndarray | memoryview | bytes | bytearray,
+        array: Any,
         memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
         usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING,
         access: MemoryAccess = MemoryAccess.ALL,
@@ -181,16 +179,16 @@ class Allocator:
         The memory must be C-contiguous and 64-byte aligned. Read-only memory is imported
         with READ access only. Imported bytes do not count as allocated.
         """
-        view = np.frombuffer(array, dtype=np.uint8) if not isinstance(array, np.ndarray) else array
-        if not view.flags.c_contiguous:
+        view = memoryview(array)
+        if not view.c_contiguous:
             return None
-        flat = view.reshape(-1).view(np.uint8)
-        if flat.ctypes.data % ALIGNMENT:
+        flat = view if view.format == "B" and view.ndim == 1 else view.cast("B")
+        storage = Storage(flat.nbytes, array=flat)
+        if storage.address % ALIGNMENT:
             return None
         heap = self.select_heap(memory_type)
-        if not flat.flags.writeable:
+        if flat.readonly:
             access = MemoryAccess(access) & ~(MemoryAccess.WRITE | MemoryAccess.DISCARD)
-        storage = Storage(flat.nbytes, array=flat)
         return Buffer(self, storage, 0, flat.nbytes, heap.memory_type, usage, access)
 
     def add_heap_statistics(self, heap: str) -> None:

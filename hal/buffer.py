@@ -9,10 +9,11 @@ explicitly (transient buffers, `queue_dealloca`).
 
 from __future__ import annotations
 
+import gc
+import mmap
 from collections.abc import Callable
+from sys import getrefcount
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from ..errors import (
     FailedPreconditionError,
@@ -34,12 +35,57 @@ _cast = ffi.cast
 _from_buffer = ffi.from_buffer
 _memmove = ffi.memmove
 
+LARGE_BLOCK = 1 << 18
+"""Blocks of at least this many bytes are anonymous memory maps: the kernel hands out
+zero pages as they are first touched (as calloc does for large sizes), so a large buffer
+that is only partly written costs only what is written. Smaller ones are bytearrays."""
+
+
+def host_block(byte_length: int) -> tuple[memoryview, int]:
+    """A new zero-filled block of `byte_length` host bytes, aligned to `ALIGNMENT`: a
+    writable unsigned-byte memoryview of it and its address. Plain Python memory, so the
+    HAL needs no numpy (whose import alone is ~60 ms and 15 MiB) to hold bytes."""
+    if byte_length >= LARGE_BLOCK:
+        raw: Any = mmap.mmap(-1, byte_length)  # page-aligned
+        return memoryview(raw), int(_cast("uintptr_t", _from_buffer(raw)))
+    raw = bytearray(byte_length + ALIGNMENT)
+    base = int(_cast("uintptr_t", _from_buffer(raw)))
+    start = (-base) % ALIGNMENT
+    return memoryview(raw)[start : start + byte_length], base + start
+
+
+def as_byte_view(data: Any) -> memoryview:
+    """`data` (any buffer-protocol object: bytes, bytearray, memoryview, a numpy array)
+    as a flat unsigned-byte memoryview over the same memory; INVALID_ARGUMENT when it is
+    not C-contiguous or not a buffer."""
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"expected a file, path or bytes-like host memory, not {type(data).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise InvalidArgumentError("host memory must be C-contiguous")
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+_referents = gc.get_referents
+
+
+def views_of_block(array: memoryview) -> int:
+    """How many memoryviews share `array`'s memory, `array` included: every slice or
+    mapping of it, and every numpy array made over it, is a memoryview registered with
+    the same managed buffer, which counts them (they hold no reference to each other)."""
+    return getrefcount(_referents(array)[0]) - 1
+
 
 class Storage:
-    """One aligned block of host memory backing one or more buffers (`address`, when
-    given with `array`, is taken as the array's address instead of reading it). A new
-    block is zero-filled, or holds a copy of the first `byte_length` bytes of `initial`
-    (any C-contiguous buffer-protocol object). `on_release` is for `CountedStorage`.
+    """One aligned block of host memory backing one or more buffers. `array` is the
+    block as a flat unsigned-byte `memoryview` (numpy views of it are made where numpy
+    is used, zero-copy); `address`, when given with `array`, is taken as its address
+    instead of reading it. A new block is zero-filled, or holds a copy of the first
+    `byte_length` bytes of `initial` (any C-contiguous buffer-protocol object).
+    `on_release` is for `CountedStorage`.
 
     It has no finalizer, so a storage nobody counts (transient, imported) dies without
     running Python code."""
@@ -50,24 +96,17 @@ class Storage:
         self,
         byte_length: int,
         on_release: Callable[[int], None] | None = None,
-        array: np.ndarray | None = None,
+        array: memoryview | None = None,
         address: int | None = None,
         initial: Any = None,
     ) -> None:
         if array is None:
-            raw = (np.zeros if initial is None else np.empty)(byte_length + ALIGNMENT,
-                                                               dtype=np.uint8)
-            # cffi reads the address ~3x faster than __array_interface__ (which builds a
-            # dict) and makes no ctypes object per buffer
-            base = int(_cast("uintptr_t", _from_buffer(raw)))
-            start = (-base) % ALIGNMENT
-            array = raw[start : start + byte_length]
-            address = base + start  # also right for empty buffers
+            array, address = host_block(byte_length)
             if initial is not None:
                 _memmove(array, initial, byte_length)
         elif address is None:
-            address = array.__array_interface__["data"][0]
-        self.array: np.ndarray = array
+            address = int(_cast("uintptr_t", _from_buffer(array)))
+        self.array: memoryview = array
         self.address: int = address
         self.byte_length = byte_length
         self.released = False
@@ -241,7 +280,7 @@ class Buffer:
             view = view.toreadonly()
         return view
 
-    def host_bytes(self) -> np.ndarray:
-        """The buffer's bytes as a uint8 numpy view, bypassing mapping checks (HAL-internal)."""
+    def host_bytes(self) -> memoryview:
+        """The buffer's bytes as a byte memoryview, bypassing mapping checks (HAL-internal)."""
         return self.storage.array[self.byte_offset : self.byte_offset + self.byte_length]
 

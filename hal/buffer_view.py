@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError, OutOfRangeError
 from .buffer import Buffer
@@ -20,6 +18,9 @@ from .types import (
     pack_elements,
     unpack_elements,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def dense_byte_length(shape: Sequence[int], element_type: int) -> int:
@@ -72,6 +73,8 @@ class BufferView:
                    memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
                    usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING) -> BufferView:
         """Copies a numpy array into a new device buffer."""
+        import numpy as np
+
         array = np.asarray(array)
         element_type = element_type_for(array.dtype)
         data = pack_elements(array, element_type)

@@ -10,10 +10,9 @@ misuse and is reported instead of corrupting the recording.
 from __future__ import annotations
 
 import enum
+import sys
 import threading
 from typing import Any, NamedTuple
-
-import numpy as np
 
 from ..errors import (
     FailedPreconditionError,
@@ -28,7 +27,7 @@ from .executable import (
     Executable,
     validate_workgroups,
 )
-from .types import WHOLE_BUFFER, BufferUsage
+from .types import WHOLE_BUFFER, BufferUsage, float32_bits
 
 
 class CommandBufferMode(enum.Enum):
@@ -247,7 +246,7 @@ class CommandBuffer:
         """
         if isinstance(pattern, (bytes, bytearray)):
             pattern_bytes = bytes(pattern)
-        elif isinstance(pattern, np.generic) and pattern_length is None:
+        elif hasattr(pattern, "tobytes") and pattern_length is None:
             pattern_bytes = pattern.tobytes()  # np.uint16(7): its own width
         else:
             if pattern_length is None:
@@ -403,10 +402,8 @@ def _subrange(target: Any, offset: int, length: int) -> Any:
 
 
 def _host_bytes(source: Any) -> bytes:
-    if isinstance(source, np.ndarray):
-        return np.ascontiguousarray(source).tobytes()
     try:
-        return bytes(memoryview(source).cast("B"))
+        return memoryview(source).tobytes()  # C order, whatever the layout
     except TypeError:
         raise InvalidArgumentError(
             f"update source must be bytes-like or a numpy array, not {type(source).__name__}"
@@ -417,14 +414,15 @@ _MAX_GRID = min(0xFFFFFFFF, MAX_WORKGROUP_COUNT_Z)
 
 
 def _constants(constants: Any) -> tuple[int, ...]:
-    if isinstance(constants, np.ndarray):
+    np = sys.modules.get("numpy")  # an array can only come from a program that loaded it
+    if np is not None and isinstance(constants, np.ndarray):
         if constants.dtype.itemsize != 4:
             raise InvalidArgumentError(f"constants must be 32-bit values, not {constants.dtype}")
         return tuple(int(v) for v in constants.view(np.uint32).reshape(-1))
     out = []
     for c in constants:
         if isinstance(c, float):
-            c = int(np.float32(c).view(np.uint32))
+            c = float32_bits(c)
         c = int(c)
         if not -(1 << 31) <= c < (1 << 32):
             raise OutOfRangeError(f"constant {c} does not fit in 32 bits")

@@ -46,8 +46,6 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..errors import (
     AbortedError,
     DeviceLostError,
@@ -61,7 +59,7 @@ from ..errors import (
     as_error,
 )
 from .allocator import Allocator
-from .buffer import Buffer, Storage
+from .buffer import Buffer, Storage, as_byte_view
 from .command_buffer import CommandBuffer, as_table_range
 from .executable import FORMATS, Executable
 from .execution import RecordingCache, Submission, resolve_commands
@@ -173,36 +171,42 @@ class Device:
         return Allocator(self.identifier)
 
     def read_array(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
-                   timeout: float | None = 60.0) -> np.ndarray:
-        """A new uint8 array with the buffer's bytes: copied directly from host-visible
-        memory, or by a queue transfer from memory the host cannot map (and in order
-        with nothing else: it waits for nothing)."""
+                   timeout: float | None = 60.0) -> Any:
+        """A new uint8 numpy array with the buffer's bytes (see `read_bytes`)."""
+        import numpy as np
+
+        return np.frombuffer(self._read_host(buffer, offset, length, timeout), np.uint8)
+
+    def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
+                   timeout: float | None = 60.0) -> bytes:
+        """Copies buffer contents to the host: directly from host-visible memory, or by
+        a queue transfer from memory the host cannot map (and in order with nothing
+        else: it waits for nothing)."""
+        return bytes(self._read_host(buffer, offset, length, timeout))
+
+    def _read_host(self, buffer: Buffer, offset: int, length: int,
+                   timeout: float | None) -> bytearray:
         buffer.check_live()
         offset, length = buffer.resolve_range(offset, length, "read")
         if buffer.mappable:
             start = buffer.byte_offset + offset
-            return buffer.storage.array[start : start + length].copy()
-        host = np.empty(length, dtype=np.uint8)
+            return bytearray(buffer.storage.array[start : start + length])
+        host = bytearray(length)
         done = Semaphore()
         self.queue_write(buffer, offset, host, 0, length, signal=[(done, 1)])
         done.wait(1, timeout)
         return host
-
-    def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
-                   timeout: float | None = 60.0) -> bytes:
-        """Copies buffer contents to the host (see `read_array`)."""
-        return self.read_array(buffer, offset, length, timeout).tobytes()
 
     def write_bytes(self, buffer: Buffer, data: Any, offset: int = 0,
                     timeout: float | None = 60.0) -> None:
         """Copies host bytes into a buffer: directly into host-visible memory, or by a
         queue transfer into memory the host cannot map."""
         buffer.check_live()
-        view = _host_view(data)
+        view = as_byte_view(data)
         offset, length = buffer.resolve_range(offset, len(view), "write")
         if buffer.mappable:
             start = buffer.byte_offset + offset
-            buffer.storage.array[start : start + length] = np.frombuffer(view, np.uint8)
+            buffer.storage.array[start : start + length] = view
             return
         done = Semaphore()
         self.queue_update(view, buffer, offset, signal=[(done, 1)])
@@ -382,7 +386,7 @@ class Device:
                 dst = target.host_bytes()[offset : offset + length]
                 _read_file(source, source_offset, dst)
         else:
-            src = np.frombuffer(_host_view(source), dtype=np.uint8)
+            src = as_byte_view(source)
             if source_offset < 0 or source_offset + length > src.nbytes:
                 raise InvalidArgumentError(
                     f"read source range [{source_offset}, {source_offset + length}) overruns "
@@ -400,15 +404,15 @@ class Device:
         _, offset, length = as_table_range((source, source_offset, length), "write source")
         source.validate_usage(BufferUsage.TRANSFER_SOURCE, "write source")
 
-        def data() -> np.ndarray:
+        def data() -> memoryview:
             return source.host_bytes()[offset : offset + length]
 
         if isinstance(target, (str, os.PathLike)) or hasattr(target, "write"):
             def write() -> None:
                 _write_file(target, target_offset, data())
         else:
-            dst = np.frombuffer(_host_view(target), dtype=np.uint8)
-            if not dst.flags.writeable:
+            dst = as_byte_view(target)
+            if dst.readonly:
                 raise InvalidArgumentError("write target host memory is read-only")
             if target_offset < 0 or target_offset + length > dst.nbytes:
                 raise InvalidArgumentError(
@@ -731,7 +735,7 @@ class _Entry:
 
 
 _inline = threading.local()
-_NO_BYTES = np.zeros(0, dtype=np.uint8)  # the array of a transient storage before its commit
+_NO_BYTES = memoryview(bytearray())  # the array of a transient storage before its commit
 _live_devices: weakref.WeakSet[Device] = weakref.WeakSet()
 EXIT_DRAIN_SECONDS = 60.0
 """How long interpreter exit waits, in all, for running device work to finish (assign to
@@ -765,20 +769,9 @@ def _no_work(done: Completion) -> None:
     done(None)
 
 
-def _host_view(obj: Any) -> memoryview:
-    if isinstance(obj, np.ndarray):
-        if not obj.flags.c_contiguous:
-            raise InvalidArgumentError("host memory must be C-contiguous")
-        return memoryview(obj.reshape(-1).view(np.uint8))
-    try:
-        return memoryview(obj).cast("B")
-    except TypeError:
-        raise InvalidArgumentError(
-            f"expected a file, path or bytes-like host memory, not {type(obj).__name__}"
-        ) from None
 
 
-def _read_file(source: Any, offset: int, dst: np.ndarray) -> None:
+def _read_file(source: Any, offset: int, dst: memoryview) -> None:
     if hasattr(source, "readinto"):
         source.seek(offset)
         got = source.readinto(memoryview(dst))
@@ -792,7 +785,7 @@ def _read_file(source: Any, offset: int, dst: np.ndarray) -> None:
         )
 
 
-def _write_file(target: Any, offset: int, data: np.ndarray) -> None:
+def _write_file(target: Any, offset: int, data: memoryview) -> None:
     if hasattr(target, "write"):
         target.seek(offset)
         target.write(memoryview(data))

@@ -24,8 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from ..errors import Error, FailedPreconditionError, InvalidArgumentError, OutOfRangeError
 from .buffer import ALIGNMENT, Buffer
 from .command_buffer import (
@@ -41,7 +39,6 @@ from .types import WHOLE_BUFFER, BufferUsage
 BindingTable = Sequence[Any]
 
 SHARED_UPDATE_BYTES = 256  # recordings whose updates capture more are not shared
-_PATTERN_DTYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 _DISPATCH_STORAGE = int(BufferUsage.DISPATCH_STORAGE)
 _TRANSFER_SOURCE = int(BufferUsage.TRANSFER_SOURCE)
 _TRANSFER_TARGET = int(BufferUsage.TRANSFER_TARGET)
@@ -63,10 +60,10 @@ _new_range = tuple.__new__  # `_new_range(Range, (buffer, offset, length))`: no 
 
 @dataclass(frozen=True, slots=True)
 class Fill:
-    """Fill `target` with `pattern` (a 1-, 2- or 4-byte numpy scalar) repeated."""
+    """Fill `target` with `pattern` (1, 2 or 4 bytes) repeated."""
 
     target: Range
-    pattern: np.generic
+    pattern: bytes
     name = "fill"
 
 
@@ -107,8 +104,8 @@ Operation = Fill | Update | Copy | Dispatch | Barrier
 Transfer = Fill | Update | Copy
 
 
-def range_bytes(r: Range) -> np.ndarray:
-    """The bytes of a range of host-visible memory, as a uint8 view."""
+def range_bytes(r: Range) -> memoryview:
+    """The bytes of a range of host-visible memory, as a byte memoryview."""
     buffer, offset, length = r
     return buffer.host_bytes()[offset : offset + length]
 
@@ -116,11 +113,26 @@ def range_bytes(r: Range) -> np.ndarray:
 def run_transfer(op: Transfer) -> None:
     """Runs one fill, update or copy on host-visible memory."""
     if type(op) is Fill:
-        range_bytes(op.target).view(op.pattern.dtype)[:] = op.pattern
+        fill_bytes(range_bytes(op.target), op.pattern)
     elif type(op) is Update:
-        range_bytes(op.target)[:] = np.frombuffer(op.data, dtype=np.uint8)
+        range_bytes(op.target)[:] = op.data
     else:
         range_bytes(op.target)[:] = range_bytes(op.source)
+
+
+def fill_bytes(target: memoryview, pattern: bytes) -> None:
+    """Repeats `pattern` over `target` (whose length is a multiple of it): the pattern
+    once, then the filled prefix copied after itself, doubling, so a fill of n bytes is
+    log2(n) copies and no temporary."""
+    length = len(target)
+    if not length:
+        return
+    filled = len(pattern)
+    target[:filled] = pattern
+    while filled < length:
+        step = min(filled, length - filled)
+        target[filled : filled + step] = target[:step]
+        filled += step
 
 
 # -- binding tables --------------------------------------------------------------------
@@ -218,7 +230,7 @@ class Recording:
         align: list[set[int]] = [set() for _ in range(n)]
         self.exact = True
         self.single_workgroup = True
-        self.patterns: dict[int, np.generic] = {}
+        self.patterns: dict[int, bytes] = {}
         self.streams: list[Any] = []
         self.shareable = True  # False: it captured too many host bytes to keep around
 
@@ -246,8 +258,7 @@ class Recording:
                 if x * y * z > 1:
                     self.single_workgroup = False
             elif op == "fill":
-                self.patterns[index] = np.frombuffer(
-                    cmd.pattern, dtype=_PATTERN_DTYPES[len(cmd.pattern)])[0]
+                self.patterns[index] = cmd.pattern
             elif op == "update" and len(cmd.source) > SHARED_UPDATE_BYTES:
                 self.shareable = False
         self.slot_usage = usage

@@ -31,10 +31,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ..errors import Error, InvalidArgumentError, ResourceExhaustedError
-from .buffer import ALIGNMENT, Storage
+from .buffer import ALIGNMENT, Storage, host_block
 
 if TYPE_CHECKING:
     from .allocator import Allocator
@@ -47,7 +45,7 @@ costs address space only."""
 
 HEAP_NAME = "transient"
 
-_EMPTY = np.zeros(0, dtype=np.uint8)
+_EMPTY = memoryview(bytearray())
 
 GrantCallback = Callable[["RingBlock | None", "Error | None"], None]
 
@@ -131,7 +129,7 @@ class TransientRingbuffer:
         # An RLock only so a finalizer can ask whether its own thread holds it (see
         # `_collected`); nothing re-enters it.
         self._lock = threading.RLock()
-        self._backing: np.ndarray | None = None
+        self._backing: memoryview | None = None
         self._backing_address = 0  # the backing's first byte, once it exists
         self._blocks: collections.deque[RingBlock] = collections.deque()
         self._parked: collections.deque[tuple[int, GrantCallback]] = collections.deque()
@@ -319,12 +317,9 @@ class TransientRingbuffer:
 
     # -- internals --------------------------------------------------------------------
 
-    def _ensure_backing(self) -> np.ndarray:
+    def _ensure_backing(self) -> memoryview:
         if self._backing is None:
-            raw = np.zeros(self.capacity + ALIGNMENT - 1, dtype=np.uint8)
-            start = (-raw.ctypes.data) % ALIGNMENT
-            self._backing = raw[start : start + self.capacity]
-            self._backing_address = raw.ctypes.data + start
+            self._backing, self._backing_address = host_block(self.capacity)
         return self._backing
 
     def _place(self, size: int) -> RingBlock | None:

@@ -83,8 +83,8 @@ class NativeProgram:
                     pattern = recording.patterns[index]
                     c = ops[i]
                     c.kind = lib.TINYHAL_OP_FILL
-                    c.pattern = int(pattern)
-                    c.pattern_length = pattern.dtype.itemsize
+                    c.pattern = int.from_bytes(pattern, "little")
+                    c.pattern_length = len(pattern)
                     ref = cmd.target
                     sites.append((slot(ref), ref.offset, ref.length,
                                   ffi.addressof(c, "dst"), ffi.addressof(c, "length")))

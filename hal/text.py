@@ -25,13 +25,14 @@ from __future__ import annotations
 import ctypes
 import math
 import re
+import struct
 from collections.abc import Callable, Sequence
-
-import numpy as np
+from typing import Any
 
 from ..errors import InvalidArgumentError, OutOfRangeError
 from .types import (
     ElementType,
+    float32_bits,
     format_element_type,
     numpy_dtype,
     packed_byte_length,
@@ -149,7 +150,7 @@ def narrow_float_bits(value: float, element_type: int) -> int:
     mantissa_mask = (1 << mbits) - 1
     exp_mask = (1 << sign_shift) - (1 << mbits)
     exp_bias = bias_tweak + (1 << (ebits - 1)) - 1
-    bits = int(np.array(value, np.float32).view(np.uint32))
+    bits = float32_bits(value)
     sign = (bits >> 31) << sign_shift
     f32_exp = bits & 0x7F800000
     f32_mantissa = bits & 0x7FFFFF
@@ -198,7 +199,7 @@ def narrow_float_bits(value: float, element_type: int) -> int:
 def _e8m0_bits(value: float) -> int:
     """f32 -> f8E8M0FNU (a power of two, no sign, no zero) as IREE converts it: the
     nearer of the two powers of two by the frexp fraction, NaN (0xFF) past the range."""
-    value = float(np.float32(value))
+    value = _F32.unpack(_U32.pack(float32_bits(value)))[0]
     if not math.isfinite(value):
         return 0xFF
     if value <= 0:
@@ -227,8 +228,9 @@ def _parse_element(token: str, element_type: int, size: int) -> bytes:
             return narrow_float_bits(value, element_type).to_bytes(size, "little")
         if element_type == ElementType.FLOAT_8_E8M0_FNU:
             return bytes([_e8m0_bits(value)])
-        with np.errstate(over="ignore", invalid="ignore"):
-            return np.asarray(value, numpy_dtype(element_type)).tobytes()
+        if wide:
+            return struct.pack("<d", value)
+        return _U32.pack(float32_bits(value))
     if len(token) != size * 2:
         raise InvalidArgumentError(
             f"binary hex element count mismatch: buffer length={len(token)} < "
@@ -244,15 +246,15 @@ def _hex_digit(c: str) -> int:
 _SEPARATORS = re.compile(r"[\s,\[\]]+")
 
 
-def parse_buffer_elements(text: str, shape: Sequence[int], element_type: int) -> np.ndarray:
-    """The buffer bytes (uint8, packed for sub-byte types) `text` gives a tensor of
-    `shape`: one value splats, no values give zeros (`iree_hal_parse_buffer_elements`)."""
+def parse_buffer_elements(text: str, shape: Sequence[int], element_type: int) -> bytearray:
+    """The buffer bytes (packed for sub-byte types) `text` gives a tensor of `shape`:
+    one value splats, no values give zeros (`iree_hal_parse_buffer_elements`)."""
     element_type = int(element_type)
     size = dense_byte_count(element_type)
     byte_length = packed_byte_length(math.prod(shape), element_type)
     capacity = byte_length // size if size else 0
     if not text:
-        return np.zeros(byte_length, np.uint8)
+        return bytearray(byte_length)
     tokens = [t for t in _SEPARATORS.split(text) if t]
     ends_with_separator = bool(_SEPARATORS.fullmatch(text[-1]))
     out = bytearray()
@@ -269,9 +271,8 @@ def parse_buffer_elements(text: str, shape: Sequence[int], element_type: int) ->
     elif len(tokens) < capacity:
         raise OutOfRangeError(
             f"input data string underflow: dst_i={len(tokens)} < element_capacity={capacity}")
-    data = np.zeros(byte_length, np.uint8)
-    data[: len(out)] = np.frombuffer(bytes(out), np.uint8)[:byte_length]
-    return data
+    del out[byte_length:]
+    return out + bytes(byte_length - len(out))
 
 
 def parse_shape_and_element_type(text: str) -> tuple[tuple[int, ...], int]:
@@ -309,15 +310,37 @@ def format_shape_and_element_type(shape: Sequence[int], element_type: int) -> st
     return (dims + "x" if dims else "") + format_element_type(element_type)
 
 
-def _element_strings(data: np.ndarray, element_type: int, size: int) -> Callable[[int], str]:
+_F32 = struct.Struct("<f")
+_U32 = struct.Struct("<I")
+_STRUCT_FLOATS = {int(ElementType.FLOAT_16): "e", int(ElementType.FLOAT_32): "f",
+                  int(ElementType.FLOAT_64): "d"}
+
+
+def _element_strings(data: memoryview, element_type: int, size: int) -> Callable[[int], str]:
     """index -> IREE's text of the element at byte offset index * size of `data`."""
     count = len(data) // size if size else 0
     whole = data[: count * size]
     if element_type in _INT_RANGES:
-        values = whole.view(numpy_dtype(element_type))
-        return lambda i: str(int(values[i]))
-    if element_type in _FLOATS:
-        typed = whole.view(numpy_dtype(element_type))
+        code = {1: "b", 2: "h", 4: "i", 8: "q"}[size]
+        if (element_type >> 24) & 0xFF == 0x12:
+            code = code.upper()
+        ints = struct.unpack(f"<{count}{code}", whole)
+        return lambda i: str(ints[i])
+    code = _STRUCT_FLOATS.get(element_type)
+    if code is not None or element_type == ElementType.BFLOAT_16:
+        if code is not None:
+            floats = struct.unpack(f"<{count}{code}", whole)
+        else:  # bf16 is the high half of an f32
+            floats = struct.unpack(f"<{count}f", b"".join(
+                _U32.pack(h << 16) for h in struct.unpack(f"<{count}H", whole)))
+        if element_type != ElementType.FLOAT_32 and element_type != ElementType.FLOAT_64:
+            # IREE widens every NaN to a positive one
+            floats = tuple(math.nan if f != f else f for f in floats)
+        return lambda i: format_c_float(floats[i])
+    if element_type in _FLOATS:  # the fp8 family: numpy and ml_dtypes convert them
+        import numpy as np
+
+        typed = np.frombuffer(whole, np.uint8).view(numpy_dtype(element_type))
         wide = typed.astype(np.float64 if element_type == ElementType.FLOAT_64 else np.float32)
         if element_type in _NARROW_FLOATS:  # IREE widens every NaN to a positive one
             wide[np.isnan(wide)] = np.nan
@@ -325,12 +348,15 @@ def _element_strings(data: np.ndarray, element_type: int, size: int) -> Callable
     return lambda i: whole[i * size : (i + 1) * size].tobytes().hex().upper()
 
 
-def format_buffer_elements(data: np.ndarray, shape: Sequence[int], element_type: int,
+def format_buffer_elements(data: Any, shape: Sequence[int], element_type: int,
                            max_element_count: int = 1024) -> str:
-    """The contents part of `2x2xf32=[1 2][3 4]` for buffer bytes `data`; elides after
+    """The contents part of `2x2xf32=[1 2][3 4]` for buffer bytes `data` (any
+    C-contiguous buffer: bytes, a memoryview, a numpy array); elides after
     `max_element_count` elements with `...` (`iree_hal_format_buffer_elements`)."""
     element_type = int(element_type)
-    data = np.asarray(data, np.uint8).reshape(-1)
+    data = memoryview(data)
+    if data.format != "B" or data.ndim != 1:
+        data = data.cast("B")
     size = dense_byte_count(element_type)
     text_of = _element_strings(data, element_type, size)
     budget = [max(0, max_element_count)]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import enum
 import math
+import struct
 from dataclasses import dataclass
 from functools import cached_property
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class MemoryType(enum.IntFlag):
@@ -169,6 +172,8 @@ class ElementInfo:
 
     @cached_property
     def dtype(self) -> np.dtype:
+        import numpy as np
+
         module, _, name = self.dtype_name.rpartition(".")
         if module == "ml_dtypes":
             import ml_dtypes
@@ -237,12 +242,9 @@ _BY_CODE: dict[int, ElementInfo] = {e.element_type: e for e in ELEMENT_TYPES}
 _BY_MLIR: dict[str, ElementInfo] = {e.mlir: e for e in ELEMENT_TYPES}
 _BY_MLIR["index"] = _BY_CODE[ElementType.INT_64]
 # numpy -> HAL as iree.runtime maps it: numpy integers are signed or unsigned, never signless.
-# Those of ml_dtypes join when a dtype of ml_dtypes is first looked up (its caller has
-# imported it).
+# Filled when a dtype is first looked up (numpy is imported only by what uses it); those
+# of ml_dtypes join when a dtype of ml_dtypes is first looked up (its caller has imported it).
 _BY_DTYPE: dict[np.dtype, ElementInfo] = {}
-for _e in ELEMENT_TYPES:
-    if _e.numerical_type not in (0x00, 0x10) and not _e.dtype_name.startswith("ml_dtypes."):
-        _BY_DTYPE.setdefault(_e.dtype, _e)
 _BY_KSERVE: dict[str, ElementInfo] = {}
 for _e in ELEMENT_TYPES:
     if _e.kserve is not None and _e.numerical_type != 0x10:
@@ -278,6 +280,12 @@ def numpy_dtype(element_type: int) -> np.dtype:
 
 def element_type_for(dtype: np.dtype) -> ElementType:
     """The IREE element type for a numpy dtype; INVALID_ARGUMENT for unsupported dtypes."""
+    import numpy as np
+
+    if not _BY_DTYPE:
+        for e in ELEMENT_TYPES:
+            if e.numerical_type not in (0x00, 0x10) and not e.dtype_name.startswith("ml_dtypes."):
+                _BY_DTYPE.setdefault(e.dtype, e)
     dtype = np.dtype(dtype)
     info = _BY_DTYPE.get(dtype)
     if info is None and dtype.type.__module__.startswith("ml_dtypes"):
@@ -331,6 +339,19 @@ def parse_element_type(text: str) -> int:
     raise InvalidArgumentError(f"unhandled element type prefix in '{text}'")
 
 
+def float32_bits(value: float) -> int:
+    """The bits of `value` rounded to f32 (to nearest even; beyond f32's range an
+    infinity of its sign, as a C cast gives)."""
+    try:
+        return _U32.unpack(_F32.pack(value))[0]
+    except OverflowError:
+        return 0xFF800000 if value < 0 else 0x7F800000
+
+
+_F32 = struct.Struct("<f")
+_U32 = struct.Struct("<I")
+
+
 def packed_byte_length(element_count: int, element_type: int) -> int:
     """Bytes `element_count` dense elements take in a buffer (sub-byte types packed)."""
     return (element_count * (int(element_type) & 0xFF) + 7) // 8
@@ -339,6 +360,8 @@ def packed_byte_length(element_count: int, element_type: int) -> int:
 def pack_elements(array: np.ndarray, element_type: int) -> np.ndarray:
     """The bytes a HAL buffer holds for `array` (row-major; sub-byte elements packed
     8 // bits to a byte, the first element in the low bits, as IREE packs i4)."""
+    import numpy as np
+
     bits = element_type & 0xFF
     if bits >= 8:
         if array.flags.c_contiguous:
@@ -360,6 +383,8 @@ def pack_elements(array: np.ndarray, element_type: int) -> np.ndarray:
 
 def unpack_elements(raw: np.ndarray, shape: tuple[int, ...], element_type: int) -> np.ndarray:
     """The array of `shape` a HAL buffer's bytes `raw` hold (inverse of `pack_elements`)."""
+    import numpy as np
+
     info = _BY_CODE.get(element_type)
     dtype = info.dtype if info is not None else numpy_dtype(element_type)
     bits = element_type & 0xFF
@@ -379,17 +404,20 @@ def unpack_elements(raw: np.ndarray, shape: tuple[int, ...], element_type: int) 
     return values.view(dtype).reshape(shape)
 
 
-def copy_elements(backing: np.ndarray, offset: int, shape: tuple[int, ...],
+def copy_elements(backing: memoryview, offset: int, shape: tuple[int, ...],
                   element_type: int) -> np.ndarray:
     """A new array of `shape` holding the elements stored at byte `offset` of `backing`
     (1-D uint8 memory that holds them all). One numpy view and one copy for byte-sized
     types: the result path of every invocation."""
+    import numpy as np
+
     info = _BY_CODE.get(element_type)
     if info is not None and element_type & 0xFF >= 8:
         return np.ndarray(shape, info.dtype, backing, offset).copy()
     count = math.prod(shape)
     length = (count * (element_type & 0xFF) + 7) // 8
-    return unpack_elements(backing[offset : offset + length].copy(), shape, element_type)
+    return unpack_elements(np.frombuffer(backing, np.uint8, length, offset).copy(), shape,
+                           element_type)
 
 
 WHOLE_BUFFER = -1

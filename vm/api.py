@@ -57,16 +57,15 @@ import functools
 import linecache
 import os
 import re
+import sys
 import weakref
 from collections.abc import Sequence
 from sys import getrefcount
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
-
 from ..errors import Error, InvalidArgumentError, NotFoundError
 from ..hal import Device, create_device
-from ..hal.buffer import ALIGNMENT, Buffer
+from ..hal.buffer import Buffer, host_block, views_of_block
 from ..hal.buffer_view import BufferView
 from ..hal.native import ffi
 from ..hal.semaphore import Fence
@@ -87,6 +86,8 @@ from .native import NativeModule
 from .types import VMList
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .io_parameters import ParameterStatistics
 
 __all__ = ["ArgSpec", "FunctionInfo", "Module", "load", "parse_declaration"]
@@ -228,12 +229,9 @@ def _info_from_cconv(name: str, cconv: Any) -> FunctionInfo:
 def _aligned_copy(data: bytes | bytearray | memoryview) -> memoryview:
     """`data` copied into 64-byte-aligned memory (so rodata can be imported in place)."""
     view = memoryview(data).cast("B")
-    raw = np.empty(view.nbytes + ALIGNMENT, dtype=np.uint8)
-    start = (-raw.ctypes.data) % ALIGNMENT
-    aligned = raw[start : start + view.nbytes]
-    aligned[:] = np.frombuffer(view, dtype=np.uint8)
-    aligned.flags.writeable = False
-    return memoryview(aligned)
+    aligned, _ = host_block(view.nbytes)
+    aligned[:] = view
+    return aligned.toreadonly()
 
 
 def _resolve_devices(device: Any, options: dict) -> list[tuple[Device, bool]]:
@@ -458,9 +456,11 @@ class Module:
         return outputs
 
     def invoke_raw(self, name: str, *args: Any) -> list:
-        """Like `invoke` but returns the VM's results as they are (buffer views, ints)."""
-        info, vmf, plans, _stacks = self._resolved.get(name) or self._resolve(name)
-        vm_args = self._convert_inputs(info, args, plans)
+        """Like `invoke` but returns the VM's results as they are (buffer views, ints).
+        Arguments take the general path (no input plans): its callers pass buffer views
+        and numbers, and then nothing here imports numpy."""
+        info, vmf = self._lookup(name)
+        vm_args = self._convert_inputs(info, args)
         signal = self._append_fences(vm_args) if info.is_async else None
         results = self.context.invoke(vmf, vm_args)
         if signal is not None:
@@ -498,9 +498,12 @@ class Module:
             buffer = view.buffer
             storage = buffer.storage
             # References: `view` here and the getrefcount argument (+ view.buffer for
-            # the buffer, + buffer.storage for the storage, + storage.array for its base).
+            # the buffer, + buffer.storage for the storage, + the storage and `array`
+            # for its memoryview); no other view of the memory.
+            array = storage.array
             if (getrefcount(view) == 2 and getrefcount(buffer) == 3
-                    and getrefcount(storage) == 3 and getrefcount(storage.array.base) == 2
+                    and getrefcount(storage) == 3 and getrefcount(array) == 3
+                    and views_of_block(array) == 1
                     and len(stacks[index]) < _IDLE_INPUTS_PER_ARGUMENT):
                 stacks[index].append(view)
 
@@ -527,6 +530,8 @@ class Module:
             )
         device = self.device
         input_memory = self._input_memory
+        if plans:  # made by `_resolve` for `invoke`, whose arguments are arrays
+            import numpy as np
         out = []
         for i, (spec, value) in enumerate(zip(specs, args)):
             plan = plans[i] if plans else None
@@ -678,6 +683,8 @@ def _tensor_input(device: Device, fn: str, spec: ArgSpec, value: Any,
         raise InvalidArgumentError(
             f"argument {spec.name} of {fn} is a {spec.describe()}: pass an array or a "
             f"BufferView, not a bare hal.buffer (it has no shape or element type)")
+    import numpy as np
+
     info = element_info_for_mlir(spec.type)
     dtype = info.dtype if info is not None else None
     if type(value) is not np.ndarray:
@@ -729,14 +736,15 @@ def _same_integer_width(have: np.dtype, info: Any) -> bool:
 
 def _scalar_input(fn: str, spec: ArgSpec, value: Any) -> Any:
     t = spec.type
-    if isinstance(value, np.ndarray):
+    np = sys.modules.get("numpy")  # an array can only come from a program that loaded it
+    if np is not None and isinstance(value, np.ndarray):
         if value.ndim != 0:
             raise InvalidArgumentError(
                 f"argument {spec.name} of {fn} is a {t} scalar, not an array of shape "
                 f"{'x'.join(map(str, value.shape))}"
             )
         value = value.item()
-    elif isinstance(value, np.generic):
+    elif np is not None and isinstance(value, np.generic):
         value = value.item()
     if t.startswith("f"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -36,8 +36,6 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from ..errors import (
     DeadlineExceededError,
     Error,
@@ -49,7 +47,7 @@ from ..errors import (
     error_for_code,
 )
 from ..hal.allocator import Allocator
-from ..hal.buffer import Buffer, Storage
+from ..hal.buffer import Buffer, Storage, as_byte_view
 from ..hal.buffer_view import BufferView
 from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
@@ -260,9 +258,8 @@ def allocator_import(state: HalModuleState, allocator, is_try, queue_affinity, m
     elif usage & _SHARING_IMMUTABLE != _SHARING_IMMUTABLE:
         access |= MemoryAccess.WRITE
     try:
-        array = np.frombuffer(view, dtype=np.uint8, count=length, offset=offset)
         buffer = allocator.import_host(
-            array, MemoryType(memory_types & _U32), BufferUsage(usage), access
+            as_byte_view(view)[offset : offset + length], MemoryType(memory_types & _U32), BufferUsage(usage), access
         )
     except Error:
         if is_try:
@@ -334,8 +331,8 @@ def buffer_load(state: HalModuleState, buffer, offset, length):
     if length > 4:
         raise InvalidArgumentError(f"load length byte count {length} exceeds max")
     offset, length = buffer.resolve_range(offset, length, "load")
-    data = buffer.allocator.device_ref().read_array(buffer, offset, length)
-    return int.from_bytes(data.tobytes(), "little")
+    return int.from_bytes(
+        buffer.allocator.device_ref().read_bytes(buffer, offset, length), "little")
 
 
 def buffer_store(state: HalModuleState, value, buffer, offset, length):

@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError
 from ..hal.buffer import Buffer
 from ..hal.buffer_view import BufferView
 from .types import VALUE_TYPES, VARIANT, VMBuffer, VMList
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["is_list_type", "list_input", "list_output"]
 
@@ -64,6 +65,8 @@ def list_input(value: Any, type_text: str, make_tensor: Callable[[np.ndarray], B
                what: str) -> VMList:
     """`value` (a list or tuple) as a VM list of the declared `type_text`; arrays are
     turned into buffer views by `make_tensor`; `what` names the argument in errors."""
+    import numpy as np
+
     element_type = element_type_of(type_text)
     out = VMList(element_type, len(value))
     for i, item in enumerate(value):
@@ -99,6 +102,8 @@ def list_input(value: Any, type_text: str, make_tensor: Callable[[np.ndarray], B
 
 def _element(item: Any, make_tensor: Callable[[np.ndarray], BufferView], where: str) -> Any:
     """A VM ref for `item`, or (value type, value) for a number."""
+    import numpy as np
+
     if item is None or isinstance(item, (bool, np.bool_, str, bytes)):
         raise InvalidArgumentError(
             f"{where} ({_describe(item)}): cannot infer a VM type for a "

@@ -63,11 +63,10 @@ import importlib
 import math
 import os
 import re
+import struct
 import sys
 from collections.abc import Sequence
-from typing import Any, NamedTuple
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import (
     Error,
@@ -90,6 +89,7 @@ from ..hal.types import (
     ElementType,
     MemoryType,
     element_info,
+    float32_bits,
     pack_elements,
     packed_byte_length,
     unpack_elements,
@@ -106,12 +106,15 @@ from .run_flags import (
     task_options,
 )
 
+if TYPE_CHECKING:
+    import numpy as np
+
 # -- formatting (as IREE's tools do) -------------------------------------------------------
 
 
-def _read_bytes(view: BufferView) -> np.ndarray:
+def _read_bytes(view: BufferView) -> bytes:
     device = view.buffer.allocator.device_ref()
-    return device.read_array(view.buffer, 0, view.byte_length)
+    return device.read_bytes(view.buffer, 0, view.byte_length)
 
 
 def format_buffer_view(view: BufferView, max_elements: int = 1024) -> str:
@@ -169,7 +172,7 @@ def _npy_descr_element_type(descr: str) -> int:
     return (numerical << 24) | (int(width) * 8)
 
 
-def read_npy(f: Any, path: str) -> tuple[tuple[int, ...], int, np.ndarray]:
+def read_npy(f: Any, path: str) -> tuple[tuple[int, ...], int, bytes]:
     """(shape, element type, bytes) of the next array in an open `.npy` file."""
     magic = f.read(8)
     if len(magic) < 8:
@@ -194,21 +197,24 @@ def read_npy(f: Any, path: str) -> tuple[tuple[int, ...], int, np.ndarray]:
         raise OutOfRangeError(
             f"end-of-file encountered during read; failed to read npy contents of "
             f"{nbytes} bytes")
-    return shape, element_type, np.frombuffer(data, np.uint8).copy()
+    return shape, element_type, data
 
 
 _NPY_KIND = {0x00: "V", 0x13: "b", 0x10: "i", 0x11: "i", 0x12: "u", 0x21: "f", 0x23: "c"}
 
 
-def npy_bytes(shape: Sequence[int], element_type: int, data: np.ndarray) -> bytes:
+def npy_bytes(shape: Sequence[int], element_type: int, data: bytes) -> bytes:
     """A `.npy` file for a tensor, byte for byte as iree-run-module writes it."""
     numerical = (element_type >> 24) & 0xFF
     size = dense_byte_count(element_type)
     if (element_type & 0xFF) < 8 and numerical in (0x10, 0x11, 0x12):
         # one element per byte (IREE 3.13 writes the packed bytes under a header that
         # promises one byte per element, a file neither numpy nor IREE can read)
+        import numpy as np
+
         wide = np.uint8 if numerical == 0x12 else np.int8
-        data = unpack_elements(data, tuple(shape), element_type).astype(wide).view(np.uint8)
+        data = unpack_elements(np.frombuffer(data, np.uint8), tuple(shape),
+                               element_type).astype(wide).tobytes()
     kind = _NPY_KIND.get(numerical)
     if kind is None and element_info(element_type) is not None and size in (1, 2):
         kind = "V"  # bf16 / fp8: raw bits, as numpy writes ml_dtypes arrays
@@ -223,25 +229,31 @@ def npy_bytes(shape: Sequence[int], element_type: int, data: np.ndarray) -> byte
     body = head + " " * padding + "\n"
     return (b"\x93NUMPY" + bytes([2 if big else 1, 0])
             + len(body).to_bytes(4 if big else 2, "little") + body.encode("latin-1")
-            + np.ascontiguousarray(data).tobytes())
+            + bytes(data))
 
 
-_SCALAR_NPY = {"i": (ElementType.SINT_32, np.int32), "I": (ElementType.SINT_64, np.int64),
-               "f": (ElementType.FLOAT_32, np.float32), "F": (ElementType.FLOAT_64, np.float64)}
+_SCALAR_NPY = {"i": (ElementType.SINT_32, "<i"), "I": (ElementType.SINT_64, "<q"),
+               "f": (ElementType.FLOAT_32, "<I"), "F": (ElementType.FLOAT_64, "<d")}
 
 
-def _output_tensor(value: Any, cconv: str) -> tuple[tuple[int, ...], int, np.ndarray]:
+def _output_tensor(value: Any, cconv: str) -> tuple[tuple[int, ...], int, bytes]:
     if isinstance(value, BufferView):
         return tuple(value.shape), int(value.element_type), _read_bytes(value)
     if value is None:
-        return (0,), int(ElementType.SINT_8), np.zeros(0, np.uint8)
+        return (0,), int(ElementType.SINT_8), b""
     entry = _SCALAR_NPY.get(cconv)
     if entry is None:
         raise InvalidArgumentError(
             "unsupported output source type; expected: !hal.buffer, !hal.buffer_view, "
             "!vm.buffer"
         )
-    return (), int(entry[0]), np.array(value, dtype=entry[1]).reshape(-1).view(np.uint8)
+    element_type, code = entry
+    if cconv == "f":
+        value = float32_bits(value)
+    elif cconv in "iI":  # wrapped to the width, as a C cast
+        bits = 32 if cconv == "i" else 64
+        value = ((int(value) + (1 << (bits - 1))) % (1 << bits)) - (1 << (bits - 1))
+    return (), int(element_type), struct.pack(code, value)
 
 
 def write_output(value: Any, cconv: str, spec: str, max_elements: int, out) -> None:
@@ -258,7 +270,7 @@ def write_output(value: Any, cconv: str, spec: str, max_elements: int, out) -> N
         raise UnimplementedError(f"unsupported output mode specification '{spec}'")
     path = spec[1:]
     shape, element_type, data = _output_tensor(value, cconv)
-    blob = npy_bytes(shape, element_type, data) if path.endswith(".npy") else data.tobytes()
+    blob = npy_bytes(shape, element_type, data) if path.endswith(".npy") else data
     try:
         with open(path, mode) as f:
             f.write(blob)
@@ -274,12 +286,15 @@ class Tensor(NamedTuple):
 
     shape: tuple[int, ...]
     element_type: int
-    data: np.ndarray
+    data: bytes | bytearray
     from_npy: bool = False
     storage: bool = False  # `&...`: the argument is the tensor's bare hal.buffer
 
     def to_numpy(self) -> np.ndarray:
-        return unpack_elements(self.data, self.shape, self.element_type)
+        import numpy as np
+
+        return unpack_elements(np.frombuffer(self.data, np.uint8), self.shape,
+                               self.element_type)
 
 
 class _NpyStreams:
@@ -342,7 +357,7 @@ def parse_tensor(text: str) -> Tensor:
             raise InvalidArgumentError(f"cannot open {data[1:]}: {exc.strerror}") from None
         if len(raw) < nbytes:
             raise OutOfRangeError(f"file {data[1:]} has {len(raw)} bytes, {nbytes} needed")
-        return Tensor(shape, element_type, np.frombuffer(raw, np.uint8).copy())
+        return Tensor(shape, element_type, raw)
     try:
         return Tensor(shape, element_type, parse_buffer_elements(data, shape, element_type))
     except InvalidArgumentError as exc:
@@ -398,8 +413,8 @@ _INPUT_USAGE = BufferUsage.DEFAULT | BufferUsage.MAPPING
 def to_buffer_view(device: Any, tensor: Tensor,
                    memory_type: int = _INPUT_MEMORY) -> BufferView:
     """The tensor in a new device buffer, with exactly its element type."""
-    buffer = device.allocator.allocate(tensor.data.nbytes, memory_type, _INPUT_USAGE)
-    if tensor.data.nbytes:
+    buffer = device.allocator.allocate(len(tensor.data), memory_type, _INPUT_USAGE)
+    if tensor.data:
         device.write_bytes(buffer, tensor.data)
     return BufferView(buffer, tensor.shape, tensor.element_type)
 
@@ -429,13 +444,15 @@ class Equality(NamedTuple):
 
 def _fuzzy_equal(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float
                  ) -> np.ndarray:
+    import numpy as np
+
     with np.errstate(invalid="ignore", over="ignore"):
         close = np.abs(actual - expected) <= atol + rtol * np.abs(expected)
     return (actual == expected) | (np.isnan(actual) & np.isnan(expected)) | (
         np.isfinite(expected) & close)
 
 
-def _element_text(data: np.ndarray, index: int, element_type: int) -> str:
+def _element_text(data: Any, index: int, element_type: int) -> str:
     size = dense_byte_count(element_type)
     return format_buffer_elements(data[index * size : (index + 1) * size], (1,), element_type)
 
@@ -443,6 +460,8 @@ def _element_text(data: np.ndarray, index: int, element_type: int) -> str:
 def compare_tensor(index: int, expected: Tensor, actual: BufferView, equality: Equality,
                    max_elements: int = 1024) -> str:
     """'' when `actual` matches, else iree-run-module's `[FAILED] result[i]: ...` text."""
+    import numpy as np
+
     expected_type = expected.element_type
     actual_type = int(actual.element_type)
     if expected.from_npy and (expected_type & 0xFF) == (actual_type & 0xFF) and (
@@ -453,9 +472,11 @@ def compare_tensor(index: int, expected: Tensor, actual: BufferView, equality: E
     elif expected.from_npy and (expected_type & 0xFF) == 8 and (
             (expected_type >> 24) in (0x11, 0x12)) and (actual_type & 0xFF) < 8 and (
             (actual_type >> 24) in (0x10, 0x11, 0x12)) and expected.shape == tuple(actual.shape):
-        expected = Tensor(expected.shape, actual_type, pack_elements(expected.data, actual_type))
+        expected = Tensor(expected.shape, actual_type, pack_elements(
+            np.frombuffer(expected.data, np.uint8), actual_type).tobytes())
         expected_type = actual_type
-    actual_data = _read_bytes(actual)
+    actual_data = np.frombuffer(_read_bytes(actual), np.uint8)
+    expected_data = np.frombuffer(expected.data, np.uint8)
     expected_view = format_shape_and_element_type(expected.shape, expected_type)
     reason = ""
     if tuple(actual.shape) != expected.shape or actual_type != expected_type:
@@ -469,19 +490,19 @@ def compare_tensor(index: int, expected: Tensor, actual: BufferView, equality: E
             # exact: element by element of the buffer (a packed byte at a time for i4)
             units = packed_byte_length(count, expected_type) // size if size else 0
             a = actual_data[: units * size].reshape(units, size)
-            e = expected.data[: units * size].reshape(units, size)
+            e = expected_data[: units * size].reshape(units, size)
             bad = np.nonzero(np.any(a != e, axis=1))[0]
         else:
             wide = np.float64 if expected_type == ElementType.FLOAT_64 else np.float32
             a = unpack_elements(actual_data, (count,), expected_type).astype(wide)
-            e = unpack_elements(expected.data, (count,), expected_type).astype(wide)
+            e = unpack_elements(expected_data, (count,), expected_type).astype(wide)
             bad = np.nonzero(~_fuzzy_equal(a.astype(np.float64), e.astype(np.float64),
                                            atol, equality.rtol))[0]
         if len(bad):
             i = int(bad[0])
             reason = (f"element at index {i} ({_element_text(actual_data, i, expected_type)})"
                       f" does not match the expected "
-                      f"({_element_text(expected.data, i, expected_type)})")
+                      f"({_element_text(expected_data, i, expected_type)})")
     if not reason:
         return ""
     expected_text = expected_view + "=" + format_buffer_elements(
