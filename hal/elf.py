@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import platform
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +34,7 @@ QUERY_SYMBOL = "iree_hal_executable_library_query"
 EM_X86_64 = 62
 EM_AARCH64 = 183
 HOST_MACHINE = {"x86_64": EM_X86_64, "AMD64": EM_X86_64, "aarch64": EM_AARCH64,
-                "arm64": EM_AARCH64}.get(platform.machine())
+                "arm64": EM_AARCH64}.get(os.uname().machine)
 
 PT_NULL, PT_LOAD, PT_DYNAMIC, PT_INTERP, PT_NOTE, PT_SHLIB, PT_PHDR, PT_TLS = range(8)
 PT_GNU_EH_FRAME = 0x6474E550
@@ -198,7 +198,7 @@ def parse_elf(data: bytes, what: str = "executable") -> ElfLibrary:
         raise _unsupported(what, "unsupported OS ABI or non-zero identification padding")
     if e_machine != HOST_MACHINE:
         raise _unsupported(
-            what, f"built for machine {e_machine}, this host is {platform.machine()}")
+            what, f"built for machine {e_machine}, this host is {os.uname().machine}")
     if e_type != 3:
         raise _unsupported(what, f"not a shared object (e_type={e_type})")
     if e_ehsize != EHDR.size or e_phentsize != PHDR.size or e_shentsize != SHDR.size:

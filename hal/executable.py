@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 from _blake2 import blake2b  # hashlib would load OpenSSL (3.5 MiB) at start-up
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +42,7 @@ MAX_WORKGROUP_COUNT_Z = 0xFFFF
 
 LIBRARY_VERSION = 6
 HOST_ARCH = {"x86_64": "x86_64", "AMD64": "x86_64", "aarch64": "arm_64",
-             "arm64": "arm_64"}.get(platform.machine(), platform.machine())
+             "arm64": "arm_64"}.get(os.uname().machine, os.uname().machine)
 FORMATS = (f"embedded-elf-{HOST_ARCH}", f"system-elf-{HOST_ARCH}")
 
 

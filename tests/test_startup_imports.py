@@ -3,7 +3,8 @@ from a script builds no cffi FFI (the compiled helpers are installed), imports n
 loop library (nothing runs one), no ml_dtypes (no element type here needs it), no OpenSSL
 (`hashlib`; content hashes use `_blake2`), no profiler, `json` or `logging` (nothing is
 profiled or logged), no `shutil` (argparse asks it the terminal width only for help) and
-neither TinyIREE's inline modules nor parameter support (the module needs neither)."""
+neither TinyIREE's inline modules nor parameter support (the module needs neither).
+`tinyhal-run` with plain inputs imports no numpy either (`vm/test_run_without_numpy.py`)."""
 
 from __future__ import annotations
 
