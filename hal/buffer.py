@@ -35,23 +35,25 @@ _cast = ffi.cast
 _from_buffer = ffi.from_buffer
 _memmove = ffi.memmove
 
-LARGE_BLOCK = 1 << 18
-"""Blocks of at least this many bytes are anonymous memory maps: the kernel hands out
-zero pages as they are first touched (as calloc does for large sizes), so a large buffer
-that is only partly written costs only what is written. Smaller ones are bytearrays."""
-
-
 def host_block(byte_length: int) -> tuple[memoryview, int]:
     """A new zero-filled block of `byte_length` host bytes, aligned to `ALIGNMENT`: a
-    writable unsigned-byte memoryview of it and its address. Plain Python memory, so the
-    HAL needs no numpy (whose import alone is ~60 ms and 15 MiB) to hold bytes."""
-    if byte_length >= LARGE_BLOCK:
-        raw: Any = mmap.mmap(-1, byte_length)  # page-aligned
-        return memoryview(raw), int(_cast("uintptr_t", _from_buffer(raw)))
+    writable unsigned-byte memoryview of it and its address. Plain Python memory (a
+    bytearray: the C heap, whose freed blocks the next allocation reuses), so the HAL
+    needs no numpy (whose import alone is ~60 ms and 15 MiB) to hold bytes."""
     raw = bytearray(byte_length + ALIGNMENT)
     base = int(_cast("uintptr_t", _from_buffer(raw)))
     start = (-base) % ALIGNMENT
     return memoryview(raw)[start : start + byte_length], base + start
+
+
+def mapped_block(byte_length: int) -> tuple[memoryview, int]:
+    """Like `host_block`, for a large block made once and kept (the transient ring, a
+    module file's bytes): an anonymous memory map, whose zero pages cost nothing until
+    first written, so a ring of 256 MiB of which a program uses 1 MiB costs 1 MiB. Not
+    for blocks made per call: each map and its first touches are system calls and page
+    faults where the heap would reuse memory."""
+    raw = mmap.mmap(-1, max(byte_length, 1))  # page-aligned
+    return memoryview(raw)[:byte_length], int(_cast("uintptr_t", _from_buffer(raw)))
 
 
 def as_byte_view(data: Any) -> memoryview:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import Error, InvalidArgumentError, ResourceExhaustedError
-from .buffer import ALIGNMENT, Storage, host_block
+from .buffer import ALIGNMENT, Storage, mapped_block
 
 if TYPE_CHECKING:
     from .allocator import Allocator
@@ -319,7 +319,7 @@ class TransientRingbuffer:
 
     def _ensure_backing(self) -> memoryview:
         if self._backing is None:
-            self._backing, self._backing_address = host_block(self.capacity)
+            self._backing, self._backing_address = mapped_block(self.capacity)
         return self._backing
 
     def _place(self, size: int) -> RingBlock | None:

@@ -29,7 +29,7 @@ from ..errors import (
     PermissionDeniedError,
     UnimplementedError,
 )
-from ..hal.buffer import ALIGNMENT, host_block
+from ..hal.buffer import ALIGNMENT, mapped_block
 from . import isa
 from .bytecode_module_def import (
     DebugDatabase,
@@ -235,7 +235,7 @@ def read_module_file(path: str | os.PathLike, *, limit: int | None = None) -> me
                                   f"limit of {limit}")
         # fresh zero pages a large file's read fills (a bytearray would first write
         # zeros over every page: ~10-20 ms more for MobileNetV2's 14 MB)
-        view, _ = host_block(size)
+        view, _ = mapped_block(size)
         got = 0
         while got < size:
             n = os.readv(fd, [view[got:]])
