@@ -35,6 +35,7 @@ _cast = ffi.cast
 _from_buffer = ffi.from_buffer
 _memmove = ffi.memmove
 
+
 def host_block(byte_length: int) -> tuple[memoryview, int]:
     """A new zero-filled block of `byte_length` host bytes, aligned to `ALIGNMENT`: a
     writable unsigned-byte memoryview of it and its address. Plain Python memory (a

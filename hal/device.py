@@ -175,7 +175,8 @@ class Device:
         """A new uint8 numpy array with the buffer's bytes (see `read_bytes`)."""
         import numpy as np
 
-        return np.frombuffer(self._read_host(buffer, offset, length, timeout), np.uint8)
+        data = self._read_host(buffer, offset, length, timeout)
+        return np.frombuffer(data if type(data) is bytearray else bytearray(data), np.uint8)
 
     def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
                    timeout: float | None = 60.0) -> bytes:
@@ -185,12 +186,14 @@ class Device:
         return bytes(self._read_host(buffer, offset, length, timeout))
 
     def _read_host(self, buffer: Buffer, offset: int, length: int,
-                   timeout: float | None) -> bytearray:
+                   timeout: float | None) -> memoryview | bytearray:
+        """The bytes: a view of host-visible memory itself (the caller copies it), or a
+        new bytearray the transfer filled."""
         buffer.check_live()
         offset, length = buffer.resolve_range(offset, length, "read")
         if buffer.mappable:
             start = buffer.byte_offset + offset
-            return bytearray(buffer.storage.array[start : start + length])
+            return buffer.storage.array[start : start + length]
         host = bytearray(length)
         done = Semaphore()
         self.queue_write(buffer, offset, host, 0, length, signal=[(done, 1)])
@@ -767,8 +770,6 @@ def run_capturing(work: Callable[[], None]) -> Error | None:
 
 def _no_work(done: Completion) -> None:
     done(None)
-
-
 
 
 def _read_file(source: Any, offset: int, dst: memoryview) -> None:
