@@ -21,7 +21,6 @@ one by one to name the exact command and operand that cannot run.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..errors import Error, FailedPreconditionError, InvalidArgumentError, OutOfRangeError
@@ -56,10 +55,11 @@ _new_range = tuple.__new__  # `_new_range(Range, (buffer, offset, length))`: no 
 
 
 # -- typed operations ------------------------------------------------------------------
+# (NamedTuples: immutable, told apart by `type(op) is`, and they define several times
+# faster than frozen dataclasses, at every start-up)
 
 
-@dataclass(frozen=True, slots=True)
-class Fill:
+class Fill(NamedTuple):
     """Fill `target` with `pattern` (1, 2 or 4 bytes) repeated."""
 
     target: Range
@@ -67,8 +67,7 @@ class Fill:
     name = "fill"
 
 
-@dataclass(frozen=True, slots=True)
-class Update:
+class Update(NamedTuple):
     """Write `data` (captured host bytes) into `target`."""
 
     target: Range
@@ -76,8 +75,7 @@ class Update:
     name = "update"
 
 
-@dataclass(frozen=True, slots=True)
-class Copy:
+class Copy(NamedTuple):
     """Copy `source` into `target` (same length; the ranges may overlap)."""
 
     source: Range
@@ -85,16 +83,14 @@ class Copy:
     name = "copy"
 
 
-@dataclass(frozen=True, slots=True)
-class Dispatch:
+class Dispatch(NamedTuple):
     """Run every workgroup of a prepared dispatch."""
 
     prepared: PreparedDispatch
     name = "dispatch"
 
 
-@dataclass(frozen=True, slots=True)
-class Barrier:
+class Barrier(NamedTuple):
     """Everything before completes before anything after starts."""
 
     name = "barrier"

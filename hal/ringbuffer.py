@@ -23,13 +23,12 @@ reservation is granted, so subspans taken before that see the memory as well.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import queue
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import Error, InvalidArgumentError, ResourceExhaustedError
 from .buffer import ALIGNMENT, Storage, mapped_block
@@ -101,8 +100,7 @@ class RingBlock:
         return f"<RingBlock [{self.offset}, {self.offset + self.size}) {state}>"
 
 
-@dataclasses.dataclass(frozen=True)
-class RingStatistics:
+class RingStatistics(NamedTuple):
     capacity: int
     live_bytes: int
     peak_bytes: int

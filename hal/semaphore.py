@@ -19,7 +19,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import (
     AbortedError,
@@ -34,8 +34,7 @@ MAX_VALUE = (1 << 64) - 1
 TimepointCallback = Callable[[Error | None], None]
 
 
-@dataclass(frozen=True)
-class SemaphoreStatistics:
+class SemaphoreStatistics(NamedTuple):
     value: int
     failed: bool
     pending_timepoints: int

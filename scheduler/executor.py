@@ -15,12 +15,11 @@ The module is generic: it knows nothing of buffers, semaphores or devices.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import (
     AbortedError,
@@ -76,8 +75,7 @@ def current_worker_index() -> int | None:
     return getattr(_tls, "worker_index", None)
 
 
-@dataclasses.dataclass(frozen=True)
-class ExecutorStatistics:
+class ExecutorStatistics(NamedTuple):
     """A snapshot of an executor's state (like trio's `statistics()` objects)."""
 
     worker_count: int
