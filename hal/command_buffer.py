@@ -151,7 +151,7 @@ class CommandBuffer:
     def __init__(self, device: Any, mode: str | CommandBufferMode = "one_shot",
                  binding_capacity: int = 0) -> None:
         try:
-            self.mode = CommandBufferMode(mode)
+            self.mode = mode if mode.__class__ is CommandBufferMode else CommandBufferMode(mode)
         except ValueError:
             raise InvalidArgumentError(
                 f"command buffer mode must be 'one_shot' or 'reusable', not {mode!r}"
@@ -400,7 +400,7 @@ class CommandBuffer:
             )
         self.commands = list(commands)
         self.direct = direct
-        self._direct_slots = {id(b): -1 - k for k, b in enumerate(direct)}
+        self._direct_slots = dict(zip(map(id, direct), range(-1, -1 - len(direct), -1)))
         self.max_slot = table_slots - 1
         if recording is not None:
             self.recording = recording

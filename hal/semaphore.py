@@ -324,8 +324,8 @@ class Fence:
 
     @classmethod
     def join(cls, fences: Iterable[Fence | None]) -> Fence:
-        joined = cls()
-        points = joined.timeline
+        joined = cls.__new__(cls)  # without the `__init__` frame
+        points = joined.timeline = {}
         for fence in fences:
             if fence is not None:
                 for sem, value in fence.timeline.items():  # values were checked when the fence was made

@@ -271,6 +271,7 @@ def base_namespace() -> dict:
         "_round_f32": ops.round_f32,
         "_fail": ops.fail,
         "_check_ref_type": ops.check_ref_type,
+        "_remember": ops.remember_call, "_UNSET": ops.UNSET,
     }
     for name in dir(ops):
         if name.startswith(("div_", "rem_", "buffer_", "list_", "cast_", "bitcast_", "fma_",
@@ -1103,6 +1104,14 @@ class _Gen:
                 self.emit(ind, f"_t = _impy{k}({args})", pc)
                 self.emit(ind, "if _t.__class__ is _Suspend: _t = yield _t", pc)
                 self.emit(ind, "elif _t.__class__ is _GenType: _t = yield from _t", pc)
+            elif (imp.full_name in record_blocks.PASS_THROUGH and len(result_types) == 1
+                    and all(t == "r" for t in imp.cconv.args)):
+                # pure: each call site remembers its last refs (by identity) and result
+                tree = self._import_arg_tree(ins, imp, segments, src)
+                site = f"_P{self.st.pure_site(len(tree))}"
+                same = " and ".join(f"{site}[{i}] is {a}" for i, a in enumerate(tree))
+                self.emit(ind, f"_t = {site}[{len(tree)}] if {same} else "
+                               f"_remember({site}, _imp{k}, {args})", pc)
             else:
                 self.emit(ind, f"_t = _imp{k}({args})", pc)
             self.clear_moved(ins, src, set(), ind)
@@ -1326,7 +1335,12 @@ class _ProgramState:
         self.calls: dict[int, set[int]] = {}
         self.yield_imports: set[int] = set()
         self.record_blocks: list[record_blocks.RecordBlock] = []
+        self.pure_sites: list[int] = []  # arity of each pure import call site (`_P<n>`)
         self._record_block_index: dict = {}
+
+    def pure_site(self, arity: int) -> int:
+        self.pure_sites.append(arity)
+        return len(self.pure_sites) - 1
 
     def record_block(self, block: record_blocks.RecordBlock) -> int:
         """The site number of `block` (equal blocks share one site)."""
@@ -1384,6 +1398,9 @@ def generate_module(module) -> ModuleProgram:
 
     lines: list[str] = []
     line_pcs: list = [None]  # 1-based
+    for n, arity in enumerate(st.pure_sites):  # per context: each instantiation runs them
+        lines.append(f"_P{n} = [{'_UNSET, ' * arity}None]")
+        line_pcs.append(None)
     for fn, _g, body in per_fn:
         is_gen = fn.ordinal in st.generators
         needs_yield_stub = is_gen

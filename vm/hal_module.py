@@ -790,8 +790,6 @@ def fence_join(state: HalModuleState, flags, fences):
             present.append(fence)
     if not present:
         return None
-    if len(present) == 1:
-        return Fence(present[0].points)
     return Fence.join(present)
 
 

@@ -42,7 +42,8 @@ RECORD_OPS = frozenset({
     "hal.command_buffer.fill_buffer",
     FINALIZE,
 })
-# Imports that may run inside a block: pure, and never given the command buffer.
+# Imports that may run inside a block: pure (their call sites also remember their last
+# result: `vm.codegen`), and never given the command buffer.
 PASS_THROUGH = frozenset({"hal.executable.lookup.function"})
 # Instructions that end a block before them: control flow, calls, output, failure.
 _ENDS = frozenset({"fail", "trace", "print", "yield", "return", "break", "cond_break",
