@@ -19,8 +19,9 @@ import tinyhal
 from support.executables import compile_executable
 from tinyhal import errors, hal
 from tinyhal.hal import BufferView
+from tinyhal.vm import isa
 from tinyhal.vm.hal_module import command_buffer_dispatch, create_hal_module
-from tinyhal.vm.record_blocks import RecordBlock, replay
+from tinyhal.vm.record_blocks import RecordBlock, find_block, replay
 
 F32 = 0x21000020
 TWO = int(np.array(2.0, np.float32).view(np.uint32))
@@ -169,3 +170,40 @@ def test_a_recurrent_model_records_its_steps_import_by_import_only_once(name):
         args = zoo_inputs(name)
         assert _dispatch_shim_calls(lambda: fn(*args)) > 0
         assert _dispatch_shim_calls(lambda: fn(*args)) == 0
+
+
+class _Import:
+    def __init__(self, full_name: str) -> None:
+        self.full_name = full_name
+
+
+_IMPORTS = [_Import(n) for n in (
+    "hal.command_buffer.create", "hal.command_buffer.execution_barrier",
+    "hal.command_buffer.finalize", "hal.device.queue.execute",
+    "hal.executable.lookup.function")]
+_CB = isa.REF_BIT | 3  # the command buffer's register
+
+
+def _call(k: int, src: list, dst: list = ()) -> isa.Instruction:
+    return isa.Instruction(0, 0, "call", [k | isa.IMPORT_BIT, list(src), list(dst)], ())
+
+
+_CREATE = _call(0, [isa.REF_BIT | 1], [_CB])
+_BARRIER = _call(1, [_CB])
+_FINALIZE = _call(2, [_CB])
+_ADD = isa.Instruction(0, 0, "add.i32", [1, 2, 3], (("r", "i32"), ("r", "i32"), ("w", "i32")))
+
+
+@pytest.mark.parametrize("instrs, end", [
+    ([_CREATE, _BARRIER, _ADD, _BARRIER, _FINALIZE, _BARRIER], 5),  # ends at finalize
+    ([_CREATE, _BARRIER, _call(4, [isa.REF_BIT | 5, isa.REF_BIT | 6], [7]), _BARRIER], 4),
+    ([_CREATE, _BARRIER, _call(3, [isa.REF_BIT | 1, _CB]), _BARRIER, _BARRIER], None),
+    ([_CREATE, _BARRIER, _BARRIER, _call(3, [_CB])], 3),  # a queue op ends it
+    ([_CREATE, _BARRIER, isa.Instruction(0, 0, "assign.ref", [_CB, isa.REF_BIT | 4],
+                                         (("r", "ref"), ("w", "ref"))), _BARRIER], None),
+    ([_CREATE, _BARRIER, _ADD, _BARRIER, isa.Instruction(0, 0, "br", [0, []],
+                                                          (("B", ""), ("O", ""))), _BARRIER], 4),
+    ([_CREATE, _FINALIZE, _BARRIER], None),  # one record op is not worth a block
+])
+def test_a_block_runs_from_create_to_what_it_cannot_hold(instrs, end):
+    assert find_block(instrs, 0, _IMPORTS) == end
