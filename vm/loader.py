@@ -235,7 +235,7 @@ def read_module_file(path: str | os.PathLike, *, limit: int | None = None) -> me
                                   f"limit of {limit}")
         # fresh zero pages a large file's read fills (a bytearray would first write
         # zeros over every page: ~10-20 ms more for MobileNetV2's 14 MB)
-        view, _ = mapped_block(size)
+        view, _ = mapped_block(size, filled=True)
         got = 0
         while got < size:
             n = os.readv(fd, [view[got:]])
