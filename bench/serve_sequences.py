@@ -218,6 +218,8 @@ def _statistics(server: ServerProcess) -> dict[str, float]:
               "fail": entry["inference_stats"]["fail"]["count"]}
     for phase, value in entry.get("sequence_stats", {}).get("host", {}).items():
         totals[f"{phase}_ns"] = value["ns"]
+    for key, value in entry.get("sequence_stats", {}).get("state_gathers", {}).items():
+        totals[f"gathers_{key}"] = value
     return totals
 
 
@@ -235,6 +237,9 @@ def measure(server: ServerProcess, n: int, steps: int, seconds: float, base_id: 
     for phase in ("gather", "invoke", "scatter", "respond"):
         if f"{phase}_ns" in delta and delta["inferences"]:
             result[f"{phase}_us"] = delta[f"{phase}_ns"] / 1e3 / delta["inferences"]
+    gathers = delta.get("gathers_in_place", 0) + delta.get("gathers_copied", 0)
+    if gathers:  # executions whose state input was a view of the rows where they were
+        result["in_place_pct"] = 100 * delta["gathers_in_place"] / gathers
     result["load1"] = os.getloadavg()[0]
     return result
 
@@ -353,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"seconds": args.seconds, "rounds": args.rounds, "steps": args.steps}})
     print_table(rows, ["sequences", "server", "steps_s", "p50_ms", "p99_ms", "batch",
                        "cpu_us", "gather_us", "invoke_us", "scatter_us", "respond_us",
-                       "errors", "load1"])
+                       "in_place_pct", "errors", "load1"])
     print()
     print_table(ratios, ["sequences", "vs_unbatched_steps", "vs_unbatched_p99",
                          "vs_triton_steps", "vs_triton_p99"])

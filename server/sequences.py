@@ -23,25 +23,30 @@ and values, so a Triton configuration carries over:
 the request's flags as the configured false/true values (`int32_false_true`,
 `fp32_false_true`, `bool_false_true`), READY is always true (only ready requests are
 batched), CORRID is the sequence id as `data_type` (an integer type). *Implicit state*:
-the program takes `input_name` and returns `output_name` (both [batch, *dims]); the server
-keeps each live sequence's state in a *slot* of one table per state, set to
-`initial_state` (zeros, or the raw bytes of `initial_state/<data_file>` beside the model
-file) when the sequence starts. Clients never see control or state tensors.
-The slot tables are host arrays (one row per slot): each execution gathers its rows into
-the invocation's state input and writes the program's state output back, a copy of a few
-bytes per sequence in and out; the state is not kept in device buffers between steps.
+the program takes `input_name` and returns `output_name` (both [batch, *dims]); the
+server keeps each live sequence's state on the device, starting from `initial_state`
+(zeros, or the raw bytes of `initial_state/<data_file>` beside the model file). Clients
+never see control or state tensors, and the host never reads or writes a state: a
+sequence's state is the row of the state output its last step returned, left where the
+program put it (`DeviceState`). The next execution's state input is a view of those
+rows when the batch's rows are consecutive in one buffer (sequences that stepped
+together step together again: the common case of a steady group), else it is gathered
+by device copies, one per run of neighbouring rows; nothing is scattered, the output
+becomes the rows' new home. A step that fails leaves its sequence's state where it was.
+A buffer of states lives while any live sequence's state is a row of it; the statistics
+count those bytes (`state_bytes_reserved`) beside the rows in use (`state_bytes_in_use`).
 
 Cellular batching: every live sequence holds a slot (`max_candidate_sequences` of them
 with `oldest`, `max_batch_size` x instances with `direct`; further starts wait for one).
 Whenever an instance is free, one execution takes the head request of each of up to
 `max_batch_size` *ready* sequences (a slot, a queued request, no request running), oldest
-first: their inputs are stacked along dim 0, their state rows gathered from the table, the
-step runs once, and the new state rows are written back to the slots. A sequence never
-has two requests in one execution, so its steps run in order; sequences join and leave
-between executions. One failing request does not fail its batch-mates (each request of a
-failed batch runs again alone, `batching.run_batch`); its sequence's state stays as it
-was. With `max_queue_delay_microseconds`, a batch smaller than the largest preferred size
-(else `max_batch_size`) waits at most that long after its oldest request arrived.
+first: their inputs are stacked along dim 0 (in the order their state rows lie), their
+state gathered on the device, the step runs once. A sequence never has two requests in
+one execution, so its steps run in order; sequences join and leave between executions.
+One failing request does not fail its batch-mates (each request of a failed batch runs
+again alone). With `max_queue_delay_microseconds`, a batch smaller than the largest
+preferred size (else `max_batch_size`) waits at most that long after its oldest request
+arrived.
 
 Triton's semantics and errors (400): a request without `sequence_id` (or 0, or ""); a
 request of an unknown (never started, ended or expired) sequence without
@@ -58,6 +63,7 @@ which runs on the version's instance threads, as with `admission.Admission`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import OrderedDict, deque
@@ -69,13 +75,17 @@ from typing import Any
 import numpy as np
 import trio
 
+from ..hal.buffer import ALIGNMENT
+from ..hal.buffer_view import BufferView, dense_byte_length
+from ..hal.types import BufferUsage, element_type_for, pack_elements, unpack_elements
 from .admission import DeadlineExceeded, Instance, Overloaded, PendingRequest, Unavailable
-from .batching import Outcome, Results, run_batch
+from .batching import Outcome, Results
 from .protocol import DATATYPES, ProtocolError
 from .stats import Latency
 
-__all__ = ["ControlInput", "SequenceBatcher", "SequenceCollector", "SequenceConfig",
-           "StateSpec", "parse_sequence_config", "sequence_parameters"]
+__all__ = ["ControlInput", "DeviceState", "SequenceBatcher", "SequenceCollector",
+           "SequenceConfig", "StateSpec", "StepProgram", "parse_sequence_config",
+           "sequence_parameters"]
 
 CONTROL_KINDS = ("CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_END",
                  "CONTROL_SEQUENCE_READY", "CONTROL_SEQUENCE_CORRID")
@@ -86,6 +96,7 @@ DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 # the host phases of one execution, as recorded in `SequenceBatcher.host`
 HOST_PHASES = ("gather", "invoke", "scatter", "respond")
 _EXPIRED_REMEMBERED = 4096
+_STATE_USAGE = int(BufferUsage.DEFAULT | BufferUsage.MAPPING)
 _WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                  0.25, 0.5, 1.0)
 
@@ -325,11 +336,12 @@ class _Step(PendingRequest):
 
 
 class _Sequence:
-    __slots__ = ("id", "slot", "steps", "running", "ending", "ready", "last_used")
+    __slots__ = ("id", "slot", "home", "steps", "running", "ending", "ready", "last_used")
 
     def __init__(self, sid: int | str, now: float) -> None:
         self.id = sid
         self.slot: int | None = None
+        self.home: tuple[tuple, int] = ((), 0)  # where its state is (DeviceState)
         self.steps: deque[_Step] = deque()
         self.running = False
         self.ending = False  # its END request arrived: it takes no more
@@ -337,28 +349,155 @@ class _Sequence:
         self.last_used = now
 
 
+@dataclass(frozen=True)
+class StepProgram:
+    """What executions run on one instance: its loaded module (`tinyhal.vm.Module`), the
+    step function's name, and the lock a `sync` device needs (it runs work inline on
+    the calling thread, one invocation at a time), or None."""
+
+    module: Any
+    function: str
+    lock: Any = None
+
+
+class DeviceState:
+    """Where the implicit state of live sequences lives: in device buffers, never on the
+    host. A sequence's state is a *row* of a buffer the program returned (its state
+    output of the sequence's last step: row i of an execution belongs to the i-th
+    sequence of its batch) or, before its first step succeeded, a row of a block of
+    copies of the initial value made when the model loaded. Those buffers are never
+    written after the program returned them, so a row stays valid while any sequence
+    refers to it and is released with the last one.
+
+    Gather builds an execution's state input from its sequences' rows: when they are
+    consecutive rows of one buffer (the batch is ordered by where its rows are, so a
+    group of sequences that stepped together last time and steps together again is one
+    run) the input is a view of that buffer, with no copy; otherwise one device copy
+    per run of consecutive rows into a new buffer. Scatter is free: the state output
+    becomes the rows' new home. A `sync` program function returns only when its work is
+    done, so the host waits for the gather's copies (`await_gathers`) before invoking."""
+
+    def __init__(self, states: tuple[StateSpec, ...], rows: int,
+                 programs: list[StepProgram]) -> None:
+        module = programs[0].module
+        self.device = device = module.device
+        self._memory = module.input_memory_type
+        self.element_types = [int(element_type_for(s.initial.dtype)) for s in states]
+        self.row_bytes = [dense_byte_length(s.dims, t)
+                          for s, t in zip(states, self.element_types)]
+        self.dims = [s.dims for s in states]
+        self.initial = []
+        for state, element_type, size in zip(states, self.element_types, self.row_bytes):
+            block = device.allocator.allocate(rows * size, self._memory, _STATE_USAGE)
+            row = pack_elements(np.ascontiguousarray(state.initial), element_type).tobytes()
+            device.write_bytes(block, row * rows)
+            self.initial.append(block)
+        self.initial_home = (tuple(self.initial), 0)
+        self._gathers: dict[int, list] = {id(p): [] for p in programs}
+        # gathers passed as views of where the rows are, gathers that copied, copies
+        self.counts = {"in_place": 0, "copied": 0, "copies": 0}
+
+    def gather(self, program: StepProgram, state: int, homes: list[tuple[tuple, int]]
+               ) -> BufferView:
+        """The state input made of the rows `homes` ((buffers per state, row) each)."""
+        size = self.row_bytes[state]
+        runs: list[list] = []  # [source, first source row, first batch row, rows]
+        initial = self.initial[state]
+        for i, (buffers, row) in enumerate(homes):
+            source = buffers[state]
+            if runs:
+                last = runs[-1]
+                if last[0] is source and last[1] + last[3] == row:
+                    last[3] += 1
+                    continue
+                if source is initial and last[0] is initial:  # any initial row will do
+                    last[3] += 1
+                    continue
+            runs.append([source, row, i, 1])
+        shape = (len(homes), *self.dims[state])
+        element_type = self.element_types[state]
+        counts = self.counts
+        if len(runs) == 1:
+            source, row = runs[0][0], runs[0][1]
+            offset = row * size
+            if offset == 0 and source.byte_length == len(homes) * size:
+                counts["in_place"] += 1
+                return BufferView(source, shape, element_type)
+            if offset % ALIGNMENT == 0:
+                counts["in_place"] += 1
+                return BufferView(source.subspan(offset, len(homes) * size), shape,
+                                  element_type)
+        counts["copied"] += 1
+        counts["copies"] += len(runs)
+        target = self.device.allocator.allocate(len(homes) * size, self._memory,
+                                                _STATE_USAGE)
+        commands = self.device.create_command_buffer()
+        for source, row, at, count in runs:
+            commands.copy(source, row * size, target, at * size, count * size)
+        commands.finalize()
+        done = self.device.create_semaphore(0)
+        self.device.submit(commands, signal=[(done, 1)])
+        self._gathers[id(program)].append(done)
+        return BufferView(target, shape, element_type)
+
+    def await_gathers(self, program: StepProgram) -> None:
+        """Blocks until the gathers made for `program`'s next invocation are done."""
+        pending = self._gathers[id(program)]
+        for done in pending:
+            done.wait(1)
+        pending.clear()
+
+    def read(self, state: int, home: tuple[tuple, int]) -> np.ndarray:
+        """A copy of one sequence's state on the host (a transfer: for tests)."""
+        buffers, row = home
+        size = self.row_bytes[state]
+        data = self.device.read_array(buffers[state], row * size, size)
+        return unpack_elements(data, self.dims[state], self.element_types[state])
+
+    def held_bytes(self, homes: Iterable[tuple[tuple, int]]) -> int:
+        """Device memory the rows `homes` keep alive (whole buffers), and the initial
+        blocks."""
+        buffers = {id(b): b.byte_length for b in self.initial}
+        for home in homes:
+            for buffer in home[0]:
+                buffers[id(buffer)] = buffer.byte_length
+        return sum(buffers.values())
+
+
+def _home_order(seq: _Sequence) -> tuple[int, int]:
+    """Batch order: sequences whose rows are neighbours in one buffer, next to each
+    other (initial rows first)."""
+    buffers, row = seq.home
+    return (id(buffers[0]) if buffers else 0, row)
+
+
 class SequenceBatcher:
     """Schedules one model version's sequences onto its instances (see the module doc).
 
-    `program_inputs` names the program's inputs in order; the client's arguments
-    (`infer(args, ...)`) are the others, in order. `executed(requests, rows, seconds)` is
-    called for every execution that succeeded (Triton's statistics)."""
+    `programs[i]` is what instance i runs. `program_inputs` names the program's inputs
+    in order; the client's arguments (`infer(args, ...)`) are the others, in order.
+    `program_outputs` lists the program's outputs as (name, V2 datatype). `executed(
+    requests, rows, seconds)` is called for every execution that succeeded (Triton's
+    statistics)."""
 
     def __init__(self, model: str, config: SequenceConfig, max_batch_size: int,
-                 instances: list[Instance], program_inputs: list[str], max_queue: int,
-                 *, executed: Callable[[int, int, float], None] | None = None) -> None:
+                 instances: list[Instance], programs: list[StepProgram],
+                 program_inputs: list[str], program_outputs: list[tuple[str, str]],
+                 max_queue: int, *,
+                 executed: Callable[[int, int, float], None] | None = None) -> None:
         self.model = model
         self.config = config
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self._instances = instances
+        self._programs = {id(i): p for i, p in zip(instances, programs)}
         self._idle: list[Instance] = list(reversed(instances))
         self._executed = executed
         slots = config.max_candidate_sequences if config.strategy == "oldest" else \
             max_batch_size * len(instances)
         self.slots = slots
         self._free_slots = list(range(slots - 1, -1, -1))
-        self.tables = [np.empty((slots, *s.dims), s.initial.dtype) for s in config.states]
+        self._device = DeviceState(config.states, max_batch_size, programs)
         controls = {c.name: c for c in config.controls}
         states = {s.input_name: i for i, s in enumerate(config.states)}
         # how each program input is made: ("client", i) | ("control", c) | ("state", i)
@@ -375,6 +514,8 @@ class SequenceBatcher:
         self._corrid_integer = any(c.kind == "CONTROL_SEQUENCE_CORRID"
                                    for c in config.controls)
         self._state_outputs = {s.output_name: i for i, s in enumerate(config.states)}
+        self._program_outputs = [(name, datatype, DATATYPES[datatype])
+                                 for name, datatype in program_outputs]
         self._sequences: dict[tuple[type, int | str], _Sequence] = {}
         self._backlog: deque[_Sequence] = deque()  # started, waiting for a slot
         self._ready: deque[_Sequence] = deque()
@@ -414,8 +555,10 @@ class SequenceBatcher:
             "slots": self.slots,
             "slots_in_use": self.slots_in_use,
             "state_bytes_in_use": self.state_bytes_in_use,
-            "state_bytes_reserved": sum(t.nbytes for t in self.tables),
+            "state_bytes_reserved": self._device.held_bytes(
+                s.home for s in self._sequences.values() if s.slot is not None),
             "expired_sequences": self.expired_count,
+            "state_gathers": dict(self._device.counts),
             "queue_wait": self.queue_wait.doc(),
             "host": {phase: latency.doc() for phase, latency in self.host.items()},
         }
@@ -515,10 +658,8 @@ class SequenceBatcher:
     # -- scheduling (on the loop, no checkpoints) ----------------------------------------
 
     def _assign(self, seq: _Sequence) -> None:
-        slot = self._free_slots.pop()
-        seq.slot = slot
-        for table, state in zip(self.tables, self.config.states):
-            table[slot] = state.initial
+        seq.slot = self._free_slots.pop()
+        seq.home = self._device.initial_home
 
     def _mark_ready(self, seq: _Sequence) -> None:
         if not seq.ready and not seq.running and seq.slot is not None and seq.steps:
@@ -536,6 +677,7 @@ class SequenceBatcher:
             return
         self._free_slots.append(seq.slot)
         seq.slot = None
+        seq.home = ((), 0)
         while self._backlog and self._free_slots:
             waiting = self._backlog.popleft()
             self._assign(waiting)
@@ -581,6 +723,7 @@ class SequenceBatcher:
 
     def _start(self, batch: list[_Sequence], now: float) -> None:
         instance = self._idle.pop()
+        batch.sort(key=_home_order)
         steps = []
         for seq in batch:
             step = seq.steps.popleft()
@@ -590,69 +733,111 @@ class SequenceBatcher:
             seq.running = True
             steps.append(step)
         self._queued -= len(steps)
-        slots = [seq.slot for seq in batch]
+        homes = [seq.home for seq in batch]
         ids = [seq.id for seq in batch]
-        invoke = instance.invoke
+        program = self._programs[id(instance)]
         instance.thread.submit([(
-            lambda: self._execute(invoke, steps, slots, ids),
+            lambda: self._execute(program, steps, homes, ids),
             lambda result: self._finished(instance, batch, steps, now, result))])
 
-    def _execute(self, invoke: Callable[[list[Any]], Results], steps: list[_Step],
-                 slots: list[int], ids: list[int | str]) -> tuple:
-        """On the instance thread: gather each request's program arguments (its inputs,
-        its state rows, the control values), run the batch, scatter the new state rows
-        back into the slots of the requests that succeeded."""
-        t0 = time.perf_counter()
-        batch_args = []
-        for step, slot, sid in zip(steps, slots, ids):
-            args = []
-            for kind, what in self._plan:
-                if kind == "client":
-                    args.append(step.args[what])
-                elif kind == "state":
-                    args.append(self.tables[what][slot:slot + 1])
-                else:
-                    args.append(self._control_value(what, step, sid))
-            batch_args.append(args)
-        timed = [0.0]
-
-        def timed_invoke(args: list[Any]) -> Results:
+    def _execute(self, program: StepProgram, steps: list[_Step],
+                 homes: list[tuple[tuple, int]], ids: list[int | str]) -> tuple:
+        """On the instance thread: one execution of the batch (see `_run_rows`); if it
+        fails and holds several requests, each runs again alone so only the request the
+        program rejects gets the error. Returns each request's outcome, the new home of
+        each sequence's state (None where its step failed: its state is unchanged), the
+        executions and the host time of the phases."""
+        timing = [0.0, 0.0, 0.0]
+        count = len(steps)
+        with program.lock or contextlib.nullcontext():
             start = time.perf_counter()
             try:
-                return invoke(args)
-            finally:
-                timed[0] += time.perf_counter() - start
+                results, new_homes = self._run_rows(program, steps, homes, ids, timing)
+            except Exception as exc:  # noqa: BLE001 - isolated below, or handed on
+                if count == 1:
+                    return [(None, exc)], [None], [], tuple(timing)
+            else:
+                executions = [(count, count, time.perf_counter() - start)]
+                return ([(r, None) for r in results], new_homes, executions,
+                        tuple(timing))
+            outcomes: list[Outcome] = []
+            alone_homes: list[tuple[tuple, int] | None] = []
+            executions = []
+            for i in range(count):
+                start = time.perf_counter()
+                try:
+                    results, new_homes = self._run_rows(
+                        program, steps[i:i + 1], homes[i:i + 1], ids[i:i + 1], timing)
+                except Exception as exc:  # noqa: BLE001 - handed to its request
+                    outcomes.append((None, exc))
+                    alone_homes.append(None)
+                    continue
+                outcomes.append((results[0], None))
+                alone_homes.append(new_homes[0])
+                executions.append((1, 1, time.perf_counter() - start))
+            return outcomes, alone_homes, executions, tuple(timing)
 
+    def _run_rows(self, program: StepProgram, steps: list[_Step],
+                  homes: list[tuple[tuple, int]], ids: list[int | str],
+                  timing: list[float]) -> tuple[list[Results], list[tuple[tuple, int]]]:
+        """Runs the step once for `steps`: their inputs stacked along dim 0, their
+        control values, their state rows gathered on the device (`DeviceState`); copies
+        the client outputs to the host and keeps the state outputs on the device as the
+        sequences' new homes (row i for the i-th step). Adds the host time of gather,
+        invoke (with the copies of the client outputs) and scatter to `timing`. Raises
+        when the program fails (no state changed then)."""
+        t0 = time.perf_counter()
+        args: list[Any] = []
+        for kind, what in self._plan:
+            if kind == "client":
+                args.append(steps[0].args[what] if len(steps) == 1 else
+                            np.concatenate([step.args[what] for step in steps]))
+            elif kind == "state":
+                args.append(self._device.gather(program, what, homes))
+            else:
+                args.append(self._control_values(what, steps, ids))
+        self._device.await_gathers(program)
         t1 = time.perf_counter()
-        outcomes, executions = run_batch(timed_invoke, batch_args, [1] * len(steps))
-        t2 = time.perf_counter()
-        state_outputs = self._state_outputs
-        delivered: list[Outcome] = []
-        for (results, error), slot in zip(outcomes, slots):
-            if error is not None:
-                delivered.append((None, error))
+        results = program.module.invoke_raw(program.function, *args)
+        count = len(steps)
+        client_rows: list[Results] = [[] for _ in steps]
+        state_buffers: list[Any] = [None] * len(self.config.states)
+        for (name, datatype, dtype), value in zip(self._program_outputs, results):
+            shape = getattr(value, "shape", ())
+            if not shape or shape[0] != count:
+                raise ValueError(f"output '{name}' has shape {list(shape)}: not batched "
+                                 f"along dim 0 ({count} rows)")
+            state = self._state_outputs.get(name)
+            if state is not None:
+                state_buffers[state] = value.buffer
                 continue
-            client = []
-            for name, datatype, array in results:
-                index = state_outputs.get(name)
-                if index is None:
-                    client.append((name, datatype, array))
-                else:
-                    self.tables[index][slot] = array[0]
-            delivered.append((client, None))
-        t3 = time.perf_counter()
-        # gather counts the stacking in run_batch too: all of its time but the program's
-        phases = (t1 - t0 + (t2 - t1 - timed[0]), timed[0], t3 - t2)
-        return delivered, executions, phases
+            array = value.to_numpy()
+            if array.dtype != dtype:
+                array = array.astype(dtype)
+            for i, rows in enumerate(client_rows):
+                rows.append((name, datatype, array[i:i + 1]))
+        t2 = time.perf_counter()
+        buffers = tuple(state_buffers)
+        new_homes = [(buffers, i) for i in range(count)]
+        timing[0] += t1 - t0
+        timing[1] += t2 - t1
+        timing[2] += time.perf_counter() - t2
+        return client_rows, new_homes
 
-    def _control_value(self, control: ControlInput, step: _Step, sid: int | str
-                       ) -> np.ndarray:
+    def _control_values(self, control: ControlInput, steps: list[_Step],
+                        ids: list[int | str]) -> np.ndarray:
+        """The control input of `steps` as the program takes it, shape [rows, 1]."""
         kind = control.kind
         if kind == "CONTROL_SEQUENCE_CORRID":
-            return np.array([[sid]], control.dtype)
-        flag = (step.start if kind == "CONTROL_SEQUENCE_START" else
-                step.end if kind == "CONTROL_SEQUENCE_END" else True)
-        return np.array([[control.false_true[1 if flag else 0]]], control.dtype)
+            values: list[Any] = ids
+        elif kind == "CONTROL_SEQUENCE_READY":
+            values = [control.false_true[1]] * len(steps)
+        else:
+            false, true = control.false_true
+            start = kind == "CONTROL_SEQUENCE_START"
+            values = [true if (step.start if start else step.end) else false
+                      for step in steps]
+        return np.array(values, control.dtype).reshape(len(steps), 1)
 
     def _finished(self, instance: Instance, batch: list[_Sequence], steps: list[_Step],
                   started: float, result: Any) -> None:
@@ -660,14 +845,17 @@ class SequenceBatcher:
         t0 = time.perf_counter()
         if isinstance(result, BaseException):
             outcomes: list[Outcome] = [(None, result)] * len(steps)
+            homes = None
             executions: list[tuple[int, int, float]] = []
         else:
-            outcomes, executions, phases = result
+            outcomes, homes, executions, phases = result
             for phase, seconds in zip(HOST_PHASES, phases):
                 self.host[phase].add(seconds)
         seconds = trio.current_time() - started
         now = trio.current_time()
-        for seq, step, outcome in zip(batch, steps, outcomes):
+        for i, (seq, step, outcome) in enumerate(zip(batch, steps, outcomes)):
+            if homes is not None and homes[i] is not None:
+                seq.home = homes[i]  # the previous home is released with its last row
             step.outcome = outcome
             step.infer_seconds = seconds
             step.done.set()

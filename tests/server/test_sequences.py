@@ -120,6 +120,8 @@ def seq_server(tmp_path_factory):
     write_model(root, "gru_short", GRU, _gru_config(max_sequence_idle_microseconds=IDLE_US))
     write_model(root, "gru_one", GRU, _gru_config(
         max_sequence_idle_microseconds=IDLE_US, oldest={"max_candidate_sequences": 1}))
+    for driver in ("task", "emu"):
+        write_model(root, f"gru_{driver}", GRU, {**_gru_config(), "device": driver})
     write_model(root, "acc", compile_mlir(CONTROL_MLIR, HOST_FLAGS), CONTROL_CONFIG)
     (root / "acc" / "1" / "initial_state").mkdir()
     (root / "acc" / "1" / "initial_state" / "hundred").write_bytes(
@@ -148,32 +150,40 @@ def _error(fn) -> str:
     return info.value.message()
 
 
-def test_32_interleaved_sequences_match_each_sequence_alone(seq_server):
-    rng = np.random.default_rng(7)
-    lengths = [1 + (i * 7) % 13 for i in range(32)]
-    inputs = [rng.normal(size=(n, 1, 8)).astype(np.float32) for n in lengths]
-    got: list[list[np.ndarray]] = [[] for _ in lengths]
+def _run_sequences(server, model: str, inputs: list, first_id: int
+                   ) -> list[list[np.ndarray]]:
+    """Runs sequence i (ids from `first_id`) over `inputs[i]` (one step each), all
+    sequences at once from their own threads and clients; the OUTPUT of every step."""
+    got: list[list[np.ndarray]] = [[] for _ in inputs]
     errors: list[BaseException] = []
-    before = _stats(httpclient.InferenceServerClient(seq_server.url), "gru_step")
-    barrier = threading.Barrier(len(lengths))
+    barrier = threading.Barrier(len(inputs))
 
     def run(i: int) -> None:
         try:
-            client = httpclient.InferenceServerClient(seq_server.url, network_timeout=60)
+            client = httpclient.InferenceServerClient(server.url, network_timeout=60)
             barrier.wait(timeout=30)
             for k, x in enumerate(inputs[i]):
-                result = _step(client, "gru_step", x, sequence_id=1000 + i,
-                               sequence_start=k == 0, sequence_end=k == lengths[i] - 1)
+                result = _step(client, model, x, sequence_id=first_id + i,
+                               sequence_start=k == 0, sequence_end=k == len(inputs[i]) - 1)
                 got[i].append(result.as_numpy("OUTPUT"))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(lengths))]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(inputs))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
     assert not errors, errors[0]
+    return got
+
+
+def test_32_interleaved_sequences_match_each_sequence_alone(seq_server):
+    rng = np.random.default_rng(7)
+    lengths = [1 + (i * 7) % 13 for i in range(32)]
+    inputs = [rng.normal(size=(n, 1, 8)).astype(np.float32) for n in lengths]
+    before = _stats(httpclient.InferenceServerClient(seq_server.url), "gru_step")
+    got = _run_sequences(seq_server, "gru_step", inputs, 1000)
 
     module = tinyhal.load(GRU.read_bytes(), device="sync")
     import iree.runtime as ireert
@@ -201,6 +211,7 @@ def test_32_interleaved_sequences_match_each_sequence_alone(seq_server):
     seq = after["sequence_stats"]
     assert seq["live_sequences"] == 0 and seq["slots_in_use"] == 0
     assert seq["host"]["invoke"]["count"] >= executions
+    assert seq["state_gathers"]["in_place"] > 0  # a batch's rows where its last left them
     labels = (("model", "gru_step"), ("version", "1"))
     metrics = seq_server.metrics()
     assert metrics[("tinyhal_sequences_live", labels)] == 0
@@ -210,6 +221,29 @@ def test_32_interleaved_sequences_match_each_sequence_alone(seq_server):
         after["execution_count"]
     assert metrics[("tinyhal_sequence_host_seconds_total",
                     (("model", "gru_step"), ("phase", "invoke"), ("version", "1")))] > 0
+
+
+def _alone(xs: list[np.ndarray]) -> list[np.ndarray]:
+    module = tinyhal.load(GRU.read_bytes(), device="sync")
+    h = np.zeros((1, 16), np.float32)
+    out = []
+    for x in xs:
+        y, h = module.invoke("step", x, h)
+        out.append(y)
+    return out
+
+
+@pytest.mark.parametrize("model", ["gru_task", "gru_emu"])
+def test_state_on_each_driver_matches_each_sequence_alone(seq_server, model):
+    """On `emu` the host cannot map device memory: the state never passes through it."""
+    rng = np.random.default_rng(11)
+    inputs = [list(rng.normal(size=(3 + i % 4, 1, 8)).astype(np.float32)) for i in range(6)]
+    got = _run_sequences(seq_server, model, inputs, 50)
+    for i, xs in enumerate(inputs):
+        for k, want in enumerate(_alone(xs)):
+            assert np.array_equal(got[i][k], want), (model, i, k)
+    seq = _stats(httpclient.InferenceServerClient(seq_server.url), model)["sequence_stats"]
+    assert seq["live_sequences"] == 0 and seq["slots_in_use"] == 0
 
 
 def test_metadata_hides_state_and_lists_sequence_extension(seq_server):
@@ -375,3 +409,44 @@ def test_bad_sequence_config_names_the_field(tmp_path: Path, change: dict, messa
     with pytest.raises(ValueError, match=None) as info:
         parse_sequence_config(doc, 8, tmp_path)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("driver", ["sync", "task", "emu"])
+def test_device_state_gathers_rows_in_place_or_by_device_copies(driver):
+    from types import SimpleNamespace
+
+    from tinyhal.hal import BufferView, MemoryType, create_device
+    from tinyhal.server.sequences import DeviceState, StateSpec, StepProgram
+
+    device = create_device(driver)
+    try:
+        program = StepProgram(SimpleNamespace(device=device,
+                                              input_memory_type=int(MemoryType.DEVICE_LOCAL)),
+                              "step")
+        initial = np.arange(16, dtype=np.float32)
+        state = DeviceState((StateSpec("S_IN", "S_OUT", "FP32", (16,), initial),), 4,
+                            [program])
+        rows = [BufferView.from_numpy(device, np.full((3, 16), k, np.float32) +
+                                      np.arange(3, dtype=np.float32)[:, None]).buffer
+                for k in (10, 20)]
+        a, b = ((rows[0],), 0), ((rows[1],), 0)
+
+        def gathered(homes):
+            view = state.gather(program, 0, homes)
+            state.await_gathers(program)
+            return view.to_numpy()
+
+        # rows 1..2 of one buffer: a view of it, nothing copied
+        got = gathered([(a[0], 1), (a[0], 2)])
+        assert np.array_equal(got[:, 0], [11, 12]) and state.counts["copies"] == 0
+        assert state.counts["in_place"] == 1
+        # initial rows, then runs from two buffers: one copy per run
+        got = gathered([state.initial_home, state.initial_home, (a[0], 0), (a[0], 1),
+                        (b[0], 2), (a[0], 2)])
+        assert np.array_equal(got[:2], [initial, initial])
+        assert np.array_equal(got[2:, 0], [10, 11, 22, 12])
+        assert state.counts == {"in_place": 1, "copied": 1, "copies": 4}
+        assert np.array_equal(state.read(0, (b[0], 1)), np.full(16, 21, np.float32))
+        assert state.held_bytes([a, b]) == 4 * 64 + 2 * 3 * 64
+    finally:
+        device.close()
