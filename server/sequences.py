@@ -52,7 +52,12 @@ Triton's semantics and errors (400): a request without `sequence_id` (or 0, or "
 request of an unknown (never started, ended or expired) sequence without
 `sequence_start`; a `sequence_start` for a sequence still live. A sequence that received
 nothing for `max_sequence_idle_microseconds` (none queued or running) is ended and its
-slot freed: this is also what frees the slot of a client that went away mid-sequence.
+slot freed. A client that closes its connection while a step of its sequence waits or
+runs ends the sequence (as Triton cancels a sequence with a cancelled request): its
+queued requests are dropped and its slot is freed at once, or as soon as the running
+step is done (the connections of waiting steps are looked at every 20 ms, see
+`http.client_gone_probe`). A client that goes away between two steps is only seen by the
+idle expiry: the next step may come over another connection, as HTTP allows.
 A request whose deadline passes while queued leaves its sequence with 504 (nothing ran,
 the state did not change); one whose step already runs gets its 504 and the step still
 updates the state.
@@ -80,6 +85,7 @@ from ..hal.buffer_view import BufferView, dense_byte_length
 from ..hal.types import BufferUsage, element_type_for, pack_elements, unpack_elements
 from .admission import DeadlineExceeded, Instance, Overloaded, PendingRequest, Unavailable
 from .batching import Outcome, Results
+from .http import client_gone_probe
 from .protocol import DATATYPES, ProtocolError
 from .stats import Latency
 
@@ -96,6 +102,7 @@ DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 # the host phases of one execution, as recorded in `SequenceBatcher.host`
 HOST_PHASES = ("gather", "invoke", "scatter", "respond")
 _EXPIRED_REMEMBERED = 4096
+_CLIENT_CHECK_SECONDS = 0.02  # how often waiting steps' connections are looked at
 _STATE_USAGE = int(BufferUsage.DEFAULT | BufferUsage.MAPPING)
 _WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                  0.25, 0.5, 1.0)
@@ -336,7 +343,8 @@ class _Step(PendingRequest):
 
 
 class _Sequence:
-    __slots__ = ("id", "slot", "home", "steps", "running", "ending", "ready", "last_used")
+    __slots__ = ("id", "slot", "home", "steps", "running", "ending", "gone", "ready",
+                 "last_used")
 
     def __init__(self, sid: int | str, now: float) -> None:
         self.id = sid
@@ -345,6 +353,7 @@ class _Sequence:
         self.steps: deque[_Step] = deque()
         self.running = False
         self.ending = False  # its END request arrived: it takes no more
+        self.gone = False  # ended because a client went away: freed when nothing runs
         self.ready = False  # in the ready queue
         self.last_used = now
 
@@ -519,7 +528,8 @@ class SequenceBatcher:
         self._sequences: dict[tuple[type, int | str], _Sequence] = {}
         self._backlog: deque[_Sequence] = deque()  # started, waiting for a slot
         self._ready: deque[_Sequence] = deque()
-        self._expired: OrderedDict[tuple[type, int | str], None] = OrderedDict()
+        # why recently ended sequences ended, when not by their END request
+        self._ended: OrderedDict[tuple[type, int | str], str] = OrderedDict()
         self._queued = 0
         self._in_flight = 0
         self._idle_waiters: list[trio.Event] = []
@@ -528,6 +538,9 @@ class SequenceBatcher:
         self._wake: trio.Event | None = None
         self._tasks_started = False
         self.expired_count = 0
+        self.client_gone_count = 0  # sequences ended because a client went away
+        # steps whose client can be asked whether it is still there: step -> (seq, probe)
+        self._watched: dict[_Step, tuple[_Sequence, Callable[[], bool]]] = {}
         self.host = {phase: Latency() for phase in HOST_PHASES}
         self.queue_wait = Latency(_WAIT_BUCKETS)
 
@@ -551,6 +564,7 @@ class SequenceBatcher:
         return {
             "strategy": self.config.strategy,
             "live_sequences": self.live,
+            "queued_steps": self._queued,
             "waiting_for_slot": len(self._backlog),
             "slots": self.slots,
             "slots_in_use": self.slots_in_use,
@@ -558,6 +572,7 @@ class SequenceBatcher:
             "state_bytes_reserved": self._device.held_bytes(
                 s.home for s in self._sequences.values() if s.slot is not None),
             "expired_sequences": self.expired_count,
+            "client_gone_sequences": self.client_gone_count,
             "state_gathers": dict(self._device.counts),
             "queue_wait": self.queue_wait.doc(),
             "host": {phase: latency.doc() for phase, latency in self.host.items()},
@@ -581,6 +596,7 @@ class SequenceBatcher:
             self._tasks_started = True
             # system tasks: they end with the batcher (close), not with a request
             trio.lowlevel.spawn_system_task(self._expire_idle)
+            trio.lowlevel.spawn_system_task(self._watch_clients)
             if self.config.max_queue_delay_us:
                 trio.lowlevel.spawn_system_task(self._timer)
         if self._corrid_integer and not isinstance(sid, int):
@@ -597,8 +613,7 @@ class SequenceBatcher:
                                          f"{sid} is already in progress: end it "
                                          f"(sequence_end) before starting it again")
         elif seq is None or seq.ending:
-            why = " (it expired: idle for more than max_sequence_idle_microseconds = " \
-                  f"{self.config.max_sequence_idle_us})" if key in self._expired else ""
+            why = f" ({self._ended[key]})" if key in self._ended else ""
             raise ProtocolError(400, f"inference request for sequence {sid} to model "
                                      f"'{self.model}' must specify the START flag on the "
                                      f"first request of the sequence{why}")
@@ -608,7 +623,7 @@ class SequenceBatcher:
         if seq is None:
             seq = _Sequence(sid, now)
             self._sequences[key] = seq
-            self._expired.pop(key, None)
+            self._ended.pop(key, None)
             if self._free_slots:
                 self._assign(seq)
             else:
@@ -622,10 +637,14 @@ class SequenceBatcher:
         self._in_flight += 1
         self._mark_ready(seq)
         self._dispatch()
+        probe = client_gone_probe()
+        if probe is not None:
+            self._watched[step] = (seq, probe)
         try:
             with trio.move_on_at(deadline):
                 await step.done.wait()
         finally:
+            self._watched.pop(step, None)
             if not step.done.is_set():
                 self._abandon(seq, step)
         if step.outcome is None:
@@ -709,7 +728,8 @@ class SequenceBatcher:
             if config.max_queue_delay_us and not self._closed:
                 target = config.preferred_batch_sizes[-1] if \
                     config.preferred_batch_sizes else self.max_batch_size
-                oldest = min(s.steps[0].arrived for s in self._ready if s.steps) \
+                oldest = min((s.steps[0].arrived for s in self._ready if s.steps),
+                             default=now) \
                     if len(self._ready) < target else now
                 until = oldest + config.max_queue_delay_us / 1e6
                 if now < until and len(self._ready) < target:
@@ -861,7 +881,7 @@ class SequenceBatcher:
             step.done.set()
             seq.running = False
             seq.last_used = now
-            if step.end:
+            if step.end or seq.gone:
                 self._release(seq)
             else:
                 self._mark_ready(seq)
@@ -898,6 +918,49 @@ class SequenceBatcher:
                 self._timer_at = math.inf
                 self._dispatch()
 
+    async def _watch_clients(self) -> None:
+        """Ends the sequences whose client closed its connection while a step of theirs
+        waited or ran (`_client_left`)."""
+        while not self._closed:
+            await trio.sleep(_CLIENT_CHECK_SECONDS)
+            if not self._watched:
+                continue
+            before = trio.current_time() - _CLIENT_CHECK_SECONDS
+            for step, (seq, gone) in list(self._watched.items()):
+                if step.arrived <= before and not seq.gone and gone():
+                    self._client_left(seq, step)
+            self._dispatch()
+
+    def _client_left(self, seq: _Sequence, step: _Step) -> None:
+        """The client of `step` went away (its connection closed) before its answer:
+        as Triton cancels a sequence with a cancelled request, the sequence ends with
+        every request it has queued, and its slot is freed as soon as no step of it runs
+        (a running step finishes; its result goes nowhere)."""
+        self._watched.pop(step, None)
+        self.client_gone_count += 1
+        self._remember_end((type(seq.id), seq.id), "it was ended: a client closed its "
+                                                   "connection before an answer")
+        seq.ending = seq.gone = True
+        error = ProtocolError(400, f"sequence {seq.id} of model '{self.model}' was ended: "
+                                   f"the client of one of its requests closed its "
+                                   f"connection before the answer")
+        while seq.steps:
+            queued = seq.steps.popleft()
+            self._queued -= 1
+            self._left(1)
+            queued.outcome = (None, error)
+            queued.done.set()
+        if seq.ready:
+            seq.ready = False
+            self._ready.remove(seq)
+        if not seq.running:
+            self._release(seq)
+
+    def _remember_end(self, key: tuple[type, int | str], why: str) -> None:
+        self._ended[key] = why
+        if len(self._ended) > _EXPIRED_REMEMBERED:
+            self._ended.popitem(last=False)
+
     async def _expire_idle(self) -> None:
         """Ends sequences idle longer than `max_sequence_idle_microseconds`."""
         idle = self.config.max_sequence_idle_us / 1e6
@@ -909,9 +972,9 @@ class SequenceBatcher:
                 if not seq.steps and not seq.running and now - seq.last_used > idle:
                     self._release(seq)
                     self.expired_count += 1
-                    self._expired[key] = None
-                    if len(self._expired) > _EXPIRED_REMEMBERED:
-                        self._expired.popitem(last=False)
+                    self._remember_end(key, f"it expired: idle for more than "
+                                            f"max_sequence_idle_microseconds = "
+                                            f"{self.config.max_sequence_idle_us}")
             self._dispatch()  # sequences that waited for a slot may have one now
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -120,6 +121,11 @@ def seq_server(tmp_path_factory):
     write_model(root, "gru_short", GRU, _gru_config(max_sequence_idle_microseconds=IDLE_US))
     write_model(root, "gru_one", GRU, _gru_config(
         max_sequence_idle_microseconds=IDLE_US, oldest={"max_candidate_sequences": 1}))
+    # every step waits out a queue delay (nobody fills a batch of 4): time to hang up
+    write_model(root, "gru_wait", GRU, _gru_config(
+        max_sequence_idle_microseconds=60_000_000,
+        oldest={"max_candidate_sequences": 2, "max_queue_delay_microseconds": 1_000_000,
+                "preferred_batch_size": [4]}))
     for driver in ("task", "emu"):
         write_model(root, f"gru_{driver}", GRU, {**_gru_config(), "device": driver})
     write_model(root, "acc", compile_mlir(CONTROL_MLIR, HOST_FLAGS), CONTROL_CONFIG)
@@ -340,6 +346,35 @@ def test_client_gone_mid_sequence_frees_its_slot(seq_server):
     assert np.array_equal(result.as_numpy("OUTPUT"), alone)
     seq = _stats(client, "gru_one")["sequence_stats"]
     assert seq["expired_sequences"] == 1 and seq["slots_in_use"] == 0
+
+
+def test_client_gone_while_its_step_waits_ends_its_sequence(seq_server):
+    """A client that closes its connection while its step is queued ends its sequence
+    (Triton's cancellation) and frees its slot then, not after the idle expiry."""
+    client = httpclient.InferenceServerClient(seq_server.url, network_timeout=30)
+    x = np.ones((1, 8), np.float32)
+    _step(client, "gru_wait", x, sequence_id=7, sequence_start=True)
+    body = json.dumps({"parameters": {"sequence_id": 7}, "inputs": [
+        {"name": "INPUT", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8}]}).encode()
+    host, port = seq_server.url.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"POST /v2/models/gru_wait/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        deadline = time.monotonic() + 10
+        while _stats(client, "gru_wait")["sequence_stats"]["queued_steps"] == 0 and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+    # hung up with the step queued (it waits up to 1 s for batch-mates)
+    deadline = time.monotonic() + 30
+    while _stats(client, "gru_wait")["sequence_stats"]["slots_in_use"] and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)
+    seq = _stats(client, "gru_wait")["sequence_stats"]
+    assert seq["slots_in_use"] == 0 and seq["live_sequences"] == 0
+    assert seq["client_gone_sequences"] == 1 and seq["expired_sequences"] == 0
+    message = _error(lambda: _step(client, "gru_wait", x, sequence_id=7))
+    assert "must specify the START flag" in message and "client" in message
 
 
 def test_control_inputs_and_state_from_file(seq_server):
