@@ -44,9 +44,11 @@ first: their inputs are stacked along dim 0 (in the order their state rows lie),
 state gathered on the device, the step runs once. A sequence never has two requests in
 one execution, so its steps run in order; sequences join and leave between executions.
 One failing request does not fail its batch-mates (each request of a failed batch runs
-again alone). With `max_queue_delay_microseconds`, a batch smaller than the largest
-preferred size (else `max_batch_size`) waits at most that long after its oldest request
-arrived.
+again alone). With `preferred_batch_size`, a batch of more ready sequences than a
+preferred size but fewer than `max_batch_size` is cut back to the largest preferred size
+it reaches (the others lead the next batch), as the dynamic batcher does. With
+`max_queue_delay_microseconds`, a batch smaller than the largest preferred size (else
+`max_batch_size`) waits at most that long after its oldest request arrived.
 
 Triton's semantics and errors (400): a request without `sequence_id` (or 0, or ""); a
 request of an unknown (never started, ended or expired) sequence without
@@ -715,6 +717,13 @@ class SequenceBatcher:
                 skipped.append(seq)  # its task takes the request out with 504
                 continue
             batch.append(seq)
+        preferred = self.config.preferred_batch_sizes
+        if preferred and len(batch) < self.max_batch_size:
+            # as the dynamic batcher: cut back to the largest preferred size reached
+            fitting = [size for size in preferred if size <= len(batch)]
+            if fitting:
+                skipped[:0] = batch[fitting[-1]:]
+                del batch[fitting[-1]:]
         for seq in reversed(skipped):
             seq.ready = True
             ready.appendleft(seq)

@@ -126,6 +126,8 @@ def seq_server(tmp_path_factory):
         max_sequence_idle_microseconds=60_000_000,
         oldest={"max_candidate_sequences": 2, "max_queue_delay_microseconds": 1_000_000,
                 "preferred_batch_size": [4]}))
+    write_model(root, "gru_pref", GRU, _gru_config(
+        oldest={"max_candidate_sequences": 16, "preferred_batch_size": [2]}))
     for driver in ("task", "emu"):
         write_model(root, f"gru_{driver}", GRU, {**_gru_config(), "device": driver})
     write_model(root, "acc", compile_mlir(CONTROL_MLIR, HOST_FLAGS), CONTROL_CONFIG)
@@ -250,6 +252,19 @@ def test_state_on_each_driver_matches_each_sequence_alone(seq_server, model):
             assert np.array_equal(got[i][k], want), (model, i, k)
     seq = _stats(httpclient.InferenceServerClient(seq_server.url), model)["sequence_stats"]
     assert seq["live_sequences"] == 0 and seq["slots_in_use"] == 0
+
+
+def test_preferred_batch_size_cuts_batches(seq_server):
+    rng = np.random.default_rng(5)
+    inputs = [list(rng.normal(size=(4, 1, 8)).astype(np.float32)) for _ in range(6)]
+    got = _run_sequences(seq_server, "gru_pref", inputs, 70)
+    for i, xs in enumerate(inputs):
+        for k, want in enumerate(_alone(xs)):
+            assert np.array_equal(got[i][k], want), (i, k)
+    batches = _stats(httpclient.InferenceServerClient(seq_server.url), "gru_pref")[
+        "batch_stats"]
+    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == 24
+    assert max(b["batch_size"] for b in batches) <= 2  # 6 ready are taken 2 at a time
 
 
 def test_metadata_hides_state_and_lists_sequence_extension(seq_server):
