@@ -1012,6 +1012,7 @@ class SequenceCollector:
         tinyhal_sequence_slots_in_use{model,version}
         tinyhal_sequence_state_bytes{model,version}        state memory of the slots in use
         tinyhal_sequences_expired_total{model,version}     ended by idle expiry
+        tinyhal_sequences_client_gone_total{model,version} ended: a client hung up mid-step
         tinyhal_sequence_batch_size{model,version}         sequences per execution
         tinyhal_sequence_queue_wait_seconds{model,version} a step's wait for its execution
         tinyhal_sequence_host_seconds_total{model,version,phase}  host time of executions
@@ -1053,6 +1054,9 @@ class SequenceCollector:
         expired = CounterMetricFamily("tinyhal_sequences_expired",
                                       "Sequences ended by max_sequence_idle_microseconds",
                                       labels=labels)
+        gone = CounterMetricFamily("tinyhal_sequences_client_gone",
+                                   "Sequences ended because a client closed its connection "
+                                   "while a step of theirs waited or ran", labels=labels)
         batch = HistogramMetricFamily("tinyhal_sequence_batch_size",
                                       "Sequences per execution", labels=labels)
         wait = HistogramMetricFamily("tinyhal_sequence_queue_wait_seconds",
@@ -1069,6 +1073,7 @@ class SequenceCollector:
             for key, family in gauges.items():
                 family.add_metric(names, st[key])
             expired.add_metric(names, batcher.expired_count)
+            gone.add_metric(names, batcher.client_gone_count)
             rows = [(r, d.count) for r, d in mv.stats.batches.items()]
             buckets = [(floatToGoString(bound), sum(n for r, n in rows if r <= bound))
                        for bound in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
@@ -1080,4 +1085,4 @@ class SequenceCollector:
             for phase, latency in batcher.host.items():
                 host.add_metric([*names, phase], latency.ns / 1e9)
         yield from gauges.values()
-        yield from (expired, batch, wait, host)
+        yield from (expired, gone, batch, wait, host)

@@ -388,6 +388,8 @@ def test_client_gone_while_its_step_waits_ends_its_sequence(seq_server):
     seq = _stats(client, "gru_wait")["sequence_stats"]
     assert seq["slots_in_use"] == 0 and seq["live_sequences"] == 0
     assert seq["client_gone_sequences"] == 1 and seq["expired_sequences"] == 0
+    labels = (("model", "gru_wait"), ("version", "1"))
+    assert seq_server.metrics()[("tinyhal_sequences_client_gone_total", labels)] == 1
     message = _error(lambda: _step(client, "gru_wait", x, sequence_id=7))
     assert "must specify the START flag" in message and "client" in message
 
