@@ -643,8 +643,11 @@ class SequenceBatcher:
         if probe is not None:
             self._watched[step] = (seq, probe)
         try:
-            with trio.move_on_at(deadline):
+            if deadline == math.inf:  # no cancel scope to enter and leave per step
                 await step.done.wait()
+            else:
+                with trio.move_on_at(deadline):
+                    await step.done.wait()
         finally:
             self._watched.pop(step, None)
             if not step.done.is_set():

@@ -394,6 +394,19 @@ def test_client_gone_while_its_step_waits_ends_its_sequence(seq_server):
     assert "must specify the START flag" in message and "client" in message
 
 
+def test_a_step_past_its_deadline_is_504_and_leaves_the_state(seq_server):
+    client = httpclient.InferenceServerClient(seq_server.url, network_timeout=30)
+    xs = [np.full((1, 8), v, np.float32) for v in (0.5, 9.0, -0.25)]
+    first = _step(client, "gru_wait", xs[0], sequence_id=8, sequence_start=True)
+    with pytest.raises(InferenceServerException) as info:  # queued 1 s, allowed 0.1 s
+        _step(client, "gru_wait", xs[1], sequence_id=8, timeout=100_000)
+    assert info.value.status() == "504" and "nothing ran" in info.value.message()
+    last = _step(client, "gru_wait", xs[2], sequence_id=8, sequence_end=True)
+    want = _alone([xs[0], xs[2]])
+    assert np.array_equal(first.as_numpy("OUTPUT"), want[0])
+    assert np.array_equal(last.as_numpy("OUTPUT"), want[1])
+
+
 def test_control_inputs_and_state_from_file(seq_server):
     client = httpclient.InferenceServerClient(seq_server.url)
     sums, flags = [], []
