@@ -408,9 +408,10 @@ class DeviceState:
         # gathers passed as views of where the rows are, gathers that copied, copies
         self.counts = {"in_place": 0, "copied": 0, "copies": 0}
 
-    def gather(self, program: StepProgram, state: int, homes: list[tuple[tuple, int]]
-               ) -> BufferView:
-        """The state input made of the rows `homes` ((buffers per state, row) each)."""
+    def gather(self, program: StepProgram, state: int, homes: list[tuple[tuple, int]],
+               copy: bool = False) -> BufferView:
+        """The state input made of the rows `homes` ((buffers per state, row) each); in a
+        new buffer of just those rows with `copy`."""
         size = self.row_bytes[state]
         runs: list[list] = []  # [source, first source row, first batch row, rows]
         initial = self.initial[state]
@@ -428,7 +429,7 @@ class DeviceState:
         shape = (len(homes), *self.dims[state])
         element_type = self.element_types[state]
         counts = self.counts
-        if len(runs) == 1:
+        if len(runs) == 1 and not copy:
             source, row = runs[0][0], runs[0][1]
             offset = row * size
             if offset == 0 and source.byte_length == len(homes) * size:
@@ -457,6 +458,21 @@ class DeviceState:
         for done in pending:
             done.wait(1)
         pending.clear()
+
+    def compact(self, program: StepProgram, homes: list[tuple[tuple, int]]
+                ) -> list[tuple[tuple, int]]:
+        """Copies the rows `homes` into new buffers of just those rows (so the larger
+        buffers they were among can go once nothing else refers to them); their new
+        homes, in order."""
+        views = [self.gather(program, state, homes, copy=True)
+                 for state in range(len(self.row_bytes))]
+        self.await_gathers(program)
+        buffers = tuple(view.buffer for view in views)
+        return [(buffers, i) for i in range(len(homes))]
+
+    @property
+    def initial_bytes(self) -> int:
+        return sum(b.byte_length for b in self.initial)
 
     def read(self, state: int, home: tuple[tuple, int]) -> np.ndarray:
         """A copy of one sequence's state on the host (a transfer: for tests)."""
@@ -988,6 +1004,48 @@ class SequenceBatcher:
                                             f"max_sequence_idle_microseconds = "
                                             f"{self.config.max_sequence_idle_us}")
             self._dispatch()  # sequences that waited for a slot may have one now
+            self._compact_states()
+
+    def _compact_states(self) -> None:
+        """When the state buffers live sequences keep alive hold more than twice the
+        bytes of their states (sequences that stepped together went separate ways, and
+        idle ones keep whole batches' outputs), an idle instance copies the rows of the
+        idle sequences among them into buffers of their own."""
+        if self._closed or not self._idle or not self.config.states:
+            return
+        homes = [seq.home for seq in self._sequences.values() if seq.slot is not None]
+        in_use = self.state_bytes_in_use
+        device = self._device
+        if device.held_bytes(homes) - device.initial_bytes <= 2 * in_use:
+            return
+        rows: dict[int, int] = {}
+        for buffers, _ in homes:
+            if buffers:
+                rows[id(buffers[0])] = rows.get(id(buffers[0]), 0) + 1
+        row_bytes = device.row_bytes[0]
+        movers = [seq for seq in self._sequences.values()
+                  if seq.slot is not None and not seq.running and not seq.steps
+                  and seq.home[0] and seq.home[0][0] is not device.initial[0]
+                  and rows[id(seq.home[0][0])] * row_bytes < seq.home[0][0].byte_length]
+        if not movers:
+            return
+        instance = self._idle.pop()
+        program = self._programs[id(instance)]
+        old = [seq.home for seq in movers]
+
+        def compact() -> Any:
+            with program.lock or contextlib.nullcontext():
+                return device.compact(program, old)
+
+        def compacted(result: Any) -> None:
+            if not isinstance(result, BaseException):
+                for seq, before, after in zip(movers, old, result):
+                    if seq.home is before:  # it did not step meanwhile
+                        seq.home = after
+            self._idle.append(instance)
+            self._dispatch()
+
+        instance.thread.submit([(compact, compacted)])
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -128,6 +128,11 @@ def seq_server(tmp_path_factory):
                 "preferred_batch_size": [4]}))
     write_model(root, "gru_pref", GRU, _gru_config(
         oldest={"max_candidate_sequences": 16, "preferred_batch_size": [2]}))
+    # 8 starts run as one batch (they wait for each other up to 1 s)
+    write_model(root, "gru_pack", GRU, _gru_config(
+        max_sequence_idle_microseconds=2_000_000,
+        oldest={"max_candidate_sequences": 16, "max_queue_delay_microseconds": 1_000_000,
+                "preferred_batch_size": [8]}))
     for driver in ("task", "emu"):
         write_model(root, f"gru_{driver}", GRU, {**_gru_config(), "device": driver})
     write_model(root, "acc", compile_mlir(CONTROL_MLIR, HOST_FLAGS), CONTROL_CONFIG)
@@ -158,10 +163,11 @@ def _error(fn) -> str:
     return info.value.message()
 
 
-def _run_sequences(server, model: str, inputs: list, first_id: int
+def _run_sequences(server, model: str, inputs: list, first_id: int, end: bool = True
                    ) -> list[list[np.ndarray]]:
-    """Runs sequence i (ids from `first_id`) over `inputs[i]` (one step each), all
-    sequences at once from their own threads and clients; the OUTPUT of every step."""
+    """Runs sequence i (ids from `first_id`) over `inputs[i]` (one step each, the last
+    with sequence_end if `end`), all sequences at once from their own threads and
+    clients; the OUTPUT of every step."""
     got: list[list[np.ndarray]] = [[] for _ in inputs]
     errors: list[BaseException] = []
     barrier = threading.Barrier(len(inputs))
@@ -172,7 +178,8 @@ def _run_sequences(server, model: str, inputs: list, first_id: int
             barrier.wait(timeout=30)
             for k, x in enumerate(inputs[i]):
                 result = _step(client, model, x, sequence_id=first_id + i,
-                               sequence_start=k == 0, sequence_end=k == len(inputs[i]) - 1)
+                               sequence_start=k == 0,
+                               sequence_end=end and k == len(inputs[i]) - 1)
                 got[i].append(result.as_numpy("OUTPUT"))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -265,6 +272,35 @@ def test_preferred_batch_size_cuts_batches(seq_server):
         "batch_stats"]
     assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == 24
     assert max(b["batch_size"] for b in batches) <= 2  # 6 ready are taken 2 at a time
+
+
+def test_a_lone_sequence_stops_keeping_its_batch_outputs_alive(seq_server):
+    """8 sequences step together: their states are the rows of one output. When 7 have
+    ended, the 8th is copied to a buffer of its own (its state unchanged)."""
+    rng = np.random.default_rng(3)
+    xs = [list(rng.normal(size=(2, 1, 8)).astype(np.float32)) for _ in range(8)]
+    starts = _run_sequences(seq_server, "gru_pack", [x[:1] for x in xs], 90, end=False)
+    client = httpclient.InferenceServerClient(seq_server.url, network_timeout=30)
+    row = 16 * 4
+    seq = _stats(client, "gru_pack")["sequence_stats"]
+    assert seq["state_bytes_reserved"] == 64 * row + 8 * row  # initial rows, one batch
+    threads = [threading.Thread(target=_step, args=(
+        httpclient.InferenceServerClient(seq_server.url, network_timeout=30), "gru_pack",
+        xs[i][1]), kwargs={"sequence_id": 90 + i, "sequence_end": True}) for i in range(1, 8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    deadline = time.monotonic() + 30
+    while _stats(client, "gru_pack")["sequence_stats"]["state_bytes_reserved"] > \
+            64 * row + row and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seq = _stats(client, "gru_pack")["sequence_stats"]
+    assert seq["live_sequences"] == 1 and seq["state_bytes_reserved"] == 64 * row + row
+    last = _step(client, "gru_pack", xs[0][1], sequence_id=90, sequence_end=True)
+    want = _alone(xs[0])
+    assert np.array_equal(starts[0][0], want[0])
+    assert np.array_equal(last.as_numpy("OUTPUT"), want[1])
 
 
 def test_metadata_hides_state_and_lists_sequence_extension(seq_server):
