@@ -35,6 +35,9 @@ by device copies, one per run of neighbouring rows; nothing is scattered, the ou
 becomes the rows' new home. A step that fails leaves its sequence's state where it was.
 A buffer of states lives while any live sequence's state is a row of it; the statistics
 count those bytes (`state_bytes_reserved`) beside the rows in use (`state_bytes_in_use`).
+When they come to more than twice the rows in use (idle sequences keeping whole batches'
+outputs alive), an idle instance copies the idle sequences' rows into buffers of their
+own, on the device.
 
 Cellular batching: every live sequence holds a slot (`max_candidate_sequences` of them
 with `oldest`, `max_batch_size` x instances with `direct`; further starts wait for one).
