@@ -8,9 +8,10 @@ request until `keep_alive_timeout` of idleness. Nothing sits between the socket 
 handler: no ASGI, no routing framework, no per-request middleware stack. (h11 did the same
 job at about 150 us of Python per request; llhttp does it in a few.)
 
-A handler that waits long can ask whether its client is still there: `client_gone()`
-(the probe of the connection its task serves) tells, without reading, whether the peer
-closed or reset the connection, which the loop itself only sees when it next reads.
+A handler that waits long can ask whether its client is still there: the function
+`client_gone_probe()` returns (the probe of the connection its task serves) tells,
+without reading, whether the peer closed or reset the connection, which the loop itself
+only sees when it next reads.
 
 Draining (`HttpServer.drain()`): the listeners close at once (new connections are refused),
 connections idle between requests close, and a connection with a request in progress
