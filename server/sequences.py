@@ -562,6 +562,7 @@ class SequenceBatcher:
         self.client_gone_count = 0  # sequences ended because a client went away
         # steps whose client can be asked whether it is still there: step -> (seq, probe)
         self._watched: dict[_Step, tuple[_Sequence, Callable[[], bool]]] = {}
+        self._watch_wake: trio.Event | None = None  # set: a step is watched again
         self.host = {phase: Latency() for phase in HOST_PHASES}
         self.queue_wait = Latency(_WAIT_BUCKETS)
 
@@ -661,6 +662,8 @@ class SequenceBatcher:
         probe = client_gone_probe()
         if probe is not None:
             self._watched[step] = (seq, probe)
+            if self._watch_wake is not None:
+                self._watch_wake.set()
         try:
             if deadline == math.inf:  # no cancel scope to enter and leave per step
                 await step.done.wait()
@@ -953,9 +956,11 @@ class SequenceBatcher:
         """Ends the sequences whose client closed its connection while a step of theirs
         waited or ran (`_client_left`)."""
         while not self._closed:
+            if not self._watched:  # sleep until there is something to watch
+                self._watch_wake = trio.Event()
+                await self._watch_wake.wait()
+                self._watch_wake = None
             await trio.sleep(_CLIENT_CHECK_SECONDS)
-            if not self._watched:
-                continue
             before = trio.current_time() - _CLIENT_CHECK_SECONDS
             for step, (seq, gone) in list(self._watched.items()):
                 if step.arrived <= before and not seq.gone and gone():
@@ -1055,6 +1060,8 @@ class SequenceBatcher:
     def close(self) -> None:
         """Admits nothing new; what is queued still runs."""
         self._closed = True
+        if self._watch_wake is not None:
+            self._watch_wake.set()
         self._arm(math.inf)
         if self._wake is not None:
             self._wake.set()
