@@ -87,6 +87,7 @@ import trio
 
 from ..hal.buffer import ALIGNMENT
 from ..hal.buffer_view import BufferView, dense_byte_length
+from ..hal.semaphore import Fence
 from ..hal.types import BufferUsage, element_type_for, pack_elements, unpack_elements
 from .admission import DeadlineExceeded, Instance, Overloaded, PendingRequest, Unavailable
 from .batching import Outcome, Results
@@ -388,8 +389,9 @@ class DeviceState:
     group of sequences that stepped together last time and steps together again is one
     run) the input is a view of that buffer, with no copy; otherwise one device copy
     per run of consecutive rows into a new buffer. Scatter is free: the state output
-    becomes the rows' new home. A `sync` program function returns only when its work is
-    done, so the host waits for the gather's copies (`await_gathers`) before invoking."""
+    becomes the rows' new home. The gathers' copies signal a fence the invocation takes
+    as its wait fence (`take_gathers`): a coarse-fences step function waits for them on
+    the device; for a synchronous one the host waits before calling it."""
 
     def __init__(self, states: tuple[StateSpec, ...], rows: int,
                  programs: list[StepProgram]) -> None:
@@ -455,12 +457,15 @@ class DeviceState:
         self._gathers[id(program)].append(done)
         return BufferView(target, shape, element_type)
 
-    def await_gathers(self, program: StepProgram) -> None:
-        """Blocks until the gathers made for `program`'s next invocation are done."""
+    def take_gathers(self, program: StepProgram) -> Fence | None:
+        """The fence the gathers made for `program`'s next invocation signal (None when
+        every state input is a view): its wait fence."""
         pending = self._gathers[id(program)]
-        for done in pending:
-            done.wait(1)
+        if not pending:
+            return None
+        fence = Fence([(done, 1) for done in pending])
         pending.clear()
+        return fence
 
     def compact(self, program: StepProgram, homes: list[tuple[tuple, int]]
                 ) -> list[tuple[tuple, int]]:
@@ -469,7 +474,9 @@ class DeviceState:
         homes, in order."""
         views = [self.gather(program, state, homes, copy=True)
                  for state in range(len(self.row_bytes))]
-        self.await_gathers(program)
+        done = self.take_gathers(program)
+        if done is not None:
+            done.wait()
         buffers = tuple(view.buffer for view in views)
         return [(buffers, i) for i in range(len(homes))]
 
@@ -850,9 +857,10 @@ class SequenceBatcher:
                 args.append(self._device.gather(program, what, homes))
             else:
                 args.append(self._control_values(what, steps, ids))
-        self._device.await_gathers(program)
+        wait = self._device.take_gathers(program)
         t1 = time.perf_counter()
-        results = program.module.invoke_raw(program.function, *args)
+        # a coarse-fences step waits for its gathers on the device; else the host waits
+        results = program.module.invoke_raw(program.function, *args, wait=wait)
         count = len(steps)
         client_rows: list[Results] = [[] for _ in steps]
         state_buffers: list[Any] = [None] * len(self.config.states)
