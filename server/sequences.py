@@ -1090,6 +1090,7 @@ class SequenceCollector:
         tinyhal_sequence_slots{model,version}              state slots
         tinyhal_sequence_slots_in_use{model,version}
         tinyhal_sequence_state_bytes{model,version}        state memory of the slots in use
+        tinyhal_sequence_state_device_bytes{model,version} device memory the states hold
         tinyhal_sequences_expired_total{model,version}     ended by idle expiry
         tinyhal_sequences_client_gone_total{model,version} ended: a client hung up mid-step
         tinyhal_sequence_batch_size{model,version}         sequences per execution
@@ -1129,6 +1130,10 @@ class SequenceCollector:
             "state_bytes_in_use": GaugeMetricFamily(
                 "tinyhal_sequence_state_bytes", "Bytes of implicit state in the slots in use",
                 labels=labels),
+            "state_bytes_reserved": GaugeMetricFamily(
+                "tinyhal_sequence_state_device_bytes",
+                "Device memory the implicit states keep alive (their buffers, the initial "
+                "rows)", labels=labels),
         }
         expired = CounterMetricFamily("tinyhal_sequences_expired",
                                       "Sequences ended by max_sequence_idle_microseconds",
