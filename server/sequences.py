@@ -53,6 +53,12 @@ it reaches (the others lead the next batch), as the dynamic batcher does. With
 `max_queue_delay_microseconds`, a batch smaller than the largest preferred size (else
 `max_batch_size`) waits at most that long after its oldest request arrived.
 
+With `direct`, as in Triton, slot s is row s % max_batch_size of instance
+s // max_batch_size for the sequence's whole life: an execution takes the ready
+sequences of one instance and covers its rows up to the highest ready one; the rows in
+between are null (zero inputs, READY false, START/END false, CORRID 0, the state of the
+slot's idle sequence or the initial one), and their outputs are dropped.
+
 Triton's semantics and errors (400): a request without `sequence_id` (or 0, or ""); a
 request of an unknown (never started, ended or expired) sequence without
 `sequence_start`; a `sequence_start` for a sequence still live. A sequence that received
@@ -501,6 +507,10 @@ class DeviceState:
         return sum(buffers.values())
 
 
+def _slot(seq: _Sequence) -> int:
+    return seq.slot
+
+
 def _home_order(seq: _Sequence) -> tuple[int, int]:
     """Batch order: sequences whose rows are neighbours in one buffer, next to each
     other (initial rows first)."""
@@ -528,6 +538,10 @@ class SequenceBatcher:
         self.max_queue = max_queue
         self._instances = instances
         self._programs = {id(i): p for i, p in zip(instances, programs)}
+        # direct: slot s is row s % max_batch_size of instance s // max_batch_size
+        self._direct = config.strategy == "direct"
+        self._instance_index = {id(i): n for n, i in enumerate(instances)}
+        self._slot_owner: dict[int, _Sequence] = {}
         self._idle: list[Instance] = list(reversed(instances))
         self._executed = executed
         slots = config.max_candidate_sequences if config.strategy == "oldest" else \
@@ -712,6 +726,7 @@ class SequenceBatcher:
 
     def _assign(self, seq: _Sequence) -> None:
         seq.slot = self._free_slots.pop()
+        self._slot_owner[seq.slot] = seq
         seq.home = self._device.initial_home
 
     def _mark_ready(self, seq: _Sequence) -> None:
@@ -729,6 +744,7 @@ class SequenceBatcher:
             self._backlog.remove(seq)
             return
         self._free_slots.append(seq.slot)
+        del self._slot_owner[seq.slot]
         seq.slot = None
         seq.home = ((), 0)
         while self._backlog and self._free_slots:
@@ -736,10 +752,14 @@ class SequenceBatcher:
             self._assign(waiting)
             self._mark_ready(waiting)
 
-    def _take(self, now: float) -> list[_Sequence]:
+    def _take(self, now: float) -> tuple[list[_Sequence], int | None]:
+        """The next batch, and with `direct` the index of the (idle) instance whose
+        slots its sequences hold."""
         batch: list[_Sequence] = []
         skipped: list[_Sequence] = []
         ready = self._ready
+        idle = {self._instance_index[id(i)] for i in self._idle} if self._direct else None
+        owner = None
         while ready and len(batch) < self.max_batch_size:
             seq = ready.popleft()
             seq.ready = False
@@ -748,6 +768,12 @@ class SequenceBatcher:
             if seq.steps[0].deadline <= now:
                 skipped.append(seq)  # its task takes the request out with 504
                 continue
+            if idle is not None:
+                where = seq.slot // self.max_batch_size
+                if where not in idle or (owner is not None and where != owner):
+                    skipped.append(seq)  # another instance's slot
+                    continue
+                owner = where
             batch.append(seq)
         preferred = self.config.preferred_batch_sizes
         if preferred and len(batch) < self.max_batch_size:
@@ -759,7 +785,7 @@ class SequenceBatcher:
         for seq in reversed(skipped):
             seq.ready = True
             ready.appendleft(seq)
-        return batch
+        return batch, owner
 
     def _dispatch(self) -> None:
         """Starts executions while an instance is free and a sequence is ready."""
@@ -776,15 +802,20 @@ class SequenceBatcher:
                 if now < until and len(self._ready) < target:
                     self._arm(until)
                     return
-            batch = self._take(now)
+            batch, owner = self._take(now)
             if not batch:
                 return
-            self._start(batch, now)
+            self._start(batch, now, owner)
         self._arm(math.inf)
 
-    def _start(self, batch: list[_Sequence], now: float) -> None:
-        instance = self._idle.pop()
-        batch.sort(key=_home_order)
+    def _start(self, batch: list[_Sequence], now: float, owner: int | None) -> None:
+        if owner is None:
+            instance = self._idle.pop()
+            batch.sort(key=_home_order)
+        else:
+            instance = self._instances[owner]
+            self._idle.remove(instance)
+            batch.sort(key=_slot)
         steps = []
         for seq in batch:
             step = seq.steps.popleft()
@@ -796,13 +827,23 @@ class SequenceBatcher:
         self._queued -= len(steps)
         homes = [seq.home for seq in batch]
         ids = [seq.id for seq in batch]
+        layout = None
+        if owner is not None:  # direct: row r is slot owner * max_batch_size + r
+            first = owner * self.max_batch_size
+            rows = {seq.slot - first: i for i, seq in enumerate(batch)}
+            layout = [rows.get(r, -1) for r in range(max(rows) + 1)]
+            initial = self._device.initial_home
+            homes = [homes[i] if i >= 0 else
+                     getattr(self._slot_owner.get(first + r), "home", initial)
+                     for r, i in enumerate(layout)]
         program = self._programs[id(instance)]
         instance.thread.submit([(
-            lambda: self._execute(program, steps, homes, ids),
+            lambda: self._execute(program, steps, homes, ids, layout),
             lambda result: self._finished(instance, batch, steps, now, result))])
 
     def _execute(self, program: StepProgram, steps: list[_Step],
-                 homes: list[tuple[tuple, int]], ids: list[int | str]) -> tuple:
+                 homes: list[tuple[tuple, int]], ids: list[int | str],
+                 layout: list[int] | None = None) -> tuple:
         """On the instance thread: one execution of the batch (see `_run_rows`); if it
         fails and holds several requests, each runs again alone so only the request the
         program rejects gets the error. Returns each request's outcome, the new home of
@@ -813,7 +854,8 @@ class SequenceBatcher:
         with program.lock or contextlib.nullcontext():
             start = time.perf_counter()
             try:
-                results, new_homes = self._run_rows(program, steps, homes, ids, timing)
+                results, new_homes = self._run_rows(program, steps, homes, ids, timing,
+                                                    layout)
             except Exception as exc:  # noqa: BLE001 - isolated below, or handed on
                 if count == 1:
                     return [(None, exc)], [None], [], tuple(timing)
@@ -824,11 +866,12 @@ class SequenceBatcher:
             outcomes: list[Outcome] = []
             alone_homes: list[tuple[tuple, int] | None] = []
             executions = []
+            own = homes if layout is None else [homes[layout.index(i)] for i in range(count)]
             for i in range(count):
                 start = time.perf_counter()
                 try:
                     results, new_homes = self._run_rows(
-                        program, steps[i:i + 1], homes[i:i + 1], ids[i:i + 1], timing)
+                        program, steps[i:i + 1], own[i:i + 1], ids[i:i + 1], timing)
                 except Exception as exc:  # noqa: BLE001 - handed to its request
                     outcomes.append((None, exc))
                     alone_homes.append(None)
@@ -840,28 +883,40 @@ class SequenceBatcher:
 
     def _run_rows(self, program: StepProgram, steps: list[_Step],
                   homes: list[tuple[tuple, int]], ids: list[int | str],
-                  timing: list[float]) -> tuple[list[Results], list[tuple[tuple, int]]]:
+                  timing: list[float], layout: list[int] | None = None
+                  ) -> tuple[list[Results], list[tuple[tuple, int]]]:
         """Runs the step once for `steps`: their inputs stacked along dim 0, their
         control values, their state rows gathered on the device (`DeviceState`); copies
         the client outputs to the host and keeps the state outputs on the device as the
-        sequences' new homes (row i for the i-th step). Adds the host time of gather,
-        invoke (with the copies of the client outputs) and scatter to `timing`. Raises
-        when the program fails (no state changed then)."""
+        sequences' new homes. Row i is the i-th step, or with `layout` (`direct`) step
+        `layout[i]`, -1 for a null row: zero inputs, READY false, the state `homes[i]`
+        (of the slot's idle sequence, or the initial one), its outputs dropped. Adds the
+        host time of gather, invoke (with the copies of the client outputs) and scatter
+        to `timing`. Raises when the program fails (no state changed then)."""
         t0 = time.perf_counter()
+        rows: list[_Step | None] = steps if layout is None else \
+            [steps[i] if i >= 0 else None for i in layout]
+        row_ids = ids if layout is None else [ids[i] if i >= 0 else 0 for i in layout]
         args: list[Any] = []
         for kind, what in self._plan:
             if kind == "client":
-                args.append(steps[0].args[what] if len(steps) == 1 else
-                            np.concatenate([step.args[what] for step in steps]))
+                if len(rows) == 1:
+                    args.append(steps[0].args[what])
+                    continue
+                null = np.zeros_like(steps[0].args[what])
+                args.append(np.concatenate([null if step is None else step.args[what]
+                                            for step in rows]))
             elif kind == "state":
                 args.append(self._device.gather(program, what, homes))
             else:
-                args.append(self._control_values(what, steps, ids))
+                args.append(self._control_values(what, rows, row_ids))
         wait = self._device.take_gathers(program)
         t1 = time.perf_counter()
         # a coarse-fences step waits for its gathers on the device; else the host waits
         results = program.module.invoke_raw(program.function, *args, wait=wait)
-        count = len(steps)
+        count = len(rows)
+        at = list(range(count)) if layout is None else \
+            sorted(range(count), key=lambda r: layout[r])[count - len(steps):]
         client_rows: list[Results] = [[] for _ in steps]
         state_buffers: list[Any] = [None] * len(self.config.states)
         for (name, datatype, dtype), value in zip(self._program_outputs, results):
@@ -876,29 +931,30 @@ class SequenceBatcher:
             array = value.to_numpy()
             if array.dtype != dtype:
                 array = array.astype(dtype)
-            for i, rows in enumerate(client_rows):
-                rows.append((name, datatype, array[i:i + 1]))
+            for row, results in zip(at, client_rows):
+                results.append((name, datatype, array[row:row + 1]))
         t2 = time.perf_counter()
         buffers = tuple(state_buffers)
-        new_homes = [(buffers, i) for i in range(count)]
+        new_homes = [(buffers, row) for row in at]
         timing[0] += t1 - t0
         timing[1] += t2 - t1
         timing[2] += time.perf_counter() - t2
         return client_rows, new_homes
 
-    def _control_values(self, control: ControlInput, steps: list[_Step],
+    def _control_values(self, control: ControlInput, steps: list[_Step | None],
                         ids: list[int | str]) -> np.ndarray:
-        """The control input of `steps` as the program takes it, shape [rows, 1]."""
+        """The control input of `steps` (None: a null row) as the program takes it,
+        shape [rows, 1]."""
         kind = control.kind
+        false, true = control.false_true
         if kind == "CONTROL_SEQUENCE_CORRID":
             values: list[Any] = ids
         elif kind == "CONTROL_SEQUENCE_READY":
-            values = [control.false_true[1]] * len(steps)
+            values = [false if step is None else true for step in steps]
         else:
-            false, true = control.false_true
             start = kind == "CONTROL_SEQUENCE_START"
-            values = [true if (step.start if start else step.end) else false
-                      for step in steps]
+            values = [true if step is not None and (step.start if start else step.end)
+                      else false for step in steps]
         return np.array(values, control.dtype).reshape(len(steps), 1)
 
     def _finished(self, instance: Instance, batch: list[_Sequence], steps: list[_Step],

@@ -105,6 +105,47 @@ CONTROL_CONFIG = {
     },
 }
 
+# Y = S + X * READY (and the new state S); N reports the rows of the execution
+DIRECT_MLIR = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @f(%x: tensor<?x1xf32> {iree.abi.name = "X"},
+             %ready: tensor<?x1xi32> {iree.abi.name = "READY"},
+             %s: tensor<?x1xf32> {iree.abi.name = "S_IN"})
+    -> (tensor<?x1xf32> {iree.abi.name = "Y"}, tensor<?x1xf32> {iree.abi.name = "N"},
+        tensor<?x1xf32> {iree.abi.name = "S_OUT"}) {
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %x, %c0 : tensor<?x1xf32>
+  %e = tensor.empty(%n) : tensor<?x1xf32>
+  %y = linalg.generic {indexing_maps = [#id, #id, #id, #id],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%x, %ready, %s : tensor<?x1xf32>, tensor<?x1xi32>, tensor<?x1xf32>)
+      outs(%e : tensor<?x1xf32>) {
+  ^bb0(%a: f32, %r: i32, %b: f32, %o: f32):
+    %rf = arith.sitofp %r : i32 to f32
+    %ar = arith.mulf %a, %rf : f32
+    %t = arith.addf %ar, %b : f32
+    linalg.yield %t : f32
+  } -> tensor<?x1xf32>
+  %ni = arith.index_cast %n : index to i64
+  %nf = arith.sitofp %ni : i64 to f32
+  %e2 = tensor.empty(%n) : tensor<?x1xf32>
+  %rows = linalg.fill ins(%nf : f32) outs(%e2 : tensor<?x1xf32>) -> tensor<?x1xf32>
+  return %y, %rows, %y : tensor<?x1xf32>, tensor<?x1xf32>, tensor<?x1xf32>
+}
+"""
+
+DIRECT_CONFIG = {
+    "function": "f", "device": "sync", "max_batch_size": 4,
+    "sequence_batching": {
+        "max_sequence_idle_microseconds": 30000000, "direct": {},
+        "control_input": [{"name": "READY", "control": [
+            {"kind": "CONTROL_SEQUENCE_READY", "int32_false_true": [0, 1]}]}],
+        "state": [{"input_name": "S_IN", "output_name": "S_OUT", "data_type": "TYPE_FP32",
+                   "dims": [1], "initial_state": [{"data_type": "TYPE_FP32", "dims": [1],
+                                                   "zero_data": True, "name": "z"}]}],
+    },
+}
+
 IDLE_US = 300_000
 
 
@@ -146,6 +187,7 @@ def seq_server(tmp_path_factory):
         write_model(root, f"gru_{driver}", GRU, {**_gru_config(), "device": driver})
     write_model(root, "gru_async", _gru_async(), {**_gru_config(), "device": "task"})
     write_model(root, "acc", compile_mlir(CONTROL_MLIR, HOST_FLAGS), CONTROL_CONFIG)
+    write_model(root, "direct", compile_mlir(DIRECT_MLIR, HOST_FLAGS), DIRECT_CONFIG)
     (root / "acc" / "1" / "initial_state").mkdir()
     (root / "acc" / "1" / "initial_state" / "hundred").write_bytes(
         np.float32(100).tobytes())
@@ -472,6 +514,29 @@ def test_control_inputs_and_state_from_file(seq_server):
     message = _error(lambda: _step(client, "acc", np.ones((1, 1), np.float32), "X",
                                    sequence_id="s", sequence_start=True))
     assert "integer sequence_id" in message
+
+
+def test_direct_gives_each_sequence_a_fixed_row_and_null_rows_keep_their_state(
+        seq_server):
+    """`direct`: a sequence's slot is its row; an execution covers the rows up to the
+    highest ready one, the others null (READY 0, their state kept), as Triton does."""
+    client = httpclient.InferenceServerClient(seq_server.url, network_timeout=30)
+
+    def step(sid, x, **flags):
+        r = _step(client, "direct", np.full((1, 1), x, np.float32), "X", sequence_id=sid,
+                  **flags)
+        return float(r.as_numpy("Y")[0, 0]), int(r.as_numpy("N")[0, 0])
+
+    assert step(1, 1, sequence_start=True) == (1, 1)  # slot 0
+    assert step(2, 2, sequence_start=True) == (2, 2)  # slot 1: row 0 null
+    assert step(3, 4, sequence_start=True) == (4, 3)  # slot 2: rows 0 and 1 null
+    assert step(1, 10) == (11, 1)
+    assert step(3, 5) == (9, 3)
+    assert step(2, 3, sequence_end=True) == (5, 2)
+    assert step(1, 1, sequence_end=True) == (12, 1)
+    assert step(3, 1, sequence_end=True) == (10, 3)  # row 1 now empty: null all the same
+    seq = _stats(client, "direct")["sequence_stats"]
+    assert seq["strategy"] == "direct" and seq["slots"] == 4 and seq["slots_in_use"] == 0
 
 
 def test_a_bad_step_fails_alone_and_keeps_its_state(seq_server):
