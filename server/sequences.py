@@ -498,13 +498,13 @@ class DeviceState:
         return unpack_elements(data, self.dims[state], self.element_types[state])
 
     def held_bytes(self, homes: Iterable[tuple[tuple, int]]) -> int:
-        """Device memory the rows `homes` keep alive (whole buffers), and the initial
-        blocks."""
-        buffers = {id(b): b.byte_length for b in self.initial}
+        """Device memory the rows `homes` keep alive, and the initial blocks: whole
+        allocations (a program may return its outputs as windows of one)."""
+        blocks = {id(b.storage): b.storage.byte_length for b in self.initial}
         for home in homes:
             for buffer in home[0]:
-                buffers[id(buffer)] = buffer.byte_length
-        return sum(buffers.values())
+                blocks[id(buffer.storage)] = buffer.storage.byte_length
+        return sum(blocks.values())
 
 
 def _slot(seq: _Sequence) -> int:
