@@ -63,7 +63,12 @@ from ..errors import (
 from .allocator import Allocator
 from .buffer import Buffer, Storage
 from .command_buffer import CommandBuffer, as_table_range
-from .executable import FORMATS, Executable
+from .executable import (
+    Executable,
+    check_executable_policy,
+    executable_formats,
+    load_executable_data,
+)
 from .execution import RecordingCache, Submission, resolve_commands
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
@@ -99,11 +104,13 @@ class Device:
     driver_name = "base"
     identifier = "local"
 
-    def __init__(self, transient_capacity: int = DEFAULT_CAPACITY, **options: Any) -> None:
+    def __init__(self, transient_capacity: int = DEFAULT_CAPACITY, *,
+                 executable_policy: str = "any", **options: Any) -> None:
         if options:
             raise InvalidArgumentError(
                 f"driver {self.driver_name!r} does not take options {sorted(options)}"
             )
+        self.executable_policy = check_executable_policy(executable_policy)
         self.allocator = self._create_allocator()
         self.allocator.device_ref = weakref.ref(self)
         self._executables: weakref.WeakValueDictionary[str, Executable] = (
@@ -222,7 +229,10 @@ class Device:
 
     def load_executable(self, data: bytes | bytearray | memoryview | os.PathLike | str,
                         name: str = "") -> Executable:
-        """Loads an executable library (format detected from its bytes), cached by content."""
+        """Loads an executable (format detected from its bytes), cached by content.
+
+        A device whose `executable_policy` is `"portable"` refuses executables that carry
+        machine code (PERMISSION_DENIED naming the executable and the policy)."""
         if isinstance(data, (str, os.PathLike)):
             with open(data, "rb") as f:
                 name = name or os.path.basename(os.fspath(data))
@@ -240,7 +250,7 @@ class Device:
             cached = self._executables.get(key)
             if cached is not None:
                 return cached
-            executable = Executable(data, name)
+            executable = load_executable_data(data, name, self.executable_policy)
             self._executables[key] = executable
             return executable
 
@@ -249,7 +259,7 @@ class Device:
         if category == "hal.device.id":
             return int(fnmatch.fnmatchcase(self.identifier, key))
         if category == "hal.executable.format":
-            return int(key in FORMATS)
+            return int(key in executable_formats(self.executable_policy))
         if category in ("hal.device", "hal.dispatch") and key == "concurrency":
             return self.concurrency
         if category == "hal.cpu":
