@@ -21,9 +21,8 @@ each 2-D operand as IREE does: offset and strides in elements, every byte it rea
 inside the buffer (OUT_OF_RANGE otherwise), its offset aligned to the element size,
 writable for outputs. Integer operations follow the host's C semantics (wrapping;
 shift counts taken modulo 32; a zero divisor, or INT_MIN / -1, is an error where the C
-kernel would fault). `exp` and `log` give glibc's bits: computed in double precision,
-with the few elements whose double result lies too near a float rounding boundary to be
-sure of glibc's rounding computed by glibc itself. `mmt4d` on f32 accumulates in IREE's
+kernel would fault). `exp` and `log` call the C library's `expf` and `logf` over the
+whole operand in C (`tinyhal.vm.mathlib`), so they give IREE's bits. `mmt4d` on f32 accumulates in IREE's
 order: per k a multiply and an add, each rounded to f32 (not fused).
 """
 
@@ -48,7 +47,6 @@ from .context import Context
 from .loader import load_module
 from .native import NativeModule
 from .native_table import Export, build_module
-from .ops import f32_unary
 from .types import VMBuffer, VMList
 
 __all__ = ["VMVX_EXPORTS", "VMVX_FORMAT", "VMVXExecutable", "create_vmvx_module"]
@@ -146,32 +144,16 @@ _BINARY: dict[str, tuple[Any, Callable[[np.ndarray, np.ndarray], np.ndarray]]] =
     "divu.2d.i32": (_U, _div_unsigned),
 }
 
-_F32_MIN_NORMAL_EXP = -126
-_GUARD = 2.0 ** -30  # far above double's error, far below half a float ulp
+def _expf(x: np.ndarray) -> np.ndarray:
+    from .mathlib import expf  # its C module loads when a program first needs it
+
+    return expf(x)
 
 
-def _glibc_f32(name: str, numpy_fn: Callable[[np.ndarray], np.ndarray]
-               ) -> Callable[[np.ndarray], np.ndarray]:
-    """`name`f of glibc over an array: double precision in numpy, then glibc itself for
-    the elements a rounding boundary leaves in doubt (and for every non-finite result)."""
-    exact = f32_unary(name)
+def _logf(x: np.ndarray) -> np.ndarray:
+    from .mathlib import logf
 
-    def apply(x: np.ndarray) -> np.ndarray:
-        wide = x.astype(np.float64)
-        with np.errstate(all="ignore"):
-            y = numpy_fn(wide)
-            low = (y * (1 - _GUARD)).astype(np.float32)
-            high = (y * (1 + _GUARD)).astype(np.float32)
-            out = y.astype(np.float32)
-        tiny = np.abs(y) < 2.0 ** (_F32_MIN_NORMAL_EXP + 1)
-        doubt = (low != high) | ~np.isfinite(out) | (tiny & (y != 0))
-        if doubt.any():
-            flat_x, flat_out = x.reshape(-1), out.reshape(-1)
-            for i in np.flatnonzero(doubt.reshape(-1)):
-                flat_out[i] = exact(float(flat_x[i]))
-        return out
-
-    return apply
+    return logf(x)
 
 
 def _ctlz(x: np.ndarray) -> np.ndarray:
@@ -189,8 +171,8 @@ _UNARY: dict[str, tuple[Any, Callable[[np.ndarray], np.ndarray]]] = {
     "neg.2d.f32": (_F, np.negative),
     "ceil.2d.f32": (_F, np.ceil),
     "floor.2d.f32": (_F, np.floor),
-    "exp.2d.f32": (_F, _glibc_f32("exp", np.exp)),
-    "log.2d.f32": (_F, _glibc_f32("log", np.log)),
+    "exp.2d.f32": (_F, _expf),
+    "log.2d.f32": (_F, _logf),
     "rsqrt.2d.f32": (_F, _rsqrt),
     "ctlz.2d.i32": (_U, _ctlz),
 }
@@ -258,7 +240,7 @@ def mmt4d(state: Any, lhs, lhs_offset: int, lhs_row_stride: int, rhs, rhs_offset
     o = _tiled(out, out_type, out_offset, out_row_stride, m, (n, m0, n0), "out", True)
     accumulate = bool(flags & _MMT4D_ACCUMULATE)
     if out_type is np.int32:
-        total = np.einsum("akik,bkjk->abij", a.astype(np.int64), b.astype(np.int64),
+        total = np.einsum("akil,bkjl->abij", a.astype(np.int64), b.astype(np.int64),
                           optimize=True)
         if accumulate:
             total += o
