@@ -39,7 +39,6 @@ from ..errors import (
     InvalidArgumentError,
     OutOfRangeError,
     PermissionDeniedError,
-    UnimplementedError,
 )
 from ..hal.executable import Executable, ExecutableLoader, ExportInfo, register_executable_loader
 from ..hal.native import ffi
@@ -318,9 +317,20 @@ def unpack(state: Any, src, in_offset: int, in_stride0: int, in_stride1: int, ou
     o[...] = whole[:out_size0, :out_size1]
 
 
+_QUERY_ROLES = {0x01: (0, 1), 0x02: (2, 1), 0x03: (0, 2)}  # lhs (M, K), rhs (N, K), result
+_GENERIC_MATMUL_TILE = (8, 4, 8)  # M, K, N
+
+
 def query_tile_sizes_2d(state: Any, size0: int, size1: int, flags: int) -> tuple[int, int]:
-    raise UnimplementedError(
-        "vmvx query_tile_sizes.2d (dynamic data-tiling encodings) is not implemented")
+    """The tile sizes of one matmul operand (`flags`: operation and operand role). These
+    are the ukernels' generic ones; any tiling gives the same bits, since `mmt4d` sums
+    over k in one order whatever the tiles."""
+    role = _QUERY_ROLES.get(flags & 0xFF)
+    if role is None or not flags & 0xFF00:
+        raise InvalidArgumentError(
+            f"vmvx query_tile_sizes.2d: flags 0x{flags & 0xFFFFFFFF:x} name no matmul "
+            "operand")
+    return _GENERIC_MATMUL_TILE[role[0]], _GENERIC_MATMUL_TILE[role[1]]
 
 
 _X32B = "0rIIIrIIIrIIIII_v"

@@ -300,7 +300,8 @@ def test_the_programs_exercise_every_vmvx_operation():
     exported = {f"vmvx.{e.name}" for e in VMVX_EXPORTS}
     assert used <= exported
     # shru: the compiler lowers it to VM code; query_tile_sizes: only for dynamic
-    # encodings, which it does not emit for these programs.
+    # encodings, which it does not emit for these programs. Both are checked directly in
+    # test_vmvx_operation_checks_its_operands.
     assert exported - used == {"vmvx.shru.2d.i32", "vmvx.query_tile_sizes.2d"}
 
 
@@ -410,6 +411,19 @@ def test_vmvx_operation_checks_its_operands():
     divs = module.lookup("vmvx.divs.2d.i32").fn
     with pytest.raises(tinyhal.errors.InvalidArgumentError, match="division fault"):
         divs(big, 0, 4, 1, VMBuffer(bytearray(64)), 0, 4, 1, big, 0, 4, 1, 4, 4)
+    shru = module.lookup("vmvx.shru.2d.i32").fn
+    values = np.array([-1, -8, -(1 << 31), 7], np.int32)
+    counts = np.array([1, 35, 31, 0], np.int32)  # counts taken modulo 32, as x86 does
+    shifted = np.zeros(4, np.int32)
+    shru(VMBuffer(memoryview(values).cast("B")), 0, 4, 1,
+         VMBuffer(memoryview(counts).cast("B")), 0, 4, 1,
+         VMBuffer(memoryview(shifted).cast("B")), 0, 4, 1, 1, 4)
+    assert shifted.tolist() == [0x7FFFFFFF, 0x1FFFFFFF, 1, 7]
+    query = module.lookup("vmvx.query_tile_sizes.2d").fn
+    assert query(13, 33, 0x0101) == (8, 4) and query(33, 9, 0x0102) == (8, 4)
+    assert query(13, 9, 0x0103) == (8, 8)
+    with pytest.raises(tinyhal.errors.InvalidArgumentError, match="no matmul operand"):
+        query(1, 1, 0x0104)
     lhs = np.arange(16, dtype=np.float32)
     out = np.zeros(16, np.float32)
     add(VMBuffer(memoryview(lhs).cast("B")), 0, 4, 1, VMBuffer(memoryview(lhs).cast("B")),
