@@ -28,7 +28,6 @@ order: per k a multiply and an add, each rounded to f32 (not fused).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -416,7 +415,6 @@ class VMVXExecutable(Executable):
         self._environment = ffi.new("tinyhal_environment_t*")
         self._callbacks: dict[int, Any] = {}
         self._bindings: dict[tuple, VMList] = {}
-        self._failure = threading.local()
         self._last_failure = ""
 
     def __repr__(self) -> str:
