@@ -164,6 +164,11 @@ def _bits(value) -> bytes:
     return np.ascontiguousarray(np.asarray(value)).tobytes()
 
 
+# iree-compile 3.13 emits a null binding for the weights of a program with constants in
+# inline-dynamic mode; IREE's hal_loader refuses it, and so does tinyhal's.
+IREE_FAILS = {("mlp", "inline"): tinyhal.errors.InvalidArgumentError}
+
+
 @pytest.mark.parametrize("flavour", list(FLAVOURS))
 @pytest.mark.parametrize("program,function", CASES, ids=[f for _, f in CASES])
 def test_vmvx_program_gives_iree_bits(program, function, flavour, tmp_path):
@@ -173,6 +178,16 @@ def test_vmvx_program_gives_iree_bits(program, function, flavour, tmp_path):
     for i, arg in enumerate(args):
         np.save(tmp_path / f"in{i}.npy", arg)
         inputs.append(f"--input=@{tmp_path / f'in{i}.npy'}")
+    failure = IREE_FAILS.get((function, flavour))
+    if failure is not None:
+        rc, _ = iree_run_module(["--device=local-sync", f"--module={vmfb}",
+                                 f"--function={function}", *inputs])
+        assert rc != 0
+        for driver in DRIVERS:
+            with tinyhal.load(vmfb, device=driver) as module:
+                with pytest.raises(failure):
+                    module.invoke(function, *args)
+        return
     with tinyhal.load(vmfb, device="sync") as module:
         ours = module.invoke(function, *args)
     ours = list(ours) if isinstance(ours, tuple) else [ours]
