@@ -374,3 +374,26 @@ def test_small_cnn_compiled_to_vmvx_gives_iree_bits():
     expected = iree_function(vmfb, "small_cnn")(x)
     with tinyhal.load(vmfb, device="task") as module:
         assert _bits(module.small_cnn(x)) == _bits(expected)
+
+
+LARGE = """
+func.func @main(%a: tensor<96x1000xf32>, %b: tensor<96x1000xf32>) -> tensor<96x1000xf32> {
+  %0 = arith.addf %a, %b : tensor<96x1000xf32>
+  %1 = math.exp %0 : tensor<96x1000xf32>
+  return %1 : tensor<96x1000xf32>
+}
+"""
+
+
+def test_many_workgroups_run_on_every_driver():
+    """A dispatch of many workgroups: on `task` the native helper threads call into the
+    VM too (each workgroup one callback, serialised by the GIL), with IREE's bits."""
+    from support.models import iree_function
+
+    vmfb = compile_mlir(LARGE, FLAVOURS["ukernels"])
+    rng = np.random.default_rng(5)
+    a, b = (rng.standard_normal((96, 1000)).astype(np.float32) for _ in range(2))
+    expected = iree_function(vmfb, "main", "local-task")(a, b)
+    for driver in DRIVERS:
+        with tinyhal.load(vmfb, device=driver) as module:
+            assert _bits(module.main(a, b)) == _bits(expected), driver
