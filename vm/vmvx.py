@@ -28,6 +28,7 @@ order: per k a multiply and an add, each rounded to f32 (not fused).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +60,10 @@ VMVX_MODULE_VERSION = 0
 def _view(buffer: Any, dtype: Any, offset: int, stride0: int, stride1: int, size0: int,
           size1: int, what: str, writable: bool = False) -> np.ndarray:
     """The (size0, size1) strided view of `buffer` IREE's `vmvx` module maps, checked as
-    IREE checks it."""
+    IREE checks it. An output must also fit its buffer without overlapping itself
+    (compiled code never writes one element twice): that bounds every operation's work
+    and temporaries by the bytes the program really has, so bytecode that is not
+    trusted cannot make an operation allocate without bound."""
     if not isinstance(buffer, VMBuffer):
         raise InvalidArgumentError(f"vmvx {what}: expected a !vm.buffer, got "
                                    f"{type(buffer).__name__}")
@@ -78,6 +82,10 @@ def _view(buffer: Any, dtype: Any, offset: int, stride0: int, stride1: int, size
         raise OutOfRangeError(
             f"vmvx {what}: range [{start}, {end}) is out of bounds of the {length}-byte "
             "buffer")
+    if writable and size0 * size1 * itemsize > length:
+        raise InvalidArgumentError(
+            f"vmvx {what}: {size0}x{size1} elements cannot fit the {length}-byte buffer "
+            "without overlapping")
     return np.ndarray((size0, size1), dtype, buffer.data, start,
                       (stride0 * itemsize, stride1 * itemsize))
 
@@ -86,7 +94,9 @@ def _tiled(buffer: Any, dtype: Any, offset: int, row_stride: int, rows: int,
            shape: tuple[int, ...], what: str, writable: bool = False) -> np.ndarray:
     """`rows` rows of `row_stride` elements, each holding a contiguous block of
     `shape`: a (rows, *shape) view (mmt4d, pack and unpack operands)."""
-    inner = int(np.prod(shape))
+    if min(shape) < 0:
+        raise InvalidArgumentError(f"buffer overflow for {what}")
+    inner = math.prod(shape)
     flat = _view(buffer, dtype, offset, row_stride, 1, rows, inner, what, writable)
     itemsize = flat.itemsize
     strides = [itemsize] * len(shape)
@@ -237,20 +247,15 @@ def mmt4d(state: Any, lhs, lhs_offset: int, lhs_row_stride: int, rhs, rhs_offset
     b = _tiled(rhs, in_type, rhs_offset, rhs_row_stride, n, (k, n0, k0), "rhs")
     o = _tiled(out, out_type, out_offset, out_row_stride, m, (n, m0, n0), "out", True)
     accumulate = bool(flags & _MMT4D_ACCUMULATE)
-    if out_type is np.int32:
-        total = np.einsum("akil,bkjl->abij", a.astype(np.int64), b.astype(np.int64),
-                          optimize=True)
-        if accumulate:
-            total += o
-        o[...] = total.astype(np.int32)
-        return
-    # f32: a multiply and an add per (k, k0) in order, each rounded to f32 (IREE's
-    # kernels do not fuse them), over all (m, n, m0, n0) at once.
-    acc = o.astype(np.float32) if accumulate else np.zeros(o.shape, np.float32)
+    # A multiply and an add per (k, k0) in order over all (m, n, m0, n0) at once, so
+    # temporaries stay the output's size: for f32 each rounded (IREE's kernels do not
+    # fuse them), for s8 x s8 -> s32 wrapping, in any order the same bits.
+    acc = o.astype(out_type) if accumulate else np.zeros(o.shape, out_type)
     with np.errstate(all="ignore"):
         for kk in range(k):
             for kk0 in range(k0):
-                acc += a[:, None, kk, :, None, kk0] * b[None, :, kk, None, :, kk0]
+                acc += (a[:, None, kk, :, None, kk0].astype(out_type)
+                        * b[None, :, kk, None, :, kk0].astype(out_type))
     o[...] = acc
 
 
@@ -312,7 +317,9 @@ def unpack(state: Any, src, in_offset: int, in_stride0: int, in_stride1: int, ou
         raise InvalidArgumentError(
             f"vmvx unpack: {outer0}x{outer1} tiles of {tile0}x{tile1} cannot fill the "
             f"{out_size0}x{out_size1} result")
-    whole = tiles.transpose(0, 2, 1, 3).reshape(outer0 * tile0, outer1 * tile1)
+    outer0, outer1 = -(-out_size0 // tile0), -(-out_size1 // tile1)  # the tiles it reads
+    whole = tiles[:outer0, :outer1].transpose(0, 2, 1, 3).reshape(outer0 * tile0,
+                                                                  outer1 * tile1)
     o[...] = whole[:out_size0, :out_size1]
 
 

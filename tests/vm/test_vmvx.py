@@ -336,6 +336,8 @@ def test_vmvx_operation_checks_its_operands():
         add(big, 0, 4, 1, big, 0, 4, 1, VMBuffer(bytes(64)), 0, 4, 1, 4, 4)
     with pytest.raises(tinyhal.errors.InvalidArgumentError, match="buffer overflow"):
         add(big, 0, -4, 1, big, 0, 4, 1, big, 0, 4, 1, 4, 4)
+    with pytest.raises(tinyhal.errors.InvalidArgumentError, match="without overlapping"):
+        add(big, 0, 0, 1, big, 0, 0, 1, big, 0, 0, 1, 1 << 30, 4)  # one row, 2**30 times
     divs = module.lookup("vmvx.divs.2d.i32").fn
     with pytest.raises(tinyhal.errors.InvalidArgumentError, match="division fault"):
         divs(big, 0, 4, 1, VMBuffer(bytearray(64)), 0, 4, 1, big, 0, 4, 1, 4, 4)
