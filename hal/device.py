@@ -99,7 +99,13 @@ def _cpu_flags() -> set[str]:
 
 
 class Device:
-    """A logical device: allocator, executables, semaphores and one queue."""
+    """A logical device: allocator, executables, semaphores and one queue.
+
+    `executable_policy` (every driver takes it) says which executables the device loads:
+    `"any"` (the default), or `"portable"`: only formats without machine code (VMVX), so
+    that a model from a source that is not fully trusted never runs its machine code;
+    the format query then answers no for the native formats and `load_executable`
+    refuses them with PERMISSION_DENIED."""
 
     driver_name = "base"
     identifier = "local"
