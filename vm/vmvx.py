@@ -67,7 +67,7 @@ def _view(buffer: Any, dtype: Any, offset: int, stride0: int, stride1: int, size
     if not isinstance(buffer, VMBuffer):
         raise InvalidArgumentError(f"vmvx {what}: expected a !vm.buffer, got "
                                    f"{type(buffer).__name__}")
-    itemsize = np.dtype(dtype).itemsize
+    itemsize = (dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)).itemsize
     if min(offset, stride0, stride1, size0, size1) < 0 or max(
             size0, size1, stride0 + 1, stride1 + 1) >= 1 << 32:
         raise InvalidArgumentError(f"buffer overflow for {what}")
@@ -130,8 +130,8 @@ def _div_unsigned(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     return lhs // rhs
 
 
-_F = np.float32
-_U = np.uint32
+_F = np.dtype(np.float32)
+_U = np.dtype(np.uint32)
 # name -> (element view, function of the two operand views)
 _BINARY: dict[str, tuple[Any, Callable[[np.ndarray, np.ndarray], np.ndarray]]] = {
     "add.2d.f32": (_F, np.add),
@@ -170,8 +170,7 @@ def _ctlz(x: np.ndarray) -> np.ndarray:
 
 
 def _rsqrt(x: np.ndarray) -> np.ndarray:
-    with np.errstate(all="ignore"):
-        return np.float32(1) / np.sqrt(x)
+    return np.float32(1) / np.sqrt(x)
 
 
 _UNARY: dict[str, tuple[Any, Callable[[np.ndarray], np.ndarray]]] = {
@@ -194,8 +193,7 @@ def _binary(name: str, dtype: Any, fn: Callable) -> Callable[..., None]:
         b = _view(rhs, dtype, rhs_offset, rhs_stride0, rhs_stride1, size0, size1, "rhs")
         o = _view(out, dtype, out_offset, out_stride0, out_stride1, size0, size1, "out",
                   True)
-        with np.errstate(all="ignore"):
-            o[...] = fn(a, b)
+        o[...] = fn(a, b)
 
     op.__name__ = name.replace(".", "_")
     return op
@@ -207,8 +205,7 @@ def _unary(name: str, dtype: Any, fn: Callable) -> Callable[..., None]:
         a = _view(src, dtype, in_offset, in_stride0, in_stride1, size0, size1, "in")
         o = _view(out, dtype, out_offset, out_stride0, out_stride1, size0, size1, "out",
                   True)
-        with np.errstate(all="ignore"):
-            o[...] = fn(a)
+        o[...] = fn(a)
 
     op.__name__ = name.replace(".", "_")
     return op
@@ -463,17 +460,8 @@ class VMVXExecutable(Executable):
 
         def run(environment: Any, state: Any, workgroup: Any) -> int:
             try:
-                constants = (VMBuffer(ffi.buffer(state.constants, 4 * state.constant_count),
-                                      False) if state.constant_count else _EMPTY)
-                local = (VMBuffer(ffi.buffer(workgroup.local_memory,
-                                             workgroup.local_memory_size), True)
-                         if workgroup.local_memory_size else _EMPTY)
-                function(local, constants, self._binding_list(state),
-                         workgroup.workgroup_id_x, workgroup.workgroup_id_y,
-                         workgroup.workgroup_id_z, state.workgroup_size_x,
-                         state.workgroup_size_y, state.workgroup_size_z,
-                         state.workgroup_count_x, state.workgroup_count_y,
-                         state.workgroup_count_z)
+                with np.errstate(all="ignore"):  # IEEE results, as C gives them
+                    self._run_workgroup(function, state, workgroup)
                 return 0
             except BaseException as exc:  # noqa: BLE001 - reported as the dispatch's status
                 error = exc if isinstance(exc, Error) else None
@@ -483,6 +471,18 @@ class VMVXExecutable(Executable):
                 return code if 0 < code < 32 else 13
 
         return run
+
+    def _run_workgroup(self, function: Callable[..., Any], state: Any, workgroup: Any
+                       ) -> None:
+        """One workgroup: the export called as IREE's VMVX loader calls it."""
+        constants = (VMBuffer(ffi.buffer(state.constants, 4 * state.constant_count), False)
+                     if state.constant_count else _EMPTY)
+        local = (VMBuffer(ffi.buffer(workgroup.local_memory, workgroup.local_memory_size),
+                          True) if workgroup.local_memory_size else _EMPTY)
+        function(local, constants, self._binding_list(state), workgroup.workgroup_id_x,
+                 workgroup.workgroup_id_y, workgroup.workgroup_id_z, state.workgroup_size_x,
+                 state.workgroup_size_y, state.workgroup_size_z, state.workgroup_count_x,
+                 state.workgroup_count_y, state.workgroup_count_z)
 
     def close(self) -> None:
         self._callbacks = {}
