@@ -12,6 +12,9 @@ import os
 
 import numpy as np
 import pytest
+from programs.corpus import CASES as CORPUS_CASES
+from programs.corpus import PROGRAMS_DIR as CORPUS_DIR
+from programs.corpus import program_flags as corpus_flags
 
 import tinyhal
 from support.iree_tools import HOST_FLAGS, compile_mlir
@@ -399,3 +402,43 @@ def test_many_workgroups_run_on_every_driver():
     for driver in DRIVERS:
         with tinyhal.load(vmfb, device=driver) as module:
             assert _bits(module.main(a, b)) == _bits(expected), driver
+
+
+# iree-compile 3.13 cannot lower these for VMVX (f16 and f64 conversions); the rest of
+# the VM corpus's single-call programs run.
+VMVX_UNCOMPILABLE = {"f16_ops", "conversions"}
+CORPUS = [c for c in CORPUS_CASES if len(c.calls) == 1 and c.program not in VMVX_UNCOMPILABLE]
+
+
+def _iree_results(vmfb, function: str, args) -> list:
+    import iree.runtime as rt
+
+    context = rt.SystemContext(config=rt.Config("local-task"))
+    context.add_vm_module(rt.VmModule.mmap(context.instance, str(vmfb)))
+    results = context.modules.module[function](*args)
+    if not isinstance(results, (list, tuple)):
+        results = [results]
+    return [r.to_host() if hasattr(r, "to_host") else r for r in results]
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[c.id for c in CORPUS])
+def test_corpus_program_compiled_to_vmvx_gives_iree_bits(case):
+    """The VM corpus (programs written for llvm-cpu), compiled to VMVX with data tiling:
+    iree.runtime's bits, or its failure (multi_result: iree-compile's VMVX lowering
+    overruns a binding, and both runtimes refuse it with OUT_OF_RANGE)."""
+    source = (CORPUS_DIR / f"{case.program}.mlir").read_text()
+    flags = [f for f in corpus_flags(source) if "llvmcpu" not in f]
+    vmfb = compile_mlir(source, FLAVOURS["data-tiling"] + flags)
+    function, args = case.calls[0]
+    try:
+        expected = _iree_results(vmfb, function, args)
+    except Exception as exc:  # noqa: BLE001 - IREE's runtime raises plain exceptions
+        assert "OUT_OF_RANGE" in str(exc)
+        with tinyhal.load(vmfb, device="task") as module:
+            with pytest.raises(tinyhal.errors.OutOfRangeError):
+                module.invoke(function, *args)
+        return
+    with tinyhal.load(vmfb, device="task") as module:
+        ours = module.invoke(function, *args)
+    ours = list(ours) if isinstance(ours, tuple) else [ours]
+    assert [_bits(v) for v in ours] == [_bits(v) for v in expected]
