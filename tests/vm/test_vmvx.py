@@ -2,8 +2,10 @@
 the pinned compiler give iree-run-module's bits on every driver, through `tinyhal.load`
 and `tinyhal-run`, in each of the three shapes VMVX code comes in: plain VM loops, the
 `vmvx` module's microkernels, and microkernels with data tiling (`mmt4d`, `pack`,
-`unpack`), and in TinyIREE's inline-dynamic mode. The executable policy `"portable"` refuses machine code with the policy
-named, and still runs VMVX (also the VMVX half of a program compiled for both).
+`unpack`), and in TinyIREE's inline-dynamic mode; so does the VM corpus compiled to
+VMVX. Where iree-compile's own VMVX lowering is wrong, both runtimes fail alike. The
+executable policy `"portable"` refuses machine code with the policy named, and still
+runs VMVX (also the VMVX half of a program compiled for both).
 `TINYHAL_TEST_VMVX_CNN=1` adds the tests' small CNN compiled to VMVX (slow: opt-in)."""
 
 from __future__ import annotations
