@@ -101,6 +101,10 @@ def load_executable_data(data: bytes, name: str = "", policy: str = "any") -> Ex
                 if loader.native_code and policy != "any":
                     raise _refused(data, name, loader.format, policy)
                 return loader.load(data, name)
+        if data[:4] == b"PK\x03\x04" or data[4:8] == b"IREE":
+            raise UnimplementedError(
+                "the executable is a VM bytecode module (VMVX, vmvx-bytecode-fb); its "
+                "loader is registered when tinyhal.vm is imported")
     if policy != "any":
         raise _refused(data, name, "ELF executable library", policy)
     return Executable(data, name)

@@ -19,6 +19,7 @@ from programs.corpus import PROGRAMS_DIR as CORPUS_DIR
 from programs.corpus import program_flags as corpus_flags
 
 import tinyhal
+from support.child import run_child
 from support.iree_tools import HOST_FLAGS, compile_mlir
 from support.run_compare import iree_run_module, tinyhal_run
 from support.vmvx_programs import FLAVOURS, VMVX, mlp_mlir
@@ -250,6 +251,20 @@ def test_vmvx_executable_loads_through_the_hal(tmp_path):
         assert device.query("hal.executable.format", "embedded-elf-x86_64") == 0
         assert executable.exports[0].binding_count >= 2
         assert device.load_executable(executables[0]) is executable  # cached by content
+    path = tmp_path / "executable.vmfb"
+    path.write_bytes(executables[0])
+    out = run_child("""
+        import sys
+        from tinyhal.errors import UnimplementedError
+        from tinyhal.hal import create_device
+
+        with create_device("sync") as device:
+            try:
+                device.load_executable(sys.argv[1])
+            except UnimplementedError as exc:
+                print("tinyhal.vm" in str(exc), "tinyhal.vm" in sys.modules)
+    """, str(path))
+    assert out.split() == ["True", "False"]  # the HAL alone names what registers VMVX
 
 
 _ADD = """
