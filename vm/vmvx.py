@@ -152,6 +152,7 @@ _BINARY: dict[str, tuple[Any, Callable[[np.ndarray, np.ndarray], np.ndarray]]] =
     "divu.2d.i32": (_U, _div_unsigned),
 }
 
+
 def _expf(x: np.ndarray) -> np.ndarray:
     from .mathlib import expf  # its C module loads when a program first needs it
 
@@ -415,7 +416,13 @@ class VMVXExecutable(Executable):
         self._templates: dict = {}
         self._context = Context([create_vmvx_module(), module])
         instance = self._context.instances[-1]
-        self._functions = [instance.function(name).callable for name in self.export_names]
+        functions = [instance.function(name) for name in self.export_names]
+        for function in functions:
+            if function.is_generator:
+                raise InvalidArgumentError(
+                    f"VMVX {self._what}: export {function.name!r} may yield, which a "
+                    "dispatch function cannot")
+        self._functions = [function.callable for function in functions]
         self._environment = ffi.new("tinyhal_environment_t*")
         self._callbacks: dict[int, Any] = {}
         self._bindings: dict[tuple, VMList] = {}
