@@ -87,6 +87,12 @@ if TYPE_CHECKING:
 Points = Fence | Sequence[SemaphorePoint] | None
 
 
+@functools.lru_cache(maxsize=1)
+def host_cpu_flags() -> frozenset[str]:
+    """The host CPU's feature flags as Linux names them (`avx2`, `avx512f`, ...)."""
+    return frozenset(_cpu_flags())
+
+
 def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
@@ -269,7 +275,7 @@ class Device:
         if category in ("hal.device", "hal.dispatch") and key == "concurrency":
             return self.concurrency
         if category == "hal.cpu":
-            return int(key.lower() in _cpu_flags())
+            return int(key.lower() in host_cpu_flags())
         raise NotFoundError(f"unknown device query {category!r} :: {key!r}")
 
     concurrency = 1

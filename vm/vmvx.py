@@ -22,13 +22,17 @@ inside the buffer (OUT_OF_RANGE otherwise), its offset aligned to the element si
 writable for outputs. Integer operations follow the host's C semantics (wrapping;
 shift counts taken modulo 32; a zero divisor, or INT_MIN / -1, is an error where the C
 kernel would fault). `exp` and `log` call the C library's `expf` and `logf` over the
-whole operand in C (`tinyhal.vm.mathlib`), so they give IREE's bits. `mmt4d` on f32 accumulates in IREE's
-order: per k a multiply and an add, each rounded to f32 (not fused).
+whole operand in C (`tinyhal.vm.mathlib`), so they give IREE's bits. f32 `mmt4d` sums
+over k in IREE's order; where IREE's x86-64 microkernels have a tile function for the
+tile shape on this CPU (those use fused multiply-adds) it fuses too, in C, otherwise it
+multiplies and adds with a rounding each, as IREE's generic tile; `query_tile_sizes.2d`
+answers what IREE's microkernels answer on this host, so the tiles agree.
 """
 
 from __future__ import annotations
 
 import math
+import platform
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +44,7 @@ from ..errors import (
     OutOfRangeError,
     PermissionDeniedError,
 )
+from ..hal.device import host_cpu_flags
 from ..hal.executable import Executable, ExecutableLoader, ExportInfo, register_executable_loader
 from ..hal.native import ffi
 from .context import Context
@@ -245,7 +250,13 @@ def mmt4d(state: Any, lhs, lhs_offset: int, lhs_row_stride: int, rhs, rhs_offset
     b = _tiled(rhs, in_type, rhs_offset, rhs_row_stride, n, (k, n0, k0), "rhs")
     o = _tiled(out, out_type, out_offset, out_row_stride, m, (n, m0, n0), "out", True)
     accumulate = bool(flags & _MMT4D_ACCUMULATE)
-    # A multiply and an add per (k, k0) in order over all (m, n, m0, n0) at once, so
+    if out_type is np.float32 and _fused_f32_tile(m0, n0, k0):
+        if min(m, n) > 0:
+            from .mathlib import mmt4d_f32_fma
+
+            mmt4d_f32_fma(a, b, o, accumulate)
+        return
+    # The generic tile: a multiply and an add per (k, k0) in order over all (m, n, m0, n0) at once, so
     # temporaries stay the output's size: for f32 each rounded (IREE's kernels do not
     # fuse them), for s8 x s8 -> s32 wrapping, in any order the same bits.
     acc = o.astype(out_type) if accumulate else np.zeros(o.shape, out_type)
@@ -322,19 +333,55 @@ def unpack(state: Any, src, in_offset: int, in_stride0: int, in_stride1: int, ou
 
 
 _QUERY_ROLES = {0x01: (0, 1), 0x02: (2, 1), 0x03: (0, 2)}  # lhs (M, K), rhs (N, K), result
-_GENERIC_MATMUL_TILE = (8, 4, 8)  # M, K, N
+_QUERY_MATMUL_F32 = 0x0100
+_QUERY_MATMUL_I8 = 0x0200
+
+
+def _x86_64_features() -> tuple[bool, bool, bool]:
+    """(avx2+fma+f16c, and avx512 f/bw/dq/vl/cd, and avx512 vnni) on this host: what
+    IREE's x86-64 microkernels select their tiles by."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return False, False, False
+    flags = host_cpu_flags()
+    avx2 = {"avx2", "fma", "f16c"} <= flags
+    avx512 = avx2 and {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"} <= flags
+    return avx2, avx512, avx512 and "avx512_vnni" in flags
+
+
+def _matmul_tile(operation: int) -> tuple[int, int, int]:
+    """(M0, K0, N0) IREE's microkernels choose for a matmul on this host (x86-64; the
+    generic 8x4x8 elsewhere)."""
+    avx2, avx512, vnni = _x86_64_features()
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return 8, 4, 8
+    if operation == _QUERY_MATMUL_F32:
+        return (16, 1, 16) if avx512 else (8, 1, 8) if avx2 else (8, 1, 4)
+    if operation == _QUERY_MATMUL_I8:
+        return (16, 2, 16) if vnni else (8, 2, 8) if avx2 else (8, 2, 4)
+    return 8, 4, 8
 
 
 def query_tile_sizes_2d(state: Any, size0: int, size1: int, flags: int) -> tuple[int, int]:
-    """The tile sizes of one matmul operand (`flags`: operation and operand role). These
-    are the ukernels' generic ones; any tiling gives the same bits, since `mmt4d` sums
-    over k in one order whatever the tiles."""
+    """The tile sizes of one matmul operand (`flags`: operation and operand role), as
+    IREE's microkernels answer on this host: they decide which tile function `mmt4d`
+    runs, and so (for f32) whether it fuses its multiply-adds."""
     role = _QUERY_ROLES.get(flags & 0xFF)
     if role is None or not flags & 0xFF00:
         raise InvalidArgumentError(
             f"vmvx query_tile_sizes.2d: flags 0x{flags & 0xFFFFFFFF:x} name no matmul "
             "operand")
-    return _GENERIC_MATMUL_TILE[role[0]], _GENERIC_MATMUL_TILE[role[1]]
+    tile = _matmul_tile(flags & 0xFF00)
+    return tile[role[0]], tile[role[1]]
+
+
+def _fused_f32_tile(m0: int, n0: int, k0: int) -> bool:
+    """Whether IREE's x86-64 microkernels have an f32 tile function for (m0, n0, k0) on
+    this host; those use fused multiply-adds, the generic one does not."""
+    avx2, avx512, _ = _x86_64_features()
+    if k0 != 1:
+        return False
+    return ((avx512 and n0 == 16 and m0 in (1, 2, 4, 8, 16))
+            or (avx2 and n0 == 8 and m0 in (1, 2, 4, 8)))
 
 
 _X32B = "0rIIIrIIIrIIIII_v"

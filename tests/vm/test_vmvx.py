@@ -233,9 +233,9 @@ def test_the_programs_exercise_every_vmvx_operation():
             used |= _vmvx_imports(_compile(program, flavour))
     exported = {f"vmvx.{e.name}" for e in VMVX_EXPORTS}
     assert used <= exported
-    # shru: the compiler lowers it to VM code; query_tile_sizes: only for dynamic
-    # encodings, which it does not emit for these programs. Both are checked directly in
-    # test_vmvx_operation_checks_its_operands.
+    # shru: the compiler lowers it to VM code (checked directly in
+    # test_vmvx_operation_checks_its_operands); query_tile_sizes: only for dynamic
+    # shapes, in test_dynamic_data_tiled_matmul_gives_iree_bits.
     assert exported - used == {"vmvx.shru.2d.i32", "vmvx.query_tile_sizes.2d"}
 
 
@@ -315,6 +315,41 @@ def test_tinyhal_run_executable_policy(tmp_path):
                         f"--module={vmvx}", *flags]) == (0, expected, "")
 
 
+DYNAMIC_MATMUL = """
+func.func @matmul(%a: tensor<?x?xf32>, %b: tensor<?x?xf32>) -> tensor<?x?xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %m = tensor.dim %a, %c0 : tensor<?x?xf32>
+  %n = tensor.dim %b, %c1 : tensor<?x?xf32>
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty(%m, %n) : tensor<?x?xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<?x?xf32>, tensor<?x?xf32>)
+                     outs(%f : tensor<?x?xf32>) -> tensor<?x?xf32>
+  return %r : tensor<?x?xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("shape", [(13, 33, 9), (40, 17, 33), (1, 5, 1)])
+def test_dynamic_data_tiled_matmul_gives_iree_bits(shape):
+    """Dynamic shapes with data tiling ask the microkernels for their tile sizes at run
+    time (`query_tile_sizes.2d`): tinyhal answers as IREE's do on this host, so `mmt4d`
+    runs the same tile function, fused multiply-adds where IREE's has them."""
+    from support.models import iree_function
+
+    vmfb = compile_mlir(DYNAMIC_MATMUL, FLAVOURS["data-tiling"])
+    assert "vmvx.query_tile_sizes.2d" in _vmvx_imports(vmfb)
+    m, k, n = shape
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    expected = iree_function(vmfb, "matmul", "local-task")(a, b)
+    for driver in DRIVERS:
+        with tinyhal.load(vmfb, device=driver) as module:
+            assert _bits(module.matmul(a, b)) == _bits(expected), driver
+
+
 TRANSPOSE = """
 func.func @transpose(%a: tensor<6x10xf32>) -> tensor<10x6xf32> {
   %e = tensor.empty() : tensor<10x6xf32>
@@ -370,8 +405,9 @@ def test_vmvx_operation_checks_its_operands():
          VMBuffer(memoryview(shifted).cast("B")), 0, 4, 1, 1, 4)
     assert shifted.tolist() == [0x7FFFFFFF, 0x1FFFFFFF, 1, 7]
     query = module.lookup("vmvx.query_tile_sizes.2d").fn
-    assert query(13, 33, 0x0101) == (8, 4) and query(33, 9, 0x0102) == (8, 4)
-    assert query(13, 9, 0x0103) == (8, 8)
+    (m0, k0), (n0, k0_rhs), result = (query(13, 33, 0x0101), query(33, 9, 0x0102),
+                                      query(13, 9, 0x0103))
+    assert k0 == k0_rhs and result == (m0, n0)
     with pytest.raises(tinyhal.errors.InvalidArgumentError, match="no matmul operand"):
         query(1, 1, 0x0104)
     lhs = np.arange(16, dtype=np.float32)

@@ -1,4 +1,5 @@
-"""cffi build of `tinyhal.vm.mathlib._mathlib`: C library math over float arrays.
+"""cffi build of `tinyhal.vm.mathlib._mathlib`: C library math over float arrays, and
+f32 mmt4d with fused multiply-adds.
 
 Run by setuptools at install time (`cffi_modules` in setup.py); `tinyhal.vm.mathlib`
 builds the same module into a cache directory when running from an uninstalled tree.
@@ -18,6 +19,10 @@ SOURCES = ("build.py", "mathlib.c")
 CDEF = """
 void tinyhal_expf_array(const float* in, float* out, size_t count);
 void tinyhal_logf_array(const float* in, float* out, size_t count);
+void tinyhal_mmt4d_f32_fma(const float* lhs, int64_t lhs_row_stride, const float* rhs,
+                           int64_t rhs_row_stride, float* out, int64_t out_row_stride,
+                           int64_t m, int64_t n, int64_t k, int64_t m0, int64_t n0,
+                           int64_t k0, int accumulate);
 """
 
 
@@ -27,7 +32,8 @@ def make_builder(module_name: str = MODULE_NAME) -> FFI:
     with open(os.path.join(HERE, "mathlib.c")) as f:
         source = f.read()
     builder.set_source(module_name, source, libraries=["m"],
-                       extra_compile_args=["-O2", "-std=c11", "-fno-fast-math"])
+                       extra_compile_args=["-O2", "-std=c11", "-fno-fast-math",
+                                           "-ffp-contract=off"])
     return builder
 
 
