@@ -18,8 +18,7 @@ views of the bindings, never a Python loop over elements.
 
 The `vmvx` module (`VMVX_EXPORTS`, one row per export as in IREE's `exports.inl`) maps
 each 2-D operand as IREE does: offset and strides in elements, every byte it reaches
-inside the buffer (OUT_OF_RANGE otherwise), its offset aligned to the element size,
-writable for outputs. Integer operations follow the host's C semantics (wrapping;
+inside the buffer (OUT_OF_RANGE otherwise), writable for outputs. Integer operations follow the host's C semantics (wrapping;
 shift counts taken modulo 32; a zero divisor, or INT_MIN / -1, is an error where the C
 kernel would fault). `exp` and `log` call the C library's `expf` and `logf` over the
 whole operand in C (`tinyhal.vm.mathlib`), so they give IREE's bits. f32 `mmt4d` sums
