@@ -262,8 +262,8 @@ def mmt4d(state: Any, lhs, lhs_offset: int, lhs_row_stride: int, rhs, rhs_offset
     with np.errstate(all="ignore"):
         for kk in range(k):
             for kk0 in range(k0):
-                acc += (a[:, None, kk, :, None, kk0].astype(out_type)
-                        * b[None, :, kk, None, :, kk0].astype(out_type))
+                acc += (a[:, None, kk, :, None, kk0].astype(out_type, copy=False)
+                        * b[None, :, kk, None, :, kk0].astype(out_type, copy=False))
     o[...] = acc
 
 
