@@ -64,7 +64,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..errors import Error, IncompatibleError, InvalidArgumentError, NotFoundError
+from ..errors import (
+    Error,
+    IncompatibleError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
 from ..hal import Device, create_device
 from ..hal.buffer import ALIGNMENT, Buffer
 from ..hal.buffer_view import BufferView
@@ -332,7 +338,7 @@ class Module:
         except BaseException as exc:
             self.close()
             origin = self.path or "<bytes>"
-            if isinstance(exc, IncompatibleError):
+            if isinstance(exc, (IncompatibleError, UnavailableError)):
                 _explain_policy(exc, self.devices)
             if isinstance(exc, Error) and not exc.message.startswith(origin):
                 raise exc.with_context(origin) from exc
@@ -879,8 +885,9 @@ def _parameters_module(parameters: Any, bytecode: BytecodeModule,
 
 
 def _explain_policy(exc: Error, devices: list[Device]) -> None:
-    """Says why a device was unavailable when an executable policy refused the formats
-    the program's executables come in (the program itself only finds no device)."""
+    """Says why a device was unavailable (or, inline, no executable loadable) when an
+    executable policy refused the formats the program's executables come in: the
+    program itself only finds nothing it can use."""
     refusing = sorted({d.executable_policy for d in devices} - {"any"})
     if refusing:
         from ..hal.executable import FORMATS

@@ -290,6 +290,9 @@ def test_portable_policy_refuses_native_code_and_names_it():
             device.load_executable(executable, name="add_dispatch")
         with pytest.raises(PermissionDeniedError, match="'add_dispatch'"):
             device.load_executable(executable, name="add_dispatch")
+    inline = compile_mlir(_ADD, HOST_FLAGS + ["--iree-execution-model=inline-dynamic"])
+    with pytest.raises(tinyhal.errors.UnavailableError, match="policy 'portable'"):
+        tinyhal.load(inline, device="sync", executable_policy="portable")
     with tinyhal.load(native, device="sync") as module:  # the default policy: any
         expected = module.main(a, a)
     both = compile_mlir(_ADD, HOST_FLAGS + ["--iree-hal-local-target-device-backends=vmvx"])
