@@ -90,18 +90,14 @@ Points = Fence | Sequence[SemaphorePoint] | None
 @functools.lru_cache(maxsize=1)
 def host_cpu_flags() -> frozenset[str]:
     """The host CPU's feature flags as Linux names them (`avx2`, `avx512f`, ...)."""
-    return frozenset(_cpu_flags())
-
-
-def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 class Device:
