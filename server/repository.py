@@ -588,9 +588,11 @@ class ModelRepository:
     version serving.
     """
 
-    def __init__(self, root: Path | str, default_device: str = "task") -> None:
+    def __init__(self, root: Path | str, default_device: str = "task", *,
+                 executable_policy: str = "any") -> None:
         self.root = Path(root)
         self.default_device = default_device
+        self.executable_policy = executable_policy  # of every device it creates
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.devices: dict[str, Any] = {}
         self.memory = DeviceMemory()
@@ -743,7 +745,8 @@ class ModelRepository:
         if device is None:
             from ..hal import create_device
 
-            device = self.devices[name] = create_device(name)
+            device = self.devices[name] = create_device(
+                name, executable_policy=self.executable_policy)
             self._device_locks[name] = threading.Lock()
         return device
 

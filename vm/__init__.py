@@ -20,6 +20,7 @@ from .loader import BytecodeModule, load_module
 from .native import NativeFunction, NativeModule, Suspend
 from .ops import F32SNaN
 from .types import VMBuffer, VMList
+from .vmvx import VMVXExecutable, create_vmvx_module  # registers the VMVX loader
 
 __all__ = [
     "BytecodeModule",
@@ -33,10 +34,12 @@ __all__ = [
     "VMBuffer",
     "VMFunction",
     "VMList",
+    "VMVXExecutable",
     "create_hal_inline_module",
     "create_hal_loader_module",
     "create_hal_module",
     "create_io_parameters_module",
+    "create_vmvx_module",
     "drive_blocking",
     "load_module",
     "parse_cconv",

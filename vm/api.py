@@ -64,7 +64,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..errors import Error, InvalidArgumentError, NotFoundError
+from ..errors import (
+    Error,
+    IncompatibleError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
 from ..hal import Device, create_device
 from ..hal.buffer import ALIGNMENT, Buffer
 from ..hal.buffer_view import BufferView
@@ -332,6 +338,8 @@ class Module:
         except BaseException as exc:
             self.close()
             origin = self.path or "<bytes>"
+            if isinstance(exc, (IncompatibleError, UnavailableError)):
+                _explain_policy(exc, self.devices)
             if isinstance(exc, Error) and not exc.message.startswith(origin):
                 raise exc.with_context(origin) from exc
             raise
@@ -886,6 +894,20 @@ def _parameters_module(parameters: Any, bytecode: BytecodeModule,
     return [create_io_parameters_module(parameters)]
 
 
+def _explain_policy(exc: Error, devices: list[Device]) -> None:
+    """Says why a device was unavailable (or, inline, no executable loadable) when an
+    executable policy refused the formats the program's executables come in: the
+    program itself only finds nothing it can use."""
+    refusing = sorted({d.executable_policy for d in devices} - {"any"})
+    if refusing:
+        from ..hal.executable import FORMATS
+
+        exc.message += (f" (the device's executable policy {refusing[0]!r} refuses "
+                        f"executables with native machine code: {', '.join(FORMATS)}; "
+                        "compile with --iree-hal-local-target-device-backends=vmvx)")
+        exc.args = (exc.message,)
+
+
 def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (),
          parameters: Any = None, mapped: bool = False, **options: Any) -> Module:
     """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`), or
@@ -913,6 +935,12 @@ def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (
     mapping `{scope: path | ParameterIndex | {key: array} | [several]}`; see
     `tinyhal.vm.io_parameters.parameter_scopes`. `Module.parameter_statistics()` tells
     the parameter memory the program holds.
+
+    Driver options pass through to the device made here, among them
+    `executable_policy="portable"`: the device then loads only executables without
+    machine code (VMVX, `--iree-hal-local-target-device-backends=vmvx`), so a model whose
+    source is not fully trusted runs without running its machine code; a program with
+    only native executables fails with the policy named.
     """
     return Module(path_or_bytes, device, modules=modules, parameters=parameters,
                   mapped=mapped, **options)
