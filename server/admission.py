@@ -41,6 +41,7 @@ One protocol for every request, batched or not:
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import threading
 import time
@@ -52,6 +53,8 @@ import trio
 
 from .batching import BatchingConfig, Outcome, Results, ready_rows, run_batch, take_batch
 from .instances import InstanceThread
+
+log = logging.getLogger("tinyhal.server")
 
 # most unbatched requests handed to a free instance at once (each its own execution)
 _RUN_LIST = 16
@@ -110,10 +113,11 @@ class Instance:
 
 class _Request:
     __slots__ = ("args", "rows", "key", "deadline", "arrived", "label", "done", "outcome",
-                 "started", "detached", "queued_seconds", "infer_seconds")
+                 "started", "detached", "queued_seconds", "infer_seconds", "respond")
 
     def __init__(self, args: list[Any], rows: int, deadline: float, label: str,
-                 now: float) -> None:
+                 now: float, respond: Callable[[Results, float], Any] | None = None
+                 ) -> None:
         self.args = args
         self.rows = rows
         self.key = tuple(getattr(a, "shape", ())[1:] for a in args)
@@ -126,6 +130,7 @@ class _Request:
         self.detached = False
         self.queued_seconds = 0.0
         self.infer_seconds = 0.0
+        self.respond = respond
 
 
 PendingRequest = _Request  # what a request waiting for an execution records (sequences.py)
@@ -218,12 +223,18 @@ class Admission:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def infer(self, args: list[Any], rows: int, deadline: float, label: str
+    async def infer(self, args: list[Any], rows: int, deadline: float, label: str,
+                    respond: Callable[[Results, float], Any] | None = None
                     ) -> tuple[Results, float, float]:
         """Runs one request (batched with others when the model batches): (its results,
         seconds queued, seconds its execution took). Raises `Unavailable` when closed,
         `Overloaded` when the queue is full, `DeadlineExceeded` when `deadline` (trio
-        clock; `math.inf` for none) passes first, or the invocation's own error."""
+        clock; `math.inf` for none) passes first, or the invocation's own error.
+
+        `respond(results, execution_seconds)`, when given, is called on the instance
+        thread right after a successful execution, before the request is woken: the
+        caller answers its client from there (it must be safe to call on any thread and
+        to lose the race with the deadline)."""
         if self._closed:
             raise Unavailable("the model version is unloading")
         if not self._idle and len(self._queue) >= self._capacity:
@@ -232,7 +243,7 @@ class Admission:
                 f"queued (instances {self.max_concurrency}, max_queue {self.max_queue})",
                 self.retry_after())
         now = trio.current_time()
-        request = _Request(args, rows, deadline, label, now)
+        request = _Request(args, rows, deadline, label, now, respond)
         self._in_flight += 1
         if self._idle and not self._queue and (
                 self.batching is None or not self.batching.delay
@@ -317,9 +328,8 @@ class Admission:
             self._running.add(execution)
             if self._begin is not None:
                 execution.watch = self._begin()
-            args = [r.args for r in batch]
-            rows = [r.rows for r in batch]
-            jobs.append((functools.partial(run_batch, invoke, args, rows),
+            jobs.append((functools.partial(_execute, invoke, batch,
+                                           self._queue if len(jobs) == len(run) - 1 else None),
                          functools.partial(self._finished, execution)))
         instance.thread.submit(jobs)
 
@@ -394,6 +404,27 @@ class Admission:
             instance.thread.stop()
         if self._timer is not None:
             self._timer.stop()
+
+
+def _execute(invoke: Callable[[list[Any]], Results], batch: list[_Request],
+             queue: list[_Request] | None
+             ) -> tuple[list[Outcome], list[tuple[int, int, float]]]:
+    """One execution on an instance thread (`run_batch`). When it is the last of its run
+    and nothing is queued (`queue`, read without a lock: a hint), each request that asked
+    for it is answered from here (`respond`): the instance has nothing else to do, and
+    the client need not wait for the loop to wake up. Otherwise the loop answers, and the
+    instance is handed its next execution at once."""
+    outcomes, executions = run_batch(invoke, [r.args for r in batch], [r.rows for r in batch])
+    if queue is None or queue:
+        return outcomes, executions
+    seconds = sum(e[2] for e in executions)
+    for request, (results, error) in zip(batch, outcomes):
+        if request.respond is not None and error is None:
+            try:
+                request.respond(results, seconds)
+            except Exception:  # noqa: BLE001 - a bug of ours: the loop answers instead
+                log.exception("answering %s from its instance thread failed", request.label)
+    return outcomes, executions
 
 
 class _DelayTimer:

@@ -39,6 +39,7 @@ import ctypes
 import ctypes.util
 import logging
 import math
+import time
 import zlib
 from typing import Any
 
@@ -375,10 +376,22 @@ class _Routes:
             return self._failed(mv, request, error_response(exc.status, exc.message))
         compute_input = trio.current_time() - t_input
 
+        # answered on the instance thread when the connection allows it (see
+        # `DirectReply`): the client has its answer before the loop wakes up
+        answered: list[tuple[Response, float]] = []
+        direct = request.direct
+        respond = None
+        if direct is not None:
+            def respond(results: list, seconds: float) -> None:
+                start = time.perf_counter()
+                response = _infer_response(mv, req, results)
+                if direct.send(response):
+                    answered.append((response, time.perf_counter() - start))
+
         try:
             label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
             results, queued, compute_infer = await mv.infer(args, deadline, label,
-                                                            req.parameters)
+                                                            req.parameters, respond)
         except ProtocolError as exc:  # a bad sequence control flow
             return self._failed(mv, request, error_response(exc.status, exc.message))
         except Overloaded as exc:
@@ -386,6 +399,11 @@ class _Routes:
                 429, f"model '{mv.name}' is overloaded: {exc}; retry after "
                      f"{exc.retry_after} s", [("retry-after", str(exc.retry_after))]))
         except DeadlineExceeded as exc:
+            if direct is not None:
+                direct.close()
+                if answered:  # its answer went out just before the deadline passed
+                    return self._succeeded(mv, request, answered[0][0], (
+                        0.0, compute_input, 0.0, answered[0][1]))
             return self._failed(mv, request, error_response(504, f"model '{mv.name}': {exc}"))
         except Unavailable as exc:
             return self._failed(mv, request, error_response(
@@ -401,23 +419,34 @@ class _Routes:
                               lost.version, lost.device_name)
             return self._failed(mv, request, error_response(
                 status, f"model '{mv.name}' failed: {exc}", _RETRY if status == 503 else None))
-        t_output = trio.current_time()
-        out, header_length = build_infer_response(mv.name, mv.version, req, results)
-        if header_length is None:
-            response = Response(200, out, JSON)
+        if answered:
+            response, compute_output = answered[0]
         else:
-            response = Response(200, out, "application/octet-stream",
-                                [("inference-header-content-length", str(header_length))])
-        done = trio.current_time()
-        server.metrics.series(mv.name, mv.version).succeeded(
-            mv.stats, (queued, compute_input, compute_infer, done - t_output),
-            done - request.arrived)
+            t_output = time.perf_counter()
+            response = _infer_response(mv, req, results)
+            compute_output = time.perf_counter() - t_output
+        return self._succeeded(mv, request, response,
+                               (queued, compute_input, compute_infer, compute_output))
+
+    def _succeeded(self, mv: ModelVersion, request: Request, response: Response,
+                   phases: tuple[float, float, float, float]) -> Response:
+        self.server.metrics.series(mv.name, mv.version).succeeded(
+            mv.stats, phases, trio.current_time() - request.arrived)
         return response
 
     def _failed(self, mv: ModelVersion, request: Request, response: Response) -> Response:
         self.server.metrics.series(mv.name, mv.version).failed(
             mv.stats, trio.current_time() - request.arrived)
         return response
+
+
+def _infer_response(mv: ModelVersion, req: Any, results: list) -> Response:
+    """The 200 answer carrying `results` as `req` asked (any thread)."""
+    out, header_length = build_infer_response(mv.name, mv.version, req, results)
+    if header_length is None:
+        return Response(200, out, JSON)
+    return Response(200, out, "application/octet-stream",
+                    [("inference-header-content-length", str(header_length))])
 
 
 _PARSE_ON_LOOP_BYTES = 64 << 10

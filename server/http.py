@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
+import threading
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,7 +29,7 @@ import trio
 
 log = logging.getLogger("tinyhal.server")
 
-__all__ = ["HttpServer", "Request", "Response"]
+__all__ = ["DirectReply", "HttpServer", "Request", "Response"]
 
 _READ_SIZE = 64 << 10
 _MAX_HEAD_BYTES = 64 << 10
@@ -38,20 +40,78 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 @dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class DirectReply:
+    """Lets a thread other than the event loop answer one request by writing the response
+    straight to the connection's socket, so the client has its answer without waiting
+    for the loop to wake up (an instance thread answers the requests of the execution it
+    just ran).
+
+    Exactly one response goes out per request, whoever sends it: `send` (any thread)
+    writes only while the reply is open, and the connection closes it (`close`, on the
+    loop, under the same lock) as soon as the handler returned, before it sends anything
+    itself or the socket can close; a response already sent wins over the one the
+    handler returned (say, a 504 at the deadline). A write the socket does not take
+    whole leaves the rest for the loop to send. Only responses up to 64 KiB are written
+    this way (bigger ones are the loop's, without a copy)."""
+
+    __slots__ = ("_fd", "_lock", "_open", "_server", "_keep_alive", "keep_alive", "sent",
+                 "rest", "broken")
+
+    def __init__(self, fd: int, keep_alive: bool, server: HttpServer) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+        self._open = True
+        self._server = server
+        self._keep_alive = keep_alive
+        self.keep_alive = keep_alive
+        self.sent: Response | None = None  # the response that went out this way
+        self.rest = b""  # what the socket did not take (the loop sends it)
+        self.broken = False  # the write failed: the connection is gone
+
+    def send(self, response: Response) -> bool:
+        """Writes `response` unless the connection already answered or its reply is too
+        big; True when it is this request's answer (the loop sends any rest)."""
+        if len(response.body) > _COALESCE_BYTES:
+            return False
+        with self._lock:
+            if not self._open:
+                return False
+            keep_alive = self._keep_alive and not self._server.draining
+            data = _encode_head(response, keep_alive) + response.body
+            try:
+                written = os.write(self._fd, data)
+            except BlockingIOError:
+                written = 0
+            except OSError:
+                self.broken = True
+                written = len(data)
+            self.rest = data[written:]
+            self.keep_alive = keep_alive
+            self.sent = response
+            self._open = False
+            return True
+
+    def close(self) -> None:
+        """No thread writes to the socket after this returns (on the loop)."""
+        with self._lock:
+            self._open = False
+
+
+@dataclass
 class Request:
     method: str
     path: str  # without the query string
     headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
     body: bytes
     arrived: float  # trio clock, when the request head was complete
-
-
-@dataclass
-class Response:
-    status: int
-    body: bytes = b""
-    content_type: str = "application/json"
-    headers: list[tuple[str, str]] = field(default_factory=list)
+    direct: DirectReply | None = None  # another thread may answer it (see DirectReply)
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -338,11 +398,24 @@ class HttpServer:
         """Runs the handler on one complete request; False when the connection closes."""
         target = message.target.decode("latin-1")
         body = message.body[0] if len(message.body) == 1 else b"".join(message.body)
+        direct = DirectReply(stream.socket.fileno(), message.keep_alive, self) \
+            if message.method == "POST" else None
         request = Request(message.method, target.split("?", 1)[0], message.headers, body,
-                          message.arrived)
-        response = await self.handler(request)
-        keep_alive = message.keep_alive and not self.draining
-        await self._send(stream, response, keep_alive, message.method == "HEAD")
+                          message.arrived, direct)
+        try:
+            response = await self.handler(request)
+        finally:
+            if direct is not None:
+                direct.close()
+        if direct is not None and direct.sent is not None:
+            if direct.broken:
+                return False
+            response, keep_alive = direct.sent, direct.keep_alive
+            if direct.rest:
+                await stream.send_all(direct.rest)
+        else:
+            keep_alive = message.keep_alive and not self.draining
+            await self._send(stream, response, keep_alive, message.method == "HEAD")
         if self.access_log:
             try:
                 peer = stream.socket.getpeername()[0]
@@ -354,18 +427,8 @@ class HttpServer:
 
     async def _send(self, stream: trio.SocketStream, response: Response, keep_alive: bool,
                     head_only: bool = False) -> None:
-        try:
-            reason = HTTPStatus(response.status).phrase
-        except ValueError:
-            reason = ""
         body = response.body
-        lines = [f"HTTP/1.1 {response.status} {reason}",
-                 f"content-type: {response.content_type}",
-                 f"content-length: {len(body)}"]
-        lines += [f"{name}: {value}" for name, value in response.headers]
-        if not keep_alive:
-            lines.append("connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        head = _encode_head(response, keep_alive)
         if head_only or not body:
             await stream.send_all(head)
         elif len(body) <= _COALESCE_BYTES:
@@ -379,3 +442,18 @@ class HttpServer:
             await self._send(stream, self.error(status, message), keep_alive=False)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             pass
+
+
+def _encode_head(response: Response, keep_alive: bool) -> bytes:
+    """The status line and headers of `response`."""
+    try:
+        reason = HTTPStatus(response.status).phrase
+    except ValueError:
+        reason = ""
+    lines = [f"HTTP/1.1 {response.status} {reason}",
+             f"content-type: {response.content_type}",
+             f"content-length: {len(response.body)}"]
+    lines += [f"{name}: {value}" for name, value in response.headers]
+    if not keep_alive:
+        lines.append("connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
