@@ -12,11 +12,15 @@ the queue: one request, or with dynamic batching everything that fits one batch
 meanwhile. Without a queue delay, a request that finds an instance free starts at once
 when it comes alone; while requests come in company (the last execution had several) it
 waits for the end of the loop's scheduler pass (a trio instrument's `before_io_wait`), so
-the requests that arrived in the same wake-up join its batch. A queue delay is honoured to within tens of microseconds on a quiet machine:
-a timer thread waits for it on a condition variable and posts the dispatch to the loop
-(the loop's epoll timeout would round the wait up to whole milliseconds; spinning on the
-clock instead doubled the CPU per request at low load), and an arrival that fills the
-preferred batch ends the wait at once.
+the requests that arrived in the same wake-up join its batch.
+
+A queue delay is honoured to within tens of microseconds on a quiet machine: a timer
+thread waits for it on a condition variable and posts the dispatch to the loop (the
+loop's epoll timeout would round the wait up to whole milliseconds; spinning on the
+clock instead doubled the CPU per request at low load), armed early by the mean time its
+wake-up took to reach the loop (so a batch starts when the delay ends: the delay is a
+maximum, as in Triton), and an arrival that fills the preferred batch ends the wait at
+once.
 
 Everything happens on the event loop in plain functions (`_dispatch`, `_finished`) except
 the execution itself, which runs on the instance's thread; its outcome comes back through
@@ -196,6 +200,9 @@ class Admission:
         self._timer: _DelayTimer | None = None
         self._dispatch_pending = False
         self._last_batch_requests = 0
+        # how late the queue-delay timer's wake-up reaches the loop (mean): it is armed
+        # that much early, so a batch starts when the delay ends, not that much after
+        self._timer_lead = 0.0
 
     # -- observation -------------------------------------------------------------------
 
@@ -308,7 +315,7 @@ class Admission:
         while self._idle and self._queue:
             now = trio.current_time()
             if batching is not None and batching.delay and not self._closed:
-                until = self._queue[0].arrived + batching.delay
+                until = self._queue[0].arrived + batching.delay - self._timer_lead
                 if now < until and ready_rows(self._queue) < batching.target_rows:
                     self._arm(until)
                     return
@@ -404,6 +411,11 @@ class Admission:
         """On the loop, when the queue delay armed for `at` ran out."""
         if self._timer_at == at:
             self._timer_at = math.inf
+            # each wake-up counts for at most half the delay, and so does the lead: an
+            # outlier cannot make the batches start early for long
+            bound = self.batching.delay / 2
+            late = min(trio.current_time() - at, bound)
+            self._timer_lead = min(max(0.8 * self._timer_lead + 0.2 * late, 0.0), bound)
             self._dispatch()
 
     # -- lifecycle -----------------------------------------------------------------------

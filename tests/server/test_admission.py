@@ -116,6 +116,9 @@ def test_queue_delay_is_waited_out_and_a_full_batch_ends_it():
         admission = _admission(model, BatchingConfig(4, 20_000))  # 20 ms
         _, queued, _ = await admission.infer(_row(1), 1, math.inf, "alone")
         assert queued >= 0.020  # waited out the delay for more rows
+        for i in range(5):  # the timer is armed early by its mean lateness: at most half
+            _, queued, _ = await admission.infer(_row(1), 1, math.inf, f"again {i}")
+            assert queued >= 0.010
         slow = _admission(model, BatchingConfig(4, 60_000_000))  # a minute
         with trio.fail_after(30):  # rows reaching max_batch_size end the wait at once
             async with trio.open_nursery() as nursery:
