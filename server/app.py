@@ -401,9 +401,9 @@ class _Routes:
         except DeadlineExceeded as exc:
             if direct is not None:
                 direct.close()
-                if answered:  # its answer went out just before the deadline passed
-                    return self._succeeded(mv, request, answered[0][0], (
-                        0.0, compute_input, 0.0, answered[0][1]))
+                if direct.sent is not None:  # its answer went out as the deadline passed
+                    return self._succeeded(mv, request, direct.sent,
+                                           (0.0, compute_input, 0.0, 0.0))
             return self._failed(mv, request, error_response(504, f"model '{mv.name}': {exc}"))
         except Unavailable as exc:
             return self._failed(mv, request, error_response(
