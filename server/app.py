@@ -41,6 +41,7 @@ import logging
 import math
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -97,6 +98,9 @@ class Server:
         self.background: trio.Nursery | None = None
         self.metrics = Metrics(self)
         self.repository_lock = trio.Lock()  # one load/unload at a time
+        # awaited before metrics and statistics are read: answers already written by
+        # instance threads are counted first (the HTTP server's `settle`)
+        self.settle: Callable[[], Awaitable[None]] | None = None
         self._routes = _Routes(self)
 
     @property
@@ -253,6 +257,8 @@ class _Routes:
 
     async def model_stats(self, request: Request, name: str | None = None,
                           version: str | None = None) -> Response:
+        if self.server.settle is not None:
+            await self.server.settle()
         if name is None:
             versions = self.repo.all_versions()
         elif version is None:
@@ -332,6 +338,8 @@ class _Routes:
     async def metrics(self, request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
+        if self.server.settle is not None:
+            await self.server.settle()
         return Response(200, self.server.metrics.generate(), CONTENT_TYPE_LATEST)
 
     async def infer(self, request: Request, name: str, version: str | None) -> Response:

@@ -83,6 +83,7 @@ class DirectReply:
         with self._lock:
             if not self._open:
                 return False
+            self._server._count_direct()  # before the client can see it (see `settle`)
             keep_alive = self._keep_alive and not self._server.draining
             data = _encode_head(response, keep_alive) + response.body
             try:
@@ -224,6 +225,11 @@ class HttpServer:
         # connections without a request in progress, oldest first (evicted at the cap)
         self._waiting: OrderedDict[trio.CancelScope, None] = OrderedDict()
         self._at_cap_logged = False
+        # answers instance threads wrote (under the lock) and those the loop has finished
+        self._direct_lock = threading.Lock()
+        self._direct_written = 0
+        self._direct_finished = 0
+        self._settle_waiters: list[trio.Event] = []
 
     async def serve(self, listeners: list[trio.SocketListener],
                     task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -234,6 +240,28 @@ class HttpServer:
                 nursery.start_soon(self._accept, listener, nursery)
             task_status.started()
         # the accept loops ended (drain); connection tasks finished with the nursery
+
+    def _count_direct(self) -> None:
+        with self._direct_lock:
+            self._direct_written += 1
+
+    def _finished_direct(self) -> None:
+        self._direct_finished += 1
+        waiters, self._settle_waiters = self._settle_waiters, []
+        for event in waiters:
+            event.set()
+
+    async def settle(self, timeout: float = 1.0) -> None:
+        """Returns once every answer an instance thread has written so far was finished on
+        the loop too (its handler returned: metrics and statistics counted it), so what a
+        client already saw is in what it reads next; waits at most `timeout`."""
+        with self._direct_lock:
+            target = self._direct_written
+        with trio.move_on_after(timeout):
+            while self._direct_finished < target:
+                event = trio.Event()
+                self._settle_waiters.append(event)
+                await event.wait()
 
     def drain(self) -> None:
         """Stops accepting, closes idle connections; busy ones close after their answer."""
@@ -407,6 +435,8 @@ class HttpServer:
         finally:
             if direct is not None:
                 direct.close()
+                if direct.sent is not None:
+                    self._finished_direct()
         if direct is not None and direct.sent is not None:
             if direct.broken:
                 return False

@@ -10,7 +10,6 @@ import json
 import math
 import socket
 import threading
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,10 +17,16 @@ import trio
 
 from tinyhal.server.admission import Admission, Instance
 from tinyhal.server.batching import BatchingConfig
-from tinyhal.server.http import DirectReply, Response
+from tinyhal.server.http import DirectReply, HttpServer, Response
 from tinyhal.server.instances import InstanceThread
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def _http(draining: bool = False) -> HttpServer:
+    http = HttpServer(None, None, max_body=1 << 20)
+    http.draining = draining
+    return http
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
@@ -47,7 +52,7 @@ def _read_all(peer: socket.socket) -> bytes:
 def test_the_first_answer_wins_and_nothing_is_written_after_close():
     ours, peer = _pair()
     with ours, peer:
-        reply = DirectReply(ours.fileno(), True, SimpleNamespace(draining=False))
+        reply = DirectReply(ours.fileno(), True, _http())
         assert reply.send(Response(200, b'{"a":1}'))
         assert not reply.send(Response(504, b'{"error":"late"}'))
         reply.close()
@@ -56,7 +61,7 @@ def test_the_first_answer_wins_and_nothing_is_written_after_close():
         assert b"connection: close" not in data
         assert reply.sent.status == 200 and reply.keep_alive and not reply.rest
 
-        closed = DirectReply(ours.fileno(), True, SimpleNamespace(draining=False))
+        closed = DirectReply(ours.fileno(), True, _http())
         closed.close()
         assert not closed.send(Response(200, b"{}"))
         assert closed.sent is None and _read_all(peer) == b""
@@ -65,11 +70,11 @@ def test_the_first_answer_wins_and_nothing_is_written_after_close():
 def test_draining_closes_the_connection_and_big_or_blocked_answers_go_to_the_loop():
     ours, peer = _pair()
     with ours, peer:
-        draining = DirectReply(ours.fileno(), True, SimpleNamespace(draining=True))
+        draining = DirectReply(ours.fileno(), True, _http(draining=True))
         assert draining.send(Response(200, b"{}"))
         assert b"connection: close" in _read_all(peer) and not draining.keep_alive
 
-        big = DirectReply(ours.fileno(), True, SimpleNamespace(draining=False))
+        big = DirectReply(ours.fileno(), True, _http())
         assert not big.send(Response(200, b"x" * (1 << 17)))  # the loop's, without a copy
 
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
@@ -78,7 +83,7 @@ def test_draining_closes_the_connection_and_big_or_blocked_answers_go_to_the_loo
                 ours.send(b"f" * 4096)
         except BlockingIOError:
             pass  # the socket takes nothing more
-        blocked = DirectReply(ours.fileno(), True, SimpleNamespace(draining=False))
+        blocked = DirectReply(ours.fileno(), True, _http())
         assert blocked.send(Response(200, b'{"b":2}'))
         assert blocked.rest.endswith(b'{"b":2}') and blocked.rest.startswith(b"HTTP/1.1 200")
 
@@ -161,3 +166,23 @@ def test_keep_alive_connection_stays_in_step_while_deadlines_race_answers(server
     assert 200 in statuses
     status, _, _ = server.request("GET", "/v2/health/live")
     assert status == 200
+
+
+def test_metrics_and_statistics_read_after_an_answer_count_it(server):
+    """An answer the instance thread wrote is in the metrics and statistics the client
+    reads right after it (the loop finishes its accounting first)."""
+    labels = (("code", "200"), ("model", "mlp_classifier"), ("version", "1"))
+    name = "tinyhal_inference_requests_total"
+    before = server.metrics().get((name, labels), 0)
+    conn = http.client.HTTPConnection(*server.url.split(":"), timeout=30)
+    try:
+        for i in range(1, 21):
+            body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32",
+                                           "shape": [1, 16], "data": [0.5] * 16}]})
+            conn.request("POST", "/v2/models/mlp_classifier/infer", body)
+            response = conn.getresponse()
+            assert response.status == 200, response.read()
+            response.read()
+            assert server.metrics()[(name, labels)] == before + i
+    finally:
+        conn.close()
