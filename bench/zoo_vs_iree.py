@@ -14,7 +14,8 @@ spell of the shared machine costs them alike. Reported per model: the median ove
 of each round's ratio (sync / local-sync, task / local-task, emu / local-task, emu /
 tinyhal sync) and of each runtime's time; the Python calls one sync invocation makes
 (profile `call` events on the calling thread, deterministic) and how many of them are
-calls of `hal` module imports, so calls per HAL operation.
+calls of `hal` module imports or recording-block sites (`vm/record_blocks.py`: one call
+for a command buffer's run of record operations), so calls per HAL operation.
 
 Writes bench/results/zoo_vs_iree.json and prints a table.
 
@@ -97,14 +98,18 @@ def iree_function(vmfb: Any, function: str, driver: str) -> tuple[Any, Callable[
 
 
 def hal_import_codes() -> set[Any]:
-    """The code objects of the `hal` module's imports (the shims generated code calls)."""
+    """The code objects of the `hal` module's imports (the shims generated code calls)
+    and of its recording-block sites (one call for a run of record operations)."""
     from tinyhal.hal import create_device
     from tinyhal.vm.hal_module import create_hal_module
+    from tinyhal.vm.record_blocks import RecordBlock
 
     device = create_device("sync")
     try:
         module = create_hal_module(device)
-        return {getattr(f.fn, "func", f.fn).__code__ for f in module.functions.values()}
+        codes = {getattr(f.fn, "func", f.fn).__code__ for f in module.functions.values()}
+        site = module.block_recorder([], RecordBlock((), 0), [])
+        return codes | {site.__code__}
     finally:
         device.close()
 

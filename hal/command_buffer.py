@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -150,7 +151,7 @@ class CommandBuffer:
     def __init__(self, device: Any, mode: str | CommandBufferMode = "one_shot",
                  binding_capacity: int = 0) -> None:
         try:
-            self.mode = CommandBufferMode(mode)
+            self.mode = mode if mode.__class__ is CommandBufferMode else CommandBufferMode(mode)
         except ValueError:
             raise InvalidArgumentError(
                 f"command buffer mode must be 'one_shot' or 'reusable', not {mode!r}"
@@ -381,6 +382,29 @@ class CommandBuffer:
         lock.release()
 
     execution_barrier = barrier
+
+    def adopt(self, commands: Sequence[Command], direct: list[Buffer], table_slots: int,
+              recording: Any = None) -> None:
+        """Takes `commands`, recorded and validated before over numbered slots, as this
+        empty command buffer's, with `direct` as its direct buffers (the caller checked
+        them against what the commands need: `hal.execution.Recording.admits`), as if
+        recorded one by one. Given `recording` (the recording of exactly these commands
+        for this device), the command buffer is also finalized and its submit does not
+        look the recording up."""
+        if self.commands or self.finalized:
+            raise FailedPreconditionError(f"{self!r} is not empty; it cannot adopt commands")
+        if table_slots > self.binding_capacity:
+            raise OutOfRangeError(
+                f"the commands use {table_slots} binding slots but the command buffer's "
+                f"binding capacity is {self.binding_capacity}"
+            )
+        self.commands = list(commands)
+        self.direct = direct
+        self._direct_slots = dict(zip(map(id, direct), range(-1, -1 - len(direct), -1)))
+        self.max_slot = table_slots - 1
+        if recording is not None:
+            self.recording = recording
+            self.finalized = True
 
     def finalize(self) -> None:
         if self.finalized:

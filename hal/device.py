@@ -662,8 +662,23 @@ class Device:
         if pending is not None:
             pending.append((signal, error))
             return
+        ready: Sequence[Any] = ()
+        if error is None:  # the common case: nothing waits on the points, no trampoline
+            for index, (sem, value) in enumerate(signal):
+                try:
+                    ready = sem.advance(value)
+                except Error as exc:
+                    sem.fail(exc)
+                    continue
+                if ready:
+                    signal = signal[index + 1:]
+                    break
+            else:
+                return
         inline.pending = pending = collections.deque()
         try:
+            for tp in ready:  # what the last point advanced reached, before the next point
+                tp.callback(None)
             while True:
                 for sem, value in signal:
                     if error is not None:

@@ -199,7 +199,8 @@ class Recording:
     replay costs. For each table slot the recording knows the usage bits its commands
     need (`slot_usage`), the bytes they reach (`slot_end`) and the offsets that
     dispatches bind inside it (`slot_align`, residues that must keep the address 64-byte
-    aligned); direct buffers were checked when recorded.
+    aligned); the same for each direct buffer, which recording checked and `admits`
+    checks of other buffers standing in for them.
     """
 
     __slots__ = ("commands", "table_slots", "direct_count", "slot_count", "slot_usage",
@@ -212,10 +213,10 @@ class Recording:
         self.max_concurrency = max_concurrency
         n = self.table_slots = table_slots
         self.direct_count = direct_count
-        self.slot_count = n + direct_count
-        usage = [0] * n
-        end = [0] * n
-        align: list[set[int]] = [set() for _ in range(n)]
+        count = self.slot_count = n + direct_count
+        usage = [0] * count
+        end = [0] * count
+        align: list[set[int]] = [set() for _ in range(count)]
         self.exact = True
         self.single_workgroup = True
         self.patterns: dict[int, np.generic] = {}
@@ -225,7 +226,7 @@ class Recording:
         def use(ref: BufferRef, bits: int, transfer: bool) -> None:
             slot = ref.slot
             if slot < 0:
-                return
+                slot += count
             usage[slot] |= bits
             if ref.length == WHOLE_BUFFER:
                 end[slot] = max(end[slot], ref.offset)
@@ -239,8 +240,8 @@ class Recording:
             dispatch = op == "dispatch"
             for ref, bits in cmd.operands:
                 use(ref, bits, not dispatch)
-                if dispatch and ref.slot >= 0:
-                    align[ref.slot].add(ref.offset % ALIGNMENT)
+                if dispatch:
+                    align[ref.slot].add(ref.offset % ALIGNMENT)  # negative: from the end
             if dispatch:
                 x, y, z = cmd.workgroups
                 if x * y * z > 1:
@@ -253,6 +254,29 @@ class Recording:
         self.slot_usage = usage
         self.slot_end = end
         self.slot_align = [tuple(sorted(a)) for a in align]
+
+    def admits(self, direct: Sequence[Any]) -> bool:
+        """Whether `direct` may be the direct buffers of a command buffer holding these
+        commands: live `Buffer`s with the usage bits, the bytes and the 64-byte aligned
+        addresses the commands need, which is what recording each command checks of its
+        buffers (so a program re-recording equal commands over new buffers can adopt the
+        recording after this one check per buffer: `CommandBuffer.adopt`)."""
+        if len(direct) != self.direct_count:
+            return False
+        usage, end, align = self.slot_usage, self.slot_end, self.slot_align
+        i = self.slot_count
+        for buffer in direct:
+            i -= 1
+            bits = usage[i]
+            if (buffer.__class__ is not Buffer or buffer.storage.released
+                    or buffer.usage_bits & bits != bits or end[i] > buffer.byte_length):
+                return False
+            if align[i]:
+                start = buffer.storage.address + buffer.byte_offset
+                for residue in align[i]:
+                    if (start + residue) % ALIGNMENT:
+                        return False
+        return True
 
     def slot_index(self, ref: BufferRef) -> int:
         """The slot a reference reads, counted from the first table slot."""

@@ -210,28 +210,31 @@ class TransientRingbuffer:
 
     def _free(self, block: RingBlock) -> list[tuple[GrantCallback, RingBlock]]:
         """Retires `block` under the lock; returns the grants to make (outside it)."""
-        granted: list[tuple[GrantCallback, RingBlock]] = []
         with self._lock:
-            if block.retired:
-                return granted
-            block.retired = True
-            self._live -= block.size
-            if self.allocator is not None:  # before any grant below: peaks stay exact
-                self.allocator.track(HEAP_NAME, -block.size)
-            blocks = self._blocks
-            while blocks and blocks[0].retired:
-                blocks.popleft()
-            if blocks:
-                self._tail = blocks[0].offset
-            else:
-                self._head = self._tail = 0
-            while self._parked:
-                size, cb = self._parked[0]
-                placed = self._place(size)
-                if placed is None:
-                    break
-                self._parked.popleft()
-                granted.append((cb, placed))
+            return self._free_locked(block)
+
+    def _free_locked(self, block: RingBlock) -> list[tuple[GrantCallback, RingBlock]]:
+        granted: list[tuple[GrantCallback, RingBlock]] = []
+        if block.retired:
+            return granted
+        block.retired = True
+        self._live -= block.size
+        if self.allocator is not None:  # before any grant below: peaks stay exact
+            self.allocator.track(HEAP_NAME, -block.size)
+        blocks = self._blocks
+        while blocks and blocks[0].retired:
+            blocks.popleft()
+        if blocks:
+            self._tail = blocks[0].offset
+        else:
+            self._head = self._tail = 0
+        while self._parked:
+            size, cb = self._parked[0]
+            placed = self._place(size)
+            if placed is None:
+                break
+            self._parked.popleft()
+            granted.append((cb, placed))
         return granted
 
     def close(self, error: Error) -> None:
@@ -277,9 +280,11 @@ class TransientRingbuffer:
         """Retires the block committed to `storage` (nothing if it has none)."""
         with self._lock:
             entry = self._owned.pop(id(storage), None)
-        if entry is not None:
-            for cb, placed in self._free(entry[1]):  # `retire`, inline
-                cb(placed, None)
+            if entry is None:
+                return
+            granted = self._free_locked(entry[1])  # `retire`, in the same locked section
+        for cb, placed in granted:
+            cb(placed, None)
 
     def _collected(self, key: int, _ref: weakref.ref) -> None:
         """A committed storage died without `release` (the garbage collector freed a

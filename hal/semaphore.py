@@ -100,6 +100,14 @@ class Semaphore:
         Values must strictly increase (OUT_OF_RANGE otherwise); signalling a failed
         semaphore raises its failure.
         """
+        for tp in self.advance(value):
+            tp.callback(None)
+
+    def advance(self, value: int) -> Sequence[Timepoint]:
+        """`signal`, except that the callbacks of the timepoints it reaches are returned
+        for the caller to run (outside any lock), in order, instead of run here: a device
+        completing work signals through it, so only a signal that reaches a callback
+        pays for guarding against recursion."""
         if type(value) is not int or not 0 <= value <= MAX_VALUE:
             _check_value(value, "signal value")
         with self._lock:
@@ -117,8 +125,7 @@ class Semaphore:
                 heapq.heappop(offers)
             if self._blocked:
                 self._cond.notify_all()
-        for tp in ready:
-            tp.callback(None)
+        return ready
 
     def fail(self, error: BaseException | str) -> None:
         """Fails the semaphore; the first failure wins and reaches every waiter."""
@@ -324,8 +331,8 @@ class Fence:
 
     @classmethod
     def join(cls, fences: Iterable[Fence | None]) -> Fence:
-        joined = cls()
-        points = joined.timeline
+        joined = cls.__new__(cls)  # without the `__init__` frame
+        points = joined.timeline = {}
         for fence in fences:
             if fence is not None:
                 for sem, value in fence.timeline.items():  # values were checked when the fence was made

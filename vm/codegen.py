@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import linecache
 import math
+import re
 import struct
 from array import array
 from dataclasses import dataclass
 from types import GeneratorType
 
 from ..errors import InvalidArgumentError, OutOfRangeError
-from . import isa, ops, regflow, scalar
+from . import isa, ops, record_blocks, regflow, scalar
 from .cconv import cconv_registers
 from .native import Suspend
 
@@ -270,6 +271,7 @@ def base_namespace() -> dict:
         "_round_f32": ops.round_f32,
         "_fail": ops.fail,
         "_check_ref_type": ops.check_ref_type,
+        "_remember": ops.remember_call, "_UNSET": ops.UNSET,
     }
     for name in dir(ops):
         if name.startswith(("div_", "rem_", "buffer_", "list_", "cast_", "bitcast_", "fma_",
@@ -314,6 +316,7 @@ class ModuleProgram:
     constants: list
     import_yield_sites: frozenset  # import ordinals called with call.yieldable
     native_loops: dict  # ordinal -> scalar.ScalarProgram run natively in place of `_f<n>`
+    record_blocks: tuple  # site -> record_blocks.RecordBlock, called as `_blk<site>`
 
 
 class _Gen:
@@ -567,8 +570,7 @@ class _Gen:
 
     def _emit_block(self, bi: int, blk: list, loop_mode: bool) -> list:
         self._start_block(bi, loop_mode)
-        for ins in blk[1:]:
-            self.instruction(ins, 0)
+        self._emit_run(blk[1:], 0)
         if blk[-1].name not in _TERMINATORS:
             if bi + 1 < len(self.blocks):
                 self.goto(0, bi + 1, blk[-1].pc)
@@ -585,9 +587,7 @@ class _Gen:
         cmp, cond_br = self.blocks[header][1:]
         self.emit(0, f"for {counter} in range({counter}, {self.read(bound)}):", cmp.pc)
         self.lazy = self.flow.lazy.get(bi, {})
-        for ins in blk[1:-1]:
-            if ins.pc != step_pc:
-                self.instruction(ins, 1)
+        self._emit_run([ins for ins in blk[1:-1] if ins.pc != step_pc], 1)
         br = blk[-1]
         self.remap(br, br.fields[1], 1)
         if self.lines[-1][0] == 0:
@@ -1104,6 +1104,14 @@ class _Gen:
                 self.emit(ind, f"_t = _impy{k}({args})", pc)
                 self.emit(ind, "if _t.__class__ is _Suspend: _t = yield _t", pc)
                 self.emit(ind, "elif _t.__class__ is _GenType: _t = yield from _t", pc)
+            elif (imp.full_name in record_blocks.PASS_THROUGH and len(result_types) == 1
+                    and all(t == "r" for t in imp.cconv.args)):
+                # pure: each call site remembers its last refs (by identity) and result
+                tree = self._import_arg_tree(ins, imp, segments, src)
+                site = f"_P{self.st.pure_site(len(tree))}"
+                same = " and ".join(f"{site}[{i}] is {a}" for i, a in enumerate(tree))
+                self.emit(ind, f"_t = {site}[{len(tree)}] if {same} else "
+                               f"_remember({site}, _imp{k}, {args})", pc)
             else:
                 self.emit(ind, f"_t = _imp{k}({args})", pc)
             self.clear_moved(ins, src, set(), ind)
@@ -1157,6 +1165,18 @@ class _Gen:
 
     def _import_args(self, ins, imp, segments, src) -> str:
         parts = []
+        for arg in self._import_arg_tree(ins, imp, segments, src):
+            if isinstance(arg, list):
+                parts.append("[" + ", ".join(
+                    "(" + "".join(v + ", " for v in entry) + ")" for entry in arg) + "]")
+            else:
+                parts.append(arg)
+        return ", ".join(parts)
+
+    def _import_arg_tree(self, ins, imp, segments, src) -> list:
+        """Each argument of an import call as an expression; a variadic segment as a
+        list of entries (tuples of expressions)."""
+        parts: list = []
         pos = 0
         for seg_i, t in enumerate(imp.cconv.args):
             if isinstance(t, tuple):
@@ -1166,14 +1186,14 @@ class _Gen:
                 inner = t[1]
                 if pos + count * len(inner) > len(src):
                     raise self.err(ins, f"call to {imp.full_name} has too few operands")
-                tuples = []
+                entries = []
                 for _ in range(count):
                     vals = []
                     for it in inner:
                         vals.append(self._typed_reg(ins, src[pos], it))
                         pos += 1
-                    tuples.append("(" + "".join(v + ", " for v in vals) + ")")
-                parts.append("[" + ", ".join(tuples) + "]")
+                    entries.append(tuple(vals))
+                parts.append(entries)
             else:
                 if pos >= len(src):
                     raise self.err(ins, f"call to {imp.full_name} has too few operands")
@@ -1182,10 +1202,93 @@ class _Gen:
         if pos != len(src):
             raise self.err(ins, f"call to {imp.full_name} has {len(src)} operands, "
                                 f"signature takes {pos}")
-        return ", ".join(parts)
+        return parts
+
+    # -- recording blocks (vm/record_blocks.py)
+    def _emit_run(self, instrs, ind: int) -> None:
+        """Emits `instrs` in order, each recording block as one site call."""
+        i = 0
+        while i < len(instrs):
+            end = record_blocks.find_block(instrs, i, self.module.imports)
+            if end is None:
+                self.instruction(instrs[i], ind)
+                i += 1
+            else:
+                self._emit_record_block(instrs[i:end], ind)
+                i = end
+
+    def _emit_record_block(self, instrs, ind: int) -> None:
+        """The instructions of a block as usual, but each record operation's non-literal
+        operands kept in locals `_d<n>` and the operations made by one `_blk<site>`
+        call at the end, which returns the command buffer."""
+        cb_raw = record_blocks.call_operands(instrs[0])[3][0]
+        cb = self.rreg(instrs[0], cb_raw)
+        values: list[tuple[str, bool]] = []  # (local, is a ref)
+        kept: dict[str, int] = {}  # expression -> its value's index, while it holds
+        ops = []
+        moved_cb = False
+
+        def leaf(ins, expr: str, t: str) -> tuple:
+            if expr == cb:
+                return ("cb",)
+            literal = expr[1:-1] if expr.startswith("(") and expr.endswith(")") else expr
+            if literal.lstrip("-").isdigit():
+                return ("k", int(literal))
+            index = kept.get(expr)
+            if index is None:
+                index = kept[expr] = len(values)
+                values.append((f"_d{index}", t == "r"))
+                self.emit(ind, f"_d{index} = {expr}", ins.pc)
+            return ("d", index)
+
+        def forget_assigned(since: int) -> None:
+            """Drops kept expressions over registers that lines from `since` assign."""
+            assigned = set()
+            for _indent, text, _pc in self.lines[since:]:
+                assigned.update(_ASSIGNED.findall(text))
+            if assigned:
+                for expr in [e for e in kept if assigned.intersection(_REGISTER.findall(e))]:
+                    del kept[expr]
+
+        for ins in instrs:
+            k, segments, src, dst = record_blocks.call_operands(ins)
+            imp = self.module.imports[k] if k >= 0 else None
+            if imp is None or imp.full_name in record_blocks.PASS_THROUGH:
+                since = len(self.lines)
+                self.instruction(ins, ind)
+                forget_assigned(since)
+                continue
+            if len(dst) > len(imp.cconv.results):
+                raise self.err(ins, f"call to {imp.full_name} expects {len(dst)} results, "
+                                    f"import declares {len(imp.cconv.results)}")
+            template = []
+            for arg, t in zip(self._import_arg_tree(ins, imp, segments, src), imp.cconv.args):
+                if isinstance(arg, list):
+                    template.append(tuple(tuple(leaf(ins, e, it) for e, it in zip(entry, t[1]))
+                                          for entry in arg))
+                else:
+                    template.append(leaf(ins, arg, t))
+            ops.append((k, tuple(template)))
+            if imp.full_name != record_blocks.CREATE and self.moved(src[0]):
+                moved_cb = True
+            since = len(self.lines)
+            self.clear_moved(ins, src, {cb}, ind)
+            forget_assigned(since)
+        pc = instrs[-1].pc
+        site = self.st.record_block(record_blocks.RecordBlock(tuple(ops), len(values)))
+        names = [name for name, _ in values]
+        self.emit(ind, f"{cb} = _blk{site}(({''.join(n + ', ' for n in names)}))", pc)
+        refs = [name for name, is_ref in values if is_ref]
+        if refs:
+            self.emit(ind, " = ".join(refs) + " = None", pc)
+        if moved_cb:
+            self.emit(ind, f"{cb} = None", pc)
 
 
 _SPECIAL = {"const.f32", "const.f64"}
+_REGISTER = re.compile(r"\b[ir]\d+\b")
+# a register local that a line of generated code assigns (also augmented: `i3 -= ...`)
+_ASSIGNED = re.compile(r"\b([ir]\d+)\s*(?:<<|>>|//|\*\*|[-+*/%&|^])?=(?!=)")
 
 
 def _one_sided(op: str, canonical: list, lits: list, width: int) -> int:
@@ -1231,6 +1334,21 @@ class _ProgramState:
         self.generators: set[int] = set()
         self.calls: dict[int, set[int]] = {}
         self.yield_imports: set[int] = set()
+        self.record_blocks: list[record_blocks.RecordBlock] = []
+        self.pure_sites: list[int] = []  # arity of each pure import call site (`_P<n>`)
+        self._record_block_index: dict = {}
+
+    def pure_site(self, arity: int) -> int:
+        self.pure_sites.append(arity)
+        return len(self.pure_sites) - 1
+
+    def record_block(self, block: record_blocks.RecordBlock) -> int:
+        """The site number of `block` (equal blocks share one site)."""
+        site = self._record_block_index.get(block)
+        if site is None:
+            site = self._record_block_index[block] = len(self.record_blocks)
+            self.record_blocks.append(block)
+        return site
 
     def constant(self, value) -> int:
         if value.__class__ is float or isinstance(value, ops.F32SNaN):
@@ -1280,6 +1398,9 @@ def generate_module(module) -> ModuleProgram:
 
     lines: list[str] = []
     line_pcs: list = [None]  # 1-based
+    for n, arity in enumerate(st.pure_sites):  # per context: each instantiation runs them
+        lines.append(f"_P{n} = [{'_UNSET, ' * arity}None]")
+        line_pcs.append(None)
     for fn, _g, body in per_fn:
         is_gen = fn.ordinal in st.generators
         needs_yield_stub = is_gen
@@ -1302,7 +1423,8 @@ def generate_module(module) -> ModuleProgram:
     code = compile(source, filename, "exec")
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return ModuleProgram(code, filename, source, line_pcs, frozenset(st.generators),
-                         st.constants, frozenset(st.yield_imports), native_loops)
+                         st.constants, frozenset(st.yield_imports), native_loops,
+                         tuple(st.record_blocks))
 
 
 def _resolve_calls(text: str, generators) -> str:

@@ -29,7 +29,7 @@ from ..errors import (
     NotFoundError,
     ResourceExhaustedError,
 )
-from . import codegen, ops
+from . import codegen, ops, record_blocks
 from .cconv import CConv, parse_cconv
 from .loader import BytecodeModule
 from .native import NativeFunction, NativeModule, Suspend
@@ -229,6 +229,17 @@ class Context:
             else:
                 extra[f"_imp{imp.ordinal}"], extra[f"_impy{imp.ordinal}"] = resolved
                 extra[f"_res{imp.ordinal}"] = 1
+        hal = available.get("hal")
+        for site, block in enumerate(module.program.record_blocks):
+            functions = [extra[f"_imp{k}"] for k, _template in block.ops]
+            recorder = None
+            if isinstance(hal, NativeModule) and hal.block_recorder is not None and all(
+                    hal.functions.get(module.imports[k].full_name) is not None
+                    and hal.functions[module.imports[k].full_name].fn is fn
+                    for (k, _t), fn in zip(block.ops, functions)):
+                recorder = hal.block_recorder(
+                    [module.imports[k].full_name for k, _t in block.ops], block, functions)
+            extra[f"_blk{site}"] = recorder or record_blocks.replay(block, functions)
         inst.namespace = codegen.instantiate(module, extra)
         self.instances.append(inst)
         self._programs[module.program.filename] = inst

@@ -32,6 +32,7 @@ loaded into a 64-byte-aligned buffer), so weights are used in place.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -64,6 +65,7 @@ from ..hal.types import (
     format_element_type,
     is_integer_type,
 )
+from .hal_blocks import block_recorder
 from .native import NativeModule, RefType, Suspend, ref_type_error
 from .native_table import Export, build_module
 
@@ -153,19 +155,24 @@ def _timeout_seconds(timeout_ms: int) -> float | None:
 
 class HalModuleState:
     """What one `hal` module instance holds (IREE's `iree_hal_module_state_t`): its
-    devices, the first the default, and the ordinals `executable.lookup.function` found
-    per (executable, name buffer), holding both so that their ids stay theirs."""
+    devices, the first the default, the ordinals `executable.lookup.function` found
+    per (executable, name buffer), holding both so that their ids stay theirs, and the
+    memory of its recording-block sites (`vm.hal_blocks`)."""
 
-    __slots__ = ("devices", "ordinals")
+    __slots__ = ("devices", "ordinals", "block_memos")
 
     def __init__(self, devices: list[Device]) -> None:
         self.devices = devices
         self.ordinals: dict[tuple[int, int], tuple[Executable, Any, int]] = {}
+        self.block_memos: list[dict] = []  # per recording-block site (`vm.hal_blocks`)
 
     def release(self) -> None:
-        """When its context closes: drops what the state and its devices' recording
-        caches hold of the context's executables (others' recordings are rebuilt)."""
+        """When its context closes: drops what the state, its recording-block sites and
+        its devices' recording caches hold of the context's executables (others'
+        recordings are rebuilt)."""
         self.ordinals.clear()
+        for memo in self.block_memos:
+            memo.clear()
         for device in self.devices:
             device.recordings.clear()
 
@@ -783,8 +790,6 @@ def fence_join(state: HalModuleState, flags, fences):
             present.append(fence)
     if not present:
         return None
-    if len(present) == 1:
-        return Fence(present[0].points)
     return Fence.join(present)
 
 
@@ -976,6 +981,7 @@ def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:
     module = build_module("hal", HAL_MODULE_VERSION, EXPORTS, state, shims_check_refs=True)
     module.devices = device_list  # type: ignore[attr-defined]
     module.on_close = state.release
+    module.block_recorder = functools.partial(block_recorder, state.block_memos)
     return module
 
 

@@ -146,6 +146,11 @@ class NativeModule:
     functions: dict[str, NativeFunction] = field(default_factory=dict)
     # Called when a context using the module closes (the module state's release).
     on_close: Callable[[], None] | None = None
+    # Serves a recording block of this module's imports as a whole (`vm.record_blocks`):
+    # called once per site with the imports' names, the block and the bound functions;
+    # returns the site's callable, or None to have the imports called one by one.
+    block_recorder: Callable[[list[str], Any, list[Callable[..., Any]]],
+                             Callable[[tuple], Any] | None] | None = None
 
     def export(
         self, name: str, cconv: str, *, yieldable: bool = False,

@@ -639,6 +639,18 @@ def fail(status_code: int, message: bytes):
     return error_for_code(status_code & M32, text)
 
 
+UNSET = object()  # no call remembered yet at a pure import's call site
+
+
+def remember_call(site: list, fn, *args):
+    """Calls a pure import (`hal.executable.lookup.function`) and remembers its
+    arguments and result at the call site, which reuses the result while it is called
+    with the same refs (by identity) again."""
+    result = fn(*args)
+    site[:] = [*args, result]
+    return result
+
+
 def null_import(name: str, ordinal: int):
     def missing(*_args):
         raise NotFoundError(f"optional import `{name}` (ordinal {ordinal}) not resolved")

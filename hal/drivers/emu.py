@@ -368,7 +368,7 @@ class EmuDevice(Device):
         self._bytes_moved = 0
         self._dispatch_count = 0
         self._transfer_count = 0
-        self._trace: list[tuple[int, TraceEvent]] = []
+        self._trace: list[tuple[int, TraceEvent, int]] = []  # (seq, event, host ns)
         self._issued = itertools.count()
         self._trace_capacity = trace_capacity
         self._faults: list[list[Any]] = []
@@ -444,7 +444,8 @@ class EmuDevice(Device):
     def trace(self) -> list[TraceEvent]:
         """The operations run so far, in the order their queues issued them."""
         with self._lock:
-            return [event for _seq, event in sorted(self._trace, key=lambda t: t[0])]
+            return [replace(event, host_ns=host_ns)
+                    for _seq, event, host_ns in sorted(self._trace, key=lambda t: t[0])]
 
     def export_trace(self, path: str) -> None:
         """Writes the trace as Chrome trace-event JSON (open in Perfetto): one track per
@@ -789,10 +790,10 @@ class EmuDevice(Device):
             job = None
 
     def _finish_job(self, job: _Job, host_start: int, host_end: int, error: Error | None) -> None:
-        event = replace(job.event, host_ns=host_end - host_start)
+        event = job.event  # its host time is added when the trace is read
         with self._lock:
             if len(self._trace) < self._trace_capacity:
-                self._trace.append((job.seq, event))
+                self._trace.append((job.seq, event, host_end - host_start))
         profile = self.profile
         if profile is not None:
             status = 0 if error is None else int(getattr(error, "code", 2))

@@ -1,0 +1,209 @@
+"""Recording blocks: a `create` and the record operations after it, made in one call.
+
+The translator fuses them (`vm/record_blocks.py`); the `hal` module's site records a new
+set of operands import by import and adopts the recording for equal operands over new
+buffers (`vm/hal_blocks.py`). Pinned here: a re-recorded block reaches no record shim
+and binds the new buffers; a buffer that fails a check gets the record operation's own
+error; operands that differ (ordinal, aliasing) record anew; the generic site calls the
+imports in order.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import tinyhal
+from support.executables import compile_executable
+from tinyhal import errors, hal
+from tinyhal.hal import BufferView
+from tinyhal.vm import isa
+from tinyhal.vm.hal_module import command_buffer_dispatch, create_hal_module
+from tinyhal.vm.record_blocks import RecordBlock, find_block, replay
+
+F32 = 0x21000020
+TWO = int(np.array(2.0, np.float32).view(np.uint32))
+
+
+def _k(value):
+    return ("k", value)
+
+
+def _d(index):
+    return ("d", index)
+
+
+# values: 0 device, 1 executable, 2 ordinal, 3/4/5 the three buffers
+FMA_BLOCK = RecordBlock((
+    (0, (_d(0), _k(1), _k(3), _k(-1), _k(0))),                       # create
+    (1, (("cb",), _d(1), _d(2), _k(4), _k(1), _k(1), _k(0),          # dispatch
+         ((_k(TWO),), (_k(0),)),
+         ((_k(0), _k(0), _d(3), _k(0), _k(64)), (_k(0), _k(0), _d(4), _k(0), _k(64)),
+          (_k(0), _k(0), _d(5), _k(0), _k(64))))),
+    (2, (("cb",), _k(28), _k(13), _k(0))),                            # execution_barrier
+    (3, (("cb",),)),                                                  # finalize
+), 6)
+FMA_NAMES = ["hal.command_buffer.create", "hal.command_buffer.dispatch",
+             "hal.command_buffer.execution_barrier", "hal.command_buffer.finalize"]
+
+
+@pytest.fixture
+def fma_site():
+    device = hal.create_device("sync")
+    module = create_hal_module(device)
+    exe = device.load_executable(compile_executable("elementwise_3d", embedded=True))
+    functions = [module.functions[name].fn for name in FMA_NAMES]
+    site = module.block_recorder(FMA_NAMES, FMA_BLOCK, functions)
+    yield device, exe, site
+    module.on_close()
+    device.close()
+
+
+def _buffers(device, seed, out_bytes=64):
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal(16).astype(np.float32) for _ in range(2))
+    return (a, b, BufferView.from_numpy(device, a).buffer,
+            BufferView.from_numpy(device, b).buffer, device.allocator.allocate(out_bytes))
+
+
+def _run(device, cb, out):
+    sem = device.create_semaphore()
+    device.submit(cb, signal=[(sem, 1)])
+    sem.wait(1, timeout=60)
+    return BufferView(out, (16,), F32).to_numpy()
+
+
+def _dispatch_shim_calls(fn) -> int:
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        if event == "call" and frame.f_code is command_buffer_dispatch.__code__:
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_a_rerecorded_block_adopts_its_recording_over_new_buffers(fma_site):
+    device, exe, site = fma_site
+    ordinal = exe.lookup("fma_3d")
+    first = None
+    for seed in range(3):
+        a, b, va, vb, out = _buffers(device, seed)
+        made: list = []
+        calls = _dispatch_shim_calls(
+            lambda values=(device, exe, ordinal, va, vb, out), made=made:
+            made.append(site(values)))
+        cb = made[0]
+        assert cb.finalized and cb.direct == [va, vb, out]
+        if first is None:
+            first = cb.recording
+            assert calls == 1  # recorded import by import
+        else:
+            assert calls == 0 and cb.recording is first  # adopted
+        assert np.array_equal(_run(device, cb, out), a * np.float32(2) + b)
+
+
+def test_a_buffer_that_fails_a_check_gets_the_record_operations_error(fma_site):
+    device, exe, site = fma_site
+    ordinal = exe.lookup("fma_3d")
+    _a, _b, va, vb, out = _buffers(device, 0)
+    site((device, exe, ordinal, va, vb, out))
+    _a, _b, va, vb, small = _buffers(device, 1, out_bytes=32)
+    with pytest.raises(errors.OutOfRangeError, match="binding 2 of 'fma_3d'"):
+        site((device, exe, ordinal, va, vb, small))
+    _a, _b, va, vb, out = _buffers(device, 2)
+    vb.storage.release()
+    with pytest.raises(errors.FailedPreconditionError):
+        site((device, exe, ordinal, va, vb, out))
+
+
+def test_changed_operands_record_anew(fma_site):
+    device, exe, site = fma_site
+    ordinal = exe.lookup("fma_3d")
+    a, b, va, vb, out = _buffers(device, 0)
+    first = site((device, exe, ordinal, va, vb, out)).recording
+    aliased = site((device, exe, ordinal, va, va, out))  # one buffer twice: new numbering
+    assert aliased.recording is not first and len(aliased.direct) == 2
+    assert np.array_equal(_run(device, aliased, out), a * np.float32(3))
+    again = site((device, exe, ordinal, vb, vb, out))
+    assert again.recording is aliased.recording  # the same aliasing: adopted
+    assert np.array_equal(_run(device, again, out), b * np.float32(3))
+
+
+def test_the_generic_site_calls_the_imports_in_order():
+    calls = []
+
+    def create(*args):
+        calls.append(("create", args))
+        return "cb"
+
+    def record(name):
+        return lambda *args: calls.append((name, args))
+
+    site = replay(FMA_BLOCK, [create, record("dispatch"), record("barrier"),
+                              record("finalize")])
+    assert site(("dev", "exe", 7, "a", "b", "c")) == "cb"
+    assert [name for name, _ in calls] == ["create", "dispatch", "barrier", "finalize"]
+    assert calls[0][1] == ("dev", 1, 3, -1, 0)
+    assert calls[1][1] == ("cb", "exe", 7, 4, 1, 1, 0, [(TWO,), (0,)],
+                           [(0, 0, "a", 0, 64), (0, 0, "b", 0, 64), (0, 0, "c", 0, 64)])
+    assert calls[3][1] == ("cb",)
+
+
+@pytest.mark.parametrize("name", ["gru", "lstm"])
+def test_a_recurrent_model_records_its_steps_import_by_import_only_once(name):
+    """The second call of a model that re-records a command buffer per time step
+    adopts every step's recording: no dispatch reaches its record shim."""
+    pytest.importorskip("onnx")
+    from support.zoo import ZOO, zoo_inputs, zoo_vmfb
+
+    with tinyhal.load(zoo_vmfb(name), device="sync") as module:
+        fn = getattr(module, ZOO[name].function)
+        args = zoo_inputs(name)
+        assert _dispatch_shim_calls(lambda: fn(*args)) > 0
+        assert _dispatch_shim_calls(lambda: fn(*args)) == 0
+
+
+class _Import:
+    def __init__(self, full_name: str) -> None:
+        self.full_name = full_name
+
+
+_IMPORTS = [_Import(n) for n in (
+    "hal.command_buffer.create", "hal.command_buffer.execution_barrier",
+    "hal.command_buffer.finalize", "hal.device.queue.execute",
+    "hal.executable.lookup.function")]
+_CB = isa.REF_BIT | 3  # the command buffer's register
+
+
+def _call(k: int, src: list, dst: list = ()) -> isa.Instruction:
+    return isa.Instruction(0, 0, "call", [k | isa.IMPORT_BIT, list(src), list(dst)], ())
+
+
+_CREATE = _call(0, [isa.REF_BIT | 1], [_CB])
+_BARRIER = _call(1, [_CB])
+_FINALIZE = _call(2, [_CB])
+_ADD = isa.Instruction(0, 0, "add.i32", [1, 2, 3], (("r", "i32"), ("r", "i32"), ("w", "i32")))
+
+
+@pytest.mark.parametrize("instrs, end", [
+    ([_CREATE, _BARRIER, _ADD, _BARRIER, _FINALIZE, _BARRIER], 5),  # ends at finalize
+    ([_CREATE, _BARRIER, _call(4, [isa.REF_BIT | 5, isa.REF_BIT | 6], [7]), _BARRIER], 4),
+    ([_CREATE, _BARRIER, _call(3, [isa.REF_BIT | 1, _CB]), _BARRIER, _BARRIER], None),
+    ([_CREATE, _BARRIER, _BARRIER, _call(3, [_CB])], 3),  # a queue op ends it
+    ([_CREATE, _BARRIER, isa.Instruction(0, 0, "assign.ref", [_CB, isa.REF_BIT | 4],
+                                         (("r", "ref"), ("w", "ref"))), _BARRIER], None),
+    ([_CREATE, _BARRIER, _ADD, _BARRIER, isa.Instruction(0, 0, "br", [0, []],
+                                                          (("B", ""), ("O", ""))), _BARRIER], 4),
+    ([_CREATE, _FINALIZE, _BARRIER], None),  # one record op is not worth a block
+])
+def test_a_block_runs_from_create_to_what_it_cannot_hold(instrs, end):
+    assert find_block(instrs, 0, _IMPORTS) == end

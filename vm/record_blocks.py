@@ -1,0 +1,160 @@
+"""Recording blocks: the run of `hal.command_buffer.*` record calls that follows a
+`hal.command_buffer.create`, made by the VM in one call.
+
+IREE's programs record one-shot command buffers inside VM loops (a recurrent model
+records one per time step): a `create`, tens of dispatches, copies and barriers, often a
+`finalize`, with only integer arithmetic and `hal.executable.lookup.function` in between.
+Translated call by call, each record operation is a Python call that validates its
+operands again, every time. The translator (`vm.codegen`) instead finds such a run in a
+basic block (`find_block`), emits the instructions in between as usual, keeps each
+record operation's operands that are not literals in locals, and ends the run with one
+call of a `RecordBlock` site with those values. Record operations change nothing but the
+command buffer, which no instruction in between reads, so running them at the end of the
+run is the same program.
+
+A block is described as data (`RecordBlock.ops`: per operation the import's ordinal and
+its argument template, whose leaves are `("k", literal)`, `("d", index)` into the
+values passed, or `("cb",)`, the command buffer that `create` returned; a variadic
+segment is a tuple of entries of leaves). The module providing the imports may serve
+the block as a whole (a `NativeModule.block_recorder`: the `hal` module recognises a
+block whose operands match one recorded before and reuses that recording, checking only
+the buffers); otherwise `replay` calls the imports one by one, exactly as the unfused
+code would have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from . import isa
+
+__all__ = ["CREATE", "RECORD_OPS", "RecordBlock", "arguments", "find_block", "replay"]
+
+CREATE = "hal.command_buffer.create"
+FINALIZE = "hal.command_buffer.finalize"
+# Record operations that may join a block: they change only the command buffer and
+# capture nothing of host memory (an update captures a VM buffer's bytes; it ends one).
+RECORD_OPS = frozenset({
+    "hal.command_buffer.dispatch",
+    "hal.command_buffer.execution_barrier",
+    "hal.command_buffer.copy_buffer",
+    "hal.command_buffer.fill_buffer",
+    FINALIZE,
+})
+# Imports that may run inside a block: pure (their call sites also remember their last
+# result: `vm.codegen`), and never given the command buffer.
+PASS_THROUGH = frozenset({"hal.executable.lookup.function"})
+# Instructions that end a block before them: control flow, calls, output, failure.
+_ENDS = frozenset({"fail", "trace", "print", "yield", "return", "break", "cond_break",
+                   "br", "cond_br", "br_table"})
+MIN_RECORD_OPS = 2  # fewer record operations are not worth a block
+
+
+class RecordBlock(NamedTuple):
+    """One block: `ops` (import ordinal, argument template) in order, the first being
+    `create`; `values` is how many values the site is called with."""
+
+    ops: tuple[tuple[int, tuple[Any, ...]], ...]
+    values: int
+
+
+def call_operands(ins: Any) -> tuple[int, Sequence[int] | None, Sequence[int], Sequence[int]]:
+    """(import ordinal or -1, segment sizes, sources, destinations) of a call."""
+    f = ins.fields
+    if ins.name == "call":
+        ordinal, segments, src, dst = f[0], None, f[1], f[2]
+    elif ins.name == "call.variadic":
+        ordinal, segments, src, dst = f[0], f[1], f[2], f[3]
+    else:
+        return -1, None, (), ()
+    if not ordinal & isa.IMPORT_BIT:
+        return -1, None, (), ()
+    return ordinal & ~isa.IMPORT_BIT, segments, src, dst
+
+
+def _touches(ins: Any, ref: int) -> bool:
+    """Whether `ins` names ref register `ref` (or does anything a block cannot hold)."""
+    for (code, arg), value in zip(ins.layout, ins.fields):
+        if code in ("r", "w") and arg == "ref":
+            if value & isa.REF_MASK == ref:
+                return True
+        elif code == "V":
+            if any(v & isa.REF_BIT and v & isa.REF_MASK == ref for v in value):
+                return True
+        elif code in ("O", "C", "B"):
+            return True
+    return False
+
+
+def _names_ref(registers: Sequence[int], ref: int) -> bool:
+    return any(r & isa.REF_BIT and r & isa.REF_MASK == ref for r in registers)
+
+
+def find_block(instrs: Sequence[Any], start: int, imports: Sequence[Any]) -> int | None:
+    """The index one past the last record operation of the block that `instrs[start]`
+    begins (a `create`), or None when it begins none worth making."""
+    k, _segments, _src, dst = call_operands(instrs[start])
+    if k < 0 or k >= len(imports) or imports[k].full_name != CREATE or len(dst) != 1:
+        return None
+    cb = dst[0] & isa.REF_MASK
+    last, count = None, 0
+    for j in range(start + 1, len(instrs)):
+        ins = instrs[j]
+        k, _segments, src, dst = call_operands(ins)
+        if k >= 0:
+            if k >= len(imports):
+                break
+            name = imports[k].full_name
+            if (name in RECORD_OPS and src and src[0] & isa.REF_BIT
+                    and src[0] & isa.REF_MASK == cb and not _names_ref(src[1:], cb)
+                    and not _names_ref(dst, cb)):
+                count += 1
+                last = j
+                if name == FINALIZE or src[0] & isa.MOVE_BIT:
+                    break
+                continue
+            if name in PASS_THROUGH and not _names_ref(src, cb) and not _names_ref(dst, cb):
+                continue
+            break
+        if ins.name in _ENDS or ins.name.startswith("call") or _touches(ins, cb):
+            break
+    if count < MIN_RECORD_OPS:
+        return None
+    return last + 1
+
+
+def arguments(template: tuple[Any, ...], values: Sequence[Any], cb: Any) -> list[Any]:
+    """The arguments of one operation, its template filled from `values`."""
+
+    def leaf(item: tuple[Any, ...]) -> Any:
+        kind = item[0]
+        if kind == "k":
+            return item[1]
+        if kind == "d":
+            return values[item[1]]
+        return cb
+
+    out: list[Any] = []
+    for arg in template:
+        if arg and arg[0].__class__ is str:
+            out.append(leaf(arg))
+        else:
+            out.append([tuple(leaf(item) for item in entry) for entry in arg])
+    return out
+
+
+def replay(block: RecordBlock, functions: Sequence[Callable[..., Any]]
+           ) -> Callable[[tuple[Any, ...]], Any]:
+    """A site that calls the block's imports (`functions`, in `block.ops` order) one by
+    one; it returns the command buffer the first (`create`) returned."""
+    ops = [(template, fn) for (_k, template), fn in zip(block.ops, functions)]
+
+    def run(values: tuple[Any, ...]) -> Any:
+        (template, fn), rest = ops[0], ops[1:]
+        cb = fn(*arguments(template, values, None))
+        for template, fn in rest:
+            fn(*arguments(template, values, cb))
+        return cb
+
+    return run
