@@ -174,6 +174,7 @@ async def serve(args: argparse.Namespace) -> int:
                       head_timeout=args.request_head_timeout,
                       body_timeout=args.request_body_timeout,
                       max_connections=args.max_connections)
+    server.settle = http.settle
     try:
         listeners = await trio.open_tcp_listeners(args.port, host=args.host)
     except OSError as exc:

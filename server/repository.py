@@ -410,16 +410,16 @@ class ModelVersion:
         return args
 
     async def infer(self, args: list[Any], deadline: float, label: str,
-                    parameters: dict | None = None
+                    parameters: dict | None = None, respond: Any = None
                     ) -> tuple[list[tuple[str, str, np.ndarray]], float, float]:
         """Runs one request's invocation under admission control (batched with others when
         the model has dynamic batching; a step of its sequence, with the request's
         `parameters`, when it has sequence batching): (results, seconds queued, seconds
-        invoking)."""
+        invoking). `respond` as `Admission.infer`'s (sequence steps do not call it)."""
         if self.sequences is not None:
             return await self.sequences.infer(args, parameters or {}, deadline, label)
         rows = int(args[0].shape[0]) if self.max_batch_size else 1
-        return await self.admission.infer(args, rows, deadline, label)
+        return await self.admission.infer(args, rows, deadline, label, respond)
 
     def _invoke_blocking(self, module: Any, args: list[Any]
                          ) -> list[tuple[str, str, np.ndarray]]:
