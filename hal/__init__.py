@@ -10,7 +10,15 @@ from .buffer import ALIGNMENT, Buffer
 from .buffer_view import BufferView
 from .command_buffer import CommandBuffer, CommandBufferMode
 from .device import Device
-from .executable import FORMATS, Executable, ExportInfo
+from .executable import (
+    EXECUTABLE_POLICIES,
+    FORMATS,
+    Executable,
+    ExecutableLoader,
+    ExportInfo,
+    executable_formats,
+    register_executable_loader,
+)
 from .semaphore import Fence, Semaphore
 from .types import (
     WHOLE_BUFFER,
@@ -51,7 +59,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ALIGNMENT", "Allocator", "AllocatorStatistics", "Buffer", "BufferUsage", "BufferView",
     "CommandBuffer", "CommandBufferMode", "Device", "ElementType", "EncodingType", "Error",
-    "Executable", "ExportInfo", "FORMATS", "Fence", "Heap", "HeapStatistics", "KernelExport",
-    "MemoryAccess", "MemoryType", "Semaphore", "StatusCode", "WHOLE_BUFFER",
-    "available_drivers", "build_executable", "create_device",
+    "EXECUTABLE_POLICIES", "Executable", "ExecutableLoader", "ExportInfo", "FORMATS", "Fence",
+    "Heap", "HeapStatistics", "KernelExport", "MemoryAccess", "MemoryType", "Semaphore",
+    "StatusCode", "WHOLE_BUFFER", "available_drivers", "build_executable", "create_device",
+    "executable_formats", "register_executable_loader",
 ]

@@ -61,7 +61,12 @@ from ..errors import (
 from .allocator import Allocator
 from .buffer import Buffer, Storage, as_byte_view
 from .command_buffer import CommandBuffer, as_table_range
-from .executable import FORMATS, Executable
+from .executable import (
+    Executable,
+    check_executable_policy,
+    executable_formats,
+    load_executable_data,
+)
 from .execution import RecordingCache, Submission, resolve_commands
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
@@ -80,28 +85,38 @@ if TYPE_CHECKING:
 Points = Fence | Sequence[SemaphorePoint] | None
 
 
-def _cpu_flags() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def host_cpu_flags() -> frozenset[str]:
+    """The host CPU's feature flags as Linux names them (`avx2`, `avx512f`, ...)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 class Device:
-    """A logical device: allocator, executables, semaphores and one queue."""
+    """A logical device: allocator, executables, semaphores and one queue.
+
+    `executable_policy` (every driver takes it) says which executables the device loads:
+    `"any"` (the default), or `"portable"`: only formats without machine code (VMVX), so
+    that a model from a source that is not fully trusted never runs its machine code;
+    the format query then answers no for the native formats and `load_executable`
+    refuses them with PERMISSION_DENIED."""
 
     driver_name = "base"
     identifier = "local"
 
-    def __init__(self, transient_capacity: int = DEFAULT_CAPACITY, **options: Any) -> None:
+    def __init__(self, transient_capacity: int = DEFAULT_CAPACITY, *,
+                 executable_policy: str = "any", **options: Any) -> None:
         if options:
             raise InvalidArgumentError(
                 f"driver {self.driver_name!r} does not take options {sorted(options)}"
             )
+        self.executable_policy = check_executable_policy(executable_policy)
         self.allocator = self._create_allocator()
         self.allocator.device_ref = weakref.ref(self)
         self._executables: weakref.WeakValueDictionary[str, Executable] = (
@@ -229,7 +244,10 @@ class Device:
 
     def load_executable(self, data: bytes | bytearray | memoryview | os.PathLike | str,
                         name: str = "") -> Executable:
-        """Loads an executable library (format detected from its bytes), cached by content."""
+        """Loads an executable (format detected from its bytes), cached by content.
+
+        A device whose `executable_policy` is `"portable"` refuses executables that carry
+        machine code (PERMISSION_DENIED naming the executable and the policy)."""
         if isinstance(data, (str, os.PathLike)):
             with open(data, "rb") as f:
                 name = name or os.path.basename(os.fspath(data))
@@ -247,7 +265,7 @@ class Device:
             cached = self._executables.get(key)
             if cached is not None:
                 return cached
-            executable = Executable(data, name)
+            executable = load_executable_data(data, name, self.executable_policy)
             self._executables[key] = executable
             return executable
 
@@ -256,11 +274,11 @@ class Device:
         if category == "hal.device.id":
             return int(fnmatch.fnmatchcase(self.identifier, key))
         if category == "hal.executable.format":
-            return int(key in FORMATS)
+            return int(key in executable_formats(self.executable_policy))
         if category in ("hal.device", "hal.dispatch") and key == "concurrency":
             return self.concurrency
         if category == "hal.cpu":
-            return int(key.lower() in _cpu_flags())
+            return int(key.lower() in host_cpu_flags())
         raise NotFoundError(f"unknown device query {category!r} :: {key!r}")
 
     concurrency = 1

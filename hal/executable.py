@@ -10,6 +10,14 @@ is `dlopen`ed. The query function's library table and every pointer read from it
 functions, names, attributes) are checked to lie inside the library's own image.
 A `PreparedDispatch` packs one dispatch's state into C memory once; running it calls the
 C workgroup loop, which may run on several threads at once over one grid.
+
+Other executable formats plug in as IREE's local devices take executable loaders: a
+layer above registers an `ExecutableLoader` (format name, a test on the bytes, a
+factory returning an `Executable` subclass whose `dispatch_function` is a C callable of
+the same ABI), so streams, drivers and profiles run it like a library. `vmvx-bytecode-fb`
+(`tinyhal.vm.vmvx`) is the one there is. An executable policy (`EXECUTABLE_POLICIES`)
+says which formats a device accepts: `"portable"` refuses every format that carries
+machine code.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ from __future__ import annotations
 import ctypes
 import os
 from _blake2 import blake2b  # hashlib would load OpenSSL (3.5 MiB) at start-up
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import (
     DataLossError,
@@ -28,6 +37,7 @@ from ..errors import (
     KernelFaultError,
     NotFoundError,
     OutOfRangeError,
+    PermissionDeniedError,
     ResourceExhaustedError,
     UnimplementedError,
     error_for_code,
@@ -44,6 +54,68 @@ LIBRARY_VERSION = 6
 HOST_ARCH = {"x86_64": "x86_64", "AMD64": "x86_64", "aarch64": "arm_64",
              "arm64": "arm_64"}.get(os.uname().machine, os.uname().machine)
 FORMATS = (f"embedded-elf-{HOST_ARCH}", f"system-elf-{HOST_ARCH}")
+EXECUTABLE_POLICIES = ("any", "portable")
+"""`any`: every format tinyhal loads; `portable`: only formats without machine code."""
+
+
+class ExecutableLoader(NamedTuple):
+    """A loader for one executable format besides the ELF libraries (see the module
+    docstring); `native_code` says whether its executables run machine code."""
+
+    format: str
+    recognizes: Callable[[bytes], bool]
+    load: Callable[[bytes, str], Executable]
+    native_code: bool = False
+
+
+_LOADERS: dict[str, ExecutableLoader] = {}
+
+
+def register_executable_loader(loader: ExecutableLoader) -> None:
+    """Makes `loader.format` loadable by every device (idempotent per format)."""
+    _LOADERS[loader.format] = loader
+
+
+def executable_formats(policy: str = "any") -> tuple[str, ...]:
+    """The formats a device with executable policy `policy` loads."""
+    registered = tuple(f for f, loader in _LOADERS.items()
+                       if policy == "any" or not loader.native_code)
+    return (FORMATS if policy == "any" else ()) + registered
+
+
+def check_executable_policy(policy: Any) -> str:
+    if policy not in EXECUTABLE_POLICIES:
+        raise InvalidArgumentError(
+            f"executable_policy must be one of {EXECUTABLE_POLICIES}, not {policy!r}")
+    return policy
+
+
+def load_executable_data(data: bytes, name: str = "", policy: str = "any") -> Executable:
+    """An executable of whichever format `data` holds (ELF, or a registered loader's),
+    refused with PERMISSION_DENIED when it carries machine code and `policy` is
+    `"portable"`."""
+    if data[:4] != b"\x7fELF":
+        for loader in _LOADERS.values():
+            if loader.recognizes(data):
+                if loader.native_code and policy != "any":
+                    raise _refused(data, name, loader.format, policy)
+                return loader.load(data, name)
+        if data[:4] == b"PK\x03\x04" or data[4:8] == b"IREE":
+            raise UnimplementedError(
+                "the executable is a VM bytecode module (VMVX, vmvx-bytecode-fb); its "
+                "loader is registered when tinyhal.vm is imported")
+    if policy != "any":
+        raise _refused(data, name, "ELF executable library", policy)
+    return Executable(data, name)
+
+
+def _refused(data: bytes, name: str, kind: str, policy: str) -> PermissionDeniedError:
+    what = (f"executable {name!r}" if name else
+            f"executable {blake2b(data, digest_size=32).hexdigest()[:12]}")
+    return PermissionDeniedError(
+        f"{what} ({kind}) carries native machine code, which the device's executable "
+        f"policy {policy!r} refuses; it loads only {', '.join(executable_formats(policy))}"
+        " (compile with --iree-hal-local-target-device-backends=vmvx)")
 
 
 @dataclass(frozen=True)
@@ -212,6 +284,20 @@ class Executable:
         self._templates: dict[tuple, _DispatchTemplate] = {}
         self._by_name = {e.name: e.ordinal for e in self.exports}
 
+    @property
+    def environment(self) -> Any:
+        """The `tinyhal_environment_t*` every dispatch function of this executable gets."""
+        return self._environment
+
+    def dispatch_function(self, ordinal: int) -> Any:
+        """The C dispatch function (IREE's ABI) of export `ordinal`."""
+        return self._library.exports.ptrs[ordinal]
+
+    def failure_detail(self) -> str:
+        """Why the last failed dispatch failed, when the executable can say more than its
+        status code (an executable of VM bytecode can); empty for machine code."""
+        return ""
+
     def _dlopen(self, data: bytes, elf: ElfLibrary, what: str) -> tuple[Any, int]:
         """Loads a validated library that needs the dynamic loader; (query, load bias)."""
         self._fd = os.memfd_create(f"tinyhal-{self.name or self.digest[:12]}", os.MFD_CLOEXEC)
@@ -371,8 +457,8 @@ class _DispatchTemplate:
         state.workgroup_count_x, state.workgroup_count_y, state.workgroup_count_z = x, y, z
         state.max_concurrency = max(1, min(255, max_concurrency))
         state.constants = self.consts
-        self.function = executable._library.exports.ptrs[ordinal]
-        self.environment = executable._environment
+        self.function = executable.dispatch_function(ordinal)
+        self.environment = executable.environment
         self.local_memory_size = export.local_memory_size
 
 
@@ -439,6 +525,9 @@ class PreparedDispatch:
                 f"{fault_description(-rc + FAULT_STATUS, self.executable)}")
         message = (f"dispatch of {self.export.name!r} failed in workgroup {wid} "
                    f"with kernel status {rc}")
+        detail = self.executable.failure_detail()
+        if detail:
+            message = f"{message}: {detail}"
         return error_for_code(rc, message) if 0 < rc < 32 else InternalError(message)
 
 

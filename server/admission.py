@@ -9,11 +9,18 @@ that many executions run at once. Requests beyond wait in one FIFO queue of at m
 up memory and latency. Whenever an instance is free the next execution takes the head of
 the queue: one request, or with dynamic batching everything that fits one batch
 (`batching.take_batch`), so when an execution finishes the next takes all that gathered
-meanwhile. A queue delay is honoured to within tens of microseconds on a quiet machine:
-a timer thread waits for it on a condition variable and posts the dispatch to the loop
-(the loop's epoll timeout would round the wait up to whole milliseconds; spinning on the
-clock instead doubled the CPU per request at low load), and an arrival that fills the
-preferred batch ends the wait at once.
+meanwhile. Without a queue delay, a request that finds an instance free starts at once
+when it comes alone; while requests come in company (the last execution had several) it
+waits for the end of the loop's scheduler pass (a trio instrument's `before_io_wait`), so
+the requests that arrived in the same wake-up join its batch.
+
+A queue delay is honoured to within tens of microseconds on a quiet machine: a timer
+thread waits for it on a condition variable and posts the dispatch to the loop (the
+loop's epoll timeout would round the wait up to whole milliseconds; spinning on the
+clock instead doubled the CPU per request at low load), armed early by the mean time its
+wake-up took to reach the loop (so a batch starts when the delay ends: the delay is a
+maximum, as in Triton), and an arrival that fills the preferred batch ends the wait at
+once.
 
 Everything happens on the event loop in plain functions (`_dispatch`, `_finished`) except
 the execution itself, which runs on the instance's thread; its outcome comes back through
@@ -41,6 +48,7 @@ One protocol for every request, batched or not:
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import threading
 import time
@@ -52,6 +60,8 @@ import trio
 
 from .batching import BatchingConfig, Outcome, Results, ready_rows, run_batch, take_batch
 from .instances import InstanceThread
+
+log = logging.getLogger("tinyhal.server")
 
 # most unbatched requests handed to a free instance at once (each its own execution)
 _RUN_LIST = 16
@@ -110,10 +120,11 @@ class Instance:
 
 class _Request:
     __slots__ = ("args", "rows", "key", "deadline", "arrived", "label", "done", "outcome",
-                 "started", "detached", "queued_seconds", "infer_seconds")
+                 "started", "detached", "queued_seconds", "infer_seconds", "respond")
 
     def __init__(self, args: list[Any], rows: int, deadline: float, label: str,
-                 now: float) -> None:
+                 now: float, respond: Callable[[Results, float], Any] | None = None
+                 ) -> None:
         self.args = args
         self.rows = rows
         self.key = tuple(getattr(a, "shape", ())[1:] for a in args)
@@ -126,6 +137,7 @@ class _Request:
         self.detached = False
         self.queued_seconds = 0.0
         self.infer_seconds = 0.0
+        self.respond = respond
 
 
 PendingRequest = _Request  # what a request waiting for an execution records (sequences.py)
@@ -186,6 +198,11 @@ class Admission:
         self._end = end
         self._timer_at = math.inf
         self._timer: _DelayTimer | None = None
+        self._dispatch_pending = False
+        self._last_batch_requests = 0
+        # how late the queue-delay timer's wake-up reaches the loop (mean): it is armed
+        # that much early, so a batch starts when the delay ends, not that much after
+        self._timer_lead = 0.0
 
     # -- observation -------------------------------------------------------------------
 
@@ -218,12 +235,18 @@ class Admission:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def infer(self, args: list[Any], rows: int, deadline: float, label: str
+    async def infer(self, args: list[Any], rows: int, deadline: float, label: str,
+                    respond: Callable[[Results, float], Any] | None = None
                     ) -> tuple[Results, float, float]:
         """Runs one request (batched with others when the model batches): (its results,
         seconds queued, seconds its execution took). Raises `Unavailable` when closed,
         `Overloaded` when the queue is full, `DeadlineExceeded` when `deadline` (trio
-        clock; `math.inf` for none) passes first, or the invocation's own error."""
+        clock; `math.inf` for none) passes first, or the invocation's own error.
+
+        `respond(results, execution_seconds)`, when given, is called on the instance
+        thread right after a successful execution, before the request is woken: the
+        caller answers its client from there (it must be safe to call on any thread and
+        to lose the race with the deadline)."""
         if self._closed:
             raise Unavailable("the model version is unloading")
         if not self._idle and len(self._queue) >= self._capacity:
@@ -232,18 +255,22 @@ class Admission:
                 f"queued (instances {self.max_concurrency}, max_queue {self.max_queue})",
                 self.retry_after())
         now = trio.current_time()
-        request = _Request(args, rows, deadline, label, now)
+        request = _Request(args, rows, deadline, label, now, respond)
         self._in_flight += 1
+        batching = self.batching
         if self._idle and not self._queue and (
-                self.batching is None or not self.batching.delay
-                or rows >= self.batching.target_rows):
+                batching is None or rows >= batching.target_rows
+                or (not batching.delay and self._last_batch_requests <= 1)):
             self._start([[request]], now)  # the ready path: no queue, no task hop
         else:
             self._queue.append(request)
-            if self.batching is not None and self.batching.delay and self._timer is None:
+            if batching is not None and batching.delay and self._timer is None:
                 self._timer = _DelayTimer(trio.lowlevel.current_trio_token(),
                                           self._timer_fired)
-            self._dispatch()
+            if self._idle and batching is not None and not batching.delay:
+                self._dispatch_after_pass()
+            else:
+                self._dispatch()
         try:
             if deadline == math.inf:
                 await request.done.wait()
@@ -288,7 +315,7 @@ class Admission:
         while self._idle and self._queue:
             now = trio.current_time()
             if batching is not None and batching.delay and not self._closed:
-                until = self._queue[0].arrived + batching.delay
+                until = self._queue[0].arrived + batching.delay - self._timer_lead
                 if now < until and ready_rows(self._queue) < batching.target_rows:
                     self._arm(until)
                     return
@@ -304,9 +331,24 @@ class Admission:
             self._start(run, now)
         self._arm(math.inf)
 
+    def _dispatch_after_pass(self) -> None:
+        """With no queue delay, a free instance takes its batch once the loop has run every
+        task that was ready (the requests that arrived in the same wake-up join it), just
+        before the loop waits for I/O again: at once, as far as any client can tell. Only
+        while requests come in company (the last execution had several): a lone request
+        starts at once, which measured faster at one connection."""
+        if not self._dispatch_pending:
+            self._dispatch_pending = True
+            _after_pass().append(self._pass_ended)
+
+    def _pass_ended(self) -> None:
+        self._dispatch_pending = False
+        self._dispatch()
+
     def _start(self, run: list[list[_Request]], now: float) -> None:
         instance = self._idle.pop()
         instance.pending = len(run)
+        self._last_batch_requests = len(run[-1])
         invoke = instance.invoke
         jobs = []
         for batch in run:
@@ -317,9 +359,8 @@ class Admission:
             self._running.add(execution)
             if self._begin is not None:
                 execution.watch = self._begin()
-            args = [r.args for r in batch]
-            rows = [r.rows for r in batch]
-            jobs.append((functools.partial(run_batch, invoke, args, rows),
+            jobs.append((functools.partial(_execute, invoke, batch,
+                                           self._queue if len(jobs) == len(run) - 1 else None),
                          functools.partial(self._finished, execution)))
         instance.thread.submit(jobs)
 
@@ -370,6 +411,11 @@ class Admission:
         """On the loop, when the queue delay armed for `at` ran out."""
         if self._timer_at == at:
             self._timer_at = math.inf
+            # each wake-up counts for at most half the delay, and so does the lead: an
+            # outlier cannot make the batches start early for long
+            bound = self.batching.delay / 2
+            late = min(trio.current_time() - at, bound)
+            self._timer_lead = min(max(0.8 * self._timer_lead + 0.2 * late, 0.0), bound)
             self._dispatch()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -394,6 +440,57 @@ class Admission:
             instance.thread.stop()
         if self._timer is not None:
             self._timer.stop()
+
+
+def _execute(invoke: Callable[[list[Any]], Results], batch: list[_Request],
+             queue: list[_Request] | None
+             ) -> tuple[list[Outcome], list[tuple[int, int, float]]]:
+    """One execution on an instance thread (`run_batch`). When it is the last of its run
+    and nothing is queued (`queue`, read without a lock: a hint), each request that asked
+    for it is answered from here (`respond`): the instance has nothing else to do, and
+    the client need not wait for the loop to wake up. Otherwise the loop answers, and the
+    instance is handed its next execution at once."""
+    outcomes, executions = run_batch(invoke, [r.args for r in batch], [r.rows for r in batch])
+    if queue is None or queue:
+        return outcomes, executions
+    seconds = sum(e[2] for e in executions)
+    for request, (results, error) in zip(batch, outcomes):
+        if request.respond is not None and error is None:
+            try:
+                request.respond(results, seconds)
+            except Exception:  # noqa: BLE001 - a bug of ours: the loop answers instead
+                log.exception("answering %s from its instance thread failed", request.label)
+    return outcomes, executions
+
+
+class _AfterPass(trio.abc.Instrument):
+    """Calls what was registered (`calls`) when the loop has run every ready task and is
+    about to wait for I/O: once per pass of the scheduler."""
+
+    def __init__(self) -> None:
+        self.calls: list[Callable[[], None]] = []
+
+    def before_io_wait(self, timeout: float) -> None:
+        if self.calls:
+            calls, self.calls = self.calls, []
+            for call in calls:
+                try:
+                    call()
+                except Exception:  # noqa: BLE001 - a bug of ours; the loop must go on
+                    log.exception("dispatch after the scheduler's pass failed")
+
+
+_AFTER_PASS: trio.lowlevel.RunVar = trio.lowlevel.RunVar("tinyhal_after_pass")
+
+
+def _after_pass() -> list[Callable[[], None]]:
+    """The list of calls made at the end of this trio run's current scheduler pass."""
+    instrument = _AFTER_PASS.get(None)
+    if instrument is None:
+        instrument = _AfterPass()
+        trio.lowlevel.add_instrument(instrument)
+        _AFTER_PASS.set(instrument)
+    return instrument.calls
 
 
 class _DelayTimer:

@@ -39,7 +39,9 @@ import ctypes
 import ctypes.util
 import logging
 import math
+import time
 import zlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -96,6 +98,9 @@ class Server:
         self.background: trio.Nursery | None = None
         self.metrics = Metrics(self)
         self.repository_lock = trio.Lock()  # one load/unload at a time
+        # awaited before metrics and statistics are read: answers already written by
+        # instance threads are counted first (the HTTP server's `settle`)
+        self.settle: Callable[[], Awaitable[None]] | None = None
         self._routes = _Routes(self)
 
     @property
@@ -252,6 +257,8 @@ class _Routes:
 
     async def model_stats(self, request: Request, name: str | None = None,
                           version: str | None = None) -> Response:
+        if self.server.settle is not None:
+            await self.server.settle()
         if name is None:
             versions = self.repo.all_versions()
         elif version is None:
@@ -331,6 +338,8 @@ class _Routes:
     async def metrics(self, request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
+        if self.server.settle is not None:
+            await self.server.settle()
         return Response(200, self.server.metrics.generate(), CONTENT_TYPE_LATEST)
 
     async def infer(self, request: Request, name: str, version: str | None) -> Response:
@@ -375,10 +384,22 @@ class _Routes:
             return self._failed(mv, request, error_response(exc.status, exc.message))
         compute_input = trio.current_time() - t_input
 
+        # answered on the instance thread when the connection allows it (see
+        # `DirectReply`): the client has its answer before the loop wakes up
+        answered: list[tuple[Response, float]] = []
+        direct = request.direct
+        respond = None
+        if direct is not None:
+            def respond(results: list, seconds: float) -> None:
+                start = time.perf_counter()
+                response = _infer_response(mv, req, results)
+                if direct.send(response):
+                    answered.append((response, time.perf_counter() - start))
+
         try:
             label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
             results, queued, compute_infer = await mv.infer(args, deadline, label,
-                                                            req.parameters)
+                                                            req.parameters, respond)
         except ProtocolError as exc:  # a bad sequence control flow
             return self._failed(mv, request, error_response(exc.status, exc.message))
         except Overloaded as exc:
@@ -386,6 +407,11 @@ class _Routes:
                 429, f"model '{mv.name}' is overloaded: {exc}; retry after "
                      f"{exc.retry_after} s", [("retry-after", str(exc.retry_after))]))
         except DeadlineExceeded as exc:
+            if direct is not None:
+                direct.close()
+                if direct.sent is not None:  # its answer went out as the deadline passed
+                    return self._succeeded(mv, request, direct.sent,
+                                           (0.0, compute_input, 0.0, 0.0))
             return self._failed(mv, request, error_response(504, f"model '{mv.name}': {exc}"))
         except Unavailable as exc:
             return self._failed(mv, request, error_response(
@@ -401,23 +427,34 @@ class _Routes:
                               lost.version, lost.device_name)
             return self._failed(mv, request, error_response(
                 status, f"model '{mv.name}' failed: {exc}", _RETRY if status == 503 else None))
-        t_output = trio.current_time()
-        out, header_length = build_infer_response(mv.name, mv.version, req, results)
-        if header_length is None:
-            response = Response(200, out, JSON)
+        if answered:
+            response, compute_output = answered[0]
         else:
-            response = Response(200, out, "application/octet-stream",
-                                [("inference-header-content-length", str(header_length))])
-        done = trio.current_time()
-        server.metrics.series(mv.name, mv.version).succeeded(
-            mv.stats, (queued, compute_input, compute_infer, done - t_output),
-            done - request.arrived)
+            t_output = time.perf_counter()
+            response = _infer_response(mv, req, results)
+            compute_output = time.perf_counter() - t_output
+        return self._succeeded(mv, request, response,
+                               (queued, compute_input, compute_infer, compute_output))
+
+    def _succeeded(self, mv: ModelVersion, request: Request, response: Response,
+                   phases: tuple[float, float, float, float]) -> Response:
+        self.server.metrics.series(mv.name, mv.version).succeeded(
+            mv.stats, phases, trio.current_time() - request.arrived)
         return response
 
     def _failed(self, mv: ModelVersion, request: Request, response: Response) -> Response:
         self.server.metrics.series(mv.name, mv.version).failed(
             mv.stats, trio.current_time() - request.arrived)
         return response
+
+
+def _infer_response(mv: ModelVersion, req: Any, results: list) -> Response:
+    """The 200 answer carrying `results` as `req` asked (any thread)."""
+    out, header_length = build_infer_response(mv.name, mv.version, req, results)
+    if header_length is None:
+        return Response(200, out, JSON)
+    return Response(200, out, "application/octet-stream",
+                    [("inference-header-content-length", str(header_length))])
 
 
 _PARSE_ON_LOOP_BYTES = 64 << 10

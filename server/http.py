@@ -8,6 +8,11 @@ request until `keep_alive_timeout` of idleness. Nothing sits between the socket 
 handler: no ASGI, no routing framework, no per-request middleware stack. (h11 did the same
 job at about 150 us of Python per request; llhttp does it in a few.)
 
+A handler that waits long can ask whether its client is still there: the function
+`client_gone_probe()` returns (the probe of the connection its task serves) tells,
+without reading, whether the peer closed or reset the connection, which the loop itself
+only sees when it next reads.
+
 Draining (`HttpServer.drain()`): the listeners close at once (new connections are refused),
 connections idle between requests close, and a connection with a request in progress
 answers it with `Connection: close`.
@@ -15,8 +20,12 @@ answers it with `Connection: close`.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import logging
+import os
+import select
+import threading
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,7 +36,7 @@ import trio
 
 log = logging.getLogger("tinyhal.server")
 
-__all__ = ["HttpServer", "Request", "Response"]
+__all__ = ["DirectReply", "HttpServer", "Request", "Response", "client_gone_probe"]
 
 _READ_SIZE = 64 << 10
 _MAX_HEAD_BYTES = 64 << 10
@@ -35,6 +44,96 @@ _COALESCE_BYTES = 64 << 10
 _LINGER_SECONDS = 1.0
 _LINGER_BYTES = 16 << 20
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# peer closed (its FIN: POLLRDHUP, Linux), reset or failed; data waiting is not "gone"
+_GONE_EVENTS = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+_client_gone: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "tinyhal_client_gone", default=None)
+
+
+def client_gone_probe() -> Callable[[], bool] | None:
+    """For a handler's task: a function telling, at once and without reading, whether
+    the client of the request being handled closed or reset its connection (a client
+    that only shut down its sending side counts as gone); None outside a connection."""
+    return _client_gone.get()
+
+
+def _gone_probe(stream: trio.SocketStream) -> Callable[[], bool]:
+    fd = stream.socket.fileno()
+
+    def gone() -> bool:
+        if stream.socket.fileno() != fd:  # closed here
+            return True
+        poller = select.poll()
+        poller.register(fd, _GONE_EVENTS)
+        return bool(poller.poll(0))
+
+    return gone
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class DirectReply:
+    """Lets a thread other than the event loop answer one request by writing the response
+    straight to the connection's socket, so the client has its answer without waiting
+    for the loop to wake up (an instance thread answers the requests of the execution it
+    just ran).
+
+    Exactly one response goes out per request, whoever sends it: `send` (any thread)
+    writes only while the reply is open, and the connection closes it (`close`, on the
+    loop, under the same lock) as soon as the handler returned, before it sends anything
+    itself or the socket can close; a response already sent wins over the one the
+    handler returned (say, a 504 at the deadline). A write the socket does not take
+    whole leaves the rest for the loop to send. Only responses up to 64 KiB are written
+    this way (bigger ones are the loop's, without a copy)."""
+
+    __slots__ = ("_fd", "_lock", "_open", "_server", "_keep_alive", "keep_alive", "sent",
+                 "rest", "broken")
+
+    def __init__(self, fd: int, keep_alive: bool, server: HttpServer) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+        self._open = True
+        self._server = server
+        self._keep_alive = keep_alive
+        self.keep_alive = keep_alive
+        self.sent: Response | None = None  # the response that went out this way
+        self.rest = b""  # what the socket did not take (the loop sends it)
+        self.broken = False  # the write failed: the connection is gone
+
+    def send(self, response: Response) -> bool:
+        """Writes `response` unless the connection already answered or its reply is too
+        big; True when it is this request's answer (the loop sends any rest)."""
+        if len(response.body) > _COALESCE_BYTES:
+            return False
+        with self._lock:
+            if not self._open:
+                return False
+            self._server._count_direct()  # before the client can see it (see `settle`)
+            keep_alive = self._keep_alive and not self._server.draining
+            data = _encode_head(response, keep_alive) + response.body
+            try:
+                written = os.write(self._fd, data)
+            except BlockingIOError:
+                written = 0
+            except OSError:
+                self.broken = True
+                written = len(data)
+            self.rest = data[written:]
+            self.keep_alive = keep_alive
+            self.sent = response
+            self._open = False
+            return True
+
+    def close(self) -> None:
+        """No thread writes to the socket after this returns (on the loop)."""
+        with self._lock:
+            self._open = False
 
 
 @dataclass
@@ -44,14 +143,7 @@ class Request:
     headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
     body: bytes
     arrived: float  # trio clock, when the request head was complete
-
-
-@dataclass
-class Response:
-    status: int
-    body: bytes = b""
-    content_type: str = "application/json"
-    headers: list[tuple[str, str]] = field(default_factory=list)
+    direct: DirectReply | None = None  # another thread may answer it (see DirectReply)
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -164,6 +256,11 @@ class HttpServer:
         # connections without a request in progress, oldest first (evicted at the cap)
         self._waiting: OrderedDict[trio.CancelScope, None] = OrderedDict()
         self._at_cap_logged = False
+        # answers instance threads wrote (under the lock) and those the loop has finished
+        self._direct_lock = threading.Lock()
+        self._direct_written = 0
+        self._direct_finished = 0
+        self._settle_waiters: list[trio.Event] = []
 
     async def serve(self, listeners: list[trio.SocketListener],
                     task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -174,6 +271,28 @@ class HttpServer:
                 nursery.start_soon(self._accept, listener, nursery)
             task_status.started()
         # the accept loops ended (drain); connection tasks finished with the nursery
+
+    def _count_direct(self) -> None:
+        with self._direct_lock:
+            self._direct_written += 1
+
+    def _finished_direct(self) -> None:
+        self._direct_finished += 1
+        waiters, self._settle_waiters = self._settle_waiters, []
+        for event in waiters:
+            event.set()
+
+    async def settle(self, timeout: float = 1.0) -> None:
+        """Returns once every answer an instance thread has written so far was finished on
+        the loop too (its handler returned: metrics and statistics counted it), so what a
+        client already saw is in what it reads next; waits at most `timeout`."""
+        with self._direct_lock:
+            target = self._direct_written
+        with trio.move_on_after(timeout):
+            while self._direct_finished < target:
+                event = trio.Event()
+                self._settle_waiters.append(event)
+                await event.wait()
 
     def drain(self) -> None:
         """Stops accepting, closes idle connections; busy ones close after their answer."""
@@ -226,6 +345,7 @@ class HttpServer:
     async def _connection(self, stream: trio.SocketStream) -> None:
         callbacks = _Callbacks(self.max_body)
         parser = callbacks.parser = httptools.HttpRequestParser(callbacks)
+        _client_gone.set(_gone_probe(stream))  # this task's context: its handlers see it
         self._open += 1
         scope = trio.CancelScope()
         try:
@@ -338,11 +458,26 @@ class HttpServer:
         """Runs the handler on one complete request; False when the connection closes."""
         target = message.target.decode("latin-1")
         body = message.body[0] if len(message.body) == 1 else b"".join(message.body)
+        direct = DirectReply(stream.socket.fileno(), message.keep_alive, self) \
+            if message.method == "POST" else None
         request = Request(message.method, target.split("?", 1)[0], message.headers, body,
-                          message.arrived)
-        response = await self.handler(request)
-        keep_alive = message.keep_alive and not self.draining
-        await self._send(stream, response, keep_alive, message.method == "HEAD")
+                          message.arrived, direct)
+        try:
+            response = await self.handler(request)
+        finally:
+            if direct is not None:
+                direct.close()
+                if direct.sent is not None:
+                    self._finished_direct()
+        if direct is not None and direct.sent is not None:
+            if direct.broken:
+                return False
+            response, keep_alive = direct.sent, direct.keep_alive
+            if direct.rest:
+                await stream.send_all(direct.rest)
+        else:
+            keep_alive = message.keep_alive and not self.draining
+            await self._send(stream, response, keep_alive, message.method == "HEAD")
         if self.access_log:
             try:
                 peer = stream.socket.getpeername()[0]
@@ -354,18 +489,8 @@ class HttpServer:
 
     async def _send(self, stream: trio.SocketStream, response: Response, keep_alive: bool,
                     head_only: bool = False) -> None:
-        try:
-            reason = HTTPStatus(response.status).phrase
-        except ValueError:
-            reason = ""
         body = response.body
-        lines = [f"HTTP/1.1 {response.status} {reason}",
-                 f"content-type: {response.content_type}",
-                 f"content-length: {len(body)}"]
-        lines += [f"{name}: {value}" for name, value in response.headers]
-        if not keep_alive:
-            lines.append("connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        head = _encode_head(response, keep_alive)
         if head_only or not body:
             await stream.send_all(head)
         elif len(body) <= _COALESCE_BYTES:
@@ -379,3 +504,18 @@ class HttpServer:
             await self._send(stream, self.error(status, message), keep_alive=False)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             pass
+
+
+def _encode_head(response: Response, keep_alive: bool) -> bytes:
+    """The status line and headers of `response`."""
+    try:
+        reason = HTTPStatus(response.status).phrase
+    except ValueError:
+        reason = ""
+    lines = [f"HTTP/1.1 {response.status} {reason}",
+             f"content-type: {response.content_type}",
+             f"content-length: {len(response.body)}"]
+    lines += [f"{name}: {value}" for name, value in response.headers]
+    if not keep_alive:
+        lines.append("connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

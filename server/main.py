@@ -103,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="port (default 8000; 0 picks a free one and prints it)")
     p.add_argument("--device", default="task",
                    help="default driver for models whose config names none: task|sync|emu")
+    p.add_argument("--executable-policy", default="any", choices=["any", "portable"],
+                   help="'portable' refuses executables that carry native machine code: "
+                        "only VMVX models load (for model sources not fully trusted)")
     p.add_argument("--max-request-bytes", type=int, default=64 << 20,
                    help="largest request body accepted (413 beyond; default 64 MiB)")
     p.add_argument("--max-timeout", type=float, default=None, metavar="SECONDS",
@@ -148,7 +151,8 @@ async def serve(args: argparse.Namespace) -> int:
     """Runs the server until SIGTERM/SIGINT; returns the exit code."""
     root = args.model_repository or bundled_models_dir()
     try:
-        repository = ModelRepository(root, default_device=args.device)
+        repository = ModelRepository(root, default_device=args.device,
+                                     executable_policy=args.executable_policy)
     except OSError as exc:
         raise StartupError(f"cannot read the model repository {root}: "
                            f"{exc.strerror or exc}") from None
@@ -170,6 +174,7 @@ async def serve(args: argparse.Namespace) -> int:
                       head_timeout=args.request_head_timeout,
                       body_timeout=args.request_body_timeout,
                       max_connections=args.max_connections)
+    server.settle = http.settle
     try:
         listeners = await trio.open_tcp_listeners(args.port, host=args.host)
     except OSError as exc:

@@ -69,7 +69,12 @@ from .batching import BatchingConfig, parse_batching_config
 from .instances import InstanceThread
 from .memory import DeviceMemory
 from .protocol import DATATYPES, InferRequest, ProtocolError, datatype_for_mlir
-from .sequences import SequenceBatcher, SequenceConfig, parse_sequence_config
+from .sequences import (
+    SequenceBatcher,
+    SequenceConfig,
+    StepProgram,
+    parse_sequence_config,
+)
 from .stats import ModelStatistics
 
 log = logging.getLogger("tinyhal.server")
@@ -297,9 +302,12 @@ class ModelVersion:
         program_inputs = [s.name for s in self.inputs]
         self.inputs = [s for s in self.inputs if s.name not in hidden_in]
         self.outputs = [s for s in self.outputs if s.name not in hidden_out]
-        self.sequences = SequenceBatcher(self.name, config, self.max_batch_size, workers,
-                                         program_inputs, max_queue,
-                                         executed=self.stats.executed)
+        programs = [StepProgram(module, self.function, self._device_lock)
+                    for module in self.modules]
+        self.sequences = SequenceBatcher(
+            self.name, config, self.max_batch_size, workers, programs, program_inputs,
+            [(s.name, s.datatype) for s in self.program_outputs], max_queue,
+            executed=self.stats.executed)
 
     def _derive_signature(self, module: Any) -> None:
         publics = list(module.functions)
@@ -402,16 +410,16 @@ class ModelVersion:
         return args
 
     async def infer(self, args: list[Any], deadline: float, label: str,
-                    parameters: dict | None = None
+                    parameters: dict | None = None, respond: Any = None
                     ) -> tuple[list[tuple[str, str, np.ndarray]], float, float]:
         """Runs one request's invocation under admission control (batched with others when
         the model has dynamic batching; a step of its sequence, with the request's
         `parameters`, when it has sequence batching): (results, seconds queued, seconds
-        invoking)."""
+        invoking). `respond` as `Admission.infer`'s (sequence steps do not call it)."""
         if self.sequences is not None:
             return await self.sequences.infer(args, parameters or {}, deadline, label)
         rows = int(args[0].shape[0]) if self.max_batch_size else 1
-        return await self.admission.infer(args, rows, deadline, label)
+        return await self.admission.infer(args, rows, deadline, label, respond)
 
     def _invoke_blocking(self, module: Any, args: list[Any]
                          ) -> list[tuple[str, str, np.ndarray]]:
@@ -580,9 +588,11 @@ class ModelRepository:
     version serving.
     """
 
-    def __init__(self, root: Path | str, default_device: str = "task") -> None:
+    def __init__(self, root: Path | str, default_device: str = "task", *,
+                 executable_policy: str = "any") -> None:
         self.root = Path(root)
         self.default_device = default_device
+        self.executable_policy = executable_policy  # of every device it creates
         self.models: dict[str, dict[str, ModelVersion]] = {}
         self.devices: dict[str, Any] = {}
         self.memory = DeviceMemory()
@@ -735,7 +745,8 @@ class ModelRepository:
         if device is None:
             from ..hal import create_device
 
-            device = self.devices[name] = create_device(name)
+            device = self.devices[name] = create_device(
+                name, executable_policy=self.executable_policy)
             self._device_locks[name] = threading.Lock()
         return device
 

@@ -63,7 +63,13 @@ from collections.abc import Sequence
 from sys import getrefcount
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import Error, InvalidArgumentError, NotFoundError
+from ..errors import (
+    Error,
+    IncompatibleError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
 from ..hal import Device, create_device
 from ..hal.buffer import Buffer, host_block, views_of_block
 from ..hal.buffer_view import BufferView
@@ -330,6 +336,8 @@ class Module:
         except BaseException as exc:
             self.close()
             origin = self.path or "<bytes>"
+            if isinstance(exc, (IncompatibleError, UnavailableError)):
+                _explain_policy(exc, self.devices)
             if isinstance(exc, Error) and not exc.message.startswith(origin):
                 raise exc.with_context(origin) from exc
             raise
@@ -455,13 +463,22 @@ class Module:
             self._park_inputs(made, stacks)
         return outputs
 
-    def invoke_raw(self, name: str, *args: Any) -> list:
-        """Like `invoke` but returns the VM's results as they are (buffer views, ints).
-        Arguments take the general path (no input plans): its callers pass buffer views
-        and numbers, and then nothing here imports numpy."""
+    def invoke_raw(self, name: str, *args: Any, wait: Fence | None = None) -> list:
+        """Like `invoke` but returns the VM's results as they are (buffer views, ints):
+        device-resident values a later call can take as arguments without a host copy.
+        `wait` (a `Fence`) is what the call's device work must wait for: the wait fence
+        of a coarse-fences function (the device orders the work, the host does not
+        wait), else waited for on the host before the call. Arguments take the general
+        path (no input plans): its callers pass buffer views and numbers, and then
+        nothing here imports numpy."""
         info, vmf = self._lookup(name)
         vm_args = self._convert_inputs(info, args)
-        signal = self._append_fences(vm_args) if info.is_async else None
+        if info.is_async:
+            signal = self._append_fences(vm_args, wait)
+        else:
+            signal = None
+            if wait is not None:
+                wait.wait()
         results = self.context.invoke(vmf, vm_args)
         if signal is not None:
             signal.wait()
@@ -507,8 +524,9 @@ class Module:
                     and len(stacks[index]) < _IDLE_INPUTS_PER_ARGUMENT):
                 stacks[index].append(view)
 
-    def _append_fences(self, vm_args: list) -> Fence:
-        wait = Fence()
+    def _append_fences(self, vm_args: list, wait: Fence | None = None) -> Fence:
+        if wait is None:
+            wait = Fence()
         signal = Fence.single(self.device.create_semaphore(0), 1)
         vm_args.append(wait)
         vm_args.append(signal)
@@ -884,6 +902,20 @@ def _parameters_module(parameters: Any, bytecode: BytecodeModule,
     return [create_io_parameters_module(parameters)]
 
 
+def _explain_policy(exc: Error, devices: list[Device]) -> None:
+    """Says why a device was unavailable (or, inline, no executable loadable) when an
+    executable policy refused the formats the program's executables come in: the
+    program itself only finds nothing it can use."""
+    refusing = sorted({d.executable_policy for d in devices} - {"any"})
+    if refusing:
+        from ..hal.executable import FORMATS
+
+        exc.message += (f" (the device's executable policy {refusing[0]!r} refuses "
+                        f"executables with native machine code: {', '.join(FORMATS)}; "
+                        "compile with --iree-hal-local-target-device-backends=vmvx)")
+        exc.args = (exc.message,)
+
+
 def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (),
          parameters: Any = None, mapped: bool = False, **options: Any) -> Module:
     """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`), or
@@ -911,6 +943,12 @@ def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (
     mapping `{scope: path | ParameterIndex | {key: array} | [several]}`; see
     `tinyhal.vm.io_parameters.parameter_scopes`. `Module.parameter_statistics()` tells
     the parameter memory the program holds.
+
+    Driver options pass through to the device made here, among them
+    `executable_policy="portable"`: the device then loads only executables without
+    machine code (VMVX, `--iree-hal-local-target-device-backends=vmvx`), so a model whose
+    source is not fully trusted runs without running its machine code; a program with
+    only native executables fails with the policy named.
     """
     return Module(path_or_bytes, device, modules=modules, parameters=parameters,
                   mapped=mapped, **options)

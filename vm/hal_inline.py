@@ -36,7 +36,7 @@ from ..errors import (
 from ..hal.buffer import Buffer
 from ..hal.buffer_view import BufferView
 from ..hal.device import Device
-from ..hal.executable import FORMATS, Executable
+from ..hal.executable import Executable, executable_formats
 from ..hal.types import BufferUsage, MemoryType
 from .hal_module import create_hal_module
 from .native import NativeModule, RefType, ref_type_error
@@ -198,13 +198,13 @@ HAL_INLINE_EXPORTS: tuple[Export, ...] = (
 
 
 def executable_query_support(state: InlineState, executable_format: VMBuffer) -> int:
-    return int(_text(executable_format) in FORMATS)
+    return state.device.query("hal.executable.format", _text(executable_format))
 
 
 def executable_load(state: InlineState, executable_format: VMBuffer, data: VMBuffer,
                     constants: VMBuffer | None) -> Executable:
     fmt = _text(executable_format)
-    if fmt not in FORMATS:
+    if fmt not in executable_formats():
         raise NotFoundError(
             f"no executable loader registered for the given executable format '{fmt}'")
     if constants is not None and len(constants.data):

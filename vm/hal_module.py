@@ -53,7 +53,7 @@ from ..hal.buffer_view import BufferView
 from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
 from ..hal.elf import parse_elf
-from ..hal.executable import FORMATS, Executable
+from ..hal.executable import Executable, executable_formats
 from ..hal.semaphore import Fence, Semaphore
 from ..hal.types import (
     WHOLE_BUFFER,
@@ -723,11 +723,11 @@ def executable_create(state: HalModuleState, device, queue_affinity, executable_
     if not isinstance(device, Device):
         device = _checked(device, _DEVICE)
     format_str = vm_buffer_string(executable_format)
-    if format_str not in FORMATS:
+    if format_str not in executable_formats():
         raise error_for_code(
             StatusCode.NOT_FOUND,
             f"no executable loader can load format `{format_str}`; tinyhal loads "
-            + ", ".join(FORMATS),
+            + ", ".join(executable_formats()),
         )
     if constants is not None and vm_buffer_view(constants).nbytes:
         size = vm_buffer_view(constants).nbytes

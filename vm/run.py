@@ -44,6 +44,11 @@ Several `--device=` flags give a program compiled for several devices
 (`--iree-hal-target-device=a=local[0] --iree-hal-target-device=b=local[1]`) its
 devices in order; drivers may be mixed (`--device=task --device=emu://edge-npu`).
 
+`--executable_policy=portable` (tinyhal's own flag) makes every device refuse executables
+that carry native machine code: a program compiled for VMVX
+(`--iree-hal-local-target-device-backends=vmvx`) runs, one with llvm-cpu executables
+fails with PERMISSION_DENIED naming the executable and the policy.
+
 `--native_module=package.module:factory` (repeatable) links a native module written in
 Python: `factory(device)` returns a `tinyhal.vm.NativeModule`.
 
@@ -76,6 +81,7 @@ from ..errors import (
     UnimplementedError,
 )
 from ..hal.buffer_view import BufferView
+from ..hal.executable import EXECUTABLE_POLICIES
 from ..hal.text import (
     dense_byte_count,
     format_buffer_elements,
@@ -629,6 +635,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--expected_rtol", type=float, default=1e-5)
     p.add_argument("--device", action="append", default=[],
                    help="sync, task or emu (local-sync/local-task accepted)")
+    p.add_argument("--executable_policy", default="any", choices=EXECUTABLE_POLICIES,
+                   help="which executables the devices load: 'any', or 'portable' to "
+                        "refuse executables that carry native machine code (VMVX only)")
     p.add_argument("--output_max_element_count", type=int, default=1024)
     p.add_argument("--device_profiling_mode", default="",
                    help="profile the device during the call: comma-separated modes "
@@ -679,9 +688,11 @@ def _device_options(name: str) -> dict[str, Any]:
     return {}
 
 
-def _create_devices(flags: list[str], task: dict[str, str]) -> list[Any]:
+def _create_devices(flags: list[str], task: dict[str, str], policy: str = "any"
+                    ) -> list[Any]:
     """One device per `--device=` flag, in order (the task driver without one), as IREE
-    gives a program compiled for several devices its devices in flag order."""
+    gives a program compiled for several devices its devices in flag order; each with
+    executable policy `policy`."""
     from ..hal import create_device
 
     devices: list[Any] = []
@@ -689,7 +700,8 @@ def _create_devices(flags: list[str], task: dict[str, str]) -> list[Any]:
         for flag in flags or ["task"]:
             driver = device_name(flag)
             devices.append(create_device(driver, **_device_options(flag),
-                                         **task_options(task, driver)))
+                                         **task_options(task, driver),
+                                         executable_policy=policy))
     except BaseException:
         for device in devices:
             device.close()
@@ -748,7 +760,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                 f"--device_profiling_output={profile_output}: the extension picks the format, "
                 "'.json' (Chrome trace) or '.jsonl' (ireeperf-jsonl)")
         task = {n: getattr(args, n) for n in TASK_FLAGS if getattr(args, n) is not None}
-        devices = _create_devices(args.device, task)
+        devices = _create_devices(args.device, task, args.executable_policy)
         module = Module(path, devices if len(devices) > 1 else devices[0], modules=factories,
                         parameters=parameter_flags(args.parameters, args.parameter_mode))
         name = args.function

@@ -105,7 +105,10 @@ def test_executable_load_formats(device, elementwise_executable_bytes, tmp_path)
     path.write_bytes(elementwise_executable_bytes)
     assert device.load_executable(path) is exe  # cached by content
     assert device.query("hal.executable.format", exe.format) == 1
-    assert device.query("hal.executable.format", "vmvx-bytecode-fb") == 0
+    import tinyhal.vm  # noqa: F401 - registers the VMVX loader with the HAL
+
+    assert device.query("hal.executable.format", "vmvx-bytecode-fb") == 1
+    assert device.query("hal.executable.format", "spirv-fb") == 0
 
 
 def test_truncated_and_non_elf_executables(device, elementwise_executable_bytes):

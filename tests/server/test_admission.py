@@ -85,12 +85,40 @@ def test_the_next_batch_takes_everything_queued():
     trio.run(main)
 
 
+def test_requests_arriving_together_form_one_batch_once_requests_come_in_company():
+    async def main() -> None:
+        model = Model()
+        admission = _admission(model, BatchingConfig(16, 0))
+
+        async def wave(n: int, base: int) -> None:
+            async with trio.open_nursery() as nursery:  # all ready in one scheduler pass
+                for i in range(n):
+                    nursery.start_soon(admission.infer, _row(base + i), 1, math.inf,
+                                       f"r{base + i}")
+
+        # a lone request starts at once: the first of a wave runs alone, the rest after
+        await admission.infer(_row(0), 1, math.inf, "lone")
+        await wave(5, 10)
+        assert model.executions == [1, 1, 4]
+        # the last execution had company: the next wave waits for the pass and runs whole
+        await wave(5, 20)
+        assert model.executions[3:] == [5]
+        admission.close()
+        await admission.wait_idle()
+        admission.stop()
+
+    trio.run(main)
+
+
 def test_queue_delay_is_waited_out_and_a_full_batch_ends_it():
     async def main() -> None:
         model = Model()
         admission = _admission(model, BatchingConfig(4, 20_000))  # 20 ms
         _, queued, _ = await admission.infer(_row(1), 1, math.inf, "alone")
         assert queued >= 0.020  # waited out the delay for more rows
+        for i in range(5):  # the timer is armed early by its mean lateness: at most half
+            _, queued, _ = await admission.infer(_row(1), 1, math.inf, f"again {i}")
+            assert queued >= 0.010
         slow = _admission(model, BatchingConfig(4, 60_000_000))  # a minute
         with trio.fail_after(30):  # rows reaching max_batch_size end the wait at once
             async with trio.open_nursery() as nursery:
