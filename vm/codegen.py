@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from types import GeneratorType
 
 from ..errors import InvalidArgumentError, OutOfRangeError
-from . import isa, ops, record_blocks, regflow, scalar
+from . import isa, ops, record_blocks, scalar
 from .cconv import cconv_registers
 from .native import Suspend
 
@@ -340,6 +340,8 @@ class _Gen:
         self.loop_mode = False
         self.self_loop_used = False
         self.inlining = False
+        from . import regflow  # the translator's analysis: a warm cache never imports it
+
         self.flow = regflow.Flow()
         self.pending: dict[str, tuple[str, bool]] = {}  # fused ring results (expr, bounded)
         self.pending_cond: tuple[str, str] | None = None  # folded compare (register, cond)
@@ -414,6 +416,8 @@ class _Gen:
         self.lines.append((indent, text, pc))
 
     def remap(self, ins, pairs, indent: int) -> None:
+        from . import regflow
+
         skipped = self.flow.skipped_pairs.get(ins.pc, ())
         if regflow.slot_hazard(pairs):
             self.remap_slots(ins, [p for p in pairs if not p[0] & isa.REF_BIT], indent)
@@ -600,6 +604,8 @@ class _Gen:
         return self.lines
 
     def generate(self) -> list[tuple[int, str, int]]:
+        from . import regflow
+
         fn = self.fn
         instrs = fn.instructions
         if not instrs or instrs[0].name != "block":
@@ -687,6 +693,8 @@ class _Gen:
 
     # -- one instruction
     def instruction(self, ins, ind: int) -> None:
+        from . import regflow
+
         name = ins.name
         f = ins.fields
         pc = ins.pc
