@@ -768,9 +768,11 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         stdout.flush()
         arguments = [_as_argument(module, v) for v in values]
         if profile_output:
-            with module.device.profiling(args.device_profiling_mode or None) as profile:
+            from ..hal.profile import write_profiles  # only a profiling run pays for json
+
+            with module.profiling(args.device_profiling_mode or None) as profiles:
                 results = module.invoke_raw(name, *arguments)
-            profile.write(profile_output)
+            write_profiles(profiles, profile_output)
         else:
             results = module.invoke_raw(name, *arguments)
         if args.emu_summary:
