@@ -411,6 +411,17 @@ class EmuDevice(Device):
     def queue_count(self) -> int:
         return self._queue_count
 
+    def queue_for_affinity(self, affinity: int) -> int:
+        """IREE's accelerator rule (its amdgpu driver): the mask ANDed with the device's
+        queues, the first set bit; ANY (-1) is queue 0, and a mask naming none of this
+        device's queues is INVALID_ARGUMENT."""
+        mask = affinity & ((1 << self._queue_count) - 1)
+        if not mask:
+            raise InvalidArgumentError(
+                f"queue affinity {affinity & 0xFFFF_FFFF_FFFF_FFFF:#x} names none of the "
+                f"{self._queue_count} queue(s) of {self!r}: no valid queue affinity bits")
+        return (mask & -mask).bit_length() - 1
+
     @property
     def concurrency(self) -> int:
         """Host threads a dispatch's workgroups spread over (processor ids 0..n-1)."""
