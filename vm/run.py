@@ -660,11 +660,19 @@ def device_name(name: str) -> str:
 
 
 def _device_options(name: str) -> dict[str, Any]:
-    """`emu://PRESET` picks an emulator preset (e.g. `--device=emu://edge-npu`)."""
+    """`emu://PRESET` picks an emulator preset (e.g. `--device=emu://edge-npu`) and
+    `emu://PRESET?queues=N` its queue count (`emu://?queues=2` on the default preset)."""
     driver, sep, rest = name.strip().partition("://")
-    if sep and rest and driver == "emu":
-        return {"preset": rest.strip("/")}
-    return {}
+    if not (sep and rest and driver == "emu"):
+        return {}
+    path, _, query = rest.partition("?")
+    options: dict[str, Any] = {"preset": path.strip("/")} if path.strip("/") else {}
+    for key, _, value in (item.partition("=") for item in query.split("&") if item):
+        if key != "queues" or not value.isdigit():
+            raise InvalidArgumentError(
+                f"--device={name}: the emu device takes `?queues=N` (N >= 1), not `{key}`")
+        options["queues"] = int(value)
+    return options
 
 
 def _create_devices(flags: list[str], task: dict[str, str], policy: str = "any"

@@ -413,13 +413,13 @@ class EmuDevice(Device):
 
     def queue_for_affinity(self, affinity: int) -> int:
         """IREE's accelerator rule (its amdgpu driver): the mask ANDed with the device's
-        queues, the first set bit; ANY (-1) is queue 0, and a mask naming none of this
-        device's queues is INVALID_ARGUMENT."""
+        queues, the first set bit, so ANY (-1) is queue 0. A mask naming none of this
+        device's queues (a program placed for more queues than the model has) falls back
+        to IREE's CPU rule rather than failing, so every program IREE's CPU devices run
+        also runs here."""
         mask = affinity & ((1 << self._queue_count) - 1)
         if not mask:
-            raise InvalidArgumentError(
-                f"queue affinity {affinity & 0xFFFF_FFFF_FFFF_FFFF:#x} names none of the "
-                f"{self._queue_count} queue(s) of {self!r}: no valid queue affinity bits")
+            return super().queue_for_affinity(affinity)
         return (mask & -mask).bit_length() - 1
 
     @property
