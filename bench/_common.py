@@ -112,10 +112,11 @@ class ServerProcess:
         return self.proc.returncode
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process so far (Linux /proc); 0 once it is gone."""
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds of one process (or of its thread `tid`) so far (Linux
+    /proc); 0 once it is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0

@@ -21,9 +21,11 @@ sequences join and leave all the time. Each round runs every (N, server) cell, t
 order rotating from round to round; a figure is the median over rounds. Per cell: steps/s,
 p50 and p99 per step (ms), errors, mean batch size (statistics endpoint), server CPU per
 step (/proc, Triton's stub processes included), the load average, and for tinyhal-serve
-where an execution's host time goes (gather, invoke, scatter, respond: microseconds per
-step, from the model's `sequence_stats`). Before any load, every server runs the same
-sequence and must answer with the same bits.
+the CPU of its event-loop thread per step (HTTP, scheduling; the rest is the instance
+threads'), where an execution's host time goes (gather, invoke, scatter, respond:
+microseconds per step, from the model's `sequence_stats`, wall time) and the share of
+executions whose state input was a view of the rows where they were (`in_place_pct`).
+Before any load, every server runs the same sequence and must answer with the same bits.
 
     pip install -e '.[bench-triton]'
     python bench/serve_sequences.py [--seconds 4] [--rounds 3] [--sequences 1,8,32,64]
@@ -51,7 +53,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import ServerProcess, free_port, print_table, write_results  # noqa: E402
+from _common import (  # noqa: E402
+    ServerProcess,
+    cpu_seconds,
+    free_port,
+    print_table,
+    write_results,
+)
 from serve_triton import Skipped, TritonInstall  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -218,23 +226,32 @@ def _statistics(server: ServerProcess) -> dict[str, float]:
               "fail": entry["inference_stats"]["fail"]["count"]}
     for phase, value in entry.get("sequence_stats", {}).get("host", {}).items():
         totals[f"{phase}_ns"] = value["ns"]
+    for key, value in entry.get("sequence_stats", {}).get("state_gathers", {}).items():
+        totals[f"gathers_{key}"] = value
     return totals
 
 
 def measure(server: ServerProcess, n: int, steps: int, seconds: float, base_id: int
             ) -> dict[str, Any]:
-    stats0, cpu0 = _statistics(server), server.cpu_seconds()
+    pid = server.proc.pid
+    stats0, cpu0, loop0 = _statistics(server), server.cpu_seconds(), cpu_seconds(pid, pid)
     result = asyncio.run(_sequences(server.port, n, steps, seconds, base_id))
     cpu, stats1 = server.cpu_seconds() - cpu0, _statistics(server)
+    loop = cpu_seconds(pid, pid) - loop0
     delta = {k: stats1[k] - stats0.get(k, 0) for k in stats1}
     done = result["steps"]
     result["errors"] += int(delta["fail"])
     result["batch"] = delta["inferences"] / delta["executions"] if delta["executions"] \
         else float("nan")
     result["cpu_us"] = 1e6 * cpu / done if done else float("nan")
+    if server.name.startswith("tinyhal"):  # its event loop is the main thread
+        result["loop_cpu_us"] = 1e6 * loop / done if done else float("nan")
     for phase in ("gather", "invoke", "scatter", "respond"):
         if f"{phase}_ns" in delta and delta["inferences"]:
             result[f"{phase}_us"] = delta[f"{phase}_ns"] / 1e3 / delta["inferences"]
+    gathers = delta.get("gathers_in_place", 0) + delta.get("gathers_copied", 0)
+    if gathers:  # executions whose state input was a view of the rows where they were
+        result["in_place_pct"] = 100 * delta["gathers_in_place"] / gathers
     result["load1"] = os.getloadavg()[0]
     return result
 
@@ -352,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratios, "triton_skipped": skipped,
         "settings": {"seconds": args.seconds, "rounds": args.rounds, "steps": args.steps}})
     print_table(rows, ["sequences", "server", "steps_s", "p50_ms", "p99_ms", "batch",
-                       "cpu_us", "gather_us", "invoke_us", "scatter_us", "respond_us",
-                       "errors", "load1"])
+                       "cpu_us", "loop_cpu_us", "gather_us", "invoke_us", "scatter_us",
+                       "respond_us",
+                       "in_place_pct", "errors", "load1"])
     print()
     print_table(ratios, ["sequences", "vs_unbatched_steps", "vs_unbatched_p99",
                          "vs_triton_steps", "vs_triton_p99"])

@@ -8,6 +8,11 @@ request until `keep_alive_timeout` of idleness. Nothing sits between the socket 
 handler: no ASGI, no routing framework, no per-request middleware stack. (h11 did the same
 job at about 150 us of Python per request; llhttp does it in a few.)
 
+A handler that waits long can ask whether its client is still there: the function
+`client_gone_probe()` returns (the probe of the connection its task serves) tells,
+without reading, whether the peer closed or reset the connection, which the loop itself
+only sees when it next reads.
+
 Draining (`HttpServer.drain()`): the listeners close at once (new connections are refused),
 connections idle between requests close, and a connection with a request in progress
 answers it with `Connection: close`.
@@ -15,8 +20,10 @@ answers it with `Connection: close`.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import logging
+import select
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,7 +34,7 @@ import trio
 
 log = logging.getLogger("tinyhal.server")
 
-__all__ = ["HttpServer", "Request", "Response"]
+__all__ = ["HttpServer", "Request", "Response", "client_gone_probe"]
 
 _READ_SIZE = 64 << 10
 _MAX_HEAD_BYTES = 64 << 10
@@ -35,6 +42,30 @@ _COALESCE_BYTES = 64 << 10
 _LINGER_SECONDS = 1.0
 _LINGER_BYTES = 16 << 20
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# peer closed (its FIN: POLLRDHUP, Linux), reset or failed; data waiting is not "gone"
+_GONE_EVENTS = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+_client_gone: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "tinyhal_client_gone", default=None)
+
+
+def client_gone_probe() -> Callable[[], bool] | None:
+    """For a handler's task: a function telling, at once and without reading, whether
+    the client of the request being handled closed or reset its connection (a client
+    that only shut down its sending side counts as gone); None outside a connection."""
+    return _client_gone.get()
+
+
+def _gone_probe(stream: trio.SocketStream) -> Callable[[], bool]:
+    fd = stream.socket.fileno()
+
+    def gone() -> bool:
+        if stream.socket.fileno() != fd:  # closed here
+            return True
+        poller = select.poll()
+        poller.register(fd, _GONE_EVENTS)
+        return bool(poller.poll(0))
+
+    return gone
 
 
 @dataclass
@@ -226,6 +257,7 @@ class HttpServer:
     async def _connection(self, stream: trio.SocketStream) -> None:
         callbacks = _Callbacks(self.max_body)
         parser = callbacks.parser = httptools.HttpRequestParser(callbacks)
+        _client_gone.set(_gone_probe(stream))  # this task's context: its handlers see it
         self._open += 1
         scope = trio.CancelScope()
         try:

@@ -69,7 +69,12 @@ from .batching import BatchingConfig, parse_batching_config
 from .instances import InstanceThread
 from .memory import DeviceMemory
 from .protocol import DATATYPES, InferRequest, ProtocolError, datatype_for_mlir
-from .sequences import SequenceBatcher, SequenceConfig, parse_sequence_config
+from .sequences import (
+    SequenceBatcher,
+    SequenceConfig,
+    StepProgram,
+    parse_sequence_config,
+)
 from .stats import ModelStatistics
 
 log = logging.getLogger("tinyhal.server")
@@ -297,9 +302,12 @@ class ModelVersion:
         program_inputs = [s.name for s in self.inputs]
         self.inputs = [s for s in self.inputs if s.name not in hidden_in]
         self.outputs = [s for s in self.outputs if s.name not in hidden_out]
-        self.sequences = SequenceBatcher(self.name, config, self.max_batch_size, workers,
-                                         program_inputs, max_queue,
-                                         executed=self.stats.executed)
+        programs = [StepProgram(module, self.function, self._device_lock)
+                    for module in self.modules]
+        self.sequences = SequenceBatcher(
+            self.name, config, self.max_batch_size, workers, programs, program_inputs,
+            [(s.name, s.datatype) for s in self.program_outputs], max_queue,
+            executed=self.stats.executed)
 
     def _derive_signature(self, module: Any) -> None:
         publics = list(module.functions)

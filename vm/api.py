@@ -466,11 +466,20 @@ class Module:
             self._park_inputs(made, stacks)
         return outputs
 
-    def invoke_raw(self, name: str, *args: Any) -> list:
-        """Like `invoke` but returns the VM's results as they are (buffer views, ints)."""
+    def invoke_raw(self, name: str, *args: Any, wait: Fence | None = None) -> list:
+        """Like `invoke` but returns the VM's results as they are (buffer views, ints):
+        device-resident values a later call can take as arguments without a host copy.
+        `wait` (a `Fence`) is what the call's device work must wait for: the wait fence
+        of a coarse-fences function (the device orders the work, the host does not
+        wait), else waited for on the host before the call."""
         info, vmf, plans, _stacks = self._resolved.get(name) or self._resolve(name)
         vm_args = self._convert_inputs(info, args, plans)
-        signal = self._append_fences(vm_args) if info.is_async else None
+        if info.is_async:
+            signal = self._append_fences(vm_args, wait)
+        else:
+            signal = None
+            if wait is not None:
+                wait.wait()
         results = self.context.invoke(vmf, vm_args)
         if signal is not None:
             signal.wait()
@@ -513,8 +522,9 @@ class Module:
                     and len(stacks[index]) < _IDLE_INPUTS_PER_ARGUMENT):
                 stacks[index].append(view)
 
-    def _append_fences(self, vm_args: list) -> Fence:
-        wait = Fence()
+    def _append_fences(self, vm_args: list, wait: Fence | None = None) -> Fence:
+        if wait is None:
+            wait = Fence()
         signal = Fence.single(self.device.create_semaphore(0), 1)
         vm_args.append(wait)
         vm_args.append(signal)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -104,6 +105,47 @@ CONTROL_CONFIG = {
     },
 }
 
+# Y = S + X * READY (and the new state S); N reports the rows of the execution
+DIRECT_MLIR = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @f(%x: tensor<?x1xf32> {iree.abi.name = "X"},
+             %ready: tensor<?x1xi32> {iree.abi.name = "READY"},
+             %s: tensor<?x1xf32> {iree.abi.name = "S_IN"})
+    -> (tensor<?x1xf32> {iree.abi.name = "Y"}, tensor<?x1xf32> {iree.abi.name = "N"},
+        tensor<?x1xf32> {iree.abi.name = "S_OUT"}) {
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %x, %c0 : tensor<?x1xf32>
+  %e = tensor.empty(%n) : tensor<?x1xf32>
+  %y = linalg.generic {indexing_maps = [#id, #id, #id, #id],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%x, %ready, %s : tensor<?x1xf32>, tensor<?x1xi32>, tensor<?x1xf32>)
+      outs(%e : tensor<?x1xf32>) {
+  ^bb0(%a: f32, %r: i32, %b: f32, %o: f32):
+    %rf = arith.sitofp %r : i32 to f32
+    %ar = arith.mulf %a, %rf : f32
+    %t = arith.addf %ar, %b : f32
+    linalg.yield %t : f32
+  } -> tensor<?x1xf32>
+  %ni = arith.index_cast %n : index to i64
+  %nf = arith.sitofp %ni : i64 to f32
+  %e2 = tensor.empty(%n) : tensor<?x1xf32>
+  %rows = linalg.fill ins(%nf : f32) outs(%e2 : tensor<?x1xf32>) -> tensor<?x1xf32>
+  return %y, %rows, %y : tensor<?x1xf32>, tensor<?x1xf32>, tensor<?x1xf32>
+}
+"""
+
+DIRECT_CONFIG = {
+    "function": "f", "device": "sync", "max_batch_size": 4,
+    "sequence_batching": {
+        "max_sequence_idle_microseconds": 30000000, "direct": {},
+        "control_input": [{"name": "READY", "control": [
+            {"kind": "CONTROL_SEQUENCE_READY", "int32_false_true": [0, 1]}]}],
+        "state": [{"input_name": "S_IN", "output_name": "S_OUT", "data_type": "TYPE_FP32",
+                   "dims": [1], "initial_state": [{"data_type": "TYPE_FP32", "dims": [1],
+                                                   "zero_data": True, "name": "z"}]}],
+    },
+}
+
 IDLE_US = 300_000
 
 
@@ -113,6 +155,15 @@ def _gru_config(**changes) -> dict:
     return config
 
 
+def _gru_async() -> Path:
+    """The gru_step sample compiled with the coarse-fences ABI: `step` takes a wait and a
+    signal fence, so its state gathers are ordered before it on the device."""
+    from tinyhal.server.models.build_samples import gru_step
+
+    mlir, _ = gru_step()
+    return compile_mlir(mlir, HOST_FLAGS + ["--iree-execution-model=async-external"])
+
+
 @pytest.fixture(scope="module")
 def seq_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("seqrepo")
@@ -120,7 +171,23 @@ def seq_server(tmp_path_factory):
     write_model(root, "gru_short", GRU, _gru_config(max_sequence_idle_microseconds=IDLE_US))
     write_model(root, "gru_one", GRU, _gru_config(
         max_sequence_idle_microseconds=IDLE_US, oldest={"max_candidate_sequences": 1}))
+    # every step waits out a queue delay (nobody fills a batch of 4): time to hang up
+    write_model(root, "gru_wait", GRU, _gru_config(
+        max_sequence_idle_microseconds=60_000_000,
+        oldest={"max_candidate_sequences": 2, "max_queue_delay_microseconds": 1_000_000,
+                "preferred_batch_size": [4]}))
+    write_model(root, "gru_pref", GRU, _gru_config(
+        oldest={"max_candidate_sequences": 16, "preferred_batch_size": [2]}))
+    # 8 starts run as one batch (they wait for each other up to 1 s)
+    write_model(root, "gru_pack", GRU, _gru_config(
+        max_sequence_idle_microseconds=2_000_000,
+        oldest={"max_candidate_sequences": 16, "max_queue_delay_microseconds": 1_000_000,
+                "preferred_batch_size": [8]}))
+    for driver in ("task", "emu"):
+        write_model(root, f"gru_{driver}", GRU, {**_gru_config(), "device": driver})
+    write_model(root, "gru_async", _gru_async(), {**_gru_config(), "device": "task"})
     write_model(root, "acc", compile_mlir(CONTROL_MLIR, HOST_FLAGS), CONTROL_CONFIG)
+    write_model(root, "direct", compile_mlir(DIRECT_MLIR, HOST_FLAGS), DIRECT_CONFIG)
     (root / "acc" / "1" / "initial_state").mkdir()
     (root / "acc" / "1" / "initial_state" / "hundred").write_bytes(
         np.float32(100).tobytes())
@@ -148,32 +215,42 @@ def _error(fn) -> str:
     return info.value.message()
 
 
-def test_32_interleaved_sequences_match_each_sequence_alone(seq_server):
-    rng = np.random.default_rng(7)
-    lengths = [1 + (i * 7) % 13 for i in range(32)]
-    inputs = [rng.normal(size=(n, 1, 8)).astype(np.float32) for n in lengths]
-    got: list[list[np.ndarray]] = [[] for _ in lengths]
+def _run_sequences(server, model: str, inputs: list, first_id: int, end: bool = True
+                   ) -> list[list[np.ndarray]]:
+    """Runs sequence i (ids from `first_id`) over `inputs[i]` (one step each, the last
+    with sequence_end if `end`), all sequences at once from their own threads and
+    clients; the OUTPUT of every step."""
+    got: list[list[np.ndarray]] = [[] for _ in inputs]
     errors: list[BaseException] = []
-    before = _stats(httpclient.InferenceServerClient(seq_server.url), "gru_step")
-    barrier = threading.Barrier(len(lengths))
+    barrier = threading.Barrier(len(inputs))
 
     def run(i: int) -> None:
         try:
-            client = httpclient.InferenceServerClient(seq_server.url, network_timeout=60)
+            client = httpclient.InferenceServerClient(server.url, network_timeout=60)
             barrier.wait(timeout=30)
             for k, x in enumerate(inputs[i]):
-                result = _step(client, "gru_step", x, sequence_id=1000 + i,
-                               sequence_start=k == 0, sequence_end=k == lengths[i] - 1)
+                result = _step(client, model, x, sequence_id=first_id + i,
+                               sequence_start=k == 0,
+                               sequence_end=end and k == len(inputs[i]) - 1)
                 got[i].append(result.as_numpy("OUTPUT"))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(lengths))]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(inputs))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
     assert not errors, errors[0]
+    return got
+
+
+def test_32_interleaved_sequences_match_each_sequence_alone(seq_server):
+    rng = np.random.default_rng(7)
+    lengths = [1 + (i * 7) % 13 for i in range(32)]
+    inputs = [rng.normal(size=(n, 1, 8)).astype(np.float32) for n in lengths]
+    before = _stats(httpclient.InferenceServerClient(seq_server.url), "gru_step")
+    got = _run_sequences(seq_server, "gru_step", inputs, 1000)
 
     module = tinyhal.load(GRU.read_bytes(), device="sync")
     import iree.runtime as ireert
@@ -201,6 +278,7 @@ def test_32_interleaved_sequences_match_each_sequence_alone(seq_server):
     seq = after["sequence_stats"]
     assert seq["live_sequences"] == 0 and seq["slots_in_use"] == 0
     assert seq["host"]["invoke"]["count"] >= executions
+    assert seq["state_gathers"]["in_place"] > 0  # a batch's rows where its last left them
     labels = (("model", "gru_step"), ("version", "1"))
     metrics = seq_server.metrics()
     assert metrics[("tinyhal_sequences_live", labels)] == 0
@@ -210,6 +288,74 @@ def test_32_interleaved_sequences_match_each_sequence_alone(seq_server):
         after["execution_count"]
     assert metrics[("tinyhal_sequence_host_seconds_total",
                     (("model", "gru_step"), ("phase", "invoke"), ("version", "1")))] > 0
+
+
+def _alone(xs: list[np.ndarray], vmfb: Path = GRU) -> list[np.ndarray]:
+    """The OUTPUT of each step of one sequence run alone through tinyhal.load."""
+    module = tinyhal.load(vmfb.read_bytes(), device="sync")
+    h = np.zeros((1, 16), np.float32)
+    out = []
+    for x in xs:
+        y, h = module.invoke("step", x, h)
+        out.append(y)
+    return out
+
+
+@pytest.mark.parametrize("model", ["gru_task", "gru_emu", "gru_async"])
+def test_state_on_each_driver_matches_each_sequence_alone(seq_server, model):
+    """On `emu` the host cannot map device memory: the state never passes through it.
+    `gru_async` (coarse-fences) waits for its state gathers on the device."""
+    rng = np.random.default_rng(11)
+    inputs = [list(rng.normal(size=(3 + i % 4, 1, 8)).astype(np.float32)) for i in range(6)]
+    got = _run_sequences(seq_server, model, inputs, 50)
+    vmfb = _gru_async() if model == "gru_async" else GRU  # its own numerics
+    for i, xs in enumerate(inputs):
+        for k, want in enumerate(_alone(xs, vmfb)):
+            assert np.array_equal(got[i][k], want), (model, i, k)
+    seq = _stats(httpclient.InferenceServerClient(seq_server.url), model)["sequence_stats"]
+    assert seq["live_sequences"] == 0 and seq["slots_in_use"] == 0
+
+
+def test_preferred_batch_size_cuts_batches(seq_server):
+    rng = np.random.default_rng(5)
+    inputs = [list(rng.normal(size=(4, 1, 8)).astype(np.float32)) for _ in range(6)]
+    got = _run_sequences(seq_server, "gru_pref", inputs, 70)
+    for i, xs in enumerate(inputs):
+        for k, want in enumerate(_alone(xs)):
+            assert np.array_equal(got[i][k], want), (i, k)
+    batches = _stats(httpclient.InferenceServerClient(seq_server.url), "gru_pref")[
+        "batch_stats"]
+    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == 24
+    assert max(b["batch_size"] for b in batches) <= 2  # 6 ready are taken 2 at a time
+
+
+def test_a_lone_sequence_stops_keeping_its_batch_outputs_alive(seq_server):
+    """8 sequences step together: their states are the rows of one output. When 7 have
+    ended, the 8th is copied to a buffer of its own (its state unchanged)."""
+    rng = np.random.default_rng(3)
+    xs = [list(rng.normal(size=(2, 1, 8)).astype(np.float32)) for _ in range(8)]
+    starts = _run_sequences(seq_server, "gru_pack", [x[:1] for x in xs], 90, end=False)
+    client = httpclient.InferenceServerClient(seq_server.url, network_timeout=30)
+    row = 16 * 4
+    seq = _stats(client, "gru_pack")["sequence_stats"]
+    assert seq["state_bytes_reserved"] == 64 * row + 8 * row  # initial rows, one batch
+    threads = [threading.Thread(target=_step, args=(
+        httpclient.InferenceServerClient(seq_server.url, network_timeout=30), "gru_pack",
+        xs[i][1]), kwargs={"sequence_id": 90 + i, "sequence_end": True}) for i in range(1, 8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    deadline = time.monotonic() + 30
+    while _stats(client, "gru_pack")["sequence_stats"]["state_bytes_reserved"] > \
+            64 * row + row and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seq = _stats(client, "gru_pack")["sequence_stats"]
+    assert seq["live_sequences"] == 1 and seq["state_bytes_reserved"] == 64 * row + row
+    last = _step(client, "gru_pack", xs[0][1], sequence_id=90, sequence_end=True)
+    want = _alone(xs[0])
+    assert np.array_equal(starts[0][0], want[0])
+    assert np.array_equal(last.as_numpy("OUTPUT"), want[1])
 
 
 def test_metadata_hides_state_and_lists_sequence_extension(seq_server):
@@ -266,7 +412,9 @@ def test_idle_sequence_expires(seq_server):
     _step(client, "gru_short", x, sequence_id=9, sequence_start=True)
     assert _stats(client, "gru_short")["sequence_stats"]["slots_in_use"] == 1
     labels = (("model", "gru_short"), ("version", "1"))
-    assert seq_server.metrics()[("tinyhal_sequence_state_bytes", labels)] == 16 * 4
+    metrics = seq_server.metrics()
+    assert metrics[("tinyhal_sequence_state_bytes", labels)] == 16 * 4
+    assert metrics[("tinyhal_sequence_state_device_bytes", labels)] >= 16 * 4
     deadline = time.monotonic() + 30
     while _stats(client, "gru_short")["sequence_stats"]["slots_in_use"] and \
             time.monotonic() < deadline:
@@ -308,6 +456,50 @@ def test_client_gone_mid_sequence_frees_its_slot(seq_server):
     assert seq["expired_sequences"] == 1 and seq["slots_in_use"] == 0
 
 
+def test_client_gone_while_its_step_waits_ends_its_sequence(seq_server):
+    """A client that closes its connection while its step is queued ends its sequence
+    (Triton's cancellation) and frees its slot then, not after the idle expiry."""
+    client = httpclient.InferenceServerClient(seq_server.url, network_timeout=30)
+    x = np.ones((1, 8), np.float32)
+    _step(client, "gru_wait", x, sequence_id=7, sequence_start=True)
+    body = json.dumps({"parameters": {"sequence_id": 7}, "inputs": [
+        {"name": "INPUT", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8}]}).encode()
+    host, port = seq_server.url.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"POST /v2/models/gru_wait/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        deadline = time.monotonic() + 10
+        while _stats(client, "gru_wait")["sequence_stats"]["queued_steps"] == 0 and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+    # hung up with the step queued (it waits up to 1 s for batch-mates)
+    deadline = time.monotonic() + 30
+    while _stats(client, "gru_wait")["sequence_stats"]["slots_in_use"] and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)
+    seq = _stats(client, "gru_wait")["sequence_stats"]
+    assert seq["slots_in_use"] == 0 and seq["live_sequences"] == 0
+    assert seq["client_gone_sequences"] == 1 and seq["expired_sequences"] == 0
+    labels = (("model", "gru_wait"), ("version", "1"))
+    assert seq_server.metrics()[("tinyhal_sequences_client_gone_total", labels)] == 1
+    message = _error(lambda: _step(client, "gru_wait", x, sequence_id=7))
+    assert "must specify the START flag" in message and "client" in message
+
+
+def test_a_step_past_its_deadline_is_504_and_leaves_the_state(seq_server):
+    client = httpclient.InferenceServerClient(seq_server.url, network_timeout=30)
+    xs = [np.full((1, 8), v, np.float32) for v in (0.5, 9.0, -0.25)]
+    first = _step(client, "gru_wait", xs[0], sequence_id=8, sequence_start=True)
+    with pytest.raises(InferenceServerException) as info:  # queued 1 s, allowed 0.1 s
+        _step(client, "gru_wait", xs[1], sequence_id=8, timeout=100_000)
+    assert info.value.status() == "504" and "nothing ran" in info.value.message()
+    last = _step(client, "gru_wait", xs[2], sequence_id=8, sequence_end=True)
+    want = _alone([xs[0], xs[2]])
+    assert np.array_equal(first.as_numpy("OUTPUT"), want[0])
+    assert np.array_equal(last.as_numpy("OUTPUT"), want[1])
+
+
 def test_control_inputs_and_state_from_file(seq_server):
     client = httpclient.InferenceServerClient(seq_server.url)
     sums, flags = [], []
@@ -322,6 +514,29 @@ def test_control_inputs_and_state_from_file(seq_server):
     message = _error(lambda: _step(client, "acc", np.ones((1, 1), np.float32), "X",
                                    sequence_id="s", sequence_start=True))
     assert "integer sequence_id" in message
+
+
+def test_direct_gives_each_sequence_a_fixed_row_and_null_rows_keep_their_state(
+        seq_server):
+    """`direct`: a sequence's slot is its row; an execution covers the rows up to the
+    highest ready one, the others null (READY 0, their state kept), as Triton does."""
+    client = httpclient.InferenceServerClient(seq_server.url, network_timeout=30)
+
+    def step(sid, x, **flags):
+        r = _step(client, "direct", np.full((1, 1), x, np.float32), "X", sequence_id=sid,
+                  **flags)
+        return float(r.as_numpy("Y")[0, 0]), int(r.as_numpy("N")[0, 0])
+
+    assert step(1, 1, sequence_start=True) == (1, 1)  # slot 0
+    assert step(2, 2, sequence_start=True) == (2, 2)  # slot 1: row 0 null
+    assert step(3, 4, sequence_start=True) == (4, 3)  # slot 2: rows 0 and 1 null
+    assert step(1, 10) == (11, 1)
+    assert step(3, 5) == (9, 3)
+    assert step(2, 3, sequence_end=True) == (5, 2)
+    assert step(1, 1, sequence_end=True) == (12, 1)
+    assert step(3, 1, sequence_end=True) == (10, 3)  # row 1 now empty: null all the same
+    seq = _stats(client, "direct")["sequence_stats"]
+    assert seq["strategy"] == "direct" and seq["slots"] == 4 and seq["slots_in_use"] == 0
 
 
 def test_a_bad_step_fails_alone_and_keeps_its_state(seq_server):
@@ -375,3 +590,46 @@ def test_bad_sequence_config_names_the_field(tmp_path: Path, change: dict, messa
     with pytest.raises(ValueError, match=None) as info:
         parse_sequence_config(doc, 8, tmp_path)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("driver", ["sync", "task", "emu"])
+def test_device_state_gathers_rows_in_place_or_by_device_copies(driver):
+    from types import SimpleNamespace
+
+    from tinyhal.hal import BufferView, MemoryType, create_device
+    from tinyhal.server.sequences import DeviceState, StateSpec, StepProgram
+
+    device = create_device(driver)
+    try:
+        program = StepProgram(SimpleNamespace(device=device,
+                                              input_memory_type=int(MemoryType.DEVICE_LOCAL)),
+                              "step")
+        initial = np.arange(16, dtype=np.float32)
+        state = DeviceState((StateSpec("S_IN", "S_OUT", "FP32", (16,), initial),), 4,
+                            [program])
+        rows = [BufferView.from_numpy(device, np.full((3, 16), k, np.float32) +
+                                      np.arange(3, dtype=np.float32)[:, None]).buffer
+                for k in (10, 20)]
+        a, b = ((rows[0],), 0), ((rows[1],), 0)
+
+        def gathered(homes):
+            view = state.gather(program, 0, homes)
+            done = state.take_gathers(program)
+            if done is not None:
+                done.wait(timeout=30)
+            return view.to_numpy()
+
+        # rows 1..2 of one buffer: a view of it, nothing copied
+        got = gathered([(a[0], 1), (a[0], 2)])
+        assert np.array_equal(got[:, 0], [11, 12]) and state.counts["copies"] == 0
+        assert state.counts["in_place"] == 1
+        # initial rows, then runs from two buffers: one copy per run
+        got = gathered([state.initial_home, state.initial_home, (a[0], 0), (a[0], 1),
+                        (b[0], 2), (a[0], 2)])
+        assert np.array_equal(got[:2], [initial, initial])
+        assert np.array_equal(got[2:, 0], [10, 11, 22, 12])
+        assert state.counts == {"in_place": 1, "copied": 1, "copies": 4}
+        assert np.array_equal(state.read(0, (b[0], 1)), np.full(16, 21, np.float32))
+        assert state.held_bytes([a, b]) == 4 * 64 + 2 * 3 * 64
+    finally:
+        device.close()

@@ -191,3 +191,40 @@ def test_input_buffers_reused_only_when_nothing_else_holds_them(device):
                     m.same(x)
                 assert np.array_equal(np.frombuffer(mapped, np.float32)[:4], xs[0])
     assert device.allocator.statistics().live_bytes == before  # idle inputs released
+
+
+_DOUBLE_MLIR = """
+func.func @double(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %y = arith.addf %x, %x : tensor<4xf32>
+  return %y : tensor<4xf32>
+}
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("abi", ["sync", "coarse-fences"])
+def test_invoke_raw_takes_device_values_and_a_wait_fence(device, abi):
+    """A device value whose contents a queue operation writes later goes in as it is,
+    with that operation's fence as `wait`: the device (coarse-fences) or the host (sync)
+    waits for it; the result stays a device value."""
+    import threading
+
+    from support.iree_tools import HOST_FLAGS, compile_mlir
+
+    flags = HOST_FLAGS + (["--iree-execution-model=async-external"]
+                          if abi == "coarse-fences" else [])
+    module = tinyhal.load(compile_mlir(_DOUBLE_MLIR, flags), device=device)
+    assert module.functions["double"].is_async == (abi == "coarse-fences")
+    x = np.array([1.5, -2, 3, 0.25], np.float32)
+    view = hal.BufferView.from_numpy(device, np.zeros(4, np.float32))
+    go, written = device.create_semaphore(0), device.create_semaphore(0)
+    device.queue_update(x, view.buffer, wait=[(go, 1)], signal=[(written, 1)])
+    timer = threading.Timer(0.05, go.signal, args=(1,))
+    timer.start()
+    try:
+        (result,) = module.invoke_raw("double", view, wait=hal.Fence([(written, 1)]))
+    finally:
+        timer.join()
+    assert isinstance(result, hal.BufferView)
+    np.testing.assert_array_equal(result.to_numpy(), 2 * x)
+    module.close()
