@@ -275,7 +275,9 @@ class Device:
             return int(fnmatch.fnmatchcase(self.identifier, key))
         if category == "hal.executable.format":
             return int(key in executable_formats(self.executable_policy))
-        if category in ("hal.device", "hal.dispatch") and key == "concurrency":
+        if category == "hal.device" and key == "concurrency":  # IREE: its queue count
+            return self.queue_count
+        if category == "hal.dispatch" and key == "concurrency":
             return self.concurrency
         if category == "hal.cpu":
             return int(key.lower() in host_cpu_flags())
@@ -288,6 +290,16 @@ class Device:
     def queue_count(self) -> int:
         """How many queues the device has (the `queue=` argument of queue operations)."""
         return 1
+
+    def queue_for_affinity(self, affinity: int) -> int:
+        """The queue a program's `queue_affinity` mask (a VM i64, read as IREE's u64) picks.
+
+        IREE's CPU devices (local-task, local-sync) never reject an affinity: the queue
+        is the mask modulo the queue count, so on a one-queue device every mask, ANY
+        (-1) and bits of queues that do not exist included, is queue 0. A driver
+        modelling an accelerator overrides this with IREE's accelerator rule."""
+        count = self.queue_count
+        return (affinity & 0xFFFF_FFFF_FFFF_FFFF) % count if count > 1 else 0
 
     def _check_queue(self, queue: int) -> None:
         if type(queue) is not int or not 0 <= queue < self.queue_count:

@@ -201,6 +201,7 @@ class Profile:
         self.modes = parse_modes(modes)
         self.queue_count = queue_count
         self.capacity = capacity
+        self.physical_device_ordinal = 0
         self.recording = False
         self.begin_ns = 0
         self.end_ns = 0
@@ -626,6 +627,7 @@ class Profile:
         """The session as ireeperf-jsonl records (dicts), in the exporter's order."""
         numbering = self._numbering()
         index = itertools.count()
+        device_ordinal = self.physical_device_ordinal
 
         def record(record_type: str, **fields: Any) -> dict[str, Any]:
             return {"schema_version": SCHEMA_VERSION, "record_type": record_type,
@@ -645,11 +647,13 @@ class Profile:
         }
         yield record("session", event="begin", session_id=1, stream_id=0, event_id=0,
                      session_status_code=0, session_status="OK")
-        yield record("device", physical_device_ordinal=0, flags=0, queue_count=self.queue_count,
+        yield record("device", physical_device_ordinal=device_ordinal, flags=0,
+                     queue_count=self.queue_count,
                      physical_device_uuid_present=False, physical_device_uuid=None,
                      tinyhal_device=self.device_name)
         for q in range(self.queue_count):
-            yield record("queue", physical_device_ordinal=0, queue_ordinal=q, stream_id=0)
+            yield record("queue", physical_device_ordinal=device_ordinal, queue_ordinal=q,
+                         stream_id=0)
         for executable_id, (executable, functions) in enumerate(numbering.executables, 1):
             names = getattr(executable, "export_names", None)
             count = len(names) if names is not None else max(functions, default=-1) + 1
@@ -670,7 +674,8 @@ class Profile:
             for op, *_ in commands.values():
                 categories |= 2 if op == "dispatch" else 1 if op != "barrier" else 0
             yield record("command_buffer", command_buffer_id=command_buffer_id, flags=0,
-                         physical_device_ordinal=0, mode=0, command_categories=categories,
+                         physical_device_ordinal=device_ordinal, mode=0,
+                         command_categories=categories,
                          queue_affinity=(1 << 64) - 1)
             for command_index, (op, executable, export, workgroups, length) in sorted(
                     commands.items()):
@@ -692,7 +697,7 @@ class Profile:
                 )
         for tick, begin, end in self._clock_samples():
             yield record("clock_correlation", sample_id=next(numbering.clock_ids), flags=0,
-                         physical_device_ordinal=0, device_tick_domain="device_tick",
+                         physical_device_ordinal=device_ordinal, device_tick_domain="device_tick",
                          device_tick=tick,
                          host_cpu_timestamp_domain="driver_host_cpu_timestamp_ns",
                          host_cpu_timestamp_ns=begin,
@@ -707,7 +712,8 @@ class Profile:
                 "queue_event", event_id=submission_id, op=op, type_value=QUEUE_OPS[op],
                 flags=0, dependency_strategy=strategy if wait else "none",
                 submission_id=submission_id, command_buffer_id=command_buffer_id,
-                allocation_id=allocation_id, physical_device_ordinal=0, queue_ordinal=queue,
+                allocation_id=allocation_id, physical_device_ordinal=device_ordinal,
+                queue_ordinal=queue,
                 stream_id=0, host_time_ns=host_ns, ready_host_time_ns=ready.get(submission_id, 0),
                 host_time_domain="iree_host_time_ns", wait_count=len(wait),
                 signal_count=len(signal), barrier_count=1 if op == "barrier" else 0,
@@ -736,7 +742,7 @@ class Profile:
                 event_type_value=type_value, flags=1 if queue >= 0 else 0, result=1,
                 host_time_ns=host_ns, allocation_id=allocation_id,
                 host_time_domain="iree_host_time_ns", pool_id=0, backing_id=0,
-                submission_id=submission_id, physical_device_ordinal=0,
+                submission_id=submission_id, physical_device_ordinal=device_ordinal,
                 queue_ordinal=queue if queue >= 0 else NO_ORDINAL, frontier_entry_count=0,
                 memory_type=memory_type, buffer_usage=usage, offset=offset, length=length,
                 alignment=1, externally_owned=kind in ("import", "unimport"),
@@ -751,7 +757,7 @@ class Profile:
                 "event_relationship", relationship_id=relationship_id, kind=kind,
                 kind_value=_RELATIONSHIP_KINDS[kind], source_type="queue_submission",
                 source_type_value=1, target_type=target,
-                target_type_value=_ENDPOINT_TYPES[target], physical_device_ordinal=0,
+                target_type_value=_ENDPOINT_TYPES[target], physical_device_ordinal=device_ordinal,
                 queue_ordinal=queue, stream_id=0, source_id=submission_id,
                 source_secondary_id=0, target_id=event_id, target_secondary_id=0,
             )
@@ -771,7 +777,8 @@ class Profile:
         executable_id, ordinal = numbering.function(executable, export)
         key = numbering.function_names.get((executable_id, ordinal)) if executable_id else None
         common = dict(
-            physical_device_ordinal=0, queue_ordinal=queue, stream_id=0, event_id=event_id,
+            physical_device_ordinal=self.physical_device_ordinal, queue_ordinal=queue,
+            stream_id=0, event_id=event_id,
             submission_id=submission_id, command_buffer_id=command_buffer_id,
             command_index=command_index if command_index >= 0 else NO_ORDINAL,
             executable_id=executable_id,
@@ -820,33 +827,39 @@ class Profile:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.to_chrome_trace(), f, separators=(",", ":"))
 
-    def to_chrome_trace(self) -> dict[str, Any]:
-        """The session as a Chrome trace-event JSON object (`{"traceEvents": [...]}`).
-
-        Process 1 is the device in host time: per queue a track of submissions
-        (instants), tracks of execution spans per worker (lanes where spans overlap),
-        and memory counters. Process 2 holds device-time spans (emu's modelled clock),
-        mapped onto host time the way IREE's renderer maps device ticks. `ts` and `dur`
-        are microseconds from the session start.
-        """
-        numbering = self._numbering()
+    def _chrome_epoch(self) -> int:
         to_host = _tick_mapper(self._clock_samples())
         starts = [e[3] for e in self._queue] + [m[1] for m in self._memory]
         starts += [s[4] if s[0] == HOST else to_host(s[4]) for s in self._spans]
         epoch = min(starts, default=self.begin_ns)
-        if self.begin_ns:
-            epoch = min(epoch, self.begin_ns)
+        return min(epoch, self.begin_ns) if self.begin_ns else epoch
+
+    def to_chrome_trace(self, first_pid: int = 1, epoch: int | None = None) -> dict[str, Any]:
+        """The session as a Chrome trace-event JSON object (`{"traceEvents": [...]}`).
+
+        Process `first_pid` is the device in host time: per queue a track of submissions
+        (instants), tracks of execution spans per worker (lanes where spans overlap),
+        and memory counters. Process `first_pid + 1` holds device-time spans (emu's
+        modelled clock), mapped onto host time the way IREE's renderer maps device
+        ticks. `ts` and `dur` are microseconds from `epoch` (default: the session start;
+        `write_profiles` passes one epoch for all devices of a run).
+        """
+        numbering = self._numbering()
+        to_host = _tick_mapper(self._clock_samples())
+        if epoch is None:
+            epoch = self._chrome_epoch()
+        host_pid, device_pid = first_pid, first_pid + 1
 
         def us(ns: int) -> float:
             return (ns - epoch) / 1000.0
 
         events: list[dict[str, Any]] = []
         tracks = _ChromeTracks(events)
-        tracks.process(1, f"{self.device_name} (host time)")
+        tracks.process(host_pid, f"{self.device_name} (host time)")
         ready = dict(self._ready)
         for (submission_id, op, queue, host_ns, wait, signal, command_buffer_id, allocation_id,
              _count, payload_length, _strategy) in self._queue:
-            tid = tracks.thread(1, f"queue[{queue}] submissions", 10 * queue)
+            tid = tracks.thread(host_pid, f"queue[{queue}] submissions", 10 * queue)
             args = {"submission_id": submission_id, "wait": numbering.points(wait),
                     "signal": numbering.points(signal), "payload_length": payload_length}
             if command_buffer_id:
@@ -854,11 +867,11 @@ class Profile:
             if allocation_id:
                 args["allocation_id"] = allocation_id
             events.append({"name": f"queue:{op}", "cat": "queue", "ph": "i", "s": "t",
-                           "pid": 1, "tid": tid, "ts": us(host_ns), "args": args})
+                           "pid": host_pid, "tid": tid, "ts": us(host_ns), "args": args})
             ready_ns = ready.get(submission_id)
             if ready_ns is not None and ready_ns != host_ns:
                 events.append({"name": f"queue_ready:{op}", "cat": "queue", "ph": "i", "s": "t",
-                               "pid": 1, "tid": tid, "ts": us(ready_ns),
+                               "pid": host_pid, "tid": tid, "ts": us(ready_ns),
                                "args": {"submission_id": submission_id}})
         lanes: dict[tuple[int, str], _Lanes] = {}
         spans = sorted(
@@ -869,9 +882,9 @@ class Profile:
         for start, end, _, span in spans:
             (clock, op, queue, submission_id, raw_start, raw_end, executable, export, workgroups,
              worker, command_buffer_id, command_index, status_code, payload_length) = span
-            pid = 1 if clock == HOST else 2
-            if pid == 2:
-                tracks.process(2, f"{self.device_name} (device time)")
+            pid = host_pid if clock == HOST else device_pid
+            if pid == device_pid:
+                tracks.process(device_pid, f"{self.device_name} (device time)")
             group = worker if worker is not None else f"queue[{queue}] execution"
             lane = lanes.setdefault((pid, group), _Lanes()).place(start, end)
             label = group if lane == 0 else f"{group} #{lane}"
@@ -896,16 +909,82 @@ class Profile:
                            "ts": us(start), "dur": max(0, end - start) / 1000.0, "args": args})
         for (kind, host_ns, heap, length, live, peak, allocation_id, submission_id, queue,
              _type, _usage, _offset) in self._memory:
-            tid = tracks.thread(1, "memory", 1_000_000)
+            tid = tracks.thread(host_pid, "memory", 1_000_000)
             events.append({"name": f"memory:{kind}", "cat": "memory", "ph": "i", "s": "t",
-                           "pid": 1, "tid": tid, "ts": us(host_ns),
+                           "pid": host_pid, "tid": tid, "ts": us(host_ns),
                            "args": {"length": length, "heap": heap, "allocation_id": allocation_id,
                                     "submission_id": submission_id, "queue": queue}})
-            events.append({"name": "device memory", "cat": "memory", "ph": "C", "pid": 1,
-                           "tid": tid, "ts": us(host_ns), "args": {"live_bytes": live, "peak_bytes": peak}})
+            events.append({"name": "device memory", "cat": "memory", "ph": "C",
+                           "pid": host_pid, "tid": tid, "ts": us(host_ns), "args": {"live_bytes": live, "peak_bytes": peak}})
         other = {"device": self.device_name, "modes": sorted(self.modes),
                  "dropped_events": self._dropped, "clock": "CLOCK_MONOTONIC"}
         return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": other}
+
+
+def ireeperf_records_of(profiles: Sequence[Profile]) -> Iterator[dict[str, Any]]:
+    """One ireeperf-jsonl stream for the sessions of several devices of one run, as IREE
+    writes one profile for a device list: one schema and session, then each device's
+    records in device order, told apart by `physical_device_ordinal` (the profile's
+    position). Executable and command-buffer ids are made unique across devices; event
+    and submission ids count per device, as their records carry the ordinal."""
+    index = itertools.count()
+    end: dict[str, Any] | None = None
+    offsets = {"executable_id": 0, "command_buffer_id": 0}
+    for ordinal, profile in enumerate(profiles):
+        profile.physical_device_ordinal = ordinal
+        highest = dict(offsets)
+        for rec in profile.ireeperf_records():
+            kind = rec["record_type"]
+            if ordinal and (kind == "schema" or (kind == "session" and rec["event"] == "begin")):
+                continue
+            if kind == "session" and rec["event"] == "end":
+                end = rec
+                continue
+            if kind != "schema":
+                rec["source_record_index"] = next(index)
+            for key, offset in offsets.items():
+                if rec.get(key):
+                    rec[key] += offset
+                    highest[key] = max(highest[key], rec[key])
+            yield rec
+        offsets = highest
+    if end is not None:
+        yield {**end, "source_record_index": next(index)}
+
+
+def chrome_trace_of(profiles: Sequence[Profile]) -> dict[str, Any]:
+    """One Chrome trace for several devices of one run: device i is processes 2i+1 (host
+    time) and 2i+2 (device time), all on one time axis from the earliest event."""
+    epoch = min((p._chrome_epoch() for p in profiles), default=0)
+    events: list[dict[str, Any]] = []
+    for ordinal, profile in enumerate(profiles):
+        for event in profile.to_chrome_trace(2 * ordinal + 1, epoch)["traceEvents"]:
+            if event["name"] == "process_name":  # two devices of one driver share a name
+                event["args"]["name"] = f"[{ordinal}] {event['args']['name']}"
+            events.append(event)
+    other = {"devices": [p.device_name for p in profiles],
+             "modes": sorted(set().union(*(p.modes for p in profiles))),
+             "dropped_events": sum(p.dropped_events for p in profiles), "clock": "CLOCK_MONOTONIC"}
+    return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": other}
+
+
+def write_profiles(profiles: Sequence[Profile], path: str | os.PathLike) -> None:
+    """Writes the sessions of a run's devices to one file (`Profile.write`'s formats);
+    one profile is written exactly as `Profile.write` writes it."""
+    if len(profiles) == 1:
+        profiles[0].write(path)
+        return
+    name = os.fspath(path)
+    if name.endswith(".jsonl"):
+        text = "".join(json.dumps(rec, separators=(",", ":")) + "\n"
+                       for rec in ireeperf_records_of(profiles))
+    elif name.endswith(".json"):
+        text = json.dumps(chrome_trace_of(profiles), separators=(",", ":"))
+    else:
+        raise UnimplementedError(f"cannot write profile '{name}': tinyhal writes .json "
+                                 "(Chrome trace) and .jsonl (ireeperf-jsonl)")
+    with open(name, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 _RELATIONSHIP_KINDS = {

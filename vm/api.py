@@ -53,13 +53,14 @@ closed that way, so the process exits normally.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import linecache
 import os
 import re
 import sys
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from sys import getrefcount
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -645,8 +646,27 @@ class Module:
     # -- lifetime ---------------------------------------------------------------------
 
     def statistics(self) -> Any:
-        """The device allocator's statistics (live and peak bytes per heap)."""
+        """The (first) device allocator's statistics (live and peak bytes per heap)."""
         return self.device.allocator.statistics()
+
+    def device_statistics(self) -> list[Any]:
+        """Each device's allocator statistics, in the order of `devices` (the program's
+        device order): a program on several devices has a peak per device."""
+        return [device.allocator.statistics() for device in self.devices]
+
+    @contextlib.contextmanager
+    def profiling(self, modes: str | Sequence[str] | None = None, capacity: int = 1_000_000
+                  ) -> Iterator[list[Any]]:
+        """Profiles every device of the program for the `with` block, as iree-run-module
+        does for its device list; yields one `Profile` per device (its
+        `physical_device_ordinal` is the device's position). Write them to one file with
+        `tinyhal.hal.profile.write_profiles(profiles, path)`."""
+        with contextlib.ExitStack() as stack:
+            profiles = [stack.enter_context(device.profiling(modes, capacity))
+                        for device in self.devices]
+            for ordinal, profile in enumerate(profiles):
+                profile.physical_device_ordinal = ordinal
+            yield profiles
 
     def parameter_statistics(self) -> ParameterStatistics | None:
         """The parameter memory the program holds (see `ParameterStatistics`), or None

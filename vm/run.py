@@ -681,11 +681,19 @@ def device_name(name: str) -> str:
 
 
 def _device_options(name: str) -> dict[str, Any]:
-    """`emu://PRESET` picks an emulator preset (e.g. `--device=emu://edge-npu`)."""
+    """`emu://PRESET` picks an emulator preset (e.g. `--device=emu://edge-npu`) and
+    `emu://PRESET?queues=N` its queue count (`emu://?queues=2` on the default preset)."""
     driver, sep, rest = name.strip().partition("://")
-    if sep and rest and driver == "emu":
-        return {"preset": rest.strip("/")}
-    return {}
+    if not (sep and rest and driver == "emu"):
+        return {}
+    path, _, query = rest.partition("?")
+    options: dict[str, Any] = {"preset": path.strip("/")} if path.strip("/") else {}
+    for key, _, value in (item.partition("=") for item in query.split("&") if item):
+        if key != "queues" or not value.isdigit():
+            raise InvalidArgumentError(
+                f"--device={name}: the emu device takes `?queues=N` (N >= 1), not `{key}`")
+        options["queues"] = int(value)
+    return options
 
 
 def _create_devices(flags: list[str], task: dict[str, str], policy: str = "any"
@@ -789,9 +797,11 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         stdout.flush()
         arguments = [_as_argument(module, v) for v in values]
         if profile_output:
-            with module.device.profiling(args.device_profiling_mode or None) as profile:
+            from ..hal.profile import write_profiles  # only a profiling run pays for json
+
+            with module.profiling(args.device_profiling_mode or None) as profiles:
                 results = module.invoke_raw(name, *arguments)
-            profile.write(profile_output)
+            write_profiles(profiles, profile_output)
         else:
             results = module.invoke_raw(name, *arguments)
         if args.emu_summary:

@@ -411,6 +411,17 @@ class EmuDevice(Device):
     def queue_count(self) -> int:
         return self._queue_count
 
+    def queue_for_affinity(self, affinity: int) -> int:
+        """IREE's accelerator rule (its amdgpu driver): the mask ANDed with the device's
+        queues, the first set bit, so ANY (-1) is queue 0. A mask naming none of this
+        device's queues (a program placed for more queues than the model has) falls back
+        to IREE's CPU rule rather than failing, so every program IREE's CPU devices run
+        also runs here."""
+        mask = affinity & ((1 << self._queue_count) - 1)
+        if not mask:
+            return super().queue_for_affinity(affinity)
+        return (mask & -mask).bit_length() - 1
+
     @property
     def concurrency(self) -> int:
         """Host threads a dispatch's workgroups spread over (processor ids 0..n-1)."""

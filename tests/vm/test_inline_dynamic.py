@@ -5,6 +5,8 @@ The programs are the VM corpus's single-call cases, recompiled for inline execut
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from programs.corpus import CASES, PROGRAMS_DIR, program_flags
@@ -78,3 +80,35 @@ def test_inline_program_memory_is_exact(tmp_path):
         assert after.peak_bytes > before.live_bytes
         del result
         assert module.statistics().live_bytes <= after.live_bytes
+
+
+TWO_RESULTS = """
+func.func @main(%x: tensor<256xf32>, %y: tensor<128xf32>) -> (tensor<256xf32>, tensor<128xf32>) {
+  %a = arith.mulf %x, %x : tensor<256xf32>
+  %b = arith.addf %y, %y : tensor<128xf32>
+  return %a, %b : tensor<256xf32>, tensor<128xf32>
+}
+"""
+
+
+def test_inline_peak_memory_is_the_bytes_the_program_allocates():
+    """The allocator's peak over a call is exactly the inputs plus every
+    `hal_inline.buffer.allocate` of the compiled program (read from its VM IR), on every
+    driver, and the same peak as the program compiled for the full HAL."""
+    ir = compile_mlir(TWO_RESULTS, HOST_FLAGS + INLINE + ["--compile-to=vm"], ".mlir")
+    sizes = dict(re.findall(r"(%c\d+) = vm\.const\.i64 (\d+)", ir.read_text()))
+    allocated = [int(sizes[size]) for size in re.findall(
+        r"@hal_inline\.buffer\.allocate\(%\w+, (%\w+)\)", ir.read_text())]
+    assert allocated
+    x, y = np.linspace(0, 1, 256, dtype=np.float32), np.linspace(0, 1, 128, dtype=np.float32)
+    expected_peak = x.nbytes + y.nbytes + sum(allocated)
+    full = compile_mlir(TWO_RESULTS, HOST_FLAGS)
+    for vmfb in (compile_mlir(TWO_RESULTS, HOST_FLAGS + INLINE), full):
+        for driver in DRIVERS:
+            with tinyhal.load(vmfb, device=driver) as module:
+                assert module.statistics().peak_bytes == 0
+                a, b = module.main(x, y)
+                assert a.tobytes() == (x * x).tobytes() and b.tobytes() == (y + y).tobytes()
+                assert module.statistics().peak_bytes == expected_peak, (vmfb, driver)
+                module.trim()
+                assert module.statistics().live_bytes == 0

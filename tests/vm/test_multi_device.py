@@ -5,6 +5,8 @@ accelerator, through `tinyhal.load(device=[...])` and `tinyhal-run --device= --d
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -69,3 +71,51 @@ def test_tinyhal_run_takes_several_devices(vmfb):
 def test_one_device_for_a_two_device_program_is_incompatible(vmfb):
     with pytest.raises(IncompatibleError, match="HAL device `device_b` not found"):
         tinyhal.load(vmfb, device="task")
+
+
+def _by_device(records: list[dict], kind: str) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for record in records:
+        if record["record_type"] == kind:
+            ordinal = record["physical_device_ordinal"]
+            counts[ordinal] = counts.get(ordinal, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("pair", [("task", "task"), ("task", "emu")], ids="+".join)
+def test_tinyhal_run_profiles_every_device_into_one_file(vmfb, pair, tmp_path):
+    args = [f"--device={d}" for d in pair] + [f"--module={vmfb}", "--input=64xf32=1.5"]
+    trace, jsonl = tmp_path / "run.json", tmp_path / "run.ireeperf.jsonl"
+    for output in (trace, jsonl):
+        rc, _, err = tinyhal_run([*args, f"--device_profiling_output={output}"])
+        assert rc == 0, err
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    kinds = [r["record_type"] for r in records]
+    assert kinds.count("schema") == 1 and kinds.count("session") == 2
+    assert [r["source_record_index"] for r in records[1:]] == list(range(len(records) - 1))
+    devices = [r for r in records if r["record_type"] == "device"]
+    assert [d["physical_device_ordinal"] for d in devices] == [0, 1]
+    assert [d["tinyhal_device"].split("-")[-1] for d in devices] == list(pair)
+    # Each device's queue operations and executions are its own, told apart by ordinal.
+    assert set(_by_device(records, "queue_event")) == {0, 1}
+    assert set(_by_device(records, "host_execution_event")) == {0, 1}
+    if pair[1] == "emu":
+        assert _by_device(records, "dispatch_event") == {1: 1}
+    executables = [r["executable_id"] for r in records if r["record_type"] == "executable"]
+    assert len(executables) == len(set(executables)) >= 2  # ids unique across devices
+    names = [e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"]
+             if e["name"] == "process_name"]
+    assert names[:2] == [f"[0] local-{pair[0]} (host time)", f"[1] local-{pair[1]} (host time)"]
+
+
+def test_python_api_profiles_and_measures_each_device(vmfb):
+    x = np.linspace(-4, 4, 64, dtype=np.float32)
+    with tinyhal.load(vmfb, device=["task", "emu"]) as module:
+        with module.profiling() as profiles:
+            module.main(x)
+        assert [p.physical_device_ordinal for p in profiles] == [0, 1]
+        assert all(p.summary().queue_operations for p in profiles)
+        assert list(profiles[1].summary().by_export) == ["main_dispatch_1_elementwise_64_f32"]
+        statistics = module.device_statistics()
+        assert len(statistics) == 2 and statistics[0] == module.statistics()
+        assert all(s.peak_bytes >= 64 * 4 for s in statistics)  # a 64xf32 tensor each
