@@ -371,7 +371,7 @@ class Device:
                 "execute", wait_points, signal_points, batch_list, queue=queue)
             if submission_id and self.profiles_submissions:
                 start = functools.partial(start, submission_id=submission_id)
-        self._accept(wait_points, signal_points, (batch_list, binding_table, ops), start)
+        self._accept(wait_points, signal_points, (ops, batch_list, binding_table), start)
 
     queue_execute = submit
 
@@ -628,6 +628,8 @@ class Device:
                 method(payload, outcome.append)
             except BaseException as exc:  # noqa: BLE001 - becomes the work's error
                 outcome.append(as_error(exc))
+            if type(payload) is Submission:  # the submitting frame still holds it
+                payload.release()
             payload = None
             error = outcome[0] if outcome else InternalError(
                 f"{self!r} finished inline work without completing it")
@@ -646,7 +648,7 @@ class Device:
             if state is _RETIRED:
                 return
             entry.state = _RETIRED
-        entry.resources = entry.start = None  # before the signal: a woken waiter sees it
+        _release_resources(entry)  # before the signal: a woken waiter sees it
         try:
             self._complete(entry.signal, error)
         finally:
@@ -687,7 +689,7 @@ class Device:
     def _finish(self, entry: _Entry, error: Error | None) -> None:
         # The resource set goes before the signal, so a woken waiter sees it released.
         # (A semaphore that never reaches the wait may keep `ready`, never the set.)
-        entry.resources = entry.start = None
+        _release_resources(entry)
         self._complete(entry.signal, error)
 
     def _complete(self, signal: list[SemaphorePoint], error: Error | None) -> None:
@@ -780,6 +782,16 @@ class _Entry:
         self.resources = resources
         self.start = start  # captures the work; dropped with the resource set
         self.state = _WAITING
+
+
+def _release_resources(entry: _Entry) -> None:
+    """Drops an entry's resource set and its start. A submission is emptied as well:
+    driver frames, tasks and closures that ran it may outlive its completion by a
+    moment, and what they still hold must not keep its buffers' memory alive."""
+    resources = entry.resources
+    entry.resources = entry.start = None
+    if type(resources) is tuple and resources and type(resources[0]) is Submission:
+        resources[0].release()
 
 
 _inline = threading.local()

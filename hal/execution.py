@@ -443,6 +443,12 @@ class Submission:
         """No dispatch has more than one workgroup (nothing to spread over workers)."""
         return all(recording.single_workgroup for recording, _ in self.parts)
 
+    def release(self) -> None:
+        """Drops the submission's buffer references once its work has retired: a driver
+        thread may still hold the submission (in a frame, a task or a closure) when its
+        signal wakes a waiter, and must not keep the buffers' memory alive then."""
+        self.parts = ()
+
 
 _new_submission = object.__new__
 

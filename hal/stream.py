@@ -182,6 +182,9 @@ class Stream:
         long has passed: the helpers go on with the dispatch in progress and a later
         `run` (on any thread) leads the rest. A paused stream must be run to the end
         (`abort()` first makes that quick).
+
+        A stream that has ended lets go of the submission's buffers here, so a stream
+        object its driver still holds after completing the work keeps no memory alive.
         """
         program = self._program
         paused = program.paused
@@ -189,8 +192,12 @@ class Stream:
                                     program.ops, program.count, program.state,
                                     program.local_memory_size, budget_us * 1000, paused)
         if rc:
+            self._entries = ()
             raise program.error(rc)
-        return not paused[0]
+        if paused[0]:
+            return False
+        self._entries = ()
+        return True
 
     @property
     def done(self) -> bool:

@@ -393,3 +393,36 @@ def test_an_interrupted_waiter_still_completes_the_stream_it_led():
     """, timeout=90)
     lines = out.split()
     assert lines == ["interrupted", "failed:", "AbortedError", "closed"], out
+
+
+def test_work_led_by_its_waiter_frees_its_memory_before_the_wait_returns():
+    # Every worker is busy, so the stream handed off (inline_us=0) stays queued on the
+    # executor while the waiting thread leads it through the offer at its signal point.
+    # The queued task still holds the stream when the wait returns: the buffers must not
+    # be alive through it (the race a loaded machine showed as live bytes after trim()).
+    dev = hal.create_device("task", workers=2, inline_us=0)
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def occupy():
+        started.release()
+        release.wait(T)
+
+    watchdog = threading.Timer(T, release.set)  # bounds the untimed wait below
+    watchdog.start()
+    try:
+        for _ in range(dev.executor.worker_count):
+            dev.executor.call(occupy, name="occupy")
+        for _ in range(dev.executor.worker_count):
+            assert started.acquire(timeout=T)
+        buffer = dev.allocator.allocate(1 << 16)
+        done = dev.create_semaphore()
+        dev.queue_fill(buffer, 0, 1 << 16, b"\x07", signal=[(done, 1)])
+        del buffer
+        done.wait(1)  # untimed: it leads the offered stream itself
+        assert dev.executor.statistics().queued >= 1  # the handed-off task is still queued
+        assert dev.allocator.statistics().live_bytes == 0
+    finally:
+        watchdog.cancel()
+        release.set()
+        dev.close()
