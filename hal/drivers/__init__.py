@@ -23,7 +23,8 @@ calls `_execute` / `_call`: a driver that models queues or dependencies passes t
 `sync`'s does: the device then runs a ready submission without a queue entry). While a
 profiling session is attached (`device.profile is not None`) drivers record their own
 spans into it (per dispatch and transfer); when it is None that costs one attribute test. Drivers keep
-nothing alive for the work's sake: the device's resource sets do that. A driver that
+nothing alive for the work's sake: the device's resource sets do that (and a
+submission or stream a driver still holds after calling `done` no longer holds buffers). A driver that
 lacks `_execute` or `_call` fails such work with UNIMPLEMENTED (the `Device` defaults).
 
 `sync` runs both inline on the thread that readies the work; `task` leads a command
