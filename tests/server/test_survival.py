@@ -165,7 +165,7 @@ def test_unload_returns_once_more_admitted_than_instances_finished(spin_reposito
     try:
         body = json.dumps({"inputs": [
             {"name": "x", "datatype": "FP32", "shape": [256], "data": [1.0] * 256},
-            {"name": "n", "datatype": "INT32", "shape": [1], "data": [100_000]}]}).encode()
+            {"name": "n", "datatype": "INT32", "shape": [1], "data": [3_000_000]}]}).encode()
         results: list[int] = []
 
         def one() -> None:
