@@ -118,6 +118,33 @@ class Instance:
     pending: int = 0  # executions handed to its thread and not finished
 
 
+class InFlight:
+    """Counts admitted work that has not finished yet, and wakes whoever waits for it
+    all to finish (an unload). Each waiter gets its own event, taken when the count
+    reaches zero, so no wake-up is lost to work admitted in between; a waiter that
+    finds work again waits once more. Shared by `Admission` and the sequence batcher."""
+
+    __slots__ = ("count", "_waiters")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._waiters: list[trio.Event] = []
+
+    def left(self, count: int) -> None:
+        """`count` admitted items finished (on the loop)."""
+        self.count -= count
+        if not self.count:
+            waiters, self._waiters = self._waiters, []
+            for event in waiters:
+                event.set()
+
+    async def wait_idle(self) -> None:
+        while self.count:
+            event = trio.Event()
+            self._waiters.append(event)
+            await event.wait()
+
+
 class _Request:
     __slots__ = ("args", "rows", "key", "deadline", "arrived", "label", "done", "outcome",
                  "started", "detached", "queued_seconds", "infer_seconds", "respond")
@@ -188,9 +215,8 @@ class Admission:
         self._idle: list[Instance] = list(reversed(instances))
         self._queue: list[_Request] = []
         self._running: set[_Execution] = set()
-        self._in_flight = 0
+        self._in_flight = InFlight()
         self._detached = 0
-        self._idle_waiters: list[trio.Event] = []
         self._closed = False
         self._latency = 0.0  # exponentially weighted mean of execution seconds
         self._executed = executed
@@ -217,7 +243,7 @@ class Admission:
     @property
     def in_flight(self) -> int:
         """Requests admitted and not finished (queued, running, detached)."""
-        return self._in_flight
+        return self._in_flight.count
 
     def statistics(self) -> AdmissionStatistics:
         return AdmissionStatistics(len(self._running), len(self._queue),
@@ -256,7 +282,7 @@ class Admission:
                 self.retry_after())
         now = trio.current_time()
         request = _Request(args, rows, deadline, label, now, respond)
-        self._in_flight += 1
+        self._in_flight.count += 1
         batching = self.batching
         if self._idle and not self._queue and (
                 batching is None or rows >= batching.target_rows
@@ -301,7 +327,7 @@ class Admission:
             self._detached += 1
             return
         self._queue.remove(request)
-        self._left(1)
+        self._in_flight.left(1)
         self._dispatch()  # the head may have changed
 
     # -- scheduling (on the loop, no checkpoints) ----------------------------------------
@@ -392,14 +418,7 @@ class Admission:
         if self._executed is not None:
             for counts in executions:
                 self._executed(*counts)
-        self._left(len(execution.requests))
-
-    def _left(self, count: int) -> None:
-        self._in_flight -= count
-        if not self._in_flight:
-            waiters, self._idle_waiters = self._idle_waiters, []
-            for event in waiters:
-                event.set()
+        self._in_flight.left(len(execution.requests))
 
     def _arm(self, at: float) -> None:
         if at != self._timer_at:
@@ -429,10 +448,7 @@ class Admission:
     async def wait_idle(self) -> None:
         """Returns once every request admitted so far has finished (detached ones
         included)."""
-        while self._in_flight:
-            event = trio.Event()
-            self._idle_waiters.append(event)
-            await event.wait()
+        await self._in_flight.wait_idle()
 
     def stop(self) -> None:
         """Ends the instance threads after their current jobs (call once idle)."""

@@ -95,7 +95,7 @@ from ..hal.buffer import ALIGNMENT
 from ..hal.buffer_view import BufferView, dense_byte_length
 from ..hal.semaphore import Fence
 from ..hal.types import BufferUsage, element_type_for, pack_elements, unpack_elements
-from .admission import DeadlineExceeded, Instance, Overloaded, PendingRequest, Unavailable
+from .admission import DeadlineExceeded, InFlight, Instance, Overloaded, PendingRequest, Unavailable
 from .batching import Outcome, Results
 from .http import client_gone_probe
 from .protocol import DATATYPES, ProtocolError
@@ -573,8 +573,7 @@ class SequenceBatcher:
         # why recently ended sequences ended, when not by their END request
         self._ended: OrderedDict[tuple[type, int | str], str] = OrderedDict()
         self._queued = 0
-        self._in_flight = 0
-        self._idle_waiters: list[trio.Event] = []
+        self._in_flight = InFlight()
         self._closed = False
         self._timer_at = math.inf
         self._wake: trio.Event | None = None
@@ -677,7 +676,7 @@ class SequenceBatcher:
         if end:
             seq.ending = True
         self._queued += 1
-        self._in_flight += 1
+        self._in_flight.count += 1
         self._mark_ready(seq)
         self._dispatch()
         probe = client_gone_probe()
@@ -717,7 +716,7 @@ class SequenceBatcher:
             return
         seq.steps.remove(step)
         self._queued -= 1
-        self._left(1)
+        self._in_flight.left(1)
         if step.end and not seq.steps and not seq.running:
             self._release(seq)
         self._dispatch()
@@ -988,16 +987,9 @@ class SequenceBatcher:
                 self._executed(*counts)
         self._idle.append(instance)
         self._dispatch()
-        self._left(len(steps))
+        self._in_flight.left(len(steps))
         if not isinstance(result, BaseException):
             self.host["respond"].add(time.perf_counter() - t0)
-
-    def _left(self, count: int) -> None:
-        self._in_flight -= count
-        if not self._in_flight:
-            waiters, self._idle_waiters = self._idle_waiters, []
-            for event in waiters:
-                event.set()
 
     def _arm(self, at: float) -> None:
         if at != self._timer_at:
@@ -1047,7 +1039,7 @@ class SequenceBatcher:
         while seq.steps:
             queued = seq.steps.popleft()
             self._queued -= 1
-            self._left(1)
+            self._in_flight.left(1)
             queued.outcome = (None, error)
             queued.done.set()
         if seq.ready:
@@ -1132,10 +1124,7 @@ class SequenceBatcher:
         self._dispatch()
 
     async def wait_idle(self) -> None:
-        while self._in_flight:
-            event = trio.Event()
-            self._idle_waiters.append(event)
-            await event.wait()
+        await self._in_flight.wait_idle()
 
 
 class SequenceCollector:
