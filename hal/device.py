@@ -1,14 +1,17 @@
-"""The device: the one public layer that validates, retains and completes queue work.
+"""The device: the one public layer that validates queue work, over a queue and a driver.
 
 Every entry point (`submit`, the `queue_*` operations) validates its arguments on the
-calling thread and raises `tinyhal.Error` for bad input. What passes becomes a queue
-entry gated by its wait semaphores; once they are reached the device hands the entry to
-its driver, and when the driver reports it done the signal semaphores advance, or fail
-with the work's error. A wait that fails never runs the work; its failure reaches the
-signal semaphores instead.
+calling thread and raises `tinyhal.Error` for bad input. What passes goes to the
+device's `WorkQueue` (`hal/queue.py`), which owns entries, waits, retirement, close and
+device loss, and hands the work to the device's driver once its waits are reached; the
+driver is an object the device holds (`Device.driver`), implementing the one operation
+`tinyhal.hal.queue` documents. Work whose waits are already met may skip the entry: a
+ready `queue_alloca` takes ring space and a ready `queue_dealloca` gives it back in one
+call each, and on a driver that `completes_inline` (`sync`) a ready submission runs at
+once (`WorkQueue.run_ready`).
 
 **Resource sets.** From the call until the entry retires (signals, fails or is aborted),
-the device holds a strong reference to everything the work touches: the command buffers
+the queue holds a strong reference to everything the work touches: the command buffers
 (and through them their executables and directly bound buffers), the binding table and
 its buffers, the resolved operations, transient buffers, and host memory or files given
 to `queue_read` / `queue_write` / `queue_update`. Kernels and transfers address memory by
@@ -25,7 +28,9 @@ interrupted and its memory is never freed under it. At interpreter exit every li
 device is closed the same way (an `atexit` hook, `EXIT_DRAIN_SECONDS` in all), so worker
 threads are not left running kernels while the interpreter tears down.
 
-The driver contract (what `hal/drivers/*` implement) is documented in `tinyhal.hal.drivers`.
+**Profiling** is an instrument: while a session is attached the device records each
+queue operation (`Profile.record_submission`) and marks the submission so its native
+stream timestamps every operation (`Submission.instrument`); the work runs the same way.
 
 `queue_alloca` memory comes from the device's transient ringbuffer (`self.transient`,
 capacity set by the `transient_capacity` option): the buffer is returned at once and gets
@@ -35,7 +40,6 @@ its memory when the alloca runs, which waits for ringbuffer space if the ring is
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import fnmatch
 import functools
@@ -47,18 +51,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import (
-    AbortedError,
-    DeviceLostError,
     Error,
     FailedPreconditionError,
-    InternalError,
     InvalidArgumentError,
-    KernelFaultError,
     NotFoundError,
-    UnimplementedError,
     as_error,
 )
-from .allocator import Allocator
 from .buffer import Buffer, Storage, as_byte_view
 from .command_buffer import CommandBuffer, as_table_range
 from .executable import (
@@ -67,7 +65,8 @@ from .executable import (
     executable_formats,
     load_executable_data,
 )
-from .execution import RecordingCache, Submission, resolve_commands
+from .execution import RecordingCache, resolve_commands
+from .queue import Alloca, Dealloca, Driver, WorkQueue, no_work
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
     Fence,
@@ -75,7 +74,6 @@ from .semaphore import (
     SemaphorePoint,
     all_reached,
     normalize_wait_signal,
-    when_all_reached,
 )
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
 
@@ -99,7 +97,8 @@ def host_cpu_flags() -> frozenset[str]:
 
 
 class Device:
-    """A logical device: allocator, executables, semaphores and one queue.
+    """A logical device: allocator, executables, semaphores and one queue, run by a
+    driver it holds (`driver`, see `tinyhal.hal.queue`).
 
     `executable_policy` (every driver takes it) says which executables the device loads:
     `"any"` (the default), or `"portable"`: only formats without machine code (VMVX), so
@@ -107,40 +106,32 @@ class Device:
     the format query then answers no for the native formats and `load_executable`
     refuses them with PERMISSION_DENIED."""
 
-    driver_name = "base"
-    identifier = "local"
-
-    def __init__(self, transient_capacity: int = DEFAULT_CAPACITY, *,
+    def __init__(self, driver: Driver | None = None,
+                 transient_capacity: int = DEFAULT_CAPACITY, *,
                  executable_policy: str = "any", **options: Any) -> None:
+        driver = Driver() if driver is None else driver
+        self.driver = driver
+        self.driver_name = driver.name
+        self.identifier = driver.identifier
         if options:
             raise InvalidArgumentError(
                 f"driver {self.driver_name!r} does not take options {sorted(options)}"
             )
         self.executable_policy = check_executable_policy(executable_policy)
-        self.allocator = self._create_allocator()
+        self.allocator = driver.create_allocator()
         self.allocator.device_ref = weakref.ref(self)
         self._executables: weakref.WeakValueDictionary[str, Executable] = (
             weakref.WeakValueDictionary()
         )
         self._executables_lock = threading.Lock()
-        self._closed = False
-        self._in_flight: set[_Entry] = set()
-        self._running = 0
-        # Re-entrant: a garbage collection under the lock may free a transient buffer whose
-        # ringbuffer retirement grants a parked queue_alloca, which retires its entry.
-        self._entries_lock = threading.RLock()
-        self._idle = threading.Condition(self._entries_lock)  # for wait_idle() and close()
-        self._watchers = 0  # threads waiting on `_idle`; retiring notifies only if any
         self.transient = TransientRingbuffer(self.allocator, transient_capacity)
+        self.work_queue = WorkQueue(repr(self), driver, self.transient)
         # Command buffers with equal commands share one recording and its native programs.
         self.recordings = RecordingCache()
         _live_devices.add(self)
         self.profile: Profile | None = None  # set by Profile.attach; hooks test it
-        self._lost: Error | None = None  # set by `_lose`: every entry fails with it
         # (memory type, usage) -> (heap memory type, coerced usage) of queue_alloca buffers
         self._alloca_kinds: dict[tuple[Any, Any], tuple[int, int]] = {}
-        # A driver that adds its own checks to an alloca's commit takes the queue path.
-        self._inline_alloca = type(self)._commit_alloca is Device._commit_alloca
 
     def __repr__(self) -> str:
         return f"<Device {self.identifier}>"
@@ -160,30 +151,8 @@ class Device:
         and never run, as do parked `queue_alloca` reservations. Calling it again does
         nothing.
         """
-        with self._entries_lock:
-            if self._closed:
-                return
-            self._closed = True
-        self.transient.close(AbortedError(
-            f"{self!r} closed while a queue_alloca waited for ringbuffer space"))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._wait_until(lambda: not self._running, timeout)
-        waiting: list[_Entry] = []
-        with self._entries_lock:
-            for entry in tuple(self._in_flight):
-                if entry.state is _WAITING:  # claimed: a late `ready` finds it retired
-                    entry.state = _RETIRED
-                    self._in_flight.discard(entry)
-                    waiting.append(entry)
-        for entry in waiting:
-            self._finish(entry, AbortedError(f"{self!r} closed before the work ran"))
-        self.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        self._stop(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        self.recordings.clear()
-
-    def _create_allocator(self) -> Allocator:
-        """The device's allocator; drivers with their own memory model override this."""
-        return Allocator(self.identifier)
+        if self.work_queue.close(timeout):
+            self.recordings.clear()
 
     def read_array(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
                    timeout: float | None = 60.0) -> Any:
@@ -283,13 +252,20 @@ class Device:
             return int(key.lower() in host_cpu_flags())
         raise NotFoundError(f"unknown device query {category!r} :: {key!r}")
 
-    concurrency = 1
-    """Workers a dispatch may spread over (a class attribute or a property per driver)."""
+    @property
+    def concurrency(self) -> int:
+        """Workers a dispatch may spread over (the driver's)."""
+        return self.driver.concurrency
 
     @property
     def queue_count(self) -> int:
         """How many queues the device has (the `queue=` argument of queue operations)."""
-        return 1
+        return self.driver.queue_count
+
+    @property
+    def default_profiling_modes(self) -> tuple[str, ...]:
+        """The profiling modes a session records by default (the driver's)."""
+        return self.driver.default_profiling_modes
 
     def queue_for_affinity(self, affinity: int) -> int:
         """The queue a program's `queue_affinity` mask (a VM i64, read as IREE's u64) picks.
@@ -306,23 +282,7 @@ class Device:
             raise InvalidArgumentError(
                 f"queue {queue!r} out of range: {self!r} has {self.queue_count} queue(s)")
 
-    def _driver_start(self, method: Callable[..., None], payload: Any,
-                      wait: list[SemaphorePoint], signal: list[SemaphorePoint], queue: int
-                      ) -> Callable[[Completion], None]:
-        """How a queue entry starts its driver work: `method(payload, done)`. A driver
-        that models queues or dependencies overrides this to pass them along."""
-        return functools.partial(method, payload)
-
     # -- profiling --------------------------------------------------------------------
-
-    completes_inline = False
-    """True for a driver whose `_execute` always calls `done` before it returns (`sync`):
-    a submission whose waits are met then runs without a queue entry (`_run_ready`)."""
-
-    default_profiling_modes: tuple[str, ...] = ("queue-events", "host-execution", "memory-events")
-    profiles_submissions = False
-    """True for a driver whose `_execute` takes `submission_id=` while a session records
-    (the profile's id of the submission), to tie its spans to the queue submission."""
 
     @contextlib.contextmanager
     def profiling(self, modes: str | Sequence[str] | None = None, capacity: int = 1_000_000
@@ -357,21 +317,22 @@ class Device:
         wait_points, signal_points = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
-        ops = resolve_commands(batch_list, binding_table, self.concurrency, self.recordings)
-        if (self.completes_inline and self.profile is None and self._lost is None
+        driver = self.driver
+        ops = resolve_commands(batch_list, binding_table, driver.concurrency, self.recordings)
+        submission_id = 0
+        profile = self.profile
+        if profile is not None:
+            submission_id = profile.record_submission("execute", wait_points, signal_points,
+                                                      batch_list, queue=queue)
+            if profile.records_host_execution:  # its stream timestamps each operation
+                ops.instrument = (profile, submission_id, queue)
+        work_queue = self.work_queue
+        if (driver.completes_inline and work_queue.lost is None
                 and (not wait_points or all_reached(wait_points))):
-            self._run_ready(signal_points, self._execute, ops)
+            work_queue.run_ready(ops, signal_points, queue, submission_id)
             return
-        if type(self)._driver_start is Device._driver_start:  # the default: no frame
-            start = functools.partial(self._execute, ops)
-        else:
-            start = self._driver_start(self._execute, ops, wait_points, signal_points, queue)
-        if self.profile is not None:
-            submission_id = self.profile.record_submission(
-                "execute", wait_points, signal_points, batch_list, queue=queue)
-            if submission_id and self.profiles_submissions:
-                start = functools.partial(start, submission_id=submission_id)
-        self._accept(wait_points, signal_points, (ops, batch_list, binding_table), start)
+        work_queue.accept("execute", ops, wait_points, signal_points, queue,
+                          (batch_list, binding_table), submission_id)
 
     queue_execute = submit
 
@@ -380,10 +341,12 @@ class Device:
         wait_points, signal_points = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
+        submission_id = 0
         if self.profile is not None:
-            self.profile.record_submission("barrier", wait_points, signal_points, queue=queue)
-        self._accept(wait_points, signal_points,
-                     None, _no_work)
+            submission_id = self.profile.record_submission("barrier", wait_points,
+                                                           signal_points, queue=queue)
+        self.work_queue.accept("barrier", no_work, wait_points, signal_points, queue, None,
+                               submission_id)
 
     def queue_fill(self, target: Buffer, offset: int, length: int, pattern: int | bytes,
                    wait: Points = (), signal: Points = (), pattern_length: int | None = None,
@@ -463,11 +426,12 @@ class Device:
         wait_points, signal_points = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
+        submission_id = 0
         if self.profile is not None:
-            self.profile.record_submission(operation, wait_points, signal_points,
-                                           payload_length=length, queue=queue)
-        self._accept(wait_points, signal_points, resources,
-                     self._driver_start(self._call, work, wait_points, signal_points, queue))
+            submission_id = self.profile.record_submission(
+                operation, wait_points, signal_points, payload_length=length, queue=queue)
+        self.work_queue.accept("call", work, wait_points, signal_points, queue, resources,
+                               submission_id)
 
     def queue_alloca(self, size: int, wait: Points = (), signal: Points = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
@@ -491,22 +455,25 @@ class Device:
             self._alloca_kinds[(memory_type, usage)] = kind
         buffer = Buffer(self.allocator, Storage(size, array=_NO_BYTES, address=0), 0, size,
                         *kind)
-        if (self.profile is None and self._lost is None and self._inline_alloca
+        work_queue = self.work_queue
+        if (self.profile is None and work_queue.lost is None
+                and self.driver.places_ready_allocas
                 and (not wait_points or all_reached(wait_points))):
             # Ready now: the ring places it at once (no driver work, so nothing for
             # close() to wait for; a ring closed meanwhile refuses it), or it takes the
             # queue path below.
-            if self._closed:
+            if work_queue.closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
             if self.transient.try_commit(buffer.storage):
-                self._complete(signal_points, None)
+                work_queue.complete(signal_points, None)
                 return buffer
         self.transient.check_size(size)  # larger than the whole ring: RESOURCE_EXHAUSTED
+        submission_id = 0
         if self.profile is not None:
-            self.profile.record_submission("alloca", wait_points, signal_points, payload_length=size,
-                                           queue=queue)
-        self._accept(wait_points, signal_points, buffer,
-                     functools.partial(self._commit_alloca, buffer))
+            submission_id = self.profile.record_submission(
+                "alloca", wait_points, signal_points, payload_length=size, queue=queue)
+        work_queue.accept("alloca", Alloca(buffer.storage, self.transient), wait_points,
+                          signal_points, queue, buffer, submission_id)
         return buffer
 
     def queue_dealloca(self, buffer: Buffer, wait: Points = (), signal: Points = (),
@@ -519,21 +486,29 @@ class Device:
         wait_points, signal_points = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
-        if (self.profile is None and self._lost is None
+        work_queue = self.work_queue
+        if (self.profile is None and work_queue.lost is None
                 and (not wait_points or all_reached(wait_points))):
-            # Ready now: `_dealloca` inline (host bookkeeping only, as for a ready alloca).
-            if self._closed:
+            # Ready now: the ring takes the block back inline (host bookkeeping only, as
+            # for a ready alloca).
+            if work_queue.closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
+            storage = buffer.storage
+            storage.released = True
             try:
-                self._dealloca(buffer, functools.partial(self._complete, signal_points))
+                self.transient.release(storage)
             except BaseException as exc:  # noqa: BLE001 - a grant's failure: the signal's
-                self._complete(signal_points, as_error(exc))
+                work_queue.complete(signal_points, as_error(exc))
+                return
+            work_queue.complete(signal_points, None)
             return
+        submission_id = 0
         if self.profile is not None:
-            self.profile.record_submission("dealloca", wait_points, signal_points,
-                                           payload_length=buffer.byte_length, queue=queue)
-        self._accept(wait_points, signal_points, buffer,
-                     functools.partial(self._dealloca, buffer))
+            submission_id = self.profile.record_submission(
+                "dealloca", wait_points, signal_points, payload_length=buffer.byte_length,
+                queue=queue)
+        work_queue.accept("dealloca", Dealloca(buffer.storage, self.transient), wait_points,
+                          signal_points, queue, buffer, submission_id)
 
     # -- in-flight work ---------------------------------------------------------------
 
@@ -543,258 +518,24 @@ class Device:
         Entries waiting on semaphores that nobody signals keep the device busy; `close()`
         aborts those.
         """
-        return self._wait_until(lambda: not self._in_flight and not self._running, timeout)
-
-    def _wait_until(self, condition: Callable[[], bool], timeout: float | None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._idle:
-            self._watchers += 1
-            try:
-                while not condition():
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return False
-                    self._idle.wait(left)
-            finally:
-                self._watchers -= 1
-        return True
+        return self.work_queue.wait_idle(timeout)
 
     @property
     def in_flight(self) -> int:
         """Queue entries accepted and not yet retired (waiting or running)."""
-        with self._entries_lock:
-            return len(self._in_flight)
+        return self.work_queue.in_flight
 
-    def _accept(self, wait: list[SemaphorePoint], signal: list[SemaphorePoint],
-                resources: Any, start: Callable[[Completion], None]) -> None:
-        """Registers a queue entry holding `resources`; once `wait` is reached calls
-        `start(done)`, and `done(error)` (on any thread, once) retires the entry."""
-        runs_now = not wait or all_reached(wait)  # a failed wait takes the slow path
-        entry = _Entry(signal, resources, None if runs_now else start)
-        with self._entries_lock:
-            if self._closed:
-                raise FailedPreconditionError(f"{self!r} is closed")
-            self._in_flight.add(entry)
-            if runs_now:  # nothing left to wait for: it runs now
-                entry.state = _RUNNING
-                self._running += 1
-        done = functools.partial(self._retire, entry)
-        if self._lost is not None:
-            self._retire(entry, self._lost)
-            return
-        if runs_now:
-            try:
-                start(done)
-            except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
-                self._retire(entry, as_error(exc))
-            return
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called (the device accepts no more work)."""
+        return self.work_queue.closed
 
-        for sem, value in signal:
-            sem.offer_waits(value, wait)
-
-        def ready(error: Error | None) -> None:
-            error = error or self._lost
-            if error is not None:
-                self._retire(entry, error)
-                return
-            with self._entries_lock:
-                if entry.state is not _WAITING:
-                    return  # aborted by close() while it waited
-                entry.state = _RUNNING
-                self._running += 1
-                start = entry.start
-                entry.start = None
-            try:
-                start(done)
-            except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
-                self._retire(entry, as_error(exc))
-
-        when_all_reached(wait, ready)
-
-    def _run_ready(self, signal: list[SemaphorePoint], method: Callable[[Any, Completion], None],
-                   payload: Any) -> None:
-        """Runs work whose waits are already met on this thread, without a queue entry:
-        `method(payload, done)` must call `done` before it returns (`_execute` of a
-        driver that `completes_inline`). It counts as running (so
-        `close()` and `wait_idle()` wait for it), and the work's references are dropped
-        before `signal` advances, as an entry's resource set is."""
-        with self._entries_lock:
-            if self._closed:
-                raise FailedPreconditionError(f"{self!r} is closed")
-            self._running += 1
-        try:
-            outcome: list[Error | None] = []
-            try:
-                method(payload, outcome.append)
-            except BaseException as exc:  # noqa: BLE001 - becomes the work's error
-                outcome.append(as_error(exc))
-            if type(payload) is Submission:  # the submitting frame still holds it
-                payload.release()
-            payload = None
-            error = outcome[0] if outcome else InternalError(
-                f"{self!r} finished inline work without completing it")
-            self._complete(signal, error)
-        finally:
-            with self._entries_lock:
-                self._running -= 1
-                if self._watchers and not self._running:
-                    self._idle.notify_all()
-        if type(error) is KernelFaultError:
-            self._lose_to_fault(error)
-
-    def _retire(self, entry: _Entry, error: Error | None) -> None:
-        with self._entries_lock:
-            state = entry.state
-            if state is _RETIRED:
-                return
-            entry.state = _RETIRED
-        _release_resources(entry)  # before the signal: a woken waiter sees it
-        try:
-            self._complete(entry.signal, error)
-        finally:
-            # Counted as in flight until its signal has readied what depends on it, so
-            # close() sees work made ready by running work as running, never as waiting.
-            with self._entries_lock:
-                self._in_flight.discard(entry)
-                if state is _RUNNING:
-                    self._running -= 1
-                if self._watchers and (not self._running or not self._in_flight):
-                    self._idle.notify_all()
-        if type(error) is KernelFaultError:
-            self._lose_to_fault(error)
-
-    def _lose_to_fault(self, fault: Error) -> None:
-        """A kernel faulted: what it wrote before faulting cannot be trusted, so the
-        device is lost (as a GPU context is after a kernel fault)."""
-        self._lose(DeviceLostError(f"{self!r} lost: a kernel faulted ({fault.message})"))
-
-    def _lose(self, error: Error) -> None:
-        """Loses the device: entries waiting on semaphores fail with `error` now, as do
-        parked `queue_alloca` reservations and every later entry; the driver fails the
-        work it holds. The device stays usable only for `close()`."""
-        with self._entries_lock:
-            if self._lost is not None:
-                return
-            self._lost = error
-            waiting = [e for e in self._in_flight if e.state is _WAITING]
-            for entry in waiting:
-                entry.state = _RETIRED
-                self._in_flight.discard(entry)
-            if self._watchers:
-                self._idle.notify_all()
-        self.transient.close(error)
-        for entry in waiting:
-            self._finish(entry, error)
-
-    def _finish(self, entry: _Entry, error: Error | None) -> None:
-        # The resource set goes before the signal, so a woken waiter sees it released.
-        # (A semaphore that never reaches the wait may keep `ready`, never the set.)
-        _release_resources(entry)
-        self._complete(entry.signal, error)
-
-    def _complete(self, signal: list[SemaphorePoint], error: Error | None) -> None:
-        """Signals (or fails) `signal`. Trampolined: completions that a signal triggers on
-        this thread are queued for the outermost call, so chains of thousands of dependent
-        submissions, succeeding or failing, never recurse once per link."""
-        inline = _inline
-        pending = getattr(inline, "pending", None)
-        if pending is not None:
-            pending.append((signal, error))
-            return
-        ready: Sequence[Any] = ()
-        if error is None:  # the common case: nothing waits on the points, no trampoline
-            for index, (sem, value) in enumerate(signal):
-                try:
-                    ready = sem.advance(value)
-                except Error as exc:
-                    sem.fail(exc)
-                    continue
-                if ready:
-                    signal = signal[index + 1:]
-                    break
-            else:
-                return
-        inline.pending = pending = collections.deque()
-        try:
-            for tp in ready:  # what the last point advanced reached, before the next point
-                tp.callback(None)
-            while True:
-                for sem, value in signal:
-                    if error is not None:
-                        sem.fail(error)
-                        continue
-                    try:
-                        sem.signal(value)
-                    except Error as exc:
-                        sem.fail(exc)
-                if not pending:
-                    break
-                signal, error = pending.popleft()
-        finally:
-            inline.pending = None
-
-    # -- transient memory -------------------------------------------------------------
-
-    def _commit_alloca(self, buffer: Buffer, done: Completion) -> None:
-        storage = buffer.storage
-
-        def granted(block: Any, error: Error | None) -> None:
-            if error is None:
-                self.transient.commit(storage, block)
-            done(error)
-
-        self.transient.reserve(buffer.byte_length, granted)
-
-    def _dealloca(self, buffer: Buffer, done: Completion) -> None:
-        storage = buffer.storage
-        storage.released = True
-        self.transient.release(storage)
-        done(None)
-
-    # -- the driver contract (see tinyhal.hal.drivers) --------------------------------
-
-    def _execute(self, ops: Submission, done: Completion) -> None:
-        """Runs a submission's resolved operations (its waits are reached) in order, then
-        calls `done(error)` once."""
-        raise UnimplementedError(f"driver {self.driver_name!r} cannot execute commands")
-
-    def _call(self, work: Callable[[], None], done: Completion) -> None:
-        """Runs host work (a file or host-memory transfer; its waits are reached), then
-        calls `done(error)` once."""
-        raise UnimplementedError(f"driver {self.driver_name!r} cannot run host work")
-
-    def _stop(self, timeout: float | None) -> None:
-        """Stops the driver's threads; called by `close()` once no work is running."""
+    @property
+    def lost(self) -> Error | None:
+        """The error the device was lost with (`DeviceLostError`), or None."""
+        return self.work_queue.lost
 
 
-Completion = Callable[[Error | None], None]
-_WAITING, _RUNNING, _RETIRED = "waiting", "running", "retired"
-
-
-class _Entry:
-    """One accepted queue entry: its signal points, its resource set and its state."""
-
-    __slots__ = ("signal", "resources", "start", "state")
-
-    def __init__(self, signal: list[SemaphorePoint], resources: Any,
-                 start: Callable[[Completion], None] | None) -> None:
-        self.signal = signal
-        self.resources = resources
-        self.start = start  # captures the work; dropped with the resource set
-        self.state = _WAITING
-
-
-def _release_resources(entry: _Entry) -> None:
-    """Drops an entry's resource set and its start. A submission is emptied as well:
-    driver frames, tasks and closures that ran it may outlive its completion by a
-    moment, and what they still hold must not keep its buffers' memory alive."""
-    resources = entry.resources
-    entry.resources = entry.start = None
-    if type(resources) is tuple and resources and type(resources[0]) is Submission:
-        resources[0].release()
-
-
-_inline = threading.local()
 _NO_BYTES = memoryview(bytearray())  # the array of a transient storage before its commit
 _live_devices: weakref.WeakSet[Device] = weakref.WeakSet()
 EXIT_DRAIN_SECONDS = 60.0
@@ -813,20 +554,6 @@ def _close_devices_at_exit() -> None:
 
 
 atexit.register(_close_devices_at_exit)
-
-
-def run_capturing(work: Callable[[], None]) -> Error | None:
-    """Runs `work`; returns its failure as a `tinyhal.Error` (None on success). Drivers
-    use it to turn a queue entry's exception into the error its signals fail with."""
-    try:
-        work()
-    except BaseException as exc:  # noqa: BLE001 - any failure becomes the submission's error
-        return as_error(exc)
-    return None
-
-
-def _no_work(done: Completion) -> None:
-    done(None)
 
 
 def _read_file(source: Any, offset: int, dst: memoryview) -> None:
@@ -854,4 +581,4 @@ def _write_file(target: Any, offset: int, data: memoryview) -> None:
         f.write(memoryview(data))
 
 
-__all__ = ["Completion", "Device", "run_capturing"]
+__all__ = ["Device"]

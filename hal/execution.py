@@ -424,12 +424,16 @@ def _normalize_entry(entry: Any, index: int) -> Range:
 
 
 class Submission:
-    """Validated command buffers with the slot ranges each reads (`parts`)."""
+    """Validated command buffers with the slot ranges each reads (`parts`).
 
-    __slots__ = ("parts",)
+    `instrument` is None, or `(profile, submission_id, queue)` while a profiling session
+    records: the stream that runs it then timestamps each operation into the profile."""
+
+    __slots__ = ("parts", "instrument")
 
     def __init__(self, parts: list[tuple[Recording, list[Range]]]) -> None:
         self.parts = parts
+        self.instrument: tuple | None = None
 
     def operations(self) -> list[Operation]:
         """Every command buffer's typed operations, in order."""
@@ -483,4 +487,5 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
         cb.submitted = True
     submission = _new_submission(Submission)  # without an __init__ frame
     submission.parts = parts
+    submission.instrument = None
     return submission

@@ -101,7 +101,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Error, InvalidArgumentError, UnimplementedError
-from .execution import Barrier, Dispatch, Submission, run_transfer
 from .ringbuffer import HEAP_NAME as TRANSIENT_HEAP
 from .semaphore import when_all_reached
 
@@ -452,7 +451,8 @@ class Profile:
 
     @property
     def records_host_execution(self) -> bool:
-        """True while the session records host-execution spans (drivers' per-op hooks)."""
+        """True while the session records host-execution spans (per operation, from the
+        native stream's timestamps or a driver's own hooks)."""
         return self.recording and self._host_on
 
     def record_submission(self, op: str, wait: Sequence[tuple[Any, int]],
@@ -997,42 +997,6 @@ _ENDPOINT_TYPES = {
     "queue_submission": 1, "queue_event": 2, "dispatch_event": 3, "command_operation": 4,
     "memory_event": 5, "artifact": 6, "queue_device_event": 7, "host_execution_event": 8,
 }
-
-
-def run_profiled(submission: Submission, profile: Profile, worker: str, queue: int = 0,
-                 submission_id: int = 0) -> None:
-    """Runs a submission's operations one at a time on this thread, recording a host span
-    per dispatch (export, workgroup count) and per transfer into `profile`.
-
-    What the `sync` and `task` drivers run instead of a native stream while a session
-    records host execution: per-operation spans need per-operation returns to Python
-    (and on `task` a dispatch's workgroups then run on one worker, not spread).
-    """
-    for op in submission.operations():
-        if type(op) is Barrier:
-            continue
-        start = time.monotonic_ns()
-        if type(op) is Dispatch:
-            prepared = op.prepared
-            rc = prepared.run(0, 0)
-            end = time.monotonic_ns()
-            state = prepared.state
-            groups = (state.workgroup_count_x, state.workgroup_count_y, state.workgroup_count_z)
-            status = 0
-            if rc:
-                error = prepared.error_for(rc, 0)
-                status = int(error.code)
-            profile.record_dispatch(prepared.executable, prepared.export.name, groups, start,
-                                    end, submission_id, queue=queue, worker=worker,
-                                    status_code=status)
-            prepared.raise_for_status(rc)
-        else:
-            try:
-                run_transfer(op)
-            finally:
-                profile.record_execution(op.name, start, time.monotonic_ns(), submission_id,
-                                         queue=queue, worker=worker,
-                                         payload_length=op.target.length)
 
 
 def _describe(command: Any) -> tuple[str, Any, Any, tuple, int]:

@@ -21,6 +21,7 @@ from `queue_alloca` already have their memory.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ..errors import Error, FailedPreconditionError, InternalError, ResourceExhaustedError
@@ -41,7 +42,7 @@ class NativeProgram:
     """
 
     __slots__ = ("ops", "count", "state", "paused", "patches", "patch_count", "dispatches",
-                 "local_memory_size", "_keep")
+                 "names", "local_memory_size", "_keep")
 
     def __init__(self, recordings: list[Recording]) -> None:
         ops_needed = sum(_op_count(r) for r in recordings)
@@ -49,6 +50,7 @@ class NativeProgram:
         sites: list[tuple[int, int, int, Any, Any]] = []
         keep: list[Any] = []
         dispatches: dict[int, PreparedDispatch] = {}
+        names: list[str] = []
         lmem = 0
         i = 0
         base = 0
@@ -108,6 +110,7 @@ class NativeProgram:
                                   ffi.addressof(c, "dst"), ffi.NULL))
                 else:
                     continue
+                names.append(op)
                 i += 1
             base += recording.slot_count
         patches = ffi.new("tinyhal_patch_t[]", max(1, len(sites)))
@@ -124,6 +127,7 @@ class NativeProgram:
         self.patches = patches
         self.patch_count = len(sites)
         self.dispatches = dispatches
+        self.names = names
         self.local_memory_size = lmem
         self._keep = keep  # never the recording: a cycle would outlive its buffers
 
@@ -158,7 +162,7 @@ class Stream:
     (building one only when all are in flight) and binds the submission's buffers.
     """
 
-    __slots__ = ("_program", "_pool", "_entries")
+    __slots__ = ("_program", "_pool", "_entries", "_instrument", "_times")
 
     def __init__(self, submission: Submission, participants: int = 1) -> None:
         parts = submission.parts
@@ -173,6 +177,8 @@ class Stream:
         self._program = program
         self._entries = entries  # the buffers stay alive while the stream may run
         _bind(program, parts, entries, participants)
+        self._instrument = instrument = submission.instrument
+        self._times = None if instrument is None else _timestamps(program)
 
     def run(self, helpers: StreamHelpers | None = None, budget_us: int = 0) -> bool:
         """Leads the stream on the calling thread, with `helpers`' threads joining its
@@ -191,12 +197,13 @@ class Stream:
         rc = lib.tinyhal_run_stream(ffi.NULL if helpers is None else helpers.pool,
                                     program.ops, program.count, program.state,
                                     program.local_memory_size, budget_us * 1000, paused)
-        if rc:
-            self._entries = ()
-            raise program.error(rc)
-        if paused[0]:
+        if not rc and paused[0]:
             return False
         self._entries = ()
+        if self._instrument is not None:
+            record_timestamps(program, self._times, self._instrument, rc)
+        if rc:
+            raise program.error(rc)
         return True
 
     @property
@@ -261,14 +268,56 @@ def run_alone(submission: Submission) -> None:
             lib.tinyhal_stream_bind(program.ops, program.count, program.state,
                                     program.patches, program.patch_count, addresses,
                                     lengths, 1, TILES_PER_PARTICIPANT)
-        rc = lib.tinyhal_run_stream(ffi.NULL, program.ops, program.count, program.state,
-                                    program.local_memory_size, 0, program.paused)
+        instrument = submission.instrument
+        if instrument is None:
+            rc = lib.tinyhal_run_stream(ffi.NULL, program.ops, program.count, program.state,
+                                        program.local_memory_size, 0, program.paused)
+        else:
+            times = _timestamps(program)
+            rc = lib.tinyhal_run_stream(ffi.NULL, program.ops, program.count, program.state,
+                                        program.local_memory_size, 0, program.paused)
+            record_timestamps(program, times, instrument, rc)
         error = program.error(rc) if rc else None  # read before another run rebinds it
     finally:
         if len(pool) < POOL_SIZE:
             pool.append(program)
     if error is not None:
         raise error
+
+
+def _timestamps(program: NativeProgram) -> Any:
+    """Room for the start and end of each of a bound program's operations, which its
+    stream then writes (the binding cleared the previous run's)."""
+    times = ffi.new("uint64_t[]", 2 * max(1, program.count))
+    program.state.times = times
+    return times
+
+
+def record_timestamps(program: NativeProgram, times: Any, instrument: tuple, rc: int) -> None:
+    """Records the operations a stream ran, with the times it took, as host spans of the
+    profiling session in `instrument` (`(profile, submission_id, queue)`)."""
+    profile, submission_id, queue = instrument
+    program.state.times = ffi.NULL
+    worker = threading.current_thread().name
+    failed = program.state.failed_op if rc else -1
+    for i, name in enumerate(program.names):
+        start, end = times[2 * i], times[2 * i + 1]
+        if not start:
+            continue  # never reached (an earlier operation failed)
+        status = 0 if i != failed else int(program.error(rc).code)
+        end = end or start
+        prepared = program.dispatches.get(i)
+        if prepared is not None:
+            state = prepared.state
+            groups = (state.workgroup_count_x, state.workgroup_count_y,
+                      state.workgroup_count_z)
+            profile.record_dispatch(prepared.executable, prepared.export.name, groups, start,
+                                    end, submission_id, queue=queue, worker=worker,
+                                    status_code=status)
+        else:
+            profile.record_execution(name, start, end, submission_id, queue=queue,
+                                     worker=worker, status_code=status,
+                                     payload_length=int(program.ops[i].length))
 
 
 def _take_program(recording: Recording) -> NativeProgram:

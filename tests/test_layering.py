@@ -4,8 +4,9 @@ layers import only downwards, and no module uses another module's private names.
 Private use is found by name: `from .x import _name`, `x._name` on a module of this tree,
 and `obj._name` where `_name` is not defined (assigned, declared in `__slots__`, or a
 method) in the module doing the access, so it can only belong to a class of another
-module. `self._name` is the class's own or its base's (a driver and the `Device` it
-extends share the protected driver contract). Dunder names are public protocol. Imports
+module. `self._name` is the class's own or its base's; no class overrides a private
+method of a class from another module (drivers are objects a device holds, not
+subclasses filling in its hooks). Dunder names are public protocol. Imports
 under `if TYPE_CHECKING:` run only for type checkers and make no cycle.
 """
 
@@ -211,17 +212,6 @@ def test_only_the_command_buffer_module_knows_the_command_classes():
     assert not found, "\n".join(found)
 
 
-# The driver contract drivers still override: the private methods of `hal.device.Device`
-# that `sync`, `task` and `emu` implement, until the queue is a declared interface that a
-# driver is composed into (issue 17, "drivers by composition"). No other override of
-# another module's private method is allowed, and this list may only shrink.
-DRIVER_CONTRACT_OVERRIDES = {
-    ("hal.device", "Device", name) for name in (
-        "_execute", "_call", "_stop", "_create_allocator", "_commit_alloca",
-        "_driver_start")
-}
-
-
 def _classes(module: str, tree: ast.Module) -> dict[str, tuple[list[str], set[str]]]:
     """class name -> (base names as written, the private methods it defines)."""
     out = {}
@@ -251,6 +241,5 @@ def test_no_module_overrides_another_modules_private_method():
                 if home is None or home == module or base not in classes.get(home, {}):
                     continue
                 for name in sorted(methods & classes[home][base][1]):
-                    if (home, base, name) not in DRIVER_CONTRACT_OVERRIDES:
-                        found.append(f"{module}.{cls}.{name} overrides {home}.{base}.{name}")
+                    found.append(f"{module}.{cls}.{name} overrides {home}.{base}.{name}")
     assert not found, "\n".join(found)

@@ -66,9 +66,10 @@ from ...errors import (
 )
 from ..allocator import Allocator, Heap
 from ..buffer import Buffer
-from ..device import Completion, Device, run_capturing
+from ..device import Device
 from ..execution import Barrier, Dispatch, Operation, Submission, run_transfer
 from ..profile import DEVICE, HOST
+from ..queue import DEFAULT_PROFILING_MODES, Completion, Driver, run_capturing
 from ..ringbuffer import HEAP_NAME as TRANSIENT_HEAP
 from ..types import BufferUsage, MemoryAccess, MemoryType
 
@@ -317,12 +318,45 @@ def _sleep_until(deadline_ns: int) -> None:
         time.sleep(left / 1e9)
 
 
-class EmuDevice(Device):
-    driver_name = "emu"
-    identifier = "local-emu"
-    default_profiling_modes = ("queue-events", "host-execution", "memory-events",
-                               "dispatch-events", "device-queue-events")
+class EmuDriver(Driver):
+    """How an `EmuDevice` plugs into its queue: submissions and host work go to the
+    queue's command processor (`queue`), an alloca checks the modelled memory first."""
 
+    name = "emu"
+    identifier = "local-emu"
+    places_ready_allocas = False  # each alloca checks the modelled memory's capacity
+    default_profiling_modes = DEFAULT_PROFILING_MODES + ("dispatch-events",
+                                                         "device-queue-events")
+
+    def __init__(self, device: EmuDevice, queue_count: int) -> None:
+        self.device = device
+        self.queue_count = queue_count
+
+    def create_allocator(self) -> Allocator:
+        return EmuAllocator(self.identifier, self.device.memory_size)
+
+    def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
+                wait: Any, signal: Any, queue: int) -> None:
+        if operation == "execute":
+            self.device._enqueue((wait, signal, queue), (payload, submission_id), done)
+        elif operation == "call":
+            self.device._enqueue((wait, signal, queue), payload, done)
+        elif operation == "alloca":
+            try:
+                # As the ring counts it: rounded up to its 64-byte blocks.
+                self.device.allocator.check_capacity((payload.size + 63) & ~63)
+            except Error as exc:
+                done(exc)
+                return
+            payload(done)
+        else:
+            payload(done)
+
+    def stop(self, timeout: float | None) -> None:
+        self.device._stop_threads(timeout)
+
+
+class EmuDevice(Device):
     def __init__(self, preset: str = "generic", *, queues: int = 1, mode: str = "fast",
                  memory_size: int | None = None, memory_bandwidth: float | None = None,
                  dma_engines: int | None = None, dma_bandwidth: float | None = None,
@@ -358,7 +392,7 @@ class EmuDevice(Device):
         self.mode = mode
         self.calibrating = bool(calibrate)
         self._queue_count = queues
-        super().__init__(**options)
+        super().__init__(EmuDriver(self, queues), **options)
         self.clock_ns = 0
         self._lock = threading.Lock()
         self._queue_clock = [0] * queues
@@ -393,6 +427,7 @@ class EmuDevice(Device):
         self._compute_queues = [queue_module.SimpleQueue() for _ in range(workers)]
         for i, wq in enumerate(self._compute_queues):
             self._spawn(self._compute_worker, wq, f"tinyhal-emu-cu{i}", i)
+        self.driver.concurrency = len(self._compute_queues)
 
     def _spawn(self, target: Callable[..., None], *args: Any) -> None:
         name = args[1]
@@ -401,15 +436,8 @@ class EmuDevice(Device):
         thread.start()
         self._threads.append(thread)
 
-    def _create_allocator(self) -> Allocator:
-        return EmuAllocator(self.identifier, self.memory_size)
-
     def __repr__(self) -> str:
         return f"<Device {self.identifier} {self.preset} queues={self._queue_count}>"
-
-    @property
-    def queue_count(self) -> int:
-        return self._queue_count
 
     def queue_for_affinity(self, affinity: int) -> int:
         """IREE's accelerator rule (its amdgpu driver): the mask ANDed with the device's
@@ -421,11 +449,6 @@ class EmuDevice(Device):
         if not mask:
             return super().queue_for_affinity(affinity)
         return (mask & -mask).bit_length() - 1
-
-    @property
-    def concurrency(self) -> int:
-        """Host threads a dispatch's workgroups spread over (processor ids 0..n-1)."""
-        return len(self._compute_queues)
 
     # -- public extras ------------------------------------------------------------------
 
@@ -450,7 +473,7 @@ class EmuDevice(Device):
 
     def lose_device(self, error: Error | None = None) -> None:
         """Loses the device now: pending and later work fails with `error`."""
-        self._lose(error or DeviceLostError("emulated device lost"))
+        self.work_queue.lose(error or DeviceLostError("emulated device lost"))
 
     def trace(self) -> list[TraceEvent]:
         """The operations run so far, in the order their queues issued them."""
@@ -536,33 +559,9 @@ class EmuDevice(Device):
         self._calibration_error = report.mean_abs_error
         return report
 
-    # -- memory -------------------------------------------------------------------------
+    # -- the command processors' queues --------------------------------------------------
 
-    def _commit_alloca(self, buffer: Buffer, done: Completion) -> None:
-        try:
-            # As the ring counts it: rounded up to its 64-byte blocks.
-            self.allocator.check_capacity((buffer.byte_length + 63) & ~63)
-        except Error as exc:
-            done(exc)
-            return
-        super()._commit_alloca(buffer, done)
-
-    # -- driver contract ----------------------------------------------------------------
-
-    def _driver_start(self, method: Callable[..., None], payload: Any, wait: Any, signal: Any,
-                      queue: int) -> Callable[[Completion], None]:
-        return functools.partial(method, payload, context=(wait, signal, queue))
-
-    profiles_submissions = True
-
-    def _execute(self, ops: Submission, done: Completion, context: Any = None,
-                 submission_id: int = 0) -> None:
-        self._enqueue(context, (ops, submission_id), done)
-
-    def _call(self, work: Callable[[], None], done: Completion, context: Any = None) -> None:
-        self._enqueue(context, work, done)
-
-    def _stop(self, timeout: float | None) -> None:
+    def _stop_threads(self, timeout: float | None) -> None:
         for q in self._command_queues + self._dma_queues + self._compute_queues:
             q.put(None)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -601,7 +600,7 @@ class EmuDevice(Device):
         the item's `done`."""
         work, done, wait, signal, q = item
         item = ()
-        error = self._lost
+        error = self.lost
         if error is None:
             if type(work) is tuple:
                 error = run_capturing(functools.partial(
@@ -662,7 +661,7 @@ class EmuDevice(Device):
                     break
                 segment_start = end
                 continue
-            if self._lost is not None:
+            if self.lost is not None:
                 break
             fault = self._check_fault(op, q)
             if fault is not None:
@@ -734,8 +733,8 @@ class EmuDevice(Device):
             _sleep_until(wall_anchor + (end - start))
         if error is not None:
             raise error
-        if self._lost is not None:
-            raise self._lost
+        if self.lost is not None:
+            raise self.lost
 
     # -- the engines ------------------------------------------------------------------------
 
@@ -743,7 +742,7 @@ class EmuDevice(Device):
         """Runs a job on this thread as its engine would (fast mode, small operations)."""
         op = job.op
         host_start = time.monotonic_ns()
-        error = self._lost
+        error = self.lost
         if error is None:
             if type(op) is Dispatch:
                 rc = op.prepared.run(0, 0)
@@ -751,7 +750,7 @@ class EmuDevice(Device):
                     error = _dispatch_error(op.prepared, rc)
             else:
                 error = run_capturing(functools.partial(run_transfer, op))
-        self._finish_job(job, host_start, time.monotonic_ns(), error or self._lost)
+        self._finish_job(job, host_start, time.monotonic_ns(), error or self.lost)
 
     def _dma_worker(self, jobs: queue_module.SimpleQueue) -> None:
         while True:
@@ -761,7 +760,7 @@ class EmuDevice(Device):
             if job.not_before:
                 _sleep_until(job.not_before)
             host_start = time.monotonic_ns()
-            error = self._lost or run_capturing(functools.partial(run_transfer, job.op))
+            error = self.lost or run_capturing(functools.partial(run_transfer, job.op))
             if job.not_until:
                 _sleep_until(job.not_until)
             self._finish_job(job, host_start, time.monotonic_ns(), error)
@@ -781,7 +780,7 @@ class EmuDevice(Device):
             prepared = job.op.prepared
             tile = 0 if job.calibrate else max(1, prepared.total // (4 * len(self._compute_queues)))
             cpu_start = time.thread_time_ns()
-            rc = 0 if self._lost is not None else prepared.run(index, tile)
+            rc = 0 if self.lost is not None else prepared.run(index, tile)
             cpu_ns = time.thread_time_ns() - cpu_start
             with job.lock:
                 if rc and job.error is None:
@@ -797,7 +796,7 @@ class EmuDevice(Device):
                 if job.not_until:
                     _sleep_until(job.not_until)
                     end = time.monotonic_ns()
-                self._finish_job(job, job.host_start, end, job.error or self._lost)
+                self._finish_job(job, job.host_start, end, job.error or self.lost)
             job = None
 
     def _finish_job(self, job: _Job, host_start: int, host_end: int, error: Error | None) -> None:
@@ -851,7 +850,7 @@ class EmuDevice(Device):
         if fired is None:
             return None
         if fired[0] == "device_loss":
-            self._lose(fired[2])
+            self.work_queue.lose(fired[2])
         return fired[2]
 
 

@@ -8,38 +8,39 @@ other drivers.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
 from ...errors import as_error
-from ..device import Completion, Device, run_capturing
-from ..execution import Submission
+from ..device import Device
+from ..queue import Completion, Driver, run_capturing
+from ..semaphore import SemaphorePoint
 from ..stream import run_alone
 
 
-class SyncDevice(Device):
-    driver_name = "sync"
+class SyncDriver(Driver):
+    name = "sync"
     identifier = "local-sync"
-
-    # -- driver contract --------------------------------------------------------------
-
     completes_inline = True
-    profiles_submissions = True
 
-    def _execute(self, ops: Submission, done: Completion, submission_id: int = 0) -> None:
-        profile = self.profile
-        if profile is not None and profile.records_host_execution:
-            from ..profile import run_profiled
+    def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
+                wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
+                queue: int) -> None:
+        if operation == "execute":
+            try:
+                run_alone(payload)
+            except BaseException as exc:  # noqa: BLE001 - becomes the submission's error
+                done(as_error(exc))
+                return
+            done(None)
+        elif operation == "call":
+            done(run_capturing(payload))
+        else:
+            payload(done)
 
-            done(run_capturing(functools.partial(run_profiled, ops, profile, "inline",
-                                                 submission_id=submission_id)))
-            return
-        try:
-            run_alone(ops)
-        except BaseException as exc:  # noqa: BLE001 - becomes the submission's error
-            done(as_error(exc))
-            return
-        done(None)
 
-    def _call(self, work: Callable[[], None], done: Completion) -> None:
-        done(run_capturing(work))
+class SyncDevice(Device):
+    """A device run by the `sync` driver."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(SyncDriver(), **options)

@@ -31,16 +31,15 @@ thread leads a submission before handing it to a worker, default 2000; 0: never)
 
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ...errors import AbortedError, Error, InvalidArgumentError
 from ...scheduler import CallTask, Executor, on_event_loop
-from ..device import Completion, Device
-from ..execution import Submission
+from ..device import Device
+from ..queue import Completion, Driver
 from ..semaphore import SemaphorePoint
 from ..stream import Stream, StreamHelpers
 
@@ -48,13 +47,12 @@ DEFAULT_INLINE_US = 2000
 DEFAULT_HELPER_SPIN_US = 0
 
 
-class TaskDevice(Device):
-    driver_name = "task"
+class TaskDriver(Driver):
+    name = "task"
     identifier = "local-task"
 
-    def __init__(self, workers: int | None = None, *, inline_us: int = DEFAULT_INLINE_US,
-                 helper_spin_us: int = DEFAULT_HELPER_SPIN_US, **options: Any) -> None:
-        super().__init__(**options)
+    def __init__(self, workers: int | None = None, inline_us: int = DEFAULT_INLINE_US,
+                 helper_spin_us: int = DEFAULT_HELPER_SPIN_US) -> None:
         for name, value in (("inline_us", inline_us), ("helper_spin_us", helper_spin_us)):
             if type(value) is not int or value < 0:
                 raise InvalidArgumentError(f"{name} must be an int >= 0, not {value!r}")
@@ -64,47 +62,24 @@ class TaskDevice(Device):
         # not move off a busy core.
         self.executor = Executor(workers, name="tinyhal-task", pin=False)
         self.helpers = StreamHelpers(self.executor.worker_count - 1, helper_spin_us)
-        # A device dropped without close() must not leave its threads behind (at
+        self.concurrency = self.executor.worker_count
+        # A driver dropped without close() must not leave its threads behind (at
         # interpreter exit `close()` runs instead, after running work drained).
         weakref.finalize(self, _stop_nowait, self.executor, self.helpers).atexit = False
 
-    def __repr__(self) -> str:
-        return f"<Device {self.identifier} workers={self.executor.worker_count}>"
-
-    @property
-    def concurrency(self) -> int:
-        return self.executor.worker_count
-
-    def statistics(self) -> Any:
-        """The executor's statistics snapshot (queued, running, live tasks, ...)."""
-        return self.executor.statistics()
-
-    # -- driver contract --------------------------------------------------------------
-
-    profiles_submissions = True
-
-    def _driver_start(self, method: Callable[..., None], payload: Any,
-                      wait: list[SemaphorePoint], signal: list[SemaphorePoint], queue: int
-                      ) -> Callable[[Completion], None]:
-        if method == self._execute:  # a handed-off stream is offered to its waiters
-            return functools.partial(method, payload, signal=signal)
-        return functools.partial(method, payload)
-
-    def _execute(self, ops: Submission, done: Completion, submission_id: int = 0,
-                 signal: Sequence[SemaphorePoint] = ()) -> None:
-        ex = self.executor
-        profile = self.profile
-        if profile is not None and profile.records_host_execution:
-            from ..profile import run_profiled
-
-            def profiled() -> None:
-                run_profiled(ops, profile, threading.current_thread().name,
-                             submission_id=submission_id)
-
-            task = CallTask(ex, profiled, name="submit-profiled")
+    def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
+                wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
+                queue: int) -> None:
+        if operation == "execute":
+            self._execute(payload, done, signal)
+        elif operation == "call":
+            task = CallTask(self.executor, payload, name="queue-op")
             task.on_complete(done)
-            ex.submit(task)
-            return
+            self.executor.submit(task)
+        else:
+            payload(done)
+
+    def _execute(self, ops: Any, done: Completion, signal: Sequence[SemaphorePoint]) -> None:
         helpers = None if ops.single_workgroup else self.helpers
         stream = Stream(ops, 1 + (helpers.count if helpers is not None else 0))
         if self.inline_us and not on_event_loop():
@@ -121,23 +96,37 @@ class TaskDevice(Device):
                 return
 
         handoff = _Handoff(stream, helpers, done)
-        for sem, value in signal:
+        for sem, value in signal:  # a handed-off stream is offered to its waiters
             sem.offer(value, handoff.lead)
-        task = CallTask(ex, handoff.lead, name="submit")
+        task = CallTask(self.executor, handoff.lead, name="submit")
         task.on_complete(handoff.end_unrun)
         try:
-            ex.submit(task)
+            self.executor.submit(task)
         except Error:
             pass  # completed (with ABORTED) already
 
-    def _call(self, work: Callable[[], None], done: Completion) -> None:
-        task = CallTask(self.executor, work, name="queue-op")
-        task.on_complete(done)
-        self.executor.submit(task)
-
-    def _stop(self, timeout: float | None) -> None:
+    def stop(self, timeout: float | None) -> None:
         self.executor.shutdown(timeout=timeout)
         self.helpers.stop()
+
+
+class TaskDevice(Device):
+    """A device run by the `task` driver; `executor` and `helpers` are its threads."""
+
+    def __init__(self, workers: int | None = None, *, inline_us: int = DEFAULT_INLINE_US,
+                 helper_spin_us: int = DEFAULT_HELPER_SPIN_US, **options: Any) -> None:
+        driver = TaskDriver(workers, inline_us, helper_spin_us)
+        self.executor = driver.executor
+        self.helpers = driver.helpers
+        self.inline_us = inline_us
+        super().__init__(driver, **options)
+
+    def __repr__(self) -> str:
+        return f"<Device {self.identifier} workers={self.executor.worker_count}>"
+
+    def statistics(self) -> Any:
+        """The executor's statistics snapshot (queued, running, live tasks, ...)."""
+        return self.executor.statistics()
 
 
 class _Handoff:

@@ -492,6 +492,7 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
         return TINYHAL_PAUSED;
       }
       if (op->kind == TINYHAL_OP_BARRIER) continue; /* operations already run in order */
+      if (stream->times) stream->times[2 * i] = tinyhal_now_ns();
     }
     if (op->local_memory_size > wg->local_memory_size) {
       __atomic_store_n(&stream->status, -12, __ATOMIC_RELEASE); /* RESOURCE_EXHAUSTED */
@@ -507,6 +508,7 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
           stream->resume = i;
           return TINYHAL_PAUSED;
         }
+        if (stream->times) stream->times[2 * i + 1] = tinyhal_now_ns();
         continue;
       }
       __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
@@ -527,6 +529,7 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
       return TINYHAL_PAUSED;
     }
     tinyhal_stream_close(stream);
+    if (stream->times) stream->times[2 * i + 1] = tinyhal_now_ns();
   }
   stream->resume = count;
   __atomic_store_n(&stream->done, 1, __ATOMIC_RELEASE);

@@ -49,6 +49,8 @@ typedef struct tinyhal_stream_t {
   int resume_open;   /* ... which is a posted dispatch, still open to helpers */
   int posted;        /* the stream is posted to a helper pool (the pool is its own) */
   int leader_cpu;    /* the leader's CPU at its latest post, which helpers keep off */
+  uint64_t* times;   /* NULL, or 2 per operation: when its leader began it and when it
+                      * ended (CLOCK_MONOTONIC ns), for a profile; set after binding */
 } tinyhal_stream_t;
 
 /* Where one binding of a recorded stream goes: on each execution the 8-byte word at

@@ -1,43 +1,47 @@
-"""The driver contract (`tinyhal.hal.drivers`): drivers run ready work and report it
-done; the public `Device` validates, holds resource sets, waits and completes."""
+"""The driver interface (`tinyhal.hal.queue`): a driver object performs ready queue
+operations and reports them done; the public `Device` validates, its `WorkQueue` holds
+resource sets, waits and completes."""
 
 from __future__ import annotations
 
 import gc
-import inspect
 import threading
 
 import numpy as np
 import pytest
 
 from tinyhal import errors
-from tinyhal.hal.device import Device, run_capturing
+from tinyhal.hal.device import Device
 from tinyhal.hal.drivers import emu, sync, task
+from tinyhal.hal.queue import Driver, run_capturing
 from tinyhal.hal.stream import Stream
 
 T = 30
 
 
-class BareDevice(Device):
+class BareDriver(Driver):
     """A driver that implements nothing: what it lacks is UNIMPLEMENTED, not a crash."""
 
-    driver_name = "bare"
+    name = "bare"
 
 
-class LateDevice(Device):
+class LateDriver(Driver):
     """Runs commands on a thread of its own when told to, reporting `done` twice."""
 
-    driver_name = "late"
+    name = "late"
 
     def __init__(self) -> None:
-        super().__init__()
         self.go = threading.Event()
         self.threads: list[threading.Thread] = []
 
-    def _execute(self, ops, done):
+    def perform(self, operation, payload, done, submission_id, wait, signal, queue):
+        if operation != "execute":
+            return super().perform(operation, payload, done, submission_id, wait, signal,
+                                   queue)
+
         def run():
             self.go.wait(T)
-            error = run_capturing(Stream(ops).run)
+            error = run_capturing(Stream(payload).run)
             done(error)
             done(errors.InternalError("a second report is ignored"))
 
@@ -47,7 +51,7 @@ class LateDevice(Device):
 
 
 def test_a_driver_without_hooks_fails_work_with_unimplemented():
-    dev = BareDevice()
+    dev = Device(BareDriver())
     buf = dev.allocator.allocate(256)
     s = dev.create_semaphore()
     dev.queue_fill(buf, 0, 256, b"\x01", signal=[(s, 1)])
@@ -68,7 +72,8 @@ def test_a_driver_without_hooks_fails_work_with_unimplemented():
 
 
 def test_the_device_holds_resources_until_the_driver_reports_done():
-    dev = LateDevice()
+    driver = LateDriver()
+    dev = Device(driver)
     baseline = dev.allocator.statistics().live_bytes
     s = dev.create_semaphore()
     out = dev.allocator.allocate(1 << 20)
@@ -87,53 +92,61 @@ def test_the_device_holds_resources_until_the_driver_reports_done():
     assert dev.in_flight == 1
     assert dev.allocator.statistics().live_bytes == baseline + (2 << 20)
     assert not dev.wait_idle(0.01)
-    dev.go.set()
+    driver.go.set()
     s.wait(1, timeout=T)  # the second `done` (an error) changed nothing
     assert dev.wait_idle(T)
     assert dev.allocator.statistics().live_bytes == baseline + (1 << 20)
     assert np.all(dev.read_array(out).view(np.uint32) == 0x01020304)
-    for th in dev.threads:
+    for th in driver.threads:
         th.join(T)
     dev.close()
 
 
-class LingeringDevice(Device):
+class LingeringDriver(Driver):
     """Runs commands inline and keeps the submission and its stream afterwards, as a
     driver thread's frame or queued task may for a moment after reporting done."""
 
-    driver_name = "lingering"
+    name = "lingering"
 
     def __init__(self) -> None:
-        super().__init__()
         self.kept: list = []
 
-    def _execute(self, ops, done):
-        stream = Stream(ops)
-        self.kept.append((ops, stream))
+    def perform(self, operation, payload, done, submission_id, wait, signal, queue):
+        stream = Stream(payload)
+        self.kept.append((payload, stream))
         done(run_capturing(stream.run))
 
 
 def test_memory_is_free_when_the_signal_is_reached_whatever_the_driver_still_holds():
-    dev = LingeringDevice()
+    driver = LingeringDriver()
+    dev = Device(driver)
     s = dev.create_semaphore()
     buffer = dev.allocator.allocate(1 << 16)
     dev.queue_fill(buffer, 0, 1 << 16, b"\x05", signal=[(s, 1)])
     del buffer
     s.wait(1, timeout=T)
-    assert dev.kept  # no collection: the references are gone, not merely unreachable
+    assert driver.kept  # no collection: the references are gone, not merely unreachable
     assert dev.allocator.statistics().live_bytes == 0
     dev.close()
 
 
 @pytest.mark.parametrize("module", [sync, task, emu], ids=lambda m: m.__name__.rsplit(".", 1)[1])
-def test_every_driver_implements_the_contract_in_the_same_order(module):
-    cls = next(v for v in vars(module).values()
-               if isinstance(v, type) and issubclass(v, Device) and v is not Device
-               and v.__module__ == module.__name__)
-    for name in ("_execute", "_call"):
-        assert name in vars(cls), f"{cls.__name__} lacks {name}"
-    lines = [inspect.getsourcelines(vars(cls)[n])[1] for n in ("_execute", "_call", "_stop")
-             if n in vars(cls)]
-    assert lines == sorted(lines)
-    assert cls.__mro__[1] is Device  # drivers build on the public layer, not on each other
-
+def test_every_driver_is_an_object_the_device_holds(module):
+    """A driver is composed into its device: it implements `perform` (and `stop`), and
+    its device class adds only public extras: it defines no private method at all."""
+    drivers = [v for v in vars(module).values()
+               if isinstance(v, type) and issubclass(v, Driver) and v.__module__ == module.__name__]
+    devices = [v for v in vars(module).values()
+               if isinstance(v, type) and issubclass(v, Device) and v.__module__ == module.__name__]
+    assert len(drivers) == 1 and len(devices) == 1
+    assert "perform" in vars(drivers[0])
+    assert devices[0].__mro__[1] is Device  # drivers build on the public layer, not on each other
+    overridden = [name for name in vars(devices[0]) if name.startswith("_")
+                  and not name.startswith("__") and callable(getattr(Device, name, None))]
+    assert not overridden
+    device = module.__dict__[devices[0].__name__]()
+    try:
+        assert isinstance(device.driver, drivers[0])
+        assert device.driver_name == drivers[0].name
+    finally:
+        device.close()

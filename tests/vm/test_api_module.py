@@ -34,7 +34,7 @@ def test_top_level_load_owns_its_device():
     np.testing.assert_array_equal(module.main([1, 2, 3, 4], np.ones(4, np.float32)),
                                   [2, 3, 4, 5])
     module.close()
-    assert module.device._closed
+    assert module.device.closed
 
 
 def test_scalars_and_multiple_results(device):

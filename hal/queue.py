@@ -1,0 +1,443 @@
+"""The device queue: entries, waits, retirement, close and device loss, and the driver
+interface it hands ready work to.
+
+`Device` (`hal/device.py`) validates every queue operation on the calling thread and
+then gives it to its `WorkQueue`. The queue registers an entry that holds everything the
+work touches (its resource set), waits on the wait semaphores without polling, and once
+they are reached asks the device's driver to `perform` the operation; the driver's
+`done(error)` retires the entry: the resource set is dropped first, then the signal
+semaphores advance or fail. A wait that fails never runs the work; its failure reaches
+the signal semaphores instead.
+
+**The driver interface.** A driver is an object the device holds (`Device.driver`), not
+a subclass of it: it implements `perform` and nothing else of the queue's business.
+
+    perform(operation, payload, done, submission_id, wait, signal, queue)
+
+is called once per queue operation whose waits are reached, on the thread that reached
+them. `operation` names what to do with `payload`:
+
+- `"execute"`: a `hal.execution.Submission` (a `submit`, and the one-command
+  submissions of `queue_fill`, `queue_update` and `queue_copy`, as IREE's local
+  drivers run queue transfers): run its operations in order (a `hal.stream` native
+  stream, or `Submission.operations()` one at a time; operations may overlap only where
+  no barrier separates them);
+- `"call"`: host work, a callable of no arguments (a `queue_read` / `queue_write`
+  transfer): run it;
+- `"alloca"`, `"dealloca"`, `"barrier"`: queue work the device built, a callable taking
+  `done` (`Alloca` places transient memory, maybe later, when the ring has room); the
+  driver calls `payload(done)` when it is that operation's turn (a driver that models
+  its memory checks `Alloca.size` first).
+
+Then it calls `done(error)` exactly once, on any thread (`error` None on success;
+`run_capturing` turns an exception into one). `submission_id` is the profile's id of the
+operation (0 while no profiling session records), `wait` and `signal` its semaphore
+points and `queue` the device queue it was given to: a driver that models queues,
+dependencies or device time reads them; others ignore them. A driver keeps nothing alive
+for the work's sake (the entry's resource set does that, and a submission a driver still
+holds after `done` holds no buffers).
+
+A driver also declares what the queue may rely on: `name` and `identifier` (IREE's
+device id), `queue_count`, `concurrency` (workers a dispatch may spread over),
+`completes_inline` (its `perform` of `"execute"` always calls `done` before it returns:
+a ready submission then runs without an entry), `places_ready_allocas` (a ready
+`queue_alloca` may take ring space without `perform`: False for a driver that checks
+its memory itself), `default_profiling_modes`, `create_allocator()` and `stop(timeout)`
+(release threads; `close()` calls it once nothing runs). `Driver` gives the defaults.
+
+**Closing and loss.** `close()` lets running work finish (and work it makes ready),
+fails every entry still waiting with ABORTED (it never runs), then stops the driver.
+`lose(error)` loses the device: waiting entries fail with `error` at once, as does
+every later one, and the driver fails what it holds.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import (
+    AbortedError,
+    DeviceLostError,
+    Error,
+    FailedPreconditionError,
+    InternalError,
+    KernelFaultError,
+    UnimplementedError,
+    as_error,
+)
+from .allocator import Allocator
+from .execution import Submission
+from .semaphore import SemaphorePoint, all_reached, when_all_reached
+
+if TYPE_CHECKING:
+    from .buffer import Storage
+    from .ringbuffer import TransientRingbuffer
+
+Completion = Callable[[Error | None], None]
+DEFAULT_PROFILING_MODES = ("queue-events", "host-execution", "memory-events")
+
+
+def run_capturing(work: Callable[[], None]) -> Error | None:
+    """Runs `work`; returns its failure as a `tinyhal.Error` (None on success). Drivers
+    use it to turn an operation's exception into the error its signals fail with."""
+    try:
+        work()
+    except BaseException as exc:  # noqa: BLE001 - any failure becomes the operation's error
+        return as_error(exc)
+    return None
+
+
+class Driver:
+    """The defaults of the driver interface (see the module docstring): a driver that
+    runs nothing. What it cannot perform fails with UNIMPLEMENTED; queue work the device
+    built (alloca, dealloca, barrier) runs inline."""
+
+    name = "base"
+    identifier = "local"
+    queue_count = 1
+    concurrency = 1
+    completes_inline = False
+    places_ready_allocas = True
+    default_profiling_modes: tuple[str, ...] = DEFAULT_PROFILING_MODES
+
+    def create_allocator(self) -> Allocator:
+        return Allocator(self.identifier)
+
+    def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
+                wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
+                queue: int) -> None:
+        if operation == "execute":
+            done(UnimplementedError(f"driver {self.name!r} cannot execute commands"))
+        elif operation == "call":
+            done(UnimplementedError(f"driver {self.name!r} cannot run host work"))
+        else:
+            payload(done)
+
+    def stop(self, timeout: float | None) -> None:
+        """Stops the driver's threads; called by `close()` once no work is running."""
+
+
+class Alloca:
+    """The queue work of a `queue_alloca`: places `size` bytes of the transient ring
+    into `storage` when called (at once, or when a retirement makes room)."""
+
+    __slots__ = ("storage", "size", "ring")
+
+    def __init__(self, storage: Storage, ring: TransientRingbuffer) -> None:
+        self.storage = storage
+        self.size = storage.byte_length
+        self.ring = ring
+
+    def __call__(self, done: Completion) -> None:
+        storage, ring = self.storage, self.ring
+
+        def granted(block: Any, error: Error | None) -> None:
+            if error is None:
+                ring.commit(storage, block)
+            done(error)
+
+        ring.reserve(self.size, granted)
+
+
+class Dealloca:
+    """The queue work of a `queue_dealloca`: gives the storage's ring block back."""
+
+    __slots__ = ("storage", "ring")
+
+    def __init__(self, storage: Storage, ring: TransientRingbuffer) -> None:
+        self.storage = storage
+        self.ring = ring
+
+    def __call__(self, done: Completion) -> None:
+        self.storage.released = True
+        self.ring.release(self.storage)
+        done(None)
+
+
+def no_work(done: Completion) -> None:
+    """The queue work of a barrier."""
+    done(None)
+
+
+_WAITING, _RUNNING, _RETIRED = "waiting", "running", "retired"
+
+
+class _Entry:
+    """One accepted queue operation: what to perform, its resource set and its state."""
+
+    __slots__ = ("operation", "payload", "submission_id", "wait", "signal", "queue",
+                 "resources", "state")
+
+    def __init__(self, operation: str, payload: Any, submission_id: int,
+                 wait: list[SemaphorePoint], signal: list[SemaphorePoint], queue: int,
+                 resources: Any) -> None:
+        self.operation = operation
+        self.payload = payload
+        self.submission_id = submission_id
+        self.wait = wait
+        self.signal = signal
+        self.queue = queue
+        self.resources = resources
+        self.state = _WAITING
+
+
+class WorkQueue:
+    """One device's queue entries, run by its driver (see the module docstring)."""
+
+    def __init__(self, owner: str, driver: Any, transient: TransientRingbuffer) -> None:
+        self.owner = owner  # how messages name the device
+        self.driver = driver
+        self.transient = transient
+        self.closed = False
+        self.lost: Error | None = None  # set by `lose`: every entry fails with it
+        self._entries: set[_Entry] = set()
+        self._running = 0
+        # Re-entrant: a garbage collection under the lock may free a transient buffer whose
+        # ringbuffer retirement grants a parked queue_alloca, which retires its entry.
+        self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)  # for wait_idle() and close()
+        self._watchers = 0  # threads waiting on `_idle`; retiring notifies only if any
+
+    @property
+    def in_flight(self) -> int:
+        """Entries accepted and not yet retired (waiting or running)."""
+        with self._lock:
+            return len(self._entries)
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise FailedPreconditionError(f"{self.owner} is closed")
+
+    # -- entries ----------------------------------------------------------------------
+
+    def accept(self, operation: str, payload: Any, wait: list[SemaphorePoint],
+               signal: list[SemaphorePoint], queue: int, resources: Any,
+               submission_id: int = 0) -> None:
+        """Registers an entry holding `resources` (and `payload`); once `wait` is reached
+        the driver performs it, and its `done` retires the entry."""
+        runs_now = not wait or all_reached(wait)  # a failed wait takes the slow path
+        entry = _Entry(operation, payload, submission_id, wait, signal, queue, resources)
+        with self._lock:
+            if self.closed:
+                raise FailedPreconditionError(f"{self.owner} is closed")
+            self._entries.add(entry)
+            if runs_now:
+                entry.state = _RUNNING
+                self._running += 1
+        if self.lost is not None:
+            self._retire(entry, self.lost)
+            return
+        if runs_now:
+            self._start(entry)
+            return
+        for sem, value in signal:
+            sem.offer_waits(value, wait)
+
+        def ready(error: Error | None) -> None:
+            error = error or self.lost
+            if error is not None:
+                self._retire(entry, error)
+                return
+            with self._lock:
+                if entry.state is not _WAITING:
+                    return  # aborted by close() while it waited
+                entry.state = _RUNNING
+                self._running += 1
+            self._start(entry)
+
+        when_all_reached(wait, ready)
+
+    def _start(self, entry: _Entry) -> None:
+        def done(error: Error | None) -> None:
+            self._retire(entry, error)
+
+        try:
+            self.driver.perform(entry.operation, entry.payload, done, entry.submission_id,
+                                entry.wait, entry.signal, entry.queue)
+        except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
+            self._retire(entry, as_error(exc))
+
+    def run_ready(self, payload: Submission, signal: list[SemaphorePoint], queue: int,
+                  submission_id: int = 0) -> None:
+        """Executes a submission whose waits are met on this thread, without an entry
+        (the driver `completes_inline`). It counts as running (so `close()` and
+        `wait_idle()` wait for it), and its references are dropped before `signal`
+        advances, as an entry's resource set is."""
+        with self._lock:
+            if self.closed:
+                raise FailedPreconditionError(f"{self.owner} is closed")
+            self._running += 1
+        try:
+            outcome: list[Error | None] = []
+            try:
+                self.driver.perform("execute", payload, outcome.append, submission_id, (),
+                                    signal, queue)
+            except BaseException as exc:  # noqa: BLE001 - becomes the work's error
+                outcome.append(as_error(exc))
+            payload.release()  # the submitting frame still holds it
+            payload = None
+            error = outcome[0] if outcome else InternalError(
+                f"{self.owner} finished inline work without completing it")
+            self.complete(signal, error)
+        finally:
+            with self._lock:
+                self._running -= 1
+                if self._watchers and not self._running:
+                    self._idle.notify_all()
+        if type(error) is KernelFaultError:
+            self.lose_to_fault(error)
+
+    def _retire(self, entry: _Entry, error: Error | None) -> None:
+        with self._lock:
+            state = entry.state
+            if state is _RETIRED:
+                return
+            entry.state = _RETIRED
+        _release(entry)  # before the signal: a woken waiter sees it
+        try:
+            self.complete(entry.signal, error)
+        finally:
+            # Counted as in flight until its signal has readied what depends on it, so
+            # close() sees work made ready by running work as running, never as waiting.
+            with self._lock:
+                self._entries.discard(entry)
+                if state is _RUNNING:
+                    self._running -= 1
+                if self._watchers and (not self._running or not self._entries):
+                    self._idle.notify_all()
+        if type(error) is KernelFaultError:
+            self.lose_to_fault(error)
+
+    def complete(self, signal: Sequence[SemaphorePoint], error: Error | None) -> None:
+        """Signals (or fails) `signal`. Trampolined: completions that a signal triggers on
+        this thread are queued for the outermost call, so chains of thousands of dependent
+        operations, succeeding or failing, never recurse once per link."""
+        inline = _inline
+        pending = getattr(inline, "pending", None)
+        if pending is not None:
+            pending.append((signal, error))
+            return
+        ready: Sequence[Any] = ()
+        if error is None:  # the common case: nothing waits on the points, no trampoline
+            for index, (sem, value) in enumerate(signal):
+                try:
+                    ready = sem.advance(value)
+                except Error as exc:
+                    sem.fail(exc)
+                    continue
+                if ready:
+                    signal = signal[index + 1:]
+                    break
+            else:
+                return
+        inline.pending = pending = collections.deque()
+        try:
+            for tp in ready:  # what the last point advanced reached, before the next point
+                tp.callback(None)
+            while True:
+                for sem, value in signal:
+                    if error is not None:
+                        sem.fail(error)
+                        continue
+                    try:
+                        sem.signal(value)
+                    except Error as exc:
+                        sem.fail(exc)
+                if not pending:
+                    break
+                signal, error = pending.popleft()
+        finally:
+            inline.pending = None
+
+    # -- idle, close, loss ------------------------------------------------------------
+
+    def wait_idle(self, timeout: float | None = 60.0) -> bool:
+        """Waits until every entry has retired and nothing runs; False on timeout."""
+        return self._wait_until(lambda: not self._entries and not self._running, timeout)
+
+    def _wait_until(self, condition: Callable[[], bool], timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            self._watchers += 1
+            try:
+                while not condition():
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._idle.wait(left)
+            finally:
+                self._watchers -= 1
+        return True
+
+    def close(self, timeout: float | None) -> bool:
+        """Stops accepting work, lets running work finish (and work it makes ready),
+        aborts what still waits, then stops the driver. False if already closed."""
+        with self._lock:
+            if self.closed:
+                return False
+            self.closed = True
+        self.transient.close(AbortedError(
+            f"{self.owner} closed while a queue_alloca waited for ringbuffer space"))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._wait_until(lambda: not self._running, timeout)
+        waiting: list[_Entry] = []
+        with self._lock:
+            for entry in tuple(self._entries):
+                if entry.state is _WAITING:  # claimed: a late `ready` finds it retired
+                    entry.state = _RETIRED
+                    self._entries.discard(entry)
+                    waiting.append(entry)
+        for entry in waiting:
+            self._finish(entry, AbortedError(f"{self.owner} closed before the work ran"))
+        self.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self.driver.stop(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return True
+
+    def lose_to_fault(self, fault: Error) -> None:
+        """A kernel faulted: what it wrote before faulting cannot be trusted, so the
+        device is lost (as a GPU context is after a kernel fault)."""
+        self.lose(DeviceLostError(f"{self.owner} lost: a kernel faulted ({fault.message})"))
+
+    def lose(self, error: Error) -> None:
+        """Loses the device: entries waiting on semaphores fail with `error` now, as do
+        parked `queue_alloca` reservations and every later entry; the driver fails the
+        work it holds (it reads `lost`). The device stays usable only for `close()`."""
+        with self._lock:
+            if self.lost is not None:
+                return
+            self.lost = error
+            waiting = [e for e in self._entries if e.state is _WAITING]
+            for entry in waiting:
+                entry.state = _RETIRED
+                self._entries.discard(entry)
+            if self._watchers:
+                self._idle.notify_all()
+        self.transient.close(error)
+        for entry in waiting:
+            self._finish(entry, error)
+
+    def _finish(self, entry: _Entry, error: Error | None) -> None:
+        # The resource set goes before the signal, so a woken waiter sees it released.
+        # (A semaphore that never reaches the wait may keep `ready`, never the set.)
+        _release(entry)
+        self.complete(entry.signal, error)
+
+
+def _release(entry: _Entry) -> None:
+    """Drops an entry's resource set and payload. A submission is emptied as well:
+    driver frames, tasks and closures that ran it may outlive its completion by a
+    moment, and what they still hold must not keep its buffers' memory alive."""
+    payload = entry.payload
+    entry.resources = entry.payload = None
+    if type(payload) is Submission:
+        payload.release()
+
+
+_inline = threading.local()
+
+__all__ = ["Alloca", "Completion", "Dealloca", "Driver", "WorkQueue", "no_work",
+           "run_capturing"]
