@@ -295,3 +295,29 @@ class Buffer:
         """The buffer's bytes as a byte memoryview, bypassing mapping checks (HAL-internal)."""
         return self.storage.array[self.byte_offset : self.byte_offset + self.byte_length]
 
+
+
+_NO_BYTES = memoryview(bytearray())
+_new = object.__new__
+
+
+def pending_buffer(allocator: Any, size: int, memory_type_bits: int, usage_bits: int) -> Buffer:
+    """A buffer of `size` bytes over a storage with no memory yet (address 0), which a
+    `queue_alloca` commits when its ring space is granted; what `Buffer(allocator,
+    Storage(size, array=..., address=0), 0, size, ...)` makes, without their two
+    `__init__` frames (a ready alloca's path)."""
+    storage = _new(Storage)
+    storage.array = _NO_BYTES
+    storage.address = 0
+    storage.byte_length = size
+    storage.released = False
+    storage._on_release = None
+    buffer = _new(Buffer)
+    buffer.allocator = allocator
+    buffer.storage = storage
+    buffer.byte_offset = 0
+    buffer.byte_length = size
+    buffer.memory_type_bits = memory_type_bits
+    buffer.usage_bits = usage_bits
+    buffer.access_bits = _ACCESS_ALL
+    return buffer

@@ -57,7 +57,7 @@ from ..errors import (
     NotFoundError,
     as_error,
 )
-from .buffer import Buffer, Storage, as_byte_view
+from .buffer import Buffer, as_byte_view, pending_buffer
 from .command_buffer import CommandBuffer, as_table_range
 from .executable import (
     Executable,
@@ -72,7 +72,6 @@ from .semaphore import (
     Fence,
     Semaphore,
     SemaphorePoint,
-    all_reached,
     normalize_wait_signal,
 )
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
@@ -113,6 +112,8 @@ class Device:
         self.driver = driver
         self.driver_name = driver.name
         self.identifier = driver.identifier
+        self.queue_count: int = driver.queue_count
+        """How many queues the device has (the `queue=` argument of queue operations)."""
         if options:
             raise InvalidArgumentError(
                 f"driver {self.driver_name!r} does not take options {sorted(options)}"
@@ -258,11 +259,6 @@ class Device:
         return self.driver.concurrency
 
     @property
-    def queue_count(self) -> int:
-        """How many queues the device has (the `queue=` argument of queue operations)."""
-        return self.driver.queue_count
-
-    @property
     def default_profiling_modes(self) -> tuple[str, ...]:
         """The profiling modes a session records by default (the driver's)."""
         return self.driver.default_profiling_modes
@@ -314,7 +310,7 @@ class Device:
         queue operation takes it.
         """
         batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
-        wait_points, signal_points = normalize_wait_signal(wait, signal)
+        wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         driver = self.driver
@@ -328,25 +324,29 @@ class Device:
                 ops.instrument = (profile, submission_id, queue)
         work_queue = self.work_queue
         if (driver.completes_inline and work_queue.lost is None
-                and (not wait_points or all_reached(wait_points))):
+                and reached):
             work_queue.run_ready(ops, signal_points, queue, submission_id)
             return
         work_queue.accept("execute", ops, wait_points, signal_points, queue,
-                          (batch_list, binding_table), submission_id)
+                          (batch_list, binding_table), submission_id, reached)
 
     queue_execute = submit
 
     def queue_barrier(self, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
         """Advances `signal` once `wait` is reached; no work."""
-        wait_points, signal_points = normalize_wait_signal(wait, signal)
+        wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         submission_id = 0
         if self.profile is not None:
             submission_id = self.profile.record_submission("barrier", wait_points,
                                                            signal_points, queue=queue)
+        elif reached and self.work_queue.lost is None:  # ready: nothing to run or hold
+            self.work_queue.check_open()
+            self.work_queue.complete(signal_points, None)
+            return
         self.work_queue.accept("barrier", no_work, wait_points, signal_points, queue, None,
-                               submission_id)
+                               submission_id, reached)
 
     def queue_fill(self, target: Buffer, offset: int, length: int, pattern: int | bytes,
                    wait: Points = (), signal: Points = (), pattern_length: int | None = None,
@@ -423,7 +423,7 @@ class Device:
     def _accept_host_transfer(self, operation: str, wait: Points, signal: Points, queue: int,
                               length: int, resources: Any, work: Callable[[], None]) -> None:
         """Queues `work`, a host-side read or write of `length` bytes holding `resources`."""
-        wait_points, signal_points = normalize_wait_signal(wait, signal)
+        wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         submission_id = 0
@@ -431,7 +431,7 @@ class Device:
             submission_id = self.profile.record_submission(
                 operation, wait_points, signal_points, payload_length=length, queue=queue)
         self.work_queue.accept("call", work, wait_points, signal_points, queue, resources,
-                               submission_id)
+                               submission_id, reached)
 
     def queue_alloca(self, size: int, wait: Points = (), signal: Points = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
@@ -443,7 +443,7 @@ class Device:
         makes it wait for a `queue_dealloca` to retire space. Only a size larger than the
         whole ring fails, here, with RESOURCE_EXHAUSTED.
         """
-        wait_points, signal_points = normalize_wait_signal(wait, signal)
+        wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         if type(size) is not int or size < 0:
@@ -453,12 +453,11 @@ class Device:
             heap = self.allocator.select_heap(memory_type)
             kind = (int(heap.memory_type), self.allocator.coerce_usage(memory_type, usage))
             self._alloca_kinds[(memory_type, usage)] = kind
-        buffer = Buffer(self.allocator, Storage(size, array=_NO_BYTES, address=0), 0, size,
-                        *kind)
+        buffer = pending_buffer(self.allocator, size, *kind)
         work_queue = self.work_queue
         if (self.profile is None and work_queue.lost is None
                 and self.driver.places_ready_allocas
-                and (not wait_points or all_reached(wait_points))):
+                and reached):
             # Ready now: the ring places it at once (no driver work, so nothing for
             # close() to wait for; a ring closed meanwhile refuses it), or it takes the
             # queue path below.
@@ -473,7 +472,7 @@ class Device:
             submission_id = self.profile.record_submission(
                 "alloca", wait_points, signal_points, payload_length=size, queue=queue)
         work_queue.accept("alloca", Alloca(buffer.storage, self.transient), wait_points,
-                          signal_points, queue, buffer, submission_id)
+                          signal_points, queue, buffer, submission_id, reached)
         return buffer
 
     def queue_dealloca(self, buffer: Buffer, wait: Points = (), signal: Points = (),
@@ -483,12 +482,12 @@ class Device:
             raise InvalidArgumentError(f"queue_dealloca takes a Buffer, not {buffer!r}")
         if buffer.storage.released:
             buffer.check_live()  # raises FAILED_PRECONDITION
-        wait_points, signal_points = normalize_wait_signal(wait, signal)
+        wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         work_queue = self.work_queue
         if (self.profile is None and work_queue.lost is None
-                and (not wait_points or all_reached(wait_points))):
+                and reached):
             # Ready now: the ring takes the block back inline (host bookkeeping only, as
             # for a ready alloca).
             if work_queue.closed:
@@ -508,7 +507,7 @@ class Device:
                 "dealloca", wait_points, signal_points, payload_length=buffer.byte_length,
                 queue=queue)
         work_queue.accept("dealloca", Dealloca(buffer.storage, self.transient), wait_points,
-                          signal_points, queue, buffer, submission_id)
+                          signal_points, queue, buffer, submission_id, reached)
 
     # -- in-flight work ---------------------------------------------------------------
 
@@ -536,7 +535,6 @@ class Device:
         return self.work_queue.lost
 
 
-_NO_BYTES = memoryview(bytearray())  # the array of a transient storage before its commit
 _live_devices: weakref.WeakSet[Device] = weakref.WeakSet()
 EXIT_DRAIN_SECONDS = 60.0
 """How long interpreter exit waits, in all, for running device work to finish (assign to

@@ -71,7 +71,7 @@ from ..errors import (
 )
 from .allocator import Allocator
 from .execution import Submission
-from .semaphore import SemaphorePoint, all_reached, when_all_reached
+from .semaphore import SemaphorePoint, when_all_reached
 
 if TYPE_CHECKING:
     from .buffer import Storage
@@ -195,7 +195,10 @@ class WorkQueue:
         self.closed = False
         self.lost: Error | None = None  # set by `lose`: every entry fails with it
         self._entries: set[_Entry] = set()
-        self._running = 0
+        self._running = 0  # entries running (under the lock)
+        # One item per `run_ready` in progress: appended and popped without the lock
+        # (atomic list operations), as a ready submission on `sync` is the hot path.
+        self._running_inline: list[None] = []
         # Re-entrant: a garbage collection under the lock may free a transient buffer whose
         # ringbuffer retirement grants a parked queue_alloca, which retires its entry.
         self._lock = threading.RLock()
@@ -216,10 +219,11 @@ class WorkQueue:
 
     def accept(self, operation: str, payload: Any, wait: list[SemaphorePoint],
                signal: list[SemaphorePoint], queue: int, resources: Any,
-               submission_id: int = 0) -> None:
+               submission_id: int = 0, reached: bool = False) -> None:
         """Registers an entry holding `resources` (and `payload`); once `wait` is reached
-        the driver performs it, and its `done` retires the entry."""
-        runs_now = not wait or all_reached(wait)  # a failed wait takes the slow path
+        the driver performs it, and its `done` retires the entry. `reached` says the
+        caller saw every wait point reached (`normalize_wait_signal`): it runs now."""
+        runs_now = reached or not wait
         entry = _Entry(operation, payload, submission_id, wait, signal, queue, resources)
         with self._lock:
             if self.closed:
@@ -267,10 +271,11 @@ class WorkQueue:
         (the driver `completes_inline`). It counts as running (so `close()` and
         `wait_idle()` wait for it), and its references are dropped before `signal`
         advances, as an entry's resource set is."""
-        with self._lock:
-            if self.closed:
-                raise FailedPreconditionError(f"{self.owner} is closed")
-            self._running += 1
+        running_inline = self._running_inline
+        running_inline.append(None)  # before the test: close() then waits for it
+        if self.closed:
+            running_inline.pop()
+            raise FailedPreconditionError(f"{self.owner} is closed")
         try:
             outcome: list[Error | None] = []
             try:
@@ -284,9 +289,9 @@ class WorkQueue:
                 f"{self.owner} finished inline work without completing it")
             self.complete(signal, error)
         finally:
-            with self._lock:
-                self._running -= 1
-                if self._watchers and not self._running:
+            running_inline.pop()
+            if self._watchers and not running_inline:
+                with self._lock:
                     self._idle.notify_all()
         if type(error) is KernelFaultError:
             self.lose_to_fault(error)
@@ -357,7 +362,8 @@ class WorkQueue:
 
     def wait_idle(self, timeout: float | None = 60.0) -> bool:
         """Waits until every entry has retired and nothing runs; False on timeout."""
-        return self._wait_until(lambda: not self._entries and not self._running, timeout)
+        return self._wait_until(lambda: not (self._entries or self._running
+                                             or self._running_inline), timeout)
 
     def _wait_until(self, condition: Callable[[], bool], timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -383,7 +389,7 @@ class WorkQueue:
         self.transient.close(AbortedError(
             f"{self.owner} closed while a queue_alloca waited for ringbuffer space"))
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._wait_until(lambda: not self._running, timeout)
+        self._wait_until(lambda: not (self._running or self._running_inline), timeout)
         waiting: list[_Entry] = []
         with self._lock:
             for entry in tuple(self._entries):

@@ -100,6 +100,9 @@ class RingBlock:
         return f"<RingBlock [{self.offset}, {self.offset + self.size}) {state}>"
 
 
+_new_block = object.__new__
+
+
 class RingStatistics(NamedTuple):
     capacity: int
     live_bytes: int
@@ -345,7 +348,11 @@ class TransientRingbuffer:
             return None
         if self._backing is None:
             self._ensure_backing()
-        block = RingBlock(offset, need, size)
+        block = _new_block(RingBlock)  # without an __init__ frame
+        block.offset = offset
+        block.size = need
+        block.requested = size
+        block.retired = False
         self._blocks.append(block)
         self._head = offset + need
         self._tail = self._blocks[0].offset

@@ -381,15 +381,20 @@ class Fence:
 
 def normalize_wait_signal(
     wait: Fence | Sequence[SemaphorePoint] | None, signal: Fence | Sequence[SemaphorePoint] | None
-) -> tuple[list[SemaphorePoint], list[SemaphorePoint]]:
-    """`normalize_points` of a queue operation's wait and signal, in one call when they
-    are Fences (or no wait), as the VM passes them."""
+) -> tuple[list[SemaphorePoint], list[SemaphorePoint], bool]:
+    """`normalize_points` of a queue operation's wait and signal, and whether the wait is
+    already reached (`all_reached`), in one call when they are Fences (or no wait), as
+    the VM passes them."""
     if type(signal) is Fence:
-        if type(wait) is Fence:
-            return list(wait.timeline.items()), list(signal.timeline.items())
         if wait is None:
-            return [], list(signal.timeline.items())
-    return normalize_points(wait, "wait"), normalize_points(signal, "signal")
+            return [], list(signal.timeline.items()), True
+        if type(wait) is Fence:
+            for sem, value in wait.timeline.items():
+                if sem._failure is not None or sem._value < value:
+                    return list(wait.timeline.items()), list(signal.timeline.items()), False
+            return list(wait.timeline.items()), list(signal.timeline.items()), True
+    wait_points = normalize_points(wait, "wait")
+    return wait_points, normalize_points(signal, "signal"), all_reached(wait_points)
 
 
 def normalize_points(

@@ -577,8 +577,9 @@ def device_queue_alloca(state: HalModuleState, device, queue_affinity, wait, sig
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     if pool != 0:
         raise UnimplementedError("VM queue allocation pools are not supported")
+    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     return device.queue_alloca(size, wait, signal, memory_types & _U32, usage & _U32,
-                               queue=device.queue_for_affinity(queue_affinity))
+                               queue=queue)
 
 
 def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, signal, buffer,
@@ -588,11 +589,12 @@ def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, s
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     if buffer.__class__ is not Buffer:
         buffer = _checked(buffer, _BUFFER)
+    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     if device.transient.owns(buffer.storage):  # queue_alloca memory of this device
-        device.queue_dealloca(buffer, wait, signal, queue=device.queue_for_affinity(queue_affinity))
+        device.queue_dealloca(buffer, wait, signal, queue=queue)
     else:
         # Not transient memory: the buffer lives on while referenced; only order.
-        device.queue_barrier(wait, signal, queue=device.queue_for_affinity(queue_affinity))
+        device.queue_barrier(wait, signal, queue=queue)
 
 
 def device_queue_fill(state: HalModuleState, device, queue_affinity, wait, signal, target, offset,
@@ -607,8 +609,9 @@ def device_queue_fill(state: HalModuleState, device, queue_affinity, wait, signa
             f"fill patterns must be 1, 2 or 4 bytes, not {pattern_length}"
         )
     pattern &= (1 << (8 * pattern_length)) - 1
+    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     device.queue_fill(target, offset, length, pattern, wait, signal, pattern_length,
-                      queue=device.queue_for_affinity(queue_affinity))
+                      queue=queue)
 
 
 def device_queue_update(state: HalModuleState, device, queue_affinity, wait, signal, source,
@@ -619,8 +622,9 @@ def device_queue_update(state: HalModuleState, device, queue_affinity, wait, sig
     if target.__class__ is not Buffer:
         target = _checked(target, _BUFFER)
     data = _byte_range(vm_buffer_view(source), source_offset, length, "update source")
+    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     device.queue_update(data, target, target_offset, wait, signal,
-                        queue=device.queue_for_affinity(queue_affinity))
+                        queue=queue)
 
 
 def device_queue_copy(state: HalModuleState, device, queue_affinity, wait, signal, source,
@@ -632,8 +636,9 @@ def device_queue_copy(state: HalModuleState, device, queue_affinity, wait, signa
         source = _checked(source, _BUFFER)
     if target.__class__ is not Buffer:
         target = _checked(target, _BUFFER)
+    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     device.queue_copy(source, source_offset, target, target_offset, length,
-                      wait, signal, queue=device.queue_for_affinity(queue_affinity))
+                      wait, signal, queue=queue)
 
 
 def device_queue_read(state: HalModuleState, device, queue_affinity, wait, signal, source,
@@ -647,8 +652,9 @@ def device_queue_read(state: HalModuleState, device, queue_affinity, wait, signa
         target = _checked(target, _BUFFER)
     if length == WHOLE_BUFFER:
         length = target.byte_length - target_offset
+    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     device.queue_read(source.data, source_offset, target, target_offset, length,
-                      wait, signal, queue=device.queue_for_affinity(queue_affinity))
+                      wait, signal, queue=queue)
 
 
 def device_queue_write(state: HalModuleState, device, queue_affinity, wait, signal, source,
@@ -662,15 +668,17 @@ def device_queue_write(state: HalModuleState, device, queue_affinity, wait, sign
         target = _checked(target, _FILE)
     if target.data.readonly:
         raise PermissionDeniedError("file was imported read-only and cannot be written")
+    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     device.queue_write(source, source_offset, target.data, target_offset, length,
-                       wait, signal, queue=device.queue_for_affinity(queue_affinity))
+                       wait, signal, queue=queue)
 
 
 def device_queue_barrier(state: HalModuleState, device, queue_affinity, wait, signal, flags):
     if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
-    device.queue_barrier(wait, signal, queue=device.queue_for_affinity(queue_affinity))
+    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
+    device.queue_barrier(wait, signal, queue=queue)
 
 
 def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, signal, cb, flags):
@@ -679,7 +687,8 @@ def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, si
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     if cb.__class__ is not CommandBuffer:
         cb = _checked(cb, _COMMAND_BUFFER)
-    device.submit(cb, wait, signal, queue=device.queue_for_affinity(queue_affinity))
+    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
+    device.submit(cb, wait, signal, queue=queue)
 
 
 def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity, wait, signal, cb,
@@ -698,7 +707,8 @@ def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity,
             table.append((buffer, offset, length))
         else:
             raise ref_type_error(buffer, _BUFFER_OR_NULL)
-    device.submit(cb, wait, signal, table, queue=device.queue_for_affinity(queue_affinity))
+    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
+    device.submit(cb, wait, signal, table, queue=queue)
 
 
 def device_queue_flush(state: HalModuleState, device, queue_affinity):
