@@ -133,37 +133,53 @@ class _Handoff:
     """A stream its first leader paused: an executor worker leads it to the end, or a
     thread waiting for one of its signal points does if it gets there first (it would
     only sleep meanwhile, and a worker takes a thread wake-up to start). Whoever claims it
-    first leads it and completes it; a later `lead` does nothing."""
+    first takes the stream out, leads it and completes it; a later `lead` does nothing.
+    So the worker's task, or an offer, that outlives the claim holds no stream: its
+    native program goes back to the recording's pool as soon as the stream has run."""
 
     __slots__ = ("stream", "helpers", "done", "claim")
 
     def __init__(self, stream: Stream, helpers: StreamHelpers | None, done: Completion) -> None:
-        self.stream = stream
+        self.stream: Stream | None = stream
         self.helpers = helpers
-        self.done = done
+        self.done: Completion | None = done
         self.claim = threading.Lock()
 
-    def lead(self) -> None:
+    def _take(self) -> tuple[Stream, StreamHelpers | None, Completion] | None:
+        """What the claimer runs, once; None for everyone after the first."""
         if not self.claim.acquire(blocking=False):
+            return None
+        taken = self.stream, self.helpers, self.done
+        self.stream = self.helpers = self.done = None
+        return taken  # type: ignore[return-value]
+
+    def lead(self) -> None:
+        taken = self._take()
+        if taken is None:
             return
+        stream, helpers, done = taken
         try:
-            self.stream.run(self.helpers)
+            stream.run(helpers)
         except Error as exc:
-            self.done(exc)
+            done(exc)
             return
         except BaseException as exc:  # interrupted on a waiting thread: still complete it
-            _end_stream(self.stream, self.helpers)
-            self.done(AbortedError(f"the thread leading this submission was interrupted "
-                                   f"({type(exc).__name__})"))
+            _end_stream(stream, helpers)
+            done(AbortedError(f"the thread leading this submission was interrupted "
+                              f"({type(exc).__name__})"))
             raise
-        self.done(None)
+        done(None)
 
     def end_unrun(self, error: Error | None) -> None:
         """The worker's task ended: if it never ran (shut down), end the stream here."""
-        if error is None or not self.claim.acquire(blocking=False):
+        if error is None:
             return
-        _end_stream(self.stream, self.helpers)
-        self.done(error)
+        taken = self._take()
+        if taken is None:
+            return
+        stream, helpers, done = taken
+        _end_stream(stream, helpers)
+        done(error)
 
 
 def _end_stream(stream: Stream, helpers: StreamHelpers | None) -> None:

@@ -426,3 +426,37 @@ def test_work_led_by_its_waiter_frees_its_memory_before_the_wait_returns():
         watchdog.cancel()
         release.set()
         dev.close()
+
+
+def test_a_stream_its_waiter_led_returns_its_native_program_while_the_task_is_queued():
+    # As above, every worker is busy and the waiting thread leads the handed-off stream;
+    # the executor's task for it stays queued, and must not keep the stream (and through
+    # it the recording's native program) out of the recording's pool meanwhile.
+    dev = hal.create_device("task", workers=2, inline_us=0)
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def occupy():
+        started.release()
+        release.wait(T)
+
+    watchdog = threading.Timer(T, release.set)  # bounds the untimed wait below
+    watchdog.start()
+    try:
+        for _ in range(dev.executor.worker_count):
+            dev.executor.call(occupy, name="occupy")
+        for _ in range(dev.executor.worker_count):
+            assert started.acquire(timeout=T)
+        buffer = dev.allocator.allocate(1 << 16)
+        cb = dev.create_command_buffer("reusable", binding_capacity=1)
+        cb.fill(0, 0, 1 << 16, b"\x07")
+        cb.finalize()
+        done = dev.create_semaphore()
+        dev.submit(cb, signal=[(done, 1)], binding_table=[buffer])
+        done.wait(1)  # untimed: it leads the offered stream itself
+        assert dev.executor.statistics().queued >= 1  # the handed-off task is still queued
+        assert len(cb.recording.streams) == 1  # the program is back in the pool
+    finally:
+        watchdog.cancel()
+        release.set()
+        dev.close()
