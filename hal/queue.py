@@ -322,7 +322,7 @@ class WorkQueue:
         this thread are queued for the outermost call, so chains of thousands of dependent
         operations, succeeding or failing, never recurse once per link."""
         inline = _inline
-        pending = getattr(inline, "pending", None)
+        pending = inline.pending
         if pending is not None:
             pending.append((signal, error))
             return
@@ -443,7 +443,14 @@ def _release(entry: _Entry) -> None:
         payload.release()
 
 
-_inline = threading.local()
+class _Trampoline(threading.local):
+    """Per thread: the completions `WorkQueue.complete` queued while one runs, or None
+    (a class default, so reading it never raises and catches AttributeError)."""
+
+    pending: collections.deque | None = None
+
+
+_inline = _Trampoline()
 
 __all__ = ["Alloca", "Completion", "Dealloca", "Driver", "WorkQueue", "no_work",
            "run_capturing"]

@@ -294,15 +294,15 @@ class TransientRingbuffer:
         queues): so grants never run here, and if this thread holds the ring's lock the
         whole retirement moves to the reclaim thread. Live bytes drop here otherwise.
         """
+        nested = self._lock._is_owned()  # threading.Condition relies on the same query
         with self._lock:  # re-entrant: the collection may run inside this ring's lock
             entry = self._owned.pop(key, None)
-        if entry is None:
-            return
-        if self._lock._is_owned():  # threading.Condition relies on the same query
+            if entry is None:
+                return
+            granted = None if nested else self._free_locked(entry[1])
+        if nested:
             _reclaim(self.retire, entry[1])
-            return
-        granted = self._free(entry[1])
-        if granted:
+        elif granted:
             _reclaim(_grant_all, granted)
 
     # -- inspection -------------------------------------------------------------------

@@ -254,28 +254,30 @@ def run_alone(submission: Submission) -> None:
     pool = recording.streams
     program = pool.pop() if pool else NativeProgram([recording])
     try:
-        # `_bind` for one participant, without its frame
-        addresses = []
+        # `_bind` for one participant, without its frame, and the run, in one C call
+        addresses: list[int] | None = []
         lengths = []
         for buffer, offset, length in entries:
             storage_address = buffer.storage.address
             if not storage_address:
                 _bind(program, parts, entries, 1)  # names the buffer with no memory
+                addresses = None
                 break
             addresses.append(storage_address + buffer.byte_offset + offset)
             lengths.append(length)
-        else:
-            lib.tinyhal_stream_bind(program.ops, program.count, program.state,
-                                    program.patches, program.patch_count, addresses,
-                                    lengths, 1, TILES_PER_PARTICIPANT)
         instrument = submission.instrument
-        if instrument is None:
-            rc = lib.tinyhal_run_stream(ffi.NULL, program.ops, program.count, program.state,
-                                        program.local_memory_size, 0, program.paused)
+        times = ffi.NULL if instrument is None else ffi.new(
+            "uint64_t[]", 2 * max(1, program.count))
+        if addresses is not None:
+            rc = lib.tinyhal_bind_and_run(program.ops, program.count, program.state,
+                                          program.patches, program.patch_count, addresses,
+                                          lengths, TILES_PER_PARTICIPANT,
+                                          program.local_memory_size, times, program.paused)
         else:
-            times = _timestamps(program)
+            program.state.times = times
             rc = lib.tinyhal_run_stream(ffi.NULL, program.ops, program.count, program.state,
                                         program.local_memory_size, 0, program.paused)
+        if instrument is not None:
             record_timestamps(program, times, instrument, rc)
         error = program.error(rc) if rc else None  # read before another run rebinds it
     finally:

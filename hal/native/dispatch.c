@@ -800,3 +800,17 @@ int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
   tinyhal_participant_leave(&participant);
   return stopped ? 0 : __atomic_load_n(&stream->status, __ATOMIC_ACQUIRE);
 }
+
+/* `tinyhal_stream_bind` for one participant, then `tinyhal_run_stream` alone on this
+ * thread, in one call (the sync driver's path: one GIL release instead of two).
+ * `times` (may be NULL) receives each operation's start and end, as `stream->times`. */
+int tinyhal_bind_and_run(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
+                         const tinyhal_patch_t* patches, uint32_t patch_count,
+                         const uint64_t* slot_addresses, const uint64_t* slot_lengths,
+                         uint32_t tiles_per_participant, uint32_t local_memory_size,
+                         uint64_t* times, int* paused) {
+  tinyhal_stream_bind(ops, count, stream, patches, patch_count, slot_addresses, slot_lengths, 1,
+                      tiles_per_participant);
+  stream->times = times;
+  return tinyhal_run_stream(NULL, ops, count, stream, local_memory_size, 0, paused);
+}
