@@ -399,11 +399,12 @@ class CommandBuffer:
             )
         self.commands = list(commands)
         self.direct = direct
-        self._direct_slots = dict(zip(map(id, direct), range(-1, -1 - len(direct), -1)))
         self.max_slot = table_slots - 1
-        if recording is not None:
+        if recording is not None:  # finalized: nothing records over its slots again
             self.recording = recording
             self.finalized = True
+        else:
+            self._direct_slots = dict(zip(map(id, direct), range(-1, -1 - len(direct), -1)))
 
     def finalize(self) -> None:
         if self.finalized:
