@@ -297,21 +297,48 @@ class Buffer:
 
 
 
+class RingStorage(Storage):
+    """The storage of a transient buffer: no memory until its `queue_alloca` runs, then a
+    block of a transient ring (`hal.ringbuffer`), which sets `ring` and `block` while the
+    storage holds it. A storage that dies still holding its block hands it back
+    (`ring.collected(block)`), so a transient buffer dropped without `queue_dealloca`
+    cannot wedge the ring; one released first costs nothing more when it dies."""
+
+    __slots__ = ("ring", "block")
+
+    def __del__(self) -> None:
+        block = self.block
+        if block is not None:
+            self.ring.collected(block)
+
+
 _NO_BYTES = memoryview(bytearray())
 _new = object.__new__
 
 
-def pending_buffer(allocator: Any, size: int, memory_type_bits: int, usage_bits: int) -> Buffer:
-    """A buffer of `size` bytes over a storage with no memory yet (address 0), which a
-    `queue_alloca` commits when its ring space is granted; what `Buffer(allocator,
-    Storage(size, array=..., address=0), 0, size, ...)` makes, without their two
-    `__init__` frames (a ready alloca's path)."""
-    storage = _new(Storage)
+def pending_storage(size: int) -> RingStorage:
+    """A `RingStorage` of `size` bytes with no memory yet (address 0)."""
+    storage = _new(RingStorage)
     storage.array = _NO_BYTES
     storage.address = 0
     storage.byte_length = size
     storage.released = False
     storage._on_release = None
+    storage.ring = storage.block = None
+    return storage
+
+
+def pending_buffer(allocator: Any, size: int, memory_type_bits: int, usage_bits: int) -> Buffer:
+    """A buffer of `size` bytes over a `pending_storage`, which a `queue_alloca` commits
+    when its ring space is granted, built without `__init__` frames (a ready alloca's
+    path)."""
+    storage = _new(RingStorage)  # `pending_storage`, without its frame
+    storage.array = _NO_BYTES
+    storage.address = 0
+    storage.byte_length = size
+    storage.released = False
+    storage._on_release = None
+    storage.ring = storage.block = None
     buffer = _new(Buffer)
     buffer.allocator = allocator
     buffer.storage = storage

@@ -16,22 +16,20 @@ the device allocator under the heap name `"transient"`, so `allocator.statistics
 shows them next to the ordinary heaps.
 
 A buffer returned by `queue_alloca` exists before its memory does: it is created over a
-`Storage` with no bytes yet, and `commit` points that storage at the block when the
+`RingStorage` with no bytes yet, and `commit` points that storage at the block when the
 reservation is granted, so subspans taken before that see the memory as well.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import queue
 import threading
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import Error, InvalidArgumentError, ResourceExhaustedError
-from .buffer import ALIGNMENT, Storage, mapped_block
+from .buffer import ALIGNMENT, RingStorage, Storage, mapped_block, pending_storage
 
 if TYPE_CHECKING:
     from .allocator import Allocator
@@ -44,7 +42,6 @@ costs address space only."""
 
 HEAP_NAME = "transient"
 
-_EMPTY = memoryview(bytearray())
 
 GrantCallback = Callable[["RingBlock | None", "Error | None"], None]
 
@@ -143,11 +140,6 @@ class TransientRingbuffer:
         self._closed: Error | None = None
         if allocator is not None:
             allocator.add_heap_statistics(HEAP_NAME)  # shown from the start, at zero
-        # id(storage) -> (weak reference to it, its block). The reference's callback
-        # retires the block of a storage collected without `release`; `release` drops
-        # the entry, and with it the reference, so the callback then never runs. (An id
-        # cannot be reused before its entry goes: the callback runs as the storage dies.)
-        self._owned: dict[int, tuple[weakref.ref, RingBlock]] = {}
 
     def __repr__(self) -> str:
         return f"<TransientRingbuffer {self._live}/{self.capacity} bytes live>"
@@ -197,9 +189,8 @@ class TransientRingbuffer:
                 return False
             storage.array = self._backing[block.offset : block.offset + storage.byte_length]
             storage.address = self._backing_address + block.offset
-            key = id(storage)
-            self._owned[key] = (weakref.ref(storage, functools.partial(self._collected, key)),
-                                block)
+            storage.ring = self
+            storage.block = block
         return True
 
     def retire(self, block: RingBlock) -> None:
@@ -247,15 +238,11 @@ class TransientRingbuffer:
 
     # -- buffers ----------------------------------------------------------------------
 
-    @staticmethod
-    def pending_storage(size: int) -> Storage:
-        """A `Storage` with no memory yet, to be `commit`ted when the block is granted."""
-        storage = Storage(0, array=_EMPTY, address=0)
-        storage.byte_length = size
-        return storage
+    pending_storage = staticmethod(pending_storage)
 
-    def commit(self, storage: Storage, block: RingBlock) -> None:
-        """Points `storage` at the bytes of `block` (64-byte aligned).
+    def commit(self, storage: RingStorage, block: RingBlock) -> None:
+        """Points `storage` (a `pending_storage`) at the bytes of `block` (64-byte
+        aligned).
 
         `release(storage)` retires the block; so does the storage being garbage
         collected, so a transient buffer dropped without `queue_dealloca` cannot wedge
@@ -265,44 +252,42 @@ class TransientRingbuffer:
         assert backing is not None
         storage.array = backing[block.offset : block.offset + storage.byte_length]
         storage.address = self._backing_address + block.offset
-        key = id(storage)
-        entry = (weakref.ref(storage, functools.partial(self._collected, key)), block)
         with self._lock:
-            self._owned[key] = entry
+            storage.ring = self
+            storage.block = block
 
     def owns(self, storage: Storage) -> bool:
         """Whether `storage` holds a block of this ring (committed and not released)."""
-        entry = self._owned.get(id(storage))
-        return entry is not None and entry[0]() is storage
+        return (storage.__class__ is RingStorage and storage.ring is self
+                and storage.block is not None)
 
     def release(self, storage: Storage) -> None:
         """Retires the block committed to `storage` (nothing if it has none)."""
+        if storage.__class__ is not RingStorage or storage.ring is not self:
+            return
         with self._lock:
-            entry = self._owned.pop(id(storage), None)
-            if entry is None:
+            block = storage.block
+            if block is None:
                 return
-            granted = self._free_locked(entry[1])  # `retire`, in the same locked section
+            storage.block = None
+            granted = self._free_locked(block)  # `retire`, in the same locked section
         for cb, placed in granted:
             cb(placed, None)
 
-    def _collected(self, key: int, _ref: weakref.ref) -> None:
-        """A committed storage died without `release` (the garbage collector freed a
-        transient buffer): retire its block.
+    def collected(self, block: RingBlock) -> None:
+        """A storage died still holding `block` (the garbage collector freed a transient
+        buffer without `release`): retire it.
 
         A collection can run at any allocation, including inside this ring's locked
         sections or inside locks held by whoever a grant completes (semaphores, device
         queues): so grants never run here, and if this thread holds the ring's lock the
         whole retirement moves to the reclaim thread. Live bytes drop here otherwise.
         """
-        nested = self._lock._is_owned()  # threading.Condition relies on the same query
-        with self._lock:  # re-entrant: the collection may run inside this ring's lock
-            entry = self._owned.pop(key, None)
-            if entry is None:
-                return
-            granted = None if nested else self._free_locked(entry[1])
-        if nested:
-            _reclaim(self.retire, entry[1])
-        elif granted:
+        if self._lock._is_owned():  # threading.Condition relies on the same query
+            _reclaim(self.retire, block)
+            return
+        granted = self._free(block)
+        if granted:
             _reclaim(_grant_all, granted)
 
     # -- inspection -------------------------------------------------------------------
