@@ -7,8 +7,9 @@ device loss, and hands the work to the device's driver once its waits are reache
 driver is an object the device holds (`Device.driver`), implementing the one operation
 `tinyhal.hal.queue` documents. Work whose waits are already met may skip the entry: a
 ready `queue_alloca` takes ring space and a ready `queue_dealloca` gives it back in one
-call each, and on a driver that `completes_inline` (`sync`) a ready submission runs at
-once (`WorkQueue.run_ready`).
+call each, a ready barrier only signals, and a ready submission is handed to the driver
+at once without an entry (`WorkQueue.run_ready` on a driver that `completes_inline`,
+`sync`; `WorkQueue.start_ready` on the others).
 
 **Resource sets.** From the call until the entry retires (signals, fails or is aborted),
 the queue holds a strong reference to everything the work touches: the command buffers
@@ -323,9 +324,11 @@ class Device:
             if profile.records_host_execution:  # its stream timestamps each operation
                 ops.instrument = (profile, submission_id, queue)
         work_queue = self.work_queue
-        if (driver.completes_inline and work_queue.lost is None
-                and reached):
-            work_queue.run_ready(ops, signal_points, queue, submission_id)
+        if reached and work_queue.lost is None:
+            if driver.completes_inline:
+                work_queue.run_ready(ops, signal_points, queue, submission_id)
+            else:
+                work_queue.start_ready(ops, signal_points, queue, submission_id)
             return
         work_queue.accept("execute", ops, wait_points, signal_points, queue,
                           (batch_list, binding_table), submission_id, reached)
@@ -521,7 +524,7 @@ class Device:
 
     @property
     def in_flight(self) -> int:
-        """Queue entries accepted and not yet retired (waiting or running)."""
+        """Queue operations accepted and not yet retired (waiting or running)."""
         return self.work_queue.in_flight
 
     @property

@@ -445,7 +445,10 @@ class Submission:
     @property
     def single_workgroup(self) -> bool:
         """No dispatch has more than one workgroup (nothing to spread over workers)."""
-        return all(recording.single_workgroup for recording, _ in self.parts)
+        for recording, _ in self.parts:
+            if not recording.single_workgroup:
+                return False
+        return True
 
     def release(self) -> None:
         """Drops the submission's buffer references once its work has retired: a driver

@@ -207,9 +207,10 @@ class WorkQueue:
 
     @property
     def in_flight(self) -> int:
-        """Entries accepted and not yet retired (waiting or running)."""
+        """Operations accepted and not yet retired (waiting or running, with or without
+        an entry)."""
         with self._lock:
-            return len(self._entries)
+            return len(self._entries) + len(self._running_inline)
 
     def check_open(self) -> None:
         if self.closed:
@@ -289,6 +290,38 @@ class WorkQueue:
                 f"{self.owner} finished inline work without completing it")
             self.complete(signal, error)
         finally:
+            running_inline.pop()
+            if self._watchers and not running_inline:
+                with self._lock:
+                    self._idle.notify_all()
+        if type(error) is KernelFaultError:
+            self.lose_to_fault(error)
+
+    def start_ready(self, payload: Submission, signal: list[SemaphorePoint], queue: int,
+                    submission_id: int = 0) -> None:
+        """Starts a submission whose waits are met without an entry, on a driver that may
+        complete it later on another thread: counted as running (for `close()` and
+        `wait_idle()`) until the driver's `done`, which drops its references and then
+        signals. The submission holds everything its work touches (recordings, ranges
+        over the buffers), so no resource set is needed besides it."""
+        running_inline = self._running_inline
+        running_inline.append(None)  # before the test: close() then waits for it
+        if self.closed:
+            running_inline.pop()
+            raise FailedPreconditionError(f"{self.owner} is closed")
+        done = _ReadyDone(self, payload, signal)
+        try:
+            self.driver.perform("execute", payload, done, submission_id, (), signal, queue)
+        except BaseException as exc:  # noqa: BLE001 - becomes the work's error
+            done(as_error(exc))
+
+    def _ready_done(self, payload: Submission, signal: list[SemaphorePoint],
+                    error: Error | None) -> None:
+        payload.release()
+        try:
+            self.complete(signal, error)
+        finally:
+            running_inline = self._running_inline
             running_inline.pop()
             if self._watchers and not running_inline:
                 with self._lock:
@@ -431,6 +464,28 @@ class WorkQueue:
         # (A semaphore that never reaches the wait may keep `ready`, never the set.)
         _release(entry)
         self.complete(entry.signal, error)
+
+
+class _ReadyDone:
+    """The `done` of a submission `start_ready` started: the first report completes it
+    (a `list.pop`, atomic, claims it), later ones are ignored, as an entry's are."""
+
+    __slots__ = ("work_queue", "payload", "signal", "once")
+
+    def __init__(self, work_queue: WorkQueue, payload: Submission,
+                 signal: list[SemaphorePoint]) -> None:
+        self.work_queue = work_queue
+        self.payload = payload
+        self.signal = signal
+        self.once = [None]
+
+    def __call__(self, error: Error | None) -> None:
+        try:
+            self.once.pop()
+        except IndexError:
+            return
+        payload, self.payload = self.payload, None
+        self.work_queue._ready_done(payload, self.signal, error)
 
 
 def _release(entry: _Entry) -> None:
