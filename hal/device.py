@@ -326,9 +326,9 @@ class Device:
         work_queue = self.work_queue
         if reached and work_queue.lost is None:
             if driver.completes_inline:
-                work_queue.run_ready(ops, signal_points, queue, submission_id)
+                work_queue.run_ready(ops, wait_points, signal_points, queue, submission_id)
             else:
-                work_queue.start_ready(ops, signal_points, queue, submission_id)
+                work_queue.start_ready(ops, wait_points, signal_points, queue, submission_id)
             return
         work_queue.accept("execute", ops, wait_points, signal_points, queue,
                           (batch_list, binding_table), submission_id, reached)

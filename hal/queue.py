@@ -266,8 +266,8 @@ class WorkQueue:
         except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
             self._retire(entry, as_error(exc))
 
-    def run_ready(self, payload: Submission, signal: list[SemaphorePoint], queue: int,
-                  submission_id: int = 0) -> None:
+    def run_ready(self, payload: Submission, wait: list[SemaphorePoint],
+                  signal: list[SemaphorePoint], queue: int, submission_id: int = 0) -> None:
         """Executes a submission whose waits are met on this thread, without an entry
         (the driver `completes_inline`). It counts as running (so `close()` and
         `wait_idle()` wait for it), and its references are dropped before `signal`
@@ -280,7 +280,7 @@ class WorkQueue:
         try:
             outcome: list[Error | None] = []
             try:
-                self.driver.perform("execute", payload, outcome.append, submission_id, (),
+                self.driver.perform("execute", payload, outcome.append, submission_id, wait,
                                     signal, queue)
             except BaseException as exc:  # noqa: BLE001 - becomes the work's error
                 outcome.append(as_error(exc))
@@ -297,8 +297,8 @@ class WorkQueue:
         if type(error) is KernelFaultError:
             self.lose_to_fault(error)
 
-    def start_ready(self, payload: Submission, signal: list[SemaphorePoint], queue: int,
-                    submission_id: int = 0) -> None:
+    def start_ready(self, payload: Submission, wait: list[SemaphorePoint],
+                    signal: list[SemaphorePoint], queue: int, submission_id: int = 0) -> None:
         """Starts a submission whose waits are met without an entry, on a driver that may
         complete it later on another thread: counted as running (for `close()` and
         `wait_idle()`) until the driver's `done`, which drops its references and then
@@ -311,7 +311,7 @@ class WorkQueue:
             raise FailedPreconditionError(f"{self.owner} is closed")
         done = _ReadyDone(self, payload, signal)
         try:
-            self.driver.perform("execute", payload, done, submission_id, (), signal, queue)
+            self.driver.perform("execute", payload, done, submission_id, wait, signal, queue)
         except BaseException as exc:  # noqa: BLE001 - becomes the work's error
             done(as_error(exc))
 

@@ -110,3 +110,22 @@ def test_bad_options():
         hal.create_device("emu", memory_size=0)
     with pytest.raises(errors.InvalidArgumentError, match="does not take options"):
         hal.create_device("emu", warp_drive=True)
+
+
+def test_ready_work_on_another_queue_starts_after_what_it_waited_for_in_modelled_time():
+    # The wait is already reached when the second fill is submitted (it takes the ready
+    # path, no queue entry), yet its modelled start is still the first fill's end.
+    device = hal.create_device("emu", queues=2)
+    try:
+        buffer = device.allocator.allocate(1 << 20)
+        first, second = device.create_semaphore(), device.create_semaphore()
+        device.queue_fill(buffer, 0, 1 << 20, b"\x01", signal=[(first, 1)], queue=0)
+        first.wait(1, timeout=30)
+        device.queue_fill(buffer, 0, 1 << 20, b"\x02", wait=[(first, 1)],
+                          signal=[(second, 1)], queue=1)
+        second.wait(1, timeout=30)
+        a, b = device.trace()
+        assert (a.queue, b.queue) == (0, 1)
+        assert b.start_ns == a.start_ns + a.duration_ns > 0
+    finally:
+        device.close()
