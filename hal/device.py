@@ -43,7 +43,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fnmatch
-import functools
 import os
 import threading
 import time
