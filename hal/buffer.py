@@ -316,23 +316,11 @@ _NO_BYTES = memoryview(bytearray())
 _new = object.__new__
 
 
-def pending_storage(size: int) -> RingStorage:
-    """A `RingStorage` of `size` bytes with no memory yet (address 0)."""
-    storage = _new(RingStorage)
-    storage.array = _NO_BYTES
-    storage.address = 0
-    storage.byte_length = size
-    storage.released = False
-    storage._on_release = None
-    storage.ring = storage.block = None
-    return storage
-
-
 def pending_buffer(allocator: Any, size: int, memory_type_bits: int, usage_bits: int) -> Buffer:
-    """A buffer of `size` bytes over a `pending_storage`, which a `queue_alloca` commits
-    when its ring space is granted, built without `__init__` frames (a ready alloca's
-    path)."""
-    storage = _new(RingStorage)  # `pending_storage`, without its frame
+    """A buffer of `size` bytes over a `RingStorage` with no memory yet (address 0),
+    which a `queue_alloca` commits when its ring space is granted, built without
+    `__init__` frames (a ready alloca's path)."""
+    storage = _new(RingStorage)
     storage.array = _NO_BYTES
     storage.address = 0
     storage.byte_length = size

@@ -8,8 +8,8 @@ driver is an object the device holds (`Device.driver`), implementing the one ope
 `tinyhal.hal.queue` documents. Work whose waits are already met may skip the entry: a
 ready `queue_alloca` takes ring space and a ready `queue_dealloca` gives it back in one
 call each, a ready barrier only signals, and a ready submission is handed to the driver
-at once without an entry (`WorkQueue.run_ready` on a driver that `completes_inline`,
-`sync`; `WorkQueue.start_ready` on the others).
+at once without an entry (`WorkQueue.perform_ready`; on a driver that
+`completes_inline`, `sync`, it has run when `submit` returns).
 
 **Resource sets.** From the call until the entry retires (signals, fails or is aborted),
 the queue holds a strong reference to everything the work touches: the command buffers
@@ -312,10 +312,7 @@ class Device:
                 ops.instrument = (profile, submission_id, queue)
         work_queue = self.work_queue
         if reached and work_queue.lost is None:
-            if driver.completes_inline:
-                work_queue.run_ready(ops, wait_points, signal_points, queue, submission_id)
-            else:
-                work_queue.start_ready(ops, wait_points, signal_points, queue, submission_id)
+            work_queue.perform_ready(ops, wait_points, signal_points, queue, submission_id)
             return
         work_queue.accept("execute", ops, wait_points, signal_points, queue,
                           (batch_list, binding_table), submission_id, reached)

@@ -196,7 +196,7 @@ class WorkQueue:
         self.lost: Error | None = None  # set by `lose`: every entry fails with it
         self._entries: set[_Entry] = set()
         self._running = 0  # entries running (under the lock)
-        # One item per `run_ready` in progress: appended and popped without the lock
+        # One item per `perform_ready` in progress: appended and popped without the lock
         # (atomic list operations), as a ready submission on `sync` is the hot path.
         self._running_inline: list[None] = []
         # Re-entrant: a garbage collection under the lock may free a transient buffer whose
@@ -266,49 +266,28 @@ class WorkQueue:
         except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
             self._retire(entry, as_error(exc))
 
-    def run_ready(self, payload: Submission, wait: list[SemaphorePoint],
-                  signal: list[SemaphorePoint], queue: int, submission_id: int = 0) -> None:
-        """Executes a submission whose waits are met on this thread, without an entry
-        (the driver `completes_inline`). It counts as running (so `close()` and
-        `wait_idle()` wait for it), and its references are dropped before `signal`
-        advances, as an entry's resource set is."""
+    def perform_ready(self, payload: Submission, wait: list[SemaphorePoint],
+                      signal: list[SemaphorePoint], queue: int, submission_id: int = 0) -> None:
+        """Hands the driver a submission whose waits are met, without an entry: it counts
+        as running (so `close()` and `wait_idle()` wait for it) until the driver's
+        `done`, which drops its references (the submission holds everything its work
+        touches) and then signals. A driver that `completes_inline` runs it on this
+        thread before this returns; others may complete it later on another thread."""
         running_inline = self._running_inline
         running_inline.append(None)  # before the test: close() then waits for it
         if self.closed:
             running_inline.pop()
             raise FailedPreconditionError(f"{self.owner} is closed")
-        try:
+        if self.driver.completes_inline:
             outcome: list[Error | None] = []
             try:
                 self.driver.perform("execute", payload, outcome.append, submission_id, wait,
                                     signal, queue)
             except BaseException as exc:  # noqa: BLE001 - becomes the work's error
                 outcome.append(as_error(exc))
-            payload.release()  # the submitting frame still holds it
-            payload = None
-            error = outcome[0] if outcome else InternalError(
-                f"{self.owner} finished inline work without completing it")
-            self.complete(signal, error)
-        finally:
-            running_inline.pop()
-            if self._watchers and not running_inline:
-                with self._lock:
-                    self._idle.notify_all()
-        if type(error) is KernelFaultError:
-            self.lose_to_fault(error)
-
-    def start_ready(self, payload: Submission, wait: list[SemaphorePoint],
-                    signal: list[SemaphorePoint], queue: int, submission_id: int = 0) -> None:
-        """Starts a submission whose waits are met without an entry, on a driver that may
-        complete it later on another thread: counted as running (for `close()` and
-        `wait_idle()`) until the driver's `done`, which drops its references and then
-        signals. The submission holds everything its work touches (recordings, ranges
-        over the buffers), so no resource set is needed besides it."""
-        running_inline = self._running_inline
-        running_inline.append(None)  # before the test: close() then waits for it
-        if self.closed:
-            running_inline.pop()
-            raise FailedPreconditionError(f"{self.owner} is closed")
+            self._ready_done(payload, signal, outcome[0] if outcome else InternalError(
+                f"{self.owner} finished inline work without completing it"))
+            return
         done = _ReadyDone(self, payload, signal)
         try:
             self.driver.perform("execute", payload, done, submission_id, wait, signal, queue)
@@ -317,7 +296,7 @@ class WorkQueue:
 
     def _ready_done(self, payload: Submission, signal: list[SemaphorePoint],
                     error: Error | None) -> None:
-        payload.release()
+        payload.release()  # before the signal, as an entry's resource set
         try:
             self.complete(signal, error)
         finally:
@@ -467,7 +446,7 @@ class WorkQueue:
 
 
 class _ReadyDone:
-    """The `done` of a submission `start_ready` started: the first report completes it
+    """The `done` of a submission `perform_ready` started: the first report completes it
     (a `list.pop`, atomic, claims it), later ones are ignored, as an entry's are."""
 
     __slots__ = ("work_queue", "payload", "signal", "once")

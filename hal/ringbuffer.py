@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import Error, InvalidArgumentError, ResourceExhaustedError
-from .buffer import ALIGNMENT, RingStorage, Storage, mapped_block, pending_storage
+from .buffer import ALIGNMENT, RingStorage, Storage, mapped_block, pending_buffer
 
 if TYPE_CHECKING:
     from .allocator import Allocator
@@ -238,7 +238,11 @@ class TransientRingbuffer:
 
     # -- buffers ----------------------------------------------------------------------
 
-    pending_storage = staticmethod(pending_storage)
+    @staticmethod
+    def pending_storage(size: int) -> RingStorage:
+        """A `RingStorage` of `size` bytes with no memory yet, to be `commit`ted when
+        its block is granted."""
+        return pending_buffer(None, size, 0, 0).storage
 
     def commit(self, storage: RingStorage, block: RingBlock) -> None:
         """Points `storage` (a `pending_storage`) at the bytes of `block` (64-byte

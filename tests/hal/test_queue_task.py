@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 
@@ -395,12 +396,11 @@ def test_an_interrupted_waiter_still_completes_the_stream_it_led():
     assert lines == ["interrupted", "failed:", "AbortedError", "closed"], out
 
 
-def test_work_led_by_its_waiter_frees_its_memory_before_the_wait_returns():
-    # Every worker is busy, so the stream handed off (inline_us=0) stays queued on the
-    # executor while the waiting thread leads it through the offer at its signal point.
-    # The queued task still holds the stream when the wait returns: the buffers must not
-    # be alive through it (the race a loaded machine showed as live bytes after trim()).
-    dev = hal.create_device("task", workers=2, inline_us=0)
+@contextlib.contextmanager
+def every_worker_busy(dev):
+    """Keeps every executor worker of `dev` busy for the block, so a stream handed off
+    (inline_us=0) stays queued on the executor while the waiting thread leads it through
+    the offer at its signal point."""
     release = threading.Event()
     started = threading.Semaphore(0)
 
@@ -408,55 +408,50 @@ def test_work_led_by_its_waiter_frees_its_memory_before_the_wait_returns():
         started.release()
         release.wait(T)
 
-    watchdog = threading.Timer(T, release.set)  # bounds the untimed wait below
+    watchdog = threading.Timer(T, release.set)  # bounds the untimed waits in the block
     watchdog.start()
     try:
         for _ in range(dev.executor.worker_count):
             dev.executor.call(occupy, name="occupy")
         for _ in range(dev.executor.worker_count):
             assert started.acquire(timeout=T)
-        buffer = dev.allocator.allocate(1 << 16)
-        done = dev.create_semaphore()
-        dev.queue_fill(buffer, 0, 1 << 16, b"\x07", signal=[(done, 1)])
-        del buffer
-        done.wait(1)  # untimed: it leads the offered stream itself
-        assert dev.executor.statistics().queued >= 1  # the handed-off task is still queued
-        assert dev.allocator.statistics().live_bytes == 0
+        yield
     finally:
         watchdog.cancel()
         release.set()
+
+
+def test_work_led_by_its_waiter_frees_its_memory_before_the_wait_returns():
+    # The queued task still holds the stream when the wait returns: the buffers must not
+    # be alive through it (the race a loaded machine showed as live bytes after trim()).
+    dev = hal.create_device("task", workers=2, inline_us=0)
+    try:
+        with every_worker_busy(dev):
+            buffer = dev.allocator.allocate(1 << 16)
+            done = dev.create_semaphore()
+            dev.queue_fill(buffer, 0, 1 << 16, b"\x07", signal=[(done, 1)])
+            del buffer
+            done.wait(1)  # untimed: it leads the offered stream itself
+            assert dev.executor.statistics().queued >= 1  # the handed-off task is queued
+            assert dev.allocator.statistics().live_bytes == 0
+    finally:
         dev.close()
 
 
 def test_a_stream_its_waiter_led_returns_its_native_program_while_the_task_is_queued():
-    # As above, every worker is busy and the waiting thread leads the handed-off stream;
-    # the executor's task for it stays queued, and must not keep the stream (and through
-    # it the recording's native program) out of the recording's pool meanwhile.
+    # The executor's task for the stream its waiter led stays queued, and must not keep
+    # the stream (and through it the recording's native program) out of the pool.
     dev = hal.create_device("task", workers=2, inline_us=0)
-    release = threading.Event()
-    started = threading.Semaphore(0)
-
-    def occupy():
-        started.release()
-        release.wait(T)
-
-    watchdog = threading.Timer(T, release.set)  # bounds the untimed wait below
-    watchdog.start()
     try:
-        for _ in range(dev.executor.worker_count):
-            dev.executor.call(occupy, name="occupy")
-        for _ in range(dev.executor.worker_count):
-            assert started.acquire(timeout=T)
-        buffer = dev.allocator.allocate(1 << 16)
-        cb = dev.create_command_buffer("reusable", binding_capacity=1)
-        cb.fill(0, 0, 1 << 16, b"\x07")
-        cb.finalize()
-        done = dev.create_semaphore()
-        dev.submit(cb, signal=[(done, 1)], binding_table=[buffer])
-        done.wait(1)  # untimed: it leads the offered stream itself
-        assert dev.executor.statistics().queued >= 1  # the handed-off task is still queued
-        assert len(cb.recording.streams) == 1  # the program is back in the pool
+        with every_worker_busy(dev):
+            buffer = dev.allocator.allocate(1 << 16)
+            cb = dev.create_command_buffer("reusable", binding_capacity=1)
+            cb.fill(0, 0, 1 << 16, b"\x07")
+            cb.finalize()
+            done = dev.create_semaphore()
+            dev.submit(cb, signal=[(done, 1)], binding_table=[buffer])
+            done.wait(1)  # untimed: it leads the offered stream itself
+            assert dev.executor.statistics().queued >= 1  # the handed-off task is queued
+            assert len(cb.recording.streams) == 1  # the program is back in the pool
     finally:
-        watchdog.cancel()
-        release.set()
         dev.close()
