@@ -600,7 +600,7 @@ class EmuDevice(Device):
         the item's `done`."""
         work, done, wait, signal, q = item
         item = ()
-        error = self.lost
+        error = self.work_queue.lost
         if error is None:
             if type(work) is tuple:
                 error = run_capturing(functools.partial(
@@ -661,7 +661,7 @@ class EmuDevice(Device):
                     break
                 segment_start = end
                 continue
-            if self.lost is not None:
+            if self.work_queue.lost is not None:
                 break
             fault = self._check_fault(op, q)
             if fault is not None:
@@ -733,8 +733,8 @@ class EmuDevice(Device):
             _sleep_until(wall_anchor + (end - start))
         if error is not None:
             raise error
-        if self.lost is not None:
-            raise self.lost
+        if self.work_queue.lost is not None:
+            raise self.work_queue.lost
 
     # -- the engines ------------------------------------------------------------------------
 
@@ -742,7 +742,7 @@ class EmuDevice(Device):
         """Runs a job on this thread as its engine would (fast mode, small operations)."""
         op = job.op
         host_start = time.monotonic_ns()
-        error = self.lost
+        error = self.work_queue.lost
         if error is None:
             if type(op) is Dispatch:
                 rc = op.prepared.run(0, 0)
@@ -750,7 +750,7 @@ class EmuDevice(Device):
                     error = _dispatch_error(op.prepared, rc)
             else:
                 error = run_capturing(functools.partial(run_transfer, op))
-        self._finish_job(job, host_start, time.monotonic_ns(), error or self.lost)
+        self._finish_job(job, host_start, time.monotonic_ns(), error or self.work_queue.lost)
 
     def _dma_worker(self, jobs: queue_module.SimpleQueue) -> None:
         while True:
@@ -760,7 +760,7 @@ class EmuDevice(Device):
             if job.not_before:
                 _sleep_until(job.not_before)
             host_start = time.monotonic_ns()
-            error = self.lost or run_capturing(functools.partial(run_transfer, job.op))
+            error = self.work_queue.lost or run_capturing(functools.partial(run_transfer, job.op))
             if job.not_until:
                 _sleep_until(job.not_until)
             self._finish_job(job, host_start, time.monotonic_ns(), error)
@@ -780,7 +780,7 @@ class EmuDevice(Device):
             prepared = job.op.prepared
             tile = 0 if job.calibrate else max(1, prepared.total // (4 * len(self._compute_queues)))
             cpu_start = time.thread_time_ns()
-            rc = 0 if self.lost is not None else prepared.run(index, tile)
+            rc = 0 if self.work_queue.lost is not None else prepared.run(index, tile)
             cpu_ns = time.thread_time_ns() - cpu_start
             with job.lock:
                 if rc and job.error is None:
@@ -796,7 +796,7 @@ class EmuDevice(Device):
                 if job.not_until:
                     _sleep_until(job.not_until)
                     end = time.monotonic_ns()
-                self._finish_job(job, job.host_start, end, job.error or self.lost)
+                self._finish_job(job, job.host_start, end, job.error or self.work_queue.lost)
             job = None
 
     def _finish_job(self, job: _Job, host_start: int, host_end: int, error: Error | None) -> None:
