@@ -389,10 +389,11 @@ def normalize_wait_signal(
         if wait is None:
             return [], list(signal.timeline.items()), True
         if type(wait) is Fence:
-            for sem, value in wait.timeline.items():
+            wait_points = list(wait.timeline.items())
+            for sem, value in wait_points:
                 if sem._failure is not None or sem._value < value:
-                    return list(wait.timeline.items()), list(signal.timeline.items()), False
-            return list(wait.timeline.items()), list(signal.timeline.items()), True
+                    return wait_points, list(signal.timeline.items()), False
+            return wait_points, list(signal.timeline.items()), True
     wait_points = normalize_points(wait, "wait")
     return wait_points, normalize_points(signal, "signal"), all_reached(wait_points)
 
