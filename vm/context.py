@@ -15,7 +15,6 @@ driven three ways over the same machinery:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Generator, Iterable
 from types import GeneratorType
 from typing import Any
@@ -521,7 +520,3 @@ def _results(f: VMFunction, result) -> list:
     if n == 1:
         return [result]
     return list(result)
-
-
-def _unused() -> None:  # pragma: no cover - keeps imports referenced for re-export
-    _ = (FailedPreconditionError, sys)

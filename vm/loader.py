@@ -114,7 +114,6 @@ class BytecodeModule:
                  owner=None) -> None:
         self._data = data
         self._owner = owner  # keeps an mmap alive
-        self.definition = module_def
         self.name = module_def.name
         self.version = module_def.version
         self.requirements = module_def.requirements
@@ -130,9 +129,6 @@ class BytecodeModule:
         self.imports: list[Import] = []
         self.exports: dict[str, Export] = {}
         self.program = None  # codegen.ModuleProgram
-
-    def lookup_export(self, name: str) -> Export | None:
-        return self.exports.get(name)
 
     def location_string(self, index: int, depth: int = 0) -> str | None:
         db = self.debug_database
@@ -283,8 +279,7 @@ def _to_view(source, origin: str, mapped: bool = False) -> tuple[memoryview, obj
     raise InvalidArgumentError(f"cannot load a module from {type(source).__name__}")
 
 
-def load_module(source, *, name_hint: str | None = None, mapped: bool = False
-                ) -> BytecodeModule:
+def load_module(source, *, mapped: bool = False) -> BytecodeModule:
     """Loads and verifies a `.vmfb` from a path, bytes, bytearray or memoryview.
 
     The returned module keeps zero-copy views of `source` (rodata buffers included);
