@@ -2,11 +2,12 @@
 
 `load_module(path_or_bytes)` parses the container (optional ZIP local header, 4-byte
 size prefix, FlatBuffer, 64-byte aligned external rodata), reads the `BytecodeModuleDef`,
-checks every offset, signature and ordinal, decodes every function once and translates
-it into Python (see `codegen.py`), or on a translation-cache hit takes the stored
-translation and decodes nothing. Anything malformed raises a `tinyhal.Error`
-(`InvalidArgumentError`, `OutOfRangeError`, `DataLossError`, `IncompatibleError`...)
-naming what was wrong; nothing in a hostile file can crash, hang or over-allocate.
+checks every offset, signature and ordinal, then decodes every function once, verifies
+its bytecode (`verifier.py`) and translates it into Python (`codegen.py`), or on a
+translation-cache hit takes the stored translation and decodes nothing. Anything
+malformed raises a `tinyhal.Error` (`InvalidArgumentError`, `OutOfRangeError`,
+`DataLossError`, `IncompatibleError`...) naming what was wrong; nothing in a hostile file
+can crash, hang or over-allocate.
 """
 
 from __future__ import annotations
@@ -429,8 +430,16 @@ def _load(view: memoryview, owner) -> BytecodeModule:
             raise InvalidArgumentError(f"duplicate export {e.local_name!r}")
         module.exports[e.local_name] = Export(e.local_name, e.internal_ordinal, fn)
 
-    from .codegen import generate_module
     from .translation_cache import translate
 
-    module.program = translate(module, fb, generate_module)
+    module.program = translate(module, fb, _translate)
     return module
+
+
+def _translate(module: BytecodeModule) -> object:
+    """Verifies the functions' bytecode, then translates it (a `codegen.ModuleProgram`):
+    only on a translation-cache miss, since an entry was verified when it was written."""
+    from . import codegen
+    from .verifier import verify_module
+
+    return codegen.generate_module(module, verify_module(module))
