@@ -101,7 +101,7 @@ def run_blocking(invocation: Invocation) -> Any:
             invocation.resume(error=exc)
             continue
         invocation.resume(value)
-    return invocation.end()
+    return invocation._value  # `end()`, without its frame: the loop just saw `done`
 
 
 async def run_async(invocation: Invocation) -> Any:
@@ -120,4 +120,4 @@ async def run_async(invocation: Invocation) -> Any:
             invocation.resume(error=exc)
             continue
         invocation.resume(value)
-    return invocation.end()
+    return invocation._value  # `end()`, without its frame: the loop just saw `done`
