@@ -249,14 +249,14 @@ def _helpers() -> dict:
         "_grefi": ops.global_ref_index,
         "_div_f": ops.div_f,
         "_nanp": ops.nan_propagate,
-        "_wrap32": ops.wrap32, "_wrap64": ops.wrap64,
+        "_wrap32": ops.wrap32,
         "_round_f32": ops.round_f32,
         "_fail": ops.fail,
         "_check_ref_type": ops.check_ref_type,
         "_remember": ops.remember_call, "_UNSET": ops.UNSET,
     }
     for name in dir(ops):
-        if name.startswith(("div_", "rem_", "buffer_", "list_", "cast_", "bitcast_", "fma_",
+        if name.startswith(("div_", "rem_", "buffer_", "list_", "cast_", "bitcast_",
                             "atan2_", "pow_", "rsqrt_", "round_even_")):
             ns["_" + name] = getattr(ops, name)
     for name in ("atan", "cos", "sin", "exp", "exp2", "expm1", "log", "log10", "log1p",
