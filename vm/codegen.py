@@ -32,12 +32,15 @@ import linecache
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import isa, ops, record_blocks, scalar
 from .cconv import cconv_registers
 from .linkage import Linkage
 from .templates import H32, H64, HELPERS, M32, M64, TEMPLATES, wrap32_expr, wrap64_expr
-from .verifier import TERMINATORS, VerifiedFunction, register_limits
+
+if TYPE_CHECKING:  # the verifier runs only when a module is translated, not on a cache hit
+    from .verifier import VerifiedFunction
 
 
 def element_type_name(type_name: str) -> str:
@@ -79,7 +82,7 @@ class _Gen:
         self.module = module
         self.fn = verified.function
         self.st = program_state
-        self.i32_limit = register_limits(self.fn.descriptor)[0]
+        self.i32_limit = verified.i32_limit
         self.lines: list[tuple[int, str, int]] = []  # (indent, text, pc)
         self.i_regs: set[int] = set()
         self.r_regs: set[int] = set()
@@ -300,7 +303,7 @@ class _Gen:
     def _emit_block(self, bi: int, blk: list, loop_mode: bool) -> list:
         self._start_block(bi, loop_mode)
         self._emit_run(blk[1:], 0)
-        if blk[-1].name not in TERMINATORS:
+        if blk[-1].name not in isa.TERMINATORS:
             if bi + 1 < len(self.blocks):
                 self.goto(0, bi + 1, blk[-1].pc)
             else:
@@ -336,7 +339,7 @@ class _Gen:
         i_params = [f"i{reg}" for bank, reg in cconv_registers(fn.cconv.args) if bank == "i"]
         self.flow = regflow.analyse(fn, blocks, self.block_index, i_params,
                                     self.module.functions, self.module.imports,
-                                    TERMINATORS) or regflow.Flow()
+                                    isa.TERMINATORS) or regflow.Flow()
         bodies: list[list[tuple[int, str, int]]] = []
         for bi, blk in enumerate(blocks):
             if bi in self.flow.counted:

@@ -28,12 +28,7 @@ from typing import Any, NamedTuple
 from ..errors import InvalidArgumentError, OutOfRangeError
 from . import isa
 
-__all__ = ["TERMINATORS", "VerifiedFunction", "verify_module"]
-
-# Instructions that end a block's control flow; a function's last block ends in one (or in
-# a `fail`). A call that may yield ends its block too: it resumes at a block of its own.
-TERMINATORS = frozenset({"br", "cond_br", "br_table", "return", "yield", "call.yieldable",
-                         "call.variadic.yieldable", "break", "cond_break"})
+__all__ = ["VerifiedFunction", "verify_module"]
 
 _WIDE = frozenset({"i64", "f64"})
 _CALLS = frozenset({"call", "call.variadic", "call.yieldable", "call.variadic.yieldable"})
@@ -41,11 +36,13 @@ _CALLS = frozenset({"call", "call.variadic", "call.yieldable", "call.variadic.yi
 
 class VerifiedFunction(NamedTuple):
     """One function that passed: its instructions cut into basic blocks (each list
-    begins with its `block` marker) and each block's index by the pc of its marker."""
+    begins with its `block` marker), each block's index by the pc of its marker, and how
+    many i32 registers it may name."""
 
     function: Any  # loader.Function
     blocks: list[list[Any]]
     block_index: dict[int, int]
+    i32_limit: int
 
 
 def verify_module(module: Any) -> list[VerifiedFunction]:
@@ -60,7 +57,7 @@ def _pow2(n: int) -> int:
     return p
 
 
-def register_limits(descriptor: Any) -> tuple[int, int]:
+def _register_limits(descriptor: Any) -> tuple[int, int]:
     """How many i32 and ref registers a function may name: IREE rounds the descriptor's
     counts up to powers of two (at least one of each)."""
     return (_pow2(max(1, descriptor.i32_register_count)),
@@ -72,7 +69,7 @@ class _FunctionVerifier:
         self.module = module
         self.fn = fn
         self.where = f"{module.name}.{fn.name}"
-        self.i32_limit, self.ref_limit = register_limits(fn.descriptor)
+        self.i32_limit, self.ref_limit = _register_limits(fn.descriptor)
         self.block_index: dict[int, int] = {}
 
     def err(self, ins: Any, msg: str) -> InvalidArgumentError:
@@ -94,13 +91,13 @@ class _FunctionVerifier:
                 f"{self.where}: {len(blocks)} blocks found, descriptor says "
                 f"{self.fn.descriptor.block_count}")
         last = blocks[-1][-1]
-        if last.name not in TERMINATORS and last.name != "fail":
+        if last.name not in isa.TERMINATORS and last.name != "fail":
             raise InvalidArgumentError(
                 f"{self.where}: function missing terminator in the last block")
         for blk in blocks:
             for ins in blk[1:]:
                 self.instruction(ins)
-        return VerifiedFunction(self.fn, blocks, self.block_index)
+        return VerifiedFunction(self.fn, blocks, self.block_index, self.i32_limit)
 
     # -- operands
     def int_register(self, ins: Any, raw: int, wide: bool) -> None:
