@@ -57,13 +57,13 @@ from ...errors import (
     ResourceExhaustedError,
 )
 from ..allocator import Allocator, Heap
-from ..buffer import Buffer
+from ..buffer import Buffer, as_byte_view
 from ..device import Completion, Device, run_capturing
 from ..execution import Barrier, Dispatch, Submission
 from ..profile import DEVICE, HOST
 from ..ringbuffer import HEAP_NAME as TRANSIENT_HEAP
 from ..stream import Stream, run_alone
-from ..types import BufferUsage, MemoryAccess, MemoryType
+from ..types import WHOLE_BUFFER, BufferUsage, MemoryAccess, MemoryType
 from .emu_calibration import (
     CalibrationReport,
     DispatchSample,
@@ -76,11 +76,17 @@ from .emu_model import PRESETS, CostModel, cost_model, preset_fields
 from .emu_workers import Batch, Job, Workers, run_each_inline, sleep_until
 
 _ALL_USAGE = BufferUsage(0x1FFFFFFF)
+_TRANSFER_SOURCE = int(BufferUsage.TRANSFER_SOURCE)
+_TRANSFER_TARGET = int(BufferUsage.TRANSFER_TARGET)
+_DEVICE_VISIBLE = int(MemoryType.DEVICE_VISIBLE)
 MODES = ("fast", "paced")
 # In fast mode, transfers and dispatches of at most this many workgroups run on the
 # command processor's thread when operations run one at a time: a hand-off to an
 # engine thread costs more than they do.
 INLINE_WORKGROUPS = 4
+# In fast mode, a replayed submission whose steps took longer than this on one thread
+# runs with the compute workers' native helpers joining its dispatches.
+SPREAD_NS = 2_000_000
 
 
 class EmuAllocator(Allocator):
@@ -157,6 +163,7 @@ class EmuDevice(Device):
         super().__init__(**options)
         self._engines = Engines(model, queues, trace_capacity)
         self._faults = Faults(queues)
+        self._alone_ns: dict[int, int] = {}  # id of replayed steps -> host ns run alone
         self._samples: list[DispatchSample] = []
         self._calibration_error: float | None = None
         self._wall_begin = 0
@@ -273,6 +280,73 @@ class EmuDevice(Device):
             return
         super()._commit_alloca(buffer, done)
 
+    # -- host transfers ----------------------------------------------------------------
+
+    def write_bytes(self, buffer: Buffer, data: Any, offset: int = 0,
+                    timeout: float | None = 60.0) -> None:
+        """As `Device.write_bytes`: into device memory by a queue update. In fast mode,
+        when queue 0 is idle, the bytes are copied here and modelled as that update."""
+        if self._host_transfer_ready(buffer, _TRANSFER_TARGET):
+            view = as_byte_view(data)
+            running = self._claim_idle_queue(0, queue_if_busy=False) if len(view) else None
+            if running is not None:
+                try:
+                    offset, length = buffer.resolve_range(offset, len(view), "write")
+                    start = buffer.byte_offset + offset
+                    buffer.storage.array[start : start + length] = view
+                    self._engines.replay(0, (), (), self._engines.transfer_steps("update", length))
+                finally:
+                    self._release_queue(0, running)
+                return
+        super().write_bytes(buffer, data, offset, timeout)
+
+    def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
+                   timeout: float | None = 60.0) -> bytes:
+        """As `Device.read_bytes` (see `_read_now` for fast mode)."""
+        data = self._read_now(buffer, offset, length)
+        if data is None:
+            return super().read_bytes(buffer, offset, length, timeout)
+        return bytes(data)
+
+    def read_array(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
+                   timeout: float | None = 60.0) -> Any:
+        """As `Device.read_array` (see `_read_now` for fast mode)."""
+        data = self._read_now(buffer, offset, length)
+        if data is None:
+            return super().read_array(buffer, offset, length, timeout)
+        import numpy as np
+
+        return np.frombuffer(data, np.uint8)
+
+    def _read_now(self, buffer: Buffer, offset: int, length: int) -> bytearray | None:
+        """Device memory is read by a queue transfer to host memory (host work, no
+        device time). In fast mode, when queue 0 is idle, it is copied here and modelled
+        as that transfer; None when it has to be queued."""
+        if not self._host_transfer_ready(buffer, _TRANSFER_SOURCE):
+            return None
+        running = self._claim_idle_queue(0, queue_if_busy=False)
+        if running is None:
+            return None
+        try:
+            offset, length = buffer.resolve_range(offset, length, "read")
+            start = buffer.byte_offset + offset
+            data = bytearray(buffer.storage.array[start : start + length])
+            self._engines.host_work(0, (), ())
+        finally:
+            self._release_queue(0, running)
+        return data
+
+    def _host_transfer_ready(self, buffer: Buffer, usage: int) -> bool:
+        """Whether a host transfer with `buffer` may skip the queue: memory the host
+        cannot map but the device sees, with the usage the transfer needs, and nothing
+        that watches operations one at a time (a profile, armed faults) or a lost or
+        closed device (the queued path reports those)."""
+        return (type(buffer) is Buffer and not buffer.mappable and not buffer.storage.released
+                and buffer.usage_bits & usage == usage
+                and buffer.memory_type_bits & _DEVICE_VISIBLE
+                and self.profile is None and not self._faults.armed
+                and self._lost is None and not self._closed)
+
     # -- driver contract ----------------------------------------------------------------
 
     def _driver_start(self, method: Callable[..., None], payload: Any, wait: Any, signal: Any,
@@ -303,15 +377,30 @@ class EmuDevice(Device):
         if not self._wall_begin:
             self._wall_begin = time.monotonic_ns()
         item = (work, done, wait, signal, q)
+        running = self._claim_idle_queue(q, queue_if_busy=True)
+        if running is not None:
+            self._process(item, running)
+        else:
+            self._command_queues[q].put(item)
+
+    def _claim_idle_queue(self, q: int, queue_if_busy: bool) -> threading.Lock | None:
+        """In fast mode, claims queue `q` for work on this thread when nothing runs or
+        waits on it (its `running` lock, held until `_process` or `_release_queue`);
+        None otherwise. Either way the work counts as pending on `q` if it is claimed
+        or `queue_if_busy` (it then goes to the queue's command processor)."""
         running = self._queue_running[q]
         with self._queue_lock:
             inline = (self.mode == "fast" and not self.calibrating
                       and not self._queue_pending[q] and running.acquire(False))
-            self._queue_pending[q] += 1
-        if inline:
-            self._process(item, running)
-        else:
-            self._command_queues[q].put(item)
+            if inline or queue_if_busy:
+                self._queue_pending[q] += 1
+        return running if inline else None
+
+    def _release_queue(self, q: int, running: threading.Lock) -> None:
+        self._wall_end = time.monotonic_ns()
+        running.release()
+        with self._queue_lock:
+            self._queue_pending[q] -= 1
 
     def _command_processor(self, commands: queue_module.SimpleQueue) -> None:
         while True:
@@ -337,10 +426,7 @@ class EmuDevice(Device):
                 error = run_capturing(work)
                 self._engines.host_work(q, wait, signal)
         work = None
-        self._wall_end = time.monotonic_ns()
-        running.release()
-        with self._queue_lock:
-            self._queue_pending[q] -= 1
+        self._release_queue(q, running)
         done(error)
 
     def _run_submission(self, submission: Submission, wait: Any, signal: Any, q: int,
@@ -358,23 +444,31 @@ class EmuDevice(Device):
         """Fast mode: runs the whole submission at once, then models it from its plan.
         A submission that fails is modelled whole, and signals nothing.
 
-        It runs as one native stream (as `sync` runs it), joined by the native helper
-        threads when a dispatch is wider than `INLINE_WORKGROUPS` (where operations
-        placed one at a time would go to the compute workers); a submission whose
-        recordings are not shared (large captured updates) runs its operations one by
-        one instead of building a native program for one use."""
+        It runs as one native stream on this thread (as `sync` runs it); the compute
+        workers' native helper threads join its dispatches once the same steps took
+        longer than `SPREAD_NS` alone the last time (waking helpers costs more than small submissions
+        take). A submission whose recordings are not shared (large captured updates)
+        runs its operations one by one instead of building a native program for one
+        use."""
         error = None
         try:
             if steps.ops is not None:
                 run_each_inline(steps.ops)
-            elif steps.widest <= INLINE_WORKGROUPS:
-                run_alone(submission)
             else:
-                helpers = self._workers.stream_helpers()
-                if helpers is None:
-                    run_alone(submission)
-                else:
+                key = id(steps.steps)  # a stale entry only misguides this choice
+                helpers = None
+                if steps.widest > 1 and self._alone_ns.get(key, 0) > SPREAD_NS:
+                    helpers = self._workers.stream_helpers()
+                if helpers is not None:
                     Stream(submission, 1 + helpers.count).run(helpers)
+                else:
+                    began = time.monotonic_ns()
+                    run_alone(submission)
+                    if len(self._alone_ns) >= 1024:
+                        self._alone_ns.clear()
+                    # the first run also builds the native program: not a measure
+                    self._alone_ns[key] = (time.monotonic_ns() - began
+                                           if key in self._alone_ns else 0)
         except Error as exc:
             error = exc
         self._engines.replay(q, wait, signal if error is None else (), steps)

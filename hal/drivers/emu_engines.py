@@ -111,7 +111,10 @@ class Steps(NamedTuple):
 class Plan(NamedTuple):
     """A submission's placement relative to its start: its events (queue 0, host time
     0), its end, the free times it leaves on the engines it used (index, offset), and
-    what it adds to the busy counters."""
+    what it adds to the busy counters. `bound` is the latest free time it leaves on any
+    engine (0 if before its start), and `next_at` / `next_above` the relative state of
+    the engines it leaves as seen from a start at `bound` / after it, so a submission
+    replayed next from such a start needs no `_relative`."""
 
     events: tuple[TraceEvent, ...]
     end: int
@@ -121,6 +124,9 @@ class Plan(NamedTuple):
     bytes_moved: int
     dispatches: int
     transfers: int
+    bound: int
+    next_at: tuple[Any, Any]
+    next_above: tuple[Any, Any]
 
 
 def place_dispatch(unit_free: list[int], model: CostModel, name: str, workgroups: int,
@@ -148,16 +154,24 @@ def place_transfer(dma_free: list[int], model: CostModel, size: int,
     return index, op_start, cost
 
 
-def _relative(values: list[int], start: int) -> tuple[tuple[Any, ...], list[int]]:
-    """`values` relative to `start`, exactly as placement can tell them apart: a key
-    (each value's rank, and the offsets of the distinct values, those before `start`
-    as -n .. -1 in order) and the values so encoded."""
+def _relative(values: list[int], start: int) -> tuple[Any, ...]:
+    """`values` relative to `start`, exactly as placement can tell them apart: each
+    value's rank among the distinct values, how many distinct values lie before
+    `start` (placement only orders those, never measures them) and the offsets of the
+    others from `start`."""
     distinct = sorted(set(values))
     below = bisect.bisect_left(distinct, start)
-    encoded = list(range(-below, 0)) + [v - start for v in distinct[below:]]
     rank = {v: k for k, v in enumerate(distinct)}
-    ranks = tuple(map(rank.__getitem__, values))
-    return (ranks, tuple(encoded)), [encoded[r] for r in ranks]
+    return (tuple(map(rank.__getitem__, values)), below,
+            tuple([v - start for v in distinct[below:]]))
+
+
+def _decode(key: tuple[Any, ...]) -> list[int]:
+    """Free times relative to a start 0 that place as the `_relative` key's values do
+    (those before the start as -n .. -1, in order)."""
+    ranks, below, offsets = key
+    encoded = list(range(-below, 0)) + list(offsets)
+    return [encoded[r] for r in ranks]
 
 
 def device_visible(op: Operation) -> bool:
@@ -226,6 +240,9 @@ class Engines:
         self.trace = Trace(trace_capacity)
         self.signal_times: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.plans: dict[Any, Plan] = {}
+        # After a replay: (latest free time it left, relative state seen from a start
+        # then, from a start after); None once an operation was placed by itself.
+        self.chain: tuple[int, Any, Any] | None = None
         self.steps: dict[Any, Steps] = {}
 
     def set_model(self, model: CostModel) -> None:
@@ -287,6 +304,7 @@ class Engines:
                        queue: int) -> tuple[TraceEvent, int]:
         """Places one dispatch now: its event and issue sequence number."""
         with self.lock:
+            self.chain = None
             units, op_start, cost = place_dispatch(self.unit_free, self.model, name,
                                                    workgroups, bound, segment_start)
             self.busy["compute"] = self.busy.get("compute", 0) + cost * units
@@ -298,6 +316,7 @@ class Engines:
                        queue: int) -> tuple[TraceEvent, int, int]:
         """Places one transfer now: its event, DMA engine and issue sequence number."""
         with self.lock:
+            self.chain = None
             index, op_start, cost = place_transfer(self.dma_free, self.model, size,
                                                    segment_start)
             engine = f"dma{index}"
@@ -338,22 +357,37 @@ class Engines:
                         return None
         return known
 
+    def transfer_steps(self, name: str, size: int) -> Steps:
+        """The steps of one transfer of `size` bytes (a host write that stands for a
+        queue update of that many bytes)."""
+        key = (name, size)
+        known = self.steps.get(key)
+        if known is None:
+            if len(self.steps) >= PLAN_CAPACITY:
+                self.steps.clear()
+                self.plans.clear()
+            known = self.steps[key] = Steps((Step(False, name, size, 0),), True, 0)
+        return known
+
     def replay(self, queue: int, wait: Any, signal: Any, steps: Steps) -> None:
         """Models a whole submission that has run: from the plan of its steps over the
         engines' relative state (made now if new), in one step."""
         with self.lock:
             start = self._start(queue, wait)
-            dma_key, dma = _relative(self.dma_free, start)
-            unit_key, units = _relative(self.unit_free, start)
+            chain = self.chain
+            if chain is not None and start >= chain[0]:
+                state = chain[1] if start == chain[0] else chain[2]
+            else:
+                state = (_relative(self.dma_free, start), _relative(self.unit_free, start))
             # steps kept in `self.steps` are found by identity, unique ones by content
-            plan_key = (id(steps.steps) if steps.ops is None else steps.steps, dma_key,
-                        unit_key)
+            plan_key = (id(steps.steps) if steps.ops is None else steps.steps, state)
             plan = self.plans.get(plan_key)
             if plan is None:
-                plan = _plan(self.model, steps.steps, dma, units)
+                plan = _plan(self.model, steps.steps, _decode(state[0]), _decode(state[1]))
                 if len(self.plans) >= PLAN_CAPACITY:
                     self.plans.clear()
                 self.plans[plan_key] = plan
+            self.chain = (start + plan.bound, plan.next_at, plan.next_above)
             for i, offset in plan.dma_final:
                 self.dma_free[i] = start + offset
             for i, offset in plan.unit_final:
@@ -458,10 +492,13 @@ def _plan(model: CostModel, steps: tuple[Step | None, ...], dma: list[int],
             moved += step.size
             transfers += 1
         end = max(end, op_start + cost)
+    bound = max(0, max(dma), max(units))
     return Plan(tuple(events), end,
                 tuple((i, v) for i, v in enumerate(dma) if v != dma_before[i]),
                 tuple((i, v) for i, v in enumerate(units) if v != units_before[i]),
-                tuple(busy.items()), moved, dispatches, transfers)
+                tuple(busy.items()), moved, dispatches, transfers, bound,
+                (_relative(dma, bound), _relative(units, bound)),
+                (_relative(dma, bound + 1), _relative(units, bound + 1)))
 
 
 __all__ = ["EmuSummary", "Engines", "Plan", "Step", "Steps", "TraceEvent", "Trace", "device_visible",
