@@ -110,8 +110,9 @@ class Steps(NamedTuple):
 
 class Plan(NamedTuple):
     """A submission's placement relative to its start: its events (queue 0, host time
-    0), its end, the free times it leaves on the engines it used (index, offset), and
-    what it adds to the busy counters. `bound` is the latest free time it leaves on any
+    0), its end, the free times it leaves on the DMA engines it used (index, offset) and
+    on the units (those before its start it leaves as they were, a slice of the
+    ascending list, followed by these offsets), what it adds to the busy counters. `bound` is the latest free time it leaves on any
     engine (0 if before its start), and `next_at` / `next_above` the relative state of
     the engines it leaves as seen from a start at `bound` / after it, so a submission
     replayed next from such a start needs no `_relative`."""
@@ -119,7 +120,8 @@ class Plan(NamedTuple):
     events: tuple[TraceEvent, ...]
     end: int
     dma_final: tuple[tuple[int, int], ...]
-    unit_final: tuple[tuple[int, int], ...]
+    units_kept: tuple[int, int]
+    units_after: tuple[int, ...]
     busy: tuple[tuple[str, int], ...]
     bytes_moved: int
     dispatches: int
@@ -131,14 +133,16 @@ class Plan(NamedTuple):
 
 def place_dispatch(unit_free: list[int], model: CostModel, name: str, workgroups: int,
                    bound: int, segment_start: int) -> tuple[int, int, int]:
-    """Places a dispatch on the units free first: (units, start, duration)."""
+    """Places a dispatch on the units free first: (units, start, duration).
+
+    `unit_free` is kept in ascending order: units are interchangeable (which one ran
+    what is not observable, only when each is free again), so the ones free first are
+    its head, and equal multisets of free times are equal lists."""
     units = max(1, min(workgroups, model.compute_units))
-    order = sorted(range(len(unit_free)), key=unit_free.__getitem__)
-    chosen = order[:units]
-    op_start = max([segment_start] + [unit_free[u] for u in chosen])
+    op_start = max(segment_start, unit_free[units - 1])
     cost = model.dispatch_ns(name, workgroups, units, bound)
-    for u in chosen:
-        unit_free[u] = op_start + cost
+    unit_free[:units] = [op_start + cost] * units
+    unit_free.sort()
     return units, op_start, cost
 
 
@@ -164,6 +168,15 @@ def _relative(values: list[int], start: int) -> tuple[Any, ...]:
     rank = {v: k for k, v in enumerate(distinct)}
     return (tuple(map(rank.__getitem__, values)), below,
             tuple([v - start for v in distinct[below:]]))
+
+
+def _unit_key(units: list[int], start: int, one_queue: bool) -> tuple[Any, ...]:
+    """`_relative` for the compute units. With one queue every later operation starts
+    at `start` or after, so free times up to `start` all place alike: they are keyed
+    as `start` (with several queues another queue may still start earlier)."""
+    if one_queue:
+        units = [u if u > start else start for u in units]
+    return _relative(units, start)
 
 
 def _decode(key: tuple[Any, ...]) -> list[int]:
@@ -378,20 +391,23 @@ class Engines:
             if chain is not None and start >= chain[0]:
                 state = chain[1] if start == chain[0] else chain[2]
             else:
-                state = (_relative(self.dma_free, start), _relative(self.unit_free, start))
+                state = (_relative(self.dma_free, start),
+                         _unit_key(self.unit_free, start, len(self.queue_clock) == 1))
             # steps kept in `self.steps` are found by identity, unique ones by content
             plan_key = (id(steps.steps) if steps.ops is None else steps.steps, state)
             plan = self.plans.get(plan_key)
             if plan is None:
-                plan = _plan(self.model, steps.steps, _decode(state[0]), _decode(state[1]))
+                plan = _plan(self.model, steps.steps, _decode(state[0]), _decode(state[1]),
+                             len(self.queue_clock) == 1)
                 if len(self.plans) >= PLAN_CAPACITY:
                     self.plans.clear()
                 self.plans[plan_key] = plan
             self.chain = (start + plan.bound, plan.next_at, plan.next_above)
             for i, offset in plan.dma_final:
                 self.dma_free[i] = start + offset
-            for i, offset in plan.unit_final:
-                self.unit_free[i] = start + offset
+            kept_from, kept_to = plan.units_kept
+            self.unit_free = (self.unit_free[kept_from:kept_to]
+                              + [start + offset for offset in plan.units_after])
             busy = self.busy
             for name, ns in plan.busy:
                 busy[name] = busy.get(name, 0) + ns
@@ -467,9 +483,11 @@ def _steps(ops: list[Operation], keep: list[Operation] | None) -> Steps | None:
 
 
 def _plan(model: CostModel, steps: tuple[Step | None, ...], dma: list[int],
-          units: list[int]) -> Plan:
-    """Places `steps` from relative start 0 on engines free at `dma` / `units`."""
-    dma_before, units_before = list(dma), list(units)
+          units: list[int], one_queue: bool) -> Plan:
+    """Places `steps` from relative start 0 on engines free at `dma` / `units` (on a
+    device with `one_queue`)."""
+    dma_before = list(dma)
+    before_start = sum(1 for u in units if u < 0)
     events = []
     busy: dict[str, int] = {}
     moved = dispatches = transfers = 0
@@ -495,10 +513,11 @@ def _plan(model: CostModel, steps: tuple[Step | None, ...], dma: list[int],
     bound = max(0, max(dma), max(units))
     return Plan(tuple(events), end,
                 tuple((i, v) for i, v in enumerate(dma) if v != dma_before[i]),
-                tuple((i, v) for i, v in enumerate(units) if v != units_before[i]),
+                (before_start - sum(1 for u in units if u < 0), before_start),
+                tuple(u for u in units if u >= 0),
                 tuple(busy.items()), moved, dispatches, transfers, bound,
-                (_relative(dma, bound), _relative(units, bound)),
-                (_relative(dma, bound + 1), _relative(units, bound + 1)))
+                (_relative(dma, bound), _unit_key(units, bound, one_queue)),
+                (_relative(dma, bound + 1), _unit_key(units, bound + 1, one_queue)))
 
 
 __all__ = ["EmuSummary", "Engines", "Plan", "Step", "Steps", "TraceEvent", "Trace", "device_visible",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 
 import pytest
 
@@ -89,13 +90,15 @@ NOOP = ("static int k(const tinyhal_environment_t* e, const tinyhal_dispatch_sta
         " const tinyhal_workgroup_state_t* w) { return 0; }")
 
 
-def _hal_timeline(library, one_at_a_time: bool) -> tuple:
-    """Reusable command buffers of fills, copies and dispatches with and without
-    barriers, submitted in turn on two queues over three DMA engines and six units, each
-    several times, each finished before the next is submitted (so the order is fixed) but
-    none waiting for another (so the queues overlap in modelled time): replayed plans
-    meet engines left busy past their queue's start by the other queue."""
-    with hal.create_device("emu", queues=2, dma_engines=3, compute_units=6,
+def _hal_timeline(library, one_at_a_time: bool, seed: int, queues: int) -> tuple:
+    """Reusable command buffers of fills, copies and dispatches (1 to 13 workgroups on 6
+    units) with and without barriers, made from `seed`, submitted in turn on `queues`
+    queues over three DMA engines, each several times, each finished before the next is
+    submitted (so the order is fixed) but none waiting for another (so the queues overlap
+    in modelled time): replayed plans meet engines left busy past their queue's start
+    by other queues, and units some of which other queues freed before it."""
+    rng = random.Random(seed)
+    with hal.create_device("emu", queues=queues, dma_engines=3, compute_units=6,
                            memory_bandwidth=4e9, dma_bandwidth=2e9) as emu:
         if one_at_a_time:
             emu.inject_fault("dispatch", export="no such export")
@@ -103,22 +106,24 @@ def _hal_timeline(library, one_at_a_time: bool) -> tuple:
         a = emu.allocator.allocate(1 << 16)
         b = emu.allocator.allocate(1 << 16)
         shapes = []
-        for i in range(5):
+        for _ in range(6):
             cb = emu.create_command_buffer("reusable")
-            for j in range(i + 2):
-                if (i + j) % 3 == 0:
-                    cb.fill(a, 0, 256 << ((i + j) % 6), j + 1)
-                elif (i + j) % 3 == 1:
-                    cb.dispatch(exe, "k", ((i * 7 + j * 3) % 13 + 1, 1, 1), bindings=[b])
+            for _ in range(rng.randint(1, 6)):
+                kind = rng.randrange(4)
+                if kind == 0:
+                    cb.fill(a, 0, 256 << rng.randrange(6), rng.randrange(1, 200))
+                elif kind == 1:
+                    cb.copy(a, 0, b, 1024, 512 * rng.randint(1, 8))
                 else:
-                    cb.copy(a, 0, b, 1024, 512 * (j + 1))
-                if j % (i + 1) == i:
+                    cb.dispatch(exe, "k", (rng.choice((1, 1, 2, 3, 5, 13)), 1, 1),
+                                bindings=[b])
+                if rng.random() < 0.3:
                     cb.barrier()
             cb.finalize()
             shapes.append(cb)
         sem = emu.create_semaphore()
-        for n in range(1, 31):  # no semaphore orders them: the queues overlap
-            emu.submit(shapes[(n * 3) % 5], signal=[(sem, n)], queue=n % 2)
+        for n in range(1, 41):  # no semaphore orders them: the queues overlap
+            emu.submit(rng.choice(shapes), signal=[(sem, n)], queue=rng.randrange(queues))
             sem.wait(n, timeout=30)
         s = emu.summary()
         return ([(e.name, e.engine, e.start_ns, e.duration_ns, e.size, e.queue, e.units)
@@ -126,9 +131,10 @@ def _hal_timeline(library, one_at_a_time: bool) -> tuple:
                 s.bytes_moved, emu.clock_ns)
 
 
-def test_replayed_plans_over_two_queues_and_three_dma_engines():
+@pytest.mark.parametrize(("seed", "queues"), [(1, 2), (2, 3), (3, 1), (4, 4)])
+def test_replayed_plans_match_placing_each_operation(seed, queues):
     library = hal.build_executable(NOOP, ["k"], name="emu_timeline_noop")
-    replayed = _hal_timeline(library, one_at_a_time=False)
-    placed = _hal_timeline(library, one_at_a_time=True)
+    replayed = _hal_timeline(library, False, seed, queues)
+    placed = _hal_timeline(library, True, seed, queues)
     assert replayed == placed
-    assert len(replayed[0]) > 100
+    assert len(replayed[0]) > 40
