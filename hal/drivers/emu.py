@@ -79,6 +79,7 @@ _ALL_USAGE = BufferUsage(0x1FFFFFFF)
 _TRANSFER_SOURCE = int(BufferUsage.TRANSFER_SOURCE)
 _TRANSFER_TARGET = int(BufferUsage.TRANSFER_TARGET)
 _DEVICE_VISIBLE = int(MemoryType.DEVICE_VISIBLE)
+_HOST_OR_DEVICE_VISIBLE = int(MemoryType.HOST_VISIBLE | MemoryType.DEVICE_VISIBLE)
 MODES = ("fast", "paced")
 # In fast mode, transfers and dispatches of at most this many workgroups run on the
 # command processor's thread when operations run one at a time: a hand-off to an
@@ -160,6 +161,7 @@ class EmuDevice(Device):
         self.mode = mode
         self.calibrating = bool(calibrate)
         self._queue_count = queues
+        self._fast = mode == "fast" and not self.calibrating
         super().__init__(**options)
         self._engines = Engines(model, queues, trace_capacity)
         self._faults = Faults(queues)
@@ -288,7 +290,7 @@ class EmuDevice(Device):
         when queue 0 is idle, the bytes are copied here and modelled as that update."""
         if self._host_transfer_ready(buffer, _TRANSFER_TARGET):
             view = as_byte_view(data)
-            running = self._claim_idle_queue(0, queue_if_busy=False) if len(view) else None
+            running = self._idle_queue_zero() if len(view) else None
             if running is not None:
                 try:
                     offset, length = buffer.resolve_range(offset, len(view), "write")
@@ -296,7 +298,7 @@ class EmuDevice(Device):
                     buffer.storage.array[start : start + length] = view
                     self._engines.replay(0, (), (), self._engines.transfer_steps("update", length))
                 finally:
-                    self._release_queue(0, running)
+                    running.release()
                 return
         super().write_bytes(buffer, data, offset, timeout)
 
@@ -324,7 +326,7 @@ class EmuDevice(Device):
         as that transfer; None when it has to be queued."""
         if not self._host_transfer_ready(buffer, _TRANSFER_SOURCE):
             return None
-        running = self._claim_idle_queue(0, queue_if_busy=False)
+        running = self._idle_queue_zero()
         if running is None:
             return None
         try:
@@ -333,17 +335,29 @@ class EmuDevice(Device):
             data = bytearray(buffer.storage.array[start : start + length])
             self._engines.host_work(0, (), ())
         finally:
-            self._release_queue(0, running)
+            running.release()
         return data
 
+    def _idle_queue_zero(self) -> threading.Lock | None:
+        """Queue 0's `running` lock, held, when nothing runs or waits on it in fast
+        mode (an item queued meanwhile waits for the lock, so runs after); else None."""
+        running = self._queue_running[0]
+        if not self._fast or not running.acquire(False):
+            return None
+        if self._queue_pending[0]:  # queued before: it goes first
+            running.release()
+            return None
+        self._wall_end = time.monotonic_ns()
+        return running
+
     def _host_transfer_ready(self, buffer: Buffer, usage: int) -> bool:
-        """Whether a host transfer with `buffer` may skip the queue: memory the host
-        cannot map but the device sees, with the usage the transfer needs, and nothing
-        that watches operations one at a time (a profile, armed faults) or a lost or
-        closed device (the queued path reports those)."""
-        return (type(buffer) is Buffer and not buffer.mappable and not buffer.storage.released
-                and buffer.usage_bits & usage == usage
-                and buffer.memory_type_bits & _DEVICE_VISIBLE
+        """Whether a host transfer with `buffer` may skip the queue: memory only the
+        device sees, with the usage bit the transfer needs, and nothing that watches
+        operations one at a time (a profile, armed faults) or a lost or closed device
+        (the queued path reports those)."""
+        return (type(buffer) is Buffer
+                and buffer.memory_type_bits & _HOST_OR_DEVICE_VISIBLE == _DEVICE_VISIBLE
+                and buffer.usage_bits & usage and not buffer.storage.released
                 and self.profile is None and not self._faults.armed
                 and self._lost is None and not self._closed)
 
@@ -377,26 +391,17 @@ class EmuDevice(Device):
         if not self._wall_begin:
             self._wall_begin = time.monotonic_ns()
         item = (work, done, wait, signal, q)
-        running = self._claim_idle_queue(q, queue_if_busy=True)
-        if running is not None:
+        running = self._queue_running[q]
+        with self._queue_lock:
+            inline = self._fast and not self._queue_pending[q] and running.acquire(False)
+            self._queue_pending[q] += 1
+        if inline:
             self._process(item, running)
         else:
             self._command_queues[q].put(item)
 
-    def _claim_idle_queue(self, q: int, queue_if_busy: bool) -> threading.Lock | None:
-        """In fast mode, claims queue `q` for work on this thread when nothing runs or
-        waits on it (its `running` lock, held until `_process` or `_release_queue`);
-        None otherwise. Either way the work counts as pending on `q` if it is claimed
-        or `queue_if_busy` (it then goes to the queue's command processor)."""
-        running = self._queue_running[q]
-        with self._queue_lock:
-            inline = (self.mode == "fast" and not self.calibrating
-                      and not self._queue_pending[q] and running.acquire(False))
-            if inline or queue_if_busy:
-                self._queue_pending[q] += 1
-        return running if inline else None
-
     def _release_queue(self, q: int, running: threading.Lock) -> None:
+        """Ends an item of queue `q` that held its `running` lock."""
         self._wall_end = time.monotonic_ns()
         running.release()
         with self._queue_lock:
@@ -431,8 +436,7 @@ class EmuDevice(Device):
 
     def _run_submission(self, submission: Submission, wait: Any, signal: Any, q: int,
                         submission_id: int = 0) -> None:
-        if (self.mode == "fast" and not self.calibrating and self.profile is None
-                and not self._faults.armed):
+        if self._fast and self.profile is None and not self._faults.armed:
             steps = self._engines.steps_of(submission)
             if steps is not None:
                 self._replay(submission, wait, signal, q, steps)

@@ -243,6 +243,7 @@ class Engines:
         self.model = model
         self.lock = threading.Lock()
         self.queue_clock = [0] * queues
+        self.queue_names = [f"queue{q}" for q in range(queues)]
         self.dma_free = [0] * model.dma_engines
         self.unit_free = [0] * model.compute_units
         self.busy: dict[str, int] = {}
@@ -289,7 +290,7 @@ class Engines:
 
     def _end(self, queue: int, start: int, end: int, signal: Any) -> None:
         self.queue_clock[queue] = end
-        key = f"queue{queue}"
+        key = self.queue_names[queue]
         self.busy[key] = self.busy.get(key, 0) + (end - start)
         if end > self.clock_ns:
             self.clock_ns = end
@@ -384,9 +385,12 @@ class Engines:
 
     def replay(self, queue: int, wait: Any, signal: Any, steps: Steps) -> None:
         """Models a whole submission that has run: from the plan of its steps over the
-        engines' relative state (made now if new), in one step."""
+        engines' relative state (made now if new), in one step. (The hot path of fast
+        mode: what `_start`, `_end` and `Trace.add` do is written out here.)"""
         with self.lock:
-            start = self._start(queue, wait)
+            start = self.queue_clock[queue]
+            if wait:
+                start = self._start(queue, wait)
             chain = self.chain
             if chain is not None and start >= chain[0]:
                 state = chain[1] if start == chain[0] else chain[2]
@@ -403,20 +407,37 @@ class Engines:
                     self.plans.clear()
                 self.plans[plan_key] = plan
             self.chain = (start + plan.bound, plan.next_at, plan.next_above)
-            for i, offset in plan.dma_final:
-                self.dma_free[i] = start + offset
-            kept_from, kept_to = plan.units_kept
-            self.unit_free = (self.unit_free[kept_from:kept_to]
-                              + [start + offset for offset in plan.units_after])
             busy = self.busy
             for name, ns in plan.busy:
                 busy[name] = busy.get(name, 0) + ns
-            self.bytes_moved += plan.bytes_moved
-            self.dispatch_count += plan.dispatches
-            self.transfer_count += plan.transfers
+            if plan.transfers:
+                dma_free = self.dma_free
+                for i, offset in plan.dma_final:
+                    dma_free[i] = start + offset
+                self.bytes_moved += plan.bytes_moved
+                self.transfer_count += plan.transfers
+            if plan.dispatches:
+                kept_from, kept_to = plan.units_kept
+                self.unit_free = (self.unit_free[kept_from:kept_to]
+                                  + [start + offset for offset in plan.units_after])
+                self.dispatch_count += plan.dispatches
+            events = plan.events
             trace = self.trace
-            trace.add(trace.reserve(len(plan.events)), plan.events, start, queue, 0)
-            self._end(queue, start, start + plan.end, signal)
+            seq = trace.seq
+            trace.seq = seq + len(events)
+            if trace.count + len(events) <= trace.capacity:
+                trace.count += len(events)
+                trace.records.append((seq, events, start, queue, 0))
+            else:
+                trace.add(seq, events, start, queue, 0)
+            end = start + plan.end
+            self.queue_clock[queue] = end
+            name = self.queue_names[queue]
+            busy[name] = busy.get(name, 0) + plan.end
+            if end > self.clock_ns:
+                self.clock_ns = end
+            if signal:
+                self._signalled(signal, end)
 
     # -- results ------------------------------------------------------------------------
 
