@@ -13,7 +13,8 @@ models:
 - **Engines.** `dma_engines` DMA engines (fill/update/copy) and a compute engine of
   `compute_units` units (dispatches), each engine served by its own worker threads, so
   a transfer and a dispatch with no barrier between them (or on two queues) overlap in
-  modelled time and in wall time. A barrier joins everything before it.
+  modelled time (and, placed one at a time, in wall time). A barrier joins everything
+  before it.
 - **A cost model** (`CostModel`, from a preset plus overrides): a transfer costs
   `dma_latency + bytes / dma_bandwidth`; a dispatch `launch_latency + waves *
   per-workgroup cost` (waves = workgroups over the units it occupies; per-workgroup cost
@@ -22,10 +23,12 @@ models:
   modelled clock and the modelled times its waits were signalled (by this device).
 - **Modes.** `mode="fast"` runs as fast as the host can while keeping modelled time:
   an item for an idle queue runs on the thread that made it ready (as `sync` runs it),
-  and transfers and small dispatches run on the command processor's thread rather than
-  an engine's, so only large dispatches use the engines' threads; `mode="paced"` makes
-  each operation take its modelled time in wall time too, every operation on its
-  engine.
+  a submission runs as one native stream (as `sync` and `task` run it) and is modelled
+  by replaying the plan of its recorded content (`emu_engines`), and host reads and
+  writes of device memory skip the queue when it is idle; `mode="paced"` makes each
+  operation take its modelled time in wall time too, every operation on its engine.
+  Operations are also placed one at a time while a profile is attached, faults are
+  armed or the device calibrates.
 - **Calibration.** `calibrate=True` runs each dispatch on one host thread and measures
   its CPU time; `fit_calibration()` fits per-export per-workgroup costs to the measurements and
   `calibration_report()` compares prediction with measurement per dispatch.
@@ -37,6 +40,11 @@ models:
   duration), `summary()` (modelled total, per-engine utilisation, bytes moved, peak
   memory, calibration error), spans into an attached `hal.profile.Profile` in device
   time (dispatch-events / device-queue-events) and host time (host-execution).
+
+The parts: `emu_model` (the cost model and presets), `emu_engines` (placement on the
+modelled engines, plans, clocks, trace and summary), `emu_workers` (the host threads
+behind the engines), `emu_faults` and `emu_calibration`; this module is the device: its
+memory, its queues' command processors and the driver contract.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from ..types import MemoryType
 from .emu_model import CostModel
 
 PLAN_CAPACITY = 1024  # plans kept per device (a plan holds its recordings, no buffers)
+SIGNAL_HISTORY_PRUNE = 1024  # semaphores with signal times before dead ones are dropped
 _DEVICE_VISIBLE = int(MemoryType.DEVICE_VISIBLE)
 _entry_length = operator.itemgetter(2)
 
@@ -252,7 +253,10 @@ class Engines:
         self.transfer_count = 0
         self.clock_ns = 0
         self.trace = Trace(trace_capacity)
-        self.signal_times: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # semaphore (by weak reference: a dead one's entry is pruned as the dict grows)
+        # -> [(value, modelled time it was signalled)], ascending, the last 64
+        self.signal_times: dict[weakref.ref, list[tuple[int, int]]] = {}
+        self.prune_at = SIGNAL_HISTORY_PRUNE
         self.plans: dict[Any, Plan] = {}
         # After a replay: (latest free time it left, relative state seen from a start
         # then, from a start after); None once an operation was placed by itself.
@@ -275,7 +279,10 @@ class Engines:
     def _start(self, queue: int, wait: Any) -> int:
         start = self.queue_clock[queue]
         for sem, value in wait:
-            history = self.signal_times.get(sem)
+            try:
+                history = self.signal_times.get(weakref.ref(sem))
+            except TypeError:  # not a semaphore of this device
+                continue
             if history:
                 i = bisect.bisect_left(history, (value, -1))
                 if i < len(history) and history[i][1] > start:
@@ -297,11 +304,19 @@ class Engines:
         self._signalled(signal, end)
 
     def _signalled(self, signal: Any, at: int) -> None:
+        times = self.signal_times
         for sem, value in signal:
             try:
-                history = self.signal_times.setdefault(sem, [])
+                key = weakref.ref(sem)
             except TypeError:
                 continue
+            history = times.get(key)
+            if history is None:
+                if len(times) >= self.prune_at:
+                    for dead in [k for k in times if k() is None]:
+                        del times[dead]
+                    self.prune_at = max(SIGNAL_HISTORY_PRUNE, 2 * len(times))
+                history = times[key] = []
             bisect.insort(history, (value, at))
             if len(history) > 64:
                 del history[:-64]
@@ -309,8 +324,10 @@ class Engines:
     def host_work(self, queue: int, wait: Any, signal: Any) -> None:
         """Host work on `queue` (a read or write of host memory) took no device time."""
         with self.lock:
-            start = self.queue_clock[queue] = self._start(queue, wait)
-            self._signalled(signal, start)
+            if wait:
+                self.queue_clock[queue] = self._start(queue, wait)
+            if signal:
+                self._signalled(signal, self.queue_clock[queue])
 
     # -- one operation at a time --------------------------------------------------------
 
