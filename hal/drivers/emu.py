@@ -180,6 +180,7 @@ class EmuDevice(Device):
         self._wall_end = 0
         self._workers = Workers(model.dma_engines, model.compute_units, host_workers,
                                 self._finish_job, self._lost_error, self._samples.append)
+        self.concurrency = self._workers.concurrency  # host threads a dispatch spreads over
         self._command_queues = [queue_module.SimpleQueue() for _ in range(queues)]
         # Per queue: items accepted and not yet done, and a lock held while one runs, so
         # that in fast mode an idle queue's item can run on the thread that made it ready
@@ -224,11 +225,6 @@ class EmuDevice(Device):
         if not mask:
             return super().queue_for_affinity(affinity)
         return (mask & -mask).bit_length() - 1
-
-    @property
-    def concurrency(self) -> int:
-        """Host threads a dispatch's workgroups spread over (processor ids 0..n-1)."""
-        return self._workers.concurrency
 
     # -- public extras ------------------------------------------------------------------
 

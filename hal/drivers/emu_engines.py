@@ -368,7 +368,11 @@ class Engines:
         """The submission's operations as `Steps`; None when it has to run one
         operation at a time (a transfer touches memory the device cannot see)."""
         parts = submission.parts
-        key: Any = tuple([(r, tuple(map(_entry_length, e))) for r, e in parts])
+        if len(parts) == 1:
+            recording, entries = parts[0]
+            key: Any = ((recording, tuple(map(_entry_length, entries))),)
+        else:
+            key = tuple([(r, tuple(map(_entry_length, e))) for r, e in parts])
         known = self.steps.get(key)
         if known is None:
             ops = submission.operations()
