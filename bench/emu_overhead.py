@@ -20,7 +20,6 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,30 +27,12 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 from _common import median_seconds, print_table, write_results  # noqa: E402
-from zoo_vs_iree import as_arrays, models  # noqa: E402
+from zoo_vs_iree import as_arrays, models, python_calls  # noqa: E402
 
 import tinyhal  # noqa: E402
 from tinyhal import hal  # noqa: E402
 
 ROUND_SECONDS = 0.04
-
-
-def python_calls(fn: Callable[[], Any]) -> int:
-    """Python calls one `fn()` makes on this thread."""
-    fn()
-    calls = 0
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls - 1  # the hook sees fn's own frame
 
 
 def run_model(name: str, vmfb: Any, function: str, inputs: tuple, rounds: int,
@@ -84,8 +65,8 @@ def run_model(name: str, vmfb: Any, function: str, inputs: tuple, rounds: int,
             "sync_ms": statistics.median(times["sync"]) * 1e3,
             "emu_ms": statistics.median(times["emu"]) * 1e3,
             "emu/sync": statistics.median(e / s for e, s in zip(times["emu"], times["sync"])),
-            "sync_python_calls": python_calls(runners["sync"]),
-            "emu_python_calls": python_calls(runners["emu"]),
+            "sync_python_calls": python_calls(runners["sync"], set())[0],
+            "emu_python_calls": python_calls(runners["emu"], set())[0],
             "modelled_us": modelled_ns / 1e3,
         }
     finally:
