@@ -454,10 +454,11 @@ class EmuDevice(Device):
 
         It runs as one native stream on this thread (as `sync` runs it); the compute
         workers' native helper threads join its dispatches once the same steps took
-        longer than `SPREAD_NS` alone the last time (waking helpers costs more than small submissions
-        take). A submission whose recordings are not shared (large captured updates)
-        runs its operations one by one instead of building a native program for one
-        use."""
+        longer than `SPREAD_NS` alone the last time (waking helpers costs more than
+        small submissions take; the first run, which builds the native program, is
+        not counted). A submission whose recordings are not shared (large captured
+        updates) runs its operations one by one instead of building a native program
+        for one use."""
         error = None
         try:
             if steps.ops is not None:
