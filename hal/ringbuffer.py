@@ -32,7 +32,7 @@ from ..errors import Error, InvalidArgumentError, ResourceExhaustedError
 from .buffer import ALIGNMENT, RingStorage, Storage, mapped_block, pending_buffer
 
 if TYPE_CHECKING:
-    from .allocator import Allocator
+    from .allocator import Allocator, HeapCounter
 
 __all__ = ["RingBlock", "RingStatistics", "TransientRingbuffer", "DEFAULT_CAPACITY", "HEAP_NAME"]
 
@@ -124,9 +124,11 @@ class TransientRingbuffer:
             )
         self.capacity = capacity & ~(ALIGNMENT - 1)
         self.allocator = allocator
-        # An RLock only so a finalizer can ask whether its own thread holds it (see
-        # `_collected`); nothing re-enters it.
-        self._lock = threading.RLock()
+        # The allocator's lock when it counts the ring's bytes: blocks and counts change
+        # in one locked section (`_place`, `_free_locked`). An RLock so a finalizer can
+        # ask whether its own thread holds it (see `collected`).
+        self._lock = threading.RLock() if allocator is None else allocator.lock
+        self._heap_counter: HeapCounter | None = None
         self._backing: memoryview | None = None
         self._backing_address = 0  # the backing's first byte, once it exists
         self._blocks: collections.deque[RingBlock] = collections.deque()
@@ -138,8 +140,8 @@ class TransientRingbuffer:
         self._reservations = 0
         self._waits = 0
         self._closed: Error | None = None
-        if allocator is not None:
-            allocator.add_heap_statistics(HEAP_NAME)  # shown from the start, at zero
+        if allocator is not None:  # shown from the start, at zero
+            self._heap_counter = allocator.add_heap_statistics(HEAP_NAME)
 
     def __repr__(self) -> str:
         return f"<TransientRingbuffer {self._live}/{self.capacity} bytes live>"
@@ -208,9 +210,17 @@ class TransientRingbuffer:
         if block.retired:
             return granted
         block.retired = True
-        self._live -= block.size
-        if self.allocator is not None:  # before any grant below: peaks stay exact
-            self.allocator.track(HEAP_NAME, -block.size)
+        size = block.size
+        self._live -= size
+        heap = self._heap_counter
+        if heap is not None:  # `Allocator.track(-size)` inline; before any grant below
+            heap.live -= size
+            heap.freed += size
+            total = self.allocator.total
+            total.live -= size
+            if self.allocator.profile is not None:
+                self.allocator.profile.record_heap_change(HEAP_NAME, -size, total.live,
+                                                          total.peak)
         blocks = self._blocks
         while blocks and blocks[0].retired:
             blocks.popleft()
@@ -287,10 +297,12 @@ class TransientRingbuffer:
         queues): so grants never run here, and if this thread holds the ring's lock the
         whole retirement moves to the reclaim thread. Live bytes drop here otherwise.
         """
-        if self._lock._is_owned():  # threading.Condition relies on the same query
+        lock = self._lock
+        if lock._is_owned():  # threading.Condition relies on the same query
             _reclaim(self.retire, block)
             return
-        granted = self._free(block)
+        with lock:  # `_free`, without its frame
+            granted = self._free_locked(block)
         if granted:
             _reclaim(_grant_all, granted)
 
@@ -349,7 +361,18 @@ class TransientRingbuffer:
         self._reservations += 1
         if self._live > self._peak:
             self._peak = self._live
-        if self.allocator is not None:
-            # Reported under the lock so live/peak in the allocator follow ring order.
-            self.allocator.track(HEAP_NAME, need)
+        heap = self._heap_counter
+        if heap is not None:  # `Allocator.track(need)` inline, under the allocator's lock
+            heap.live += need
+            heap.allocated += need
+            heap.count += 1
+            if heap.live > heap.peak:
+                heap.peak = heap.live
+            total = self.allocator.total
+            total.live += need
+            if total.live > total.peak:
+                total.peak = total.live
+            if self.allocator.profile is not None:
+                self.allocator.profile.record_heap_change(HEAP_NAME, need, total.live,
+                                                          total.peak)
         return block
