@@ -116,7 +116,7 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
         recording, device, mode, capacity, finalized = entry
         if not recording.admits(direct):
             return record(values)
-        cb = device.create_command_buffer(mode, capacity)
+        cb = CommandBuffer(device, mode, capacity)  # `create_command_buffer`'s work
         cb.adopt(recording.commands, direct, recording.table_slots,
                  recording if finalized else None)
         return cb
