@@ -475,8 +475,12 @@ class ModelVersion:
         }
 
     def describe_config(self) -> dict:
+        """The serving configuration in Triton's JSON field names. A scheduler the model
+        does not use is left out, as Triton leaves out an unset message: tools read its
+        presence (perf_analyzer drives any model whose config has `sequence_batching`
+        as a stateful one, starting and ending a sequence per request)."""
         admission = self.admission
-        return {
+        config = {
             "name": self.name,
             "version": self.version,
             "platform": "tinyhal_vmfb",
@@ -498,6 +502,10 @@ class ModelVersion:
             "input": [s.metadata() for s in self.inputs],
             "output": [s.metadata() for s in self.outputs],
         }
+        for scheduler in ("dynamic_batching", "sequence_batching"):
+            if config[scheduler] is None:
+                del config[scheduler]
+        return config
 
 
 def _instance_count(config: dict) -> int:
