@@ -67,7 +67,8 @@ log = logging.getLogger("tinyhal.server")
 _RUN_LIST = 16
 
 __all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Instance",
-           "Overloaded", "PendingRequest", "RunningInvocation", "Unavailable"]
+           "Overloaded", "PendingRequest", "RunningInvocation", "Unavailable",
+           "answer_directly"]
 
 
 class Overloaded(Exception):
@@ -469,14 +470,21 @@ def _execute(invoke: Callable[[list[Any]], Results], batch: list[_Request],
     outcomes, executions = run_batch(invoke, [r.args for r in batch], [r.rows for r in batch])
     if queue is None or queue:
         return outcomes, executions
+    answer_directly(batch, outcomes, executions)
+    return outcomes, executions
+
+
+def answer_directly(requests: list[_Request], outcomes: list[Outcome],
+                    executions: list[tuple[int, int, float]]) -> None:
+    """On an instance thread, after an execution: each request that asked for it
+    (`respond`) and succeeded is answered from here; the loop answers the rest."""
     seconds = sum(e[2] for e in executions)
-    for request, (results, error) in zip(batch, outcomes):
+    for request, (results, error) in zip(requests, outcomes):
         if request.respond is not None and error is None:
             try:
                 request.respond(results, seconds)
             except Exception:  # noqa: BLE001 - a bug of ours: the loop answers instead
                 log.exception("answering %s from its instance thread failed", request.label)
-    return outcomes, executions
 
 
 class _AfterPass(trio.abc.Instrument):

@@ -415,9 +415,10 @@ class ModelVersion:
         """Runs one request's invocation under admission control (batched with others when
         the model has dynamic batching; a step of its sequence, with the request's
         `parameters`, when it has sequence batching): (results, seconds queued, seconds
-        invoking). `respond` as `Admission.infer`'s (sequence steps do not call it)."""
+        invoking). `respond` as `Admission.infer`'s."""
         if self.sequences is not None:
-            return await self.sequences.infer(args, parameters or {}, deadline, label)
+            return await self.sequences.infer(args, parameters or {}, deadline, label,
+                                              respond)
         rows = int(args[0].shape[0]) if self.max_batch_size else 1
         return await self.admission.infer(args, rows, deadline, label, respond)
 
