@@ -65,6 +65,8 @@ log = logging.getLogger("tinyhal.server")
 
 # most unbatched requests handed to a free instance at once (each its own execution)
 _RUN_LIST = 16
+# an instance answers its requests itself while its next batch waits at least this long
+_DIRECT_MARGIN = 200e-6
 
 __all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Instance",
            "Overloaded", "PendingRequest", "RunningInvocation", "Unavailable",
@@ -230,6 +232,7 @@ class Admission:
         # how late the queue-delay timer's wake-up reaches the loop (mean): it is armed
         # that much early, so a batch starts when the delay ends, not that much after
         self._timer_lead = 0.0
+        self._clock_offset: float | None = None  # trio clock - monotonic (other threads)
 
     # -- observation -------------------------------------------------------------------
 
@@ -373,6 +376,8 @@ class Admission:
         self._dispatch()
 
     def _start(self, run: list[list[_Request]], now: float) -> None:
+        if self._clock_offset is None:
+            self._clock_offset = now - time.monotonic()
         instance = self._idle.pop()
         instance.pending = len(run)
         self._last_batch_requests = len(run[-1])
@@ -386,10 +391,31 @@ class Admission:
             self._running.add(execution)
             if self._begin is not None:
                 execution.watch = self._begin()
+            last = len(jobs) == len(run) - 1
             jobs.append((functools.partial(_execute, invoke, batch,
-                                           self._queue if len(jobs) == len(run) - 1 else None),
+                                           self._next_waits if last else None),
                          functools.partial(self._finished, execution)))
         instance.thread.submit(jobs)
+
+    def _next_waits(self) -> bool:
+        """On an instance thread, at the end of its run: whether its next execution
+        would not start at once anyway, so answering the run's requests first delays
+        nothing: nothing is queued, or what is queued waits out a queue delay that
+        has well over `_DIRECT_MARGIN` to go and cannot fill a batch. A hint read
+        without a lock (the loop decides what runs next)."""
+        queue = self._queue
+        if not queue:
+            return True
+        batching = self.batching
+        if batching is None or not batching.delay or len(queue) >= batching.target_rows:
+            return False
+        try:
+            head = queue[0]
+        except IndexError:  # taken meanwhile
+            return True
+        left = head.arrived + batching.delay - self._timer_lead - \
+            (time.monotonic() + self._clock_offset)
+        return left > _DIRECT_MARGIN
 
     def _finished(self, execution: _Execution, result: Any) -> None:
         """On the loop, when an instance thread finished an execution. The instance is
@@ -460,15 +486,16 @@ class Admission:
 
 
 def _execute(invoke: Callable[[list[Any]], Results], batch: list[_Request],
-             queue: list[_Request] | None
+             next_waits: Callable[[], bool] | None
              ) -> tuple[list[Outcome], list[tuple[int, int, float]]]:
     """One execution on an instance thread (`run_batch`). When it is the last of its run
-    and nothing is queued (`queue`, read without a lock: a hint), each request that asked
-    for it is answered from here (`respond`): the instance has nothing else to do, and
-    the client need not wait for the loop to wake up. Otherwise the loop answers, and the
-    instance is handed its next execution at once."""
+    and its instance would not start another at once (`next_waits`: nothing queued, or
+    the queue waits out a delay), each request that asked for it is answered from here
+    (`respond`): the client need not wait for the loop to wake up, and its next request
+    is usually there when the loop reads. Otherwise the loop answers, and the instance
+    is handed its next execution at once."""
     outcomes, executions = run_batch(invoke, [r.args for r in batch], [r.rows for r in batch])
-    if queue is None or queue:
+    if next_waits is None or not next_waits():
         return outcomes, executions
     answer_directly(batch, outcomes, executions)
     return outcomes, executions
