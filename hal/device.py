@@ -61,6 +61,7 @@ from ..errors import (
 from .allocator import Allocator
 from .buffer import Buffer, Storage, as_byte_view
 from .command_buffer import CommandBuffer, as_table_range
+from .cpu import cpu_feature
 from .executable import (
     Executable,
     check_executable_policy,
@@ -83,19 +84,6 @@ if TYPE_CHECKING:
     from .profile import Profile
 
 Points = Fence | Sequence[SemaphorePoint] | None
-
-
-@functools.lru_cache(maxsize=1)
-def host_cpu_flags() -> frozenset[str]:
-    """The host CPU's feature flags as Linux names them (`avx2`, `avx512f`, ...)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 class Device:
@@ -279,8 +267,8 @@ class Device:
             return self.queue_count
         if category == "hal.dispatch" and key == "concurrency":
             return self.concurrency
-        if category == "hal.cpu":
-            return int(key.lower() in host_cpu_flags())
+        if category == "hal.cpu" and (has := cpu_feature(key)) is not None:
+            return int(has)
         raise NotFoundError(f"unknown device query {category!r} :: {key!r}")
 
     concurrency = 1

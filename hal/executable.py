@@ -42,6 +42,7 @@ from ..errors import (
     UnimplementedError,
     error_for_code,
 )
+from .cpu import PROCESSOR_DATA
 from .elf import PF_X, QUERY_SYMBOL, ElfLibrary, MappedImage, parse_elf
 from .native import ffi, lib
 
@@ -259,6 +260,7 @@ class Executable:
         self._regions: list[tuple[int, int, int]] = []
         try:
             self._environment = ffi.new("tinyhal_environment_t*")
+            self._environment.processor_data = PROCESSOR_DATA
             if elf.self_contained:
                 self._image = MappedImage(elf, data)
                 query = ffi.cast(_QUERY_FN, self._image.query_address)

@@ -43,7 +43,7 @@ from ..errors import (
     OutOfRangeError,
     PermissionDeniedError,
 )
-from ..hal.device import host_cpu_flags
+from ..hal.cpu import cpu_feature
 from ..hal.executable import Executable, ExportInfo
 from ..hal.native import ffi
 from .context import Context
@@ -337,14 +337,12 @@ _QUERY_MATMUL_I8 = 0x0200
 
 
 def _x86_64_features() -> tuple[bool, bool, bool]:
-    """(avx2+fma+f16c, and avx512 f/bw/dq/vl/cd, and avx512 vnni) on this host: what
-    IREE's x86-64 microkernels select their tiles by."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return False, False, False
-    flags = host_cpu_flags()
-    avx2 = {"avx2", "fma", "f16c"} <= flags
-    avx512 = avx2 and {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"} <= flags
-    return avx2, avx512, avx512 and "avx512_vnni" in flags
+    """(avx2+fma+f16c, and avx512 f/bw/dq/vl/cd, and avx512 vnni) on this host, as IREE's
+    runtime reports them: what IREE's x86-64 microkernels select their tiles by."""
+    avx2 = all(cpu_feature(f) for f in ("avx2", "fma", "f16c"))
+    avx512 = avx2 and all(cpu_feature(f) for f in
+                          ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"))
+    return avx2, avx512, avx512 and bool(cpu_feature("avx512vnni"))
 
 
 def _matmul_tile(operation: int) -> tuple[int, int, int]:

@@ -36,6 +36,7 @@ int tinyhal_dispatch_workgroups(tinyhal_dispatch_fn_t fn,
     uint32_t local_memory_size, uint32_t processor_id, uint64_t* cursor, uint64_t tile,
     uint64_t total, int* abort_flag, uint64_t* failed_index);
 tinyhal_import_thunk_t tinyhal_import_thunk(void);
+void tinyhal_cpu_data(uint64_t* out, uint32_t count);
 int tinyhal_install_fault_handler(void);
 void tinyhal_last_fault_info(uint64_t* out);
 const tinyhal_library_header_t** tinyhal_library_query_contained(void* query,

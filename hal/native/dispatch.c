@@ -321,6 +321,59 @@ static int tinyhal_import_thunk_impl(tinyhal_import_fn_t fn, void* params, void*
 
 tinyhal_import_thunk_t tinyhal_import_thunk(void) { return tinyhal_import_thunk_impl; }
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+
+static void tinyhal_cpuid(unsigned leaf, unsigned subleaf, unsigned max_basic, unsigned max_ext,
+                          unsigned regs[4]) {
+  regs[0] = regs[1] = regs[2] = regs[3] = 0;
+  unsigned bound = (leaf & 0x80000000u) ? max_ext : max_basic;
+  if (leaf <= bound) __cpuid_count(leaf, subleaf, regs[0], regs[1], regs[2], regs[3]);
+}
+
+#define TINYHAL_BIT(reg, bit, out_bit) ((uint64_t)(((reg) >> (bit)) & 1u) << (out_bit))
+
+/* Word 0 of the processor data IREE's runtime hands executables on x86-64: the feature
+   bits of IREE's cpu_feature_bits table, each taken from its CPUID leaf, and the AVX and
+   AVX-512 families only when CPUID leaf 0xD reports their register state. */
+static uint64_t tinyhal_cpu_word0(void) {
+  unsigned r[4], l1[4], l70[4], l71[4], ld[4], le1[4];
+  __cpuid(0, r[0], r[1], r[2], r[3]);
+  unsigned max_basic = r[0];
+  __cpuid(0x80000000u, r[0], r[1], r[2], r[3]);
+  unsigned max_ext = r[0];
+  tinyhal_cpuid(1, 0, max_basic, max_ext, l1);
+  tinyhal_cpuid(7, 0, max_basic, max_ext, l70);
+  tinyhal_cpuid(7, 1, max_basic, max_ext, l71);
+  tinyhal_cpuid(0xD, 0, max_basic, max_ext, ld);
+  tinyhal_cpuid(0x80000001u, 0, max_basic, max_ext, le1);
+  uint64_t w = TINYHAL_BIT(l1[2], 0, 0) | TINYHAL_BIT(l1[2], 9, 1) | TINYHAL_BIT(l1[2], 19, 2) |
+               TINYHAL_BIT(l1[2], 20, 3) | TINYHAL_BIT(le1[2], 6, 4);
+  if ((ld[0] & 0x7u) == 0x7u) {
+    w |= TINYHAL_BIT(l1[2], 28, 10) | TINYHAL_BIT(l1[2], 12, 11) | TINYHAL_BIT(le1[2], 16, 12) |
+         TINYHAL_BIT(le1[2], 11, 13) | TINYHAL_BIT(l1[2], 29, 14) | TINYHAL_BIT(l70[1], 5, 15);
+  }
+  if ((ld[0] & 0xE7u) == 0xE7u) {
+    w |= TINYHAL_BIT(l70[1], 16, 20) | TINYHAL_BIT(l70[1], 28, 21) | TINYHAL_BIT(l70[1], 31, 22) |
+         TINYHAL_BIT(l70[1], 17, 23) | TINYHAL_BIT(l70[1], 30, 24) | TINYHAL_BIT(l70[1], 21, 25) |
+         TINYHAL_BIT(l70[2], 1, 26) | TINYHAL_BIT(l70[2], 14, 27) | TINYHAL_BIT(l70[2], 11, 28) |
+         TINYHAL_BIT(l70[2], 6, 29) | TINYHAL_BIT(l70[2], 12, 30) | TINYHAL_BIT(l71[0], 5, 31) |
+         TINYHAL_BIT(l70[3], 23, 32);
+  }
+  if ((ld[0] & 0x60000u) == 0x60000u) {
+    w |= TINYHAL_BIT(l70[3], 24, 50) | TINYHAL_BIT(l70[3], 25, 51) | TINYHAL_BIT(l70[3], 22, 52);
+  }
+  return w;
+}
+#endif
+
+void tinyhal_cpu_data(uint64_t* out, uint32_t count) {
+  for (uint32_t i = 0; i < count; ++i) out[i] = 0;
+#if defined(__x86_64__)
+  if (count > 0) out[0] = tinyhal_cpu_word0();
+#endif
+}
+
 /* ---- Streams: a whole submission's operations run in C ---------------------------------
  *
  * One leader walks the operation list in order; at each operation of more than one tile

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import trio
@@ -172,6 +174,7 @@ def test_input_buffers_reused_only_when_nothing_else_holds_them(device):
     stay live memory, and the device's live bytes are unchanged by reuse."""
     from support.iree_tools import HOST_FLAGS, compile_mlir
 
+    gc.collect()  # an earlier test's unreachable buffers must not be freed mid-test
     before = device.allocator.statistics().live_bytes
     with tinyhal.load(compile_mlir(KEEPS_INPUTS, HOST_FLAGS), device=device) as m:
         xs = [np.full(4, k, np.float32) for k in range(1, 6)]
