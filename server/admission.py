@@ -70,7 +70,7 @@ _DIRECT_MARGIN = 200e-6
 
 __all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Instance",
            "Overloaded", "PendingRequest", "RunningInvocation", "Unavailable",
-           "answer_directly"]
+           "after_pass", "answer_directly"]
 
 
 class Overloaded(Exception):
@@ -369,7 +369,7 @@ class Admission:
         starts at once, which measured faster at one connection."""
         if not self._dispatch_pending:
             self._dispatch_pending = True
-            _after_pass().append(self._pass_ended)
+            after_pass(self._pass_ended)
 
     def _pass_ended(self) -> None:
         self._dispatch_pending = False
@@ -534,14 +534,15 @@ class _AfterPass(trio.abc.Instrument):
 _AFTER_PASS: trio.lowlevel.RunVar = trio.lowlevel.RunVar("tinyhal_after_pass")
 
 
-def _after_pass() -> list[Callable[[], None]]:
-    """The list of calls made at the end of this trio run's current scheduler pass."""
+def after_pass(call: Callable[[], None]) -> None:
+    """Calls `call` (on the loop) at the end of this trio run's current scheduler pass,
+    when every ready task has run and the loop is about to wait for I/O."""
     instrument = _AFTER_PASS.get(None)
     if instrument is None:
         instrument = _AfterPass()
         trio.lowlevel.add_instrument(instrument)
         _AFTER_PASS.set(instrument)
-    return instrument.calls
+    instrument.calls.append(call)
 
 
 class _DelayTimer:

@@ -102,6 +102,7 @@ from .admission import (
     Overloaded,
     PendingRequest,
     Unavailable,
+    after_pass,
     answer_directly,
 )
 from .batching import Outcome, Results
@@ -585,6 +586,7 @@ class SequenceBatcher:
         self._in_flight = InFlight()
         self._closed = False
         self._timer_at = math.inf
+        self._dispatch_pending = False
         self._wake: trio.Event | None = None
         self._tasks_started = False
         self.expired_count = 0
@@ -695,7 +697,7 @@ class SequenceBatcher:
         self._queued += 1
         self._in_flight.count += 1
         self._mark_ready(seq)
-        self._dispatch()
+        self._dispatch_after_pass()
         probe = client_gone_probe()
         if probe is not None:
             self._watched[step] = (seq, probe)
@@ -823,6 +825,20 @@ class SequenceBatcher:
                 return
             self._start(batch, now, owner)
         self._arm(math.inf)
+
+    def _dispatch_after_pass(self) -> None:
+        """`_dispatch` once the loop has run every task that was ready (`after_pass`):
+        the steps that arrived in the same wake-up (with direct answers, the next steps
+        of the sequences that just ran among them) join the batch, and the instance is
+        handed it just before the loop waits for I/O, rather than woken while the loop
+        still holds the interpreter."""
+        if not self._dispatch_pending:
+            self._dispatch_pending = True
+            after_pass(self._pass_ended)
+
+    def _pass_ended(self) -> None:
+        self._dispatch_pending = False
+        self._dispatch()
 
     def _start(self, batch: list[_Sequence], now: float, owner: int | None) -> None:
         if owner is None:
@@ -1012,7 +1028,7 @@ class SequenceBatcher:
             for counts in executions:
                 self._executed(*counts)
         self._idle.append(instance)
-        self._dispatch()
+        self._dispatch_after_pass()
         self._in_flight.left(len(steps))
         if not isinstance(result, BaseException):
             self.host["respond"].add(time.perf_counter() - t0)
