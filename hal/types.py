@@ -245,11 +245,6 @@ _BY_MLIR["index"] = _BY_CODE[ElementType.INT_64]
 # Filled when a dtype is first looked up (numpy is imported only by what uses it); those
 # of ml_dtypes join when a dtype of ml_dtypes is first looked up (its caller has imported it).
 _BY_DTYPE: dict[np.dtype, ElementInfo] = {}
-_BY_KSERVE: dict[str, ElementInfo] = {}
-for _e in ELEMENT_TYPES:
-    if _e.kserve is not None and _e.numerical_type != 0x10:
-        _BY_KSERVE.setdefault(_e.kserve, _e)
-del _e
 
 
 def element_info(element_type: int) -> ElementInfo | None:
@@ -260,11 +255,6 @@ def element_info(element_type: int) -> ElementInfo | None:
 def element_info_for_mlir(name: str) -> ElementInfo | None:
     """The table entry of an MLIR element type (`f32`, `bf16`, `f8E4M3FN`, `i4`, `index`)."""
     return _BY_MLIR.get(name)
-
-
-def element_info_for_kserve(datatype: str) -> ElementInfo | None:
-    """The table entry of a KServe V2 datatype (`FP32`, `BF16`, ...), or None."""
-    return _BY_KSERVE.get(datatype)
 
 
 def numpy_dtype(element_type: int) -> np.dtype:

@@ -202,10 +202,6 @@ class Executor:
     def worker_count(self) -> int:
         return len(self._threads)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def __enter__(self) -> Executor:
         return self
 

@@ -4,6 +4,7 @@
     ctx = Context([hal_module, load_module("model.vmfb")])
     ctx.invoke("module.main", [x, y])          # -> list of results
     await ctx.invoke_async("module.main", [x])  # on trio
+    invocation = ctx.begin("module.main", [x])  # by hand: resume after each wait, end()
 
 Native modules (such as `hal`) implement the contract in `tinyhal.vm.native`; host apps
 write their own the same way and pass them to `tinyhal.load(path, modules=[...])` (or
@@ -17,8 +18,9 @@ from typing import Any
 
 from ..hal.executable import ExecutableLoader, register_executable_loader
 from .cconv import parse_cconv
-from .context import Context, ModuleInstance, VMFunction, drive_blocking
+from .context import Context, ModuleInstance, VMFunction
 from .hal_module import create_hal_module
+from .invocation import Invocation, run_async, run_blocking
 from .loader import BytecodeModule, load_module
 from .native import NativeFunction, NativeModule, Suspend
 from .ops import F32SNaN
@@ -41,6 +43,7 @@ __all__ = [
     "BytecodeModule",
     "Context",
     "F32SNaN",
+    "Invocation",
     "ModuleInstance",
     "NativeFunction",
     "NativeModule",
@@ -55,9 +58,10 @@ __all__ = [
     "create_hal_module",
     "create_io_parameters_module",
     "create_vmvx_module",
-    "drive_blocking",
     "load_module",
     "parse_cconv",
+    "run_async",
+    "run_blocking",
 ]
 
 

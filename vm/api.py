@@ -296,9 +296,6 @@ class _Bound(functools.partial):
         self.__doc__ = module.functions[name].declaration or name
         return self
 
-    async def call_async(self, *args: Any) -> Any:
-        return await self.func.__self__.invoke_async(self.args[0], *args)
-
     def __repr__(self) -> str:
         return f"<function {self.args[0]} of {self.func.__self__!r}>"
 

@@ -1,5 +1,10 @@
 """Translates verified bytecode functions into Python source, compiled once per module.
 
+The phases: `isa` decodes, `verifier` checks every operand and cuts the blocks, `regflow`
+analyses integer data flow, and this module emits, from the instruction templates of
+`templates` and its own handlers for the rest; it takes the verified input as meant and
+raises nothing of its own. `instantiate` runs the result over a context's `Linkage`.
+
 Every VM function becomes one Python function whose registers are local variables
 (`i<n>` for the 32-bit bank, where f32 values and whole i64/f64 values live in their
 first slot, and `r<n>` for refs), so the inner loop does no dict look-ups, attribute
@@ -26,265 +31,16 @@ from __future__ import annotations
 import linecache
 import math
 import re
-import struct
-from array import array
 from dataclasses import dataclass
-from types import GeneratorType
+from typing import TYPE_CHECKING
 
-from ..errors import InvalidArgumentError, OutOfRangeError
 from . import isa, ops, record_blocks, scalar
 from .cconv import cconv_registers
-from .native import Suspend
+from .linkage import Linkage
+from .templates import H32, H64, HELPERS, M32, M64, TEMPLATES, wrap32_expr, wrap64_expr
 
-M32 = "4294967295"
-M64 = "18446744073709551615"
-H32 = "2147483648"
-H64 = "9223372036854775808"
-
-
-def _w32(expr: str) -> str:
-    return f"({expr} + {H32} & {M32}) - {H32}"
-
-
-def _w64(expr: str) -> str:
-    return f"({expr} + {H64} & {M64}) - {H64}"
-
-
-def _wrapped(res: str, expr: str, bits: int) -> str:
-    """`res = expr` wrapped to a signed `bits` integer; the common in-range case costs
-    two compares instead of three big-int operations."""
-    hi, lo = (2**31 - 1, -(2**31)) if bits == 32 else (2**63 - 1, -(2**63))
-    wrap = _w32(res) if bits == 32 else _w64(res)
-    return f"{res} = {expr}\nif {res} > {hi} or {res} < {lo}: {res} = {wrap}"
-
-
-# Straight-line ops: template over the instruction's fields in layout order. The ring ops
-# (add, sub, mul, fma, and, or, xor, not, shl) are emitted by `_Gen.ring_op` instead.
-_SIMPLE: dict[str, str] = {}
-
-
-def _int_ops(bits: int) -> None:
-    t = f"i{bits}"
-
-    def w(expr: str, res: str) -> str:
-        return _wrapped(res, expr, bits)
-
-    m = M32 if bits == 32 else M64
-    sh = 31 if bits == 32 else 63
-    _SIMPLE.update({
-        f"div.{t}.s": "{2} = _div_%ss({0}, {1})" % t,
-        f"div.{t}.u": "{2} = _div_%su({0}, {1})" % t,
-        f"rem.{t}.s": "{2} = _rem_%ss({0}, {1})" % t,
-        f"rem.{t}.u": "{2} = _rem_%su({0}, {1})" % t,
-        f"abs.{t}": w("abs({0})", "{1}"),
-        f"min.{t}.s": "{2} = {1} if {1} < {0} else {0}",
-        f"min.{t}.u": "{2} = {1} if ({1} & %s) < ({0} & %s) else {0}" % (m, m),
-        f"max.{t}.s": "{2} = {1} if {0} < {1} else {0}",
-        f"max.{t}.u": "{2} = {1} if ({0} & %s) < ({1} & %s) else {0}" % (m, m),
-        f"ctlz.{t}": "{1} = %d - ({0} & %s).bit_length()" % (bits, m),
-        f"shr.{t}.s": "{2} = {0} >> ({1} & %d)" % sh,
-        f"shr.{t}.u": w("({0} & %s) >> ({1} & %d)" % (m, sh), "{2}"),
-        f"cmp.eq.{t}": "{2} = 1 if {0} == {1} else 0",
-        f"cmp.ne.{t}": "{2} = 1 if {0} != {1} else 0",
-        f"cmp.lt.{t}.s": "{2} = 1 if {0} < {1} else 0",
-        f"cmp.lt.{t}.u": "{2} = 1 if ({0} & %s) < ({1} & %s) else 0" % (m, m),
-        f"cmp.nz.{t}": "{1} = 1 if {0} else 0",
-        f"select.{t}": "{3} = {1} if {0} else {2}",
-        f"const.{t}": "{1} = {0!r}",
-        f"const.{t}.zero": "{0} = 0",
-        f"global.load.{t}": "{1} = _ld_%s(_G, {0})[0]" % t,
-        f"global.store.{t}": "_st_%s(_G, {0}, {1})" % t,
-        f"global.load.indirect.{t}": "{1} = _ld_%s(_G, _goff({0}, %d, _GCAP))[0]" % (t, bits // 8),
-        f"global.store.indirect.{t}": "_st_%s(_G, _goff({0}, %d, _GCAP), {1})" % (t, bits // 8),
-        f"list.get.{t}": "{2} = _list_get_%s({0}, {1})" % t,
-        f"list.set.{t}": "_list_set_%s({0}, {1}, {2})" % t,
-    })
-
-
-_int_ops(32)
-_int_ops(64)
-
-_SIMPLE.update({
-    "trunc.i32.i8": "{1} = {0} & 255",
-    "trunc.i32.i16": "{1} = {0} & 65535",
-    "ext.i8.i32.s": "{1} = {0} & 255\nif {1} > 127: {1} -= 256",
-    "ext.i8.i32.u": "{1} = {0} & 255",
-    "ext.i16.i32.s": "{1} = {0} & 65535\nif {1} > 32767: {1} -= 65536",
-    "ext.i16.i32.u": "{1} = {0} & 65535",
-    "trunc.i64.i32": "{1} = {0} & %s\nif {1} > 2147483647: {1} -= 4294967296" % M32,
-    "ext.i32.i64.s": "{1} = {0}",
-    "ext.i32.i64.u": "{1} = {0} & " + M32,
-    "cmp.eq.ref": "{2} = 1 if {0} is {1} else 0",
-    "cmp.ne.ref": "{2} = 0 if {0} is {1} else 1",
-    "cmp.nz.ref": "{1} = 0 if {0} is None else 1",
-    "const.ref.zero": "{0} = None",
-    "const.ref.rodata": "{1} = _ROD[{0}]",
-    "list.reserve": "_list_reserve({0}, {1})",
-    "list.size": "{1} = _list_size({0})",
-    "list.resize": "_list_resize({0}, {1})",
-    "buffer.alloc": "{2} = _buffer_alloc({0}, {1})",
-    "buffer.clone": "{4} = _buffer_clone({0}, {1}, {2}, {3})",
-    "buffer.length": "{1} = _buffer_length({0})",
-    "buffer.copy": "_buffer_copy({0}, {1}, {2}, {3}, {4})",
-    "buffer.compare": "{5} = _buffer_compare({0}, {1}, {2}, {3}, {4})",
-    "buffer.hash": "{3} = _buffer_hash({0}, {1}, {2})",
-    "fail": "if {0}: raise _fail({0}, {1})",
-})
-for _w in ("i8.u", "i8.s", "i16.u", "i16.s", "i32", "i64", "f32", "f64"):
-    _SIMPLE[f"buffer.load.{_w}"] = "{2} = _buffer_load_%s({0}, {1})" % _w.replace(".", "")
-for _w in ("i8", "i16", "i32", "i64", "f32", "f64"):
-    _SIMPLE[f"buffer.store.{_w}"] = "_buffer_store_%s({0}, {1}, {2})" % _w
-    _SIMPLE[f"buffer.fill.{_w}"] = "_buffer_fill_%s({0}, {1}, {2}, {3})" % _w
-
-_FR = "_fa[0] = {e}; {r} = _fa[0]"  # round to binary32 through the per-call array
-
-
-def _float_ops(t: str) -> None:
-    f32 = t == "f32"
-
-    def arith(expr: str, res: str) -> str:
-        return _FR.format(e=expr, r=res) if f32 else f"{res} = {expr}"
-
-    _SIMPLE.update({
-        # Which NaN a commutative op returns depends on how CPython was compiled (and
-        # differs between its generic and specialised paths); IREE returns the first
-        # NaN operand's payload, so a NaN result is fixed up explicitly.
-        f"add.{t}": "_t = {0} + {1}\nif _t != _t: _t = _nanp({0}, {1}, _t)\n"
-        + arith("_t", "{2}"),
-        f"sub.{t}": arith("{0} - {1}", "{2}"),
-        f"mul.{t}": "_t = {0} * {1}\nif _t != _t: _t = _nanp({0}, {1}, _t)\n"
-        + arith("_t", "{2}"),
-        f"div.{t}": arith("({0} / {1} if {1} else _div_f({0}, {1}))", "{2}"),
-        f"rem.{t}": "{2} = _rem_%s({0}, {1})" % t,
-        f"fma.{t}": (
-            "_t = {0} * {1}\nif _t != _t: _t = _nanp({0}, {1}, _t)\n"
-            + ("_fa[0] = _t; _t = _fa[0] + {2}\nif _t != _t: _t = _nanp(_fa[0], {2}, _t)\n"
-               "_fa[0] = _t; {3} = _fa[0]" if f32 else
-               "_u = _t + {2}\nif _u != _u: _u = _nanp(_t, {2}, _u)\n{3} = _u")
-        ),
-        f"abs.{t}": "{1} = abs({0})",
-        f"neg.{t}": "{1} = -{0}",
-        f"min.{t}": "{2} = {1} if {1} < {0} else {0}",
-        f"max.{t}": "{2} = {1} if {0} < {1} else {0}",
-        f"atan2.{t}": "{2} = _atan2_%s({0}, {1})" % t,
-        f"pow.{t}": "{2} = _pow_%s({0}, {1})" % t,
-        f"rsqrt.{t}": "{1} = _rsqrt_%s({0})" % t,
-        f"round.{t}.even": "{1} = _round_even_%s({0})" % t,
-        f"cmp.eq.{t}.o": "{2} = 1 if {0} == {1} else 0",
-        f"cmp.eq.{t}.u": "{2} = 0 if ({0} < {1} or {0} > {1}) else 1",
-        f"cmp.ne.{t}.o": "{2} = 1 if {0} != {1} else 0",
-        f"cmp.ne.{t}.u": "{2} = 1 if {0} != {1} else 0",
-        f"cmp.lt.{t}.o": "{2} = 1 if {0} < {1} else 0",
-        f"cmp.lt.{t}.u": "{2} = 0 if {0} >= {1} else 1",
-        f"cmp.lte.{t}.o": "{2} = 1 if {0} <= {1} else 0",
-        f"cmp.lte.{t}.u": "{2} = 0 if {0} > {1} else 1",
-        f"cmp.nan.{t}": "{1} = 1 if {0} != {0} else 0",
-        f"select.{t}": "{3} = {1} if {0} else {2}",
-        f"const.{t}.zero": "{0} = 0.0",
-        f"global.load.{t}": "{1} = _gload_%s(_G, {0})" % t,
-        f"global.store.{t}": "_gstore_%s(_G, {0}, {1})" % t,
-        f"global.load.indirect.{t}": "{1} = _gload_%s(_G, _goff({0}, %d, _GCAP))"
-        % (t, 4 if f32 else 8),
-        f"global.store.indirect.{t}": "_gstore_%s(_G, _goff({0}, %d, _GCAP), {1})"
-        % (t, 4 if f32 else 8),
-        f"list.get.{t}": "{2} = _list_get_%s({0}, {1})" % t,
-        f"list.set.{t}": "_list_set_%s({0}, {1}, {2})" % t,
-    })
-    for name in ("atan", "cos", "sin", "exp", "exp2", "expm1", "log", "log10", "log1p",
-                 "log2", "sqrt", "tanh", "erf", "ceil", "floor", "round"):
-        _SIMPLE[f"{name}.{t}"] = "{1} = _%s_%s({0})" % (name, t)
-
-
-_float_ops("f32")
-_float_ops("f64")
-_SIMPLE.update({
-    "cast.si32.f32": _FR.format(e="{0}", r="{1}"),
-    "cast.ui32.f32": _FR.format(e="({0} & %s)" % M32, r="{1}"),
-    "cast.si64.f32": "{1} = _cast_si64_f32({0})",
-    "cast.ui64.f32": "{1} = _cast_ui64_f32({0})",
-    "cast.f32.si32": "{1} = _cast_f32_si32({0})",
-    "cast.f32.ui32": "{1} = _cast_f32_ui32({0})",
-    "cast.f32.si64": "{1} = _cast_f32_si64({0})",
-    "cast.f32.ui64": "{1} = _cast_f32_ui64({0})",
-    "bitcast.i32.f32": "{1} = _bitcast_i32_f32({0})",
-    "bitcast.f32.i32": "{1} = _bitcast_f32_i32({0})",
-    "trunc.f64.f32": _FR.format(e="{0}", r="{1}"),
-    "ext.f32.f64": "{1} = float({0})",
-    "cast.si32.f64": "{1} = float({0})",
-    "cast.ui32.f64": "{1} = float({0} & %s)" % M32,
-    "cast.si64.f64": "{1} = float({0})",
-    "cast.ui64.f64": "{1} = float({0} & %s)" % M64,
-    "cast.f64.si32": "{1} = _cast_f64_si32({0})",
-    "cast.f64.ui32": "{1} = _cast_f64_ui32({0})",
-    "cast.f64.si64": "{1} = _cast_f64_si64({0})",
-    "cast.f64.ui64": "{1} = _cast_f64_ui64({0})",
-    "bitcast.i64.f64": "{1} = _bitcast_i64_f64({0})",
-    "bitcast.f64.i64": "{1} = _bitcast_f64_i64({0})",
-})
-
-_TERMINATORS = {"br", "cond_br", "br_table", "return", "yield", "call.yieldable",
-                "call.variadic.yieldable", "break", "cond_break"}
-_YIELDING = {"yield", "call.yieldable", "call.variadic.yieldable"}
-
-
-def _struct_fn(fmt: str, kind: str):
-    s = struct.Struct("<" + fmt)
-    return s.unpack_from if kind == "ld" else s.pack_into
-
-
-def _gload_f32(g, off):
-    return ops.f32_from_bits(struct.unpack_from("<I", g, off)[0])
-
-
-def _gstore_f32(g, off, v):
-    struct.pack_into("<I", g, off, ops.f32_bits(v))
-
-
-_ld_f64 = struct.Struct("<d").unpack_from
-_st_f64 = struct.Struct("<d").pack_into
-
-
-def _gload_f64(g, off):
-    return _ld_f64(g, off)[0]
-
-
-def _gstore_f64(g, off, v):
-    _st_f64(g, off, v)
-
-
-def base_namespace() -> dict:
-    """Helpers every generated module sees (shared, immutable)."""
-    ns = {
-        "_array": array,
-        "_Z": (0.0,),
-        "_Suspend": Suspend,
-        "_GenType": GeneratorType,
-        "_ld_i32": _struct_fn("i", "ld"), "_st_i32": _struct_fn("i", "st"),
-        "_ld_i64": _struct_fn("q", "ld"), "_st_i64": _struct_fn("q", "st"),
-        "_gload_f32": _gload_f32, "_gstore_f32": _gstore_f32,
-        "_gload_f64": _gload_f64, "_gstore_f64": _gstore_f64,
-        "_goff": ops.global_offset,
-        "_grefi": ops.global_ref_index,
-        "_div_f": ops.div_f,
-        "_nanp": ops.nan_propagate,
-        "_wrap32": ops.wrap32, "_wrap64": ops.wrap64,
-        "_round_f32": ops.round_f32,
-        "_fail": ops.fail,
-        "_check_ref_type": ops.check_ref_type,
-        "_remember": ops.remember_call, "_UNSET": ops.UNSET,
-    }
-    for name in dir(ops):
-        if name.startswith(("div_", "rem_", "buffer_", "list_", "cast_", "bitcast_", "fma_",
-                            "atan2_", "pow_", "rsqrt_", "round_even_")):
-            ns["_" + name] = getattr(ops, name)
-    for name in ("atan", "cos", "sin", "exp", "exp2", "expm1", "log", "log10", "log1p",
-                 "log2", "sqrt", "tanh", "erf", "ceil", "floor", "round"):
-        ns[f"_{name}_f32"] = ops.f32_unary(name)
-        ns[f"_{name}_f64"] = ops.f64_unary(name)
-    return ns
-
-
-_BASE_NAMESPACE = base_namespace()
+if TYPE_CHECKING:  # the verifier runs only when a module is translated, not on a cache hit
+    from .verifier import VerifiedFunction
 
 
 def element_type_name(type_name: str) -> str:
@@ -314,7 +70,7 @@ class ModuleProgram:
     line_pcs: list  # line number (1-based) -> (ordinal, pc) or None
     generator_ordinals: frozenset
     constants: list
-    import_yield_sites: frozenset  # import ordinals called with call.yieldable
+    function_count: int
     native_loops: dict  # ordinal -> scalar.ScalarProgram run natively in place of `_f<n>`
     record_blocks: tuple  # site -> record_blocks.RecordBlock, called as `_blk<site>`
 
@@ -322,20 +78,17 @@ class ModuleProgram:
 class _Gen:
     """Per-function source emitter."""
 
-    def __init__(self, module, fn, program_state) -> None:
+    def __init__(self, module, verified: VerifiedFunction, program_state) -> None:
         self.module = module
-        self.fn = fn
+        self.fn = verified.function
         self.st = program_state
-        desc = fn.descriptor
-        self.i32_limit = _pow2(max(1, desc.i32_register_count))
-        self.ref_limit = _pow2(max(1, desc.ref_register_count))
-        self.where = f"{module.name}.{fn.name}"
+        self.i32_limit = verified.i32_limit
         self.lines: list[tuple[int, str, int]] = []  # (indent, text, pc)
         self.i_regs: set[int] = set()
         self.r_regs: set[int] = set()
         self.uses_fa = False
-        self.block_index: dict[int, int] = {}
-        self.blocks: list = []
+        self.block_index: dict[int, int] = verified.block_index
+        self.blocks: list = verified.blocks
         self.cur_block = -1
         self.loop_mode = False
         self.self_loop_used = False
@@ -348,12 +101,9 @@ class _Gen:
         self.lazy: dict[str, int] = {}  # registers carried unreduced in this counted loop
 
     # -- register helpers
-    def err(self, ins, msg: str) -> InvalidArgumentError:
-        return InvalidArgumentError(f"{self.where}+{ins.pc:08X} ({ins.name}): {msg}")
-
-    def ireg(self, ins, raw: int, wide: bool) -> str:
+    def ireg(self, raw: int) -> str:
         """The value of an integer/float register as an expression, for a read."""
-        return self.read(self.ireg_name(ins, raw, wide))
+        return self.read(self.ireg_name(raw))
 
     def read(self, name: str) -> str:
         c = self.flow.constants.get(name)
@@ -365,51 +115,31 @@ class _Gen:
             return f"(({name} ^ {h}) - {h})"
         return name
 
-    def ireg_name(self, ins, raw: int, wide: bool) -> str:
-        """The local holding an integer/float register (validated), for a write."""
-        if raw & isa.REF_BIT:
-            raise self.err(ins, f"register {raw} is a ref register, expected i32/i64")
-        if wide:
-            if raw & 1:
-                raise self.err(ins, f"64-bit register {raw} not 8-byte aligned")
-            if raw + 1 >= self.i32_limit:
-                raise OutOfRangeError(f"{self.where}: 64-bit register {raw} out of range")
-        elif raw >= self.i32_limit:
-            raise OutOfRangeError(f"{self.where}: register {raw} out of range")
+    def ireg_name(self, raw: int) -> str:
+        """The local holding an integer/float register (an i64/f64 lives whole in its
+        first slot's local), for a write."""
         self.i_regs.add(raw)
         return f"i{raw}"
 
-    def rreg(self, ins, raw: int) -> str:
-        if not raw & isa.REF_BIT:
-            raise self.err(ins, f"register {raw} is not a ref register")
+    def rreg(self, raw: int) -> str:
         idx = raw & isa.REF_MASK
-        if idx >= self.ref_limit:
-            raise OutOfRangeError(f"{self.where}: ref register {idx} out of range")
         self.r_regs.add(idx)
         return f"r{idx}"
 
-    def anyreg(self, ins, raw: int) -> str:
+    def anyreg(self, raw: int) -> str:
         """A register of either bank, for a read."""
         if raw & isa.REF_BIT:
-            return self.rreg(ins, raw)
-        return self.ireg(ins, raw, False)
+            return self.rreg(raw)
+        return self.ireg(raw)
 
     def const(self, value) -> str:
         return f"_K[{self.st.constant(value)}]"
 
-    def type_name(self, ins, type_id: int) -> str:
-        types = self.module.types
-        if type_id >= len(types):
-            raise OutOfRangeError(
-                f"{self.where}: type id ordinal out of range: {type_id} (table={len(types)})"
-            )
-        return element_type_name(types[type_id])
+    def type_name(self, type_id: int) -> str:
+        return element_type_name(self.module.types[type_id])
 
-    def block(self, ins, target: int) -> int:
-        idx = self.block_index.get(target)
-        if idx is None:
-            raise self.err(ins, f"branch target {target:08X} is not a block")
-        return idx
+    def block(self, target: int) -> int:
+        return self.block_index[target]
 
     # -- emit
     def emit(self, indent: int, text: str, pc: int) -> None:
@@ -423,16 +153,14 @@ class _Gen:
             self.remap_slots(ins, [p for p in pairs if not p[0] & isa.REF_BIT], indent)
             pairs = [p for p in pairs if p[0] & isa.REF_BIT]
         for src, dst in pairs:
-            if (src & isa.REF_BIT) != (dst & isa.REF_BIT):
-                raise self.err(ins, "branch operand remaps between register banks")
             if not src & isa.REF_BIT:
-                s = self.ireg_name(ins, src, False)
-                d = self.ireg_name(ins, dst, False)
+                s = self.ireg_name(src)
+                d = self.ireg_name(dst)
                 if s != d and (s, d) not in skipped:
                     self.emit(indent, f"{d} = {self.copy_value(s, d)}", ins.pc)
                 continue
-            s = self.rreg(ins, src)
-            d = self.rreg(ins, dst)
+            s = self.rreg(src)
+            d = self.rreg(dst)
             if s != d:
                 self.emit(indent, f"{d} = {s}", ins.pc)
                 if src & isa.REF_BIT and src & isa.MOVE_BIT:
@@ -444,8 +172,8 @@ class _Gen:
         the earlier writes, halves of an i64 included (an i64 lives whole in its first
         slot's local here, so its halves are split out and joined back as needed)."""
         for src, dst in pairs:
-            self.ireg_name(ins, src, False)
-            self.ireg_name(ins, dst, False)
+            self.ireg_name(src)
+            self.ireg_name(dst)
         wide = self.wide_slots(ins)
 
         def initial(slot: int) -> tuple[str, int]:
@@ -543,7 +271,7 @@ class _Gen:
 
     def jump(self, ins, target_pc: int, pairs, indent: int) -> None:
         self.remap(ins, pairs, indent)
-        self.goto(indent, self.block(ins, target_pc), ins.pc)
+        self.goto(indent, self.block(target_pc), ins.pc)
 
     def goto(self, indent: int, idx: int, pc: int, pre: tuple = ()) -> None:
         """Transfers control to block `idx` (after emitting `pre` lines)."""
@@ -575,7 +303,7 @@ class _Gen:
     def _emit_block(self, bi: int, blk: list, loop_mode: bool) -> list:
         self._start_block(bi, loop_mode)
         self._emit_run(blk[1:], 0)
-        if blk[-1].name not in _TERMINATORS:
+        if blk[-1].name not in isa.TERMINATORS:
             if bi + 1 < len(self.blocks):
                 self.goto(0, bi + 1, blk[-1].pc)
             else:
@@ -607,30 +335,11 @@ class _Gen:
         from . import regflow
 
         fn = self.fn
-        instrs = fn.instructions
-        if not instrs or instrs[0].name != "block":
-            raise InvalidArgumentError(f"{self.where}: function does not begin with a block")
-        blocks: list[list] = []
-        for ins in instrs:
-            if ins.name == "block":
-                self.block_index[ins.pc] = len(blocks)
-                blocks.append([ins])
-            else:
-                blocks[-1].append(ins)
-        if len(blocks) != fn.descriptor.block_count:
-            raise InvalidArgumentError(
-                f"{self.where}: {len(blocks)} blocks found, descriptor says "
-                f"{fn.descriptor.block_count}"
-            )
-        last = blocks[-1][-1]
-        if last.name not in _TERMINATORS and last.name != "fail":
-            raise InvalidArgumentError(f"{self.where}: function missing terminator in the last block")
-
-        self.blocks = blocks
+        blocks = self.blocks
         i_params = [f"i{reg}" for bank, reg in cconv_registers(fn.cconv.args) if bank == "i"]
         self.flow = regflow.analyse(fn, blocks, self.block_index, i_params,
                                     self.module.functions, self.module.imports,
-                                    _TERMINATORS) or regflow.Flow()
+                                    isa.TERMINATORS) or regflow.Flow()
         bodies: list[list[tuple[int, str, int]]] = []
         for bi, blk in enumerate(blocks):
             if bi in self.flow.counted:
@@ -699,42 +408,34 @@ class _Gen:
         f = ins.fields
         pc = ins.pc
         if pc in self.flow.constant_defs:
-            self.ireg_name(ins, f[-1], name.startswith("const.i64"))
+            self.ireg_name(f[-1])
             return
         ring = regflow.RING_OPS.get(name)
         if ring is not None:
             self.ring_op(ins, ring, ind)
             return
         if name.startswith("const.i") and not name.endswith(".ref"):
-            res = self.ireg_name(ins, f[-1], name.startswith("const.i64"))
+            res = self.ireg_name(f[-1])
             w = self.flow.unsigned.get(res)
             if w is not None:
                 value = 0 if name.endswith("zero") else f[0]
                 self.emit(ind, f"{res} = {value & (2**w - 1)}", pc)
                 return
-        tmpl = _SIMPLE.get(name)
-        if tmpl is not None and name not in _SPECIAL:
+        tmpl = TEMPLATES.get(name)
+        if tmpl is not None:
             args = []
             for (code, arg), val in zip(ins.layout, f):
                 if code in ("r", "w"):
                     if arg == "ref":
-                        args.append(self.rreg(ins, val))
+                        args.append(self.rreg(val))
                     elif code == "w":
-                        args.append(self.ireg_name(ins, val, arg in ("i64", "f64")))
+                        args.append(self.ireg_name(val))
                     else:
-                        args.append(self.ireg(ins, val, arg in ("i64", "f64")))
-                elif code == "A":
-                    args.append(val)
-                elif code == "G":
-                    args.append(self.global_offset(ins, val))
-                elif code == "D":
-                    if val >= len(self.module.rodata):
-                        raise OutOfRangeError(f"{self.where}: rodata ordinal {val} out of range")
-                    args.append(val)
+                        args.append(self.ireg(val))
                 elif code == "S":
                     args.append(self.const(val))
-                else:
-                    raise self.err(ins, f"unexpected field {code}")
+                else:  # A: a literal; G: a global's byte offset; D: a rodata ordinal
+                    args.append(val)
             text = tmpl.format(*args)
             if pc in self.flow.fused_cmps and self.fold_compare(ins, text):
                 return
@@ -742,17 +443,13 @@ class _Gen:
                 self.uses_fa = True
             for line in text.split("\n"):
                 self.emit(ind, line, pc)
-            # move semantics for refs read with the move bit (e.g. none in _SIMPLE)
             return
-        handler = getattr(self, "op_" + name.replace(".", "_"), None)
-        if handler is None:
-            raise self.err(ins, "unsupported instruction")
-        handler(ins, f, ind)
+        getattr(self, "op_" + name.replace(".", "_"))(ins, f, ind)
 
     def fold_compare(self, ins, text: str) -> bool:
         """Keeps a compare whose only reader is the next cond_br as that branch's
         condition instead of materialising 0/1."""
-        res = self.ireg_name(ins, ins.fields[-1], False)
+        res = self.ireg_name(ins.fields[-1])
         for head, tail, negate in ((f"{res} = 1 if ", " else 0", False),
                                    (f"{res} = 0 if ", " else 1", True)):
             if text.startswith(head) and text.endswith(tail) and "\n" not in text:
@@ -770,8 +467,8 @@ class _Gen:
         bounded = bitwise
         lits: list[int | None] = []
         canonical: list[bool] = []
-        for i, ((_code, arg), val) in enumerate(zip(ins.layout[:-1], f[:-1])):
-            name = self.ireg_name(ins, val, arg == "i64")
+        for i, val in enumerate(f[:-1]):
+            name = self.ireg_name(val)
             lit = self.flow.constants.get(name)
             lits.append(lit if i in ring_pos else None)
             canonical.append(True)
@@ -791,7 +488,7 @@ class _Gen:
             else:
                 operands.append(self.read(name))
         expr = tmpl.format(*operands)
-        res = self.ireg_name(ins, f[-1], width == 64)
+        res = self.ireg_name(f[-1])
         pc = ins.pc
         if pc in self.flow.fused:
             self.pending[res] = (expr, bounded or pc in self.flow.in_range)
@@ -819,15 +516,6 @@ class _Gen:
             self.emit(ind, f"if {target} > {hi} or {target} < {lo}: "
                            f"{target} = ({target} + {h} & {m}) - {h}", pc)
 
-    def global_offset(self, ins, val: int) -> int:
-        width = 8 if ins.name.endswith(("i64", "f64")) else 4
-        if val + width > self.module.global_bytes_capacity:
-            raise OutOfRangeError(
-                f"{self.where}: global byte_offset out of range: {val} "
-                f"(rwdata={self.module.global_bytes_capacity})"
-            )
-        return val
-
     def moved(self, raw: int) -> bool:
         return bool(raw & isa.REF_BIT and raw & isa.MOVE_BIT)
 
@@ -841,10 +529,10 @@ class _Gen:
     # constants that need exact float bits
     def op_const_f32(self, ins, f, ind):
         value = ops.f32_from_bits(f[0])
-        self.emit(ind, f"{self.ireg_name(ins, f[1], False)} = {self._float_literal(value)}", ins.pc)
+        self.emit(ind, f"{self.ireg_name(f[1])} = {self._float_literal(value)}", ins.pc)
 
     def op_const_f64(self, ins, f, ind):
-        self.emit(ind, f"{self.ireg_name(ins, f[1], True)} = {self._float_literal(f[0])}", ins.pc)
+        self.emit(ind, f"{self.ireg_name(f[1])} = {self._float_literal(f[0])}", ins.pc)
 
     def _float_literal(self, value: float) -> str:
         if value.__class__ is float and math.isfinite(value):
@@ -853,10 +541,8 @@ class _Gen:
 
     def op_global_load_ref(self, ins, f, ind):
         g = f[0]
-        if g >= self.module.global_ref_count:
-            raise OutOfRangeError(f"{self.where}: global ref ordinal out of range: {g}")
-        t = self.type_name(ins, f[1])
-        res = self.rreg(ins, f[2])
+        t = self.type_name(f[1])
+        res = self.rreg(f[2])
         self.emit(ind, f"{res} = _check_ref_type(_GR[{g}], {self.const(t)}, 'global.load.ref')",
                   ins.pc)
         if f[2] & isa.MOVE_BIT:
@@ -864,18 +550,16 @@ class _Gen:
 
     def op_global_store_ref(self, ins, f, ind):
         g = f[0]
-        if g >= self.module.global_ref_count:
-            raise OutOfRangeError(f"{self.where}: global ref ordinal out of range: {g}")
-        t = self.type_name(ins, f[1])
-        val = self.rreg(ins, f[2])
+        t = self.type_name(f[1])
+        val = self.rreg(f[2])
         self.emit(ind, f"_GR[{g}] = _check_ref_type({val}, {self.const(t)}, 'global.store.ref')",
                   ins.pc)
         self.clear_moved(ins, [f[2]], set(), ind)
 
     def op_global_load_indirect_ref(self, ins, f, ind):
-        idx = self.ireg(ins, f[0], False)
-        t = self.type_name(ins, f[1])
-        res = self.rreg(ins, f[2])
+        idx = self.ireg(f[0])
+        t = self.type_name(f[1])
+        res = self.rreg(f[2])
         self.emit(ind, f"_t = _grefi({idx}, _GRN)", ins.pc)
         self.emit(ind, f"{res} = _check_ref_type(_GR[_t], {self.const(t)}, 'global.load.ref')",
                   ins.pc)
@@ -883,56 +567,56 @@ class _Gen:
             self.emit(ind, "_GR[_t] = None", ins.pc)
 
     def op_global_store_indirect_ref(self, ins, f, ind):
-        idx = self.ireg(ins, f[0], False)
-        t = self.type_name(ins, f[1])
-        val = self.rreg(ins, f[2])
+        idx = self.ireg(f[0])
+        t = self.type_name(f[1])
+        val = self.rreg(f[2])
         self.emit(ind, f"_GR[_grefi({idx}, _GRN)] = _check_ref_type({val}, {self.const(t)}, "
                        "'global.store.ref')", ins.pc)
         self.clear_moved(ins, [f[2]], set(), ind)
 
     def op_list_alloc(self, ins, f, ind):
-        t = self.type_name(ins, f[0])
-        cap = self.ireg(ins, f[1], False)
-        res = self.rreg(ins, f[2])
+        t = self.type_name(f[0])
+        cap = self.ireg(f[1])
+        res = self.rreg(f[2])
         self.emit(ind, f"{res} = _list_alloc({self.const(t)}, {cap})", ins.pc)
 
     def op_list_get_ref(self, ins, f, ind):
-        lst = self.rreg(ins, f[0])
-        idx = self.ireg(ins, f[1], False)
-        t = self.type_name(ins, f[2])
-        res = self.rreg(ins, f[3])
+        lst = self.rreg(f[0])
+        idx = self.ireg(f[1])
+        t = self.type_name(f[2])
+        res = self.rreg(f[3])
         move = bool(f[3] & isa.MOVE_BIT)
         self.emit(ind, f"{res} = _list_get_ref({lst}, {idx}, {self.const(t)}, {move})", ins.pc)
 
     def op_list_set_ref(self, ins, f, ind):
-        lst = self.rreg(ins, f[0])
-        idx = self.ireg(ins, f[1], False)
-        val = self.rreg(ins, f[2])
+        lst = self.rreg(f[0])
+        idx = self.ireg(f[1])
+        val = self.rreg(f[2])
         self.emit(ind, f"_list_set_ref({lst}, {idx}, {val})", ins.pc)
         self.clear_moved(ins, [f[2]], set(), ind)
 
     def op_select_ref(self, ins, f, ind):
-        cond = self.ireg(ins, f[0], False)
-        self.type_name(ins, f[1])
-        a = self.rreg(ins, f[2])
-        b = self.rreg(ins, f[3])
-        res = self.rreg(ins, f[4])
+        cond = self.ireg(f[0])
+        self.type_name(f[1])
+        a = self.rreg(f[2])
+        b = self.rreg(f[3])
+        res = self.rreg(f[4])
         self.emit(ind, f"{res} = {a} if {cond} else {b}", ins.pc)
         self.clear_moved(ins, [f[2], f[3]], {res}, ind)
 
     def _switch(self, ins, f, ind, wide: bool, ref: bool):
-        idx = self.ireg(ins, f[0], False)
+        idx = self.ireg(f[0])
         if ref:
-            self.type_name(ins, f[1])
+            self.type_name(f[1])
             default_raw, values, res_raw = f[2], f[3], f[4]
-            default = self.rreg(ins, default_raw)
-            names = [self.rreg(ins, v) for v in values]
-            res = self.rreg(ins, res_raw)
+            default = self.rreg(default_raw)
+            names = [self.rreg(v) for v in values]
+            res = self.rreg(res_raw)
         else:
             default_raw, values, res_raw = f[1], f[2], f[3]
-            default = self.ireg(ins, default_raw, wide)
-            names = [self.ireg(ins, v, wide) for v in values]
-            res = self.ireg_name(ins, res_raw, wide)
+            default = self.ireg(default_raw)
+            names = [self.ireg(v) for v in values]
+            res = self.ireg_name(res_raw)
         if not names:
             self.emit(ind, f"{res} = {default}", ins.pc)
         else:
@@ -960,34 +644,30 @@ class _Gen:
         self._switch(ins, f, ind, False, True)
 
     def op_cast_any_ref(self, ins, f, ind):
-        src = self.rreg(ins, f[0])
-        t = self.type_name(ins, f[1])
-        res = self.rreg(ins, f[2])
+        src = self.rreg(f[0])
+        t = self.type_name(f[1])
+        res = self.rreg(f[2])
         self.emit(ind, f"{res} = _check_ref_type({src}, {self.const(t)}, 'cast.any.ref')", ins.pc)
         self.clear_moved(ins, [f[0]], {res}, ind)
 
     def op_assign_ref(self, ins, f, ind):
-        src = self.rreg(ins, f[0])
-        res = self.rreg(ins, f[1])
+        src = self.rreg(f[0])
+        res = self.rreg(f[1])
         if src != res:
             self.emit(ind, f"{res} = {src}", ins.pc)
             self.clear_moved(ins, [f[0]], {res}, ind)
 
     def op_discard_refs(self, ins, f, ind):
         for raw in f[0]:
-            self.emit(ind, f"{self.rreg(ins, raw)} = None", ins.pc)
+            self.emit(ind, f"{self.rreg(raw)} = None", ins.pc)
 
     def op_import_resolved(self, ins, f, ind):
-        ordinal = f[0]
-        if not ordinal & isa.IMPORT_BIT:
-            raise self.err(ins, "import.resolved of a non-import function")
-        k = ordinal & ~isa.IMPORT_BIT
-        if k >= len(self.module.imports):
-            raise self.err(ins, f"import ordinal {k} out of range")
-        self.emit(ind, f"{self.ireg_name(ins, f[1], False)} = _res{k}", ins.pc)
+        k = f[0] & ~isa.IMPORT_BIT
+        self.st.resolved_tests.add(k)
+        self.emit(ind, f"{self.ireg_name(f[1])} = _res{k}", ins.pc)
 
     def _trace(self, ins, f, ind, kind: str):
-        names = [self.anyreg(ins, r) for r in f[1]]
+        names = [self.anyreg(r) for r in f[1]]
         tup = "(" + "".join(n + ", " for n in names) + ")"
         self.emit(ind, f"_on_{kind}({self.const(f[0])}, {tup})", ins.pc)
         for raw in f[1]:
@@ -1003,7 +683,7 @@ class _Gen:
     # -- control flow
     def op_br(self, ins, f, ind):
         self.has_branches = True
-        idx = self.block(ins, f[0])
+        idx = self.block(f[0])
         target = self.blocks[idx] if idx < len(self.blocks) else None
         if (
             not self.inlining
@@ -1026,17 +706,17 @@ class _Gen:
     op_break = op_br
 
     def op_cond_break(self, ins, f, ind):
-        self.ireg(ins, f[0], False)
+        self.ireg(f[0])
         self.has_branches = True
         self.jump(ins, f[1], f[2], ind)
 
     def op_cond_br(self, ins, f, ind):
         self.has_branches = True
-        cond = self.ireg(ins, f[0], False)
+        cond = self.ireg(f[0])
         folded, self.pending_cond = self.pending_cond, None
-        if folded is not None and folded[0] == self.ireg_name(ins, f[0], False):
+        if folded is not None and folded[0] == self.ireg_name(f[0]):
             cond = folded[1]
-        t_idx, f_idx = self.block(ins, f[1]), self.block(ins, f[3])
+        t_idx, f_idx = self.block(f[1]), self.block(f[3])
         if not f[2] and not f[4] and not self.loop_mode:
             self.emit(ind, f"_b = {t_idx} if {cond} else {f_idx}", ins.pc)
             self.emit(ind, "continue", ins.pc)
@@ -1047,7 +727,7 @@ class _Gen:
 
     def op_br_table(self, ins, f, ind):
         self.has_branches = True
-        idx = self.ireg(ins, f[0], False)
+        idx = self.ireg(f[0])
         cases = f[4]
         for i, (target, pairs) in enumerate(cases):
             self.emit(ind, f"{'if' if i == 0 else 'elif'} {idx} == {i}:", ins.pc)
@@ -1057,9 +737,7 @@ class _Gen:
     def op_return(self, ins, f, ind):
         regs = f[0]
         results = self.fn.cconv.results
-        if len(regs) != len(results):
-            raise self.err(ins, f"returns {len(regs)} values, signature declares {len(results)}")
-        names = [self._typed_reg(ins, raw, t) for raw, t in zip(regs, results)]
+        names = [self._typed_reg(raw, t) for raw, t in zip(regs, results)]
         if not names:
             self.emit(ind, "return", ins.pc)
         elif len(names) == 1:
@@ -1067,16 +745,16 @@ class _Gen:
         else:
             self.emit(ind, f"return ({', '.join(names)})", ins.pc)
 
-    def _typed_reg(self, ins, raw: int, t: str) -> str:
+    def _typed_reg(self, raw: int, t: str) -> str:
         if t == "r":
-            return self.rreg(ins, raw)
-        return self.ireg(ins, raw, t in "IF")
+            return self.rreg(raw)
+        return self.ireg(raw)
 
     def op_yield(self, ins, f, ind):
         self.has_branches = True
         self.st.mark_generator(self.fn.ordinal)
         self.remap(ins, f[1], ind)
-        self.goto(ind, self.block(ins, f[0]), ins.pc, pre=("yield None",))
+        self.goto(ind, self.block(f[0]), ins.pc, pre=("yield None",))
 
     def op_call(self, ins, f, ind):
         self._call(ins, f[0], None, f[1], f[2], None, ind)
@@ -1099,23 +777,18 @@ class _Gen:
         yieldable = resume_pc is not None
         if ordinal & isa.IMPORT_BIT:
             k = ordinal & ~isa.IMPORT_BIT
-            if k >= len(self.module.imports):
-                raise self.err(ins, f"import ordinal {k} out of range")
             imp = self.module.imports[k]
-            args = self._import_args(ins, imp, segments, src)
+            args = self._import_args(imp, segments, src)
             result_types = imp.cconv.results
-            if len(dst) > len(result_types):
-                raise self.err(ins, f"call to {imp.full_name} expects {len(dst)} results, "
-                                    f"import declares {len(result_types)}")
             if yieldable:
-                self.st.yield_imports.add(k)
+                self.st.yield_sites.add(k)
                 self.emit(ind, f"_t = _impy{k}({args})", pc)
                 self.emit(ind, "if _t.__class__ is _Suspend: _t = yield _t", pc)
                 self.emit(ind, "elif _t.__class__ is _GenType: _t = yield from _t", pc)
             elif (imp.full_name in record_blocks.PASS_THROUGH and len(result_types) == 1
                     and all(t == "r" for t in imp.cconv.args)):
                 # pure: each call site remembers its last refs (by identity) and result
-                tree = self._import_arg_tree(ins, imp, segments, src)
+                tree = self._import_arg_tree(imp, segments, src)
                 site = f"_P{self.st.pure_site(len(tree))}"
                 same = " and ".join(f"{site}[{i}] is {a}" for i, a in enumerate(tree))
                 self.emit(ind, f"_t = {site}[{len(tree)}] if {same} else "
@@ -1127,11 +800,11 @@ class _Gen:
             for i, raw in enumerate(dst):
                 t = result_types[i]
                 val = "_t" if len(result_types) == 1 else f"_t[{i}]"
-                reg = self._typed_reg(ins, raw, t)
+                reg = self._typed_reg(raw, t)
                 if t == "i":
-                    outs.append(f"{reg} = " + _w32(val))
+                    outs.append(f"{reg} = " + wrap32_expr(val))
                 elif t == "I":
-                    outs.append(f"{reg} = " + _w64(val))
+                    outs.append(f"{reg} = " + wrap64_expr(val))
                 elif t == "f":
                     outs.append(f"{reg} = _round_f32(float({val}))")
                 elif t == "F":
@@ -1141,20 +814,14 @@ class _Gen:
             for line in outs:
                 self.emit(ind, line, pc)
         else:
-            if segments is not None:
-                raise self.err(ins, "variadic calls only supported for imports")
-            if ordinal >= len(self.module.functions):
-                raise self.err(ins, f"function ordinal {ordinal} out of range")
             callee = self.module.functions[ordinal]
-            if len(src) != len(callee.cconv.args) or len(dst) != len(callee.cconv.results):
-                raise self.err(ins, f"call to {callee.name} does not match its signature")
-            args = ", ".join(self._typed_reg(ins, raw, t)
+            args = ", ".join(self._typed_reg(raw, t)
                              for raw, t in zip(src, callee.cconv.args))
             self.st.calls.setdefault(self.fn.ordinal, set()).add(ordinal)
             # Generator-ness of the callee is decided after all functions are seen;
             # emit a placeholder both ways and pick at assembly.
             call = f"@CALL{ordinal}@({args})"
-            results = [self._typed_reg(ins, raw, t) for raw, t in zip(dst, callee.cconv.results)]
+            results = [self._typed_reg(raw, t) for raw, t in zip(dst, callee.cconv.results)]
             moved = [raw for raw in src if self.moved(raw)]
             if moved:
                 self.emit(ind, f"_t = {call}", pc)
@@ -1169,11 +836,11 @@ class _Gen:
             else:
                 self.emit(ind, f"{', '.join(results)} = {call}", pc)
         if yieldable:
-            self.goto(ind, self.block(ins, resume_pc), pc)
+            self.goto(ind, self.block(resume_pc), pc)
 
-    def _import_args(self, ins, imp, segments, src) -> str:
+    def _import_args(self, imp, segments, src) -> str:
         parts = []
-        for arg in self._import_arg_tree(ins, imp, segments, src):
+        for arg in self._import_arg_tree(imp, segments, src):
             if isinstance(arg, list):
                 parts.append("[" + ", ".join(
                     "(" + "".join(v + ", " for v in entry) + ")" for entry in arg) + "]")
@@ -1181,35 +848,25 @@ class _Gen:
                 parts.append(arg)
         return ", ".join(parts)
 
-    def _import_arg_tree(self, ins, imp, segments, src) -> list:
+    def _import_arg_tree(self, imp, segments, src) -> list:
         """Each argument of an import call as an expression; a variadic segment as a
         list of entries (tuples of expressions)."""
         parts: list = []
         pos = 0
         for seg_i, t in enumerate(imp.cconv.args):
             if isinstance(t, tuple):
-                if segments is None or seg_i >= len(segments):
-                    raise self.err(ins, f"variadic call to {imp.full_name} lacks segment sizes")
-                count = segments[seg_i]
                 inner = t[1]
-                if pos + count * len(inner) > len(src):
-                    raise self.err(ins, f"call to {imp.full_name} has too few operands")
                 entries = []
-                for _ in range(count):
+                for _ in range(segments[seg_i]):
                     vals = []
                     for it in inner:
-                        vals.append(self._typed_reg(ins, src[pos], it))
+                        vals.append(self._typed_reg(src[pos], it))
                         pos += 1
                     entries.append(tuple(vals))
                 parts.append(entries)
             else:
-                if pos >= len(src):
-                    raise self.err(ins, f"call to {imp.full_name} has too few operands")
-                parts.append(self._typed_reg(ins, src[pos], t))
+                parts.append(self._typed_reg(src[pos], t))
                 pos += 1
-        if pos != len(src):
-            raise self.err(ins, f"call to {imp.full_name} has {len(src)} operands, "
-                                f"signature takes {pos}")
         return parts
 
     # -- recording blocks (vm/record_blocks.py)
@@ -1230,7 +887,7 @@ class _Gen:
         operands kept in locals `_d<n>` and the operations made by one `_blk<site>`
         call at the end, which returns the command buffer."""
         cb_raw = record_blocks.call_operands(instrs[0])[3][0]
-        cb = self.rreg(instrs[0], cb_raw)
+        cb = self.rreg(cb_raw)
         values: list[tuple[str, bool]] = []  # (local, is a ref)
         kept: dict[str, int] = {}  # expression -> its value's index, while it holds
         ops = []
@@ -1266,11 +923,8 @@ class _Gen:
                 self.instruction(ins, ind)
                 forget_assigned(since)
                 continue
-            if len(dst) > len(imp.cconv.results):
-                raise self.err(ins, f"call to {imp.full_name} expects {len(dst)} results, "
-                                    f"import declares {len(imp.cconv.results)}")
             template = []
-            for arg, t in zip(self._import_arg_tree(ins, imp, segments, src), imp.cconv.args):
+            for arg, t in zip(self._import_arg_tree(imp, segments, src), imp.cconv.args):
                 if isinstance(arg, list):
                     template.append(tuple(tuple(leaf(ins, e, it) for e, it in zip(entry, t[1]))
                                           for entry in arg))
@@ -1293,7 +947,6 @@ class _Gen:
             self.emit(ind, f"{cb} = None", pc)
 
 
-_SPECIAL = {"const.f32", "const.f64"}
 _REGISTER = re.compile(r"\b[ir]\d+\b")
 # a register local that a line of generated code assigns (also augmented: `i3 -= ...`)
 _ASSIGNED = re.compile(r"\b([ir]\d+)\s*(?:<<|>>|//|\*\*|[-+*/%&|^])?=(?!=)")
@@ -1323,13 +976,6 @@ def _one_sided(op: str, canonical: list, lits: list, width: int) -> int:
     return 0
 
 
-def _pow2(n: int) -> int:
-    p = 1
-    while p < n:
-        p <<= 1
-    return p
-
-
 def _chunks(items, n):
     for i in range(0, len(items), n):
         yield items[i : i + n]
@@ -1341,7 +987,8 @@ class _ProgramState:
         self._const_index: dict = {}
         self.generators: set[int] = set()
         self.calls: dict[int, set[int]] = {}
-        self.yield_imports: set[int] = set()
+        self.yield_sites: set[int] = set()  # imports that `call.yieldable` calls
+        self.resolved_tests: set[int] = set()  # imports that `import.resolved` tests
         self.record_blocks: list[record_blocks.RecordBlock] = []
         self.pure_sites: list[int] = []  # arity of each pure import call site (`_P<n>`)
         self._record_block_index: dict = {}
@@ -1378,12 +1025,14 @@ class _ProgramState:
 _COUNTER = [0]
 
 
-def generate_module(module) -> ModuleProgram:
+def generate_module(module, verified: list[VerifiedFunction]) -> ModuleProgram:
+    """Translates `module`'s functions, which `verifier.verify_module` passed as
+    `verified`, into one Python module (compiled, not yet run)."""
     st = _ProgramState()
     per_fn = []
-    for fn in module.functions:
-        g = _Gen(module, fn, st)
-        per_fn.append((fn, g, g.generate()))
+    for vf in verified:
+        g = _Gen(module, vf, st)
+        per_fn.append((vf.function, g, g.generate()))
 
     # Propagate generator-ness through the internal call graph (fixpoint).
     changed = True
@@ -1404,11 +1053,8 @@ def generate_module(module) -> ModuleProgram:
                 if program is not None:
                     native_loops[fn.ordinal] = program
 
-    lines: list[str] = []
-    line_pcs: list = [None]  # 1-based
-    for n, arity in enumerate(st.pure_sites):  # per context: each instantiation runs them
-        lines.append(f"_P{n} = [{'_UNSET, ' * arity}None]")
-        line_pcs.append(None)
+    lines = _prologue(module, st)
+    line_pcs: list = [None] * (len(lines) + 1)  # 1-based
     for fn, _g, body in per_fn:
         is_gen = fn.ordinal in st.generators
         needs_yield_stub = is_gen
@@ -1431,8 +1077,20 @@ def generate_module(module) -> ModuleProgram:
     code = compile(source, filename, "exec")
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return ModuleProgram(code, filename, source, line_pcs, frozenset(st.generators),
-                         st.constants, frozenset(st.yield_imports), native_loops,
-                         tuple(st.record_blocks))
+                         st.constants, len(per_fn), native_loops, tuple(st.record_blocks))
+
+
+def _prologue(module, st: _ProgramState) -> list[str]:
+    """The generated module's first lines, run once per instantiation: what its functions
+    use, bound from the `Linkage` (`_L`) into globals, and each pure call site's memory."""
+    lines = ["_G = _L.rwdata", "_GCAP = len(_G)", "_GR = _L.global_refs", "_GRN = len(_GR)",
+             "_ROD = _L.rodata", "_on_print = _L.on_print", "_on_trace = _L.on_trace"]
+    lines += [f"_imp{k} = _L.imports[{k}]" for k in range(len(module.imports))]
+    lines += [f"_impy{k} = _L.yieldable_imports[{k}]" for k in sorted(st.yield_sites)]
+    lines += [f"_res{k} = 1 if _L.resolved[{k}] else 0" for k in sorted(st.resolved_tests)]
+    lines += [f"_blk{n} = _L.record_sites[{n}]" for n in range(len(st.record_blocks))]
+    lines += [f"_P{n} = [{'_UNSET, ' * arity}None]" for n, arity in enumerate(st.pure_sites)]
+    return lines
 
 
 def _resolve_calls(text: str, generators) -> str:
@@ -1467,14 +1125,14 @@ def _resolve_calls(text: str, generators) -> str:
     return "".join(out)
 
 
-def instantiate(module, namespace_extra: dict) -> dict:
-    """Executes the module's code in a fresh namespace (one per context)."""
-    prog = module.program
-    ns = dict(_BASE_NAMESPACE)
-    ns["_K"] = prog.constants
+def instantiate(program: ModuleProgram, linkage: Linkage) -> None:
+    """Runs `program` in a fresh namespace over `linkage` (one per module instance) and
+    puts its functions, by ordinal, in `linkage.functions`."""
+    ns = dict(HELPERS)
+    ns["_K"] = program.constants
     ns["_FALLOFF"] = b"execution fell off the end of the function"
-    ns.update(namespace_extra)
-    exec(prog.code, ns)  # noqa: S102 - source generated by this module from verified bytecode
-    for ordinal, program in prog.native_loops.items():
-        ns[f"_f{ordinal}"] = scalar.entry(program, ns[f"_f{ordinal}"])
-    return ns
+    ns["_L"] = linkage
+    exec(program.code, ns)  # noqa: S102 - source generated by this module from verified bytecode
+    for ordinal, native in program.native_loops.items():
+        ns[f"_f{ordinal}"] = scalar.entry(native, ns[f"_f{ordinal}"])
+    linkage.functions[:] = [ns[f"_f{ordinal}"] for ordinal in range(program.function_count)]

@@ -1,23 +1,20 @@
 """Contexts: module instantiation, import resolution and invocation.
 
 A `Context` holds one instance (globals, rodata refs, resolved imports) of each bytecode
-module given to it, next to the native modules those import from. Invocations can be
-driven three ways over the same machinery:
+module given to it, next to the native modules those import from. It links each instance
+to its generated code through a `Linkage` (`vm/linkage.py`). Every call runs by one
+protocol (`vm/invocation.py`: begin, resume after each wait, end), driven two ways:
 
-- `invoke(name, args)` runs on the calling thread; a `Suspend` from a yieldable import
-  is waited on with `Suspend.block()`;
-- `await invoke_async(name, args)` runs on trio; a `Suspend` is awaited with
+- `invoke(name, args)` on the calling thread: a `Suspend` from a yieldable import is
+  waited on with `Suspend.block()`;
+- `await invoke_async(name, args)` on trio: a `Suspend` is awaited with
   `Suspend.wait_async()`, so many invocations interleave on one event loop;
-- `invoke_gen(name, args)` is the low-level form: a generator that yields each
-  `Suspend` (or `None` for a `vm.yield`) to its driver, which sends back the import's
-  results, and returns the invocation's results.
+- `begin(name, args)` hands the caller the `Invocation` itself, to drive by hand.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Generator, Iterable
-from types import GeneratorType
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import (
@@ -31,8 +28,10 @@ from ..errors import (
 )
 from . import codegen, ops, record_blocks
 from .cconv import CConv, parse_cconv
+from .invocation import Invocation, run_async, run_blocking
+from .linkage import Linkage
 from .loader import BytecodeModule
-from .native import NativeFunction, NativeModule, Suspend
+from .native import NativeFunction, NativeModule
 
 
 class VMFunction:
@@ -53,6 +52,11 @@ class VMFunction:
         # Every argument a ref: `marshal_arguments` would only check the count.
         self.refs_only = all(t == "r" for t in cconv.args)
 
+    def trap(self, exc: Exception) -> Error:
+        """`exc`, raised while this function ran as an entry point, as a VM error naming
+        the VM stack (what `Invocation` raises in its place)."""
+        return self.instance.context._trap(exc, self)
+
     def __repr__(self) -> str:
         return f"VMFunction({self.instance.module.name}.{self.name}, {self.cconv.text})"
 
@@ -60,57 +64,28 @@ class VMFunction:
 class ModuleInstance:
     """State of one bytecode module in one context."""
 
-    def __init__(self, context: Context, module: BytecodeModule) -> None:
+    def __init__(self, context: Context, module: BytecodeModule, linkage: Linkage) -> None:
         self.context = context
         self.module = module
-        self.rwdata = bytearray(module.global_bytes_capacity)
-        self.global_refs: list = [None] * module.global_ref_count
-        self.namespace: dict = {}
+        self.linkage = linkage
+        self.global_refs = linkage.global_refs
 
     def function(self, name: str) -> VMFunction | None:
         export = self.module.exports.get(name)
         if export is None:
             return None
         ordinal = export.internal_ordinal
-        return VMFunction(self, name, ordinal, self.namespace[f"_f{ordinal}"], export.cconv,
+        return VMFunction(self, name, ordinal, self.linkage.functions[ordinal], export.cconv,
                           ordinal in self.module.program.generator_ordinals, export.reflection)
 
 
-def _blocking(fn):
-    """Adapts a callee that may suspend or be a generator to a plain blocking call."""
+def _blocking(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Adapts a callee that may suspend to a plain call that blocks until its results."""
 
-    def call(*args):
-        result = fn(*args)
-        cls = result.__class__
-        if cls is Suspend:
-            return result.block()
-        if cls is GeneratorType:
-            return drive_blocking(result)
-        return result
+    def call(*args: Any) -> Any:
+        return run_blocking(Invocation(fn, args))
 
     return call
-
-
-def drive_blocking(gen: Generator) -> Any:
-    """Runs an invocation generator to completion on this thread."""
-    send = None
-    while True:
-        try:
-            request = gen.send(send)
-        except StopIteration as stop:
-            return stop.value
-        if request is None:
-            send = None
-            continue
-        try:
-            send = request.block()
-        except BaseException as exc:  # hand the failure to the suspended VM frame
-            try:
-                request = gen.throw(exc)
-            except StopIteration as stop:
-                return stop.value
-            # The VM caught nothing (it cannot); anything else is a protocol error.
-            raise InternalError("invocation resumed after a failed wait") from exc
 
 
 class Context:
@@ -204,34 +179,26 @@ class Context:
     def _instantiate(self, module: BytecodeModule) -> ModuleInstance:
         available = dict(self._by_name)
         self._check_dependencies(module, available)
-        inst = ModuleInstance(self, module)
-        extra: dict[str, Any] = {
-            "_G": inst.rwdata,
-            "_GCAP": len(inst.rwdata),
-            "_GR": inst.global_refs,
-            "_GRN": len(inst.global_refs),
-            "_ROD": module.rodata,
-            "_on_print": self._print_hook,
-            "_on_trace": self._trace_hook,
-        }
+        imports: list[Callable[..., Any]] = []
+        yieldable_imports: list[Callable[..., Any]] = []
+        resolved: list[bool] = []
         for imp in module.imports:
-            resolved = self._resolve_import(module, imp, available)
-            if resolved is None:
+            found = self._resolve_import(module, imp, available)
+            resolved.append(found is not None)
+            if found is None:
                 if not imp.optional:
                     raise NotFoundError(
                         f"module {module.name!r} imports {imp.full_name} "
                         f"({imp.cconv.text}), which no module in the context provides"
                     )
                 missing = ops.null_import(imp.full_name, imp.ordinal)
-                extra[f"_imp{imp.ordinal}"] = missing
-                extra[f"_impy{imp.ordinal}"] = missing
-                extra[f"_res{imp.ordinal}"] = 0
-            else:
-                extra[f"_imp{imp.ordinal}"], extra[f"_impy{imp.ordinal}"] = resolved
-                extra[f"_res{imp.ordinal}"] = 1
+                found = (missing, missing)
+            imports.append(found[0])
+            yieldable_imports.append(found[1])
         hal = available.get("hal")
-        for site, block in enumerate(module.program.record_blocks):
-            functions = [extra[f"_imp{k}"] for k, _template in block.ops]
+        sites = []
+        for block in module.program.record_blocks:
+            functions = [imports[k] for k, _template in block.ops]
             recorder = None
             if isinstance(hal, NativeModule) and hal.block_recorder is not None and all(
                     hal.functions.get(module.imports[k].full_name) is not None
@@ -239,8 +206,13 @@ class Context:
                     for (k, _t), fn in zip(block.ops, functions)):
                 recorder = hal.block_recorder(
                     [module.imports[k].full_name for k, _t in block.ops], block, functions)
-            extra[f"_blk{site}"] = recorder or record_blocks.replay(block, functions)
-        inst.namespace = codegen.instantiate(module, extra)
+            sites.append(recorder or record_blocks.replay(block, functions))
+        linkage = Linkage(bytearray(module.global_bytes_capacity),
+                          [None] * module.global_ref_count, module.rodata, imports,
+                          yieldable_imports, resolved, sites, self._print_hook,
+                          self._trace_hook)
+        codegen.instantiate(module.program, linkage)
+        inst = ModuleInstance(self, module, linkage)
         self.instances.append(inst)
         self._programs[module.program.filename] = inst
         return inst
@@ -269,7 +241,7 @@ class Context:
         self._initialized = True
         try:
             for f in self._init_functions():
-                drive_blocking(self._run(f, []))
+                run_blocking(self.begin(f))
         except BaseException as exc:
             self._init_failed(exc)
             raise
@@ -294,7 +266,7 @@ class Context:
         try:
             with trio.CancelScope(shield=True):
                 for f in self._init_functions():
-                    await _drive_async(self._run(f, []))
+                    await run_async(self.begin(f))
             self._initialized = True
         except BaseException as exc:
             self._init_failed(exc)
@@ -332,39 +304,25 @@ class Context:
         raise NotFoundError(f"function {name!r} not found in context")
 
     # -- invocation
+    def begin(self, function: str | VMFunction, args: list | tuple = ()) -> Invocation:
+        """Begins a call of an export (`vm/invocation.py`): the `Invocation` runs up to its
+        first wait or its end; drive it with `resume` and take `end()`'s value, or hand
+        it to `run_blocking` / `run_async`. The context must be initialized; what the
+        function raises comes out as a VM error naming the VM stack."""
+        f = function if isinstance(function, VMFunction) else self.lookup_function(function)
+        pyargs = args if f.refs_only and len(args) == len(f.cconv.args) else \
+            marshal_arguments(f, args)
+        return Invocation(f.callable, pyargs, f.trap)
+
     def invoke(self, function: str | VMFunction, args: list | tuple = ()) -> list:
         """Calls an export synchronously and returns its results as a list."""
         f = function if isinstance(function, VMFunction) else self.lookup_function(function)
         if not self._initialized:
             self.initialize()
-        if f.refs_only and len(args) == len(f.cconv.args):
-            pyargs = args
-        else:
-            pyargs = marshal_arguments(f, args)
-        try:
-            result = f.callable(*pyargs)
-            if f.is_generator:  # drive_blocking(self._run(...)), without their frames
-                gen, send = result, None
-                while True:
-                    try:
-                        request = gen.send(send)
-                    except StopIteration as stop:
-                        result = stop.value
-                        break
-                    if request is None:
-                        send = None
-                        continue
-                    try:
-                        send = request.block()
-                    except BaseException as exc:  # noqa: BLE001 - to the suspended frame
-                        try:
-                            gen.throw(exc)
-                        except StopIteration as stop:
-                            result = stop.value
-                            break
-                        raise InternalError("invocation resumed after a failed wait") from exc
-        except Exception as exc:  # noqa: BLE001 - every trap becomes a tinyhal.Error
-            raise self._trap(exc, f) from None
+        # `begin`, without its frame: this is the path of every blocking call
+        pyargs = args if f.refs_only and len(args) == len(f.cconv.args) else \
+            marshal_arguments(f, args)
+        result = run_blocking(Invocation(f.callable, pyargs, f.trap))
         n = f.result_count
         return [] if n == 0 else [result] if n == 1 else list(result)
 
@@ -381,26 +339,9 @@ class Context:
         f = function if isinstance(function, VMFunction) else self.lookup_function(function)
         if not self._initialized:
             await self.initialize_async()
-        return await _drive_async(self._run(f, args))
-
-    def invoke_gen(self, function: str | VMFunction, args: list | tuple = ()) -> Generator:
-        """Low-level entry: a generator yielding `Suspend` (or `None` for `vm.yield`),
-        to be sent each wait's results, returning the results list."""
-        f = function if isinstance(function, VMFunction) else self.lookup_function(function)
-        return self._run(f, args)
-
-    def _run(self, f: VMFunction, args) -> Generator:
-        pyargs = marshal_arguments(f, args)
-        try:
-            if f.is_generator:
-                result = yield from f.callable(*pyargs)
-            else:
-                result = f.callable(*pyargs)
-        except GeneratorExit:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise self._trap(exc, f) from None
-        return _results(f, result)
+        result = await run_async(self.begin(f, args))
+        n = f.result_count
+        return [] if n == 0 else [result] if n == 1 else list(result)
 
     # -- traps
     def _trap(self, exc: BaseException, entry: VMFunction) -> Error:
@@ -447,34 +388,12 @@ class Context:
         for inst in reversed(self.instances):
             f = inst.function("__deinit")
             if f is not None:
-                drive_blocking(self._run(f, []))
+                run_blocking(self.begin(f))
             inst.global_refs[:] = [None] * len(inst.global_refs)
         for m in self.modules:
             if isinstance(m, NativeModule) and m.on_close is not None:
                 m.on_close()
 
-
-async def _drive_async(gen: Generator) -> Any:
-    import trio
-
-    send = None
-    while True:
-        try:
-            request = gen.send(send)
-        except StopIteration as stop:
-            return stop.value
-        if request is None:
-            await trio.lowlevel.checkpoint()
-            send = None
-            continue
-        try:
-            send = await request.wait_async()
-        except BaseException as exc:
-            try:
-                gen.throw(exc)
-            except StopIteration as stop:
-                return stop.value
-            raise InternalError("invocation resumed after a failed wait") from exc
 
 
 _I32_RANGE = (-(1 << 31), (1 << 32))
@@ -512,16 +431,3 @@ def marshal_arguments(f: VMFunction, args) -> list:
                 f"argument {i} of {f.name} must be convertible to {t}: {exc}"
             ) from None
     return out
-
-
-def _results(f: VMFunction, result) -> list:
-    n = len(f.cconv.results)
-    if n == 0:
-        return []
-    if n == 1:
-        return [result]
-    return list(result)
-
-
-def _unused() -> None:  # pragma: no cover - keeps imports referenced for re-export
-    _ = (FailedPreconditionError, sys)

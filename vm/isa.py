@@ -41,6 +41,11 @@ FEATURE_YIELD = 1 << 2
 FEATURE_UNWIND = 1 << 3
 SUPPORTED_FEATURES = FEATURE_EXT_F32 | FEATURE_EXT_F64 | FEATURE_YIELD | FEATURE_UNWIND
 
+# Instructions that end a block's control flow. A call that may yield is one: it resumes
+# at a block of its own.
+TERMINATORS = frozenset({"br", "cond_br", "br_table", "return", "yield", "call.yieldable",
+                         "call.variadic.yieldable", "break", "cond_break"})
+
 CORE_OPS = {
     0x00: ('global.load.i32', 'G w:i32'),
     0x01: ('global.store.i32', 'G r:i32'),

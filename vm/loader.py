@@ -2,11 +2,12 @@
 
 `load_module(path_or_bytes)` parses the container (optional ZIP local header, 4-byte
 size prefix, FlatBuffer, 64-byte aligned external rodata), reads the `BytecodeModuleDef`,
-checks every offset, signature and ordinal, decodes every function once and translates
-it into Python (see `codegen.py`), or on a translation-cache hit takes the stored
-translation and decodes nothing. Anything malformed raises a `tinyhal.Error`
-(`InvalidArgumentError`, `OutOfRangeError`, `DataLossError`, `IncompatibleError`...)
-naming what was wrong; nothing in a hostile file can crash, hang or over-allocate.
+checks every offset, signature and ordinal, then decodes every function once, verifies
+its bytecode (`verifier.py`) and translates it into Python (`codegen.py`), or on a
+translation-cache hit takes the stored translation and decodes nothing. Anything
+malformed raises a `tinyhal.Error` (`InvalidArgumentError`, `OutOfRangeError`,
+`DataLossError`, `IncompatibleError`...) naming what was wrong; nothing in a hostile file
+can crash, hang or over-allocate.
 """
 
 from __future__ import annotations
@@ -114,7 +115,6 @@ class BytecodeModule:
                  owner=None) -> None:
         self._data = data
         self._owner = owner  # keeps an mmap alive
-        self.definition = module_def
         self.name = module_def.name
         self.version = module_def.version
         self.requirements = module_def.requirements
@@ -130,9 +130,6 @@ class BytecodeModule:
         self.imports: list[Import] = []
         self.exports: dict[str, Export] = {}
         self.program = None  # codegen.ModuleProgram
-
-    def lookup_export(self, name: str) -> Export | None:
-        return self.exports.get(name)
 
     def location_string(self, index: int, depth: int = 0) -> str | None:
         db = self.debug_database
@@ -283,8 +280,7 @@ def _to_view(source, origin: str, mapped: bool = False) -> tuple[memoryview, obj
     raise InvalidArgumentError(f"cannot load a module from {type(source).__name__}")
 
 
-def load_module(source, *, name_hint: str | None = None, mapped: bool = False
-                ) -> BytecodeModule:
+def load_module(source, *, mapped: bool = False) -> BytecodeModule:
     """Loads and verifies a `.vmfb` from a path, bytes, bytearray or memoryview.
 
     The returned module keeps zero-copy views of `source` (rodata buffers included);
@@ -434,8 +430,16 @@ def _load(view: memoryview, owner) -> BytecodeModule:
             raise InvalidArgumentError(f"duplicate export {e.local_name!r}")
         module.exports[e.local_name] = Export(e.local_name, e.internal_ordinal, fn)
 
-    from .codegen import generate_module
     from .translation_cache import translate
 
-    module.program = translate(module, fb, generate_module)
+    module.program = translate(module, fb, _translate)
     return module
+
+
+def _translate(module: BytecodeModule) -> object:
+    """Verifies the functions' bytecode, then translates it (a `codegen.ModuleProgram`):
+    only on a translation-cache miss, since an entry was verified when it was written."""
+    from . import codegen
+    from .verifier import verify_module
+
+    return codegen.generate_module(module, verify_module(module))

@@ -36,25 +36,21 @@ from ..errors import InvalidArgumentError
 
 
 class Suspend:
-    """A yieldable import's request to wait before producing its results."""
+    """A yieldable import's request to wait before producing its results.
 
-    __slots__ = ("_block", "_wait_async")
+    `block()` waits on the calling thread and returns the import's results;
+    `await wait_async()` waits without blocking the trio event loop and returns them. Both
+    are the callables given, called directly (no frame of the request's own)."""
+
+    __slots__ = ("block", "wait_async")
 
     def __init__(
         self,
         block: Callable[[], Any],
         wait_async: Callable[[], Awaitable[Any]],
     ) -> None:
-        self._block = block
-        self._wait_async = wait_async
-
-    def block(self) -> Any:
-        """Waits on the calling thread and returns the import's results."""
-        return self._block()
-
-    async def wait_async(self) -> Any:
-        """Waits without blocking the trio event loop and returns the import's results."""
-        return await self._wait_async()
+        self.block = block
+        self.wait_async = wait_async
 
 
 class RefType(NamedTuple):

@@ -250,26 +250,6 @@ def nan_propagate(a: float, b: float, result: float) -> float:
     return result  # invalid operation: the hardware's default NaN
 
 
-def fma_f32(a, b, c):
-    # IREE computes a * b + c in float (no fused fma on its baseline x86-64 build).
-    p = a * b
-    if p != p:
-        p = nan_propagate(a, b, p)
-    p = round_f32(p)
-    r = p + c
-    if r != r:
-        r = nan_propagate(p, c, r)
-    return round_f32(r)
-
-
-def fma_f64(a, b, c):
-    p = a * b
-    if p != p:
-        p = nan_propagate(a, b, p)
-    r = p + c
-    return nan_propagate(p, c, r) if r != r else r
-
-
 # ---------------------------------------------------------------------------
 # Integer ops whose C semantics need care. IREE executes these with the host's
 # divide instruction, which faults (SIGFPE, killing the process) on a zero divisor

@@ -111,19 +111,6 @@ class VMList:
         self.capacity = 0
         self.reserve(capacity)
 
-    # -- storage mode
-    @property
-    def is_value_list(self) -> bool:
-        return self.element_type in VALUE_TYPES
-
-    @property
-    def is_variant_list(self) -> bool:
-        return self.element_type == VARIANT
-
-    @property
-    def is_ref_list(self) -> bool:
-        return not self.is_value_list and not self.is_variant_list
-
     def _empty(self):
         et = self.element_type
         if et in VALUE_TYPES:

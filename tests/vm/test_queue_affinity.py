@@ -64,7 +64,7 @@ def test_program_with_queue_affinities_gives_iree_bits(vmfb, driver, options):
     with device, tinyhal.load(vmfb, device=device) as module:
         with module.profiling("queue-events") as (profile,):
             assert module.main(x).tobytes() == expected.tobytes()
-    records = [json.loads(line) for line in profile.ireeperf_lines()]
+    records = [json.loads(line) for line in profile.to_ireeperf_jsonl().splitlines()]
     executes = {r["queue_ordinal"] for r in records
                 if r["record_type"] == "queue_event" and r["op"] == "execute"}
     # The mulf was placed on queue [1] and the addf on queue [0]: on a two-queue emu

@@ -38,9 +38,9 @@ def translations(monkeypatch) -> list[str]:
     seen: list[str] = []
     generate = codegen.generate_module
 
-    def counting(module):
+    def counting(module, verified):
         seen.append(module.name)
-        return generate(module)
+        return generate(module, verified)
 
     monkeypatch.setattr(codegen, "generate_module", counting)
     return seen

@@ -8,7 +8,13 @@ import pytest
 import trio
 
 from support.vm_pairs import vm_compile_source
-from tinyhal.errors import Error, InvalidArgumentError, NotFoundError
+from tinyhal.errors import (
+    DeadlineExceededError,
+    Error,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from tinyhal.vm import Context, NativeModule, Suspend, VMBuffer, load_module
 
 YIELD_VM = """
@@ -114,21 +120,35 @@ def test_suspend_blocking(ym_path):
     assert ctx.lookup_function("outer").is_generator
 
 
-def test_suspend_generator_driver(ym_path):
+def test_suspend_driven_by_hand(ym_path):
+    """begin / resume / end, the protocol `invoke` and `invoke_async` drive."""
     ctx = Context([make_native([]), load_module(ym_path)])
-    gen = ctx.invoke_gen("ym.outer", [5])
+    invocation = ctx.begin("ym.outer", [5])
     kinds = []
-    send = None
-    while True:
-        try:
-            req = gen.send(send)
-        except StopIteration as stop:
-            result = stop.value
-            break
-        kinds.append(type(req).__name__)
-        send = None if req is None else req.block()
-    assert result == expected(5)
+    while not invocation.done:
+        request = invocation.request
+        kinds.append(type(request).__name__)
+        invocation.resume(None if request is None else request.block())
+    assert list(invocation.end()) == expected(5)
     assert kinds == ["Suspend", "NoneType", "Suspend", "NoneType"]
+
+
+def test_an_invocation_that_waits_has_not_ended(ym_path):
+    ctx = Context([make_native([]), load_module(ym_path)])
+    invocation = ctx.begin("ym.outer", [5])
+    assert not invocation.done and invocation.request is not None
+    with pytest.raises(FailedPreconditionError, match="has not ended"):
+        invocation.end()
+
+
+def test_a_failed_wait_raises_where_the_invocation_waits(ym_path):
+    """The wait's error is raised in the suspended frame: it comes out of `resume`
+    with the VM stack of the call that waited."""
+    ctx = Context([make_native([]), load_module(ym_path)])
+    invocation = ctx.begin("ym.outer", [5])
+    with pytest.raises(DeadlineExceededError, match=r"gave up; at ym\.\S+\+") as info:
+        invocation.resume(error=DeadlineExceededError("gave up"))
+    assert info.value.vm_stack
 
 
 def test_suspend_trio_interleaves(ym_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -326,7 +327,7 @@ def test_accumulators_carried_unreduced_match_iree(vm_pair, accumulators_path, t
                 p.check(f"{name}_{t}", n, a0, x)
     # Which loops the pinned compiler shapes as counted loops varies; where one is, the
     # linear accumulators are reduced once after it and the others never are.
-    functions = p.module.program.source.split("\ndef ")
+    functions = re.split(r"^def ", p.module.program.source, flags=re.M)[1:]
     assert len(functions) == 2 * len(ACCUMULATORS)
     offset = 0 if t == "i32" else len(ACCUMULATORS)
     lazy = {name for i, name in enumerate(ACCUMULATORS) if " &= " in functions[offset + i]}

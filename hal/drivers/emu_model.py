@@ -1,0 +1,105 @@
+"""The `emu` driver's cost model and its presets.
+
+A `CostModel` is the description of an accelerator that does not exist: how much memory
+it has, its DMA engines and compute units and what each operation costs on them. It is
+pure arithmetic over an operation's size (no clocks, no state), so the same operation
+always costs the same, which is what lets the engines (`emu_engines`) model a recorded
+command buffer once and replay the result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from ...errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The modelled device. Times in seconds, bandwidths in bytes per second.
+
+    `memory_bandwidth` 0 means unbounded (no roofline); `export_costs` maps an export
+    name to its per-workgroup time, overriding `workgroup_time` for that export.
+    """
+
+    memory_size: int = 1 << 30
+    memory_bandwidth: float = 0.0
+    dma_engines: int = 1
+    dma_bandwidth: float = 16e9
+    dma_latency: float = 2e-6
+    launch_latency: float = 5e-6
+    compute_units: int = 8
+    workgroup_time: float = 1e-7
+    export_costs: dict[str, float] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        for name in ("memory_size", "dma_engines", "dma_bandwidth", "compute_units"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise InvalidArgumentError(f"emu option {name} must be positive, not {value!r}")
+        for name in ("memory_bandwidth", "dma_latency", "launch_latency", "workgroup_time"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise InvalidArgumentError(f"emu option {name} must be >= 0, not {value!r}")
+        for name in ("dma_engines", "compute_units", "memory_size"):
+            if not isinstance(getattr(self, name), int):
+                raise InvalidArgumentError(f"emu option {name} must be an int")
+        for name, cost in self.export_costs.items():
+            if not isinstance(cost, (int, float)) or cost < 0:
+                raise InvalidArgumentError(f"emu export cost of {name!r} must be >= 0")
+
+    def transfer_ns(self, size: int) -> int:
+        return round(self.dma_latency * 1e9) + round(size * 1e9 / self.dma_bandwidth)
+
+    def dispatch_ns(self, export: str, workgroups: int, units: int, bound_bytes: int) -> int:
+        per_workgroup = self.export_costs.get(export, self.workgroup_time)
+        waves = math.ceil(workgroups / units) if units else 0
+        compute = waves * per_workgroup * 1e9
+        memory = bound_bytes * 1e9 / self.memory_bandwidth if self.memory_bandwidth else 0.0
+        return round(self.launch_latency * 1e9) + round(max(compute, memory))
+
+
+PRESETS: dict[str, CostModel] = {
+    # The defaults (what `emu` was before presets): a generic accelerator.
+    "generic": CostModel(),
+    # A microcontroller-class NPU: little SRAM, one slow DMA, few units.
+    "mcu-npu": CostModel(memory_size=8 << 20, memory_bandwidth=2e9, dma_engines=1,
+                         dma_bandwidth=400e6, dma_latency=5e-6, launch_latency=20e-6,
+                         compute_units=2, workgroup_time=4e-6),
+    # An edge NPU (phone / embedded SoC class): shared LPDDR, two DMA engines.
+    "edge-npu": CostModel(memory_size=512 << 20, memory_bandwidth=25e9, dma_engines=2,
+                          dma_bandwidth=8e9, dma_latency=2e-6, launch_latency=8e-6,
+                          compute_units=16, workgroup_time=1e-6),
+    # A datacenter-class accelerator: HBM, many DMA engines and units.
+    "datacenter": CostModel(memory_size=16 << 30, memory_bandwidth=2e12, dma_engines=4,
+                            dma_bandwidth=50e9, dma_latency=1e-6, launch_latency=3e-6,
+                            compute_units=128, workgroup_time=2e-7),
+}
+"""Named cost models. The figures are illustrative of each class of device, not any
+product's datasheet; override any field with the option of the same name."""
+
+
+def preset_fields() -> list[str]:
+    """The cost-model fields a preset sets (each is also an `EmuDevice` option)."""
+    return [f.name for f in fields(CostModel)]
+
+
+def cost_model(preset: str, export_costs: dict[str, float] | None = None,
+               **overrides: Any) -> CostModel:
+    """The preset's model with the fields given (not None) in `overrides` replaced and
+    `export_costs` merged over the preset's, validated."""
+    if preset not in PRESETS:
+        raise InvalidArgumentError(
+            f"unknown emu preset {preset!r}; presets: {', '.join(PRESETS)}")
+    model = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+    if export_costs is not None:
+        if not isinstance(export_costs, dict):
+            raise InvalidArgumentError("emu option export_costs must be a dict")
+        model = replace(model, export_costs={**model.export_costs, **export_costs})
+    model.validate()
+    return model
+
+
+__all__ = ["CostModel", "PRESETS", "cost_model", "preset_fields"]
