@@ -70,7 +70,7 @@ _DIRECT_MARGIN = 200e-6
 
 __all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Instance",
            "Overloaded", "PendingRequest", "RunningInvocation", "Unavailable",
-           "after_pass", "answer_directly"]
+           "DispatchAfterPass", "after_pass", "answer_directly"]
 
 
 class Overloaded(Exception):
@@ -227,7 +227,12 @@ class Admission:
         self._end = end
         self._timer_at = math.inf
         self._timer: _DelayTimer | None = None
-        self._dispatch_pending = False
+        # with no queue delay, a free instance takes its batch once the loop has run
+        # every task that was ready (the requests that arrived in the same wake-up join
+        # it): at once, as far as any client can tell. Only while requests come in
+        # company (the last execution had several): a lone request starts at once,
+        # which measured faster at one connection
+        self._dispatch_after_pass = DispatchAfterPass(self._dispatch)
         self._last_batch_requests = 0
         # how late the queue-delay timer's wake-up reaches the loop (mean): it is armed
         # that much early, so a batch starts when the delay ends, not that much after
@@ -360,20 +365,6 @@ class Admission:
                 run.append(more)
             self._start(run, now)
         self._arm(math.inf)
-
-    def _dispatch_after_pass(self) -> None:
-        """With no queue delay, a free instance takes its batch once the loop has run every
-        task that was ready (the requests that arrived in the same wake-up join it), just
-        before the loop waits for I/O again: at once, as far as any client can tell. Only
-        while requests come in company (the last execution had several): a lone request
-        starts at once, which measured faster at one connection."""
-        if not self._dispatch_pending:
-            self._dispatch_pending = True
-            after_pass(self._pass_ended)
-
-    def _pass_ended(self) -> None:
-        self._dispatch_pending = False
-        self._dispatch()
 
     def _start(self, run: list[list[_Request]], now: float) -> None:
         if self._clock_offset is None:
@@ -543,6 +534,26 @@ def after_pass(call: Callable[[], None]) -> None:
         trio.lowlevel.add_instrument(instrument)
         _AFTER_PASS.set(instrument)
     instrument.calls.append(call)
+
+
+class DispatchAfterPass:
+    """Calling it asks for one call of `dispatch` at the end of the loop's current
+    scheduler pass (`after_pass`), however often it is asked within the pass."""
+
+    __slots__ = ("_dispatch", "_pending")
+
+    def __init__(self, dispatch: Callable[[], None]) -> None:
+        self._dispatch = dispatch
+        self._pending = False
+
+    def __call__(self) -> None:
+        if not self._pending:
+            self._pending = True
+            after_pass(self._pass_ended)
+
+    def _pass_ended(self) -> None:
+        self._pending = False
+        self._dispatch()
 
 
 class _DelayTimer:

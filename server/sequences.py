@@ -97,12 +97,12 @@ from ..hal.semaphore import Fence
 from ..hal.types import BufferUsage, element_type_for, pack_elements, unpack_elements
 from .admission import (
     DeadlineExceeded,
+    DispatchAfterPass,
     InFlight,
     Instance,
     Overloaded,
     PendingRequest,
     Unavailable,
-    after_pass,
     answer_directly,
 )
 from .batching import Outcome, Results
@@ -586,7 +586,10 @@ class SequenceBatcher:
         self._in_flight = InFlight()
         self._closed = False
         self._timer_at = math.inf
-        self._dispatch_pending = False
+        # steps that arrive in one wake-up of the loop, the next steps of sequences just
+        # answered among them, run as one batch; the instance is woken just before the
+        # loop waits for I/O, not while the loop still holds the interpreter
+        self._dispatch_after_pass = DispatchAfterPass(self._dispatch)
         self._wake: trio.Event | None = None
         self._tasks_started = False
         self.expired_count = 0
@@ -825,20 +828,6 @@ class SequenceBatcher:
                 return
             self._start(batch, now, owner)
         self._arm(math.inf)
-
-    def _dispatch_after_pass(self) -> None:
-        """`_dispatch` once the loop has run every task that was ready (`after_pass`):
-        the steps that arrived in the same wake-up (with direct answers, the next steps
-        of the sequences that just ran among them) join the batch, and the instance is
-        handed it just before the loop waits for I/O, rather than woken while the loop
-        still holds the interpreter."""
-        if not self._dispatch_pending:
-            self._dispatch_pending = True
-            after_pass(self._pass_ended)
-
-    def _pass_ended(self) -> None:
-        self._dispatch_pending = False
-        self._dispatch()
 
     def _start(self, batch: list[_Sequence], now: float, owner: int | None) -> None:
         if owner is None:
