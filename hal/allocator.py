@@ -74,6 +74,11 @@ class Allocator:
     one snapshot covers the device.
     """
 
+    # Whether a memory source counting through this allocator (the transient ring) may
+    # change its `HeapCounter` and `total` directly under `lock` instead of calling
+    # `track`: False for an allocator that watches every change in its own `track`.
+    counts_directly = True
+
     def __init__(self, device_name: str, heaps: list[Heap] | None = None) -> None:
         self.device_name = device_name
         self.device_ref: Callable[[], Any] = lambda: None

@@ -141,7 +141,9 @@ class TransientRingbuffer:
         self._waits = 0
         self._closed: Error | None = None
         if allocator is not None:  # shown from the start, at zero
-            self._heap_counter = allocator.add_heap_statistics(HEAP_NAME)
+            heap_counter = allocator.add_heap_statistics(HEAP_NAME)
+            if allocator.counts_directly:
+                self._heap_counter = heap_counter
 
     def __repr__(self) -> str:
         return f"<TransientRingbuffer {self._live}/{self.capacity} bytes live>"
@@ -221,6 +223,8 @@ class TransientRingbuffer:
             if self.allocator.profile is not None:
                 self.allocator.profile.record_heap_change(HEAP_NAME, -size, total.live,
                                                           total.peak)
+        elif self.allocator is not None:
+            self.allocator.track(HEAP_NAME, -size)
         blocks = self._blocks
         while blocks and blocks[0].retired:
             blocks.popleft()
@@ -375,4 +379,6 @@ class TransientRingbuffer:
             if self.allocator.profile is not None:
                 self.allocator.profile.record_heap_change(HEAP_NAME, need, total.live,
                                                           total.peak)
+        elif self.allocator is not None:
+            self.allocator.track(HEAP_NAME, need)
         return block
