@@ -124,10 +124,13 @@ class TransientRingbuffer:
             )
         self.capacity = capacity & ~(ALIGNMENT - 1)
         self.allocator = allocator
-        # The allocator's lock when it counts the ring's bytes: blocks and counts change
-        # in one locked section (`_place`, `_free_locked`). An RLock so a finalizer can
-        # ask whether its own thread holds it (see `collected`).
-        self._lock = threading.RLock() if allocator is None else allocator.lock
+        # The ring changes the allocator's counters itself when the allocator lets it
+        # (`counts_directly`), under the allocator's lock: blocks and counts then change
+        # in one locked section (`_place`, `_free_locked`). Otherwise its own lock, and
+        # `track`. An RLock so a finalizer can ask whether its own thread holds it (see
+        # `collected`).
+        direct = allocator is not None and allocator.counts_directly
+        self._lock = allocator.lock if direct else threading.RLock()
         self._heap_counter: HeapCounter | None = None
         self._backing: memoryview | None = None
         self._backing_address = 0  # the backing's first byte, once it exists
@@ -142,7 +145,7 @@ class TransientRingbuffer:
         self._closed: Error | None = None
         if allocator is not None:  # shown from the start, at zero
             heap_counter = allocator.add_heap_statistics(HEAP_NAME)
-            if allocator.counts_directly:
+            if direct:
                 self._heap_counter = heap_counter
 
     def __repr__(self) -> str:
