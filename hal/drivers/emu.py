@@ -141,11 +141,11 @@ class EmuAllocator(Allocator):
 
 class EmuDriver(Driver):
     """How an `EmuDevice` plugs into its queue: submissions and host work go to the
-    queue's command processor (`queue`), an alloca checks the modelled memory first."""
+    queue's command processor (`queue`), an alloca checks the modelled memory first
+    (`check_alloca`, also for the ready allocas the device places without an entry)."""
 
     name = "emu"
     identifier = "local-emu"
-    places_ready_allocas = False  # each alloca checks the modelled memory's capacity
     default_profiling_modes = DEFAULT_PROFILING_MODES + ("dispatch-events",
                                                          "device-queue-events")
 
@@ -163,15 +163,22 @@ class EmuDriver(Driver):
         elif operation == "call":
             self.device._enqueue((wait, signal, queue), payload, done)
         elif operation == "alloca":
-            try:
-                # As the ring counts it: rounded up to its 64-byte blocks.
-                self.device.allocator.check_capacity((payload.size + 63) & ~63)
-            except Error as exc:
-                done(exc)
+            refused = self.check_alloca(payload.size)
+            if refused is not None:
+                done(refused)
                 return
             payload(done)
         else:
             payload(done)
+
+    def check_alloca(self, size: int) -> Error | None:
+        """RESOURCE_EXHAUSTED when `size` more transient bytes (as the ring counts them:
+        rounded up to its 64-byte blocks) would not fit the modelled memory."""
+        try:
+            self.device.allocator.check_capacity((size + 63) & ~63)
+        except Error as exc:
+            return exc
+        return None
 
     def stop(self, timeout: float | None) -> None:
         self.device._stop_threads(timeout)
