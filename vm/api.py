@@ -589,12 +589,12 @@ class Module:
                         else:
                             buffer = device.allocator.allocate(value.nbytes, input_memory,
                                                                _INPUT_USAGE)
-                            device.write_bytes(buffer, pack_elements(value, element_type))
+                            device.write_bytes(buffer, value.reshape(-1).view(np.uint8))
                         view = BufferView(buffer, value.shape, element_type)
                     elif mappable:
                         _memmove(view.buffer.storage.array, value, value.nbytes)
                     else:  # memory only the device sees: a transfer, as a new buffer's
-                        device.write_bytes(view.buffer, pack_elements(value, element_type))
+                        device.write_bytes(view.buffer, value.reshape(-1).view(np.uint8))
                     out.append(view)
                     if parks:
                         made.append((i, view))

@@ -49,7 +49,6 @@ memory, its queues' command processors and the driver contract.
 
 from __future__ import annotations
 
-import functools
 import queue as queue_module
 import threading
 import time
@@ -62,6 +61,7 @@ from ...errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     ResourceExhaustedError,
+    as_error,
 )
 from ..allocator import Allocator, Heap
 from ..buffer import Buffer, as_byte_view
@@ -314,18 +314,20 @@ class EmuDevice(Device):
                     timeout: float | None = 60.0) -> None:
         """As `Device.write_bytes`: into device memory by a queue update. In fast mode,
         when queue 0 is idle, the bytes are copied here and modelled as that update."""
-        if self._host_transfer_ready(buffer, _TRANSFER_TARGET):
-            view = as_byte_view(data)
-            running = self._idle_queue_zero() if len(view) else None
-            if running is not None:
-                try:
-                    offset, length = buffer.resolve_range(offset, len(view), "write")
+        running = self._host_transfer(buffer, _TRANSFER_TARGET)
+        if running is not None:
+            try:
+                view = as_byte_view(data)
+                length = len(view)
+                if length:
+                    offset, length = buffer.resolve_range(offset, length, "write")
                     start = buffer.byte_offset + offset
                     buffer.storage.array[start : start + length] = view
-                    self._engines.replay(0, (), (), self._engines.transfer_steps("update", length))
-                finally:
-                    running.release()
-                return
+                    engines = self._engines
+                    engines.replay(0, (), (), engines.transfer_steps("update", length))
+                    return
+            finally:
+                running.release()
         super().write_bytes(buffer, data, offset, timeout)
 
     def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
@@ -347,45 +349,40 @@ class EmuDevice(Device):
         return np.frombuffer(data, np.uint8)
 
     def _read_now(self, buffer: Buffer, offset: int, length: int) -> bytearray | None:
-        """Device memory is read by a queue transfer to host memory (host work, no
-        device time). In fast mode, when queue 0 is idle, it is copied here and modelled
-        as that transfer; None when it has to be queued."""
-        if not self._host_transfer_ready(buffer, _TRANSFER_SOURCE):
-            return None
-        running = self._idle_queue_zero()
+        """Device memory is read by a queue transfer to host memory (host work: no
+        device time, and with no waits or signals nothing to model). In fast mode, when
+        queue 0 is idle, it is copied here; None when it has to be queued."""
+        running = self._host_transfer(buffer, _TRANSFER_SOURCE)
         if running is None:
             return None
         try:
             offset, length = buffer.resolve_range(offset, length, "read")
             start = buffer.byte_offset + offset
-            data = bytearray(buffer.storage.array[start : start + length])
-            self._engines.host_work(0, (), ())
+            return bytearray(buffer.storage.array[start : start + length])
         finally:
             running.release()
-        return data
 
-    def _idle_queue_zero(self) -> threading.Lock | None:
-        """Queue 0's `running` lock, held, when nothing runs or waits on it in fast
-        mode (an item queued meanwhile waits for the lock, so runs after); else None."""
+    def _host_transfer(self, buffer: Buffer, usage: int) -> threading.Lock | None:
+        """Queue 0's `running` lock, held, when a host transfer with `buffer` may skip
+        the queue, else None. It may in fast mode, for memory only the device sees with
+        the usage bit the transfer needs, while nothing watches operations one at a time
+        (a profile, armed faults), the device is neither lost nor closed (the queued
+        path reports those) and nothing runs or waits on queue 0 (an item queued
+        meanwhile waits for the lock, so runs after)."""
+        if not (self._fast and type(buffer) is Buffer
+                and buffer.memory_type_bits & _HOST_OR_DEVICE_VISIBLE == _DEVICE_VISIBLE
+                and buffer.usage_bits & usage and not buffer.storage.released
+                and self.profile is None and not self._faults.armed
+                and self.work_queue.lost is None and not self.work_queue.closed):
+            return None
         running = self._queue_running[0]
-        if not self._fast or not running.acquire(False):
+        if not running.acquire(False):
             return None
         if self._queue_pending[0]:  # queued before: it goes first
             running.release()
             return None
         self._wall_end = time.monotonic_ns()
         return running
-
-    def _host_transfer_ready(self, buffer: Buffer, usage: int) -> bool:
-        """Whether a host transfer with `buffer` may skip the queue: memory only the
-        device sees, with the usage bit the transfer needs, and nothing that watches
-        operations one at a time (a profile, armed faults) or a lost or closed device
-        (the queued path reports those)."""
-        return (type(buffer) is Buffer
-                and buffer.memory_type_bits & _HOST_OR_DEVICE_VISIBLE == _DEVICE_VISIBLE
-                and buffer.usage_bits & usage and not buffer.storage.released
-                and self.profile is None and not self._faults.armed
-                and self.work_queue.lost is None and not self.work_queue.closed)
 
     # -- the driver's threads -------------------------------------------------------------
 
@@ -413,13 +410,6 @@ class EmuDevice(Device):
         else:
             self._command_queues[q].put(item)
 
-    def _release_queue(self, q: int, running: threading.Lock) -> None:
-        """Ends an item of queue `q` that held its `running` lock."""
-        self._wall_end = time.monotonic_ns()
-        running.release()
-        with self._queue_lock:
-            self._queue_pending[q] -= 1
-
     def _command_processor(self, commands: queue_module.SimpleQueue) -> None:
         while True:
             item = commands.get()
@@ -432,29 +422,34 @@ class EmuDevice(Device):
 
     def _process(self, item: tuple, running: threading.Lock) -> None:
         """Runs one queue item, then releases `running` (held by the caller) and calls
-        the item's `done`."""
+        the item's `done`. A submission is replayed from its plan in fast mode (see
+        `_replay`) or else run operation by operation (`_run_each`)."""
         work, done, wait, signal, q = item
         item = ()
         error = self.work_queue.lost
         if error is None:
             if type(work) is tuple:
-                error = run_capturing(functools.partial(
-                    self._run_submission, work[0], wait, signal, q, work[1]))
+                submission, submission_id = work
+                try:
+                    steps = None
+                    if self._fast and self.profile is None and not self._faults.armed:
+                        steps = self._engines.steps_of(submission)
+                    if steps is not None:
+                        self._replay(submission, wait, signal, q, steps)
+                    else:
+                        self._run_each(submission, wait, signal, q, submission_id)
+                except BaseException as exc:  # noqa: BLE001 - becomes the item's error
+                    error = as_error(exc)
+                submission = None
             else:
                 error = run_capturing(work)
                 self._engines.host_work(q, wait, signal)
         work = None
-        self._release_queue(q, running)
+        self._wall_end = time.monotonic_ns()
+        running.release()
+        with self._queue_lock:
+            self._queue_pending[q] -= 1
         done(error)
-
-    def _run_submission(self, submission: Submission, wait: Any, signal: Any, q: int,
-                        submission_id: int = 0) -> None:
-        if self._fast and self.profile is None and not self._faults.armed:
-            steps = self._engines.steps_of(submission)
-            if steps is not None:
-                self._replay(submission, wait, signal, q, steps)
-                return
-        self._run_each(submission, wait, signal, q, submission_id)
 
     def _replay(self, submission: Submission, wait: Any, signal: Any, q: int,
                 steps: Steps) -> None:
