@@ -159,9 +159,9 @@ class EmuDriver(Driver):
     def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
                 wait: Any, signal: Any, queue: int) -> None:
         if operation == "execute":
-            self.device._enqueue((wait, signal, queue), (payload, submission_id), done)
+            self.device._enqueue((payload, submission_id), done, wait, signal, queue)
         elif operation == "call":
-            self.device._enqueue((wait, signal, queue), payload, done)
+            self.device._enqueue(payload, done, wait, signal, queue)
         elif operation == "alloca":
             refused = self.check_alloca(payload.size)
             if refused is not None:
@@ -396,60 +396,68 @@ class EmuDevice(Device):
 
     # -- the command processors -----------------------------------------------------------
 
-    def _enqueue(self, context: Any, work: Any, done: Completion) -> None:
-        wait, signal, q = context if context is not None else ((), (), 0)
+    def _enqueue(self, work: Any, done: Completion, wait: Any, signal: Any, q: int) -> None:
+        """Runs `work` for queue `q` on this thread when the queue is idle in fast mode
+        (as `sync` runs it), else hands it to the queue's command processor. Only items
+        handed over count as pending: an item run here holds the queue's `running` lock,
+        which makes a later one wait or queue behind it."""
         if not self._wall_begin:
             self._wall_begin = time.monotonic_ns()
-        item = (work, done, wait, signal, q)
         running = self._queue_running[q]
         with self._queue_lock:
             inline = self._fast and not self._queue_pending[q] and running.acquire(False)
-            self._queue_pending[q] += 1
-        if inline:
-            self._process(item, running)
-        else:
-            self._command_queues[q].put(item)
+            if not inline:
+                self._queue_pending[q] += 1
+        if not inline:
+            self._command_queues[q].put((work, done, wait, signal, q))
+            return
+        error = self._process(work, wait, signal, q)
+        work = None
+        self._wall_end = time.monotonic_ns()
+        running.release()
+        done(error)
 
     def _command_processor(self, commands: queue_module.SimpleQueue) -> None:
         while True:
             item = commands.get()
             if item is None:
                 return
-            running = self._queue_running[item[4]]
-            running.acquire()
-            self._process(item, running)
+            work, done, wait, signal, q = item
             item = None
+            running = self._queue_running[q]
+            running.acquire()
+            error = self._process(work, wait, signal, q)
+            work = None
+            self._wall_end = time.monotonic_ns()
+            running.release()
+            with self._queue_lock:
+                self._queue_pending[q] -= 1
+            done(error)
+            done = None
 
-    def _process(self, item: tuple, running: threading.Lock) -> None:
-        """Runs one queue item, then releases `running` (held by the caller) and calls
-        the item's `done`. A submission is replayed from its plan in fast mode (see
-        `_replay`) or else run operation by operation (`_run_each`)."""
-        work, done, wait, signal, q = item
-        item = ()
+    def _process(self, work: Any, wait: Any, signal: Any, q: int) -> Error | None:
+        """Runs one queue item (its caller holds the queue's `running` lock); returns
+        its error. A submission is replayed from its plan in fast mode (see `_replay`)
+        or else run operation by operation (`_run_each`)."""
         error = self.work_queue.lost
-        if error is None:
-            if type(work) is tuple:
-                submission, submission_id = work
-                try:
-                    steps = None
-                    if self._fast and self.profile is None and not self._faults.armed:
-                        steps = self._engines.steps_of(submission)
-                    if steps is not None:
-                        self._replay(submission, wait, signal, q, steps)
-                    else:
-                        self._run_each(submission, wait, signal, q, submission_id)
-                except BaseException as exc:  # noqa: BLE001 - becomes the item's error
-                    error = as_error(exc)
-                submission = None
+        if error is not None:
+            return error
+        if type(work) is not tuple:
+            error = run_capturing(work)
+            self._engines.host_work(q, wait, signal)
+            return error
+        submission, submission_id = work
+        try:
+            steps = None
+            if self._fast and self.profile is None and not self._faults.armed:
+                steps = self._engines.steps_of(submission)
+            if steps is not None:
+                self._replay(submission, wait, signal, q, steps)
             else:
-                error = run_capturing(work)
-                self._engines.host_work(q, wait, signal)
-        work = None
-        self._wall_end = time.monotonic_ns()
-        running.release()
-        with self._queue_lock:
-            self._queue_pending[q] -= 1
-        done(error)
+                self._run_each(submission, wait, signal, q, submission_id)
+        except BaseException as exc:  # noqa: BLE001 - becomes the item's error
+            return as_error(exc)
+        return None
 
     def _replay(self, submission: Submission, wait: Any, signal: Any, q: int,
                 steps: Steps) -> None:
