@@ -864,9 +864,14 @@ def _read_to_numpy(view: BufferView) -> np.ndarray:
     released: the read reports it), by a transfer; `_convert_outputs` copies host
     memory itself. Sub-byte elements come back one per byte, in ml_dtypes'
     int4/uint4/int2/uint2."""
-    device = view.buffer.allocator.device_ref()
-    data = device.read_array(view.buffer, 0, view.byte_length)
-    return unpack_elements(data, view.shape, view.element_type)
+    buffer = view.buffer
+    element_type = view.element_type
+    count = 1
+    for dim in view.shape:
+        count *= dim
+    data = buffer.allocator.device_ref().read_array(
+        buffer, 0, (count * (element_type & 0xFF) + 7) // 8)  # `view.byte_length`
+    return unpack_elements(data, view.shape, element_type)
 
 
 def _user_module(module: Any, device: Device) -> NativeModule | BytecodeModule:

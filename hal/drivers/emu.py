@@ -468,7 +468,7 @@ class EmuDevice(Device):
         workers' native helper threads join its dispatches once the same steps took
         longer than `SPREAD_NS` alone the last time (waking helpers costs more than
         small submissions take; the first run, which builds the native program, is
-        not counted). A submission whose recordings are not shared (large captured
+        not counted; submissions of single-workgroup dispatches are not timed). A submission whose recordings are not shared (large captured
         updates) runs its operations one by one instead of building a native program
         for one use."""
         error = None
@@ -482,6 +482,8 @@ class EmuDevice(Device):
                     helpers = self._workers.stream_helpers()
                 if helpers is not None:
                     Stream(submission, 1 + helpers.count).run(helpers)
+                elif steps.widest <= 1:  # nothing to spread: no need to measure it
+                    run_alone(submission)
                 else:
                     began = time.monotonic_ns()
                     run_alone(submission)
