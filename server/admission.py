@@ -65,9 +65,12 @@ log = logging.getLogger("tinyhal.server")
 
 # most unbatched requests handed to a free instance at once (each its own execution)
 _RUN_LIST = 16
+# an instance answers its requests itself while its next batch waits at least this long
+_DIRECT_MARGIN = 200e-6
 
 __all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Instance",
-           "Overloaded", "PendingRequest", "RunningInvocation", "Unavailable"]
+           "Overloaded", "PendingRequest", "RunningInvocation", "Unavailable",
+           "DispatchAfterPass", "after_pass", "answer_directly"]
 
 
 class Overloaded(Exception):
@@ -224,11 +227,17 @@ class Admission:
         self._end = end
         self._timer_at = math.inf
         self._timer: _DelayTimer | None = None
-        self._dispatch_pending = False
+        # with no queue delay, a free instance takes its batch once the loop has run
+        # every task that was ready (the requests that arrived in the same wake-up join
+        # it): at once, as far as any client can tell. Only while requests come in
+        # company (the last execution had several): a lone request starts at once,
+        # which measured faster at one connection
+        self._dispatch_after_pass = DispatchAfterPass(self._dispatch)
         self._last_batch_requests = 0
         # how late the queue-delay timer's wake-up reaches the loop (mean): it is armed
         # that much early, so a batch starts when the delay ends, not that much after
         self._timer_lead = 0.0
+        self._clock_offset: float | None = None  # trio clock - monotonic (other threads)
 
     # -- observation -------------------------------------------------------------------
 
@@ -357,21 +366,9 @@ class Admission:
             self._start(run, now)
         self._arm(math.inf)
 
-    def _dispatch_after_pass(self) -> None:
-        """With no queue delay, a free instance takes its batch once the loop has run every
-        task that was ready (the requests that arrived in the same wake-up join it), just
-        before the loop waits for I/O again: at once, as far as any client can tell. Only
-        while requests come in company (the last execution had several): a lone request
-        starts at once, which measured faster at one connection."""
-        if not self._dispatch_pending:
-            self._dispatch_pending = True
-            _after_pass().append(self._pass_ended)
-
-    def _pass_ended(self) -> None:
-        self._dispatch_pending = False
-        self._dispatch()
-
     def _start(self, run: list[list[_Request]], now: float) -> None:
+        if self._clock_offset is None:
+            self._clock_offset = now - time.monotonic()
         instance = self._idle.pop()
         instance.pending = len(run)
         self._last_batch_requests = len(run[-1])
@@ -385,10 +382,31 @@ class Admission:
             self._running.add(execution)
             if self._begin is not None:
                 execution.watch = self._begin()
+            last = len(jobs) == len(run) - 1
             jobs.append((functools.partial(_execute, invoke, batch,
-                                           self._queue if len(jobs) == len(run) - 1 else None),
+                                           self._next_waits if last else None),
                          functools.partial(self._finished, execution)))
         instance.thread.submit(jobs)
+
+    def _next_waits(self) -> bool:
+        """On an instance thread, at the end of its run: whether its next execution
+        would not start at once anyway, so answering the run's requests first delays
+        nothing: nothing is queued, or what is queued waits out a queue delay that
+        has well over `_DIRECT_MARGIN` to go and cannot fill a batch. A hint read
+        without a lock (the loop decides what runs next)."""
+        queue = self._queue
+        if not queue:
+            return True
+        batching = self.batching
+        if batching is None or not batching.delay or len(queue) >= batching.target_rows:
+            return False
+        try:
+            head = queue[0]
+        except IndexError:  # taken meanwhile
+            return True
+        left = head.arrived + batching.delay - self._timer_lead - \
+            (time.monotonic() + self._clock_offset)
+        return left > _DIRECT_MARGIN
 
     def _finished(self, execution: _Execution, result: Any) -> None:
         """On the loop, when an instance thread finished an execution. The instance is
@@ -459,24 +477,32 @@ class Admission:
 
 
 def _execute(invoke: Callable[[list[Any]], Results], batch: list[_Request],
-             queue: list[_Request] | None
+             next_waits: Callable[[], bool] | None
              ) -> tuple[list[Outcome], list[tuple[int, int, float]]]:
     """One execution on an instance thread (`run_batch`). When it is the last of its run
-    and nothing is queued (`queue`, read without a lock: a hint), each request that asked
-    for it is answered from here (`respond`): the instance has nothing else to do, and
-    the client need not wait for the loop to wake up. Otherwise the loop answers, and the
-    instance is handed its next execution at once."""
+    and its instance would not start another at once (`next_waits`: nothing queued, or
+    the queue waits out a delay), each request that asked for it is answered from here
+    (`respond`): the client need not wait for the loop to wake up, and its next request
+    is usually there when the loop reads. Otherwise the loop answers, and the instance
+    is handed its next execution at once."""
     outcomes, executions = run_batch(invoke, [r.args for r in batch], [r.rows for r in batch])
-    if queue is None or queue:
+    if next_waits is None or not next_waits():
         return outcomes, executions
+    answer_directly(batch, outcomes, executions)
+    return outcomes, executions
+
+
+def answer_directly(requests: list[_Request], outcomes: list[Outcome],
+                    executions: list[tuple[int, int, float]]) -> None:
+    """On an instance thread, after an execution: each request that asked for it
+    (`respond`) and succeeded is answered from here; the loop answers the rest."""
     seconds = sum(e[2] for e in executions)
-    for request, (results, error) in zip(batch, outcomes):
+    for request, (results, error) in zip(requests, outcomes):
         if request.respond is not None and error is None:
             try:
                 request.respond(results, seconds)
             except Exception:  # noqa: BLE001 - a bug of ours: the loop answers instead
                 log.exception("answering %s from its instance thread failed", request.label)
-    return outcomes, executions
 
 
 class _AfterPass(trio.abc.Instrument):
@@ -499,14 +525,35 @@ class _AfterPass(trio.abc.Instrument):
 _AFTER_PASS: trio.lowlevel.RunVar = trio.lowlevel.RunVar("tinyhal_after_pass")
 
 
-def _after_pass() -> list[Callable[[], None]]:
-    """The list of calls made at the end of this trio run's current scheduler pass."""
+def after_pass(call: Callable[[], None]) -> None:
+    """Calls `call` (on the loop) at the end of this trio run's current scheduler pass,
+    when every ready task has run and the loop is about to wait for I/O."""
     instrument = _AFTER_PASS.get(None)
     if instrument is None:
         instrument = _AfterPass()
         trio.lowlevel.add_instrument(instrument)
         _AFTER_PASS.set(instrument)
-    return instrument.calls
+    instrument.calls.append(call)
+
+
+class DispatchAfterPass:
+    """Calling it asks for one call of `dispatch` at the end of the loop's current
+    scheduler pass (`after_pass`), however often it is asked within the pass."""
+
+    __slots__ = ("_dispatch", "_pending")
+
+    def __init__(self, dispatch: Callable[[], None]) -> None:
+        self._dispatch = dispatch
+        self._pending = False
+
+    def __call__(self) -> None:
+        if not self._pending:
+            self._pending = True
+            after_pass(self._pass_ended)
+
+    def _pass_ended(self) -> None:
+        self._pending = False
+        self._dispatch()
 
 
 class _DelayTimer:

@@ -415,9 +415,10 @@ class ModelVersion:
         """Runs one request's invocation under admission control (batched with others when
         the model has dynamic batching; a step of its sequence, with the request's
         `parameters`, when it has sequence batching): (results, seconds queued, seconds
-        invoking). `respond` as `Admission.infer`'s (sequence steps do not call it)."""
+        invoking). `respond` as `Admission.infer`'s."""
         if self.sequences is not None:
-            return await self.sequences.infer(args, parameters or {}, deadline, label)
+            return await self.sequences.infer(args, parameters or {}, deadline, label,
+                                              respond)
         rows = int(args[0].shape[0]) if self.max_batch_size else 1
         return await self.admission.infer(args, rows, deadline, label, respond)
 
@@ -475,8 +476,12 @@ class ModelVersion:
         }
 
     def describe_config(self) -> dict:
+        """The serving configuration in Triton's JSON field names. A scheduler the model
+        does not use is left out, as Triton leaves out an unset message: tools read its
+        presence (perf_analyzer drives any model whose config has `sequence_batching`
+        as a stateful one, starting and ending a sequence per request)."""
         admission = self.admission
-        return {
+        config = {
             "name": self.name,
             "version": self.version,
             "platform": "tinyhal_vmfb",
@@ -498,6 +503,10 @@ class ModelVersion:
             "input": [s.metadata() for s in self.inputs],
             "output": [s.metadata() for s in self.outputs],
         }
+        for scheduler in ("dynamic_batching", "sequence_batching"):
+            if config[scheduler] is None:
+                del config[scheduler]
+        return config
 
 
 def _instance_count(config: dict) -> int:

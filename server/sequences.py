@@ -95,7 +95,16 @@ from ..hal.buffer import ALIGNMENT
 from ..hal.buffer_view import BufferView, dense_byte_length
 from ..hal.semaphore import Fence
 from ..hal.types import BufferUsage, element_type_for, pack_elements, unpack_elements
-from .admission import DeadlineExceeded, InFlight, Instance, Overloaded, PendingRequest, Unavailable
+from .admission import (
+    DeadlineExceeded,
+    DispatchAfterPass,
+    InFlight,
+    Instance,
+    Overloaded,
+    PendingRequest,
+    Unavailable,
+    answer_directly,
+)
 from .batching import Outcome, Results
 from .http import client_gone_probe
 from .protocol import DATATYPES, ProtocolError
@@ -348,8 +357,9 @@ class _Step(PendingRequest):
     __slots__ = ("start", "end")
 
     def __init__(self, args: list[Any], start: bool, end: bool, deadline: float,
-                 label: str, now: float) -> None:
-        super().__init__(args, 1, deadline, label, now)
+                 label: str, now: float,
+                 respond: Callable[[Results, float], Any] | None = None) -> None:
+        super().__init__(args, 1, deadline, label, now, respond)
         self.start = start
         self.end = end
 
@@ -576,6 +586,10 @@ class SequenceBatcher:
         self._in_flight = InFlight()
         self._closed = False
         self._timer_at = math.inf
+        # steps that arrive in one wake-up of the loop, the next steps of sequences just
+        # answered among them, run as one batch; the instance is woken just before the
+        # loop waits for I/O, not while the loop still holds the interpreter
+        self._dispatch_after_pass = DispatchAfterPass(self._dispatch)
         self._wake: trio.Event | None = None
         self._tasks_started = False
         self.expired_count = 0
@@ -622,11 +636,19 @@ class SequenceBatcher:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def infer(self, args: list[Any], parameters: dict, deadline: float, label: str
+    async def infer(self, args: list[Any], parameters: dict, deadline: float, label: str,
+                    respond: Callable[[Results, float], Any] | None = None
                     ) -> tuple[Results, float, float]:
         """Runs one step of the request's sequence: (client outputs, seconds queued,
         seconds its execution took). Raises ProtocolError 400 for a bad control flow,
-        `Unavailable`, `Overloaded`, `DeadlineExceeded`, or the invocation's error."""
+        `Unavailable`, `Overloaded`, `DeadlineExceeded`, or the invocation's error.
+
+        `respond(results, execution_seconds)`, when given, answers the client from the
+        instance thread as soon as the step ran (as `Admission.infer`'s), before the loop
+        has taken in the step's outcome: the sequence's next step may then arrive first,
+        and waits, as any step of a running sequence does. A sequence's last step is
+        always answered by the loop, once its slot is free, so a client that starts the
+        same sequence id again on that answer finds it ended."""
         sid, start, end = sequence_parameters(parameters, self.model)
         if self._closed:
             raise Unavailable("the model version is unloading")
@@ -670,7 +692,7 @@ class SequenceBatcher:
                 self._assign(seq)
             else:
                 self._backlog.append(seq)
-        step = _Step(args, start, end, deadline, label, now)
+        step = _Step(args, start, end, deadline, label, now, None if end else respond)
         seq.steps.append(step)
         seq.last_used = now
         if end:
@@ -678,7 +700,7 @@ class SequenceBatcher:
         self._queued += 1
         self._in_flight.count += 1
         self._mark_ready(seq)
-        self._dispatch()
+        self._dispatch_after_pass()
         probe = client_gone_probe()
         if probe is not None:
             self._watched[step] = (seq, probe)
@@ -837,8 +859,17 @@ class SequenceBatcher:
                      for r, i in enumerate(layout)]
         program = self._programs[id(instance)]
         instance.thread.submit([(
-            lambda: self._execute(program, steps, homes, ids, layout),
+            lambda: self._execute_and_answer(program, steps, homes, ids, layout),
             lambda result: self._finished(instance, batch, steps, now, result))])
+
+    def _execute_and_answer(self, program: StepProgram, steps: list[_Step],
+                            homes: list[tuple[tuple, int]], ids: list[int | str],
+                            layout: list[int] | None) -> tuple:
+        """`_execute`, then the steps that asked for it are answered from the instance
+        thread (`answer_directly`)."""
+        result = self._execute(program, steps, homes, ids, layout)
+        answer_directly(steps, result[0], result[2])
+        return result
 
     def _execute(self, program: StepProgram, steps: list[_Step],
                  homes: list[tuple[tuple, int]], ids: list[int | str],
@@ -986,7 +1017,7 @@ class SequenceBatcher:
             for counts in executions:
                 self._executed(*counts)
         self._idle.append(instance)
-        self._dispatch()
+        self._dispatch_after_pass()
         self._in_flight.left(len(steps))
         if not isinstance(result, BaseException):
             self.host["respond"].add(time.perf_counter() - t0)

@@ -140,6 +140,48 @@ def test_respond_runs_on_the_instance_thread_for_successes_when_nothing_is_queue
     trio.run(main)
 
 
+def test_respond_runs_on_the_instance_thread_while_the_next_batch_waits_its_delay():
+    """A queued request that waits out a long queue delay does not keep the instance
+    from answering the execution it just finished itself."""
+    calls: list[tuple[str, str]] = []
+    gate = threading.Event()
+
+    def invoke(args: list) -> list:
+        gate.wait(30)
+        return [("y", "FP32", args[0] * 2)]
+
+    def respond_for(name: str):
+        def respond(results: list, seconds: float) -> None:
+            calls.append((name, threading.current_thread().name))
+        return respond
+
+    async def main() -> None:
+        token = trio.lowlevel.current_trio_token()
+        # a batch of 4 rows starts at once; fewer wait up to half a second
+        admission = Admission([Instance(InstanceThread("delay#0", token), invoke)], 64,
+                              BatchingConfig(8, 500_000, (4,)))
+
+        async def one(name: str) -> None:
+            await admission.infer([np.ones((1, 4), np.float32)], 1, math.inf, name,
+                                  respond_for(name))
+
+        gate.clear()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, "first")
+            with trio.fail_after(10):
+                while admission.running < 1:
+                    await trio.sleep(0.001)
+            nursery.start_soon(one, "second")
+            with trio.fail_after(10):
+                while admission.queued < 1:
+                    await trio.sleep(0.001)
+            gate.set()  # "first" ends while "second" has most of its delay to wait
+        admission.stop()
+        assert calls == [("first", "delay#0"), ("second", "delay#0")]
+
+    trio.run(main)
+
+
 def test_keep_alive_connection_stays_in_step_while_deadlines_race_answers(server):
     """Deadlines about as long as an execution: each request gets exactly one answer,
     its own (200 with its id, or 504), in order on one connection."""

@@ -290,6 +290,24 @@ def test_32_interleaved_sequences_match_each_sequence_alone(seq_server):
                     (("model", "gru_step"), ("phase", "invoke"), ("version", "1")))] > 0
 
 
+def test_a_sequence_started_again_on_its_last_answer_is_new(seq_server):
+    """Steps are answered from the instance thread before the loop takes in their
+    outcome; a sequence's last step is not, so a client that starts the same id again
+    as soon as it has that answer never finds the old sequence still in progress."""
+    client = httpclient.InferenceServerClient(seq_server.url, network_timeout=60)
+    x = np.full((1, 8), 0.25, np.float32)
+    try:
+        first = None
+        for _ in range(40):
+            out = [_step(client, "gru_step", x, sequence_id=4242, sequence_start=k == 0,
+                         sequence_end=k == 2).as_numpy("OUTPUT") for k in range(3)]
+            first = out if first is None else first
+            for got, want in zip(out, first):
+                np.testing.assert_array_equal(got, want)
+    finally:
+        client.close()
+
+
 def _alone(xs: list[np.ndarray], vmfb: Path = GRU) -> list[np.ndarray]:
     """The OUTPUT of each step of one sequence run alone through tinyhal.load."""
     module = tinyhal.load(vmfb.read_bytes(), device="sync")
