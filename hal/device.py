@@ -442,15 +442,16 @@ class Device:
             self._alloca_kinds[(memory_type, usage)] = kind
         buffer = pending_buffer(self.allocator, size, *kind)
         work_queue = self.work_queue
-        if (self.profile is None and work_queue.lost is None
-                and self.driver.places_ready_allocas
-                and reached):
+        if self.profile is None and work_queue.lost is None and reached:
             # Ready now: the ring places it at once (no driver work, so nothing for
             # close() to wait for; a ring closed meanwhile refuses it), or it takes the
-            # queue path below.
+            # queue path below; so does one its driver's memory model refuses (the
+            # driver's `perform` fails it there).
             if work_queue.closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
-            if self.transient.try_commit(buffer.storage):
+            check = self.driver.check_alloca
+            if (check is None or check(size) is None) and self.transient.try_commit(
+                    buffer.storage):
                 work_queue.complete(signal_points, None)
                 return buffer
         self.transient.check_size(size)  # larger than the whole ring: RESOURCE_EXHAUSTED

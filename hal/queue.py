@@ -27,7 +27,7 @@ them. `operation` names what to do with `payload`:
 - `"alloca"`, `"dealloca"`, `"barrier"`: queue work the device built, a callable taking
   `done` (`Alloca` places transient memory, maybe later, when the ring has room); the
   driver calls `payload(done)` when it is that operation's turn (a driver that models
-  its memory checks `Alloca.size` first).
+  its memory checks `Alloca.size` first, by its `check_alloca`).
 
 Then it calls `done(error)` exactly once, on any thread (`error` None on success;
 `run_capturing` turns an exception into one). `submission_id` is the profile's id of the
@@ -40,10 +40,13 @@ holds after `done` holds no buffers).
 A driver also declares what the queue may rely on: `name` and `identifier` (IREE's
 device id), `queue_count`, `concurrency` (workers a dispatch may spread over),
 `completes_inline` (its `perform` of `"execute"` always calls `done` before it returns:
-a ready submission then runs without an entry), `places_ready_allocas` (a ready
-`queue_alloca` may take ring space without `perform`: False for a driver that checks
-its memory itself), `default_profiling_modes`, `create_allocator()` and `stop(timeout)`
-(release threads; `close()` calls it once nothing runs). `Driver` gives the defaults.
+a ready submission then runs without an entry), `check_alloca` (None, or for a driver
+that models its memory a method `check_alloca(size) -> Error | None`: the error that
+refuses a `queue_alloca` of `size` bytes now, or None: a ready `queue_alloca` takes
+ring space without an entry or `perform` only when it passes, else it takes an entry,
+and the driver's `perform` of `"alloca"` refuses it by the same check),
+`default_profiling_modes`, `create_allocator()` and `stop(timeout)` (release threads;
+`close()` calls it once nothing runs). `Driver` gives the defaults.
 
 **Closing and loss.** `close()` lets running work finish (and work it makes ready),
 fails every entry still waiting with ABORTED (it never runs), then stops the driver.
@@ -101,7 +104,7 @@ class Driver:
     queue_count = 1
     concurrency = 1
     completes_inline = False
-    places_ready_allocas = True
+    check_alloca: Callable[[int], Error | None] | None = None
     default_profiling_modes: tuple[str, ...] = DEFAULT_PROFILING_MODES
 
     def create_allocator(self) -> Allocator:

@@ -436,10 +436,8 @@ class Module:
         resolved = self._resolved.get(name)
         if resolved is None:
             info, vmf = self._lookup(name)
-            stacks: tuple = ()
-            if self._inputs_mappable:
-                stacks = tuple([] for _ in info.inputs)
-                self._idle_inputs.extend(stacks)
+            stacks = tuple([] for _ in info.inputs)
+            self._idle_inputs.extend(stacks)
             resolved = self._resolved[name] = (
                 info, vmf, tuple(_input_plan(spec) for spec in info.inputs), stacks)
         return resolved
@@ -546,6 +544,7 @@ class Module:
             )
         device = self.device
         input_memory = self._input_memory
+        mappable = self._inputs_mappable
         if plans:  # made by `_resolve` for `invoke`, whose arguments are arrays
             import numpy as np
         out = []
@@ -555,7 +554,10 @@ class Module:
                 # The common case, checked against the plan: a non-empty array of the
                 # declared dtype whose dims match the declaration (or, with no
                 # declaration, of a dtype with whole-byte elements) is copied straight
-                # into a new buffer. Only views of a static declared shape (or of an
+                # into an idle view's buffer or a new one (by one `memmove` into host
+                # memory, or a device write into memory only the device sees, such as
+                # emu's, which that driver models as the transfer it stands for). Only
+                # views of a static declared shape (or of an
                 # undeclared argument) are kept for reuse: one of a dynamic shape is
                 # freed when the call is done, as `_tensor_input`'s would be.
                 parks = bool(stacks)
@@ -572,32 +574,30 @@ class Module:
                 else:
                     element_type = 0
                 if element_type:
-                    if parks:  # host-visible: an idle view, or a new buffer made a copy
+                    # Whole-byte elements: the array's own bytes are the buffer's.
+                    view = None
+                    if parks:  # an idle view of this argument, when one matches
                         stack = stacks[i]
                         view = stack.pop() if stack else None
-                        if view is not None:
-                            buffer = view.buffer
-                            if view.shape == value.shape and view.element_type == element_type:
-                                _memmove(buffer.storage.array, value, value.nbytes)
-                                out.append(view)
-                                made.append((i, view))
-                                continue
-                            view = buffer = None  # another shape: freed as usual
-                        view = BufferView(
-                            device.allocator.allocate(value.nbytes, input_memory, _INPUT_USAGE,
-                                                      initial=value),
-                            value.shape, element_type)
-                        out.append(view)
+                        if view is not None and (view.shape != value.shape
+                                                 or view.element_type != element_type):
+                            view = None  # another shape: freed as usual
+                    if view is None:
+                        if mappable:  # host memory: copied in as it is made
+                            buffer = device.allocator.allocate(value.nbytes, input_memory,
+                                                               _INPUT_USAGE, initial=value)
+                        else:
+                            buffer = device.allocator.allocate(value.nbytes, input_memory,
+                                                               _INPUT_USAGE)
+                            device.write_bytes(buffer, value.reshape(-1).view(np.uint8))
+                        view = BufferView(buffer, value.shape, element_type)
+                    elif mappable:
+                        _memmove(view.buffer.storage.array, value, value.nbytes)
+                    else:  # memory only the device sees: a transfer, as a new buffer's
+                        device.write_bytes(view.buffer, value.reshape(-1).view(np.uint8))
+                    out.append(view)
+                    if parks:
                         made.append((i, view))
-                        continue
-                    if self._inputs_mappable:
-                        buffer = device.allocator.allocate(value.nbytes, input_memory,
-                                                           _INPUT_USAGE, initial=value)
-                    else:
-                        buffer = device.allocator.allocate(value.nbytes, input_memory,
-                                                           _INPUT_USAGE)
-                        device.write_bytes(buffer, pack_elements(value, element_type))
-                    out.append(BufferView(buffer, value.shape, element_type))
                     continue
             kind = spec.kind
             if kind == "tensor":
@@ -864,9 +864,14 @@ def _read_to_numpy(view: BufferView) -> np.ndarray:
     released: the read reports it), by a transfer; `_convert_outputs` copies host
     memory itself. Sub-byte elements come back one per byte, in ml_dtypes'
     int4/uint4/int2/uint2."""
-    device = view.buffer.allocator.device_ref()
-    data = device.read_array(view.buffer, 0, view.byte_length)
-    return unpack_elements(data, view.shape, view.element_type)
+    buffer = view.buffer
+    element_type = view.element_type
+    count = 1
+    for dim in view.shape:
+        count *= dim
+    data = buffer.allocator.device_ref().read_array(
+        buffer, 0, (count * (element_type & 0xFF) + 7) // 8)  # `view.byte_length`
+    return unpack_elements(data, view.shape, element_type)
 
 
 def _user_module(module: Any, device: Device) -> NativeModule | BytecodeModule:

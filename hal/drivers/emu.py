@@ -49,7 +49,6 @@ memory, its queues' command processors and the driver contract.
 
 from __future__ import annotations
 
-import functools
 import queue as queue_module
 import threading
 import time
@@ -62,6 +61,7 @@ from ...errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     ResourceExhaustedError,
+    as_error,
 )
 from ..allocator import Allocator, Heap
 from ..buffer import Buffer, as_byte_view
@@ -143,11 +143,11 @@ class EmuAllocator(Allocator):
 
 class EmuDriver(Driver):
     """How an `EmuDevice` plugs into its queue: submissions and host work go to the
-    queue's command processor (`queue`), an alloca checks the modelled memory first."""
+    queue's command processor (`queue`), an alloca checks the modelled memory first
+    (`check_alloca`, also for the ready allocas the device places without an entry)."""
 
     name = "emu"
     identifier = "local-emu"
-    places_ready_allocas = False  # each alloca checks the modelled memory's capacity
     default_profiling_modes = DEFAULT_PROFILING_MODES + ("dispatch-events",
                                                          "device-queue-events")
 
@@ -161,19 +161,26 @@ class EmuDriver(Driver):
     def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
                 wait: Any, signal: Any, queue: int) -> None:
         if operation == "execute":
-            self.device._enqueue((wait, signal, queue), (payload, submission_id), done)
+            self.device._enqueue((payload, submission_id), done, wait, signal, queue)
         elif operation == "call":
-            self.device._enqueue((wait, signal, queue), payload, done)
+            self.device._enqueue(payload, done, wait, signal, queue)
         elif operation == "alloca":
-            try:
-                # As the ring counts it: rounded up to its 64-byte blocks.
-                self.device.allocator.check_capacity((payload.size + 63) & ~63)
-            except Error as exc:
-                done(exc)
+            refused = self.check_alloca(payload.size)
+            if refused is not None:
+                done(refused)
                 return
             payload(done)
         else:
             payload(done)
+
+    def check_alloca(self, size: int) -> Error | None:
+        """RESOURCE_EXHAUSTED when `size` more transient bytes (as the ring counts them:
+        rounded up to its 64-byte blocks) would not fit the modelled memory."""
+        try:
+            self.device.allocator.check_capacity((size + 63) & ~63)
+        except Error as exc:
+            return exc
+        return None
 
     def stop(self, timeout: float | None) -> None:
         self.device._stop_threads(timeout)
@@ -309,18 +316,20 @@ class EmuDevice(Device):
                     timeout: float | None = 60.0) -> None:
         """As `Device.write_bytes`: into device memory by a queue update. In fast mode,
         when queue 0 is idle, the bytes are copied here and modelled as that update."""
-        if self._host_transfer_ready(buffer, _TRANSFER_TARGET):
-            view = as_byte_view(data)
-            running = self._idle_queue_zero() if len(view) else None
-            if running is not None:
-                try:
-                    offset, length = buffer.resolve_range(offset, len(view), "write")
+        running = self._host_transfer(buffer, _TRANSFER_TARGET)
+        if running is not None:
+            try:
+                view = as_byte_view(data)
+                length = len(view)
+                if length:
+                    offset, length = buffer.resolve_range(offset, length, "write")
                     start = buffer.byte_offset + offset
                     buffer.storage.array[start : start + length] = view
-                    self._engines.replay(0, (), (), self._engines.transfer_steps("update", length))
-                finally:
-                    running.release()
-                return
+                    engines = self._engines
+                    engines.replay(0, (), (), engines.transfer_steps("update", length))
+                    return
+            finally:
+                running.release()
         super().write_bytes(buffer, data, offset, timeout)
 
     def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
@@ -342,45 +351,40 @@ class EmuDevice(Device):
         return np.frombuffer(data, np.uint8)
 
     def _read_now(self, buffer: Buffer, offset: int, length: int) -> bytearray | None:
-        """Device memory is read by a queue transfer to host memory (host work, no
-        device time). In fast mode, when queue 0 is idle, it is copied here and modelled
-        as that transfer; None when it has to be queued."""
-        if not self._host_transfer_ready(buffer, _TRANSFER_SOURCE):
-            return None
-        running = self._idle_queue_zero()
+        """Device memory is read by a queue transfer to host memory (host work: no
+        device time, and with no waits or signals nothing to model). In fast mode, when
+        queue 0 is idle, it is copied here; None when it has to be queued."""
+        running = self._host_transfer(buffer, _TRANSFER_SOURCE)
         if running is None:
             return None
         try:
             offset, length = buffer.resolve_range(offset, length, "read")
             start = buffer.byte_offset + offset
-            data = bytearray(buffer.storage.array[start : start + length])
-            self._engines.host_work(0, (), ())
+            return bytearray(buffer.storage.array[start : start + length])
         finally:
             running.release()
-        return data
 
-    def _idle_queue_zero(self) -> threading.Lock | None:
-        """Queue 0's `running` lock, held, when nothing runs or waits on it in fast
-        mode (an item queued meanwhile waits for the lock, so runs after); else None."""
+    def _host_transfer(self, buffer: Buffer, usage: int) -> threading.Lock | None:
+        """Queue 0's `running` lock, held, when a host transfer with `buffer` may skip
+        the queue, else None. It may in fast mode, for memory only the device sees with
+        the usage bit the transfer needs, while nothing watches operations one at a time
+        (a profile, armed faults), the device is neither lost nor closed (the queued
+        path reports those) and nothing runs or waits on queue 0 (an item queued
+        meanwhile waits for the lock, so runs after)."""
+        if not (self._fast and type(buffer) is Buffer
+                and buffer.memory_type_bits & _HOST_OR_DEVICE_VISIBLE == _DEVICE_VISIBLE
+                and buffer.usage_bits & usage and not buffer.storage.released
+                and self.profile is None and not self._faults.armed
+                and self.work_queue.lost is None and not self.work_queue.closed):
+            return None
         running = self._queue_running[0]
-        if not self._fast or not running.acquire(False):
+        if not running.acquire(False):
             return None
         if self._queue_pending[0]:  # queued before: it goes first
             running.release()
             return None
         self._wall_end = time.monotonic_ns()
         return running
-
-    def _host_transfer_ready(self, buffer: Buffer, usage: int) -> bool:
-        """Whether a host transfer with `buffer` may skip the queue: memory only the
-        device sees, with the usage bit the transfer needs, and nothing that watches
-        operations one at a time (a profile, armed faults) or a lost or closed device
-        (the queued path reports those)."""
-        return (type(buffer) is Buffer
-                and buffer.memory_type_bits & _HOST_OR_DEVICE_VISIBLE == _DEVICE_VISIBLE
-                and buffer.usage_bits & usage and not buffer.storage.released
-                and self.profile is None and not self._faults.armed
-                and self.work_queue.lost is None and not self.work_queue.closed)
 
     # -- the driver's threads -------------------------------------------------------------
 
@@ -394,62 +398,68 @@ class EmuDevice(Device):
 
     # -- the command processors -----------------------------------------------------------
 
-    def _enqueue(self, context: Any, work: Any, done: Completion) -> None:
-        wait, signal, q = context if context is not None else ((), (), 0)
+    def _enqueue(self, work: Any, done: Completion, wait: Any, signal: Any, q: int) -> None:
+        """Runs `work` for queue `q` on this thread when the queue is idle in fast mode
+        (as `sync` runs it), else hands it to the queue's command processor. Only items
+        handed over count as pending: an item run here holds the queue's `running` lock,
+        which makes a later one wait or queue behind it."""
         if not self._wall_begin:
             self._wall_begin = time.monotonic_ns()
-        item = (work, done, wait, signal, q)
         running = self._queue_running[q]
         with self._queue_lock:
             inline = self._fast and not self._queue_pending[q] and running.acquire(False)
-            self._queue_pending[q] += 1
-        if inline:
-            self._process(item, running)
-        else:
-            self._command_queues[q].put(item)
-
-    def _release_queue(self, q: int, running: threading.Lock) -> None:
-        """Ends an item of queue `q` that held its `running` lock."""
+            if not inline:
+                self._queue_pending[q] += 1
+        if not inline:
+            self._command_queues[q].put((work, done, wait, signal, q))
+            return
+        error = self._process(work, wait, signal, q)
+        work = None
         self._wall_end = time.monotonic_ns()
         running.release()
-        with self._queue_lock:
-            self._queue_pending[q] -= 1
+        done(error)
 
     def _command_processor(self, commands: queue_module.SimpleQueue) -> None:
         while True:
             item = commands.get()
             if item is None:
                 return
-            running = self._queue_running[item[4]]
-            running.acquire()
-            self._process(item, running)
+            work, done, wait, signal, q = item
             item = None
+            running = self._queue_running[q]
+            running.acquire()
+            error = self._process(work, wait, signal, q)
+            work = None
+            self._wall_end = time.monotonic_ns()
+            running.release()
+            with self._queue_lock:
+                self._queue_pending[q] -= 1
+            done(error)
+            done = None
 
-    def _process(self, item: tuple, running: threading.Lock) -> None:
-        """Runs one queue item, then releases `running` (held by the caller) and calls
-        the item's `done`."""
-        work, done, wait, signal, q = item
-        item = ()
+    def _process(self, work: Any, wait: Any, signal: Any, q: int) -> Error | None:
+        """Runs one queue item (its caller holds the queue's `running` lock); returns
+        its error. A submission is replayed from its plan in fast mode (see `_replay`)
+        or else run operation by operation (`_run_each`)."""
         error = self.work_queue.lost
-        if error is None:
-            if type(work) is tuple:
-                error = run_capturing(functools.partial(
-                    self._run_submission, work[0], wait, signal, q, work[1]))
-            else:
-                error = run_capturing(work)
-                self._engines.host_work(q, wait, signal)
-        work = None
-        self._release_queue(q, running)
-        done(error)
-
-    def _run_submission(self, submission: Submission, wait: Any, signal: Any, q: int,
-                        submission_id: int = 0) -> None:
-        if self._fast and self.profile is None and not self._faults.armed:
-            steps = self._engines.steps_of(submission)
+        if error is not None:
+            return error
+        if type(work) is not tuple:
+            error = run_capturing(work)
+            self._engines.host_work(q, wait, signal)
+            return error
+        submission, submission_id = work
+        try:
+            steps = None
+            if self._fast and self.profile is None and not self._faults.armed:
+                steps = self._engines.steps_of(submission)
             if steps is not None:
                 self._replay(submission, wait, signal, q, steps)
-                return
-        self._run_each(submission, wait, signal, q, submission_id)
+            else:
+                self._run_each(submission, wait, signal, q, submission_id)
+        except BaseException as exc:  # noqa: BLE001 - becomes the item's error
+            return as_error(exc)
+        return None
 
     def _replay(self, submission: Submission, wait: Any, signal: Any, q: int,
                 steps: Steps) -> None:
@@ -460,7 +470,7 @@ class EmuDevice(Device):
         workers' native helper threads join its dispatches once the same steps took
         longer than `SPREAD_NS` alone the last time (waking helpers costs more than
         small submissions take; the first run, which builds the native program, is
-        not counted). A submission whose recordings are not shared (large captured
+        not counted; submissions of single-workgroup dispatches are not timed). A submission whose recordings are not shared (large captured
         updates) runs its operations one by one instead of building a native program
         for one use."""
         error = None
@@ -474,6 +484,8 @@ class EmuDevice(Device):
                     helpers = self._workers.stream_helpers()
                 if helpers is not None:
                     Stream(submission, 1 + helpers.count).run(helpers)
+                elif steps.widest <= 1:  # nothing to spread: no need to measure it
+                    run_alone(submission)
                 else:
                     began = time.monotonic_ns()
                     run_alone(submission)

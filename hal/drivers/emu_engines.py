@@ -253,9 +253,12 @@ class Engines:
         self.transfer_count = 0
         self.clock_ns = 0
         self.trace = Trace(trace_capacity)
-        # semaphore (by weak reference: a dead one's entry is pruned as the dict grows)
-        # -> [(value, modelled time it was signalled)], ascending, the last 64
-        self.signal_times: dict[weakref.ref, list[tuple[int, int]]] = {}
+        # id of a semaphore -> (weak reference to it, [(value, modelled time it was
+        # signalled)], ascending, the last 64); an entry whose reference is dead is
+        # replaced by the next semaphore with its id, or pruned as the dict grows. (Keyed
+        # by id, not by weak reference: semaphores made and dropped per call reuse
+        # addresses, and dead references of one hash made every look-up a long probe.)
+        self.signal_times: dict[int, tuple[weakref.ref, list[tuple[int, int]]]] = {}
         self.prune_at = SIGNAL_HISTORY_PRUNE
         self.plans: dict[Any, Plan] = {}
         # After a replay: (latest free time it left, relative state seen from a start
@@ -278,12 +281,11 @@ class Engines:
 
     def _start(self, queue: int, wait: Any) -> int:
         start = self.queue_clock[queue]
+        times = self.signal_times
         for sem, value in wait:
-            try:
-                history = self.signal_times.get(weakref.ref(sem))
-            except TypeError:  # not a semaphore of this device
-                continue
-            if history:
+            entry = times.get(id(sem))
+            if entry is not None and entry[0]() is sem:
+                history = entry[1]
                 i = bisect.bisect_left(history, (value, -1))
                 if i < len(history) and history[i][1] > start:
                     start = history[i][1]
@@ -306,17 +308,21 @@ class Engines:
     def _signalled(self, signal: Any, at: int) -> None:
         times = self.signal_times
         for sem, value in signal:
-            try:
-                key = weakref.ref(sem)
-            except TypeError:
-                continue
-            history = times.get(key)
-            if history is None:
-                if len(times) >= self.prune_at:
-                    for dead in [k for k in times if k() is None]:
+            key = id(sem)
+            entry = times.get(key)
+            if entry is not None and entry[0]() is sem:
+                history = entry[1]
+            else:
+                try:
+                    ref = weakref.ref(sem)
+                except TypeError:  # not a semaphore of this device
+                    continue
+                if entry is None and len(times) >= self.prune_at:
+                    for dead in [k for k, (r, _h) in times.items() if r() is None]:
                         del times[dead]
                     self.prune_at = max(SIGNAL_HISTORY_PRUNE, 2 * len(times))
-                history = times[key] = []
+                history = []
+                times[key] = (ref, history)
             bisect.insort(history, (value, at))
             if len(history) > 64:
                 del history[:-64]

@@ -45,6 +45,31 @@ def test_device_memory_capacity(emu):
     del keep
 
 
+def test_ready_alloca_checks_the_modelled_memory(emu):
+    """A ready `queue_alloca` on emu takes the ring space without a queue entry when the
+    modelled memory has room (`EmuDriver.check_alloca`), and past the capacity fails its
+    signal with RESOURCE_EXHAUSTED, as a queued one does."""
+    keep = emu.allocator.allocate((1 << 20) - 4096)
+    live = emu.allocator.device_live
+    fits = emu.create_semaphore()
+    buffer = emu.queue_alloca(4000, signal=[(fits, 1)])
+    assert fits.query() == 1 and emu.in_flight == 0
+    assert emu.allocator.device_live == live + 4032  # the ring's 64-byte blocks
+    refused = emu.create_semaphore()
+    emu.queue_alloca(128, signal=[(refused, 1)])
+    with pytest.raises(errors.ResourceExhaustedError, match="emulated device memory"):
+        refused.wait(1, timeout=30)
+    emu.queue_dealloca(buffer, signal=[(fits, 2)])
+    assert fits.query() == 2 and emu.allocator.device_live == live
+    gate, queued = emu.create_semaphore(), emu.create_semaphore()
+    emu.queue_alloca(8192, wait=[(gate, 1)], signal=[(queued, 1)])  # refused when run
+    gate.signal(1)
+    with pytest.raises(errors.ResourceExhaustedError, match="emulated device memory"):
+        queued.wait(1, timeout=30)
+    assert emu.wait_idle(30)
+    del keep
+
+
 def test_cost_model_trace_and_clock(emu, tmp_path):
     src = emu.allocator.allocate(1000)
     dst = emu.allocator.allocate(1000)

@@ -196,6 +196,31 @@ def test_input_buffers_reused_only_when_nothing_else_holds_them(device):
     assert device.allocator.statistics().live_bytes == before  # idle inputs released
 
 
+def test_device_only_input_buffers_reused_and_written_as_transfers():
+    """On memory the host cannot map (emu's device heap) inputs are reused as on host
+    memory, by the same rules, and each call still writes its input by a device write
+    that emu models as one update of its bytes, reused buffer or new."""
+    from support.iree_tools import HOST_FLAGS, compile_mlir
+
+    with hal.create_device("emu") as emu:
+        with tinyhal.load(compile_mlir(KEEPS_INPUTS, HOST_FLAGS), device=emu) as m:
+            assert not m.input_memory_type & hal.MemoryType.HOST_VISIBLE
+            xs = [np.full(4, k, np.float32) for k in range(1, 6)]
+            assert [float(m.swap(x)[0]) for x in xs] == [0.0, 1.0, 2.0, 3.0, 4.0]
+            kept = m.invoke_raw("same", xs[0])[0]  # may be the input's own view
+            device_heap = emu.allocator.statistics()["device"]
+            transfers, moved = emu.summary().transfers, emu.summary().bytes_moved
+            for x in xs[1:]:
+                assert np.array_equal(m.same(x), x)
+            # one buffer made for the first of these calls, reused by the others
+            assert emu.allocator.statistics()["device"].allocation_count \
+                == device_heap.allocation_count + 1
+            assert emu.summary().transfers == transfers + 4
+            assert emu.summary().bytes_moved == moved + 4 * 16
+            assert np.array_equal(kept.to_numpy(), xs[0])  # never written over
+            m.trim()
+
+
 _DOUBLE_MLIR = """
 func.func @double(%x: tensor<4xf32>) -> tensor<4xf32> {
   %y = arith.addf %x, %x : tensor<4xf32>
