@@ -46,7 +46,10 @@ class AllocatorStatistics:
         return self.heaps[heap]
 
 
-class _Counter:
+class HeapCounter:
+    """The bytes of one heap, or of all of them (`Allocator.total`): live, peak,
+    allocated, freed, and the count of allocations. Changed only under `Allocator.lock`."""
+
     __slots__ = ("live", "peak", "allocated", "freed", "count")
 
     def __init__(self) -> None:
@@ -67,8 +70,14 @@ class Allocator:
 
     Statistics are per allocator (that is, per device), exact on every driver: a buffer's
     bytes are live from `allocate` until its memory is freed. Other memory sources (the
-    transient ringbuffer) report through `track` so one snapshot covers the device.
+    transient ringbuffer) count through `track`, or their `HeapCounter` under `lock`, so
+    one snapshot covers the device.
     """
+
+    # Whether a memory source counting through this allocator (the transient ring) may
+    # change its `HeapCounter` and `total` directly under `lock` instead of calling
+    # `track`: False for an allocator that watches every change in its own `track`.
+    counts_directly = True
 
     def __init__(self, device_name: str, heaps: list[Heap] | None = None) -> None:
         self.device_name = device_name
@@ -88,16 +97,17 @@ class Allocator:
         ]
         # Re-entrant: a garbage collection inside a locked section (an allocation there)
         # may free a buffer, whose storage reports its bytes back through `track`.
-        self._lock = threading.RLock()
-        self._counters: dict[str, _Counter] = {h.name: _Counter() for h in self.heaps}
+        # Public so a memory source counting through the allocator (the transient ring)
+        # can keep its own state under the same lock and update `HeapCounter`s directly.
+        self.lock = self._lock = threading.RLock()
+        self._counters: dict[str, HeapCounter] = {h.name: HeapCounter() for h in self.heaps}
         self._releasers = {h.name: self._releaser(h.name) for h in self.heaps}
         self._heap_bits = {h.name: int(h.memory_type) for h in self.heaps}
         # The heaps are fixed: per-request answers are cached (memory type -> heap,
         # (memory type, usage) -> coerced usage) so hot paths skip the search.
         self._heap_for: dict[int, Heap] = {}
         self._coerced: dict[tuple[int, int], int] = {}
-        self._live_total = 0
-        self._peak_total = 0
+        self.total = HeapCounter()  # live and peak bytes of every heap together
         self.profile: Any = None  # a hal.profile.Profile while one records (Profile.attach)
 
     def __repr__(self) -> str:
@@ -191,18 +201,19 @@ class Allocator:
             access = MemoryAccess(access) & ~(MemoryAccess.WRITE | MemoryAccess.DISCARD)
         return Buffer(self, storage, 0, flat.nbytes, heap.memory_type, usage, access)
 
-    def add_heap_statistics(self, heap: str) -> None:
+    def add_heap_statistics(self, heap: str) -> HeapCounter:
         """Makes `heap` (a memory source other than the allocator's own heaps, such as
-        the transient ringbuffer) appear in `statistics()`, at zero until it `track`s."""
+        the transient ringbuffer) appear in `statistics()`, at zero until it counts
+        bytes (`track`, or by changing the returned counter and `total` under `lock`)."""
         with self._lock:
-            self._counters.setdefault(heap, _Counter())
+            return self._counters.setdefault(heap, HeapCounter())
 
     def track(self, heap: str, delta: int) -> None:
         """Adds `delta` bytes (negative to free) to a heap's counters."""
         with self._lock:
             counter = self._counters.get(heap)
             if counter is None:
-                counter = self._counters[heap] = _Counter()
+                counter = self._counters[heap] = HeapCounter()
             counter.live += delta
             if delta >= 0:
                 counter.allocated += delta
@@ -211,11 +222,12 @@ class Allocator:
                     counter.peak = counter.live
             else:
                 counter.freed -= delta
-            self._live_total += delta
-            if self._live_total > self._peak_total:
-                self._peak_total = self._live_total
+            total = self.total
+            total.live += delta
+            if total.live > total.peak:
+                total.peak = total.live
             if self.profile is not None:
-                self.profile.record_heap_change(heap, delta, self._live_total, self._peak_total)
+                self.profile.record_heap_change(heap, delta, total.live, total.peak)
 
     def _releaser(self, heap: str):
         """What a storage of `heap` calls with its size when freed: `track(heap, -size)`,
@@ -230,10 +242,10 @@ class Allocator:
                 counter = self._counters[heap]
                 counter.live -= size
                 counter.freed += size
-                self._live_total -= size
+                total = self.total
+                total.live -= size
                 if self.profile is not None:
-                    self.profile.record_heap_change(heap, -size, self._live_total,
-                                                    self._peak_total)
+                    self.profile.record_heap_change(heap, -size, total.live, total.peak)
 
         return release
 
@@ -244,11 +256,11 @@ class Allocator:
                 name: HeapStatistics(c.live, c.peak, c.allocated, c.freed, c.count)
                 for name, c in self._counters.items()
             }
-            return AllocatorStatistics(heaps, self._live_total, self._peak_total)
+            return AllocatorStatistics(heaps, self.total.live, self.total.peak)
 
     def reset_peak(self) -> None:
         """Restarts peak tracking from the current live bytes (e.g. between benchmark runs)."""
         with self._lock:
             for c in self._counters.values():
                 c.peak = c.live
-            self._peak_total = self._live_total
+            self.total.peak = self.total.live

@@ -32,7 +32,7 @@ from ..errors import Error, InvalidArgumentError, ResourceExhaustedError
 from .buffer import ALIGNMENT, RingStorage, Storage, mapped_block, pending_buffer
 
 if TYPE_CHECKING:
-    from .allocator import Allocator
+    from .allocator import Allocator, HeapCounter
 
 __all__ = ["RingBlock", "RingStatistics", "TransientRingbuffer", "DEFAULT_CAPACITY", "HEAP_NAME"]
 
@@ -124,9 +124,14 @@ class TransientRingbuffer:
             )
         self.capacity = capacity & ~(ALIGNMENT - 1)
         self.allocator = allocator
-        # An RLock only so a finalizer can ask whether its own thread holds it (see
-        # `_collected`); nothing re-enters it.
-        self._lock = threading.RLock()
+        # The ring changes the allocator's counters itself when the allocator lets it
+        # (`counts_directly`), under the allocator's lock: blocks and counts then change
+        # in one locked section (`_place`, `_free_locked`). Otherwise its own lock, and
+        # `track`. An RLock so a finalizer can ask whether its own thread holds it (see
+        # `collected`).
+        direct = allocator is not None and allocator.counts_directly
+        self._lock = allocator.lock if direct else threading.RLock()
+        self._heap_counter: HeapCounter | None = None
         self._backing: memoryview | None = None
         self._backing_address = 0  # the backing's first byte, once it exists
         self._blocks: collections.deque[RingBlock] = collections.deque()
@@ -138,8 +143,10 @@ class TransientRingbuffer:
         self._reservations = 0
         self._waits = 0
         self._closed: Error | None = None
-        if allocator is not None:
-            allocator.add_heap_statistics(HEAP_NAME)  # shown from the start, at zero
+        if allocator is not None:  # shown from the start, at zero
+            heap_counter = allocator.add_heap_statistics(HEAP_NAME)
+            if direct:
+                self._heap_counter = heap_counter
 
     def __repr__(self) -> str:
         return f"<TransientRingbuffer {self._live}/{self.capacity} bytes live>"
@@ -208,9 +215,19 @@ class TransientRingbuffer:
         if block.retired:
             return granted
         block.retired = True
-        self._live -= block.size
-        if self.allocator is not None:  # before any grant below: peaks stay exact
-            self.allocator.track(HEAP_NAME, -block.size)
+        size = block.size
+        self._live -= size
+        heap = self._heap_counter
+        if heap is not None:  # `Allocator.track(-size)` inline; before any grant below
+            heap.live -= size
+            heap.freed += size
+            total = self.allocator.total
+            total.live -= size
+            if self.allocator.profile is not None:
+                self.allocator.profile.record_heap_change(HEAP_NAME, -size, total.live,
+                                                          total.peak)
+        elif self.allocator is not None:
+            self.allocator.track(HEAP_NAME, -size)
         blocks = self._blocks
         while blocks and blocks[0].retired:
             blocks.popleft()
@@ -287,10 +304,12 @@ class TransientRingbuffer:
         queues): so grants never run here, and if this thread holds the ring's lock the
         whole retirement moves to the reclaim thread. Live bytes drop here otherwise.
         """
-        if self._lock._is_owned():  # threading.Condition relies on the same query
+        lock = self._lock
+        if lock._is_owned():  # threading.Condition relies on the same query
             _reclaim(self.retire, block)
             return
-        granted = self._free(block)
+        with lock:  # `_free`, without its frame
+            granted = self._free_locked(block)
         if granted:
             _reclaim(_grant_all, granted)
 
@@ -349,7 +368,20 @@ class TransientRingbuffer:
         self._reservations += 1
         if self._live > self._peak:
             self._peak = self._live
-        if self.allocator is not None:
-            # Reported under the lock so live/peak in the allocator follow ring order.
+        heap = self._heap_counter
+        if heap is not None:  # `Allocator.track(need)` inline, under the allocator's lock
+            heap.live += need
+            heap.allocated += need
+            heap.count += 1
+            if heap.live > heap.peak:
+                heap.peak = heap.live
+            total = self.allocator.total
+            total.live += need
+            if total.live > total.peak:
+                total.peak = total.live
+            if self.allocator.profile is not None:
+                self.allocator.profile.record_heap_change(HEAP_NAME, need, total.live,
+                                                          total.peak)
+        elif self.allocator is not None:
             self.allocator.track(HEAP_NAME, need)
         return block

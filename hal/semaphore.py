@@ -59,6 +59,11 @@ class Timepoint:
 class Semaphore:
     """A timeline semaphore: a uint64 that only moves forward, or fails once."""
 
+    # Slots, and no timepoint or offer list until one is added: a program makes a
+    # semaphore per fence, most never get a timepoint, and creating one is on its path.
+    __slots__ = ("_value", "_failure", "_lock", "_cond", "_timepoints", "_offers",
+                 "_blocked", "name", "__weakref__")
+
     _seq = itertools.count()
 
     def __init__(self, initial: int = 0, name: str = "") -> None:
@@ -69,10 +74,10 @@ class Semaphore:
         self._lock = threading.Lock()
         # Made by the first blocking `wait` (over `_lock`); most semaphores never need one.
         self._cond: threading.Condition | None = None
-        self._timepoints: list[Timepoint] = []
+        self._timepoints: list[Timepoint] | tuple[()] = ()  # a heap once used
         # a heap of (value, seq, work, None) or (value, seq, None, points): see `offer`
         # and `offer_waits`
-        self._offers: list[_Offer] = []
+        self._offers: list[_Offer] | tuple[()] = ()
         self._blocked = 0
         self.name = name
 
@@ -139,8 +144,8 @@ class Semaphore:
                 return
             self._failure = error
             ready = self._timepoints
-            self._timepoints = []
-            self._offers = []
+            self._timepoints = ()
+            self._offers = ()
             for tp in ready:
                 tp.fired = True
             if self._blocked:
@@ -221,6 +226,8 @@ class Semaphore:
                    points: Sequence[SemaphorePoint] | None) -> None:
         with self._lock:
             if self._failure is None and self._value < value:
+                if not self._offers:
+                    self._offers = []
                 heapq.heappush(self._offers, (value, next(self._seq), work, points))
 
     def _take_offer(self, value: int) -> _Offer | None:
@@ -242,6 +249,8 @@ class Semaphore:
             if self._failure is not None or self._value >= value:
                 return None
             tp = Timepoint(value, callback, next(self._seq))
+            if not self._timepoints:
+                self._timepoints = []
             heapq.heappush(self._timepoints, tp)
             return tp
 
@@ -251,11 +260,10 @@ class Semaphore:
             if tp.fired:
                 return False
             tp.fired = True
-            try:
-                self._timepoints.remove(tp)
-                heapq.heapify(self._timepoints)
-            except ValueError:
-                pass
+            timepoints = self._timepoints
+            if tp in timepoints:
+                timepoints.remove(tp)
+                heapq.heapify(timepoints)
             return True
 
     def statistics(self) -> SemaphoreStatistics:
@@ -306,6 +314,8 @@ class Fence:
     A semaphore appears at most once, at the largest value inserted for it.
     `timeline` maps each semaphore to its value (read it).
     """
+
+    __slots__ = ("timeline", "__weakref__")
 
     def __init__(self, points: Iterable[SemaphorePoint] = ()) -> None:
         self.timeline: dict[Semaphore, int] = {}

@@ -4,8 +4,10 @@ same commands again, over new buffers, adopts the recording it made before.
 A site first records its block as the unfused code would, import by import (every
 check with its own message). When that succeeds, it remembers the result under the
 block's operands: every value that is not a buffer (device, executable, ordinals,
-workgroup counts, constants, offsets, lengths, slots) and which buffer operands were the
-same buffer (the numbering of direct buffers by first use). Equal operands record equal
+workgroup counts, constants, offsets, lengths, slots; the key of a dict), then which
+buffer operands were the same buffer (the numbering of direct buffers by first use,
+tested on later calls by position and identity, without hashing every operand again:
+`_Aliasing`). Equal operands record equal
 commands over the same slots, so on a later call with equal operands the site only
 checks the new buffers against what the commands need (`Recording.admits`: live, usage
 bits, bytes, aligned addresses: what recording each command checked) and hands the
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..hal.command_buffer import CommandBuffer
 from ..hal.execution import Recording
@@ -40,7 +42,8 @@ _LENGTHS = {
     "hal.command_buffer.copy_buffer": {(7, None)},
     "hal.command_buffer.fill_buffer": {(3, None)},
 }
-MEMO_SIZE = 64  # operand sets remembered per site; past it the site starts afresh
+MEMO_SIZE = 64  # scalar operand sets (and aliasings of each) remembered per site; past it
+# the site starts afresh
 
 
 def _leaves(template: tuple[Any, ...]):
@@ -80,10 +83,13 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
             (buffers if (position, item) in _BUFFERS.get(name, ()) else scalars).append(leaf[1])
     buffers_of, scalars_of = _getter(buffers), _getter(scalars)
     count = range(len(buffers))
-    memo: dict[Any, tuple[Recording, Any, Any, int, bool]] = {}
+    # scalars -> what each aliasing of the buffer operands seen with them adopts: the
+    # recording, and how the buffers alias (`_Aliasing`)
+    memo: dict[Any, list[_Adoption]] = {}
     memos.append(memo)
 
-    def learn(key: Any, values: tuple[Any, ...], cb: Any) -> None:
+    def learn(scalar_key: tuple[Any, ...], buffer_values: tuple[Any, ...],
+              values: tuple[Any, ...], cb: Any) -> None:
         if cb.__class__ is not CommandBuffer or any(
                 (values[leaf[1]] if leaf[0] == "d" else leaf[1]) < 0 for leaf in lengths):
             return
@@ -98,27 +104,81 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
             return
         if len(memo) >= MEMO_SIZE:
             memo.clear()
-        memo[key] = (recording, device, cb.mode, cb.binding_capacity, cb.finalized)
+        adoptions = memo.setdefault(scalar_key, [])
+        if len(adoptions) >= MEMO_SIZE:
+            adoptions.clear()
+        adoptions.append(_Adoption(
+            _Aliasing(buffer_values, count), recording, device, cb.mode, cb.binding_capacity,
+            cb.finalized))
 
     def site(values: tuple[Any, ...]) -> Any:
-        first: dict[Any, int] = {}
         try:
-            key = (scalars_of(values), tuple(map(first.setdefault, buffers_of(values), count)))
-            entry = memo.get(key)
+            scalar_key = scalars_of(values)
+            adoptions = memo.get(scalar_key)
         except TypeError:  # an unhashable operand: not a buffer; its shim says so
             return record(values)
-        if entry is None:
-            cb = record(values)
-            learn(key, values, cb)
-            return cb
-        first.pop(None, None)  # a null buffer operand names a binding table slot
-        direct = list(first)
-        recording, device, mode, capacity, finalized = entry
-        if not recording.admits(direct):
-            return record(values)
-        cb = device.create_command_buffer(mode, capacity)
-        cb.adopt(recording.commands, direct, recording.table_slots,
-                 recording if finalized else None)
+        buffer_values = buffers_of(values)
+        if adoptions is not None:
+            for adoption in adoptions:
+                direct = adoption.aliasing.direct(buffer_values)
+                if direct is None:
+                    continue
+                recording = adoption.recording
+                if not recording.admits(direct):
+                    break
+                cb = CommandBuffer(adoption.device, adoption.mode, adoption.capacity)
+                cb.adopt(recording.commands, direct, recording.table_slots,
+                         recording if adoption.finalized else None)
+                return cb
+        cb = record(values)
+        if adoptions is None or all(
+                a.aliasing.direct(buffer_values) is None for a in adoptions):
+            learn(scalar_key, buffer_values, values, cb)
         return cb
 
     return site
+
+
+class _Aliasing:
+    """How a block's buffer operands alias: each operand is the buffer at its first
+    position (`first_of`), the first positions hold distinct buffers, and a null operand
+    (naming a binding table slot) sits at `null_at` among them, or nowhere (-1). Equal
+    aliasing with equal scalars records equal commands over the same slots."""
+
+    __slots__ = ("first_of", "firsts", "distinct", "null_at")
+
+    def __init__(self, buffer_values: tuple[Any, ...], count: range) -> None:
+        first: dict[Any, int] = {}
+        positions = list(map(first.setdefault, buffer_values, count))
+        self.first_of = _getter(positions)
+        self.firsts = _getter(list(first.values()))
+        self.distinct = len(first)
+        self.null_at = list(first).index(None) if None in first else -1
+
+    def direct(self, buffer_values: tuple[Any, ...]) -> list[Any] | None:
+        """The direct buffers (distinct, by first use, nulls left out) of operands that
+        alias this way; None if they alias otherwise."""
+        if self.first_of(buffer_values) != buffer_values:
+            return None
+        firsts = self.firsts(buffer_values)
+        try:
+            if len(set(firsts)) != self.distinct:
+                return None
+        except TypeError:  # an unhashable operand: not a buffer; its shim says so
+            return None
+        direct = list(firsts)
+        null_at = self.null_at
+        if null_at >= 0:
+            if direct[null_at] is not None:
+                return None
+            del direct[null_at]
+        return direct
+
+
+class _Adoption(NamedTuple):
+    aliasing: _Aliasing
+    recording: Recording
+    device: Any
+    mode: Any
+    capacity: int
+    finalized: bool

@@ -790,15 +790,17 @@ def fence_create(state: HalModuleState, device, flags):
 
 
 def fence_join(state: HalModuleState, flags, fences):
-    present = []
+    joined = _new_fence(Fence)  # `Fence.join`'s work, checking each ref as it goes
+    points = joined.timeline = {}
     for (fence,) in fences:
-        if fence is not None and type(fence) is not Fence:
+        if fence is None:
+            continue
+        if type(fence) is not Fence:
             fence = _checked(fence, _FENCE_OR_NULL)
-        if fence is not None and fence.timeline:
-            present.append(fence)
-    if not present:
-        return None
-    return Fence.join(present)
+        for sem, value in fence.timeline.items():
+            if value > points.get(sem, -1):
+                points[sem] = value
+    return joined if points else None  # no points: a null fence, as IREE's join gives
 
 
 def fence_query(state: HalModuleState, fence):

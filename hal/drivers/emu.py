@@ -102,6 +102,8 @@ class EmuAllocator(Allocator):
     """Allocator whose device memory (device heap + live transients) has a capacity
     and is not host-visible. `device_live` / `device_peak` count both."""
 
+    counts_directly = False  # transients are counted in `track`, below
+
     def __init__(self, device_name: str, memory_size: int) -> None:
         super().__init__(device_name, [
             Heap("device", MemoryType.OPTIMAL | MemoryType.DEVICE_LOCAL, _ALL_USAGE, memory_size),

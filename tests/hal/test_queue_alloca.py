@@ -159,3 +159,35 @@ def test_parked_alloca_fails_when_the_device_closes(driver):
     with pytest.raises(errors.AbortedError):
         t.wait(1, timeout=T)
     assert first.byte_length == 128
+
+
+def test_transient_bytes_count_in_the_allocator_and_in_emus_device_memory(driver):
+    """The ring counts its blocks in the allocator's statistics (live, peak, allocated,
+    freed, the total), and on `emu`, whose allocator watches transients in `track`, in
+    the modelled device memory as well."""
+    dev = hal.create_device(driver)
+    try:
+        s = dev.create_semaphore()
+        before = dev.allocator.statistics()
+        a = dev.queue_alloca(100, signal=[(s, 1)])
+        b = dev.queue_alloca(64, signal=[(s, 2)])
+        s.wait(2, timeout=T)
+        held = dev.allocator.statistics()
+        ring = held["transient"]
+        assert ring.live_bytes - before["transient"].live_bytes == 128 + 64
+        assert held.live_bytes - before.live_bytes == 128 + 64
+        assert held.peak_bytes >= held.live_bytes
+        if driver == "emu":
+            assert dev.allocator.device_live >= 128 + 64
+            modelled = dev.allocator.device_live
+        dev.queue_dealloca(a, signal=[(s, 3)])
+        dev.queue_dealloca(b, signal=[(s, 4)])
+        s.wait(4, timeout=T)
+        after = dev.allocator.statistics()
+        assert after["transient"].live_bytes == before["transient"].live_bytes
+        assert after["transient"].freed_bytes - held["transient"].freed_bytes == 128 + 64
+        assert after["transient"].peak_bytes >= 128 + 64
+        if driver == "emu":
+            assert dev.allocator.device_live == modelled - (128 + 64)
+    finally:
+        dev.close()
