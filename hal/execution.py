@@ -290,12 +290,17 @@ class Recording:
         slot = ref.slot
         return slot if slot >= 0 else self.slot_count + slot
 
-    def bind(self, table: BindingTable | None, direct: list[Buffer]) -> list[Range]:
+    def bind(self, table: BindingTable | None, direct: list[Buffer], addresses: list[int],
+             lengths: list[int]) -> tuple[list[Range], bool]:
         """Checks `table` against what the recording needs; returns every slot's range
         (table slots, then the `direct` buffers of the command buffer submitted, last
-        first). Only
-        what differs per submission is checked: table entries, and that direct buffers
-        are still live."""
+        first), and whether every slot's buffer has memory. Only what differs per
+        submission is checked: table entries, and that direct buffers are still live.
+
+        The same pass appends each slot's address and length to `addresses` and
+        `lengths`, what a native stream binds; they hold when every buffer had memory (an
+        address, once given, never changes), otherwise the stream reads them again when
+        the submission starts (a transient buffer's `queue_alloca` has run by then)."""
         n = self.table_slots
         table = table or ()
         if n > len(table):
@@ -303,6 +308,7 @@ class Recording:
         entries: list[Range] = []
         usage, end, align = self.slot_usage, self.slot_end, self.slot_align
         ok = True
+        has_memory = True
         for i in range(n):
             entry = table[i]
             if type(entry) is tuple and len(entry) == 3:
@@ -315,25 +321,37 @@ class Recording:
                 buffer, base, length = entry, 0, entry.byte_length
             else:
                 buffer, base, length = _normalize_entry(entry, i)
+            storage = buffer.storage
+            address = storage.address
+            if not address:
+                has_memory = False
+            start = address + buffer.byte_offset + base
             bits = usage[i]
-            if (buffer.storage.released or buffer.usage_bits & bits != bits
-                    or end[i] > length):
+            if storage.released or buffer.usage_bits & bits != bits or end[i] > length:
                 ok = False
             elif align[i]:
-                start = buffer.storage.address + buffer.byte_offset + base
                 for residue in align[i]:
                     if (start + residue) % ALIGNMENT:
                         ok = False
             entries.append(_new_range(Range, (buffer, base, length)))
+            addresses.append(start)
+            lengths.append(length)
         for buffer in reversed(direct):  # slot -1 is the last entry
-            if buffer.storage.released:
+            storage = buffer.storage
+            address = storage.address
+            if not address:
+                has_memory = False
+            if storage.released:
                 ok = False
-            entries.append(_new_range(Range, (buffer, 0, buffer.byte_length)))
+            length = buffer.byte_length
+            entries.append(_new_range(Range, (buffer, 0, length)))
+            addresses.append(address + buffer.byte_offset)
+            lengths.append(length)
         if not ok or not self.exact:
             _check_each_command(self.commands, entries)
             if not ok:  # pragma: no cover - the per-slot checks only fail what it fails
                 raise FailedPreconditionError("binding table rejected")
-        return entries
+        return entries, has_memory
 
     def operations(self, entries: list[Range]) -> list[Operation]:
         """The recording's typed operations over `entries` (from `bind`), for drivers
@@ -426,13 +444,18 @@ def _normalize_entry(entry: Any, index: int) -> Range:
 class Submission:
     """Validated command buffers with the slot ranges each reads (`parts`).
 
+    `addresses` and `lengths` are every part's slot addresses and lengths in order, as a
+    native stream binds them, read when the submission was validated; `addresses` is None
+    when a buffer had no memory then (the stream reads them when it starts).
     `instrument` is None, or `(profile, submission_id, queue)` while a profiling session
     records: the stream that runs it then timestamps each operation into the profile."""
 
-    __slots__ = ("parts", "instrument")
+    __slots__ = ("parts", "addresses", "lengths", "instrument")
 
     def __init__(self, parts: list[tuple[Recording, list[Range]]]) -> None:
         self.parts = parts
+        self.addresses: list[int] | None = None
+        self.lengths: list[int] = []
         self.instrument: tuple | None = None
 
     def operations(self) -> list[Operation]:
@@ -470,6 +493,9 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
     elif type(command_buffers) is CommandBuffer or not isinstance(command_buffers, Sequence):
         command_buffers = (command_buffers,)
     parts = []
+    addresses: list[int] = []
+    lengths: list[int] = []
+    has_memory = True
     for cb in command_buffers:
         if type(cb) is not CommandBuffer and not isinstance(cb, CommandBuffer):
             raise InvalidArgumentError(f"submit takes command buffers, not {cb!r}")
@@ -485,10 +511,14 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
                 recording = Recording(tuple(cb.commands), cb.max_slot + 1, len(cb.direct),
                                       max_concurrency)
             cb.recording = recording
-        parts.append((recording, recording.bind(binding_table, cb.direct)))
+        entries, bound = recording.bind(binding_table, cb.direct, addresses, lengths)
+        parts.append((recording, entries))
+        has_memory = has_memory and bound
     for cb in command_buffers:
         cb.submitted = True
     submission = _new_submission(Submission)  # without an __init__ frame
     submission.parts = parts
+    submission.addresses = addresses if has_memory else None
+    submission.lengths = lengths
     submission.instrument = None
     return submission

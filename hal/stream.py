@@ -167,16 +167,15 @@ class Stream:
     def __init__(self, submission: Submission, participants: int = 1) -> None:
         parts = submission.parts
         if len(parts) == 1:
-            recording, entries = parts[0]
+            recording = parts[0][0]
             program = _take_program(recording)
             self._pool = recording.streams
         else:
-            entries = [e for _r, part in parts for e in part]
             program = NativeProgram([r for r, _e in parts])
             self._pool = None
         self._program = program
-        self._entries = entries  # the buffers stay alive while the stream may run
-        _bind(program, parts, entries, participants)
+        self._entries = parts  # the buffers stay alive while the stream may run
+        _bind(program, submission, participants)
         self._instrument = instrument = submission.instrument
         self._times = None if instrument is None else _timestamps(program)
 
@@ -250,30 +249,20 @@ def run_alone(submission: Submission) -> None:
     if len(parts) != 1:
         Stream(submission).run()
         return
-    recording, entries = parts[0]
-    pool = recording.streams
-    program = pool.pop() if pool else NativeProgram([recording])
+    pool = parts[0][0].streams
+    program = pool.pop() if pool else NativeProgram([parts[0][0]])
     try:
-        # `_bind` for one participant, without its frame, and the run, in one C call
-        addresses: list[int] | None = []
-        lengths = []
-        for buffer, offset, length in entries:
-            storage_address = buffer.storage.address
-            if not storage_address:
-                _bind(program, parts, entries, 1)  # names the buffer with no memory
-                addresses = None
-                break
-            addresses.append(storage_address + buffer.byte_offset + offset)
-            lengths.append(length)
         instrument = submission.instrument
         times = ffi.NULL if instrument is None else ffi.new(
             "uint64_t[]", 2 * max(1, program.count))
-        if addresses is not None:
+        addresses = submission.addresses
+        if addresses is not None:  # `_bind` for one participant and the run, in one C call
             rc = lib.tinyhal_bind_and_run(program.ops, program.count, program.state,
                                           program.patches, program.patch_count, addresses,
-                                          lengths, TILES_PER_PARTICIPANT,
+                                          submission.lengths, TILES_PER_PARTICIPANT,
                                           program.local_memory_size, times, program.paused)
         else:
+            _bind(program, submission, 1)
             program.state.times = times
             rc = lib.tinyhal_run_stream(ffi.NULL, program.ops, program.count, program.state,
                                         program.local_memory_size, 0, program.paused)
@@ -330,28 +319,23 @@ def _take_program(recording: Recording) -> NativeProgram:
         return NativeProgram([recording])
 
 
-def _bind(program: NativeProgram, parts: list[tuple[Recording, list[Range]]],
-          entries: list[Range], participants: int) -> None:
-    """Patches the slot addresses of `entries` into `program` for one execution."""
-    addresses = []
-    lengths = []
-    for index, (buffer, offset, length) in enumerate(entries):
-        storage_address = buffer.storage.address
-        if not storage_address and _slot_used(parts, index):
-            _check_has_memory(buffer)
-        addresses.append(storage_address + buffer.byte_offset + offset)
-        lengths.append(length)
+def _bind(program: NativeProgram, submission: Submission, participants: int) -> None:
+    """Patches the submission's slot addresses into `program` for one execution; read
+    here when a buffer had no memory at validation (naming a used one that still has
+    none)."""
+    addresses = submission.addresses
+    if addresses is None:
+        addresses = []
+        for recording, entries in submission.parts:
+            table_slots, usage = recording.table_slots, recording.slot_usage
+            for index, (buffer, offset, _length) in enumerate(entries):
+                storage_address = buffer.storage.address
+                if not storage_address and (index >= table_slots or usage[index]):
+                    _check_has_memory(buffer)
+                addresses.append(storage_address + buffer.byte_offset + offset)
     lib.tinyhal_stream_bind(program.ops, program.count, program.state, program.patches,
-                            program.patch_count, addresses, lengths, participants,
+                            program.patch_count, addresses, submission.lengths, participants,
                             TILES_PER_PARTICIPANT)
-
-
-def _slot_used(parts: list[tuple[Recording, list[Range]]], index: int) -> bool:
-    for recording, entries in parts:
-        if index < len(entries):
-            return index >= recording.table_slots or bool(recording.slot_usage[index])
-        index -= len(entries)
-    return False
 
 
 def _check_has_memory(buffer: Any) -> None:
