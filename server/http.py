@@ -179,11 +179,14 @@ class _Callbacks:
         self.head_too_large = False
         self.head_raw = 0  # bytes received for the head in progress
         self.head_deadline = 0.0
+        self.raw_headers: list[bytes] = []  # name, value, name, ... of the head in progress
+        self.received = 0.0  # trio clock: when the bytes being parsed were read
 
     def on_message_begin(self) -> None:
         self.current = _Message()
         self.head_bytes = 0
         self.head_raw = 0
+        self.raw_headers = []
 
     def on_url(self, url: bytes) -> None:
         self.current.target += url
@@ -194,15 +197,18 @@ class _Callbacks:
         if self.head_bytes > _MAX_HEAD_BYTES:
             self.head_too_large = True
             raise httptools.HttpParserError("request head too large")
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        headers = self.current.headers
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        self.raw_headers += (name, value)
 
     def on_headers_complete(self) -> None:
         message = self.current
+        raw, self.raw_headers = self.raw_headers, []
+        headers = message.headers
+        for i in range(0, len(raw), 2):
+            key = raw[i].decode("latin-1").lower()
+            text = raw[i + 1].decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
         message.method = self.parser.get_method().decode("latin-1")
-        message.arrived = trio.current_time()
+        message.arrived = self.received
         message.head_done = True
         length = message.headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body:
@@ -409,13 +415,15 @@ class HttpServer:
                     self._idle.discard(idle)
                 if idle.cancelled_caught:
                     return False
-            callbacks.head_deadline = trio.current_time() + self.head_timeout
+            callbacks.received = now = trio.current_time()
+            callbacks.head_deadline = now + self.head_timeout
         else:
             in_head = not current.head_done
             deadline = callbacks.head_deadline if in_head else \
                 trio.current_time() + self.body_timeout
             with trio.move_on_at(deadline) as timer:
                 data = await stream.receive_some(_READ_SIZE)
+            callbacks.received = trio.current_time()
             if timer.cancelled_caught:
                 what = (f"the request head did not arrive within {self.head_timeout:g} s "
                         f"(--request-head-timeout)" if in_head else
@@ -439,7 +447,7 @@ class HttpServer:
         current = callbacks.current
         if current is not None and not current.head_done:
             if callbacks.head_raw == 0:
-                callbacks.head_deadline = trio.current_time() + self.head_timeout
+                callbacks.head_deadline = callbacks.received + self.head_timeout
             callbacks.head_raw += len(data)
             if callbacks.head_raw > _MAX_HEAD_BYTES:
                 await self._send_head_too_large(stream)

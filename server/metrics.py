@@ -197,18 +197,23 @@ class ModelSeries:
         self.phases = tuple(Latency(_LATENCY_BUCKETS) for _ in PHASES)
 
     def finished(self, status: int, seconds: float) -> None:
+        """A request answered before it reached the model (counted by status only)."""
         self.by_code[status] = self.by_code.get(status, 0) + 1
         self.duration.add(seconds)
 
-    def succeeded(self, stats: ModelStatistics, phases: tuple[float, ...], seconds: float
-                  ) -> None:
+    def succeeded(self, stats: ModelStatistics, status: int, phases: tuple[float, ...],
+                  seconds: float) -> None:
         """A successful request: `phases` in the order of `PHASES`, `seconds` end to end."""
+        by_code = self.by_code
+        by_code[status] = by_code.get(status, 0) + 1
+        self.duration.add(seconds)
         for histogram, latency, phase_seconds in zip(self.phases, stats.phase_list, phases):
             histogram.add(phase_seconds)
             latency.add(phase_seconds)
         stats.success.add(seconds)
 
-    def failed(self, stats: ModelStatistics, seconds: float) -> None:
+    def failed(self, stats: ModelStatistics, status: int, seconds: float) -> None:
+        self.finished(status, seconds)
         stats.fail.add(seconds)
 
 

@@ -138,26 +138,27 @@ MAX_DIMS = 32  # numpy holds at most 64; no model here takes more than a few
 
 
 def _shape(value: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in value
-    ):
+    # one C-level pass per rule (JSON integers are exactly `int`; booleans are not)
+    if type(value) is not list or not set(map(type, value)) <= _INT_TYPES:
         raise _bad(f"{what} 'shape' must be a list of integers, not {value!r}")
-    if any(d < 0 for d in value):
-        raise _bad(f"{what} 'shape' {value} has a negative dimension")
     if len(value) > MAX_DIMS:
         raise _bad(f"{what} 'shape' has {len(value)} dimensions; at most {MAX_DIMS}")
-    if math.prod(value) > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in value):
+    if value and min(value) < 0:
+        raise _bad(f"{what} 'shape' {value} has a negative dimension")
+    if value and (max(value) > _MAX_ELEMENTS or math.prod(value) > _MAX_ELEMENTS):
         raise _bad(f"{what} 'shape' {value} has more elements than fit in a 64-bit count")
     return tuple(value)
 
 
-def _flatten(data: Any, shape: tuple[int, ...], name: str) -> list:
+def _flatten(data: Any, shape: tuple[int, ...], name: str) -> tuple[list, set]:
     """`data` as one flat row-major list: either flat already, or nested exactly as `shape`
-    says (every level a list of the dim's length, scalars only at the innermost)."""
+    says (every level a list of the dim's length, scalars only at the innermost); and
+    the set of the types of its elements."""
     if not isinstance(data, list):
         raise _bad(f"input '{name}' 'data' must be a list, not {type(data).__name__}")
-    if list not in set(map(type, data)):
-        return data
+    types = set(map(type, data))  # one C-level pass instead of a Python loop
+    if list not in types:
+        return data, types
     if len(data) != (shape[0] if shape else 1):
         raise _bad(f"input '{name}' 'data' has {len(data)} items at the outer level but "
                    f"shape {list(shape)} needs {shape[0] if shape else 1}")
@@ -171,19 +172,19 @@ def _flatten(data: Any, shape: tuple[int, ...], name: str) -> list:
                            f"{list(shape)}: expected lists of {want} at depth {depth}")
             nxt.extend(item)
         level = nxt
-    if any(type(x) is list for x in level):
+    types = set(map(type, level))
+    if list in types:
         raise _bad(f"input '{name}' 'data' is nested deeper than shape {list(shape)}")
-    return level
+    return level, types
 
 
 def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
     dtype = DATATYPES[datatype]
-    flat = _flatten(data, shape, name)
+    flat, types = _flatten(data, shape, name)
     count = math.prod(shape)
     if len(flat) != count:
         raise _bad(f"input '{name}' has {len(flat)} elements in 'data' but shape "
                    f"{list(shape)} needs {count}")
-    types = set(map(type, flat))  # one C-level pass instead of a Python loop
     if datatype == "BOOL":
         if not types <= _BOOL_TYPES:
             raise _bad(f"input '{name}' is BOOL: 'data' must hold only true/false")

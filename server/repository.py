@@ -366,6 +366,9 @@ class ModelVersion:
     def prepare(self, request: InferRequest) -> list[Any]:
         """The invocation's arguments, in order, after checking the request against the
         signature (raises ProtocolError 400 naming what is wrong)."""
+        inputs = request.inputs
+        if len(inputs) == len(self.inputs) and all(s.name in inputs for s in self.inputs):
+            return self._arguments(request)  # every input, nothing unknown
         expected = {s.name for s in self.inputs}
         unknown = [n for n in request.inputs if n not in expected]
         if unknown:
@@ -376,6 +379,11 @@ class ModelVersion:
             raise ProtocolError(400, f"missing input{'s' if len(missing) > 1 else ''} "
                                      f"{', '.join(repr(m) for m in missing)} for model "
                                      f"'{self.name}'")
+        return self._arguments(request)
+
+    def _arguments(self, request: InferRequest) -> list[Any]:
+        """`prepare` once the request names exactly the model's inputs: its outputs,
+        datatypes and shapes checked, the arguments in order."""
         if request.outputs is not None:
             names = {s.name for s in self.outputs}
             for o in request.outputs:
