@@ -259,6 +259,7 @@ class _Routes:
                           version: str | None = None) -> Response:
         if self.server.settle is not None:
             await self.server.settle()
+        self.server.metrics.fold()
         if name is None:
             versions = self.repo.all_versions()
         elif version is None:
@@ -440,8 +441,7 @@ class _Routes:
     def _succeeded(mv: ModelVersion, series: ModelSeries, request: Request,
                    response: Response, phases: tuple[float, float, float, float]
                    ) -> Response:
-        series.succeeded(mv.stats, response.status, phases,
-                         trio.current_time() - request.arrived)
+        series.succeeded(mv.stats, phases, trio.current_time() - request.arrived)
         return response
 
     @staticmethod
