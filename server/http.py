@@ -169,8 +169,9 @@ class _Message:
 class _Callbacks:
     """httptools' parser callbacks: collect complete messages in `done`."""
 
-    def __init__(self, max_body: int) -> None:
+    def __init__(self, max_body: int, fd: int) -> None:
         self.max_body = max_body
+        self.fd = fd  # the connection's socket
         self.parser: httptools.HttpRequestParser | None = None
         self.current: _Message | None = None
         self.head_bytes = 0
@@ -349,7 +350,7 @@ class HttpServer:
             await stream.aclose()
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        callbacks = _Callbacks(self.max_body)
+        callbacks = _Callbacks(self.max_body, stream.socket.fileno())
         parser = callbacks.parser = httptools.HttpRequestParser(callbacks)
         _client_gone.set(_gone_probe(stream))  # this task's context: its handlers see it
         self._open += 1
@@ -369,7 +370,7 @@ class HttpServer:
                     if message.too_large:
                         await self._send_too_large(stream)
                         break
-                    if not await self._answer(stream, message):
+                    if not await self._answer(stream, message, callbacks.fd):
                         break
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             pass
@@ -404,7 +405,7 @@ class HttpServer:
         """Feeds the parser what arrives next; False when the connection should close."""
         current = callbacks.current
         if current is None:  # idle between requests: keep-alive timeout, drain closes it
-            data = _read_now(stream)
+            data = _read_now(callbacks.fd)
             if data is None:
                 idle = trio.CancelScope(deadline=trio.current_time() + self.keep_alive_timeout)
                 self._idle.add(idle)
@@ -464,11 +465,11 @@ class HttpServer:
     async def _send_head_too_large(self, stream: trio.SocketStream) -> None:
         await self._send_error(stream, 431, f"request head exceeds {_MAX_HEAD_BYTES} bytes")
 
-    async def _answer(self, stream: trio.SocketStream, message: _Message) -> bool:
+    async def _answer(self, stream: trio.SocketStream, message: _Message, fd: int) -> bool:
         """Runs the handler on one complete request; False when the connection closes."""
         target = message.target.decode("latin-1")
         body = message.body[0] if len(message.body) == 1 else b"".join(message.body)
-        direct = DirectReply(stream.socket.fileno(), message.keep_alive, self) \
+        direct = DirectReply(fd, message.keep_alive, self) \
             if message.method == "POST" else None
         request = Request(message.method, target.split("?", 1)[0], message.headers, body,
                           message.arrived, direct)
@@ -516,14 +517,14 @@ class HttpServer:
             pass
 
 
-def _read_now(stream: trio.SocketStream) -> bytes | None:
+def _read_now(fd: int) -> bytes | None:
     """What the socket holds already (b"" at end of stream), None when it holds nothing.
     A keep-alive client usually sent its next request by the time the loop is done with
     the last one (the instance thread answered it directly), so the common case costs one
     read: no cancel scope, no trip through the scheduler, no epoll re-registration. The
     connection still yields once per request (the handler or the send waits)."""
     try:
-        return os.read(stream.socket.fileno(), _READ_SIZE)
+        return os.read(fd, _READ_SIZE)
     except BlockingIOError:
         return None
 

@@ -126,27 +126,31 @@ def _bad(message: str) -> ProtocolError:
     return ProtocolError(400, message)
 
 
-def _as_dict(value: Any, what: str) -> dict:
+def _as_dict(value: Any, what: str, name: str = "") -> dict:
+    """`value` as an object ({} for None); `what` names it in the error, with `name`
+    put in place of `{}` (formatted only on error)."""
     if value is None:
         return {}
-    if not isinstance(value, dict):
-        raise _bad(f"{what} must be a JSON object, not {type(value).__name__}")
+    if type(value) is not dict:
+        raise _bad(f"{what.format(name)} must be a JSON object, not {type(value).__name__}")
     return value
 
 
 MAX_DIMS = 32  # numpy holds at most 64; no model here takes more than a few
 
 
-def _shape(value: Any, what: str) -> tuple[int, ...]:
+def _shape(value: Any, name: str) -> tuple[int, ...]:
     # one C-level pass per rule (JSON integers are exactly `int`; booleans are not)
     if type(value) is not list or not set(map(type, value)) <= _INT_TYPES:
-        raise _bad(f"{what} 'shape' must be a list of integers, not {value!r}")
+        raise _bad(f"input '{name}' 'shape' must be a list of integers, not {value!r}")
     if len(value) > MAX_DIMS:
-        raise _bad(f"{what} 'shape' has {len(value)} dimensions; at most {MAX_DIMS}")
+        raise _bad(f"input '{name}' 'shape' has {len(value)} dimensions; at most "
+                   f"{MAX_DIMS}")
     if value and min(value) < 0:
-        raise _bad(f"{what} 'shape' {value} has a negative dimension")
+        raise _bad(f"input '{name}' 'shape' {value} has a negative dimension")
     if value and (max(value) > _MAX_ELEMENTS or math.prod(value) > _MAX_ELEMENTS):
-        raise _bad(f"{what} 'shape' {value} has more elements than fit in a 64-bit count")
+        raise _bad(f"input '{name}' 'shape' {value} has more elements than fit in a 64-bit "
+                   f"count")
     return tuple(value)
 
 
@@ -212,10 +216,12 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
     return np.array(flat, dtype=np.float64).astype(dtype).reshape(shape)
 
 
-def _bool(value: Any, what: str) -> bool | None:
+def _bool(value: Any, what: str, name: str = "") -> bool | None:
+    """`value` when it is None or a boolean; `what` (with `name` in place of `{}`) names
+    it in the error."""
     if value is None or type(value) is bool:
         return value
-    raise _bad(f"{what} must be true or false, not {value!r}")
+    raise _bad(f"{what.format(name)} must be true or false, not {value!r}")
 
 
 def _check_depth(head: bytes) -> None:
@@ -286,8 +292,8 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
         if datatype not in DATATYPES:
             raise _bad(f"input '{name}' has unknown datatype {datatype!r}; supported: "
                        f"{', '.join(DATATYPES)}")
-        shape = _shape(item.get("shape"), f"input '{name}'")
-        params = _as_dict(item.get("parameters"), f"input '{name}' 'parameters'")
+        shape = _shape(item.get("shape"), name)
+        params = _as_dict(item.get("parameters"), "input '{}' 'parameters'", name)
         size = params.get("binary_data_size")
         if size is not None:
             if "data" in item:
@@ -325,15 +331,16 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
         for i, item in enumerate(raw_outputs):
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 raise _bad(f"outputs[{i}] must be an object with a 'name'")
-            oparams = _as_dict(item.get("parameters"), f"output '{item['name']}' 'parameters'")
+            oparams = _as_dict(item.get("parameters"), "output '{}' 'parameters'",
+                               item["name"])
             if oparams.get("classification") or oparams.get("class_count"):
                 raise _bad(f"output '{item['name']}': the classification extension is not "
                            "supported")
             if item["name"] in seen:
                 raise _bad(f"output '{item['name']}' is requested more than once")
             seen.add(item["name"])
-            binary = _bool(oparams.get("binary_data"), f"output '{item['name']}' parameter "
-                                                       f"'binary_data'")
+            binary = _bool(oparams.get("binary_data"), "output '{}' parameter 'binary_data'",
+                           item["name"])
             outputs.append(RequestedOutput(item["name"], binary))
     return InferRequest(
         id=request_id,
