@@ -152,6 +152,7 @@ def error_response(status: int, message: str,
 
 
 _RETRY = [("retry-after", "1")]
+_ROUTES_KEPT = 256  # paths whose route is remembered (forgotten all at once beyond)
 
 
 class _Routes:
@@ -177,6 +178,8 @@ class _Routes:
             "infer": {"POST": self.infer},
             "stats": {"GET": self.model_stats},
         }
+        # path -> its route (the routes are fixed: a model's name is looked up later)
+        self._routed: dict[str, tuple[dict, tuple]] = {}
 
     async def handle(self, request: Request) -> Response:
         try:
@@ -201,6 +204,17 @@ class _Routes:
             return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
 
     def _route(self, path: str) -> tuple[dict | None, tuple]:
+        found = self._routed.get(path)
+        if found is not None:
+            return found
+        found = self._route_path(path)
+        if found[0] is not None:
+            if len(self._routed) >= _ROUTES_KEPT:
+                self._routed.clear()
+            self._routed[path] = found
+        return found
+
+    def _route_path(self, path: str) -> tuple[dict | None, tuple]:
         methods = self.exact.get(path)
         if methods is not None:
             return methods, ()

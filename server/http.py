@@ -194,20 +194,17 @@ class _Callbacks:
         self.head_bytes += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.head_bytes += len(name) + len(value)
-        if self.head_bytes > _MAX_HEAD_BYTES:
-            self.head_too_large = True
-            raise httptools.HttpParserError("request head too large")
+        # counted and decoded once the head is complete (a head in progress is bounded
+        # by the bytes received for it, `head_raw`)
         self.raw_headers += (name, value)
 
     def on_headers_complete(self) -> None:
         message = self.current
         raw, self.raw_headers = self.raw_headers, []
-        headers = message.headers
-        for i in range(0, len(raw), 2):
-            key = raw[i].decode("latin-1").lower()
-            text = raw[i + 1].decode("latin-1")
-            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        if self.head_bytes + sum(map(len, raw)) > _MAX_HEAD_BYTES:
+            self.head_too_large = True
+            raise httptools.HttpParserError("request head too large")
+        message.headers = _header_dict(raw)
         message.method = self.parser.get_method().decode("latin-1")
         message.arrived = self.received
         message.head_done = True
@@ -515,6 +512,24 @@ class HttpServer:
             await self._send(stream, self.error(status, message), keep_alive=False)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             pass
+
+
+def _header_dict(raw: list[bytes]) -> dict[str, str]:
+    """The headers of `raw` (name, value, name, value, ...) by lower-case name, the values
+    of a repeated name joined with ", ". Decoded in one pass over all of them when no
+    name repeats and nothing holds a line feed (the common case), else one by one."""
+    parts = b"\n".join(raw).decode("latin-1").split("\n")
+    if len(parts) == len(raw):
+        names = "\n".join(parts[0::2]).lower().split("\n")
+        headers = dict(zip(names, parts[1::2]))
+        if len(headers) == len(names):
+            return headers
+    headers = {}
+    for i in range(0, len(raw), 2):
+        key = raw[i].decode("latin-1").lower()
+        text = raw[i + 1].decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    return headers
 
 
 def _read_now(fd: int) -> bytes | None:
