@@ -453,7 +453,7 @@ class Admission:
             bound = self.batching.delay / 2
             late = min(trio.current_time() - at, bound)
             self._timer_lead = min(max(0.8 * self._timer_lead + 0.2 * late, 0.0), bound)
-            self._dispatch()
+            self._dispatch_after_pass()
 
     # -- lifecycle -----------------------------------------------------------------------
 
