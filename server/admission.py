@@ -20,7 +20,8 @@ loop's epoll timeout would round the wait up to whole milliseconds; spinning on 
 clock instead doubled the CPU per request at low load), armed early by the mean time its
 wake-up took to reach the loop (so a batch starts when the delay ends: the delay is a
 maximum, as in Triton), and an arrival that fills the preferred batch ends the wait at
-once.
+once. The batch is taken at the end of the scheduler pass the timer's wake-up arrived
+in, so requests the loop reads in that same wake-up join it.
 
 Everything happens on the event loop in plain functions (`_dispatch`, `_finished`) except
 the execution itself, which runs on the instance's thread; its outcome comes back through
