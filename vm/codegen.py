@@ -791,8 +791,16 @@ class _Gen:
                 tree = self._import_arg_tree(imp, segments, src)
                 site = f"_P{self.st.pure_site(len(tree))}"
                 same = " and ".join(f"{site}[{i}] is {a}" for i, a in enumerate(tree))
+                t = result_types[0]
+                if t in ("i", "I"):  # the site keeps the result wrapped, as the register holds it
+                    reg = self._typed_reg(dst[0], t)
+                    bits = 32 if t == "i" else 64
+                    self.emit(ind, f"{reg} = {site}[{len(tree)}] if {same} else "
+                                   f"_remember({site}, {bits}, _imp{k}, {args})", pc)
+                    self.clear_moved(ins, src, set(), ind)
+                    return
                 self.emit(ind, f"_t = {site}[{len(tree)}] if {same} else "
-                               f"_remember({site}, _imp{k}, {args})", pc)
+                               f"_remember({site}, 0, _imp{k}, {args})", pc)
             else:
                 self.emit(ind, f"_t = _imp{k}({args})", pc)
             self.clear_moved(ins, src, set(), ind)

@@ -12,7 +12,7 @@ commands over the same slots, so on a later call with equal operands the site on
 checks the new buffers against what the commands need (`Recording.admits`: live, usage
 bits, bytes, aligned addresses: what recording each command checked) and hands the
 command buffer the commands and, if the block finalized it, the device's recording of
-them (`CommandBuffer.adopt`): a re-recorded command buffer costs a few checks per
+them (`CommandBuffer.adopted`): a re-recorded command buffer costs a few checks per
 buffer, and its submit looks nothing up. Anything else (a new operand, a buffer that
 fails a check, a whole-buffer length, whose bytes depend on the buffer) records import
 by import again, so errors are those of the record operation that fails.
@@ -126,10 +126,9 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
                 recording = adoption.recording
                 if not recording.admits(direct):
                     break
-                cb = CommandBuffer(adoption.device, adoption.mode, adoption.capacity)
-                cb.adopt(recording.commands, direct, recording.table_slots,
-                         recording if adoption.finalized else None)
-                return cb
+                return CommandBuffer.adopted(
+                    adoption.device, adoption.mode, adoption.capacity, recording.commands,
+                    direct, recording.table_slots, recording if adoption.finalized else None)
         cb = record(values)
         if adoptions is None or all(
                 a.aliasing.direct(buffer_values) is None for a in adoptions):

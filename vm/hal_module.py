@@ -790,6 +790,19 @@ def fence_create(state: HalModuleState, device, flags):
 
 
 def fence_join(state: HalModuleState, flags, fences):
+    # A join of one fence (and nulls) is that fence: a fence never changes once made,
+    # so sharing it is the same set of points (programs join a step's lone wait fence).
+    count = len(fences)
+    if count == 2:
+        first, second = fences[0][0], fences[1][0]
+        if first is None:
+            first, second = second, None
+        if second is None and first.__class__ is Fence and first.timeline:
+            return first
+    elif count == 1:
+        first = fences[0][0]
+        if first.__class__ is Fence and first.timeline:
+            return first
     joined = _new_fence(Fence)  # `Fence.join`'s work, checking each ref as it goes
     points = joined.timeline = {}
     for (fence,) in fences:
