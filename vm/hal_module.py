@@ -54,7 +54,7 @@ from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
 from ..hal.elf import parse_elf
 from ..hal.executable import Executable, executable_formats
-from ..hal.semaphore import Fence, Semaphore
+from ..hal.semaphore import Fence
 from ..hal.types import (
     WHOLE_BUFFER,
     BufferUsage,
@@ -77,7 +77,6 @@ _U32 = 0xFFFFFFFF
 _first = operator.itemgetter(0)  # a variadic shape's 1-tuples -> dims, without a frame
 _MAX_BINDINGS = 64
 _MAX_REMEMBERED_LOOKUPS = 4096
-_new_fence = object.__new__
 
 
 class HalFile:
@@ -784,9 +783,7 @@ def executable_lookup_function(state: HalModuleState, executable, name):
 def fence_create(state: HalModuleState, device, flags):
     if not isinstance(device, Device):
         device = _checked(device, _DEVICE)
-    fence = _new_fence(Fence)  # Fence.single's work, without its frame
-    fence.timeline = {Semaphore(0): 1}
-    return fence
+    return Fence.pending()
 
 
 def fence_join(state: HalModuleState, flags, fences):
@@ -803,17 +800,13 @@ def fence_join(state: HalModuleState, flags, fences):
         first = fences[0][0]
         if first.__class__ is Fence and first.timeline:
             return first
-    joined = _new_fence(Fence)  # `Fence.join`'s work, checking each ref as it goes
-    points = joined.timeline = {}
+    checked = []
     for (fence,) in fences:
-        if fence is None:
-            continue
-        if type(fence) is not Fence:
+        if fence is not None and type(fence) is not Fence:
             fence = _checked(fence, _FENCE_OR_NULL)
-        for sem, value in fence.timeline.items():
-            if value > points.get(sem, -1):
-                points[sem] = value
-    return joined if points else None  # no points: a null fence, as IREE's join gives
+        checked.append(fence)
+    joined = Fence.join(checked)
+    return joined if joined.timeline else None  # no points: a null fence, as IREE's join
 
 
 def fence_query(state: HalModuleState, fence):
