@@ -115,7 +115,9 @@ class Semaphore:
         pays for guarding against recursion."""
         if type(value) is not int or not 0 <= value <= MAX_VALUE:
             _check_value(value, "signal value")
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: this is every signal's path, and that costs more
+        try:
             if self._failure is not None:
                 raise self._failure
             if value <= self._value:
@@ -130,6 +132,8 @@ class Semaphore:
                 heapq.heappop(offers)
             if self._blocked:
                 self._cond.notify_all()
+        finally:
+            lock.release()
         return ready
 
     def fail(self, error: BaseException | str) -> None:

@@ -898,6 +898,7 @@ class _Gen:
         cb = self.rreg(cb_raw)
         values: list[tuple[str, bool]] = []  # (local, is a ref)
         kept: dict[str, int] = {}  # expression -> its value's index, while it holds
+        captured: list[int] = []  # per value, the line that keeps it
         ops = []
         moved_cb = False
 
@@ -911,6 +912,7 @@ class _Gen:
             if index is None:
                 index = kept[expr] = len(values)
                 values.append((f"_d{index}", t == "r"))
+                captured.append(len(self.lines))
                 self.emit(ind, f"_d{index} = {expr}", ins.pc)
             return ("d", index)
 
@@ -946,6 +948,17 @@ class _Gen:
             forget_assigned(since)
         pc = instrs[-1].pc
         site = self.st.record_block(record_blocks.RecordBlock(tuple(ops), len(values)))
+        # A value that is a register no later line of the block assigns is passed as
+        # that register: no local to keep it in, and none to clear.
+        unkept = []
+        for index, at in enumerate(captured):
+            expr = self.lines[at][1].split(" = ", 1)[1]
+            if _REGISTER.fullmatch(expr) and not any(
+                    expr in _ASSIGNED.findall(text) for _i, text, _pc in self.lines[at + 1:]):
+                values[index] = (expr, False)
+                unkept.append(at)
+        for at in reversed(unkept):
+            del self.lines[at]
         names = [name for name, _ in values]
         self.emit(ind, f"{cb} = _blk{site}(({''.join(n + ', ' for n in names)}))", pc)
         refs = [name for name, is_ref in values if is_ref]
