@@ -215,7 +215,7 @@ class Recording:
 
     __slots__ = ("commands", "table_slots", "direct_count", "slot_count", "slot_usage",
                  "slot_end", "slot_align", "exact", "single_workgroup", "max_concurrency",
-                 "patterns", "streams", "shareable")
+                 "patterns", "streams", "shareable", "direct_needs")
 
     def __init__(self, commands: Sequence[Any], table_slots: int, direct_count: int,
                  max_concurrency: int) -> None:
@@ -263,6 +263,9 @@ class Recording:
         self.slot_usage = usage
         self.slot_end = end
         self.slot_align = [tuple(sorted(a)) for a in align]
+        # per direct buffer, in `direct` order (slot -1 first): (usage, end, alignments)
+        self.direct_needs = [(usage[i], end[i], self.slot_align[i])
+                             for i in range(count - 1, n - 1, -1)]
 
     def admits(self, direct: Sequence[Any]) -> bool:
         """Whether `direct` may be the direct buffers of a command buffer holding these
@@ -272,17 +275,16 @@ class Recording:
         recording after this one check per buffer: `CommandBuffer.adopted`)."""
         if len(direct) != self.direct_count:
             return False
-        usage, end, align = self.slot_usage, self.slot_end, self.slot_align
-        i = self.slot_count
-        for buffer in direct:
-            i -= 1
-            bits = usage[i]
-            if (buffer.__class__ is not Buffer or buffer.storage.released
-                    or buffer.usage_bits & bits != bits or end[i] > buffer.byte_length):
+        for buffer, (bits, reach, residues) in zip(direct, self.direct_needs):
+            if buffer.__class__ is not Buffer:
                 return False
-            if align[i]:
-                start = buffer.storage.address + buffer.byte_offset
-                for residue in align[i]:
+            storage = buffer.storage
+            if (storage.released or buffer.usage_bits & bits != bits
+                    or reach > buffer.byte_length):
+                return False
+            if residues:
+                start = storage.address + buffer.byte_offset
+                for residue in residues:
                     if (start + residue) % ALIGNMENT:
                         return False
         return True

@@ -144,7 +144,7 @@ class _Aliasing:
     (naming a binding table slot) sits at `null_at` among them, or nowhere (-1). Equal
     aliasing with equal scalars records equal commands over the same slots."""
 
-    __slots__ = ("first_of", "firsts", "distinct", "null_at")
+    __slots__ = ("first_of", "firsts", "distinct", "null_at", "plain")
 
     def __init__(self, buffer_values: tuple[Any, ...], count: range) -> None:
         first: dict[Any, int] = {}
@@ -153,10 +153,19 @@ class _Aliasing:
         self.firsts = _getter(list(first.values()))
         self.distinct = len(first)
         self.null_at = list(first).index(None) if None in first else -1
+        # every operand a different buffer (the usual case): they are the direct buffers
+        self.plain = self.distinct == len(buffer_values) and self.null_at < 0
 
     def direct(self, buffer_values: tuple[Any, ...]) -> list[Any] | None:
         """The direct buffers (distinct, by first use, nulls left out) of operands that
         alias this way; None if they alias otherwise."""
+        if self.plain:
+            try:
+                if len(set(buffer_values)) != self.distinct:
+                    return None
+            except TypeError:  # an unhashable operand: not a buffer; its shim says so
+                return None
+            return list(buffer_values)
         if self.first_of(buffer_values) != buffer_values:
             return None
         firsts = self.firsts(buffer_values)

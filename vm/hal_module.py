@@ -800,12 +800,10 @@ def fence_join(state: HalModuleState, flags, fences):
         first = fences[0][0]
         if first.__class__ is Fence and first.timeline:
             return first
-    checked = []
     for (fence,) in fences:
-        if fence is not None and type(fence) is not Fence:
-            fence = _checked(fence, _FENCE_OR_NULL)
-        checked.append(fence)
-    joined = Fence.join(checked)
+        if fence is not None and fence.__class__ is not Fence:
+            _checked(fence, _FENCE_OR_NULL)  # raises unless a Fence of a subclass
+    joined = Fence.join(map(_first, fences))
     return joined if joined.timeline else None  # no points: a null fence, as IREE's join
 
 
