@@ -790,7 +790,20 @@ class _Gen:
                 # pure: each call site remembers its last refs (by identity) and result
                 tree = self._import_arg_tree(imp, segments, src)
                 site = f"_P{self.st.pure_site(len(tree))}"
-                same = " and ".join(f"{site}[{i}] is {a}" for i, a in enumerate(tree))
+                compared = list(enumerate(tree))
+                if self.lines and len(tree) > 1:
+                    # An argument the line before loads from rodata and this call drops
+                    # is the same object at every call: passed as it is, not compared.
+                    before_ind, before, before_pc = self.lines[-1]
+                    for (i, a), raw in zip(compared, src):
+                        if (before_ind == ind and self.moved(raw)
+                                and before.startswith(f"{a} = _ROD[")):
+                            self.lines[-1] = (ind, "pass", before_pc)
+                            tree[i] = before.split(" = ", 1)[1]
+                            del compared[i]
+                            args = ", ".join(tree)
+                            break
+                same = " and ".join(f"{site}[{i}] is {a}" for i, a in compared)
                 t = result_types[0]
                 if t in ("i", "I"):  # the site keeps the result wrapped, as the register holds it
                     reg = self._typed_reg(dst[0], t)
