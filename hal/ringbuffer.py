@@ -292,12 +292,16 @@ class TransientRingbuffer:
         """Retires the block committed to `storage` (nothing if it has none)."""
         if storage.__class__ is not RingStorage or storage.ring is not self:
             return
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: every ready dealloca's path
+        try:
             block = storage.block
             if block is None:
                 return
             storage.block = None
             granted = self._free_locked(block)  # `retire`, in the same locked section
+        finally:
+            lock.release()
         for cb, placed in granted:
             cb(placed, None)
 
@@ -314,8 +318,11 @@ class TransientRingbuffer:
         if lock._is_owned():  # threading.Condition relies on the same query
             _reclaim(self.retire, block)
             return
-        with lock:  # `_free`, without its frame
+        lock.acquire()  # `_free`, without its frame (nor `with`'s lookups)
+        try:
             granted = self._free_locked(block)
+        finally:
+            lock.release()
         if granted:
             _reclaim(_grant_all, granted)
 

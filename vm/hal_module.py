@@ -577,8 +577,7 @@ def device_queue_alloca(state: HalModuleState, device, queue_affinity, wait, sig
     if pool != 0:
         raise UnimplementedError("VM queue allocation pools are not supported")
     queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
-    return device.queue_alloca(size, wait, signal, memory_types & _U32, usage & _U32,
-                               queue=queue)
+    return device.queue_alloca(size, wait, signal, memory_types & _U32, usage & _U32, queue)
 
 
 def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, signal, buffer,
@@ -590,10 +589,10 @@ def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, s
         buffer = _checked(buffer, _BUFFER)
     queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     if device.transient.owns(buffer.storage):  # queue_alloca memory of this device
-        device.queue_dealloca(buffer, wait, signal, queue=queue)
+        device.queue_dealloca(buffer, wait, signal, queue)
     else:
         # Not transient memory: the buffer lives on while referenced; only order.
-        device.queue_barrier(wait, signal, queue=queue)
+        device.queue_barrier(wait, signal, queue)
 
 
 def device_queue_fill(state: HalModuleState, device, queue_affinity, wait, signal, target, offset,
@@ -677,7 +676,7 @@ def device_queue_barrier(state: HalModuleState, device, queue_affinity, wait, si
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
-    device.queue_barrier(wait, signal, queue=queue)
+    device.queue_barrier(wait, signal, queue)
 
 
 def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, signal, cb, flags):
@@ -687,7 +686,7 @@ def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, si
     if cb.__class__ is not CommandBuffer:
         cb = _checked(cb, _COMMAND_BUFFER)
     queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
-    device.submit(cb, wait, signal, queue=queue)
+    device.submit(cb, wait, signal, None, queue)
 
 
 def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity, wait, signal, cb,
@@ -707,7 +706,7 @@ def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity,
         else:
             raise ref_type_error(buffer, _BUFFER_OR_NULL)
     queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
-    device.submit(cb, wait, signal, table, queue=queue)
+    device.submit(cb, wait, signal, table, queue)
 
 
 def device_queue_flush(state: HalModuleState, device, queue_affinity):
