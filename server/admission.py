@@ -574,9 +574,14 @@ class _DelayTimer:
         threading.Thread(target=self._loop, name="tinyhal-queue-delay", daemon=True).start()
 
     def arm(self, at: float) -> None:
+        """Fires at `at` (math.inf: not at all). Only an earlier time wakes the thread:
+        a later one (a disarm included) it finds when it wakes for the one it waits
+        for, so a batch that starts before its delay ran out costs no wake-up."""
         with self._cond:
+            earlier = at < self._at
             self._at = at
-            self._cond.notify()
+            if earlier:
+                self._cond.notify()
 
     def stop(self) -> None:
         with self._cond:
