@@ -19,8 +19,7 @@ the loop waits on a timerfd set to the delay's end (the kernel makes it readable
 time, where the loop's epoll timeout would round the wait up to whole milliseconds;
 spinning on the clock instead doubled the CPU per request at low load), elsewhere a
 timer thread waits on a condition variable and posts the dispatch to the loop (a thread
-that takes the interpreter lock for each wait: 20% more CPU per request at c=8 than the
-timerfd), armed early by the mean time its
+that takes the interpreter lock for each wait), armed early by the mean time its
 wake-up took to reach the loop (so a batch starts when the delay ends: the delay is a
 maximum, as in Triton), and an arrival that fills the preferred batch ends the wait at
 once. The batch is taken at the end of the scheduler pass the timer's wake-up arrived
@@ -624,6 +623,7 @@ class _TimerFd:
         self._at = math.inf
         self._stopped = False
         self._offset = trio.current_time() - time.monotonic()  # trio clock - monotonic
+        self._token = trio.lowlevel.current_trio_token()
         self._spec = _ITimerSpec()
         trio.lowlevel.spawn_system_task(self._wait)
 
@@ -640,11 +640,22 @@ class _TimerFd:
         _LIBC.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None)
 
     def stop(self) -> None:
-        """Closes the timer (on the loop)."""
-        if not self._stopped:
-            self._stopped = True
-            trio.lowlevel.notify_closing(self._fd)
+        """Closes the timer (any thread: its descriptor is closed on the loop while
+        the loop runs, so trio is told first)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if trio.lowlevel.in_trio_run():
+            self._close()
+            return
+        try:
+            self._token.run_sync_soon(self._close)
+        except trio.RunFinishedError:
             os.close(self._fd)
+
+    def _close(self) -> None:
+        trio.lowlevel.notify_closing(self._fd)
+        os.close(self._fd)
 
     async def _wait(self) -> None:
         while not self._stopped:
