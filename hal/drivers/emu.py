@@ -214,6 +214,8 @@ class EmuDevice(Device):
         self._fast = mode == "fast" and not self.calibrating
         super().__init__(EmuDriver(self, queues), **options)
         self._engines = Engines(model, queues, trace_capacity)
+        # a host write in fast mode is modelled later, in one step with what follows it
+        self._defer_host_write = self._engines.host_writes.append
         self._faults = Faults(queues)
         self._alone_ns: dict[int, int] = {}  # id of replayed steps -> host ns run alone
         self._samples: list[DispatchSample] = []
@@ -248,7 +250,7 @@ class EmuDevice(Device):
     @property
     def clock_ns(self) -> int:
         """The latest modelled time any submission ended at."""
-        return self._engines.clock_ns
+        return self._engines.clock()
 
     def queue_for_affinity(self, affinity: int) -> int:
         """IREE's accelerator rule (its amdgpu driver): the mask ANDed with the device's
@@ -325,8 +327,7 @@ class EmuDevice(Device):
                     offset, length = buffer.resolve_range(offset, length, "write")
                     start = buffer.byte_offset + offset
                     buffer.storage.array[start : start + length] = view
-                    engines = self._engines
-                    engines.replay(0, (), (), engines.transfer_steps("update", length))
+                    self._defer_host_write(length)
                     return
             finally:
                 running.release()

@@ -265,18 +265,63 @@ class Engines:
         # then, from a start after); None once an operation was placed by itself.
         self.chain: tuple[int, Any, Any] | None = None
         self.steps: dict[Any, Steps] = {}
+        # Sizes of host writes into device memory that ran on queue 0 and are not
+        # modelled yet, each standing for a queue update of that many bytes. The device
+        # appends to it (`list.append`, atomic: no lock) while it holds queue 0 idle;
+        # they are modelled, in order, before anything else reads or changes the
+        # engines, all in one step (with the next submission on queue 0 when it follows
+        # them at once). The list is never replaced.
+        self.host_writes: list[int] = []
+        self.write_steps: dict[tuple[int, ...], tuple[Step | None, ...]] = {}
 
     def set_model(self, model: CostModel) -> None:
         """Uses `model` from now on (plans made with the old one are dropped)."""
         with self.lock:
+            if self.host_writes:  # costed by the model they ran under
+                self._model_host_writes()
             self.model = model
             self.plans.clear()
+
+    def clock(self) -> int:
+        """The latest modelled time any operation ended at."""
+        with self.lock:
+            if self.host_writes:
+                self._model_host_writes()
+            return self.clock_ns
+
+    # -- host writes --------------------------------------------------------------------
+
+    def _take_host_writes(self) -> tuple[int, ...]:
+        writes = self.host_writes
+        sizes = tuple(writes)
+        del writes[: len(sizes)]  # one appended meanwhile stays for the next
+        return sizes
+
+    def _model_host_writes(self) -> None:
+        """Models the deferred host writes (lock held): updates on queue 0, one after
+        another from its clock, as one plan."""
+        self._apply_plan(0, self.queue_clock[0], (), self._take_host_writes(), None, ())
+
+    def _write_steps(self, sizes: tuple[int, ...]) -> tuple[Step | None, ...]:
+        """The steps of host writes of `sizes` bytes, each after the one before."""
+        known = self.write_steps.get(sizes)
+        if known is None:
+            steps: list[Step | None] = []
+            for size in sizes:
+                steps += (None, Step(False, "update", size, 0))
+            known = tuple(steps[1:])
+            if len(self.write_steps) >= PLAN_CAPACITY:
+                self.write_steps.clear()
+            self.write_steps[sizes] = known
+        return known
 
     # -- submissions ------------------------------------------------------------------
 
     def start(self, queue: int, wait: Any) -> int:
         """When a submission on `queue` waiting on `wait` starts, in modelled time."""
         with self.lock:
+            if self.host_writes:
+                self._model_host_writes()
             return self._start(queue, wait)
 
     def _start(self, queue: int, wait: Any) -> int:
@@ -330,6 +375,8 @@ class Engines:
     def host_work(self, queue: int, wait: Any, signal: Any) -> None:
         """Host work on `queue` (a read or write of host memory) took no device time."""
         with self.lock:
+            if self.host_writes:
+                self._model_host_writes()
             if wait:
                 self.queue_clock[queue] = self._start(queue, wait)
             if signal:
@@ -341,6 +388,8 @@ class Engines:
                        queue: int) -> tuple[TraceEvent, int]:
         """Places one dispatch now: its event and issue sequence number."""
         with self.lock:
+            if self.host_writes:
+                self._model_host_writes()
             self.chain = None
             units, op_start, cost = place_dispatch(self.unit_free, self.model, name,
                                                    workgroups, bound, segment_start)
@@ -353,6 +402,8 @@ class Engines:
                        queue: int) -> tuple[TraceEvent, int, int]:
         """Places one transfer now: its event, DMA engine and issue sequence number."""
         with self.lock:
+            if self.host_writes:
+                self._model_host_writes()
             self.chain = None
             index, op_start, cost = place_transfer(self.dma_free, self.model, size,
                                                    segment_start)
@@ -398,79 +449,87 @@ class Engines:
                         return None
         return known
 
-    def transfer_steps(self, name: str, size: int) -> Steps:
-        """The steps of one transfer of `size` bytes (a host write that stands for a
-        queue update of that many bytes)."""
-        key = (name, size)
-        known = self.steps.get(key)
-        if known is None:
-            if len(self.steps) >= PLAN_CAPACITY:
-                self.steps.clear()
-                self.plans.clear()
-            known = self.steps[key] = Steps((Step(False, name, size, 0),), True, 0)
-        return known
-
     def replay(self, queue: int, wait: Any, signal: Any, steps: Steps) -> None:
         """Models a whole submission that has run: from the plan of its steps over the
-        engines' relative state (made now if new), in one step. (The hot path of fast
-        mode: what `_start`, `_end` and `Trace.add` do is written out here.)"""
+        engines' relative state (made now if new), in one step. Deferred host writes
+        go first: in the same plan when the submission follows them at once (on queue 0,
+        with no wait signalled later than its clock), else in a plan of their own."""
         with self.lock:
+            writes: tuple[int, ...] = ()
+            if self.host_writes:
+                if queue == 0 and (not wait or self._start(0, wait) == self.queue_clock[0]):
+                    writes = self._take_host_writes()
+                else:
+                    self._model_host_writes()
             start = self.queue_clock[queue]
-            if wait:
+            if wait and not writes:
                 start = self._start(queue, wait)
-            chain = self.chain
-            if chain is not None and start >= chain[0]:
-                state = chain[1] if start == chain[0] else chain[2]
-            else:
-                state = (_relative(self.dma_free, start),
-                         _unit_key(self.unit_free, start, len(self.queue_clock) == 1))
-            # steps kept in `self.steps` are found by identity, unique ones by content
-            plan_key = (id(steps.steps) if steps.ops is None else steps.steps, state)
-            plan = self.plans.get(plan_key)
-            if plan is None:
-                plan = _plan(self.model, steps.steps, _decode(state[0]), _decode(state[1]),
-                             len(self.queue_clock) == 1)
-                if len(self.plans) >= PLAN_CAPACITY:
-                    self.plans.clear()
-                self.plans[plan_key] = plan
-            self.chain = (start + plan.bound, plan.next_at, plan.next_above)
-            busy = self.busy
-            for name, ns in plan.busy:
-                busy[name] = busy.get(name, 0) + ns
-            if plan.transfers:
-                dma_free = self.dma_free
-                for i, offset in plan.dma_final:
-                    dma_free[i] = start + offset
-                self.bytes_moved += plan.bytes_moved
-                self.transfer_count += plan.transfers
-            if plan.dispatches:
-                kept_from, kept_to = plan.units_kept
-                self.unit_free = (self.unit_free[kept_from:kept_to]
-                                  + [start + offset for offset in plan.units_after])
-                self.dispatch_count += plan.dispatches
-            events = plan.events
-            trace = self.trace
-            seq = trace.seq
-            trace.seq = seq + len(events)
-            if trace.count + len(events) <= trace.capacity:
-                trace.count += len(events)
-                trace.records.append((seq, events, start, queue, 0))
-            else:
-                trace.add(seq, events, start, queue, 0)
-            end = start + plan.end
-            self.queue_clock[queue] = end
-            name = self.queue_names[queue]
-            busy[name] = busy.get(name, 0) + plan.end
-            if end > self.clock_ns:
-                self.clock_ns = end
-            if signal:
-                self._signalled(signal, end)
+            self._apply_plan(queue, start, signal, writes, steps, steps.steps)
+
+    def _apply_plan(self, queue: int, start: int, signal: Any, writes: tuple[int, ...],
+                    steps: Steps | None, body: tuple[Step | None, ...]) -> None:
+        """Places host writes of `writes` bytes, then `steps` (if any), on `queue` from
+        `start`, by their plan over the engines' relative state (made now if new). (The
+        hot path of fast mode: what `_end` and `Trace.add` do is written out here.)"""
+        chain = self.chain
+        if chain is not None and start >= chain[0]:
+            state = chain[1] if start == chain[0] else chain[2]
+        else:
+            state = (_relative(self.dma_free, start),
+                     _unit_key(self.unit_free, start, len(self.queue_clock) == 1))
+        # steps kept in `self.steps` are found by identity, unique ones by content
+        key: Any = None if steps is None else id(body) if steps.ops is None else body
+        plan_key = (key, state) if not writes else (writes, key, state)
+        plan = self.plans.get(plan_key)
+        if plan is None:
+            if writes:
+                body = (self._write_steps(writes) + (None,) + body if body
+                        else self._write_steps(writes))
+            plan = _plan(self.model, body, _decode(state[0]), _decode(state[1]),
+                         len(self.queue_clock) == 1)
+            if len(self.plans) >= PLAN_CAPACITY:
+                self.plans.clear()
+            self.plans[plan_key] = plan
+        self.chain = (start + plan.bound, plan.next_at, plan.next_above)
+        busy = self.busy
+        for name, ns in plan.busy:
+            busy[name] = busy.get(name, 0) + ns
+        if plan.transfers:
+            dma_free = self.dma_free
+            for i, offset in plan.dma_final:
+                dma_free[i] = start + offset
+            self.bytes_moved += plan.bytes_moved
+            self.transfer_count += plan.transfers
+        if plan.dispatches:
+            kept_from, kept_to = plan.units_kept
+            self.unit_free = (self.unit_free[kept_from:kept_to]
+                              + list(map(start.__add__, plan.units_after)))
+            self.dispatch_count += plan.dispatches
+        events = plan.events
+        trace = self.trace
+        seq = trace.seq
+        trace.seq = seq + len(events)
+        if trace.count + len(events) <= trace.capacity:
+            trace.count += len(events)
+            trace.records.append((seq, events, start, queue, 0))
+        else:
+            trace.add(seq, events, start, queue, 0)
+        end = start + plan.end
+        self.queue_clock[queue] = end
+        name = self.queue_names[queue]
+        busy[name] = busy.get(name, 0) + plan.end
+        if end > self.clock_ns:
+            self.clock_ns = end
+        if signal:
+            self._signalled(signal, end)
 
     # -- results ------------------------------------------------------------------------
 
     def events(self) -> list[TraceEvent]:
         """The operations run so far, in the order their queues issued them."""
         with self.lock:
+            if self.host_writes:
+                self._model_host_writes()
             return self.trace.events()
 
     def export_trace(self, path: str) -> None:
@@ -495,6 +554,8 @@ class Engines:
     def summary(self, preset: str, wall_ns: int, peak_device_bytes: int, memory_size: int,
                 calibration_error: float | None) -> EmuSummary:
         with self.lock:
+            if self.host_writes:
+                self._model_host_writes()
             total = max(self.queue_clock + [self.clock_ns])
             busy = dict(self.busy)
             util = {}
