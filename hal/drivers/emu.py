@@ -100,9 +100,10 @@ SPREAD_NS = 2_000_000
 
 class EmuAllocator(Allocator):
     """Allocator whose device memory (device heap + live transients) has a capacity
-    and is not host-visible. `device_live` / `device_peak` count both."""
+    and is not host-visible. `device_live` / `device_peak` count both (the allocator's
+    `device_memory`)."""
 
-    counts_directly = False  # transients are counted in `track`, below
+    device_memory_heaps = frozenset(("device", TRANSIENT_HEAP))
 
     def __init__(self, device_name: str, memory_size: int) -> None:
         super().__init__(device_name, [
@@ -111,10 +112,17 @@ class EmuAllocator(Allocator):
                  1 << 40),
         ])
         self.memory_size = memory_size
-        self.device_live = 0
-        self.device_peak = 0
         self._capacity_lock = threading.Lock()  # one allocation's check-and-take
-        self._counter_lock = threading.Lock()  # a leaf: taken under the ring's lock too
+
+    @property
+    def device_live(self) -> int:
+        """Device memory in use: device-heap buffers and transient ring blocks."""
+        return self.device_memory.live
+
+    @property
+    def device_peak(self) -> int:
+        """The most device memory in use at once so far."""
+        return self.device_memory.peak
 
     def allocate(self, size: int, memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
                  usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING,
@@ -128,17 +136,11 @@ class EmuAllocator(Allocator):
 
     def check_capacity(self, size: int) -> None:
         """Raises RESOURCE_EXHAUSTED if `size` more device bytes would not fit."""
-        if isinstance(size, int) and self.device_live + size > self.memory_size:
+        live = self.device_memory.live
+        if isinstance(size, int) and live + size > self.memory_size:
             raise ResourceExhaustedError(
-                f"emulated device memory exhausted: {self.device_live} of {self.memory_size} "
+                f"emulated device memory exhausted: {live} of {self.memory_size} "
                 f"bytes live, {size} more requested")
-
-    def track(self, heap: str, delta: int) -> None:
-        if heap in ("device", TRANSIENT_HEAP):
-            with self._counter_lock:
-                self.device_live += delta
-                self.device_peak = max(self.device_peak, self.device_live)
-        super().track(heap, delta)
 
 
 class EmuDriver(Driver):

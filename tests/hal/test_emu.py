@@ -45,6 +45,24 @@ def test_device_memory_capacity(emu):
     del keep
 
 
+def test_freed_device_memory_is_free_again(emu):
+    """Device-heap buffers give their bytes back when freed: allocating and dropping
+    more than the capacity in all never exhausts it; the peak is of what was live at
+    once, transients included."""
+    for _ in range(8):
+        buffer = emu.allocator.allocate(1 << 18)
+        del buffer
+    assert emu.allocator.device_live == 0
+    keep = emu.allocator.allocate(1 << 19)
+    transient = emu.queue_alloca(1 << 18)
+    assert emu.allocator.device_live == (1 << 19) + (1 << 18)
+    emu.queue_dealloca(transient)
+    del keep
+    assert emu.allocator.device_live == 0
+    assert emu.allocator.device_peak == (1 << 19) + (1 << 18)
+    assert emu.summary().peak_device_bytes == (1 << 19) + (1 << 18)
+
+
 def test_ready_alloca_checks_the_modelled_memory(emu):
     """A ready `queue_alloca` on emu takes the ring space without a queue entry when the
     modelled memory has room (`EmuDriver.check_alloca`), and past the capacity fails its
