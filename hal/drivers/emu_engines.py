@@ -258,6 +258,10 @@ class Engines:
         # replaced by the next semaphore with its id, or pruned as the dict grows. (Keyed
         # by id, not by weak reference: semaphores made and dropped per call reuse
         # addresses, and dead references of one hash made every look-up a long probe.)
+        # Kept only with several queues: a queue's clock only advances, and every time
+        # it signals at is its clock then, so a wait on what the same queue signalled
+        # never starts anything later than that clock does.
+        self.across_queues = queues > 1
         self.signal_times: dict[int, tuple[weakref.ref, list[tuple[int, int]]]] = {}
         self.prune_at = SIGNAL_HISTORY_PRUNE
         self.plans: dict[Any, Plan] = {}
@@ -326,6 +330,8 @@ class Engines:
 
     def _start(self, queue: int, wait: Any) -> int:
         start = self.queue_clock[queue]
+        if not self.across_queues:
+            return start
         times = self.signal_times
         for sem, value in wait:
             entry = times.get(id(sem))
@@ -351,6 +357,8 @@ class Engines:
         self._signalled(signal, end)
 
     def _signalled(self, signal: Any, at: int) -> None:
+        if not self.across_queues:
+            return
         times = self.signal_times
         for sem, value in signal:
             key = id(sem)
@@ -455,14 +463,16 @@ class Engines:
         go first: in the same plan when the submission follows them at once (on queue 0,
         with no wait signalled later than its clock), else in a plan of their own."""
         with self.lock:
+            across = self.across_queues
             writes: tuple[int, ...] = ()
             if self.host_writes:
-                if queue == 0 and (not wait or self._start(0, wait) == self.queue_clock[0]):
+                if queue == 0 and (not (wait and across)
+                                   or self._start(0, wait) == self.queue_clock[0]):
                     writes = self._take_host_writes()
                 else:
                     self._model_host_writes()
             start = self.queue_clock[queue]
-            if wait and not writes:
+            if wait and across and not writes:
                 start = self._start(queue, wait)
             self._apply_plan(queue, start, signal, writes, steps, steps.steps)
 
@@ -520,7 +530,7 @@ class Engines:
         busy[name] = busy.get(name, 0) + plan.end
         if end > self.clock_ns:
             self.clock_ns = end
-        if signal:
+        if signal and self.across_queues:
             self._signalled(signal, end)
 
     # -- results ------------------------------------------------------------------------
