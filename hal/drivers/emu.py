@@ -326,7 +326,8 @@ class EmuDevice(Device):
                 view = as_byte_view(data)
                 length = len(view)
                 if length:
-                    offset, length = buffer.resolve_range(offset, length, "write")
+                    if offset or length > buffer.byte_length:
+                        offset, length = buffer.resolve_range(offset, length, "write")
                     start = buffer.byte_offset + offset
                     buffer.storage.array[start : start + length] = view
                     self._defer_host_write(length)
@@ -361,7 +362,8 @@ class EmuDevice(Device):
         if running is None:
             return None
         try:
-            offset, length = buffer.resolve_range(offset, length, "read")
+            if offset or not 0 <= length <= buffer.byte_length:
+                offset, length = buffer.resolve_range(offset, length, "read")
             start = buffer.byte_offset + offset
             return bytearray(buffer.storage.array[start : start + length])
         finally:
@@ -386,7 +388,6 @@ class EmuDevice(Device):
         if self._queue_pending[0]:  # queued before: it goes first
             running.release()
             return None
-        self._wall_end = time.monotonic_ns()
         return running
 
     # -- the driver's threads -------------------------------------------------------------
@@ -404,23 +405,24 @@ class EmuDevice(Device):
     def _enqueue(self, work: Any, done: Completion, wait: Any, signal: Any, q: int) -> None:
         """Runs `work` for queue `q` on this thread when the queue is idle in fast mode
         (as `sync` runs it), else hands it to the queue's command processor. Only items
-        handed over count as pending: an item run here holds the queue's `running` lock,
-        which makes a later one wait or queue behind it."""
+        handed over count as pending (under `_queue_lock`); an item runs here only with
+        the queue's `running` lock taken and nothing pending, and holding that lock makes
+        a later item wait or queue behind it."""
         if not self._wall_begin:
             self._wall_begin = time.monotonic_ns()
         running = self._queue_running[q]
+        if self._fast and running.acquire(False):
+            if not self._queue_pending[q]:
+                error = self._process(work, wait, signal, q)
+                work = None
+                self._wall_end = time.monotonic_ns()
+                running.release()
+                done(error)
+                return
+            running.release()  # queued before: it goes first
         with self._queue_lock:
-            inline = self._fast and not self._queue_pending[q] and running.acquire(False)
-            if not inline:
-                self._queue_pending[q] += 1
-        if not inline:
-            self._command_queues[q].put((work, done, wait, signal, q))
-            return
-        error = self._process(work, wait, signal, q)
-        work = None
-        self._wall_end = time.monotonic_ns()
-        running.release()
-        done(error)
+            self._queue_pending[q] += 1
+        self._command_queues[q].put((work, done, wait, signal, q))
 
     def _command_processor(self, commands: queue_module.SimpleQueue) -> None:
         while True:
@@ -442,8 +444,9 @@ class EmuDevice(Device):
 
     def _process(self, work: Any, wait: Any, signal: Any, q: int) -> Error | None:
         """Runs one queue item (its caller holds the queue's `running` lock); returns
-        its error. A submission is replayed from its plan in fast mode (see `_replay`)
-        or else run operation by operation (`_run_each`)."""
+        its error. In fast mode a submission runs whole and is modelled from its plan
+        (`Engines.replay`; one that fails is modelled whole and signals nothing), else
+        it runs operation by operation (`_run_each`)."""
         error = self.work_queue.lost
         if error is not None:
             return error
@@ -456,52 +459,50 @@ class EmuDevice(Device):
             steps = None
             if self._fast and self.profile is None and not self._faults.armed:
                 steps = self._engines.steps_of(submission)
-            if steps is not None:
-                self._replay(submission, wait, signal, q, steps)
-            else:
+            if steps is None:
                 self._run_each(submission, wait, signal, q, submission_id)
+                return None
+            try:
+                if steps.widest <= 1 and steps.ops is None:  # nothing to spread or measure
+                    run_alone(submission)
+                else:
+                    self._run_whole(submission, steps)
+            except Error as exc:
+                self._engines.replay(q, wait, (), steps)
+                return exc
+            self._engines.replay(q, wait, signal, steps)
         except BaseException as exc:  # noqa: BLE001 - becomes the item's error
             return as_error(exc)
         return None
 
-    def _replay(self, submission: Submission, wait: Any, signal: Any, q: int,
-                steps: Steps) -> None:
-        """Fast mode: runs the whole submission at once, then models it from its plan.
-        A submission that fails is modelled whole, and signals nothing.
-
-        It runs as one native stream on this thread (as `sync` runs it); the compute
-        workers' native helper threads join its dispatches once the same steps took
-        longer than `SPREAD_NS` alone the last time (waking helpers costs more than
-        small submissions take; the first run, which builds the native program, is
-        not counted; submissions of single-workgroup dispatches are not timed). A submission whose recordings are not shared (large captured
-        updates) runs its operations one by one instead of building a native program
-        for one use."""
-        error = None
-        try:
-            if steps.ops is not None:
-                run_each_inline(steps.ops)
-            else:
-                key = id(steps.steps)  # a stale entry only misguides this choice
-                helpers = None
-                if steps.widest > 1 and self._alone_ns.get(key, 0) > SPREAD_NS:
-                    helpers = self._workers.stream_helpers()
-                if helpers is not None:
-                    Stream(submission, 1 + helpers.count).run(helpers)
-                elif steps.widest <= 1:  # nothing to spread: no need to measure it
-                    run_alone(submission)
-                else:
-                    began = time.monotonic_ns()
-                    run_alone(submission)
-                    if len(self._alone_ns) >= 1024:
-                        self._alone_ns.clear()
-                    # the first run also builds the native program: not a measure
-                    self._alone_ns[key] = (time.monotonic_ns() - began
-                                           if key in self._alone_ns else 0)
-        except Error as exc:
-            error = exc
-        self._engines.replay(q, wait, signal if error is None else (), steps)
-        if error is not None:
-            raise error
+    def _run_whole(self, submission: Submission, steps: Steps) -> None:
+        """Fast mode: runs the whole submission at once, on this thread as one native
+        stream (as `sync` runs it). The compute workers' native helper threads join its
+        dispatches once the same steps took longer than `SPREAD_NS` alone the last time
+        (waking helpers costs more than small submissions take; the first run, which
+        builds the native program, is not counted; submissions of single-workgroup
+        dispatches are not timed). A submission whose recordings are not shared (large
+        captured updates) runs its operations one by one instead of building a native
+        program for one use."""
+        if steps.ops is not None:
+            run_each_inline(steps.ops)
+            return
+        key = id(steps.steps)  # a stale entry only misguides this choice
+        helpers = None
+        if steps.widest > 1 and self._alone_ns.get(key, 0) > SPREAD_NS:
+            helpers = self._workers.stream_helpers()
+        if helpers is not None:
+            Stream(submission, 1 + helpers.count).run(helpers)
+        elif steps.widest <= 1:  # nothing to spread: no need to measure it
+            run_alone(submission)
+        else:
+            began = time.monotonic_ns()
+            run_alone(submission)
+            if len(self._alone_ns) >= 1024:
+                self._alone_ns.clear()
+            # the first run also builds the native program: not a measure
+            self._alone_ns[key] = (time.monotonic_ns() - began
+                                   if key in self._alone_ns else 0)
 
     def _run_each(self, submission: Submission, wait: Any, signal: Any, q: int,
                   submission_id: int) -> None:

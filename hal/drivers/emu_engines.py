@@ -116,7 +116,10 @@ class Plan(NamedTuple):
     ascending list, followed by these offsets), what it adds to the busy counters. `bound` is the latest free time it leaves on any
     engine (0 if before its start), and `next_at` / `next_above` the relative state of
     the engines it leaves as seen from a start at `bound` / after it, so a submission
-    replayed next from such a start needs no `_relative`."""
+    replayed next from such a start needs no `_relative`. `uses` counts its replays
+    per queue whose busy time, bytes and operations the engines' counters do not hold
+    yet (`Engines._count_uses` adds them, when a summary reads the counters or before
+    the plan is dropped), so a replay only counts itself."""
 
     events: tuple[TraceEvent, ...]
     end: int
@@ -130,6 +133,7 @@ class Plan(NamedTuple):
     bound: int
     next_at: tuple[Any, Any]
     next_above: tuple[Any, Any]
+    uses: list[int]
 
 
 def place_dispatch(unit_free: list[int], model: CostModel, name: str, workgroups: int,
@@ -284,7 +288,7 @@ class Engines:
             if self.host_writes:  # costed by the model they ran under
                 self._model_host_writes()
             self.model = model
-            self.plans.clear()
+            self._clear_plans()
 
     def clock(self) -> int:
         """The latest modelled time any operation ended at."""
@@ -447,7 +451,7 @@ class Engines:
                 return known
             if len(self.steps) >= PLAN_CAPACITY:
                 self.steps.clear()
-                self.plans.clear()  # plans are keyed by the identity of their steps
+                self._clear_plans()  # plans are keyed by the identity of their steps
             self.steps[key] = known
             return known
         if known.transfers:
@@ -496,25 +500,20 @@ class Engines:
                 body = (self._write_steps(writes) + (None,) + body if body
                         else self._write_steps(writes))
             plan = _plan(self.model, body, _decode(state[0]), _decode(state[1]),
-                         len(self.queue_clock) == 1)
+                         len(self.queue_clock))
             if len(self.plans) >= PLAN_CAPACITY:
-                self.plans.clear()
+                self._clear_plans()
             self.plans[plan_key] = plan
         self.chain = (start + plan.bound, plan.next_at, plan.next_above)
-        busy = self.busy
-        for name, ns in plan.busy:
-            busy[name] = busy.get(name, 0) + ns
+        plan.uses[queue] += 1
         if plan.transfers:
             dma_free = self.dma_free
             for i, offset in plan.dma_final:
                 dma_free[i] = start + offset
-            self.bytes_moved += plan.bytes_moved
-            self.transfer_count += plan.transfers
         if plan.dispatches:
             kept_from, kept_to = plan.units_kept
             self.unit_free = (self.unit_free[kept_from:kept_to]
                               + list(map(start.__add__, plan.units_after)))
-            self.dispatch_count += plan.dispatches
         events = plan.events
         trace = self.trace
         seq = trace.seq
@@ -526,12 +525,33 @@ class Engines:
             trace.add(seq, events, start, queue, 0)
         end = start + plan.end
         self.queue_clock[queue] = end
-        name = self.queue_names[queue]
-        busy[name] = busy.get(name, 0) + plan.end
         if end > self.clock_ns:
             self.clock_ns = end
         if signal and self.across_queues:
             self._signalled(signal, end)
+
+    def _clear_plans(self) -> None:
+        self._count_uses()
+        self.plans.clear()
+
+    def _count_uses(self) -> None:
+        """Adds what the plans' replays since the last call did to the counters."""
+        busy = self.busy
+        for plan in self.plans.values():
+            uses = plan.uses
+            if not any(uses):
+                continue
+            total = sum(uses)
+            for name, ns in plan.busy:
+                busy[name] = busy.get(name, 0) + ns * total
+            for q, n in enumerate(uses):
+                if n:
+                    name = self.queue_names[q]
+                    busy[name] = busy.get(name, 0) + plan.end * n
+                    uses[q] = 0
+            self.bytes_moved += plan.bytes_moved * total
+            self.transfer_count += plan.transfers * total
+            self.dispatch_count += plan.dispatches * total
 
     # -- results ------------------------------------------------------------------------
 
@@ -566,6 +586,7 @@ class Engines:
         with self.lock:
             if self.host_writes:
                 self._model_host_writes()
+            self._count_uses()
             total = max(self.queue_clock + [self.clock_ns])
             busy = dict(self.busy)
             util = {}
@@ -602,9 +623,10 @@ def _steps(ops: list[Operation], keep: list[Operation] | None) -> Steps | None:
 
 
 def _plan(model: CostModel, steps: tuple[Step | None, ...], dma: list[int],
-          units: list[int], one_queue: bool) -> Plan:
+          units: list[int], queues: int) -> Plan:
     """Places `steps` from relative start 0 on engines free at `dma` / `units` (on a
-    device with `one_queue`)."""
+    device with `queues` queues)."""
+    one_queue = queues == 1
     dma_before = list(dma)
     before_start = sum(1 for u in units if u < 0)
     events = []
@@ -636,7 +658,8 @@ def _plan(model: CostModel, steps: tuple[Step | None, ...], dma: list[int],
                 tuple(u for u in units if u >= 0),
                 tuple(busy.items()), moved, dispatches, transfers, bound,
                 (_relative(dma, bound), _unit_key(units, bound, one_queue)),
-                (_relative(dma, bound + 1), _unit_key(units, bound + 1, one_queue)))
+                (_relative(dma, bound + 1), _unit_key(units, bound + 1, one_queue)),
+                [0] * queues)
 
 
 __all__ = ["EmuSummary", "Engines", "Plan", "Step", "Steps", "TraceEvent", "Trace", "device_visible",
