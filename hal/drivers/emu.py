@@ -338,36 +338,27 @@ class EmuDevice(Device):
 
     def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
                    timeout: float | None = 60.0) -> bytes:
-        """As `Device.read_bytes` (see `_read_now` for fast mode)."""
-        data = self._read_now(buffer, offset, length)
-        if data is None:
-            return super().read_bytes(buffer, offset, length, timeout)
-        return bytes(data)
+        """As `Device.read_bytes` (see `read_array` for fast mode)."""
+        return bytes(self.read_array(buffer, offset, length, timeout))
 
     def read_array(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
                    timeout: float | None = 60.0) -> Any:
-        """As `Device.read_array` (see `_read_now` for fast mode)."""
-        data = self._read_now(buffer, offset, length)
-        if data is None:
-            return super().read_array(buffer, offset, length, timeout)
-        import numpy as np
-
-        return np.frombuffer(data, np.uint8)
-
-    def _read_now(self, buffer: Buffer, offset: int, length: int) -> bytearray | None:
-        """Device memory is read by a queue transfer to host memory (host work: no
-        device time, and with no waits or signals nothing to model). In fast mode, when
-        queue 0 is idle, it is copied here; None when it has to be queued."""
+        """As `Device.read_array`: device memory is read by a queue transfer to host
+        memory (host work: no device time, and with no waits or signals nothing to
+        model). In fast mode, when queue 0 is idle, the bytes are copied here."""
         running = self._host_transfer(buffer, _TRANSFER_SOURCE)
         if running is None:
-            return None
+            return super().read_array(buffer, offset, length, timeout)
         try:
             if offset or not 0 <= length <= buffer.byte_length:
                 offset, length = buffer.resolve_range(offset, length, "read")
             start = buffer.byte_offset + offset
-            return bytearray(buffer.storage.array[start : start + length])
+            data = bytearray(buffer.storage.array[start : start + length])
         finally:
             running.release()
+        import numpy as np
+
+        return np.frombuffer(data, np.uint8)
 
     def _host_transfer(self, buffer: Buffer, usage: int) -> threading.Lock | None:
         """Queue 0's `running` lock, held, when a host transfer with `buffer` may skip
