@@ -138,9 +138,12 @@ class EmuAllocator(Allocator):
         """Raises RESOURCE_EXHAUSTED if `size` more device bytes would not fit."""
         live = self.device_memory.live
         if isinstance(size, int) and live + size > self.memory_size:
-            raise ResourceExhaustedError(
-                f"emulated device memory exhausted: {live} of {self.memory_size} "
-                f"bytes live, {size} more requested")
+            raise _exhausted(live, self.memory_size, size)
+
+
+def _exhausted(live: int, capacity: int, size: int) -> ResourceExhaustedError:
+    return ResourceExhaustedError(f"emulated device memory exhausted: {live} of {capacity} "
+                                  f"bytes live, {size} more requested")
 
 
 class EmuDriver(Driver):
@@ -163,9 +166,9 @@ class EmuDriver(Driver):
     def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
                 wait: Any, signal: Any, queue: int) -> None:
         if operation == "execute":
-            self.device._enqueue((payload, submission_id), done, wait, signal, queue)
+            self.device._enqueue(payload, submission_id, done, wait, signal, queue)
         elif operation == "call":
-            self.device._enqueue(payload, done, wait, signal, queue)
+            self.device._enqueue(payload, 0, done, wait, signal, queue)
         elif operation == "alloca":
             refused = self.check_alloca(payload.size)
             if refused is not None:
@@ -178,11 +181,12 @@ class EmuDriver(Driver):
     def check_alloca(self, size: int) -> Error | None:
         """RESOURCE_EXHAUSTED when `size` more transient bytes (as the ring counts them:
         rounded up to its 64-byte blocks) would not fit the modelled memory."""
-        try:
-            self.device.allocator.check_capacity((size + 63) & ~63)
-        except Error as exc:
-            return exc
-        return None
+        allocator = self.device.allocator
+        live = allocator.device_memory.live
+        size = (size + 63) & ~63
+        if live + size <= allocator.memory_size:
+            return None
+        return _exhausted(live, allocator.memory_size, size)
 
     def stop(self, timeout: float | None) -> None:
         self.device._stop_threads(timeout)
@@ -393,8 +397,9 @@ class EmuDevice(Device):
 
     # -- the command processors -----------------------------------------------------------
 
-    def _enqueue(self, work: Any, done: Completion, wait: Any, signal: Any, q: int) -> None:
-        """Runs `work` for queue `q` on this thread when the queue is idle in fast mode
+    def _enqueue(self, work: Submission | Any, submission_id: int, done: Completion, wait: Any,
+                 signal: Any, q: int) -> None:
+        """Runs `work` (a submission, or host work) for queue `q` on this thread when the queue is idle in fast mode
         (as `sync` runs it), else hands it to the queue's command processor. Only items
         handed over count as pending (under `_queue_lock`); an item runs here only with
         the queue's `running` lock taken and nothing pending, and holding that lock makes
@@ -404,7 +409,7 @@ class EmuDevice(Device):
         running = self._queue_running[q]
         if self._fast and running.acquire(False):
             if not self._queue_pending[q]:
-                error = self._process(work, wait, signal, q)
+                error = self._process(work, submission_id, wait, signal, q)
                 work = None
                 self._wall_end = time.monotonic_ns()
                 running.release()
@@ -413,18 +418,18 @@ class EmuDevice(Device):
             running.release()  # queued before: it goes first
         with self._queue_lock:
             self._queue_pending[q] += 1
-        self._command_queues[q].put((work, done, wait, signal, q))
+        self._command_queues[q].put((work, submission_id, done, wait, signal, q))
 
     def _command_processor(self, commands: queue_module.SimpleQueue) -> None:
         while True:
             item = commands.get()
             if item is None:
                 return
-            work, done, wait, signal, q = item
+            work, submission_id, done, wait, signal, q = item
             item = None
             running = self._queue_running[q]
             running.acquire()
-            error = self._process(work, wait, signal, q)
+            error = self._process(work, submission_id, wait, signal, q)
             work = None
             self._wall_end = time.monotonic_ns()
             running.release()
@@ -433,7 +438,8 @@ class EmuDevice(Device):
             done(error)
             done = None
 
-    def _process(self, work: Any, wait: Any, signal: Any, q: int) -> Error | None:
+    def _process(self, work: Submission | Any, submission_id: int, wait: Any, signal: Any,
+                 q: int) -> Error | None:
         """Runs one queue item (its caller holds the queue's `running` lock); returns
         its error. In fast mode a submission runs whole and is modelled from its plan
         (`Engines.replay`; one that fails is modelled whole and signals nothing), else
@@ -441,11 +447,11 @@ class EmuDevice(Device):
         error = self.work_queue.lost
         if error is not None:
             return error
-        if type(work) is not tuple:
+        if type(work) is not Submission:
             error = run_capturing(work)
             self._engines.host_work(q, wait, signal)
             return error
-        submission, submission_id = work
+        submission = work
         try:
             steps = None
             if self._fast and self.profile is None and not self._faults.armed:

@@ -23,6 +23,7 @@ operations are placed one at a time (paced mode, calibration, profiling, armed f
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import operator
 import threading
@@ -38,6 +39,8 @@ PLAN_CAPACITY = 1024  # plans kept per device (a plan holds its recordings, no b
 SIGNAL_HISTORY_PRUNE = 1024  # semaphores with signal times before dead ones are dropped
 _DEVICE_VISIBLE = int(MemoryType.DEVICE_VISIBLE)
 _entry_length = operator.itemgetter(2)
+_entry_buffer = operator.itemgetter(0)
+_memory_type_bits = operator.attrgetter("memory_type_bits")
 
 
 @dataclass(frozen=True)
@@ -454,11 +457,11 @@ class Engines:
                 self._clear_plans()  # plans are keyed by the identity of their steps
             self.steps[key] = known
             return known
-        if known.transfers:
+        if known.transfers:  # every bound buffer's memory type has DEVICE_VISIBLE
             for _r, entries in parts:
-                for buffer, _o, _n in entries:
-                    if not buffer.memory_type_bits & _DEVICE_VISIBLE:
-                        return None
+                if not functools.reduce(operator.and_, map(
+                        _memory_type_bits, map(_entry_buffer, entries)), _DEVICE_VISIBLE):
+                    return None
         return known
 
     def replay(self, queue: int, wait: Any, signal: Any, steps: Steps) -> None:
@@ -469,10 +472,12 @@ class Engines:
         with self.lock:
             across = self.across_queues
             writes: tuple[int, ...] = ()
-            if self.host_writes:
+            pending = self.host_writes
+            if pending:
                 if queue == 0 and (not (wait and across)
                                    or self._start(0, wait) == self.queue_clock[0]):
-                    writes = self._take_host_writes()
+                    writes = tuple(pending)
+                    del pending[: len(writes)]  # one appended meanwhile stays for the next
                 else:
                     self._model_host_writes()
             start = self.queue_clock[queue]
