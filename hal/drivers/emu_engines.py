@@ -119,7 +119,8 @@ class Plan(NamedTuple):
     ascending list, followed by these offsets), what it adds to the busy counters. `bound` is the latest free time it leaves on any
     engine (0 if before its start), and `next_at` / `next_above` the relative state of
     the engines it leaves as seen from a start at `bound` / after it, so a submission
-    replayed next from such a start needs no `_relative`. `uses` counts its replays
+    replayed next from such a start needs no `_relative`; `after_at` / `after_above`
+    map the key of what was replayed next from there to its plan. `uses` counts its replays
     per queue whose busy time, bytes and operations the engines' counters do not hold
     yet (`Engines._count_uses` adds them, when a summary reads the counters or before
     the plan is dropped), so a replay only counts itself."""
@@ -136,6 +137,8 @@ class Plan(NamedTuple):
     bound: int
     next_at: tuple[Any, Any]
     next_above: tuple[Any, Any]
+    after_at: dict[Any, Plan]
+    after_above: dict[Any, Plan]
     uses: list[int]
 
 
@@ -272,9 +275,11 @@ class Engines:
         self.signal_times: dict[int, tuple[weakref.ref, list[tuple[int, int]]]] = {}
         self.prune_at = SIGNAL_HISTORY_PRUNE
         self.plans: dict[Any, Plan] = {}
-        # After a replay: (latest free time it left, relative state seen from a start
-        # then, from a start after); None once an operation was placed by itself.
-        self.chain: tuple[int, Any, Any] | None = None
+        # After a replay: (latest free time it left, its plan, whose `next_at` /
+        # `next_above` are the relative state seen from a start then / after, and whose
+        # `after_at` / `after_above` the plans replayed next from there); None once an
+        # operation was placed by itself.
+        self.chain: tuple[int, Plan] | None = None
         self.steps: dict[Any, Steps] = {}
         # Sizes of host writes into device memory that ran on queue 0 and are not
         # modelled yet, each standing for a queue update of that many bytes. The device
@@ -490,26 +495,36 @@ class Engines:
         """Places host writes of `writes` bytes, then `steps` (if any), on `queue` from
         `start`, by their plan over the engines' relative state (made now if new). (The
         hot path of fast mode: what `_end` and `Trace.add` do is written out here.)"""
+        # steps kept in `self.steps` are found by identity, unique ones by content
+        key: Any = None if steps is None else id(body) if steps.ops is None else body
+        if writes:
+            key = (writes, key)
         chain = self.chain
+        plan = memo = None
         if chain is not None and start >= chain[0]:
-            state = chain[1] if start == chain[0] else chain[2]
+            last = chain[1]
+            if start == chain[0]:
+                state, memo = last.next_at, last.after_at
+            else:
+                state, memo = last.next_above, last.after_above
+            plan = memo.get(key)
         else:
             state = (_relative(self.dma_free, start),
                      _unit_key(self.unit_free, start, len(self.queue_clock) == 1))
-        # steps kept in `self.steps` are found by identity, unique ones by content
-        key: Any = None if steps is None else id(body) if steps.ops is None else body
-        plan_key = (key, state) if not writes else (writes, key, state)
-        plan = self.plans.get(plan_key)
         if plan is None:
-            if writes:
-                body = (self._write_steps(writes) + (None,) + body if body
-                        else self._write_steps(writes))
-            plan = _plan(self.model, body, _decode(state[0]), _decode(state[1]),
-                         len(self.queue_clock))
-            if len(self.plans) >= PLAN_CAPACITY:
-                self._clear_plans()
-            self.plans[plan_key] = plan
-        self.chain = (start + plan.bound, plan.next_at, plan.next_above)
+            plan = self.plans.get((key, state))
+            if plan is None:
+                if writes:
+                    body = (self._write_steps(writes) + (None,) + body if body
+                            else self._write_steps(writes))
+                plan = _plan(self.model, body, _decode(state[0]), _decode(state[1]),
+                             len(self.queue_clock))
+                if len(self.plans) >= PLAN_CAPACITY:
+                    self._clear_plans()
+                self.plans[(key, state)] = plan
+            if memo is not None:
+                memo[key] = plan
+        self.chain = (start + plan.bound, plan)
         plan.uses[queue] += 1
         if plan.transfers:
             dma_free = self.dma_free
@@ -538,6 +553,7 @@ class Engines:
     def _clear_plans(self) -> None:
         self._count_uses()
         self.plans.clear()
+        self.chain = None  # its plan's successors are dropped plans
 
     def _count_uses(self) -> None:
         """Adds what the plans' replays since the last call did to the counters."""
@@ -664,7 +680,7 @@ def _plan(model: CostModel, steps: tuple[Step | None, ...], dma: list[int],
                 tuple(busy.items()), moved, dispatches, transfers, bound,
                 (_relative(dma, bound), _unit_key(units, bound, one_queue)),
                 (_relative(dma, bound + 1), _unit_key(units, bound + 1, one_queue)),
-                [0] * queues)
+                {}, {}, [0] * queues)
 
 
 __all__ = ["EmuSummary", "Engines", "Plan", "Step", "Steps", "TraceEvent", "Trace", "device_visible",
