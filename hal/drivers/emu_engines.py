@@ -410,7 +410,7 @@ class Engines:
         with self.lock:
             if self.host_writes:
                 self._model_host_writes()
-            self.chain = None
+            self._break_chain()
             units, op_start, cost = place_dispatch(self.unit_free, self.model, name,
                                                    workgroups, bound, segment_start)
             self.busy["compute"] = self.busy.get("compute", 0) + cost * units
@@ -424,7 +424,7 @@ class Engines:
         with self.lock:
             if self.host_writes:
                 self._model_host_writes()
-            self.chain = None
+            self._break_chain()
             index, op_start, cost = place_transfer(self.dma_free, self.model, size,
                                                    segment_start)
             engine = f"dma{index}"
@@ -509,6 +509,7 @@ class Engines:
                 state, memo = last.next_above, last.after_above
             plan = memo.get(key)
         else:
+            self._break_chain()  # the free times the chain held, written out
             state = (_relative(self.dma_free, start),
                      _unit_key(self.unit_free, start, len(self.queue_clock) == 1))
         if plan is None:
@@ -526,14 +527,15 @@ class Engines:
                 memo[key] = plan
         self.chain = (start + plan.bound, plan)
         plan.uses[queue] += 1
-        if plan.transfers:
-            dma_free = self.dma_free
-            for i, offset in plan.dma_final:
-                dma_free[i] = start + offset
-        if plan.dispatches:
-            kept_from, kept_to = plan.units_kept
-            self.unit_free = (self.unit_free[kept_from:kept_to]
-                              + list(map(start.__add__, plan.units_after)))
+        if self.across_queues:  # another queue may start before the chain's time
+            if plan.transfers:
+                dma_free = self.dma_free
+                for i, offset in plan.dma_final:
+                    dma_free[i] = start + offset
+            if plan.dispatches:
+                kept_from, kept_to = plan.units_kept
+                self.unit_free = (self.unit_free[kept_from:kept_to]
+                                  + list(map(start.__add__, plan.units_after)))
         events = plan.events
         trace = self.trace
         seq = trace.seq
@@ -553,7 +555,23 @@ class Engines:
     def _clear_plans(self) -> None:
         self._count_uses()
         self.plans.clear()
-        self.chain = None  # its plan's successors are dropped plans
+        self._break_chain()  # its plan's successors are dropped plans
+
+    def _break_chain(self) -> None:
+        """Ends the chain of replays: the next placement reads `dma_free` and
+        `unit_free`. With one queue replays leave those to the chain (see
+        `_apply_plan`); they are written out here from its relative state: free times
+        before the chain's time as that many nanoseconds before it, in order, which
+        places every later operation (none starts before that time) as the true ones
+        do."""
+        chain = self.chain
+        if chain is None:
+            return
+        self.chain = None
+        if not self.across_queues:
+            at, plan = chain
+            self.dma_free = [at + v for v in _decode(plan.next_at[0])]
+            self.unit_free = [at + v for v in _decode(plan.next_at[1])]
 
     def _count_uses(self) -> None:
         """Adds what the plans' replays since the last call did to the counters."""
