@@ -25,7 +25,8 @@ models:
   an item for an idle queue runs on the thread that made it ready (as `sync` runs it),
   a submission runs as one native stream (as `sync` and `task` run it) and is modelled
   by replaying the plan of its recorded content (`emu_engines`), and host reads and
-  writes of device memory skip the queue when it is idle; `mode="paced"` makes each
+  writes of device memory skip the queue when it is idle (a write's update is modelled
+  in one plan with the submission that follows it); `mode="paced"` makes each
   operation take its modelled time in wall time too, every operation on its engine.
   Operations are also placed one at a time while a profile is attached, faults are
   armed or the device calibrates.

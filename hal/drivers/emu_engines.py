@@ -11,8 +11,12 @@ Placement is a pure function of the operations (their kinds, export names, sizes
 bytes), the cost model, and the engines' free times relative to the submission's start.
 So a submission is modelled as a whole by a `Plan`, built once by placing its operations
 on a copy of that relative state and replayed on later submissions of the same recorded
-content over the same relative state: one dictionary look-up and a few list writes,
-instead of Python per operation. Relative state is encoded exactly: free times after the
+content over the same relative state: found through the plan replayed before it, and
+applied by counting its use and writing the trace record and the queue's clock, instead
+of Python per operation (summaries add up uses times each plan's totals; on one queue
+the engines' free times stay in the chain of replays until an operation is placed by
+itself). Host writes into device memory are modelled after the fact, as updates in the
+plan of the submission that follows them. Relative state is encoded exactly: free times after the
 start as offsets, those before it by their order alone (placement only compares them
 with each other and with a segment's start, never measures them), so a replay gives
 bit for bit the times that placing each operation would. `place_dispatch` /
