@@ -106,14 +106,16 @@ class Step(NamedTuple):
 
 class Steps(NamedTuple):
     """A submission as the engines see it: its `steps`, whether any is a transfer,
-    its widest dispatch's workgroups, and for a submission whose recordings are not
-    shared (so never seen again) its typed operations, to run one by one rather than
-    building a native program for one use."""
+    its widest dispatch's workgroups, for a submission whose recordings are not shared
+    (so never seen again) its typed operations, to run one by one rather than building
+    a native program for one use, and the key its plans are kept under: the identity
+    of `steps` when the engines keep them (`Engines.steps`), else `steps` itself."""
 
     steps: tuple[Step | None, ...]
     transfers: bool
     widest: int
-    ops: list[Operation] | None = None
+    ops: list[Operation] | None
+    key: Any
 
 
 class Plan(NamedTuple):
@@ -499,8 +501,7 @@ class Engines:
         """Places host writes of `writes` bytes, then `steps` (if any), on `queue` from
         `start`, by their plan over the engines' relative state (made now if new). (The
         hot path of fast mode: what `_end` and `Trace.add` do is written out here.)"""
-        # steps kept in `self.steps` are found by identity, unique ones by content
-        key: Any = None if steps is None else id(body) if steps.ops is None else body
+        key = None if steps is None else steps.key
         if writes:
             key = (writes, key)
         chain = self.chain
@@ -543,9 +544,10 @@ class Engines:
         events = plan.events
         trace = self.trace
         seq = trace.seq
-        trace.seq = seq + len(events)
-        if trace.count + len(events) <= trace.capacity:
-            trace.count += len(events)
+        n = len(events)
+        trace.seq = seq + n
+        if trace.count + n <= trace.capacity:
+            trace.count += n
             trace.records.append((seq, events, start, queue, 0))
         else:
             trace.add(seq, events, start, queue, 0)
@@ -662,7 +664,8 @@ def _steps(ops: list[Operation], keep: list[Operation] | None) -> Steps | None:
             transfers = True
         else:
             return None
-    return Steps(tuple(steps), transfers, widest, keep)
+    body = tuple(steps)
+    return Steps(body, transfers, widest, keep, id(body) if keep is None else body)
 
 
 def _plan(model: CostModel, steps: tuple[Step | None, ...], dma: list[int],
