@@ -400,11 +400,12 @@ class EmuDevice(Device):
 
     def _enqueue(self, work: Submission | Any, submission_id: int, done: Completion, wait: Any,
                  signal: Any, q: int) -> None:
-        """Runs `work` (a submission, or host work) for queue `q` on this thread when the queue is idle in fast mode
-        (as `sync` runs it), else hands it to the queue's command processor. Only items
-        handed over count as pending (under `_queue_lock`); an item runs here only with
-        the queue's `running` lock taken and nothing pending, and holding that lock makes
-        a later item wait or queue behind it."""
+        """Runs `work` (a submission, or host work) for queue `q` on this thread when the
+        queue is idle in fast mode (as `sync` runs it), else hands it to the queue's
+        command processor. Only items handed over count as pending (under
+        `_queue_lock`); an item runs here only with the queue's `running` lock taken and
+        nothing pending, and holding that lock makes a later item wait or queue behind
+        it."""
         if not self._wall_begin:
             self._wall_begin = time.monotonic_ns()
         running = self._queue_running[q]
