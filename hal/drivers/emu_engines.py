@@ -16,12 +16,12 @@ applied by counting its use and writing the trace record and the queue's clock, 
 of Python per operation (summaries add up uses times each plan's totals; on one queue
 the engines' free times stay in the chain of replays until an operation is placed by
 itself). Host writes into device memory are modelled after the fact, as updates in the
-plan of the submission that follows them. Relative state is encoded exactly: free times after the
-start as offsets, those before it by their order alone (placement only compares them
-with each other and with a segment's start, never measures them), so a replay gives
-bit for bit the times that placing each operation would. `place_dispatch` /
-`place_transfer` are that placement, used alike when a plan is built and when
-operations are placed one at a time (paced mode, calibration, profiling, armed faults).
+plan of the submission that follows them. Relative state is encoded exactly: free times
+after the start as offsets, those before it by their order alone (placement only
+compares them with each other and with a segment's start, never measures them), so a
+replay gives bit for bit the times that placing each operation would. `place_dispatch` /
+`place_transfer` are that placement, used alike when a plan is built and when operations
+are placed one at a time (paced mode, calibration, profiling, armed faults).
 """
 
 from __future__ import annotations
@@ -122,14 +122,15 @@ class Plan(NamedTuple):
     """A submission's placement relative to its start: its events (queue 0, host time
     0), its end, the free times it leaves on the DMA engines it used (index, offset) and
     on the units (those before its start it leaves as they were, a slice of the
-    ascending list, followed by these offsets), what it adds to the busy counters. `bound` is the latest free time it leaves on any
-    engine (0 if before its start), and `next_at` / `next_above` the relative state of
-    the engines it leaves as seen from a start at `bound` / after it, so a submission
-    replayed next from such a start needs no `_relative`; `after_at` / `after_above`
-    map the key of what was replayed next from there to its plan. `uses` counts its replays
-    per queue whose busy time, bytes and operations the engines' counters do not hold
-    yet (`Engines._count_uses` adds them, when a summary reads the counters or before
-    the plan is dropped), so a replay only counts itself."""
+    ascending list, followed by these offsets), what it adds to the busy counters.
+    `bound` is the latest free time it leaves on any engine (0 if before its start), and
+    `next_at` / `next_above` the relative state of the engines it leaves as seen from a
+    start at `bound` / after it, so a submission replayed next from such a start needs
+    no `_relative`; `after_at` / `after_above` map the key of what was replayed next
+    from there to its plan. `uses` counts its replays per queue whose busy time, bytes
+    and operations the engines' counters do not hold yet (`Engines._count_uses` adds
+    them, when a summary reads the counters or before the plan is dropped), so a replay
+    only counts itself."""
 
     events: tuple[TraceEvent, ...]
     end: int
