@@ -112,6 +112,26 @@ def test_cost_model_trace_and_clock(emu, tmp_path):
     assert len(spans) == 4 and {e["name"] for e in spans} == {"fill", "copy"}
 
 
+def test_host_writes_are_modelled_as_updates_before_what_follows(emu):
+    """Fast mode copies a host write into device memory at once and models the update
+    it stands for later: the clock, the trace and the summary see it, and the next
+    submission starts after it."""
+    a = emu.allocator.allocate(1000)
+    emu.write_bytes(a, bytes(range(200)) * 5)
+    assert emu.clock_ns == 2000  # 1 µs latency + 1000 B at 1 GB/s
+    emu.write_bytes(a, b"\x07" * 1000)
+    cb = emu.create_command_buffer()
+    cb.fill(a, 0, 500, 0x5A)
+    cb.finalize()
+    wait(emu, cb)
+    events = emu.trace()
+    assert [(e.name, e.start_ns, e.duration_ns) for e in events] == [
+        ("update", 0, 2000), ("update", 2000, 2000), ("fill", 4000, 1500)]
+    summary = emu.summary()
+    assert (summary.transfers, summary.bytes_moved, summary.modelled_ns) == (3, 2500, 5500)
+    assert emu.read_bytes(a) == b"\x5a" * 500 + b"\x07" * 500
+
+
 def test_engines_overlap_between_barriers(emu):
     library = hal.build_executable(
         "static int k(const tinyhal_environment_t* e, const tinyhal_dispatch_state_t* d,"
