@@ -41,7 +41,7 @@ from ...scheduler import CallTask, Executor, on_event_loop
 from ..device import Device
 from ..queue import Completion, Driver
 from ..semaphore import SemaphorePoint
-from ..stream import Stream, StreamHelpers
+from ..stream import Stream, StreamHelpers, lead
 
 DEFAULT_INLINE_US = 2000
 DEFAULT_HELPER_SPIN_US = 0
@@ -81,19 +81,17 @@ class TaskDriver(Driver):
 
     def _execute(self, ops: Any, done: Completion, signal: Sequence[SemaphorePoint]) -> None:
         helpers = None if ops.single_workgroup else self.helpers
-        stream = Stream(ops, 1 + (helpers.count if helpers is not None else 0))
         if self.inline_us and not on_event_loop():
             try:
-                finished = stream.run(helpers, self.inline_us)
+                stream = lead(ops, helpers, self.inline_us)
             except Error as exc:
                 done(exc)
                 return
-            except BaseException:  # interrupted (KeyboardInterrupt): end the stream first
-                _end_stream(stream, helpers)
-                raise
-            if finished:
+            if stream is None:
                 done(None)
                 return
+        else:
+            stream = Stream(ops, 1 + (helpers.count if helpers is not None else 0))
 
         handoff = _Handoff(stream, helpers, done)
         for sem, value in signal:  # a handed-off stream is offered to its waiters

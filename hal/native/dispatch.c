@@ -854,16 +854,18 @@ int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
   return stopped ? 0 : __atomic_load_n(&stream->status, __ATOMIC_ACQUIRE);
 }
 
-/* `tinyhal_stream_bind` for one participant, then `tinyhal_run_stream` alone on this
- * thread, in one call (the sync driver's path: one GIL release instead of two).
- * `times` (may be NULL) receives each operation's start and end, as `stream->times`. */
-int tinyhal_bind_and_run(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
-                         const tinyhal_patch_t* patches, uint32_t patch_count,
-                         const uint64_t* slot_addresses, const uint64_t* slot_lengths,
+/* `tinyhal_stream_bind` for `participants`, then `tinyhal_run_stream` led by this thread
+ * (`pool` NULL: alone), in one call: a ready submission's whole path in C with one GIL
+ * release. `times` (may be NULL) receives each operation's start and end, as
+ * `stream->times`; `budget_ns` and `*paused` are `tinyhal_run_stream`'s. */
+int tinyhal_bind_and_run(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
+                         tinyhal_stream_t* stream, const tinyhal_patch_t* patches,
+                         uint32_t patch_count, const uint64_t* slot_addresses,
+                         const uint64_t* slot_lengths, uint32_t participants,
                          uint32_t tiles_per_participant, uint32_t local_memory_size,
-                         uint64_t* times, int* paused) {
-  tinyhal_stream_bind(ops, count, stream, patches, patch_count, slot_addresses, slot_lengths, 1,
-                      tiles_per_participant);
+                         uint64_t* times, uint64_t budget_ns, int* paused) {
+  tinyhal_stream_bind(ops, count, stream, patches, patch_count, slot_addresses, slot_lengths,
+                      participants, tiles_per_participant);
   stream->times = times;
-  return tinyhal_run_stream(NULL, ops, count, stream, local_memory_size, 0, paused);
+  return tinyhal_run_stream(pool, ops, count, stream, local_memory_size, budget_ns, paused);
 }
