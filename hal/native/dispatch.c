@@ -440,10 +440,12 @@ static int tinyhal_op_run(tinyhal_op_t* op, tinyhal_workgroup_state_t* wg, uint6
 }
 
 /* Claims tiles of an operation until none are left, the stream aborts, or (with a nonzero
- * `deadline_ns`) the clock passes it: then returns TINYHAL_PAUSED with tiles left, else 0. */
+ * `deadline_ns`) the clock passes it: then returns TINYHAL_PAUSED with tiles left, else 0.
+ * `*units` (if not NULL) grows by the units this thread ran. */
 #define TINYHAL_PAUSED 1
 static int tinyhal_stream_claim(tinyhal_stream_t* stream, tinyhal_op_t* op, uint32_t op_index,
-                                tinyhal_workgroup_state_t* wg, uint64_t deadline_ns) {
+                                tinyhal_workgroup_state_t* wg, uint64_t deadline_ns,
+                                uint64_t* units) {
   uint64_t failed = 0;
   int rc = 0;
   for (;;) {
@@ -456,6 +458,7 @@ static int tinyhal_stream_claim(tinyhal_stream_t* stream, tinyhal_op_t* op, uint
     if (begin >= op->length) break;
     uint64_t end = begin + op->tile < op->length ? begin + op->tile : op->length;
     rc = tinyhal_op_run(op, wg, begin, end, &failed);
+    if (units) *units += end - begin;
     if (rc != 0) {
       int expected = 0;
       if (__atomic_compare_exchange_n(&stream->status, &expected, rc, 0, __ATOMIC_ACQ_REL,
@@ -525,11 +528,47 @@ static void tinyhal_stream_close(tinyhal_stream_t* stream) {
   }
 }
 
-/* Leader: runs the operations in order from `stream->resume`. Returns 0 once the stream is
- * done (its status says how), or TINYHAL_PAUSED when `deadline_ns` (nonzero) passed
- * first: `resume`/`resume_open` then say where the next leader goes on, and a dispatch in
- * progress stays open to its helpers meanwhile. */
-static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
+typedef struct tinyhal_pool_t tinyhal_pool_t;
+static int tinyhal_stream_post(tinyhal_pool_t* pool, tinyhal_stream_t* stream,
+                               uint32_t local_memory_size);
+
+/* Operations whose run alone takes less than this are never shared: waking a helper
+ * and waiting for it at the end costs about as much. */
+#define TINYHAL_SHARE_MIN_NS 20000u
+
+/* Whether the leader shares an operation of several tiles with the helpers this run.
+ * Sharing pays only when the helpers' tiles outweigh what sharing costs (waking a helper,
+ * and waiting at the operation's end for a helper the scheduler took its CPU from, which
+ * on a loaded machine can take longer than the whole operation), so each operation learns
+ * from its own runs: moving averages of how long a run took shared, and of how long it
+ * takes alone (measured when it ran alone, or estimated from a shared run as the time
+ * the leader spent over the share of units it ran). Its first run is shared (as for a
+ * stream run once); then it runs the faster way, and every 16th run the other way, to
+ * follow the machine's load. */
+static int tinyhal_op_share(tinyhal_op_t* op) {
+  uint32_t runs = op->runs++;
+  if (!op->solo_ns) return 1;
+  if (op->solo_ns < TINYHAL_SHARE_MIN_NS) return 0;
+  if (!op->shared_ns) return 1;
+  int shared_is_faster = op->shared_ns < op->solo_ns;
+  return (runs & 15u) == 15u ? !shared_is_faster : shared_is_faster;
+}
+
+static void tinyhal_op_learn(uint64_t* average_ns, uint64_t took_ns) {
+  uint64_t old = *average_ns;
+  took_ns += 1;
+  *average_ns = old ? old - (old >> 2) + (took_ns >> 2) : took_ns;
+}
+
+/* Leader: runs the operations in order from `stream->resume`, sharing operations of
+ * several tiles with `pool`'s helpers (may be NULL) when `tinyhal_op_share` says so (the
+ * stream is posted to the pool at its first shared operation, so a stream that shares
+ * nothing never wakes a helper). Returns 0 once the stream is done (its status says how),
+ * or TINYHAL_PAUSED when `deadline_ns` (nonzero) passed first: `resume`/`resume_open`
+ * then say where the next leader goes on, and a dispatch in progress stays open to its
+ * helpers meanwhile. */
+static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
+                               tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
                                tinyhal_workgroup_state_t* wg, uint64_t deadline_ns) {
   uint32_t i = stream->resume;
   int open = stream->resume_open;
@@ -537,6 +576,7 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
   for (; i < count; ++i) {
     tinyhal_op_t* op = &ops[i];
     int shared = open; /* a paused operation, still posted to its helpers */
+    uint64_t begin_ns = 0; /* when an operation that could be shared began, to learn */
     open = 0;
     if (!shared) {
       if (__atomic_load_n(&stream->abort, __ATOMIC_RELAXED)) break;
@@ -554,13 +594,20 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
       continue;
     }
     if (!shared) {
-      if (op->tile >= op->length || !stream->posted) {
-        /* One tile (nothing to share, so no helper is disturbed for it), or no helpers
-         * to share with. */
-        if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
+      int share = 0;
+      if (op->tile < op->length && pool) {
+        begin_ns = tinyhal_now_ns();
+        share = tinyhal_op_share(op) &&
+                (stream->posted || tinyhal_stream_post(pool, stream, local_memory_size));
+      }
+      if (!share) {
+        /* One tile (nothing to share, so no helper is disturbed for it), no helpers to
+         * share with, or faster alone. */
+        if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns, NULL) == TINYHAL_PAUSED) {
           stream->resume = i;
           return TINYHAL_PAUSED;
         }
+        if (begin_ns) tinyhal_op_learn(&op->solo_ns, tinyhal_now_ns() - begin_ns);
         if (stream->times) stream->times[2 * i + 1] = tinyhal_now_ns();
         continue;
       }
@@ -576,12 +623,18 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
       }
       tinyhal_bump_word(&stream->sleepers, &stream->wake);
     }
-    if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
+    uint64_t units = 0;
+    if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns, &units) == TINYHAL_PAUSED) {
       stream->resume = i;
       stream->resume_open = 1;
       return TINYHAL_PAUSED;
     }
+    if (begin_ns && units) {
+      uint64_t busy = tinyhal_now_ns() - begin_ns;
+      tinyhal_op_learn(&op->solo_ns, (uint64_t)((double)busy * op->length / units));
+    }
     tinyhal_stream_close(stream);
+    if (begin_ns) tinyhal_op_learn(&op->shared_ns, tinyhal_now_ns() - begin_ns);
     if (stream->times) stream->times[2 * i + 1] = tinyhal_now_ns();
   }
   stream->resume = count;
@@ -611,7 +664,7 @@ static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_stat
         tinyhal_op_t* op = __atomic_load_n(&stream->current, __ATOMIC_ACQUIRE);
         uint32_t index = __atomic_load_n(&stream->current_index, __ATOMIC_ACQUIRE);
         if (op->local_memory_size <= wg->local_memory_size) {
-          tinyhal_stream_claim(stream, op, index, wg, 0);
+          tinyhal_stream_claim(stream, op, index, wg, 0, NULL);
         }
         __atomic_sub_fetch(&stream->post, 1, __ATOMIC_ACQ_REL);
         tinyhal_bump_word(&stream->sleepers, &stream->left);
@@ -678,8 +731,6 @@ void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* st
  * An idle helper stays awake for `idle_spin_ns` after each stream before it sleeps, so
  * the streams of back-to-back invocations can find it awake.
  */
-
-typedef struct tinyhal_pool_t tinyhal_pool_t;
 
 struct tinyhal_helper_t {
   tinyhal_pool_t* pool;
@@ -813,6 +864,24 @@ void tinyhal_pool_free(tinyhal_pool_t* pool) {
   free(pool);
 }
 
+/* Posts `stream` to the pool's helpers, if no other stream has it and it still runs;
+ * returns whether it did (the stream then owns the pool until its leader ends it). */
+static int tinyhal_stream_post(tinyhal_pool_t* pool, tinyhal_stream_t* stream,
+                               uint32_t local_memory_size) {
+  if (__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE)) return 0;
+  int expected = 0;
+  if (!__atomic_compare_exchange_n(&pool->busy, &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_RELAXED)) {
+    return 0;
+  }
+  __atomic_store_n(&pool->local_memory_size, local_memory_size, __ATOMIC_RELAXED);
+  __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
+  __atomic_store_n(&pool->job, stream, __ATOMIC_SEQ_CST);
+  tinyhal_bump_word(&pool->sleepers, &pool->wake);
+  stream->posted = 1;
+  return 1;
+}
+
 /* Leads a bound stream (processor id 0) with the pool's helpers joining its dispatches;
  * `pool` may be NULL (the stream runs alone). Returns 0 or the first failing status once
  * the stream is done. With a nonzero `budget_ns` it may instead stop when that much time
@@ -826,19 +895,10 @@ int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
   /* Without local memory the dispatches that need it fail with -12 (leader's check). */
   (void)tinyhal_participant_enter(&participant, 0, local_memory_size);
   uint64_t deadline_ns = budget_ns ? tinyhal_now_ns() + budget_ns : 0;
-  if (!stream->posted && stream->resume == 0 && pool && pool->helper_count &&
-      !__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE) && pool->owner == getpid()) {
-    int expected = 0;
-    if (__atomic_compare_exchange_n(&pool->busy, &expected, 1, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_RELAXED)) {
-      __atomic_store_n(&pool->local_memory_size, local_memory_size, __ATOMIC_RELAXED);
-      __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
-      __atomic_store_n(&pool->job, stream, __ATOMIC_SEQ_CST);
-      tinyhal_bump_word(&pool->sleepers, &pool->wake);
-      stream->posted = 1;
-    }
-  }
-  int stopped = tinyhal_stream_lead(ops, count, stream, &participant.wg, deadline_ns);
+  /* A fork child has the pool's memory but none of its threads. */
+  tinyhal_pool_t* sharing = pool && pool->helper_count && pool->owner == getpid() ? pool : NULL;
+  int stopped = tinyhal_stream_lead(sharing, local_memory_size, ops, count, stream,
+                                    &participant.wg, deadline_ns);
   if (paused) *paused = stopped == TINYHAL_PAUSED;
   if (!stopped && stream->posted) {
     __atomic_store_n(&pool->job, NULL, __ATOMIC_SEQ_CST);

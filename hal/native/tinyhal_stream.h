@@ -30,6 +30,12 @@ typedef struct tinyhal_op_t {
   tinyhal_dispatch_fn_t fn;
   const tinyhal_environment_t* environment;
   const tinyhal_dispatch_state_t* state;
+  /* What the leader learned of its earlier runs (kept across bindings): moving averages
+   * of how long it took led alone and shared with helpers, 0 until measured, and how
+   * often it ran. */
+  uint64_t solo_ns;
+  uint64_t shared_ns;
+  uint32_t runs;
 } tinyhal_op_t;
 
 /* Shared state of one stream run; zero-initialize before the first participant. */
