@@ -70,20 +70,18 @@ class TaskDriver(Driver):
     def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
                 wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
                 queue: int) -> None:
-        if operation == "execute":
-            self._execute(payload, done, signal)
-        elif operation == "call":
-            task = CallTask(self.executor, payload, name="queue-op")
-            task.on_complete(done)
-            self.executor.submit(task)
-        else:
-            payload(done)
-
-    def _execute(self, ops: Any, done: Completion, signal: Sequence[SemaphorePoint]) -> None:
-        helpers = None if ops.single_workgroup else self.helpers
+        if operation != "execute":
+            if operation == "call":
+                task = CallTask(self.executor, payload, name="queue-op")
+                task.on_complete(done)
+                self.executor.submit(task)
+            else:
+                payload(done)
+            return
+        helpers = self.helpers  # they join only operations that the stream shares
         if self.inline_us and not on_event_loop():
             try:
-                stream = lead(ops, helpers, self.inline_us)
+                stream = lead(payload, helpers, self.inline_us)
             except Error as exc:
                 done(exc)
                 return
@@ -91,7 +89,7 @@ class TaskDriver(Driver):
                 done(None)
                 return
         else:
-            stream = Stream(ops, 1 + (helpers.count if helpers is not None else 0))
+            stream = Stream(payload, 1 + helpers.count)
 
         handoff = _Handoff(stream, helpers, done)
         for sem, value in signal:  # a handed-off stream is offered to its waiters

@@ -622,6 +622,7 @@ static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
         posted = ((post >> 32) + 1) << 32;
       }
       tinyhal_bump_word(&stream->sleepers, &stream->wake);
+      stream->last_shared = op;
     }
     uint64_t units = 0;
     if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns, &units) == TINYHAL_PAUSED) {
@@ -868,7 +869,8 @@ void tinyhal_pool_free(tinyhal_pool_t* pool) {
  * returns whether it did (the stream then owns the pool until its leader ends it). */
 static int tinyhal_stream_post(tinyhal_pool_t* pool, tinyhal_stream_t* stream,
                                uint32_t local_memory_size) {
-  if (__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE)) return 0;
+  /* A fork child has the pool's memory but none of its threads. */
+  if (__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE) || pool->owner != getpid()) return 0;
   int expected = 0;
   if (!__atomic_compare_exchange_n(&pool->busy, &expected, 1, 0, __ATOMIC_ACQ_REL,
                                    __ATOMIC_RELAXED)) {
@@ -895,17 +897,21 @@ int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
   /* Without local memory the dispatches that need it fail with -12 (leader's check). */
   (void)tinyhal_participant_enter(&participant, 0, local_memory_size);
   uint64_t deadline_ns = budget_ns ? tinyhal_now_ns() + budget_ns : 0;
-  /* A fork child has the pool's memory but none of its threads. */
-  tinyhal_pool_t* sharing = pool && pool->helper_count && pool->owner == getpid() ? pool : NULL;
+  tinyhal_pool_t* sharing = pool && pool->helper_count ? pool : NULL;
   int stopped = tinyhal_stream_lead(sharing, local_memory_size, ops, count, stream,
                                     &participant.wg, deadline_ns);
   if (paused) *paused = stopped == TINYHAL_PAUSED;
   if (!stopped && stream->posted) {
     __atomic_store_n(&pool->job, NULL, __ATOMIC_SEQ_CST);
+    uint64_t begin_ns = tinyhal_now_ns();
     for (;;) {
       uint32_t seen = __atomic_load_n(&pool->left, __ATOMIC_SEQ_CST);
       if (__atomic_load_n(&pool->attached, __ATOMIC_SEQ_CST) == 0) break;
       tinyhal_wait_word(&pool->sleepers, &pool->left, seen, TINYHAL_STREAM_SPIN_NS);
+    }
+    tinyhal_op_t* last = stream->last_shared;
+    if (last && last->shared_ns) { /* as if its latest shared run had taken that longer */
+      last->shared_ns += (tinyhal_now_ns() - begin_ns) >> 2;
     }
     stream->posted = 0;
     __atomic_store_n(&pool->busy, 0, __ATOMIC_RELEASE);

@@ -57,6 +57,8 @@ typedef struct tinyhal_stream_t {
   int leader_cpu;    /* the leader's CPU at its latest post, which helpers keep off */
   uint64_t* times;   /* NULL, or 2 per operation: when its leader began it and when it
                       * ended (CLOCK_MONOTONIC ns), for a profile; set after binding */
+  tinyhal_op_t* last_shared; /* the last operation shared with helpers, which is charged
+                              * the wait for them to leave at the stream's end */
 } tinyhal_stream_t;
 
 /* Where one binding of a recorded stream goes: on each execution the 8-byte word at
