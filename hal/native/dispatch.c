@@ -377,9 +377,9 @@ void tinyhal_cpu_data(uint64_t* out, uint32_t count) {
 /* ---- Streams: a whole submission's operations run in C ---------------------------------
  *
  * One leader walks the operation list in order; at each operation of more than one tile
- * (a dispatch's workgroups, a large fill's or copy's bytes) it posts the operation and
- * claims tiles, and any number of helpers may join a posted operation to claim tiles
- * too. Before moving past an operation the leader waits for the helpers still inside it, so
+ * (a dispatch's workgroups, a large fill's or copy's bytes) that sharing pays for
+ * (`tinyhal_op_share`) it posts the operation and claims tiles, and any number of helpers
+ * may join a posted operation to claim tiles too; other operations it runs alone. Before moving past an operation the leader waits for the helpers still inside it, so
  * every operation completes before the next starts (commands already arrive in order and
  * a barrier needs nothing more). Helpers are never waited for unless they joined, so a
  * helper that starts late (or never) cannot stall the stream.
@@ -719,8 +719,9 @@ void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* st
 /* ---- Stream helpers: native threads that join a stream its leader runs -----------------
  *
  * A pool of plain C threads that never touch Python (so never the GIL). The thread that
- * readies a submission leads its stream: it posts the stream to the pool and runs it, and
- * the helpers wake, attach, claim tiles of its dispatches like any helper, and detach when
+ * readies a submission leads its stream: at the first operation it shares it posts the
+ * stream to the pool (so a stream that shares nothing never wakes a helper), and the
+ * helpers wake, attach, claim tiles of its dispatches like any helper, and detach when
  * it is done. The leader returns only once every helper that attached has detached, so the
  * stream's memory may be reused as soon as it returns. One stream is posted at a time; a
  * second leader meanwhile runs its stream alone (the helpers are busy anyway).
