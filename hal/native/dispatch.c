@@ -440,18 +440,20 @@ static int tinyhal_op_run(tinyhal_op_t* op, tinyhal_workgroup_state_t* wg, uint6
 }
 
 /* Claims tiles of an operation until none are left, the stream aborts, or (with a nonzero
- * `deadline_ns`) the clock passes it: then returns TINYHAL_PAUSED with tiles left, else 0.
- * `*units` (if not NULL) grows by the units this thread ran. */
+ * `deadline_ns`) the clock passes it after a tile: then returns TINYHAL_PAUSED with tiles
+ * left, else 0 (the clock is read only between tiles, so an operation of one tile costs
+ * no clock read here: its leader read it before the operation). `*units` (if not NULL)
+ * grows by the units this thread ran. */
 #define TINYHAL_PAUSED 1
 static int tinyhal_stream_claim(tinyhal_stream_t* stream, tinyhal_op_t* op, uint32_t op_index,
                                 tinyhal_workgroup_state_t* wg, uint64_t deadline_ns,
                                 uint64_t* units) {
   uint64_t failed = 0;
   int rc = 0;
-  for (;;) {
+  for (int ran = 0;; ran = 1) {
     if (__atomic_load_n(&stream->abort, __ATOMIC_RELAXED)) break;
-    if (deadline_ns && tinyhal_now_ns() >= deadline_ns &&
-        __atomic_load_n(&op->cursor, __ATOMIC_RELAXED) < op->length) {
+    if (ran && deadline_ns && __atomic_load_n(&op->cursor, __ATOMIC_RELAXED) < op->length &&
+        tinyhal_now_ns() >= deadline_ns) {
       return TINYHAL_PAUSED;
     }
     uint64_t begin = __atomic_fetch_add(&op->cursor, op->tile, __ATOMIC_RELAXED);
