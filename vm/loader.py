@@ -302,7 +302,7 @@ def load_module(source, *, mapped: bool = False) -> BytecodeModule:
         raise DataLossError(f"{origin}: corrupt module: implausible sizes") from None
     except SyntaxError as exc:  # pragma: no cover - generated code is ours
         raise InternalError(f"{origin}: code generation failed: {exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - any other failure means a corrupt file
+    except Exception as exc:  # noqa: BLE001 - a parse failure: the file is corrupt
         raise DataLossError(f"{origin}: corrupt module: {type(exc).__name__}: {exc}"
                             ) from None
 
@@ -442,4 +442,13 @@ def _translate(module: BytecodeModule) -> object:
     from . import codegen
     from .verifier import verify_module
 
-    return codegen.generate_module(module, verify_module(module))
+    verified = verify_module(module)
+    try:
+        return codegen.generate_module(module, verified)
+    except (Error, MemoryError, RecursionError):
+        raise
+    except Exception as exc:
+        raise InternalError(
+            f"translating verified bytecode failed ({type(exc).__name__}: {exc}); the "
+            "module passed verification, so this is a tinyhal bug: please report it"
+        ) from exc

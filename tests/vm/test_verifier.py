@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support.vm_pairs import vm_compile_source
-from tinyhal.errors import Error, InvalidArgumentError, OutOfRangeError
+from tinyhal.errors import Error, InternalError, InvalidArgumentError, OutOfRangeError
 from tinyhal.vm import codegen, isa, regflow, templates
 from tinyhal.vm.cconv import parse_cconv
 from tinyhal.vm.loader import Function, load_module
@@ -129,6 +129,20 @@ def test_the_translator_raises_nothing_of_its_own():
     tree = ast.parse(Path(codegen.__file__).read_text())
     raises = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Raise)]
     assert not raises, f"vm/codegen.py raises at lines {raises}"
+
+
+def test_a_translator_failure_on_verified_bytecode_is_an_internal_error(monkeypatch):
+    """The loader calls a file corrupt only when parsing or verification rejects it; a
+    translator failure on verified bytecode is tinyhal's bug and says so."""
+    path = vm_compile_source("func.func @f(%a: i32) -> i32 {\n  return %a : i32\n}\n")
+
+    def broken(module, verified):
+        raise KeyError("no template")
+
+    monkeypatch.setenv("TINYHAL_VM_CACHE", "off")
+    monkeypatch.setattr(codegen, "generate_module", broken)
+    with pytest.raises(InternalError, match=r"verified bytecode failed \(KeyError.*tinyhal bug"):
+        load_module(path)
 
 
 def test_every_instruction_has_a_translation():
