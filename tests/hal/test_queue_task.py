@@ -369,6 +369,31 @@ def test_each_operation_learns_whether_sharing_it_pays(task_device, kernels):
     assert single.runs == 0 and single.shared_ns == single.solo_ns == 0
 
 
+def test_a_stream_paused_before_it_shared_anything_shares_once_led_on(kernels):
+    # The submitting thread leads for 1 us: it pauses after the first (one-workgroup)
+    # dispatch, before the stream was posted to the helpers; whoever leads it on posts
+    # it at the dispatch it shares, and the helpers join there.
+    dev = hal.create_device("task", workers=2, inline_us=1)
+    try:
+        exe = dev.load_executable(kernels)
+        n = 256
+        a = dev.allocator.allocate(4 * 64)
+        b = dev.allocator.allocate(4 * 64)
+        out = dev.allocator.allocate(4 * n + 64)  # + arrival flags
+        cb = dev.create_command_buffer()
+        cb.dispatch(exe, "step", (1, 1, 1), bindings=[a, b])
+        cb.barrier()
+        cb.dispatch(exe, "who", (n, 1, 1), bindings=[out])
+        cb.finalize()
+        s = dev.create_semaphore()
+        dev.submit(cb, signal=[(s, 1)])
+        s.wait(1, timeout=T)
+        ids = BufferView(out, (n + 16,), 0x10000020).to_numpy()[:n]
+        assert set(ids.tolist()) == {1, 2}
+    finally:
+        dev.close()
+
+
 def test_an_interrupted_waiter_still_completes_the_stream_it_led():
     # The waiting thread leads a handed-off stream (inline_us=1) and is interrupted (a
     # signal handler raising) while it does: the stream still ends, its signal fails
