@@ -13,15 +13,16 @@ scheduler took its CPU from, can cost more than a small dispatch's whole run, on
 machine more than a large one's), and one-workgroup operations are never shared, so a
 stream of small ones wakes no helper. A ready submission is bound and led in one C call
 (`hal.stream.lead`), as on `sync`. So a small model's submission costs no thread hand-off
-at all: no worker is woken through Python to start it and none to report its end. A leader hands the rest of a stream that outlasts `inline_us` to an
-executor worker and returns, so a submitting thread is held up that long (plus one tile)
-at most; a thread that runs an event loop (trio, asyncio) hands the whole stream to a
-worker, so its other tasks go on at once. A handed-off stream is also offered at its
-signal points (`Semaphore.offer`): a thread that blocks waiting for it before the worker
-has started (a VM invocation awaiting its result, typically) leads it on itself, rather
-than sleeping while a worker wakes up and moves the stream to another core. When the
-stream completes, the signal semaphores advance, or fail with its error (or its waits'
-error), which reaches every dependent submission the same way.
+at all: no worker is woken through Python to start it and none to report its end. A
+leader hands the rest of a stream that outlasts `inline_us` to an executor worker and
+returns, so a submitting thread is held up that long (plus one tile) at most; a thread
+that runs an event loop (trio, asyncio) hands the whole stream to a worker, so its other
+tasks go on at once. A handed-off stream is also offered at its signal points
+(`Semaphore.offer`): a thread that blocks waiting for it before the worker has started (a
+VM invocation awaiting its result, typically) leads it on itself, rather than sleeping
+while a worker wakes up and moves the stream to another core. When the stream completes,
+the signal semaphores advance, or fail with its error (or its waits' error), which
+reaches every dependent submission the same way.
 
 Independent submissions run out of order: the only ordering is the one semaphores give.
 Host work (file and host-memory transfers) runs on the executor's workers. `close()`
@@ -30,8 +31,9 @@ stops the executor and the helpers.
 
 Options: `workers` (default one per core: the helpers are one fewer, the leader being
 the last), `transient_capacity` (ringbuffer bytes), `inline_us` (how long a readying
-thread leads a submission before handing it to a worker, default 2000; 0: never), `helper_spin_us`
-(how long an idle helper stays awake for the next submission before it sleeps).
+thread leads a submission before handing it to a worker, default 2000; 0: never),
+`helper_spin_us` (how long an idle helper stays awake for the next submission before it
+sleeps).
 """
 
 from __future__ import annotations
@@ -96,7 +98,11 @@ class TaskDriver(Driver):
         else:
             stream = Stream(payload, 1 + helpers.count)
 
-        handoff = _Handoff(stream, helpers, done)
+        try:
+            handoff = _Handoff(stream, helpers, done)
+        except BaseException:  # interrupted (KeyboardInterrupt): end the stream first
+            _end_stream(stream, helpers)
+            raise
         for sem, value in signal:  # a handed-off stream is offered to its waiters
             sem.offer(value, handoff.lead)
         task = CallTask(self.executor, handoff.lead, name="submit")
