@@ -556,10 +556,19 @@ static int tinyhal_op_share(tinyhal_op_t* op) {
   return (runs & 15u) == 15u ? !shared_is_faster : shared_is_faster;
 }
 
+/* Moves a moving average towards a new run's time: a quarter of the way up, half of the
+ * way down, since noise (preemption, a slow wake-up) only ever adds time, and a shared
+ * run that was slow once is then tried again soon. */
 static void tinyhal_op_learn(uint64_t* average_ns, uint64_t took_ns) {
   uint64_t old = *average_ns;
   took_ns += 1;
-  *average_ns = old ? old - (old >> 2) + (took_ns >> 2) : took_ns;
+  if (!old) {
+    *average_ns = took_ns;
+  } else if (took_ns < old) {
+    *average_ns = old - ((old - took_ns) >> 1);
+  } else {
+    *average_ns = old + ((took_ns - old) >> 2);
+  }
 }
 
 /* Leader: runs the operations in order from `stream->resume`, sharing operations of
