@@ -545,24 +545,56 @@ static int tinyhal_stream_post(tinyhal_pool_t* pool, tinyhal_stream_t* stream,
  * from its own runs: moving averages of how long a run took shared, and of how long it
  * takes alone (measured when it ran alone, or estimated from a shared run as the time
  * the leader spent over the share of units it ran). Its first run is shared (as for a
- * stream run once); then it runs the faster way, and every 16th run the other way, to
- * follow the machine's load. */
-static int tinyhal_op_share(tinyhal_op_t* op) {
-  uint32_t runs = op->runs++;
+ * stream run once); then it runs the faster way, and every TINYHAL_PROBE_PERIOD runs it
+ * tries the other way for TINYHAL_PROBE_RUNS runs in a row, to follow the machine's load:
+ * the first of those is not counted (a helper that slept through the runs before wakes up
+ * slowly, which sharing every run would not pay) and the second replaces the average. */
+#define TINYHAL_PROBE_PERIOD 64u
+#define TINYHAL_PROBE_RUNS 4u
+
+/* Whether this run of an operation tries the way it did not learn to prefer. */
+static int tinyhal_op_probing(const tinyhal_op_t* op) {
+  return op->solo_ns >= TINYHAL_SHARE_MIN_NS && op->shared_ns &&
+         (op->runs & (TINYHAL_PROBE_PERIOD - 1u)) >= TINYHAL_PROBE_PERIOD - TINYHAL_PROBE_RUNS;
+}
+
+static int tinyhal_op_share(const tinyhal_op_t* op) {
+  if (op->tile >= op->length) return 0; /* one tile: nothing to share */
   if (!op->solo_ns) return 1;
   if (op->solo_ns < TINYHAL_SHARE_MIN_NS) return 0;
   if (!op->shared_ns) return 1;
   int shared_is_faster = op->shared_ns < op->solo_ns;
-  return (runs & 15u) == 15u ? !shared_is_faster : shared_is_faster;
+  return tinyhal_op_probing(op) ? !shared_is_faster : shared_is_faster;
 }
 
-/* Moves a moving average towards a new run's time: a quarter of the way up, half of the
- * way down, since noise (preemption, a slow wake-up) only ever adds time, and a shared
- * run that was slow once is then tried again soon. */
-static void tinyhal_op_learn(uint64_t* average_ns, uint64_t took_ns) {
+/* Whether a stream about to start will share any of its operations: then it is posted
+ * to the helpers at once, so that waking them overlaps the leader's first operations. */
+static int tinyhal_stream_will_share(const tinyhal_op_t* ops, uint32_t count) {
+  for (uint32_t i = 0; i < count; ++i) {
+    if (tinyhal_op_share(&ops[i])) return 1;
+  }
+  return 0;
+}
+
+/* How a run's time counts: towards the moving average, in its place, or not at all. */
+enum { TINYHAL_LEARN_AVERAGE, TINYHAL_LEARN_REPLACE, TINYHAL_LEARN_SKIP };
+
+/* How the run of an operation now starting (`runs` not yet counted) is learned from. */
+static int tinyhal_op_learning(const tinyhal_op_t* op) {
+  if (!tinyhal_op_probing(op)) return TINYHAL_LEARN_AVERAGE;
+  uint32_t phase = (op->runs & (TINYHAL_PROBE_PERIOD - 1u)) -
+                   (TINYHAL_PROBE_PERIOD - TINYHAL_PROBE_RUNS);
+  return phase == 0 ? TINYHAL_LEARN_SKIP : phase == 1 ? TINYHAL_LEARN_REPLACE
+                                                     : TINYHAL_LEARN_AVERAGE;
+}
+
+/* Moves a moving average towards a run's time: a quarter of the way up, half of the way
+ * down, since noise (preemption, a slow wake-up) only ever adds time. */
+static void tinyhal_op_learn(uint64_t* average_ns, uint64_t took_ns, int how) {
   uint64_t old = *average_ns;
   took_ns += 1;
-  if (!old) {
+  if (how == TINYHAL_LEARN_SKIP) return;
+  if (!old || how == TINYHAL_LEARN_REPLACE) {
     *average_ns = took_ns;
   } else if (took_ns < old) {
     *average_ns = old - ((old - took_ns) >> 1);
@@ -573,8 +605,8 @@ static void tinyhal_op_learn(uint64_t* average_ns, uint64_t took_ns) {
 
 /* Leader: runs the operations in order from `stream->resume`, sharing operations of
  * several tiles with `pool`'s helpers (may be NULL) when `tinyhal_op_share` says so (the
- * stream is posted to the pool at its first shared operation, so a stream that shares
- * nothing never wakes a helper). Returns 0 once the stream is done (its status says how),
+ * stream was posted to the pool at its start if it was to share any, else at its first
+ * shared operation, so a stream that shares nothing never wakes a helper). Returns 0 once the stream is done (its status says how),
  * or TINYHAL_PAUSED when `deadline_ns` (nonzero) passed first: `resume`/`resume_open`
  * then say where the next leader goes on, and a dispatch in progress stays open to its
  * helpers meanwhile. */
@@ -588,6 +620,7 @@ static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
     tinyhal_op_t* op = &ops[i];
     int shared = open; /* a paused operation, still posted to its helpers */
     uint64_t begin_ns = 0; /* when an operation that could be shared began, to learn */
+    int learning = TINYHAL_LEARN_AVERAGE;
     open = 0;
     if (!shared) {
       if (__atomic_load_n(&stream->abort, __ATOMIC_RELAXED)) break;
@@ -608,8 +641,10 @@ static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
       int share = 0;
       if (op->tile < op->length && pool) {
         begin_ns = tinyhal_now_ns();
+        learning = tinyhal_op_learning(op);
         share = tinyhal_op_share(op) &&
                 (stream->posted || tinyhal_stream_post(pool, stream, local_memory_size));
+        ++op->runs;
       }
       if (!share) {
         /* One tile (nothing to share, so no helper is disturbed for it), no helpers to
@@ -618,7 +653,7 @@ static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
           stream->resume = i;
           return TINYHAL_PAUSED;
         }
-        if (begin_ns) tinyhal_op_learn(&op->solo_ns, tinyhal_now_ns() - begin_ns);
+        if (begin_ns) tinyhal_op_learn(&op->solo_ns, tinyhal_now_ns() - begin_ns, learning);
         if (stream->times) stream->times[2 * i + 1] = tinyhal_now_ns();
         continue;
       }
@@ -633,7 +668,7 @@ static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
         posted = ((post >> 32) + 1) << 32;
       }
       tinyhal_bump_word(&stream->sleepers, &stream->wake);
-      stream->last_shared = op;
+      stream->last_shared = learning == TINYHAL_LEARN_SKIP ? NULL : op;
     }
     uint64_t units = 0;
     if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns, &units) == TINYHAL_PAUSED) {
@@ -641,12 +676,13 @@ static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
       stream->resume_open = 1;
       return TINYHAL_PAUSED;
     }
-    if (begin_ns && units) {
+    if (begin_ns && units && learning == TINYHAL_LEARN_AVERAGE) {
       uint64_t busy = tinyhal_now_ns() - begin_ns;
-      tinyhal_op_learn(&op->solo_ns, (uint64_t)((double)busy * op->length / units));
+      tinyhal_op_learn(&op->solo_ns, (uint64_t)((double)busy * op->length / units),
+                       TINYHAL_LEARN_AVERAGE);
     }
     tinyhal_stream_close(stream);
-    if (begin_ns) tinyhal_op_learn(&op->shared_ns, tinyhal_now_ns() - begin_ns);
+    if (begin_ns) tinyhal_op_learn(&op->shared_ns, tinyhal_now_ns() - begin_ns, learning);
     if (stream->times) stream->times[2 * i + 1] = tinyhal_now_ns();
   }
   stream->resume = count;
@@ -730,9 +766,9 @@ void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* st
 /* ---- Stream helpers: native threads that join a stream its leader runs -----------------
  *
  * A pool of plain C threads that never touch Python (so never the GIL). The thread that
- * readies a submission leads its stream: at the first operation it shares it posts the
- * stream to the pool (so a stream that shares nothing never wakes a helper), and the
- * helpers wake, attach, claim tiles of its dispatches like any helper, and detach when
+ * readies a submission leads its stream: when the stream is to share an operation it
+ * posts the stream to the pool at its start (so a stream that shares nothing never wakes
+ * a helper), and the helpers wake, attach, claim tiles of its dispatches like any helper, and detach when
  * it is done. The leader returns only once every helper that attached has detached, so the
  * stream's memory may be reused as soon as it returns. One stream is posted at a time; a
  * second leader meanwhile runs its stream alone (the helpers are busy anyway).
@@ -910,6 +946,10 @@ int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
   (void)tinyhal_participant_enter(&participant, 0, local_memory_size);
   uint64_t deadline_ns = budget_ns ? tinyhal_now_ns() + budget_ns : 0;
   tinyhal_pool_t* sharing = pool && pool->helper_count ? pool : NULL;
+  if (sharing && !stream->posted && stream->resume == 0 &&
+      tinyhal_stream_will_share(ops, count)) {
+    (void)tinyhal_stream_post(sharing, stream, local_memory_size);
+  }
   int stopped = tinyhal_stream_lead(sharing, local_memory_size, ops, count, stream,
                                     &participant.wg, deadline_ns);
   if (paused) *paused = stopped == TINYHAL_PAUSED;
