@@ -548,7 +548,10 @@ static int tinyhal_stream_post(tinyhal_pool_t* pool, tinyhal_stream_t* stream,
  * stream run once); then it runs the faster way, and every TINYHAL_PROBE_PERIOD runs it
  * tries the other way for TINYHAL_PROBE_RUNS runs in a row, to follow the machine's load:
  * the first of those is not counted (a helper that slept through the runs before wakes up
- * slowly, which sharing every run would not pay) and the second replaces the average. */
+ * slowly, which sharing every run would not pay), the second replaces the average and the
+ * others lower it to their time if faster: a few runs of a way not taken, on a loaded
+ * machine, can each be slowed down by preemption, and its best time is what it could
+ * keep up when taken every run. */
 #define TINYHAL_PROBE_PERIOD 64u
 #define TINYHAL_PROBE_RUNS 4u
 
@@ -576,8 +579,9 @@ static int tinyhal_stream_will_share(const tinyhal_op_t* ops, uint32_t count) {
   return 0;
 }
 
-/* How a run's time counts: towards the moving average, in its place, or not at all. */
-enum { TINYHAL_LEARN_AVERAGE, TINYHAL_LEARN_REPLACE, TINYHAL_LEARN_SKIP };
+/* How a run's time counts: towards the moving average, in its place, only if lower, or
+ * not at all. */
+enum { TINYHAL_LEARN_AVERAGE, TINYHAL_LEARN_REPLACE, TINYHAL_LEARN_MIN, TINYHAL_LEARN_SKIP };
 
 /* How the run of an operation now starting (`runs` not yet counted) is learned from. */
 static int tinyhal_op_learning(const tinyhal_op_t* op) {
@@ -585,21 +589,27 @@ static int tinyhal_op_learning(const tinyhal_op_t* op) {
   uint32_t phase = (op->runs & (TINYHAL_PROBE_PERIOD - 1u)) -
                    (TINYHAL_PROBE_PERIOD - TINYHAL_PROBE_RUNS);
   return phase == 0 ? TINYHAL_LEARN_SKIP : phase == 1 ? TINYHAL_LEARN_REPLACE
-                                                     : TINYHAL_LEARN_AVERAGE;
+                                                     : TINYHAL_LEARN_MIN;
 }
 
-/* Moves a moving average towards a run's time: a quarter of the way up, half of the way
- * down, since noise (preemption, a slow wake-up) only ever adds time. */
+/* Moves a moving average towards a run's time: half of the way down, and a quarter of
+ * the way up but by at most a quarter of the average, since noise only ever adds time,
+ * and on a loaded machine a run now and then is held up for milliseconds (a helper
+ * preempted in the middle of a tile): the average follows the typical run, as the
+ * median of a benchmark does, not those. */
 static void tinyhal_op_learn(uint64_t* average_ns, uint64_t took_ns, int how) {
   uint64_t old = *average_ns;
   took_ns += 1;
   if (how == TINYHAL_LEARN_SKIP) return;
-  if (!old || how == TINYHAL_LEARN_REPLACE) {
+  if (!old || how == TINYHAL_LEARN_REPLACE || (how == TINYHAL_LEARN_MIN && took_ns < old)) {
     *average_ns = took_ns;
+  } else if (how == TINYHAL_LEARN_MIN) {
+    return;
   } else if (took_ns < old) {
     *average_ns = old - ((old - took_ns) >> 1);
   } else {
-    *average_ns = old + ((took_ns - old) >> 2);
+    uint64_t up = took_ns - old;
+    *average_ns = old + ((up < old ? up : old) >> 2);
   }
 }
 
@@ -668,7 +678,7 @@ static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
         posted = ((post >> 32) + 1) << 32;
       }
       tinyhal_bump_word(&stream->sleepers, &stream->wake);
-      stream->last_shared = learning == TINYHAL_LEARN_SKIP ? NULL : op;
+      stream->last_shared = learning == TINYHAL_LEARN_AVERAGE ? op : NULL;
     }
     uint64_t units = 0;
     if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns, &units) == TINYHAL_PAUSED) {
@@ -963,7 +973,8 @@ int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
     }
     tinyhal_op_t* last = stream->last_shared;
     if (last && last->shared_ns) { /* as if its latest shared run had taken that longer */
-      last->shared_ns += (tinyhal_now_ns() - begin_ns) >> 2;
+      uint64_t waited = tinyhal_now_ns() - begin_ns;
+      last->shared_ns += (waited < last->shared_ns ? waited : last->shared_ns) >> 2;
     }
     stream->posted = 0;
     __atomic_store_n(&pool->busy, 0, __ATOMIC_RELEASE);
