@@ -4,15 +4,11 @@ The device hands over each queue operation once its wait semaphores are reached 
 semaphore timepoint callback, so nothing polls). A command-buffer submission runs as one
 native `Stream` (see `hal/stream.py`), led through its operations in C by the thread that
 readies it (usually the submitting one, which would otherwise only wait), while the
-device's `StreamHelpers` (plain C threads: no Python, no GIL) join the dispatches it
-shares and claim tiles of their workgroups, like compute units on a GPU (and 64 KiB tiles
-of large fills and copies, as IREE's task executor splits them). The stream shares an
-operation only when that was faster: each operation learns from its own runs how long it
-takes alone and shared (waking a helper, and waiting at the operation's end for one the
-scheduler took its CPU from, can cost more than a small dispatch's whole run, on a loaded
-machine more than a large one's), and one-workgroup operations are never shared, so a
-stream of small ones wakes no helper. A ready submission is bound and led in one C call
-(`hal.stream.lead`), as on `sync`. So a small model's submission costs no thread hand-off
+device's `StreamHelpers` (plain C threads: no Python, no GIL) join each dispatch of
+several workgroups and claim tiles of them, like compute units on a GPU (and 64 KiB tiles
+of large fills and copies, as IREE's task executor splits them); a stream of
+one-workgroup dispatches wakes no helper. A ready submission is bound and led in one C
+call (`hal.stream.lead`), as on `sync`. So a small model's submission costs no thread hand-off
 at all: no worker is woken through Python to start it and none to report its end. A
 leader hands the rest of a stream that outlasts `inline_us` to an executor worker and
 returns, so a submitting thread is held up that long (plus one tile) at most; a thread
@@ -85,7 +81,7 @@ class TaskDriver(Driver):
             else:
                 payload(done)
             return
-        helpers = self.helpers  # they join only operations that the stream shares
+        helpers = self.helpers  # they join only operations of several tiles
         if self.inline_us and not on_event_loop():
             try:
                 stream = lead(payload, helpers, self.inline_us)

@@ -377,9 +377,9 @@ void tinyhal_cpu_data(uint64_t* out, uint32_t count) {
 /* ---- Streams: a whole submission's operations run in C ---------------------------------
  *
  * One leader walks the operation list in order; at each operation of more than one tile
- * (a dispatch's workgroups, a large fill's or copy's bytes) that sharing pays for
- * (`tinyhal_op_share`) it posts the operation and claims tiles, and any number of helpers
- * may join a posted operation to claim tiles too; other operations it runs alone. Before moving past an operation the leader waits for the helpers still inside it, so
+ * (a dispatch's workgroups, a large fill's or copy's bytes) it posts the operation and
+ * claims tiles, and any number of helpers may join a posted operation to claim tiles
+ * too. Before moving past an operation the leader waits for the helpers still inside it, so
  * every operation completes before the next starts (commands already arrive in order and
  * a barrier needs nothing more). Helpers are never waited for unless they joined, so a
  * helper that starts late (or never) cannot stall the stream.
@@ -442,12 +442,10 @@ static int tinyhal_op_run(tinyhal_op_t* op, tinyhal_workgroup_state_t* wg, uint6
 /* Claims tiles of an operation until none are left, the stream aborts, or (with a nonzero
  * `deadline_ns`) the clock passes it after a tile: then returns TINYHAL_PAUSED with tiles
  * left, else 0 (the clock is read only between tiles, so an operation of one tile costs
- * no clock read here: its leader read it before the operation). `*units` (if not NULL)
- * grows by the units this thread ran. */
+ * no clock read here: its leader read it before the operation). */
 #define TINYHAL_PAUSED 1
 static int tinyhal_stream_claim(tinyhal_stream_t* stream, tinyhal_op_t* op, uint32_t op_index,
-                                tinyhal_workgroup_state_t* wg, uint64_t deadline_ns,
-                                uint64_t* units) {
+                                tinyhal_workgroup_state_t* wg, uint64_t deadline_ns) {
   uint64_t failed = 0;
   int rc = 0;
   for (int ran = 0;; ran = 1) {
@@ -460,7 +458,6 @@ static int tinyhal_stream_claim(tinyhal_stream_t* stream, tinyhal_op_t* op, uint
     if (begin >= op->length) break;
     uint64_t end = begin + op->tile < op->length ? begin + op->tile : op->length;
     rc = tinyhal_op_run(op, wg, begin, end, &failed);
-    if (units) *units += end - begin;
     if (rc != 0) {
       int expected = 0;
       if (__atomic_compare_exchange_n(&stream->status, &expected, rc, 0, __ATOMIC_ACQ_REL,
@@ -534,92 +531,22 @@ typedef struct tinyhal_pool_t tinyhal_pool_t;
 static int tinyhal_stream_post(tinyhal_pool_t* pool, tinyhal_stream_t* stream,
                                uint32_t local_memory_size);
 
-/* Operations whose run alone takes less than this are never shared: waking a helper
- * and waiting for it at the end costs about as much. */
-#define TINYHAL_SHARE_MIN_NS 20000u
-
-/* Whether the leader shares an operation of several tiles with the helpers this run.
- * Sharing pays only when the helpers' tiles outweigh what sharing costs (waking a helper,
- * and waiting at the operation's end for a helper the scheduler took its CPU from, which
- * on a loaded machine can take longer than the whole operation), so each operation learns
- * from its own runs: moving averages of how long a run took shared, and of how long it
- * takes alone (measured when it ran alone, or estimated from a shared run as the time
- * the leader spent over the share of units it ran). Its first run is shared (as for a
- * stream run once); then it runs the faster way, and every TINYHAL_PROBE_PERIOD runs it
- * tries the other way for TINYHAL_PROBE_RUNS runs in a row, to follow the machine's load:
- * the first of those is not counted (a helper that slept through the runs before wakes up
- * slowly, which sharing every run would not pay), the second replaces the average and the
- * others lower it to their time if faster: a few runs of a way not taken, on a loaded
- * machine, can each be slowed down by preemption, and its best time is what it could
- * keep up when taken every run. */
-#define TINYHAL_PROBE_PERIOD 64u
-#define TINYHAL_PROBE_RUNS 4u
-
-/* Whether this run of an operation tries the way it did not learn to prefer. */
-static int tinyhal_op_probing(const tinyhal_op_t* op) {
-  return op->solo_ns >= TINYHAL_SHARE_MIN_NS && op->shared_ns &&
-         (op->runs & (TINYHAL_PROBE_PERIOD - 1u)) >= TINYHAL_PROBE_PERIOD - TINYHAL_PROBE_RUNS;
-}
-
-static int tinyhal_op_share(const tinyhal_op_t* op) {
-  if (op->tile >= op->length) return 0; /* one tile: nothing to share */
-  if (!op->solo_ns) return 1;
-  if (op->solo_ns < TINYHAL_SHARE_MIN_NS) return 0;
-  if (!op->shared_ns) return 1;
-  int shared_is_faster = op->shared_ns < op->solo_ns;
-  return tinyhal_op_probing(op) ? !shared_is_faster : shared_is_faster;
-}
-
-/* Whether a stream about to start will share any of its operations: then it is posted
- * to the helpers at once, so that waking them overlaps the leader's first operations. */
-static int tinyhal_stream_will_share(const tinyhal_op_t* ops, uint32_t count) {
+/* Whether a stream about to start has an operation of several tiles: then it is posted
+ * to the helpers at once, so that waking them overlaps the leader's first operations;
+ * a stream of one-tile operations never wakes a helper. */
+static int tinyhal_stream_shares(const tinyhal_op_t* ops, uint32_t count) {
   for (uint32_t i = 0; i < count; ++i) {
-    if (tinyhal_op_share(&ops[i])) return 1;
+    if (ops[i].tile < ops[i].length) return 1;
   }
   return 0;
 }
 
-/* How a run's time counts: towards the moving average, in its place, only if lower, or
- * not at all. */
-enum { TINYHAL_LEARN_AVERAGE, TINYHAL_LEARN_REPLACE, TINYHAL_LEARN_MIN, TINYHAL_LEARN_SKIP };
-
-/* How the run of an operation now starting (`runs` not yet counted) is learned from. */
-static int tinyhal_op_learning(const tinyhal_op_t* op) {
-  if (!tinyhal_op_probing(op)) return TINYHAL_LEARN_AVERAGE;
-  uint32_t phase = (op->runs & (TINYHAL_PROBE_PERIOD - 1u)) -
-                   (TINYHAL_PROBE_PERIOD - TINYHAL_PROBE_RUNS);
-  return phase == 0 ? TINYHAL_LEARN_SKIP : phase == 1 ? TINYHAL_LEARN_REPLACE
-                                                     : TINYHAL_LEARN_MIN;
-}
-
-/* Moves a moving average towards a run's time: half of the way down, and a quarter of
- * the way up but by at most a quarter of the average, since noise only ever adds time,
- * and on a loaded machine a run now and then is held up for milliseconds (a helper
- * preempted in the middle of a tile): the average follows the typical run, as the
- * median of a benchmark does, not those. */
-static void tinyhal_op_learn(uint64_t* average_ns, uint64_t took_ns, int how) {
-  uint64_t old = *average_ns;
-  took_ns += 1;
-  if (how == TINYHAL_LEARN_SKIP) return;
-  if (!old || how == TINYHAL_LEARN_REPLACE || (how == TINYHAL_LEARN_MIN && took_ns < old)) {
-    *average_ns = took_ns;
-  } else if (how == TINYHAL_LEARN_MIN) {
-    return;
-  } else if (took_ns < old) {
-    *average_ns = old - ((old - took_ns) >> 1);
-  } else {
-    uint64_t up = took_ns - old;
-    *average_ns = old + ((up < old ? up : old) >> 2);
-  }
-}
-
 /* Leader: runs the operations in order from `stream->resume`, sharing operations of
- * several tiles with `pool`'s helpers (may be NULL) when `tinyhal_op_share` says so (the
- * stream was posted to the pool at its start if it was to share any, else at its first
- * shared operation, so a stream that shares nothing never wakes a helper). Returns 0 once the stream is done (its status says how),
- * or TINYHAL_PAUSED when `deadline_ns` (nonzero) passed first: `resume`/`resume_open`
- * then say where the next leader goes on, and a dispatch in progress stays open to its
- * helpers meanwhile. */
+ * several tiles with `pool`'s helpers (may be NULL; a stream not posted yet, one that
+ * paused before it reached such an operation, is posted then). Returns 0 once the stream
+ * is done (its status says how), or TINYHAL_PAUSED when `deadline_ns` (nonzero) passed
+ * first: `resume`/`resume_open` then say where the next leader goes on, and a dispatch in
+ * progress stays open to its helpers meanwhile. */
 static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
                                tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
                                tinyhal_workgroup_state_t* wg, uint64_t deadline_ns) {
@@ -629,8 +556,6 @@ static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
   for (; i < count; ++i) {
     tinyhal_op_t* op = &ops[i];
     int shared = open; /* a paused operation, still posted to its helpers */
-    uint64_t begin_ns = 0; /* when an operation that could be shared began, to learn */
-    int learning = TINYHAL_LEARN_AVERAGE;
     open = 0;
     if (!shared) {
       if (__atomic_load_n(&stream->abort, __ATOMIC_RELAXED)) break;
@@ -648,22 +573,14 @@ static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
       continue;
     }
     if (!shared) {
-      int share = 0;
-      if (op->tile < op->length && pool) {
-        begin_ns = tinyhal_now_ns();
-        learning = tinyhal_op_learning(op);
-        share = tinyhal_op_share(op) &&
-                (stream->posted || tinyhal_stream_post(pool, stream, local_memory_size));
-        ++op->runs;
-      }
-      if (!share) {
-        /* One tile (nothing to share, so no helper is disturbed for it), no helpers to
-         * share with, or faster alone. */
-        if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns, NULL) == TINYHAL_PAUSED) {
+      if (op->tile >= op->length || !pool ||
+          !(stream->posted || tinyhal_stream_post(pool, stream, local_memory_size))) {
+        /* One tile (nothing to share, so no helper is disturbed for it), or no helpers
+         * to share with. */
+        if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
           stream->resume = i;
           return TINYHAL_PAUSED;
         }
-        if (begin_ns) tinyhal_op_learn(&op->solo_ns, tinyhal_now_ns() - begin_ns, learning);
         if (stream->times) stream->times[2 * i + 1] = tinyhal_now_ns();
         continue;
       }
@@ -678,21 +595,13 @@ static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
         posted = ((post >> 32) + 1) << 32;
       }
       tinyhal_bump_word(&stream->sleepers, &stream->wake);
-      stream->last_shared = learning == TINYHAL_LEARN_AVERAGE ? op : NULL;
     }
-    uint64_t units = 0;
-    if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns, &units) == TINYHAL_PAUSED) {
+    if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
       stream->resume = i;
       stream->resume_open = 1;
       return TINYHAL_PAUSED;
     }
-    if (begin_ns && units && learning == TINYHAL_LEARN_AVERAGE) {
-      uint64_t busy = tinyhal_now_ns() - begin_ns;
-      tinyhal_op_learn(&op->solo_ns, (uint64_t)((double)busy * op->length / units),
-                       TINYHAL_LEARN_AVERAGE);
-    }
     tinyhal_stream_close(stream);
-    if (begin_ns) tinyhal_op_learn(&op->shared_ns, tinyhal_now_ns() - begin_ns, learning);
     if (stream->times) stream->times[2 * i + 1] = tinyhal_now_ns();
   }
   stream->resume = count;
@@ -722,7 +631,7 @@ static void tinyhal_stream_help(tinyhal_stream_t* stream, tinyhal_workgroup_stat
         tinyhal_op_t* op = __atomic_load_n(&stream->current, __ATOMIC_ACQUIRE);
         uint32_t index = __atomic_load_n(&stream->current_index, __ATOMIC_ACQUIRE);
         if (op->local_memory_size <= wg->local_memory_size) {
-          tinyhal_stream_claim(stream, op, index, wg, 0, NULL);
+          tinyhal_stream_claim(stream, op, index, wg, 0);
         }
         __atomic_sub_fetch(&stream->post, 1, __ATOMIC_ACQ_REL);
         tinyhal_bump_word(&stream->sleepers, &stream->left);
@@ -776,10 +685,10 @@ void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* st
 /* ---- Stream helpers: native threads that join a stream its leader runs -----------------
  *
  * A pool of plain C threads that never touch Python (so never the GIL). The thread that
- * readies a submission leads its stream: when the stream is to share an operation it
- * posts the stream to the pool at its start (so a stream that shares nothing never wakes
- * a helper), and the helpers wake, attach, claim tiles of its dispatches like any helper, and detach when
- * it is done. The leader returns only once every helper that attached has detached, so the
+ * readies a submission leads its stream: when the stream has an operation of several
+ * tiles it posts the stream to the pool at its start (so a stream of one-tile operations
+ * never wakes a helper), and the helpers wake, attach, claim tiles of its dispatches like
+ * any helper, and detach when it is done. The leader returns only once every helper that attached has detached, so the
  * stream's memory may be reused as soon as it returns. One stream is posted at a time; a
  * second leader meanwhile runs its stream alone (the helpers are busy anyway).
  *
@@ -927,8 +836,12 @@ void tinyhal_pool_free(tinyhal_pool_t* pool) {
  * returns whether it did (the stream then owns the pool until its leader ends it). */
 static int tinyhal_stream_post(tinyhal_pool_t* pool, tinyhal_stream_t* stream,
                                uint32_t local_memory_size) {
+  if (__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&pool->busy, __ATOMIC_RELAXED)) {
+    return 0;
+  }
   /* A fork child has the pool's memory but none of its threads. */
-  if (__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE) || pool->owner != getpid()) return 0;
+  if (pool->owner != getpid()) return 0;
   int expected = 0;
   if (!__atomic_compare_exchange_n(&pool->busy, &expected, 1, 0, __ATOMIC_ACQ_REL,
                                    __ATOMIC_RELAXED)) {
@@ -957,7 +870,7 @@ int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
   uint64_t deadline_ns = budget_ns ? tinyhal_now_ns() + budget_ns : 0;
   tinyhal_pool_t* sharing = pool && pool->helper_count ? pool : NULL;
   if (sharing && !stream->posted && stream->resume == 0 &&
-      tinyhal_stream_will_share(ops, count)) {
+      tinyhal_stream_shares(ops, count)) {
     (void)tinyhal_stream_post(sharing, stream, local_memory_size);
   }
   int stopped = tinyhal_stream_lead(sharing, local_memory_size, ops, count, stream,
@@ -965,16 +878,10 @@ int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
   if (paused) *paused = stopped == TINYHAL_PAUSED;
   if (!stopped && stream->posted) {
     __atomic_store_n(&pool->job, NULL, __ATOMIC_SEQ_CST);
-    uint64_t begin_ns = tinyhal_now_ns();
     for (;;) {
       uint32_t seen = __atomic_load_n(&pool->left, __ATOMIC_SEQ_CST);
       if (__atomic_load_n(&pool->attached, __ATOMIC_SEQ_CST) == 0) break;
       tinyhal_wait_word(&pool->sleepers, &pool->left, seen, TINYHAL_STREAM_SPIN_NS);
-    }
-    tinyhal_op_t* last = stream->last_shared;
-    if (last && last->shared_ns) { /* as if its latest shared run had taken that longer */
-      uint64_t waited = tinyhal_now_ns() - begin_ns;
-      last->shared_ns += (waited < last->shared_ns ? waited : last->shared_ns) >> 2;
     }
     stream->posted = 0;
     __atomic_store_n(&pool->busy, 0, __ATOMIC_RELEASE);

@@ -30,12 +30,6 @@ typedef struct tinyhal_op_t {
   tinyhal_dispatch_fn_t fn;
   const tinyhal_environment_t* environment;
   const tinyhal_dispatch_state_t* state;
-  /* What the leader learned of its earlier runs (kept across bindings): moving averages
-   * of how long it took led alone and shared with helpers, 0 until measured, and how
-   * often it ran. */
-  uint64_t solo_ns;
-  uint64_t shared_ns;
-  uint32_t runs;
 } tinyhal_op_t;
 
 /* Shared state of one stream run; zero-initialize before the first participant. */
@@ -57,8 +51,6 @@ typedef struct tinyhal_stream_t {
   int leader_cpu;    /* the leader's CPU at its latest post, which helpers keep off */
   uint64_t* times;   /* NULL, or 2 per operation: when its leader began it and when it
                       * ended (CLOCK_MONOTONIC ns), for a profile; set after binding */
-  tinyhal_op_t* last_shared; /* the last operation shared with helpers, which is charged
-                              * the wait for them to leave at the stream's end */
 } tinyhal_stream_t;
 
 /* Where one binding of a recorded stream goes: on each execution the 8-byte word at

@@ -336,39 +336,6 @@ def test_large_fills_and_copies_are_shared_in_tiles_and_exact(task_device, shift
     assert np.array_equal(np.frombuffer(dev.read_bytes(b), np.uint8), expected_b)
 
 
-def test_each_operation_learns_whether_sharing_it_pays(task_device, kernels):
-    # A stream shares an operation of several workgroups with the helpers on its first
-    # run, then learns from its runs how long it takes alone and shared (kept with its
-    # native program across bindings) and picks the faster way; an operation of one
-    # workgroup is never shared, so a stream of those never wakes a helper. Whichever
-    # way each run goes, the results are exact.
-    dev = task_device
-    exe = dev.load_executable(kernels)
-    groups, runs = 96, 40
-    n = groups * 64
-    a = dev.allocator.allocate(4 * n)
-    b = dev.allocator.allocate(4 * n)
-    cb = dev.create_command_buffer("reusable")
-    cb.dispatch(exe, "step", (groups, 1, 1), bindings=[a, b])
-    cb.barrier()
-    cb.dispatch(exe, "step", (1, 1, 1), bindings=[b, a])
-    cb.finalize()
-    s = dev.create_semaphore()
-    x = np.arange(n, dtype=np.int32)
-    for run in range(runs):
-        dev.write_bytes(a, x.tobytes())
-        dev.submit(cb, signal=[(s, run + 1)])
-        s.wait(run + 1, timeout=T)
-        got = np.frombuffer(dev.read_bytes(a), np.int32)
-        expected = x.copy()
-        expected[:64] = (x[:64] * 2 + 1) * 2 + 1
-        assert np.array_equal(got, expected), run
-    (program,) = cb.recording.streams
-    shared, single = program.ops[0], program.ops[1]
-    assert shared.runs == runs and shared.shared_ns > 0 and shared.solo_ns > 0
-    assert single.runs == 0 and single.shared_ns == single.solo_ns == 0
-
-
 def test_a_stream_paused_before_it_shared_anything_shares_once_led_on(kernels):
     # The submitting thread leads for 1 us: it pauses after the first (one-workgroup)
     # dispatch, before the stream was posted to the helpers; whoever leads it on posts
