@@ -139,6 +139,9 @@ def as_table_range(value: Any, what: str) -> tuple[Buffer, int, int]:
     return buffer, offset, length
 
 
+_new_command_buffer = object.__new__
+
+
 class CommandBuffer:
     """A recording of device commands; submit it with `Device.submit`.
 
@@ -146,6 +149,11 @@ class CommandBuffer:
     command buffers may be submitted once; reusable ones any number of times, each time
     with a binding table filling their indirect slots.
     """
+
+    # Slots: programs that re-record a command buffer per step make and drop one each.
+    __slots__ = ("mode", "device", "binding_capacity", "commands", "direct", "_direct_slots",
+                 "finalized", "submitted", "max_slot", "recording", "_recording_lock",
+                 "__weakref__")
 
     def __init__(self, device: Any, mode: str | CommandBufferMode = "one_shot",
                  binding_capacity: int = 0) -> None:
@@ -382,29 +390,43 @@ class CommandBuffer:
 
     execution_barrier = barrier
 
-    def adopt(self, commands: Sequence[Command], direct: list[Buffer], table_slots: int,
-              recording: Any = None) -> None:
-        """Takes `commands`, recorded and validated before over numbered slots, as this
-        empty command buffer's, with `direct` as its direct buffers (the caller checked
-        them against what the commands need: `hal.execution.Recording.admits`), as if
-        recorded one by one. Given `recording` (the recording of exactly these commands
-        for this device), the command buffer is also finalized and its submit does not
-        look the recording up."""
-        if self.commands or self.finalized:
-            raise FailedPreconditionError(f"{self!r} is not empty; it cannot adopt commands")
-        if table_slots > self.binding_capacity:
+    @classmethod
+    def adopted(cls, device: Any, mode: CommandBufferMode, binding_capacity: int,
+                commands: Sequence[Command], direct: list[Buffer], table_slots: int,
+                recording: Any = None) -> CommandBuffer:
+        """A new command buffer of `device` (`mode` and `binding_capacity` as another
+        command buffer's, so already valid) holding `commands`, recorded and validated
+        before over numbered slots, with `direct` as its direct buffers (the caller
+        checked them against what the commands need: `hal.execution.Recording.admits`),
+        as if recorded one by one. Given `recording` (the recording of exactly these
+        commands for this device), it is also finalized and its submit does not look the
+        recording up; it then shares the recording's commands, which nothing appends to.
+        Built without `__init__`: a program re-recording a command buffer per step makes
+        one per step."""
+        if table_slots > binding_capacity:
             raise OutOfRangeError(
                 f"the commands use {table_slots} binding slots but the command buffer's "
-                f"binding capacity is {self.binding_capacity}"
+                f"binding capacity is {binding_capacity}"
             )
-        self.commands = list(commands)
-        self.direct = direct
-        self.max_slot = table_slots - 1
+        cb = _new_command_buffer(cls)
+        cb.mode = mode
+        cb.device = device
+        cb.binding_capacity = binding_capacity
+        cb.direct = direct
+        cb.submitted = False
+        cb.max_slot = table_slots - 1
+        cb._recording_lock = threading.Lock()
         if recording is not None:  # finalized: nothing records over its slots again
-            self.recording = recording
-            self.finalized = True
+            cb.commands = commands
+            cb._direct_slots = {}
+            cb.finalized = True
+            cb.recording = recording
         else:
-            self._direct_slots = dict(zip(map(id, direct), range(-1, -1 - len(direct), -1)))
+            cb.commands = list(commands)
+            cb._direct_slots = dict(zip(map(id, direct), range(-1, -1 - len(direct), -1)))
+            cb.finalized = False
+            cb.recording = None
+        return cb
 
     def finalize(self) -> None:
         if self.finalized:

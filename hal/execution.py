@@ -51,7 +51,9 @@ class Range(NamedTuple):
     length: int
 
 
-_new_range = tuple.__new__  # `_new_range(Range, (buffer, offset, length))`: no Python frame
+Entry = tuple  # `(buffer, offset, length)`: a submission's slot, a `Range` by position
+"""What `Recording.bind` gives per slot: a plain tuple, which every reader unpacks, since
+a named one costs a call to make and a submission makes one per slot."""
 
 
 # -- typed operations ------------------------------------------------------------------
@@ -142,7 +144,7 @@ def _check_table_size(have: int, needed: int) -> None:
         )
 
 
-def _resolve(ref: BufferRef, table: list[Range], usage: int) -> Range:
+def _resolve(ref: BufferRef, table: list[Entry], usage: int) -> Range:
     """Resolves a reference against the slots of a submission (table entries, then the
     direct buffers, which negative slots index from the end); errors name the slot, and
     the caller adds which command and operand it was."""
@@ -159,14 +161,14 @@ def _resolve(ref: BufferRef, table: list[Range], usage: int) -> Range:
     return Range(buffer, base + ref.offset, length)
 
 
-def _resolve_operand(ref: BufferRef, table: list[Range], usage: int, what: str) -> Range:
+def _resolve_operand(ref: BufferRef, table: list[Entry], usage: int, what: str) -> Range:
     try:
         return _resolve(ref, table, usage)
     except Error as exc:
         raise exc.with_context(what) from None
 
 
-def _check_each_command(commands: list[Any], table: list[Range]) -> None:
+def _check_each_command(commands: list[Any], table: list[Entry]) -> None:
     """Checks every operand of every command against `table`; raises the first failure
     naming its command and operand (the slow path, taken when a slot check fails)."""
     for cmd in commands:
@@ -213,7 +215,7 @@ class Recording:
 
     __slots__ = ("commands", "table_slots", "direct_count", "slot_count", "slot_usage",
                  "slot_end", "slot_align", "exact", "max_concurrency",
-                 "patterns", "streams", "shareable")
+                 "patterns", "streams", "shareable", "direct_needs")
 
     def __init__(self, commands: Sequence[Any], table_slots: int, direct_count: int,
                  max_concurrency: int) -> None:
@@ -256,26 +258,28 @@ class Recording:
         self.slot_usage = usage
         self.slot_end = end
         self.slot_align = [tuple(sorted(a)) for a in align]
+        # per direct buffer, in `direct` order (slot -1 first): (usage, end, alignments)
+        self.direct_needs = [(usage[i], end[i], self.slot_align[i])
+                             for i in range(count - 1, n - 1, -1)]
 
     def admits(self, direct: Sequence[Any]) -> bool:
         """Whether `direct` may be the direct buffers of a command buffer holding these
         commands: live `Buffer`s with the usage bits, the bytes and the 64-byte aligned
         addresses the commands need, which is what recording each command checks of its
         buffers (so a program re-recording equal commands over new buffers can adopt the
-        recording after this one check per buffer: `CommandBuffer.adopt`)."""
+        recording after this one check per buffer: `CommandBuffer.adopted`)."""
         if len(direct) != self.direct_count:
             return False
-        usage, end, align = self.slot_usage, self.slot_end, self.slot_align
-        i = self.slot_count
-        for buffer in direct:
-            i -= 1
-            bits = usage[i]
-            if (buffer.__class__ is not Buffer or buffer.storage.released
-                    or buffer.usage_bits & bits != bits or end[i] > buffer.byte_length):
+        for buffer, (bits, reach, residues) in zip(direct, self.direct_needs):
+            if buffer.__class__ is not Buffer:
                 return False
-            if align[i]:
-                start = buffer.storage.address + buffer.byte_offset
-                for residue in align[i]:
+            storage = buffer.storage
+            if (storage.released or buffer.usage_bits & bits != bits
+                    or reach > buffer.byte_length):
+                return False
+            if residues:
+                start = storage.address + buffer.byte_offset
+                for residue in residues:
                     if (start + residue) % ALIGNMENT:
                         return False
         return True
@@ -286,11 +290,12 @@ class Recording:
         return slot if slot >= 0 else self.slot_count + slot
 
     def bind(self, table: BindingTable | None, direct: list[Buffer], addresses: list[int],
-             lengths: list[int]) -> tuple[list[Range], bool]:
+             lengths: list[int]) -> tuple[list[Entry], bool]:
         """Checks `table` against what the recording needs; returns every slot's range
-        (table slots, then the `direct` buffers of the command buffer submitted, last
-        first), and whether every slot's buffer has memory. Only what differs per
-        submission is checked: table entries, and that direct buffers are still live.
+        as an `Entry` (table slots, then the `direct` buffers of the command buffer
+        submitted, last first), and whether every slot's buffer has memory. Only what
+        differs per submission is checked: table entries, and that direct buffers are
+        still live.
 
         The same pass appends each slot's address and length to `addresses` and
         `lengths`, what a native stream binds; they hold when every buffer had memory (an
@@ -300,7 +305,7 @@ class Recording:
         table = table or ()
         if n > len(table):
             _check_table_size(len(table), n)
-        entries: list[Range] = []
+        entries: list[Entry] = []
         usage, end, align = self.slot_usage, self.slot_end, self.slot_align
         ok = True
         has_memory = True
@@ -328,7 +333,7 @@ class Recording:
                 for residue in align[i]:
                     if (start + residue) % ALIGNMENT:
                         ok = False
-            entries.append(_new_range(Range, (buffer, base, length)))
+            entries.append((buffer, base, length))
             addresses.append(start)
             lengths.append(length)
         for buffer in reversed(direct):  # slot -1 is the last entry
@@ -339,7 +344,7 @@ class Recording:
             if storage.released:
                 ok = False
             length = buffer.byte_length
-            entries.append(_new_range(Range, (buffer, 0, length)))
+            entries.append((buffer, 0, length))
             addresses.append(address + buffer.byte_offset)
             lengths.append(length)
         if not ok or not self.exact:
@@ -348,7 +353,7 @@ class Recording:
                 raise FailedPreconditionError("binding table rejected")
         return entries, has_memory
 
-    def operations(self, entries: list[Range]) -> list[Operation]:
+    def operations(self, entries: list[Entry]) -> list[Operation]:
         """The recording's typed operations over `entries` (from `bind`), for drivers
         that run operations one at a time; called when the submission starts, since a
         dispatch packs the buffers' addresses."""
@@ -447,7 +452,7 @@ class Submission:
 
     __slots__ = ("parts", "addresses", "lengths", "instrument")
 
-    def __init__(self, parts: list[tuple[Recording, list[Range]]]) -> None:
+    def __init__(self, parts: list[tuple[Recording, list[Entry]]]) -> None:
         self.parts = parts
         self.addresses: list[int] | None = None
         self.lengths: list[int] = []

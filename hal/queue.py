@@ -351,14 +351,16 @@ class WorkQueue:
             return
         ready: Sequence[Any] = ()
         if error is None:  # the common case: nothing waits on the points, no trampoline
-            for index, (sem, value) in enumerate(signal):
+            advanced = 0
+            for sem, value in signal:
+                advanced += 1
                 try:
                     ready = sem.advance(value)
                 except Error as exc:
                     sem.fail(exc)
                     continue
                 if ready:
-                    signal = signal[index + 1:]
+                    signal = signal[advanced:]
                     break
             else:
                 return

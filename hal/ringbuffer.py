@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import Error, InvalidArgumentError, ResourceExhaustedError
@@ -188,7 +188,9 @@ class TransientRingbuffer:
         if the ring has room and no reservation is parked ahead; False otherwise (then
         `reserve` parks the request in order). The path of an alloca whose waits are
         already met: one call instead of a reservation and a grant."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: every ready alloca's path, and that costs more
+        try:
             if self._closed is not None or self._parked:
                 return False
             block = self._place(storage.byte_length)
@@ -198,6 +200,8 @@ class TransientRingbuffer:
             storage.address = self._backing_address + block.offset
             storage.ring = self
             storage.block = block
+        finally:
+            lock.release()
         return True
 
     def retire(self, block: RingBlock) -> None:
@@ -205,15 +209,14 @@ class TransientRingbuffer:
         for cb, placed in self._free(block):
             cb(placed, None)
 
-    def _free(self, block: RingBlock) -> list[tuple[GrantCallback, RingBlock]]:
+    def _free(self, block: RingBlock) -> Sequence[tuple[GrantCallback, RingBlock]]:
         """Retires `block` under the lock; returns the grants to make (outside it)."""
         with self._lock:
             return self._free_locked(block)
 
-    def _free_locked(self, block: RingBlock) -> list[tuple[GrantCallback, RingBlock]]:
-        granted: list[tuple[GrantCallback, RingBlock]] = []
+    def _free_locked(self, block: RingBlock) -> Sequence[tuple[GrantCallback, RingBlock]]:
         if block.retired:
-            return granted
+            return ()
         block.retired = True
         size = block.size
         self._live -= size
@@ -235,6 +238,9 @@ class TransientRingbuffer:
             self._tail = blocks[0].offset
         else:
             self._head = self._tail = 0
+        if not self._parked:
+            return ()
+        granted: list[tuple[GrantCallback, RingBlock]] = []
         while self._parked:
             size, cb = self._parked[0]
             placed = self._place(size)
@@ -286,12 +292,16 @@ class TransientRingbuffer:
         """Retires the block committed to `storage` (nothing if it has none)."""
         if storage.__class__ is not RingStorage or storage.ring is not self:
             return
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: every ready dealloca's path
+        try:
             block = storage.block
             if block is None:
                 return
             storage.block = None
             granted = self._free_locked(block)  # `retire`, in the same locked section
+        finally:
+            lock.release()
         for cb, placed in granted:
             cb(placed, None)
 
@@ -308,8 +318,11 @@ class TransientRingbuffer:
         if lock._is_owned():  # threading.Condition relies on the same query
             _reclaim(self.retire, block)
             return
-        with lock:  # `_free`, without its frame
+        lock.acquire()  # `_free`, without its frame (nor `with`'s lookups)
+        try:
             granted = self._free_locked(block)
+        finally:
+            lock.release()
         if granted:
             _reclaim(_grant_all, granted)
 
@@ -340,45 +353,48 @@ class TransientRingbuffer:
         """Finds room for `size` bytes at the head (wrapping to 0); lock held."""
         # 64-byte rounded; a block is never empty: head == tail means full
         need = ((size + ALIGNMENT - 1) & ~(ALIGNMENT - 1)) or ALIGNMENT
-        head, tail, cap = self._head, self._tail, self.capacity
-        if not self._blocks:
-            offset = 0 if need <= cap else None
-        elif head > tail:
-            if head + need <= cap:
+        blocks = self._blocks
+        if not blocks:  # head and tail are 0 (`_free_locked` resets them)
+            if need > self.capacity:
+                return None
+            offset = 0
+            if self._backing is None:
+                self._ensure_backing()
+        else:
+            head, tail = self._head, self._tail
+            if head > tail:
+                if head + need <= self.capacity:
+                    offset = head
+                elif need <= tail:
+                    offset = 0  # wrap; [head, cap) stays unused until the tail passes it
+                else:
+                    return None
+            elif head + need <= tail:  # wrapped: live data is [tail, cap) + [0, head)
                 offset = head
-            elif need <= tail:
-                offset = 0  # wrap; [head, cap) stays unused until the tail passes it
             else:
-                offset = None
-        else:  # wrapped: live data is [tail, cap) + [0, head)
-            offset = head if head + need <= tail else None
-        if offset is None:
-            return None
-        if self._backing is None:
-            self._ensure_backing()
+                return None
         block = _new_block(RingBlock)  # without an __init__ frame
         block.offset = offset
         block.size = need
         block.requested = size
         block.retired = False
-        self._blocks.append(block)
+        blocks.append(block)  # the tail stays: the oldest block's, or 0 with the first
         self._head = offset + need
-        self._tail = self._blocks[0].offset
-        self._live += need
+        live = self._live = self._live + need
         self._reservations += 1
-        if self._live > self._peak:
-            self._peak = self._live
+        if live > self._peak:
+            self._peak = live
         heap = self._heap_counter
         if heap is not None:  # `Allocator.track(need)` inline, under the allocator's lock
-            heap.live += need
+            live = heap.live = heap.live + need
             heap.allocated += need
             heap.count += 1
-            if heap.live > heap.peak:
-                heap.peak = heap.live
+            if live > heap.peak:
+                heap.peak = live
             total = self.allocator.total
-            total.live += need
-            if total.live > total.peak:
-                total.peak = total.live
+            live = total.live = total.live + need
+            if live > total.peak:
+                total.peak = live
             if self.allocator.profile is not None:
                 self.allocator.profile.record_heap_change(HEAP_NAME, need, total.live,
                                                           total.peak)

@@ -31,6 +31,7 @@ from ..errors import (
 from ..scheduler.trio_bridge import await_callback
 
 MAX_VALUE = (1 << 64) - 1
+_new = object.__new__
 TimepointCallback = Callable[[Error | None], None]
 
 
@@ -114,7 +115,9 @@ class Semaphore:
         pays for guarding against recursion."""
         if type(value) is not int or not 0 <= value <= MAX_VALUE:
             _check_value(value, "signal value")
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: this is every signal's path, and that costs more
+        try:
             if self._failure is not None:
                 raise self._failure
             if value <= self._value:
@@ -129,6 +132,8 @@ class Semaphore:
                 heapq.heappop(offers)
             if self._blocked:
                 self._cond.notify_all()
+        finally:
+            lock.release()
         return ready
 
     def fail(self, error: BaseException | str) -> None:
@@ -312,26 +317,48 @@ class Fence:
     """A set of semaphore points: reached when every semaphore reaches its value.
 
     A semaphore appears at most once, at the largest value inserted for it.
-    `timeline` maps each semaphore to its value (read it).
+    `timeline` maps each semaphore to its value (read it). A fence never changes once
+    made, so it keeps its points as a tuple too, which queue operations take as they are.
     """
 
-    __slots__ = ("timeline", "__weakref__")
+    __slots__ = ("timeline", "_points", "__weakref__")
 
     def __init__(self, points: Iterable[SemaphorePoint] = ()) -> None:
-        self.timeline: dict[Semaphore, int] = {}
+        timeline: dict[Semaphore, int] = {}
         for sem, value in points:
             if type(value) is not int or not 0 <= value <= MAX_VALUE:
                 _check_value(value, "fence value")
-            if value > self.timeline.get(sem, -1):
-                self.timeline[sem] = value
+            if value > timeline.get(sem, -1):
+                timeline[sem] = value
+        self.timeline = timeline
+        self._points = tuple(timeline.items())
 
     @classmethod
     def single(cls, semaphore: Semaphore, value: int) -> Fence:
         """A fence of one point (what `hal.fence.create` makes), without the loop."""
         if type(value) is not int or not 0 <= value <= MAX_VALUE:
             _check_value(value, "fence value")
-        fence = cls.__new__(cls)
+        fence = _new(cls)
         fence.timeline = {semaphore: value}
+        fence._points = ((semaphore, value),)
+        return fence
+
+    @classmethod
+    def pending(cls) -> Fence:
+        """A fence of one new semaphore (at 0) reached at 1: what `hal.fence.create`
+        makes, several per step of a recurrent program, so built without `__init__`
+        frames."""
+        sem = _new(Semaphore)
+        sem._value = 0
+        sem._failure = None
+        sem._lock = threading.Lock()
+        sem._cond = None
+        sem._timepoints = sem._offers = ()
+        sem._blocked = 0
+        sem.name = ""
+        fence = _new(cls)
+        fence.timeline = {sem: 1}
+        fence._points = ((sem, 1),)
         return fence
 
     def __repr__(self) -> str:
@@ -340,18 +367,19 @@ class Fence:
 
     @classmethod
     def join(cls, fences: Iterable[Fence | None]) -> Fence:
-        joined = cls.__new__(cls)  # without the `__init__` frame
+        joined = _new(cls)  # without the `__init__` frame
         points = joined.timeline = {}
         for fence in fences:
             if fence is not None:
-                for sem, value in fence.timeline.items():  # values were checked when the fence was made
+                for sem, value in fence._points:  # values were checked when the fence was made
                     if value > points.get(sem, -1):
                         points[sem] = value
+        joined._points = tuple(points.items())
         return joined
 
     @property
     def points(self) -> list[SemaphorePoint]:
-        return list(self.timeline.items())
+        return list(self._points)
 
     def __len__(self) -> int:
         return len(self.timeline)
@@ -391,19 +419,19 @@ class Fence:
 
 def normalize_wait_signal(
     wait: Fence | Sequence[SemaphorePoint] | None, signal: Fence | Sequence[SemaphorePoint] | None
-) -> tuple[list[SemaphorePoint], list[SemaphorePoint], bool]:
+) -> tuple[Sequence[SemaphorePoint], Sequence[SemaphorePoint], bool]:
     """`normalize_points` of a queue operation's wait and signal, and whether the wait is
     already reached (`all_reached`), in one call when they are Fences (or no wait), as
-    the VM passes them."""
+    the VM passes them: then the points are the fences' own tuples (read them only)."""
     if type(signal) is Fence:
         if wait is None:
-            return [], list(signal.timeline.items()), True
+            return (), signal._points, True
         if type(wait) is Fence:
-            wait_points = list(wait.timeline.items())
+            wait_points = wait._points
             for sem, value in wait_points:
                 if sem._failure is not None or sem._value < value:
-                    return wait_points, list(signal.timeline.items()), False
-            return wait_points, list(signal.timeline.items()), True
+                    return wait_points, signal._points, False
+            return wait_points, signal._points, True
     wait_points = normalize_points(wait, "wait")
     return wait_points, normalize_points(signal, "signal"), all_reached(wait_points)
 
@@ -413,7 +441,7 @@ def normalize_points(
 ) -> list[SemaphorePoint]:
     """Turns a Fence or a list of (Semaphore, value) into a validated list."""
     if type(points) is Fence:
-        return list(points.timeline.items())
+        return list(points._points)
     if points is None:
         return []
     if isinstance(points, Fence):

@@ -790,9 +790,30 @@ class _Gen:
                 # pure: each call site remembers its last refs (by identity) and result
                 tree = self._import_arg_tree(imp, segments, src)
                 site = f"_P{self.st.pure_site(len(tree))}"
-                same = " and ".join(f"{site}[{i}] is {a}" for i, a in enumerate(tree))
+                compared = list(enumerate(tree))
+                if self.lines and len(tree) > 1:
+                    # An argument the line before loads from rodata and this call drops
+                    # is the same object at every call: passed as it is, not compared.
+                    before_ind, before, before_pc = self.lines[-1]
+                    for (i, a), raw in zip(compared, src):
+                        if (before_ind == ind and self.moved(raw)
+                                and before.startswith(f"{a} = _ROD[")):
+                            self.lines[-1] = (ind, "pass", before_pc)
+                            tree[i] = before.split(" = ", 1)[1]
+                            del compared[i]
+                            args = ", ".join(tree)
+                            break
+                same = " and ".join(f"{site}[{i}] is {a}" for i, a in compared)
+                t = result_types[0]
+                if t in ("i", "I"):  # the site keeps the result wrapped, as the register holds it
+                    reg = self._typed_reg(dst[0], t)
+                    bits = 32 if t == "i" else 64
+                    self.emit(ind, f"{reg} = {site}[{len(tree)}] if {same} else "
+                                   f"_remember({site}, {bits}, _imp{k}, {args})", pc)
+                    self.clear_moved(ins, src, set(), ind)
+                    return
                 self.emit(ind, f"_t = {site}[{len(tree)}] if {same} else "
-                               f"_remember({site}, _imp{k}, {args})", pc)
+                               f"_remember({site}, 0, _imp{k}, {args})", pc)
             else:
                 self.emit(ind, f"_t = _imp{k}({args})", pc)
             self.clear_moved(ins, src, set(), ind)
@@ -890,6 +911,7 @@ class _Gen:
         cb = self.rreg(cb_raw)
         values: list[tuple[str, bool]] = []  # (local, is a ref)
         kept: dict[str, int] = {}  # expression -> its value's index, while it holds
+        captured: list[int] = []  # per value, the line that keeps it
         ops = []
         moved_cb = False
 
@@ -903,6 +925,7 @@ class _Gen:
             if index is None:
                 index = kept[expr] = len(values)
                 values.append((f"_d{index}", t == "r"))
+                captured.append(len(self.lines))
                 self.emit(ind, f"_d{index} = {expr}", ins.pc)
             return ("d", index)
 
@@ -938,6 +961,17 @@ class _Gen:
             forget_assigned(since)
         pc = instrs[-1].pc
         site = self.st.record_block(record_blocks.RecordBlock(tuple(ops), len(values)))
+        # A value that is a register no later line of the block assigns is passed as
+        # that register: no local to keep it in, and none to clear.
+        unkept = []
+        for index, at in enumerate(captured):
+            expr = self.lines[at][1].split(" = ", 1)[1]
+            if _REGISTER.fullmatch(expr) and not any(
+                    expr in _ASSIGNED.findall(text) for _i, text, _pc in self.lines[at + 1:]):
+                values[index] = (expr, False)
+                unkept.append(at)
+        for at in reversed(unkept):
+            del self.lines[at]
         names = [name for name, _ in values]
         self.emit(ind, f"{cb} = _blk{site}(({''.join(n + ', ' for n in names)}))", pc)
         refs = [name for name, is_ref in values if is_ref]

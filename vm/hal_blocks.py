@@ -12,7 +12,7 @@ commands over the same slots, so on a later call with equal operands the site on
 checks the new buffers against what the commands need (`Recording.admits`: live, usage
 bits, bytes, aligned addresses: what recording each command checked) and hands the
 command buffer the commands and, if the block finalized it, the device's recording of
-them (`CommandBuffer.adopt`): a re-recorded command buffer costs a few checks per
+them (`CommandBuffer.adopted`): a re-recorded command buffer costs a few checks per
 buffer, and its submit looks nothing up. Anything else (a new operand, a buffer that
 fails a check, a whole-buffer length, whose bytes depend on the buffer) records import
 by import again, so errors are those of the record operation that fails.
@@ -126,10 +126,9 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
                 recording = adoption.recording
                 if not recording.admits(direct):
                     break
-                cb = CommandBuffer(adoption.device, adoption.mode, adoption.capacity)
-                cb.adopt(recording.commands, direct, recording.table_slots,
-                         recording if adoption.finalized else None)
-                return cb
+                return CommandBuffer.adopted(
+                    adoption.device, adoption.mode, adoption.capacity, recording.commands,
+                    direct, recording.table_slots, recording if adoption.finalized else None)
         cb = record(values)
         if adoptions is None or all(
                 a.aliasing.direct(buffer_values) is None for a in adoptions):
@@ -145,7 +144,7 @@ class _Aliasing:
     (naming a binding table slot) sits at `null_at` among them, or nowhere (-1). Equal
     aliasing with equal scalars records equal commands over the same slots."""
 
-    __slots__ = ("first_of", "firsts", "distinct", "null_at")
+    __slots__ = ("first_of", "firsts", "distinct", "null_at", "plain")
 
     def __init__(self, buffer_values: tuple[Any, ...], count: range) -> None:
         first: dict[Any, int] = {}
@@ -154,10 +153,19 @@ class _Aliasing:
         self.firsts = _getter(list(first.values()))
         self.distinct = len(first)
         self.null_at = list(first).index(None) if None in first else -1
+        # every operand a different buffer (the usual case): they are the direct buffers
+        self.plain = self.distinct == len(buffer_values) and self.null_at < 0
 
     def direct(self, buffer_values: tuple[Any, ...]) -> list[Any] | None:
         """The direct buffers (distinct, by first use, nulls left out) of operands that
         alias this way; None if they alias otherwise."""
+        if self.plain:
+            try:
+                if len(set(buffer_values)) != self.distinct:
+                    return None
+            except TypeError:  # an unhashable operand: not a buffer; its shim says so
+                return None
+            return list(buffer_values)
         if self.first_of(buffer_values) != buffer_values:
             return None
         firsts = self.firsts(buffer_values)

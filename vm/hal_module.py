@@ -54,7 +54,7 @@ from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
 from ..hal.elf import parse_elf
 from ..hal.executable import Executable, executable_formats
-from ..hal.semaphore import Fence, Semaphore
+from ..hal.semaphore import Fence
 from ..hal.types import (
     WHOLE_BUFFER,
     BufferUsage,
@@ -77,7 +77,6 @@ _U32 = 0xFFFFFFFF
 _first = operator.itemgetter(0)  # a variadic shape's 1-tuples -> dims, without a frame
 _MAX_BINDINGS = 64
 _MAX_REMEMBERED_LOOKUPS = 4096
-_new_fence = object.__new__
 
 
 class HalFile:
@@ -578,8 +577,7 @@ def device_queue_alloca(state: HalModuleState, device, queue_affinity, wait, sig
     if pool != 0:
         raise UnimplementedError("VM queue allocation pools are not supported")
     queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
-    return device.queue_alloca(size, wait, signal, memory_types & _U32, usage & _U32,
-                               queue=queue)
+    return device.queue_alloca(size, wait, signal, memory_types & _U32, usage & _U32, queue)
 
 
 def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, signal, buffer,
@@ -591,10 +589,10 @@ def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, s
         buffer = _checked(buffer, _BUFFER)
     queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     if device.transient.owns(buffer.storage):  # queue_alloca memory of this device
-        device.queue_dealloca(buffer, wait, signal, queue=queue)
+        device.queue_dealloca(buffer, wait, signal, queue)
     else:
         # Not transient memory: the buffer lives on while referenced; only order.
-        device.queue_barrier(wait, signal, queue=queue)
+        device.queue_barrier(wait, signal, queue)
 
 
 def device_queue_fill(state: HalModuleState, device, queue_affinity, wait, signal, target, offset,
@@ -678,7 +676,7 @@ def device_queue_barrier(state: HalModuleState, device, queue_affinity, wait, si
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
     queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
-    device.queue_barrier(wait, signal, queue=queue)
+    device.queue_barrier(wait, signal, queue)
 
 
 def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, signal, cb, flags):
@@ -688,7 +686,7 @@ def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, si
     if cb.__class__ is not CommandBuffer:
         cb = _checked(cb, _COMMAND_BUFFER)
     queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
-    device.submit(cb, wait, signal, queue=queue)
+    device.submit(cb, wait, signal, None, queue)
 
 
 def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity, wait, signal, cb,
@@ -708,7 +706,7 @@ def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity,
         else:
             raise ref_type_error(buffer, _BUFFER_OR_NULL)
     queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
-    device.submit(cb, wait, signal, table, queue=queue)
+    device.submit(cb, wait, signal, table, queue)
 
 
 def device_queue_flush(state: HalModuleState, device, queue_affinity):
@@ -784,23 +782,28 @@ def executable_lookup_function(state: HalModuleState, executable, name):
 def fence_create(state: HalModuleState, device, flags):
     if not isinstance(device, Device):
         device = _checked(device, _DEVICE)
-    fence = _new_fence(Fence)  # Fence.single's work, without its frame
-    fence.timeline = {Semaphore(0): 1}
-    return fence
+    return Fence.pending()
 
 
 def fence_join(state: HalModuleState, flags, fences):
-    joined = _new_fence(Fence)  # `Fence.join`'s work, checking each ref as it goes
-    points = joined.timeline = {}
+    # A join of one fence (and nulls) is that fence: a fence never changes once made,
+    # so sharing it is the same set of points (programs join a step's lone wait fence).
+    count = len(fences)
+    if count == 2:
+        first, second = fences[0][0], fences[1][0]
+        if first is None:
+            first, second = second, None
+        if second is None and first.__class__ is Fence and first.timeline:
+            return first
+    elif count == 1:
+        first = fences[0][0]
+        if first.__class__ is Fence and first.timeline:
+            return first
     for (fence,) in fences:
-        if fence is None:
-            continue
-        if type(fence) is not Fence:
-            fence = _checked(fence, _FENCE_OR_NULL)
-        for sem, value in fence.timeline.items():
-            if value > points.get(sem, -1):
-                points[sem] = value
-    return joined if points else None  # no points: a null fence, as IREE's join gives
+        if fence is not None and fence.__class__ is not Fence:
+            _checked(fence, _FENCE_OR_NULL)  # raises unless a Fence of a subclass
+    joined = Fence.join(map(_first, fences))
+    return joined if joined.timeline else None  # no points: a null fence, as IREE's join
 
 
 def fence_query(state: HalModuleState, fence):

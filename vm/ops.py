@@ -622,11 +622,16 @@ def fail(status_code: int, message: bytes):
 UNSET = object()  # no call remembered yet at a pure import's call site
 
 
-def remember_call(site: list, fn, *args):
+def remember_call(site: list, bits: int, fn, *args):
     """Calls a pure import (`hal.executable.lookup.function`) and remembers its
     arguments and result at the call site, which reuses the result while it is called
-    with the same refs (by identity) again."""
+    with the same refs (by identity) again. An integer result is kept wrapped to the
+    `bits` of its register (0: a ref, kept as it is), so a reuse is one read."""
     result = fn(*args)
+    if bits == 64:
+        result = wrap64(result)
+    elif bits == 32:
+        result = wrap32(result)
     site[:] = [*args, result]
     return result
 

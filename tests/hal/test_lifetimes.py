@@ -256,13 +256,13 @@ import faulthandler
 from tinyhal.hal import allocator as allocator_module
 from tinyhal.hal import ringbuffer
 faulthandler.dump_traceback_later(50, exit=True)
-ring_block_init = ringbuffer.RingBlock.__init__
+new_ring_block = ringbuffer._new_block  # the ring's allocation under its lock
 heap_stats_init = allocator_module.HeapStatistics.__init__
 
 def collecting(init):
-    def wrapped(self, *args):
+    def wrapped(*args):
         gc.collect()
-        init(self, *args)
+        return init(*args)
     return wrapped
 
 dev = hal.create_device(driver, transient_capacity=1 << 16)
@@ -275,7 +275,7 @@ for i in range(20):
     cycle = [t, held]
     cycle.append(cycle)           # garbage only a collection frees
     del t, held, cycle
-    ringbuffer.RingBlock.__init__ = collecting(ring_block_init)
+    ringbuffer._new_block = collecting(new_ring_block)
     allocator_module.HeapStatistics.__init__ = collecting(heap_stats_init)
     try:
         dev.allocator.statistics()
@@ -283,7 +283,7 @@ for i in range(20):
         t2 = dev.queue_alloca(4 << 10, signal=[(s2, 1)])
         s2.wait(1, timeout=T)
     finally:
-        ringbuffer.RingBlock.__init__ = ring_block_init
+        ringbuffer._new_block = new_ring_block
         allocator_module.HeapStatistics.__init__ = heap_stats_init
     dev.queue_dealloca(t2)
     del t2
