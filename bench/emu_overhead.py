@@ -6,10 +6,12 @@ For each model of `bench/zoo_vs_iree.py` (tiny, KWS, small CNN, MobileNetV2, BER
 GPT step, LSTM, GRU), loads it on `sync` and on `emu` (fast mode, `--preset`), checks
 that both give the same bytes, then runs `--rounds` alternating rounds (the order
 reversed every other round), each a short median per driver. Reports per model the
-median over rounds of emu / sync, each driver's median time, the Python calls one
-invocation makes on each (profile `call` events on the calling thread), and the modelled
-device time of one invocation on emu, which fast mode must not change. Writes
-bench/results/emu_overhead.json and prints a table; note the machine's load beside it.
+median over rounds of emu / sync, each driver's median time, the Python calls and the
+bytecode instructions one invocation executes on each (trace `call` and `opcode` events
+on the calling thread: deterministic, so unlike times they do not move with the shared
+machine's load), and the modelled device time of one invocation on emu, which fast mode
+must not change. Writes bench/results/emu_overhead.json and prints a table; note the
+machine's load beside it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,6 +36,28 @@ import tinyhal  # noqa: E402
 from tinyhal import hal  # noqa: E402
 
 ROUND_SECONDS = 0.04
+
+
+def bytecodes(fn: Callable[[], Any]) -> int:
+    """Bytecode instructions one `fn()` executes in Python frames on this thread."""
+    fn()
+    count = 0
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal count
+        if event == "call":
+            frame.f_trace_opcodes = True
+            frame.f_trace_lines = False
+        elif event == "opcode":
+            count += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return count
 
 
 def run_model(name: str, vmfb: Any, function: str, inputs: tuple, rounds: int,
@@ -67,6 +92,8 @@ def run_model(name: str, vmfb: Any, function: str, inputs: tuple, rounds: int,
             "emu/sync": statistics.median(e / s for e, s in zip(times["emu"], times["sync"])),
             "sync_python_calls": python_calls(runners["sync"], set())[0],
             "emu_python_calls": python_calls(runners["emu"], set())[0],
+            "sync_bytecodes": bytecodes(runners["sync"]),
+            "emu_bytecodes": bytecodes(runners["emu"]),
             "modelled_us": modelled_ns / 1e3,
         }
     finally:
@@ -92,7 +119,7 @@ def main() -> None:
     load = os.getloadavg()
     path = write_results("emu_overhead", rows, {"loadavg": load})
     print_table(rows, ["model", "sync_ms", "emu_ms", "emu/sync", "sync_python_calls",
-                       "emu_python_calls", "modelled_us"])
+                       "emu_python_calls", "sync_bytecodes", "emu_bytecodes", "modelled_us"])
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; results: {path}")
 
 

@@ -72,12 +72,15 @@ class Allocator:
     bytes are live from `allocate` until its memory is freed. Other memory sources (the
     transient ringbuffer) count through `track`, or their `HeapCounter` under `lock`, so
     one snapshot covers the device.
+
+    `device_memory` counts the heaps named in `device_memory_heaps` together (live and
+    peak of their sum): the memory of a device that has its own (emu: its device heap
+    and the transient ring), which a capacity bounds; no heaps on the drivers whose
+    device memory is host memory. A memory source counting a heap directly adds to it
+    too when the heap is one of them (`device_memory_of`).
     """
 
-    # Whether a memory source counting through this allocator (the transient ring) may
-    # change its `HeapCounter` and `total` directly under `lock` instead of calling
-    # `track`: False for an allocator that watches every change in its own `track`.
-    counts_directly = True
+    device_memory_heaps: frozenset[str] = frozenset()
 
     def __init__(self, device_name: str, heaps: list[Heap] | None = None) -> None:
         self.device_name = device_name
@@ -100,6 +103,7 @@ class Allocator:
         # Public so a memory source counting through the allocator (the transient ring)
         # can keep its own state under the same lock and update `HeapCounter`s directly.
         self.lock = self._lock = threading.RLock()
+        self.device_memory = HeapCounter()  # of the `device_memory_heaps` together
         self._counters: dict[str, HeapCounter] = {h.name: HeapCounter() for h in self.heaps}
         self._releasers = {h.name: self._releaser(h.name) for h in self.heaps}
         self._heap_bits = {h.name: int(h.memory_type) for h in self.heaps}
@@ -208,6 +212,10 @@ class Allocator:
         with self._lock:
             return self._counters.setdefault(heap, HeapCounter())
 
+    def device_memory_of(self, heap: str) -> HeapCounter | None:
+        """`device_memory` if `heap`'s bytes count in it, else None."""
+        return self.device_memory if heap in self.device_memory_heaps else None
+
     def track(self, heap: str, delta: int) -> None:
         """Adds `delta` bytes (negative to free) to a heap's counters."""
         with self._lock:
@@ -226,6 +234,11 @@ class Allocator:
             total.live += delta
             if total.live > total.peak:
                 total.peak = total.live
+            if heap in self.device_memory_heaps:
+                memory = self.device_memory
+                memory.live += delta
+                if memory.live > memory.peak:
+                    memory.peak = memory.live
             if self.profile is not None:
                 self.profile.record_heap_change(heap, delta, total.live, total.peak)
 
@@ -233,6 +246,7 @@ class Allocator:
         """What a storage of `heap` calls with its size when freed: `track(heap, -size)`,
         inline (one frame per freed buffer instead of two)."""
         lock = self._lock
+        memory = self.device_memory_of(heap)
 
         def release(size: int) -> None:
             if not size:  # `track` counts a zero delta as an allocation; kept as it was
@@ -244,6 +258,8 @@ class Allocator:
                 counter.freed += size
                 total = self.total
                 total.live -= size
+                if memory is not None:
+                    memory.live -= size
                 if self.profile is not None:
                     self.profile.record_heap_change(heap, -size, total.live, total.peak)
 
@@ -264,3 +280,4 @@ class Allocator:
             for c in self._counters.values():
                 c.peak = c.live
             self.total.peak = self.total.live
+            self.device_memory.peak = self.device_memory.live

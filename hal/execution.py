@@ -214,7 +214,7 @@ class Recording:
     """
 
     __slots__ = ("commands", "table_slots", "direct_count", "slot_count", "slot_usage",
-                 "slot_end", "slot_align", "exact", "single_workgroup", "max_concurrency",
+                 "slot_end", "slot_align", "exact", "max_concurrency",
                  "patterns", "streams", "shareable", "direct_needs")
 
     def __init__(self, commands: Sequence[Any], table_slots: int, direct_count: int,
@@ -228,7 +228,6 @@ class Recording:
         end = [0] * count
         align: list[set[int]] = [set() for _ in range(count)]
         self.exact = True
-        self.single_workgroup = True
         self.patterns: dict[int, bytes] = {}
         self.streams: list[Any] = []
         self.shareable = True  # False: it captured too many host bytes to keep around
@@ -252,11 +251,7 @@ class Recording:
                 use(ref, bits, not dispatch)
                 if dispatch:
                     align[ref.slot].add(ref.offset % ALIGNMENT)  # negative: from the end
-            if dispatch:
-                x, y, z = cmd.workgroups
-                if x * y * z > 1:
-                    self.single_workgroup = False
-            elif op == "fill":
+            if op == "fill":
                 self.patterns[index] = cmd.pattern
             elif op == "update" and len(cmd.source) > SHARED_UPDATE_BYTES:
                 self.shareable = False
@@ -469,14 +464,6 @@ class Submission:
         for recording, entries in self.parts:
             ops.extend(recording.operations(entries))
         return ops
-
-    @property
-    def single_workgroup(self) -> bool:
-        """No dispatch has more than one workgroup (nothing to spread over workers)."""
-        for recording, _ in self.parts:
-            if not recording.single_workgroup:
-                return False
-        return True
 
     def release(self) -> None:
         """Drops the submission's buffer references once its work has retired: a driver

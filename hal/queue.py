@@ -57,6 +57,7 @@ every later one, and the driver fails what it holds.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -288,17 +289,24 @@ class WorkQueue:
                                     signal, queue)
             except BaseException as exc:  # noqa: BLE001 - becomes the work's error
                 outcome.append(as_error(exc))
-            self._ready_done(payload, signal, outcome[0] if outcome else InternalError(
+            self._ready_done(payload, signal, None, outcome[0] if outcome else InternalError(
                 f"{self.owner} finished inline work without completing it"))
             return
-        done = _ReadyDone(self, payload, signal)
+        # The first report completes it (a `list.pop`, atomic, claims it), later ones are
+        # ignored, as an entry's are; a partial, so handing it over costs no frame.
+        done = functools.partial(self._ready_done, payload, signal, [None])
         try:
             self.driver.perform("execute", payload, done, submission_id, wait, signal, queue)
         except BaseException as exc:  # noqa: BLE001 - becomes the work's error
             done(as_error(exc))
 
     def _ready_done(self, payload: Submission, signal: list[SemaphorePoint],
-                    error: Error | None) -> None:
+                    once: list[None] | None, error: Error | None) -> None:
+        if once is not None:
+            try:
+                once.pop()
+            except IndexError:
+                return
         payload.release()  # before the signal, as an entry's resource set
         try:
             self.complete(signal, error)
@@ -448,28 +456,6 @@ class WorkQueue:
         # (A semaphore that never reaches the wait may keep `ready`, never the set.)
         _release(entry)
         self.complete(entry.signal, error)
-
-
-class _ReadyDone:
-    """The `done` of a submission `perform_ready` started: the first report completes it
-    (a `list.pop`, atomic, claims it), later ones are ignored, as an entry's are."""
-
-    __slots__ = ("work_queue", "payload", "signal", "once")
-
-    def __init__(self, work_queue: WorkQueue, payload: Submission,
-                 signal: list[SemaphorePoint]) -> None:
-        self.work_queue = work_queue
-        self.payload = payload
-        self.signal = signal
-        self.once = [None]
-
-    def __call__(self, error: Error | None) -> None:
-        try:
-            self.once.pop()
-        except IndexError:
-            return
-        payload, self.payload = self.payload, None
-        self.work_queue._ready_done(payload, self.signal, error)
 
 
 def _release(entry: _Entry) -> None:

@@ -124,14 +124,13 @@ class TransientRingbuffer:
             )
         self.capacity = capacity & ~(ALIGNMENT - 1)
         self.allocator = allocator
-        # The ring changes the allocator's counters itself when the allocator lets it
-        # (`counts_directly`), under the allocator's lock: blocks and counts then change
-        # in one locked section (`_place`, `_free_locked`). Otherwise its own lock, and
-        # `track`. An RLock so a finalizer can ask whether its own thread holds it (see
+        # The ring changes the allocator's counters itself, under the allocator's lock:
+        # blocks and counts change in one locked section (`_place`, `_free_locked`).
+        # An RLock so a finalizer can ask whether its own thread holds it (see
         # `collected`).
-        direct = allocator is not None and allocator.counts_directly
-        self._lock = allocator.lock if direct else threading.RLock()
+        self._lock = allocator.lock if allocator is not None else threading.RLock()
         self._heap_counter: HeapCounter | None = None
+        self._device_memory: HeapCounter | None = None
         self._backing: memoryview | None = None
         self._backing_address = 0  # the backing's first byte, once it exists
         self._blocks: collections.deque[RingBlock] = collections.deque()
@@ -144,9 +143,8 @@ class TransientRingbuffer:
         self._waits = 0
         self._closed: Error | None = None
         if allocator is not None:  # shown from the start, at zero
-            heap_counter = allocator.add_heap_statistics(HEAP_NAME)
-            if direct:
-                self._heap_counter = heap_counter
+            self._heap_counter = allocator.add_heap_statistics(HEAP_NAME)
+            self._device_memory = allocator.device_memory_of(HEAP_NAME)
 
     def __repr__(self) -> str:
         return f"<TransientRingbuffer {self._live}/{self.capacity} bytes live>"
@@ -226,11 +224,11 @@ class TransientRingbuffer:
             heap.freed += size
             total = self.allocator.total
             total.live -= size
+            if self._device_memory is not None:
+                self._device_memory.live -= size
             if self.allocator.profile is not None:
                 self.allocator.profile.record_heap_change(HEAP_NAME, -size, total.live,
                                                           total.peak)
-        elif self.allocator is not None:
-            self.allocator.track(HEAP_NAME, -size)
         blocks = self._blocks
         while blocks and blocks[0].retired:
             blocks.popleft()
@@ -395,9 +393,12 @@ class TransientRingbuffer:
             live = total.live = total.live + need
             if live > total.peak:
                 total.peak = live
+            memory = self._device_memory
+            if memory is not None:
+                live = memory.live = memory.live + need
+                if live > memory.peak:
+                    memory.peak = live
             if self.allocator.profile is not None:
                 self.allocator.profile.record_heap_change(HEAP_NAME, need, total.live,
                                                           total.peak)
-        elif self.allocator is not None:
-            self.allocator.track(HEAP_NAME, need)
         return block

@@ -242,38 +242,67 @@ class StreamHelpers:
         lib.tinyhal_pool_stop(self.pool)
 
 
-def run_alone(submission: Submission) -> None:
-    """Runs a submission in C on this thread as its only participant: what
-    `Stream(submission).run()` does, in one call (the `sync` driver's path)."""
+def lead(submission: Submission, helpers: StreamHelpers | None = None,
+         budget_us: int = 0) -> Stream | None:
+    """Runs a submission whose waits are met, led by the calling thread, with `helpers`'
+    threads joining its dispatches (None: alone): binding and running are one C call.
+
+    Returns None once it ran to the end (raising its error), or, when a nonzero
+    `budget_us` passed first with work left, the paused `Stream` whose rest a later
+    `Stream.run` (on any thread) leads. `run_alone(submission)` is the same call: the
+    `sync` driver's path."""
     parts = submission.parts
+    participants = 1 if helpers is None else 1 + helpers.count
     if len(parts) != 1:
-        Stream(submission).run()
-        return
-    pool = parts[0][0].streams
-    program = pool.pop() if pool else NativeProgram([parts[0][0]])
+        stream = Stream(submission, participants)
+        return None if stream.run(helpers, budget_us) else stream
+    recording = parts[0][0]
+    pool = recording.streams
+    program = pool.pop() if pool else NativeProgram([recording])
+    paused = program.paused
     try:
         instrument = submission.instrument
         times = ffi.NULL if instrument is None else ffi.new(
             "uint64_t[]", 2 * max(1, program.count))
         addresses = submission.addresses
-        if addresses is not None:  # `_bind` for one participant and the run, in one C call
-            rc = lib.tinyhal_bind_and_run(program.ops, program.count, program.state,
-                                          program.patches, program.patch_count, addresses,
-                                          submission.lengths, TILES_PER_PARTICIPANT,
-                                          program.local_memory_size, times, program.paused)
-        else:
-            _bind(program, submission, 1)
-            program.state.times = times
-            rc = lib.tinyhal_run_stream(ffi.NULL, program.ops, program.count, program.state,
-                                        program.local_memory_size, 0, program.paused)
+        if addresses is None:
+            addresses = _slot_addresses(submission)
+        rc = lib.tinyhal_bind_and_run(ffi.NULL if helpers is None else helpers.pool,
+                                      program.ops, program.count, program.state,
+                                      program.patches, program.patch_count, addresses,
+                                      submission.lengths, participants, TILES_PER_PARTICIPANT,
+                                      program.local_memory_size, times, budget_us * 1000,
+                                      paused)
+        if not rc and paused[0]:
+            stream = Stream.__new__(Stream)
+            stream._program, stream._pool, stream._entries = program, pool, parts
+            stream._instrument, stream._times = instrument, times
+            program = None  # the stream returns it to the pool once it has run
+            return stream
         if instrument is not None:
             record_timestamps(program, times, instrument, rc)
         error = program.error(rc) if rc else None  # read before another run rebinds it
     finally:
-        if len(pool) < POOL_SIZE:
-            pool.append(program)
+        if program is not None:
+            if paused[0] and not program.state.done:  # interrupted before it was handed over
+                _end_program(program, helpers)
+            if len(pool) < POOL_SIZE:
+                pool.append(program)
     if error is not None:
         raise error
+    return None
+
+
+def _end_program(program: NativeProgram, helpers: StreamHelpers | None) -> None:
+    """Leads a paused program to its end with its remaining operations skipped, so that
+    its helpers are free and the program can be bound again."""
+    program.state.abort = 1
+    lib.tinyhal_run_stream(ffi.NULL if helpers is None else helpers.pool, program.ops,
+                           program.count, program.state, program.local_memory_size, 0,
+                           program.paused)
+
+
+run_alone = lead
 
 
 def _timestamps(program: NativeProgram) -> Any:
@@ -325,17 +354,24 @@ def _bind(program: NativeProgram, submission: Submission, participants: int) -> 
     none)."""
     addresses = submission.addresses
     if addresses is None:
-        addresses = []
-        for recording, entries in submission.parts:
-            table_slots, usage = recording.table_slots, recording.slot_usage
-            for index, (buffer, offset, _length) in enumerate(entries):
-                storage_address = buffer.storage.address
-                if not storage_address and (index >= table_slots or usage[index]):
-                    _check_has_memory(buffer)
-                addresses.append(storage_address + buffer.byte_offset + offset)
+        addresses = _slot_addresses(submission)
     lib.tinyhal_stream_bind(program.ops, program.count, program.state, program.patches,
                             program.patch_count, addresses, submission.lengths, participants,
                             TILES_PER_PARTICIPANT)
+
+
+def _slot_addresses(submission: Submission) -> list[int]:
+    """Every slot's address, read when the submission starts because a buffer had no
+    memory at validation (naming a used one that still has none)."""
+    addresses = []
+    for recording, entries in submission.parts:
+        table_slots, usage = recording.table_slots, recording.slot_usage
+        for index, (buffer, offset, _length) in enumerate(entries):
+            storage_address = buffer.storage.address
+            if not storage_address and (index >= table_slots or usage[index]):
+                _check_has_memory(buffer)
+            addresses.append(storage_address + buffer.byte_offset + offset)
+    return addresses
 
 
 def _check_has_memory(buffer: Any) -> None:
@@ -345,4 +381,4 @@ def _check_has_memory(buffer: Any) -> None:
 
 
 __all__ = ["NativeProgram", "Stream", "StreamHelpers", "Range", "TILES_PER_PARTICIPANT",
-           "run_alone"]
+           "lead", "run_alone"]

@@ -25,7 +25,8 @@ models:
   an item for an idle queue runs on the thread that made it ready (as `sync` runs it),
   a submission runs as one native stream (as `sync` and `task` run it) and is modelled
   by replaying the plan of its recorded content (`emu_engines`), and host reads and
-  writes of device memory skip the queue when it is idle; `mode="paced"` makes each
+  writes of device memory skip the queue when it is idle (a write's update is modelled
+  in one plan with the submission that follows it); `mode="paced"` makes each
   operation take its modelled time in wall time too, every operation on its engine.
   Operations are also placed one at a time while a profile is attached, faults are
   armed or the device calibrates.
@@ -100,9 +101,10 @@ SPREAD_NS = 2_000_000
 
 class EmuAllocator(Allocator):
     """Allocator whose device memory (device heap + live transients) has a capacity
-    and is not host-visible. `device_live` / `device_peak` count both."""
+    and is not host-visible. `device_live` / `device_peak` count both (the allocator's
+    `device_memory`)."""
 
-    counts_directly = False  # transients are counted in `track`, below
+    device_memory_heaps = frozenset(("device", TRANSIENT_HEAP))
 
     def __init__(self, device_name: str, memory_size: int) -> None:
         super().__init__(device_name, [
@@ -111,10 +113,17 @@ class EmuAllocator(Allocator):
                  1 << 40),
         ])
         self.memory_size = memory_size
-        self.device_live = 0
-        self.device_peak = 0
         self._capacity_lock = threading.Lock()  # one allocation's check-and-take
-        self._counter_lock = threading.Lock()  # a leaf: taken under the ring's lock too
+
+    @property
+    def device_live(self) -> int:
+        """Device memory in use: device-heap buffers and transient ring blocks."""
+        return self.device_memory.live
+
+    @property
+    def device_peak(self) -> int:
+        """The most device memory in use at once so far."""
+        return self.device_memory.peak
 
     def allocate(self, size: int, memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
                  usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING,
@@ -128,17 +137,14 @@ class EmuAllocator(Allocator):
 
     def check_capacity(self, size: int) -> None:
         """Raises RESOURCE_EXHAUSTED if `size` more device bytes would not fit."""
-        if isinstance(size, int) and self.device_live + size > self.memory_size:
-            raise ResourceExhaustedError(
-                f"emulated device memory exhausted: {self.device_live} of {self.memory_size} "
-                f"bytes live, {size} more requested")
+        live = self.device_memory.live
+        if isinstance(size, int) and live + size > self.memory_size:
+            raise _exhausted(live, self.memory_size, size)
 
-    def track(self, heap: str, delta: int) -> None:
-        if heap in ("device", TRANSIENT_HEAP):
-            with self._counter_lock:
-                self.device_live += delta
-                self.device_peak = max(self.device_peak, self.device_live)
-        super().track(heap, delta)
+
+def _exhausted(live: int, capacity: int, size: int) -> ResourceExhaustedError:
+    return ResourceExhaustedError(f"emulated device memory exhausted: {live} of {capacity} "
+                                  f"bytes live, {size} more requested")
 
 
 class EmuDriver(Driver):
@@ -161,9 +167,9 @@ class EmuDriver(Driver):
     def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
                 wait: Any, signal: Any, queue: int) -> None:
         if operation == "execute":
-            self.device._enqueue((payload, submission_id), done, wait, signal, queue)
+            self.device._enqueue(payload, submission_id, done, wait, signal, queue)
         elif operation == "call":
-            self.device._enqueue(payload, done, wait, signal, queue)
+            self.device._enqueue(payload, 0, done, wait, signal, queue)
         elif operation == "alloca":
             refused = self.check_alloca(payload.size)
             if refused is not None:
@@ -176,11 +182,12 @@ class EmuDriver(Driver):
     def check_alloca(self, size: int) -> Error | None:
         """RESOURCE_EXHAUSTED when `size` more transient bytes (as the ring counts them:
         rounded up to its 64-byte blocks) would not fit the modelled memory."""
-        try:
-            self.device.allocator.check_capacity((size + 63) & ~63)
-        except Error as exc:
-            return exc
-        return None
+        allocator = self.device.allocator
+        live = allocator.device_memory.live
+        size = (size + 63) & ~63
+        if live + size <= allocator.memory_size:
+            return None
+        return _exhausted(live, allocator.memory_size, size)
 
     def stop(self, timeout: float | None) -> None:
         self.device._stop_threads(timeout)
@@ -214,6 +221,8 @@ class EmuDevice(Device):
         self._fast = mode == "fast" and not self.calibrating
         super().__init__(EmuDriver(self, queues), **options)
         self._engines = Engines(model, queues, trace_capacity)
+        # a host write in fast mode is modelled later, in one step with what follows it
+        self._defer_host_write = self._engines.host_writes.append
         self._faults = Faults(queues)
         self._alone_ns: dict[int, int] = {}  # id of replayed steps -> host ns run alone
         self._samples: list[DispatchSample] = []
@@ -248,7 +257,7 @@ class EmuDevice(Device):
     @property
     def clock_ns(self) -> int:
         """The latest modelled time any submission ended at."""
-        return self._engines.clock_ns
+        return self._engines.clock()
 
     def queue_for_affinity(self, affinity: int) -> int:
         """IREE's accelerator rule (its amdgpu driver): the mask ANDed with the device's
@@ -322,11 +331,11 @@ class EmuDevice(Device):
                 view = as_byte_view(data)
                 length = len(view)
                 if length:
-                    offset, length = buffer.resolve_range(offset, length, "write")
+                    if offset or length > buffer.byte_length:
+                        offset, length = buffer.resolve_range(offset, length, "write")
                     start = buffer.byte_offset + offset
                     buffer.storage.array[start : start + length] = view
-                    engines = self._engines
-                    engines.replay(0, (), (), engines.transfer_steps("update", length))
+                    self._defer_host_write(length)
                     return
             finally:
                 running.release()
@@ -334,35 +343,27 @@ class EmuDevice(Device):
 
     def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
                    timeout: float | None = 60.0) -> bytes:
-        """As `Device.read_bytes` (see `_read_now` for fast mode)."""
-        data = self._read_now(buffer, offset, length)
-        if data is None:
-            return super().read_bytes(buffer, offset, length, timeout)
-        return bytes(data)
+        """As `Device.read_bytes` (see `read_array` for fast mode)."""
+        return bytes(self.read_array(buffer, offset, length, timeout))
 
     def read_array(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
                    timeout: float | None = 60.0) -> Any:
-        """As `Device.read_array` (see `_read_now` for fast mode)."""
-        data = self._read_now(buffer, offset, length)
-        if data is None:
+        """As `Device.read_array`: device memory is read by a queue transfer to host
+        memory (host work: no device time, and with no waits or signals nothing to
+        model). In fast mode, when queue 0 is idle, the bytes are copied here."""
+        running = self._host_transfer(buffer, _TRANSFER_SOURCE)
+        if running is None:
             return super().read_array(buffer, offset, length, timeout)
+        try:
+            if offset or not 0 <= length <= buffer.byte_length:
+                offset, length = buffer.resolve_range(offset, length, "read")
+            start = buffer.byte_offset + offset
+            data = bytearray(buffer.storage.array[start : start + length])
+        finally:
+            running.release()
         import numpy as np
 
         return np.frombuffer(data, np.uint8)
-
-    def _read_now(self, buffer: Buffer, offset: int, length: int) -> bytearray | None:
-        """Device memory is read by a queue transfer to host memory (host work: no
-        device time, and with no waits or signals nothing to model). In fast mode, when
-        queue 0 is idle, it is copied here; None when it has to be queued."""
-        running = self._host_transfer(buffer, _TRANSFER_SOURCE)
-        if running is None:
-            return None
-        try:
-            offset, length = buffer.resolve_range(offset, length, "read")
-            start = buffer.byte_offset + offset
-            return bytearray(buffer.storage.array[start : start + length])
-        finally:
-            running.release()
 
     def _host_transfer(self, buffer: Buffer, usage: int) -> threading.Lock | None:
         """Queue 0's `running` lock, held, when a host transfer with `buffer` may skip
@@ -383,7 +384,6 @@ class EmuDevice(Device):
         if self._queue_pending[0]:  # queued before: it goes first
             running.release()
             return None
-        self._wall_end = time.monotonic_ns()
         return running
 
     # -- the driver's threads -------------------------------------------------------------
@@ -398,37 +398,40 @@ class EmuDevice(Device):
 
     # -- the command processors -----------------------------------------------------------
 
-    def _enqueue(self, work: Any, done: Completion, wait: Any, signal: Any, q: int) -> None:
-        """Runs `work` for queue `q` on this thread when the queue is idle in fast mode
-        (as `sync` runs it), else hands it to the queue's command processor. Only items
-        handed over count as pending: an item run here holds the queue's `running` lock,
-        which makes a later one wait or queue behind it."""
+    def _enqueue(self, work: Submission | Any, submission_id: int, done: Completion, wait: Any,
+                 signal: Any, q: int) -> None:
+        """Runs `work` (a submission, or host work) for queue `q` on this thread when the
+        queue is idle in fast mode (as `sync` runs it), else hands it to the queue's
+        command processor. Only items handed over count as pending (under
+        `_queue_lock`); an item runs here only with the queue's `running` lock taken and
+        nothing pending, and holding that lock makes a later item wait or queue behind
+        it."""
         if not self._wall_begin:
             self._wall_begin = time.monotonic_ns()
         running = self._queue_running[q]
+        if self._fast and running.acquire(False):
+            if not self._queue_pending[q]:
+                error = self._process(work, submission_id, wait, signal, q)
+                work = None
+                self._wall_end = time.monotonic_ns()
+                running.release()
+                done(error)
+                return
+            running.release()  # queued before: it goes first
         with self._queue_lock:
-            inline = self._fast and not self._queue_pending[q] and running.acquire(False)
-            if not inline:
-                self._queue_pending[q] += 1
-        if not inline:
-            self._command_queues[q].put((work, done, wait, signal, q))
-            return
-        error = self._process(work, wait, signal, q)
-        work = None
-        self._wall_end = time.monotonic_ns()
-        running.release()
-        done(error)
+            self._queue_pending[q] += 1
+        self._command_queues[q].put((work, submission_id, done, wait, signal, q))
 
     def _command_processor(self, commands: queue_module.SimpleQueue) -> None:
         while True:
             item = commands.get()
             if item is None:
                 return
-            work, done, wait, signal, q = item
+            work, submission_id, done, wait, signal, q = item
             item = None
             running = self._queue_running[q]
             running.acquire()
-            error = self._process(work, wait, signal, q)
+            error = self._process(work, submission_id, wait, signal, q)
             work = None
             self._wall_end = time.monotonic_ns()
             running.release()
@@ -437,68 +440,68 @@ class EmuDevice(Device):
             done(error)
             done = None
 
-    def _process(self, work: Any, wait: Any, signal: Any, q: int) -> Error | None:
+    def _process(self, work: Submission | Any, submission_id: int, wait: Any, signal: Any,
+                 q: int) -> Error | None:
         """Runs one queue item (its caller holds the queue's `running` lock); returns
-        its error. A submission is replayed from its plan in fast mode (see `_replay`)
-        or else run operation by operation (`_run_each`)."""
+        its error. In fast mode a submission runs whole and is modelled from its plan
+        (`Engines.replay`; one that fails is modelled whole and signals nothing), else
+        it runs operation by operation (`_run_each`)."""
         error = self.work_queue.lost
         if error is not None:
             return error
-        if type(work) is not tuple:
+        if type(work) is not Submission:
             error = run_capturing(work)
             self._engines.host_work(q, wait, signal)
             return error
-        submission, submission_id = work
+        submission = work
         try:
             steps = None
             if self._fast and self.profile is None and not self._faults.armed:
                 steps = self._engines.steps_of(submission)
-            if steps is not None:
-                self._replay(submission, wait, signal, q, steps)
-            else:
+            if steps is None:
                 self._run_each(submission, wait, signal, q, submission_id)
+                return None
+            try:
+                if steps.widest <= 1 and steps.ops is None:  # nothing to spread or measure
+                    run_alone(submission)
+                else:
+                    self._run_whole(submission, steps)
+            except Error as exc:
+                self._engines.replay(q, wait, (), steps)
+                return exc
+            self._engines.replay(q, wait, signal, steps)
         except BaseException as exc:  # noqa: BLE001 - becomes the item's error
             return as_error(exc)
         return None
 
-    def _replay(self, submission: Submission, wait: Any, signal: Any, q: int,
-                steps: Steps) -> None:
-        """Fast mode: runs the whole submission at once, then models it from its plan.
-        A submission that fails is modelled whole, and signals nothing.
-
-        It runs as one native stream on this thread (as `sync` runs it); the compute
-        workers' native helper threads join its dispatches once the same steps took
-        longer than `SPREAD_NS` alone the last time (waking helpers costs more than
-        small submissions take; the first run, which builds the native program, is
-        not counted; submissions of single-workgroup dispatches are not timed). A submission whose recordings are not shared (large captured
-        updates) runs its operations one by one instead of building a native program
-        for one use."""
-        error = None
-        try:
-            if steps.ops is not None:
-                run_each_inline(steps.ops)
-            else:
-                key = id(steps.steps)  # a stale entry only misguides this choice
-                helpers = None
-                if steps.widest > 1 and self._alone_ns.get(key, 0) > SPREAD_NS:
-                    helpers = self._workers.stream_helpers()
-                if helpers is not None:
-                    Stream(submission, 1 + helpers.count).run(helpers)
-                elif steps.widest <= 1:  # nothing to spread: no need to measure it
-                    run_alone(submission)
-                else:
-                    began = time.monotonic_ns()
-                    run_alone(submission)
-                    if len(self._alone_ns) >= 1024:
-                        self._alone_ns.clear()
-                    # the first run also builds the native program: not a measure
-                    self._alone_ns[key] = (time.monotonic_ns() - began
-                                           if key in self._alone_ns else 0)
-        except Error as exc:
-            error = exc
-        self._engines.replay(q, wait, signal if error is None else (), steps)
-        if error is not None:
-            raise error
+    def _run_whole(self, submission: Submission, steps: Steps) -> None:
+        """Fast mode: runs the whole submission at once, on this thread as one native
+        stream (as `sync` runs it). The compute workers' native helper threads join its
+        dispatches once the same steps took longer than `SPREAD_NS` alone the last time
+        (waking helpers costs more than small submissions take; the first run, which
+        builds the native program, is not counted; submissions of single-workgroup
+        dispatches are not timed). A submission whose recordings are not shared (large
+        captured updates) runs its operations one by one instead of building a native
+        program for one use."""
+        if steps.ops is not None:
+            run_each_inline(steps.ops)
+            return
+        key = id(steps.steps)  # a stale entry only misguides this choice
+        helpers = None
+        if steps.widest > 1 and self._alone_ns.get(key, 0) > SPREAD_NS:
+            helpers = self._workers.stream_helpers()
+        if helpers is not None:
+            Stream(submission, 1 + helpers.count).run(helpers)
+        elif steps.widest <= 1:  # nothing to spread: no need to measure it
+            run_alone(submission)
+        else:
+            began = time.monotonic_ns()
+            run_alone(submission)
+            if len(self._alone_ns) >= 1024:
+                self._alone_ns.clear()
+            # the first run also builds the native program: not a measure
+            self._alone_ns[key] = (time.monotonic_ns() - began
+                                   if key in self._alone_ns else 0)
 
     def _run_each(self, submission: Submission, wait: Any, signal: Any, q: int,
                   submission_id: int) -> None:

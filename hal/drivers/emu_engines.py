@@ -11,18 +11,23 @@ Placement is a pure function of the operations (their kinds, export names, sizes
 bytes), the cost model, and the engines' free times relative to the submission's start.
 So a submission is modelled as a whole by a `Plan`, built once by placing its operations
 on a copy of that relative state and replayed on later submissions of the same recorded
-content over the same relative state: one dictionary look-up and a few list writes,
-instead of Python per operation. Relative state is encoded exactly: free times after the
-start as offsets, those before it by their order alone (placement only compares them
-with each other and with a segment's start, never measures them), so a replay gives
-bit for bit the times that placing each operation would. `place_dispatch` /
-`place_transfer` are that placement, used alike when a plan is built and when
-operations are placed one at a time (paced mode, calibration, profiling, armed faults).
+content over the same relative state: found through the plan replayed before it, and
+applied by counting its use and writing the trace record and the queue's clock, instead
+of Python per operation (summaries add up uses times each plan's totals; on one queue
+the engines' free times stay in the chain of replays until an operation is placed by
+itself). Host writes into device memory are modelled after the fact, as updates in the
+plan of the submission that follows them. Relative state is encoded exactly: free times
+after the start as offsets, those before it by their order alone (placement only
+compares them with each other and with a segment's start, never measures them), so a
+replay gives bit for bit the times that placing each operation would. `place_dispatch` /
+`place_transfer` are that placement, used alike when a plan is built and when operations
+are placed one at a time (paced mode, calibration, profiling, armed faults).
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import operator
 import threading
@@ -38,6 +43,8 @@ PLAN_CAPACITY = 1024  # plans kept per device (a plan holds its recordings, no b
 SIGNAL_HISTORY_PRUNE = 1024  # semaphores with signal times before dead ones are dropped
 _DEVICE_VISIBLE = int(MemoryType.DEVICE_VISIBLE)
 _entry_length = operator.itemgetter(2)
+_entry_buffer = operator.itemgetter(0)
+_memory_type_bits = operator.attrgetter("memory_type_bits")
 
 
 @dataclass(frozen=True)
@@ -99,24 +106,31 @@ class Step(NamedTuple):
 
 class Steps(NamedTuple):
     """A submission as the engines see it: its `steps`, whether any is a transfer,
-    its widest dispatch's workgroups, and for a submission whose recordings are not
-    shared (so never seen again) its typed operations, to run one by one rather than
-    building a native program for one use."""
+    its widest dispatch's workgroups, for a submission whose recordings are not shared
+    (so never seen again) its typed operations, to run one by one rather than building
+    a native program for one use, and the key its plans are kept under: the identity
+    of `steps` when the engines keep them (`Engines.steps`), else `steps` itself."""
 
     steps: tuple[Step | None, ...]
     transfers: bool
     widest: int
-    ops: list[Operation] | None = None
+    ops: list[Operation] | None
+    key: Any
 
 
 class Plan(NamedTuple):
     """A submission's placement relative to its start: its events (queue 0, host time
     0), its end, the free times it leaves on the DMA engines it used (index, offset) and
     on the units (those before its start it leaves as they were, a slice of the
-    ascending list, followed by these offsets), what it adds to the busy counters. `bound` is the latest free time it leaves on any
-    engine (0 if before its start), and `next_at` / `next_above` the relative state of
-    the engines it leaves as seen from a start at `bound` / after it, so a submission
-    replayed next from such a start needs no `_relative`."""
+    ascending list, followed by these offsets), what it adds to the busy counters.
+    `bound` is the latest free time it leaves on any engine (0 if before its start), and
+    `next_at` / `next_above` the relative state of the engines it leaves as seen from a
+    start at `bound` / after it, so a submission replayed next from such a start needs
+    no `_relative`; `after_at` / `after_above` map the key of what was replayed next
+    from there to its plan. `uses` counts its replays per queue whose busy time, bytes
+    and operations the engines' counters do not hold yet (`Engines._count_uses` adds
+    them, when a summary reads the counters or before the plan is dropped), so a replay
+    only counts itself."""
 
     events: tuple[TraceEvent, ...]
     end: int
@@ -130,6 +144,9 @@ class Plan(NamedTuple):
     bound: int
     next_at: tuple[Any, Any]
     next_above: tuple[Any, Any]
+    after_at: dict[Any, Plan]
+    after_above: dict[Any, Plan]
+    uses: list[int]
 
 
 def place_dispatch(unit_free: list[int], model: CostModel, name: str, workgroups: int,
@@ -258,29 +275,82 @@ class Engines:
         # replaced by the next semaphore with its id, or pruned as the dict grows. (Keyed
         # by id, not by weak reference: semaphores made and dropped per call reuse
         # addresses, and dead references of one hash made every look-up a long probe.)
+        # Kept only with several queues: a queue's clock only advances, and every time
+        # it signals at is its clock then, so a wait on what the same queue signalled
+        # never starts anything later than that clock does.
+        self.across_queues = queues > 1
         self.signal_times: dict[int, tuple[weakref.ref, list[tuple[int, int]]]] = {}
         self.prune_at = SIGNAL_HISTORY_PRUNE
         self.plans: dict[Any, Plan] = {}
-        # After a replay: (latest free time it left, relative state seen from a start
-        # then, from a start after); None once an operation was placed by itself.
-        self.chain: tuple[int, Any, Any] | None = None
+        # After a replay: (latest free time it left, its plan, whose `next_at` /
+        # `next_above` are the relative state seen from a start then / after, and whose
+        # `after_at` / `after_above` the plans replayed next from there); None once an
+        # operation was placed by itself.
+        self.chain: tuple[int, Plan] | None = None
         self.steps: dict[Any, Steps] = {}
+        # Sizes of host writes into device memory that ran on queue 0 and are not
+        # modelled yet, each standing for a queue update of that many bytes. The device
+        # appends to it (`list.append`, atomic: no lock) while it holds queue 0 idle;
+        # they are modelled, in order, before anything else reads or changes the
+        # engines, all in one step (with the next submission on queue 0 when it follows
+        # them at once). The list is never replaced.
+        self.host_writes: list[int] = []
+        self.write_steps: dict[tuple[int, ...], tuple[Step | None, ...]] = {}
 
     def set_model(self, model: CostModel) -> None:
         """Uses `model` from now on (plans made with the old one are dropped)."""
         with self.lock:
+            if self.host_writes:  # costed by the model they ran under
+                self._model_host_writes()
             self.model = model
-            self.plans.clear()
+            self._clear_plans()
+
+    def clock(self) -> int:
+        """The latest modelled time any operation ended at."""
+        with self.lock:
+            if self.host_writes:
+                self._model_host_writes()
+            return self.clock_ns
+
+    # -- host writes --------------------------------------------------------------------
+
+    def _take_host_writes(self) -> tuple[int, ...]:
+        writes = self.host_writes
+        sizes = tuple(writes)
+        del writes[: len(sizes)]  # one appended meanwhile stays for the next
+        return sizes
+
+    def _model_host_writes(self) -> None:
+        """Models the deferred host writes (lock held): updates on queue 0, one after
+        another from its clock, as one plan."""
+        self._apply_plan(0, self.queue_clock[0], (), self._take_host_writes(), None, ())
+
+    def _write_steps(self, sizes: tuple[int, ...]) -> tuple[Step | None, ...]:
+        """The steps of host writes of `sizes` bytes, each after the one before."""
+        known = self.write_steps.get(sizes)
+        if known is None:
+            steps: list[Step | None] = []
+            for size in sizes:
+                steps += (None, Step(False, "update", size, 0))
+            known = tuple(steps[1:])
+            if len(self.write_steps) >= PLAN_CAPACITY:
+                self.write_steps.clear()
+            self.write_steps[sizes] = known
+        return known
 
     # -- submissions ------------------------------------------------------------------
 
     def start(self, queue: int, wait: Any) -> int:
         """When a submission on `queue` waiting on `wait` starts, in modelled time."""
         with self.lock:
+            if self.host_writes:
+                self._model_host_writes()
             return self._start(queue, wait)
 
     def _start(self, queue: int, wait: Any) -> int:
         start = self.queue_clock[queue]
+        if not self.across_queues:
+            return start
         times = self.signal_times
         for sem, value in wait:
             entry = times.get(id(sem))
@@ -306,6 +376,8 @@ class Engines:
         self._signalled(signal, end)
 
     def _signalled(self, signal: Any, at: int) -> None:
+        if not self.across_queues:
+            return
         times = self.signal_times
         for sem, value in signal:
             key = id(sem)
@@ -330,6 +402,8 @@ class Engines:
     def host_work(self, queue: int, wait: Any, signal: Any) -> None:
         """Host work on `queue` (a read or write of host memory) took no device time."""
         with self.lock:
+            if self.host_writes:
+                self._model_host_writes()
             if wait:
                 self.queue_clock[queue] = self._start(queue, wait)
             if signal:
@@ -341,7 +415,9 @@ class Engines:
                        queue: int) -> tuple[TraceEvent, int]:
         """Places one dispatch now: its event and issue sequence number."""
         with self.lock:
-            self.chain = None
+            if self.host_writes:
+                self._model_host_writes()
+            self._break_chain()
             units, op_start, cost = place_dispatch(self.unit_free, self.model, name,
                                                    workgroups, bound, segment_start)
             self.busy["compute"] = self.busy.get("compute", 0) + cost * units
@@ -353,7 +429,9 @@ class Engines:
                        queue: int) -> tuple[TraceEvent, int, int]:
         """Places one transfer now: its event, DMA engine and issue sequence number."""
         with self.lock:
-            self.chain = None
+            if self.host_writes:
+                self._model_host_writes()
+            self._break_chain()
             index, op_start, cost = place_transfer(self.dma_free, self.model, size,
                                                    segment_start)
             engine = f"dma{index}"
@@ -388,89 +466,146 @@ class Engines:
                 return known
             if len(self.steps) >= PLAN_CAPACITY:
                 self.steps.clear()
-                self.plans.clear()  # plans are keyed by the identity of their steps
+                self._clear_plans()  # plans are keyed by the identity of their steps
             self.steps[key] = known
             return known
-        if known.transfers:
+        if known.transfers:  # every bound buffer's memory type has DEVICE_VISIBLE
             for _r, entries in parts:
-                for buffer, _o, _n in entries:
-                    if not buffer.memory_type_bits & _DEVICE_VISIBLE:
-                        return None
-        return known
-
-    def transfer_steps(self, name: str, size: int) -> Steps:
-        """The steps of one transfer of `size` bytes (a host write that stands for a
-        queue update of that many bytes)."""
-        key = (name, size)
-        known = self.steps.get(key)
-        if known is None:
-            if len(self.steps) >= PLAN_CAPACITY:
-                self.steps.clear()
-                self.plans.clear()
-            known = self.steps[key] = Steps((Step(False, name, size, 0),), True, 0)
+                if not functools.reduce(operator.and_, map(
+                        _memory_type_bits, map(_entry_buffer, entries)), _DEVICE_VISIBLE):
+                    return None
         return known
 
     def replay(self, queue: int, wait: Any, signal: Any, steps: Steps) -> None:
         """Models a whole submission that has run: from the plan of its steps over the
-        engines' relative state (made now if new), in one step. (The hot path of fast
-        mode: what `_start`, `_end` and `Trace.add` do is written out here.)"""
+        engines' relative state (made now if new), in one step. Deferred host writes
+        go first: in the same plan when the submission follows them at once (on queue 0,
+        with no wait signalled later than its clock), else in a plan of their own."""
         with self.lock:
+            across = self.across_queues
+            writes: tuple[int, ...] = ()
+            pending = self.host_writes
+            if pending:
+                if queue == 0 and (not (wait and across)
+                                   or self._start(0, wait) == self.queue_clock[0]):
+                    writes = tuple(pending)
+                    del pending[: len(writes)]  # one appended meanwhile stays for the next
+                else:
+                    self._model_host_writes()
             start = self.queue_clock[queue]
-            if wait:
+            if wait and across and not writes:
                 start = self._start(queue, wait)
-            chain = self.chain
-            if chain is not None and start >= chain[0]:
-                state = chain[1] if start == chain[0] else chain[2]
+            self._apply_plan(queue, start, signal, writes, steps, steps.steps)
+
+    def _apply_plan(self, queue: int, start: int, signal: Any, writes: tuple[int, ...],
+                    steps: Steps | None, body: tuple[Step | None, ...]) -> None:
+        """Places host writes of `writes` bytes, then `steps` (if any), on `queue` from
+        `start`, by their plan over the engines' relative state (made now if new). (The
+        hot path of fast mode: what `_end` and `Trace.add` do is written out here.)"""
+        key = None if steps is None else steps.key
+        if writes:
+            key = (writes, key)
+        chain = self.chain
+        plan = memo = None
+        if chain is not None and start >= chain[0]:
+            last = chain[1]
+            if start == chain[0]:
+                state, memo = last.next_at, last.after_at
             else:
-                state = (_relative(self.dma_free, start),
-                         _unit_key(self.unit_free, start, len(self.queue_clock) == 1))
-            # steps kept in `self.steps` are found by identity, unique ones by content
-            plan_key = (id(steps.steps) if steps.ops is None else steps.steps, state)
-            plan = self.plans.get(plan_key)
+                state, memo = last.next_above, last.after_above
+            plan = memo.get(key)
+        else:
+            self._break_chain()  # the free times the chain held, written out
+            state = (_relative(self.dma_free, start),
+                     _unit_key(self.unit_free, start, len(self.queue_clock) == 1))
+        if plan is None:
+            plan = self.plans.get((key, state))
             if plan is None:
-                plan = _plan(self.model, steps.steps, _decode(state[0]), _decode(state[1]),
-                             len(self.queue_clock) == 1)
+                if writes:
+                    body = (self._write_steps(writes) + (None,) + body if body
+                            else self._write_steps(writes))
+                plan = _plan(self.model, body, _decode(state[0]), _decode(state[1]),
+                             len(self.queue_clock))
                 if len(self.plans) >= PLAN_CAPACITY:
-                    self.plans.clear()
-                self.plans[plan_key] = plan
-            self.chain = (start + plan.bound, plan.next_at, plan.next_above)
-            busy = self.busy
-            for name, ns in plan.busy:
-                busy[name] = busy.get(name, 0) + ns
+                    self._clear_plans()
+                self.plans[(key, state)] = plan
+            if memo is not None:
+                memo[key] = plan
+        self.chain = (start + plan.bound, plan)
+        plan.uses[queue] += 1
+        if self.across_queues:  # another queue may start before the chain's time
             if plan.transfers:
                 dma_free = self.dma_free
                 for i, offset in plan.dma_final:
                     dma_free[i] = start + offset
-                self.bytes_moved += plan.bytes_moved
-                self.transfer_count += plan.transfers
             if plan.dispatches:
                 kept_from, kept_to = plan.units_kept
                 self.unit_free = (self.unit_free[kept_from:kept_to]
-                                  + [start + offset for offset in plan.units_after])
-                self.dispatch_count += plan.dispatches
-            events = plan.events
-            trace = self.trace
-            seq = trace.seq
-            trace.seq = seq + len(events)
-            if trace.count + len(events) <= trace.capacity:
-                trace.count += len(events)
-                trace.records.append((seq, events, start, queue, 0))
-            else:
-                trace.add(seq, events, start, queue, 0)
-            end = start + plan.end
-            self.queue_clock[queue] = end
-            name = self.queue_names[queue]
-            busy[name] = busy.get(name, 0) + plan.end
-            if end > self.clock_ns:
-                self.clock_ns = end
-            if signal:
-                self._signalled(signal, end)
+                                  + list(map(start.__add__, plan.units_after)))
+        events = plan.events
+        trace = self.trace
+        seq = trace.seq
+        n = len(events)
+        trace.seq = seq + n
+        if trace.count + n <= trace.capacity:
+            trace.count += n
+            trace.records.append((seq, events, start, queue, 0))
+        else:
+            trace.add(seq, events, start, queue, 0)
+        end = start + plan.end
+        self.queue_clock[queue] = end
+        if end > self.clock_ns:
+            self.clock_ns = end
+        if signal and self.across_queues:
+            self._signalled(signal, end)
+
+    def _clear_plans(self) -> None:
+        self._count_uses()
+        self.plans.clear()
+        self._break_chain()  # its plan's successors are dropped plans
+
+    def _break_chain(self) -> None:
+        """Ends the chain of replays: the next placement reads `dma_free` and
+        `unit_free`. With one queue replays leave those to the chain (see
+        `_apply_plan`); they are written out here from its relative state: free times
+        before the chain's time as that many nanoseconds before it, in order, which
+        places every later operation (none starts before that time) as the true ones
+        do."""
+        chain = self.chain
+        if chain is None:
+            return
+        self.chain = None
+        if not self.across_queues:
+            at, plan = chain
+            self.dma_free = [at + v for v in _decode(plan.next_at[0])]
+            self.unit_free = [at + v for v in _decode(plan.next_at[1])]
+
+    def _count_uses(self) -> None:
+        """Adds what the plans' replays since the last call did to the counters."""
+        busy = self.busy
+        for plan in self.plans.values():
+            uses = plan.uses
+            if not any(uses):
+                continue
+            total = sum(uses)
+            for name, ns in plan.busy:
+                busy[name] = busy.get(name, 0) + ns * total
+            for q, n in enumerate(uses):
+                if n:
+                    name = self.queue_names[q]
+                    busy[name] = busy.get(name, 0) + plan.end * n
+                    uses[q] = 0
+            self.bytes_moved += plan.bytes_moved * total
+            self.transfer_count += plan.transfers * total
+            self.dispatch_count += plan.dispatches * total
 
     # -- results ------------------------------------------------------------------------
 
     def events(self) -> list[TraceEvent]:
         """The operations run so far, in the order their queues issued them."""
         with self.lock:
+            if self.host_writes:
+                self._model_host_writes()
             return self.trace.events()
 
     def export_trace(self, path: str) -> None:
@@ -495,6 +630,9 @@ class Engines:
     def summary(self, preset: str, wall_ns: int, peak_device_bytes: int, memory_size: int,
                 calibration_error: float | None) -> EmuSummary:
         with self.lock:
+            if self.host_writes:
+                self._model_host_writes()
+            self._count_uses()
             total = max(self.queue_clock + [self.clock_ns])
             busy = dict(self.busy)
             util = {}
@@ -527,13 +665,15 @@ def _steps(ops: list[Operation], keep: list[Operation] | None) -> Steps | None:
             transfers = True
         else:
             return None
-    return Steps(tuple(steps), transfers, widest, keep)
+    body = tuple(steps)
+    return Steps(body, transfers, widest, keep, id(body) if keep is None else body)
 
 
 def _plan(model: CostModel, steps: tuple[Step | None, ...], dma: list[int],
-          units: list[int], one_queue: bool) -> Plan:
+          units: list[int], queues: int) -> Plan:
     """Places `steps` from relative start 0 on engines free at `dma` / `units` (on a
-    device with `one_queue`)."""
+    device with `queues` queues)."""
+    one_queue = queues == 1
     dma_before = list(dma)
     before_start = sum(1 for u in units if u < 0)
     events = []
@@ -565,7 +705,8 @@ def _plan(model: CostModel, steps: tuple[Step | None, ...], dma: list[int],
                 tuple(u for u in units if u >= 0),
                 tuple(busy.items()), moved, dispatches, transfers, bound,
                 (_relative(dma, bound), _unit_key(units, bound, one_queue)),
-                (_relative(dma, bound + 1), _unit_key(units, bound + 1, one_queue)))
+                (_relative(dma, bound + 1), _unit_key(units, bound + 1, one_queue)),
+                {}, {}, [0] * queues)
 
 
 __all__ = ["EmuSummary", "Engines", "Plan", "Step", "Steps", "TraceEvent", "Trace", "device_visible",

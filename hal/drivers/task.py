@@ -4,19 +4,21 @@ The device hands over each queue operation once its wait semaphores are reached 
 semaphore timepoint callback, so nothing polls). A command-buffer submission runs as one
 native `Stream` (see `hal/stream.py`), led through its operations in C by the thread that
 readies it (usually the submitting one, which would otherwise only wait), while the
-device's `StreamHelpers` (plain C threads: no Python, no GIL) join each dispatch and claim
-tiles of its workgroups, like compute units on a GPU (and 64 KiB tiles of large fills and
-copies, as IREE's task executor splits them). So a small model's submission costs
-no thread hand-off at all: no worker is woken through Python to start it and none to
-report its end. A leader hands the rest of a stream that outlasts `inline_us` to an
-executor worker and returns, so a submitting thread is held up that long (plus one tile)
-at most; a thread that runs an event loop (trio, asyncio) hands the whole stream to a
-worker, so its other tasks go on at once. A handed-off stream is also offered at its
-signal points (`Semaphore.offer`): a thread that blocks waiting for it before the worker
-has started (a VM invocation awaiting its result, typically) leads it on itself, rather
-than sleeping while a worker wakes up and moves the stream to another core. When the
-stream completes, the signal semaphores advance, or fail with its error (or its waits'
-error), which reaches every dependent submission the same way.
+device's `StreamHelpers` (plain C threads: no Python, no GIL) join each dispatch of
+several workgroups and claim tiles of them, like compute units on a GPU (and 64 KiB tiles
+of large fills and copies, as IREE's task executor splits them); a stream of
+one-workgroup dispatches wakes no helper. A ready submission is bound and led in one C
+call (`hal.stream.lead`), as on `sync`. So a small model's submission costs no thread hand-off
+at all: no worker is woken through Python to start it and none to report its end. A
+leader hands the rest of a stream that outlasts `inline_us` to an executor worker and
+returns, so a submitting thread is held up that long (plus one tile) at most; a thread
+that runs an event loop (trio, asyncio) hands the whole stream to a worker, so its other
+tasks go on at once. A handed-off stream is also offered at its signal points
+(`Semaphore.offer`): a thread that blocks waiting for it before the worker has started (a
+VM invocation awaiting its result, typically) leads it on itself, rather than sleeping
+while a worker wakes up and moves the stream to another core. When the stream completes,
+the signal semaphores advance, or fail with its error (or its waits' error), which
+reaches every dependent submission the same way.
 
 Independent submissions run out of order: the only ordering is the one semaphores give.
 Host work (file and host-memory transfers) runs on the executor's workers. `close()`
@@ -25,8 +27,9 @@ stops the executor and the helpers.
 
 Options: `workers` (default one per core: the helpers are one fewer, the leader being
 the last), `transient_capacity` (ringbuffer bytes), `inline_us` (how long a readying
-thread leads a submission before handing it to a worker, default 2000; 0: never), `helper_spin_us`
-(how long an idle helper stays awake for the next submission before it sleeps).
+thread leads a submission before handing it to a worker, default 2000; 0: never),
+`helper_spin_us` (how long an idle helper stays awake for the next submission before it
+sleeps).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from ...scheduler import CallTask, Executor, on_event_loop
 from ..device import Device
 from ..queue import Completion, Driver
 from ..semaphore import SemaphorePoint
-from ..stream import Stream, StreamHelpers
+from ..stream import Stream, StreamHelpers, lead
 
 DEFAULT_INLINE_US = 2000
 DEFAULT_HELPER_SPIN_US = 0
@@ -70,32 +73,32 @@ class TaskDriver(Driver):
     def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
                 wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
                 queue: int) -> None:
-        if operation == "execute":
-            self._execute(payload, done, signal)
-        elif operation == "call":
-            task = CallTask(self.executor, payload, name="queue-op")
-            task.on_complete(done)
-            self.executor.submit(task)
-        else:
-            payload(done)
-
-    def _execute(self, ops: Any, done: Completion, signal: Sequence[SemaphorePoint]) -> None:
-        helpers = None if ops.single_workgroup else self.helpers
-        stream = Stream(ops, 1 + (helpers.count if helpers is not None else 0))
+        if operation != "execute":
+            if operation == "call":
+                task = CallTask(self.executor, payload, name="queue-op")
+                task.on_complete(done)
+                self.executor.submit(task)
+            else:
+                payload(done)
+            return
+        helpers = self.helpers  # they join only operations of several tiles
         if self.inline_us and not on_event_loop():
             try:
-                finished = stream.run(helpers, self.inline_us)
+                stream = lead(payload, helpers, self.inline_us)
             except Error as exc:
                 done(exc)
                 return
-            except BaseException:  # interrupted (KeyboardInterrupt): end the stream first
-                _end_stream(stream, helpers)
-                raise
-            if finished:
+            if stream is None:
                 done(None)
                 return
+        else:
+            stream = Stream(payload, 1 + helpers.count)
 
-        handoff = _Handoff(stream, helpers, done)
+        try:
+            handoff = _Handoff(stream, helpers, done)
+        except BaseException:  # interrupted (KeyboardInterrupt): end the stream first
+            _end_stream(stream, helpers)
+            raise
         for sem, value in signal:  # a handed-off stream is offered to its waiters
             sem.offer(value, handoff.lead)
         task = CallTask(self.executor, handoff.lead, name="submit")

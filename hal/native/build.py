@@ -51,10 +51,11 @@ int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
 void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
     const tinyhal_patch_t* patches, uint32_t patch_count, const uint64_t* slot_addresses,
     const uint64_t* slot_lengths, uint32_t participants, uint32_t tiles_per_participant);
-int tinyhal_bind_and_run(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
-    const tinyhal_patch_t* patches, uint32_t patch_count, const uint64_t* slot_addresses,
-    const uint64_t* slot_lengths, uint32_t tiles_per_participant, uint32_t local_memory_size,
-    uint64_t* times, int* paused);
+int tinyhal_bind_and_run(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
+    tinyhal_stream_t* stream, const tinyhal_patch_t* patches, uint32_t patch_count,
+    const uint64_t* slot_addresses, const uint64_t* slot_lengths, uint32_t participants,
+    uint32_t tiles_per_participant, uint32_t local_memory_size, uint64_t* times,
+    uint64_t budget_ns, int* paused);
 """
 
 

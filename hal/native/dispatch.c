@@ -440,16 +440,18 @@ static int tinyhal_op_run(tinyhal_op_t* op, tinyhal_workgroup_state_t* wg, uint6
 }
 
 /* Claims tiles of an operation until none are left, the stream aborts, or (with a nonzero
- * `deadline_ns`) the clock passes it: then returns TINYHAL_PAUSED with tiles left, else 0. */
+ * `deadline_ns`) the clock passes it after a tile: then returns TINYHAL_PAUSED with tiles
+ * left, else 0 (the clock is read only between tiles, so an operation of one tile costs
+ * no clock read here: its leader read it before the operation). */
 #define TINYHAL_PAUSED 1
 static int tinyhal_stream_claim(tinyhal_stream_t* stream, tinyhal_op_t* op, uint32_t op_index,
                                 tinyhal_workgroup_state_t* wg, uint64_t deadline_ns) {
   uint64_t failed = 0;
   int rc = 0;
-  for (;;) {
+  for (int ran = 0;; ran = 1) {
     if (__atomic_load_n(&stream->abort, __ATOMIC_RELAXED)) break;
-    if (deadline_ns && tinyhal_now_ns() >= deadline_ns &&
-        __atomic_load_n(&op->cursor, __ATOMIC_RELAXED) < op->length) {
+    if (ran && deadline_ns && __atomic_load_n(&op->cursor, __ATOMIC_RELAXED) < op->length &&
+        tinyhal_now_ns() >= deadline_ns) {
       return TINYHAL_PAUSED;
     }
     uint64_t begin = __atomic_fetch_add(&op->cursor, op->tile, __ATOMIC_RELAXED);
@@ -525,11 +527,28 @@ static void tinyhal_stream_close(tinyhal_stream_t* stream) {
   }
 }
 
-/* Leader: runs the operations in order from `stream->resume`. Returns 0 once the stream is
- * done (its status says how), or TINYHAL_PAUSED when `deadline_ns` (nonzero) passed
+typedef struct tinyhal_pool_t tinyhal_pool_t;
+static int tinyhal_stream_post(tinyhal_pool_t* pool, tinyhal_stream_t* stream,
+                               uint32_t local_memory_size);
+
+/* Whether a stream about to start has an operation of several tiles: then it is posted
+ * to the helpers at once, so that waking them overlaps the leader's first operations;
+ * a stream of one-tile operations never wakes a helper. */
+static int tinyhal_stream_shares(const tinyhal_op_t* ops, uint32_t count) {
+  for (uint32_t i = 0; i < count; ++i) {
+    if (ops[i].tile < ops[i].length) return 1;
+  }
+  return 0;
+}
+
+/* Leader: runs the operations in order from `stream->resume`, sharing operations of
+ * several tiles with `pool`'s helpers (may be NULL; a stream not posted yet, one that
+ * paused before it reached such an operation, is posted then). Returns 0 once the stream
+ * is done (its status says how), or TINYHAL_PAUSED when `deadline_ns` (nonzero) passed
  * first: `resume`/`resume_open` then say where the next leader goes on, and a dispatch in
  * progress stays open to its helpers meanwhile. */
-static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
+static int tinyhal_stream_lead(tinyhal_pool_t* pool, uint32_t local_memory_size,
+                               tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
                                tinyhal_workgroup_state_t* wg, uint64_t deadline_ns) {
   uint32_t i = stream->resume;
   int open = stream->resume_open;
@@ -554,7 +573,8 @@ static int tinyhal_stream_lead(tinyhal_op_t* ops, uint32_t count, tinyhal_stream
       continue;
     }
     if (!shared) {
-      if (op->tile >= op->length || !stream->posted) {
+      if (op->tile >= op->length || !pool ||
+          !(stream->posted || tinyhal_stream_post(pool, stream, local_memory_size))) {
         /* One tile (nothing to share, so no helper is disturbed for it), or no helpers
          * to share with. */
         if (tinyhal_stream_claim(stream, op, i, wg, deadline_ns) == TINYHAL_PAUSED) {
@@ -665,9 +685,10 @@ void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* st
 /* ---- Stream helpers: native threads that join a stream its leader runs -----------------
  *
  * A pool of plain C threads that never touch Python (so never the GIL). The thread that
- * readies a submission leads its stream: it posts the stream to the pool and runs it, and
- * the helpers wake, attach, claim tiles of its dispatches like any helper, and detach when
- * it is done. The leader returns only once every helper that attached has detached, so the
+ * readies a submission leads its stream: when the stream has an operation of several
+ * tiles it posts the stream to the pool at its start (so a stream of one-tile operations
+ * never wakes a helper), and the helpers wake, attach, claim tiles of its dispatches like
+ * any helper, and detach when it is done. The leader returns only once every helper that attached has detached, so the
  * stream's memory may be reused as soon as it returns. One stream is posted at a time; a
  * second leader meanwhile runs its stream alone (the helpers are busy anyway).
  *
@@ -678,8 +699,6 @@ void tinyhal_stream_bind(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* st
  * An idle helper stays awake for `idle_spin_ns` after each stream before it sleeps, so
  * the streams of back-to-back invocations can find it awake.
  */
-
-typedef struct tinyhal_pool_t tinyhal_pool_t;
 
 struct tinyhal_helper_t {
   tinyhal_pool_t* pool;
@@ -813,6 +832,29 @@ void tinyhal_pool_free(tinyhal_pool_t* pool) {
   free(pool);
 }
 
+/* Posts `stream` to the pool's helpers, if no other stream has it and it still runs;
+ * returns whether it did (the stream then owns the pool until its leader ends it). */
+static int tinyhal_stream_post(tinyhal_pool_t* pool, tinyhal_stream_t* stream,
+                               uint32_t local_memory_size) {
+  if (__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&pool->busy, __ATOMIC_RELAXED)) {
+    return 0;
+  }
+  /* A fork child has the pool's memory but none of its threads. */
+  if (pool->owner != getpid()) return 0;
+  int expected = 0;
+  if (!__atomic_compare_exchange_n(&pool->busy, &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_RELAXED)) {
+    return 0;
+  }
+  __atomic_store_n(&pool->local_memory_size, local_memory_size, __ATOMIC_RELAXED);
+  __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
+  __atomic_store_n(&pool->job, stream, __ATOMIC_SEQ_CST);
+  tinyhal_bump_word(&pool->sleepers, &pool->wake);
+  stream->posted = 1;
+  return 1;
+}
+
 /* Leads a bound stream (processor id 0) with the pool's helpers joining its dispatches;
  * `pool` may be NULL (the stream runs alone). Returns 0 or the first failing status once
  * the stream is done. With a nonzero `budget_ns` it may instead stop when that much time
@@ -826,19 +868,13 @@ int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
   /* Without local memory the dispatches that need it fail with -12 (leader's check). */
   (void)tinyhal_participant_enter(&participant, 0, local_memory_size);
   uint64_t deadline_ns = budget_ns ? tinyhal_now_ns() + budget_ns : 0;
-  if (!stream->posted && stream->resume == 0 && pool && pool->helper_count &&
-      !__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE) && pool->owner == getpid()) {
-    int expected = 0;
-    if (__atomic_compare_exchange_n(&pool->busy, &expected, 1, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_RELAXED)) {
-      __atomic_store_n(&pool->local_memory_size, local_memory_size, __ATOMIC_RELAXED);
-      __atomic_store_n(&stream->leader_cpu, sched_getcpu(), __ATOMIC_RELAXED);
-      __atomic_store_n(&pool->job, stream, __ATOMIC_SEQ_CST);
-      tinyhal_bump_word(&pool->sleepers, &pool->wake);
-      stream->posted = 1;
-    }
+  tinyhal_pool_t* sharing = pool && pool->helper_count ? pool : NULL;
+  if (sharing && !stream->posted && stream->resume == 0 &&
+      tinyhal_stream_shares(ops, count)) {
+    (void)tinyhal_stream_post(sharing, stream, local_memory_size);
   }
-  int stopped = tinyhal_stream_lead(ops, count, stream, &participant.wg, deadline_ns);
+  int stopped = tinyhal_stream_lead(sharing, local_memory_size, ops, count, stream,
+                                    &participant.wg, deadline_ns);
   if (paused) *paused = stopped == TINYHAL_PAUSED;
   if (!stopped && stream->posted) {
     __atomic_store_n(&pool->job, NULL, __ATOMIC_SEQ_CST);
@@ -854,16 +890,18 @@ int tinyhal_run_stream(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
   return stopped ? 0 : __atomic_load_n(&stream->status, __ATOMIC_ACQUIRE);
 }
 
-/* `tinyhal_stream_bind` for one participant, then `tinyhal_run_stream` alone on this
- * thread, in one call (the sync driver's path: one GIL release instead of two).
- * `times` (may be NULL) receives each operation's start and end, as `stream->times`. */
-int tinyhal_bind_and_run(tinyhal_op_t* ops, uint32_t count, tinyhal_stream_t* stream,
-                         const tinyhal_patch_t* patches, uint32_t patch_count,
-                         const uint64_t* slot_addresses, const uint64_t* slot_lengths,
+/* `tinyhal_stream_bind` for `participants`, then `tinyhal_run_stream` led by this thread
+ * (`pool` NULL: alone), in one call: a ready submission's whole path in C with one GIL
+ * release. `times` (may be NULL) receives each operation's start and end, as
+ * `stream->times`; `budget_ns` and `*paused` are `tinyhal_run_stream`'s. */
+int tinyhal_bind_and_run(tinyhal_pool_t* pool, tinyhal_op_t* ops, uint32_t count,
+                         tinyhal_stream_t* stream, const tinyhal_patch_t* patches,
+                         uint32_t patch_count, const uint64_t* slot_addresses,
+                         const uint64_t* slot_lengths, uint32_t participants,
                          uint32_t tiles_per_participant, uint32_t local_memory_size,
-                         uint64_t* times, int* paused) {
-  tinyhal_stream_bind(ops, count, stream, patches, patch_count, slot_addresses, slot_lengths, 1,
-                      tiles_per_participant);
+                         uint64_t* times, uint64_t budget_ns, int* paused) {
+  tinyhal_stream_bind(ops, count, stream, patches, patch_count, slot_addresses, slot_lengths,
+                      participants, tiles_per_participant);
   stream->times = times;
-  return tinyhal_run_stream(NULL, ops, count, stream, local_memory_size, 0, paused);
+  return tinyhal_run_stream(pool, ops, count, stream, local_memory_size, budget_ns, paused);
 }

@@ -45,6 +45,24 @@ def test_device_memory_capacity(emu):
     del keep
 
 
+def test_freed_device_memory_is_free_again(emu):
+    """Device-heap buffers give their bytes back when freed: allocating and dropping
+    more than the capacity in all never exhausts it; the peak is of what was live at
+    once, transients included."""
+    for _ in range(8):
+        buffer = emu.allocator.allocate(1 << 18)
+        del buffer
+    assert emu.allocator.device_live == 0
+    keep = emu.allocator.allocate(1 << 19)
+    transient = emu.queue_alloca(1 << 18)
+    assert emu.allocator.device_live == (1 << 19) + (1 << 18)
+    emu.queue_dealloca(transient)
+    del keep
+    assert emu.allocator.device_live == 0
+    assert emu.allocator.device_peak == (1 << 19) + (1 << 18)
+    assert emu.summary().peak_device_bytes == (1 << 19) + (1 << 18)
+
+
 def test_ready_alloca_checks_the_modelled_memory(emu):
     """A ready `queue_alloca` on emu takes the ring space without a queue entry when the
     modelled memory has room (`EmuDriver.check_alloca`), and past the capacity fails its
@@ -92,6 +110,26 @@ def test_cost_model_trace_and_clock(emu, tmp_path):
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     # each operation on its engine's track and on its queue's track
     assert len(spans) == 4 and {e["name"] for e in spans} == {"fill", "copy"}
+
+
+def test_host_writes_are_modelled_as_updates_before_what_follows(emu):
+    """Fast mode copies a host write into device memory at once and models the update
+    it stands for later: the clock, the trace and the summary see it, and the next
+    submission starts after it."""
+    a = emu.allocator.allocate(1000)
+    emu.write_bytes(a, bytes(range(200)) * 5)
+    assert emu.clock_ns == 2000  # 1 µs latency + 1000 B at 1 GB/s
+    emu.write_bytes(a, b"\x07" * 1000)
+    cb = emu.create_command_buffer()
+    cb.fill(a, 0, 500, 0x5A)
+    cb.finalize()
+    wait(emu, cb)
+    events = emu.trace()
+    assert [(e.name, e.start_ns, e.duration_ns) for e in events] == [
+        ("update", 0, 2000), ("update", 2000, 2000), ("fill", 4000, 1500)]
+    summary = emu.summary()
+    assert (summary.transfers, summary.bytes_moved, summary.modelled_ns) == (3, 2500, 5500)
+    assert emu.read_bytes(a) == b"\x5a" * 500 + b"\x07" * 500
 
 
 def test_engines_overlap_between_barriers(emu):

@@ -90,14 +90,19 @@ NOOP = ("static int k(const tinyhal_environment_t* e, const tinyhal_dispatch_sta
         " const tinyhal_workgroup_state_t* w) { return 0; }")
 
 
-def _hal_timeline(library, one_at_a_time: bool, seed: int, queues: int) -> tuple:
+def _hal_timeline(library, one_at_a_time: bool, seed: int, queues: int,
+                  mixed: bool = False) -> tuple:
     """Reusable command buffers of fills, copies and dispatches (1 to 13 workgroups on 6
     units) with and without barriers, made from `seed`, submitted in turn on `queues`
     queues over three DMA engines, each several times, each finished before the next is
     submitted (so the order is fixed) but none waiting for another (so the queues overlap
     in modelled time): replayed plans meet engines left busy past their queue's start
-    by other queues, and units some of which other queues freed before it."""
+    by other queues, and units some of which other queues freed before it. Host writes
+    into device memory come between some of them (modelled as queue updates on queue
+    0, in fast mode after the fact); `mixed` runs about half of the submissions under
+    a profiling session, which places their operations one at a time between replays."""
     rng = random.Random(seed)
+    between = random.Random(seed + 1000)  # the same writes and mixing in every run
     with hal.create_device("emu", queues=queues, dma_engines=3, compute_units=6,
                            memory_bandwidth=4e9, dma_bandwidth=2e9) as emu:
         if one_at_a_time:
@@ -123,8 +128,16 @@ def _hal_timeline(library, one_at_a_time: bool, seed: int, queues: int) -> tuple
             shapes.append(cb)
         sem = emu.create_semaphore()
         for n in range(1, 41):  # no semaphore orders them: the queues overlap
-            emu.submit(rng.choice(shapes), signal=[(sem, n)], queue=rng.randrange(queues))
-            sem.wait(n, timeout=30)
+            for _ in range(between.choice((0, 0, 1, 2))):
+                emu.write_bytes(a, bytes(between.randint(1, 4096)), between.randrange(4096))
+            cb, queue = rng.choice(shapes), rng.randrange(queues)
+            if between.random() < 0.5 and mixed:
+                with emu.profiling():
+                    emu.submit(cb, signal=[(sem, n)], queue=queue)
+                    sem.wait(n, timeout=30)
+            else:
+                emu.submit(cb, signal=[(sem, n)], queue=queue)
+                sem.wait(n, timeout=30)
         s = emu.summary()
         return ([(e.name, e.engine, e.start_ns, e.duration_ns, e.size, e.queue, e.units)
                  for e in emu.trace()], s.modelled_ns, sorted(s.busy_ns.items()),
@@ -138,3 +151,4 @@ def test_replayed_plans_match_placing_each_operation(seed, queues):
     placed = _hal_timeline(library, True, seed, queues)
     assert replayed == placed
     assert len(replayed[0]) > 40
+    assert _hal_timeline(library, False, seed, queues, mixed=True) == placed

@@ -99,20 +99,31 @@ def test_independent_work_overtakes_blocked_work(task_device):
     blocked.wait(1, timeout=T)
 
 
-def test_dispatch_is_tiled_across_workers(task_device, kernels):
-    dev = task_device
-    exe = dev.load_executable(kernels)
-    n = 512
-    out = dev.allocator.allocate(4 * n + 64)  # + arrival flags
-    cb = dev.create_command_buffer()
-    cb.dispatch(exe, "who", (n, 1, 1), bindings=[out])
-    cb.finalize()
-    s = dev.create_semaphore()
-    dev.submit(cb, signal=[(s, 1)])
-    s.wait(1, timeout=T)
-    ids = BufferView(out, (n + 16,), 0x10000020).to_numpy()[:n]
-    assert ids.min() >= 1  # every workgroup ran
-    assert set(ids.tolist()) == {1, 2}  # on both workers (processor ids 0 and 1)
+@pytest.mark.parametrize("inline_us", [2000, 1])
+def test_dispatch_is_tiled_across_workers(kernels, inline_us):
+    # With inline_us=1 the submitting thread pauses after a first, one-workgroup dispatch
+    # and whoever leads the stream on (a worker, or the thread waiting for it) still
+    # has the helpers join the dispatch that follows.
+    dev = hal.create_device("task", workers=2, inline_us=inline_us)
+    try:
+        exe = dev.load_executable(kernels)
+        n = 512
+        a = dev.allocator.allocate(4 * 64)
+        b = dev.allocator.allocate(4 * 64)
+        out = dev.allocator.allocate(4 * n + 64)  # + arrival flags
+        cb = dev.create_command_buffer()
+        cb.dispatch(exe, "step", (1, 1, 1), bindings=[a, b])
+        cb.barrier()
+        cb.dispatch(exe, "who", (n, 1, 1), bindings=[out])
+        cb.finalize()
+        s = dev.create_semaphore()
+        dev.submit(cb, signal=[(s, 1)])
+        s.wait(1, timeout=T)
+        ids = BufferView(out, (n + 16,), 0x10000020).to_numpy()[:n]
+        assert ids.min() >= 1  # every workgroup ran
+        assert set(ids.tolist()) == {1, 2}  # on both workers (processor ids 0 and 1)
+    finally:
+        dev.close()
 
 
 @pytest.mark.parametrize("inline_us", [1000, 0])
