@@ -14,13 +14,16 @@ when it comes alone; while requests come in company (the last execution had seve
 waits for the end of the loop's scheduler pass (a trio instrument's `before_io_wait`), so
 the requests that arrived in the same wake-up join its batch.
 
-A queue delay is honoured to within tens of microseconds on a quiet machine: a timer
-thread waits for it on a condition variable and posts the dispatch to the loop (the
-loop's epoll timeout would round the wait up to whole milliseconds; spinning on the
-clock instead doubled the CPU per request at low load), armed early by the mean time its
+A queue delay is honoured to within tens of microseconds on a quiet machine: on Linux
+the loop waits on a timerfd set to the delay's end (the kernel makes it readable at that
+time, where the loop's epoll timeout would round the wait up to whole milliseconds;
+spinning on the clock instead doubled the CPU per request at low load), elsewhere a
+timer thread waits on a condition variable and posts the dispatch to the loop (a thread
+that takes the interpreter lock for each wait), armed early by the mean time its
 wake-up took to reach the loop (so a batch starts when the delay ends: the delay is a
 maximum, as in Triton), and an arrival that fills the preferred batch ends the wait at
-once.
+once. The batch is taken at the end of the scheduler pass the timer's wake-up arrived
+in, so requests the loop reads in that same wake-up join it.
 
 Everything happens on the event loop in plain functions (`_dispatch`, `_finished`) except
 the execution itself, which runs on the instance's thread; its outcome comes back through
@@ -47,9 +50,13 @@ One protocol for every request, batched or not:
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import logging
 import math
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -226,7 +233,7 @@ class Admission:
         self._begin = begin
         self._end = end
         self._timer_at = math.inf
-        self._timer: _DelayTimer | None = None
+        self._timer: _DelayTimer | _TimerFd | None = None
         # with no queue delay, a free instance takes its batch once the loop has run
         # every task that was ready (the requests that arrived in the same wake-up join
         # it): at once, as far as any client can tell. Only while requests come in
@@ -300,8 +307,7 @@ class Admission:
         else:
             self._queue.append(request)
             if batching is not None and batching.delay and self._timer is None:
-                self._timer = _DelayTimer(trio.lowlevel.current_trio_token(),
-                                          self._timer_fired)
+                self._timer = _delay_timer(self._timer_fired)
             if self._idle and batching is not None and not batching.delay:
                 self._dispatch_after_pass()
             else:
@@ -453,7 +459,7 @@ class Admission:
             bound = self.batching.delay / 2
             late = min(trio.current_time() - at, bound)
             self._timer_lead = min(max(0.8 * self._timer_lead + 0.2 * late, 0.0), bound)
-            self._dispatch()
+            self._dispatch_after_pass()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -573,9 +579,14 @@ class _DelayTimer:
         threading.Thread(target=self._loop, name="tinyhal-queue-delay", daemon=True).start()
 
     def arm(self, at: float) -> None:
+        """Fires at `at` (math.inf: not at all). Only an earlier time wakes the thread:
+        a later one (a disarm included) it finds when it wakes for the one it waits
+        for, so a batch that starts before its delay ran out costs no wake-up."""
         with self._cond:
+            earlier = at < self._at
             self._at = at
-            self._cond.notify()
+            if earlier:
+                self._cond.notify()
 
     def stop(self) -> None:
         with self._cond:
@@ -598,3 +609,99 @@ class _DelayTimer:
                     self._token.run_sync_soon(self._fired, at)
                 except trio.RunFinishedError:
                     return
+
+
+class _TimerFd:
+    """Calls `fired(at)` on the trio loop once the trio clock reaches the armed time `at`,
+    through a Linux timerfd the loop waits on: the kernel wakes the loop at the time
+    itself (epoll only rounds its own timeouts), with no thread that would have to take
+    the interpreter lock for each wait."""
+
+    def __init__(self, fd: int, fired: Callable[[float], None]) -> None:
+        self._fd = fd
+        self._fired = fired
+        self._at = math.inf
+        self._stopped = False
+        self._offset = trio.current_time() - time.monotonic()  # trio clock - monotonic
+        self._token = trio.lowlevel.current_trio_token()
+        self._spec = _ITimerSpec()
+        trio.lowlevel.spawn_system_task(self._wait)
+
+    def arm(self, at: float) -> None:
+        """Fires at `at` (math.inf: not at all)."""
+        self._at = at
+        value = self._spec.it_value
+        if at == math.inf:
+            value.tv_sec = value.tv_nsec = 0  # disarmed
+        else:
+            when = max(at - self._offset, 1e-9)  # 0 would disarm
+            value.tv_sec = int(when)
+            value.tv_nsec = int((when - int(when)) * 1e9)
+        _LIBC.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None)
+
+    def stop(self) -> None:
+        """Closes the timer (any thread: its descriptor is closed on the loop while
+        the loop runs, so trio is told first)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if trio.lowlevel.in_trio_run():
+            self._close()
+            return
+        try:
+            self._token.run_sync_soon(self._close)
+        except trio.RunFinishedError:
+            os.close(self._fd)
+
+    def _close(self) -> None:
+        trio.lowlevel.notify_closing(self._fd)
+        os.close(self._fd)
+
+    async def _wait(self) -> None:
+        while not self._stopped:
+            try:
+                await trio.lowlevel.wait_readable(self._fd)
+            except (trio.ClosedResourceError, OSError):
+                return
+            if self._stopped:
+                return
+            try:
+                os.read(self._fd, 8)
+            except BlockingIOError:  # re-armed or disarmed meanwhile
+                continue
+            at = self._at
+            if at == math.inf:
+                continue
+            if trio.current_time() < at:  # the clocks' offset, read apart: wait on
+                self.arm(at)
+                continue
+            self._at = math.inf
+            self._fired(at)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _ITimerSpec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+_TFD_TIMER_ABSTIME = 1
+_CLOCK_MONOTONIC = 1
+try:  # a quick kernel call that need not give up the interpreter lock: PyDLL
+    _LIBC = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    _LIBC.timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
+    _LIBC.timerfd_settime.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                      ctypes.c_void_p]
+except (OSError, AttributeError):  # not Linux with glibc: the timer thread instead
+    _LIBC = None
+
+
+def _delay_timer(fired: Callable[[float], None]) -> _DelayTimer | _TimerFd:
+    """A timerfd the loop waits on where the system has one, else a timer thread."""
+    if _LIBC is not None and sys.platform.startswith("linux"):
+        fd = _LIBC.timerfd_create(_CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd >= 0:
+            return _TimerFd(fd, fired)
+    return _DelayTimer(trio.lowlevel.current_trio_token(), fired)

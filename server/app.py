@@ -51,7 +51,7 @@ from .. import __version__
 from ..errors import DeviceLostError, Error, KernelFaultError, StatusCode
 from .admission import DeadlineExceeded, Overloaded, RunningInvocation, Unavailable
 from .http import Request, Response
-from .metrics import Metrics
+from .metrics import Metrics, ModelSeries
 from .protocol import ProtocolError, build_infer_response, parse_infer_request
 from .repository import ModelRepository, ModelVersion
 
@@ -152,6 +152,7 @@ def error_response(status: int, message: str,
 
 
 _RETRY = [("retry-after", "1")]
+_ROUTES_KEPT = 256  # paths whose route is remembered (forgotten all at once beyond)
 
 
 class _Routes:
@@ -177,6 +178,8 @@ class _Routes:
             "infer": {"POST": self.infer},
             "stats": {"GET": self.model_stats},
         }
+        # path -> its route (the routes are fixed: a model's name is looked up later)
+        self._routed: dict[str, tuple[dict, tuple]] = {}
 
     async def handle(self, request: Request) -> Response:
         try:
@@ -201,6 +204,17 @@ class _Routes:
             return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
 
     def _route(self, path: str) -> tuple[dict | None, tuple]:
+        found = self._routed.get(path)
+        if found is not None:
+            return found
+        found = self._route_path(path)
+        if found[0] is not None:
+            if len(self._routed) >= _ROUTES_KEPT:
+                self._routed.clear()
+            self._routed[path] = found
+        return found
+
+    def _route_path(self, path: str) -> tuple[dict | None, tuple]:
         methods = self.exact.get(path)
         if methods is not None:
             return methods, ()
@@ -259,6 +273,7 @@ class _Routes:
                           version: str | None = None) -> Response:
         if self.server.settle is not None:
             await self.server.settle()
+        self.server.metrics.fold()
         if name is None:
             versions = self.repo.all_versions()
         elif version is None:
@@ -351,24 +366,24 @@ class _Routes:
             server.metrics.unknown_model(exc.status)
             return error_response(exc.status, exc.message)
         series = server.metrics.series(mv.name, mv.version)
-        status = 500
         try:
-            response = await self._infer(request, mv)
-            status = response.status
-            return response
-        finally:
-            series.finished(status, trio.current_time() - request.arrived)
+            return await self._infer(request, mv, series)
+        except BaseException:
+            series.finished(500, trio.current_time() - request.arrived)
+            raise
 
-    async def _infer(self, request: Request, mv: ModelVersion) -> Response:
+    async def _infer(self, request: Request, mv: ModelVersion, series: ModelSeries
+                     ) -> Response:
         server = self.server
-        if server.draining:
-            return error_response(503, "server is shutting down; retry on another replica",
-                                  _RETRY)
-        if not mv.ready:
-            return error_response(503, f"model '{mv.name}' version {mv.version} is not "
-                                       f"ready: {mv.reason or mv.state}", _RETRY)
+        if server.draining or not mv.ready:
+            response = error_response(
+                503, "server is shutting down; retry on another replica" if server.draining
+                else f"model '{mv.name}' version {mv.version} is not ready: "
+                     f"{mv.reason or mv.state}", _RETRY)
+            series.finished(503, trio.current_time() - request.arrived)
+            return response
         headers = request.headers
-        t_input = trio.current_time()
+        t_input = time.perf_counter()
         try:
             if len(request.body) > _PARSE_ON_LOOP_BYTES or \
                     "content-encoding" in headers:
@@ -381,8 +396,8 @@ class _Routes:
             deadline = _deadline(headers.get("inference-timeout"), req.timeout_us, mv,
                                  server.max_timeout, request.arrived)
         except ProtocolError as exc:
-            return self._failed(mv, request, error_response(exc.status, exc.message))
-        compute_input = trio.current_time() - t_input
+            return self._failed(mv, series, request, error_response(exc.status, exc.message))
+        compute_input = time.perf_counter() - t_input
 
         # answered on the instance thread when the connection allows it (see
         # `DirectReply`): the client has its answer before the loop wakes up
@@ -401,20 +416,20 @@ class _Routes:
             results, queued, compute_infer = await mv.infer(args, deadline, label,
                                                             req.parameters, respond)
         except ProtocolError as exc:  # a bad sequence control flow
-            return self._failed(mv, request, error_response(exc.status, exc.message))
+            return self._failed(mv, series, request, error_response(exc.status, exc.message))
         except Overloaded as exc:
-            return self._failed(mv, request, error_response(
+            return self._failed(mv, series, request, error_response(
                 429, f"model '{mv.name}' is overloaded: {exc}; retry after "
                      f"{exc.retry_after} s", [("retry-after", str(exc.retry_after))]))
         except DeadlineExceeded as exc:
             if direct is not None:
                 direct.close()
                 if direct.sent is not None:  # its answer went out as the deadline passed
-                    return self._succeeded(mv, request, direct.sent,
+                    return self._succeeded(mv, series, request, direct.sent,
                                            (0.0, compute_input, 0.0, 0.0))
-            return self._failed(mv, request, error_response(504, f"model '{mv.name}': {exc}"))
+            return self._failed(mv, series, request, error_response(504, f"model '{mv.name}': {exc}"))
         except Unavailable as exc:
-            return self._failed(mv, request, error_response(
+            return self._failed(mv, series, request, error_response(
                 503, f"model '{mv.name}' version {mv.version}: {exc}", _RETRY))
         except Error as exc:
             status = _ERROR_STATUS.get(exc.code, 500)
@@ -425,7 +440,7 @@ class _Routes:
                     log.error("model %s version %s is unavailable: its device %s was lost; "
                               "load it again to retry on a new device", lost.name,
                               lost.version, lost.device_name)
-            return self._failed(mv, request, error_response(
+            return self._failed(mv, series, request, error_response(
                 status, f"model '{mv.name}' failed: {exc}", _RETRY if status == 503 else None))
         if answered:
             response, compute_output = answered[0]
@@ -433,18 +448,20 @@ class _Routes:
             t_output = time.perf_counter()
             response = _infer_response(mv, req, results)
             compute_output = time.perf_counter() - t_output
-        return self._succeeded(mv, request, response,
+        return self._succeeded(mv, series, request, response,
                                (queued, compute_input, compute_infer, compute_output))
 
-    def _succeeded(self, mv: ModelVersion, request: Request, response: Response,
-                   phases: tuple[float, float, float, float]) -> Response:
-        self.server.metrics.series(mv.name, mv.version).succeeded(
-            mv.stats, phases, trio.current_time() - request.arrived)
+    @staticmethod
+    def _succeeded(mv: ModelVersion, series: ModelSeries, request: Request,
+                   response: Response, phases: tuple[float, float, float, float]
+                   ) -> Response:
+        series.succeeded(mv.stats, phases, trio.current_time() - request.arrived)
         return response
 
-    def _failed(self, mv: ModelVersion, request: Request, response: Response) -> Response:
-        self.server.metrics.series(mv.name, mv.version).failed(
-            mv.stats, trio.current_time() - request.arrived)
+    @staticmethod
+    def _failed(mv: ModelVersion, series: ModelSeries, request: Request,
+                response: Response) -> Response:
+        series.failed(mv.stats, response.status, trio.current_time() - request.arrived)
         return response
 
 

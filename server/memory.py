@@ -50,7 +50,7 @@ class DeviceMemory:
         else:
             self._fold(state, allocator.statistics())
             allocator.reset_peak()
-            invocation = Invocation(device_name, allocator.statistics().live_bytes)
+            invocation = Invocation(device_name, allocator.total.live)
         state.running.append(invocation)
         return invocation
 
@@ -60,7 +60,7 @@ class DeviceMemory:
         state.running.remove(invocation)
         if not invocation.alone:
             return None
-        return max(0, device.allocator.statistics().peak_bytes - invocation.live_before)
+        return max(0, device.allocator.total.peak - invocation.live_before)
 
     def device_peaks(self, device_name: str, stats: Any) -> tuple[int, dict[str, int]]:
         """(peak bytes, {heap: peak bytes}) since start for the device."""

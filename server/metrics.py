@@ -55,6 +55,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -187,29 +188,58 @@ class ModelSeries:
     """One model version's request series, and the one place a finished request is
     recorded: `finished` counts it by status and times it end to end; `succeeded` and
     `failed` also record it into the version's Triton statistics (stats.py), each of the
-    `PHASES` of a success once into both."""
+    `PHASES` of a success once into both.
 
-    __slots__ = ("by_code", "duration", "phases")
+    A success costs one list append: successes are kept as rows of their durations and
+    folded into the histograms and statistics in one array pass (`fold`) every
+    `_FOLD_ROWS` of them and whenever they are read (`Metrics.fold`, before a scrape or a
+    statistics answer), so a reader always sees every request answered before it."""
+
+    __slots__ = ("by_code", "duration", "phases", "_rows", "_rows_stats")
 
     def __init__(self) -> None:
         self.by_code: dict[int, int] = {200: 0}  # exposed at zero before the first request
         self.duration = Latency(_LATENCY_BUCKETS)
         self.phases = tuple(Latency(_LATENCY_BUCKETS) for _ in PHASES)
+        self._rows: list[tuple[float, ...]] = []  # (seconds, *phases) of unfolded successes
+        self._rows_stats: ModelStatistics | None = None  # the statistics they go into
 
     def finished(self, status: int, seconds: float) -> None:
+        """A request answered before it reached the model (counted by status only)."""
         self.by_code[status] = self.by_code.get(status, 0) + 1
         self.duration.add(seconds)
 
     def succeeded(self, stats: ModelStatistics, phases: tuple[float, ...], seconds: float
                   ) -> None:
-        """A successful request: `phases` in the order of `PHASES`, `seconds` end to end."""
-        for histogram, latency, phase_seconds in zip(self.phases, stats.phase_list, phases):
-            histogram.add(phase_seconds)
-            latency.add(phase_seconds)
-        stats.success.add(seconds)
+        """A 200: `phases` in the order of `PHASES`, `seconds` end to end."""
+        if stats is not self._rows_stats:
+            self.fold()  # another version's statistics (it was reloaded)
+            self._rows_stats = stats
+        rows = self._rows
+        rows.append((seconds, *phases))
+        if len(rows) >= _FOLD_ROWS:
+            self.fold()
 
-    def failed(self, stats: ModelStatistics, seconds: float) -> None:
+    def failed(self, stats: ModelStatistics, status: int, seconds: float) -> None:
+        self.finished(status, seconds)
         stats.fail.add(seconds)
+
+    def fold(self) -> None:
+        """Records the successes kept as rows into the histograms and statistics."""
+        rows, self._rows = self._rows, []
+        if not rows:
+            return
+        table = np.array(rows, dtype=np.float64)
+        stats = self._rows_stats
+        self.by_code[200] = self.by_code.get(200, 0) + len(rows)
+        self.duration.add_many(table[:, 0])
+        stats.success.add_many(table[:, 0])
+        for i, (histogram, latency) in enumerate(zip(self.phases, stats.phase_list), 1):
+            histogram.add_many(table[:, i])
+            latency.add_many(table[:, i])
+
+
+_FOLD_ROWS = 256
 
 
 class Metrics:
@@ -231,6 +261,12 @@ class Metrics:
         if found is None:
             found = self._series[key] = ModelSeries()
         return found
+
+    def fold(self) -> None:
+        """Brings every series' histograms and the versions' statistics up to date (see
+        `ModelSeries`): called before they are read."""
+        for series in list(self._series.values()):
+            series.fold()
 
     def unknown_model(self, status: int) -> None:
         """A request for a model or version that does not exist: counted under empty
@@ -263,6 +299,7 @@ class _RequestCollector:
         return []
 
     def collect(self) -> Any:
+        self.metrics.fold()
         series = dict(self.metrics._series)
         requests = CounterMetricFamily("tinyhal_inference_requests",
                                        "Inference requests by status",

@@ -126,38 +126,43 @@ def _bad(message: str) -> ProtocolError:
     return ProtocolError(400, message)
 
 
-def _as_dict(value: Any, what: str) -> dict:
+def _as_dict(value: Any, what: str, name: str = "") -> dict:
+    """`value` as an object ({} for None); `what` names it in the error, with `name`
+    put in place of `{}` (formatted only on error)."""
     if value is None:
         return {}
-    if not isinstance(value, dict):
-        raise _bad(f"{what} must be a JSON object, not {type(value).__name__}")
+    if type(value) is not dict:
+        raise _bad(f"{what.format(name)} must be a JSON object, not {type(value).__name__}")
     return value
 
 
 MAX_DIMS = 32  # numpy holds at most 64; no model here takes more than a few
 
 
-def _shape(value: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in value
-    ):
-        raise _bad(f"{what} 'shape' must be a list of integers, not {value!r}")
-    if any(d < 0 for d in value):
-        raise _bad(f"{what} 'shape' {value} has a negative dimension")
+def _shape(value: Any, name: str) -> tuple[int, ...]:
+    # one C-level pass per rule (JSON integers are exactly `int`; booleans are not)
+    if type(value) is not list or not set(map(type, value)) <= _INT_TYPES:
+        raise _bad(f"input '{name}' 'shape' must be a list of integers, not {value!r}")
     if len(value) > MAX_DIMS:
-        raise _bad(f"{what} 'shape' has {len(value)} dimensions; at most {MAX_DIMS}")
-    if math.prod(value) > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in value):
-        raise _bad(f"{what} 'shape' {value} has more elements than fit in a 64-bit count")
+        raise _bad(f"input '{name}' 'shape' has {len(value)} dimensions; at most "
+                   f"{MAX_DIMS}")
+    if value and min(value) < 0:
+        raise _bad(f"input '{name}' 'shape' {value} has a negative dimension")
+    if value and (max(value) > _MAX_ELEMENTS or math.prod(value) > _MAX_ELEMENTS):
+        raise _bad(f"input '{name}' 'shape' {value} has more elements than fit in a 64-bit "
+                   f"count")
     return tuple(value)
 
 
-def _flatten(data: Any, shape: tuple[int, ...], name: str) -> list:
+def _flatten(data: Any, shape: tuple[int, ...], name: str) -> tuple[list, set]:
     """`data` as one flat row-major list: either flat already, or nested exactly as `shape`
-    says (every level a list of the dim's length, scalars only at the innermost)."""
+    says (every level a list of the dim's length, scalars only at the innermost); and
+    the set of the types of its elements."""
     if not isinstance(data, list):
         raise _bad(f"input '{name}' 'data' must be a list, not {type(data).__name__}")
-    if list not in set(map(type, data)):
-        return data
+    types = set(map(type, data))  # one C-level pass instead of a Python loop
+    if list not in types:
+        return data, types
     if len(data) != (shape[0] if shape else 1):
         raise _bad(f"input '{name}' 'data' has {len(data)} items at the outer level but "
                    f"shape {list(shape)} needs {shape[0] if shape else 1}")
@@ -171,19 +176,19 @@ def _flatten(data: Any, shape: tuple[int, ...], name: str) -> list:
                            f"{list(shape)}: expected lists of {want} at depth {depth}")
             nxt.extend(item)
         level = nxt
-    if any(type(x) is list for x in level):
+    types = set(map(type, level))
+    if list in types:
         raise _bad(f"input '{name}' 'data' is nested deeper than shape {list(shape)}")
-    return level
+    return level, types
 
 
 def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
     dtype = DATATYPES[datatype]
-    flat = _flatten(data, shape, name)
+    flat, types = _flatten(data, shape, name)
     count = math.prod(shape)
     if len(flat) != count:
         raise _bad(f"input '{name}' has {len(flat)} elements in 'data' but shape "
                    f"{list(shape)} needs {count}")
-    types = set(map(type, flat))  # one C-level pass instead of a Python loop
     if datatype == "BOOL":
         if not types <= _BOOL_TYPES:
             raise _bad(f"input '{name}' is BOOL: 'data' must hold only true/false")
@@ -211,10 +216,12 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
     return np.array(flat, dtype=np.float64).astype(dtype).reshape(shape)
 
 
-def _bool(value: Any, what: str) -> bool | None:
+def _bool(value: Any, what: str, name: str = "") -> bool | None:
+    """`value` when it is None or a boolean; `what` (with `name` in place of `{}`) names
+    it in the error."""
     if value is None or type(value) is bool:
         return value
-    raise _bad(f"{what} must be true or false, not {value!r}")
+    raise _bad(f"{what.format(name)} must be true or false, not {value!r}")
 
 
 def _check_depth(head: bytes) -> None:
@@ -285,8 +292,8 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
         if datatype not in DATATYPES:
             raise _bad(f"input '{name}' has unknown datatype {datatype!r}; supported: "
                        f"{', '.join(DATATYPES)}")
-        shape = _shape(item.get("shape"), f"input '{name}'")
-        params = _as_dict(item.get("parameters"), f"input '{name}' 'parameters'")
+        shape = _shape(item.get("shape"), name)
+        params = _as_dict(item.get("parameters"), "input '{}' 'parameters'", name)
         size = params.get("binary_data_size")
         if size is not None:
             if "data" in item:
@@ -324,15 +331,16 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
         for i, item in enumerate(raw_outputs):
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 raise _bad(f"outputs[{i}] must be an object with a 'name'")
-            oparams = _as_dict(item.get("parameters"), f"output '{item['name']}' 'parameters'")
+            oparams = _as_dict(item.get("parameters"), "output '{}' 'parameters'",
+                               item["name"])
             if oparams.get("classification") or oparams.get("class_count"):
                 raise _bad(f"output '{item['name']}': the classification extension is not "
                            "supported")
             if item["name"] in seen:
                 raise _bad(f"output '{item['name']}' is requested more than once")
             seen.add(item["name"])
-            binary = _bool(oparams.get("binary_data"), f"output '{item['name']}' parameter "
-                                                       f"'binary_data'")
+            binary = _bool(oparams.get("binary_data"), "output '{}' parameter 'binary_data'",
+                           item["name"])
             outputs.append(RequestedOutput(item["name"], binary))
     return InferRequest(
         id=request_id,

@@ -108,6 +108,25 @@ class TensorSpec:
     def metadata(self) -> dict:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
+    @functools.cached_property
+    def _fixed_tail(self) -> tuple[int, ...] | None:
+        """The dims after the first when none of them is dynamic (the usual batched
+        input), else None."""
+        tail = self.shape[1:]
+        return None if -1 in tail else tail
+
+    def accepts(self, shape: tuple[int, ...]) -> bool:
+        """Whether an array of `shape` fits this spec (-1 matches any size)."""
+        want = self.shape
+        if len(shape) != len(want):
+            return False
+        if not want:
+            return True
+        tail = self._fixed_tail
+        if tail is not None:
+            return shape[1:] == tail and (want[0] == -1 or want[0] == shape[0])
+        return all(w == -1 or w == g for w, g in zip(want, shape))
+
 
 class ConfigError(Exception):
     pass
@@ -366,6 +385,9 @@ class ModelVersion:
     def prepare(self, request: InferRequest) -> list[Any]:
         """The invocation's arguments, in order, after checking the request against the
         signature (raises ProtocolError 400 naming what is wrong)."""
+        inputs = request.inputs
+        if len(inputs) == len(self.inputs) and all(s.name in inputs for s in self.inputs):
+            return self._arguments(request)  # every input, nothing unknown
         expected = {s.name for s in self.inputs}
         unknown = [n for n in request.inputs if n not in expected]
         if unknown:
@@ -376,6 +398,11 @@ class ModelVersion:
             raise ProtocolError(400, f"missing input{'s' if len(missing) > 1 else ''} "
                                      f"{', '.join(repr(m) for m in missing)} for model "
                                      f"'{self.name}'")
+        return self._arguments(request)
+
+    def _arguments(self, request: InferRequest) -> list[Any]:
+        """`prepare` once the request names exactly the model's inputs: its outputs,
+        datatypes and shapes checked, the arguments in order."""
         if request.outputs is not None:
             names = {s.name for s in self.outputs}
             for o in request.outputs:
@@ -396,9 +423,7 @@ class ModelVersion:
                                              f"(or []), not {list(array.shape)}")
                 args.append(array.reshape(())[()])
                 continue
-            if len(array.shape) != len(spec.shape) or any(
-                want != -1 and want != got for want, got in zip(spec.shape, array.shape)
-            ):
+            if not spec.accepts(array.shape):
                 raise ProtocolError(400, f"input '{spec.name}' has shape {list(array.shape)} "
                                          f"but model '{self.name}' expects "
                                          f"{list(spec.shape)}")

@@ -333,22 +333,21 @@ def sequence_parameters(parameters: dict, model: str) -> tuple[int | str, bool, 
     """(sequence id, start, end) from a request's parameters; ProtocolError 400 when they
     are missing or malformed."""
     sid = parameters.get("sequence_id", 0)
-    if isinstance(sid, bool) or not isinstance(sid, (int, str)) or (
-            isinstance(sid, int) and not 0 <= sid < 1 << 64):
+    kind = type(sid)  # JSON gives exactly int, str or bool (not an int here)
+    if not ((kind is int and 0 <= sid < 1 << 64) or kind is str):
         raise ProtocolError(400, f"parameter 'sequence_id' must be a uint64 or a string, "
                                  f"not {sid!r}")
-    if sid == 0 or sid == "":
+    if not sid:
         raise ProtocolError(400, f"inference request to model '{model}' must specify a "
                                  f"non-zero or non-empty correlation ID (parameter "
                                  f"'sequence_id')")
-    flags = []
-    for key in ("sequence_start", "sequence_end"):
-        value = parameters.get(key, False)
-        if type(value) is not bool:
-            raise ProtocolError(400, f"parameter '{key}' must be true or false, not "
-                                     f"{value!r}")
-        flags.append(value)
-    return sid, flags[0], flags[1]
+    start = parameters.get("sequence_start", False)
+    end = parameters.get("sequence_end", False)
+    if type(start) is not bool or type(end) is not bool:
+        key, value = ("sequence_start", start) if type(start) is not bool else \
+            ("sequence_end", end)
+        raise ProtocolError(400, f"parameter '{key}' must be true or false, not {value!r}")
+    return sid, start, end
 
 
 class _Step(PendingRequest):
