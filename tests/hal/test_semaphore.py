@@ -8,7 +8,7 @@ import pytest
 
 from tinyhal import errors
 from tinyhal.hal import Fence
-from tinyhal.hal.semaphore import assist_points
+from tinyhal.hal.semaphore import Semaphore, assist_points
 
 
 def test_initial_value_and_signal(device):
@@ -216,3 +216,20 @@ def test_a_waiter_follows_a_long_chain_of_waits_without_recursing(device):
     gate.signal(1)
     thread.join(30)
     assert outcome == ["reached"]
+
+
+def test_a_pending_fence_holds_a_semaphore_as_semaphore_makes_it():
+    """`Fence.pending` builds its semaphore without `__init__` (it is on every step of a
+    recurrent program); every slot must hold what `Semaphore()` puts there."""
+    fence = Fence.pending()
+    (made, value), = fence.points
+    assert value == 1 and fence.timeline == {made: 1}
+    fresh = Semaphore()
+    for slot in Semaphore.__slots__:
+        if slot == "__weakref__":
+            continue
+        ours, theirs = getattr(made, slot), getattr(fresh, slot)
+        if slot == "_lock":
+            assert type(ours) is type(theirs) and not ours.locked()
+        else:
+            assert ours == theirs, slot
