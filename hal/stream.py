@@ -249,8 +249,7 @@ def lead(submission: Submission, helpers: StreamHelpers | None = None,
 
     Returns None once it ran to the end (raising its error), or, when a nonzero
     `budget_us` passed first with work left, the paused `Stream` whose rest a later
-    `Stream.run` (on any thread) leads. `run_alone(submission)` is the same call: the
-    `sync` driver's path."""
+    `Stream.run` (on any thread) leads. `lead(submission)` is the `sync` driver's path."""
     parts = submission.parts
     participants = 1 if helpers is None else 1 + helpers.count
     if len(parts) != 1:
@@ -301,8 +300,6 @@ def _end_program(program: NativeProgram, helpers: StreamHelpers | None) -> None:
                            program.count, program.state, program.local_memory_size, 0,
                            program.paused)
 
-
-run_alone = lead
 
 
 def _timestamps(program: NativeProgram) -> Any:
@@ -381,4 +378,4 @@ def _check_has_memory(buffer: Any) -> None:
 
 
 __all__ = ["NativeProgram", "Stream", "StreamHelpers", "Range", "TILES_PER_PARTICIPANT",
-           "lead", "run_alone"]
+           "lead"]

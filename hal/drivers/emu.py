@@ -71,7 +71,7 @@ from ..execution import Barrier, Dispatch, Submission
 from ..profile import DEVICE, HOST
 from ..queue import DEFAULT_PROFILING_MODES, Completion, Driver, run_capturing
 from ..ringbuffer import HEAP_NAME as TRANSIENT_HEAP
-from ..stream import Stream, run_alone
+from ..stream import Stream, lead
 from ..types import WHOLE_BUFFER, BufferUsage, MemoryAccess, MemoryType
 from .emu_calibration import (
     CalibrationReport,
@@ -463,7 +463,7 @@ class EmuDevice(Device):
                 return None
             try:
                 if steps.widest <= 1 and steps.ops is None:  # nothing to spread or measure
-                    run_alone(submission)
+                    lead(submission)
                 else:
                     self._run_whole(submission, steps)
             except Error as exc:
@@ -493,10 +493,10 @@ class EmuDevice(Device):
         if helpers is not None:
             Stream(submission, 1 + helpers.count).run(helpers)
         elif steps.widest <= 1:  # nothing to spread: no need to measure it
-            run_alone(submission)
+            lead(submission)
         else:
             began = time.monotonic_ns()
-            run_alone(submission)
+            lead(submission)
             if len(self._alone_ns) >= 1024:
                 self._alone_ns.clear()
             # the first run also builds the native program: not a measure

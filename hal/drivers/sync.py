@@ -15,7 +15,7 @@ from ...errors import as_error
 from ..device import Device
 from ..queue import Completion, Driver, run_capturing
 from ..semaphore import SemaphorePoint
-from ..stream import run_alone
+from ..stream import lead
 
 
 class SyncDriver(Driver):
@@ -28,7 +28,7 @@ class SyncDriver(Driver):
                 queue: int) -> None:
         if operation == "execute":
             try:
-                run_alone(payload)
+                lead(payload)
             except BaseException as exc:  # noqa: BLE001 - becomes the submission's error
                 done(as_error(exc))
                 return
