@@ -224,3 +224,31 @@ def test_multiple_command_buffers_in_one_batch_run_in_order(device):
         cbs.append(cb)
     run(device, cbs)
     assert bytes(contents(buf)) == b"\x03" * 4
+
+
+@pytest.mark.parametrize("finalized", [True, False])
+def test_an_adopted_command_buffer_sets_every_slot_as_init_does(device, finalized):
+    """`CommandBuffer.adopted` builds without `__init__` (one per step of a program that
+    re-records); a slot added later must not be left unset there, and the adopted buffer
+    runs what the original recorded."""
+    src = device.allocator.allocate(64)
+    dst = device.allocator.allocate(64)
+    device.write_bytes(src, bytes(range(64)))
+    original = device.create_command_buffer()
+    original.copy(src, 0, dst, 0, 64)
+    original.finalize()
+    recording = None
+    if finalized:
+        run(device, original)  # submitting builds the recording the adopted one shares
+        device.write_bytes(dst, bytes(64))
+        recording = original.recording
+    cb = hal.CommandBuffer.adopted(device, original.mode, original.binding_capacity,
+                                   original.commands, original.direct, 0, recording)
+    unset = [slot for slot in hal.CommandBuffer.__slots__
+             if slot != "__weakref__" and not hasattr(cb, slot)]
+    assert not unset
+    assert cb.finalized is finalized
+    if not finalized:
+        cb.finalize()
+    run(device, cb)
+    assert bytes(contents(dst)) == bytes(range(64))
