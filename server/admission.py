@@ -77,7 +77,7 @@ _DIRECT_MARGIN = 200e-6
 
 __all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Instance",
            "Overloaded", "PendingRequest", "RunningInvocation", "Unavailable",
-           "DispatchAfterPass", "after_pass", "answer_directly"]
+           "DispatchAfterPass", "after_pass", "answer_directly", "delay_timer"]
 
 
 class Overloaded(Exception):
@@ -307,7 +307,7 @@ class Admission:
         else:
             self._queue.append(request)
             if batching is not None and batching.delay and self._timer is None:
-                self._timer = _delay_timer(self._timer_fired)
+                self._timer = delay_timer(self._timer_fired)
             if self._idle and batching is not None and not batching.delay:
                 self._dispatch_after_pass()
             else:
@@ -628,7 +628,10 @@ class _TimerFd:
         trio.lowlevel.spawn_system_task(self._wait)
 
     def arm(self, at: float) -> None:
-        """Fires at `at` (math.inf: not at all)."""
+        """Fires at `at` (math.inf: not at all); nothing once stopped (its descriptor
+        number may belong to another file by then)."""
+        if self._stopped:
+            return
         self._at = at
         value = self._spec.it_value
         if at == math.inf:
@@ -698,8 +701,10 @@ except (OSError, AttributeError):  # not Linux with glibc: the timer thread inst
     _LIBC = None
 
 
-def _delay_timer(fired: Callable[[float], None]) -> _DelayTimer | _TimerFd:
-    """A timerfd the loop waits on where the system has one, else a timer thread."""
+def delay_timer(fired: Callable[[float], None]) -> _DelayTimer | _TimerFd:
+    """A queue-delay timer (`arm(at)`, `stop()`) calling `fired(at)` on the trio loop:
+    a timerfd the loop waits on where the system has one, else a timer thread. Call on
+    the loop."""
     if _LIBC is not None and sys.platform.startswith("linux"):
         fd = _LIBC.timerfd_create(_CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
         if fd >= 0:

@@ -51,7 +51,9 @@ again alone). With `preferred_batch_size`, a batch of more ready sequences than 
 preferred size but fewer than `max_batch_size` is cut back to the largest preferred size
 it reaches (the others lead the next batch), as the dynamic batcher does. With
 `max_queue_delay_microseconds`, a batch smaller than the largest preferred size (else
-`max_batch_size`) waits at most that long after its oldest request arrived.
+`max_batch_size`) waits at most that long after its oldest request arrived; the delay
+ends through the dynamic batcher's timer (`admission.delay_timer`: a timerfd the loop
+waits on), not a trio timeout, which epoll rounds up to whole milliseconds.
 
 With `direct`, as in Triton, slot s is row s % max_batch_size of instance
 s // max_batch_size for the sequence's whole life: an execution takes the ready
@@ -104,6 +106,7 @@ from .admission import (
     PendingRequest,
     Unavailable,
     answer_directly,
+    delay_timer,
 )
 from .batching import Outcome, Results
 from .http import client_gone_probe
@@ -589,7 +592,7 @@ class SequenceBatcher:
         # answered among them, run as one batch; the instance is woken just before the
         # loop waits for I/O, not while the loop still holds the interpreter
         self._dispatch_after_pass = DispatchAfterPass(self._dispatch)
-        self._wake: trio.Event | None = None
+        self._timer: Any = None  # `delay_timer`, made with the first step if delays are on
         self._tasks_started = False
         self.expired_count = 0
         self.client_gone_count = 0  # sequences ended because a client went away
@@ -661,7 +664,7 @@ class SequenceBatcher:
             trio.lowlevel.spawn_system_task(self._expire_idle)
             trio.lowlevel.spawn_system_task(self._watch_clients)
             if self.config.max_queue_delay_us:
-                trio.lowlevel.spawn_system_task(self._timer)
+                self._timer = delay_timer(self._timer_fired)
         if self._corrid_integer and not isinstance(sid, int):
             raise ProtocolError(400, f"model '{self.model}' takes an integer sequence_id "
                                      f"(it has a CORRID control input), not the string "
@@ -1024,19 +1027,15 @@ class SequenceBatcher:
     def _arm(self, at: float) -> None:
         if at != self._timer_at:
             self._timer_at = at
-            if self._wake is not None:
-                self._wake.set()
+            if self._timer is not None:
+                self._timer.arm(at)
 
-    async def _timer(self) -> None:
-        """Ends queue delays (with `max_queue_delay_microseconds`)."""
-        while not self._closed:
-            self._wake = wake = trio.Event()
-            with trio.move_on_at(self._timer_at):
-                await wake.wait()
-            self._wake = None
-            if trio.current_time() >= self._timer_at:
-                self._timer_at = math.inf
-                self._dispatch()
+    def _timer_fired(self, at: float) -> None:
+        """On the loop, when the queue delay armed for `at` ran out (the timer wakes the
+        loop at that time itself: trio's own timeouts are rounded to milliseconds)."""
+        if self._timer_at == at:
+            self._timer_at = math.inf
+            self._dispatch_after_pass()
 
     async def _watch_clients(self) -> None:
         """Ends the sequences whose client closed its connection while a step of theirs
@@ -1149,8 +1148,8 @@ class SequenceBatcher:
         if self._watch_wake is not None:
             self._watch_wake.set()
         self._arm(math.inf)
-        if self._wake is not None:
-            self._wake.set()
+        if self._timer is not None:
+            self._timer.stop()
         self._dispatch()
 
     async def wait_idle(self) -> None:
