@@ -71,7 +71,7 @@ from ..execution import Barrier, Dispatch, Submission
 from ..profile import DEVICE, HOST
 from ..queue import DEFAULT_PROFILING_MODES, Completion, Driver, run_capturing
 from ..ringbuffer import HEAP_NAME as TRANSIENT_HEAP
-from ..stream import Stream, lead
+from ..stream import lead
 from ..types import WHOLE_BUFFER, BufferUsage, MemoryAccess, MemoryType
 from .emu_calibration import (
     CalibrationReport,
@@ -475,25 +475,24 @@ class EmuDevice(Device):
         return None
 
     def _run_whole(self, submission: Submission, steps: Steps) -> None:
-        """Fast mode: runs the whole submission at once, on this thread as one native
-        stream (as `sync` runs it). The compute workers' native helper threads join its
-        dispatches once the same steps took longer than `SPREAD_NS` alone the last time
-        (waking helpers costs more than small submissions take; the first run, which
-        builds the native program, is not counted; submissions of single-workgroup
-        dispatches are not timed). A submission whose recordings are not shared (large
-        captured updates) runs its operations one by one instead of building a native
-        program for one use."""
+        """Fast mode, for a submission with a dispatch of several workgroups or
+        recordings not shared (`_process` leads the others itself): runs it whole at
+        once, on this thread as one native stream (as `sync` runs it). The compute
+        workers' native helper threads join its dispatches once the same steps took
+        longer than `SPREAD_NS` alone the last time (waking helpers costs more than small
+        submissions take; the first run, which builds the native program, is not
+        counted). A submission whose recordings are not shared (large captured updates)
+        runs its operations one by one instead of building a native program for one
+        use."""
         if steps.ops is not None:
             run_each_inline(steps.ops)
             return
         key = id(steps.steps)  # a stale entry only misguides this choice
         helpers = None
-        if steps.widest > 1 and self._alone_ns.get(key, 0) > SPREAD_NS:
+        if self._alone_ns.get(key, 0) > SPREAD_NS:
             helpers = self._workers.stream_helpers()
         if helpers is not None:
-            Stream(submission, 1 + helpers.count).run(helpers)
-        elif steps.widest <= 1:  # nothing to spread: no need to measure it
-            lead(submission)
+            lead(submission, helpers)
         else:
             began = time.monotonic_ns()
             lead(submission)
