@@ -56,6 +56,16 @@ Entry = tuple  # `(buffer, offset, length)`: a submission's slot, a `Range` by p
 a named one costs a call to make and a submission makes one per slot."""
 
 
+Bound = tuple
+"""What `Recording.bind` gives for a command buffer's direct buffers, made once when a
+command buffer adopts a recording (`Recording.adopt`): `(entries, addresses, lengths)`
+in slot order (last first), addresses None while one has no memory yet. A buffer's
+bytes, usage and address never change once given, so a submit of that command buffer
+only tests that none was released since. (A plain tuple: one is made per adoption.)"""
+
+
+
+
 # -- typed operations ------------------------------------------------------------------
 # (NamedTuples: immutable, told apart by `type(op) is`, and they define several times
 # faster than frozen dataclasses, at every start-up)
@@ -209,7 +219,7 @@ class Recording:
     replay costs. For each table slot the recording knows the usage bits its commands
     need (`slot_usage`), the bytes they reach (`slot_end`) and the offsets that
     dispatches bind inside it (`slot_align`, residues that must keep the address 64-byte
-    aligned); the same for each direct buffer, which recording checked and `admits`
+    aligned); the same for each direct buffer, which recording checked and `adopt`
     checks of other buffers standing in for them.
     """
 
@@ -258,31 +268,41 @@ class Recording:
         self.slot_usage = usage
         self.slot_end = end
         self.slot_align = [tuple(sorted(a)) for a in align]
-        # per direct buffer, in `direct` order (slot -1 first): (usage, end, alignments)
-        self.direct_needs = [(usage[i], end[i], self.slot_align[i])
-                             for i in range(count - 1, n - 1, -1)]
+        # per direct buffer, in slot order (slot -1 last): (usage, end, alignments)
+        self.direct_needs = [(usage[i], end[i], self.slot_align[i]) for i in range(n, count)]
 
-    def admits(self, direct: Sequence[Any]) -> bool:
+    def adopt(self, direct: Sequence[Any]) -> Bound | None:
         """Whether `direct` may be the direct buffers of a command buffer holding these
         commands: live `Buffer`s with the usage bits, the bytes and the 64-byte aligned
         addresses the commands need, which is what recording each command checks of its
         buffers (so a program re-recording equal commands over new buffers can adopt the
-        recording after this one check per buffer: `CommandBuffer.adopted`)."""
+        recording after this one check per buffer: `CommandBuffer.adopted`). None if
+        not; otherwise what `bind` gives for them, made in the same pass (`Bound`), so
+        a submit of the adopting command buffer reads each buffer no more."""
         if len(direct) != self.direct_count:
-            return False
-        for buffer, (bits, reach, residues) in zip(direct, self.direct_needs):
+            return None
+        entries: list[Entry] = []
+        addresses: list[int] = []
+        lengths: list[int] = []
+        has_memory = True
+        for buffer, (bits, reach, residues) in zip(reversed(direct), self.direct_needs):
             if buffer.__class__ is not Buffer:
-                return False
+                return None
             storage = buffer.storage
-            if (storage.released or buffer.usage_bits & bits != bits
-                    or reach > buffer.byte_length):
-                return False
-            if residues:
-                start = storage.address + buffer.byte_offset
-                for residue in residues:
-                    if (start + residue) % ALIGNMENT:
-                        return False
-        return True
+            length = buffer.byte_length
+            if storage.released or buffer.usage_bits & bits != bits or reach > length:
+                return None
+            address = storage.address
+            if not address:
+                has_memory = False
+            start = address + buffer.byte_offset
+            for residue in residues:
+                if (start + residue) % ALIGNMENT:
+                    return None
+            entries.append((buffer, 0, length))
+            addresses.append(start)
+            lengths.append(length)
+        return entries, addresses if has_memory else None, lengths
 
     def slot_index(self, ref: BufferRef) -> int:
         """The slot a reference reads, counted from the first table slot."""
@@ -503,9 +523,19 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
                 recording = Recording(tuple(cb.commands), cb.max_slot + 1, len(cb.direct),
                                       max_concurrency)
             cb.recording = recording
-        entries, bound = recording.bind(binding_table, cb.direct, addresses, lengths)
+        bound = cb.bound  # what adopting the recording bound (`Recording.adopt`)
+        if bound is not None and bound[1] is not None and not recording.table_slots:
+            for buffer in cb.direct:
+                if buffer.storage.released:
+                    break  # bind names it
+            else:
+                addresses += bound[1]
+                lengths += bound[2]
+                parts.append((recording, bound[0]))
+                continue
+        entries, bound_all = recording.bind(binding_table, cb.direct, addresses, lengths)
         parts.append((recording, entries))
-        has_memory = has_memory and bound
+        has_memory = has_memory and bound_all
     for cb in command_buffers:
         cb.submitted = True
     submission = _new_submission(Submission)  # without an __init__ frame

@@ -9,11 +9,12 @@ buffer operands were the same buffer (the numbering of direct buffers by first u
 tested on later calls by position and identity, without hashing every operand again:
 `_Aliasing`). Equal operands record equal
 commands over the same slots, so on a later call with equal operands the site only
-checks the new buffers against what the commands need (`Recording.admits`: live, usage
+checks the new buffers against what the commands need (`Recording.adopt`: live, usage
 bits, bytes, aligned addresses: what recording each command checked) and hands the
 command buffer the commands and, if the block finalized it, the device's recording of
 them (`CommandBuffer.adopted`): a re-recorded command buffer costs a few checks per
-buffer, and its submit looks nothing up. Anything else (a new operand, a buffer that
+buffer, made once for the site and its submit (which looks nothing up and reads the
+addresses that check took: `hal.execution.Bound`). Anything else (a new operand, a buffer that
 fails a check, a whole-buffer length, whose bytes depend on the buffer) records import
 by import again, so errors are those of the record operation that fails.
 """
@@ -124,11 +125,13 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
                 if direct is None:
                     continue
                 recording = adoption.recording
-                if not recording.admits(direct):
+                bound = recording.adopt(direct)
+                if bound is None:
                     break
                 return CommandBuffer.adopted(
                     adoption.device, adoption.mode, adoption.capacity, recording.commands,
-                    direct, recording.table_slots, recording if adoption.finalized else None)
+                    direct, recording.table_slots,
+                    recording if adoption.finalized else None, bound)
         cb = record(values)
         if adoptions is None or all(
                 a.aliasing.direct(buffer_values) is None for a in adoptions):

@@ -125,6 +125,21 @@ def test_a_buffer_that_fails_a_check_gets_the_record_operations_error(fma_site):
         site((device, exe, ordinal, va, vb, out))
 
 
+def test_an_adopted_command_buffer_refuses_a_buffer_released_before_its_submit(fma_site):
+    """Adopting binds the buffers' addresses once (`Recording.adopt`); a buffer released
+    between the adoption and the submit is still refused there, naming its operand."""
+    device, exe, site = fma_site
+    ordinal = exe.lookup("fma_3d")
+    _a, _b, va, vb, out = _buffers(device, 0)
+    site((device, exe, ordinal, va, vb, out))
+    _a, _b, va, vb, out = _buffers(device, 1)
+    cb = site((device, exe, ordinal, va, vb, out))
+    assert cb.bound is not None  # adopted, with its bindings made
+    vb.storage.release()
+    with pytest.raises(errors.FailedPreconditionError, match="binding 1 of 'fma_3d'"):
+        device.submit(cb)
+
+
 def test_changed_operands_record_anew(fma_site):
     device, exe, site = fma_site
     ordinal = exe.lookup("fma_3d")
