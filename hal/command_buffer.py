@@ -179,7 +179,7 @@ class CommandBuffer:
         # The submit-time form (`hal.execution.Recording`), found or built by the first
         # submit and shared by every command buffer with the same commands.
         self.recording: Any = None
-        # What submit binds for `direct` (`hal.execution.Bound`), when an adopting
+        # What submit binds for `direct` (a `hal.execution.Submission`), when an adopting
         # block made it while checking them; None: submit binds them itself.
         self.bound: Any = None
         self._recording_lock = threading.Lock()
@@ -401,7 +401,7 @@ class CommandBuffer:
         command buffer's, so already valid) holding `commands`, recorded and validated
         before over numbered slots, with `direct` as its direct buffers (the caller
         checked them against what the commands need: `hal.execution.Recording.adopt`,
-        which gives `bound`), as if recorded one by one. Given `recording` (the
+        which gives `bound`, the submission that binds them), as if recorded one by one. Given `recording` (the
         recording of exactly these commands for this device), it is also finalized, its
         submit does not look the recording up and binds `direct` as `bound` says; it
         then shares the recording's commands, which nothing appends to. Built without

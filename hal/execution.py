@@ -56,15 +56,6 @@ Entry = tuple  # `(buffer, offset, length)`: a submission's slot, a `Range` by p
 a named one costs a call to make and a submission makes one per slot."""
 
 
-Bound = tuple
-"""What `Recording.bind` gives for a command buffer's direct buffers, made once when a
-command buffer adopts a recording (`Recording.adopt`): `(entries, addresses, lengths)`
-in slot order (last first), addresses None while one has no memory yet. A buffer's
-bytes, usage and address never change once given, so a submit of that command buffer
-only tests that none was released since. (A plain tuple: one is made per adoption.)"""
-
-
-
 
 # -- typed operations ------------------------------------------------------------------
 # (NamedTuples: immutable, told apart by `type(op) is`, and they define several times
@@ -271,18 +262,22 @@ class Recording:
         # per direct buffer, in slot order (slot -1 last): (usage, end, alignments)
         self.direct_needs = [(usage[i], end[i], self.slot_align[i]) for i in range(n, count)]
 
-    def adopt(self, direct: Sequence[Any]) -> Bound | None:
+    def adopt(self, direct: Sequence[Any]) -> Submission | None:
         """Whether `direct` may be the direct buffers of a command buffer holding these
         commands: live `Buffer`s with the usage bits, the bytes and the 64-byte aligned
         addresses the commands need, which is what recording each command checks of its
         buffers (so a program re-recording equal commands over new buffers can adopt the
         recording after this one check per buffer: `CommandBuffer.adopted`). None if
-        not; otherwise what `bind` gives for them, made in the same pass (`Bound`), so
-        a submit of the adopting command buffer reads each buffer no more."""
+        not; otherwise, made in the same pass, the submission of a command buffer of
+        these commands over `direct` with no binding table, what `bind` would give
+        (its `addresses` None while a buffer has no memory yet). A buffer's bytes, usage
+        and address never change once given, so a submit of the adopting command
+        buffer only tests that none was released since, and the VM's fused record and
+        execute (`vm.hal_blocks`) submits it as it is."""
         if len(direct) != self.direct_count:
             return None
         entries: list[Entry] = []
-        addresses: list[int] = []
+        addresses: list[int] | None = []
         lengths: list[int] = []
         has_memory = True
         for buffer, (bits, reach, residues) in zip(reversed(direct), self.direct_needs):
@@ -302,7 +297,12 @@ class Recording:
             entries.append((buffer, 0, length))
             addresses.append(start)
             lengths.append(length)
-        return entries, addresses if has_memory else None, lengths
+        submission = _new_submission(Submission)  # without an __init__ frame
+        submission.parts = [(self, entries)]
+        submission.addresses = addresses if has_memory else None
+        submission.lengths = lengths
+        submission.instrument = None
+        return submission
 
     def slot_index(self, ref: BufferRef) -> int:
         """The slot a reference reads, counted from the first table slot."""
@@ -524,14 +524,14 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
                                       max_concurrency)
             cb.recording = recording
         bound = cb.bound  # what adopting the recording bound (`Recording.adopt`)
-        if bound is not None and bound[1] is not None and not recording.table_slots:
+        if bound is not None and bound.addresses is not None and not recording.table_slots:
             for buffer in cb.direct:
                 if buffer.storage.released:
                     break  # bind names it
             else:
-                addresses += bound[1]
-                lengths += bound[2]
-                parts.append((recording, bound[0]))
+                addresses += bound.addresses
+                lengths += bound.lengths
+                parts.append((recording, bound.parts[0][1]))
                 continue
         entries, bound_all = recording.bind(binding_table, cb.direct, addresses, lengths)
         parts.append((recording, entries))

@@ -26,8 +26,8 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 from ..hal.command_buffer import CommandBuffer
-from ..hal.execution import Recording
-from .record_blocks import RecordBlock, replay
+from ..hal.execution import Recording, Submission
+from .record_blocks import EXECUTE, RecordBlock, replay
 
 __all__ = ["block_recorder"]
 
@@ -43,6 +43,7 @@ _LENGTHS = {
     "hal.command_buffer.copy_buffer": {(7, None)},
     "hal.command_buffer.fill_buffer": {(3, None)},
 }
+_EXECUTE_CB = 4  # the command buffer's argument position in `hal.device.queue.execute`
 MEMO_SIZE = 64  # scalar operand sets (and aliasings of each) remembered per site; past it
 # the site starts afresh
 
@@ -73,7 +74,7 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
     module's bound shims for its operations, which record what it cannot adopt. The
     site's memory is appended to `memos` (the module state clears them when its context
     closes: they hold recordings, and so executables)."""
-    record = replay(block, functions)
+    record = replay(block._replace(execute=None), functions)  # the record operations
     buffers, scalars, lengths = [], [], []
     for name, (_k, template) in zip(names, block.ops):
         for position, item, leaf in _leaves(template):
@@ -112,33 +113,70 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
             _Aliasing(buffer_values, count), recording, device, cb.mode, cb.binding_capacity,
             cb.finalized))
 
-    def site(values: tuple[Any, ...]) -> Any:
+    def adopt(values: tuple[Any, ...]) -> tuple[_Adoption, list[Any], Submission] | None:
+        """The adoption whose operands `values` equal, its direct buffers among them and
+        their submission (`Recording.adopt`), or None: record them."""
+        try:
+            adoptions = memo.get(scalars_of(values))
+        except TypeError:  # an unhashable operand: not a buffer; its shim says so
+            return None
+        if adoptions is None:
+            return None
+        buffer_values = buffers_of(values)
+        for adoption in adoptions:
+            direct = adoption.aliasing.direct(buffer_values)
+            if direct is not None:
+                submission = adoption.recording.adopt(direct)
+                return None if submission is None else (adoption, direct, submission)
+        return None
+
+    def adopted(adoption: _Adoption, direct: list[Any], submission: Submission) -> Any:
+        recording = adoption.recording
+        return CommandBuffer.adopted(
+            adoption.device, adoption.mode, adoption.capacity, recording.commands, direct,
+            recording.table_slots, recording if adoption.finalized else None, submission)
+
+    def record_anew(values: tuple[Any, ...]) -> Any:
+        cb = record(values)
         try:
             scalar_key = scalars_of(values)
             adoptions = memo.get(scalar_key)
-        except TypeError:  # an unhashable operand: not a buffer; its shim says so
-            return record(values)
+        except TypeError:
+            return cb
         buffer_values = buffers_of(values)
-        if adoptions is not None:
-            for adoption in adoptions:
-                direct = adoption.aliasing.direct(buffer_values)
-                if direct is None:
-                    continue
-                recording = adoption.recording
-                bound = recording.adopt(direct)
-                if bound is None:
-                    break
-                return CommandBuffer.adopted(
-                    adoption.device, adoption.mode, adoption.capacity, recording.commands,
-                    direct, recording.table_slots,
-                    recording if adoption.finalized else None, bound)
-        cb = record(values)
         if adoptions is None or all(
                 a.aliasing.direct(buffer_values) is None for a in adoptions):
             learn(scalar_key, buffer_values, values, cb)
         return cb
 
-    return site
+    def site(values: tuple[Any, ...]) -> Any:
+        found = adopt(values)
+        return record_anew(values) if found is None else adopted(*found)
+
+    if block.execute is None:
+        return site
+    execute = functions[len(block.ops)]
+    if names[len(block.ops)] != EXECUTE or block.execute[1] != _EXECUTE_CB:
+        return replay(block, functions)
+
+    def execute_site(device: Any, queue_affinity: int, wait: Any, signal: Any,
+                     values: tuple[Any, ...], flags: int) -> None:
+        """The block recorded and submitted by `hal.device.queue.execute`: an adopted
+        recording's submission goes as it is when it binds no table and its device is
+        the execute's and is not profiled (a profile describes command buffers)."""
+        found = adopt(values)
+        if found is None:
+            cb = record_anew(values)
+        else:
+            adoption, direct, submission = found
+            if (adoption.finalized and device is adoption.device
+                    and submission.addresses is not None
+                    and not adoption.recording.table_slots and device.profile is None):
+                return execute(device, queue_affinity, wait, signal, submission, flags)
+            cb = adopted(adoption, direct, submission)
+        return execute(device, queue_affinity, wait, signal, cb, flags)
+
+    return execute_site
 
 
 class _Aliasing:
