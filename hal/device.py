@@ -296,7 +296,7 @@ class Device:
         Returns at once. Validation errors raise here; errors while running fail the
         signal semaphores. `queue` picks the device queue (0 .. `queue_count`-1); every
         queue operation takes it. `batch` may also be a `Submission` that
-        `Recording.adopt` validated for this device (the VM's fused record and
+        `Recording.adopter` validated for this device (the VM's fused record and
         execute): it is run as it is.
         """
         validated = batch.__class__ is Submission

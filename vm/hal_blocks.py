@@ -9,7 +9,7 @@ buffer operands were the same buffer (the numbering of direct buffers by first u
 tested on later calls by position and identity, without hashing every operand again:
 `_Aliasing`). Equal operands record equal
 commands over the same slots, so on a later call with equal operands the site only
-checks the new buffers against what the commands need (`Recording.adopt`: live, usage
+checks the new buffers against what the commands need (`Recording.adopter`: live, usage
 bits, bytes, aligned addresses: what recording each command checked) and hands the
 command buffer the commands and, if the block finalized it, the device's recording of
 them (`CommandBuffer.adopted`): a re-recorded command buffer costs a few checks per
@@ -110,12 +110,12 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
         if len(adoptions) >= MEMO_SIZE:
             adoptions.clear()
         adoptions.append(_Adoption(
-            _Aliasing(buffer_values, count), recording, device, cb.mode, cb.binding_capacity,
-            cb.finalized))
+            _Aliasing(buffer_values, count), recording, recording.adopter(), device, cb.mode,
+            cb.binding_capacity, cb.finalized))
 
     def adopt(values: tuple[Any, ...]) -> tuple[_Adoption, list[Any], Submission] | None:
         """The adoption whose operands `values` equal, its direct buffers among them and
-        their submission (`Recording.adopt`), or None: record them."""
+        their submission (`Recording.adopter`), or None: record them."""
         try:
             adoptions = memo.get(scalars_of(values))
         except TypeError:  # an unhashable operand: not a buffer; its shim says so
@@ -126,7 +126,7 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
         for adoption in adoptions:
             direct = adoption.aliasing.direct(buffer_values)
             if direct is not None:
-                submission = adoption.recording.adopt(direct)
+                submission = adoption.adopt(direct)
                 return None if submission is None else (adoption, direct, submission)
         return None
 
@@ -227,6 +227,7 @@ class _Aliasing:
 class _Adoption(NamedTuple):
     aliasing: _Aliasing
     recording: Recording
+    adopt: Callable[[list[Any]], Submission | None]  # `Recording.adopter()`
     device: Any
     mode: Any
     capacity: int

@@ -131,7 +131,7 @@ def test_a_buffer_that_fails_a_check_gets_the_record_operations_error(fma_site):
 
 
 def test_an_adopted_command_buffer_refuses_a_buffer_released_before_its_submit(fma_site):
-    """Adopting binds the buffers' addresses once (`Recording.adopt`); a buffer released
+    """Adopting binds the buffers' addresses once (`Recording.adopter`); a buffer released
     between the adoption and the submit is still refused there, naming its operand."""
     device, exe, site = fma_site
     ordinal = exe.lookup("fma_3d")
@@ -143,6 +143,33 @@ def test_an_adopted_command_buffer_refuses_a_buffer_released_before_its_submit(f
     vb.storage.release()
     with pytest.raises(errors.FailedPreconditionError, match="binding 1 of 'fma_3d'"):
         device.submit(cb)
+
+
+def test_a_recordings_adopter_checks_what_recording_checked_and_binds(fma_site):
+    """`Recording.adopter()` is compiled for the recording's needs; it admits buffers
+    that recording would have, binding them as `bind` does, and nothing else."""
+    device, exe, site = fma_site
+    ordinal = exe.lookup("fma_3d")
+    _a, _b, va, vb, out = _buffers(device, 0)
+    recording = site((device, exe, ordinal, va, vb, out)).recording
+    adopt = recording.adopter()
+    _a, _b, va, vb, out = _buffers(device, 1)
+    submission = adopt([va, vb, out])
+    assert submission.parts == [(recording, [(b, 0, 64) for b in (out, vb, va)])]
+    assert submission.addresses == [b.address for b in (out, vb, va)]
+    assert submission.lengths == [64, 64, 64]
+    wide = device.allocator.allocate(128)
+    assert adopt([va, vb]) is None  # too few
+    assert adopt([va, vb, "out"]) is None  # not a buffer
+    assert adopt([va, vb, device.allocator.allocate(32)]) is None  # too small
+    assert adopt([va, vb, wide.subspan(16, 64)]) is None  # misaligned for the kernel
+    assert adopt([va, vb, device.allocator.allocate(
+        64, usage=hal.BufferUsage.TRANSFER)]) is None  # no dispatch usage
+    out.storage.release()
+    assert adopt([va, vb, out]) is None  # released
+    pending = device.allocator.allocate(64)
+    pending.storage.address = 0  # as a transient buffer before its alloca runs
+    assert adopt([va, vb, pending]).addresses is None
 
 
 def test_changed_operands_record_anew(fma_site):
