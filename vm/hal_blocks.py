@@ -82,7 +82,9 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
                 lengths.append(leaf)
             if leaf[0] != "d":
                 continue
-            (buffers if (position, item) in _BUFFERS.get(name, ()) else scalars).append(leaf[1])
+            kind = buffers if (position, item) in _BUFFERS.get(name, ()) else scalars
+            if leaf[1] not in kind:  # a value named again is the same value
+                kind.append(leaf[1])
     buffers_of, scalars_of = _getter(buffers), _getter(scalars)
     count = range(len(buffers))
     # scalars -> what each aliasing of the buffer operands seen with them adopts: the
