@@ -74,7 +74,7 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
     module's bound shims for its operations, which record what it cannot adopt. The
     site's memory is appended to `memos` (the module state clears them when its context
     closes: they hold recordings, and so executables)."""
-    record = replay(block._replace(execute=None), functions)  # the record operations
+    record = replay(RecordBlock(block.ops, block.values), functions)  # the record operations
     buffers, scalars, lengths = [], [], []
     for name, (_k, template) in zip(names, block.ops):
         for position, item, leaf in _leaves(template):

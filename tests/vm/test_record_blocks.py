@@ -211,7 +211,7 @@ def test_the_generic_site_of_a_block_fused_with_an_execute_records_then_submits(
     def record(name):
         return lambda *args: calls.append((name, args)) or "cb"
 
-    block = FMA_BLOCK._replace(execute=(9, 4))
+    block = RecordBlock(FMA_BLOCK.ops, FMA_BLOCK.values, (9, 4))
     site = replay(block, [record("create"), record("dispatch"), record("barrier"),
                           record("finalize"), record("execute")])
     values = ("dev", "exe", 7, "a", "b", "c")
