@@ -205,7 +205,8 @@ class _Request:
                  ) -> None:
         self.args = args
         self.rows = rows
-        self.key = tuple(getattr(a, "shape", ())[1:] for a in args)
+        self.key = (getattr(args[0], "shape", ())[1:],) if len(args) == 1 else \
+            tuple(getattr(a, "shape", ())[1:] for a in args)
         self.deadline = deadline
         self.arrived = now
         self.label = label

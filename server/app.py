@@ -382,8 +382,9 @@ class _Routes:
                     async with server.parse_limiter:
                         req = await trio.to_thread.run_sync(
                             _parse_large, request, server.max_request_bytes)
-                else:
-                    req = _parse(request, server.max_request_bytes)
+                else:  # no Content-Encoding: the body is the request as it is
+                    req = parse_infer_request(
+                        request.body, headers.get("inference-header-content-length"))
                 args = mv.prepare(req)
                 deadline = _deadline(headers.get("inference-timeout"), req.timeout_us, mv,
                                      server.max_timeout, request.arrived)

@@ -183,6 +183,12 @@ class _Callbacks:
         self.head_raw = 0  # bytes received for the head in progress
         self.head_deadline = 0.0
         self.raw_headers: list[bytes] = []  # name, value, name, ... of the head in progress
+        # the last head's raw headers, their size and their dict: a keep-alive client
+        # usually sends the same headers every time, decoded once (the dicts are shared:
+        # handlers only read them)
+        self.last_raw: list[bytes] | None = None
+        self.last_raw_bytes = 0
+        self.last_headers: dict[str, str] = {}
         self.received = 0.0  # trio clock: when the bytes being parsed were read
 
     def on_message_begin(self) -> None:
@@ -203,11 +209,20 @@ class _Callbacks:
     def on_headers_complete(self) -> None:
         message = self.current
         raw, self.raw_headers = self.raw_headers, []
-        if self.head_bytes + sum(map(len, raw)) > _MAX_HEAD_BYTES:
+        if raw == self.last_raw:
+            raw_bytes, headers = self.last_raw_bytes, self.last_headers
+        else:
+            raw_bytes = sum(map(len, raw))
+            headers = None
+        if self.head_bytes + raw_bytes > _MAX_HEAD_BYTES:
             self.head_too_large = True
             raise httptools.HttpParserError("request head too large")
-        message.headers = _header_dict(raw)
-        message.method = self.parser.get_method().decode("latin-1")
+        if headers is None:
+            headers = _header_dict(raw)
+            self.last_raw, self.last_raw_bytes, self.last_headers = raw, raw_bytes, headers
+        message.headers = headers
+        method = self.parser.get_method()
+        message.method = _METHODS.get(method) or method.decode("latin-1")
         message.arrived = self.received
         message.head_done = True
         length = message.headers.get("content-length", "")
@@ -554,6 +569,9 @@ class HttpServer:
             await stream.send_all(_encode_head(response, False) + response.body)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             pass
+
+
+_METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS")}
 
 
 def _header_dict(raw: list[bytes]) -> dict[str, str]:

@@ -224,6 +224,16 @@ def _bool(value: Any, what: str, name: str = "") -> bool | None:
     raise _bad(f"{what.format(name)} must be true or false, not {value!r}")
 
 
+def _bad_datatype(name: str, datatype: Any) -> None:
+    """Raises the 400 for an input whose datatype is missing or not one we take."""
+    if not isinstance(datatype, str):
+        raise _bad(f"input '{name}' has no 'datatype'")
+    if datatype in _UNSUPPORTED:
+        raise _bad(f"input '{name}': {_UNSUPPORTED[datatype]}")
+    raise _bad(f"input '{name}' has unknown datatype {datatype!r}; supported: "
+               f"{', '.join(DATATYPES)}")
+
+
 def _check_depth(head: bytes) -> None:
     """400 if the JSON nests deeper than MAX_JSON_DEPTH (checked on the bytes, in C-speed
     steps, before a recursive parser sees them)."""
@@ -277,24 +287,20 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
     datatypes: dict[str, str] = {}
     offset = 0
     for i, item in enumerate(raw_inputs):
-        if not isinstance(item, dict):
+        if type(item) is not dict:  # orjson makes exactly dicts, lists and strs
             raise _bad(f"inputs[{i}] must be a JSON object")
         name = item.get("name")
-        if not isinstance(name, str) or not name:
+        if type(name) is not str or not name:
             raise _bad(f"inputs[{i}] has no 'name'")
         if name in inputs:
             raise _bad(f"input '{name}' appears more than once")
         datatype = item.get("datatype")
-        if not isinstance(datatype, str):
-            raise _bad(f"input '{name}' has no 'datatype'")
-        if datatype in _UNSUPPORTED:
-            raise _bad(f"input '{name}': {_UNSUPPORTED[datatype]}")
-        if datatype not in DATATYPES:
-            raise _bad(f"input '{name}' has unknown datatype {datatype!r}; supported: "
-                       f"{', '.join(DATATYPES)}")
+        if type(datatype) is not str or datatype not in DATATYPES:
+            _bad_datatype(name, datatype)
         shape = _shape(item.get("shape"), name)
-        params = _as_dict(item.get("parameters"), "input '{}' 'parameters'", name)
-        size = params.get("binary_data_size")
+        params = item.get("parameters")
+        size = None if params is None else \
+            _as_dict(params, "input '{}' 'parameters'", name).get("binary_data_size")
         if size is not None:
             if "data" in item:
                 raise _bad(f"input '{name}' has both 'data' and binary_data_size")

@@ -821,7 +821,10 @@ class ModelRepository:
         versions = self.models.get(name)
         if versions is None:
             raise ProtocolError(404, f"unknown model '{name}'")
-        if version is None or version == "":
+        if not version:
+            if len(versions) == 1:
+                for mv in versions.values():
+                    return mv
             ready = [mv for mv in versions.values() if mv.ready]
             return (ready or list(versions.values()))[-1]
         mv = versions.get(version)
