@@ -415,6 +415,12 @@ class HttpServer:
                     keep_alive, unsent = self._reply(message, response, direct, callbacks.fd)
                     for chunk in unsent:
                         await stream.send_all(chunk)
+                    if direct is None or direct.sent is None:
+                        # the loop answered: the client sends its next request only now,
+                        # so the tasks already ready run first (other connections, the
+                        # batch that takes what this pass read) and the next read here
+                        # usually finds the request instead of waiting on epoll for it
+                        await trio.lowlevel.cancel_shielded_checkpoint()
                     if self.access_log:
                         self._log_access(stream, message, request, response, direct)
                     if not keep_alive:
