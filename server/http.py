@@ -479,6 +479,10 @@ class HttpServer:
                 # perf_analyzer) has usually sent the body by the time the head is parsed
                 current.read_on = True
                 data = _read_now(callbacks.fd)
+                if data is None:  # its write is usually just behind: the ready tasks
+                    # run first, then one more read, before a timed wait (a cancel scope)
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    data = _read_now(callbacks.fd)
             if data is None:
                 in_head = not current.head_done
                 deadline = callbacks.head_deadline if in_head else \
