@@ -19,7 +19,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import (
     AbortedError,
@@ -29,9 +29,12 @@ from ..errors import (
     OutOfRangeError,
 )
 from ..scheduler.trio_bridge import await_callback
+from .native import core as _core
+
+FenceCore = _core.FenceCore
+SemaphoreCore = _core.SemaphoreCore
 
 MAX_VALUE = (1 << 64) - 1
-_new = object.__new__
 TimepointCallback = Callable[[Error | None], None]
 
 
@@ -57,13 +60,19 @@ class Timepoint:
         return (self.value, self._seq) < (other.value, other._seq)
 
 
-class Semaphore:
-    """A timeline semaphore: a uint64 that only moves forward, or fails once."""
+class Semaphore(SemaphoreCore):
+    """A timeline semaphore: a uint64 that only moves forward, or fails once.
 
-    # Slots, and no timepoint or offer list until one is added: a program makes a
-    # semaphore per fence, most never get a timepoint, and creating one is on its path.
-    __slots__ = ("_value", "_failure", "_lock", "_cond", "_timepoints", "_offers",
-                 "_blocked", "name", "__weakref__")
+    Its state lives in the C base (`hal/native/core.c`), which also runs `advance` and
+    `query` when nothing waits: the ready path of every queue operation. What waits
+    (timepoints, offers, blocked threads) registers under `_lock` before it reads the
+    value, and `advance` takes the locked `_advance_slow` whenever anything is registered,
+    so the unlocked C path (atomic under the GIL) never misses a waiter.
+    """
+
+    # No timepoint or offer list until one is added, and no lock until a slow path needs
+    # one: a program makes a semaphore per fence, and most never get a waiter.
+    __slots__ = ()
 
     _seq = itertools.count()
 
@@ -71,15 +80,6 @@ class Semaphore:
         if type(initial) is not int or not 0 <= initial <= MAX_VALUE:
             _check_value(initial, "initial value")
         self._value = initial
-        self._failure: Error | None = None
-        self._lock = threading.Lock()
-        # Made by the first blocking `wait` (over `_lock`); most semaphores never need one.
-        self._cond: threading.Condition | None = None
-        self._timepoints: list[Timepoint] | tuple[()] = ()  # a heap once used
-        # a heap of (value, seq, work, None) or (value, seq, None, points): see `offer`
-        # and `offer_waits`
-        self._offers: list[_Offer] | tuple[()] = ()
-        self._blocked = 0
         self.name = name
 
     def __repr__(self) -> str:
@@ -92,13 +92,6 @@ class Semaphore:
         """The error the semaphore failed with, or None."""
         return self._failure
 
-    def query(self) -> int:
-        """The current value; raises the failure if the semaphore has failed."""
-        failure = self._failure
-        if failure is not None:
-            raise failure
-        return self._value
-
     def signal(self, value: int) -> None:
         """Advances to `value`, waking every waiter at or below it.
 
@@ -108,16 +101,15 @@ class Semaphore:
         for tp in self.advance(value):
             tp.callback(None)
 
-    def advance(self, value: int) -> Sequence[Timepoint]:
-        """`signal`, except that the callbacks of the timepoints it reaches are returned
-        for the caller to run (outside any lock), in order, instead of run here: a device
-        completing work signals through it, so only a signal that reaches a callback
-        pays for guarding against recursion."""
+    # `advance(value) -> Sequence[Timepoint]` (C): `signal`, except that the callbacks of
+    # the timepoints it reaches are returned for the caller to run (outside any lock), in
+    # order, instead of run here. Without waiters it only moves the value; otherwise, and
+    # for every error, it is `_advance_slow`.
+
+    def _advance_slow(self, value: int) -> Sequence[Timepoint]:
         if type(value) is not int or not 0 <= value <= MAX_VALUE:
             _check_value(value, "signal value")
-        lock = self._lock
-        lock.acquire()  # not `with`: this is every signal's path, and that costs more
-        try:
+        with self._lock:
             if self._failure is not None:
                 raise self._failure
             if value <= self._value:
@@ -132,8 +124,6 @@ class Semaphore:
                 heapq.heappop(offers)
             if self._blocked:
                 self._cond.notify_all()
-        finally:
-            lock.release()
         return ready
 
     def fail(self, error: BaseException | str) -> None:
@@ -250,13 +240,22 @@ class Semaphore:
         returns the timepoint; the callback later runs on the signalling thread, outside the
         semaphore's lock, exactly once.
         """
+        tp = Timepoint(value, callback, next(self._seq))
         with self._lock:
             if self._failure is not None or self._value >= value:
                 return None
-            tp = Timepoint(value, callback, next(self._seq))
-            if not self._timepoints:
-                self._timepoints = []
-            heapq.heappush(self._timepoints, tp)
+            timepoints = self._timepoints
+            if not timepoints:
+                timepoints = [tp]  # registered in one store: the C `advance` sees it or not
+                self._timepoints = timepoints
+            else:
+                heapq.heappush(timepoints, tp)
+            # Registered before the value is read again: an `advance` that ran after the
+            # check above and before the store skipped the lock, so it missed `tp`.
+            if self._value >= value:
+                timepoints.remove(tp)
+                heapq.heapify(timepoints)
+                return None
             return tp
 
     def cancel_timepoint(self, tp: Timepoint) -> bool:
@@ -313,15 +312,16 @@ def _check_value(value: int, what: str) -> None:
 SemaphorePoint = tuple[Semaphore, int]
 
 
-class Fence:
+class Fence(FenceCore):
     """A set of semaphore points: reached when every semaphore reaches its value.
 
     A semaphore appears at most once, at the largest value inserted for it.
     `timeline` maps each semaphore to its value (read it). A fence never changes once
-    made, so it keeps its points as a tuple too, which queue operations take as they are.
+    made; its points are a tuple (in the C base, `hal/native/core.c`), which queue
+    operations take as they are, and `timeline` is made from them when first read.
     """
 
-    __slots__ = ("timeline", "_points", "__weakref__")
+    __slots__ = ()
 
     def __init__(self, points: Iterable[SemaphorePoint] = ()) -> None:
         timeline: dict[Semaphore, int] = {}
@@ -330,59 +330,32 @@ class Fence:
                 _check_value(value, "fence value")
             if value > timeline.get(sem, -1):
                 timeline[sem] = value
-        self.timeline = timeline
         self._points = tuple(timeline.items())
 
     @classmethod
     def single(cls, semaphore: Semaphore, value: int) -> Fence:
-        """A fence of one point (what `hal.fence.create` makes), without the loop."""
+        """A fence of one point."""
         if type(value) is not int or not 0 <= value <= MAX_VALUE:
             _check_value(value, "fence value")
-        fence = _new(cls)
-        fence.timeline = {semaphore: value}
+        fence = FenceCore.__new__(cls)  # without the `__init__` frame
         fence._points = ((semaphore, value),)
         return fence
 
-    @classmethod
-    def pending(cls) -> Fence:
-        """A fence of one new semaphore (at 0) reached at 1: what `hal.fence.create`
-        makes, several per step of a recurrent program, so built without `__init__`
-        frames."""
-        sem = _new(Semaphore)
-        sem._value = 0
-        sem._failure = None
-        sem._lock = threading.Lock()
-        sem._cond = None
-        sem._timepoints = sem._offers = ()
-        sem._blocked = 0
-        sem.name = ""
-        fence = _new(cls)
-        fence.timeline = {sem: 1}
-        fence._points = ((sem, 1),)
-        return fence
+    pending = staticmethod(_core.pending_fence)
+    """`Fence.pending()`: a fence of one new semaphore (at 0) reached at 1, what
+    `hal.fence.create` makes, several per step of a recurrent program (C)."""
+
+    join = staticmethod(_core.join_fences)
+    """`Fence.join(fences)`: a fence of every point of `fences` (Nones skipped), the
+    largest value per semaphore (C)."""
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{s!r}@{v}" for s, v in self.timeline.items())
         return f"<Fence [{inner}]>"
 
-    @classmethod
-    def join(cls, fences: Iterable[Fence | None]) -> Fence:
-        joined = _new(cls)  # without the `__init__` frame
-        points = joined.timeline = {}
-        for fence in fences:
-            if fence is not None:
-                for sem, value in fence._points:  # values were checked when the fence was made
-                    if value > points.get(sem, -1):
-                        points[sem] = value
-        joined._points = tuple(points.items())
-        return joined
-
     @property
     def points(self) -> list[SemaphorePoint]:
         return list(self._points)
-
-    def __len__(self) -> int:
-        return len(self.timeline)
 
     def signal(self) -> None:
         for sem, value in self.timeline.items():
@@ -417,23 +390,28 @@ class Fence:
             await sem.wait_async(value)
 
 
-def normalize_wait_signal(
+join_fence_rows: Callable[[Sequence[tuple[Fence | None]]], Any] = _core.join_fence_rows
+"""`hal.fence.join` over the VM's rows (1-tuples of a fence or None), in C: the one fence
+with points among them as it is, a new joined fence, None if no row has a point, or
+NotImplemented if a row holds anything else (the caller names the error)."""
+
+
+def _normalize_general(
     wait: Fence | Sequence[SemaphorePoint] | None, signal: Fence | Sequence[SemaphorePoint] | None
 ) -> tuple[Sequence[SemaphorePoint], Sequence[SemaphorePoint], bool]:
-    """`normalize_points` of a queue operation's wait and signal, and whether the wait is
-    already reached (`all_reached`), in one call when they are Fences (or no wait), as
-    the VM passes them: then the points are the fences' own tuples (read them only)."""
-    if type(signal) is Fence:
-        if wait is None:
-            return (), signal._points, True
-        if type(wait) is Fence:
-            wait_points = wait._points
-            for sem, value in wait_points:
-                if sem._failure is not None or sem._value < value:
-                    return wait_points, signal._points, False
-            return wait_points, signal._points, True
     wait_points = normalize_points(wait, "wait")
     return wait_points, normalize_points(signal, "signal"), all_reached(wait_points)
+
+
+normalize_wait_signal: Callable[
+    [Fence | Sequence[SemaphorePoint] | None, Fence | Sequence[SemaphorePoint] | None],
+    tuple[Sequence[SemaphorePoint], Sequence[SemaphorePoint], bool],
+] = _core.normalize_wait_signal
+"""`normalize_wait_signal(wait, signal) -> (wait points, signal points, reached)`:
+`normalize_points` of a queue operation's wait and signal, and whether the wait is already
+reached (`all_reached`). In C, in one call, when they are Fences (or no wait), as the VM
+passes them: then the points are the fences' own tuples (read them only); otherwise
+through the general path here."""
 
 
 def normalize_points(
@@ -505,3 +483,6 @@ def when_all_reached(
     for sem, value in pending:
         if sem.on_reached(value, one) is None:
             one(sem.failure)
+
+
+_core.bind(Semaphore, Fence, _normalize_general)

@@ -54,7 +54,7 @@ from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
 from ..hal.elf import parse_elf
 from ..hal.executable import Executable, executable_formats
-from ..hal.semaphore import Fence
+from ..hal.semaphore import Fence, join_fence_rows
 from ..hal.types import (
     WHOLE_BUFFER,
     BufferUsage,
@@ -786,24 +786,16 @@ def fence_create(state: HalModuleState, device, flags):
 
 
 def fence_join(state: HalModuleState, flags, fences):
-    # A join of one fence (and nulls) is that fence: a fence never changes once made,
-    # so sharing it is the same set of points (programs join a step's lone wait fence).
-    count = len(fences)
-    if count == 2:
-        first, second = fences[0][0], fences[1][0]
-        if first is None:
-            first, second = second, None
-        if second is None and first.__class__ is Fence and first.timeline:
-            return first
-    elif count == 1:
-        first = fences[0][0]
-        if first.__class__ is Fence and first.timeline:
-            return first
-    for (fence,) in fences:
-        if fence is not None and fence.__class__ is not Fence:
-            _checked(fence, _FENCE_OR_NULL)  # raises unless a Fence of a subclass
-    joined = Fence.join(map(_first, fences))
-    return joined if joined.timeline else None  # no points: a null fence, as IREE's join
+    # In C: a join of one fence with points (and nulls or empty fences) is that fence (a
+    # fence never changes once made, so sharing it is the same set of points); a join
+    # without points is a null fence, as IREE's join.
+    joined = join_fence_rows(fences)
+    if joined is NotImplemented:  # a row that is not a fence: raises the ref-type error
+        for (fence,) in fences:
+            if fence is not None and not isinstance(fence, Fence):
+                _checked(fence, _FENCE_OR_NULL)
+        raise InvalidArgumentError(f"hal.fence.join takes rows of one fence, not {fences!r}")
+    return joined
 
 
 def fence_query(state: HalModuleState, fence):

@@ -1,9 +1,11 @@
-"""The compiled C helper (`_dispatch`): loaded from the install, or built on first use.
+"""The compiled C helpers: loaded from the install, or built on first use.
 
-An installed tinyhal carries `_dispatch` built by setuptools. Running from a source tree
-that was never built, the same cffi module is compiled once into a per-user cache keyed by
-the hash of its sources, so the runtime works the same either way (`load_compiled`, which
-the VM's own C module uses too).
+`_dispatch` (cffi: the workgroup loop, library loading, the native stream) and `_core` (a
+CPython extension: the ready path of semaphores, fences and the transient ring; see
+`core.c`). An installed tinyhal carries both, built by setuptools. Running from a source
+tree that was never built, the same modules are compiled once into a per-user cache keyed
+by the hash of their sources, so the runtime works the same either way (`load_compiled`,
+which the VM's own C modules use too).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from types import ModuleType
 
 
 def load_compiled(import_name: str, builder_name: str) -> ModuleType:
-    """The installed cffi module `import_name`, or else the same module built once into
-    the per-user cache by the cffi builder in module `builder_name` (its `make_builder`,
-    keyed by the hash of its `SOURCES`).
+    """The installed compiled module `import_name`, or else the same module built once into
+    the per-user cache by the builder in module `builder_name` (its
+    `make_builder(name).compile(tmpdir=...)`, as cffi's builders answer it, keyed by the
+    hash of its `SOURCES`).
 
     The builder module parses the C declarations (pycparser) as it is imported, tens of
     milliseconds, so it is imported only when the compiled module is missing: an
@@ -60,7 +63,8 @@ def load_compiled(import_name: str, builder_name: str) -> ModuleType:
 _module = load_compiled(__name__ + "._dispatch", __name__ + ".build")
 ffi = _module.ffi
 lib = _module.lib
+core = load_compiled(__name__ + "._core", __name__ + ".core_build")
 INCLUDE_DIR = os.path.dirname(os.path.abspath(__file__))
 HEADER = os.path.join(INCLUDE_DIR, "tinyhal_executable.h")
 
-__all__ = ["ffi", "lib", "INCLUDE_DIR", "HEADER", "load_compiled"]
+__all__ = ["ffi", "lib", "core", "INCLUDE_DIR", "HEADER", "load_compiled"]

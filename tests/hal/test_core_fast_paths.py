@@ -1,0 +1,255 @@
+"""The C core's fast paths (`hal/native/core.c`): semaphores advanced while nothing waits,
+`hal.fence.create`'s fences, joins and the reached check of a queue operation's wait, each
+against the semantics of the locked Python paths they stand in for."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import subprocess
+import sys
+import threading
+import tracemalloc
+import weakref
+
+import pytest
+
+from tinyhal import errors
+from tinyhal.hal import Fence, create_device
+from tinyhal.hal.semaphore import (
+    MAX_VALUE,
+    Semaphore,
+    join_fence_rows,
+    normalize_wait_signal,
+)
+
+
+def test_advance_without_waiters_moves_the_value_and_reaches_nothing():
+    sem = Semaphore()
+    assert sem.advance(3) == ()
+    assert sem.query() == 3
+    assert sem.advance(MAX_VALUE) == ()
+    assert sem.query() == MAX_VALUE
+
+
+def test_advance_keeps_every_error_of_the_locked_path():
+    sem = Semaphore(5)
+    with pytest.raises(errors.OutOfRangeError, match="must increase"):
+        sem.advance(5)
+    with pytest.raises(errors.OutOfRangeError, match="current 5"):
+        sem.advance(4)
+    with pytest.raises(errors.InvalidArgumentError, match="signal value"):
+        sem.advance(1 << 64)
+    with pytest.raises(errors.InvalidArgumentError):
+        sem.advance(-1)
+    with pytest.raises(errors.InvalidArgumentError):
+        sem.advance(6.0)
+    assert sem.query() == 5
+    sem.fail("broken")
+    with pytest.raises(errors.AbortedError, match="broken"):
+        sem.advance(9)
+    with pytest.raises(errors.AbortedError, match="broken"):
+        sem.query()
+
+
+def test_a_timepoint_turns_advance_to_the_locked_path_and_fires_once():
+    sem = Semaphore()
+    seen = []
+    tp = sem.on_reached(2, seen.append)
+    assert tp is not None
+    assert sem.advance(1) == []
+    reached = sem.advance(2)
+    assert reached == [tp] and tp.fired
+    assert sem.advance(3) == ()  # no waiter left: the fast path again
+    assert on_reached_now(sem, 3) is None
+
+
+def on_reached_now(sem: Semaphore, value: int):
+    return sem.on_reached(value, lambda error: None)
+
+
+def test_registering_races_advance_and_every_callback_runs_once():
+    """A timepoint registered while another thread advances without the lock is either
+    reported reached at once or fired by that advance; never lost, never twice."""
+    rounds = 2000
+    sems = [Semaphore() for _ in range(rounds)]
+    fired = [0] * rounds
+    immediate = [0] * rounds
+    start = threading.Barrier(2)
+
+    def register() -> None:
+        start.wait()
+        for i, sem in enumerate(sems):
+            def hit(error, i=i) -> None:
+                fired[i] += 1
+            if sem.on_reached(1, hit) is None:
+                immediate[i] += 1
+
+    def advance() -> None:
+        start.wait()
+        for sem in sems:
+            sem.signal(1)
+
+    threads = [threading.Thread(target=register), threading.Thread(target=advance)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert all(f + i == 1 for f, i in zip(fired, immediate))
+
+
+def test_a_thread_blocked_on_a_created_fence_wakes_when_a_ready_barrier_signals_it():
+    device = create_device("sync")
+    try:
+        fence = Fence.pending()
+        woken = threading.Event()
+
+        def waiter() -> None:
+            fence.wait(30)
+            woken.set()
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        (sem, value), = fence.points
+        for _ in range(3000):  # until the waiter is registered (bounded)
+            if sem.statistics().blocked_threads:
+                break
+            threading.Event().wait(0.001)
+        device.queue_barrier(wait=None, signal=fence)
+        thread.join(30)
+        assert woken.is_set() and fence.query()
+    finally:
+        device.close()
+
+
+def test_a_failed_wait_fence_fails_the_signal_of_a_queue_operation():
+    device = create_device("sync")
+    try:
+        wait, signal = Fence.pending(), Fence.pending()
+        wait.fail(errors.DataLossError("upstream"))
+        device.queue_barrier(wait=wait, signal=signal)
+        with pytest.raises(errors.DataLossError, match="upstream"):
+            signal.wait(10)
+    finally:
+        device.close()
+
+
+def test_pending_fence_shape():
+    fence = Fence.pending()
+    assert type(fence) is Fence and len(fence) == 1
+    (sem, value), = fence.points
+    assert type(sem) is Semaphore and value == 1 and sem.query() == 0
+    assert fence.timeline == {sem: 1}
+    assert sem.name == "" and sem.failure is None
+    assert sem._lock is sem._lock  # made once, on first use
+    assert not fence.query()
+    fence.signal()
+    assert fence.query()
+    assert weakref.ref(fence)() is fence and weakref.ref(sem)() is sem
+
+
+def test_cycles_through_timepoints_are_collected():
+    fence = Fence.pending()
+    (sem, _), = fence.points
+    sem.on_reached(1, functools.partial(list, [fence]))  # sem -> timepoint -> fence -> sem
+    refs = weakref.ref(fence), weakref.ref(sem)
+    del fence, sem
+    gc.collect()
+    assert refs[0]() is None and refs[1]() is None
+
+
+def test_join_keeps_the_largest_value_per_semaphore():
+    a, b = Semaphore(), Semaphore()
+    joined = Fence.join([Fence([(a, 2)]), None, Fence([(a, 5), (b, 1)]), Fence([(a, 3)])])
+    assert joined.timeline == {a: 5, b: 1}
+    assert len(Fence.join([None])) == 0
+    with pytest.raises(TypeError):
+        Fence.join([object()])
+
+
+def test_join_rows_as_the_vm_passes_them():
+    one, two = Fence.pending(), Fence.pending()
+    assert join_fence_rows([(one,), (None,)]) is one  # a fence never changes: shared
+    assert join_fence_rows([(None,), (Fence(),), (one,)]) is one
+    assert join_fence_rows([(None,)]) is None
+    assert join_fence_rows([]) is None
+    both = join_fence_rows([(one,), (two,)])
+    assert set(both.timeline) == set(one.timeline) | set(two.timeline)
+    assert join_fence_rows([(object(),)]) is NotImplemented
+    assert join_fence_rows([(one, two)]) is NotImplemented
+
+
+def test_normalize_fast_path_equals_the_general_path():
+    reached, pending = Fence.pending(), Fence.pending()
+    reached.signal()
+    signal = Fence.pending()
+    assert normalize_wait_signal(None, signal) == ((), signal._points, True)
+    assert normalize_wait_signal(reached, signal) == (reached._points, signal._points, True)
+    assert normalize_wait_signal(pending, signal)[2] is False
+    failed = Fence.pending()
+    failed.fail("x")
+    assert normalize_wait_signal(failed, signal)[2] is False
+    # lists take the general path, with its checks
+    (sem, _), = reached.points
+    wait_points, signal_points, ok = normalize_wait_signal([(sem, 1)], signal)
+    assert wait_points == [(sem, 1)] and signal_points == [signal.points[0]] and ok
+    with pytest.raises(errors.InvalidArgumentError, match="does not name a Semaphore"):
+        normalize_wait_signal([(object(), 1)], signal)
+    odd = Fence()
+    odd._points = ((object(), 1),)  # not a semaphore: the general path decides
+    with pytest.raises(AttributeError):
+        normalize_wait_signal(odd, signal)
+
+
+def test_fast_paths_do_not_leak():
+    def cycle() -> None:
+        wait = Fence.pending()
+        signal = Fence.pending()
+        joined = Fence.join([wait, signal])
+        join_fence_rows([(wait,), (signal,)])
+        normalize_wait_signal(wait, signal)
+        for sem, value in joined.points:
+            sem.advance(value)
+        normalize_wait_signal(wait, signal)
+
+    for _ in range(2000):
+        cycle()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(20000):
+            cycle()
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert after - before < 64 << 10
+
+
+def test_the_core_builds_into_a_cache_from_source(tmp_path):
+    """An uninstalled tree builds `_core` on first use through the same helper as
+    `_dispatch` (run in a child: it compiles C)."""
+    code = (
+        "from tinyhal.hal.native import load_compiled\n"
+        "m = load_compiled('tinyhal.hal.native._not_installed_core',"
+        " 'tinyhal.hal.native.core_build')\n"
+        "print(m.__name__, m.SemaphoreCore.__name__)\n"
+    )
+    env = dict(os.environ, TINYHAL_BUILD_CACHE=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[1] == "SemaphoreCore"
+    assert done.stdout.startswith("_tinyhal_not_installed_core_")
+
+
+def test_a_free_threaded_interpreter_is_refused(monkeypatch):
+    from tinyhal.hal.native import core_build
+
+    monkeypatch.setattr(core_build.sysconfig, "get_config_var",
+                        lambda name: 1 if name == "Py_GIL_DISABLED" else None)
+    with pytest.raises(RuntimeError, match="free-threaded"):
+        core_build.extension()
