@@ -40,7 +40,9 @@ class DeviceMemory:
     def __init__(self) -> None:
         self._devices: dict[str, _DeviceState] = {}
 
-    def begin(self, device_name: str, device: Any) -> Invocation:
+    def begin(self, device_name: str, device: Any, known_peak: int | None = None) -> Invocation:
+        """Starts watching one invocation; `known_peak` is the most its model version held
+        so far (None: nothing yet), which lets the peak restart be skipped (see above)."""
         state = self._devices.setdefault(device_name, _DeviceState())
         allocator = device.allocator
         if state.running:
@@ -48,9 +50,14 @@ class DeviceMemory:
                 other.alone = False
             invocation = Invocation(device_name, 0, alone=False)
         else:
-            self._fold(state, allocator.statistics())
-            allocator.reset_peak()
-            invocation = Invocation(device_name, allocator.total.live)
+            total = allocator.total
+            with allocator.lock:
+                live, peak = total.live, total.peak
+            if known_peak is None or peak - live > known_peak:
+                self._fold(state, allocator.statistics())
+                allocator.reset_peak()
+                live = total.live
+            invocation = Invocation(device_name, live)
         state.running.append(invocation)
         return invocation
 

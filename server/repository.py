@@ -282,7 +282,8 @@ class ModelVersion:
         memory = self.memory
         self.admission = Admission(
             workers, max_queue, self.batching, executed=self.stats.executed,
-            begin=(lambda: memory.begin(self.device_name, device)) if memory else None,
+            begin=(lambda: memory.begin(self.device_name, device, self.peak_invocation_bytes))
+            if memory else None,
             end=self._memory_end if memory else None)
         if self.sequence_config is not None:
             self._start_sequences(workers, max_queue)
