@@ -75,7 +75,7 @@ from ..errors import (
 )
 from .allocator import Allocator
 from .execution import Submission
-from .semaphore import SemaphorePoint, when_all_reached
+from .semaphore import SemaphorePoint, advance_ready, when_all_reached
 
 if TYPE_CHECKING:
     from .buffer import Storage
@@ -351,6 +351,10 @@ class WorkQueue:
             return
         ready: Sequence[Any] = ()
         if error is None:  # the common case: nothing waits on the points, no trampoline
+            advanced = advance_ready(signal)  # C: the leading points nobody waits on
+            if advanced == len(signal):
+                return
+            signal = signal[advanced:]
             advanced = 0
             for sem, value in signal:
                 advanced += 1

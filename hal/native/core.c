@@ -381,6 +381,637 @@ static PyTypeObject FenceCoreType = {
 };
 
 /* ---------------------------------------------------------------------------------- */
+/* HeapCounter, RingBlock and RingCore: the transient ring's bookkeeping               */
+
+/* The bytes of one heap (hal.allocator.HeapCounter). Signed: a counter never goes below
+ * zero, but Python code may subtract before it adds. */
+typedef struct {
+    PyObject_HEAD
+    long long live, peak, allocated, freed, count;
+} HeapCounterObject;
+
+static PyMemberDef heap_counter_members[] = {
+    {"live", T_LONGLONG, offsetof(HeapCounterObject, live), 0, NULL},
+    {"peak", T_LONGLONG, offsetof(HeapCounterObject, peak), 0, NULL},
+    {"allocated", T_LONGLONG, offsetof(HeapCounterObject, allocated), 0, NULL},
+    {"freed", T_LONGLONG, offsetof(HeapCounterObject, freed), 0, NULL},
+    {"count", T_LONGLONG, offsetof(HeapCounterObject, count), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject HeapCounterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tinyhal.hal.native._core.HeapCounter",
+    .tp_basicsize = sizeof(HeapCounterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The bytes of one heap, or of all of them: live, peak, allocated, freed, and the "
+              "count of allocations. Changed only under Allocator.lock.",
+    .tp_new = PyType_GenericNew,
+    .tp_members = heap_counter_members,
+};
+
+typedef struct {
+    PyObject_HEAD
+    long long offset, size, requested;
+    char retired;
+} RingBlockObject;
+
+static PyObject *ring_block_repr(RingBlockObject *self)
+{
+    return PyUnicode_FromFormat("<RingBlock [%lld, %lld) %s>", self->offset,
+                                self->offset + self->size, self->retired ? "retired" : "live");
+}
+
+static PyObject *ring_block_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    long long offset, size, requested;
+    if (!PyArg_ParseTuple(args, "LLL:RingBlock", &offset, &size, &requested))
+        return NULL;
+    RingBlockObject *self = (RingBlockObject *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->offset = offset;
+        self->size = size;
+        self->requested = requested;
+    }
+    return (PyObject *)self;
+}
+
+static PyMemberDef ring_block_members[] = {
+    {"offset", T_LONGLONG, offsetof(RingBlockObject, offset), READONLY, NULL},
+    {"size", T_LONGLONG, offsetof(RingBlockObject, size), READONLY, NULL},
+    {"requested", T_LONGLONG, offsetof(RingBlockObject, requested), READONLY, NULL},
+    {"retired", T_BOOL, offsetof(RingBlockObject, retired), READONLY, NULL},
+    {NULL},
+};
+
+static PyTypeObject RingBlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tinyhal.hal.native._core.RingBlock",
+    .tp_basicsize = sizeof(RingBlockObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One reservation: [offset, offset + size) of the ring (size 64-byte rounded).",
+    .tp_new = ring_block_new,
+    .tp_repr = (reprfunc)ring_block_repr,
+    .tp_members = ring_block_members,
+};
+
+#define RING_ALIGNMENT 64
+
+typedef struct {
+    PyObject_HEAD
+    long long capacity, head, tail, live, peak, reservations, waits, backing_address;
+    PyObject *backing;      /* NULL until the first placement asks `_ensure_backing` */
+    PyObject *lock;         /* the allocator's lock: every change happens under it */
+    PyObject *lock_acquire, *lock_release; /* its bound methods */
+    PyObject *allocator;    /* NULL, or the allocator whose counters change with the ring */
+    PyObject *heap_name;
+    HeapCounterObject *heap, *total, *device_memory; /* NULL when not counted */
+    PyObject *parked;       /* a deque of (size, on_grant) */
+    PyObject *closed;       /* NULL, or the error later requests fail with */
+    RingBlockObject **blocks; /* live blocks (and retired ones not yet reclaimed), oldest first */
+    Py_ssize_t blocks_start, blocks_count, blocks_capacity;
+    PyObject *weakrefs;
+} RingObject;
+
+static PyObject *str_ensure_backing, *str_grant_parked, *str_profile;
+static PyObject *str_block, *str_ring, *str_array, *str_address, *str_byte_length;
+static PyTypeObject *ring_storage_class;
+
+/* A member Python set to None counts as absent. */
+static inline int present(PyObject *o)
+{
+    return o != NULL && o != Py_None;
+}
+
+static RingBlockObject *ring_front(RingObject *self)
+{
+    return self->blocks[self->blocks_start];
+}
+
+static int ring_push(RingObject *self, RingBlockObject *block)
+{
+    if (self->blocks_count == self->blocks_capacity) {
+        Py_ssize_t capacity = self->blocks_capacity ? 2 * self->blocks_capacity : 16;
+        RingBlockObject **blocks = PyMem_Malloc(capacity * sizeof(*blocks));
+        if (blocks == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < self->blocks_count; i++)
+            blocks[i] = self->blocks[(self->blocks_start + i) % self->blocks_capacity];
+        PyMem_Free(self->blocks);
+        self->blocks = blocks;
+        self->blocks_start = 0;
+        self->blocks_capacity = capacity;
+    }
+    self->blocks[(self->blocks_start + self->blocks_count) % self->blocks_capacity] = block;
+    self->blocks_count++;
+    return 0;
+}
+
+static void ring_pop_front(RingObject *self)
+{
+    RingBlockObject *block = ring_front(self);
+    self->blocks_start = (self->blocks_start + 1) % self->blocks_capacity;
+    self->blocks_count--;
+    Py_DECREF(block);
+}
+
+static int ring_traverse(RingObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->backing);
+    Py_VISIT(self->lock);
+    Py_VISIT(self->lock_acquire);
+    Py_VISIT(self->lock_release);
+    Py_VISIT(self->allocator);
+    Py_VISIT(self->heap_name);
+    Py_VISIT(self->heap);
+    Py_VISIT(self->total);
+    Py_VISIT(self->device_memory);
+    Py_VISIT(self->parked);
+    Py_VISIT(self->closed);
+    return 0;
+}
+
+static int ring_clear(RingObject *self)
+{
+    Py_CLEAR(self->backing);
+    Py_CLEAR(self->lock);
+    Py_CLEAR(self->lock_acquire);
+    Py_CLEAR(self->lock_release);
+    Py_CLEAR(self->allocator);
+    Py_CLEAR(self->heap_name);
+    Py_CLEAR(self->heap);
+    Py_CLEAR(self->total);
+    Py_CLEAR(self->device_memory);
+    Py_CLEAR(self->parked);
+    Py_CLEAR(self->closed);
+    return 0;
+}
+
+static void ring_dealloc(RingObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    ring_clear(self);
+    while (self->blocks_count)
+        ring_pop_front(self);
+    PyMem_Free(self->blocks);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *ring_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    return type->tp_alloc(type, 0);
+}
+
+static int ring_lock(RingObject *self)
+{
+    if (self->lock_acquire == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "transient ring used before it has a lock");
+        return -1;
+    }
+    PyObject *got = PyObject_CallNoArgs(self->lock_acquire);
+    if (got == NULL)
+        return -1;
+    Py_DECREF(got);
+    return 0;
+}
+
+/* Releases the lock, keeping any current exception; -1 if releasing failed. */
+static int ring_unlock(RingObject *self)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *done = PyObject_CallNoArgs(self->lock_release);
+    if (done == NULL) {
+        if (type != NULL) {
+            PyErr_Clear();
+            PyErr_Restore(type, value, traceback);
+        }
+        return -1;
+    }
+    Py_DECREF(done);
+    PyErr_Restore(type, value, traceback);
+    return type == NULL ? 0 : -1;
+}
+
+static int counter_add(HeapCounterObject *counter, long long delta)
+{
+    if (counter != NULL) {
+        counter->live += delta;
+        if (counter->live > counter->peak)
+            counter->peak = counter->live;
+    }
+    return 0;
+}
+
+/* The allocator's profile hears of a change of the transient heap (lock held). */
+static int ring_record_heap_change(RingObject *self, long long delta)
+{
+    if (!present(self->allocator) || self->total == NULL)
+        return 0;
+    PyObject *profile = PyObject_GetAttr(self->allocator, str_profile);
+    if (profile == NULL)
+        return -1;
+    int status = 0;
+    if (profile != Py_None) {
+        PyObject *done = PyObject_CallMethod(profile, "record_heap_change", "OLLL",
+                                             self->heap_name, delta, self->total->live,
+                                             self->total->peak);
+        status = done == NULL ? -1 : 0;
+        Py_XDECREF(done);
+    }
+    Py_DECREF(profile);
+    return status;
+}
+
+/* Room for `size` bytes at the head, wrapping to 0 (lock held): a new block, NULL with no
+ * exception when it does not fit (now), NULL with one on error. */
+static RingBlockObject *ring_place(RingObject *self, long long size)
+{
+    if (size < 0 || size > self->capacity) /* never fits: the caller's check names it */
+        return NULL;
+    long long need = ((size + RING_ALIGNMENT - 1) & ~(long long)(RING_ALIGNMENT - 1));
+    if (need == 0)
+        need = RING_ALIGNMENT; /* never empty: head == tail means full */
+    long long offset;
+    if (self->blocks_count == 0) { /* head and tail are 0 */
+        if (need > self->capacity)
+            return NULL;
+        offset = 0;
+        if (!present(self->backing)) {
+            PyObject *made = PyObject_CallMethodNoArgs((PyObject *)self, str_ensure_backing);
+            if (made == NULL)
+                return NULL;
+            Py_DECREF(made);
+        }
+    } else if (self->head > self->tail) {
+        if (self->head + need <= self->capacity)
+            offset = self->head;
+        else if (need <= self->tail)
+            offset = 0; /* wrap; [head, capacity) stays unused until the tail passes it */
+        else
+            return NULL;
+    } else if (self->head + need <= self->tail) { /* wrapped: live is [tail, cap) + [0, head) */
+        offset = self->head;
+    } else {
+        return NULL;
+    }
+    RingBlockObject *block = PyObject_New(RingBlockObject, &RingBlockType);
+    if (block == NULL)
+        return NULL;
+    block->offset = offset;
+    block->size = need;
+    block->requested = size;
+    block->retired = 0;
+    if (ring_push(self, block) < 0) {
+        Py_DECREF(block);
+        return NULL;
+    }
+    Py_INCREF(block); /* one for the ring, one for the caller */
+    self->head = offset + need;
+    self->live += need;
+    self->reservations++;
+    if (self->live > self->peak)
+        self->peak = self->live;
+    if (self->heap != NULL) {
+        counter_add(self->heap, need);
+        self->heap->allocated += need;
+        self->heap->count++;
+        counter_add(self->total, need);
+        counter_add(self->device_memory, need);
+        if (ring_record_heap_change(self, need) < 0) {
+            Py_DECREF(block);
+            return NULL;
+        }
+    }
+    return block;
+}
+
+/* Retires `block` (lock held): 1 if parked requests may now fit (the caller grants them
+ * through `_grant_parked`), 0 if not, -1 on error. */
+static int ring_free_locked(RingObject *self, RingBlockObject *block)
+{
+    if (block->retired)
+        return 0;
+    block->retired = 1;
+    long long size = block->size;
+    self->live -= size;
+    int status = 0;
+    if (self->heap != NULL) { /* before any grant */
+        self->heap->live -= size;
+        self->heap->freed += size;
+        if (self->total != NULL)
+            self->total->live -= size;
+        if (self->device_memory != NULL)
+            self->device_memory->live -= size;
+        status = ring_record_heap_change(self, -size);
+    }
+    while (self->blocks_count && ring_front(self)->retired)
+        ring_pop_front(self);
+    if (self->blocks_count)
+        self->tail = ring_front(self)->offset;
+    else
+        self->head = self->tail = 0;
+    if (status < 0)
+        return -1;
+    Py_ssize_t parked = present(self->parked) ? PyObject_Length(self->parked) : 0;
+    if (parked < 0)
+        return -1;
+    return parked > 0;
+}
+
+/* The grants to make after freeing (lock held): `_grant_parked()`'s list. */
+static PyObject *ring_grants(RingObject *self, int parked)
+{
+    if (parked < 0)
+        return NULL;
+    if (!parked) {
+        Py_INCREF(empty_tuple);
+        return empty_tuple;
+    }
+    return PyObject_CallMethodNoArgs((PyObject *)self, str_grant_parked);
+}
+
+static int ring_run_grants(PyObject *grants)
+{
+    Py_ssize_t n = PySequence_Length(grants);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *grant = PySequence_GetItem(grants, i);
+        if (grant == NULL)
+            return -1;
+        PyObject *done = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(grant, 0),
+                                                      PyTuple_GET_ITEM(grant, 1), Py_None, NULL);
+        Py_DECREF(grant);
+        if (done == NULL)
+            return -1;
+        Py_DECREF(done);
+    }
+    return n < 0 ? -1 : 0;
+}
+
+static long long as_size(PyObject *value)
+{
+    long long size = PyLong_AsLongLong(value);
+    if (size == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -2;
+        PyErr_Clear();
+        return LLONG_MAX; /* never fits */
+    }
+    return size;
+}
+
+static PyObject *ring_py_place(RingObject *self, PyObject *size_obj)
+{
+    long long size = as_size(size_obj);
+    if (size == -2)
+        return NULL;
+    RingBlockObject *block = ring_place(self, size);
+    if (block == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return (PyObject *)block;
+}
+
+static PyObject *ring_py_free_locked(RingObject *self, PyObject *block)
+{
+    if (!PyObject_TypeCheck(block, &RingBlockType)) {
+        PyErr_Format(PyExc_TypeError, "not a RingBlock: %R", block);
+        return NULL;
+    }
+    return ring_grants(self, ring_free_locked(self, (RingBlockObject *)block));
+}
+
+static PyObject *ring_py_free(RingObject *self, PyObject *block)
+{
+    if (!PyObject_TypeCheck(block, &RingBlockType)) {
+        PyErr_Format(PyExc_TypeError, "not a RingBlock: %R", block);
+        return NULL;
+    }
+    if (ring_lock(self) < 0)
+        return NULL;
+    PyObject *grants = ring_grants(self, ring_free_locked(self, (RingBlockObject *)block));
+    if (ring_unlock(self) < 0)
+        Py_CLEAR(grants);
+    return grants;
+}
+
+/* Points `storage` at `block` (lock held). */
+static int ring_commit_locked(RingObject *self, PyObject *storage, RingBlockObject *block,
+                              long long length)
+{
+    PyObject *array = PySequence_GetSlice(self->backing, (Py_ssize_t)block->offset,
+                                          (Py_ssize_t)(block->offset + length));
+    if (array == NULL)
+        return -1;
+    int status = PyObject_SetAttr(storage, str_array, array);
+    Py_DECREF(array);
+    if (status < 0)
+        return -1;
+    PyObject *address = PyLong_FromLongLong(self->backing_address + block->offset);
+    if (address == NULL)
+        return -1;
+    status = PyObject_SetAttr(storage, str_address, address);
+    Py_DECREF(address);
+    if (status < 0 || PyObject_SetAttr(storage, str_ring, (PyObject *)self) < 0
+        || PyObject_SetAttr(storage, str_block, (PyObject *)block) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *ring_try_commit(RingObject *self, PyObject *storage)
+{
+    PyObject *length_obj = PyObject_GetAttr(storage, str_byte_length);
+    if (length_obj == NULL)
+        return NULL;
+    long long length = as_size(length_obj);
+    Py_DECREF(length_obj);
+    if (length == -2)
+        return NULL;
+    if (ring_lock(self) < 0)
+        return NULL;
+    int committed = 0;
+    Py_ssize_t parked = present(self->parked) ? PyObject_Length(self->parked) : 0;
+    if (parked == 0 && !present(self->closed)) {
+        RingBlockObject *block = ring_place(self, length);
+        if (block != NULL) {
+            committed = ring_commit_locked(self, storage, block, length) < 0 ? -1 : 1;
+            Py_DECREF(block);
+        } else if (PyErr_Occurred()) {
+            committed = -1;
+        }
+    } else if (parked < 0) {
+        committed = -1;
+    }
+    if (ring_unlock(self) < 0 || committed < 0)
+        return NULL;
+    return PyBool_FromLong(committed);
+}
+
+static PyObject *ring_release(RingObject *self, PyObject *storage)
+{
+    if (ring_storage_class == NULL || Py_TYPE(storage) != ring_storage_class)
+        Py_RETURN_NONE;
+    PyObject *ring = PyObject_GetAttr(storage, str_ring);
+    if (ring == NULL)
+        return NULL;
+    Py_DECREF(ring); /* only compared */
+    if (ring != (PyObject *)self)
+        Py_RETURN_NONE;
+    if (ring_lock(self) < 0)
+        return NULL;
+    PyObject *grants = NULL;
+    PyObject *block = PyObject_GetAttr(storage, str_block);
+    if (block != NULL) {
+        if (block == Py_None) {
+            Py_INCREF(empty_tuple);
+            grants = empty_tuple;
+        } else if (!PyObject_TypeCheck(block, &RingBlockType)) {
+            PyErr_Format(PyExc_TypeError, "not a RingBlock: %R", block);
+        } else if (PyObject_SetAttr(storage, str_block, Py_None) == 0) {
+            grants = ring_grants(self, ring_free_locked(self, (RingBlockObject *)block));
+        }
+        Py_DECREF(block);
+    }
+    if (ring_unlock(self) < 0)
+        Py_CLEAR(grants);
+    if (grants == NULL)
+        return NULL;
+    int status = ring_run_grants(grants);
+    Py_DECREF(grants);
+    if (status < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *ring_live_blocks(RingObject *self, PyObject *unused)
+{
+    Py_ssize_t live = 0;
+    for (Py_ssize_t i = 0; i < self->blocks_count; i++)
+        live += !self->blocks[(self->blocks_start + i) % self->blocks_capacity]->retired;
+    return PyLong_FromSsize_t(live);
+}
+
+static PyObject *ring_get_lock(RingObject *self, void *closure)
+{
+    if (self->lock == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(self->lock);
+    return self->lock;
+}
+
+static int ring_set_lock(RingObject *self, PyObject *lock, void *closure)
+{
+    if (lock == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a ring's lock cannot be deleted");
+        return -1;
+    }
+    PyObject *acquire = PyObject_GetAttrString(lock, "acquire");
+    if (acquire == NULL)
+        return -1;
+    PyObject *release = PyObject_GetAttrString(lock, "release");
+    if (release == NULL) {
+        Py_DECREF(acquire);
+        return -1;
+    }
+    Py_INCREF(lock);
+    Py_XSETREF(self->lock, lock);
+    Py_XSETREF(self->lock_acquire, acquire);
+    Py_XSETREF(self->lock_release, release);
+    return 0;
+}
+
+/* The counters: a HeapCounter or None (not counted). */
+static PyObject *ring_get_counter(RingObject *self, void *offset)
+{
+    PyObject *counter = *(PyObject **)((char *)self + (size_t)offset);
+    if (counter == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(counter);
+    return counter;
+}
+
+static int ring_set_counter(RingObject *self, PyObject *value, void *offset)
+{
+    if (value != NULL && value != Py_None && Py_TYPE(value) != &HeapCounterType) {
+        PyErr_Format(PyExc_TypeError, "a ring counts into a HeapCounter, not %R", value);
+        return -1;
+    }
+    PyObject **slot = (PyObject **)((char *)self + (size_t)offset);
+    PyObject *counter = value == Py_None ? NULL : value;
+    Py_XINCREF(counter);
+    Py_XSETREF(*slot, counter);
+    return 0;
+}
+
+static PyMethodDef ring_methods[] = {
+    {"_place", (PyCFunction)ring_py_place, METH_O,
+     "_place(size) -> RingBlock | None: room for size bytes at the head (lock held)."},
+    {"_free_locked", (PyCFunction)ring_py_free_locked, METH_O,
+     "_free_locked(block) -> grants to make: retires block (lock held)."},
+    {"_free", (PyCFunction)ring_py_free, METH_O,
+     "_free(block) -> grants to make: retires block under the lock."},
+    {"try_commit", (PyCFunction)ring_try_commit, METH_O,
+     "See hal.ringbuffer.TransientRingbuffer.try_commit."},
+    {"release", (PyCFunction)ring_release, METH_O,
+     "See hal.ringbuffer.TransientRingbuffer.release."},
+    {"_live_blocks", (PyCFunction)ring_live_blocks, METH_NOARGS,
+     "How many blocks are live (lock held)."},
+    {NULL},
+};
+
+static PyMemberDef ring_members[] = {
+    {"capacity", T_LONGLONG, offsetof(RingObject, capacity), 0, NULL},
+    {"_head", T_LONGLONG, offsetof(RingObject, head), READONLY, NULL},
+    {"_tail", T_LONGLONG, offsetof(RingObject, tail), READONLY, NULL},
+    {"_live", T_LONGLONG, offsetof(RingObject, live), READONLY, NULL},
+    {"_peak", T_LONGLONG, offsetof(RingObject, peak), READONLY, NULL},
+    {"_reservations", T_LONGLONG, offsetof(RingObject, reservations), READONLY, NULL},
+    {"_waits", T_LONGLONG, offsetof(RingObject, waits), 0, NULL},
+    {"_backing", T_OBJECT, offsetof(RingObject, backing), 0, NULL},
+    {"_backing_address", T_LONGLONG, offsetof(RingObject, backing_address), 0, NULL},
+    {"allocator", T_OBJECT, offsetof(RingObject, allocator), 0, NULL},
+    {"_heap_name", T_OBJECT, offsetof(RingObject, heap_name), 0, NULL},
+    {"_parked", T_OBJECT, offsetof(RingObject, parked), 0, NULL},
+    {"_closed", T_OBJECT, offsetof(RingObject, closed), 0, NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(RingObject, weakrefs), READONLY},
+    {NULL},
+};
+
+static PyGetSetDef ring_getset[] = {
+    {"_lock", (getter)ring_get_lock, (setter)ring_set_lock, NULL, NULL},
+    {"_heap_counter", (getter)ring_get_counter, (setter)ring_set_counter, NULL,
+     (void *)offsetof(RingObject, heap)},
+    {"_total", (getter)ring_get_counter, (setter)ring_set_counter, NULL,
+     (void *)offsetof(RingObject, total)},
+    {"_device_memory", (getter)ring_get_counter, (setter)ring_set_counter, NULL,
+     (void *)offsetof(RingObject, device_memory)},
+    {NULL},
+};
+
+static PyTypeObject RingCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tinyhal.hal.native._core.RingCore",
+    .tp_basicsize = sizeof(RingObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The state of a transient ring and its placement, retirement and counters "
+              "(hal.ringbuffer.TransientRingbuffer), changed under the allocator's lock.",
+    .tp_new = ring_new,
+    .tp_dealloc = (destructor)ring_dealloc,
+    .tp_traverse = (traverseproc)ring_traverse,
+    .tp_clear = (inquiry)ring_clear,
+    .tp_methods = ring_methods,
+    .tp_members = ring_members,
+    .tp_getset = ring_getset,
+    .tp_weaklistoffset = offsetof(RingObject, weakrefs),
+};
+
+/* ---------------------------------------------------------------------------------- */
 /* Module functions                                                                   */
 
 static int check_bound(void)
@@ -612,6 +1243,27 @@ static PyObject *core_normalize_wait_signal(PyObject *module, PyObject *const *a
     return PyObject_Vectorcall(normalize_general, args, 2, NULL);
 }
 
+/* How many leading points of `points` (a tuple or list of (Semaphore, value)) advanced on
+ * the fast path: it stops at the first point that needs the locked path (a waiter, an
+ * error), which the caller then takes, in order, from there. */
+static PyObject *core_advance_ready(PyObject *module, PyObject *points)
+{
+    if (!PyTuple_CheckExact(points) && !PyList_CheckExact(points))
+        return PyLong_FromLong(0);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(points), i = 0;
+    PyObject **items = PySequence_Fast_ITEMS(points);
+    for (; i < n; i++) {
+        PyObject *point = items[i];
+        if (!PyTuple_CheckExact(point) || PyTuple_GET_SIZE(point) != 2)
+            break;
+        PyObject *sem = PyTuple_GET_ITEM(point, 0);
+        if (!PyObject_TypeCheck(sem, &SemaphoreCoreType)
+            || !semaphore_advance_fast((SemaphoreObject *)sem, PyTuple_GET_ITEM(point, 1)))
+            break;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
 static PyObject *core_bind(PyObject *module, PyObject *args)
 {
     PyObject *sem_class, *fence_type, *general;
@@ -632,10 +1284,26 @@ static PyObject *core_bind(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *core_bind_ring(PyObject *module, PyObject *storage_class)
+{
+    if (!PyType_Check(storage_class)) {
+        PyErr_SetString(PyExc_TypeError, "bind_ring() takes the RingStorage class");
+        return NULL;
+    }
+    Py_INCREF(storage_class);
+    Py_XSETREF(ring_storage_class, (PyTypeObject *)storage_class);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef core_methods[] = {
+    {"bind_ring", core_bind_ring, METH_O,
+     "bind_ring(RingStorage): the storage class whose blocks RingCore.release retires."},
     {"bind", core_bind, METH_VARARGS,
      "bind(Semaphore, Fence, normalize_general): the classes this module makes, and the "
      "general path of normalize_wait_signal."},
+    {"advance_ready", core_advance_ready, METH_O,
+     "advance_ready(points) -> how many leading points advanced without waiters (see "
+     "core.c); the rest take Semaphore.advance."},
     {"pending_fence", core_pending_fence, METH_NOARGS,
      "A fence of one new semaphore (at 0) reached at 1: what hal.fence.create makes."},
     {"join_fences", core_join_fences, METH_O,
@@ -658,7 +1326,21 @@ static struct PyModuleDef core_module = {
 
 PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
 {
-    if (PyType_Ready(&SemaphoreCoreType) < 0 || PyType_Ready(&FenceCoreType) < 0)
+    if (PyType_Ready(&SemaphoreCoreType) < 0 || PyType_Ready(&FenceCoreType) < 0
+        || PyType_Ready(&HeapCounterType) < 0 || PyType_Ready(&RingBlockType) < 0
+        || PyType_Ready(&RingCoreType) < 0)
+        return NULL;
+    str_ensure_backing = PyUnicode_InternFromString("_ensure_backing");
+    str_grant_parked = PyUnicode_InternFromString("_grant_parked");
+    str_profile = PyUnicode_InternFromString("profile");
+    str_block = PyUnicode_InternFromString("block");
+    str_ring = PyUnicode_InternFromString("ring");
+    str_array = PyUnicode_InternFromString("array");
+    str_address = PyUnicode_InternFromString("address");
+    str_byte_length = PyUnicode_InternFromString("byte_length");
+    if (str_ensure_backing == NULL || str_grant_parked == NULL || str_profile == NULL
+        || str_block == NULL || str_ring == NULL || str_array == NULL || str_address == NULL
+        || str_byte_length == NULL)
         return NULL;
     PyObject *thread = PyImport_ImportModule("_thread");
     if (thread == NULL)
@@ -675,10 +1357,11 @@ PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
     PyObject *module = PyModule_Create(&core_module);
     if (module == NULL)
         return NULL;
-    Py_INCREF(&SemaphoreCoreType);
-    Py_INCREF(&FenceCoreType);
-    if (PyModule_AddObject(module, "SemaphoreCore", (PyObject *)&SemaphoreCoreType) < 0
-        || PyModule_AddObject(module, "FenceCore", (PyObject *)&FenceCoreType) < 0) {
+    if (PyModule_AddObjectRef(module, "SemaphoreCore", (PyObject *)&SemaphoreCoreType) < 0
+        || PyModule_AddObjectRef(module, "FenceCore", (PyObject *)&FenceCoreType) < 0
+        || PyModule_AddObjectRef(module, "HeapCounter", (PyObject *)&HeapCounterType) < 0
+        || PyModule_AddObjectRef(module, "RingBlock", (PyObject *)&RingBlockType) < 0
+        || PyModule_AddObjectRef(module, "RingCore", (PyObject *)&RingCoreType) < 0) {
         Py_DECREF(module);
         return NULL;
     }
