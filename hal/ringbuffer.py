@@ -29,11 +29,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import Error, InvalidArgumentError, ResourceExhaustedError
-from .buffer import ALIGNMENT, RingStorage, Storage, mapped_block, pending_buffer
+from .buffer import (
+    ACCESS_ALL,
+    ALIGNMENT,
+    Buffer,
+    RingStorage,
+    Storage,
+    mapped_block,
+    pending_buffer,
+)
 from .native import core as _core
 
 RingCore = _core.RingCore
-_core.bind_ring(RingStorage)
+_core.bind_ring(RingStorage, Buffer, ACCESS_ALL)
 
 if TYPE_CHECKING:
     from .allocator import Allocator
@@ -166,6 +174,10 @@ class TransientRingbuffer(RingCore):
                 self._waits += 1
                 return
         on_grant(block, error)
+
+    # commit_new(allocator, size, memory_type_bits, usage_bits) -> Buffer | None (C): a
+    # `pending_buffer` committed by `try_commit` in one call, or None when that would
+    # return False (nothing made then): the ready alloca's path.
 
     # try_commit(storage) -> bool (C): reserves `storage.byte_length` bytes and `commit`s
     # them to `storage` at once, if the ring has room and no reservation is parked ahead;

@@ -390,12 +390,6 @@ class Fence(FenceCore):
             await sem.wait_async(value)
 
 
-advance_ready: Callable[[Sequence[SemaphorePoint]], int] = _core.advance_ready
-"""`advance_ready(points) -> n`: advances the leading points whose semaphores nobody
-waits on (C, as `Semaphore.advance` without waiters) and says how many; the caller takes
-`Semaphore.advance` from the first point it stopped at (a waiter, or an error to raise)."""
-
-
 join_fence_rows: Callable[[Sequence[tuple[Fence | None]]], Any] = _core.join_fence_rows
 """`hal.fence.join` over the VM's rows (1-tuples of a fence or None), in C: the one fence
 with points among them as it is, a new joined fence, None if no row has a point, or

@@ -853,6 +853,87 @@ static PyObject *ring_try_commit(RingObject *self, PyObject *storage)
     return PyBool_FromLong(committed);
 }
 
+static PyTypeObject *buffer_class;
+static PyObject *access_all, *zero;
+static PyObject *str_allocator, *str_storage, *str_byte_offset, *str_memory_type_bits;
+static PyObject *str_usage_bits, *str_access_bits, *str_released, *str_on_release;
+
+static int set_attrs(PyObject *object, PyObject *const *names, PyObject *const *values, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (PyObject_SetAttr(object, names[i], values[i]) < 0)
+            return -1;
+    return 0;
+}
+
+/* A transient buffer of `size` bytes over a new RingStorage committed to a block placed
+ * now (`pending_buffer` and `try_commit` in one call), or None when the ring has no room
+ * now, a request is parked ahead, or the ring is closed (the caller queues the alloca). */
+static PyObject *ring_commit_new(RingObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "commit_new(allocator, size, memory_type_bits, usage_bits)");
+        return NULL;
+    }
+    if (ring_storage_class == NULL || buffer_class == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "tinyhal _core used before bind_ring()");
+        return NULL;
+    }
+    PyObject *size = args[1];
+    if (!PyLong_CheckExact(size))
+        Py_RETURN_NONE;
+    long long length = as_size(size);
+    if (length == -2)
+        return NULL;
+    if (length < 0)
+        Py_RETURN_NONE;
+    PyObject *storage = ring_storage_class->tp_alloc(ring_storage_class, 0);
+    if (storage == NULL)
+        return NULL;
+    PyObject *names[] = {str_byte_length, str_released, str_on_release, str_ring, str_block};
+    PyObject *values[] = {size, Py_False, Py_None, Py_None, Py_None};
+    if (set_attrs(storage, names, values, 5) < 0 || ring_lock(self) < 0) {
+        Py_DECREF(storage);
+        return NULL;
+    }
+    int committed = 0;
+    Py_ssize_t parked = present(self->parked) ? PyObject_Length(self->parked) : 0;
+    if (parked == 0 && !present(self->closed)) {
+        RingBlockObject *block = ring_place(self, length);
+        if (block != NULL) {
+            committed = ring_commit_locked(self, storage, block, length) < 0 ? -1 : 1;
+            Py_DECREF(block);
+        } else if (PyErr_Occurred()) {
+            committed = -1;
+        }
+    } else if (parked < 0) {
+        committed = -1;
+    }
+    if (ring_unlock(self) < 0 || committed <= 0) {
+        Py_DECREF(storage); /* a committed block goes back through its collection */
+        if (committed == 0 && !PyErr_Occurred())
+            Py_RETURN_NONE;
+        return NULL;
+    }
+    PyObject *buffer = buffer_class->tp_alloc(buffer_class, 0);
+    if (buffer == NULL) {
+        Py_DECREF(storage);
+        return NULL;
+    }
+    PyObject *buffer_names[] = {str_allocator, str_storage, str_byte_offset, str_byte_length,
+                                str_memory_type_bits, str_usage_bits, str_access_bits};
+    PyObject *buffer_values[] = {args[0], storage, zero, size, args[2],
+                                 args[3], access_all};
+    int status = set_attrs(buffer, buffer_names, buffer_values, 7);
+    Py_DECREF(storage);
+    if (status < 0) {
+        Py_DECREF(buffer);
+        return NULL;
+    }
+    return buffer;
+}
+
 static PyObject *ring_release(RingObject *self, PyObject *storage)
 {
     if (ring_storage_class == NULL || Py_TYPE(storage) != ring_storage_class)
@@ -956,6 +1037,8 @@ static PyMethodDef ring_methods[] = {
      "_free_locked(block) -> grants to make: retires block (lock held)."},
     {"_free", (PyCFunction)ring_py_free, METH_O,
      "_free(block) -> grants to make: retires block under the lock."},
+    {"commit_new", (PyCFunction)(void (*)(void))ring_commit_new, METH_FASTCALL,
+     "commit_new(allocator, size, memory_type_bits, usage_bits) -> Buffer | None (core.c)."},
     {"try_commit", (PyCFunction)ring_try_commit, METH_O,
      "See hal.ringbuffer.TransientRingbuffer.try_commit."},
     {"release", (PyCFunction)ring_release, METH_O,
@@ -1243,13 +1326,11 @@ static PyObject *core_normalize_wait_signal(PyObject *module, PyObject *const *a
     return PyObject_Vectorcall(normalize_general, args, 2, NULL);
 }
 
-/* How many leading points of `points` (a tuple or list of (Semaphore, value)) advanced on
- * the fast path: it stops at the first point that needs the locked path (a waiter, an
- * error), which the caller then takes, in order, from there. */
-static PyObject *core_advance_ready(PyObject *module, PyObject *points)
+/* Advances the leading points of `points` (a tuple or list of (Semaphore, value)) that
+ * take the fast path; returns how many. It stops at the first point that needs the locked
+ * path (a waiter, an error), which the caller then takes, in order, from there. */
+static Py_ssize_t advance_prefix(PyObject *points)
 {
-    if (!PyTuple_CheckExact(points) && !PyList_CheckExact(points))
-        return PyLong_FromLong(0);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(points), i = 0;
     PyObject **items = PySequence_Fast_ITEMS(points);
     for (; i < n; i++) {
@@ -1261,7 +1342,71 @@ static PyObject *core_advance_ready(PyObject *module, PyObject *points)
             || !semaphore_advance_fast((SemaphoreObject *)sem, PyTuple_GET_ITEM(point, 1)))
             break;
     }
-    return PyLong_FromSsize_t(i);
+    return i;
+}
+
+/* The completion trampoline of this thread (hal.queue): the deque of completions queued
+ * while an outer `complete` runs timepoint callbacks, or NULL. An owned reference. */
+static Py_tss_t trampoline_key = Py_tss_NEEDS_INIT;
+static PyObject *complete_slow;
+
+static PyObject *core_trampoline(PyObject *module, PyObject *unused)
+{
+    PyObject *pending = PyThread_tss_get(&trampoline_key);
+    if (pending == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(pending);
+    return pending;
+}
+
+static PyObject *core_set_trampoline(PyObject *module, PyObject *pending)
+{
+    PyObject *old = PyThread_tss_get(&trampoline_key);
+    PyObject *new = pending == Py_None ? NULL : pending;
+    Py_XINCREF(new);
+    if (PyThread_tss_set(&trampoline_key, new) != 0) {
+        Py_XDECREF(new);
+        PyErr_SetString(PyExc_RuntimeError, "cannot set the completion trampoline");
+        return NULL;
+    }
+    Py_XDECREF(old);
+    Py_RETURN_NONE;
+}
+
+/* `WorkQueue.complete(signal, error)`: with no error and no trampoline running on this
+ * thread, the leading points nobody waits on advance here; the rest (a waiter, an error,
+ * a failure to spread, a completion to queue) goes to the Python path. */
+static PyObject *core_complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "complete(signal, error)");
+        return NULL;
+    }
+    if (complete_slow == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "tinyhal _core used before bind_queue()");
+        return NULL;
+    }
+    PyObject *signal = args[0], *error = args[1];
+    if (error != Py_None || PyThread_tss_get(&trampoline_key) != NULL
+        || (!PyTuple_CheckExact(signal) && !PyList_CheckExact(signal)))
+        return PyObject_Vectorcall(complete_slow, args, 2, NULL);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(signal), i = advance_prefix(signal);
+    if (i == n)
+        Py_RETURN_NONE;
+    PyObject *rest = PySequence_GetSlice(signal, i, n);
+    if (rest == NULL)
+        return NULL;
+    PyObject *slow_args[] = {rest, error};
+    PyObject *done = PyObject_Vectorcall(complete_slow, slow_args, 2, NULL);
+    Py_DECREF(rest);
+    return done;
+}
+
+static PyObject *core_bind_queue(PyObject *module, PyObject *slow)
+{
+    Py_INCREF(slow);
+    Py_XSETREF(complete_slow, slow);
+    Py_RETURN_NONE;
 }
 
 static PyObject *core_bind(PyObject *module, PyObject *args)
@@ -1284,26 +1429,36 @@ static PyObject *core_bind(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *core_bind_ring(PyObject *module, PyObject *storage_class)
+static PyObject *core_bind_ring(PyObject *module, PyObject *args)
 {
-    if (!PyType_Check(storage_class)) {
-        PyErr_SetString(PyExc_TypeError, "bind_ring() takes the RingStorage class");
+    PyObject *storage_type, *buffer_type, *access;
+    if (!PyArg_ParseTuple(args, "O!O!O:bind_ring", &PyType_Type, &storage_type, &PyType_Type,
+                          &buffer_type, &access))
         return NULL;
-    }
-    Py_INCREF(storage_class);
-    Py_XSETREF(ring_storage_class, (PyTypeObject *)storage_class);
+    Py_INCREF(storage_type);
+    Py_XSETREF(ring_storage_class, (PyTypeObject *)storage_type);
+    Py_INCREF(buffer_type);
+    Py_XSETREF(buffer_class, (PyTypeObject *)buffer_type);
+    Py_INCREF(access);
+    Py_XSETREF(access_all, access);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef core_methods[] = {
-    {"bind_ring", core_bind_ring, METH_O,
-     "bind_ring(RingStorage): the storage class whose blocks RingCore.release retires."},
+    {"bind_ring", core_bind_ring, METH_VARARGS,
+     "bind_ring(RingStorage, Buffer, access_all): the classes of the transient buffers "
+     "RingCore makes and releases, and the access bits they carry."},
     {"bind", core_bind, METH_VARARGS,
      "bind(Semaphore, Fence, normalize_general): the classes this module makes, and the "
      "general path of normalize_wait_signal."},
-    {"advance_ready", core_advance_ready, METH_O,
-     "advance_ready(points) -> how many leading points advanced without waiters (see "
-     "core.c); the rest take Semaphore.advance."},
+    {"trampoline", core_trampoline, METH_NOARGS,
+     "This thread's completion trampoline (a deque), or None."},
+    {"set_trampoline", core_set_trampoline, METH_O,
+     "Sets (a deque) or clears (None) this thread's completion trampoline."},
+    {"complete", (PyCFunction)(void (*)(void))core_complete, METH_FASTCALL,
+     "complete(signal, error): hal.queue.WorkQueue.complete, fast when nothing waits."},
+    {"bind_queue", core_bind_queue, METH_O,
+     "bind_queue(complete_slow): the Python path of complete."},
     {"pending_fence", core_pending_fence, METH_NOARGS,
      "A fence of one new semaphore (at 0) reached at 1: what hal.fence.create makes."},
     {"join_fences", core_join_fences, METH_O,
@@ -1338,6 +1493,19 @@ PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
     str_array = PyUnicode_InternFromString("array");
     str_address = PyUnicode_InternFromString("address");
     str_byte_length = PyUnicode_InternFromString("byte_length");
+    str_allocator = PyUnicode_InternFromString("allocator");
+    str_storage = PyUnicode_InternFromString("storage");
+    str_byte_offset = PyUnicode_InternFromString("byte_offset");
+    str_memory_type_bits = PyUnicode_InternFromString("memory_type_bits");
+    str_usage_bits = PyUnicode_InternFromString("usage_bits");
+    str_access_bits = PyUnicode_InternFromString("access_bits");
+    str_released = PyUnicode_InternFromString("released");
+    str_on_release = PyUnicode_InternFromString("_on_release");
+    zero = PyLong_FromLong(0);
+    if (str_allocator == NULL || str_storage == NULL || str_byte_offset == NULL
+        || str_memory_type_bits == NULL || str_usage_bits == NULL || str_access_bits == NULL
+        || str_released == NULL || str_on_release == NULL || zero == NULL)
+        return NULL;
     if (str_ensure_backing == NULL || str_grant_parked == NULL || str_profile == NULL
         || str_block == NULL || str_ring == NULL || str_array == NULL || str_address == NULL
         || str_byte_length == NULL)
@@ -1353,6 +1521,8 @@ PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
     one = PyLong_FromLong(1);
     if (allocate_lock == NULL || empty_tuple == NULL || empty_str == NULL
         || str_advance_slow == NULL || one == NULL)
+        return NULL;
+    if (PyThread_tss_create(&trampoline_key) != 0)
         return NULL;
     PyObject *module = PyModule_Create(&core_module);
     if (module == NULL)

@@ -354,3 +354,43 @@ def test_ring_counters_are_heap_counters():
     assert (counter.live, counter.freed, allocator.total.live) == (0, 64, 0)
     with pytest.raises(TypeError):
         ring._heap_counter = object()
+
+
+# -- completion -----------------------------------------------------------------------
+
+
+def test_completions_made_by_a_timepoint_are_queued_on_the_trampoline_in_order():
+    device = create_device("sync")
+    try:
+        complete = device.work_queue.complete
+        first, second = Semaphore(), Semaphore()
+        seen = []
+
+        def reached(error) -> None:
+            complete([(second, 1)], None)
+            complete([(second, 2)], None)
+            seen.append(second.query())  # queued: runs after this callback returns
+
+        assert first.on_reached(1, reached) is not None
+        complete([(first, 1)], None)
+        assert seen == [0] and second.query() == 2
+        complete([(second, 3)], None)  # no trampoline left behind: the fast path again
+        assert second.query() == 3
+    finally:
+        device.close()
+
+
+def test_completion_errors_fail_the_points():
+    device = create_device("sync")
+    try:
+        complete = device.work_queue.complete
+        a, b, c = Semaphore(), Semaphore(5), Semaphore()
+        complete([(a, 1), (b, 4), (c, 1)], None)  # b cannot go back: it fails, c advances
+        assert a.query() == 1 and c.query() == 1
+        with pytest.raises(errors.OutOfRangeError):
+            b.query()
+        complete((((c, 2)),), errors.DataLossError("lost"))
+        with pytest.raises(errors.DataLossError):
+            c.query()
+    finally:
+        device.close()
