@@ -83,38 +83,39 @@ static PyObject *semaphore_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     return (PyObject *)self;
 }
 
+/* The object fields of a SemaphoreObject, for traverse and clear. */
+#define SEMAPHORE_OBJECT_FIELDS(X) \
+    X(self->failure); X(self->lock); X(self->cond); X(self->timepoints); \
+    X(self->offers); X(self->name);
+
 static int semaphore_traverse(SemaphoreObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->failure);
-    Py_VISIT(self->lock);
-    Py_VISIT(self->cond);
-    Py_VISIT(self->timepoints);
-    Py_VISIT(self->offers);
-    Py_VISIT(self->name);
+    SEMAPHORE_OBJECT_FIELDS(Py_VISIT)
     return 0;
 }
 
 static int semaphore_clear(SemaphoreObject *self)
 {
-    Py_CLEAR(self->failure);
-    Py_CLEAR(self->lock);
-    Py_CLEAR(self->cond);
-    Py_CLEAR(self->timepoints);
-    Py_CLEAR(self->offers);
-    Py_CLEAR(self->name);
+    SEMAPHORE_OBJECT_FIELDS(Py_CLEAR)
     return 0;
 }
 
 /* A Python subclass's own dealloc and traverse handle its (heap) type; these handle only
  * the fields. */
+/* The dealloc of the GC types here: untrack, clear weak references (if any were made)
+ * and fields, free. */
+static void gc_dealloc(PyObject *self, PyObject *weakrefs, inquiry clear)
+{
+    PyObject_GC_UnTrack(self);
+    if (weakrefs != NULL)
+        PyObject_ClearWeakRefs(self);
+    clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
 static void semaphore_dealloc(SemaphoreObject *self)
 {
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    if (self->weakrefs != NULL)
-        PyObject_ClearWeakRefs((PyObject *)self);
-    semaphore_clear(self);
-    type->tp_free((PyObject *)self);
+    gc_dealloc((PyObject *)self, self->weakrefs, (inquiry)semaphore_clear);
 }
 
 /* The failure as the current exception. */
@@ -261,28 +262,25 @@ static PyObject *fence_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)self;
 }
 
+/* The object fields of a FenceObject, for traverse and clear. */
+#define FENCE_OBJECT_FIELDS(X) \
+    X(self->points); X(self->timeline);
+
 static int fence_traverse(FenceObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->points);
-    Py_VISIT(self->timeline);
+    FENCE_OBJECT_FIELDS(Py_VISIT)
     return 0;
 }
 
 static int fence_clear(FenceObject *self)
 {
-    Py_CLEAR(self->points);
-    Py_CLEAR(self->timeline);
+    FENCE_OBJECT_FIELDS(Py_CLEAR)
     return 0;
 }
 
 static void fence_dealloc(FenceObject *self)
 {
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    if (self->weakrefs != NULL)
-        PyObject_ClearWeakRefs((PyObject *)self);
-    fence_clear(self);
-    type->tp_free((PyObject *)self);
+    gc_dealloc((PyObject *)self, self->weakrefs, (inquiry)fence_clear);
 }
 
 static PyObject *fence_get_timeline(FenceObject *self, void *closure)
@@ -517,48 +515,38 @@ static void ring_pop_front(RingObject *self)
     Py_DECREF(block);
 }
 
+/* The object fields of a RingObject, for traverse and clear. */
+#define RING_OBJECT_FIELDS(X) \
+    X(self->backing); X(self->lock); X(self->lock_acquire); X(self->lock_release); \
+    X(self->allocator); X(self->heap_name); X(self->heap); X(self->total); \
+    X(self->device_memory); X(self->parked); X(self->closed);
+
 static int ring_traverse(RingObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->backing);
-    Py_VISIT(self->lock);
-    Py_VISIT(self->lock_acquire);
-    Py_VISIT(self->lock_release);
-    Py_VISIT(self->allocator);
-    Py_VISIT(self->heap_name);
-    Py_VISIT(self->heap);
-    Py_VISIT(self->total);
-    Py_VISIT(self->device_memory);
-    Py_VISIT(self->parked);
-    Py_VISIT(self->closed);
+    RING_OBJECT_FIELDS(Py_VISIT)
     return 0;
 }
 
 static int ring_clear(RingObject *self)
 {
-    Py_CLEAR(self->backing);
-    Py_CLEAR(self->lock);
-    Py_CLEAR(self->lock_acquire);
-    Py_CLEAR(self->lock_release);
-    Py_CLEAR(self->allocator);
-    Py_CLEAR(self->heap_name);
-    Py_CLEAR(self->heap);
-    Py_CLEAR(self->total);
-    Py_CLEAR(self->device_memory);
-    Py_CLEAR(self->parked);
-    Py_CLEAR(self->closed);
+    RING_OBJECT_FIELDS(Py_CLEAR)
+    return 0;
+}
+
+static int ring_clear_all(RingObject *self)
+{
+    ring_clear(self);
+    while (self->blocks_count)
+        ring_pop_front(self);
+    PyMem_Free(self->blocks);
+    self->blocks = NULL;
+    self->blocks_capacity = self->blocks_start = 0;
     return 0;
 }
 
 static void ring_dealloc(RingObject *self)
 {
-    PyObject_GC_UnTrack(self);
-    if (self->weakrefs != NULL)
-        PyObject_ClearWeakRefs((PyObject *)self);
-    ring_clear(self);
-    while (self->blocks_count)
-        ring_pop_front(self);
-    PyMem_Free(self->blocks);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    gc_dealloc((PyObject *)self, self->weakrefs, (inquiry)ring_clear_all);
 }
 
 static PyObject *ring_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
