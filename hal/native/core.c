@@ -1,11 +1,14 @@
-/* tinyhal.hal.native._core: the ready path of semaphores and fences in C.
+/* tinyhal.hal.native._core: the ready path of semaphores, fences and the transient ring.
  *
- * Two base types, `SemaphoreCore` and `FenceCore`, hold the state of the Python classes
- * `hal.semaphore.Semaphore` and `Fence` (which subclass them and keep every rare path:
- * timepoints, offers, blocking and trio waits, failure). What is here is what a ready queue
- * operation pays for on every call: a semaphore advanced while nothing waits on it, the
- * one-point fence `hal.fence.create` makes, a join, and the check that a wait fence is
- * already reached.
+ * Base types hold the state of Python classes, which subclass them and keep every rare
+ * path: `SemaphoreCore` (hal.semaphore.Semaphore: timepoints, offers, blocking and trio
+ * waits and failure stay in Python), `FenceCore` (Fence) and `RingCore`
+ * (hal.ringbuffer.TransientRingbuffer: parked requests, grants, close and collection stay
+ * in Python); `HeapCounter` and `RingBlock` are plain C types. What is here is what a
+ * ready queue operation pays for on every call: a semaphore advanced while nothing waits
+ * on it, the one-point fence `hal.fence.create` makes, a join, the check that a wait
+ * fence is already reached, a transient block placed or retired with its counters, and
+ * `WorkQueue.complete` while nothing waits.
  *
  * Atomicity. The fast paths rely on the GIL: each runs as one C call that never releases it
  * and calls no Python code between its checks and its writes, so no Python thread can run in
@@ -13,7 +16,9 @@
  * waiter registers itself (a timepoint, an offer, a blocked thread) under the semaphore's
  * lock *before* it reads the value, and `advance` takes the fast path only when nobody is
  * registered, else it hands over to the locked Python path. A free-threaded interpreter
- * would break this, so the module refuses to build for one.
+ * would break this, so the module refuses to build for one. The ring is different: its
+ * state changes only under the allocator's lock (a Python lock, taken here through its
+ * own methods), as the allocator's Python code changes the counters under it too.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
