@@ -34,7 +34,6 @@ from .buffer import (
     ALIGNMENT,
     Buffer,
     RingStorage,
-    Storage,
     mapped_block,
     pending_buffer,
 )
@@ -238,29 +237,24 @@ class TransientRingbuffer(RingCore):
             storage.ring = self
             storage.block = block
 
-    def owns(self, storage: Storage) -> bool:
-        """Whether `storage` holds a block of this ring (committed and not released)."""
-        return (storage.__class__ is RingStorage and storage.ring is self
-                and storage.block is not None)
+    # owns(storage) -> bool (C): whether `storage` holds a block of this ring (committed
+    # and not released).
 
     # release(storage) (C): retires the block committed to `storage` (nothing if it has
     # none, or is not this ring's), then makes the grants that frees.
 
-    def collected(self, block: RingBlock) -> None:
-        """A storage died still holding `block` (the garbage collector freed a transient
-        buffer without `release`): retire it.
+    # collected(block) (C): a storage died still holding `block` (the garbage collector
+    # freed a transient buffer without `release`): retire it. A collection can run at any
+    # allocation, including inside this ring's locked sections or inside locks held by
+    # whoever a grant completes (semaphores, device queues): so grants never run there
+    # (`_grant_later`), and if this thread holds the ring's lock the whole retirement
+    # moves to the reclaim thread (`_retire_later`). Live bytes drop there otherwise.
 
-        A collection can run at any allocation, including inside this ring's locked
-        sections or inside locks held by whoever a grant completes (semaphores, device
-        queues): so grants never run here, and if this thread holds the ring's lock the
-        whole retirement moves to the reclaim thread. Live bytes drop here otherwise.
-        """
-        if self._lock._is_owned():  # threading.Condition relies on the same query
-            _reclaim(self.retire, block)
-            return
-        granted = self._free(block)
-        if granted:
-            _reclaim(_grant_all, granted)
+    def _retire_later(self, block: RingBlock) -> None:
+        _reclaim(self.retire, block)
+
+    def _grant_later(self, granted: list[tuple[GrantCallback, RingBlock]]) -> None:
+        _reclaim(_grant_all, granted)
 
     # -- inspection -------------------------------------------------------------------
 

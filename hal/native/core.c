@@ -465,7 +465,7 @@ typedef struct {
     long long capacity, head, tail, live, peak, reservations, waits, backing_address;
     PyObject *backing;      /* NULL until the first placement asks `_ensure_backing` */
     PyObject *lock;         /* the allocator's lock: every change happens under it */
-    PyObject *lock_acquire, *lock_release; /* its bound methods */
+    PyObject *lock_acquire, *lock_release, *lock_is_owned; /* its bound methods */
     PyObject *allocator;    /* NULL, or the allocator whose counters change with the ring */
     PyObject *heap_name;
     HeapCounterObject *heap, *total, *device_memory; /* NULL when not counted */
@@ -522,7 +522,7 @@ static void ring_pop_front(RingObject *self)
 
 /* The object fields of a RingObject, for traverse and clear. */
 #define RING_OBJECT_FIELDS(X) \
-    X(self->backing); X(self->lock); X(self->lock_acquire); X(self->lock_release); \
+    X(self->backing); X(self->lock); X(self->lock_acquire); X(self->lock_release); X(self->lock_is_owned); \
     X(self->allocator); X(self->heap_name); X(self->heap); X(self->total); \
     X(self->device_memory); X(self->parked); X(self->closed);
 
@@ -963,6 +963,62 @@ static PyObject *ring_release(RingObject *self, PyObject *storage)
     Py_RETURN_NONE;
 }
 
+static PyObject *str_retire_later, *str_grant_later;
+
+/* A storage died still holding `block` (see TransientRingbuffer.collected): retired here
+ * unless this thread holds the ring's lock (a collection inside a locked section), when
+ * the whole retirement goes to the reclaim thread; grants always do. */
+static PyObject *ring_collected(RingObject *self, PyObject *block)
+{
+    if (!PyObject_TypeCheck(block, &RingBlockType)) {
+        PyErr_Format(PyExc_TypeError, "not a RingBlock: %R", block);
+        return NULL;
+    }
+    if (self->lock_is_owned == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "transient ring used before it has a lock");
+        return NULL;
+    }
+    PyObject *owned = PyObject_CallNoArgs(self->lock_is_owned);
+    if (owned == NULL)
+        return NULL;
+    int mine = PyObject_IsTrue(owned);
+    Py_DECREF(owned);
+    if (mine < 0)
+        return NULL;
+    if (mine)
+        return PyObject_CallMethodOneArg((PyObject *)self, str_retire_later, block);
+    if (ring_lock(self) < 0)
+        return NULL;
+    PyObject *grants = ring_grants(self, ring_free_locked(self, (RingBlockObject *)block));
+    if (ring_unlock(self) < 0)
+        Py_CLEAR(grants);
+    if (grants == NULL)
+        return NULL;
+    Py_ssize_t n = PyObject_Length(grants);
+    PyObject *done = n > 0 ? PyObject_CallMethodOneArg((PyObject *)self, str_grant_later, grants)
+                           : (n < 0 ? NULL : Py_NewRef(Py_None));
+    Py_DECREF(grants);
+    return done;
+}
+
+/* Whether `storage` holds a block of this ring (committed and not released). */
+static PyObject *ring_owns(RingObject *self, PyObject *storage)
+{
+    if (ring_storage_class == NULL || Py_TYPE(storage) != ring_storage_class)
+        Py_RETURN_FALSE;
+    PyObject *ring = PyObject_GetAttr(storage, str_ring);
+    if (ring == NULL)
+        return NULL;
+    Py_DECREF(ring); /* only compared */
+    if (ring != (PyObject *)self)
+        Py_RETURN_FALSE;
+    PyObject *block = PyObject_GetAttr(storage, str_block);
+    if (block == NULL)
+        return NULL;
+    Py_DECREF(block);
+    return PyBool_FromLong(block != Py_None);
+}
+
 static PyObject *ring_live_blocks(RingObject *self, PyObject *unused)
 {
     Py_ssize_t live = 0;
@@ -986,17 +1042,19 @@ static int ring_set_lock(RingObject *self, PyObject *lock, void *closure)
         return -1;
     }
     PyObject *acquire = PyObject_GetAttrString(lock, "acquire");
-    if (acquire == NULL)
-        return -1;
     PyObject *release = PyObject_GetAttrString(lock, "release");
-    if (release == NULL) {
-        Py_DECREF(acquire);
+    PyObject *is_owned = PyObject_GetAttrString(lock, "_is_owned"); /* an RLock's */
+    if (acquire == NULL || release == NULL || is_owned == NULL) {
+        Py_XDECREF(acquire);
+        Py_XDECREF(release);
+        Py_XDECREF(is_owned);
         return -1;
     }
     Py_INCREF(lock);
     Py_XSETREF(self->lock, lock);
     Py_XSETREF(self->lock_acquire, acquire);
     Py_XSETREF(self->lock_release, release);
+    Py_XSETREF(self->lock_is_owned, is_owned);
     return 0;
 }
 
@@ -1036,6 +1094,10 @@ static PyMethodDef ring_methods[] = {
      "See hal.ringbuffer.TransientRingbuffer.try_commit."},
     {"release", (PyCFunction)ring_release, METH_O,
      "See hal.ringbuffer.TransientRingbuffer.release."},
+    {"collected", (PyCFunction)ring_collected, METH_O,
+     "See hal.ringbuffer.TransientRingbuffer.collected."},
+    {"owns", (PyCFunction)ring_owns, METH_O,
+     "owns(storage) -> whether storage holds a block of this ring (committed, not released)."},
     {"_live_blocks", (PyCFunction)ring_live_blocks, METH_NOARGS,
      "How many blocks are live (lock held)."},
     {NULL},
@@ -1486,6 +1548,10 @@ PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
     str_array = PyUnicode_InternFromString("array");
     str_address = PyUnicode_InternFromString("address");
     str_byte_length = PyUnicode_InternFromString("byte_length");
+    str_retire_later = PyUnicode_InternFromString("_retire_later");
+    str_grant_later = PyUnicode_InternFromString("_grant_later");
+    if (str_retire_later == NULL || str_grant_later == NULL)
+        return NULL;
     str_allocator = PyUnicode_InternFromString("allocator");
     str_storage = PyUnicode_InternFromString("storage");
     str_byte_offset = PyUnicode_InternFromString("byte_offset");

@@ -309,6 +309,23 @@ def test_release_ignores_storage_of_another_ring_or_kind():
     ring.release(Allocator("local").allocate(64).storage)
 
 
+def test_owns_and_collection_of_a_dropped_transient():
+    ring = TransientRingbuffer(capacity=128)
+    dropped, kept = ring.pending_storage(64), ring.pending_storage(64)
+    assert ring.try_commit(dropped) and ring.try_commit(kept)
+    assert ring.owns(kept) and not ring.owns(ring.pending_storage(1))
+    assert not TransientRingbuffer(capacity=128).owns(kept)
+    granted = threading.Event()
+    ring.reserve(64, lambda block, error: granted.set())  # parked: the ring is full
+    ring.release(kept)  # the tail is still `dropped`'s
+    assert not granted.is_set()
+    with ring._lock:  # a collection inside the ring's locked section: deferred
+        del dropped
+        gc.collect()
+    assert granted.wait(30)  # retired, then granted, on the reclaim thread
+    assert ring.statistics().live_blocks == 1 and not ring.owns(kept)
+
+
 def test_ready_and_queued_allocas_count_alike():
     """The ready path (C, no entry) and the queued path (an entry granted later) leave
     the same allocator and ring statistics behind."""
