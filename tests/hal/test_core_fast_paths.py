@@ -411,3 +411,41 @@ def test_completion_errors_fail_the_points():
             c.query()
     finally:
         device.close()
+
+
+def test_ready_allocas_from_many_threads_keep_the_ring_and_counters_exact():
+    """The ring's C path takes the allocator's lock: threads placing and releasing at
+    once (with a statistics reader under the same lock) never lose a count."""
+    device = create_device("task", transient_capacity=1 << 20)
+    try:
+        per_thread, threads_count = 400, 4
+        start = threading.Barrier(threads_count + 1)
+        failures = []
+
+        def work(seed: int) -> None:
+            try:
+                start.wait()
+                for i in range(per_thread):
+                    buffer = device.queue_alloca(64 * (1 + (seed + i) % 5))
+                    device.queue_dealloca(buffer)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(threads_count)]
+        for t in threads:
+            t.start()
+        start.wait()
+        for _ in range(200):  # a reader under the allocator's lock meanwhile (bounded)
+            device.allocator.statistics()
+        for t in threads:
+            t.join(60)
+        assert not failures and not any(t.is_alive() for t in threads)
+        assert device.wait_idle(30)
+        ring = device.transient.statistics()
+        assert ring.live_bytes == 0 and ring.live_blocks == 0
+        assert ring.reservations == per_thread * threads_count
+        heap = device.allocator.statistics().heaps[HEAP_NAME]
+        assert heap.live_bytes == 0 and heap.allocated_bytes == heap.freed_bytes
+        assert heap.allocation_count == per_thread * threads_count
+    finally:
+        device.close()
