@@ -794,6 +794,68 @@ static PyObject *ring_py_free(RingObject *self, PyObject *block)
     return grants;
 }
 
+/* Slots of the Python classes this module fills (RingStorage, Buffer): the offsets of
+ * their `__slots__` members, read once from the classes' member descriptors at
+ * `bind_ring`, so a field is one store rather than an attribute lookup. */
+enum {
+    STORAGE_ARRAY, STORAGE_ADDRESS, STORAGE_BYTE_LENGTH, STORAGE_RELEASED, STORAGE_ON_RELEASE,
+    STORAGE_RING, STORAGE_BLOCK, STORAGE_SLOTS
+};
+enum {
+    BUFFER_ALLOCATOR, BUFFER_STORAGE, BUFFER_BYTE_OFFSET, BUFFER_BYTE_LENGTH,
+    BUFFER_MEMORY_TYPE_BITS, BUFFER_USAGE_BITS, BUFFER_ACCESS_BITS, BUFFER_SLOTS
+};
+static const char *const storage_slot_names[STORAGE_SLOTS] = {
+    "array", "address", "byte_length", "released", "_on_release", "ring", "block"};
+static const char *const buffer_slot_names[BUFFER_SLOTS] = {
+    "allocator", "storage", "byte_offset", "byte_length", "memory_type_bits", "usage_bits",
+    "access_bits"};
+static Py_ssize_t storage_slots[STORAGE_SLOTS], buffer_slots[BUFFER_SLOTS];
+
+static int find_slots(PyTypeObject *type, const char *const *names, Py_ssize_t *offsets,
+                      int count)
+{
+    for (int i = 0; i < count; i++) {
+        PyObject *descr = PyObject_GetAttrString((PyObject *)type, names[i]);
+        if (descr == NULL)
+            return -1;
+        int ok = Py_TYPE(descr) == &PyMemberDescr_Type;
+        if (ok) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            ok = member->type == T_OBJECT_EX && !(member->flags & READONLY);
+            offsets[i] = member->offset;
+        }
+        Py_DECREF(descr);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a writable __slots__ member",
+                         type->tp_name, names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static inline PyObject **slot_at(PyObject *object, Py_ssize_t offset)
+{
+    return (PyObject **)((char *)object + offset);
+}
+
+/* Stores a new reference to `value` in the slot (the old value released after). */
+static inline void set_slot(PyObject *object, Py_ssize_t offset, PyObject *value)
+{
+    PyObject **slot = slot_at(object, offset), *old = *slot;
+    Py_INCREF(value);
+    *slot = value;
+    Py_XDECREF(old);
+}
+
+/* The slot's value (borrowed), None if unset. */
+static inline PyObject *get_slot(PyObject *object, Py_ssize_t offset)
+{
+    PyObject *value = *slot_at(object, offset);
+    return value == NULL ? Py_None : value;
+}
+
 /* Points `storage` at `block` (lock held). */
 static int ring_commit_locked(RingObject *self, PyObject *storage, RingBlockObject *block,
                               long long length)
@@ -802,19 +864,26 @@ static int ring_commit_locked(RingObject *self, PyObject *storage, RingBlockObje
                                           (Py_ssize_t)(block->offset + length));
     if (array == NULL)
         return -1;
-    int status = PyObject_SetAttr(storage, str_array, array);
-    Py_DECREF(array);
-    if (status < 0)
-        return -1;
     PyObject *address = PyLong_FromLongLong(self->backing_address + block->offset);
-    if (address == NULL)
+    if (address == NULL) {
+        Py_DECREF(array);
         return -1;
-    status = PyObject_SetAttr(storage, str_address, address);
+    }
+    int status = 0;
+    if (Py_TYPE(storage) == ring_storage_class) {
+        set_slot(storage, storage_slots[STORAGE_ARRAY], array);
+        set_slot(storage, storage_slots[STORAGE_ADDRESS], address);
+        set_slot(storage, storage_slots[STORAGE_RING], (PyObject *)self);
+        set_slot(storage, storage_slots[STORAGE_BLOCK], (PyObject *)block);
+    } else if (PyObject_SetAttr(storage, str_array, array) < 0
+               || PyObject_SetAttr(storage, str_address, address) < 0
+               || PyObject_SetAttr(storage, str_ring, (PyObject *)self) < 0
+               || PyObject_SetAttr(storage, str_block, (PyObject *)block) < 0) {
+        status = -1;
+    }
+    Py_DECREF(array);
     Py_DECREF(address);
-    if (status < 0 || PyObject_SetAttr(storage, str_ring, (PyObject *)self) < 0
-        || PyObject_SetAttr(storage, str_block, (PyObject *)block) < 0)
-        return -1;
-    return 0;
+    return status;
 }
 
 static PyObject *ring_try_commit(RingObject *self, PyObject *storage)
@@ -848,16 +917,6 @@ static PyObject *ring_try_commit(RingObject *self, PyObject *storage)
 
 static PyTypeObject *buffer_class;
 static PyObject *access_all, *zero;
-static PyObject *str_allocator, *str_storage, *str_byte_offset, *str_memory_type_bits;
-static PyObject *str_usage_bits, *str_access_bits, *str_released, *str_on_release;
-
-static int set_attrs(PyObject *object, PyObject *const *names, PyObject *const *values, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (PyObject_SetAttr(object, names[i], values[i]) < 0)
-            return -1;
-    return 0;
-}
 
 /* A transient buffer of `size` bytes over a new RingStorage committed to a block placed
  * now (`pending_buffer` and `try_commit` in one call), or None when the ring has no room
@@ -884,9 +943,12 @@ static PyObject *ring_commit_new(RingObject *self, PyObject *const *args, Py_ssi
     PyObject *storage = ring_storage_class->tp_alloc(ring_storage_class, 0);
     if (storage == NULL)
         return NULL;
-    PyObject *names[] = {str_byte_length, str_released, str_on_release, str_ring, str_block};
-    PyObject *values[] = {size, Py_False, Py_None, Py_None, Py_None};
-    if (set_attrs(storage, names, values, 5) < 0 || ring_lock(self) < 0) {
+    set_slot(storage, storage_slots[STORAGE_BYTE_LENGTH], size);
+    set_slot(storage, storage_slots[STORAGE_RELEASED], Py_False);
+    set_slot(storage, storage_slots[STORAGE_ON_RELEASE], Py_None);
+    set_slot(storage, storage_slots[STORAGE_RING], Py_None);
+    set_slot(storage, storage_slots[STORAGE_BLOCK], Py_None);
+    if (ring_lock(self) < 0) {
         Py_DECREF(storage);
         return NULL;
     }
@@ -914,42 +976,32 @@ static PyObject *ring_commit_new(RingObject *self, PyObject *const *args, Py_ssi
         Py_DECREF(storage);
         return NULL;
     }
-    PyObject *buffer_names[] = {str_allocator, str_storage, str_byte_offset, str_byte_length,
-                                str_memory_type_bits, str_usage_bits, str_access_bits};
-    PyObject *buffer_values[] = {args[0], storage, zero, size, args[2],
-                                 args[3], access_all};
-    int status = set_attrs(buffer, buffer_names, buffer_values, 7);
+    PyObject *values[BUFFER_SLOTS] = {args[0], storage, zero, size, args[2], args[3],
+                                      access_all};
+    for (int i = 0; i < BUFFER_SLOTS; i++)
+        set_slot(buffer, buffer_slots[i], values[i]);
     Py_DECREF(storage);
-    if (status < 0) {
-        Py_DECREF(buffer);
-        return NULL;
-    }
     return buffer;
 }
 
 static PyObject *ring_release(RingObject *self, PyObject *storage)
 {
-    if (ring_storage_class == NULL || Py_TYPE(storage) != ring_storage_class)
-        Py_RETURN_NONE;
-    PyObject *ring = PyObject_GetAttr(storage, str_ring);
-    if (ring == NULL)
-        return NULL;
-    Py_DECREF(ring); /* only compared */
-    if (ring != (PyObject *)self)
+    if (ring_storage_class == NULL || Py_TYPE(storage) != ring_storage_class
+        || get_slot(storage, storage_slots[STORAGE_RING]) != (PyObject *)self)
         Py_RETURN_NONE;
     if (ring_lock(self) < 0)
         return NULL;
     PyObject *grants = NULL;
-    PyObject *block = PyObject_GetAttr(storage, str_block);
-    if (block != NULL) {
-        if (block == Py_None) {
-            Py_INCREF(empty_tuple);
-            grants = empty_tuple;
-        } else if (!PyObject_TypeCheck(block, &RingBlockType)) {
-            PyErr_Format(PyExc_TypeError, "not a RingBlock: %R", block);
-        } else if (PyObject_SetAttr(storage, str_block, Py_None) == 0) {
-            grants = ring_grants(self, ring_free_locked(self, (RingBlockObject *)block));
-        }
+    PyObject *block = get_slot(storage, storage_slots[STORAGE_BLOCK]);
+    if (block == Py_None) {
+        Py_INCREF(empty_tuple);
+        grants = empty_tuple;
+    } else if (!PyObject_TypeCheck(block, &RingBlockType)) {
+        PyErr_Format(PyExc_TypeError, "not a RingBlock: %R", block);
+    } else {
+        Py_INCREF(block);
+        set_slot(storage, storage_slots[STORAGE_BLOCK], Py_None);
+        grants = ring_grants(self, ring_free_locked(self, (RingBlockObject *)block));
         Py_DECREF(block);
     }
     if (ring_unlock(self) < 0)
@@ -1004,19 +1056,9 @@ static PyObject *ring_collected(RingObject *self, PyObject *block)
 /* Whether `storage` holds a block of this ring (committed and not released). */
 static PyObject *ring_owns(RingObject *self, PyObject *storage)
 {
-    if (ring_storage_class == NULL || Py_TYPE(storage) != ring_storage_class)
-        Py_RETURN_FALSE;
-    PyObject *ring = PyObject_GetAttr(storage, str_ring);
-    if (ring == NULL)
-        return NULL;
-    Py_DECREF(ring); /* only compared */
-    if (ring != (PyObject *)self)
-        Py_RETURN_FALSE;
-    PyObject *block = PyObject_GetAttr(storage, str_block);
-    if (block == NULL)
-        return NULL;
-    Py_DECREF(block);
-    return PyBool_FromLong(block != Py_None);
+    return PyBool_FromLong(ring_storage_class != NULL && Py_TYPE(storage) == ring_storage_class
+                           && get_slot(storage, storage_slots[STORAGE_RING]) == (PyObject *)self
+                           && get_slot(storage, storage_slots[STORAGE_BLOCK]) != Py_None);
 }
 
 static PyObject *ring_live_blocks(RingObject *self, PyObject *unused)
@@ -1490,6 +1532,11 @@ static PyObject *core_bind_ring(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O!O:bind_ring", &PyType_Type, &storage_type, &PyType_Type,
                           &buffer_type, &access))
         return NULL;
+    if (find_slots((PyTypeObject *)storage_type, storage_slot_names, storage_slots,
+                   STORAGE_SLOTS) < 0
+        || find_slots((PyTypeObject *)buffer_type, buffer_slot_names, buffer_slots,
+                      BUFFER_SLOTS) < 0)
+        return NULL;
     Py_INCREF(storage_type);
     Py_XSETREF(ring_storage_class, (PyTypeObject *)storage_type);
     Py_INCREF(buffer_type);
@@ -1552,18 +1599,8 @@ PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
     str_grant_later = PyUnicode_InternFromString("_grant_later");
     if (str_retire_later == NULL || str_grant_later == NULL)
         return NULL;
-    str_allocator = PyUnicode_InternFromString("allocator");
-    str_storage = PyUnicode_InternFromString("storage");
-    str_byte_offset = PyUnicode_InternFromString("byte_offset");
-    str_memory_type_bits = PyUnicode_InternFromString("memory_type_bits");
-    str_usage_bits = PyUnicode_InternFromString("usage_bits");
-    str_access_bits = PyUnicode_InternFromString("access_bits");
-    str_released = PyUnicode_InternFromString("released");
-    str_on_release = PyUnicode_InternFromString("_on_release");
     zero = PyLong_FromLong(0);
-    if (str_allocator == NULL || str_storage == NULL || str_byte_offset == NULL
-        || str_memory_type_bits == NULL || str_usage_bits == NULL || str_access_bits == NULL
-        || str_released == NULL || str_on_release == NULL || zero == NULL)
+    if (zero == NULL)
         return NULL;
     if (str_ensure_backing == NULL || str_grant_parked == NULL || str_profile == NULL
         || str_block == NULL || str_ring == NULL || str_array == NULL || str_address == NULL
