@@ -152,8 +152,8 @@ class CommandBuffer:
 
     # Slots: programs that re-record a command buffer per step make and drop one each.
     __slots__ = ("mode", "device", "binding_capacity", "commands", "direct", "_direct_slots",
-                 "finalized", "submitted", "max_slot", "recording", "_recording_lock",
-                 "__weakref__")
+                 "finalized", "submitted", "max_slot", "recording", "bound",
+                 "_recording_lock", "__weakref__")
 
     def __init__(self, device: Any, mode: str | CommandBufferMode = "one_shot",
                  binding_capacity: int = 0) -> None:
@@ -179,6 +179,9 @@ class CommandBuffer:
         # The submit-time form (`hal.execution.Recording`), found or built by the first
         # submit and shared by every command buffer with the same commands.
         self.recording: Any = None
+        # What submit binds for `direct` (a `hal.execution.Submission`), when an adopting
+        # block made it while checking them; None: submit binds them itself.
+        self.bound: Any = None
         self._recording_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -393,16 +396,17 @@ class CommandBuffer:
     @classmethod
     def adopted(cls, device: Any, mode: CommandBufferMode, binding_capacity: int,
                 commands: Sequence[Command], direct: list[Buffer], table_slots: int,
-                recording: Any = None) -> CommandBuffer:
+                recording: Any = None, bound: Any = None) -> CommandBuffer:
         """A new command buffer of `device` (`mode` and `binding_capacity` as another
         command buffer's, so already valid) holding `commands`, recorded and validated
         before over numbered slots, with `direct` as its direct buffers (the caller
-        checked them against what the commands need: `hal.execution.Recording.admits`),
-        as if recorded one by one. Given `recording` (the recording of exactly these
-        commands for this device), it is also finalized and its submit does not look the
-        recording up; it then shares the recording's commands, which nothing appends to.
-        Built without `__init__`: a program re-recording a command buffer per step makes
-        one per step."""
+        checked them against what the commands need: `hal.execution.Recording.adopter`,
+        which gives `bound`, the submission that binds them), as if recorded one by one. Given `recording` (the
+        recording of exactly these commands for this device), it is also finalized, its
+        submit does not look the recording up and binds `direct` as `bound` says; it
+        then shares the recording's commands, which nothing appends to. Built without
+        `__init__`: a program re-recording a command buffer per step makes one per
+        step."""
         if table_slots > binding_capacity:
             raise OutOfRangeError(
                 f"the commands use {table_slots} binding slots but the command buffer's "
@@ -421,11 +425,13 @@ class CommandBuffer:
             cb._direct_slots = {}
             cb.finalized = True
             cb.recording = recording
+            cb.bound = bound
         else:
             cb.commands = list(commands)
             cb._direct_slots = dict(zip(map(id, direct), range(-1, -1 - len(direct), -1)))
             cb.finalized = False
             cb.recording = None
+            cb.bound = None
         return cb
 
     def finalize(self) -> None:

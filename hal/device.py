@@ -66,7 +66,7 @@ from .executable import (
     executable_formats,
     load_executable_data,
 )
-from .execution import RecordingCache, resolve_commands
+from .execution import RecordingCache, Submission, resolve_commands
 from .queue import Alloca, Dealloca, Driver, WorkQueue, no_work
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
@@ -295,14 +295,19 @@ class Device:
 
         Returns at once. Validation errors raise here; errors while running fail the
         signal semaphores. `queue` picks the device queue (0 .. `queue_count`-1); every
-        queue operation takes it.
+        queue operation takes it. `batch` may also be a `Submission` that
+        `Recording.adopter` validated for this device (the VM's fused record and
+        execute): it is run as it is.
         """
-        batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
+        validated = batch.__class__ is Submission
+        batch_list = (() if validated else [batch] if isinstance(batch, CommandBuffer)
+                      else list(batch))
         wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         driver = self.driver
-        ops = resolve_commands(batch_list, binding_table, driver.concurrency, self.recordings)
+        ops = batch if validated else resolve_commands(batch_list, binding_table,
+                                                       driver.concurrency, self.recordings)
         submission_id = 0
         profile = self.profile
         if profile is not None:

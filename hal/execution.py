@@ -20,7 +20,7 @@ one by one to name the exact command and operand that cannot run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import Error, FailedPreconditionError, InvalidArgumentError, OutOfRangeError
@@ -54,6 +54,7 @@ class Range(NamedTuple):
 Entry = tuple  # `(buffer, offset, length)`: a submission's slot, a `Range` by position
 """What `Recording.bind` gives per slot: a plain tuple, which every reader unpacks, since
 a named one costs a call to make and a submission makes one per slot."""
+
 
 
 # -- typed operations ------------------------------------------------------------------
@@ -209,7 +210,7 @@ class Recording:
     replay costs. For each table slot the recording knows the usage bits its commands
     need (`slot_usage`), the bytes they reach (`slot_end`) and the offsets that
     dispatches bind inside it (`slot_align`, residues that must keep the address 64-byte
-    aligned); the same for each direct buffer, which recording checked and `admits`
+    aligned); the same for each direct buffer, which recording checked and `adopter`
     checks of other buffers standing in for them.
     """
 
@@ -258,31 +259,57 @@ class Recording:
         self.slot_usage = usage
         self.slot_end = end
         self.slot_align = [tuple(sorted(a)) for a in align]
-        # per direct buffer, in `direct` order (slot -1 first): (usage, end, alignments)
-        self.direct_needs = [(usage[i], end[i], self.slot_align[i])
-                             for i in range(count - 1, n - 1, -1)]
+        # per direct buffer, in slot order (slot -1 last): (usage, end, alignments)
+        self.direct_needs = [(usage[i], end[i], self.slot_align[i]) for i in range(n, count)]
 
-    def admits(self, direct: Sequence[Any]) -> bool:
-        """Whether `direct` may be the direct buffers of a command buffer holding these
-        commands: live `Buffer`s with the usage bits, the bytes and the 64-byte aligned
-        addresses the commands need, which is what recording each command checks of its
-        buffers (so a program re-recording equal commands over new buffers can adopt the
-        recording after this one check per buffer: `CommandBuffer.adopted`)."""
-        if len(direct) != self.direct_count:
-            return False
-        for buffer, (bits, reach, residues) in zip(direct, self.direct_needs):
-            if buffer.__class__ is not Buffer:
-                return False
-            storage = buffer.storage
-            if (storage.released or buffer.usage_bits & bits != bits
-                    or reach > buffer.byte_length):
-                return False
-            if residues:
-                start = storage.address + buffer.byte_offset
-                for residue in residues:
-                    if (start + residue) % ALIGNMENT:
-                        return False
-        return True
+    def adopter(self) -> Callable[[Sequence[Any]], Submission | None]:
+        """A function `adopt(direct)`: whether `direct` may be the direct buffers of a
+        command buffer holding these commands: live `Buffer`s with the usage bits, the
+        bytes and the 64-byte aligned addresses the commands need, which is what
+        recording each command checks of its buffers (so a program re-recording equal
+        commands over new buffers can adopt the recording after this one check per
+        buffer: `CommandBuffer.adopted`). None if not; otherwise, made in the same
+        pass, the submission of a command buffer of these commands over `direct` with
+        no binding table, what `bind` would give (its `addresses` None while a buffer
+        has no memory yet). A buffer's bytes, usage and address never change once
+        given, so a submit of the adopting command buffer only tests that none was
+        released since, and the VM's fused record and execute (`vm.hal_blocks`)
+        submits it as it is.
+
+        It runs once per re-recorded command buffer, so it is compiled for this
+        recording: straight-line code with the needs as constants (the caller keeps
+        it; the recording does not, so no cycle holds the recording)."""
+        lines = ["def adopt(direct):", f"    if len(direct) != {self.direct_count}:",
+                 "        return None"]
+        count = len(self.direct_needs)
+        if count:  # slot order is `direct` reversed: direct[0] is the last slot
+            lines.append("    " + "".join(f"b{i}, " for i in reversed(range(count)))
+                         + "= direct")
+        for i, (bits, reach, residues) in enumerate(self.direct_needs):
+            lines += [f"    if b{i}.__class__ is not Buffer:",
+                      "        return None",
+                      f"    s{i} = b{i}.storage",
+                      f"    if s{i}.released or b{i}.usage_bits & {bits} != {bits} or "
+                      f"b{i}.byte_length < {reach}:",
+                      "        return None",
+                      f"    a{i} = s{i}.address + b{i}.byte_offset"]
+            for residue in residues:
+                lines += [f"    if (a{i} + {residue}) % {ALIGNMENT}:", "        return None"]
+        numbered = range(count)
+        has_memory = " and ".join(f"s{i}.address" for i in numbered) or "True"
+        lines += [
+            "    submission = _new_submission(Submission)",
+            "    submission.parts = [(recording, ["
+            + ", ".join(f"(b{i}, 0, b{i}.byte_length)" for i in numbered) + "])]",
+            "    submission.addresses = ["
+            + ", ".join(f"a{i}" for i in numbered) + f"] if {has_memory} else None",
+            "    submission.lengths = [" + ", ".join(f"b{i}.byte_length" for i in numbered) + "]",
+            "    submission.instrument = None",
+            "    return submission"]
+        namespace = {"Buffer": Buffer, "Submission": Submission,
+                     "_new_submission": _new_submission, "recording": self}
+        exec(compile("\n".join(lines), "<tinyhal recording adopter>", "exec"), namespace)
+        return namespace["adopt"]
 
     def slot_index(self, ref: BufferRef) -> int:
         """The slot a reference reads, counted from the first table slot."""
@@ -503,9 +530,19 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
                 recording = Recording(tuple(cb.commands), cb.max_slot + 1, len(cb.direct),
                                       max_concurrency)
             cb.recording = recording
-        entries, bound = recording.bind(binding_table, cb.direct, addresses, lengths)
+        bound = cb.bound  # what adopting the recording bound (`Recording.adopter`)
+        if bound is not None and bound.addresses is not None and not recording.table_slots:
+            for buffer in cb.direct:
+                if buffer.storage.released:
+                    break  # bind names it
+            else:
+                addresses += bound.addresses
+                lengths += bound.lengths
+                parts.append((recording, bound.parts[0][1]))
+                continue
+        entries, bound_all = recording.bind(binding_table, cb.direct, addresses, lengths)
         parts.append((recording, entries))
-        has_memory = has_memory and bound
+        has_memory = has_memory and bound_all
     for cb in command_buffers:
         cb.submitted = True
     submission = _new_submission(Submission)  # without an __init__ frame

@@ -31,6 +31,7 @@ from .native import ffi, lib
 
 TILES_PER_PARTICIPANT = 32  # small tiles limit what a descheduled worker holds back
 POOL_SIZE = 4  # native programs kept per recording for executions in flight at once
+_NULL = ffi.NULL
 _WHOLE_SLOT = 0xFFFFFFFFFFFFFFFF
 
 
@@ -258,12 +259,27 @@ def lead(submission: Submission, helpers: StreamHelpers | None = None,
     recording = parts[0][0]
     pool = recording.streams
     program = pool.pop() if pool else NativeProgram([recording])
+    addresses = submission.addresses
+    if helpers is None and not budget_us and addresses is not None and (
+            submission.instrument is None):
+        # alone, unbounded, untimed (the sync driver's path): it cannot pause, so the
+        # program is back in the pool once the call returns (an interrupt in between
+        # only costs the pool that program)
+        rc = lib.tinyhal_bind_and_run(_NULL, program.ops, program.count, program.state,
+                                      program.patches, program.patch_count, addresses,
+                                      submission.lengths, 1, TILES_PER_PARTICIPANT,
+                                      program.local_memory_size, _NULL, 0, program.paused)
+        error = program.error(rc) if rc else None  # read before another run rebinds it
+        if len(pool) < POOL_SIZE:
+            pool.append(program)
+        if error is not None:
+            raise error
+        return None
     paused = program.paused
     try:
         instrument = submission.instrument
         times = ffi.NULL if instrument is None else ffi.new(
             "uint64_t[]", 2 * max(1, program.count))
-        addresses = submission.addresses
         if addresses is None:
             addresses = _slot_addresses(submission)
         rc = lib.tinyhal_bind_and_run(ffi.NULL if helpers is None else helpers.pool,

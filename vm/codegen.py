@@ -892,21 +892,41 @@ class _Gen:
 
     # -- recording blocks (vm/record_blocks.py)
     def _emit_run(self, instrs, ind: int) -> None:
-        """Emits `instrs` in order, each recording block as one site call."""
+        """Emits `instrs` in order, each recording block as one site call (at the
+        execute it is fused with, if any: `record_blocks.find_execute`)."""
         i = 0
+        fused: dict[int, int] = {}  # index of a fused execute -> its block's site
         while i < len(instrs):
+            site = fused.pop(i, None)
+            if site is not None:
+                ins = instrs[i]
+                k, segments, src, _dst = record_blocks.call_operands(ins)
+                args = self._import_args(self.module.imports[k], segments, src)
+                self.emit(ind, f"_t = _blk{site}({args})", ins.pc)
+                self.clear_moved(ins, src, set(), ind)
+                i += 1
+                continue
             end = record_blocks.find_block(instrs, i, self.module.imports)
             if end is None:
                 self.instruction(instrs[i], ind)
                 i += 1
             else:
-                self._emit_record_block(instrs[i:end], ind)
+                execute = record_blocks.find_execute(instrs, i, end, self.module.imports)
+                site = self._emit_record_block(instrs[i:end], ind, execute)
+                if execute is not None:
+                    fused[execute[0]] = site
                 i = end
 
-    def _emit_record_block(self, instrs, ind: int) -> None:
+    def _emit_record_block(self, instrs, ind: int,
+                           execute: tuple[int, int, int] | None = None) -> int:
         """The instructions of a block as usual, but each record operation's non-literal
         operands kept in locals `_d<n>` and the operations made by one `_blk<site>`
-        call at the end, which returns the command buffer."""
+        call at the end, which returns the command buffer; returns the site. Fused with
+        an `execute` (`record_blocks.find_execute`: its index, import and the command
+        buffer's argument position), the
+        command buffer's register holds the values until that execute instead (nothing
+        else reads it), which calls the site instead of the import, with the same
+        arguments."""
         cb_raw = record_blocks.call_operands(instrs[0])[3][0]
         cb = self.rreg(cb_raw)
         values: list[tuple[str, bool]] = []  # (local, is a ref)
@@ -960,7 +980,8 @@ class _Gen:
             self.clear_moved(ins, src, {cb}, ind)
             forget_assigned(since)
         pc = instrs[-1].pc
-        site = self.st.record_block(record_blocks.RecordBlock(tuple(ops), len(values)))
+        site = self.st.record_block(record_blocks.RecordBlock(
+            tuple(ops), len(values), None if execute is None else execute[1:]))
         # A value that is a register no later line of the block assigns is passed as
         # that register: no local to keep it in, and none to clear.
         unkept = []
@@ -973,12 +994,14 @@ class _Gen:
         for at in reversed(unkept):
             del self.lines[at]
         names = [name for name, _ in values]
-        self.emit(ind, f"{cb} = _blk{site}(({''.join(n + ', ' for n in names)}))", pc)
+        made = f"({''.join(n + ', ' for n in names)})"
+        self.emit(ind, f"{cb} = {made}" if execute else f"{cb} = _blk{site}({made})", pc)
         refs = [name for name, is_ref in values if is_ref]
         if refs:
             self.emit(ind, " = ".join(refs) + " = None", pc)
         if moved_cb:
             self.emit(ind, f"{cb} = None", pc)
+        return site
 
 
 _REGISTER = re.compile(r"\b[ir]\d+\b")

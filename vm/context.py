@@ -198,14 +198,17 @@ class Context:
         hal = available.get("hal")
         sites = []
         for block in module.program.record_blocks:
-            functions = [imports[k] for k, _template in block.ops]
+            ordinals = [k for k, _template in block.ops]
+            if block.execute is not None:  # fused with an execute: its import last
+                ordinals.append(block.execute[0])
+            functions = [imports[k] for k in ordinals]
             recorder = None
             if isinstance(hal, NativeModule) and hal.block_recorder is not None and all(
                     hal.functions.get(module.imports[k].full_name) is not None
                     and hal.functions[module.imports[k].full_name].fn is fn
-                    for (k, _t), fn in zip(block.ops, functions)):
+                    for k, fn in zip(ordinals, functions)):
                 recorder = hal.block_recorder(
-                    [module.imports[k].full_name for k, _t in block.ops], block, functions)
+                    [module.imports[k].full_name for k in ordinals], block, functions)
             sites.append(recorder or record_blocks.replay(block, functions))
         linkage = Linkage(bytearray(module.global_bytes_capacity),
                           [None] * module.global_ref_count, module.rodata, imports,

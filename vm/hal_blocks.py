@@ -9,11 +9,12 @@ buffer operands were the same buffer (the numbering of direct buffers by first u
 tested on later calls by position and identity, without hashing every operand again:
 `_Aliasing`). Equal operands record equal
 commands over the same slots, so on a later call with equal operands the site only
-checks the new buffers against what the commands need (`Recording.admits`: live, usage
+checks the new buffers against what the commands need (`Recording.adopter`: live, usage
 bits, bytes, aligned addresses: what recording each command checked) and hands the
 command buffer the commands and, if the block finalized it, the device's recording of
 them (`CommandBuffer.adopted`): a re-recorded command buffer costs a few checks per
-buffer, and its submit looks nothing up. Anything else (a new operand, a buffer that
+buffer, made once for the site and its submit (which looks nothing up and reads the
+addresses that check took: `hal.execution.Bound`). Anything else (a new operand, a buffer that
 fails a check, a whole-buffer length, whose bytes depend on the buffer) records import
 by import again, so errors are those of the record operation that fails.
 """
@@ -25,8 +26,8 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 from ..hal.command_buffer import CommandBuffer
-from ..hal.execution import Recording
-from .record_blocks import RecordBlock, replay
+from ..hal.execution import Recording, Submission
+from .record_blocks import EXECUTE, RecordBlock, replay
 
 __all__ = ["block_recorder"]
 
@@ -42,6 +43,7 @@ _LENGTHS = {
     "hal.command_buffer.copy_buffer": {(7, None)},
     "hal.command_buffer.fill_buffer": {(3, None)},
 }
+_EXECUTE_CB = 4  # the command buffer's argument position in `hal.device.queue.execute`
 MEMO_SIZE = 64  # scalar operand sets (and aliasings of each) remembered per site; past it
 # the site starts afresh
 
@@ -72,7 +74,7 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
     module's bound shims for its operations, which record what it cannot adopt. The
     site's memory is appended to `memos` (the module state clears them when its context
     closes: they hold recordings, and so executables)."""
-    record = replay(block, functions)
+    record = replay(RecordBlock(block.ops, block.values), functions)  # the record operations
     buffers, scalars, lengths = [], [], []
     for name, (_k, template) in zip(names, block.ops):
         for position, item, leaf in _leaves(template):
@@ -80,7 +82,9 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
                 lengths.append(leaf)
             if leaf[0] != "d":
                 continue
-            (buffers if (position, item) in _BUFFERS.get(name, ()) else scalars).append(leaf[1])
+            kind = buffers if (position, item) in _BUFFERS.get(name, ()) else scalars
+            if leaf[1] not in kind:  # a value named again is the same value
+                kind.append(leaf[1])
     buffers_of, scalars_of = _getter(buffers), _getter(scalars)
     count = range(len(buffers))
     # scalars -> what each aliasing of the buffer operands seen with them adopts: the
@@ -108,34 +112,73 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
         if len(adoptions) >= MEMO_SIZE:
             adoptions.clear()
         adoptions.append(_Adoption(
-            _Aliasing(buffer_values, count), recording, device, cb.mode, cb.binding_capacity,
-            cb.finalized))
+            _Aliasing(buffer_values, count), recording, recording.adopter(), device, cb.mode,
+            cb.binding_capacity, cb.finalized))
 
-    def site(values: tuple[Any, ...]) -> Any:
+    def adopt(values: tuple[Any, ...]) -> tuple[_Adoption, list[Any], Submission] | None:
+        """The adoption whose operands `values` equal, its direct buffers among them and
+        their submission (`Recording.adopter`), or None: record them."""
+        try:
+            adoptions = memo.get(scalars_of(values))
+        except TypeError:  # an unhashable operand: not a buffer; its shim says so
+            return None
+        if adoptions is None:
+            return None
+        buffer_values = buffers_of(values)
+        for adoption in adoptions:
+            direct = adoption.aliasing.direct(buffer_values)
+            if direct is not None:
+                submission = adoption.adopt(direct)
+                return None if submission is None else (adoption, direct, submission)
+        return None
+
+    def adopted(adoption: _Adoption, direct: list[Any], submission: Submission) -> Any:
+        recording = adoption.recording
+        return CommandBuffer.adopted(
+            adoption.device, adoption.mode, adoption.capacity, recording.commands, direct,
+            recording.table_slots, recording if adoption.finalized else None, submission)
+
+    def record_anew(values: tuple[Any, ...]) -> Any:
+        cb = record(values)
         try:
             scalar_key = scalars_of(values)
             adoptions = memo.get(scalar_key)
-        except TypeError:  # an unhashable operand: not a buffer; its shim says so
-            return record(values)
+        except TypeError:
+            return cb
         buffer_values = buffers_of(values)
-        if adoptions is not None:
-            for adoption in adoptions:
-                direct = adoption.aliasing.direct(buffer_values)
-                if direct is None:
-                    continue
-                recording = adoption.recording
-                if not recording.admits(direct):
-                    break
-                return CommandBuffer.adopted(
-                    adoption.device, adoption.mode, adoption.capacity, recording.commands,
-                    direct, recording.table_slots, recording if adoption.finalized else None)
-        cb = record(values)
         if adoptions is None or all(
                 a.aliasing.direct(buffer_values) is None for a in adoptions):
             learn(scalar_key, buffer_values, values, cb)
         return cb
 
-    return site
+    def site(values: tuple[Any, ...]) -> Any:
+        found = adopt(values)
+        return record_anew(values) if found is None else adopted(*found)
+
+    if block.execute is None:
+        return site
+    execute = functions[len(block.ops)]
+    if names[len(block.ops)] != EXECUTE or block.execute[1] != _EXECUTE_CB:
+        return replay(block, functions)
+
+    def execute_site(device: Any, queue_affinity: int, wait: Any, signal: Any,
+                     values: tuple[Any, ...], flags: int) -> None:
+        """The block recorded and submitted by `hal.device.queue.execute`: an adopted
+        recording's submission goes as it is when it binds no table and its device is
+        the execute's and is not profiled (a profile describes command buffers)."""
+        found = adopt(values)
+        if found is None:
+            cb = record_anew(values)
+        else:
+            adoption, direct, submission = found
+            if (adoption.finalized and device is adoption.device
+                    and submission.addresses is not None
+                    and not adoption.recording.table_slots and device.profile is None):
+                return execute(device, queue_affinity, wait, signal, submission, flags)
+            cb = adopted(adoption, direct, submission)
+        return execute(device, queue_affinity, wait, signal, cb, flags)
+
+    return execute_site
 
 
 class _Aliasing:
@@ -186,6 +229,7 @@ class _Aliasing:
 class _Adoption(NamedTuple):
     aliasing: _Aliasing
     recording: Recording
+    adopt: Callable[[list[Any]], Submission | None]  # `Recording.adopter()`
     device: Any
     mode: Any
     capacity: int

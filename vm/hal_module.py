@@ -54,6 +54,7 @@ from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
 from ..hal.elf import parse_elf
 from ..hal.executable import Executable, executable_formats
+from ..hal.execution import Submission
 from ..hal.semaphore import Fence, join_fence_rows
 from ..hal.types import (
     WHOLE_BUFFER,
@@ -683,7 +684,8 @@ def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, si
     if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
-    if cb.__class__ is not CommandBuffer:
+    # (a Submission: what a fused record-and-execute site adopted; no VM value is one)
+    if cb.__class__ is not CommandBuffer and cb.__class__ is not Submission:
         cb = _checked(cb, _COMMAND_BUFFER)
     queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     device.submit(cb, wait, signal, None, queue)

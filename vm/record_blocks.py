@@ -29,7 +29,8 @@ from typing import Any, NamedTuple
 
 from . import isa
 
-__all__ = ["CREATE", "RECORD_OPS", "RecordBlock", "arguments", "find_block", "replay"]
+__all__ = ["CREATE", "RECORD_OPS", "RecordBlock", "arguments", "find_block", "find_execute",
+           "replay"]
 
 CREATE = "hal.command_buffer.create"
 FINALIZE = "hal.command_buffer.finalize"
@@ -42,6 +43,11 @@ RECORD_OPS = frozenset({
     "hal.command_buffer.fill_buffer",
     FINALIZE,
 })
+EXECUTE = "hal.device.queue.execute"
+# Imports that may run between a block and the execute it is fused with: they take no
+# command buffer and record nothing.
+FUSE_PASS = frozenset({"hal.executable.lookup.function", "hal.fence.create",
+                       "hal.fence.join"})
 # Imports that may run inside a block: pure (their call sites also remember their last
 # result: `vm.codegen`), and never given the command buffer.
 PASS_THROUGH = frozenset({"hal.executable.lookup.function"})
@@ -53,10 +59,16 @@ MIN_RECORD_OPS = 2  # fewer record operations are not worth a block
 
 class RecordBlock(NamedTuple):
     """One block: `ops` (import ordinal, argument template) in order, the first being
-    `create`; `values` is how many values the site is called with."""
+    `create`; `values` is how many values the site is called with.
+
+    `execute` is None, or `(import ordinal, argument position)` of the queue execute
+    that the block's command buffer goes to (`find_execute`): the site is then called
+    at that execute with the execute's arguments, the values in the command buffer's
+    place, records and submits, and returns what the execute returns (nothing)."""
 
     ops: tuple[tuple[int, tuple[Any, ...]], ...]
     values: int
+    execute: tuple[int, int] | None = None
 
 
 def call_operands(ins: Any) -> tuple[int, Sequence[int] | None, Sequence[int], Sequence[int]]:
@@ -124,6 +136,41 @@ def find_block(instrs: Sequence[Any], start: int, imports: Sequence[Any]) -> int
     return last + 1
 
 
+def find_execute(instrs: Sequence[Any], start: int, end: int,
+                 imports: Sequence[Any]) -> tuple[int, int, int] | None:
+    """(index, import ordinal, argument position of the command buffer) of the queue
+    execute that the
+    block `instrs[start:end]` may be fused with, or None. It must be the next use of
+    the block's command buffer, moving it (its last use: the command buffer is never
+    seen again, so it need not exist), with only instructions that a block may hold
+    and `FUSE_PASS` imports in between, none naming the command buffer; running the
+    record operations at the execute is then the same program, as running them at the
+    block's end is (an error of theirs surfaces at the execute)."""
+    cb = call_operands(instrs[start])[3][0] & isa.REF_MASK
+    last_src = call_operands(instrs[end - 1])[2]
+    if last_src and last_src[0] & isa.MOVE_BIT:
+        return None  # the block's last operation moved the command buffer
+    for j in range(end, len(instrs)):
+        ins = instrs[j]
+        k, segments, src, dst = call_operands(ins)
+        if k >= 0:
+            if k >= len(imports):
+                return None
+            name = imports[k].full_name
+            if name == EXECUTE and segments is None and not _names_ref(dst, cb):
+                named = [p for p, r in enumerate(src)
+                         if r & isa.REF_BIT and r & isa.REF_MASK == cb]
+                if len(named) == 1 and src[named[0]] & isa.MOVE_BIT:
+                    return j, k, named[0]
+                return None
+            if name in FUSE_PASS and not _names_ref(src, cb) and not _names_ref(dst, cb):
+                continue
+            return None
+        if ins.name in _ENDS or ins.name.startswith("call") or _touches(ins, cb):
+            return None
+    return None
+
+
 def arguments(template: tuple[Any, ...], values: Sequence[Any], cb: Any) -> list[Any]:
     """The arguments of one operation, its template filled from `values`."""
 
@@ -145,9 +192,10 @@ def arguments(template: tuple[Any, ...], values: Sequence[Any], cb: Any) -> list
 
 
 def replay(block: RecordBlock, functions: Sequence[Callable[..., Any]]
-           ) -> Callable[[tuple[Any, ...]], Any]:
-    """A site that calls the block's imports (`functions`, in `block.ops` order) one by
-    one; it returns the command buffer the first (`create`) returned."""
+           ) -> Callable[..., Any]:
+    """A site that calls the block's imports (`functions`, in `block.ops` order, then
+    the execute's if it has one) one by one; it returns the command buffer the first
+    (`create`) returned, or, fused with an execute, submits it by that import."""
     ops = [(template, fn) for (_k, template), fn in zip(block.ops, functions)]
 
     def run(values: tuple[Any, ...]) -> Any:
@@ -157,4 +205,11 @@ def replay(block: RecordBlock, functions: Sequence[Callable[..., Any]]
             fn(*arguments(template, values, cb))
         return cb
 
-    return run
+    if block.execute is None:
+        return run
+    execute, position = functions[len(ops)], block.execute[1]
+
+    def run_and_execute(*args: Any) -> Any:
+        return execute(*args[:position], run(args[position]), *args[position + 1:])
+
+    return run_and_execute

@@ -21,7 +21,7 @@ from tinyhal import errors, hal
 from tinyhal.hal import BufferView
 from tinyhal.vm import isa
 from tinyhal.vm.hal_module import command_buffer_dispatch, create_hal_module
-from tinyhal.vm.record_blocks import RecordBlock, find_block, replay
+from tinyhal.vm.record_blocks import RecordBlock, find_block, find_execute, replay
 
 F32 = 0x21000020
 TWO = int(np.array(2.0, np.float32).view(np.uint32))
@@ -75,12 +75,13 @@ def _run(device, cb, out):
     return BufferView(out, (16,), F32).to_numpy()
 
 
-def _dispatch_shim_calls(fn) -> int:
+def _calls_of(code, fn) -> int:
+    """How many times running `fn` enters a function whose code is `code`."""
     calls = 0
 
     def profile(frame, event, arg):
         nonlocal calls
-        if event == "call" and frame.f_code is command_buffer_dispatch.__code__:
+        if event == "call" and frame.f_code is code:
             calls += 1
 
     sys.setprofile(profile)
@@ -89,6 +90,10 @@ def _dispatch_shim_calls(fn) -> int:
     finally:
         sys.setprofile(None)
     return calls
+
+
+def _dispatch_shim_calls(fn) -> int:
+    return _calls_of(command_buffer_dispatch.__code__, fn)
 
 
 def test_a_rerecorded_block_adopts_its_recording_over_new_buffers(fma_site):
@@ -125,6 +130,48 @@ def test_a_buffer_that_fails_a_check_gets_the_record_operations_error(fma_site):
         site((device, exe, ordinal, va, vb, out))
 
 
+def test_an_adopted_command_buffer_refuses_a_buffer_released_before_its_submit(fma_site):
+    """Adopting binds the buffers' addresses once (`Recording.adopter`); a buffer released
+    between the adoption and the submit is still refused there, naming its operand."""
+    device, exe, site = fma_site
+    ordinal = exe.lookup("fma_3d")
+    _a, _b, va, vb, out = _buffers(device, 0)
+    site((device, exe, ordinal, va, vb, out))
+    _a, _b, va, vb, out = _buffers(device, 1)
+    cb = site((device, exe, ordinal, va, vb, out))
+    assert cb.bound is not None  # adopted, with its bindings made
+    vb.storage.release()
+    with pytest.raises(errors.FailedPreconditionError, match="binding 1 of 'fma_3d'"):
+        device.submit(cb)
+
+
+def test_a_recordings_adopter_checks_what_recording_checked_and_binds(fma_site):
+    """`Recording.adopter()` is compiled for the recording's needs; it admits buffers
+    that recording would have, binding them as `bind` does, and nothing else."""
+    device, exe, site = fma_site
+    ordinal = exe.lookup("fma_3d")
+    _a, _b, va, vb, out = _buffers(device, 0)
+    recording = site((device, exe, ordinal, va, vb, out)).recording
+    adopt = recording.adopter()
+    _a, _b, va, vb, out = _buffers(device, 1)
+    submission = adopt([va, vb, out])
+    assert submission.parts == [(recording, [(b, 0, 64) for b in (out, vb, va)])]
+    assert submission.addresses == [b.address for b in (out, vb, va)]
+    assert submission.lengths == [64, 64, 64]
+    wide = device.allocator.allocate(128)
+    assert adopt([va, vb]) is None  # too few
+    assert adopt([va, vb, "out"]) is None  # not a buffer
+    assert adopt([va, vb, device.allocator.allocate(32)]) is None  # too small
+    assert adopt([va, vb, wide.subspan(16, 64)]) is None  # misaligned for the kernel
+    assert adopt([va, vb, device.allocator.allocate(
+        64, usage=hal.BufferUsage.TRANSFER)]) is None  # no dispatch usage
+    out.storage.release()
+    assert adopt([va, vb, out]) is None  # released
+    pending = device.allocator.allocate(64)
+    pending.storage.address = 0  # as a transient buffer before its alloca runs
+    assert adopt([va, vb, pending]).addresses is None
+
+
 def test_changed_operands_record_anew(fma_site):
     device, exe, site = fma_site
     ordinal = exe.lookup("fma_3d")
@@ -158,6 +205,52 @@ def test_the_generic_site_calls_the_imports_in_order():
     assert calls[3][1] == ("cb",)
 
 
+def test_the_generic_site_of_a_block_fused_with_an_execute_records_then_submits():
+    calls = []
+
+    def record(name):
+        return lambda *args: calls.append((name, args)) or "cb"
+
+    block = RecordBlock(FMA_BLOCK.ops, FMA_BLOCK.values, (9, 4))
+    site = replay(block, [record("create"), record("dispatch"), record("barrier"),
+                          record("finalize"), record("execute")])
+    values = ("dev", "exe", 7, "a", "b", "c")
+    site("dev", -1, "wait", "signal", values, 0)
+    assert [name for name, _ in calls] == ["create", "dispatch", "barrier", "finalize",
+                                           "execute"]
+    assert calls[-1][1] == ("dev", -1, "wait", "signal", "cb", 0)
+
+
+def _adopted_calls(fn) -> int:
+    return _calls_of(hal.CommandBuffer.adopted.__func__.__code__, fn)
+
+
+@pytest.mark.parametrize("driver", ["sync", "task", "emu"])
+def test_a_recurrent_step_submits_its_adopted_recording_without_a_command_buffer(driver):
+    """GRU records a one-shot command buffer per step and moves it into the next
+    queue execute: the translator fuses the two, and an adopted step is submitted
+    without a command buffer object; profiled, it takes the command buffer path and
+    the profile still has every dispatch. Results equal the unprofiled call's."""
+    pytest.importorskip("onnx")
+    from support.zoo import ZOO, zoo_inputs, zoo_vmfb
+
+    with tinyhal.load(zoo_vmfb("gru"), device=driver) as module:
+        fn = getattr(module, ZOO["gru"].function)
+        args = zoo_inputs("gru")
+        expected = [np.asarray(r).copy() for r in _as_list(fn(*args))]
+        assert _adopted_calls(lambda: fn(*args)) == 0
+        with module.profiling("host-execution") as profiles:
+            got = _as_list(fn(*args))
+        assert _adopted_calls(lambda: fn(*args)) == 0
+        for a, b in zip(expected, got):
+            assert np.asarray(b).tobytes() == a.tobytes()
+        assert profiles[0].summary().dispatches >= 16 * 6  # six kernels per time step
+
+
+def _as_list(result):
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
 @pytest.mark.parametrize("name", ["gru", "lstm"])
 def test_a_recurrent_model_records_its_steps_import_by_import_only_once(name):
     """The second call of a model that re-records a command buffer per time step
@@ -180,7 +273,7 @@ class _Import:
 _IMPORTS = [_Import(n) for n in (
     "hal.command_buffer.create", "hal.command_buffer.execution_barrier",
     "hal.command_buffer.finalize", "hal.device.queue.execute",
-    "hal.executable.lookup.function")]
+    "hal.executable.lookup.function", "hal.fence.create")]
 _CB = isa.REF_BIT | 3  # the command buffer's register
 
 
@@ -207,3 +300,34 @@ _ADD = isa.Instruction(0, 0, "add.i32", [1, 2, 3], (("r", "i32"), ("r", "i32"), 
 ])
 def test_a_block_runs_from_create_to_what_it_cannot_hold(instrs, end):
     assert find_block(instrs, 0, _IMPORTS) == end
+
+
+_FENCE = _call(5, [isa.REF_BIT | 1], [isa.REF_BIT | 8])
+_MOVED_CB = _CB | isa.MOVE_BIT
+
+
+def _execute(cb=_MOVED_CB, *more):
+    return _call(3, [isa.REF_BIT | 1, 0, isa.REF_BIT | 7, isa.REF_BIT | 8, cb, 0, *more])
+
+
+@pytest.mark.parametrize("after, found", [
+    ([_FENCE, _ADD, _execute()], (5, 3, 4)),  # the next use of the command buffer
+    ([_execute()], (3, 3, 4)),
+    ([_execute(_CB)], None),  # not its last use: the command buffer must exist
+    ([_execute(_MOVED_CB, _CB)], None),  # named twice
+    ([_BARRIER, _execute()], None),  # another use first
+    ([_call(4, [isa.REF_BIT | 5, isa.REF_BIT | 6], [7]), _execute()], (4, 3, 4)),
+    ([isa.Instruction(0, 0, "br", [0, []], (("B", ""), ("O", ""))), _execute()], None),
+    ([_call(0, [isa.REF_BIT | 1], [isa.REF_BIT | 9]), _execute()], None),  # other imports
+    ([_ADD], None),
+])
+def test_a_block_fuses_with_the_execute_its_command_buffer_moves_into(after, found):
+    instrs = [_CREATE, _BARRIER, _FINALIZE, *after]
+    assert find_block(instrs, 0, _IMPORTS) == 3
+    assert find_execute(instrs, 0, 3, _IMPORTS) == found
+
+
+def test_a_block_whose_last_operation_moves_the_command_buffer_fuses_with_nothing():
+    instrs = [_CREATE, _BARRIER, _call(2, [_MOVED_CB]), _execute()]
+    assert find_block(instrs, 0, _IMPORTS) == 3
+    assert find_execute(instrs, 0, 3, _IMPORTS) is None
