@@ -25,7 +25,7 @@
 #include <structmember.h>
 
 #ifdef Py_GIL_DISABLED
-#error "tinyhal's _core relies on the GIL for its fast paths; it cannot be built for a free-threaded (Py_GIL_DISABLED) interpreter"
+#error "tinyhal's _core relies on the GIL for its fast paths: no free-threaded build"
 #endif
 
 #ifndef TINYHAL_CORE_NAME
@@ -36,6 +36,16 @@
 #define CORE_STR2(a) #a
 #define CORE_STR(a) CORE_STR2(a)
 
+/* The slots every base type here shares: a GC type Python subclasses, with weak
+ * references, whose `prefix`_dealloc/_traverse/_clear handle `object`'s fields. */
+#define CORE_BASE_TYPE(name, object, prefix, doc)                                       \
+    PyVarObject_HEAD_INIT(NULL, 0)                                                      \
+    .tp_name = "tinyhal.hal.native._core." name, .tp_basicsize = sizeof(object),        \
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,          \
+    .tp_doc = doc, .tp_new = prefix##_new, .tp_dealloc = (destructor)prefix##_dealloc,  \
+    .tp_traverse = (traverseproc)prefix##_traverse, .tp_clear = (inquiry)prefix##_clear, \
+    .tp_weaklistoffset = offsetof(object, weakrefs)
+
 /* What `bind` hands over from Python: the concrete classes made here, and the general
  * path of `normalize_wait_signal` for arguments the fast path does not take. */
 static PyTypeObject *semaphore_class;
@@ -45,6 +55,36 @@ static PyObject *allocate_lock;
 static PyObject *empty_tuple;
 static PyObject *empty_str;
 static PyObject *str_advance_slow;
+
+/* The dealloc of the GC types here: untrack, clear weak references (if any were made)
+ * and fields, free. */
+static void gc_dealloc(PyObject *self, PyObject *weakrefs, inquiry clear)
+{
+    PyObject_GC_UnTrack(self);
+    if (weakrefs != NULL)
+        PyObject_ClearWeakRefs(self);
+    clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* A base type's traverse and clear over the object fields `FIELDS` lists, and its
+ * dealloc through `clear`. */
+#define CORE_TRAVERSE_AND_CLEAR(prefix, object, FIELDS)                                  \
+    static int prefix##_traverse(object *self, visitproc visit, void *arg)               \
+    {                                                                                    \
+        FIELDS(Py_VISIT)                                                                 \
+        return 0;                                                                        \
+    }                                                                                    \
+    static int prefix##_clear(object *self)                                              \
+    {                                                                                    \
+        FIELDS(Py_CLEAR)                                                                 \
+        return 0;                                                                        \
+    }
+#define CORE_DEALLOC(prefix, object, clear)                                              \
+    static void prefix##_dealloc(object *self)                                           \
+    {                                                                                    \
+        gc_dealloc((PyObject *)self, self->weakrefs, (inquiry)clear);                    \
+    }
 
 /* ---------------------------------------------------------------------------------- */
 /* SemaphoreCore                                                                      */
@@ -93,35 +133,11 @@ static PyObject *semaphore_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     X(self->failure); X(self->lock); X(self->cond); X(self->timepoints); \
     X(self->offers); X(self->name);
 
-static int semaphore_traverse(SemaphoreObject *self, visitproc visit, void *arg)
-{
-    SEMAPHORE_OBJECT_FIELDS(Py_VISIT)
-    return 0;
-}
-
-static int semaphore_clear(SemaphoreObject *self)
-{
-    SEMAPHORE_OBJECT_FIELDS(Py_CLEAR)
-    return 0;
-}
+CORE_TRAVERSE_AND_CLEAR(semaphore, SemaphoreObject, SEMAPHORE_OBJECT_FIELDS)
 
 /* A Python subclass's own dealloc and traverse handle its (heap) type; these handle only
  * the fields. */
-/* The dealloc of the GC types here: untrack, clear weak references (if any were made)
- * and fields, free. */
-static void gc_dealloc(PyObject *self, PyObject *weakrefs, inquiry clear)
-{
-    PyObject_GC_UnTrack(self);
-    if (weakrefs != NULL)
-        PyObject_ClearWeakRefs(self);
-    clear(self);
-    Py_TYPE(self)->tp_free(self);
-}
-
-static void semaphore_dealloc(SemaphoreObject *self)
-{
-    gc_dealloc((PyObject *)self, self->weakrefs, (inquiry)semaphore_clear);
-}
+CORE_DEALLOC(semaphore, SemaphoreObject, semaphore_clear)
 
 /* The failure as the current exception. */
 static PyObject *raise_failure(PyObject *failure)
@@ -219,7 +235,6 @@ static PyMemberDef semaphore_members[] = {
     {"_offers", T_OBJECT_EX, offsetof(SemaphoreObject, offers), 0, NULL},
     {"_blocked", T_PYSSIZET, offsetof(SemaphoreObject, blocked), 0, NULL},
     {"name", T_OBJECT_EX, offsetof(SemaphoreObject, name), 0, NULL},
-    {"__weaklistoffset__", T_PYSSIZET, offsetof(SemaphoreObject, weakrefs), READONLY},
     {NULL},
 };
 
@@ -230,19 +245,12 @@ static PyGetSetDef semaphore_getset[] = {
 };
 
 static PyTypeObject SemaphoreCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "tinyhal.hal.native._core.SemaphoreCore",
-    .tp_basicsize = sizeof(SemaphoreObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The state of a timeline semaphore and its fast paths (hal.semaphore.Semaphore).",
-    .tp_new = semaphore_new,
-    .tp_dealloc = (destructor)semaphore_dealloc,
-    .tp_traverse = (traverseproc)semaphore_traverse,
-    .tp_clear = (inquiry)semaphore_clear,
+    CORE_BASE_TYPE("SemaphoreCore", SemaphoreObject, semaphore,
+                   "The state of a timeline semaphore and its fast paths "
+                   "(hal.semaphore.Semaphore)."),
     .tp_methods = semaphore_methods,
     .tp_members = semaphore_members,
     .tp_getset = semaphore_getset,
-    .tp_weaklistoffset = offsetof(SemaphoreObject, weakrefs),
 };
 
 /* ---------------------------------------------------------------------------------- */
@@ -271,22 +279,9 @@ static PyObject *fence_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 #define FENCE_OBJECT_FIELDS(X) \
     X(self->points); X(self->timeline);
 
-static int fence_traverse(FenceObject *self, visitproc visit, void *arg)
-{
-    FENCE_OBJECT_FIELDS(Py_VISIT)
-    return 0;
-}
+CORE_TRAVERSE_AND_CLEAR(fence, FenceObject, FENCE_OBJECT_FIELDS)
 
-static int fence_clear(FenceObject *self)
-{
-    FENCE_OBJECT_FIELDS(Py_CLEAR)
-    return 0;
-}
-
-static void fence_dealloc(FenceObject *self)
-{
-    gc_dealloc((PyObject *)self, self->weakrefs, (inquiry)fence_clear);
-}
+CORE_DEALLOC(fence, FenceObject, fence_clear)
 
 static PyObject *fence_get_timeline(FenceObject *self, void *closure)
 {
@@ -362,25 +357,12 @@ static PyGetSetDef fence_getset[] = {
     {NULL},
 };
 
-static PyMemberDef fence_members[] = {
-    {"__weaklistoffset__", T_PYSSIZET, offsetof(FenceObject, weakrefs), READONLY},
-    {NULL},
-};
-
 static PyTypeObject FenceCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "tinyhal.hal.native._core.FenceCore",
-    .tp_basicsize = sizeof(FenceObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The points of a fence (hal.semaphore.Fence): a tuple, and a dict made when asked.",
-    .tp_new = fence_new,
-    .tp_dealloc = (destructor)fence_dealloc,
-    .tp_traverse = (traverseproc)fence_traverse,
-    .tp_clear = (inquiry)fence_clear,
+    CORE_BASE_TYPE("FenceCore", FenceObject, fence,
+                   "The points of a fence (hal.semaphore.Fence): a tuple, and a dict made "
+                   "when asked."),
     .tp_as_sequence = &fence_as_sequence,
     .tp_getset = fence_getset,
-    .tp_members = fence_members,
-    .tp_weaklistoffset = offsetof(FenceObject, weakrefs),
 };
 
 /* ---------------------------------------------------------------------------------- */
@@ -522,21 +504,11 @@ static void ring_pop_front(RingObject *self)
 
 /* The object fields of a RingObject, for traverse and clear. */
 #define RING_OBJECT_FIELDS(X) \
-    X(self->backing); X(self->lock); X(self->lock_acquire); X(self->lock_release); X(self->lock_is_owned); \
-    X(self->allocator); X(self->heap_name); X(self->heap); X(self->total); \
+    X(self->backing); X(self->lock); X(self->lock_acquire); X(self->lock_release); \
+    X(self->lock_is_owned); X(self->allocator); X(self->heap_name); X(self->heap); X(self->total); \
     X(self->device_memory); X(self->parked); X(self->closed);
 
-static int ring_traverse(RingObject *self, visitproc visit, void *arg)
-{
-    RING_OBJECT_FIELDS(Py_VISIT)
-    return 0;
-}
-
-static int ring_clear(RingObject *self)
-{
-    RING_OBJECT_FIELDS(Py_CLEAR)
-    return 0;
-}
+CORE_TRAVERSE_AND_CLEAR(ring, RingObject, RING_OBJECT_FIELDS)
 
 static int ring_clear_all(RingObject *self)
 {
@@ -549,10 +521,7 @@ static int ring_clear_all(RingObject *self)
     return 0;
 }
 
-static void ring_dealloc(RingObject *self)
-{
-    gc_dealloc((PyObject *)self, self->weakrefs, (inquiry)ring_clear_all);
-}
+CORE_DEALLOC(ring, RingObject, ring_clear_all)
 
 static PyObject *ring_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
@@ -886,17 +855,12 @@ static int ring_commit_locked(RingObject *self, PyObject *storage, RingBlockObje
     return status;
 }
 
-static PyObject *ring_try_commit(RingObject *self, PyObject *storage)
+/* Places `length` bytes and commits them to `storage` under the lock, if the ring has
+ * room and no request is parked ahead and it is open: 1 if so, 0 if not, -1 on error. */
+static int ring_commit_if_room(RingObject *self, PyObject *storage, long long length)
 {
-    PyObject *length_obj = PyObject_GetAttr(storage, str_byte_length);
-    if (length_obj == NULL)
-        return NULL;
-    long long length = as_size(length_obj);
-    Py_DECREF(length_obj);
-    if (length == -2)
-        return NULL;
     if (ring_lock(self) < 0)
-        return NULL;
+        return -1;
     int committed = 0;
     Py_ssize_t parked = present(self->parked) ? PyObject_Length(self->parked) : 0;
     if (parked == 0 && !present(self->closed)) {
@@ -910,9 +874,20 @@ static PyObject *ring_try_commit(RingObject *self, PyObject *storage)
     } else if (parked < 0) {
         committed = -1;
     }
-    if (ring_unlock(self) < 0 || committed < 0)
+    return ring_unlock(self) < 0 ? -1 : committed;
+}
+
+static PyObject *ring_try_commit(RingObject *self, PyObject *storage)
+{
+    PyObject *length_obj = PyObject_GetAttr(storage, str_byte_length);
+    if (length_obj == NULL)
         return NULL;
-    return PyBool_FromLong(committed);
+    long long length = as_size(length_obj);
+    Py_DECREF(length_obj);
+    if (length == -2)
+        return NULL;
+    int committed = ring_commit_if_room(self, storage, length);
+    return committed < 0 ? NULL : PyBool_FromLong(committed);
 }
 
 static PyTypeObject *buffer_class;
@@ -948,24 +923,8 @@ static PyObject *ring_commit_new(RingObject *self, PyObject *const *args, Py_ssi
     set_slot(storage, storage_slots[STORAGE_ON_RELEASE], Py_None);
     set_slot(storage, storage_slots[STORAGE_RING], Py_None);
     set_slot(storage, storage_slots[STORAGE_BLOCK], Py_None);
-    if (ring_lock(self) < 0) {
-        Py_DECREF(storage);
-        return NULL;
-    }
-    int committed = 0;
-    Py_ssize_t parked = present(self->parked) ? PyObject_Length(self->parked) : 0;
-    if (parked == 0 && !present(self->closed)) {
-        RingBlockObject *block = ring_place(self, length);
-        if (block != NULL) {
-            committed = ring_commit_locked(self, storage, block, length) < 0 ? -1 : 1;
-            Py_DECREF(block);
-        } else if (PyErr_Occurred()) {
-            committed = -1;
-        }
-    } else if (parked < 0) {
-        committed = -1;
-    }
-    if (ring_unlock(self) < 0 || committed <= 0) {
+    int committed = ring_commit_if_room(self, storage, length);
+    if (committed <= 0) {
         Py_DECREF(storage); /* a committed block goes back through its collection */
         if (committed == 0 && !PyErr_Occurred())
             Py_RETURN_NONE;
@@ -1159,7 +1118,6 @@ static PyMemberDef ring_members[] = {
     {"_heap_name", T_OBJECT, offsetof(RingObject, heap_name), 0, NULL},
     {"_parked", T_OBJECT, offsetof(RingObject, parked), 0, NULL},
     {"_closed", T_OBJECT, offsetof(RingObject, closed), 0, NULL},
-    {"__weaklistoffset__", T_PYSSIZET, offsetof(RingObject, weakrefs), READONLY},
     {NULL},
 };
 
@@ -1175,20 +1133,13 @@ static PyGetSetDef ring_getset[] = {
 };
 
 static PyTypeObject RingCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "tinyhal.hal.native._core.RingCore",
-    .tp_basicsize = sizeof(RingObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The state of a transient ring and its placement, retirement and counters "
-              "(hal.ringbuffer.TransientRingbuffer), changed under the allocator's lock.",
-    .tp_new = ring_new,
-    .tp_dealloc = (destructor)ring_dealloc,
-    .tp_traverse = (traverseproc)ring_traverse,
-    .tp_clear = (inquiry)ring_clear,
+    CORE_BASE_TYPE("RingCore", RingObject, ring,
+                   "The state of a transient ring and its placement, retirement and "
+                   "counters (hal.ringbuffer.TransientRingbuffer), changed under the "
+                   "allocator's lock."),
     .tp_methods = ring_methods,
     .tp_members = ring_members,
     .tp_getset = ring_getset,
-    .tp_weaklistoffset = offsetof(RingObject, weakrefs),
 };
 
 /* ---------------------------------------------------------------------------------- */
