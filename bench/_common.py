@@ -143,14 +143,16 @@ def process_tree(pid: int) -> list[int]:
 
 
 def hey(url: str, body_file: str, seconds: float, concurrency: int,
-        content_type: str = "application/json") -> dict[str, Any]:
+        content_type: str = "application/json", headers: tuple[str, ...] = ()
+        ) -> dict[str, Any]:
     """One `hey -z` run POSTing `body_file`: requests/s, p50/p99 (ms), answered, errors.
 
     Sends `Accept-Encoding: identity` (hey asks for gzip otherwise, and servers that
     honour it would compress every response)."""
     out = subprocess.run(
         ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST",
-         "-T", content_type, "-H", "Accept-Encoding: identity", "-D", body_file, url],
+         "-T", content_type, "-H", "Accept-Encoding: identity",
+         *(arg for header in headers for arg in ("-H", header)), "-D", body_file, url],
         capture_output=True, text=True, timeout=seconds + 120, check=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     p = {q: float(m.group(1)) * 1e3 for q in ("50", "99")

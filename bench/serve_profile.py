@@ -14,7 +14,13 @@ waits (often a syscall such as the socket send): read shares as "where the threa
 and the /proc figure as what it cost. Writes bench/results/serve_profile.json
 and keeps the collapsed stacks beside it (serve_profile.txt, for flamegraph tools).
 
+`--binary` sends the row as perf_analyzer does (binary tensor extension: a JSON header,
+the 64 input bytes after it, the outputs asked for as binary data). Beside the total, the
+CPU per request of the event-loop thread alone (the rest is the instance thread's, and
+the kernel's work on its behalf).
+
     python bench/serve_profile.py [--seconds 20] [--concurrency 8] [--delay 0] [--rate 200]
+                                  [--binary]
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import collections
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -32,7 +39,14 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import RESULTS_DIR, ServerProcess, free_port, hey, write_results  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    ServerProcess,
+    cpu_seconds,
+    free_port,
+    hey,
+    write_results,
+)
 
 HERE = Path(__file__).resolve().parent
 SAMPLES = HERE.parent / "server" / "models"
@@ -100,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--delay", type=int, default=0, help="max_queue_delay_microseconds")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--binary", action="store_true",
+                        help="binary tensors in and out, as perf_analyzer sends them")
     args = parser.parse_args(argv)
     for tool in ("hey", "py-spy"):
         if not shutil.which(tool) and not shutil.which(tool, path=os.path.dirname(
@@ -107,12 +123,23 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{tool} not found (apt-get install hey; pip install py-spy)")
     py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
 
-    body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
-                                   "data": [round(0.1 * i - 0.7, 3) for i in range(16)]}]})
+    row = [round(0.1 * i - 0.7, 3) for i in range(16)]
+    content_type, headers = "application/json", ()
+    if args.binary:
+        header = json.dumps({
+            "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                        "parameters": {"binary_data_size": 64}}],
+            "parameters": {"binary_data_output": True}}).encode()
+        body = header + struct.pack("<16f", *row)
+        content_type = "application/octet-stream"
+        headers = (f"Inference-Header-Content-Length: {len(header)}",)
+    else:
+        body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32",
+                                       "shape": [1, 16], "data": row}]}).encode()
     with tempfile.TemporaryDirectory(prefix="serve-profile-") as tmp:
         work = Path(tmp)
-        body_file = work / "body.json"
-        body_file.write_text(body)
+        body_file = work / "body.bin"
+        body_file.write_bytes(body)
         shutil.copytree(SAMPLES / MODEL, work / "repo" / MODEL)
         config_path = work / "repo" / MODEL / "config.json"
         config = json.loads(config_path.read_text())
@@ -122,21 +149,25 @@ def main(argv: list[str] | None = None) -> int:
         server = ServerProcess("tinyhal-serve", [
             sys.executable, "-m", "tinyhal.server.main", "--port", str(port),
             "--model-repository", str(work / "repo"), "--log-level", "warning"],
-            port, body.encode(), PATH)
+            port, json.dumps({"inputs": [{"name": "features", "datatype": "FP32",
+                                          "shape": [1, 16], "data": row}]}).encode(), PATH)
         try:
-            hey(server.url, str(body_file), 2, args.concurrency)  # warm-up
+            hey(server.url, str(body_file), 2, args.concurrency, content_type,
+                headers)  # warm-up
             raw_file = work / "stacks.txt"
             record = [py_spy, "record", "--format", "raw", "--rate", str(args.rate),
                       "--duration", str(max(1, int(args.seconds) - 2)), "--pid",
                       str(server.proc.pid), "--output", str(raw_file)]
             spy = subprocess.Popen(record, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             result: dict = {}
-            cpu0 = server.cpu_seconds()
+            pid = server.proc.pid
+            cpu0, loop0 = server.cpu_seconds(), cpu_seconds(pid, pid)
             runner = threading.Thread(target=lambda: result.update(
-                hey(server.url, str(body_file), args.seconds, args.concurrency)))
+                hey(server.url, str(body_file), args.seconds, args.concurrency,
+                    content_type, headers)))
             runner.start()
             runner.join(args.seconds + 180)
-            cpu = server.cpu_seconds() - cpu0
+            cpu, loop = server.cpu_seconds() - cpu0, cpu_seconds(pid, pid) - loop0
             spy.wait(timeout=120)
             if not raw_file.exists():
                 raise SystemExit(f"py-spy wrote nothing: {spy.stderr.read().decode()[-500:]}")
@@ -147,9 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     answered = max(1, result.get("answered", 0))
     report.update({"rps": result.get("rps"), "p99_ms": result.get("p99_ms"),
                    "cpu_us_per_request": 1e6 * cpu / answered,
+                   "loop_cpu_us_per_request": 1e6 * loop / answered,
                    "load_average": os.getloadavg()})
-    print(f"hey c={args.concurrency} {args.seconds:g} s: {report['rps']:.0f} req/s, "
-          f"server CPU {report['cpu_us_per_request']:.0f} us/request (with py-spy attached), "
+    print(f"hey c={args.concurrency} {'binary' if args.binary else 'JSON'} {args.seconds:g} s: "
+          f"{report['rps']:.0f} req/s, server CPU {report['cpu_us_per_request']:.0f} "
+          f"us/request, its event loop {report['loop_cpu_us_per_request']:.0f} (with py-spy "
+          f"attached), "
           f"load average {report['load_average'][0]:.2f}; {report['samples']} samples "
           f"(and {report['waiting_samples']} in blocking waits, left out)")
     for title, key in (("stage (innermost on the stack)", "stages"),

@@ -75,7 +75,7 @@ _RUN_LIST = 16
 # an instance answers its requests itself while its next batch waits at least this long
 _DIRECT_MARGIN = 200e-6
 
-__all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Instance",
+__all__ = ["Admission", "AdmissionStatistics", "Completion", "DeadlineExceeded", "Instance",
            "Overloaded", "PendingRequest", "RunningInvocation", "Unavailable",
            "DispatchAfterPass", "after_pass", "answer_directly", "delay_timer"]
 
@@ -155,6 +155,47 @@ class InFlight:
             await event.wait()
 
 
+class Completion:
+    """What one task waits for: the outcome of its request being in place. A trio.Event
+    for exactly one waiter, without the parking lot: `wait` parks the task itself and
+    `set` reschedules it, so a request costs one small object and no lot, statistics
+    or waiter set. `wait` is a checkpoint whether or not it has to park (as
+    `trio.Event.wait`), and a cancelled wait returns nothing (the caller reads
+    `is_set()`)."""
+
+    __slots__ = ("_set", "_task")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._task: Any = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        """Marks it done and wakes the waiting task, if any (on the loop)."""
+        if not self._set:
+            self._set = True
+            task = self._task
+            if task is not None:
+                self._task = None
+                trio.lowlevel.reschedule(task)
+
+    async def wait(self) -> None:
+        """Returns once `set` was called (at once if it was already)."""
+        if self._set:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._task is not None:
+            raise RuntimeError("a Completion has one waiter")
+        self._task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, raise_cancel: Any) -> trio.lowlevel.Abort:
+        self._task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
 class _Request:
     __slots__ = ("args", "rows", "key", "deadline", "arrived", "label", "done", "outcome",
                  "started", "detached", "queued_seconds", "infer_seconds", "respond")
@@ -164,11 +205,12 @@ class _Request:
                  ) -> None:
         self.args = args
         self.rows = rows
-        self.key = tuple(getattr(a, "shape", ())[1:] for a in args)
+        self.key = (getattr(args[0], "shape", ())[1:],) if len(args) == 1 else \
+            tuple(getattr(a, "shape", ())[1:] for a in args)
         self.deadline = deadline
         self.arrived = now
         self.label = label
-        self.done = trio.Event()
+        self.done = Completion()
         self.outcome: Outcome | None = None
         self.started = False
         self.detached = False

@@ -121,9 +121,11 @@ class Server:
     def create_series(self, mv: ModelVersion) -> None:
         self.metrics.series(mv.name, mv.version)
 
-    async def handle(self, request: Request) -> Response:
-        """Answers one HTTP request (never raises: a failure of ours is a 500)."""
-        return await self._routes.handle(request)
+    @property
+    def handle(self) -> Callable[[Request], Awaitable[Response]]:
+        """The handler answering one HTTP request (never raises: a failure of ours is a
+        500): the routes' own, so a request's task awaits one coroutine fewer."""
+        return self._routes.handle
 
     def running_invocations(self) -> list[RunningInvocation]:
         """Every invocation still running, over all model versions, oldest first."""
@@ -367,89 +369,67 @@ class _Routes:
             return error_response(exc.status, exc.message)
         series = server.metrics.series(mv.name, mv.version)
         try:
-            return await self._infer(request, mv, series)
+            if server.draining or not mv.ready:
+                series.finished(503, trio.current_time() - request.arrived)
+                return error_response(
+                    503, "server is shutting down; retry on another replica"
+                    if server.draining else f"model '{mv.name}' version {mv.version} is "
+                                            f"not ready: {mv.reason or mv.state}", _RETRY)
+            headers = request.headers
+            t_input = time.perf_counter()
+            try:
+                if len(request.body) > _PARSE_ON_LOOP_BYTES or "content-encoding" in headers:
+                    async with server.parse_limiter:
+                        req = await trio.to_thread.run_sync(
+                            _parse_large, request, server.max_request_bytes)
+                else:  # no Content-Encoding: the body is the request as it is
+                    req = parse_infer_request(
+                        request.body, headers.get("inference-header-content-length"))
+                args = mv.prepare(req)
+                deadline = _deadline(headers.get("inference-timeout"), req.timeout_us, mv,
+                                     server.max_timeout, request.arrived)
+            except ProtocolError as exc:
+                return self._failed(mv, series, request,
+                                    error_response(exc.status, exc.message))
+            compute_input = time.perf_counter() - t_input
+
+            # answered on the instance thread when the connection allows it (see
+            # `DirectReply`): the client has its answer before the loop wakes up
+            answered: list[tuple[Response, float]] = []
+            direct = request.direct
+            respond = None
+            if direct is not None:
+                def respond(results: list, seconds: float) -> None:
+                    start = time.perf_counter()
+                    response = _infer_response(mv, req, results)
+                    if direct.send(response):
+                        answered.append((response, time.perf_counter() - start))
+
+            try:
+                label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
+                results, queued, compute_infer = await mv.infer(args, deadline, label,
+                                                                req.parameters, respond)
+            except Exception as exc:  # noqa: BLE001 - mapped to an answer, or raised on
+                if isinstance(exc, DeadlineExceeded) and direct is not None:
+                    direct.close()
+                    if direct.sent is not None:  # its answer went out as the deadline passed
+                        return self._succeeded(mv, series, request, direct.sent,
+                                               (0.0, compute_input, 0.0, 0.0))
+                response = _failure_response(server, mv, exc)
+                if response is None:
+                    raise
+                return self._failed(mv, series, request, response)
+            if answered:
+                response, compute_output = answered[0]
+            else:
+                t_output = time.perf_counter()
+                response = _infer_response(mv, req, results)
+                compute_output = time.perf_counter() - t_output
+            return self._succeeded(mv, series, request, response,
+                                   (queued, compute_input, compute_infer, compute_output))
         except BaseException:
             series.finished(500, trio.current_time() - request.arrived)
             raise
-
-    async def _infer(self, request: Request, mv: ModelVersion, series: ModelSeries
-                     ) -> Response:
-        server = self.server
-        if server.draining or not mv.ready:
-            response = error_response(
-                503, "server is shutting down; retry on another replica" if server.draining
-                else f"model '{mv.name}' version {mv.version} is not ready: "
-                     f"{mv.reason or mv.state}", _RETRY)
-            series.finished(503, trio.current_time() - request.arrived)
-            return response
-        headers = request.headers
-        t_input = time.perf_counter()
-        try:
-            if len(request.body) > _PARSE_ON_LOOP_BYTES or \
-                    "content-encoding" in headers:
-                async with server.parse_limiter:
-                    req = await trio.to_thread.run_sync(
-                        _parse_large, request, server.max_request_bytes)
-            else:
-                req = _parse(request, server.max_request_bytes)
-            args = mv.prepare(req)
-            deadline = _deadline(headers.get("inference-timeout"), req.timeout_us, mv,
-                                 server.max_timeout, request.arrived)
-        except ProtocolError as exc:
-            return self._failed(mv, series, request, error_response(exc.status, exc.message))
-        compute_input = time.perf_counter() - t_input
-
-        # answered on the instance thread when the connection allows it (see
-        # `DirectReply`): the client has its answer before the loop wakes up
-        answered: list[tuple[Response, float]] = []
-        direct = request.direct
-        respond = None
-        if direct is not None:
-            def respond(results: list, seconds: float) -> None:
-                start = time.perf_counter()
-                response = _infer_response(mv, req, results)
-                if direct.send(response):
-                    answered.append((response, time.perf_counter() - start))
-
-        try:
-            label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
-            results, queued, compute_infer = await mv.infer(args, deadline, label,
-                                                            req.parameters, respond)
-        except ProtocolError as exc:  # a bad sequence control flow
-            return self._failed(mv, series, request, error_response(exc.status, exc.message))
-        except Overloaded as exc:
-            return self._failed(mv, series, request, error_response(
-                429, f"model '{mv.name}' is overloaded: {exc}; retry after "
-                     f"{exc.retry_after} s", [("retry-after", str(exc.retry_after))]))
-        except DeadlineExceeded as exc:
-            if direct is not None:
-                direct.close()
-                if direct.sent is not None:  # its answer went out as the deadline passed
-                    return self._succeeded(mv, series, request, direct.sent,
-                                           (0.0, compute_input, 0.0, 0.0))
-            return self._failed(mv, series, request, error_response(504, f"model '{mv.name}': {exc}"))
-        except Unavailable as exc:
-            return self._failed(mv, series, request, error_response(
-                503, f"model '{mv.name}' version {mv.version}: {exc}", _RETRY))
-        except Error as exc:
-            status = _ERROR_STATUS.get(exc.code, 500)
-            if status == 500:
-                log.error("model %s version %s failed: %s", mv.name, mv.version, exc)
-            if isinstance(exc, (KernelFaultError, DeviceLostError)):
-                for lost in server.repository.device_lost(mv.device, exc):
-                    log.error("model %s version %s is unavailable: its device %s was lost; "
-                              "load it again to retry on a new device", lost.name,
-                              lost.version, lost.device_name)
-            return self._failed(mv, series, request, error_response(
-                status, f"model '{mv.name}' failed: {exc}", _RETRY if status == 503 else None))
-        if answered:
-            response, compute_output = answered[0]
-        else:
-            t_output = time.perf_counter()
-            response = _infer_response(mv, req, results)
-            compute_output = time.perf_counter() - t_output
-        return self._succeeded(mv, series, request, response,
-                               (queued, compute_input, compute_infer, compute_output))
 
     @staticmethod
     def _succeeded(mv: ModelVersion, series: ModelSeries, request: Request,
@@ -463,6 +443,33 @@ class _Routes:
                 response: Response) -> Response:
         series.failed(mv.stats, response.status, trio.current_time() - request.arrived)
         return response
+
+
+def _failure_response(server: Server, mv: ModelVersion, exc: Exception) -> Response | None:
+    """The answer to a request whose invocation raised `exc` (None: a failure of ours,
+    to be raised on)."""
+    if isinstance(exc, ProtocolError):  # a bad sequence control flow
+        return error_response(exc.status, exc.message)
+    if isinstance(exc, Overloaded):
+        return error_response(429, f"model '{mv.name}' is overloaded: {exc}; retry after "
+                                   f"{exc.retry_after} s",
+                              [("retry-after", str(exc.retry_after))])
+    if isinstance(exc, DeadlineExceeded):
+        return error_response(504, f"model '{mv.name}': {exc}")
+    if isinstance(exc, Unavailable):
+        return error_response(503, f"model '{mv.name}' version {mv.version}: {exc}", _RETRY)
+    if not isinstance(exc, Error):
+        return None
+    status = _ERROR_STATUS.get(exc.code, 500)
+    if status == 500:
+        log.error("model %s version %s failed: %s", mv.name, mv.version, exc)
+    if isinstance(exc, (KernelFaultError, DeviceLostError)):
+        for lost in server.repository.device_lost(mv.device, exc):
+            log.error("model %s version %s is unavailable: its device %s was lost; load it "
+                      "again to retry on a new device", lost.name, lost.version,
+                      lost.device_name)
+    return error_response(status, f"model '{mv.name}' failed: {exc}",
+                          _RETRY if status == 503 else None)
 
 
 def _infer_response(mv: ModelVersion, req: Any, results: list) -> Response:

@@ -144,6 +144,7 @@ class Request:
     body: bytes
     arrived: float  # trio clock, when the request head was complete
     direct: DirectReply | None = None  # another thread may answer it (see DirectReply)
+    target: str = ""  # the request target as sent (path and query)
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -182,6 +183,12 @@ class _Callbacks:
         self.head_raw = 0  # bytes received for the head in progress
         self.head_deadline = 0.0
         self.raw_headers: list[bytes] = []  # name, value, name, ... of the head in progress
+        # the last head's raw headers, their size and their dict: a keep-alive client
+        # usually sends the same headers every time, decoded once (the dicts are shared:
+        # handlers only read them)
+        self.last_raw: list[bytes] | None = None
+        self.last_raw_bytes = 0
+        self.last_headers: dict[str, str] = {}
         self.received = 0.0  # trio clock: when the bytes being parsed were read
 
     def on_message_begin(self) -> None:
@@ -202,11 +209,20 @@ class _Callbacks:
     def on_headers_complete(self) -> None:
         message = self.current
         raw, self.raw_headers = self.raw_headers, []
-        if self.head_bytes + sum(map(len, raw)) > _MAX_HEAD_BYTES:
+        if raw == self.last_raw:
+            raw_bytes, headers = self.last_raw_bytes, self.last_headers
+        else:
+            raw_bytes = sum(map(len, raw))
+            headers = None
+        if self.head_bytes + raw_bytes > _MAX_HEAD_BYTES:
             self.head_too_large = True
             raise httptools.HttpParserError("request head too large")
-        message.headers = _header_dict(raw)
-        message.method = self.parser.get_method().decode("latin-1")
+        if headers is None:
+            headers = _header_dict(raw)
+            self.last_raw, self.last_raw_bytes, self.last_headers = raw, raw_bytes, headers
+        message.headers = headers
+        method = self.parser.get_method()
+        message.method = _METHODS.get(method) or method.decode("latin-1")
         message.arrived = self.received
         message.head_done = True
         length = message.headers.get("content-length", "")
@@ -256,7 +272,10 @@ class HttpServer:
         self.access_log = access_log
         self.draining = False
         self._listeners: list[trio.SocketListener] = []
-        self._idle: set[trio.CancelScope] = set()
+        # connections waiting for their next request -> since when (trio clock): the
+        # idle sweep closes those idle longer than keep_alive_timeout, drain all of them
+        self._idle: dict[trio.CancelScope, float] = {}
+        self._sweeping = trio.CancelScope()
         self._open = 0
         # connections without a request in progress, oldest first (evicted at the cap)
         self._waiting: OrderedDict[trio.CancelScope, None] = OrderedDict()
@@ -274,6 +293,7 @@ class HttpServer:
         async with trio.open_nursery() as nursery:
             for listener in listeners:
                 nursery.start_soon(self._accept, listener, nursery)
+            nursery.start_soon(self._sweep_idle)
             task_status.started()
         # the accept loops ended (drain); connection tasks finished with the nursery
 
@@ -299,9 +319,24 @@ class HttpServer:
                 self._settle_waiters.append(event)
                 await event.wait()
 
+    async def _sweep_idle(self) -> None:
+        """Closes keep-alive connections idle for `keep_alive_timeout` (checked four
+        times per timeout, so one closes after 1 to 1.25 times it): a connection waiting
+        for its next request then needs no timer of its own, which would cost a cancel
+        scope per request."""
+        period = self.keep_alive_timeout / 4
+        with self._sweeping:
+            while not self.draining:
+                await trio.sleep(period)
+                expired = trio.current_time() - self.keep_alive_timeout
+                for scope, since in list(self._idle.items()):
+                    if since <= expired:
+                        scope.cancel()
+
     def drain(self) -> None:
         """Stops accepting, closes idle connections; busy ones close after their answer."""
         self.draining = True
+        self._sweeping.cancel()
         for listener in self._listeners:
             # closing the socket outright frees the port at once (no new SYN is accepted)
             listener.socket.close()
@@ -359,7 +394,7 @@ class HttpServer:
                     if not callbacks.done:
                         self._waiting[scope] = None
                         try:
-                            if not await self._receive(stream, parser, callbacks):
+                            if not await self._receive(stream, parser, callbacks, scope):
                                 break
                         finally:
                             self._waiting.pop(scope, None)
@@ -368,7 +403,27 @@ class HttpServer:
                     if message.too_large:
                         await self._send_too_large(stream)
                         break
-                    if not await self._answer(stream, message, callbacks.fd):
+                    request = self._request(message, callbacks.fd)
+                    direct = request.direct
+                    try:
+                        response = await self.handler(request)
+                    finally:
+                        if direct is not None:
+                            direct.close()
+                            if direct.sent is not None:
+                                self._finished_direct()
+                    keep_alive, unsent = self._reply(message, response, direct, callbacks.fd)
+                    for chunk in unsent:
+                        await stream.send_all(chunk)
+                    if direct is None or direct.sent is None:
+                        # the loop answered: the client sends its next request only now,
+                        # so the tasks already ready run first (other connections, the
+                        # batch that takes what this pass read) and the next read here
+                        # usually finds the request instead of waiting on epoll for it
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                    if self.access_log:
+                        self._log_access(stream, message, request, response, direct)
+                    if not keep_alive:
                         break
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             pass
@@ -399,21 +454,22 @@ class HttpServer:
             pass
 
     async def _receive(self, stream: trio.SocketStream, parser: httptools.HttpRequestParser,
-                       callbacks: _Callbacks) -> bool:
-        """Feeds the parser what arrives next; False when the connection should close."""
+                       callbacks: _Callbacks, scope: trio.CancelScope) -> bool:
+        """Feeds the parser what arrives next; False when the connection should close.
+        `scope` is the connection's: cancelled while it waits idle, it closes it."""
         current = callbacks.current
-        if current is None:  # idle between requests: keep-alive timeout, drain closes it
-            data = _read_now(callbacks.fd)
+        if current is None:  # idle between requests: the idle sweep or drain closes it
+            fd = callbacks.fd
+            data = _read_now(fd)
             if data is None:
-                idle = trio.CancelScope(deadline=trio.current_time() + self.keep_alive_timeout)
-                self._idle.add(idle)
+                idle = self._idle
+                idle[scope] = trio.current_time()
                 try:
-                    with idle:
-                        data = await stream.receive_some(_READ_SIZE)
+                    while data is None:
+                        await trio.lowlevel.wait_readable(fd)
+                        data = _read_now(fd)
                 finally:
-                    self._idle.discard(idle)
-                if idle.cancelled_caught:
-                    return False
+                    del idle[scope]
             callbacks.received = now = trio.current_time()
             callbacks.head_deadline = now + self.head_timeout
         else:
@@ -423,6 +479,10 @@ class HttpServer:
                 # perf_analyzer) has usually sent the body by the time the head is parsed
                 current.read_on = True
                 data = _read_now(callbacks.fd)
+                if data is None:  # its write is usually just behind: the ready tasks
+                    # run first, then one more read, before a timed wait (a cancel scope)
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    data = _read_now(callbacks.fd)
             if data is None:
                 in_head = not current.head_done
                 deadline = callbacks.head_deadline if in_head else \
@@ -470,56 +530,58 @@ class HttpServer:
     async def _send_head_too_large(self, stream: trio.SocketStream) -> None:
         await self._send_error(stream, 431, f"request head exceeds {_MAX_HEAD_BYTES} bytes")
 
-    async def _answer(self, stream: trio.SocketStream, message: _Message, fd: int) -> bool:
-        """Runs the handler on one complete request; False when the connection closes."""
+    def _request(self, message: _Message, fd: int) -> Request:
         target = message.target.decode("latin-1")
         body = message.body[0] if len(message.body) == 1 else b"".join(message.body)
         direct = DirectReply(fd, message.keep_alive, self) \
             if message.method == "POST" else None
-        request = Request(message.method, target.split("?", 1)[0], message.headers, body,
-                          message.arrived, direct)
-        try:
-            response = await self.handler(request)
-        finally:
-            if direct is not None:
-                direct.close()
-                if direct.sent is not None:
-                    self._finished_direct()
+        return Request(message.method, target.split("?", 1)[0], message.headers, body,
+                       message.arrived, direct, target)
+
+    def _reply(self, message: _Message, response: Response, direct: DirectReply | None,
+               fd: int) -> tuple[bool, list[bytes]]:
+        """Writes the answer to one request as far as the socket takes it at once:
+        (whether the connection stays open, what is left to send). An answer an
+        instance thread already wrote wins; the handler's is then dropped."""
         if direct is not None and direct.sent is not None:
             if direct.broken:
-                return False
-            response, keep_alive = direct.sent, direct.keep_alive
-            if direct.rest:
-                await stream.send_all(direct.rest)
-        else:
-            keep_alive = message.keep_alive and not self.draining
-            await self._send(stream, response, keep_alive, message.method == "HEAD")
-        if self.access_log:
-            try:
-                peer = stream.socket.getpeername()[0]
-            except OSError:
-                peer = "-"
-            log.info('%s "%s %s" %d %d', peer, message.method, target, response.status,
-                     len(response.body))
-        return keep_alive
-
-    async def _send(self, stream: trio.SocketStream, response: Response, keep_alive: bool,
-                    head_only: bool = False) -> None:
-        body = response.body
+                return False, []
+            return direct.keep_alive, [direct.rest] if direct.rest else []
+        keep_alive = message.keep_alive and not self.draining
         head = _encode_head(response, keep_alive)
-        if head_only or not body:
-            await stream.send_all(head)
+        body = response.body
+        if message.method == "HEAD" or not body:
+            data = head
         elif len(body) <= _COALESCE_BYTES:
-            await stream.send_all(head + body)
+            data = head + body
         else:  # large bodies go out as they are, without a copy
-            await stream.send_all(head)
-            await stream.send_all(body)
+            return keep_alive, [head, body]
+        try:
+            written = os.write(fd, data)
+        except BlockingIOError:
+            written = 0
+        return keep_alive, [data[written:]] if written < len(data) else []
+
+    def _log_access(self, stream: trio.SocketStream, message: _Message, request: Request,
+                    response: Response, direct: DirectReply | None) -> None:
+        if direct is not None and direct.sent is not None:
+            response = direct.sent
+        try:
+            peer = stream.socket.getpeername()[0]
+        except OSError:
+            peer = "-"
+        log.info('%s "%s %s" %d %d', peer, message.method, request.target, response.status,
+                 len(response.body))
 
     async def _send_error(self, stream: trio.SocketStream, status: int, message: str) -> None:
+        response = self.error(status, message)
         try:
-            await self._send(stream, self.error(status, message), keep_alive=False)
+            await stream.send_all(_encode_head(response, False) + response.body)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             pass
+
+
+_METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS")}
 
 
 def _header_dict(raw: list[bytes]) -> dict[str, str]:
@@ -553,15 +615,24 @@ def _read_now(fd: int) -> bytes | None:
 
 
 def _encode_head(response: Response, keep_alive: bool) -> bytes:
-    """The status line and headers of `response`."""
-    try:
-        reason = HTTPStatus(response.status).phrase
-    except ValueError:
-        reason = ""
-    lines = [f"HTTP/1.1 {response.status} {reason}",
-             f"content-type: {response.content_type}",
-             f"content-length: {len(response.body)}"]
-    lines += [f"{name}: {value}" for name, value in response.headers]
-    if not keep_alive:
-        lines.append("connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    """The status line and headers of `response` (the status line and content type
+    encoded once per pair)."""
+    key = (response.status, response.content_type)
+    start = _HEAD_STARTS.get(key)
+    if start is None:
+        try:
+            reason = HTTPStatus(response.status).phrase
+        except ValueError:
+            reason = ""
+        start = f"HTTP/1.1 {response.status} {reason}\r\ncontent-type: " \
+                f"{response.content_type}\r\ncontent-length: ".encode("latin-1")
+        if len(_HEAD_STARTS) < 256:
+            _HEAD_STARTS[key] = start
+    tail = b"\r\n\r\n" if keep_alive else b"\r\nconnection: close\r\n\r\n"
+    if response.headers:
+        tail = "".join(f"\r\n{name}: {value}" for name, value in response.headers
+                       ).encode("latin-1") + tail
+    return b"%b%d%b" % (start, len(response.body), tail)
+
+
+_HEAD_STARTS: dict[tuple[int, str], bytes] = {}

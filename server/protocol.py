@@ -224,9 +224,23 @@ def _bool(value: Any, what: str, name: str = "") -> bool | None:
     raise _bad(f"{what.format(name)} must be true or false, not {value!r}")
 
 
-def _check_depth(head: bytes) -> None:
+def _bad_datatype(name: str, datatype: Any) -> None:
+    """Raises the 400 for an input whose datatype is missing or not one we take."""
+    if not isinstance(datatype, str):
+        raise _bad(f"input '{name}' has no 'datatype'")
+    if datatype in _UNSUPPORTED:
+        raise _bad(f"input '{name}': {_UNSUPPORTED[datatype]}")
+    raise _bad(f"input '{name}' has unknown datatype {datatype!r}; supported: "
+               f"{', '.join(DATATYPES)}")
+
+
+def _check_depth(head: bytes | memoryview) -> None:
     """400 if the JSON nests deeper than MAX_JSON_DEPTH (checked on the bytes, in C-speed
     steps, before a recursive parser sees them)."""
+    if len(head) <= MAX_JSON_DEPTH:  # cannot open more brackets than it has bytes
+        return
+    if type(head) is memoryview:
+        head = head.tobytes()
     if head.count(b"[") + head.count(b"{") <= MAX_JSON_DEPTH:
         return
     brackets = _JSON_STRING.sub(b"", head).translate(None, _NOT_BRACKETS)
@@ -237,10 +251,11 @@ def _check_depth(head: bytes) -> None:
         raise _bad(f"request JSON is nested deeper than {MAX_JSON_DEPTH} levels")
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
-    """The JSON header and the binary tail of a request body."""
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes | memoryview,
+                                                                memoryview]:
+    """The JSON header and the binary tail of a request body (views: nothing copied)."""
     if header_length is None:
-        return body, memoryview(b"")
+        return body, _EMPTY
     try:
         n = int(header_length)
     except ValueError:
@@ -250,7 +265,10 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
         raise _bad(f"Inference-Header-Content-Length {n} is outside the body of "
                    f"{len(body)} bytes (it must be in (0, {len(body)}])")
     view = memoryview(body)
-    return bytes(view[:n]), view[n:]
+    return view[:n], view[n:]
+
+
+_EMPTY = memoryview(b"")
 
 
 def parse_infer_request(body: bytes, header_length: str | None = None) -> InferRequest:
@@ -277,24 +295,20 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
     datatypes: dict[str, str] = {}
     offset = 0
     for i, item in enumerate(raw_inputs):
-        if not isinstance(item, dict):
+        if type(item) is not dict:  # orjson makes exactly dicts, lists and strs
             raise _bad(f"inputs[{i}] must be a JSON object")
         name = item.get("name")
-        if not isinstance(name, str) or not name:
+        if type(name) is not str or not name:
             raise _bad(f"inputs[{i}] has no 'name'")
         if name in inputs:
             raise _bad(f"input '{name}' appears more than once")
         datatype = item.get("datatype")
-        if not isinstance(datatype, str):
-            raise _bad(f"input '{name}' has no 'datatype'")
-        if datatype in _UNSUPPORTED:
-            raise _bad(f"input '{name}': {_UNSUPPORTED[datatype]}")
-        if datatype not in DATATYPES:
-            raise _bad(f"input '{name}' has unknown datatype {datatype!r}; supported: "
-                       f"{', '.join(DATATYPES)}")
+        if type(datatype) is not str or datatype not in DATATYPES:
+            _bad_datatype(name, datatype)
         shape = _shape(item.get("shape"), name)
-        params = _as_dict(item.get("parameters"), "input '{}' 'parameters'", name)
-        size = params.get("binary_data_size")
+        params = item.get("parameters")
+        size = None if params is None else \
+            _as_dict(params, "input '{}' 'parameters'", name).get("binary_data_size")
         if size is not None:
             if "data" in item:
                 raise _bad(f"input '{name}' has both 'data' and binary_data_size")
@@ -329,19 +343,23 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
         outputs = []
         seen = set()
         for i, item in enumerate(raw_outputs):
-            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            name = item.get("name") if type(item) is dict else None
+            if type(name) is not str:
                 raise _bad(f"outputs[{i}] must be an object with a 'name'")
-            oparams = _as_dict(item.get("parameters"), "output '{}' 'parameters'",
-                               item["name"])
-            if oparams.get("classification") or oparams.get("class_count"):
-                raise _bad(f"output '{item['name']}': the classification extension is not "
-                           "supported")
-            if item["name"] in seen:
-                raise _bad(f"output '{item['name']}' is requested more than once")
-            seen.add(item["name"])
-            binary = _bool(oparams.get("binary_data"), "output '{}' parameter 'binary_data'",
-                           item["name"])
-            outputs.append(RequestedOutput(item["name"], binary))
+            oparams = item.get("parameters")
+            binary = None
+            if oparams is not None:
+                oparams = _as_dict(oparams, "output '{}' 'parameters'", name)
+                if oparams.get("classification") or oparams.get("class_count"):
+                    raise _bad(f"output '{name}': the classification extension is not "
+                               "supported")
+                binary = oparams.get("binary_data")
+            if name in seen:
+                raise _bad(f"output '{name}' is requested more than once")
+            seen.add(name)
+            if binary is not None and type(binary) is not bool:
+                _bool(binary, "output '{}' parameter 'binary_data'", name)
+            outputs.append(RequestedOutput(name, binary))
     return InferRequest(
         id=request_id,
         inputs=inputs,

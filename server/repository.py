@@ -54,6 +54,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -434,18 +435,19 @@ class ModelVersion:
             args.append(array)
         return args
 
-    async def infer(self, args: list[Any], deadline: float, label: str,
-                    parameters: dict | None = None, respond: Any = None
-                    ) -> tuple[list[tuple[str, str, np.ndarray]], float, float]:
+    def infer(self, args: list[Any], deadline: float, label: str,
+              parameters: dict | None = None, respond: Any = None
+              ) -> Awaitable[tuple[list[tuple[str, str, np.ndarray]], float, float]]:
         """Runs one request's invocation under admission control (batched with others when
         the model has dynamic batching; a step of its sequence, with the request's
-        `parameters`, when it has sequence batching): (results, seconds queued, seconds
-        invoking). `respond` as `Admission.infer`'s."""
+        `parameters`, when it has sequence batching): awaitable for (results, seconds
+        queued, seconds invoking). `respond` as `Admission.infer`'s. (A plain function
+        handing back its scheduler's coroutine: the request's task awaits one frame
+        fewer.)"""
         if self.sequences is not None:
-            return await self.sequences.infer(args, parameters or {}, deadline, label,
-                                              respond)
+            return self.sequences.infer(args, parameters or {}, deadline, label, respond)
         rows = int(args[0].shape[0]) if self.max_batch_size else 1
-        return await self.admission.infer(args, rows, deadline, label, respond)
+        return self.admission.infer(args, rows, deadline, label, respond)
 
     def _invoke_blocking(self, module: Any, args: list[Any]
                          ) -> list[tuple[str, str, np.ndarray]]:
@@ -819,7 +821,10 @@ class ModelRepository:
         versions = self.models.get(name)
         if versions is None:
             raise ProtocolError(404, f"unknown model '{name}'")
-        if version is None or version == "":
+        if not version:
+            if len(versions) == 1:
+                for mv in versions.values():
+                    return mv
             ready = [mv for mv in versions.values() if mv.ready]
             return (ready or list(versions.values()))[-1]
         mv = versions.get(version)

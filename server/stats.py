@@ -85,7 +85,10 @@ class ModelStatistics:
     def executed(self, requests: int, rows: int, seconds: float) -> None:
         self.execution_count += 1
         self.inference_count += rows
-        self.batches.setdefault(rows, Latency()).add(seconds)
+        latency = self.batches.get(rows)
+        if latency is None:
+            latency = self.batches[rows] = Latency()
+        latency.add(seconds)
         self.last_inference_ms = int(time.time() * 1e3)
 
     def doc(self, name: str, version: str) -> dict:
