@@ -12,7 +12,10 @@ local-sync first. Then `--rounds` rounds (at least 7): in each, every runtime in
 runs the model for a short median, the order reversed every other round, so a slow
 spell of the shared machine costs them alike. Reported per model: the median over rounds
 of each round's ratio (sync / local-sync, task / local-task, emu / local-task, emu /
-tinyhal sync) and of each runtime's time; the Python calls one sync invocation makes
+tinyhal sync) and of each runtime's time; for sync / local-sync also the ratio of the
+calling thread's CPU time (column `cpu`: both run every kernel on the calling thread, so it
+leaves out the time the shared machine gave the core to other processes, which the wall
+ratio does not); the Python calls one sync invocation makes
 (profile `call` events on the calling thread, deterministic) and how many of them are
 calls of `hal` module imports or recording-block sites (`vm/record_blocks.py`: one call
 for a command buffer's run of record operations), so calls per HAL operation.
@@ -39,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-from _common import median_seconds, write_results  # noqa: E402
+from _common import write_results  # noqa: E402
 
 import tinyhal  # noqa: E402
 from support.iree_tools import HOST_FLAGS, compile_mlir  # noqa: E402
@@ -134,6 +137,22 @@ def python_calls(fn: Callable[[], Any], hal_codes: set[Any]) -> tuple[int, int]:
     return calls - 1, hal  # the hook sees fn's own frame
 
 
+def median_wall_and_cpu(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """Medians of `repeat` calls of `fn` (after one unmeasured call): wall seconds, and
+    seconds of CPU the calling thread spent. The CPU time leaves out the time others'
+    processes held the core; it is only whole for runtimes that run everything on the
+    calling thread (tinyhal sync and IREE local-sync)."""
+    fn()
+    wall, cpu = [], []
+    for _ in range(repeat):
+        cpu_start = time.thread_time()
+        start = time.perf_counter()
+        fn()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - cpu_start)
+    return statistics.median(wall), statistics.median(cpu)
+
+
 def run_model(name: str, vmfb: Any, function: str, inputs: tuple, rounds: int,
               hal_codes: set[Any]) -> dict[str, Any]:
     runners: dict[str, Callable[[], Any]] = {}
@@ -158,10 +177,13 @@ def run_model(name: str, vmfb: Any, function: str, inputs: tuple, rounds: int,
         once = time.perf_counter() - start
         samples[driver] = max(3, min(400, math.ceil(ROUND_SECONDS / max(once, 1e-6))))
     times: dict[str, list[float]] = {d: [] for d in runners}
+    cpu_times: dict[str, list[float]] = {d: [] for d in runners}
     order = list(runners)
     for r in range(rounds):
         for driver in (order if r % 2 == 0 else order[::-1]):
-            times[driver].append(median_seconds(runners[driver], samples[driver], warmup=1))
+            wall, cpu = median_wall_and_cpu(runners[driver], samples[driver])
+            times[driver].append(wall)
+            cpu_times[driver].append(cpu)
     calls, hal = python_calls(runners["sync"], hal_codes)
     row: dict[str, Any] = {"model": name, "rounds": rounds,
                            "python_calls_per_invocation": calls,
@@ -172,6 +194,8 @@ def run_model(name: str, vmfb: Any, function: str, inputs: tuple, rounds: int,
     for ours, theirs in RATIOS:
         row[f"{ours}/{theirs}"] = statistics.median(
             a / b for a, b in zip(times[ours], times[theirs]))
+    row["sync/local-sync cpu"] = statistics.median(
+        a / b for a, b in zip(cpu_times["sync"], cpu_times["local-sync"]))
     for item in keep:
         if hasattr(item, "close"):
             item.close()
@@ -195,12 +219,13 @@ def main() -> None:
         print(f"{name}: sync {r['sync/local-sync']:.2f}x", file=sys.stderr, flush=True)
     load = os.getloadavg()
     path = write_results("zoo_vs_iree", rows, {"loadavg": load})
-    print(f"{'model':13} {'sync ms':>8} {'IREE ms':>8} {'sync/ls':>8} {'task/lt':>8} "
+    print(f"{'model':13} {'sync ms':>8} {'IREE ms':>8} {'sync/ls':>8} {'cpu':>6} {'task/lt':>8} "
           f"{'emu/lt':>7} {'emu/sync':>8} {'py calls':>9} {'hal ops':>8} {'calls/op':>8}")
     for r in rows:
         per_op = r["python_calls_per_hal_op"]
         print(f"{r['model']:13} {r['sync_ms']:8.3f} {r['local-sync_ms']:8.3f} "
-              f"{r['sync/local-sync']:7.2f}x {r['task/local-task']:7.2f}x "
+              f"{r['sync/local-sync']:7.2f}x {r['sync/local-sync cpu']:5.2f}x "
+              f"{r['task/local-task']:7.2f}x "
               f"{r['emu/local-task']:6.2f}x {r['emu/sync']:7.2f}x "
               f"{r['python_calls_per_invocation']:9d} {r['hal_ops_per_invocation']:8d} "
               f"{per_op if per_op is None else round(per_op, 1)!s:>8}")

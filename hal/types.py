@@ -7,7 +7,7 @@ import math
 import struct
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError
 
@@ -394,15 +394,25 @@ def unpack_elements(raw: np.ndarray, shape: tuple[int, ...], element_type: int) 
     return values.view(dtype).reshape(shape)
 
 
+# Element type -> (numpy.ndarray, dtype) for whole-byte types, filled as `copy_elements`
+# meets them: a call right after a large kernel runs with cold caches, so the result path
+# touches as little as it can.
+_WHOLE_BYTE_ARRAYS: dict[int, tuple[Any, Any]] = {}
+
+
 def copy_elements(backing: memoryview, offset: int, shape: tuple[int, ...],
                   element_type: int) -> np.ndarray:
     """A new array of `shape` holding the elements stored at byte `offset` of `backing`
     (1-D uint8 memory that holds them all). One numpy view and one copy for byte-sized
     types: the result path of every invocation."""
+    whole_bytes = _WHOLE_BYTE_ARRAYS.get(element_type)
+    if whole_bytes is not None:
+        return whole_bytes[0](shape, whole_bytes[1], backing, offset).copy()
     import numpy as np
 
     info = _BY_CODE.get(element_type)
     if info is not None and element_type & 0xFF >= 8:
+        _WHOLE_BYTE_ARRAYS[element_type] = (np.ndarray, info.dtype)
         return np.ndarray(shape, info.dtype, backing, offset).copy()
     count = math.prod(shape)
     length = (count * (element_type & 0xFF) + 7) // 8
