@@ -448,7 +448,7 @@ class _Gen:
             text = tmpl.format(*args)
             if pc in self.flow.fused_cmps and self.fold_compare(ins, text):
                 return
-            if "_fa" in text:
+            if "_fa[" in text:  # not "_fa": `_fail` is no reason for the array
                 self.uses_fa = True
             for line in text.split("\n"):
                 self.emit(ind, line, pc)
