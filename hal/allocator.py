@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError, ResourceExhaustedError
 from .buffer import ALIGNMENT, Buffer, CountedStorage, Storage
+from .native import core as _core
 from .types import BufferUsage, MemoryAccess, MemoryType
 
 
@@ -46,14 +47,10 @@ class AllocatorStatistics:
         return self.heaps[heap]
 
 
-class HeapCounter:
-    """The bytes of one heap, or of all of them (`Allocator.total`): live, peak,
-    allocated, freed, and the count of allocations. Changed only under `Allocator.lock`."""
-
-    __slots__ = ("live", "peak", "allocated", "freed", "count")
-
-    def __init__(self) -> None:
-        self.live = self.peak = self.allocated = self.freed = self.count = 0
+HeapCounter = _core.HeapCounter
+"""The bytes of one heap, or of all of them (`Allocator.total`): live, peak, allocated,
+freed, and the count of allocations. Changed only under `Allocator.lock`. In C
+(`hal/native/core.c`), so the transient ring counts without Python frames."""
 
 
 _ALL_USAGE = BufferUsage(0x1FFFFFFF)

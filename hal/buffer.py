@@ -149,7 +149,7 @@ class CountedStorage(Storage):
 
 _HOST_VISIBLE = int(MemoryType.HOST_VISIBLE)
 _MAPPING = int(BufferUsage.MAPPING_SCOPED | BufferUsage.MAPPING_PERSISTENT)
-_ACCESS_ALL = int(MemoryAccess.ALL)
+ACCESS_ALL = int(MemoryAccess.ALL)
 _WRITE = int(MemoryAccess.WRITE)
 
 
@@ -279,7 +279,7 @@ class Buffer:
                 f"{self!r} was allocated without MAPPING usage and cannot be mapped"
             )
         access = int(access)
-        if access & _ACCESS_ALL & ~self.access_bits:
+        if access & ACCESS_ALL & ~self.access_bits:
             raise PermissionDeniedError(
                 f"mapping access {MemoryAccess(access)!r} exceeds the buffer's allowed "
                 f"{self.allowed_access!r}"
@@ -334,5 +334,5 @@ def pending_buffer(allocator: Any, size: int, memory_type_bits: int, usage_bits:
     buffer.byte_length = size
     buffer.memory_type_bits = memory_type_bits
     buffer.usage_bits = usage_bits
-    buffer.access_bits = _ACCESS_ALL
+    buffer.access_bits = ACCESS_ALL
     return buffer

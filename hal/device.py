@@ -445,7 +445,6 @@ class Device:
             heap = self.allocator.select_heap(memory_type)
             kind = (int(heap.memory_type), self.allocator.coerce_usage(memory_type, usage))
             self._alloca_kinds[(memory_type, usage)] = kind
-        buffer = pending_buffer(self.allocator, size, *kind)
         work_queue = self.work_queue
         if self.profile is None and work_queue.lost is None and reached:
             # Ready now: the ring places it at once (no driver work, so nothing for
@@ -455,10 +454,12 @@ class Device:
             if work_queue.closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
             check = self.driver.check_alloca
-            if (check is None or check(size) is None) and self.transient.try_commit(
-                    buffer.storage):
-                work_queue.complete(signal_points, None)
-                return buffer
+            if check is None or check(size) is None:
+                buffer = self.transient.commit_new(self.allocator, size, *kind)
+                if buffer is not None:
+                    work_queue.complete(signal_points, None)
+                    return buffer
+        buffer = pending_buffer(self.allocator, size, *kind)
         self.transient.check_size(size)  # larger than the whole ring: RESOURCE_EXHAUSTED
         submission_id = 0
         if self.profile is not None:

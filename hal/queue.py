@@ -75,6 +75,7 @@ from ..errors import (
 )
 from .allocator import Allocator
 from .execution import Submission
+from .native import core as _core
 from .semaphore import SemaphorePoint, when_all_reached
 
 if TYPE_CHECKING:
@@ -340,48 +341,12 @@ class WorkQueue:
         if type(error) is KernelFaultError:
             self.lose_to_fault(error)
 
-    def complete(self, signal: Sequence[SemaphorePoint], error: Error | None) -> None:
-        """Signals (or fails) `signal`. Trampolined: completions that a signal triggers on
-        this thread are queued for the outermost call, so chains of thousands of dependent
-        operations, succeeding or failing, never recurse once per link."""
-        inline = _inline
-        pending = inline.pending
-        if pending is not None:
-            pending.append((signal, error))
-            return
-        ready: Sequence[Any] = ()
-        if error is None:  # the common case: nothing waits on the points, no trampoline
-            advanced = 0
-            for sem, value in signal:
-                advanced += 1
-                try:
-                    ready = sem.advance(value)
-                except Error as exc:
-                    sem.fail(exc)
-                    continue
-                if ready:
-                    signal = signal[advanced:]
-                    break
-            else:
-                return
-        inline.pending = pending = collections.deque()
-        try:
-            for tp in ready:  # what the last point advanced reached, before the next point
-                tp.callback(None)
-            while True:
-                for sem, value in signal:
-                    if error is not None:
-                        sem.fail(error)
-                        continue
-                    try:
-                        sem.signal(value)
-                    except Error as exc:
-                        sem.fail(exc)
-                if not pending:
-                    break
-                signal, error = pending.popleft()
-        finally:
-            inline.pending = None
+    complete = staticmethod(_core.complete)
+    """`complete(signal, error)`: signals (or fails) `signal`. Trampolined: completions
+    that a signal triggers on this thread are queued for the outermost call, so chains
+    of thousands of dependent operations, succeeding or failing, never recurse once per
+    link. In C (`hal/native/core.c`) while no error, no trampoline and no waiter is
+    involved: the points advance there; the rest takes `_complete_slow`."""
 
     # -- idle, close, loss ------------------------------------------------------------
 
@@ -458,6 +423,52 @@ class WorkQueue:
         self.complete(entry.signal, error)
 
 
+def _complete_slow(signal: Sequence[SemaphorePoint], error: Error | None) -> None:
+    """`WorkQueue.complete` where the C path stops: a completion to queue on this
+    thread's trampoline, points with waiters (their timepoints fire here, outside the
+    semaphores' locks), errors."""
+    pending = _core.trampoline()
+    if pending is not None:
+        pending.append((signal, error))
+        return
+    ready: Sequence[Any] = ()
+    if error is None:
+        advanced = 0
+        for sem, value in signal:
+            advanced += 1
+            try:
+                ready = sem.advance(value)
+            except Error as exc:
+                sem.fail(exc)
+                continue
+            if ready:
+                signal = signal[advanced:]
+                break
+        else:
+            return
+    _core.set_trampoline(pending := collections.deque())
+    try:
+        for tp in ready:  # what the last point advanced reached, before the next point
+            tp.callback(None)
+        while True:
+            for sem, value in signal:
+                if error is not None:
+                    sem.fail(error)
+                    continue
+                try:
+                    sem.signal(value)
+                except Error as exc:
+                    sem.fail(exc)
+            if not pending:
+                break
+            signal, error = pending.popleft()
+    finally:
+        _core.set_trampoline(None)
+
+
+_core.bind_queue(_complete_slow)
+
+
 def _release(entry: _Entry) -> None:
     """Drops an entry's resource set and payload. A submission is emptied as well:
     driver frames, tasks and closures that ran it may outlive its completion by a
@@ -467,15 +478,6 @@ def _release(entry: _Entry) -> None:
     if type(payload) is Submission:
         payload.release()
 
-
-class _Trampoline(threading.local):
-    """Per thread: the completions `WorkQueue.complete` queued while one runs, or None
-    (a class default, so reading it never raises and catches AttributeError)."""
-
-    pending: collections.deque | None = None
-
-
-_inline = _Trampoline()
 
 __all__ = ["Alloca", "Completion", "Dealloca", "Driver", "WorkQueue", "no_work",
            "run_capturing"]

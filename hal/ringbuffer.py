@@ -25,14 +25,25 @@ from __future__ import annotations
 import collections
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import Error, InvalidArgumentError, ResourceExhaustedError
-from .buffer import ALIGNMENT, RingStorage, Storage, mapped_block, pending_buffer
+from .buffer import (
+    ACCESS_ALL,
+    ALIGNMENT,
+    Buffer,
+    RingStorage,
+    mapped_block,
+    pending_buffer,
+)
+from .native import core as _core
+
+RingCore = _core.RingCore
+_core.bind_ring(RingStorage, Buffer, ACCESS_ALL)
 
 if TYPE_CHECKING:
-    from .allocator import Allocator, HeapCounter
+    from .allocator import Allocator
 
 __all__ = ["RingBlock", "RingStatistics", "TransientRingbuffer", "DEFAULT_CAPACITY", "HEAP_NAME"]
 
@@ -81,23 +92,9 @@ def _grant_all(granted: list[tuple[GrantCallback, RingBlock]]) -> None:
         cb(placed, None)
 
 
-class RingBlock:
-    """One reservation: `[offset, offset + size)` of the ring (`size` 64-byte rounded)."""
-
-    __slots__ = ("offset", "size", "requested", "retired")
-
-    def __init__(self, offset: int, size: int, requested: int) -> None:
-        self.offset = offset
-        self.size = size
-        self.requested = requested
-        self.retired = False
-
-    def __repr__(self) -> str:
-        state = "retired" if self.retired else "live"
-        return f"<RingBlock [{self.offset}, {self.offset + self.size}) {state}>"
-
-
-_new_block = object.__new__
+RingBlock = _core.RingBlock
+"""One reservation: `[offset, offset + size)` of the ring (`size` 64-byte rounded), with
+`requested` and `retired` (C: `hal/native/core.c`)."""
 
 
 class RingStatistics(NamedTuple):
@@ -112,8 +109,14 @@ class RingStatistics(NamedTuple):
     waits: int  # reservations that had to wait for a retirement
 
 
-class TransientRingbuffer:
-    """A bump allocator over one block, with in-order reclamation and parked requests."""
+class TransientRingbuffer(RingCore):
+    """A bump allocator over one block, with in-order reclamation and parked requests.
+
+    The bookkeeping (head, tail, live blocks, counters) is in the C base
+    (`hal/native/core.c`), as are placement, retirement, `try_commit` and `release`: the
+    path of every ready alloca and dealloca, each one C call under the allocator's lock.
+    Parked requests, grants, close and collection stay here.
+    """
 
     def __init__(
         self, allocator: Allocator | None = None, capacity: int = DEFAULT_CAPACITY
@@ -129,21 +132,11 @@ class TransientRingbuffer:
         # An RLock so a finalizer can ask whether its own thread holds it (see
         # `collected`).
         self._lock = allocator.lock if allocator is not None else threading.RLock()
-        self._heap_counter: HeapCounter | None = None
-        self._device_memory: HeapCounter | None = None
-        self._backing: memoryview | None = None
-        self._backing_address = 0  # the backing's first byte, once it exists
-        self._blocks: collections.deque[RingBlock] = collections.deque()
+        self._heap_name = HEAP_NAME
         self._parked: collections.deque[tuple[int, GrantCallback]] = collections.deque()
-        self._head = 0  # next free byte
-        self._tail = 0  # first byte of the oldest live block
-        self._live = 0
-        self._peak = 0
-        self._reservations = 0
-        self._waits = 0
-        self._closed: Error | None = None
         if allocator is not None:  # shown from the start, at zero
             self._heap_counter = allocator.add_heap_statistics(HEAP_NAME)
+            self._total = allocator.total
             self._device_memory = allocator.device_memory_of(HEAP_NAME)
 
     def __repr__(self) -> str:
@@ -181,70 +174,33 @@ class TransientRingbuffer:
                 return
         on_grant(block, error)
 
-    def try_commit(self, storage: Storage) -> bool:
-        """Reserves `storage.byte_length` bytes and `commit`s them to `storage` at once,
-        if the ring has room and no reservation is parked ahead; False otherwise (then
-        `reserve` parks the request in order). The path of an alloca whose waits are
-        already met: one call instead of a reservation and a grant."""
-        lock = self._lock
-        lock.acquire()  # not `with`: every ready alloca's path, and that costs more
-        try:
-            if self._closed is not None or self._parked:
-                return False
-            block = self._place(storage.byte_length)
-            if block is None:
-                return False
-            storage.array = self._backing[block.offset : block.offset + storage.byte_length]
-            storage.address = self._backing_address + block.offset
-            storage.ring = self
-            storage.block = block
-        finally:
-            lock.release()
-        return True
+    # commit_new(allocator, size, memory_type_bits, usage_bits) -> Buffer | None (C): a
+    # `pending_buffer` committed by `try_commit` in one call, or None when that would
+    # return False (nothing made then): the ready alloca's path.
+
+    # try_commit(storage) -> bool (C): reserves `storage.byte_length` bytes and `commit`s
+    # them to `storage` at once, if the ring has room and no reservation is parked ahead;
+    # False otherwise (then `reserve` parks the request in order). The path of an alloca
+    # whose waits are already met: one call instead of a reservation and a grant.
 
     def retire(self, block: RingBlock) -> None:
         """Frees `block`; grants parked reservations that now fit, in order."""
         for cb, placed in self._free(block):
             cb(placed, None)
 
-    def _free(self, block: RingBlock) -> Sequence[tuple[GrantCallback, RingBlock]]:
-        """Retires `block` under the lock; returns the grants to make (outside it)."""
-        with self._lock:
-            return self._free_locked(block)
+    # _free(block) and _free_locked(block) (C, the second with the lock held) retire
+    # `block` and return the grants to make, outside the lock, from `_grant_parked`.
 
-    def _free_locked(self, block: RingBlock) -> Sequence[tuple[GrantCallback, RingBlock]]:
-        if block.retired:
-            return ()
-        block.retired = True
-        size = block.size
-        self._live -= size
-        heap = self._heap_counter
-        if heap is not None:  # `Allocator.track(-size)` inline; before any grant below
-            heap.live -= size
-            heap.freed += size
-            total = self.allocator.total
-            total.live -= size
-            if self._device_memory is not None:
-                self._device_memory.live -= size
-            if self.allocator.profile is not None:
-                self.allocator.profile.record_heap_change(HEAP_NAME, -size, total.live,
-                                                          total.peak)
-        blocks = self._blocks
-        while blocks and blocks[0].retired:
-            blocks.popleft()
-        if blocks:
-            self._tail = blocks[0].offset
-        else:
-            self._head = self._tail = 0
-        if not self._parked:
-            return ()
+    def _grant_parked(self) -> list[tuple[GrantCallback, RingBlock]]:
+        """Places parked reservations that now fit, in order (lock held)."""
         granted: list[tuple[GrantCallback, RingBlock]] = []
-        while self._parked:
-            size, cb = self._parked[0]
+        parked = self._parked
+        while parked:
+            size, cb = parked[0]
             placed = self._place(size)
             if placed is None:
                 break
-            self._parked.popleft()
+            parked.popleft()
             granted.append((cb, placed))
         return granted
 
@@ -281,48 +237,24 @@ class TransientRingbuffer:
             storage.ring = self
             storage.block = block
 
-    def owns(self, storage: Storage) -> bool:
-        """Whether `storage` holds a block of this ring (committed and not released)."""
-        return (storage.__class__ is RingStorage and storage.ring is self
-                and storage.block is not None)
+    # owns(storage) -> bool (C): whether `storage` holds a block of this ring (committed
+    # and not released).
 
-    def release(self, storage: Storage) -> None:
-        """Retires the block committed to `storage` (nothing if it has none)."""
-        if storage.__class__ is not RingStorage or storage.ring is not self:
-            return
-        lock = self._lock
-        lock.acquire()  # not `with`: every ready dealloca's path
-        try:
-            block = storage.block
-            if block is None:
-                return
-            storage.block = None
-            granted = self._free_locked(block)  # `retire`, in the same locked section
-        finally:
-            lock.release()
-        for cb, placed in granted:
-            cb(placed, None)
+    # release(storage) (C): retires the block committed to `storage` (nothing if it has
+    # none, or is not this ring's), then makes the grants that frees.
 
-    def collected(self, block: RingBlock) -> None:
-        """A storage died still holding `block` (the garbage collector freed a transient
-        buffer without `release`): retire it.
+    # collected(block) (C): a storage died still holding `block` (the garbage collector
+    # freed a transient buffer without `release`): retire it. A collection can run at any
+    # allocation, including inside this ring's locked sections or inside locks held by
+    # whoever a grant completes (semaphores, device queues): so grants never run there
+    # (`_grant_later`), and if this thread holds the ring's lock the whole retirement
+    # moves to the reclaim thread (`_retire_later`). Live bytes drop there otherwise.
 
-        A collection can run at any allocation, including inside this ring's locked
-        sections or inside locks held by whoever a grant completes (semaphores, device
-        queues): so grants never run here, and if this thread holds the ring's lock the
-        whole retirement moves to the reclaim thread. Live bytes drop here otherwise.
-        """
-        lock = self._lock
-        if lock._is_owned():  # threading.Condition relies on the same query
-            _reclaim(self.retire, block)
-            return
-        lock.acquire()  # `_free`, without its frame (nor `with`'s lookups)
-        try:
-            granted = self._free_locked(block)
-        finally:
-            lock.release()
-        if granted:
-            _reclaim(_grant_all, granted)
+    def _retire_later(self, block: RingBlock) -> None:
+        _reclaim(self.retire, block)
+
+    def _grant_later(self, granted: list[tuple[GrantCallback, RingBlock]]) -> None:
+        _reclaim(_grant_all, granted)
 
     # -- inspection -------------------------------------------------------------------
 
@@ -332,7 +264,7 @@ class TransientRingbuffer:
                 capacity=self.capacity,
                 live_bytes=self._live,
                 peak_bytes=self._peak,
-                live_blocks=sum(1 for b in self._blocks if not b.retired),
+                live_blocks=self._live_blocks(),
                 parked_requests=len(self._parked),
                 head=self._head,
                 tail=self._tail,
@@ -346,59 +278,3 @@ class TransientRingbuffer:
         if self._backing is None:
             self._backing, self._backing_address = mapped_block(self.capacity)
         return self._backing
-
-    def _place(self, size: int) -> RingBlock | None:
-        """Finds room for `size` bytes at the head (wrapping to 0); lock held."""
-        # 64-byte rounded; a block is never empty: head == tail means full
-        need = ((size + ALIGNMENT - 1) & ~(ALIGNMENT - 1)) or ALIGNMENT
-        blocks = self._blocks
-        if not blocks:  # head and tail are 0 (`_free_locked` resets them)
-            if need > self.capacity:
-                return None
-            offset = 0
-            if self._backing is None:
-                self._ensure_backing()
-        else:
-            head, tail = self._head, self._tail
-            if head > tail:
-                if head + need <= self.capacity:
-                    offset = head
-                elif need <= tail:
-                    offset = 0  # wrap; [head, cap) stays unused until the tail passes it
-                else:
-                    return None
-            elif head + need <= tail:  # wrapped: live data is [tail, cap) + [0, head)
-                offset = head
-            else:
-                return None
-        block = _new_block(RingBlock)  # without an __init__ frame
-        block.offset = offset
-        block.size = need
-        block.requested = size
-        block.retired = False
-        blocks.append(block)  # the tail stays: the oldest block's, or 0 with the first
-        self._head = offset + need
-        live = self._live = self._live + need
-        self._reservations += 1
-        if live > self._peak:
-            self._peak = live
-        heap = self._heap_counter
-        if heap is not None:  # `Allocator.track(need)` inline, under the allocator's lock
-            live = heap.live = heap.live + need
-            heap.allocated += need
-            heap.count += 1
-            if live > heap.peak:
-                heap.peak = live
-            total = self.allocator.total
-            live = total.live = total.live + need
-            if live > total.peak:
-                total.peak = live
-            memory = self._device_memory
-            if memory is not None:
-                live = memory.live = memory.live + need
-                if live > memory.peak:
-                    memory.peak = live
-            if self.allocator.profile is not None:
-                self.allocator.profile.record_heap_change(HEAP_NAME, need, total.live,
-                                                          total.peak)
-        return block

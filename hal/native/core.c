@@ -1,11 +1,14 @@
-/* tinyhal.hal.native._core: the ready path of semaphores and fences in C.
+/* tinyhal.hal.native._core: the ready path of semaphores, fences and the transient ring.
  *
- * Two base types, `SemaphoreCore` and `FenceCore`, hold the state of the Python classes
- * `hal.semaphore.Semaphore` and `Fence` (which subclass them and keep every rare path:
- * timepoints, offers, blocking and trio waits, failure). What is here is what a ready queue
- * operation pays for on every call: a semaphore advanced while nothing waits on it, the
- * one-point fence `hal.fence.create` makes, a join, and the check that a wait fence is
- * already reached.
+ * Base types hold the state of Python classes, which subclass them and keep every rare
+ * path: `SemaphoreCore` (hal.semaphore.Semaphore: timepoints, offers, blocking and trio
+ * waits and failure stay in Python), `FenceCore` (Fence) and `RingCore`
+ * (hal.ringbuffer.TransientRingbuffer: parked requests, grants, close and collection stay
+ * in Python); `HeapCounter` and `RingBlock` are plain C types. What is here is what a
+ * ready queue operation pays for on every call: a semaphore advanced while nothing waits
+ * on it, the one-point fence `hal.fence.create` makes, a join, the check that a wait
+ * fence is already reached, a transient block placed or retired with its counters, and
+ * `WorkQueue.complete` while nothing waits.
  *
  * Atomicity. The fast paths rely on the GIL: each runs as one C call that never releases it
  * and calls no Python code between its checks and its writes, so no Python thread can run in
@@ -13,14 +16,16 @@
  * waiter registers itself (a timepoint, an offer, a blocked thread) under the semaphore's
  * lock *before* it reads the value, and `advance` takes the fast path only when nobody is
  * registered, else it hands over to the locked Python path. A free-threaded interpreter
- * would break this, so the module refuses to build for one.
+ * would break this, so the module refuses to build for one. The ring is different: its
+ * state changes only under the allocator's lock (a Python lock, taken here through its
+ * own methods), as the allocator's Python code changes the counters under it too.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 
 #ifdef Py_GIL_DISABLED
-#error "tinyhal's _core relies on the GIL for its fast paths; it cannot be built for a free-threaded (Py_GIL_DISABLED) interpreter"
+#error "tinyhal's _core relies on the GIL for its fast paths: no free-threaded build"
 #endif
 
 #ifndef TINYHAL_CORE_NAME
@@ -31,6 +36,16 @@
 #define CORE_STR2(a) #a
 #define CORE_STR(a) CORE_STR2(a)
 
+/* The slots every base type here shares: a GC type Python subclasses, with weak
+ * references, whose `prefix`_dealloc/_traverse/_clear handle `object`'s fields. */
+#define CORE_BASE_TYPE(name, object, prefix, doc)                                       \
+    PyVarObject_HEAD_INIT(NULL, 0)                                                      \
+    .tp_name = "tinyhal.hal.native._core." name, .tp_basicsize = sizeof(object),        \
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,          \
+    .tp_doc = doc, .tp_new = prefix##_new, .tp_dealloc = (destructor)prefix##_dealloc,  \
+    .tp_traverse = (traverseproc)prefix##_traverse, .tp_clear = (inquiry)prefix##_clear, \
+    .tp_weaklistoffset = offsetof(object, weakrefs)
+
 /* What `bind` hands over from Python: the concrete classes made here, and the general
  * path of `normalize_wait_signal` for arguments the fast path does not take. */
 static PyTypeObject *semaphore_class;
@@ -40,6 +55,36 @@ static PyObject *allocate_lock;
 static PyObject *empty_tuple;
 static PyObject *empty_str;
 static PyObject *str_advance_slow;
+
+/* The dealloc of the GC types here: untrack, clear weak references (if any were made)
+ * and fields, free. */
+static void gc_dealloc(PyObject *self, PyObject *weakrefs, inquiry clear)
+{
+    PyObject_GC_UnTrack(self);
+    if (weakrefs != NULL)
+        PyObject_ClearWeakRefs(self);
+    clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* A base type's traverse and clear over the object fields `FIELDS` lists, and its
+ * dealloc through `clear`. */
+#define CORE_TRAVERSE_AND_CLEAR(prefix, object, FIELDS)                                  \
+    static int prefix##_traverse(object *self, visitproc visit, void *arg)               \
+    {                                                                                    \
+        FIELDS(Py_VISIT)                                                                 \
+        return 0;                                                                        \
+    }                                                                                    \
+    static int prefix##_clear(object *self)                                              \
+    {                                                                                    \
+        FIELDS(Py_CLEAR)                                                                 \
+        return 0;                                                                        \
+    }
+#define CORE_DEALLOC(prefix, object, clear)                                              \
+    static void prefix##_dealloc(object *self)                                           \
+    {                                                                                    \
+        gc_dealloc((PyObject *)self, self->weakrefs, (inquiry)clear);                    \
+    }
 
 /* ---------------------------------------------------------------------------------- */
 /* SemaphoreCore                                                                      */
@@ -83,39 +128,16 @@ static PyObject *semaphore_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     return (PyObject *)self;
 }
 
-static int semaphore_traverse(SemaphoreObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->failure);
-    Py_VISIT(self->lock);
-    Py_VISIT(self->cond);
-    Py_VISIT(self->timepoints);
-    Py_VISIT(self->offers);
-    Py_VISIT(self->name);
-    return 0;
-}
+/* The object fields of a SemaphoreObject, for traverse and clear. */
+#define SEMAPHORE_OBJECT_FIELDS(X) \
+    X(self->failure); X(self->lock); X(self->cond); X(self->timepoints); \
+    X(self->offers); X(self->name);
 
-static int semaphore_clear(SemaphoreObject *self)
-{
-    Py_CLEAR(self->failure);
-    Py_CLEAR(self->lock);
-    Py_CLEAR(self->cond);
-    Py_CLEAR(self->timepoints);
-    Py_CLEAR(self->offers);
-    Py_CLEAR(self->name);
-    return 0;
-}
+CORE_TRAVERSE_AND_CLEAR(semaphore, SemaphoreObject, SEMAPHORE_OBJECT_FIELDS)
 
 /* A Python subclass's own dealloc and traverse handle its (heap) type; these handle only
  * the fields. */
-static void semaphore_dealloc(SemaphoreObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    if (self->weakrefs != NULL)
-        PyObject_ClearWeakRefs((PyObject *)self);
-    semaphore_clear(self);
-    type->tp_free((PyObject *)self);
-}
+CORE_DEALLOC(semaphore, SemaphoreObject, semaphore_clear)
 
 /* The failure as the current exception. */
 static PyObject *raise_failure(PyObject *failure)
@@ -213,7 +235,6 @@ static PyMemberDef semaphore_members[] = {
     {"_offers", T_OBJECT_EX, offsetof(SemaphoreObject, offers), 0, NULL},
     {"_blocked", T_PYSSIZET, offsetof(SemaphoreObject, blocked), 0, NULL},
     {"name", T_OBJECT_EX, offsetof(SemaphoreObject, name), 0, NULL},
-    {"__weaklistoffset__", T_PYSSIZET, offsetof(SemaphoreObject, weakrefs), READONLY},
     {NULL},
 };
 
@@ -224,19 +245,12 @@ static PyGetSetDef semaphore_getset[] = {
 };
 
 static PyTypeObject SemaphoreCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "tinyhal.hal.native._core.SemaphoreCore",
-    .tp_basicsize = sizeof(SemaphoreObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The state of a timeline semaphore and its fast paths (hal.semaphore.Semaphore).",
-    .tp_new = semaphore_new,
-    .tp_dealloc = (destructor)semaphore_dealloc,
-    .tp_traverse = (traverseproc)semaphore_traverse,
-    .tp_clear = (inquiry)semaphore_clear,
+    CORE_BASE_TYPE("SemaphoreCore", SemaphoreObject, semaphore,
+                   "The state of a timeline semaphore and its fast paths "
+                   "(hal.semaphore.Semaphore)."),
     .tp_methods = semaphore_methods,
     .tp_members = semaphore_members,
     .tp_getset = semaphore_getset,
-    .tp_weaklistoffset = offsetof(SemaphoreObject, weakrefs),
 };
 
 /* ---------------------------------------------------------------------------------- */
@@ -261,29 +275,13 @@ static PyObject *fence_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)self;
 }
 
-static int fence_traverse(FenceObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->points);
-    Py_VISIT(self->timeline);
-    return 0;
-}
+/* The object fields of a FenceObject, for traverse and clear. */
+#define FENCE_OBJECT_FIELDS(X) \
+    X(self->points); X(self->timeline);
 
-static int fence_clear(FenceObject *self)
-{
-    Py_CLEAR(self->points);
-    Py_CLEAR(self->timeline);
-    return 0;
-}
+CORE_TRAVERSE_AND_CLEAR(fence, FenceObject, FENCE_OBJECT_FIELDS)
 
-static void fence_dealloc(FenceObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    if (self->weakrefs != NULL)
-        PyObject_ClearWeakRefs((PyObject *)self);
-    fence_clear(self);
-    type->tp_free((PyObject *)self);
-}
+CORE_DEALLOC(fence, FenceObject, fence_clear)
 
 static PyObject *fence_get_timeline(FenceObject *self, void *closure)
 {
@@ -359,25 +357,789 @@ static PyGetSetDef fence_getset[] = {
     {NULL},
 };
 
-static PyMemberDef fence_members[] = {
-    {"__weaklistoffset__", T_PYSSIZET, offsetof(FenceObject, weakrefs), READONLY},
+static PyTypeObject FenceCoreType = {
+    CORE_BASE_TYPE("FenceCore", FenceObject, fence,
+                   "The points of a fence (hal.semaphore.Fence): a tuple, and a dict made "
+                   "when asked."),
+    .tp_as_sequence = &fence_as_sequence,
+    .tp_getset = fence_getset,
+};
+
+/* ---------------------------------------------------------------------------------- */
+/* HeapCounter, RingBlock and RingCore: the transient ring's bookkeeping               */
+
+/* The bytes of one heap (hal.allocator.HeapCounter). Signed: a counter never goes below
+ * zero, but Python code may subtract before it adds. */
+typedef struct {
+    PyObject_HEAD
+    long long live, peak, allocated, freed, count;
+} HeapCounterObject;
+
+static PyMemberDef heap_counter_members[] = {
+    {"live", T_LONGLONG, offsetof(HeapCounterObject, live), 0, NULL},
+    {"peak", T_LONGLONG, offsetof(HeapCounterObject, peak), 0, NULL},
+    {"allocated", T_LONGLONG, offsetof(HeapCounterObject, allocated), 0, NULL},
+    {"freed", T_LONGLONG, offsetof(HeapCounterObject, freed), 0, NULL},
+    {"count", T_LONGLONG, offsetof(HeapCounterObject, count), 0, NULL},
     {NULL},
 };
 
-static PyTypeObject FenceCoreType = {
+static PyTypeObject HeapCounterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "tinyhal.hal.native._core.FenceCore",
-    .tp_basicsize = sizeof(FenceObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The points of a fence (hal.semaphore.Fence): a tuple, and a dict made when asked.",
-    .tp_new = fence_new,
-    .tp_dealloc = (destructor)fence_dealloc,
-    .tp_traverse = (traverseproc)fence_traverse,
-    .tp_clear = (inquiry)fence_clear,
-    .tp_as_sequence = &fence_as_sequence,
-    .tp_getset = fence_getset,
-    .tp_members = fence_members,
-    .tp_weaklistoffset = offsetof(FenceObject, weakrefs),
+    .tp_name = "tinyhal.hal.native._core.HeapCounter",
+    .tp_basicsize = sizeof(HeapCounterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The bytes of one heap, or of all of them: live, peak, allocated, freed, and the "
+              "count of allocations. Changed only under Allocator.lock.",
+    .tp_new = PyType_GenericNew,
+    .tp_members = heap_counter_members,
+};
+
+typedef struct {
+    PyObject_HEAD
+    long long offset, size, requested;
+    char retired;
+} RingBlockObject;
+
+static PyObject *ring_block_repr(RingBlockObject *self)
+{
+    return PyUnicode_FromFormat("<RingBlock [%lld, %lld) %s>", self->offset,
+                                self->offset + self->size, self->retired ? "retired" : "live");
+}
+
+static PyObject *ring_block_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    long long offset, size, requested;
+    if (!PyArg_ParseTuple(args, "LLL:RingBlock", &offset, &size, &requested))
+        return NULL;
+    RingBlockObject *self = (RingBlockObject *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->offset = offset;
+        self->size = size;
+        self->requested = requested;
+    }
+    return (PyObject *)self;
+}
+
+static PyMemberDef ring_block_members[] = {
+    {"offset", T_LONGLONG, offsetof(RingBlockObject, offset), READONLY, NULL},
+    {"size", T_LONGLONG, offsetof(RingBlockObject, size), READONLY, NULL},
+    {"requested", T_LONGLONG, offsetof(RingBlockObject, requested), READONLY, NULL},
+    {"retired", T_BOOL, offsetof(RingBlockObject, retired), READONLY, NULL},
+    {NULL},
+};
+
+static PyTypeObject RingBlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tinyhal.hal.native._core.RingBlock",
+    .tp_basicsize = sizeof(RingBlockObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One reservation: [offset, offset + size) of the ring (size 64-byte rounded).",
+    .tp_new = ring_block_new,
+    .tp_repr = (reprfunc)ring_block_repr,
+    .tp_members = ring_block_members,
+};
+
+#define RING_ALIGNMENT 64
+
+typedef struct {
+    PyObject_HEAD
+    long long capacity, head, tail, live, peak, reservations, waits, backing_address;
+    PyObject *backing;      /* NULL until the first placement asks `_ensure_backing` */
+    PyObject *lock;         /* the allocator's lock: every change happens under it */
+    PyObject *lock_acquire, *lock_release, *lock_is_owned; /* its bound methods */
+    PyObject *allocator;    /* NULL, or the allocator whose counters change with the ring */
+    PyObject *heap_name;
+    HeapCounterObject *heap, *total, *device_memory; /* NULL when not counted */
+    PyObject *parked;       /* a deque of (size, on_grant) */
+    PyObject *closed;       /* NULL, or the error later requests fail with */
+    RingBlockObject **blocks; /* live blocks (and retired ones not yet reclaimed), oldest first */
+    Py_ssize_t blocks_start, blocks_count, blocks_capacity;
+    PyObject *weakrefs;
+} RingObject;
+
+static PyObject *str_ensure_backing, *str_grant_parked, *str_profile;
+static PyObject *str_block, *str_ring, *str_array, *str_address, *str_byte_length;
+static PyTypeObject *ring_storage_class;
+
+/* A member Python set to None counts as absent. */
+static inline int present(PyObject *o)
+{
+    return o != NULL && o != Py_None;
+}
+
+static RingBlockObject *ring_front(RingObject *self)
+{
+    return self->blocks[self->blocks_start];
+}
+
+static int ring_push(RingObject *self, RingBlockObject *block)
+{
+    if (self->blocks_count == self->blocks_capacity) {
+        Py_ssize_t capacity = self->blocks_capacity ? 2 * self->blocks_capacity : 16;
+        RingBlockObject **blocks = PyMem_Malloc(capacity * sizeof(*blocks));
+        if (blocks == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < self->blocks_count; i++)
+            blocks[i] = self->blocks[(self->blocks_start + i) % self->blocks_capacity];
+        PyMem_Free(self->blocks);
+        self->blocks = blocks;
+        self->blocks_start = 0;
+        self->blocks_capacity = capacity;
+    }
+    self->blocks[(self->blocks_start + self->blocks_count) % self->blocks_capacity] = block;
+    self->blocks_count++;
+    return 0;
+}
+
+static void ring_pop_front(RingObject *self)
+{
+    RingBlockObject *block = ring_front(self);
+    self->blocks_start = (self->blocks_start + 1) % self->blocks_capacity;
+    self->blocks_count--;
+    Py_DECREF(block);
+}
+
+/* The object fields of a RingObject, for traverse and clear. */
+#define RING_OBJECT_FIELDS(X) \
+    X(self->backing); X(self->lock); X(self->lock_acquire); X(self->lock_release); \
+    X(self->lock_is_owned); X(self->allocator); X(self->heap_name); X(self->heap); X(self->total); \
+    X(self->device_memory); X(self->parked); X(self->closed);
+
+CORE_TRAVERSE_AND_CLEAR(ring, RingObject, RING_OBJECT_FIELDS)
+
+static int ring_clear_all(RingObject *self)
+{
+    ring_clear(self);
+    while (self->blocks_count)
+        ring_pop_front(self);
+    PyMem_Free(self->blocks);
+    self->blocks = NULL;
+    self->blocks_capacity = self->blocks_start = 0;
+    return 0;
+}
+
+CORE_DEALLOC(ring, RingObject, ring_clear_all)
+
+static PyObject *ring_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    return type->tp_alloc(type, 0);
+}
+
+static int ring_lock(RingObject *self)
+{
+    if (self->lock_acquire == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "transient ring used before it has a lock");
+        return -1;
+    }
+    PyObject *got = PyObject_CallNoArgs(self->lock_acquire);
+    if (got == NULL)
+        return -1;
+    Py_DECREF(got);
+    return 0;
+}
+
+/* Releases the lock, keeping any current exception; -1 if releasing failed. */
+static int ring_unlock(RingObject *self)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *done = PyObject_CallNoArgs(self->lock_release);
+    if (done == NULL) {
+        if (type != NULL) {
+            PyErr_Clear();
+            PyErr_Restore(type, value, traceback);
+        }
+        return -1;
+    }
+    Py_DECREF(done);
+    PyErr_Restore(type, value, traceback);
+    return type == NULL ? 0 : -1;
+}
+
+static int counter_add(HeapCounterObject *counter, long long delta)
+{
+    if (counter != NULL) {
+        counter->live += delta;
+        if (counter->live > counter->peak)
+            counter->peak = counter->live;
+    }
+    return 0;
+}
+
+/* The allocator's profile hears of a change of the transient heap (lock held). */
+static int ring_record_heap_change(RingObject *self, long long delta)
+{
+    if (!present(self->allocator) || self->total == NULL)
+        return 0;
+    PyObject *profile = PyObject_GetAttr(self->allocator, str_profile);
+    if (profile == NULL)
+        return -1;
+    int status = 0;
+    if (profile != Py_None) {
+        PyObject *done = PyObject_CallMethod(profile, "record_heap_change", "OLLL",
+                                             self->heap_name, delta, self->total->live,
+                                             self->total->peak);
+        status = done == NULL ? -1 : 0;
+        Py_XDECREF(done);
+    }
+    Py_DECREF(profile);
+    return status;
+}
+
+/* Room for `size` bytes at the head, wrapping to 0 (lock held): a new block, NULL with no
+ * exception when it does not fit (now), NULL with one on error. */
+static RingBlockObject *ring_place(RingObject *self, long long size)
+{
+    if (size < 0 || size > self->capacity) /* never fits: the caller's check names it */
+        return NULL;
+    long long need = ((size + RING_ALIGNMENT - 1) & ~(long long)(RING_ALIGNMENT - 1));
+    if (need == 0)
+        need = RING_ALIGNMENT; /* never empty: head == tail means full */
+    long long offset;
+    if (self->blocks_count == 0) { /* head and tail are 0 */
+        if (need > self->capacity)
+            return NULL;
+        offset = 0;
+        if (!present(self->backing)) {
+            PyObject *made = PyObject_CallMethodNoArgs((PyObject *)self, str_ensure_backing);
+            if (made == NULL)
+                return NULL;
+            Py_DECREF(made);
+        }
+    } else if (self->head > self->tail) {
+        if (self->head + need <= self->capacity)
+            offset = self->head;
+        else if (need <= self->tail)
+            offset = 0; /* wrap; [head, capacity) stays unused until the tail passes it */
+        else
+            return NULL;
+    } else if (self->head + need <= self->tail) { /* wrapped: live is [tail, cap) + [0, head) */
+        offset = self->head;
+    } else {
+        return NULL;
+    }
+    RingBlockObject *block = PyObject_New(RingBlockObject, &RingBlockType);
+    if (block == NULL)
+        return NULL;
+    block->offset = offset;
+    block->size = need;
+    block->requested = size;
+    block->retired = 0;
+    if (ring_push(self, block) < 0) {
+        Py_DECREF(block);
+        return NULL;
+    }
+    Py_INCREF(block); /* one for the ring, one for the caller */
+    self->head = offset + need;
+    self->live += need;
+    self->reservations++;
+    if (self->live > self->peak)
+        self->peak = self->live;
+    if (self->heap != NULL) {
+        counter_add(self->heap, need);
+        self->heap->allocated += need;
+        self->heap->count++;
+        counter_add(self->total, need);
+        counter_add(self->device_memory, need);
+        if (ring_record_heap_change(self, need) < 0) {
+            Py_DECREF(block);
+            return NULL;
+        }
+    }
+    return block;
+}
+
+/* Retires `block` (lock held): 1 if parked requests may now fit (the caller grants them
+ * through `_grant_parked`), 0 if not, -1 on error. */
+static int ring_free_locked(RingObject *self, RingBlockObject *block)
+{
+    if (block->retired)
+        return 0;
+    block->retired = 1;
+    long long size = block->size;
+    self->live -= size;
+    int status = 0;
+    if (self->heap != NULL) { /* before any grant */
+        self->heap->live -= size;
+        self->heap->freed += size;
+        if (self->total != NULL)
+            self->total->live -= size;
+        if (self->device_memory != NULL)
+            self->device_memory->live -= size;
+        status = ring_record_heap_change(self, -size);
+    }
+    while (self->blocks_count && ring_front(self)->retired)
+        ring_pop_front(self);
+    if (self->blocks_count)
+        self->tail = ring_front(self)->offset;
+    else
+        self->head = self->tail = 0;
+    if (status < 0)
+        return -1;
+    Py_ssize_t parked = present(self->parked) ? PyObject_Length(self->parked) : 0;
+    if (parked < 0)
+        return -1;
+    return parked > 0;
+}
+
+/* The grants to make after freeing (lock held): `_grant_parked()`'s list. */
+static PyObject *ring_grants(RingObject *self, int parked)
+{
+    if (parked < 0)
+        return NULL;
+    if (!parked) {
+        Py_INCREF(empty_tuple);
+        return empty_tuple;
+    }
+    return PyObject_CallMethodNoArgs((PyObject *)self, str_grant_parked);
+}
+
+static int ring_run_grants(PyObject *grants)
+{
+    Py_ssize_t n = PySequence_Length(grants);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *grant = PySequence_GetItem(grants, i);
+        if (grant == NULL)
+            return -1;
+        PyObject *done = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(grant, 0),
+                                                      PyTuple_GET_ITEM(grant, 1), Py_None, NULL);
+        Py_DECREF(grant);
+        if (done == NULL)
+            return -1;
+        Py_DECREF(done);
+    }
+    return n < 0 ? -1 : 0;
+}
+
+static long long as_size(PyObject *value)
+{
+    long long size = PyLong_AsLongLong(value);
+    if (size == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -2;
+        PyErr_Clear();
+        return LLONG_MAX; /* never fits */
+    }
+    return size;
+}
+
+static PyObject *ring_py_place(RingObject *self, PyObject *size_obj)
+{
+    long long size = as_size(size_obj);
+    if (size == -2)
+        return NULL;
+    RingBlockObject *block = ring_place(self, size);
+    if (block == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return (PyObject *)block;
+}
+
+static PyObject *ring_py_free_locked(RingObject *self, PyObject *block)
+{
+    if (!PyObject_TypeCheck(block, &RingBlockType)) {
+        PyErr_Format(PyExc_TypeError, "not a RingBlock: %R", block);
+        return NULL;
+    }
+    return ring_grants(self, ring_free_locked(self, (RingBlockObject *)block));
+}
+
+static PyObject *ring_py_free(RingObject *self, PyObject *block)
+{
+    if (!PyObject_TypeCheck(block, &RingBlockType)) {
+        PyErr_Format(PyExc_TypeError, "not a RingBlock: %R", block);
+        return NULL;
+    }
+    if (ring_lock(self) < 0)
+        return NULL;
+    PyObject *grants = ring_grants(self, ring_free_locked(self, (RingBlockObject *)block));
+    if (ring_unlock(self) < 0)
+        Py_CLEAR(grants);
+    return grants;
+}
+
+/* Slots of the Python classes this module fills (RingStorage, Buffer): the offsets of
+ * their `__slots__` members, read once from the classes' member descriptors at
+ * `bind_ring`, so a field is one store rather than an attribute lookup. */
+enum {
+    STORAGE_ARRAY, STORAGE_ADDRESS, STORAGE_BYTE_LENGTH, STORAGE_RELEASED, STORAGE_ON_RELEASE,
+    STORAGE_RING, STORAGE_BLOCK, STORAGE_SLOTS
+};
+enum {
+    BUFFER_ALLOCATOR, BUFFER_STORAGE, BUFFER_BYTE_OFFSET, BUFFER_BYTE_LENGTH,
+    BUFFER_MEMORY_TYPE_BITS, BUFFER_USAGE_BITS, BUFFER_ACCESS_BITS, BUFFER_SLOTS
+};
+static const char *const storage_slot_names[STORAGE_SLOTS] = {
+    "array", "address", "byte_length", "released", "_on_release", "ring", "block"};
+static const char *const buffer_slot_names[BUFFER_SLOTS] = {
+    "allocator", "storage", "byte_offset", "byte_length", "memory_type_bits", "usage_bits",
+    "access_bits"};
+static Py_ssize_t storage_slots[STORAGE_SLOTS], buffer_slots[BUFFER_SLOTS];
+
+static int find_slots(PyTypeObject *type, const char *const *names, Py_ssize_t *offsets,
+                      int count)
+{
+    for (int i = 0; i < count; i++) {
+        PyObject *descr = PyObject_GetAttrString((PyObject *)type, names[i]);
+        if (descr == NULL)
+            return -1;
+        int ok = Py_TYPE(descr) == &PyMemberDescr_Type;
+        if (ok) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            ok = member->type == T_OBJECT_EX && !(member->flags & READONLY);
+            offsets[i] = member->offset;
+        }
+        Py_DECREF(descr);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a writable __slots__ member",
+                         type->tp_name, names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static inline PyObject **slot_at(PyObject *object, Py_ssize_t offset)
+{
+    return (PyObject **)((char *)object + offset);
+}
+
+/* Stores a new reference to `value` in the slot (the old value released after). */
+static inline void set_slot(PyObject *object, Py_ssize_t offset, PyObject *value)
+{
+    PyObject **slot = slot_at(object, offset), *old = *slot;
+    Py_INCREF(value);
+    *slot = value;
+    Py_XDECREF(old);
+}
+
+/* The slot's value (borrowed), None if unset. */
+static inline PyObject *get_slot(PyObject *object, Py_ssize_t offset)
+{
+    PyObject *value = *slot_at(object, offset);
+    return value == NULL ? Py_None : value;
+}
+
+/* Points `storage` at `block` (lock held). */
+static int ring_commit_locked(RingObject *self, PyObject *storage, RingBlockObject *block,
+                              long long length)
+{
+    PyObject *array = PySequence_GetSlice(self->backing, (Py_ssize_t)block->offset,
+                                          (Py_ssize_t)(block->offset + length));
+    if (array == NULL)
+        return -1;
+    PyObject *address = PyLong_FromLongLong(self->backing_address + block->offset);
+    if (address == NULL) {
+        Py_DECREF(array);
+        return -1;
+    }
+    int status = 0;
+    if (Py_TYPE(storage) == ring_storage_class) {
+        set_slot(storage, storage_slots[STORAGE_ARRAY], array);
+        set_slot(storage, storage_slots[STORAGE_ADDRESS], address);
+        set_slot(storage, storage_slots[STORAGE_RING], (PyObject *)self);
+        set_slot(storage, storage_slots[STORAGE_BLOCK], (PyObject *)block);
+    } else if (PyObject_SetAttr(storage, str_array, array) < 0
+               || PyObject_SetAttr(storage, str_address, address) < 0
+               || PyObject_SetAttr(storage, str_ring, (PyObject *)self) < 0
+               || PyObject_SetAttr(storage, str_block, (PyObject *)block) < 0) {
+        status = -1;
+    }
+    Py_DECREF(array);
+    Py_DECREF(address);
+    return status;
+}
+
+/* Places `length` bytes and commits them to `storage` under the lock, if the ring has
+ * room and no request is parked ahead and it is open: 1 if so, 0 if not, -1 on error. */
+static int ring_commit_if_room(RingObject *self, PyObject *storage, long long length)
+{
+    if (ring_lock(self) < 0)
+        return -1;
+    int committed = 0;
+    Py_ssize_t parked = present(self->parked) ? PyObject_Length(self->parked) : 0;
+    if (parked == 0 && !present(self->closed)) {
+        RingBlockObject *block = ring_place(self, length);
+        if (block != NULL) {
+            committed = ring_commit_locked(self, storage, block, length) < 0 ? -1 : 1;
+            Py_DECREF(block);
+        } else if (PyErr_Occurred()) {
+            committed = -1;
+        }
+    } else if (parked < 0) {
+        committed = -1;
+    }
+    return ring_unlock(self) < 0 ? -1 : committed;
+}
+
+static PyObject *ring_try_commit(RingObject *self, PyObject *storage)
+{
+    PyObject *length_obj = PyObject_GetAttr(storage, str_byte_length);
+    if (length_obj == NULL)
+        return NULL;
+    long long length = as_size(length_obj);
+    Py_DECREF(length_obj);
+    if (length == -2)
+        return NULL;
+    int committed = ring_commit_if_room(self, storage, length);
+    return committed < 0 ? NULL : PyBool_FromLong(committed);
+}
+
+static PyTypeObject *buffer_class;
+static PyObject *access_all, *zero;
+
+/* A transient buffer of `size` bytes over a new RingStorage committed to a block placed
+ * now (`pending_buffer` and `try_commit` in one call), or None when the ring has no room
+ * now, a request is parked ahead, or the ring is closed (the caller queues the alloca). */
+static PyObject *ring_commit_new(RingObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "commit_new(allocator, size, memory_type_bits, usage_bits)");
+        return NULL;
+    }
+    if (ring_storage_class == NULL || buffer_class == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "tinyhal _core used before bind_ring()");
+        return NULL;
+    }
+    PyObject *size = args[1];
+    if (!PyLong_CheckExact(size))
+        Py_RETURN_NONE;
+    long long length = as_size(size);
+    if (length == -2)
+        return NULL;
+    if (length < 0)
+        Py_RETURN_NONE;
+    PyObject *storage = ring_storage_class->tp_alloc(ring_storage_class, 0);
+    if (storage == NULL)
+        return NULL;
+    set_slot(storage, storage_slots[STORAGE_BYTE_LENGTH], size);
+    set_slot(storage, storage_slots[STORAGE_RELEASED], Py_False);
+    set_slot(storage, storage_slots[STORAGE_ON_RELEASE], Py_None);
+    set_slot(storage, storage_slots[STORAGE_RING], Py_None);
+    set_slot(storage, storage_slots[STORAGE_BLOCK], Py_None);
+    int committed = ring_commit_if_room(self, storage, length);
+    if (committed <= 0) {
+        Py_DECREF(storage); /* a committed block goes back through its collection */
+        if (committed == 0 && !PyErr_Occurred())
+            Py_RETURN_NONE;
+        return NULL;
+    }
+    PyObject *buffer = buffer_class->tp_alloc(buffer_class, 0);
+    if (buffer == NULL) {
+        Py_DECREF(storage);
+        return NULL;
+    }
+    PyObject *values[BUFFER_SLOTS] = {args[0], storage, zero, size, args[2], args[3],
+                                      access_all};
+    for (int i = 0; i < BUFFER_SLOTS; i++)
+        set_slot(buffer, buffer_slots[i], values[i]);
+    Py_DECREF(storage);
+    return buffer;
+}
+
+static PyObject *ring_release(RingObject *self, PyObject *storage)
+{
+    if (ring_storage_class == NULL || Py_TYPE(storage) != ring_storage_class
+        || get_slot(storage, storage_slots[STORAGE_RING]) != (PyObject *)self)
+        Py_RETURN_NONE;
+    if (ring_lock(self) < 0)
+        return NULL;
+    PyObject *grants = NULL;
+    PyObject *block = get_slot(storage, storage_slots[STORAGE_BLOCK]);
+    if (block == Py_None) {
+        Py_INCREF(empty_tuple);
+        grants = empty_tuple;
+    } else if (!PyObject_TypeCheck(block, &RingBlockType)) {
+        PyErr_Format(PyExc_TypeError, "not a RingBlock: %R", block);
+    } else {
+        Py_INCREF(block);
+        set_slot(storage, storage_slots[STORAGE_BLOCK], Py_None);
+        grants = ring_grants(self, ring_free_locked(self, (RingBlockObject *)block));
+        Py_DECREF(block);
+    }
+    if (ring_unlock(self) < 0)
+        Py_CLEAR(grants);
+    if (grants == NULL)
+        return NULL;
+    int status = ring_run_grants(grants);
+    Py_DECREF(grants);
+    if (status < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *str_retire_later, *str_grant_later;
+
+/* A storage died still holding `block` (see TransientRingbuffer.collected): retired here
+ * unless this thread holds the ring's lock (a collection inside a locked section), when
+ * the whole retirement goes to the reclaim thread; grants always do. */
+static PyObject *ring_collected(RingObject *self, PyObject *block)
+{
+    if (!PyObject_TypeCheck(block, &RingBlockType)) {
+        PyErr_Format(PyExc_TypeError, "not a RingBlock: %R", block);
+        return NULL;
+    }
+    if (self->lock_is_owned == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "transient ring used before it has a lock");
+        return NULL;
+    }
+    PyObject *owned = PyObject_CallNoArgs(self->lock_is_owned);
+    if (owned == NULL)
+        return NULL;
+    int mine = PyObject_IsTrue(owned);
+    Py_DECREF(owned);
+    if (mine < 0)
+        return NULL;
+    if (mine)
+        return PyObject_CallMethodOneArg((PyObject *)self, str_retire_later, block);
+    if (ring_lock(self) < 0)
+        return NULL;
+    PyObject *grants = ring_grants(self, ring_free_locked(self, (RingBlockObject *)block));
+    if (ring_unlock(self) < 0)
+        Py_CLEAR(grants);
+    if (grants == NULL)
+        return NULL;
+    Py_ssize_t n = PyObject_Length(grants);
+    PyObject *done = n > 0 ? PyObject_CallMethodOneArg((PyObject *)self, str_grant_later, grants)
+                           : (n < 0 ? NULL : Py_NewRef(Py_None));
+    Py_DECREF(grants);
+    return done;
+}
+
+/* Whether `storage` holds a block of this ring (committed and not released). */
+static PyObject *ring_owns(RingObject *self, PyObject *storage)
+{
+    return PyBool_FromLong(ring_storage_class != NULL && Py_TYPE(storage) == ring_storage_class
+                           && get_slot(storage, storage_slots[STORAGE_RING]) == (PyObject *)self
+                           && get_slot(storage, storage_slots[STORAGE_BLOCK]) != Py_None);
+}
+
+static PyObject *ring_live_blocks(RingObject *self, PyObject *unused)
+{
+    Py_ssize_t live = 0;
+    for (Py_ssize_t i = 0; i < self->blocks_count; i++)
+        live += !self->blocks[(self->blocks_start + i) % self->blocks_capacity]->retired;
+    return PyLong_FromSsize_t(live);
+}
+
+static PyObject *ring_get_lock(RingObject *self, void *closure)
+{
+    if (self->lock == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(self->lock);
+    return self->lock;
+}
+
+static int ring_set_lock(RingObject *self, PyObject *lock, void *closure)
+{
+    if (lock == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a ring's lock cannot be deleted");
+        return -1;
+    }
+    PyObject *acquire = PyObject_GetAttrString(lock, "acquire");
+    PyObject *release = PyObject_GetAttrString(lock, "release");
+    PyObject *is_owned = PyObject_GetAttrString(lock, "_is_owned"); /* an RLock's */
+    if (acquire == NULL || release == NULL || is_owned == NULL) {
+        Py_XDECREF(acquire);
+        Py_XDECREF(release);
+        Py_XDECREF(is_owned);
+        return -1;
+    }
+    Py_INCREF(lock);
+    Py_XSETREF(self->lock, lock);
+    Py_XSETREF(self->lock_acquire, acquire);
+    Py_XSETREF(self->lock_release, release);
+    Py_XSETREF(self->lock_is_owned, is_owned);
+    return 0;
+}
+
+/* The counters: a HeapCounter or None (not counted). */
+static PyObject *ring_get_counter(RingObject *self, void *offset)
+{
+    PyObject *counter = *(PyObject **)((char *)self + (size_t)offset);
+    if (counter == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(counter);
+    return counter;
+}
+
+static int ring_set_counter(RingObject *self, PyObject *value, void *offset)
+{
+    if (value != NULL && value != Py_None && Py_TYPE(value) != &HeapCounterType) {
+        PyErr_Format(PyExc_TypeError, "a ring counts into a HeapCounter, not %R", value);
+        return -1;
+    }
+    PyObject **slot = (PyObject **)((char *)self + (size_t)offset);
+    PyObject *counter = value == Py_None ? NULL : value;
+    Py_XINCREF(counter);
+    Py_XSETREF(*slot, counter);
+    return 0;
+}
+
+static PyMethodDef ring_methods[] = {
+    {"_place", (PyCFunction)ring_py_place, METH_O,
+     "_place(size) -> RingBlock | None: room for size bytes at the head (lock held)."},
+    {"_free_locked", (PyCFunction)ring_py_free_locked, METH_O,
+     "_free_locked(block) -> grants to make: retires block (lock held)."},
+    {"_free", (PyCFunction)ring_py_free, METH_O,
+     "_free(block) -> grants to make: retires block under the lock."},
+    {"commit_new", (PyCFunction)(void (*)(void))ring_commit_new, METH_FASTCALL,
+     "commit_new(allocator, size, memory_type_bits, usage_bits) -> Buffer | None (core.c)."},
+    {"try_commit", (PyCFunction)ring_try_commit, METH_O,
+     "See hal.ringbuffer.TransientRingbuffer.try_commit."},
+    {"release", (PyCFunction)ring_release, METH_O,
+     "See hal.ringbuffer.TransientRingbuffer.release."},
+    {"collected", (PyCFunction)ring_collected, METH_O,
+     "See hal.ringbuffer.TransientRingbuffer.collected."},
+    {"owns", (PyCFunction)ring_owns, METH_O,
+     "owns(storage) -> whether storage holds a block of this ring (committed, not released)."},
+    {"_live_blocks", (PyCFunction)ring_live_blocks, METH_NOARGS,
+     "How many blocks are live (lock held)."},
+    {NULL},
+};
+
+static PyMemberDef ring_members[] = {
+    {"capacity", T_LONGLONG, offsetof(RingObject, capacity), 0, NULL},
+    {"_head", T_LONGLONG, offsetof(RingObject, head), READONLY, NULL},
+    {"_tail", T_LONGLONG, offsetof(RingObject, tail), READONLY, NULL},
+    {"_live", T_LONGLONG, offsetof(RingObject, live), READONLY, NULL},
+    {"_peak", T_LONGLONG, offsetof(RingObject, peak), READONLY, NULL},
+    {"_reservations", T_LONGLONG, offsetof(RingObject, reservations), READONLY, NULL},
+    {"_waits", T_LONGLONG, offsetof(RingObject, waits), 0, NULL},
+    {"_backing", T_OBJECT, offsetof(RingObject, backing), 0, NULL},
+    {"_backing_address", T_LONGLONG, offsetof(RingObject, backing_address), 0, NULL},
+    {"allocator", T_OBJECT, offsetof(RingObject, allocator), 0, NULL},
+    {"_heap_name", T_OBJECT, offsetof(RingObject, heap_name), 0, NULL},
+    {"_parked", T_OBJECT, offsetof(RingObject, parked), 0, NULL},
+    {"_closed", T_OBJECT, offsetof(RingObject, closed), 0, NULL},
+    {NULL},
+};
+
+static PyGetSetDef ring_getset[] = {
+    {"_lock", (getter)ring_get_lock, (setter)ring_set_lock, NULL, NULL},
+    {"_heap_counter", (getter)ring_get_counter, (setter)ring_set_counter, NULL,
+     (void *)offsetof(RingObject, heap)},
+    {"_total", (getter)ring_get_counter, (setter)ring_set_counter, NULL,
+     (void *)offsetof(RingObject, total)},
+    {"_device_memory", (getter)ring_get_counter, (setter)ring_set_counter, NULL,
+     (void *)offsetof(RingObject, device_memory)},
+    {NULL},
+};
+
+static PyTypeObject RingCoreType = {
+    CORE_BASE_TYPE("RingCore", RingObject, ring,
+                   "The state of a transient ring and its placement, retirement and "
+                   "counters (hal.ringbuffer.TransientRingbuffer), changed under the "
+                   "allocator's lock."),
+    .tp_methods = ring_methods,
+    .tp_members = ring_members,
+    .tp_getset = ring_getset,
 };
 
 /* ---------------------------------------------------------------------------------- */
@@ -612,6 +1374,89 @@ static PyObject *core_normalize_wait_signal(PyObject *module, PyObject *const *a
     return PyObject_Vectorcall(normalize_general, args, 2, NULL);
 }
 
+/* Advances the leading points of `points` (a tuple or list of (Semaphore, value)) that
+ * take the fast path; returns how many. It stops at the first point that needs the locked
+ * path (a waiter, an error), which the caller then takes, in order, from there. */
+static Py_ssize_t advance_prefix(PyObject *points)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(points), i = 0;
+    PyObject **items = PySequence_Fast_ITEMS(points);
+    for (; i < n; i++) {
+        PyObject *point = items[i];
+        if (!PyTuple_CheckExact(point) || PyTuple_GET_SIZE(point) != 2)
+            break;
+        PyObject *sem = PyTuple_GET_ITEM(point, 0);
+        if (!PyObject_TypeCheck(sem, &SemaphoreCoreType)
+            || !semaphore_advance_fast((SemaphoreObject *)sem, PyTuple_GET_ITEM(point, 1)))
+            break;
+    }
+    return i;
+}
+
+/* The completion trampoline of this thread (hal.queue): the deque of completions queued
+ * while an outer `complete` runs timepoint callbacks, or NULL. An owned reference. */
+static Py_tss_t trampoline_key = Py_tss_NEEDS_INIT;
+static PyObject *complete_slow;
+
+static PyObject *core_trampoline(PyObject *module, PyObject *unused)
+{
+    PyObject *pending = PyThread_tss_get(&trampoline_key);
+    if (pending == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(pending);
+    return pending;
+}
+
+static PyObject *core_set_trampoline(PyObject *module, PyObject *pending)
+{
+    PyObject *old = PyThread_tss_get(&trampoline_key);
+    PyObject *new = pending == Py_None ? NULL : pending;
+    Py_XINCREF(new);
+    if (PyThread_tss_set(&trampoline_key, new) != 0) {
+        Py_XDECREF(new);
+        PyErr_SetString(PyExc_RuntimeError, "cannot set the completion trampoline");
+        return NULL;
+    }
+    Py_XDECREF(old);
+    Py_RETURN_NONE;
+}
+
+/* `WorkQueue.complete(signal, error)`: with no error and no trampoline running on this
+ * thread, the leading points nobody waits on advance here; the rest (a waiter, an error,
+ * a failure to spread, a completion to queue) goes to the Python path. */
+static PyObject *core_complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "complete(signal, error)");
+        return NULL;
+    }
+    if (complete_slow == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "tinyhal _core used before bind_queue()");
+        return NULL;
+    }
+    PyObject *signal = args[0], *error = args[1];
+    if (error != Py_None || PyThread_tss_get(&trampoline_key) != NULL
+        || (!PyTuple_CheckExact(signal) && !PyList_CheckExact(signal)))
+        return PyObject_Vectorcall(complete_slow, args, 2, NULL);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(signal), i = advance_prefix(signal);
+    if (i == n)
+        Py_RETURN_NONE;
+    PyObject *rest = PySequence_GetSlice(signal, i, n);
+    if (rest == NULL)
+        return NULL;
+    PyObject *slow_args[] = {rest, error};
+    PyObject *done = PyObject_Vectorcall(complete_slow, slow_args, 2, NULL);
+    Py_DECREF(rest);
+    return done;
+}
+
+static PyObject *core_bind_queue(PyObject *module, PyObject *slow)
+{
+    Py_INCREF(slow);
+    Py_XSETREF(complete_slow, slow);
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_bind(PyObject *module, PyObject *args)
 {
     PyObject *sem_class, *fence_type, *general;
@@ -632,10 +1477,41 @@ static PyObject *core_bind(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *core_bind_ring(PyObject *module, PyObject *args)
+{
+    PyObject *storage_type, *buffer_type, *access;
+    if (!PyArg_ParseTuple(args, "O!O!O:bind_ring", &PyType_Type, &storage_type, &PyType_Type,
+                          &buffer_type, &access))
+        return NULL;
+    if (find_slots((PyTypeObject *)storage_type, storage_slot_names, storage_slots,
+                   STORAGE_SLOTS) < 0
+        || find_slots((PyTypeObject *)buffer_type, buffer_slot_names, buffer_slots,
+                      BUFFER_SLOTS) < 0)
+        return NULL;
+    Py_INCREF(storage_type);
+    Py_XSETREF(ring_storage_class, (PyTypeObject *)storage_type);
+    Py_INCREF(buffer_type);
+    Py_XSETREF(buffer_class, (PyTypeObject *)buffer_type);
+    Py_INCREF(access);
+    Py_XSETREF(access_all, access);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef core_methods[] = {
+    {"bind_ring", core_bind_ring, METH_VARARGS,
+     "bind_ring(RingStorage, Buffer, access_all): the classes of the transient buffers "
+     "RingCore makes and releases, and the access bits they carry."},
     {"bind", core_bind, METH_VARARGS,
      "bind(Semaphore, Fence, normalize_general): the classes this module makes, and the "
      "general path of normalize_wait_signal."},
+    {"trampoline", core_trampoline, METH_NOARGS,
+     "This thread's completion trampoline (a deque), or None."},
+    {"set_trampoline", core_set_trampoline, METH_O,
+     "Sets (a deque) or clears (None) this thread's completion trampoline."},
+    {"complete", (PyCFunction)(void (*)(void))core_complete, METH_FASTCALL,
+     "complete(signal, error): hal.queue.WorkQueue.complete, fast when nothing waits."},
+    {"bind_queue", core_bind_queue, METH_O,
+     "bind_queue(complete_slow): the Python path of complete."},
     {"pending_fence", core_pending_fence, METH_NOARGS,
      "A fence of one new semaphore (at 0) reached at 1: what hal.fence.create makes."},
     {"join_fences", core_join_fences, METH_O,
@@ -658,7 +1534,28 @@ static struct PyModuleDef core_module = {
 
 PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
 {
-    if (PyType_Ready(&SemaphoreCoreType) < 0 || PyType_Ready(&FenceCoreType) < 0)
+    if (PyType_Ready(&SemaphoreCoreType) < 0 || PyType_Ready(&FenceCoreType) < 0
+        || PyType_Ready(&HeapCounterType) < 0 || PyType_Ready(&RingBlockType) < 0
+        || PyType_Ready(&RingCoreType) < 0)
+        return NULL;
+    str_ensure_backing = PyUnicode_InternFromString("_ensure_backing");
+    str_grant_parked = PyUnicode_InternFromString("_grant_parked");
+    str_profile = PyUnicode_InternFromString("profile");
+    str_block = PyUnicode_InternFromString("block");
+    str_ring = PyUnicode_InternFromString("ring");
+    str_array = PyUnicode_InternFromString("array");
+    str_address = PyUnicode_InternFromString("address");
+    str_byte_length = PyUnicode_InternFromString("byte_length");
+    str_retire_later = PyUnicode_InternFromString("_retire_later");
+    str_grant_later = PyUnicode_InternFromString("_grant_later");
+    if (str_retire_later == NULL || str_grant_later == NULL)
+        return NULL;
+    zero = PyLong_FromLong(0);
+    if (zero == NULL)
+        return NULL;
+    if (str_ensure_backing == NULL || str_grant_parked == NULL || str_profile == NULL
+        || str_block == NULL || str_ring == NULL || str_array == NULL || str_address == NULL
+        || str_byte_length == NULL)
         return NULL;
     PyObject *thread = PyImport_ImportModule("_thread");
     if (thread == NULL)
@@ -672,13 +1569,16 @@ PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
     if (allocate_lock == NULL || empty_tuple == NULL || empty_str == NULL
         || str_advance_slow == NULL || one == NULL)
         return NULL;
+    if (PyThread_tss_create(&trampoline_key) != 0)
+        return NULL;
     PyObject *module = PyModule_Create(&core_module);
     if (module == NULL)
         return NULL;
-    Py_INCREF(&SemaphoreCoreType);
-    Py_INCREF(&FenceCoreType);
-    if (PyModule_AddObject(module, "SemaphoreCore", (PyObject *)&SemaphoreCoreType) < 0
-        || PyModule_AddObject(module, "FenceCore", (PyObject *)&FenceCoreType) < 0) {
+    if (PyModule_AddObjectRef(module, "SemaphoreCore", (PyObject *)&SemaphoreCoreType) < 0
+        || PyModule_AddObjectRef(module, "FenceCore", (PyObject *)&FenceCoreType) < 0
+        || PyModule_AddObjectRef(module, "HeapCounter", (PyObject *)&HeapCounterType) < 0
+        || PyModule_AddObjectRef(module, "RingBlock", (PyObject *)&RingBlockType) < 0
+        || PyModule_AddObjectRef(module, "RingCore", (PyObject *)&RingCoreType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -1,6 +1,7 @@
 """The C core's fast paths (`hal/native/core.c`): semaphores advanced while nothing waits,
-`hal.fence.create`'s fences, joins and the reached check of a queue operation's wait, each
-against the semantics of the locked Python paths they stand in for."""
+`hal.fence.create`'s fences, joins, the reached check of a queue operation's wait and the
+transient ring's placement, release and counters, each against the semantics of the
+Python paths they stand in for."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import pytest
 
 from tinyhal import errors
 from tinyhal.hal import Fence, create_device
+from tinyhal.hal.allocator import Allocator, HeapCounter
+from tinyhal.hal.ringbuffer import HEAP_NAME, TransientRingbuffer
 from tinyhal.hal.semaphore import (
     MAX_VALUE,
     Semaphore,
@@ -253,3 +256,196 @@ def test_a_free_threaded_interpreter_is_refused(monkeypatch):
                         lambda name: 1 if name == "Py_GIL_DISABLED" else None)
     with pytest.raises(RuntimeError, match="free-threaded"):
         core_build.extension()
+
+
+# -- the transient ring's C bookkeeping ----------------------------------------------
+
+
+def test_try_commit_places_in_order_and_release_grants_parked_requests_in_order():
+    ring = TransientRingbuffer(Allocator("local"), capacity=256)
+    first, second = ring.pending_storage(100), ring.pending_storage(128)
+    assert ring.try_commit(first) and ring.try_commit(second)
+    assert (first.block.offset, second.block.offset) == (0, 128)
+    assert first.address % 64 == 0 and len(first.array) == 100
+    granted = []
+    ring.reserve(64, lambda block, error: granted.append(("a", block.offset)))
+    ring.reserve(64, lambda block, error: granted.append(("b", block.offset)))
+    assert not ring.try_commit(ring.pending_storage(1))  # parked ahead: refused, in order
+    ring.release(second)  # the newest: the tail is still held
+    assert granted == []
+    ring.release(first)
+    assert granted == [("a", 0), ("b", 64)]
+    assert first.block is None and second.block is None
+    ring.release(first)  # released twice: nothing
+    st = ring.statistics()
+    assert (st.live_bytes, st.live_blocks, st.parked_requests) == (128, 2, 0)
+
+
+def test_try_commit_wraps_and_refuses_when_full_or_closed():
+    ring = TransientRingbuffer(capacity=256)
+    a, b, c = (ring.pending_storage(64) for _ in range(3))
+    assert ring.try_commit(a) and ring.try_commit(b) and ring.try_commit(c)
+    ring.release(a)
+    big = ring.pending_storage(128)
+    assert not ring.try_commit(big)  # 64 at the end, 64 free at the start: no room
+    tail = ring.pending_storage(64)
+    assert ring.try_commit(tail) and tail.block.offset == 192
+    wrapped = ring.pending_storage(64)
+    assert ring.try_commit(wrapped) and wrapped.block.offset == 0
+    assert not ring.try_commit(ring.pending_storage(1))  # full: head == tail
+    ring.close(errors.AbortedError("closed"))
+    for storage in (b, c, tail, wrapped):
+        ring.release(storage)
+    assert not ring.try_commit(ring.pending_storage(1))
+    assert ring.statistics().live_bytes == 0
+
+
+def test_release_ignores_storage_of_another_ring_or_kind():
+    ring, other = TransientRingbuffer(capacity=256), TransientRingbuffer(capacity=256)
+    theirs = other.pending_storage(10)
+    assert other.try_commit(theirs)
+    ring.release(theirs)
+    assert theirs.block is not None and other.statistics().live_bytes == 64
+    ring.release(Allocator("local").allocate(64).storage)
+
+
+def test_owns_and_collection_of_a_dropped_transient():
+    ring = TransientRingbuffer(capacity=128)
+    dropped, kept = ring.pending_storage(64), ring.pending_storage(64)
+    assert ring.try_commit(dropped) and ring.try_commit(kept)
+    assert ring.owns(kept) and not ring.owns(ring.pending_storage(1))
+    assert not TransientRingbuffer(capacity=128).owns(kept)
+    granted = threading.Event()
+    ring.reserve(64, lambda block, error: granted.set())  # parked: the ring is full
+    ring.release(kept)  # the tail is still `dropped`'s
+    assert not granted.is_set()
+    with ring._lock:  # a collection inside the ring's locked section: deferred
+        del dropped
+        gc.collect()
+    assert granted.wait(30)  # retired, then granted, on the reclaim thread
+    assert ring.statistics().live_blocks == 1 and not ring.owns(kept)
+
+
+def test_ready_and_queued_allocas_count_alike():
+    """The ready path (C, no entry) and the queued path (an entry granted later) leave
+    the same allocator and ring statistics behind."""
+    sizes = (100, 64, 1, 0, 5000, 63)
+
+    def run(ready: bool):
+        device = create_device("sync", transient_capacity=1 << 16)
+        try:
+            buffers = []
+            for size in sizes:
+                gate = device.create_semaphore()
+                wait = [] if ready else [(gate, 1)]
+                buffers.append(device.queue_alloca(size, wait=wait))
+                if not ready:
+                    gate.signal(1)
+            middle = device.allocator.statistics()
+            for buffer in buffers[::2]:
+                gate = device.create_semaphore()
+                device.queue_dealloca(buffer, wait=[] if ready else [(gate, 1)])
+                if not ready:
+                    gate.signal(1)
+            assert device.wait_idle(30)
+            return middle, device.allocator.statistics(), device.transient.statistics()
+        finally:
+            device.close()
+
+    assert run(True) == run(False)
+    middle, end, ring = run(True)
+    assert middle.heaps[HEAP_NAME].live_bytes == sum((s + 63) // 64 * 64 or 64 for s in sizes)
+    assert ring.reservations == len(sizes) and ring.live_blocks == 3
+    assert end.peak_bytes >= middle.heaps[HEAP_NAME].live_bytes
+
+
+def test_ring_counters_are_heap_counters():
+    allocator = Allocator("local")
+    ring = TransientRingbuffer(allocator, capacity=1024)
+    storage = ring.pending_storage(10)
+    assert ring.try_commit(storage)
+    counter = allocator.add_heap_statistics(HEAP_NAME)
+    assert isinstance(counter, HeapCounter)
+    assert (counter.live, counter.peak, counter.allocated, counter.count) == (64, 64, 64, 1)
+    ring.release(storage)
+    assert (counter.live, counter.freed, allocator.total.live) == (0, 64, 0)
+    with pytest.raises(TypeError):
+        ring._heap_counter = object()
+
+
+# -- completion -----------------------------------------------------------------------
+
+
+def test_completions_made_by_a_timepoint_are_queued_on_the_trampoline_in_order():
+    device = create_device("sync")
+    try:
+        complete = device.work_queue.complete
+        first, second = Semaphore(), Semaphore()
+        seen = []
+
+        def reached(error) -> None:
+            complete([(second, 1)], None)
+            complete([(second, 2)], None)
+            seen.append(second.query())  # queued: runs after this callback returns
+
+        assert first.on_reached(1, reached) is not None
+        complete([(first, 1)], None)
+        assert seen == [0] and second.query() == 2
+        complete([(second, 3)], None)  # no trampoline left behind: the fast path again
+        assert second.query() == 3
+    finally:
+        device.close()
+
+
+def test_completion_errors_fail_the_points():
+    device = create_device("sync")
+    try:
+        complete = device.work_queue.complete
+        a, b, c = Semaphore(), Semaphore(5), Semaphore()
+        complete([(a, 1), (b, 4), (c, 1)], None)  # b cannot go back: it fails, c advances
+        assert a.query() == 1 and c.query() == 1
+        with pytest.raises(errors.OutOfRangeError):
+            b.query()
+        complete((((c, 2)),), errors.DataLossError("lost"))
+        with pytest.raises(errors.DataLossError):
+            c.query()
+    finally:
+        device.close()
+
+
+def test_ready_allocas_from_many_threads_keep_the_ring_and_counters_exact():
+    """The ring's C path takes the allocator's lock: threads placing and releasing at
+    once (with a statistics reader under the same lock) never lose a count."""
+    device = create_device("task", transient_capacity=1 << 20)
+    try:
+        per_thread, threads_count = 400, 4
+        start = threading.Barrier(threads_count + 1)
+        failures = []
+
+        def work(seed: int) -> None:
+            try:
+                start.wait()
+                for i in range(per_thread):
+                    buffer = device.queue_alloca(64 * (1 + (seed + i) % 5))
+                    device.queue_dealloca(buffer)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(threads_count)]
+        for t in threads:
+            t.start()
+        start.wait()
+        for _ in range(200):  # a reader under the allocator's lock meanwhile (bounded)
+            device.allocator.statistics()
+        for t in threads:
+            t.join(60)
+        assert not failures and not any(t.is_alive() for t in threads)
+        assert device.wait_idle(30)
+        ring = device.transient.statistics()
+        assert ring.live_bytes == 0 and ring.live_blocks == 0
+        assert ring.reservations == per_thread * threads_count
+        heap = device.allocator.statistics().heaps[HEAP_NAME]
+        assert heap.live_bytes == 0 and heap.allocated_bytes == heap.freed_bytes
+        assert heap.allocation_count == per_thread * threads_count
+    finally:
+        device.close()

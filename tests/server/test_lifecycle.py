@@ -270,13 +270,11 @@ def test_second_signal_exits_4_and_logs_what_it_abandoned(tmp_path, spin_vmfb, s
     threading.Thread(target=send, daemon=True).start()
     _wait_in_flight(server, labels)
     server.terminate()
-    deadline = time.monotonic() + 10
-    while "draining" not in "".join(server.stderr):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    server.wait_stderr("draining", timeout=10)
     server.terminate()
     assert server.wait(timeout=30) == EXIT_SECOND_SIGNAL
-    err = "".join(server.stderr)
+    # stderr is read by its own thread, which may still be behind the exit
+    err = server.wait_stderr("abandoned: model spin version 1 request twice", timeout=10)
     assert "second SIGTERM: abandoning 1 invocation(s)" in err, err
     assert "abandoned: model spin version 1 request twice" in err
     assert '"GET /metrics" 200' in err  # --access-log logs each request
