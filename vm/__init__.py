@@ -20,7 +20,7 @@ from ..hal.executable import ExecutableLoader, register_executable_loader
 from .cconv import parse_cconv
 from .context import Context, ModuleInstance, VMFunction
 from .hal_module import create_hal_module
-from .invocation import Invocation, run_async, run_blocking
+from .invocation import Invocation, call_blocking, run_async, run_blocking
 from .loader import BytecodeModule, load_module
 from .native import NativeFunction, NativeModule, Suspend
 from .ops import F32SNaN
@@ -53,6 +53,7 @@ __all__ = [
     "VMFunction",
     "VMList",
     "VMVXExecutable",
+    "call_blocking",
     "create_hal_inline_module",
     "create_hal_loader_module",
     "create_hal_module",

@@ -145,6 +145,15 @@ class _Gen:
     def emit(self, indent: int, text: str, pc: int) -> None:
         self.lines.append((indent, text, pc))
 
+    def check_ref(self, indent: int, reg: str, type_name: str, what: str, pc: int) -> None:
+        """Checks that the ref in `reg` may be held where `type_name` is declared: a set
+        lookup of its class among those already accepted for that type (`_RC<k>`), and a
+        call of `ops.check_ref_class` only for a class not seen there yet."""
+        k = self.st.constant(type_name)
+        self.st.ref_class_sets.add(k)
+        self.emit(indent, f"if {reg}.__class__ not in _RC{k}: "
+                          f"_check_ref_class({reg}, _K[{k}], {what!r}, _RC{k})", pc)
+
     def remap(self, ins, pairs, indent: int) -> None:
         from . import regflow
 
@@ -439,7 +448,7 @@ class _Gen:
             text = tmpl.format(*args)
             if pc in self.flow.fused_cmps and self.fold_compare(ins, text):
                 return
-            if "_fa" in text:
+            if "_fa[" in text:  # not "_fa": `_fail` is no reason for the array
                 self.uses_fa = True
             for line in text.split("\n"):
                 self.emit(ind, line, pc)
@@ -543,8 +552,8 @@ class _Gen:
         g = f[0]
         t = self.type_name(f[1])
         res = self.rreg(f[2])
-        self.emit(ind, f"{res} = _check_ref_type(_GR[{g}], {self.const(t)}, 'global.load.ref')",
-                  ins.pc)
+        self.emit(ind, f"{res} = _GR[{g}]", ins.pc)
+        self.check_ref(ind, res, t, "global.load.ref", ins.pc)
         if f[2] & isa.MOVE_BIT:
             self.emit(ind, f"_GR[{g}] = None", ins.pc)
 
@@ -552,8 +561,8 @@ class _Gen:
         g = f[0]
         t = self.type_name(f[1])
         val = self.rreg(f[2])
-        self.emit(ind, f"_GR[{g}] = _check_ref_type({val}, {self.const(t)}, 'global.store.ref')",
-                  ins.pc)
+        self.check_ref(ind, val, t, "global.store.ref", ins.pc)
+        self.emit(ind, f"_GR[{g}] = {val}", ins.pc)
         self.clear_moved(ins, [f[2]], set(), ind)
 
     def op_global_load_indirect_ref(self, ins, f, ind):
@@ -561,8 +570,8 @@ class _Gen:
         t = self.type_name(f[1])
         res = self.rreg(f[2])
         self.emit(ind, f"_t = _grefi({idx}, _GRN)", ins.pc)
-        self.emit(ind, f"{res} = _check_ref_type(_GR[_t], {self.const(t)}, 'global.load.ref')",
-                  ins.pc)
+        self.emit(ind, f"{res} = _GR[_t]", ins.pc)
+        self.check_ref(ind, res, t, "global.load.ref", ins.pc)
         if f[2] & isa.MOVE_BIT:
             self.emit(ind, "_GR[_t] = None", ins.pc)
 
@@ -570,8 +579,8 @@ class _Gen:
         idx = self.ireg(f[0])
         t = self.type_name(f[1])
         val = self.rreg(f[2])
-        self.emit(ind, f"_GR[_grefi({idx}, _GRN)] = _check_ref_type({val}, {self.const(t)}, "
-                       "'global.store.ref')", ins.pc)
+        self.check_ref(ind, val, t, "global.store.ref", ins.pc)
+        self.emit(ind, f"_GR[_grefi({idx}, _GRN)] = {val}", ins.pc)
         self.clear_moved(ins, [f[2]], set(), ind)
 
     def op_list_alloc(self, ins, f, ind):
@@ -647,7 +656,8 @@ class _Gen:
         src = self.rreg(f[0])
         t = self.type_name(f[1])
         res = self.rreg(f[2])
-        self.emit(ind, f"{res} = _check_ref_type({src}, {self.const(t)}, 'cast.any.ref')", ins.pc)
+        self.check_ref(ind, src, t, "cast.any.ref", ins.pc)
+        self.emit(ind, f"{res} = {src}", ins.pc)
         self.clear_moved(ins, [f[0]], {res}, ind)
 
     def op_assign_ref(self, ins, f, ind):
@@ -1048,6 +1058,7 @@ class _ProgramState:
         self.resolved_tests: set[int] = set()  # imports that `import.resolved` tests
         self.record_blocks: list[record_blocks.RecordBlock] = []
         self.pure_sites: list[int] = []  # arity of each pure import call site (`_P<n>`)
+        self.ref_class_sets: set[int] = set()  # constants (ref type names) with an `_RC<k>`
         self._record_block_index: dict = {}
 
     def pure_site(self, arity: int) -> int:
@@ -1139,7 +1150,8 @@ def generate_module(module, verified: list[VerifiedFunction]) -> ModuleProgram:
 
 def _prologue(module, st: _ProgramState) -> list[str]:
     """The generated module's first lines, run once per instantiation: what its functions
-    use, bound from the `Linkage` (`_L`) into globals, and each pure call site's memory."""
+    use, bound from the `Linkage` (`_L`) into globals, each pure call site's memory and
+    the accepted classes of each ref type the program checks."""
     lines = ["_G = _L.rwdata", "_GCAP = len(_G)", "_GR = _L.global_refs", "_GRN = len(_GR)",
              "_ROD = _L.rodata", "_on_print = _L.on_print", "_on_trace = _L.on_trace"]
     lines += [f"_imp{k} = _L.imports[{k}]" for k in range(len(module.imports))]
@@ -1147,6 +1159,7 @@ def _prologue(module, st: _ProgramState) -> list[str]:
     lines += [f"_res{k} = 1 if _L.resolved[{k}] else 0" for k in sorted(st.resolved_tests)]
     lines += [f"_blk{n} = _L.record_sites[{n}]" for n in range(len(st.record_blocks))]
     lines += [f"_P{n} = [{'_UNSET, ' * arity}None]" for n, arity in enumerate(st.pure_sites)]
+    lines += [f"_RC{k} = _ref_classes(_K[{k}])" for k in sorted(st.ref_class_sets)]
     return lines
 
 

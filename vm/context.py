@@ -28,7 +28,7 @@ from ..errors import (
 )
 from . import codegen, ops, record_blocks
 from .cconv import CConv, parse_cconv
-from .invocation import Invocation, run_async, run_blocking
+from .invocation import Invocation, call_blocking, run_async, run_blocking
 from .linkage import Linkage
 from .loader import BytecodeModule
 from .native import NativeFunction, NativeModule
@@ -83,7 +83,7 @@ def _blocking(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Adapts a callee that may suspend to a plain call that blocks until its results."""
 
     def call(*args: Any) -> Any:
-        return run_blocking(Invocation(fn, args))
+        return call_blocking(fn, args)
 
     return call
 
@@ -325,7 +325,7 @@ class Context:
         # `begin`, without its frame: this is the path of every blocking call
         pyargs = args if f.refs_only and len(args) == len(f.cconv.args) else \
             marshal_arguments(f, args)
-        result = run_blocking(Invocation(f.callable, pyargs, f.trap))
+        result = call_blocking(f.callable, pyargs, f.trap)
         n = f.result_count
         return [] if n == 0 else [result] if n == 1 else list(result)
 

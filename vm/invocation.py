@@ -14,7 +14,8 @@ or `None` for a `vm.yield`. An `Invocation` is one such call in flight:
 
 The drivers differ only in how they wait: `run_blocking` on the calling thread
 (`Suspend.block()`), `run_async` on trio (`await Suspend.wait_async()`, and a checkpoint
-for a `vm.yield`). An exception the function raises comes out of `Invocation(...)` or
+for a `vm.yield`); `call_blocking` is `run_blocking` of a new invocation without the
+object while the call does not wait. An exception the function raises comes out of `Invocation(...)` or
 `resume`, turned by `trap` (if given: the context's, which names the VM stack) into the
 error to raise; `BaseException`s that are not `Exception`s (a trio cancel) pass as they are.
 """
@@ -28,7 +29,7 @@ from typing import Any
 from ..errors import FailedPreconditionError, InternalError
 from .native import Suspend
 
-__all__ = ["Invocation", "run_async", "run_blocking"]
+__all__ = ["Invocation", "call_blocking", "run_async", "run_blocking"]
 
 
 class Invocation:
@@ -60,6 +61,19 @@ class Invocation:
             self._frame = None
             self.done = True
             self._value = value
+
+    @classmethod
+    def suspended(cls, frame: GeneratorType | None, request: Suspend | None,
+                  trap: Callable[[Exception], BaseException] | None) -> Invocation:
+        """An invocation begun elsewhere (`call_blocking`) that now waits for `request`:
+        `frame` is its running generator, or None for a yieldable native function."""
+        invocation = cls.__new__(cls)
+        invocation._trap = trap
+        invocation._frame = frame
+        invocation._value = None
+        invocation.request = request
+        invocation.done = False
+        return invocation
 
     def resume(self, value: Any = None, error: BaseException | None = None) -> None:
         """Continues after the wait for `request`: with its results `value`, or with
@@ -102,6 +116,30 @@ def run_blocking(invocation: Invocation) -> Any:
             continue
         invocation.resume(value)
     return invocation._value  # `end()`, without its frame: the loop just saw `done`
+
+
+def call_blocking(function: Callable[..., Any], args: Sequence[Any],
+                  trap: Callable[[Exception], BaseException] | None = None) -> Any:
+    """`run_blocking(Invocation(function, args, trap))` in one frame and no object while
+    the call never waits, as a ready call on `sync` never does: the path of every
+    blocking call. A call that waits becomes an `Invocation` and runs as there."""
+    try:
+        value = function(*args)
+        cls = value.__class__
+        if cls is GeneratorType:
+            try:
+                invocation = Invocation.suspended(value, value.send(None), trap)
+            except StopIteration as stop:
+                return stop.value
+        elif cls is Suspend:
+            invocation = Invocation.suspended(None, value, trap)
+        else:
+            return value
+    except Exception as exc:
+        if trap is None:
+            raise
+        raise trap(exc) from None
+    return run_blocking(invocation)
 
 
 async def run_async(invocation: Invocation) -> Any:

@@ -585,6 +585,23 @@ def list_set_ref(lst, index, obj):
 # Refs, globals and failures
 
 
+_REF_CLASSES: dict[str | None, set[type]] = {}
+
+
+def ref_classes(expected: str | None) -> set[type]:
+    """The classes of objects `check_ref_class` has accepted for ref type `expected`,
+    one set per type shared by every program: whether a ref may be held where a type is
+    declared depends on its class alone (see `types.ref_type_matches`)."""
+    return _REF_CLASSES.setdefault(expected, set())
+
+
+def check_ref_class(obj, expected: str | None, what: str, accepted: set[type]) -> None:
+    """`check_ref_type` of `obj`, then `obj`'s class added to `accepted` (the set
+    `ref_classes(expected)`), so generated code checks that class by a set lookup."""
+    check_ref_type(obj, expected, what)
+    accepted.add(obj.__class__)
+
+
 def check_ref_type(obj, expected: str | None, what: str):
     """`obj` if a ref of type `expected` may hold it (see `types.ref_type_matches`)."""
     if obj is None:

@@ -252,7 +252,7 @@ def _helpers() -> dict:
         "_wrap32": ops.wrap32,
         "_round_f32": ops.round_f32,
         "_fail": ops.fail,
-        "_check_ref_type": ops.check_ref_type,
+        "_check_ref_class": ops.check_ref_class, "_ref_classes": ops.ref_classes,
         "_remember": ops.remember_call, "_UNSET": ops.UNSET,
     }
     for name in dir(ops):

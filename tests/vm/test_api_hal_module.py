@@ -8,6 +8,7 @@ import trio
 
 import tinyhal
 from tinyhal import hal
+from tinyhal.errors import InvalidArgumentError, OutOfRangeError
 from tinyhal.hal.types import BufferUsage, MemoryType
 from tinyhal.vm import Suspend, VMBuffer
 from tinyhal.vm.hal_module import HAL_MODULE_VERSION, create_hal_module
@@ -88,6 +89,14 @@ def test_buffer_load_store_and_views(env):
         call("buffer.store", 1, buf, 14, 4)
     view = call("buffer_view.create", buf, 0, 16, 0x20000020, 1, [(2,), (2,)])
     assert call("buffer_view.rank", view) == 2 and call("buffer_view.dim", view, 1) == 2
+    assert (view.shape, view.element_type, view.encoding_type) == ((2, 2), 0x20000020, 1)
+    assert view.buffer is buf
+    with pytest.raises(OutOfRangeError, match=r"shape \(2, 3\).* needs 24 bytes"):
+        call("buffer_view.create", buf, 0, 16, 0x20000020, 1, [(2,), (3,)])
+    with pytest.raises(InvalidArgumentError, match="negative dimension"):
+        call("buffer_view.create", buf, 0, 16, 0x20000020, 1, [(-1,), (2,)])
+    part = call("buffer_view.create", buf, 8, 8, 0x20000020, 1, [(2,)])
+    assert part.buffer.byte_length == 8 and part.shape == (2,)
     call("buffer_view.assert", view, VMBuffer(b"x"), 0x20000020, 1, [(2,), (2,)])
     with pytest.raises(tinyhal.Error, match="x shape dimension 1 mismatch"):
         call("buffer_view.assert", view, VMBuffer(b"x"), 0x20000020, 1, [(2,), (3,)])
