@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import warnings
 from types import ModuleType
 
 
@@ -27,9 +28,12 @@ def load_compiled(import_name: str, builder_name: str) -> ModuleType:
     milliseconds, so it is imported only when the compiled module is missing: an
     installed tinyhal loads its extensions without building an FFI at all."""
     try:
-        return importlib.import_module(import_name)
+        module = importlib.import_module(import_name)
     except ImportError:
         pass
+    else:
+        _warn_if_stale(module, builder_name)
+        return module
     import hashlib
     import tempfile
 
@@ -58,6 +62,29 @@ def load_compiled(import_name: str, builder_name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _warn_if_stale(module: ModuleType, builder_name: str) -> None:
+    """Warns when a compiled module built in place (an editable install) is older than
+    the C sources or builder beside it: edited sources run only once rebuilt, and a stale
+    module otherwise fails far from the cause (a changed C signature, a missing type).
+    A second's slack, so files a wheel extracts together never count."""
+    path = getattr(module, "__file__", None)
+    if not path:
+        return
+    folder = os.path.dirname(path)
+    builder_file = builder_name.rsplit(".", 1)[-1] + ".py"
+    try:
+        built = os.stat(path).st_mtime
+        newer = [entry.name for entry in os.scandir(folder)
+                 if (entry.name.endswith((".c", ".h")) or entry.name == builder_file)
+                 and entry.stat().st_mtime > built + 1.0]
+    except OSError:
+        return
+    if newer:
+        warnings.warn(f"{module.__name__} is older than {', '.join(sorted(newer))}: "
+                      "rebuild it (pip install -e .) to run the edited sources",
+                      RuntimeWarning, stacklevel=3)
 
 
 _module = load_compiled(__name__ + "._dispatch", __name__ + ".build")

@@ -249,6 +249,38 @@ def test_the_core_builds_into_a_cache_from_source(tmp_path):
     assert done.stdout.startswith("_tinyhal_not_installed_core_")
 
 
+@pytest.mark.parametrize("edited", [True, False])
+def test_a_module_built_in_place_warns_when_its_sources_are_newer(tmp_path, monkeypatch,
+                                                                   edited):
+    """An editable install runs its in-place build: edited C sources beside it (older
+    than the build by more than a second) make loading it warn, so a stale module is
+    named at import instead of failing later."""
+    import warnings
+
+    from tinyhal.hal.native import load_compiled
+
+    name = f"stale_native_pkg_{int(edited)}"
+    package = tmp_path / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "compiled.py").write_text("VALUE = 1\n")  # stands in for the .so
+    (package / "builder.py").write_text("SOURCES = ()\n")
+    (package / "kernel.c").write_text("int f(void) { return 1; }\n")
+    for file in ("__init__.py", "compiled.py", "builder.py"):
+        os.utime(package / file, (1_000_000, 1_000_000))
+    os.utime(package / "kernel.c", (1_000_100 if edited else 1_000_000,) * 2)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = load_compiled(f"{name}.compiled", f"{name}.builder")
+    assert module.VALUE == 1
+    stale = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    if edited:
+        assert len(stale) == 1 and "kernel.c" in str(stale[0].message)
+    else:
+        assert not stale
+
+
 def test_a_free_threaded_interpreter_is_refused(monkeypatch):
     from tinyhal.hal.native import core_build
 
