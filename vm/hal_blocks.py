@@ -14,7 +14,7 @@ bits, bytes, aligned addresses: what recording each command checked) and hands t
 command buffer the commands and, if the block finalized it, the device's recording of
 them (`CommandBuffer.adopted`): a re-recorded command buffer costs a few checks per
 buffer, made once for the site and its submit (which looks nothing up and reads the
-addresses that check took: `hal.execution.Bound`). Anything else (a new operand, a buffer that
+addresses that check took: the `Submission` it made). Anything else (a new operand, a buffer that
 fails a check, a whole-buffer length, whose bytes depend on the buffer) records import
 by import again, so errors are those of the record operation that fails.
 """
