@@ -23,6 +23,8 @@ from typing import Any
 
 import trio
 
+from .cpus import pin_current_thread
+
 log = logging.getLogger("tinyhal.server")
 
 __all__ = ["InstanceThread"]
@@ -33,9 +35,11 @@ _STOP = object()
 class InstanceThread:
     """One thread that runs jobs in order; each job's result goes back to trio."""
 
-    def __init__(self, name: str, token: trio.lowlevel.TrioToken) -> None:
+    def __init__(self, name: str, token: trio.lowlevel.TrioToken,
+                 cpu: int | None = None) -> None:
         self.name = name
         self._token = token
+        self._cpu = cpu  # the CPU it runs on (the event loop's, see cpus.py), or any
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -51,6 +55,7 @@ class InstanceThread:
         self._jobs.put(_STOP)
 
     def _loop(self) -> None:
+        pin_current_thread(self._cpu)
         while True:
             jobs = self._jobs.get()
             if jobs is _STOP:

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import trio
 
+from . import cpus
 from .app import API_GROUPS, Server, error_response
 from .http import HttpServer
 from .protocol import ProtocolError
@@ -118,6 +119,11 @@ def _parser() -> argparse.ArgumentParser:
                         "beyond; default 10)")
     p.add_argument("--request-body-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="longest pause while a request body arrives (408 beyond; default 30)")
+    p.add_argument("--python-cpu", default="auto", metavar="auto|none|CPU",
+                   help="the CPU the event loop and single model instances share: they "
+                        "take turns on the interpreter lock, and handing it between CPUs "
+                        "costs more than it saves (default auto: the CPU the server "
+                        "starts on; none: any)")
     p.add_argument("--max-connections", type=int, default=1000, metavar="N",
                    help="open connections at most; beyond, the oldest connection still "
                         "sending its request head is closed (default 1000)")
@@ -169,6 +175,7 @@ async def serve(args: argparse.Namespace) -> int:
                     max_timeout=args.max_timeout, model_control_mode=args.model_control_mode,
                     restricted=args.restricted)
     repository.token = trio.lowlevel.current_trio_token()
+    repository.python_cpu = args.python_cpu
     http = HttpServer(server.handle, error_response, max_body=args.max_request_bytes,
                       keep_alive_timeout=args.keep_alive_timeout, access_log=args.access_log,
                       head_timeout=args.request_head_timeout,
@@ -333,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tinyhal-serve: --{flag.replace('_', '-')} must be a positive number",
                   file=sys.stderr)
             return EXIT_USAGE
+    try:
+        args.python_cpu = cpus.choose(args.python_cpu)
+    except ValueError as exc:
+        print(f"tinyhal-serve: --python-cpu: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if args.max_connections < 1:
         print("tinyhal-serve: --max-connections must be >= 1", file=sys.stderr)
         return EXIT_USAGE
@@ -345,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     # switch interval, a thread that gave the GIL up for a kernel call waits up to 5 ms to
     # get it back from a busy loop (and the loop as long behind an instance thread).
     sys.setswitchinterval(_SWITCH_INTERVAL)
+    cpus.pin_current_thread(args.python_cpu)  # the loop, and the helper threads it starts
     # Until the server's own handler takes over, a signal stops like a second signal;
     # once the drain began, signals the trio handler no longer sees (after it ended)
     # are ignored: the process is already stopping with its own exit code.

@@ -67,6 +67,7 @@ from ..errors import Error
 from ..vm.loader import read_module_file
 from .admission import Admission, Instance
 from .batching import BatchingConfig, parse_batching_config
+from .cpus import use_process_cpus
 from .instances import InstanceThread
 from .memory import DeviceMemory
 from .protocol import DATATYPES, InferRequest, ProtocolError, datatype_for_mlir
@@ -226,7 +227,7 @@ class ModelVersion:
     # -- loading ---------------------------------------------------------------------
 
     def load(self, device: Any, device_lock: threading.Lock,
-             token: trio.lowlevel.TrioToken) -> None:
+             token: trio.lowlevel.TrioToken, python_cpu: int | None = None) -> None:
         """Reads the model file once into private memory, loads one module per instance
         onto `device`, derives the signature and starts the instance threads (blocking).
         Nothing reads the file again: later writes, truncation or deletion of it change
@@ -276,7 +277,9 @@ class ModelVersion:
             raise ConfigError(f"{self.display_path}: {message.lstrip(': ')}") from None
         del data
         self.modules, self.module = modules, modules[0]
-        workers = [Instance(InstanceThread(f"{self.name}/{self.version}#{i}", token),
+        # one instance shares the loop's CPU (cpus.py); several run side by side
+        cpu = python_cpu if len(modules) == 1 else None
+        workers = [Instance(InstanceThread(f"{self.name}/{self.version}#{i}", token, cpu),
                             functools.partial(self._invoke_blocking, module))
                    for i, module in enumerate(modules)]
         memory = self.memory
@@ -635,6 +638,7 @@ class ModelRepository:
         self.memory = DeviceMemory()
         self.retiring: set[ModelVersion] = set()  # replaced, finishing what they admitted
         self.token: trio.lowlevel.TrioToken | None = None  # set by the server at start
+        self.python_cpu: int | None = None  # where single instance threads run (cpus.py)
         self._device_locks: dict[str, threading.Lock] = {}
         self._scan()
 
@@ -792,7 +796,9 @@ class ModelRepository:
         return self.load_versions(self.all_versions())
 
     def load_versions(self, versions: list[ModelVersion]) -> list[ModelVersion]:
-        """Loads `versions` (blocking); returns those that failed."""
+        """Loads `versions` (blocking); returns those that failed. Devices made here size
+        their worker pools from this thread's CPUs: it may use all of the process's."""
+        use_process_cpus()
         failed = []
         for mv in versions:
             if mv.state == "UNAVAILABLE":
@@ -803,7 +809,8 @@ class ModelRepository:
             mv.memory = self.memory
             try:
                 device = self.device(mv.device_name)
-                mv.load(device, self._device_locks[mv.device_name], self.token)
+                mv.load(device, self._device_locks[mv.device_name], self.token,
+                        self.python_cpu)
             except (ConfigError, Error, OSError, ValueError) as exc:
                 reason = str(exc).replace(str(self.root), "")
                 mv.state, mv.reason = "UNAVAILABLE", reason

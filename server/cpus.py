@@ -1,0 +1,86 @@
+"""Which CPUs the server's threads run on (`tinyhal-serve --python-cpu`).
+
+The event loop and the model instance threads take turns on one interpreter lock: only
+one of them runs Python at any moment. Left to the kernel, they sit on different CPUs,
+and every hand-over of the lock then wakes a thread on another CPU and moves the objects
+it touches between caches; a request makes several such hand-overs (the loop reads and
+parses it, the instance thread runs and answers the batch, the loop finishes it). Measured
+on the bundled `mlp_classifier` under `hey` and `perf_analyzer` (docs/architecture.md),
+keeping them on one CPU cuts the server's CPU per request by about a third and raises
+requests/s by 30-60% at 8 connections and more: they lose no parallelism they had.
+
+What does run in parallel keeps every CPU: model loading (devices size and place their
+worker pools from the CPUs of the thread that creates them) and the workers of `task`
+devices, and the instance threads of a model that runs more than one instance (on `sync`
+devices their kernels run there, side by side). A single-instance model on a `sync` device
+runs its kernels on the shared CPU: with heavy kernels and several models, pass
+`--python-cpu none`.
+
+Linux only (`os.sched_setaffinity`); elsewhere nothing is pinned.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["PROCESS_CPUS", "choose", "pin_current_thread", "use_process_cpus"]
+
+
+def _process_cpus() -> frozenset[int]:
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset()
+
+
+# the CPUs this process could use when the server started, before it pinned anything
+PROCESS_CPUS = _process_cpus()
+
+
+def choose(spec: str) -> int | None:
+    """The CPU for the server's Python threads from `--python-cpu` (`auto`, `none` or a
+    CPU number); None: leave them to the kernel. `auto` picks the CPU the process runs
+    on now, among those it may use, when it may use more than one. Raises ValueError
+    naming the allowed CPUs for a CPU the process may not use."""
+    if spec == "none" or len(PROCESS_CPUS) < 2:
+        return None
+    if spec == "auto":
+        current = _current_cpu()
+        return current if current in PROCESS_CPUS else min(PROCESS_CPUS)
+    try:
+        cpu = int(spec)
+    except ValueError:
+        raise ValueError(f"{spec!r} is not auto, none or a CPU number") from None
+    if cpu not in PROCESS_CPUS:
+        raise ValueError(f"CPU {cpu} is not one this process may use "
+                         f"({', '.join(map(str, sorted(PROCESS_CPUS)))})")
+    return cpu
+
+
+def pin_current_thread(cpu: int | None) -> None:
+    """Runs the calling thread (and the threads it starts later) on `cpu` only; nothing
+    when `cpu` is None or the system refuses."""
+    if cpu is not None:
+        try:
+            os.sched_setaffinity(0, {cpu})
+        except (AttributeError, OSError):
+            pass
+
+
+def use_process_cpus() -> None:
+    """Allows the calling thread every CPU of `PROCESS_CPUS` again: for a helper thread
+    of a pinned loop that creates devices (their worker pools take the CPUs of the
+    creating thread) and model instances."""
+    if PROCESS_CPUS:
+        try:
+            os.sched_setaffinity(0, PROCESS_CPUS)
+        except (AttributeError, OSError):
+            pass
+
+
+def _current_cpu() -> int | None:
+    try:
+        with open("/proc/thread-self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
