@@ -250,6 +250,38 @@ def test_memory_is_flat_over_reloads(tmp_path):
     assert after_1000 - after_100 < 5 << 20, (after_100, after_1000)
 
 
+FROZEN_CHILD = r"""
+import gc, sys, trio, weakref
+from tinyhal.server.repository import ModelRepository
+
+async def main():
+    repo = ModelRepository(sys.argv[1], default_device="sync")
+    repo.token = trio.lowlevel.current_trio_token()
+    async with trio.open_nursery() as nursery:
+        assert not await repo.reload("saxpy", nursery)
+        assert gc.get_freeze_count() > 0  # the loaded heap is out of the collector's scans
+        first = weakref.ref(repo.get("saxpy"))
+        assert not await repo.reload("saxpy", nursery)  # replaces it: it retires
+        while repo.retiring:
+            await trio.sleep(0.01)
+        await repo.unload_model("saxpy")
+        nursery.cancel_scope.cancel()
+    repo.close()
+    print("collected" if first() is None else "kept")
+
+trio.run(main)
+"""
+
+
+def test_a_version_that_left_is_collected_although_the_heap_is_frozen(tmp_path):
+    """Loading freezes the heap out of the cyclic collector (long pauses under load);
+    a version replaced by a reload is still collected, cycles and all."""
+    shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
+    out = subprocess.run([sys.executable, "-c", FROZEN_CHILD, str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["collected"]
+
 def test_health_answers_while_a_model_runs_host_code(tmp_path):
     """A model whose invocation is host-heavy (VM code as Python, holding the GIL) runs
     continuously; health answers with p99 under 50 ms."""
