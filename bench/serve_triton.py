@@ -24,10 +24,13 @@ over the cell), and the 1-minute load average of the machine when the cell ended
     python bench/serve_triton.py [--seconds 5] [--rounds 3] [--concurrency 1,8,32,64]
                                  [--delays 0,500] [--quick] [--no-perf-analyzer]
                                  [--drivers local-sync,local-task] [--tinyhal-set KEY=JSON]
+                                 [--tinyhal-arg=ARG]
 
 `--quick` makes the defaults one round of 2 s at concurrency 1 and 8, delay 0. `--tinyhal-set KEY=JSON`
 overrides a key of tinyhal-serve's bundled config (e.g. its execution slots, to compare
-with Triton's single instance). Writes
+with Triton's single instance); `--tinyhal-arg=ARG` adds a command-line flag of
+tinyhal-serve (repeatable), e.g. `--tinyhal-arg=--python-cpu=none` to measure it with its
+threads left to the kernel. Writes
 bench/results/serve_triton.json and prints a table. Every subprocess is bounded in time.
 
 Triton setup (all in a temporary directory; site-packages is never modified): the wheel's
@@ -427,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tinyhal-set", type=_override, action="append", default=[],
                         metavar="KEY=JSON", help="override a key of tinyhal-serve's bundled "
                         "model config (repeatable), e.g. max_concurrency=1")
+    parser.add_argument("--tinyhal-arg", action="append", default=[], metavar="ARG",
+                        help="a tinyhal-serve flag (repeatable; write --tinyhal-arg=--flag)")
     args = parser.parse_args(argv)
     overrides = dict(args.tinyhal_set)
     defaults = (2.0, 1, "1,8", "0") if args.quick else (5.0, 3, "1,8,32,64", "0,500")
@@ -480,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
                 servers.append(ServerProcess(
                     "tinyhal-serve", [sys.executable, "-m", "tinyhal.server.main",
                                       "--port", str(port), "--model-repository", str(repo),
-                                      "--log-level", "warning"], port, body, PATH))
+                                      "--log-level", "warning", *args.tinyhal_arg],
+                    port, body, PATH))
                 for driver in drivers if triton is not None else ():
                     port = free_port()
                     repo = _triton_repo(work / f"triton-{driver}-{delay}", delay, driver)
@@ -539,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": MODEL, "seconds": args.seconds, "rounds": args.rounds,
         "delays_us": delays, "concurrency": levels, "drivers": drivers, "skipped": skipped,
         "tinyhal_config_overrides": overrides,
+        "tinyhal_args": args.tinyhal_arg,
         "load_average_start": load_start, "load_average_end": os.getloadavg(),
         "wall_seconds": time.time() - started,
         "command": "python bench/serve_triton.py " + " ".join(
