@@ -6,7 +6,7 @@ and every hand-over of the lock then wakes a thread on another CPU and moves the
 it touches between caches; a request makes several such hand-overs (the loop reads and
 parses it, the instance thread runs and answers the batch, the loop finishes it). Measured
 on the bundled `mlp_classifier` under `hey` and `perf_analyzer` (docs/architecture.md),
-keeping them on one CPU cuts the server's CPU per request by about a third and raises
+keeping them on one CPU cuts the server's CPU per request by a quarter to a third and raises
 requests/s by 30-60% at 8 connections and more: they lose no parallelism they had.
 
 What does run in parallel keeps every CPU: model loading (devices size and place their
