@@ -835,7 +835,8 @@ class ModelRepository:
             log.info("loaded model %s version %s (@%s, %d inputs, %d outputs) on %s in %.3f s",
                      mv.name, mv.version, mv.function, len(mv.inputs), len(mv.outputs),
                      mv.device_name, mv.load_seconds)
-        freeze_heap()
+        if versions:  # a poll that found nothing changed loads nothing: no collection
+            freeze_heap()
         return failed
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:

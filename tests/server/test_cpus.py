@@ -86,4 +86,3 @@ def test_a_cpu_the_process_may_not_use_is_a_usage_error():
                           timeout=60)
     assert proc.returncode == 2
     assert "--python-cpu: CPU 100000 is not one this process may use" in proc.stderr
-

@@ -282,6 +282,7 @@ def test_a_version_that_left_is_collected_although_the_heap_is_frozen(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["collected"]
 
+
 def test_health_answers_while_a_model_runs_host_code(tmp_path):
     """A model whose invocation is host-heavy (VM code as Python, holding the GIL) runs
     continuously; health answers with p99 under 50 ms."""
