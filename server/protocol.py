@@ -94,13 +94,13 @@ class ProtocolError(Exception):
         self.message = message
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class RequestedOutput:
     name: str
     binary: bool | None  # None: as the request-level binary_data_output says
 
 
-@dataclass
+@dataclass(slots=True)
 class InferRequest:
     id: str | None
     inputs: dict[str, np.ndarray]
@@ -108,6 +108,7 @@ class InferRequest:
     outputs: list[RequestedOutput] | None  # None: every output
     binary_output: bool  # the request-level `binary_data_output` parameter
     parameters: dict[str, Any] = field(default_factory=dict)
+    plan: _HeaderPlan | None = None  # its header's plan (shared with the same headers)
 
     @property
     def timeout_us(self) -> float | None:
@@ -271,9 +272,74 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes | memoryvi
 _EMPTY = memoryview(b"")
 
 
+class _HeaderPlan:
+    """What a request's JSON header says, checked once: the inputs (with where each
+    binary one lies in the bytes after the header), the outputs asked for and the
+    parameters. A header whose inputs are all binary describes every request that sends
+    the same header bytes, whatever their tensors hold: such plans are kept by those bytes
+    (`_PLANS`), so a client repeating a header (most do: same shapes, same options) pays
+    neither the JSON parse nor the checks again. The parts a plan hands to requests (the
+    parameters, the outputs, the datatypes) are shared between them: read-only."""
+
+    __slots__ = ("id", "inputs", "datatypes", "outputs", "binary_output", "parameters",
+                 "binary_bytes", "reusable", "responses")
+
+    def __init__(self, request_id: str | None, inputs: list[tuple],
+                 datatypes: dict[str, str], outputs: list[RequestedOutput] | None,
+                 binary_output: bool, parameters: dict[str, Any], binary_bytes: int) -> None:
+        self.id = request_id
+        # (name, dtype, shape, offset of its bytes or -1, its JSON-given array or None)
+        self.inputs = inputs
+        self.datatypes = datatypes
+        self.outputs = outputs
+        self.binary_output = binary_output
+        self.parameters = parameters
+        self.binary_bytes = binary_bytes
+        self.reusable = all(offset >= 0 for _, _, _, offset, _ in inputs)
+        # (model, version, (name, datatype, shape) of each result) -> the JSON header of
+        # the answer and which results follow it as binary (when all of them do)
+        self.responses: dict[tuple, tuple[bytes, list[tuple[int, np.dtype]]]] = {}
+
+    def request(self, tail: bytes | memoryview) -> InferRequest:
+        """The request of this header whose binary tensors are `tail` (of exactly
+        `binary_bytes`): arrays viewing it, nothing copied."""
+        inputs = {}
+        for name, dtype, shape, offset, array in self.inputs:
+            if offset >= 0:
+                array = np.ndarray(shape, dtype, tail, offset)
+                if dtype.kind == "b" and array.size and array.view(np.uint8).max() > 1:
+                    raise _bad(f"input '{name}' is BOOL: binary bytes must be 0 or 1")
+            inputs[name] = array
+        return InferRequest(self.id, inputs, self.datatypes, self.outputs,
+                            self.binary_output, self.parameters,
+                            self if self.reusable else None)
+
+
+_PLANS: dict[bytes, _HeaderPlan] = {}
+_PLANS_KEPT = 1024
+_PLAN_HEAD_BYTES = 4096
+
+
 def parse_infer_request(body: bytes, header_length: str | None = None) -> InferRequest:
     """Parses an inference request body (JSON, optionally followed by binary tensors)."""
     head, tail = split_body(body, header_length)
+    key = None
+    if header_length is not None and len(head) <= _PLAN_HEAD_BYTES:
+        key = bytes(head)
+        plan = _PLANS.get(key)
+        if plan is not None and plan.binary_bytes == len(tail):
+            return plan.request(tail)
+    plan = _plan_header(head, len(tail))
+    request = plan.request(tail)
+    if key is not None and plan.reusable:
+        if len(_PLANS) >= _PLANS_KEPT:
+            _PLANS.pop(next(iter(_PLANS)), None)  # the oldest
+        _PLANS[key] = plan
+    return request
+
+
+def _plan_header(head: bytes | memoryview, tail_bytes: int) -> _HeaderPlan:
+    """Parses and checks a request's JSON header, followed by `tail_bytes` binary bytes."""
     _check_depth(head)
     try:
         doc = orjson.loads(head)
@@ -291,7 +357,7 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise _bad("request must have a non-empty 'inputs' list")
 
-    inputs: dict[str, np.ndarray] = {}
+    inputs: list[tuple] = []
     datatypes: dict[str, str] = {}
     offset = 0
     for i, item in enumerate(raw_inputs):
@@ -300,7 +366,7 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
         name = item.get("name")
         if type(name) is not str or not name:
             raise _bad(f"inputs[{i}] has no 'name'")
-        if name in inputs:
+        if name in datatypes:
             raise _bad(f"input '{name}' appears more than once")
         datatype = item.get("datatype")
         if type(datatype) is not str or datatype not in DATATYPES:
@@ -309,31 +375,29 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
         params = item.get("parameters")
         size = None if params is None else \
             _as_dict(params, "input '{}' 'parameters'", name).get("binary_data_size")
+        dtype = DATATYPES[datatype]
         if size is not None:
             if "data" in item:
                 raise _bad(f"input '{name}' has both 'data' and binary_data_size")
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise _bad(f"input '{name}' binary_data_size must be a non-negative integer")
-            dtype = DATATYPES[datatype]
             want = math.prod(shape) * dtype.itemsize
             if size != want:
                 raise _bad(f"input '{name}' binary_data_size is {size} bytes but shape "
                            f"{list(shape)} of {datatype} needs {want}")
-            if offset + size > len(tail):
+            if offset + size > tail_bytes:
                 raise _bad(f"input '{name}' needs {size} binary bytes at offset {offset} but "
-                           f"the body has only {len(tail)} after the JSON header")
-            array = np.frombuffer(tail[offset : offset + size], dtype=dtype).reshape(shape)
-            if datatype == "BOOL" and size and array.view(np.uint8).max() > 1:
-                raise _bad(f"input '{name}' is BOOL: binary bytes must be 0 or 1")
+                           f"the body has only {tail_bytes} after the JSON header")
+            inputs.append((name, dtype, shape, offset, None))
             offset += size
         else:
             if "data" not in item:
                 raise _bad(f"input '{name}' has neither 'data' nor binary_data_size")
-            array = _json_tensor(name, datatype, shape, item["data"])
-        inputs[name] = array
+            inputs.append((name, dtype, shape, -1,
+                           _json_tensor(name, datatype, shape, item["data"])))
         datatypes[name] = datatype
-    if offset != len(tail):
-        raise _bad(f"the body has {len(tail) - offset} binary bytes that no input claims")
+    if offset != tail_bytes:
+        raise _bad(f"the body has {tail_bytes - offset} binary bytes that no input claims")
 
     outputs = None
     raw_outputs = doc.get("outputs")
@@ -360,15 +424,10 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
             if binary is not None and type(binary) is not bool:
                 _bool(binary, "output '{}' parameter 'binary_data'", name)
             outputs.append(RequestedOutput(name, binary))
-    return InferRequest(
-        id=request_id,
-        inputs=inputs,
-        input_datatypes=datatypes,
-        outputs=outputs,
-        binary_output=bool(_bool(parameters.get("binary_data_output"),
-                                 "parameter 'binary_data_output'")),
-        parameters=parameters,
-    )
+    binary_output = bool(_bool(parameters.get("binary_data_output"),
+                               "parameter 'binary_data_output'"))
+    return _HeaderPlan(request_id, inputs, datatypes, outputs, binary_output, parameters,
+                       offset)
 
 
 def build_infer_response(
@@ -379,24 +438,32 @@ def build_infer_response(
 ) -> tuple[bytes, int | None]:
     """The response body for `results` [(name, datatype, array)], filtered and encoded as
     `request` asked. Returns (body, json_header_length or None when all JSON)."""
-    by_name = {name: (datatype, array) for name, datatype, array in results}
+    plan = request.plan
+    key = None
+    if plan is not None:
+        key = (model_name, model_version,
+               *[(name, datatype, array.shape) for name, datatype, array in results])
+        known = plan.responses.get(key)
+        if known is not None:
+            head, order = known
+            return b"".join([head, *[_bytes_of(results[i][2], dtype) for i, dtype in order]]
+                            ), len(head)
+    index = {name: i for i, (name, _, _) in enumerate(results)}
     if request.outputs is None:
         wanted = [(name, request.binary_output) for name, _, _ in results]
     else:
         wanted = [(o.name, request.binary_output if o.binary is None else o.binary)
                   for o in request.outputs]
     out_docs = []
-    blobs: list[memoryview] = []
+    order: list[tuple[int, np.dtype]] = []
     for name, binary in wanted:
-        datatype, array = by_name[name]
+        i = index[name]
+        _, datatype, array = results[i]
         doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary:
-            # a byte view of the array (no copy when it is contiguous already, e.g. a
-            # batch-mate's rows); the one copy is the join into the body below
-            blob = memoryview(np.ascontiguousarray(array, dtype=DATATYPES[datatype])
-                              .reshape(-1).view(np.uint8))  # bf16 has no buffer format
-            doc["parameters"] = {"binary_data_size": blob.nbytes}
-            blobs.append(blob)
+            dtype = DATATYPES[datatype]
+            doc["parameters"] = {"binary_data_size": array.size * dtype.itemsize}
+            order.append((i, dtype))
         else:
             flat = array.reshape(-1)
             if flat.dtype.kind == "V" or flat.dtype.type.__module__.startswith("ml_dtypes"):
@@ -408,6 +475,27 @@ def build_infer_response(
         response["id"] = request.id
     response["outputs"] = out_docs
     head = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not blobs:
+    if not order:
         return head, None
-    return b"".join([head, *blobs]), len(head)
+    if key is not None and len(order) == len(wanted):  # no data in the header: reusable
+        if len(plan.responses) >= _RESPONSES_KEPT:
+            plan.responses.clear()
+        plan.responses[key] = (head, order)
+    return b"".join([head, *[_bytes_of(results[i][2], dtype) for i, dtype in order]]
+                    ), len(head)
+
+
+_RESPONSES_KEPT = 16
+
+
+def _bytes_of(array: np.ndarray, dtype: np.dtype) -> bytes | memoryview:
+    """The bytes of `array` as `dtype` (little-endian, row-major). A big array of that
+    dtype already is a view when it is contiguous (say, a batch-mate's rows): its one
+    copy is the join into the body."""
+    if array.dtype == dtype and array.nbytes <= _SMALL_BYTES:
+        return array.tobytes()  # one small copy beats making a view
+    return memoryview(np.ascontiguousarray(array, dtype=dtype).reshape(-1)
+                      .view(np.uint8))  # bf16 has no buffer format
+
+
+_SMALL_BYTES = 64 << 10

@@ -59,6 +59,51 @@ def test_binary_inputs_in_order_and_bool_bytes_checked():
         parse_infer_request(head + a.tobytes() + b"\x00\x02\x01", str(len(head)))
 
 
+def test_a_repeated_binary_header_is_checked_once_but_read_anew_each_time():
+    """A header seen before is not parsed again (its plan is kept by its bytes), yet each
+    request gets its own tensors, and what depends on the body is still checked."""
+    head = _req({"name": "x", "datatype": "FP32", "shape": [1, 3],
+                 "parameters": {"binary_data_size": 12}},
+                {"name": "b", "datatype": "BOOL", "shape": [2],
+                 "parameters": {"binary_data_size": 2}},
+                outputs=[{"name": "y", "parameters": {"binary_data": True}}],
+                parameters={"sequence_id": 7})
+    first = np.array([[1, 2, 3]], np.float32)
+    second = np.array([[4, 5, 6]], np.float32)
+    one = parse_infer_request(head + first.tobytes() + b"\x01\x00", str(len(head)))
+    two = parse_infer_request(head + second.tobytes() + b"\x00\x01", str(len(head)))
+    np.testing.assert_array_equal(one.inputs["x"], first)
+    np.testing.assert_array_equal(two.inputs["x"], second)
+    assert one.inputs["b"].tolist() == [True, False] and two.inputs["b"].tolist() == [False, True]
+    assert one.inputs is not two.inputs
+    assert two.parameters == {"sequence_id": 7} and two.outputs[0].binary is True
+    assert one.plan is not None and one.plan is two.plan
+    with pytest.raises(ProtocolError, match="must be 0 or 1"):
+        parse_infer_request(head + second.tobytes() + b"\x00\x05", str(len(head)))
+    with pytest.raises(ProtocolError, match="needs 2 binary bytes at offset 12"):
+        parse_infer_request(head + second.tobytes() + b"\x00", str(len(head)))
+    with pytest.raises(ProtocolError, match="1 binary bytes that no input claims"):
+        parse_infer_request(head + second.tobytes() + b"\x00\x01\x00", str(len(head)))
+
+
+def test_the_answer_of_a_repeated_header_carries_each_requests_results():
+    head = _req({"name": "x", "datatype": "FP32", "shape": [1],
+                 "parameters": {"binary_data_size": 4}},
+               parameters={"binary_data_output": True}, id="r1")
+    req = parse_infer_request(head + b"\x00" * 4, str(len(head)))
+    bodies = [build_infer_response("m", "1", req, [("y", "FP32", np.array([v], np.float32)),
+                                                    ("z", "INT8", np.array([[v, -v]], np.int8))])
+              for v in (3, 4)]
+    for (body, length), v in zip(bodies, (3, 4)):
+        doc = json.loads(body[:length])
+        assert doc["id"] == "r1" and [o["shape"] for o in doc["outputs"]] == [[1], [1, 2]]
+        assert body[length:] == np.array([v], "<f4").tobytes() + bytes([v, 256 - v])
+    # another shape is another header
+    body, length = build_infer_response("m", "1", req, [
+        ("y", "FP32", np.array([1, 2], np.float32)), ("z", "INT8", np.zeros((1, 2), np.int8))])
+    assert json.loads(body[:length])["outputs"][0]["shape"] == [2]
+
+
 @pytest.mark.parametrize("datatype,message", [("BYTES", "BYTES (string) tensors are not")])
 def test_unsupported_datatypes_are_named(datatype, message):
     with pytest.raises(ProtocolError, match=re.escape(message)) as info:
