@@ -196,17 +196,24 @@ class Completion:
         return trio.lowlevel.Abort.SUCCEEDED
 
 
+def _shape_key(args: list[Any]) -> tuple:
+    """What the requests of one batch must share: the shapes of their arguments past the
+    batch dimension."""
+    if len(args) == 1:
+        return (getattr(args[0], "shape", ())[1:],)
+    return tuple(getattr(a, "shape", ())[1:] for a in args)
+
+
 class _Request:
     __slots__ = ("args", "rows", "key", "deadline", "arrived", "label", "done", "outcome",
                  "started", "detached", "queued_seconds", "infer_seconds", "respond")
 
     def __init__(self, args: list[Any], rows: int, deadline: float, label: str,
-                 now: float, respond: Callable[[Results, float], Any] | None = None
-                 ) -> None:
+                 now: float, respond: Callable[[Results, float], Any] | None = None,
+                 key: tuple = ()) -> None:
         self.args = args
         self.rows = rows
-        self.key = (getattr(args[0], "shape", ())[1:],) if len(args) == 1 else \
-            tuple(getattr(a, "shape", ())[1:] for a in args)
+        self.key = key  # what requests batched together share (`_shape_key`)
         self.deadline = deadline
         self.arrived = now
         self.label = label
@@ -339,7 +346,7 @@ class Admission:
                 f"queued (instances {self.max_concurrency}, max_queue {self.max_queue})",
                 self.retry_after())
         now = trio.current_time()
-        request = _Request(args, rows, deadline, label, now, respond)
+        request = _Request(args, rows, deadline, label, now, respond, _shape_key(args))
         self._in_flight.count += 1
         batching = self.batching
         if self._idle and not self._queue and (

@@ -70,7 +70,7 @@ def _gone_probe(stream: trio.SocketStream) -> Callable[[], bool]:
     return gone
 
 
-@dataclass
+@dataclass(slots=True)
 class Response:
     status: int
     body: bytes = b""
@@ -630,9 +630,17 @@ def _encode_head(response: Response, keep_alive: bool) -> bytes:
             _HEAD_STARTS[key] = start
     tail = b"\r\n\r\n" if keep_alive else b"\r\nconnection: close\r\n\r\n"
     if response.headers:
-        tail = "".join(f"\r\n{name}: {value}" for name, value in response.headers
-                       ).encode("latin-1") + tail
+        key = tuple(response.headers)
+        extra = _HEAD_EXTRAS.get(key)
+        if extra is None:
+            extra = "".join([f"\r\n{name}: {value}" for name, value in key]
+                            ).encode("latin-1")
+            if len(_HEAD_EXTRAS) < 256:
+                _HEAD_EXTRAS[key] = extra
+        tail = extra + tail
     return b"%b%d%b" % (start, len(response.body), tail)
 
 
 _HEAD_STARTS: dict[tuple[int, str], bytes] = {}
+# the encoded extra headers of answers (the same few come back: the binary header length)
+_HEAD_EXTRAS: dict[tuple[tuple[str, str], ...], bytes] = {}

@@ -7,6 +7,7 @@ import http.client
 import json
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 
@@ -186,3 +187,23 @@ def test_http_edges_pipelining_continue_http10_head(server):
     assert status == 431 and "error" in json.loads(payload)
     status, _, _ = server.request("GET", "/v2/health/live")
     assert status == 200
+
+
+def test_a_binary_header_is_checked_against_each_model_that_receives_it(server):
+    """The server keeps a header it has checked (clients repeat theirs): the same bytes
+    are accepted again by the model that accepted them, and still refused by another
+    model, and a refused header stays refused."""
+    head = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                                   "parameters": {"binary_data_size": 64}}]}).encode()
+    bad = head.replace(b"[1, 16]", b"[16, 1]")
+    length = {"Inference-Header-Content-Length": str(len(head))}
+    for value in (0.5, -0.5):
+        status, _, payload = server.request("POST", "/v2/models/mlp_classifier/infer",
+                                            head + struct.pack("<16f", *[value] * 16), length)
+        assert status == 200, payload
+        status, _, payload = server.request("POST", "/v2/models/saxpy/infer",
+                                            head + bytes(64), length)
+        assert status == 400 and b"unknown input 'features'" in payload, payload
+        status, _, payload = server.request("POST", "/v2/models/mlp_classifier/infer",
+                                            bad + bytes(64), length)
+        assert status == 400 and b"has shape [16, 1]" in payload, payload
