@@ -239,7 +239,7 @@ class ModelSeries:
             latency.add_many(table[:, i])
 
 
-_FOLD_ROWS = 256
+_FOLD_ROWS = 1024
 
 
 class Metrics:

@@ -935,6 +935,9 @@ class SequenceBatcher:
                 if len(rows) == 1:
                     args.append(steps[0].args[what])
                     continue
+                if layout is None:
+                    args.append(np.concatenate([step.args[what] for step in steps]))
+                    continue
                 null = np.zeros_like(steps[0].args[what])
                 args.append(np.concatenate([null if step is None else step.args[what]
                                             for step in rows]))
