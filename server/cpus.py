@@ -9,7 +9,14 @@ on the bundled `mlp_classifier` under `hey` and `perf_analyzer` (docs/architectu
 keeping them on one CPU cuts the server's CPU per request by a quarter to a third and raises
 requests/s by 30-60% at 8 connections and more: they lose no parallelism they had.
 
-What does run in parallel keeps every CPU: model loading (devices size and place their
+Threads pinned so also run as batch threads (`SCHED_BATCH`): the kernel then does not let
+one of them, woken, preempt the thread running on that CPU. The thread woken is nearly
+always one that waits for the interpreter lock the running one holds (an instance thread
+given a batch, the loop given an answer), so preempting would only switch to a thread that
+cannot run and back: on the gru_step sequence load this cut the server's CPU per step by
+4-13% (docs/architecture.md). Time slices and fairness towards other processes stay.
+
+What does run in parallel keeps every CPU model loading (devices size and place their
 worker pools from the CPUs of the thread that creates them) and the workers of `task`
 devices, and the instance threads of a model that runs more than one instance (on `sync`
 devices their kernels run there, side by side). A single-instance model on a `sync` device
@@ -58,22 +65,33 @@ def choose(spec: str) -> int | None:
 
 
 def pin_current_thread(cpu: int | None) -> None:
-    """Runs the calling thread (and the threads it starts later) on `cpu` only; nothing
-    when `cpu` is None or the system refuses."""
+    """Runs the calling thread (and the threads it starts later) on `cpu` only, as a
+    batch thread; nothing when `cpu` is None or the system refuses."""
     if cpu is not None:
         try:
             os.sched_setaffinity(0, {cpu})
         except (AttributeError, OSError):
-            pass
+            return
+        _set_policy(getattr(os, "SCHED_BATCH", None))
 
 
 def use_process_cpus() -> None:
-    """Allows the calling thread every CPU of `PROCESS_CPUS` again: for a helper thread
-    of a pinned loop that creates devices (their worker pools take the CPUs of the
-    creating thread) and model instances."""
+    """Allows the calling thread every CPU of `PROCESS_CPUS` again, as an ordinary
+    thread: for a helper thread of a pinned loop that creates devices (their worker
+    pools take the CPUs and the scheduling policy of the creating thread) and model
+    instances."""
     if PROCESS_CPUS:
         try:
             os.sched_setaffinity(0, PROCESS_CPUS)
+        except (AttributeError, OSError):
+            return
+        _set_policy(getattr(os, "SCHED_OTHER", None))
+
+
+def _set_policy(policy: int | None) -> None:
+    if policy is not None:
+        try:
+            os.sched_setscheduler(0, policy, os.sched_param(0))
         except (AttributeError, OSError):
             pass
 

@@ -48,20 +48,21 @@ def test_choose_names_what_it_refuses():
 @needs_two
 def test_an_instance_thread_runs_on_the_cpu_it_was_given():
     cpu = max(cpus.PROCESS_CPUS)
-    seen: list[set[int]] = []
+    seen: list[tuple[set[int], int]] = []
 
     async def main() -> None:
         done = trio.Event()
         instance = InstanceThread("pinned", trio.lowlevel.current_trio_token(), cpu)
-        instance.submit([(lambda: os.sched_getaffinity(0), lambda r: (seen.append(r),
-                                                                        done.set()))])
+        instance.submit([(lambda: (os.sched_getaffinity(0), os.sched_getscheduler(0)),
+                          lambda r: (seen.append(r), done.set()))])
         with trio.fail_after(30):
             await done.wait()
         instance.stop()
 
     trio.run(main)
-    assert seen == [{cpu}]
+    assert seen == [({cpu}, os.SCHED_BATCH)]
     assert os.sched_getaffinity(0) == set(cpus.PROCESS_CPUS)  # the caller is untouched
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
 @needs_two
@@ -77,6 +78,12 @@ def test_devices_made_for_a_pinned_loop_keep_every_cpu(start_server, repository)
     # the loader thread, which takes every CPU back (it counts as one of them)
     allowed = [_allowed(pid, t) for t in tids]
     assert sum(a == set(cpus.PROCESS_CPUS) for a in allowed) >= 2, allowed
+    # the pinned threads run as batch threads (no wake-up preemption between them); the
+    # device workers made for the loop stay ordinary threads
+    assert os.sched_getscheduler(pid) == os.SCHED_BATCH
+    policies = {os.sched_getscheduler(t) for t, a in zip(tids, allowed)
+                if a == set(cpus.PROCESS_CPUS)}
+    assert policies == {os.SCHED_OTHER}, policies
 
 
 @needs_two
