@@ -53,6 +53,7 @@ per execution and where an execution's host time goes (`sequences.SequenceCollec
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -65,7 +66,7 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from .sequences import SequenceCollector
-from .stats import PHASES, Latency, ModelStatistics
+from .stats import PHASES, Latency, ModelStatistics, fold_latencies
 
 if TYPE_CHECKING:
     from .app import Server
@@ -190,10 +191,12 @@ class ModelSeries:
     `failed` also record it into the version's Triton statistics (stats.py), each of the
     `PHASES` of a success once into both.
 
-    A success costs one list append: successes are kept as rows of their durations and
-    folded into the histograms and statistics in one array pass (`fold`) every
-    `_FOLD_ROWS` of them and whenever they are read (`Metrics.fold`, before a scrape or a
-    statistics answer), so a reader always sees every request answered before it."""
+    A success costs appending its durations to a flat array: they are folded into the
+    histograms and statistics in one array pass over all of them (`fold`,
+    `stats.fold_latencies`) every `_FOLD_ROWS` successes and whenever they are read
+    (`Metrics.fold`, before a scrape or a statistics answer), so a reader always sees
+    every request answered before it. A fold of 512 takes about 0.1 ms of the loop (one
+    `Latency` pass each took 0.3 ms for 256: a stall every request in flight felt)."""
 
     __slots__ = ("by_code", "duration", "phases", "_rows", "_rows_stats")
 
@@ -201,7 +204,7 @@ class ModelSeries:
         self.by_code: dict[int, int] = {200: 0}  # exposed at zero before the first request
         self.duration = Latency(_LATENCY_BUCKETS)
         self.phases = tuple(Latency(_LATENCY_BUCKETS) for _ in PHASES)
-        self._rows: list[tuple[float, ...]] = []  # (seconds, *phases) of unfolded successes
+        self._rows = array("d")  # (seconds, *phases) of each unfolded success, flat
         self._rows_stats: ModelStatistics | None = None  # the statistics they go into
 
     def finished(self, status: int, seconds: float) -> None:
@@ -216,8 +219,9 @@ class ModelSeries:
             self.fold()  # another version's statistics (it was reloaded)
             self._rows_stats = stats
         rows = self._rows
-        rows.append((seconds, *phases))
-        if len(rows) >= _FOLD_ROWS:
+        rows.append(seconds)
+        rows.extend(phases)
+        if len(rows) >= _FOLD_VALUES:
             self.fold()
 
     def failed(self, stats: ModelStatistics, status: int, seconds: float) -> None:
@@ -226,20 +230,22 @@ class ModelSeries:
 
     def fold(self) -> None:
         """Records the successes kept as rows into the histograms and statistics."""
-        rows, self._rows = self._rows, []
+        rows, self._rows = self._rows, array("d")
         if not rows:
             return
-        table = np.array(rows, dtype=np.float64)
+        table = np.frombuffer(rows, np.float64).reshape(-1, 1 + len(PHASES))
+        count = len(table)
+        ns, buckets = fold_latencies(table, _LATENCY_BUCKETS)
         stats = self._rows_stats
-        self.by_code[200] = self.by_code.get(200, 0) + len(rows)
-        self.duration.add_many(table[:, 0])
-        stats.success.add_many(table[:, 0])
-        for i, (histogram, latency) in enumerate(zip(self.phases, stats.phase_list), 1):
-            histogram.add_many(table[:, i])
-            latency.add_many(table[:, i])
+        self.by_code[200] = self.by_code.get(200, 0) + count
+        for i, (histogram, latency) in enumerate(zip((self.duration, *self.phases),
+                                                     (stats.success, *stats.phase_list))):
+            histogram.add_counts(count, ns[i], buckets[i])
+            latency.add_counts(count, ns[i])
 
 
-_FOLD_ROWS = 1024
+_FOLD_ROWS = 512
+_FOLD_VALUES = _FOLD_ROWS * (1 + len(PHASES))
 
 
 class Metrics:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,6 +318,7 @@ class _HeaderPlan:
 
 _PLANS: dict[bytes, _HeaderPlan] = {}
 _PLANS_KEPT = 1024
+_PLANS_LOCK = threading.Lock()  # adding one (large bodies are parsed on worker threads)
 _PLAN_HEAD_BYTES = 4096
 
 
@@ -332,9 +334,10 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
     plan = _plan_header(head, len(tail))
     request = plan.request(tail)
     if key is not None and plan.reusable:
-        if len(_PLANS) >= _PLANS_KEPT:
-            _PLANS.pop(next(iter(_PLANS)), None)  # the oldest
-        _PLANS[key] = plan
+        with _PLANS_LOCK:
+            if len(_PLANS) >= _PLANS_KEPT:
+                _PLANS.pop(next(iter(_PLANS)), None)  # the oldest
+            _PLANS[key] = plan
     return request
 
 

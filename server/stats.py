@@ -48,14 +48,14 @@ class Latency:
         if self.bounds:
             self.buckets[bisect_left(self.bounds, seconds)] += 1
 
-    def add_many(self, seconds: np.ndarray) -> None:
-        """`add` of every duration of `seconds` (float64), in a few array operations."""
-        self.count += len(seconds)
-        self.ns += int(np.trunc(seconds * 1e9).astype(np.int64).sum())
-        if self.bounds:
-            counts = np.bincount(np.searchsorted(self.bounds, seconds, side="left"),
-                                 minlength=len(self.buckets))
-            self.buckets = [a + int(b) for a, b in zip(self.buckets, counts)]
+    def add_counts(self, count: int, ns: int, buckets: list[int] | None = None) -> None:
+        """Adds `count` durations of `ns` nanoseconds in all, falling in `buckets` (the
+        bucket counts, as `buckets`; None without bounds): durations counted elsewhere,
+        a whole table at once (`fold_latencies`)."""
+        self.count += count
+        self.ns += ns
+        if buckets is not None:
+            self.buckets = [a + b for a, b in zip(self.buckets, buckets)]
 
     def doc(self) -> dict:
         return {"count": self.count, "ns": self.ns}
@@ -108,3 +108,16 @@ class ModelStatistics:
             "batch_stats": [{"batch_size": rows, "compute_infer": d.doc()}
                             for rows, d in sorted(self.batches.items())],
         }
+
+
+def fold_latencies(table: np.ndarray, bounds: tuple[float, ...]
+                   ) -> tuple[list[int], list[list[int]]]:
+    """For a table of durations (seconds, one column per series): each column's total
+    in nanoseconds and its counts per bucket of `bounds` (as `Latency.buckets`), in a
+    few array operations for the whole table."""
+    rows, columns = table.shape
+    ns = np.trunc(table * 1e9).astype(np.int64).sum(axis=0).tolist()
+    width = len(bounds) + 1
+    slots = np.searchsorted(bounds, table, side="left") + np.arange(columns) * width
+    counts = np.bincount(slots.ravel(), minlength=columns * width)
+    return ns, counts.reshape(columns, width).tolist()
