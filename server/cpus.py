@@ -14,7 +14,8 @@ one of them, woken, preempt the thread running on that CPU. The thread woken is 
 always one that waits for the interpreter lock the running one holds (an instance thread
 given a batch, the loop given an answer), so preempting would only switch to a thread that
 cannot run and back: on the gru_step sequence load this cut the server's CPU per step by
-4-13% (docs/architecture.md). Time slices and fairness towards other processes stay.
+3-13% in four A/B runs (docs/architecture.md). Time slices and fairness towards other
+processes stay.
 
 What does run in parallel keeps every CPU model loading (devices size and place their
 worker pools from the CPUs of the thread that creates them) and the workers of `task`
