@@ -17,7 +17,7 @@ cannot run and back: on the gru_step sequence load this cut the server's CPU per
 3-13% in four A/B runs (docs/architecture.md). Time slices and fairness towards other
 processes stay.
 
-What does run in parallel keeps every CPU model loading (devices size and place their
+What does run in parallel keeps every CPU: model loading (devices size and place their
 worker pools from the CPUs of the thread that creates them) and the workers of `task`
 devices, and the instance threads of a model that runs more than one instance (on `sync`
 devices their kernels run there, side by side). A single-instance model on a `sync` device
