@@ -115,7 +115,7 @@ def fold_latencies(table: np.ndarray, bounds: tuple[float, ...]
     """For a table of durations (seconds, one column per series): each column's total
     in nanoseconds and its counts per bucket of `bounds` (as `Latency.buckets`), in a
     few array operations for the whole table."""
-    rows, columns = table.shape
+    columns = table.shape[1]
     ns = np.trunc(table * 1e9).astype(np.int64).sum(axis=0).tolist()
     width = len(bounds) + 1
     slots = np.searchsorted(bounds, table, side="left") + np.arange(columns) * width
