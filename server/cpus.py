@@ -15,7 +15,7 @@ always one that waits for the interpreter lock the running one holds (an instanc
 given a batch, the loop given an answer), so preempting would only switch to a thread that
 cannot run and back: on the gru_step sequence load this cut the server's CPU per step by
 3-13% in four A/B runs (docs/architecture.md). Time slices and fairness towards other
-processes stay.
+processes stay. A process started with another policy (`chrt`) keeps it everywhere.
 
 What does run in parallel keeps every CPU: model loading (devices size and place their
 worker pools from the CPUs of the thread that creates them) and the workers of `task`
@@ -43,6 +43,18 @@ def _process_cpus() -> frozenset[int]:
 
 # the CPUs this process could use when the server started, before it pinned anything
 PROCESS_CPUS = _process_cpus()
+
+
+def _batch_pinned() -> bool:
+    try:
+        return os.sched_getscheduler(0) == os.SCHED_OTHER and hasattr(os, "SCHED_BATCH")
+    except (AttributeError, OSError):
+        return False
+
+
+# whether pinned threads become batch threads: only in a process started with the
+# ordinary policy (a policy an operator chose with `chrt` is left as it is)
+_BATCH_PINNED = _batch_pinned()
 
 
 def choose(spec: str) -> int | None:
@@ -73,28 +85,28 @@ def pin_current_thread(cpu: int | None) -> None:
             os.sched_setaffinity(0, {cpu})
         except (AttributeError, OSError):
             return
-        _set_policy(getattr(os, "SCHED_BATCH", None))
+        if _BATCH_PINNED:
+            _set_policy(os.SCHED_BATCH)
 
 
 def use_process_cpus() -> None:
     """Allows the calling thread every CPU of `PROCESS_CPUS` again, as an ordinary
     thread: for a helper thread of a pinned loop that creates devices (their worker
-    pools take the CPUs and the scheduling policy of the creating thread) and model
-    instances."""
+    pools take the CPUs and the policy of the creating thread) and model instances."""
     if PROCESS_CPUS:
         try:
             os.sched_setaffinity(0, PROCESS_CPUS)
         except (AttributeError, OSError):
             return
-        _set_policy(getattr(os, "SCHED_OTHER", None))
+        if _BATCH_PINNED:
+            _set_policy(os.SCHED_OTHER)
 
 
-def _set_policy(policy: int | None) -> None:
-    if policy is not None:
-        try:
-            os.sched_setscheduler(0, policy, os.sched_param(0))
-        except (AttributeError, OSError):
-            pass
+def _set_policy(policy: int) -> None:
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except OSError:
+        pass
 
 
 def _current_cpu() -> int | None:

@@ -93,3 +93,19 @@ def test_a_cpu_the_process_may_not_use_is_a_usage_error():
                           timeout=60)
     assert proc.returncode == 2
     assert "--python-cpu: CPU 100000 is not one this process may use" in proc.stderr
+
+
+@needs_two
+def test_a_policy_the_operator_chose_is_kept():
+    """Started with `chrt --idle` (say), pinned threads keep that policy: only an
+    ordinary process's pinned threads become batch threads."""
+    code = ("import os\n"
+            "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+            "from tinyhal.server import cpus\n"
+            "cpus.pin_current_thread(min(cpus.PROCESS_CPUS))\n"
+            "pinned = os.sched_getscheduler(0)\n"
+            "cpus.use_process_cpus()\n"
+            "print(pinned == os.SCHED_IDLE, os.sched_getscheduler(0) == os.SCHED_IDLE)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["True", "True"], out.stderr
