@@ -448,9 +448,7 @@ def build_infer_response(
                *[(name, datatype, array.shape) for name, datatype, array in results])
         known = plan.responses.get(key)
         if known is not None:
-            head, order = known
-            return b"".join([head, *[_bytes_of(results[i][2], dtype) for i, dtype in order]]
-                            ), len(head)
+            return _with_binary(*known, results)
     index = {name: i for i, (name, _, _) in enumerate(results)}
     if request.outputs is None:
         wanted = [(name, request.binary_output) for name, _, _ in results]
@@ -484,6 +482,13 @@ def build_infer_response(
         if len(plan.responses) >= _RESPONSES_KEPT:
             plan.responses.clear()
         plan.responses[key] = (head, order)
+    return _with_binary(head, order, results)
+
+
+def _with_binary(head: bytes, order: list[tuple[int, np.dtype]],
+                 results: list[tuple[str, str, np.ndarray]]) -> tuple[bytes, int]:
+    """(the answer body: `head`, then the bytes of the results `order` names, as their
+    dtype; the length of `head`)."""
     return b"".join([head, *[_bytes_of(results[i][2], dtype) for i, dtype in order]]
                     ), len(head)
 
