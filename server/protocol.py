@@ -109,7 +109,7 @@ class InferRequest:
     outputs: list[RequestedOutput] | None  # None: every output
     binary_output: bool  # the request-level `binary_data_output` parameter
     parameters: dict[str, Any] = field(default_factory=dict)
-    plan: _HeaderPlan | None = None  # its header's plan (shared with the same headers)
+    plan: _TensorPlan | None = None  # its tensors' plan (shared with the same tensors)
 
     @property
     def timeout_us(self) -> float | None:
@@ -273,53 +273,78 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes | memoryvi
 _EMPTY = memoryview(b"")
 
 
-class _HeaderPlan:
-    """What a request's JSON header says, checked once: the inputs (with where each
-    binary one lies in the bytes after the header), the outputs asked for and the
-    parameters. A header whose inputs are all binary describes every request that sends
-    the same header bytes, whatever their tensors hold: such plans are kept by those bytes
-    (`_PLANS`), so a client repeating a header (most do: same shapes, same options) pays
-    neither the JSON parse nor the checks again. The parts a plan hands to requests (the
-    parameters, the outputs, the datatypes) are shared between them: read-only."""
+class _TensorPlan:
+    """The tensors a request's JSON header names, checked once: the inputs (with where
+    each binary one lies in the bytes after the header) and the outputs asked for. Headers
+    that differ only in their id and parameters (a sequence's steps: its id, start and
+    end) name the same tensors and share one plan (`_TENSOR_PLANS`, by the JSON of the
+    inputs and outputs), and with it what was learnt about it: which model versions
+    accepted it (`ModelVersion.prepare`) and the JSON headers of its answers. Read-only
+    once made, but for `responses`."""
 
-    __slots__ = ("id", "inputs", "datatypes", "outputs", "binary_output", "parameters",
-                 "binary_bytes", "reusable", "responses")
+    __slots__ = ("inputs", "datatypes", "outputs", "binary_bytes", "reusable", "responses")
 
-    def __init__(self, request_id: str | None, inputs: list[tuple],
-                 datatypes: dict[str, str], outputs: list[RequestedOutput] | None,
-                 binary_output: bool, parameters: dict[str, Any], binary_bytes: int) -> None:
-        self.id = request_id
+    def __init__(self, inputs: list[tuple], datatypes: dict[str, str],
+                 outputs: list[RequestedOutput] | None, binary_bytes: int) -> None:
         # (name, dtype, shape, offset of its bytes or -1, its JSON-given array or None)
         self.inputs = inputs
         self.datatypes = datatypes
         self.outputs = outputs
-        self.binary_output = binary_output
-        self.parameters = parameters
         self.binary_bytes = binary_bytes
         self.reusable = all(offset >= 0 for _, _, _, offset, _ in inputs)
-        # (model, version, (name, datatype, shape) of each result) -> the JSON header of
-        # the answer and which results follow it as binary (when all of them do)
+        # (model, version, request id, binary_data_output, (name, datatype, shape) of each
+        # result) -> the JSON header of the answer and which results follow it as binary
+        # (when all of them do)
         self.responses: dict[tuple, tuple[bytes, list[tuple[int, np.dtype]]]] = {}
+
+
+class _HeaderPlan:
+    """What a request's JSON header says, checked once: its id, parameters and tensors
+    (`_TensorPlan`). A header whose inputs are all binary describes every request that
+    sends the same header bytes, whatever their tensors hold: such plans are kept by those
+    bytes (`_PLANS`), so a client repeating a header (most do: same shapes, same options)
+    pays neither the JSON parse nor the checks again. The parts a plan hands to requests
+    (the parameters, the outputs, the datatypes) are shared between them: read-only."""
+
+    __slots__ = ("id", "parameters", "binary_output", "tensors")
+
+    def __init__(self, request_id: str | None, parameters: dict[str, Any],
+                 binary_output: bool, tensors: _TensorPlan) -> None:
+        self.id = request_id
+        self.parameters = parameters
+        self.binary_output = binary_output
+        self.tensors = tensors
 
     def request(self, tail: bytes | memoryview) -> InferRequest:
         """The request of this header whose binary tensors are `tail` (of exactly
         `binary_bytes`): arrays viewing it, nothing copied."""
+        tensors = self.tensors
         inputs = {}
-        for name, dtype, shape, offset, array in self.inputs:
+        for name, dtype, shape, offset, array in tensors.inputs:
             if offset >= 0:
                 array = np.ndarray(shape, dtype, tail, offset)
                 if dtype.kind == "b" and array.size and array.view(np.uint8).max() > 1:
                     raise _bad(f"input '{name}' is BOOL: binary bytes must be 0 or 1")
             inputs[name] = array
-        return InferRequest(self.id, inputs, self.datatypes, self.outputs,
+        return InferRequest(self.id, inputs, tensors.datatypes, tensors.outputs,
                             self.binary_output, self.parameters,
-                            self if self.reusable else None)
+                            tensors if tensors.reusable else None)
 
 
 _PLANS: dict[bytes, _HeaderPlan] = {}
 _PLANS_KEPT = 1024
+_TENSOR_PLANS: dict[bytes, _TensorPlan] = {}
+_TENSOR_PLANS_KEPT = 256
 _PLANS_LOCK = threading.Lock()  # adding one (large bodies are parsed on worker threads)
 _PLAN_HEAD_BYTES = 4096
+
+
+def _keep(plans: dict, key: bytes, plan: Any, kept: int) -> None:
+    """Adds `plan` to `plans` under `key`, the oldest going beyond `kept`."""
+    with _PLANS_LOCK:
+        if len(plans) >= kept:
+            plans.pop(next(iter(plans)), None)
+        plans[key] = plan
 
 
 def parse_infer_request(body: bytes, header_length: str | None = None) -> InferRequest:
@@ -329,15 +354,12 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
     if header_length is not None and len(head) <= _PLAN_HEAD_BYTES:
         key = bytes(head)
         plan = _PLANS.get(key)
-        if plan is not None and plan.binary_bytes == len(tail):
+        if plan is not None and plan.tensors.binary_bytes == len(tail):
             return plan.request(tail)
     plan = _plan_header(head, len(tail))
     request = plan.request(tail)
-    if key is not None and plan.reusable:
-        with _PLANS_LOCK:
-            if len(_PLANS) >= _PLANS_KEPT:
-                _PLANS.pop(next(iter(_PLANS)), None)  # the oldest
-            _PLANS[key] = plan
+    if key is not None and plan.tensors.reusable:
+        _keep(_PLANS, key, plan, _PLANS_KEPT)
     return request
 
 
@@ -359,7 +381,23 @@ def _plan_header(head: bytes | memoryview, tail_bytes: int) -> _HeaderPlan:
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise _bad("request must have a non-empty 'inputs' list")
+    binary_output = bool(_bool(parameters.get("binary_data_output"),
+                               "parameter 'binary_data_output'"))
+    raw_outputs = doc.get("outputs")
+    key = None
+    if all(type(item) is dict and "data" not in item for item in raw_inputs):
+        key = orjson.dumps([raw_inputs, raw_outputs, tail_bytes])
+        tensors = _TENSOR_PLANS.get(key)
+        if tensors is not None:
+            return _HeaderPlan(request_id, parameters, binary_output, tensors)
+    tensors = _tensor_plan(raw_inputs, raw_outputs, tail_bytes)
+    if key is not None and tensors.reusable:
+        _keep(_TENSOR_PLANS, key, tensors, _TENSOR_PLANS_KEPT)
+    return _HeaderPlan(request_id, parameters, binary_output, tensors)
 
+
+def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int) -> _TensorPlan:
+    """Checks a header's inputs (followed by `tail_bytes` binary bytes) and outputs."""
     inputs: list[tuple] = []
     datatypes: dict[str, str] = {}
     offset = 0
@@ -403,7 +441,6 @@ def _plan_header(head: bytes | memoryview, tail_bytes: int) -> _HeaderPlan:
         raise _bad(f"the body has {tail_bytes - offset} binary bytes that no input claims")
 
     outputs = None
-    raw_outputs = doc.get("outputs")
     if raw_outputs is not None:
         if not isinstance(raw_outputs, list):
             raise _bad("'outputs' must be a list")
@@ -427,10 +464,7 @@ def _plan_header(head: bytes | memoryview, tail_bytes: int) -> _HeaderPlan:
             if binary is not None and type(binary) is not bool:
                 _bool(binary, "output '{}' parameter 'binary_data'", name)
             outputs.append(RequestedOutput(name, binary))
-    binary_output = bool(_bool(parameters.get("binary_data_output"),
-                               "parameter 'binary_data_output'"))
-    return _HeaderPlan(request_id, inputs, datatypes, outputs, binary_output, parameters,
-                       offset)
+    return _TensorPlan(inputs, datatypes, outputs, offset)
 
 
 def build_infer_response(
@@ -444,7 +478,7 @@ def build_infer_response(
     plan = request.plan
     key = None
     if plan is not None:
-        key = (model_name, model_version,
+        key = (model_name, model_version, request.id, request.binary_output,
                *[(name, datatype, array.shape) for name, datatype, array in results])
         known = plan.responses.get(key)
         if known is not None:

@@ -218,8 +218,8 @@ class ModelVersion:
     sequences: SequenceBatcher | None = None
     program_outputs: list[TensorSpec] = field(default_factory=list)  # clients see `outputs`
     _device_lock: threading.Lock | None = None
-    # request header plans (`InferRequest.plan`) `prepare` found right for this version:
-    # a request with one of them needs no check again (its header fixes what is checked)
+    # request tensor plans (`InferRequest.plan`) `prepare` found right for this version:
+    # a request with one of them needs no check again (its tensors are what is checked)
     _accepted: dict[Any, None] = field(default_factory=dict)
 
     @property

@@ -104,6 +104,41 @@ def test_the_answer_of_a_repeated_header_carries_each_requests_results():
     assert json.loads(body[:length])["outputs"][0]["shape"] == [2]
 
 
+def test_headers_naming_the_same_tensors_share_their_checks_but_not_their_ids():
+    """A sequence's steps differ only in their id and parameters: they share the checked
+    tensors (and the answers' JSON headers, by id), each keeping its own parameters."""
+    x = np.array([1, 2], np.float32)
+
+    def step(sid: int, start: bool, request_id: str | None) -> tuple[bytes, str]:
+        extra = {} if request_id is None else {"id": request_id}
+        head = _req({"name": "x", "datatype": "FP32", "shape": [2],
+                     "parameters": {"binary_data_size": 8}},
+                    parameters={"sequence_id": sid, "sequence_start": start,
+                                "binary_data_output": True}, **extra)
+        return head + x.tobytes(), str(len(head))
+
+    a = parse_infer_request(*step(1, True, "a"))
+    b = parse_infer_request(*step(2, False, "b"))
+    c = parse_infer_request(*step(3, False, None))
+    assert a.plan is not None and a.plan is b.plan is c.plan
+    assert (a.parameters["sequence_id"], b.parameters["sequence_id"]) == (1, 2)
+    assert a.parameters["sequence_start"] and not b.parameters["sequence_start"]
+    for req, request_id in ((a, "a"), (b, "b"), (c, None), (a, "a")):
+        body, length = build_infer_response("m", "1", req, [("y", "FP32", x)])
+        assert json.loads(body[:length]).get("id") == request_id
+    # the tensors are the same, the parameters are still checked per header
+    head = _req({"name": "x", "datatype": "FP32", "shape": [2],
+                 "parameters": {"binary_data_size": 8}},
+                parameters={"binary_data_output": "yes"})
+    with pytest.raises(ProtocolError, match="binary_data_output"):
+        parse_infer_request(head + x.tobytes(), str(len(head)))
+    # other tensors are another plan, checked on their own
+    head = _req({"name": "x", "datatype": "FP32", "shape": [3],
+                 "parameters": {"binary_data_size": 8}})
+    with pytest.raises(ProtocolError, match="binary_data_size is 8 bytes"):
+        parse_infer_request(head + x.tobytes(), str(len(head)))
+
+
 @pytest.mark.parametrize("datatype,message", [("BYTES", "BYTES (string) tensors are not")])
 def test_unsupported_datatypes_are_named(datatype, message):
     with pytest.raises(ProtocolError, match=re.escape(message)) as info:
