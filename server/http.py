@@ -285,11 +285,13 @@ class HttpServer:
         self._direct_written = 0
         self._direct_finished = 0
         self._settle_waiters: list[trio.Event] = []
+        self._now: Callable[[], float] = trio.current_time  # the run's clock (see `serve`)
 
     async def serve(self, listeners: list[trio.SocketListener],
                     task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Accepts connections until drained and every connection is closed."""
         self._listeners = listeners
+        self._now = trio.lowlevel.current_clock().current_time  # read once per request
         async with trio.open_nursery() as nursery:
             for listener in listeners:
                 nursery.start_soon(self._accept, listener, nursery)
@@ -463,14 +465,14 @@ class HttpServer:
             data = _read_now(fd)
             if data is None:
                 idle = self._idle
-                idle[scope] = trio.current_time()
+                idle[scope] = self._now()
                 try:
                     while data is None:
                         await trio.lowlevel.wait_readable(fd)
                         data = _read_now(fd)
                 finally:
                     del idle[scope]
-            callbacks.received = now = trio.current_time()
+            callbacks.received = now = self._now()
             callbacks.head_deadline = now + self.head_timeout
         else:
             data = None
@@ -486,7 +488,7 @@ class HttpServer:
             if data is None:
                 in_head = not current.head_done
                 deadline = callbacks.head_deadline if in_head else \
-                    trio.current_time() + self.body_timeout
+                    self._now() + self.body_timeout
                 with trio.move_on_at(deadline) as timer:
                     data = await stream.receive_some(_READ_SIZE)
                 if timer.cancelled_caught:
@@ -496,7 +498,7 @@ class HttpServer:
                             f"(--request-body-timeout)")
                     await self._send_error(stream, 408, what)
                     return False
-            callbacks.received = trio.current_time()
+            callbacks.received = self._now()
         if not data:
             return False
         try:

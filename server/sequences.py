@@ -594,6 +594,7 @@ class SequenceBatcher:
         self._dispatch_after_pass = DispatchAfterPass(self._dispatch)
         self._timer: Any = None  # `delay_timer`, made with the first step if delays are on
         self._tasks_started = False
+        self._now: Callable[[], float] = trio.current_time  # the run's clock (see `infer`)
         self.expired_count = 0
         self.client_gone_count = 0  # sequences ended because a client went away
         # steps whose client can be asked whether it is still there: step -> (seq, probe)
@@ -660,6 +661,7 @@ class SequenceBatcher:
                                      f"'{self.model}' must have batch size 1, not {rows}")
         if not self._tasks_started:
             self._tasks_started = True
+            self._now = trio.lowlevel.current_clock().current_time  # one call per read
             # system tasks: they end with the batcher (close), not with a request
             trio.lowlevel.spawn_system_task(self._expire_idle)
             trio.lowlevel.spawn_system_task(self._watch_clients)
@@ -670,7 +672,7 @@ class SequenceBatcher:
                                      f"(it has a CORRID control input), not the string "
                                      f"{sid!r}")
         key = (type(sid), sid)
-        now = trio.current_time()
+        now = self._now()
         seq = self._sequences.get(key)
         if start:
             if seq is not None:
@@ -814,7 +816,7 @@ class SequenceBatcher:
         """Starts executions while an instance is free and a sequence is ready."""
         config = self.config
         while self._idle and self._ready:
-            now = trio.current_time()
+            now = self._now()
             if config.max_queue_delay_us and not self._closed:
                 target = config.preferred_batch_sizes[-1] if \
                     config.preferred_batch_sizes else self.max_batch_size
@@ -1004,8 +1006,8 @@ class SequenceBatcher:
             outcomes, homes, executions, phases = result
             for phase, seconds in zip(HOST_PHASES, phases):
                 self.host[phase].add(seconds)
-        seconds = trio.current_time() - started
-        now = trio.current_time()
+        now = self._now()
+        seconds = now - started
         for i, (seq, step, outcome) in enumerate(zip(batch, steps, outcomes)):
             if homes is not None and homes[i] is not None:
                 seq.home = homes[i]  # the previous home is released with its last row
