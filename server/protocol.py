@@ -385,8 +385,9 @@ def _plan_header(head: bytes | memoryview, tail_bytes: int) -> _HeaderPlan:
                                "parameter 'binary_data_output'"))
     raw_outputs = doc.get("outputs")
     key = None
-    if all(type(item) is dict and "data" not in item for item in raw_inputs):
-        key = orjson.dumps([raw_inputs, raw_outputs, tail_bytes])
+    if len(head) <= _PLAN_HEAD_BYTES and all(type(item) is dict and "data" not in item
+                                             for item in raw_inputs):
+        key = orjson.dumps([raw_inputs, raw_outputs, tail_bytes])  # a few KiB at most
         tensors = _TENSOR_PLANS.get(key)
         if tensors is not None:
             return _HeaderPlan(request_id, parameters, binary_output, tensors)

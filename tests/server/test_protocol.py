@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from tinyhal.server import protocol
 from tinyhal.server.protocol import (
     DATATYPES,
     ProtocolError,
@@ -132,6 +133,14 @@ def test_headers_naming_the_same_tensors_share_their_checks_but_not_their_ids():
                 parameters={"binary_data_output": "yes"})
     with pytest.raises(ProtocolError, match="binary_data_output"):
         parse_infer_request(head + x.tobytes(), str(len(head)))
+    # a long header is checked but not kept: no client makes the server hold big keys
+    names = [{"name": f"x{i:05d}", "datatype": "FP32", "shape": [0],
+              "parameters": {"binary_data_size": 0}} for i in range(200)]
+    head = _req(*names)
+    assert len(head) > 4096
+    before = dict(protocol._TENSOR_PLANS)
+    assert parse_infer_request(head, str(len(head))).plan is not None
+    assert protocol._TENSOR_PLANS == before
     # other tensors are another plan, checked on their own
     head = _req({"name": "x", "datatype": "FP32", "shape": [3],
                  "parameters": {"binary_data_size": 8}})
