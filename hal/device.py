@@ -483,7 +483,7 @@ class Device:
             # Ready now: the ring places it at once (no driver work, so nothing for
             # close() to wait for; a ring closed meanwhile refuses it), or it takes the
             # queue path below; so does one its driver's memory model refuses (the
-            # driver's `perform` fails it there).
+            # driver's `alloca` fails it there).
             if work_queue.closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
             check = self.driver.check_alloca

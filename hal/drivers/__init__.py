@@ -55,8 +55,8 @@ def register(info: DriverInfo) -> None:
 
 
 def info(name: str) -> DriverInfo:
-    """The `DriverInfo` of driver `name`; NOT_FOUND-like INVALID_ARGUMENT for an unknown
-    name, UNIMPLEMENTED for a built-in one that cannot be imported here."""
+    """The `DriverInfo` of driver `name`: INVALID_ARGUMENT naming the drivers for an
+    unknown name, UNIMPLEMENTED for a built-in one that cannot be imported here."""
     found = _registered.get(name)
     if found is not None:
         return found

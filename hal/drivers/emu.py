@@ -44,8 +44,9 @@ models:
 
 The parts: `emu_model` (the cost model and presets), `emu_engines` (placement on the
 modelled engines, plans, clocks, trace and summary), `emu_workers` (the host threads
-behind the engines), `emu_faults` and `emu_calibration`; this module is the device: its
-memory, its queues' command processors and the driver contract.
+behind the engines), `emu_faults` and `emu_calibration`; this module is the driver
+(`EmuDriver`: its memory, its queues' command processors, the protocol's operations and
+host hooks), its `EmuDevice`, and `DRIVER` (the `emu://PRESET?queues=N` device URIs).
 """
 
 from __future__ import annotations
