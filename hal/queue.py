@@ -112,9 +112,9 @@ class Capabilities:
     concurrency: int = 1
     """Workers a dispatch may spread over (IREE's `hal.dispatch` concurrency)."""
     completes_inline: bool = False
-    """`execute` always runs the work and calls `done` on the calling thread before it
-    returns: a ready submission has run when `submit` returns, so invocations that share
-    the device from several threads run one at a time on their callers' threads."""
+    """`execute` (and `fill`, `update`, `copy`) always runs the work on the calling
+    thread and calls `done` before it returns: a ready submission has run when `submit`
+    returns, and the device has no threads of its own to run work on."""
     host_visible_memory: bool = True
     """Device-local memory is host-visible (mappable); False: the host reaches device
     memory only by queue transfers (`read_direct` / `write_direct` may shortcut them)."""

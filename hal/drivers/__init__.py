@@ -10,7 +10,10 @@ and adds public extras (`TaskDevice.executor`, `EmuDevice.trace()`, ...); no dri
 overrides or reads anything of the device or the queue beyond the protocol.
 
 The built-in drivers are imported on first use; `register` adds one at run time (a
-host app's, or a test's). `sync` performs everything inline on the thread that readies
+host app's, or a test's), and so does naming its module in the environment variable
+`TINYHAL_DRIVER_MODULES` (comma-separated importable modules, each defining `DRIVER`),
+which reaches fresh processes too (`tinyhal-run --device=NAME`, `tinyhal-serve`, a
+test's child process). `sync` performs everything inline on the thread that readies
 the work; `task` leads a command stream on the thread that readies it with native helper
 threads joining its dispatches (a `tinyhal.scheduler.Executor` worker leads on what
 outlasts a budget, and runs host work); `emu` gives submissions and host work to a
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,12 +58,40 @@ def register(info: DriverInfo) -> None:
     _registered[info.name] = info
 
 
+def _register_named_modules() -> None:
+    """Registers the `DRIVER` of each module `TINYHAL_DRIVER_MODULES` names (once each);
+    INVALID_ARGUMENT naming a module that does not import or defines no `DriverInfo`."""
+    for module_name in os.environ.get("TINYHAL_DRIVER_MODULES", "").split(","):
+        module_name = module_name.strip()
+        if not module_name or module_name in _imported_modules:
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise InvalidArgumentError(
+                f"TINYHAL_DRIVER_MODULES: cannot import {module_name!r}: {exc}") from None
+        found = getattr(module, "DRIVER", None)
+        if not isinstance(found, DriverInfo):
+            raise InvalidArgumentError(
+                f"TINYHAL_DRIVER_MODULES: {module_name!r} defines no DRIVER (a DriverInfo)")
+        register(found)
+        _imported_modules.add(module_name)
+
+
+_imported_modules: set[str] = set()
+
+
 def info(name: str) -> DriverInfo:
     """The `DriverInfo` of driver `name`: INVALID_ARGUMENT naming the drivers for an
     unknown name, UNIMPLEMENTED for a built-in one that cannot be imported here."""
     found = _registered.get(name)
     if found is not None:
         return found
+    if name not in _BUILT_IN:
+        _register_named_modules()
+        found = _registered.get(name)
+        if found is not None:
+            return found
     module_name = _BUILT_IN.get(name)
     if module_name is None:
         raise InvalidArgumentError(f"unknown driver {name!r}; drivers: {', '.join(names())}")
@@ -71,7 +103,9 @@ def info(name: str) -> DriverInfo:
 
 
 def names() -> list[str]:
-    """The drivers that can be created here: built-in ones that import, then registered."""
+    """The drivers that can be created here: built-in ones that import, then registered
+    ones (with those of `TINYHAL_DRIVER_MODULES`)."""
+    _register_named_modules()
     available = []
     for name in _BUILT_IN:
         if name in _registered:

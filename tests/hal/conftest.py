@@ -2,8 +2,8 @@
 
 Every test taking `device` runs once per driver, so each driver must pass the same suite
 (as IREE's CTS does). `TINYHAL_TEST_DRIVERS=sync,task` narrows the list; it may also
-name `toy`, the one-file driver of `toy_driver.py`, registered here at run time (the
-default list is the built-in drivers).
+name a driver registered at run time through `TINYHAL_DRIVER_MODULES` (as
+`support/toy_driver.py`, the one-file driver, is: see its docstring).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import toy_driver
 
 from support.executables import compile_executable
 from tinyhal import hal
@@ -21,9 +20,6 @@ def _drivers() -> list[str]:
     wanted = os.environ.get("TINYHAL_TEST_DRIVERS")
     available = hal.available_drivers()
     if wanted:
-        if toy_driver.NAME in wanted.split(","):
-            toy_driver.register()
-            available = hal.available_drivers()
         return [d for d in wanted.split(",") if d in available]
     return available
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import toy_driver
 
+from support import toy_driver
 from tinyhal import errors, hal
 from tinyhal.hal.device import Device
 from tinyhal.hal.drivers import emu, sync, task
@@ -259,7 +259,7 @@ def test_device_uris_are_the_drivers_to_read():
 
 
 def test_a_driver_in_one_file_registers_at_run_time():
-    toy_driver.register()
+    hal.register_driver(toy_driver.DRIVER)
     assert "toy" in hal.available_drivers()
     device = hal.create_device("toy")
     try:
@@ -276,26 +276,40 @@ def test_a_driver_in_one_file_registers_at_run_time():
         hal.register_driver(("toy", None))
 
 
+def test_driver_modules_named_in_the_environment_register_their_driver(monkeypatch):
+    monkeypatch.setenv("TINYHAL_DRIVER_MODULES", "support.no_such_driver")
+    with pytest.raises(errors.InvalidArgumentError, match="cannot import 'support.no_such"):
+        hal.create_device("elsewhere")
+    monkeypatch.setenv("TINYHAL_DRIVER_MODULES", "support.executables")
+    with pytest.raises(errors.InvalidArgumentError, match="defines no DRIVER"):
+        hal.available_drivers()
+    monkeypatch.setenv("TINYHAL_DRIVER_MODULES", " support.toy_driver, ")
+    device = hal.create_device("toy://ignored/path")
+    try:
+        assert device.driver_name == "toy" and device.identifier == "local-toy"
+    finally:
+        device.close()
+
+
 # The suites the toy driver runs in a child process: the HAL conformance tests that take
 # the `device` fixture (queue operations, dispatch, semaphores, command buffers, host
-# memory, alloca, lifetimes), but those that start a fresh interpreter which creates
-# its device by name (a run-time registration lives in the process that made it).
+# memory, alloca, lifetimes, kernel faults), their own child processes included (they
+# create the device by name: `TINYHAL_DRIVER_MODULES` registers it there too).
 TOY_SUITES = ["test_queue_ops.py", "test_dispatch.py", "test_semaphore.py",
               "test_command_buffer.py", "test_queue_alloca.py", "test_lifetimes.py",
-              "test_host_memory.py"]
-IN_A_CHILD = ["in_flight", "random_moments", "locked_section"]
+              "test_host_memory.py", "test_kernel_faults.py"]
 
 
 @pytest.mark.timeout(600)
 def test_the_toy_driver_passes_the_conformance_suite():
-    """The driver-parametrized HAL suites, run on the toy driver only (registered at run
-    time by the conformance fixture: `TINYHAL_TEST_DRIVERS=toy`)."""
+    """The driver-parametrized HAL suites, run on the toy driver only, registered at run
+    time in the child and its children (`TINYHAL_DRIVER_MODULES`)."""
     here = Path(__file__).parent
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         *[str(here / name) for name in TOY_SUITES],
-         "-k", " and ".join(["toy", *(f"not {name}" for name in IN_A_CHILD)])],
-        env={**os.environ, "TINYHAL_TEST_DRIVERS": "toy"},
+         *[str(here / name) for name in TOY_SUITES], "-k", "toy"],
+        env={**os.environ, "TINYHAL_TEST_DRIVERS": "toy",
+             "TINYHAL_DRIVER_MODULES": "support.toy_driver"},
         cwd=here.parent.parent, capture_output=True, text=True, timeout=540)
     tail = done.stdout[-3000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail

@@ -4,8 +4,10 @@ its own, in the order the operations became ready, like a device with one in-ord
 queue and its own command processor; memory is host-visible (it uses the default
 allocator), so it has no direct host transfers (`read_direct` / `write_direct` None).
 
-`register()` makes `tinyhal.hal.create_device("toy")` build one; `tests/hal/conftest.py`
-runs the HAL conformance suite on it with `TINYHAL_TEST_DRIVERS=toy`."""
+`DRIVER` registers it: `tinyhal.hal.register_driver(DRIVER)` in a process, or
+`TINYHAL_DRIVER_MODULES=support.toy_driver` for every process started with it, so
+`TINYHAL_DRIVER_MODULES=support.toy_driver TINYHAL_TEST_DRIVERS=toy pytest tests/hal`
+runs the HAL conformance suite on it."""
 
 from __future__ import annotations
 
@@ -80,6 +82,4 @@ class ToyDevice(hal.Device):
         super().__init__(ToyDriver(), **options)
 
 
-def register() -> None:
-    """Makes `tinyhal.hal.create_device("toy")` build a `ToyDevice`."""
-    hal.register_driver(hal.DriverInfo(NAME, ToyDevice))
+DRIVER = hal.DriverInfo(NAME, ToyDevice)
