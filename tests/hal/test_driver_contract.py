@@ -293,11 +293,13 @@ def test_driver_modules_named_in_the_environment_register_their_driver(monkeypat
 
 # The suites the toy driver runs in a child process: the HAL conformance tests that take
 # the `device` fixture (queue operations, dispatch, semaphores, command buffers, host
-# memory, alloca, lifetimes, kernel faults), their own child processes included (they
-# create the device by name: `TINYHAL_DRIVER_MODULES` registers it there too).
+# memory, alloca, lifetimes, kernel faults, a profiled model run), their own child
+# processes included (they create the device by name: `TINYHAL_DRIVER_MODULES`
+# registers it there too). The toy driver places transient memory later than the
+# others (on its thread), which the profiled run's deallocas depend on.
 TOY_SUITES = ["test_queue_ops.py", "test_dispatch.py", "test_semaphore.py",
               "test_command_buffer.py", "test_queue_alloca.py", "test_lifetimes.py",
-              "test_host_memory.py", "test_kernel_faults.py"]
+              "test_host_memory.py", "test_kernel_faults.py", "test_profile_format.py"]
 
 
 @pytest.mark.timeout(600)
