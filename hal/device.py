@@ -4,12 +4,16 @@ Every entry point (`submit`, the `queue_*` operations) validates its arguments o
 calling thread and raises `tinyhal.Error` for bad input. What passes goes to the
 device's `WorkQueue` (`hal/queue.py`), which owns entries, waits, retirement, close and
 device loss, and hands the work to the device's driver once its waits are reached; the
-driver is an object the device holds (`Device.driver`), implementing the one operation
-`tinyhal.hal.queue` documents. Work whose waits are already met may skip the entry: a
-ready `queue_alloca` takes ring space and a ready `queue_dealloca` gives it back in one
-call each, a ready barrier only signals, and a ready submission is handed to the driver
-at once without an entry (`WorkQueue.perform_ready`; on a driver that
-`completes_inline`, `sync`, it has run when `submit` returns).
+driver is an object the device holds (`Device.driver`), implementing the protocol
+`tinyhal.hal.queue.Driver` declares: each queue operation is the driver method of the
+same name (`submit` -> `execute`, `queue_fill` -> `fill`, `queue_read` / `queue_write`
+-> `host_call`, ...). Work whose waits are already met may skip the entry: a ready
+`queue_alloca` takes ring space and a ready `queue_dealloca` gives it back in one call
+each, a ready barrier only signals, and a ready submission is handed to the driver at
+once without an entry (`WorkQueue.perform_ready`; on a driver whose capabilities say it
+`completes_inline`, it has run when `submit` returns). What the device exposes of its
+driver is its `capabilities` and `queue_for_affinity`; host reads and writes of memory
+the host cannot map go to the driver's `read_direct` / `write_direct` first.
 
 **Resource sets.** From the call until the entry retires (signals, fails or is aborted),
 the queue holds a strong reference to everything the work touches: the command buffers
@@ -67,7 +71,7 @@ from .executable import (
     load_executable_data,
 )
 from .execution import RecordingCache, Submission, resolve_commands
-from .queue import Alloca, Dealloca, Driver, WorkQueue, no_work
+from .queue import Alloca, Capabilities, Dealloca, Driver, Operation, WorkQueue, no_work
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
     Fence,
@@ -81,6 +85,8 @@ if TYPE_CHECKING:
     from .profile import Profile
 
 Points = Fence | Sequence[SemaphorePoint] | None
+_HOST_VISIBLE = int(MemoryType.HOST_VISIBLE)
+_MAPPING = int(BufferUsage.MAPPING)
 
 
 class Device:
@@ -93,15 +99,26 @@ class Device:
     the format query then answers no for the native formats and `load_executable`
     refuses them with PERMISSION_DENIED."""
 
-    def __init__(self, driver: Driver | None = None,
-                 transient_capacity: int = DEFAULT_CAPACITY, *,
+    def __init__(self, driver: Driver, transient_capacity: int = DEFAULT_CAPACITY, *,
                  executable_policy: str = "any", **options: Any) -> None:
-        driver = Driver() if driver is None else driver
+        if not isinstance(driver, Driver):
+            raise InvalidArgumentError(f"a device takes a hal.queue.Driver, not {driver!r}")
         self.driver = driver
         self.driver_name = driver.name
         self.identifier = driver.identifier
-        self.queue_count: int = driver.queue_count
+        capabilities = driver.capabilities
+        self.capabilities: Capabilities = capabilities
+        """What the driver declares (`hal.queue.Capabilities`): read it, not the name."""
+        self.queue_count: int = capabilities.queue_count
         """How many queues the device has (the `queue=` argument of queue operations)."""
+        self.concurrency: int = capabilities.concurrency
+        """Workers a dispatch may spread over (the driver's)."""
+        self.default_profiling_modes: tuple[str, ...] = capabilities.default_profiling_modes
+        """The profiling modes a session records by default (the driver's)."""
+        self.queue_for_affinity: Callable[[int], int] = driver.queue_for_affinity
+        """The queue a program's `queue_affinity` mask (a VM i64, read as IREE's u64)
+        picks: the driver's rule (`Driver.queue_for_affinity`; IREE's CPU rule, the mask
+        modulo the queue count, unless the driver models an accelerator's)."""
         if options:
             raise InvalidArgumentError(
                 f"driver {self.driver_name!r} does not take options {sorted(options)}"
@@ -153,20 +170,27 @@ class Device:
 
     def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
                    timeout: float | None = 60.0) -> bytes:
-        """Copies buffer contents to the host: directly from host-visible memory, or by
-        a queue transfer from memory the host cannot map (and in order with nothing
-        else: it waits for nothing)."""
+        """Copies buffer contents to the host: directly from host-visible memory, or from
+        memory the host cannot map by the driver's `read_direct` where it takes it, else
+        by a queue transfer (in order with nothing else: it waits for nothing)."""
         return bytes(self._read_host(buffer, offset, length, timeout))
 
     def _read_host(self, buffer: Buffer, offset: int, length: int,
                    timeout: float | None) -> memoryview | bytearray:
         """The bytes: a view of host-visible memory itself (the caller copies it), or a
-        new bytearray the transfer filled."""
-        buffer.check_live()
-        offset, length = buffer.resolve_range(offset, length, "read")
-        if buffer.mappable:
+        new bytearray the driver or the transfer filled."""
+        if buffer.storage.released:
+            buffer.check_live()
+        if offset or not 0 <= length <= buffer.byte_length:
+            offset, length = buffer.resolve_range(offset, length, "read")
+        if buffer.memory_type_bits & _HOST_VISIBLE and buffer.usage_bits & _MAPPING:
             start = buffer.byte_offset + offset
             return buffer.storage.array[start : start + length]
+        read_direct = self.driver.read_direct
+        if read_direct is not None:
+            data = read_direct(buffer, offset, length)
+            if data is not None:
+                return data
         host = bytearray(length)
         done = Semaphore()
         self.queue_write(buffer, offset, host, 0, length, signal=[(done, 1)])
@@ -175,14 +199,21 @@ class Device:
 
     def write_bytes(self, buffer: Buffer, data: Any, offset: int = 0,
                     timeout: float | None = 60.0) -> None:
-        """Copies host bytes into a buffer: directly into host-visible memory, or by a
-        queue transfer into memory the host cannot map."""
-        buffer.check_live()
+        """Copies host bytes into a buffer: directly into host-visible memory, or into
+        memory the host cannot map by the driver's `write_direct` where it takes it, else
+        by a queue transfer."""
+        if buffer.storage.released:
+            buffer.check_live()
         view = as_byte_view(data)
-        offset, length = buffer.resolve_range(offset, len(view), "write")
-        if buffer.mappable:
+        length = len(view)
+        if offset or length > buffer.byte_length:
+            offset, length = buffer.resolve_range(offset, length, "write")
+        if buffer.memory_type_bits & _HOST_VISIBLE and buffer.usage_bits & _MAPPING:
             start = buffer.byte_offset + offset
             buffer.storage.array[start : start + length] = view
+            return
+        write_direct = self.driver.write_direct
+        if write_direct is not None and write_direct(buffer, view, offset):
             return
         done = Semaphore()
         self.queue_update(view, buffer, offset, signal=[(done, 1)])
@@ -241,26 +272,6 @@ class Device:
             return int(has)
         raise NotFoundError(f"unknown device query {category!r} :: {key!r}")
 
-    @property
-    def concurrency(self) -> int:
-        """Workers a dispatch may spread over (the driver's)."""
-        return self.driver.concurrency
-
-    @property
-    def default_profiling_modes(self) -> tuple[str, ...]:
-        """The profiling modes a session records by default (the driver's)."""
-        return self.driver.default_profiling_modes
-
-    def queue_for_affinity(self, affinity: int) -> int:
-        """The queue a program's `queue_affinity` mask (a VM i64, read as IREE's u64) picks.
-
-        IREE's CPU devices (local-task, local-sync) never reject an affinity: the queue
-        is the mask modulo the queue count, so on a one-queue device every mask, ANY
-        (-1) and bits of queues that do not exist included, is queue 0. A driver
-        modelling an accelerator overrides this with IREE's accelerator rule."""
-        count = self.queue_count
-        return (affinity & 0xFFFF_FFFF_FFFF_FFFF) % count if count > 1 else 0
-
     def _check_queue(self, queue: int) -> None:
         if type(queue) is not int or not 0 <= queue < self.queue_count:
             raise InvalidArgumentError(
@@ -307,7 +318,7 @@ class Device:
             self._check_queue(queue)
         driver = self.driver
         ops = batch if validated else resolve_commands(batch_list, binding_table,
-                                                       driver.concurrency, self.recordings)
+                                                       self.concurrency, self.recordings)
         submission_id = 0
         profile = self.profile
         if profile is not None:
@@ -317,9 +328,10 @@ class Device:
                 ops.instrument = (profile, submission_id, queue)
         work_queue = self.work_queue
         if reached and work_queue.lost is None:
-            work_queue.perform_ready(ops, wait_points, signal_points, queue, submission_id)
+            work_queue.perform_ready(driver.execute, ops, wait_points, signal_points, queue,
+                                     submission_id)
             return
-        work_queue.accept("execute", ops, wait_points, signal_points, queue,
+        work_queue.accept(driver.execute, ops, wait_points, signal_points, queue,
                           (batch_list, binding_table), submission_id, reached)
 
     queue_execute = submit
@@ -337,16 +349,15 @@ class Device:
             self.work_queue.check_open()
             self.work_queue.complete(signal_points, None)
             return
-        self.work_queue.accept("barrier", no_work, wait_points, signal_points, queue, None,
-                               submission_id, reached)
+        self.work_queue.accept(self.driver.barrier, no_work, wait_points, signal_points,
+                               queue, None, submission_id, reached)
 
     def queue_fill(self, target: Buffer, offset: int, length: int, pattern: int | bytes,
                    wait: Points = (), signal: Points = (), pattern_length: int | None = None,
                    queue: int = 0) -> None:
         cb = self.create_command_buffer()
         cb.fill(target, offset, length, pattern, pattern_length)
-        cb.finalize()
-        self.submit(cb, wait, signal, queue=queue)
+        self._queue_transfer(self.driver.fill, cb, wait, signal, queue)
 
     def queue_update(self, source: Any, target: Buffer, offset: int = 0,
                      wait: Points = (), signal: Points = (), length: int | None = None,
@@ -354,15 +365,37 @@ class Device:
         """Writes host bytes into `target`; the source is captured at this call."""
         cb = self.create_command_buffer()
         cb.update(source, target, offset, length)
-        cb.finalize()
-        self.submit(cb, wait, signal, queue=queue)
+        self._queue_transfer(self.driver.update, cb, wait, signal, queue)
 
     def queue_copy(self, source: Buffer, source_offset: int, target: Buffer, target_offset: int,
                    length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
         cb = self.create_command_buffer()
         cb.copy(source, source_offset, target, target_offset, length)
+        self._queue_transfer(self.driver.copy, cb, wait, signal, queue)
+
+    def _queue_transfer(self, operation: Operation, cb: CommandBuffer, wait: Points,
+                        signal: Points, queue: int) -> None:
+        """Queues the one-command buffer `cb` of a queue transfer for the driver's
+        `operation` (its `fill`, `update` or `copy`), as `submit` queues an execute."""
         cb.finalize()
-        self.submit(cb, wait, signal, queue=queue)
+        wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
+        if type(queue) is not int or queue:  # queue 0 always exists
+            self._check_queue(queue)
+        ops = resolve_commands([cb], None, self.concurrency, self.recordings)
+        submission_id = 0
+        profile = self.profile
+        if profile is not None:
+            submission_id = profile.record_submission("execute", wait_points, signal_points,
+                                                      [cb], queue=queue)
+            if profile.records_host_execution:
+                ops.instrument = (profile, submission_id, queue)
+        work_queue = self.work_queue
+        if reached and work_queue.lost is None:
+            work_queue.perform_ready(operation, ops, wait_points, signal_points, queue,
+                                     submission_id)
+            return
+        work_queue.accept(operation, ops, wait_points, signal_points, queue, ([cb], None),
+                          submission_id, reached)
 
     def queue_read(self, source: Any, source_offset: int, target: Buffer, target_offset: int,
                    length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
@@ -422,8 +455,8 @@ class Device:
         if self.profile is not None:
             submission_id = self.profile.record_submission(
                 operation, wait_points, signal_points, payload_length=length, queue=queue)
-        self.work_queue.accept("call", work, wait_points, signal_points, queue, resources,
-                               submission_id, reached)
+        self.work_queue.accept(self.driver.host_call, work, wait_points, signal_points, queue,
+                               resources, submission_id, reached)
 
     def queue_alloca(self, size: int, wait: Points = (), signal: Points = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
@@ -450,7 +483,7 @@ class Device:
             # Ready now: the ring places it at once (no driver work, so nothing for
             # close() to wait for; a ring closed meanwhile refuses it), or it takes the
             # queue path below; so does one its driver's memory model refuses (the
-            # driver's `perform` fails it there).
+            # driver's `alloca` fails it there).
             if work_queue.closed:
                 raise FailedPreconditionError(f"{self!r} is closed")
             check = self.driver.check_alloca
@@ -465,8 +498,8 @@ class Device:
         if self.profile is not None:
             submission_id = self.profile.record_submission(
                 "alloca", wait_points, signal_points, payload_length=size, queue=queue)
-        work_queue.accept("alloca", Alloca(buffer.storage, self.transient), wait_points,
-                          signal_points, queue, buffer, submission_id, reached)
+        work_queue.accept(self.driver.alloca, Alloca(buffer.storage, self.transient),
+                          wait_points, signal_points, queue, buffer, submission_id, reached)
         return buffer
 
     def queue_dealloca(self, buffer: Buffer, wait: Points = (), signal: Points = (),
@@ -500,8 +533,8 @@ class Device:
             submission_id = self.profile.record_submission(
                 "dealloca", wait_points, signal_points, payload_length=buffer.byte_length,
                 queue=queue)
-        work_queue.accept("dealloca", Dealloca(buffer.storage, self.transient), wait_points,
-                          signal_points, queue, buffer, submission_id, reached)
+        work_queue.accept(self.driver.dealloca, Dealloca(buffer.storage, self.transient),
+                          wait_points, signal_points, queue, buffer, submission_id, reached)
 
     # -- in-flight work ---------------------------------------------------------------
 

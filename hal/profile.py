@@ -364,8 +364,8 @@ class Profile:
     def attach(self, device: Any) -> Profile:
         """Starts the session and makes `device` (and its allocator) report to it.
 
-        The device's hook sites test `device.profile is not None`; the allocator's test
-        `allocator.profile is not None`.
+        The device's hook sites test `device.profile is not None`; the allocator's and
+        the driver's (its `profile`, for device-time spans) test theirs.
         """
         without_clock = (self.modes & DEVICE_TIME_MODES) - set(
             getattr(device, "default_profiling_modes", ()))
@@ -377,6 +377,7 @@ class Profile:
         self.device_name = getattr(device, "identifier", self.device_name)
         self.start()
         device.allocator.profile = self
+        device.driver.profile = self
         device.profile = self
         return self
 
@@ -384,6 +385,7 @@ class Profile:
         """Stops the device reporting and closes the session."""
         if getattr(device, "profile", None) is self:
             device.profile = None
+            device.driver.profile = None
         if getattr(device.allocator, "profile", None) is self:
             device.allocator.profile = None
         return self.stop()

@@ -1,52 +1,52 @@
 """The device queue: entries, waits, retirement, close and device loss, and the driver
-interface it hands ready work to.
+protocol it hands ready work to.
 
 `Device` (`hal/device.py`) validates every queue operation on the calling thread and
 then gives it to its `WorkQueue`. The queue registers an entry that holds everything the
 work touches (its resource set), waits on the wait semaphores without polling, and once
-they are reached asks the device's driver to `perform` the operation; the driver's
+they are reached calls the driver's method for that operation; the driver's
 `done(error)` retires the entry: the resource set is dropped first, then the signal
 semaphores advance or fail. A wait that fails never runs the work; its failure reaches
 the signal semaphores instead.
 
-**The driver interface.** A driver is an object the device holds (`Device.driver`), not
-a subclass of it: it implements `perform` and nothing else of the queue's business.
+**The driver protocol** is `Driver` below: a driver is an object the device holds
+(`Device.driver`), not a subclass of it, and it is one file (`hal/drivers/<name>.py`,
+or any module that registers one with `tinyhal.hal.register_driver`). It declares every
+member of the protocol, in the protocol's order; what it cannot do it declares as
+`unimplemented(...)` (the operation fails with UNIMPLEMENTED), never by leaving it out.
 
-    perform(operation, payload, done, submission_id, wait, signal, queue)
-
-is called once per queue operation whose waits are reached, on the thread that reached
-them. `operation` names what to do with `payload`:
-
-- `"execute"`: a `hal.execution.Submission` (a `submit`, and the one-command
-  submissions of `queue_fill`, `queue_update` and `queue_copy`, as IREE's local
-  drivers run queue transfers): run its operations in order (a `hal.stream` native
-  stream, or `Submission.operations()` one at a time; operations may overlap only where
-  no barrier separates them);
-- `"call"`: host work, a callable of no arguments (a `queue_read` / `queue_write`
-  transfer): run it;
-- `"alloca"`, `"dealloca"`, `"barrier"`: queue work the device built, a callable taking
-  `done` (`Alloca` places transient memory, maybe later, when the ring has room); the
-  driver calls `payload(done)` when it is that operation's turn (a driver that models
-  its memory checks `Alloca.size` first, by its `check_alloca`).
-
-Then it calls `done(error)` exactly once, on any thread (`error` None on success;
-`run_capturing` turns an exception into one). `submission_id` is the profile's id of the
-operation (0 while no profiling session records), `wait` and `signal` its semaphore
-points and `queue` the device queue it was given to: a driver that models queues,
-dependencies or device time reads them; others ignore them. A driver keeps nothing alive
-for the work's sake (the entry's resource set does that, and a submission a driver still
-holds after `done` holds no buffers).
-
-A driver also declares what the queue may rely on: `name` and `identifier` (IREE's
-device id), `queue_count`, `concurrency` (workers a dispatch may spread over),
-`completes_inline` (its `perform` of `"execute"` always calls `done` before it returns:
-a ready submission then runs without an entry), `check_alloca` (None, or for a driver
-that models its memory a method `check_alloca(size) -> Error | None`: the error that
-refuses a `queue_alloca` of `size` bytes now, or None: a ready `queue_alloca` takes
-ring space without an entry or `perform` only when it passes, else it takes an entry,
-and the driver's `perform` of `"alloca"` refuses it by the same check),
-`default_profiling_modes`, `create_allocator()` and `stop(timeout)` (release threads;
-`close()` calls it once nothing runs). `Driver` gives the defaults.
+- *Identity and capabilities*: `name`, `identifier` (IREE's device id) and
+  `capabilities` (`Capabilities`: queue count, concurrency, inline completion,
+  host-visible device memory, modelled memory, device clock, default profiling modes).
+  Callers outside the driver read these, never the driver's name.
+- *Lifetime*: `create_allocator()` (once, by the device), `attach(queue)` (once: the
+  `WorkQueue` that will call it; a driver may read `queue.lost` and `queue.closed` and
+  call `queue.lose(error)`, nothing else of it), `stop(timeout)` (release threads; `close()`
+  calls it once nothing runs).
+- *Queue operations*, each called once per operation whose waits are reached, on the
+  thread that reached them, as `op(payload, done, submission_id, wait, signal, queue)`:
+  `execute` a `hal.execution.Submission` (run its operations in order: a `hal.stream`
+  native stream, or `Submission.operations()` one at a time; operations may overlap only
+  where no barrier separates them); `fill`, `update`, `copy` the one-command submission
+  of `queue_fill` / `queue_update` / `queue_copy` (as IREE's local drivers run queue
+  transfers); `host_call` host work, a callable of no arguments (`queue_read` /
+  `queue_write`); `alloca`, `dealloca` queue work the device built (`Alloca`, `Dealloca`:
+  call `payload(done)` in its turn; `Alloca` places transient memory, maybe later, when
+  the ring has room); `barrier` (no payload: `barrier(done, submission_id, wait, signal,
+  queue)`). The driver then calls `done(error)` exactly once, on any thread (`error`
+  None on success; `run_capturing` turns an exception into one). `submission_id` is the
+  profile's id of the operation (0 while no profiling session records), `wait` and
+  `signal` its semaphore points and `queue` the device queue it was given to: a driver
+  that models queues, dependencies or device time reads them; others ignore them. A
+  driver keeps nothing alive for the work's sake (the entry's resource set does that,
+  and a submission a driver still holds after `done` holds no buffers).
+- *Host hooks*, called on the caller's thread: `queue_for_affinity(mask)` (the queue a
+  program's affinity picks), `check_alloca(size)` (the error that refuses a
+  `queue_alloca` of `size` bytes now, or None; a ready alloca takes ring space without an
+  entry only when it passes, and a driver's `alloca` refuses it by the same check),
+  `read_direct(buffer, offset, length)` / `write_direct(buffer, data, offset)` (a host
+  read or write of memory the host cannot map: the bytes, or True, when the driver did it
+  at once; None / False sends it through the queue as a transfer).
 
 **Closing and loss.** `close()` lets running work finish (and work it makes ready),
 fails every entry still waiting with ABORTED (it never runs), then stops the driver.
@@ -56,7 +56,9 @@ every later one, and the driver fails what it holds.
 
 from __future__ import annotations
 
+import abc
 import collections
+import dataclasses
 import functools
 import threading
 import time
@@ -79,10 +81,15 @@ from .native import core as _core
 from .semaphore import SemaphorePoint, when_all_reached
 
 if TYPE_CHECKING:
-    from .buffer import Storage
+    from .buffer import Buffer, Storage
+    from .profile import Profile
     from .ringbuffer import TransientRingbuffer
 
 Completion = Callable[[Error | None], None]
+Operation = Callable[[Any, Completion, int, Sequence[SemaphorePoint],
+                      Sequence[SemaphorePoint], int], None]
+"""A driver's queue operation, bound: `operation(payload, done, submission_id, wait,
+signal, queue)`."""
 DEFAULT_PROFILING_MODES = ("queue-events", "host-execution", "memory-events")
 
 
@@ -96,34 +103,143 @@ def run_capturing(work: Callable[[], None]) -> Error | None:
     return None
 
 
-class Driver:
-    """The defaults of the driver interface (see the module docstring): a driver that
-    runs nothing. What it cannot perform fails with UNIMPLEMENTED; queue work the device
-    built (alloca, dealloca, barrier) runs inline."""
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a driver declares and callers read instead of testing which driver it is."""
 
-    name = "base"
-    identifier = "local"
-    queue_count = 1
-    concurrency = 1
-    completes_inline = False
-    check_alloca: Callable[[int], Error | None] | None = None
+    queue_count: int = 1
+    """Device queues (the `queue=` argument of queue operations: 0 .. count-1)."""
+    concurrency: int = 1
+    """Workers a dispatch may spread over (IREE's `hal.dispatch` concurrency)."""
+    completes_inline: bool = False
+    """`execute` (and `fill`, `update`, `copy`) always runs the work on the calling
+    thread and calls `done` before it returns: a ready submission has run when `submit`
+    returns, and the device has no threads of its own to run work on."""
+    host_visible_memory: bool = True
+    """Device-local memory is host-visible (mappable); False: the host reaches device
+    memory only by queue transfers (`read_direct` / `write_direct` may shortcut them)."""
     default_profiling_modes: tuple[str, ...] = DEFAULT_PROFILING_MODES
+    """The profiling modes a session records by default; device-time modes
+    (`dispatch-events`, `device-queue-events`) only where the driver has a device clock."""
+
+
+def unimplemented(what: str) -> Callable[..., None]:
+    """A queue operation a driver does not have, declared as such: each call fails the
+    operation with UNIMPLEMENTED (`driver 'NAME' cannot WHAT`)."""
+
+    def operation(driver: Driver, payload: Any, done: Completion, submission_id: int,
+                  wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
+                  queue: int) -> None:
+        done(UnimplementedError(f"driver {driver.name!r} cannot {what}"))
+
+    operation.__doc__ = f"Unimplemented: fails with UNIMPLEMENTED (cannot {what})."
+    return operation
+
+
+def run_device_work(driver: Driver, payload: Callable[[Completion], None], done: Completion,
+                    submission_id: int, wait: Sequence[SemaphorePoint],
+                    signal: Sequence[SemaphorePoint], queue: int) -> None:
+    """The queue work the device built (`Alloca`, `Dealloca`, a barrier's `no_work`),
+    run in its turn on the thread that readied it: a driver's `alloca`, `dealloca` or
+    `barrier` when it models nothing about them."""
+    payload(done)
+
+
+def cpu_queue_for_affinity(affinity: int, queue_count: int) -> int:
+    """IREE's CPU devices' rule (local-task, local-sync), which never rejects an
+    affinity: the queue is the mask (a VM i64, read as IREE's u64) modulo the queue
+    count, so on a one-queue device every mask, ANY (-1) and bits of queues that do not
+    exist included, is queue 0."""
+    return (affinity & 0xFFFF_FFFF_FFFF_FFFF) % queue_count if queue_count > 1 else 0
+
+
+class Driver(abc.ABC):
+    """The driver protocol (see the module docstring for each member's contract).
+
+    A driver class declares every name of `PROTOCOL`, in that order, in its own body
+    (`tests/hal/test_driver_contract.py` checks it): a queue operation it lacks as
+    `unimplemented(...)`, a hook it lacks as None. Nothing here is inherited silently
+    except the bodies of `create_allocator`, `attach` and `stop`, which a driver with
+    nothing to add assigns from here (`attach = Driver.attach`)."""
+
+    name: str
+    identifier: str
+    capabilities: Capabilities
+    profile: Profile | None = None
+    """The profiling session attached to the device (`Profile.attach` sets it), for a
+    driver that records spans of its own (device time); not a protocol member to declare."""
 
     def create_allocator(self) -> Allocator:
+        """The device's allocator; called once, by the device."""
         return Allocator(self.identifier)
 
-    def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
+    def attach(self, queue: WorkQueue) -> None:  # noqa: B027 - the default keeps nothing
+        """Called once with the `WorkQueue` that will call this driver."""
+
+    @abc.abstractmethod
+    def execute(self, payload: Submission, done: Completion, submission_id: int,
                 wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
                 queue: int) -> None:
-        if operation == "execute":
-            done(UnimplementedError(f"driver {self.name!r} cannot execute commands"))
-        elif operation == "call":
-            done(UnimplementedError(f"driver {self.name!r} cannot run host work"))
-        else:
-            payload(done)
+        """Runs a submission's operations in order, then `done(error)`."""
 
-    def stop(self, timeout: float | None) -> None:
+    @abc.abstractmethod
+    def fill(self, payload: Submission, done: Completion, submission_id: int,
+             wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
+             queue: int) -> None:
+        """Runs `queue_fill`'s one-command submission, then `done(error)`."""
+
+    @abc.abstractmethod
+    def update(self, payload: Submission, done: Completion, submission_id: int,
+               wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
+               queue: int) -> None:
+        """Runs `queue_update`'s one-command submission, then `done(error)`."""
+
+    @abc.abstractmethod
+    def copy(self, payload: Submission, done: Completion, submission_id: int,
+             wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
+             queue: int) -> None:
+        """Runs `queue_copy`'s one-command submission, then `done(error)`."""
+
+    @abc.abstractmethod
+    def host_call(self, payload: Callable[[], None], done: Completion, submission_id: int,
+                  wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
+                  queue: int) -> None:
+        """Runs host work (a `queue_read` / `queue_write` transfer), then `done(error)`."""
+
+    @abc.abstractmethod
+    def alloca(self, payload: Alloca, done: Completion, submission_id: int,
+               wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
+               queue: int) -> None:
+        """Calls `payload(done)` in its turn (after `check_alloca`, where it has one)."""
+
+    @abc.abstractmethod
+    def dealloca(self, payload: Dealloca, done: Completion, submission_id: int,
+                 wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
+                 queue: int) -> None:
+        """Calls `payload(done)` in its turn."""
+
+    @abc.abstractmethod
+    def barrier(self, payload: Callable[[Completion], None], done: Completion,
+                submission_id: int, wait: Sequence[SemaphorePoint],
+                signal: Sequence[SemaphorePoint], queue: int) -> None:
+        """Calls `payload(done)` in its turn (nothing runs; the signal follows)."""
+
+    def queue_for_affinity(self, affinity: int) -> int:
+        """The queue a program's `queue_affinity` mask picks (`cpu_queue_for_affinity`)."""
+        return cpu_queue_for_affinity(affinity, self.capabilities.queue_count)
+
+    check_alloca: Callable[[int], Error | None] | None = None
+    read_direct: Callable[[Buffer, int, int], bytearray | None] | None = None
+    write_direct: Callable[[Buffer, memoryview, int], bool] | None = None
+
+    def stop(self, timeout: float | None) -> None:  # noqa: B027 - the default has no threads
         """Stops the driver's threads; called by `close()` once no work is running."""
+
+
+PROTOCOL = ("name", "identifier", "capabilities", "create_allocator", "attach", "execute",
+            "fill", "update", "copy", "host_call", "alloca", "dealloca", "barrier",
+            "queue_for_affinity", "check_alloca", "read_direct", "write_direct", "stop")
+"""The driver protocol's members, in the order every driver class declares them."""
 
 
 class Alloca:
@@ -177,7 +293,7 @@ class _Entry:
     __slots__ = ("operation", "payload", "submission_id", "wait", "signal", "queue",
                  "resources", "state")
 
-    def __init__(self, operation: str, payload: Any, submission_id: int,
+    def __init__(self, operation: Operation, payload: Any, submission_id: int,
                  wait: list[SemaphorePoint], signal: list[SemaphorePoint], queue: int,
                  resources: Any) -> None:
         self.operation = operation
@@ -193,9 +309,10 @@ class _Entry:
 class WorkQueue:
     """One device's queue entries, run by its driver (see the module docstring)."""
 
-    def __init__(self, owner: str, driver: Any, transient: TransientRingbuffer) -> None:
+    def __init__(self, owner: str, driver: Driver, transient: TransientRingbuffer) -> None:
         self.owner = owner  # how messages name the device
         self.driver = driver
+        self.completes_inline = driver.capabilities.completes_inline
         self.transient = transient
         self.closed = False
         self.lost: Error | None = None  # set by `lose`: every entry fails with it
@@ -209,6 +326,7 @@ class WorkQueue:
         self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)  # for wait_idle() and close()
         self._watchers = 0  # threads waiting on `_idle`; retiring notifies only if any
+        driver.attach(self)
 
     @property
     def in_flight(self) -> int:
@@ -223,12 +341,13 @@ class WorkQueue:
 
     # -- entries ----------------------------------------------------------------------
 
-    def accept(self, operation: str, payload: Any, wait: list[SemaphorePoint],
+    def accept(self, operation: Operation, payload: Any, wait: list[SemaphorePoint],
                signal: list[SemaphorePoint], queue: int, resources: Any,
                submission_id: int = 0, reached: bool = False) -> None:
         """Registers an entry holding `resources` (and `payload`); once `wait` is reached
-        the driver performs it, and its `done` retires the entry. `reached` says the
-        caller saw every wait point reached (`normalize_wait_signal`): it runs now."""
+        `operation` (the driver's method for it) runs it, and its `done` retires the
+        entry. `reached` says the caller saw every wait point reached
+        (`normalize_wait_signal`): it runs now."""
         runs_now = reached or not wait
         entry = _Entry(operation, payload, submission_id, wait, signal, queue, resources)
         with self._lock:
@@ -266,28 +385,29 @@ class WorkQueue:
             self._retire(entry, error)
 
         try:
-            self.driver.perform(entry.operation, entry.payload, done, entry.submission_id,
-                                entry.wait, entry.signal, entry.queue)
+            entry.operation(entry.payload, done, entry.submission_id, entry.wait,
+                            entry.signal, entry.queue)
         except BaseException as exc:  # noqa: BLE001 - becomes the entry's error
             self._retire(entry, as_error(exc))
 
-    def perform_ready(self, payload: Submission, wait: list[SemaphorePoint],
-                      signal: list[SemaphorePoint], queue: int, submission_id: int = 0) -> None:
-        """Hands the driver a submission whose waits are met, without an entry: it counts
-        as running (so `close()` and `wait_idle()` wait for it) until the driver's
-        `done`, which drops its references (the submission holds everything its work
-        touches) and then signals. A driver that `completes_inline` runs it on this
-        thread before this returns; others may complete it later on another thread."""
+    def perform_ready(self, operation: Operation, payload: Submission,
+                      wait: list[SemaphorePoint], signal: list[SemaphorePoint], queue: int,
+                      submission_id: int = 0) -> None:
+        """Hands the driver a submission whose waits are met, without an entry
+        (`operation`: its `execute`, `fill`, `update` or `copy`): it counts as running
+        (so `close()` and `wait_idle()` wait for it) until the driver's `done`, which
+        drops its references (the submission holds everything its work touches) and then
+        signals. A driver that `completes_inline` runs it on this thread before this
+        returns; others may complete it later on another thread."""
         running_inline = self._running_inline
         running_inline.append(None)  # before the test: close() then waits for it
         if self.closed:
             running_inline.pop()
             raise FailedPreconditionError(f"{self.owner} is closed")
-        if self.driver.completes_inline:
+        if self.completes_inline:
             outcome: list[Error | None] = []
             try:
-                self.driver.perform("execute", payload, outcome.append, submission_id, wait,
-                                    signal, queue)
+                operation(payload, outcome.append, submission_id, wait, signal, queue)
             except BaseException as exc:  # noqa: BLE001 - becomes the work's error
                 outcome.append(as_error(exc))
             self._ready_done(payload, signal, None, outcome[0] if outcome else InternalError(
@@ -297,7 +417,7 @@ class WorkQueue:
         # ignored, as an entry's are; a partial, so handing it over costs no frame.
         done = functools.partial(self._ready_done, payload, signal, [None])
         try:
-            self.driver.perform("execute", payload, done, submission_id, wait, signal, queue)
+            operation(payload, done, submission_id, wait, signal, queue)
         except BaseException as exc:  # noqa: BLE001 - becomes the work's error
             done(as_error(exc))
 
@@ -479,5 +599,6 @@ def _release(entry: _Entry) -> None:
         payload.release()
 
 
-__all__ = ["Alloca", "Completion", "Dealloca", "Driver", "WorkQueue", "no_work",
-           "run_capturing"]
+__all__ = ["Alloca", "Capabilities", "Completion", "Dealloca", "Driver", "Operation",
+           "PROTOCOL", "WorkQueue", "cpu_queue_for_affinity", "no_work", "run_capturing",
+           "run_device_work", "unimplemented"]

@@ -263,8 +263,9 @@ class ModelVersion:
         if execution not in ("async", "thread"):
             raise ConfigError(f"config 'execution' must be 'async' or 'thread', not "
                               f"{execution!r}")
-        # A sync device runs each invocation inline on the calling thread; one at a time.
-        self._device_lock = device_lock if self.device_name == "sync" else None
+        # A device that completes work inline runs each invocation on the calling
+        # thread; one at a time.
+        self._device_lock = device_lock if device.capabilities.completes_inline else None
         self.device = device
         try:
             data = read_module_file(self.path)

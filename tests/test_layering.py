@@ -243,3 +243,88 @@ def test_no_module_overrides_another_modules_private_method():
                 for name in sorted(methods & classes[home][base][1]):
                     found.append(f"{module}.{cls}.{name} overrides {home}.{base}.{name}")
     assert not found, "\n".join(found)
+
+
+DRIVER_PACKAGE = "hal.drivers"
+# The names and IREE device ids of the built-in drivers: a caller comparing something
+# with one of them is testing which driver it has instead of reading its capabilities.
+DRIVER_NAMES = {"sync", "task", "emu", "local-sync", "local-task", "local-emu"}
+# What a driver may use of the device it is composed into: nothing but the protocol.
+# These are the device's and its queue's state that a driver reaching around the
+# protocol would touch; of the queue `attach` gave it, it reads `lost` and `closed` and
+# calls `lose`, nothing else.
+DEVICE_INTERNALS = {"device", "work_queue", "transient", "recordings", "driver",
+                    "perform_ready", "accept", "complete"}
+QUEUE_USE = {"lost", "closed", "lose"}
+
+
+def _is_driver_module(module: str) -> bool:
+    return module == DRIVER_PACKAGE or module.startswith(DRIVER_PACKAGE + ".")
+
+
+def _driver_name_tests(tree: ast.Module) -> list[tuple[int, str]]:
+    """Comparisons (`==`, `!=`, `in`, `not in`, `match` cases) of anything with a driver's
+    name or device id written as a literal."""
+    def names_a_driver(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in DRIVER_NAMES
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return any(names_a_driver(e) for e in node.elts)
+        return False
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(
+                names_a_driver(x) for x in (node.left, *node.comparators)):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.MatchValue) and names_a_driver(node.value):
+            found.append((node.lineno, f"case {ast.unparse(node.value)}"))
+    return found
+
+
+def test_nothing_outside_a_driver_tests_which_driver_it_is():
+    """Callers read `Device.capabilities` (and the driver's hooks); the only place that
+    may name a driver is its own file and the registry that maps names to files."""
+    found = []
+    for module, path in MODULES.items():
+        if _is_driver_module(module):
+            continue
+        for line, text in _driver_name_tests(_parse(path)):
+            found.append(f"{module}:{line}: {text}")
+    assert not found, "\n".join(found)
+
+
+def test_drivers_reach_into_no_device_internals():
+    """A driver module uses the device only through the protocol: it touches none of the
+    device's or queue's state (`DEVICE_INTERNALS`), and its device class overrides no
+    method of `Device` but `__init__` and `__repr__` (host transfers and affinity are the
+    driver's hooks, not overrides)."""
+    device_methods = {node.name for node in ast.walk(_parse(MODULES["hal.device"]))
+                      if isinstance(node, ast.FunctionDef)}
+    found = []
+    for module, path in MODULES.items():
+        if not _is_driver_module(module):
+            continue
+        tree = _parse(path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in DEVICE_INTERNALS:
+                if ast.unparse(node.value) != "self" or node.attr == "device":
+                    found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+            if (isinstance(node, ast.Attribute) and ast.unparse(node.value) == "self.work_queue"
+                    and node.attr not in QUEUE_USE):
+                found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.ClassDef) and any(
+                    ast.unparse(b) == "Device" for b in node.bases):
+                for item in node.body:
+                    if (isinstance(item, ast.FunctionDef) and item.name in device_methods
+                            and item.name not in ("__init__", "__repr__")):
+                        found.append(f"{module}.{node.name} overrides Device.{item.name}")
+    assert not found, "\n".join(found)
+
+
+def test_the_driver_checks_catch_what_they_forbid():
+    """The two checks above, on code that breaks them."""
+    tests = _driver_name_tests(ast.parse(
+        "a = device.driver_name == 'sync'\nb = name in ('task', 'x')\n"
+        "match d:\n    case 'local-emu': pass\nc = name == 'synced'\n"))
+    assert [line for line, _ in tests] == [1, 2, 4]

@@ -680,22 +680,6 @@ def device_name(name: str) -> str:
     return name
 
 
-def _device_options(name: str) -> dict[str, Any]:
-    """`emu://PRESET` picks an emulator preset (e.g. `--device=emu://edge-npu`) and
-    `emu://PRESET?queues=N` its queue count (`emu://?queues=2` on the default preset)."""
-    driver, sep, rest = name.strip().partition("://")
-    if not (sep and rest and driver == "emu"):
-        return {}
-    path, _, query = rest.partition("?")
-    options: dict[str, Any] = {"preset": path.strip("/")} if path.strip("/") else {}
-    for key, _, value in (item.partition("=") for item in query.split("&") if item):
-        if key != "queues" or not value.isdigit():
-            raise InvalidArgumentError(
-                f"--device={name}: the emu device takes `?queues=N` (N >= 1), not `{key}`")
-        options["queues"] = int(value)
-    return options
-
-
 def _create_devices(flags: list[str], task: dict[str, str], policy: str = "any"
                     ) -> list[Any]:
     """One device per `--device=` flag, in order (the task driver without one), as IREE
@@ -707,8 +691,7 @@ def _create_devices(flags: list[str], task: dict[str, str], policy: str = "any"
     try:
         for flag in flags or ["task"]:
             driver = device_name(flag)
-            devices.append(create_device(driver, **_device_options(flag),
-                                         **task_options(task, driver),
+            devices.append(create_device(flag, **task_options(task, driver),
                                          executable_policy=policy))
     except BaseException:
         for device in devices:

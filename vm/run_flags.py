@@ -130,8 +130,6 @@ def task_options(flags: dict[str, str], driver: str) -> dict[str, Any]:
             raise InvalidArgumentError(f"--{name}={text}: not an integer") from None
         if values[name] < 0:
             raise InvalidArgumentError(f"--{name}={text}: must be >= 0")
-    if driver not in ("task", "local-task"):
-        return {}
     options: dict[str, Any] = {}
     count = values.get("task_topology_group_count", 0)
     cap = values.get("task_topology_max_group_count", 64)
@@ -142,7 +140,12 @@ def task_options(flags: dict[str, str], driver: str) -> dict[str, Any]:
     spin = values.get("task_worker_spin_us", 0)
     if spin:
         options["helper_spin_us"] = spin
-    return options
+    if not options:
+        return options
+    from ..hal import driver_options
+
+    taken = driver_options(driver)
+    return {name: value for name, value in options.items() if name in taken}
 
 
 def expand_flagfiles(argv: Sequence[str], depth: int = 0) -> list[str]:
@@ -195,16 +198,14 @@ def list_drivers() -> str:
 
 
 def list_devices(driver: str = "") -> str:
-    from ..hal import available_drivers
-    from ..hal.drivers.emu import PRESETS
+    from ..hal import available_drivers, device_uris
 
     out = []
     for name in available_drivers():
         if driver and driver not in (name, f"local-{name}"):
             continue
         out.append(f"{name}://")
-        if name == "emu":
-            out.extend(f"emu://{preset}" for preset in PRESETS)
+        out.extend(device_uris(name))
     if driver and not out:
         raise InvalidArgumentError(f"--list_devices={driver}: no driver of that name")
     return "\n".join(out) + "\n"

@@ -44,8 +44,9 @@ models:
 
 The parts: `emu_model` (the cost model and presets), `emu_engines` (placement on the
 modelled engines, plans, clocks, trace and summary), `emu_workers` (the host threads
-behind the engines), `emu_faults` and `emu_calibration`; this module is the device: its
-memory, its queues' command processors and the driver contract.
+behind the engines), `emu_faults` and `emu_calibration`; this module is the driver
+(`EmuDriver`: its memory, its queues' command processors, the protocol's operations and
+host hooks), its `EmuDevice`, and `DRIVER` (the `emu://PRESET?queues=N` device URIs).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from __future__ import annotations
 import queue as queue_module
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -65,14 +67,25 @@ from ...errors import (
     as_error,
 )
 from ..allocator import Allocator, Heap
-from ..buffer import Buffer, as_byte_view
+from ..buffer import Buffer
 from ..device import Device
 from ..execution import Barrier, Dispatch, Submission
 from ..profile import DEVICE, HOST
-from ..queue import DEFAULT_PROFILING_MODES, Completion, Driver, run_capturing
+from ..queue import (
+    DEFAULT_PROFILING_MODES,
+    Alloca,
+    Capabilities,
+    Completion,
+    Driver,
+    WorkQueue,
+    cpu_queue_for_affinity,
+    run_capturing,
+    run_device_work,
+)
 from ..ringbuffer import HEAP_NAME as TRANSIENT_HEAP
 from ..stream import lead
-from ..types import WHOLE_BUFFER, BufferUsage, MemoryAccess, MemoryType
+from ..types import BufferUsage, MemoryAccess, MemoryType
+from . import DriverInfo
 from .emu_calibration import (
     CalibrationReport,
     DispatchSample,
@@ -148,60 +161,24 @@ def _exhausted(live: int, capacity: int, size: int) -> ResourceExhaustedError:
 
 
 class EmuDriver(Driver):
-    """How an `EmuDevice` plugs into its queue: submissions and host work go to the
-    queue's command processor (`queue`), an alloca checks the modelled memory first
-    (`check_alloca`, also for the ready allocas the device places without an entry)."""
+    """The emulated accelerator behind an `EmuDevice`: its memory model, its queues'
+    command processors and engines. Submissions and host work go to the queue's command
+    processor (or run on the readying thread while that queue is idle, in fast mode); an
+    alloca checks the modelled memory first (`check_alloca`, also for the ready allocas
+    the device places without an entry); host reads and writes of device memory skip the
+    queue while queue 0 is idle, in fast mode (`read_direct`, `write_direct`)."""
 
     name = "emu"
     identifier = "local-emu"
-    default_profiling_modes = DEFAULT_PROFILING_MODES + ("dispatch-events",
-                                                         "device-queue-events")
+    capabilities: Capabilities  # queues and concurrency as configured; no host-visible memory
 
-    def __init__(self, device: EmuDevice, queue_count: int) -> None:
-        self.device = device
-        self.queue_count = queue_count
-
-    def create_allocator(self) -> Allocator:
-        return EmuAllocator(self.identifier, self.device.memory_size)
-
-    def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
-                wait: Any, signal: Any, queue: int) -> None:
-        if operation == "execute":
-            self.device._enqueue(payload, submission_id, done, wait, signal, queue)
-        elif operation == "call":
-            self.device._enqueue(payload, 0, done, wait, signal, queue)
-        elif operation == "alloca":
-            refused = self.check_alloca(payload.size)
-            if refused is not None:
-                done(refused)
-                return
-            payload(done)
-        else:
-            payload(done)
-
-    def check_alloca(self, size: int) -> Error | None:
-        """RESOURCE_EXHAUSTED when `size` more transient bytes (as the ring counts them:
-        rounded up to its 64-byte blocks) would not fit the modelled memory."""
-        allocator = self.device.allocator
-        live = allocator.device_memory.live
-        size = (size + 63) & ~63
-        if live + size <= allocator.memory_size:
-            return None
-        return _exhausted(live, allocator.memory_size, size)
-
-    def stop(self, timeout: float | None) -> None:
-        self.device._stop_threads(timeout)
-
-
-class EmuDevice(Device):
     def __init__(self, preset: str = "generic", *, queues: int = 1, mode: str = "fast",
                  memory_size: int | None = None, memory_bandwidth: float | None = None,
                  dma_engines: int | None = None, dma_bandwidth: float | None = None,
                  dma_latency: float | None = None, launch_latency: float | None = None,
                  compute_units: int | None = None, workgroup_time: float | None = None,
                  export_costs: dict[str, float] | None = None, calibrate: bool = False,
-                 host_workers: int | None = None, trace_capacity: int = 100_000,
-                 **options: Any) -> None:
+                 host_workers: int | None = None, trace_capacity: int = 100_000) -> None:
         model = cost_model(preset, export_costs, memory_size=memory_size,
                            memory_bandwidth=memory_bandwidth, dma_engines=dma_engines,
                            dma_bandwidth=dma_bandwidth, dma_latency=dma_latency,
@@ -219,7 +196,8 @@ class EmuDevice(Device):
         self.calibrating = bool(calibrate)
         self._queue_count = queues
         self._fast = mode == "fast" and not self.calibrating
-        super().__init__(EmuDriver(self, queues), **options)
+        self.work_queue: WorkQueue | None = None  # the queue that calls it (`attach`)
+        self.allocator: EmuAllocator | None = None  # its allocator (`create_allocator`)
         self._engines = Engines(model, queues, trace_capacity)
         # a host write in fast mode is modelled later, in one step with what follows it
         self._defer_host_write = self._engines.host_writes.append
@@ -231,7 +209,11 @@ class EmuDevice(Device):
         self._wall_end = 0
         self._workers = Workers(model.dma_engines, model.compute_units, host_workers,
                                 self._finish_job, self._lost_error, self._samples.append)
-        self.driver.concurrency = self._workers.concurrency  # threads a dispatch spreads over
+        self.capabilities = Capabilities(
+            queue_count=queues, concurrency=self._workers.concurrency,
+            host_visible_memory=False,
+            default_profiling_modes=DEFAULT_PROFILING_MODES + ("dispatch-events",
+                                                               "device-queue-events"))
         self._command_queues = [queue_module.SimpleQueue() for _ in range(queues)]
         # Per queue: items accepted and not yet done, and a lock held while one runs, so
         # that in fast mode an idle queue's item can run on the thread that made it ready
@@ -246,8 +228,94 @@ class EmuDevice(Device):
             thread.start()
             self._processors.append(thread)
 
-    def __repr__(self) -> str:
-        return f"<Device {self.identifier} {self.preset} queues={self._queue_count}>"
+    def create_allocator(self) -> Allocator:
+        self.allocator = EmuAllocator(self.identifier, self.memory_size)
+        return self.allocator
+
+    def attach(self, queue: WorkQueue) -> None:
+        self.work_queue = queue
+
+    # -- queue operations ---------------------------------------------------------------
+
+    def execute(self, payload: Submission, done: Completion, submission_id: int,
+                wait: Any, signal: Any, queue: int) -> None:
+        self._enqueue(payload, submission_id, done, wait, signal, queue)
+
+    fill = update = copy = execute
+
+    def host_call(self, payload: Callable[[], None], done: Completion, submission_id: int,
+                  wait: Any, signal: Any, queue: int) -> None:
+        self._enqueue(payload, 0, done, wait, signal, queue)
+
+    def alloca(self, payload: Alloca, done: Completion, submission_id: int,
+               wait: Any, signal: Any, queue: int) -> None:
+        refused = self.check_alloca(payload.size)
+        if refused is not None:
+            done(refused)
+            return
+        payload(done)
+
+    dealloca = barrier = run_device_work
+
+    # -- host hooks ---------------------------------------------------------------------
+
+    def queue_for_affinity(self, affinity: int) -> int:
+        """IREE's accelerator rule (its amdgpu driver): the mask ANDed with the device's
+        queues, the first set bit, so ANY (-1) is queue 0. A mask naming none of this
+        device's queues (a program placed for more queues than the model has) falls back
+        to IREE's CPU rule rather than failing, so every program IREE's CPU devices run
+        also runs here."""
+        mask = affinity & ((1 << self._queue_count) - 1)
+        if not mask:
+            return cpu_queue_for_affinity(affinity, self._queue_count)
+        return (mask & -mask).bit_length() - 1
+
+    def check_alloca(self, size: int) -> Error | None:
+        """RESOURCE_EXHAUSTED when `size` more transient bytes (as the ring counts them:
+        rounded up to its 64-byte blocks) would not fit the modelled memory."""
+        allocator = self.allocator
+        live = allocator.device_memory.live
+        size = (size + 63) & ~63
+        if live + size <= allocator.memory_size:
+            return None
+        return _exhausted(live, allocator.memory_size, size)
+
+    def read_direct(self, buffer: Buffer, offset: int, length: int) -> bytearray | None:
+        """Device memory is read by a queue transfer to host memory (host work: no device
+        time, and with no waits or signals nothing to model). In fast mode, when queue 0
+        is idle, the bytes are copied here."""
+        running = self._host_transfer(buffer, _TRANSFER_SOURCE)
+        if running is None:
+            return None
+        try:
+            start = buffer.byte_offset + offset
+            return bytearray(buffer.storage.array[start : start + length])
+        finally:
+            running.release()
+
+    def write_direct(self, buffer: Buffer, data: memoryview, offset: int) -> bool:
+        """Device memory is written by a queue update. In fast mode, when queue 0 is
+        idle, the bytes are copied here and modelled as that update."""
+        length = len(data)
+        if not length:
+            return False
+        running = self._host_transfer(buffer, _TRANSFER_TARGET)
+        if running is None:
+            return False
+        try:
+            start = buffer.byte_offset + offset
+            buffer.storage.array[start : start + length] = data
+            self._defer_host_write(length)
+            return True
+        finally:
+            running.release()
+
+    def stop(self, timeout: float | None) -> None:
+        for commands in self._command_queues:
+            commands.put(None)
+        self._workers.stop(timeout, self._processors)
+
+    # -- public extras (`EmuDevice` exposes them) ----------------------------------------
 
     @property
     def model(self) -> CostModel:
@@ -258,19 +326,6 @@ class EmuDevice(Device):
     def clock_ns(self) -> int:
         """The latest modelled time any submission ended at."""
         return self._engines.clock()
-
-    def queue_for_affinity(self, affinity: int) -> int:
-        """IREE's accelerator rule (its amdgpu driver): the mask ANDed with the device's
-        queues, the first set bit, so ANY (-1) is queue 0. A mask naming none of this
-        device's queues (a program placed for more queues than the model has) falls back
-        to IREE's CPU rule rather than failing, so every program IREE's CPU devices run
-        also runs here."""
-        mask = affinity & ((1 << self._queue_count) - 1)
-        if not mask:
-            return super().queue_for_affinity(affinity)
-        return (mask & -mask).bit_length() - 1
-
-    # -- public extras ------------------------------------------------------------------
 
     def inject_fault(self, kind: str = "dispatch", after: int = 0,
                      error: Error | None = None, export: str | None = None,
@@ -321,50 +376,6 @@ class EmuDevice(Device):
 
     # -- host transfers ----------------------------------------------------------------
 
-    def write_bytes(self, buffer: Buffer, data: Any, offset: int = 0,
-                    timeout: float | None = 60.0) -> None:
-        """As `Device.write_bytes`: into device memory by a queue update. In fast mode,
-        when queue 0 is idle, the bytes are copied here and modelled as that update."""
-        running = self._host_transfer(buffer, _TRANSFER_TARGET)
-        if running is not None:
-            try:
-                view = as_byte_view(data)
-                length = len(view)
-                if length:
-                    if offset or length > buffer.byte_length:
-                        offset, length = buffer.resolve_range(offset, length, "write")
-                    start = buffer.byte_offset + offset
-                    buffer.storage.array[start : start + length] = view
-                    self._defer_host_write(length)
-                    return
-            finally:
-                running.release()
-        super().write_bytes(buffer, data, offset, timeout)
-
-    def read_bytes(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
-                   timeout: float | None = 60.0) -> bytes:
-        """As `Device.read_bytes` (see `read_array` for fast mode)."""
-        return bytes(self.read_array(buffer, offset, length, timeout))
-
-    def read_array(self, buffer: Buffer, offset: int = 0, length: int = WHOLE_BUFFER,
-                   timeout: float | None = 60.0) -> Any:
-        """As `Device.read_array`: device memory is read by a queue transfer to host
-        memory (host work: no device time, and with no waits or signals nothing to
-        model). In fast mode, when queue 0 is idle, the bytes are copied here."""
-        running = self._host_transfer(buffer, _TRANSFER_SOURCE)
-        if running is None:
-            return super().read_array(buffer, offset, length, timeout)
-        try:
-            if offset or not 0 <= length <= buffer.byte_length:
-                offset, length = buffer.resolve_range(offset, length, "read")
-            start = buffer.byte_offset + offset
-            data = bytearray(buffer.storage.array[start : start + length])
-        finally:
-            running.release()
-        import numpy as np
-
-        return np.frombuffer(data, np.uint8)
-
     def _host_transfer(self, buffer: Buffer, usage: int) -> threading.Lock | None:
         """Queue 0's `running` lock, held, when a host transfer with `buffer` may skip
         the queue, else None. It may in fast mode, for memory only the device sees with
@@ -385,13 +396,6 @@ class EmuDevice(Device):
             running.release()
             return None
         return running
-
-    # -- the driver's threads -------------------------------------------------------------
-
-    def _stop_threads(self, timeout: float | None) -> None:
-        for commands in self._command_queues:
-            commands.put(None)
-        self._workers.stop(timeout, self._processors)
 
     def _lost_error(self) -> Error | None:
         return self.work_queue.lost
@@ -609,6 +613,78 @@ class EmuDevice(Device):
         if loses_device:
             self.work_queue.lose(error)
         return error
+
+
+
+class EmuDevice(Device):
+    """A device run by the `emu` driver (`EmuDriver`; its options are the driver's, see
+    the module docstring), with the emulator's results and controls as public extras:
+    `model`, `clock_ns`, and the driver's `inject_fault`, `lose_device`, `trace`,
+    `export_trace`, `summary`, `calibration_samples`, `fit_calibration` and
+    `calibration_report`."""
+
+    def __init__(self, preset: str = "generic", *, queues: int = 1, mode: str = "fast",
+                 memory_size: int | None = None, memory_bandwidth: float | None = None,
+                 dma_engines: int | None = None, dma_bandwidth: float | None = None,
+                 dma_latency: float | None = None, launch_latency: float | None = None,
+                 compute_units: int | None = None, workgroup_time: float | None = None,
+                 export_costs: dict[str, float] | None = None, calibrate: bool = False,
+                 host_workers: int | None = None, trace_capacity: int = 100_000,
+                 **options: Any) -> None:
+        driver = EmuDriver(preset, queues=queues, mode=mode, memory_size=memory_size,
+                           memory_bandwidth=memory_bandwidth, dma_engines=dma_engines,
+                           dma_bandwidth=dma_bandwidth, dma_latency=dma_latency,
+                           launch_latency=launch_latency, compute_units=compute_units,
+                           workgroup_time=workgroup_time, export_costs=export_costs,
+                           calibrate=calibrate, host_workers=host_workers,
+                           trace_capacity=trace_capacity)
+        self.preset = preset
+        self.memory_size = driver.memory_size
+        self.mode = mode
+        self.calibrating = driver.calibrating
+        try:
+            super().__init__(driver, **options)
+        except BaseException:
+            driver.stop(None)
+            raise
+        self.inject_fault = driver.inject_fault
+        self.lose_device = driver.lose_device
+        self.trace = driver.trace
+        self.export_trace = driver.export_trace
+        self.summary = driver.summary
+        self.calibration_samples = driver.calibration_samples
+        self.fit_calibration = driver.fit_calibration
+        self.calibration_report = driver.calibration_report
+
+    def __repr__(self) -> str:
+        return f"<Device {self.identifier} {self.preset} queues={self.queue_count}>"
+
+    @property
+    def model(self) -> CostModel:
+        """The cost model in use (`fit_calibration` replaces it)."""
+        return self.driver.model
+
+    @property
+    def clock_ns(self) -> int:
+        """The latest modelled time any submission ended at."""
+        return self.driver.clock_ns
+
+
+def _uri_options(rest: str) -> dict[str, Any]:
+    """`emu://PRESET` picks an emulator preset (e.g. `--device=emu://edge-npu`) and
+    `emu://PRESET?queues=N` its queue count (`emu://?queues=2` on the default preset)."""
+    path, _, query = rest.partition("?")
+    options: dict[str, Any] = {"preset": path.strip("/")} if path.strip("/") else {}
+    for key, _, value in (item.partition("=") for item in query.split("&") if item):
+        if key != "queues" or not value.isdigit():
+            raise InvalidArgumentError(
+                f"--device=emu://{rest}: the emu device takes `?queues=N` (N >= 1), not `{key}`")
+        options["queues"] = int(value)
+    return options
+
+
+DRIVER = DriverInfo("emu", EmuDevice, _uri_options,
+                    tuple(f"emu://{preset}" for preset in PRESETS))
 
 
 __all__ = ["CalibrationReport", "CostModel", "DeviceLostError", "DispatchSample", "EmuAllocator",

@@ -8,35 +8,46 @@ other drivers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import as_error
 from ..device import Device
-from ..queue import Completion, Driver, run_capturing
+from ..execution import Submission
+from ..queue import Capabilities, Completion, Driver, run_capturing, run_device_work
 from ..semaphore import SemaphorePoint
 from ..stream import lead
+from . import DriverInfo
 
 
 class SyncDriver(Driver):
     name = "sync"
     identifier = "local-sync"
-    completes_inline = True
+    capabilities = Capabilities(completes_inline=True)
+    create_allocator = Driver.create_allocator
+    attach = Driver.attach
 
-    def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
+    def execute(self, payload: Submission, done: Completion, submission_id: int,
                 wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
                 queue: int) -> None:
-        if operation == "execute":
-            try:
-                lead(payload)
-            except BaseException as exc:  # noqa: BLE001 - becomes the submission's error
-                done(as_error(exc))
-                return
-            done(None)
-        elif operation == "call":
-            done(run_capturing(payload))
-        else:
-            payload(done)
+        try:
+            lead(payload)
+        except BaseException as exc:  # noqa: BLE001 - becomes the submission's error
+            done(as_error(exc))
+            return
+        done(None)
+
+    fill = update = copy = execute
+
+    def host_call(self, payload: Callable[[], None], done: Completion, submission_id: int,
+                  wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
+                  queue: int) -> None:
+        done(run_capturing(payload))
+
+    alloca = dealloca = barrier = run_device_work
+    queue_for_affinity = Driver.queue_for_affinity
+    check_alloca = read_direct = write_direct = None
+    stop = Driver.stop
 
 
 class SyncDevice(Device):
@@ -44,3 +55,6 @@ class SyncDevice(Device):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(SyncDriver(), **options)
+
+
+DRIVER = DriverInfo("sync", SyncDevice)

@@ -36,15 +36,17 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import AbortedError, Error, InvalidArgumentError
 from ...scheduler import CallTask, Executor, on_event_loop
 from ..device import Device
-from ..queue import Completion, Driver
+from ..execution import Submission
+from ..queue import Capabilities, Completion, Driver, run_device_work
 from ..semaphore import SemaphorePoint
 from ..stream import Stream, StreamHelpers, lead
+from . import DriverInfo
 
 DEFAULT_INLINE_US = 2000
 DEFAULT_HELPER_SPIN_US = 0
@@ -53,6 +55,9 @@ DEFAULT_HELPER_SPIN_US = 0
 class TaskDriver(Driver):
     name = "task"
     identifier = "local-task"
+    capabilities: Capabilities  # concurrency: the executor's workers
+    create_allocator = Driver.create_allocator
+    attach = Driver.attach
 
     def __init__(self, workers: int | None = None, inline_us: int = DEFAULT_INLINE_US,
                  helper_spin_us: int = DEFAULT_HELPER_SPIN_US) -> None:
@@ -65,22 +70,14 @@ class TaskDriver(Driver):
         # not move off a busy core.
         self.executor = Executor(workers, name="tinyhal-task", pin=False)
         self.helpers = StreamHelpers(self.executor.worker_count - 1, helper_spin_us)
-        self.concurrency = self.executor.worker_count
+        self.capabilities = Capabilities(concurrency=self.executor.worker_count)
         # A driver dropped without close() must not leave its threads behind (at
         # interpreter exit `close()` runs instead, after running work drained).
         weakref.finalize(self, _stop_nowait, self.executor, self.helpers).atexit = False
 
-    def perform(self, operation: str, payload: Any, done: Completion, submission_id: int,
+    def execute(self, payload: Submission, done: Completion, submission_id: int,
                 wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
                 queue: int) -> None:
-        if operation != "execute":
-            if operation == "call":
-                task = CallTask(self.executor, payload, name="queue-op")
-                task.on_complete(done)
-                self.executor.submit(task)
-            else:
-                payload(done)
-            return
         helpers = self.helpers  # they join only operations of several tiles
         if self.inline_us and not on_event_loop():
             try:
@@ -107,6 +104,19 @@ class TaskDriver(Driver):
             self.executor.submit(task)
         except Error:
             pass  # completed (with ABORTED) already
+
+    fill = update = copy = execute
+
+    def host_call(self, payload: Callable[[], None], done: Completion, submission_id: int,
+                  wait: Sequence[SemaphorePoint], signal: Sequence[SemaphorePoint],
+                  queue: int) -> None:
+        task = CallTask(self.executor, payload, name="queue-op")
+        task.on_complete(done)
+        self.executor.submit(task)
+
+    alloca = dealloca = barrier = run_device_work
+    queue_for_affinity = Driver.queue_for_affinity
+    check_alloca = read_direct = write_direct = None
 
     def stop(self, timeout: float | None) -> None:
         self.executor.shutdown(timeout=timeout)
@@ -200,3 +210,6 @@ def _end_stream(stream: Stream, helpers: StreamHelpers | None) -> None:
 def _stop_nowait(executor: Executor, helpers: StreamHelpers) -> None:
     executor.stop_nowait()
     helpers.stop()
+
+
+DRIVER = DriverInfo("task", TaskDevice)

@@ -1,7 +1,9 @@
 """Fixtures for the HAL conformance suite: one device per driver, IREE-built executables.
 
 Every test taking `device` runs once per driver, so each driver must pass the same suite
-(as IREE's CTS does). `TINYHAL_TEST_DRIVERS=sync,task` narrows the list.
+(as IREE's CTS does). `TINYHAL_TEST_DRIVERS=sync,task` narrows the list; it may also
+name a driver registered at run time through `TINYHAL_DRIVER_MODULES` (as
+`support/toy_driver.py`, the one-file driver, is: see its docstring).
 """
 
 from __future__ import annotations
