@@ -529,14 +529,19 @@ def file_fingerprint(path: Path) -> tuple:
     return tuple(marks)
 
 
-def freeze_heap() -> None:
+def freeze_heap(collect_all: bool = True) -> None:
     """Keeps what is alive now out of the cyclic garbage collector's scans (`gc.freeze`):
     a full collection otherwise walks every object of every loaded module and paused the
     event loop for up to 25 ms under load (p99 at 64 connections). Called whenever model
-    versions loaded or unloaded; it first thaws and collects, so the cycles of a version
-    that left are still freed."""
-    gc.unfreeze()
-    gc.collect()
+    versions loaded or unloaded. After an unload (`collect_all`) it first thaws and
+    collects everything, so the cycles of the version that left are freed; after a load
+    only the young generations are collected (a full collection holds the interpreter
+    lock ~30 ms of CPU, longer than a loading server may stall its loop)."""
+    if collect_all:
+        gc.unfreeze()
+        gc.collect()
+    else:
+        gc.collect(1)
     gc.freeze()
 
 
@@ -671,8 +676,7 @@ class ModelRepository:
             model_config = override if override is not None else read_config_file(
                 model_dir / "config.json", f"{name}/config.json")
             policy = version_policy(parse_model_config(model_config, f"{name}/config.json"))
-        except ConfigError as exc:
-            log.error("model %s: %s", name, exc)
+        except ConfigError as exc:  # each version is UNAVAILABLE with it (and logged)
             model_config, policy, model_problem = None, ("latest", 1), str(exc)
         found: dict[str, Path] = {}
         for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
@@ -851,7 +855,7 @@ class ModelRepository:
                      mv.name, mv.version, mv.function, len(mv.inputs), len(mv.outputs),
                      mv.device_name, mv.load_seconds)
         if versions:  # a poll that found nothing changed loads nothing: no collection
-            freeze_heap()
+            freeze_heap(collect_all=False)
         return failed
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
