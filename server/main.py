@@ -67,7 +67,7 @@ from .app import API_GROUPS, Server, error_response
 from .http import HttpServer
 from .lag import LagMonitor
 from .protocol import ProtocolError
-from .repository import ModelRepository, bundled_models_dir
+from .repository import NO_VERSIONS, ModelRepository, bundled_models_dir
 
 log = logging.getLogger("tinyhal.server")
 
@@ -268,7 +268,8 @@ async def serve(args: argparse.Namespace) -> int:
                 say(f"tinyhal-serve: listening on http://{host}:{port}")
             failed = [f"{mv.name}/{mv.version}" for mv in
                       await trio.to_thread.run_sync(repository.load_all)]
-            failed += sorted(repository.problems)
+            failed += sorted(name for name, why in repository.problems.items()
+                             if why != NO_VERSIONS)
             server.models_loaded()
             if failed and args.exit_on_error:
                 log.error("%d model(s) or version(s) failed to load; exiting "

@@ -92,6 +92,9 @@ __all__ = ["ConfigError", "ModelRepository", "ModelVersion", "TensorSpec",
            "bundled_models_dir", "parse_json_config"]
 
 DEFAULT_INSTANCES = 1
+# why a model directory has nothing to load (a folder being filled, say): shown in the
+# index, not a failure of the model's at start-up
+NO_VERSIONS = "no version directory with a model.vmfb that its version policy selects"
 
 
 def bundled_models_dir() -> Path:
@@ -660,7 +663,7 @@ class ModelRepository:
         if versions:
             self.problems.pop(name, None)
         else:
-            reason = "no version directory with a model.vmfb that its version policy selects"
+            reason = NO_VERSIONS
             if self.problems.get(name) != reason:
                 log.warning("model %s: %s; skipped", name, reason)
             self.problems[name] = reason
@@ -672,10 +675,11 @@ class ModelRepository:
         `override`: the whole configuration (a repository `load`'s `config`), instead
         of the config.json files."""
         model_config: dict | None
+        where = "load parameter 'config'" if override is not None else f"{name}/config.json"
         try:
             model_config = override if override is not None else read_config_file(
-                model_dir / "config.json", f"{name}/config.json")
-            policy = version_policy(parse_model_config(model_config, f"{name}/config.json"))
+                model_dir / "config.json", where)
+            policy = version_policy(parse_model_config(model_config, where))
         except ConfigError as exc:  # each version is UNAVAILABLE with it (and logged)
             model_config, policy, model_problem = None, ("latest", 1), str(exc)
         found: dict[str, Path] = {}
@@ -694,7 +698,8 @@ class ModelRepository:
         versions: dict[str, ModelVersion] = {}
         for version in _select_versions(policy, list(found)):
             mv = ModelVersion(name, version, found[version], {}, self.default_device)
-            where = f"{name}/{version}/config.json"
+            if override is None:
+                where = f"{name}/{version}/config.json"
             try:
                 if model_config is None:
                     raise ConfigError(model_problem)
