@@ -133,7 +133,14 @@ class VersionPolicy(_Schema):
     def _one_kind(self) -> VersionPolicy:
         if len(self.model_fields_set) != 1:
             raise ValueError("give one of 'latest', 'all' and 'specific'")
+        if self.kind != "all" and getattr(self, self.kind) is None:
+            raise ValueError(f"'{self.kind}' needs an object")
         return self
+
+    @property
+    def kind(self) -> str:
+        """"latest", "all" or "specific" ("all" may be given as null)."""
+        return next(iter(self.model_fields_set))
 
 
 class Control(_Schema):
@@ -148,9 +155,9 @@ class Control(_Schema):
     def _values(self) -> Control:
         given = [k for k in _FALSE_TRUE if getattr(self, k) is not None]
         if self.kind == "CONTROL_SEQUENCE_CORRID":
-            if self.data_type is None or given:
-                raise ValueError("a CORRID control takes 'data_type' (an integer type) only")
-        elif len(given) != 1 or self.data_type is not None:
+            if self.data_type is None:
+                raise ValueError("a CORRID control needs 'data_type' (an integer type)")
+        elif len(given) != 1:
             raise ValueError(f"needs one of {list(_FALSE_TRUE)}")
         return self
 

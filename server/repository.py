@@ -41,6 +41,9 @@ files only), so later writes, truncation or deletion of it change nothing it ser
                       first holding a key wins); names may not leave the directory
     description       free text, shown by the config endpoint
 
+Every key, file and version directory name is checked by one declared schema
+(`config.py`: bounds, strict types, regular files of bounded size) before anything loads.
+
 Input and output names, datatypes and shapes come from the function's ABI declaration
 (`iree.abi.declaration`; names from `iree.abi.name` when the program gave them, else
 `input0`, `output0`, ...); a dynamic dim is -1 and a scalar argument is shape [1].
@@ -572,9 +575,9 @@ def version_policy(settings: ModelConfig) -> tuple[str, Any]:
     policy = settings.version_policy
     if policy is None:
         return "latest", 1
-    if policy.all is not None:
+    if policy.kind == "all":
         return "all", None
-    if policy.specific is not None:
+    if policy.kind == "specific":
         return "specific", {str(v) for v in policy.specific.versions}
     return "latest", policy.latest.num_versions
 
@@ -600,8 +603,8 @@ class ModelRepository:
     One model never takes the others down: whatever is wrong with a model directory
     (its configuration, its version directories, its files, an exception nobody
     expected) makes that model UNAVAILABLE with the reason, in the index and the log.
-    A model is known by its directory's name; a name that is not UTF-8 is shown (and
-    addressed) with its stray bytes as `\\xNN` (`config.display_name`).
+    A model is known by its directory's name; a name that is not UTF-8 is shown with
+    its stray bytes as `\\xNN` (`config.display_name`).
     """
 
     def __init__(self, root: Path | str, default_device: str = "task", *,

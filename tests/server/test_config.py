@@ -148,6 +148,8 @@ def test_a_valid_document_with_every_field_passes():
     ('{"max_queue": "8"}', "'max_queue': must be a valid integer"),
     ('{"max_queue": true}', "'max_queue': must be a valid integer"),
     ('{"bogus": 1}', "'bogus': unknown key"),
+    ('{"version_policy": {"latest": null}}', "'latest' needs an object"),
+    ('{"version_policy": {"all": {}, "latest": {}}}', "give one of"),
     ('{"sequence_batching": {"state": [{"input_name": "a", "output_name": "b", '
      '"data_type": "TYPE_FP32", "dims": [1], "initial_state": [{"dims": 3, '
      '"zero_data": true}]}]}}', "'sequence_batching.state[0].initial_state[0].dims'"),
