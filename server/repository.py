@@ -647,8 +647,9 @@ class ModelRepository:
                     continue
                 found[display_name(entry.name)] = Path(entry.path)
         self._dirs = found
-        for gone in [n for n in self.problems if n not in found]:
-            del self.problems[gone]
+        for name in list(self.problems):  # a copy: scans on other threads may add to it
+            if name not in found:
+                self.problems.pop(name, None)
         return sorted(found)
 
     def _scan_isolated(self, name: str, override: dict | None = None
