@@ -558,15 +558,13 @@ def _version_key(version: str) -> int:
 def _reason(exc: BaseException) -> str:
     """What went wrong, on one line: the message of our own errors, the exception's type
     and message for any other."""
-    if isinstance(exc, ConfigError):
-        text = str(exc)
-    elif isinstance(exc, Error):
-        text = exc.message
+    if isinstance(exc, (ConfigError, Error)):
+        text = str(exc)  # an Error's with its context and causes
     elif isinstance(exc, OSError):
         text = f"{exc.strerror or type(exc).__name__}"
-    else:
-        text = f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split())[:2000]
+    else:  # not ours: its message may hold anything, bound it
+        text = f"{type(exc).__name__}: {str(exc)[:1000]}"
+    return " ".join(text.split())
 
 
 def version_policy(settings: ModelConfig) -> tuple[str, Any]:
