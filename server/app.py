@@ -50,10 +50,11 @@ import trio
 from .. import __version__
 from ..errors import DeviceLostError, Error, KernelFaultError, StatusCode
 from .admission import DeadlineExceeded, Overloaded, RunningInvocation, Unavailable
+from .config import ConfigError, parse_json_config
 from .http import Request, Response
 from .metrics import Metrics, ModelSeries
 from .protocol import ProtocolError, build_infer_response, parse_infer_request
-from .repository import ConfigError, ModelRepository, ModelVersion, parse_json_config
+from .repository import ModelRepository, ModelVersion
 
 log = logging.getLogger("tinyhal.server")
 

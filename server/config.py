@@ -53,8 +53,9 @@ from .protocol import DATATYPES
 
 __all__ = [
     "ConfigError", "ControlInput", "ModelConfig", "SequenceConfig", "StateSpec",
-    "display_name", "is_version_name", "parse_batching_config", "parse_model_config",
-    "parse_sequence_config", "read_config_file", "DEFAULT_IDLE_US", "MAX_CONFIG_BYTES",
+    "display_name", "is_version_name", "parse_batching_config", "parse_json_config",
+    "parse_model_config", "parse_sequence_config", "read_config_file", "DEFAULT_IDLE_US",
+    "MAX_CONFIG_BYTES",
 ]
 
 MAX_CONFIG_BYTES = 1 << 20

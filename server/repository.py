@@ -77,7 +77,6 @@ from .config import (
     display_name,
     is_version_name,
     parse_batching_config,
-    parse_json_config,
     parse_model_config,
     parse_sequence_config,
     read_config_file,
@@ -91,8 +90,8 @@ from .stats import ModelStatistics
 
 log = logging.getLogger("tinyhal.server")
 
-__all__ = ["ConfigError", "ModelRepository", "ModelVersion", "TensorSpec",
-           "bundled_models_dir", "parse_json_config"]
+__all__ = ["NO_VERSIONS", "ModelRepository", "ModelVersion", "TensorSpec",
+           "bundled_models_dir"]
 
 DEFAULT_INSTANCES = 1
 # why a model directory has nothing to load (a folder being filled, say): shown in the
