@@ -52,7 +52,7 @@ from .batching import BatchingConfig
 from .protocol import DATATYPES
 
 __all__ = [
-    "ConfigError", "ControlInput", "ModelConfig", "SequenceConfig", "StateSpec",
+    "CONFIG_KEYS", "ConfigError", "ControlInput", "ModelConfig", "SequenceConfig", "StateSpec",
     "display_name", "is_version_name", "parse_batching_config", "parse_json_config",
     "parse_model_config", "parse_sequence_config", "read_config_file", "DEFAULT_IDLE_US",
     "MAX_CONFIG_BYTES",
@@ -267,6 +267,9 @@ class ModelConfig(_Schema):
             raise ValueError("'instance_group' and 'max_concurrency' are the same setting: "
                              "keep one")
         return self
+
+
+CONFIG_KEYS = frozenset(ModelConfig.model_fields)  # the keys a config.json may hold
 
 
 # -- reading -----------------------------------------------------------------------------

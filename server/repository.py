@@ -71,6 +71,7 @@ from ..vm.loader import read_module_file
 from .admission import Admission, Instance
 from .batching import BatchingConfig
 from .config import (
+    CONFIG_KEYS,
     ConfigError,
     ModelConfig,
     SequenceConfig,
@@ -90,7 +91,7 @@ from .stats import ModelStatistics
 
 log = logging.getLogger("tinyhal.server")
 
-__all__ = ["NO_VERSIONS", "ModelRepository", "ModelVersion", "TensorSpec",
+__all__ = ["CONFIG_KEYS", "NO_VERSIONS", "ModelRepository", "ModelVersion", "TensorSpec",
            "bundled_models_dir"]
 
 DEFAULT_INSTANCES = 1
