@@ -50,6 +50,7 @@ import trio
 from .. import __version__
 from ..errors import DeviceLostError, Error, KernelFaultError, StatusCode
 from .admission import DeadlineExceeded, Overloaded, RunningInvocation, Unavailable
+from .config import ConfigError, parse_json_config
 from .http import Request, Response
 from .metrics import Metrics, ModelSeries
 from .protocol import ProtocolError, build_infer_response, parse_infer_request
@@ -297,8 +298,12 @@ class _Routes:
         """Triton's repository `load`: reads the model's directory again and loads the
         versions its policy selects afresh, each swapped in only once it loaded (a failed
         reload keeps the old version serving and answers 400 naming file and reason);
-        versions no longer selected unload."""
+        versions no longer selected unload. The parameter `config` (a JSON string) is
+        the model's whole configuration for this load, instead of its config.json files
+        (checked by the same schema); Triton's `file:` parameters are refused (400):
+        model files come from the repository only."""
         self._control("load")
+        override = None
         if request.body.strip():
             try:
                 doc = orjson.loads(request.body)
@@ -306,13 +311,25 @@ class _Routes:
                 raise ProtocolError(400, f"load request body is not valid JSON: {exc}") \
                     from None
             params = doc.get("parameters") if isinstance(doc, dict) else None
+            if params is not None and not isinstance(params, dict):
+                raise ProtocolError(400, "load request 'parameters' must be an object")
+            params = dict(params or {})
+            config = params.pop("config", None)
             if params:
-                raise ProtocolError(400, f"load parameters are not supported "
-                                         f"({', '.join(map(str, params))}): put the "
-                                         f"config in the model's config.json")
+                raise ProtocolError(400, f"load parameters other than 'config' are not "
+                                         f"supported ({', '.join(sorted(params))[:200]}): "
+                                         f"model files come from the repository")
+            if config is not None:
+                if not isinstance(config, str):
+                    raise ProtocolError(400, "load parameter 'config' must be a string "
+                                             "holding the model's configuration as JSON")
+                try:
+                    override = parse_json_config(config, "load parameter 'config'")
+                except ConfigError as exc:
+                    raise ProtocolError(400, f"failed to load '{name}': {exc}") from None
         server = self.server
         async with server.repository_lock:
-            failed = await self.repo.reload(name, server.background)
+            failed = await self.repo.reload(name, server.background, override=override)
             for mv in self.repo.models.get(name, {}).values():
                 server.create_series(mv)
         if failed:
@@ -322,15 +339,17 @@ class _Routes:
 
     async def unload_model(self, request: Request, name: str) -> Response:
         """Triton's repository `unload`: every version of the model stops serving once
-        what it admitted finished (new requests get 503 meanwhile)."""
+        what it admitted finished (new requests get 503 meanwhile). A model that is not
+        loaded is already unloaded: 200, as Triton answers."""
         self._control("unload")
         async with self.server.repository_lock:
-            if name not in self.repo.models:
-                raise ProtocolError(404, f"unknown model '{name}'")
-            await self.repo.unload_model(name)
+            if name in self.repo.models:
+                await self.repo.unload_model(name)
         return json_response({})
 
     async def repository_index(self, request: Request) -> Response:
+        """Triton's index: every model of the repository, loaded or not (see
+        `ModelRepository.index`); `{"ready": true}` keeps only READY versions."""
         only_ready = False
         if request.method == "POST" and request.body.strip():
             try:
@@ -342,14 +361,15 @@ class _Routes:
             if type(ready_flag) is not bool:
                 raise ProtocolError(400, "index request 'ready' must be true or false")
             only_ready = ready_flag
-        index = []
-        for mv in self.repo.all_versions():
-            if only_ready and not mv.ready:
-                continue
-            entry = {"name": mv.name, "version": mv.version, "state": mv.state}
-            if mv.reason:
-                entry["reason"] = mv.reason
-            index.append(entry)
+        try:
+            names = await trio.to_thread.run_sync(self.repo.model_names)
+        except OSError as exc:
+            log.error("repository index: cannot read the model repository: %s",
+                      exc.strerror or exc)
+            names = []
+        index = self.repo.index(names)
+        if only_ready:
+            index = [entry for entry in index if entry.get("state") == "READY"]
         return json_response(index)
 
     async def metrics(self, request: Request) -> Response:

@@ -29,14 +29,13 @@ model loads).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchingConfig", "Outcome", "parse_batching_config", "run_batch", "take_batch"]
+__all__ = ["BatchingConfig", "Outcome", "run_batch", "take_batch"]
 
 Results = list[tuple[str, str, np.ndarray]]
 # what one request of an execution got: (results, None) or (None, the error)
@@ -160,30 +159,3 @@ def _run_alone(invoke: Callable[[list[Any]], Results], args: list[Any], rows: in
     except Exception as exc:  # noqa: BLE001 - handed to the waiting request
         return [(None, exc)], []
     return [(results, None)], [(1, rows, time.perf_counter() - start)]
-
-
-def parse_batching_config(value: Any, max_batch_size: int) -> BatchingConfig | None:
-    """`dynamic_batching` of a model config (None when absent); ValueError naming the
-    problem."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise ValueError(f"config 'dynamic_batching' must be an object, not {value!r}")
-    if max_batch_size <= 0:
-        raise ValueError("config 'dynamic_batching' needs 'max_batch_size' > 0")
-    unknown = set(value) - {"max_queue_delay_microseconds", "preferred_batch_size"}
-    if unknown:
-        raise ValueError(f"config 'dynamic_batching': unknown keys {sorted(unknown)}")
-    delay = value.get("max_queue_delay_microseconds", 0)
-    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0 or \
-            not math.isfinite(delay):
-        raise ValueError(f"config 'dynamic_batching.max_queue_delay_microseconds' must be "
-                         f"an integer >= 0, not {delay!r}")
-    preferred = value.get("preferred_batch_size", [])
-    if not isinstance(preferred, list) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and 0 < s <= max_batch_size
-            for s in preferred):
-        raise ValueError(f"config 'dynamic_batching.preferred_batch_size' must list "
-                         f"integers in [1, max_batch_size={max_batch_size}], not "
-                         f"{preferred!r}")
-    return BatchingConfig(max_batch_size, delay, tuple(preferred))

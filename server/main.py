@@ -16,6 +16,26 @@ SIGTERM (or SIGINT) drains: readiness turns 503, the listener closes, requests i
 finish (up to --drain-timeout seconds), invocations still running in the background
 finish, then the process exits 0.
 
+Every other signal whose default action would end the process has a meaning of its own,
+so no signal kills it with a request in flight:
+
+    SIGTERM, SIGINT, SIGQUIT   drain and exit (as above; QUIT dumps no core)
+    SIGHUP                     with --model-control-mode poll: re-read the repository now
+                               (a poll out of turn); otherwise logged and ignored
+    SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGSTKFLT, SIGXCPU,
+    SIGXFSZ, SIGPIPE and the real-time signals
+                               ignored (SIGXFSZ: the write fails with EFBIG instead;
+                               SIGXCPU: the kernel's SIGKILL at the hard limit remains)
+
+SIGKILL and SIGSTOP cannot be caught; SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT and
+SIGSYS report a fault of the process itself and keep their default action.
+
+One model cannot take the server down: a model whose directory, configuration or
+program is wrong is UNAVAILABLE with its reason (repository index, log), at start, on a
+load and on a poll, and the others serve; with --exit-on-error (the default) such a
+model at start-up still stops the server with exit code 1, --no-exit-on-error serves the
+others (readiness stays 503 while a model is unavailable).
+
 Exit codes (always one of these, never death by a signal):
 
     0  clean stop: every invocation finished within the drain budget
@@ -45,8 +65,9 @@ import trio
 from . import cpus
 from .app import API_GROUPS, Server, error_response
 from .http import HttpServer
+from .lag import LagMonitor
 from .protocol import ProtocolError
-from .repository import ModelRepository, bundled_models_dir
+from .repository import NO_VERSIONS, ModelRepository, bundled_models_dir
 
 log = logging.getLogger("tinyhal.server")
 
@@ -182,6 +203,8 @@ async def serve(args: argparse.Namespace) -> int:
                       body_timeout=args.request_body_timeout,
                       max_connections=args.max_connections)
     server.settle = http.settle
+    lag = LagMonitor()
+    server.metrics.registry.register(lag)
     try:
         listeners = await trio.open_tcp_listeners(args.port, host=args.host)
     except OSError as exc:
@@ -194,7 +217,7 @@ async def serve(args: argparse.Namespace) -> int:
 
     async def watch_signals(task_status=trio.TASK_STATUS_IGNORED) -> None:
         nonlocal drain_deadline
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(*_DRAIN_SIGNALS) as signals:
             task_status.started()
             async for signum in signals:
                 _SIGNALS.drain_started = True
@@ -208,6 +231,22 @@ async def serve(args: argparse.Namespace) -> int:
                     _abandon_and_exit(server, EXIT_SECOND_SIGNAL,
                                       f"second {signal.Signals(signum).name}")
 
+    poll_now_send, poll_now = trio.open_memory_channel[None](1)
+
+    async def watch_hangup(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.open_signal_receiver(signal.SIGHUP) as signals:
+            task_status.started()
+            async for _ in signals:
+                if args.model_control_mode == "poll":
+                    log.info("SIGHUP: reading the model repository again")
+                    try:
+                        poll_now_send.send_nowait(None)
+                    except trio.WouldBlock:
+                        pass  # a poll out of turn is already due
+                else:
+                    log.info("SIGHUP ignored: the repository is re-read on SIGHUP only "
+                             "with --model-control-mode poll")
+
     http_done = trio.Event()
 
     async def run_http() -> None:
@@ -220,15 +259,20 @@ async def serve(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as outer:
             server.background = outer
             await outer.start(watch_signals)
+            await outer.start(watch_hangup)
+            outer.start_soon(lag.run)
             outer.start_soon(run_http)
             for listener in listeners:
                 host, port = listener.socket.getsockname()[:2]
                 host = f"[{host}]" if ":" in host else host
                 say(f"tinyhal-serve: listening on http://{host}:{port}")
-            failed = await trio.to_thread.run_sync(repository.load_all)
+            failed = [f"{mv.name}/{mv.version}" for mv in
+                      await trio.to_thread.run_sync(repository.load_all)]
+            failed += sorted(name for name, why in repository.problems.items()
+                             if why != NO_VERSIONS)
             server.models_loaded()
             if failed and args.exit_on_error:
-                log.error("%d model version(s) failed to load; exiting "
+                log.error("%d model(s) or version(s) failed to load; exiting "
                           "(--no-exit-on-error serves the rest)", len(failed))
                 exit_code = EXIT_START_FAILED
                 server.draining = True
@@ -238,13 +282,13 @@ async def serve(args: argparse.Namespace) -> int:
                          if mv.ready]
                 if failed:
                     say(f"tinyhal-serve: serving ({', '.join(names) or 'no models'}); "
-                        f"unavailable: "
-                        f"{', '.join(f'{mv.name}/{mv.version}' for mv in failed)}")
+                        f"unavailable: {', '.join(failed)}")
                 else:  # readiness answers 503 while no model is loaded: say so
                     say(f"tinyhal-serve: ready ({', '.join(names)})" if names else
                         "tinyhal-serve: serving no models (not ready)")
                 if args.model_control_mode == "poll":
-                    outer.start_soon(poll_repository, server, args.repository_poll_secs)
+                    outer.start_soon(poll_repository, server, args.repository_poll_secs,
+                                     poll_now)
             await shutdown.wait()
             # the listener closes, idle connections close, requests in flight finish ...
             http.drain()
@@ -266,12 +310,20 @@ async def serve(args: argparse.Namespace) -> int:
     return exit_code
 
 
-async def poll_repository(server: Server, seconds: float) -> None:
-    """`--model-control-mode poll`: every `seconds`, new models load, changed versions
-    reload (swapped in once loaded), models whose directory is gone unload."""
+async def poll_repository(server: Server, seconds: float,
+                          poll_now: trio.MemoryReceiveChannel | None = None) -> None:
+    """`--model-control-mode poll`: every `seconds` (and whenever `poll_now` receives,
+    SIGHUP), new models load, changed versions reload (swapped in once loaded), models
+    whose directory is gone unload. A model that fails, in any way, fails alone: it is
+    logged and left UNAVAILABLE (a version that served keeps serving), and the poll goes
+    on with the others."""
     repository = server.repository
     while True:
-        await trio.sleep(seconds)
+        with trio.move_on_after(seconds):
+            if poll_now is not None:
+                await poll_now.receive()
+            else:
+                await trio.sleep_forever()
         try:
             names = await trio.to_thread.run_sync(repository.model_names)
         except OSError as exc:
@@ -284,8 +336,10 @@ async def poll_repository(server: Server, seconds: float) -> None:
                 try:
                     failed = await repository.reload(name, server.background,
                                                      changed_only=True)
-                except ProtocolError as exc:
-                    log.warning("poll: %s", exc.message)
+                except ProtocolError:
+                    continue  # nothing to load: `scan_model` logged why
+                except Exception:  # noqa: BLE001 - one model never ends the polls
+                    log.exception("poll: model %s", name)
                     continue
                 for mv in failed:
                     log.error("poll: model %s version %s failed to load: %s", mv.name,
@@ -294,6 +348,7 @@ async def poll_repository(server: Server, seconds: float) -> None:
                     server.create_series(mv)
             for name in [n for n in repository.models if n not in names]:
                 await repository.unload_model(name)
+                del repository.models[name]
 
 
 class _SignalState:
@@ -361,8 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     # Until the server's own handler takes over, a signal stops like a second signal;
     # once the drain began, signals the trio handler no longer sees (after it ended)
     # are ignored: the process is already stopping with its own exit code.
-    signal.signal(signal.SIGTERM, _early_signal)
-    signal.signal(signal.SIGINT, _early_signal)
+    for signum in _DRAIN_SIGNALS:
+        signal.signal(signum, _early_signal)
+    for signum in _IGNORED_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     try:
         code = trio.run(partial(serve, args))
     except (FileNotFoundError, StartupError) as exc:
@@ -373,6 +430,16 @@ def main(argv: list[str] | None = None) -> int:
     # The interpreter's own teardown puts the default signal handlers back, so a signal
     # arriving then would kill the process: end it here, with the code already decided.
     _end_process(code)
+
+
+_DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+# ignored from the start; SIGHUP only until the server watches it (then it re-polls)
+_IGNORED_SIGNALS = tuple(
+    getattr(signal, name) for name in (
+        "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGIO",
+        "SIGPWR", "SIGSTKFLT", "SIGXCPU", "SIGXFSZ", "SIGPIPE")
+    if hasattr(signal, name)) + tuple(
+    range(signal.SIGRTMIN, signal.SIGRTMAX + 1) if hasattr(signal, "SIGRTMIN") else ())
 
 
 def _early_signal(signum: int, frame: object) -> None:

@@ -41,6 +41,9 @@ files only), so later writes, truncation or deletion of it change nothing it ser
                       first holding a key wins); names may not leave the directory
     description       free text, shown by the config endpoint
 
+Every key, file and version directory name is checked by one declared schema
+(`config.py`: bounds, strict types, regular files of bounded size) before anything loads.
+
 Input and output names, datatypes and shapes come from the function's ABI declaration
 (`iree.abi.declaration`; names from `iree.abi.name` when the program gave them, else
 `input0`, `output0`, ...); a dynamic dim is -1 and a scalar argument is shape [1].
@@ -50,7 +53,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import json
 import logging
 import os
 import threading
@@ -67,31 +69,35 @@ from .. import load as load_module
 from ..errors import Error
 from ..vm.loader import read_module_file
 from .admission import Admission, Instance
-from .batching import BatchingConfig, parse_batching_config
+from .batching import BatchingConfig
+from .config import (
+    CONFIG_KEYS,
+    ConfigError,
+    ModelConfig,
+    SequenceConfig,
+    display_name,
+    is_version_name,
+    parse_batching_config,
+    parse_model_config,
+    parse_sequence_config,
+    read_config_file,
+)
 from .cpus import use_process_cpus
 from .instances import InstanceThread
 from .memory import DeviceMemory
 from .protocol import DATATYPES, InferRequest, ProtocolError, datatype_for_mlir
-from .sequences import (
-    SequenceBatcher,
-    SequenceConfig,
-    StepProgram,
-    parse_sequence_config,
-)
+from .sequences import SequenceBatcher, StepProgram
 from .stats import ModelStatistics
 
 log = logging.getLogger("tinyhal.server")
 
-__all__ = ["ModelRepository", "ModelVersion", "TensorSpec", "bundled_models_dir"]
+__all__ = ["CONFIG_KEYS", "NO_VERSIONS", "ModelRepository", "ModelVersion", "TensorSpec",
+           "bundled_models_dir"]
 
-CONFIG_KEYS = {
-    "function", "device", "max_batch_size", "max_concurrency", "max_queue", "timeout_s",
-    "execution", "input_names", "output_names", "description", "dynamic_batching",
-    "parameters", "instance_group", "version_policy", "sequence_batching",
-}
 DEFAULT_INSTANCES = 1
-DEFAULT_MAX_QUEUE = 16
-MAX_CONFIG_BYTES = 1 << 20
+# why a model directory has nothing to load (a folder being filled, say): shown in the
+# index, not a failure of the model's at start-up
+NO_VERSIONS = "no version directory with a model.vmfb that its version policy selects"
 
 
 def bundled_models_dir() -> Path:
@@ -131,32 +137,9 @@ class TensorSpec:
         return all(w == -1 or w == g for w, g in zip(want, shape))
 
 
-class ConfigError(Exception):
-    pass
-
-
-def _read_config(path: Path) -> dict:
-    if not os.path.lexists(path):
-        return {}
-    try:
-        config = json.loads(bytes(read_module_file(path, limit=MAX_CONFIG_BYTES)))
-    except Error as exc:
-        raise ConfigError(f"{path.parent.name}/{path.name}: "
-                          f"{exc.message.split(': ', 1)[-1]}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path.parent.name}/{path.name}: {exc}") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path.parent.name}/{path.name} must hold a JSON object")
-    unknown = set(config) - CONFIG_KEYS
-    if unknown:
-        raise ConfigError(f"{path.parent.name}/{path.name}: unknown keys {sorted(unknown)}; "
-                          f"known: {sorted(CONFIG_KEYS)}")
-    return config
-
-
-def _parameter_files(config: dict, version_dir: Path) -> dict[str, list[str]] | None:
+def _parameter_files(settings: ModelConfig, version_dir: Path) -> dict[str, list[str]] | None:
     """The `parameters` key as {scope: [path, ...]} of files inside `version_dir`."""
-    value = config.get("parameters")
+    value = settings.parameters
     if value is None:
         return None
     scopes = value if isinstance(value, dict) else {"": value}
@@ -164,23 +147,12 @@ def _parameter_files(config: dict, version_dir: Path) -> dict[str, list[str]] | 
     root = version_dir.resolve()
     for scope, names in scopes.items():
         names = [names] if isinstance(names, str) else names
-        if not isinstance(scope, str) or not isinstance(names, list) or not all(
-                isinstance(n, str) and n for n in names):
-            raise ConfigError("config 'parameters' must be a file name or "
-                              "{scope: file name or [file names]}")
         for name in names:
             path = (version_dir / name).resolve()
             if path.parent != root and root not in path.parents:
                 raise ConfigError(f"config 'parameters': {name!r} is not inside the version directory")
         out[scope] = [str(version_dir / n) for n in names]
     return out
-
-
-def _positive_int(config: dict, key: str, default: int, minimum: int = 1) -> int:
-    value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"config '{key}' must be an integer >= {minimum}, not {value!r}")
-    return value
 
 
 _ACCEPTED_KEPT = 1024
@@ -195,6 +167,7 @@ class ModelVersion:
     path: Path
     config: dict
     device_name: str
+    settings: ModelConfig = field(default_factory=ModelConfig)  # `config`, validated
     state: str = "LOADING"  # LOADING | READY | UNLOADING | UNAVAILABLE
     reason: str = ""
     module: Any = None
@@ -240,29 +213,14 @@ class ModelVersion:
         Nothing reads the file again: later writes, truncation or deletion of it change
         nothing this version runs."""
         start = time.perf_counter()
-        config = self.config
-        self.max_batch_size = _positive_int(config, "max_batch_size", 0, minimum=0)
-        try:
-            self.batching = parse_batching_config(config.get("dynamic_batching"),
-                                                  self.max_batch_size)
-            self.sequence_config = parse_sequence_config(
-                config.get("sequence_batching"), self.max_batch_size, self.path.parent)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if self.batching is not None and self.sequence_config is not None:
-            raise ConfigError("config takes one of 'dynamic_batching' and "
-                              "'sequence_batching'")
-        instances = _instance_count(config)
-        max_queue = _positive_int(config, "max_queue", DEFAULT_MAX_QUEUE, minimum=0)
-        timeout = config.get("timeout_s")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-                timeout, (int, float)) or timeout <= 0):
-            raise ConfigError(f"config 'timeout_s' must be a positive number, not {timeout!r}")
-        self.timeout_s = timeout
-        execution = config.get("execution", "thread")
-        if execution not in ("async", "thread"):
-            raise ConfigError(f"config 'execution' must be 'async' or 'thread', not "
-                              f"{execution!r}")
+        settings = self.settings
+        self.max_batch_size = settings.max_batch_size
+        self.batching = parse_batching_config(settings.dynamic_batching, self.max_batch_size)
+        self.sequence_config = parse_sequence_config(
+            settings.sequence_batching, self.max_batch_size, self.path.parent)
+        instances = _instance_count(settings)
+        max_queue = settings.max_queue
+        self.timeout_s = settings.timeout_s
         # A device that completes work inline runs each invocation on the calling
         # thread; one at a time.
         self._device_lock = device_lock if device.capabilities.completes_inline else None
@@ -270,7 +228,7 @@ class ModelVersion:
         try:
             data = read_module_file(self.path)
             self.fingerprint = file_fingerprint(self.path)
-            parameters = _parameter_files(config, self.path.parent)
+            parameters = _parameter_files(settings, self.path.parent)
             modules: list[Any] = []
             try:
                 for _ in range(instances):
@@ -343,7 +301,7 @@ class ModelVersion:
 
     def _derive_signature(self, module: Any) -> None:
         publics = list(module.functions)
-        function = self.config.get("function")
+        function = self.settings.function
         if function is None:
             if len(publics) == 1:
                 function = publics[0]
@@ -357,8 +315,8 @@ class ModelVersion:
                               f"{publics}")
         info = module.functions[function]
         self.function = function
-        self.inputs = self._specs(info.inputs, self.config.get("input_names"), "input")
-        self.outputs = self._specs(info.outputs, self.config.get("output_names"), "output")
+        self.inputs = self._specs(info.inputs, self.settings.input_names, "input")
+        self.outputs = self._specs(info.outputs, self.settings.output_names, "output")
         self.program_outputs = self.outputs
         if self.max_batch_size:
             for spec in self.inputs:
@@ -546,7 +504,7 @@ class ModelVersion:
             "max_queue": admission.max_queue if admission else None,
             "timeout_s": self.timeout_s,
             "peak_invocation_bytes": self.peak_invocation_bytes,
-            "description": self.config.get("description", ""),
+            "description": self.settings.description,
             "input": [s.metadata() for s in self.inputs],
             "output": [s.metadata() for s in self.outputs],
         }
@@ -556,31 +514,12 @@ class ModelVersion:
         return config
 
 
-def _instance_count(config: dict) -> int:
+def _instance_count(settings: ModelConfig) -> int:
     """Executions a version runs at once: Triton's `instance_group` count (the sum over
     its groups), or `max_concurrency`, its older name here; default 1."""
-    groups = config.get("instance_group")
-    if groups is None:
-        return _positive_int(config, "max_concurrency", DEFAULT_INSTANCES)
-    if not isinstance(groups, list) or not groups or not all(
-            isinstance(g, dict) and set(g) <= {"count", "kind"} for g in groups):
-        raise ConfigError(f"config 'instance_group' must list objects with 'count' "
-                          f"(and 'kind'), not {groups!r}")
-    total = 0
-    for group in groups:
-        count = group.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ConfigError(f"config 'instance_group' count must be an integer >= 1, "
-                              f"not {count!r}")
-        if group.get("kind", "KIND_CPU") not in ("KIND_CPU", "KIND_AUTO"):
-            raise ConfigError(f"config 'instance_group' kind {group['kind']!r}: only "
-                              f"KIND_CPU (or KIND_AUTO) runs here")
-        total += count
-    if "max_concurrency" in config and config["max_concurrency"] != total:
-        raise ConfigError(f"config gives 'instance_group' ({total} instances) and "
-                          f"'max_concurrency' {config['max_concurrency']!r}, the same "
-                          f"setting: keep one")
-    return total
+    if settings.instance_group is not None:
+        return sum(group.count for group in settings.instance_group)
+    return settings.max_concurrency or DEFAULT_INSTANCES
 
 
 def file_fingerprint(path: Path) -> tuple:
@@ -597,43 +536,49 @@ def file_fingerprint(path: Path) -> tuple:
     return tuple(marks)
 
 
-def freeze_heap() -> None:
+def freeze_heap(collect_all: bool = True) -> None:
     """Keeps what is alive now out of the cyclic garbage collector's scans (`gc.freeze`):
     a full collection otherwise walks every object of every loaded module and paused the
     event loop for up to 25 ms under load (p99 at 64 connections). Called whenever model
-    versions loaded or unloaded; it first thaws and collects, so the cycles of a version
-    that left are still freed."""
-    gc.unfreeze()
-    gc.collect()
+    versions loaded or unloaded. After an unload (`collect_all`) it first thaws and
+    collects everything, so the cycles of the version that left are freed; after a load
+    only the young generations are collected (a full collection holds the interpreter
+    lock ~30 ms of CPU, longer than a loading server may stall its loop)."""
+    if collect_all:
+        gc.unfreeze()
+        gc.collect()
+    else:
+        gc.collect(1)
     gc.freeze()
 
 
 def _version_key(version: str) -> int:
-    return int(version)  # version directories are all digits (others are skipped)
+    return int(version)  # version directories are ASCII digits (others are skipped)
 
 
-def version_policy(config: dict) -> tuple[str, Any]:
+def _reason(exc: BaseException) -> str:
+    """What went wrong, on one line: the message of our own errors, the exception's type
+    and message for any other."""
+    if isinstance(exc, (ConfigError, Error)):
+        text = str(exc)  # an Error's with its context and causes
+    elif isinstance(exc, OSError):
+        text = f"{exc.strerror or type(exc).__name__}"
+    else:  # not ours: its message may hold anything, bound it
+        text = f"{type(exc).__name__}: {str(exc)[:1000]}"
+    return " ".join(text.split())
+
+
+def version_policy(settings: ModelConfig) -> tuple[str, Any]:
     """The model's `version_policy` as Triton spells it: {"latest": {"num_versions": N}}
     (the default, N = 1), {"all": {}} or {"specific": {"versions": [..]}}."""
-    policy = config.get("version_policy", {"latest": {"num_versions": 1}})
-    if not isinstance(policy, dict) or len(policy) != 1:
-        raise ConfigError(f"config 'version_policy' must be one of {{\"latest\": "
-                          f"{{\"num_versions\": N}}}}, {{\"all\": {{}}}}, {{\"specific\": "
-                          f"{{\"versions\": [..]}}}}, not {policy!r}")
-    (kind, value), = policy.items()
-    if kind == "all" and value in ({}, None):
+    policy = settings.version_policy
+    if policy is None:
+        return "latest", 1
+    if policy.kind == "all":
         return "all", None
-    if kind == "latest" and isinstance(value, dict) and set(value) <= {"num_versions"}:
-        n = value.get("num_versions", 1)
-        if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
-            return "latest", n
-    if kind == "specific" and isinstance(value, dict) and set(value) == {"versions"}:
-        versions = value["versions"]
-        if isinstance(versions, list) and versions and all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in versions):
-            return "specific", {str(v) for v in versions}
-    raise ConfigError(f"config 'version_policy' {policy!r} is not a valid policy "
-                      f"(latest with num_versions >= 1, all, or specific with versions)")
+    if policy.kind == "specific":
+        return "specific", {str(v) for v in policy.specific.versions}
+    return "latest", policy.latest.num_versions
 
 
 def _select_versions(policy: tuple[str, Any], versions: list[str]) -> list[str]:
@@ -653,6 +598,12 @@ class ModelRepository:
     the latest one). Reloading (`reload`) loads the new versions next to the old ones
     and swaps each only once its replacement loaded: a failed reload keeps the old
     version serving.
+
+    One model never takes the others down: whatever is wrong with a model directory
+    (its configuration, its version directories, its files, an exception nobody
+    expected) makes that model UNAVAILABLE with the reason, in the index and the log.
+    A model is known by its directory's name; a name that is not UTF-8 is shown with
+    its stray bytes as `\\xNN` (`config.display_name`).
     """
 
     def __init__(self, root: Path | str, default_device: str = "task", *,
@@ -661,101 +612,162 @@ class ModelRepository:
         self.default_device = default_device
         self.executable_policy = executable_policy  # of every device it creates
         self.models: dict[str, dict[str, ModelVersion]] = {}
+        # models of the repository with no version to show: name -> why
+        self.problems: dict[str, str] = {}
         self.devices: dict[str, Any] = {}
         self.memory = DeviceMemory()
         self.retiring: set[ModelVersion] = set()  # replaced, finishing what they admitted
         self.token: trio.lowlevel.TrioToken | None = None  # set by the server at start
         self.python_cpu: int | None = None  # where single instance threads run (cpus.py)
         self._device_locks: dict[str, threading.Lock] = {}
+        self._dirs: dict[str, Path] = {}  # shown name -> model directory
         self._scan()
 
     def _scan(self) -> None:
         if not self.root.is_dir():
             raise FileNotFoundError(f"model repository {self.root} is not a directory")
         for name in self.model_names():
-            versions = self._scan_model(self.root / name)
+            versions = self._scan_isolated(name)
             if versions:
                 self.models[name] = versions
 
     def model_names(self) -> list[str]:
-        """The model directories of the repository, sorted."""
-        return sorted(p.name for p in self.root.iterdir()
-                      if p.is_dir() and not p.name.startswith((".", "_")))
+        """The model directories of the repository, sorted, by their shown names
+        (blocking; OSError when the repository cannot be listed)."""
+        found: dict[str, Path] = {}
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                if entry.name.startswith((".", "_")):
+                    continue
+                try:
+                    if not entry.is_dir():
+                        continue
+                except OSError:
+                    continue
+                found[display_name(entry.name)] = Path(entry.path)
+        self._dirs = found
+        for name in list(self.problems):  # a copy: scans on other threads may add to it
+            if name not in found:
+                self.problems.pop(name, None)
+        return sorted(found)
 
-    def _scan_model(self, model_dir: Path) -> dict[str, ModelVersion]:
-        """The versions of `model_dir` its version policy selects, not yet loaded."""
+    def _scan_isolated(self, name: str, override: dict | None = None
+                       ) -> dict[str, ModelVersion]:
+        """`_scan_model` of one model, whose failure of any kind is that model's alone:
+        it is recorded in `problems` (and logged once) and no version is returned."""
         try:
-            model_config = _read_config(model_dir / "config.json")
-            policy = version_policy(model_config)
-        except ConfigError as exc:
-            log.error("model %s: %s", model_dir.name, exc)
-            model_config, policy = None, ("latest", 1)
+            versions = self._scan_model(name, self._dirs[name], override)
+        except Exception as exc:  # noqa: BLE001 - one model never takes the server down
+            reason = _reason(exc).replace(str(self.root), "")
+            if self.problems.get(name) != reason:
+                log.error("model %s: %s", name, reason)
+            self.problems[name] = reason
+            return {}
+        if versions:
+            self.problems.pop(name, None)
+        else:
+            reason = NO_VERSIONS
+            if self.problems.get(name) != reason:
+                log.warning("model %s: %s; skipped", name, reason)
+            self.problems[name] = reason
+        return versions
+
+    def _scan_model(self, name: str, model_dir: Path, override: dict | None
+                    ) -> dict[str, ModelVersion]:
+        """The versions of `model_dir` its version policy selects, not yet loaded.
+        `override`: the whole configuration (a repository `load`'s `config`), instead
+        of the config.json files."""
+        model_config: dict | None
+        where = "load parameter 'config'" if override is not None else f"{name}/config.json"
+        try:
+            model_config = override if override is not None else read_config_file(
+                model_dir / "config.json", where)
+            policy = version_policy(parse_model_config(model_config, where))
+        except ConfigError as exc:  # each version is UNAVAILABLE with it (and logged)
+            model_config, policy, model_problem = None, ("latest", 1), str(exc)
         found: dict[str, Path] = {}
         for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
             vmfb = version_dir / "model.vmfb"
-            if not version_dir.name.isdigit():
+            if not is_version_name(version_dir.name):
                 log.warning("model %s: skipping %s/: version directories are named by "
-                            "integers", model_dir.name, version_dir.name)
+                            "integers", name, display_name(version_dir.name))
                 continue
             if not os.path.lexists(vmfb):
-                found_names = sorted(p.name for p in version_dir.iterdir())
+                found_names = sorted(display_name(p.name) for p in version_dir.iterdir())
                 log.warning("model %s version %s: no model.vmfb (found: %s); skipped",
-                            model_dir.name, version_dir.name,
-                            ", ".join(found_names) or "nothing")
+                            name, version_dir.name, ", ".join(found_names[:20]) or "nothing")
                 continue
-            found[version_dir.name] = vmfb
+            found[str(int(version_dir.name))] = vmfb
         versions: dict[str, ModelVersion] = {}
         for version in _select_versions(policy, list(found)):
-            mv = ModelVersion(model_dir.name, version, found[version], {},
-                              self.default_device)
+            mv = ModelVersion(name, version, found[version], {}, self.default_device)
+            if override is None:
+                where = f"{name}/{version}/config.json"
             try:
                 if model_config is None:
-                    raise ConfigError(f"{model_dir.name}/config.json is not valid")
+                    raise ConfigError(model_problem)
                 config = dict(model_config)
-                config.update(_read_config(found[version].parent / "config.json"))
+                if override is None:
+                    config.update(read_config_file(found[version].parent / "config.json",
+                                                   where))
                 config.pop("version_policy", None)
                 mv.config = config
-                device = config.get("device", self.default_device)
-                if not isinstance(device, str):
-                    raise ConfigError(f"config 'device' must be a driver name, not "
-                                      f"{device!r}")
+                mv.settings = parse_model_config(config, where)
+                device = mv.settings.device or self.default_device
                 mv.device_name = {"local-task": "task", "local-sync": "sync",
                                   "local-emu": "emu"}.get(device, device)
             except ConfigError as exc:
                 mv.state, mv.reason = "UNAVAILABLE", str(exc)
             versions[version] = mv
-        if not versions:
-            log.warning("model %s: no version directory with a model.vmfb (that its "
-                        "version policy selects); skipped", model_dir.name)
         return versions
 
-    def scan_model(self, name: str) -> dict[str, ModelVersion]:
+    def scan_model(self, name: str, override: dict | None = None) -> dict[str, ModelVersion]:
         """`name`'s versions as its directory holds them now (blocking; not loaded).
         ProtocolError 400 naming no path when there is nothing to load."""
-        model_dir = self.root / name
-        if not name or name.startswith((".", "_")) or "/" in name or "\\" in name or \
-                not model_dir.is_dir():
+        try:
+            self.model_names()
+        except OSError as exc:
+            raise ProtocolError(400, f"failed to load '{name}': the model repository "
+                                     f"cannot be read: {exc.strerror or exc}") from None
+        if name not in self._dirs:
             raise ProtocolError(400, f"failed to load '{name}': no such model directory "
                                      f"in the model repository")
-        try:
-            fresh = self._scan_model(model_dir)
-        except OSError as exc:
-            raise ProtocolError(400, f"failed to load '{name}': "
-                                     f"{exc.strerror or type(exc).__name__}") from None
+        fresh = self._scan_isolated(name, override)
         if not fresh:
-            raise ProtocolError(400, f"failed to load '{name}': no version directory with "
-                                     f"a model.vmfb")
+            raise ProtocolError(400, f"failed to load '{name}': {self.problems.get(name)}")
         return fresh
 
-    async def reload(self, name: str, background: trio.Nursery, *, changed_only: bool = False
-                     ) -> list[ModelVersion]:
+    def index(self, names: list[str]) -> list[dict]:
+        """Triton's repository index: every model of the repository (`names`) and every
+        model still served: each version with its state (and reason when not READY); a
+        model not loaded by name alone; a model that could not be read UNAVAILABLE with
+        the reason."""
+        entries = []
+        for name in sorted(set(names) | set(self.models)):
+            versions = self.models.get(name)
+            if versions:
+                for mv in versions.values():
+                    entry = {"name": mv.name, "version": mv.version, "state": mv.state}
+                    if mv.reason:
+                        entry["reason"] = mv.reason
+                    entries.append(entry)
+            elif name in self.problems:
+                entries.append({"name": name, "state": "UNAVAILABLE",
+                                "reason": self.problems[name]})
+            else:
+                entries.append({"name": name})
+        return entries
+
+    async def reload(self, name: str, background: trio.Nursery, *, changed_only: bool = False,
+                     override: dict | None = None) -> list[ModelVersion]:
         """Triton's repository `load` of one model: reads its directory again and loads
         every version its policy selects afresh (only those whose files changed, with
         `changed_only`), each next to the version it replaces, which is swapped out only
         once the new one loaded and then finishes what it admitted in `background`.
         A version that fails to load keeps its predecessor serving. Versions no longer
-        selected unload once a selected one serves. Returns the versions that failed."""
-        fresh = await trio.to_thread.run_sync(self.scan_model, name)
+        selected unload once a selected one serves. `override`: the configuration to
+        use instead of the config.json files. Returns the versions that failed."""
+        fresh = await trio.to_thread.run_sync(self.scan_model, name, override)
         current = self.models.get(name, {})
         to_load = [mv for v, mv in fresh.items()
                    if not (changed_only and v in current and current[v].ready
@@ -840,8 +852,8 @@ class ModelRepository:
                 device = self.device(mv.device_name)
                 mv.load(device, self._device_locks[mv.device_name], self.token,
                         self.python_cpu)
-            except (ConfigError, Error, OSError, ValueError) as exc:
-                reason = str(exc).replace(str(self.root), "")
+            except Exception as exc:  # noqa: BLE001 - one model never takes the server down
+                reason = _reason(exc).replace(str(self.root), "")
                 mv.state, mv.reason = "UNAVAILABLE", reason
                 failed.append(mv)
                 log.error("model %s version %s failed to load: %s", mv.name, mv.version,
@@ -851,7 +863,7 @@ class ModelRepository:
                      mv.name, mv.version, mv.function, len(mv.inputs), len(mv.outputs),
                      mv.device_name, mv.load_seconds)
         if versions:  # a poll that found nothing changed loads nothing: no collection
-            freeze_heap()
+            freeze_heap(collect_all=False)
         return failed
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:

@@ -87,7 +87,6 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -109,6 +108,12 @@ from .admission import (
     delay_timer,
 )
 from .batching import Outcome, Results
+from .config import (  # the configuration's schema; importable from here as before
+    ControlInput,
+    SequenceConfig,
+    StateSpec,
+    parse_sequence_config,
+)
 from .http import client_gone_probe
 from .protocol import DATATYPES, ProtocolError
 from .stats import Latency
@@ -117,12 +122,6 @@ __all__ = ["ControlInput", "DeviceState", "SequenceBatcher", "SequenceCollector"
            "SequenceConfig", "StateSpec", "StepProgram", "parse_sequence_config",
            "sequence_parameters"]
 
-CONTROL_KINDS = ("CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_END",
-                 "CONTROL_SEQUENCE_READY", "CONTROL_SEQUENCE_CORRID")
-_FALSE_TRUE = {"int32_false_true": np.int32, "fp32_false_true": np.float32,
-               "bool_false_true": np.bool_}
-_CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32")
-DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 # the host phases of one execution, as recorded in `SequenceBatcher.host`
 HOST_PHASES = ("gather", "invoke", "scatter", "respond")
 _EXPIRED_REMEMBERED = 4096
@@ -130,206 +129,6 @@ _CLIENT_CHECK_SECONDS = 0.02  # how often waiting steps' connections are looked 
 _STATE_USAGE = int(BufferUsage.DEFAULT | BufferUsage.MAPPING)
 _WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                  0.25, 0.5, 1.0)
-
-
-@dataclass(frozen=True)
-class ControlInput:
-    """A program input the server fills: `kind` (CONTROL_SEQUENCE_*), its false and true
-    values (START, END, READY) or its datatype (CORRID)."""
-
-    name: str
-    kind: str
-    dtype: np.dtype
-    false_true: tuple[Any, Any] = (0, 1)
-
-
-@dataclass(frozen=True)
-class StateSpec:
-    """One implicit state: the program input and output that carry it, and its start value
-    (shape `dims`, without the batch dim)."""
-
-    input_name: str
-    output_name: str
-    datatype: str  # V2 name, e.g. FP32
-    dims: tuple[int, ...]
-    initial: np.ndarray
-
-    @property
-    def row_bytes(self) -> int:
-        return self.initial.nbytes
-
-
-@dataclass(frozen=True)
-class SequenceConfig:
-    max_sequence_idle_us: int
-    strategy: str  # "oldest" | "direct"
-    max_candidate_sequences: int
-    max_queue_delay_us: int
-    preferred_batch_sizes: tuple[int, ...]
-    controls: tuple[ControlInput, ...]
-    states: tuple[StateSpec, ...]
-
-    def describe(self) -> dict:
-        strategy: dict[str, Any] = {"max_queue_delay_microseconds": self.max_queue_delay_us,
-                                    "preferred_batch_size": list(self.preferred_batch_sizes)}
-        if self.strategy == "oldest":
-            strategy["max_candidate_sequences"] = self.max_candidate_sequences
-        return {
-            "max_sequence_idle_microseconds": self.max_sequence_idle_us,
-            self.strategy: strategy,
-            "control_input": [{"name": c.name, "control": [{"kind": c.kind}]}
-                              for c in self.controls],
-            "state": [{"input_name": s.input_name, "output_name": s.output_name,
-                       "data_type": "TYPE_" + s.datatype, "dims": list(s.dims)}
-                      for s in self.states],
-        }
-
-
-def _int(value: Any, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"config '{what}' must be an integer >= {minimum}, not {value!r}")
-    return value
-
-
-def _object(value: Any, what: str, keys: set[str]) -> dict:
-    if not isinstance(value, dict):
-        raise ValueError(f"config '{what}' must be an object, not {value!r}")
-    unknown = set(value) - keys
-    if unknown:
-        raise ValueError(f"config '{what}': unknown keys {sorted(unknown)}; known: "
-                         f"{sorted(keys)}")
-    return value
-
-
-def _datatype(value: Any, what: str) -> str:
-    name = value[5:] if isinstance(value, str) and value.startswith("TYPE_") else None
-    if name not in DATATYPES:
-        raise ValueError(f"config '{what}' must be a Triton data type like 'TYPE_FP32', "
-                         f"not {value!r}")
-    return name
-
-
-def _list(value: Any, what: str) -> list:
-    if not isinstance(value, list):
-        raise ValueError(f"config '{what}' must be a list, not {value!r}")
-    return value
-
-
-def parse_sequence_config(value: Any, max_batch_size: int, version_dir: Path
-                          ) -> SequenceConfig | None:
-    """`sequence_batching` of a model config (None when absent); ValueError naming the
-    field and the bound."""
-    if value is None:
-        return None
-    doc = _object(value, "sequence_batching",
-                  {"max_sequence_idle_microseconds", "direct", "oldest", "control_input",
-                   "state"})
-    if max_batch_size <= 0:
-        raise ValueError("config 'sequence_batching' needs 'max_batch_size' > 0 (the batch "
-                         "dim indexes sequences)")
-    idle = _int(doc.get("max_sequence_idle_microseconds", DEFAULT_IDLE_US),
-                "sequence_batching.max_sequence_idle_microseconds", 1)
-    if "direct" in doc and "oldest" in doc:
-        raise ValueError("config 'sequence_batching' takes one of 'direct' and 'oldest'")
-    strategy = "oldest" if "oldest" in doc else "direct"
-    where = f"sequence_batching.{strategy}"
-    body = _object(doc.get(strategy, {}), where,
-                   {"max_candidate_sequences", "max_queue_delay_microseconds",
-                    "preferred_batch_size"} if strategy == "oldest" else
-                   {"max_queue_delay_microseconds", "minimum_slot_utilization"})
-    candidates = _int(body.get("max_candidate_sequences", max_batch_size),
-                      f"{where}.max_candidate_sequences", 1)
-    delay = _int(body.get("max_queue_delay_microseconds", 0),
-                 f"{where}.max_queue_delay_microseconds", 0)
-    preferred = _list(body.get("preferred_batch_size", []), f"{where}.preferred_batch_size")
-    for size in preferred:
-        _int(size, f"{where}.preferred_batch_size", 1)
-        if size > max_batch_size:
-            raise ValueError(f"config '{where}.preferred_batch_size' {size} is over "
-                             f"max_batch_size {max_batch_size}")
-    controls = []
-    for i, item in enumerate(_list(doc.get("control_input", []),
-                                   "sequence_batching.control_input")):
-        what = f"sequence_batching.control_input[{i}]"
-        item = _object(item, what, {"name", "control"})
-        name = item.get("name")
-        spec = _list(item.get("control"), f"{what}.control")
-        if not isinstance(name, str) or not name or len(spec) != 1:
-            raise ValueError(f"config '{what}' needs a 'name' and one 'control'")
-        ctl = _object(spec[0], f"{what}.control[0]",
-                      {"kind", "data_type", *_FALSE_TRUE})
-        kind = ctl.get("kind")
-        if kind not in CONTROL_KINDS:
-            raise ValueError(f"config '{what}.control[0].kind' must be one of "
-                             f"{list(CONTROL_KINDS)}, not {kind!r}")
-        if kind == "CONTROL_SEQUENCE_CORRID":
-            if ctl.get("data_type") not in _CORRID_TYPES:
-                raise ValueError(f"config '{what}.control[0].data_type' must be one of "
-                                 f"{list(_CORRID_TYPES)}, not {ctl.get('data_type')!r}")
-            controls.append(ControlInput(name, kind, DATATYPES[ctl["data_type"][5:]]))
-            continue
-        given = [k for k in _FALSE_TRUE if k in ctl]
-        if len(given) != 1:
-            raise ValueError(f"config '{what}.control[0]' needs one of {list(_FALSE_TRUE)}")
-        pair = _list(ctl[given[0]], f"{what}.control[0].{given[0]}")
-        if len(pair) != 2:
-            raise ValueError(f"config '{what}.control[0].{given[0]}' must be [false, true]")
-        controls.append(ControlInput(name, kind, np.dtype(_FALSE_TRUE[given[0]]),
-                                     (pair[0], pair[1])))
-    states = []
-    for i, item in enumerate(_list(doc.get("state", []), "sequence_batching.state")):
-        what = f"sequence_batching.state[{i}]"
-        item = _object(item, what, {"input_name", "output_name", "data_type", "dims",
-                                    "initial_state"})
-        names = item.get("input_name"), item.get("output_name")
-        if not all(isinstance(n, str) and n for n in names):
-            raise ValueError(f"config '{what}' needs 'input_name' and 'output_name'")
-        datatype = _datatype(item.get("data_type"), f"{what}.data_type")
-        dims = tuple(_int(d, f"{what}.dims", 1) for d in _list(item.get("dims"),
-                                                               f"{what}.dims"))
-        initial = np.zeros(dims, DATATYPES[datatype])
-        inits = _list(item.get("initial_state", []), f"{what}.initial_state")
-        if len(inits) > 1:
-            raise ValueError(f"config '{what}.initial_state' takes at most one entry")
-        for init in inits:
-            init = _object(init, f"{what}.initial_state[0]",
-                           {"data_type", "dims", "zero_data", "data_file", "name"})
-            if "data_type" in init and _datatype(
-                    init["data_type"], f"{what}.initial_state[0].data_type") != datatype:
-                raise ValueError(f"config '{what}.initial_state[0].data_type' differs "
-                                 f"from the state's")
-            if "dims" in init and tuple(init["dims"]) != dims:
-                raise ValueError(f"config '{what}.initial_state[0].dims' {init['dims']} "
-                                 f"differ from the state's {list(dims)}")
-            if ("zero_data" in init) == ("data_file" in init):
-                raise ValueError(f"config '{what}.initial_state[0]' needs one of "
-                                 f"'zero_data' and 'data_file'")
-            if "data_file" in init:
-                initial = _initial_from_file(init["data_file"], version_dir, initial,
-                                             f"{what}.initial_state[0].data_file")
-        initial.setflags(write=False)
-        states.append(StateSpec(names[0], names[1], datatype, dims, initial))
-    return SequenceConfig(idle, strategy, candidates, delay, tuple(sorted(preferred)),
-                          tuple(controls), tuple(states))
-
-
-def _initial_from_file(name: Any, version_dir: Path, like: np.ndarray, what: str
-                       ) -> np.ndarray:
-    """Triton's `data_file`: the raw little-endian values of the state, in
-    `<version>/initial_state/<name>`."""
-    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-        raise ValueError(f"config '{what}' must be a file name, not {name!r}")
-    path = version_dir / "initial_state" / name
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"config '{what}': cannot read initial_state/{name}: "
-                         f"{exc.strerror}") from None
-    if len(data) != like.nbytes:
-        raise ValueError(f"config '{what}': initial_state/{name} holds {len(data)} bytes, "
-                         f"the state takes {like.nbytes}")
-    return np.frombuffer(data, like.dtype.newbyteorder("<")).astype(like.dtype) \
-        .reshape(like.shape)
 
 
 def sequence_parameters(parameters: dict, model: str) -> tuple[int | str, bool, bool]:

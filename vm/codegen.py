@@ -29,8 +29,12 @@ strings and floats go through the per-module constant table `_K`.
 from __future__ import annotations
 
 import linecache
+import marshal
 import math
 import re
+import subprocess
+import sys
+import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -1142,10 +1146,38 @@ def generate_module(module, verified: list[VerifiedFunction]) -> ModuleProgram:
     _COUNTER[0] += 1
     filename = f"<tinyhal-vm:{module.name}#{_COUNTER[0]}>"
     source = "\n".join(lines) + "\n"
-    code = compile(source, filename, "exec")
+    code = compile_module_source(source, filename)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return ModuleProgram(code, filename, source, line_pcs, frozenset(st.generators),
                          st.constants, len(per_fn), native_loops, tuple(st.record_blocks))
+
+
+# Sources at least this large compile in a child process: CPython's `compile` holds the
+# interpreter lock throughout (0.6 s for a 1 MB module: a server's event loop would stall
+# that long), the child's work costs the parent one `marshal.loads` (under 1 ms).
+_CHILD_COMPILE_BYTES = 128 << 10
+_CHILD_COMPILER = ("import marshal, sys; sys.stdout.buffer.write(marshal.dumps(compile("
+                   "sys.stdin.buffer.read().decode(), sys.argv[1], 'exec')))")
+_CHILD_COMPILE_TIMEOUT = 300.0
+
+
+def compile_module_source(source: str, filename: str):
+    """The code object of a generated module, compiled without holding this process's
+    interpreter lock for long when the source is large (see `_CHILD_COMPILE_BYTES`):
+    the same interpreter compiles it in a child process and hands back its marshalled
+    code. Where no child can run, it compiles here."""
+    if len(source) >= _CHILD_COMPILE_BYTES and sys.executable:
+        flags = ["-I", "-S"] + (["-" + "O" * sys.flags.optimize] if sys.flags.optimize else [])
+        try:
+            done = subprocess.run([sys.executable, *flags, "-c", _CHILD_COMPILER, filename],
+                                  input=source.encode(), capture_output=True, check=True,
+                                  timeout=_CHILD_COMPILE_TIMEOUT)
+            code = marshal.loads(done.stdout)
+            if isinstance(code, types.CodeType):
+                return code
+        except (OSError, subprocess.SubprocessError, ValueError, EOFError, TypeError):
+            pass
+    return compile(source, filename, "exec")
 
 
 def _prologue(module, st: _ProgramState) -> list[str]:

@@ -35,11 +35,12 @@ def repository(tmp_path_factory, spin_vmfb, dtypes_vmfb) -> Path:
 
 @pytest.fixture
 def start_server():
-    """start_server(*args, ready=True) -> a running ServerProcess, stopped afterwards."""
+    """start_server(*args, ready=True, env=None) -> a running ServerProcess, stopped
+    afterwards."""
     started: list[ServerProcess] = []
 
-    def start(*args: str, ready: bool = True) -> ServerProcess:
-        server = ServerProcess(*args)
+    def start(*args: str, ready: bool = True, env: dict | None = None) -> ServerProcess:
+        server = ServerProcess(*args, env=env)
         started.append(server)
         return server.start(ready=ready)
 

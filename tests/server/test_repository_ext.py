@@ -81,9 +81,7 @@ def test_load_unload_and_new_versions(tmp_path, start_server, spin_vmfb):
         with pytest.raises(InferenceServerException) as info:
             client.load_model("nope")
         assert info.value.status() == "400" and "no such model directory" in info.value.message()
-        with pytest.raises(InferenceServerException) as info:
-            client.unload_model("nope")
-        assert info.value.status() == "404"
+        client.unload_model("nope")  # not loaded: already unloaded, as Triton answers
     finally:
         client.close()
 

@@ -589,9 +589,9 @@ def test_a_bad_step_fails_alone_and_keeps_its_state(seq_server):
 @pytest.mark.parametrize("change, message", [
     ({"oldest": {}, "direct": {}}, "one of 'direct' and 'oldest'"),
     ({"max_sequence_idle_microseconds": 0}, "max_sequence_idle_microseconds"),
-    ({"bogus": 1}, "unknown keys ['bogus']"),
+    ({"bogus": 1}, "'sequence_batching.bogus': unknown key"),
     ({"state": [{"input_name": "a", "output_name": "b", "data_type": "FP32", "dims": [2]}]},
-     "Triton data type like 'TYPE_FP32'"),
+     "'sequence_batching.state[0].data_type': must be 'TYPE_BOOL'"),
     ({"state": [{"input_name": "a", "output_name": "b", "data_type": "TYPE_FP32",
                  "dims": [2], "initial_state": [{"zero_data": True, "data_file": "f"}]}]},
      "one of 'zero_data' and 'data_file'"),
@@ -599,7 +599,7 @@ def test_a_bad_step_fails_alone_and_keeps_its_state(seq_server):
                  "dims": [2], "initial_state": [{"data_file": "missing"}]}]},
      "cannot read initial_state/missing"),
     ({"control_input": [{"name": "S", "control": [{"kind": "CONTROL_SEQUENCE_GO"}]}]},
-     "kind' must be one of"),
+     "kind': must be 'CONTROL_SEQUENCE_START'"),
     ({"oldest": {"preferred_batch_size": [99]}}, "over max_batch_size 8"),
 ])
 def test_bad_sequence_config_names_the_field(tmp_path: Path, change: dict, message: str):

@@ -1,0 +1,515 @@
+"""The model repository's configuration as one declared schema: every `config.json`,
+every version directory name, every `initial_state` file and every `config` given to a
+repository `load` goes through this module, and nothing else reads them.
+
+The schema is written with pydantic v2 (`ModelConfig` and the models under it): a
+declared, well-kept validator with a JSON parser of its own (`pydantic_core.from_json`,
+jiter), so each bound is a line of the declaration rather than a hand-written check,
+and the parser itself cannot be driven into recursion or unbounded numbers:
+
+- files: regular files only (a FIFO, a device or a link to one is refused at once,
+  without blocking), their size checked before a byte is read (`MAX_CONFIG_BYTES`;
+  a state file must hold exactly the state's bytes);
+- JSON: nesting is bounded by the parser (200 levels; the schema itself is 6 deep),
+  integers beyond 4,300 digits, NaN and Infinity are refused as invalid JSON;
+- every number has a range (`le=`, `ge=`), every string and list a length, every
+  float is finite; unknown keys are refused; types are strict (no "8" for 8, no true
+  for 1).
+
+A refusal is a `ConfigError` (a `ValueError`) on one line naming the file, the key and
+the reason, e.g. `m/config.json: 'sequence_batching.oldest.max_queue_delay_microseconds':
+must be <= 3600000000 (an integer of 401 digits)`.
+
+Version directories are named by decimal integers (ASCII digits, at most 18 of them:
+`²` or `٣` are not versions).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import pydantic_core
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from ..errors import Error
+from ..vm.loader import read_module_file
+from .batching import BatchingConfig
+from .protocol import DATATYPES
+
+__all__ = [
+    "CONFIG_KEYS", "ConfigError", "ControlInput", "ModelConfig", "SequenceConfig", "StateSpec",
+    "display_name", "is_version_name", "parse_batching_config", "parse_json_config",
+    "parse_model_config", "parse_sequence_config", "read_config_file", "DEFAULT_IDLE_US",
+    "MAX_CONFIG_BYTES",
+]
+
+MAX_CONFIG_BYTES = 1 << 20
+MAX_BATCH = 1 << 16  # rows of one execution
+MAX_INSTANCES = 256
+MAX_QUEUE = 1 << 20
+MAX_MICROSECONDS = 3_600_000_000  # an hour: delays and idle times
+MAX_TIMEOUT_S = 86_400.0
+MAX_NAMES = 4096  # inputs, outputs, states, parameter files
+MAX_DIMS = 8
+MAX_DIM = 1 << 24
+MAX_STATE_ROW_BYTES = 64 << 20  # one sequence's state of one kind
+MAX_VERSION_DIGITS = 18  # versions fit an int64, as Triton's
+
+CONTROL_KINDS = ("CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_END",
+                 "CONTROL_SEQUENCE_READY", "CONTROL_SEQUENCE_CORRID")
+DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
+_FALSE_TRUE = {"int32_false_true": np.int32, "fp32_false_true": np.float32,
+               "bool_false_true": np.bool_}
+_VERSION = re.compile(r"[0-9]{1,%d}" % MAX_VERSION_DIGITS)
+
+
+class ConfigError(ValueError):
+    """A configuration the schema refuses: one line naming the file, key and reason."""
+
+
+# -- the schema --------------------------------------------------------------------------
+
+Name = Annotated[StrictStr, Field(min_length=1, max_length=256)]
+FileName = Annotated[StrictStr, Field(min_length=1, max_length=255,
+                                      pattern=r"^[^/\\\x00]+$")]
+Micros = Annotated[StrictInt, Field(ge=0, le=MAX_MICROSECONDS)]
+BatchSize = Annotated[StrictInt, Field(ge=1, le=MAX_BATCH)]
+Dim = Annotated[StrictInt, Field(ge=1, le=MAX_DIM)]
+TritonType = Literal[tuple(f"TYPE_{name}" for name in DATATYPES)]  # type: ignore[valid-type]
+Int32 = Annotated[StrictInt, Field(ge=-(1 << 31), le=(1 << 31) - 1)]
+Fp32 = Annotated[float, Field(ge=-3.4e38, le=3.4e38)]
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False,
+                              strict=True, hide_input_in_errors=True)
+
+
+class DynamicBatching(_Schema):
+    max_queue_delay_microseconds: Micros = 0
+    preferred_batch_size: list[BatchSize] = Field(default_factory=list, max_length=64)
+
+
+class InstanceGroup(_Schema):
+    count: Annotated[StrictInt, Field(ge=1, le=MAX_INSTANCES)] = 1
+    kind: Literal["KIND_CPU", "KIND_AUTO"] = "KIND_CPU"
+
+
+class _LatestVersions(_Schema):
+    num_versions: Annotated[StrictInt, Field(ge=1, le=1 << 20)] = 1
+
+
+class _AllVersions(_Schema):
+    pass
+
+
+class _SpecificVersions(_Schema):
+    versions: list[Annotated[StrictInt, Field(ge=0, le=10**MAX_VERSION_DIGITS - 1)]] = \
+        Field(min_length=1, max_length=MAX_NAMES)
+
+
+class VersionPolicy(_Schema):
+    """Triton's `version_policy`: exactly one of its three kinds."""
+
+    latest: _LatestVersions | None = None
+    all: _AllVersions | None = None
+    specific: _SpecificVersions | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> VersionPolicy:
+        if len(self.model_fields_set) != 1:
+            raise ValueError("give one of 'latest', 'all' and 'specific'")
+        if self.kind != "all" and getattr(self, self.kind) is None:
+            raise ValueError(f"'{self.kind}' needs an object")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """"latest", "all" or "specific" ("all" may be given as null)."""
+        return next(iter(self.model_fields_set))
+
+
+class Control(_Schema):
+    kind: Literal[CONTROL_KINDS]  # type: ignore[valid-type]
+    data_type: Literal["TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32"] | None = None
+    int32_false_true: Annotated[list[Int32], Field(min_length=2, max_length=2)] | None = None
+    fp32_false_true: Annotated[list[Fp32], Field(min_length=2, max_length=2)] | None = None
+    bool_false_true: Annotated[list[StrictBool], Field(min_length=2, max_length=2)] | None \
+        = None
+
+    @model_validator(mode="after")
+    def _values(self) -> Control:
+        given = [k for k in _FALSE_TRUE if getattr(self, k) is not None]
+        if self.kind == "CONTROL_SEQUENCE_CORRID":
+            if self.data_type is None:
+                raise ValueError("a CORRID control needs 'data_type' (an integer type)")
+        elif len(given) != 1:
+            raise ValueError(f"needs one of {list(_FALSE_TRUE)}")
+        return self
+
+
+class ControlInputConfig(_Schema):
+    name: Name
+    control: list[Control] = Field(min_length=1, max_length=1)
+
+
+class InitialState(_Schema):
+    name: Annotated[StrictStr, Field(max_length=256)] = ""
+    data_type: TritonType | None = None
+    dims: list[Dim] | None = Field(None, max_length=MAX_DIMS)
+    zero_data: StrictBool | None = None
+    data_file: FileName | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InitialState:
+        if (self.zero_data is None) == (self.data_file is None):
+            raise ValueError("needs one of 'zero_data' and 'data_file'")
+        return self
+
+
+class StateConfig(_Schema):
+    input_name: Name
+    output_name: Name
+    data_type: TritonType
+    dims: list[Dim] = Field(min_length=0, max_length=MAX_DIMS)
+    initial_state: list[InitialState] = Field(default_factory=list, max_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StateConfig:
+        for init in self.initial_state:
+            if init.data_type is not None and init.data_type != self.data_type:
+                raise ValueError("initial_state data_type differs from the state's")
+            if init.dims is not None and init.dims != self.dims:
+                raise ValueError(f"initial_state dims {init.dims} differ from the state's "
+                                 f"{self.dims}")
+        row = DATATYPES[self.data_type[5:]].itemsize * math.prod(self.dims)
+        if row > MAX_STATE_ROW_BYTES:
+            raise ValueError(f"a state of {row} bytes per sequence is over "
+                             f"{MAX_STATE_ROW_BYTES}")
+        return self
+
+
+class Oldest(_Schema):
+    max_candidate_sequences: BatchSize | None = None
+    max_queue_delay_microseconds: Micros = 0
+    preferred_batch_size: list[BatchSize] = Field(default_factory=list, max_length=64)
+
+
+class Direct(_Schema):
+    max_queue_delay_microseconds: Micros = 0
+    minimum_slot_utilization: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+
+
+class SequenceBatching(_Schema):
+    max_sequence_idle_microseconds: Annotated[StrictInt, Field(ge=1, le=MAX_MICROSECONDS)] \
+        = DEFAULT_IDLE_US
+    direct: Direct | None = None
+    oldest: Oldest | None = None
+    control_input: list[ControlInputConfig] = Field(default_factory=list, max_length=8)
+    state: list[StateConfig] = Field(default_factory=list, max_length=64)
+
+    @model_validator(mode="after")
+    def _one_strategy(self) -> SequenceBatching:
+        if self.direct is not None and self.oldest is not None:
+            raise ValueError("takes one of 'direct' and 'oldest'")
+        return self
+
+
+# a file of the version directory, maybe in a folder of it (`_parameter_files` checks that
+# it does not leave the directory)
+ParameterFile = Annotated[StrictStr, Field(min_length=1, max_length=1024,
+                                           pattern=r"^[^\x00]+$")]
+ParameterFiles = Annotated[list[ParameterFile], Field(min_length=1, max_length=MAX_NAMES)]
+
+
+class ModelConfig(_Schema):
+    """A model's `config.json` (model level and version level alike; see
+    repository.py for what each key means)."""
+
+    function: Name | None = None
+    device: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+    max_batch_size: Annotated[StrictInt, Field(ge=0, le=MAX_BATCH)] = 0
+    max_concurrency: Annotated[StrictInt, Field(ge=1, le=MAX_INSTANCES)] | None = None
+    max_queue: Annotated[StrictInt, Field(ge=0, le=MAX_QUEUE)] = 16
+    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = None
+    execution: Literal["async", "thread"] = "thread"
+    input_names: list[Name] | None = Field(None, max_length=MAX_NAMES)
+    output_names: list[Name] | None = Field(None, max_length=MAX_NAMES)
+    description: Annotated[StrictStr, Field(max_length=1 << 16)] = ""
+    dynamic_batching: DynamicBatching | None = None
+    parameters: ParameterFile | dict[Annotated[StrictStr, Field(max_length=256)],
+                                     ParameterFile | ParameterFiles] | None = None
+    instance_group: list[InstanceGroup] | None = Field(None, min_length=1, max_length=64)
+    version_policy: VersionPolicy | None = None
+    sequence_batching: SequenceBatching | None = None
+
+    @model_validator(mode="after")
+    def _one_scheduler(self) -> ModelConfig:
+        if self.dynamic_batching is not None and self.sequence_batching is not None:
+            raise ValueError("takes one of 'dynamic_batching' and 'sequence_batching'")
+        if self.instance_group is not None and self.max_concurrency is not None and \
+                self.max_concurrency != sum(g.count for g in self.instance_group):
+            raise ValueError("'instance_group' and 'max_concurrency' are the same setting: "
+                             "keep one")
+        return self
+
+
+CONFIG_KEYS = frozenset(ModelConfig.model_fields)  # the keys a config.json may hold
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+def display_name(name: str) -> str:
+    """A directory name as text that can always be shown and encoded: bytes that are not
+    UTF-8 (kept by Python as lone surrogates) become `\\xNN`."""
+    try:
+        name.encode()
+        return name
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def is_version_name(name: str) -> bool:
+    """Whether a directory name is a version: ASCII decimal digits, at most 18."""
+    return _VERSION.fullmatch(name) is not None
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "tuple", "none"})
+
+
+def _is_type_tag(part: object) -> bool:
+    """Whether a part of a pydantic error location names a member of a union (a type,
+    e.g. `constrained-str` or `list[...]`) rather than a key."""
+    return isinstance(part, str) and ("[" in part or "-" in part or part in _TYPE_TAGS)
+
+
+def _error_line(where: str, error: dict) -> str:
+    loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in error["loc"]
+                   if not _is_type_tag(p))
+    loc = loc.replace(".[", "[")
+    kind = error["type"]
+    message = error["msg"]
+    if kind == "extra_forbidden":
+        message = "unknown key"
+    elif kind in ("less_than_equal", "greater_than_equal", "greater_than", "less_than"):
+        bound = next(iter(error.get("ctx", {}).values()), "")
+        sign = {"less_than_equal": "<=", "greater_than_equal": ">=", "greater_than": ">",
+                "less_than": "<"}[kind]
+        value = error.get("input")
+        size = (f" (an integer of {len(str(abs(value)))} digits)"
+                if type(value) is int and abs(value) > 10**18 else "")
+        message = f"must be {sign} {bound}{size}"
+    elif message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    message = message.replace("Input should be", "must be")
+    text = f"{where}: '{loc}': {message}" if loc else f"{where}: {message}"
+    return " ".join(text.split())
+
+
+def _validate(schema: type[BaseModel], doc: Any, where: str, key: str = "") -> Any:
+    """`doc` as `schema`; ConfigError naming `where`, the key (under `key`) and the
+    reason."""
+    if isinstance(doc, schema):
+        return doc
+    try:
+        return schema.model_validate(doc)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        # pydantic tries each member of a union: the deepest error says most
+        first = max(errors, key=lambda e: len(e["loc"]))
+        if key:
+            first = {**first, "loc": (key, *first["loc"])}
+        raise ConfigError(_error_line(where, first)) from None
+
+
+def parse_json_config(text: bytes | str, where: str) -> dict:
+    """The JSON object of one configuration, parsed without recursion or unbounded numbers
+    (ConfigError naming `where` otherwise). Nothing is validated here beyond JSON."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{where}: {len(text)} bytes, over the limit of {MAX_CONFIG_BYTES}")
+    try:
+        doc = pydantic_core.from_json(text, allow_inf_nan=False)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: must hold a JSON object")
+    return doc
+
+
+def read_config_file(path: Path, where: str) -> dict:
+    """The raw object of `config.json` at `path` ({} when there is none), validated as a
+    `ModelConfig` (so a bad file is refused at once, naming `where`)."""
+    if not os.path.lexists(path):
+        return {}
+    try:
+        data = bytes(read_module_file(path, limit=MAX_CONFIG_BYTES))
+    except Error as exc:
+        raise ConfigError(f"{where}: {_file_problem(exc, MAX_CONFIG_BYTES)}") from None
+    doc = parse_json_config(data, where)
+    _validate(ModelConfig, doc, where)
+    return doc
+
+
+def _file_problem(exc: Error, limit: int) -> str:
+    message = exc.message
+    if "over the limit" in message:
+        return f"larger than {limit} bytes"
+    return message.rsplit(": ", 1)[-1].replace("module file", "file")
+
+
+def parse_model_config(doc: dict, where: str) -> ModelConfig:
+    """`doc` (model-level config.json with the version's keys over it) as a ModelConfig;
+    ConfigError on one line naming `where`, the key and the reason."""
+    return _validate(ModelConfig, doc, where)
+
+
+# -- what the schedulers take ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ControlInput:
+    """A program input the server fills: `kind` (CONTROL_SEQUENCE_*), its false and true
+    values (START, END, READY) or its datatype (CORRID)."""
+
+    name: str
+    kind: str
+    dtype: np.dtype
+    false_true: tuple[Any, Any] = (0, 1)
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One implicit state: the program input and output that carry it, and its start value
+    (shape `dims`, without the batch dim)."""
+
+    input_name: str
+    output_name: str
+    datatype: str  # V2 name, e.g. FP32
+    dims: tuple[int, ...]
+    initial: np.ndarray
+
+    @property
+    def row_bytes(self) -> int:
+        return self.initial.nbytes
+
+
+@dataclass(frozen=True)
+class SequenceConfig:
+    max_sequence_idle_us: int
+    strategy: str  # "oldest" | "direct"
+    max_candidate_sequences: int
+    max_queue_delay_us: int
+    preferred_batch_sizes: tuple[int, ...]
+    controls: tuple[ControlInput, ...]
+    states: tuple[StateSpec, ...]
+
+    def describe(self) -> dict:
+        strategy: dict[str, Any] = {"max_queue_delay_microseconds": self.max_queue_delay_us,
+                                    "preferred_batch_size": list(self.preferred_batch_sizes)}
+        if self.strategy == "oldest":
+            strategy["max_candidate_sequences"] = self.max_candidate_sequences
+        return {
+            "max_sequence_idle_microseconds": self.max_sequence_idle_us,
+            self.strategy: strategy,
+            "control_input": [{"name": c.name, "control": [{"kind": c.kind}]}
+                              for c in self.controls],
+            "state": [{"input_name": s.input_name, "output_name": s.output_name,
+                       "data_type": "TYPE_" + s.datatype, "dims": list(s.dims)}
+                      for s in self.states],
+        }
+
+
+def parse_batching_config(value: Any, max_batch_size: int) -> BatchingConfig | None:
+    """`dynamic_batching` of a model config (None when absent); ConfigError naming the
+    problem."""
+    if value is None:
+        return None
+    doc = _validate(DynamicBatching, value, "config", "dynamic_batching")
+    if max_batch_size <= 0:
+        raise ConfigError("config 'dynamic_batching' needs 'max_batch_size' > 0")
+    for size in doc.preferred_batch_size:
+        if size > max_batch_size:
+            raise ConfigError(f"config 'dynamic_batching.preferred_batch_size' {size} is "
+                              f"over max_batch_size {max_batch_size}")
+    return BatchingConfig(max_batch_size, doc.max_queue_delay_microseconds,
+                          tuple(doc.preferred_batch_size))
+
+
+def parse_sequence_config(value: Any, max_batch_size: int, version_dir: Path
+                          ) -> SequenceConfig | None:
+    """`sequence_batching` of a model config (None when absent), with each state's start
+    value read from its `initial_state` file; ConfigError naming the field and the bound."""
+    if value is None:
+        return None
+    doc = _validate(SequenceBatching, value, "config", "sequence_batching")
+    if max_batch_size <= 0:
+        raise ConfigError("config 'sequence_batching' needs 'max_batch_size' > 0 (the batch "
+                          "dim indexes sequences)")
+    strategy = "oldest" if doc.oldest is not None else "direct"
+    body = doc.oldest if doc.oldest is not None else doc.direct or Direct()
+    preferred = tuple(sorted(getattr(body, "preferred_batch_size", ())))
+    for size in preferred:
+        if size > max_batch_size:
+            raise ConfigError(f"config 'sequence_batching.{strategy}.preferred_batch_size' "
+                              f"{size} is over max_batch_size {max_batch_size}")
+    candidates = getattr(body, "max_candidate_sequences", None) or max_batch_size
+    controls = []
+    for item in doc.control_input:
+        ctl = item.control[0]
+        if ctl.kind == "CONTROL_SEQUENCE_CORRID":
+            controls.append(ControlInput(item.name, ctl.kind, DATATYPES[ctl.data_type[5:]]))
+            continue
+        key = next(k for k in _FALSE_TRUE if getattr(ctl, k) is not None)
+        controls.append(ControlInput(item.name, ctl.kind, np.dtype(_FALSE_TRUE[key]),
+                                     tuple(getattr(ctl, key))))
+    states = []
+    for i, item in enumerate(doc.state):
+        datatype = item.data_type[5:]
+        dims = tuple(item.dims)
+        initial = np.zeros(dims, DATATYPES[datatype])
+        for init in item.initial_state:
+            if init.data_file is not None:
+                initial = _initial_from_file(
+                    init.data_file, version_dir, initial,
+                    f"sequence_batching.state[{i}].initial_state[0].data_file")
+        initial.setflags(write=False)
+        states.append(StateSpec(item.input_name, item.output_name, datatype, dims, initial))
+    return SequenceConfig(doc.max_sequence_idle_microseconds, strategy, candidates,
+                          body.max_queue_delay_microseconds, preferred, tuple(controls),
+                          tuple(states))
+
+
+def _initial_from_file(name: str, version_dir: Path, like: np.ndarray, what: str
+                       ) -> np.ndarray:
+    """Triton's `data_file`: the raw little-endian values of the state, in
+    `<version>/initial_state/<name>`: a regular file of exactly the state's bytes (a FIFO
+    or a device is refused without blocking, a larger file before it is read)."""
+    if name.startswith("."):
+        raise ConfigError(f"config '{what}' must be a file name, not {name!r}")
+    path = version_dir / "initial_state" / name
+    try:
+        data = read_module_file(path, limit=like.nbytes)
+    except Error as exc:
+        raise ConfigError(f"config '{what}': cannot read initial_state/{name}: "
+                          f"{_file_problem(exc, like.nbytes)}") from None
+    if len(data) != like.nbytes:
+        raise ConfigError(f"config '{what}': initial_state/{name} holds {len(data)} bytes, "
+                          f"the state takes {like.nbytes}")
+    return np.frombuffer(data, like.dtype.newbyteorder("<")).astype(like.dtype) \
+        .reshape(like.shape)
