@@ -82,10 +82,12 @@ which runs on the version's instance threads, as with `admission.Admission`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import logging
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,19 +100,26 @@ from ..hal.buffer_view import BufferView, dense_byte_length
 from ..hal.semaphore import Fence
 from ..hal.types import BufferUsage, element_type_for, pack_elements, unpack_elements
 from .admission import (
-    DeadlineExceeded,
-    DispatchAfterPass,
-    InFlight,
+    AdmissionStatistics,
+    Execution,
     Instance,
-    Overloaded,
     PendingRequest,
-    Unavailable,
     answer_directly,
-    delay_timer,
+    log_abandoned,
+    wait_outcome,
 )
 from .batching import Outcome, Results
 from .http import client_gone_probe
 from .protocol import DATATYPES, ProtocolError
+from .scheduling import (
+    DeadlineExceeded,
+    DispatchAfterPass,
+    InFlight,
+    Overloaded,
+    QueueTimer,
+    RunningInvocation,
+    Unavailable,
+)
 from .stats import Latency
 
 __all__ = ["ControlInput", "DeviceState", "SequenceBatcher", "SequenceCollector",
@@ -125,9 +134,12 @@ _CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32")
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 # the host phases of one execution, as recorded in `SequenceBatcher.host`
 HOST_PHASES = ("gather", "invoke", "scatter", "respond")
-_EXPIRED_REMEMBERED = 4096
+_ENDED_REMEMBERED = 4096  # ended sequences whose reason a late step is told
+# the longest string sequence id taken: the ids of live sequences are kept whole
+MAX_SEQUENCE_ID_LENGTH = 1024
 _CLIENT_CHECK_SECONDS = 0.02  # how often waiting steps' connections are looked at
 _STATE_USAGE = int(BufferUsage.DEFAULT | BufferUsage.MAPPING)
+log = logging.getLogger("tinyhal.server")
 _WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                  0.25, 0.5, 1.0)
 
@@ -354,16 +366,21 @@ def sequence_parameters(parameters: dict, model: str) -> tuple[int | str, bool, 
 
 
 class _Step(PendingRequest):
-    """One request of a sequence: a pending request (one row) and its control flags."""
+    """One request of a sequence: a pending request (one row), its control flags and
+    its sequence."""
 
-    __slots__ = ("start", "end")
+    started_note = "the step started and still updates its state (its result is " \
+                   "discarded)"
+    queued_note = "in the queue of its sequence (nothing ran; its state is unchanged)"
+    __slots__ = ("start", "end", "sequence")
 
     def __init__(self, args: list[Any], start: bool, end: bool, deadline: float,
-                 label: str, now: float,
-                 respond: Callable[[Results, float], Any] | None = None) -> None:
+                 label: str, now: float, respond: Callable[[Results, float], Any] | None,
+                 sequence: _Sequence) -> None:
         super().__init__(args, 1, deadline, label, now, respond)
         self.start = start
         self.end = end
+        self.sequence = sequence
 
 
 class _Sequence:
@@ -519,6 +536,15 @@ class DeviceState:
         return sum(blocks.values())
 
 
+def _digest(key: tuple[type, int | str]) -> bytes:
+    """A fixed-size digest of a sequence id (its type and value): what is remembered of
+    an ended sequence."""
+    sid = key[1]
+    data = sid.encode("utf-8", "surrogatepass") if type(sid) is str else \
+        b"#" + str(sid).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
 def _slot(seq: _Sequence) -> int:
     return seq.slot
 
@@ -548,6 +574,7 @@ class SequenceBatcher:
         self.config = config
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
+        self.max_concurrency = len(instances)
         self._instances = instances
         self._programs = {id(i): p for i, p in zip(instances, programs)}
         # direct: slot s is row s % max_batch_size of instance s // max_batch_size
@@ -574,28 +601,37 @@ class SequenceBatcher:
             else:
                 self._plan.append(("client", client))
                 client += 1
-        self._corrid_integer = any(c.kind == "CONTROL_SEQUENCE_CORRID"
-                                   for c in config.controls)
+        # (lowest, highest, datatype) of the CORRID control input's type, if any
+        self._corrid: tuple[int, int, str] | None = None
+        for control in config.controls:
+            if control.kind == "CONTROL_SEQUENCE_CORRID":
+                limits = np.iinfo(control.dtype)
+                self._corrid = (max(int(limits.min), 1), int(limits.max), control.dtype.name)
         self._state_outputs = {s.output_name: i for i, s in enumerate(config.states)}
         self._program_outputs = [(name, datatype, DATATYPES[datatype])
                                  for name, datatype in program_outputs]
         self._sequences: dict[tuple[type, int | str], _Sequence] = {}
         self._backlog: deque[_Sequence] = deque()  # started, waiting for a slot
         self._ready: deque[_Sequence] = deque()
-        # why recently ended sequences ended, when not by their END request
-        self._ended: OrderedDict[tuple[type, int | str], str] = OrderedDict()
+        # why recently ended sequences ended, when not by their END request: by a
+        # fixed-size digest of their id, so what is kept is bounded whatever the ids
+        self._ended: OrderedDict[bytes, str] = OrderedDict()
         self._queued = 0
         self._in_flight = InFlight()
+        self._running: set[Execution] = set()
+        self._detached = 0
         self._closed = False
-        self._timer_at = math.inf
         # steps that arrive in one wake-up of the loop, the next steps of sequences just
         # answered among them, run as one batch; the instance is woken just before the
         # loop waits for I/O, not while the loop still holds the interpreter
         self._dispatch_after_pass = DispatchAfterPass(self._dispatch)
-        self._timer: Any = None  # `delay_timer`, made with the first step if delays are on
+        # the dynamic batcher's queue-delay timer (with its lead correction)
+        self._timer = QueueTimer(config.max_queue_delay_us / 1e6, self._dispatch_after_pass)
         self._tasks_started = False
         self._now: Callable[[], float] = trio.current_time  # the run's clock (see `infer`)
         self.expired_count = 0
+        self._idle_reason = (f"it expired: idle for more than max_sequence_idle_microseconds"
+                             f" = {config.max_sequence_idle_us}")
         self.client_gone_count = 0  # sequences ended because a client went away
         # steps whose client can be asked whether it is still there: step -> (seq, probe)
         self._watched: dict[_Step, tuple[_Sequence, Callable[[], bool]]] = {}
@@ -610,6 +646,25 @@ class SequenceBatcher:
         return len(self._sequences)
 
     @property
+    def live_sequences(self) -> int:
+        return len(self._sequences)
+
+    @property
+    def in_flight(self) -> int:
+        """Steps admitted and not finished (queued, running, detached)."""
+        return self._in_flight.count
+
+    def statistics(self) -> AdmissionStatistics:
+        """The figures every scheduler gives (executions, queued steps, instances)."""
+        return AdmissionStatistics(len(self._running), self._queued, self.max_concurrency,
+                                   self.max_queue, self._detached)
+
+    def running_invocations(self) -> list[RunningInvocation]:
+        """The executions running now, oldest first."""
+        return [RunningInvocation(e.label, e.started, all(r.detached for r in e.requests))
+                for e in sorted(self._running, key=lambda e: e.started)]
+
+    @property
     def slots_in_use(self) -> int:
         return self.slots - len(self._free_slots)
 
@@ -617,7 +672,7 @@ class SequenceBatcher:
     def state_bytes_in_use(self) -> int:
         return self.slots_in_use * sum(s.row_bytes for s in self.config.states)
 
-    def statistics(self) -> dict:
+    def sequence_statistics(self) -> dict:
         """Live sequences, slots and their state memory, and where executions spent host
         time (count and total ns per phase)."""
         return {
@@ -639,68 +694,68 @@ class SequenceBatcher:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def infer(self, args: list[Any], parameters: dict, deadline: float, label: str,
-                    respond: Callable[[Results, float], Any] | None = None
-                    ) -> tuple[Results, float, float]:
-        """Runs one step of the request's sequence: (client outputs, seconds queued,
-        seconds its execution took). Raises ProtocolError 400 for a bad control flow,
-        `Unavailable`, `Overloaded`, `DeadlineExceeded`, or the invocation's error.
+    def infer(self, args: list[Any], rows: int, deadline: float, label: str,
+              respond: Callable[[Results, float], Any] | None = None,
+              parameters: dict | None = None) -> Awaitable[tuple[Results, float, float]]:
+        """Runs one step of the request's sequence (named by `parameters`): (client
+        outputs, seconds queued, seconds its execution took). Raises ProtocolError 400
+        for a bad control flow, `Unavailable`, `Overloaded`, `DeadlineExceeded`, or the
+        invocation's error.
 
         `respond(results, execution_seconds)`, when given, answers the client from the
         instance thread as soon as the step ran (as `Admission.infer`'s), before the loop
         has taken in the step's outcome: the sequence's next step may then arrive first,
         and waits, as any step of a running sequence does. A sequence's last step is
         always answered by the loop, once its slot is free, so a client that starts the
-        same sequence id again on that answer finds it ended."""
-        sid, start, end = sequence_parameters(parameters, self.model)
+        same sequence id again on that answer finds it ended.
+
+        As Triton: a START for a sequence still live ends it there and starts it anew
+        (its steps already queued run first, the START step then begins from the
+        initial state); a sequence whose START left the queue unrun (its deadline) is
+        ended, so its next step without START is refused."""
+        sid, start, end = sequence_parameters(parameters or {}, self.model)
         if self._closed:
             raise Unavailable("the model version is unloading")
-        rows = int(args[0].shape[0]) if args else 1
         if rows != 1:
             raise ProtocolError(400, f"inference request for sequence {sid} to model "
                                      f"'{self.model}' must have batch size 1, not {rows}")
         if not self._tasks_started:
-            self._tasks_started = True
-            self._now = trio.lowlevel.current_clock().current_time  # one call per read
-            # system tasks: they end with the batcher (close), not with a request
-            trio.lowlevel.spawn_system_task(self._expire_idle)
-            trio.lowlevel.spawn_system_task(self._watch_clients)
-            if self.config.max_queue_delay_us:
-                self._timer = delay_timer(self._timer_fired)
-        if self._corrid_integer and not isinstance(sid, int):
-            raise ProtocolError(400, f"model '{self.model}' takes an integer sequence_id "
-                                     f"(it has a CORRID control input), not the string "
-                                     f"{sid!r}")
+            self._start_tasks()
+        if self._corrid is not None:
+            self._check_corrid(sid)
+        elif type(sid) is str and len(sid) > MAX_SEQUENCE_ID_LENGTH:
+            raise ProtocolError(400, f"parameter 'sequence_id' is a string of {len(sid)} "
+                                     f"characters; at most {MAX_SEQUENCE_ID_LENGTH} are "
+                                     f"taken")
         key = (type(sid), sid)
         now = self._now()
         seq = self._sequences.get(key)
         if start:
-            if seq is not None:
-                raise ProtocolError(400, f"inference request for sequence {sid} to model "
-                                         f"'{self.model}' has sequence_start, but sequence "
-                                         f"{sid} is already in progress: end it "
-                                         f"(sequence_end) before starting it again")
+            if seq is not None and not seq.ending:
+                log.warning("sequence %s of model '%s' has a START while still in "
+                            "progress: it ends there and starts anew", sid, self.model)
         elif seq is None or seq.ending:
-            why = f" ({self._ended[key]})" if key in self._ended else ""
+            why = self._ended_reason(key)
             raise ProtocolError(400, f"inference request for sequence {sid} to model "
                                      f"'{self.model}' must specify the START flag on the "
-                                     f"first request of the sequence{why}")
+                                     f"first request of the sequence"
+                                     f"{f' ({why})' if why else ''}")
         if self._queued >= max(self.max_queue, self.slots):
-            raise Overloaded(f"{self._queued} sequence requests queued (max_queue "
-                             f"{self.max_queue})", 1)
+            raise Overloaded(f"exceeds maximum queue size: {self._queued} sequence "
+                             f"requests queued (max_queue {self.max_queue})", 1)
         if seq is None:
             seq = _Sequence(sid, now)
             self._sequences[key] = seq
-            self._ended.pop(key, None)
+            if self._ended:
+                self._ended.pop(_digest(key), None)
             if self._free_slots:
                 self._assign(seq)
             else:
                 self._backlog.append(seq)
-        step = _Step(args, start, end, deadline, label, now, None if end else respond)
+        step = _Step(args, start, end, deadline, label, now, None if end else respond, seq)
         seq.steps.append(step)
         seq.last_used = now
-        if end:
-            seq.ending = True
+        seq.ending = end
         self._queued += 1
         self._in_flight.count += 1
         self._mark_ready(seq)
@@ -710,40 +765,56 @@ class SequenceBatcher:
             self._watched[step] = (seq, probe)
             if self._watch_wake is not None:
                 self._watch_wake.set()
-        try:
-            if deadline == math.inf:  # no cancel scope to enter and leave per step
-                await step.done.wait()
-            else:
-                with trio.move_on_at(deadline):
-                    await step.done.wait()
-        finally:
-            self._watched.pop(step, None)
-            if not step.done.is_set():
-                self._abandon(seq, step)
-        if step.outcome is None:
-            waited = trio.current_time() - step.arrived
-            if step.started:
-                raise DeadlineExceeded(
-                    f"deadline exceeded after {waited:.3f} s; the step of sequence {sid} "
-                    f"started and still updates its state (its result is discarded)",
-                    started=True)
-            raise DeadlineExceeded(f"deadline exceeded after {waited:.3f} s in the queue "
-                                   f"of sequence {sid} (nothing ran; its state is "
-                                   f"unchanged)", started=False)
-        results, error = step.outcome
-        if error is not None:
-            raise error
-        return results, step.queued_seconds, step.infer_seconds
+        return wait_outcome(step, self._abandon_step)
 
-    def _abandon(self, seq: _Sequence, step: _Step) -> None:
+    def _start_tasks(self) -> None:
+        """On the first step: the run's clock, and the system tasks that end with the
+        batcher (`close`), not with a request."""
+        self._tasks_started = True
+        self._now = trio.lowlevel.current_clock().current_time  # one call per read
+        trio.lowlevel.spawn_system_task(self._expire_idle)
+        trio.lowlevel.spawn_system_task(self._watch_clients)
+
+    def _check_corrid(self, sid: int | str) -> None:
+        """The id must be an integer the CORRID control's type holds (400 otherwise)."""
+        if type(sid) is not int:
+            raise ProtocolError(400, f"model '{self.model}' takes an integer sequence_id "
+                                     f"(it has a CORRID control input), not a string")
+        low, high, datatype = self._corrid
+        if not low <= sid <= high:
+            raise ProtocolError(400, f"parameter 'sequence_id' {sid} is out of the range of "
+                                     f"the CORRID control input's {datatype} "
+                                     f"({low}..{high})")
+
+    def continues_work(self, parameters: dict) -> bool:
+        """A step without START of a sequence live here (what a draining server still
+        serves)."""
+        sid = parameters.get("sequence_id")
+        if type(sid) not in (int, str) or parameters.get("sequence_start"):
+            return False
+        seq = self._sequences.get((type(sid), sid))
+        return seq is not None and not seq.ending
+
+    def _abandon_step(self, step: _Step) -> None:
         """The step stops waiting (deadline, or its task was cancelled)."""
+        seq = step.sequence
+        self._watched.pop(step, None)
         if step.started:
             step.detached = True
+            self._detached += 1
             return
         seq.steps.remove(step)
         self._queued -= 1
         self._in_flight.left(1)
-        if step.end and not seq.steps and not seq.running:
+        if step.start and seq.steps and not seq.steps[0].start:
+            # the START never ran: the steps queued behind it belong to no sequence
+            self._end_early(seq, "its START request left the queue unrun (its deadline "
+                                 "passed)")
+        elif step.start and not seq.steps and not seq.running:
+            self._release(seq)
+            self._remember_end(seq.id, "its START request left the queue unrun (its "
+                                       "deadline passed)")
+        elif step.end and not seq.steps and not seq.running:
             self._release(seq)
         self._dispatch()
 
@@ -823,15 +894,15 @@ class SequenceBatcher:
                 oldest = min((s.steps[0].arrived for s in self._ready if s.steps),
                              default=now) \
                     if len(self._ready) < target else now
-                until = oldest + config.max_queue_delay_us / 1e6
+                until = oldest + self._timer.delay - self._timer.lead
                 if now < until and len(self._ready) < target:
-                    self._arm(until)
+                    self._timer.arm(until)
                     return
             batch, owner = self._take(now)
             if not batch:
                 return
             self._start(batch, now, owner)
-        self._arm(math.inf)
+        self._timer.arm(math.inf)
 
     def _start(self, batch: list[_Sequence], now: float, owner: int | None) -> None:
         if owner is None:
@@ -850,21 +921,24 @@ class SequenceBatcher:
             seq.running = True
             steps.append(step)
         self._queued -= len(steps)
-        homes = [seq.home for seq in batch]
+        initial = self._device.initial_home
+        # a START (of a new sequence, or one started anew) begins from the initial state
+        homes = [initial if step.start else seq.home for seq, step in zip(batch, steps)]
         ids = [seq.id for seq in batch]
         layout = None
         if owner is not None:  # direct: row r is slot owner * max_batch_size + r
             first = owner * self.max_batch_size
             rows = {seq.slot - first: i for i, seq in enumerate(batch)}
             layout = [rows.get(r, -1) for r in range(max(rows) + 1)]
-            initial = self._device.initial_home
             homes = [homes[i] if i >= 0 else
                      getattr(self._slot_owner.get(first + r), "home", initial)
                      for r, i in enumerate(layout)]
         program = self._programs[id(instance)]
+        execution = Execution(steps, instance, now)
+        self._running.add(execution)
         instance.thread.submit([(
             lambda: self._execute_and_answer(program, steps, homes, ids, layout),
-            lambda result: self._finished(instance, batch, steps, now, result))])
+            lambda result: self._finished(execution, batch, result))])
 
     def _execute_and_answer(self, program: StepProgram, steps: list[_Step],
                             homes: list[tuple[tuple, int]], ids: list[int | str],
@@ -994,10 +1068,11 @@ class SequenceBatcher:
                       else false for step in steps]
         return np.array(values, control.dtype).reshape(len(steps), 1)
 
-    def _finished(self, instance: Instance, batch: list[_Sequence], steps: list[_Step],
-                  started: float, result: Any) -> None:
+    def _finished(self, execution: Execution, batch: list[_Sequence], result: Any) -> None:
         """On the loop, when an instance thread finished an execution."""
         t0 = time.perf_counter()
+        self._running.discard(execution)
+        steps = execution.requests
         if isinstance(result, BaseException):
             outcomes: list[Outcome] = [(None, result)] * len(steps)
             homes = None
@@ -1007,40 +1082,32 @@ class SequenceBatcher:
             for phase, seconds in zip(HOST_PHASES, phases):
                 self.host[phase].add(seconds)
         now = self._now()
-        seconds = now - started
+        seconds = now - execution.started
+        watched = self._watched
         for i, (seq, step, outcome) in enumerate(zip(batch, steps, outcomes)):
             if homes is not None and homes[i] is not None:
                 seq.home = homes[i]  # the previous home is released with its last row
             step.outcome = outcome
             step.infer_seconds = seconds
             step.done.set()
+            if watched:
+                watched.pop(step, None)
+            if step.detached:
+                self._detached -= 1
             seq.running = False
             seq.last_used = now
-            if step.end or seq.gone:
+            if seq.gone or (step.end and not seq.steps):  # not started anew meanwhile
                 self._release(seq)
             else:
                 self._mark_ready(seq)
         if self._executed is not None:
             for counts in executions:
                 self._executed(*counts)
-        self._idle.append(instance)
+        self._idle.append(execution.instance)
         self._dispatch_after_pass()
         self._in_flight.left(len(steps))
         if not isinstance(result, BaseException):
             self.host["respond"].add(time.perf_counter() - t0)
-
-    def _arm(self, at: float) -> None:
-        if at != self._timer_at:
-            self._timer_at = at
-            if self._timer is not None:
-                self._timer.arm(at)
-
-    def _timer_fired(self, at: float) -> None:
-        """On the loop, when the queue delay armed for `at` ran out (the timer wakes the
-        loop at that time itself: trio's own timeouts are rounded to milliseconds)."""
-        if self._timer_at == at:
-            self._timer_at = math.inf
-            self._dispatch_after_pass()
 
     async def _watch_clients(self) -> None:
         """Ends the sequences whose client closed its connection while a step of theirs
@@ -1060,20 +1127,30 @@ class SequenceBatcher:
     def _client_left(self, seq: _Sequence, step: _Step) -> None:
         """The client of `step` went away (its connection closed) before its answer:
         as Triton cancels a sequence with a cancelled request, the sequence ends with
-        every request it has queued, and its slot is freed as soon as no step of it runs
-        (a running step finishes; its result goes nowhere)."""
+        every request it has queued (`_end_early`)."""
         self._watched.pop(step, None)
         self.client_gone_count += 1
-        self._remember_end((type(seq.id), seq.id), "it was ended: a client closed its "
-                                                   "connection before an answer")
+        self._end_early(seq, "the client of one of its requests closed its connection "
+                             "before the answer")
+
+    def _end_early(self, seq: _Sequence, why: str, error: Exception | None = None) -> None:
+        """Ends `seq` before its END: its queued steps are answered `error` (a 400 naming
+        `why` by default), its id is free at once and remembered with `why`, and its slot
+        is freed as soon as no step of it runs (a running step finishes; its result
+        goes nowhere)."""
+        self._remember_end(seq.id, f"it was ended: {why}")
+        key = (type(seq.id), seq.id)
+        if self._sequences.get(key) is seq:
+            del self._sequences[key]
         seq.ending = seq.gone = True
-        error = ProtocolError(400, f"sequence {seq.id} of model '{self.model}' was ended: "
-                                   f"the client of one of its requests closed its "
-                                   f"connection before the answer")
+        if error is None:
+            error = ProtocolError(400, f"sequence {seq.id} of model '{self.model}' was "
+                                       f"ended: {why}")
         while seq.steps:
             queued = seq.steps.popleft()
             self._queued -= 1
             self._in_flight.left(1)
+            self._watched.pop(queued, None)
             queued.outcome = (None, error)
             queued.done.set()
         if seq.ready:
@@ -1082,10 +1159,14 @@ class SequenceBatcher:
         if not seq.running:
             self._release(seq)
 
-    def _remember_end(self, key: tuple[type, int | str], why: str) -> None:
-        self._ended[key] = why
-        if len(self._ended) > _EXPIRED_REMEMBERED:
-            self._ended.popitem(last=False)
+    def _remember_end(self, sid: int | str, why: str) -> None:
+        ended = self._ended
+        ended[_digest((type(sid), sid))] = why
+        if len(ended) > _ENDED_REMEMBERED:
+            ended.popitem(last=False)
+
+    def _ended_reason(self, key: tuple[type, int | str]) -> str | None:
+        return self._ended.get(_digest(key)) if self._ended else None
 
     async def _expire_idle(self) -> None:
         """Ends sequences idle longer than `max_sequence_idle_microseconds`."""
@@ -1094,13 +1175,11 @@ class SequenceBatcher:
         while not self._closed:
             await trio.sleep(period)
             now = trio.current_time()
-            for key, seq in list(self._sequences.items()):
+            for seq in list(self._sequences.values()):
                 if not seq.steps and not seq.running and now - seq.last_used > idle:
                     self._release(seq)
                     self.expired_count += 1
-                    self._remember_end(key, f"it expired: idle for more than "
-                                            f"max_sequence_idle_microseconds = "
-                                            f"{self.config.max_sequence_idle_us}")
+                    self._remember_end(seq.id, self._idle_reason)
             self._dispatch()  # sequences that waited for a slot may have one now
             self._compact_states()
 
@@ -1130,6 +1209,7 @@ class SequenceBatcher:
         instance = self._idle.pop()
         program = self._programs[id(instance)]
         old = [seq.home for seq in movers]
+        self._in_flight.count += 1  # an unload waits for it: it runs on the modules
 
         def compact() -> Any:
             with program.lock or contextlib.nullcontext():
@@ -1141,6 +1221,7 @@ class SequenceBatcher:
                     if seq.home is before:  # it did not step meanwhile
                         seq.home = after
             self._idle.append(instance)
+            self._in_flight.left(1)
             self._dispatch()
 
         instance.thread.submit([(compact, compacted)])
@@ -1148,17 +1229,58 @@ class SequenceBatcher:
     # -- lifecycle -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Admits nothing new; what is queued still runs."""
+        """Admits nothing new (the version unloads). The steps of sequences holding a slot
+        still run, without waiting out a queue delay; what could never run is answered
+        at once: the steps of sequences waiting for a slot get `Unavailable` (503, each
+        logged), and live sequences with nothing queued or running end."""
+        if self._closed:
+            return
         self._closed = True
         if self._watch_wake is not None:
             self._watch_wake.set()
-        self._arm(math.inf)
-        if self._timer is not None:
-            self._timer.stop()
+        why = "the model version is unloading"
+        for seq in list(self._backlog):
+            for step in seq.steps:
+                log_abandoned(step, 503, f"{why}; it waited for a sequence slot")
+            self._end_early(seq, why, Unavailable(f"{why}; the sequence waited for a "
+                                                  f"slot and nothing ran"))
+        for seq in list(self._sequences.values()):
+            if not seq.steps and not seq.running:
+                self._release(seq)
         self._dispatch()
+        self._timer.arm(math.inf)
+
+    def abandon(self, why: str) -> int:
+        """Answers every admitted step that has not finished (`Scheduler.abandon`); the
+        sequences end."""
+        count = 0
+        for seq in list(self._sequences.values()):
+            for step in seq.steps:
+                log_abandoned(step, 503, why)
+            count += len(seq.steps)
+            self._end_early(seq, why, Unavailable(f"{why}; nothing ran"))
+        for execution in self._running:
+            for step in execution.requests:
+                if not step.done.is_set():
+                    count += 1
+                    step.outcome = (None, DeadlineExceeded(f"{why}; {step.started_note}",
+                                                           started=True))
+                    step.detached = True
+                    self._detached += 1
+                    log_abandoned(step, 504, why)
+                    step.done.set()
+        return count
 
     async def wait_idle(self) -> None:
+        """Returns once every step admitted so far has finished (detached ones and state
+        compactions included): nothing runs on the modules."""
         await self._in_flight.wait_idle()
+
+    def stop(self) -> None:
+        """Ends the instance threads and the timer (call once idle)."""
+        for instance in self._instances:
+            instance.thread.stop()
+        self._timer.stop()
 
 
 class SequenceCollector:
@@ -1232,7 +1354,7 @@ class SequenceCollector:
             if batcher is None:
                 continue
             names = [mv.name, mv.version]
-            st = batcher.statistics()
+            st = batcher.sequence_statistics()
             for key, family in gauges.items():
                 family.add_metric(names, st[key])
             expired.add_metric(names, batcher.expired_count)

@@ -397,10 +397,13 @@ def test_control_flow_errors_are_400_with_triton_messages(seq_server):
     message = _error(lambda: _step(client, "gru_step", x, sequence_id=424242))
     assert message == ("inference request for sequence 424242 to model 'gru_step' must "
                        "specify the START flag on the first request of the sequence")
-    _step(client, "gru_step", x, sequence_id=77, sequence_start=True)
-    message = _error(lambda: _step(client, "gru_step", x, sequence_id=77,
-                                   sequence_start=True))
-    assert "sequence 77" in message and "already in progress" in message
+    ones = np.ones((1, 8), np.float32)
+    first = _step(client, "gru_step", ones, sequence_id=77, sequence_start=True)
+    second = _step(client, "gru_step", ones, sequence_id=77)
+    # as Triton: a second START ends the live sequence and starts it anew
+    again = _step(client, "gru_step", ones, sequence_id=77, sequence_start=True)
+    assert np.array_equal(again.as_numpy("OUTPUT"), first.as_numpy("OUTPUT"))
+    assert not np.array_equal(second.as_numpy("OUTPUT"), first.as_numpy("OUTPUT"))
     # a string id is another sequence than the integer with the same digits
     message = _error(lambda: _step(client, "gru_step", x, sequence_id="77"))
     assert "must specify the START flag" in message
