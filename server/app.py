@@ -158,8 +158,8 @@ class Server:
         each logged) and admission ends: the drain's bound ran out."""
         count = 0
         for scheduler in self.schedulers():
-            scheduler.close()
             count += scheduler.abandon(why)
+            scheduler.close()
         return count
 
     async def wait_idle(self) -> None:
