@@ -52,8 +52,9 @@ preferred size but fewer than `max_batch_size` is cut back to the largest prefer
 it reaches (the others lead the next batch), as the dynamic batcher does. With
 `max_queue_delay_microseconds`, a batch smaller than the largest preferred size (else
 `max_batch_size`) waits at most that long after its oldest request arrived; the delay
-ends through the dynamic batcher's timer (`admission.delay_timer`: a timerfd the loop
-waits on), not a trio timeout, which epoll rounds up to whole milliseconds.
+ends through the dynamic batcher's timer (`scheduling.QueueTimer`: a timerfd the loop
+waits on, armed early by how late its wake-ups came), not a trio timeout, which epoll
+rounds up to whole milliseconds.
 
 With `direct`, as in Triton, slot s is row s % max_batch_size of instance
 s // max_batch_size for the sequence's whole life: an execution takes the ready
@@ -63,7 +64,12 @@ slot's idle sequence or the initial one), and their outputs are dropped.
 
 Triton's semantics and errors (400): a request without `sequence_id` (or 0, or ""); a
 request of an unknown (never started, ended or expired) sequence without
-`sequence_start`; a `sequence_start` for a sequence still live. A sequence that received
+`sequence_start`; an id the CORRID control's type cannot hold; a string id of more than
+`MAX_SEQUENCE_ID_LENGTH` characters. A `sequence_start` for a sequence still live ends
+it and starts it anew (its queued steps run first; Triton's "previous sequence will be
+terminated early"). A sequence whose START left the queue unrun (its deadline) is ended,
+as one that expired. Ended sequences are remembered (why they ended, for the next
+step's 400) by a 16-byte digest of their id, 4,096 at most. A sequence that received
 nothing for `max_sequence_idle_microseconds` (none queued or running) is ended and its
 slot freed. A client that closes its connection while a step of its sequence waits or
 runs ends the sequence (as Triton cancels a sequence with a cancelled request): its
@@ -87,7 +93,7 @@ import logging
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,10 +101,6 @@ from typing import Any
 import numpy as np
 import trio
 
-from ..hal.buffer import ALIGNMENT
-from ..hal.buffer_view import BufferView, dense_byte_length
-from ..hal.semaphore import Fence
-from ..hal.types import BufferUsage, element_type_for, pack_elements, unpack_elements
 from .admission import (
     AdmissionStatistics,
     Execution,
@@ -120,6 +122,8 @@ from .scheduling import (
     RunningInvocation,
     Unavailable,
 )
+from .sequence_metrics import SequenceCollector
+from .sequence_state import DeviceState, StepProgram
 from .stats import Latency
 
 __all__ = ["ControlInput", "DeviceState", "SequenceBatcher", "SequenceCollector",
@@ -138,7 +142,6 @@ _ENDED_REMEMBERED = 4096  # ended sequences whose reason a late step is told
 # the longest string sequence id taken: the ids of live sequences are kept whole
 MAX_SEQUENCE_ID_LENGTH = 1024
 _CLIENT_CHECK_SECONDS = 0.02  # how often waiting steps' connections are looked at
-_STATE_USAGE = int(BufferUsage.DEFAULT | BufferUsage.MAPPING)
 log = logging.getLogger("tinyhal.server")
 _WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                  0.25, 0.5, 1.0)
@@ -397,143 +400,6 @@ class _Sequence:
         self.gone = False  # ended because a client went away: freed when nothing runs
         self.ready = False  # in the ready queue
         self.last_used = now
-
-
-@dataclass(frozen=True)
-class StepProgram:
-    """What executions run on one instance: its loaded module (`tinyhal.vm.Module`), the
-    step function's name, and the lock a `sync` device needs (it runs work inline on
-    the calling thread, one invocation at a time), or None."""
-
-    module: Any
-    function: str
-    lock: Any = None
-
-
-class DeviceState:
-    """Where the implicit state of live sequences lives: in device buffers, never on the
-    host. A sequence's state is a *row* of a buffer the program returned (its state
-    output of the sequence's last step: row i of an execution belongs to the i-th
-    sequence of its batch) or, before its first step succeeded, a row of a block of
-    copies of the initial value made when the model loaded. Those buffers are never
-    written after the program returned them, so a row stays valid while any sequence
-    refers to it and is released with the last one.
-
-    Gather builds an execution's state input from its sequences' rows: when they are
-    consecutive rows of one buffer (the batch is ordered by where its rows are, so a
-    group of sequences that stepped together last time and steps together again is one
-    run) the input is a view of that buffer, with no copy; otherwise one device copy
-    per run of consecutive rows into a new buffer. Scatter is free: the state output
-    becomes the rows' new home. The gathers' copies signal a fence the invocation takes
-    as its wait fence (`take_gathers`): a coarse-fences step function waits for them on
-    the device; for a synchronous one the host waits before calling it."""
-
-    def __init__(self, states: tuple[StateSpec, ...], rows: int,
-                 programs: list[StepProgram]) -> None:
-        module = programs[0].module
-        self.device = device = module.device
-        self._memory = module.input_memory_type
-        self.element_types = [int(element_type_for(s.initial.dtype)) for s in states]
-        self.row_bytes = [dense_byte_length(s.dims, t)
-                          for s, t in zip(states, self.element_types)]
-        self.dims = [s.dims for s in states]
-        self.initial = []
-        for state, element_type, size in zip(states, self.element_types, self.row_bytes):
-            block = device.allocator.allocate(rows * size, self._memory, _STATE_USAGE)
-            row = pack_elements(np.ascontiguousarray(state.initial), element_type).tobytes()
-            device.write_bytes(block, row * rows)
-            self.initial.append(block)
-        self.initial_home = (tuple(self.initial), 0)
-        self._gathers: dict[int, list] = {id(p): [] for p in programs}
-        # gathers passed as views of where the rows are, gathers that copied, copies
-        self.counts = {"in_place": 0, "copied": 0, "copies": 0}
-
-    def gather(self, program: StepProgram, state: int, homes: list[tuple[tuple, int]],
-               copy: bool = False) -> BufferView:
-        """The state input made of the rows `homes` ((buffers per state, row) each); in a
-        new buffer of just those rows with `copy`."""
-        size = self.row_bytes[state]
-        runs: list[list] = []  # [source, first source row, first batch row, rows]
-        initial = self.initial[state]
-        for i, (buffers, row) in enumerate(homes):
-            source = buffers[state]
-            if runs:
-                last = runs[-1]
-                if last[0] is source and last[1] + last[3] == row:
-                    last[3] += 1
-                    continue
-                if source is initial and last[0] is initial:  # any initial row will do
-                    last[3] += 1
-                    continue
-            runs.append([source, row, i, 1])
-        shape = (len(homes), *self.dims[state])
-        element_type = self.element_types[state]
-        counts = self.counts
-        if len(runs) == 1 and not copy:
-            source, row = runs[0][0], runs[0][1]
-            offset = row * size
-            if offset == 0 and source.byte_length == len(homes) * size:
-                counts["in_place"] += 1
-                return BufferView(source, shape, element_type)
-            if offset % ALIGNMENT == 0:
-                counts["in_place"] += 1
-                return BufferView(source.subspan(offset, len(homes) * size), shape,
-                                  element_type)
-        counts["copied"] += 1
-        counts["copies"] += len(runs)
-        target = self.device.allocator.allocate(len(homes) * size, self._memory,
-                                                _STATE_USAGE)
-        commands = self.device.create_command_buffer()
-        for source, row, at, count in runs:
-            commands.copy(source, row * size, target, at * size, count * size)
-        commands.finalize()
-        done = self.device.create_semaphore(0)
-        self.device.submit(commands, signal=[(done, 1)])
-        self._gathers[id(program)].append(done)
-        return BufferView(target, shape, element_type)
-
-    def take_gathers(self, program: StepProgram) -> Fence | None:
-        """The fence the gathers made for `program`'s next invocation signal (None when
-        every state input is a view): its wait fence."""
-        pending = self._gathers[id(program)]
-        if not pending:
-            return None
-        fence = Fence([(done, 1) for done in pending])
-        pending.clear()
-        return fence
-
-    def compact(self, program: StepProgram, homes: list[tuple[tuple, int]]
-                ) -> list[tuple[tuple, int]]:
-        """Copies the rows `homes` into new buffers of just those rows (so the larger
-        buffers they were among can go once nothing else refers to them); their new
-        homes, in order."""
-        views = [self.gather(program, state, homes, copy=True)
-                 for state in range(len(self.row_bytes))]
-        done = self.take_gathers(program)
-        if done is not None:
-            done.wait()
-        buffers = tuple(view.buffer for view in views)
-        return [(buffers, i) for i in range(len(homes))]
-
-    @property
-    def initial_bytes(self) -> int:
-        return sum(b.byte_length for b in self.initial)
-
-    def read(self, state: int, home: tuple[tuple, int]) -> np.ndarray:
-        """A copy of one sequence's state on the host (a transfer: for tests)."""
-        buffers, row = home
-        size = self.row_bytes[state]
-        data = self.device.read_array(buffers[state], row * size, size)
-        return unpack_elements(data, self.dims[state], self.element_types[state])
-
-    def held_bytes(self, homes: Iterable[tuple[tuple, int]]) -> int:
-        """Device memory the rows `homes` keep alive, and the initial blocks: whole
-        allocations (a program may return its outputs as windows of one)."""
-        blocks = {id(b.storage): b.storage.byte_length for b in self.initial}
-        for home in homes:
-            for buffer in home[0]:
-                blocks[id(buffer.storage)] = buffer.storage.byte_length
-        return sum(blocks.values())
 
 
 def _digest(key: tuple[type, int | str]) -> bytes:
@@ -1281,93 +1147,3 @@ class SequenceBatcher:
         for instance in self._instances:
             instance.thread.stop()
         self._timer.stop()
-
-
-class SequenceCollector:
-    """Prometheus families of every sequence-batched model version, read at scrape time:
-
-        tinyhal_sequences_live{model,version}              sequences started, not ended
-        tinyhal_sequences_waiting_for_slot{model,version}  started, no slot free yet
-        tinyhal_sequence_slots{model,version}              state slots
-        tinyhal_sequence_slots_in_use{model,version}
-        tinyhal_sequence_state_bytes{model,version}        state memory of the slots in use
-        tinyhal_sequence_state_device_bytes{model,version} device memory the states hold
-        tinyhal_sequences_expired_total{model,version}     ended by idle expiry
-        tinyhal_sequences_client_gone_total{model,version} ended: a client hung up mid-step
-        tinyhal_sequence_batch_size{model,version}         sequences per execution
-        tinyhal_sequence_queue_wait_seconds{model,version} a step's wait for its execution
-        tinyhal_sequence_host_seconds_total{model,version,phase}  host time of executions
-            (gather, invoke, scatter, respond)
-
-    `versions()` yields objects with `name`, `version`, `sequences` (a SequenceBatcher or
-    None) and `stats` (stats.ModelStatistics: the executions by batch size)."""
-
-    def __init__(self, versions: Callable[[], Iterable[Any]]) -> None:
-        self._versions = versions
-
-    def describe(self) -> list:
-        return []
-
-    def collect(self) -> Any:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-        from prometheus_client.utils import floatToGoString
-
-        labels = ["model", "version"]
-        gauges = {
-            "live_sequences": GaugeMetricFamily("tinyhal_sequences_live", "Live sequences",
-                                      labels=labels),
-            "waiting_for_slot": GaugeMetricFamily(
-                "tinyhal_sequences_waiting_for_slot",
-                "Sequences started and waiting for a free state slot", labels=labels),
-            "slots": GaugeMetricFamily("tinyhal_sequence_slots", "State slots",
-                                       labels=labels),
-            "slots_in_use": GaugeMetricFamily("tinyhal_sequence_slots_in_use",
-                                              "State slots held by live sequences",
-                                              labels=labels),
-            "state_bytes_in_use": GaugeMetricFamily(
-                "tinyhal_sequence_state_bytes", "Bytes of implicit state in the slots in use",
-                labels=labels),
-            "state_bytes_reserved": GaugeMetricFamily(
-                "tinyhal_sequence_state_device_bytes",
-                "Device memory the implicit states keep alive (their buffers, the initial "
-                "rows)", labels=labels),
-        }
-        expired = CounterMetricFamily("tinyhal_sequences_expired",
-                                      "Sequences ended by max_sequence_idle_microseconds",
-                                      labels=labels)
-        gone = CounterMetricFamily("tinyhal_sequences_client_gone",
-                                   "Sequences ended because a client closed its connection "
-                                   "while a step of theirs waited or ran", labels=labels)
-        batch = HistogramMetricFamily("tinyhal_sequence_batch_size",
-                                      "Sequences per execution", labels=labels)
-        wait = HistogramMetricFamily("tinyhal_sequence_queue_wait_seconds",
-                                     "Time a step waited for its execution", labels=labels)
-        host = CounterMetricFamily("tinyhal_sequence_host_seconds",
-                                   "Host time of executions by phase",
-                                   labels=[*labels, "phase"])
-        for mv in self._versions():
-            batcher = mv.sequences
-            if batcher is None:
-                continue
-            names = [mv.name, mv.version]
-            st = batcher.sequence_statistics()
-            for key, family in gauges.items():
-                family.add_metric(names, st[key])
-            expired.add_metric(names, batcher.expired_count)
-            gone.add_metric(names, batcher.client_gone_count)
-            rows = [(r, d.count) for r, d in mv.stats.batches.items()]
-            buckets = [(floatToGoString(bound), sum(n for r, n in rows if r <= bound))
-                       for bound in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
-            buckets.append(("+Inf", sum(n for _, n in rows)))
-            batch.add_metric(names, buckets, sum(r * n for r, n in rows))
-            latency = batcher.queue_wait
-            wait.add_metric(names, [(floatToGoString(b), n) for b, n in latency.cumulative()],
-                            latency.ns / 1e9)
-            for phase, latency in batcher.host.items():
-                host.add_metric([*names, phase], latency.ns / 1e9)
-        yield from gauges.values()
-        yield from (expired, gone, batch, wait, host)
