@@ -111,7 +111,6 @@ from .admission import (
     wait_outcome,
 )
 from .batching import Outcome, Results
-from .http import client_gone_probe
 from .protocol import DATATYPES, ProtocolError
 from .scheduling import (
     DeadlineExceeded,
@@ -122,6 +121,7 @@ from .scheduling import (
     RunningInvocation,
     Unavailable,
 )
+from .sequence_clients import ClientWatch
 from .sequence_metrics import SequenceCollector
 from .sequence_state import DeviceState, StepProgram
 from .stats import Latency
@@ -141,7 +141,6 @@ HOST_PHASES = ("gather", "invoke", "scatter", "respond")
 _ENDED_REMEMBERED = 4096  # ended sequences whose reason a late step is told
 # the longest string sequence id taken: the ids of live sequences are kept whole
 MAX_SEQUENCE_ID_LENGTH = 1024
-_CLIENT_CHECK_SECONDS = 0.02  # how often waiting steps' connections are looked at
 log = logging.getLogger("tinyhal.server")
 _WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                  0.25, 0.5, 1.0)
@@ -411,6 +410,10 @@ def _digest(key: tuple[type, int | str]) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
+def _sequence_gone(step: _Step) -> bool:
+    return step.sequence.gone
+
+
 def _slot(seq: _Sequence) -> int:
     return seq.slot
 
@@ -500,8 +503,7 @@ class SequenceBatcher:
                              f" = {config.max_sequence_idle_us}")
         self.client_gone_count = 0  # sequences ended because a client went away
         # steps whose client can be asked whether it is still there: step -> (seq, probe)
-        self._watched: dict[_Step, tuple[_Sequence, Callable[[], bool]]] = {}
-        self._watch_wake: trio.Event | None = None  # set: a step is watched again
+        self._clients = ClientWatch(self._client_left, _sequence_gone, self._dispatch)
         self.host = {phase: Latency() for phase in HOST_PHASES}
         self.queue_wait = Latency(_WAIT_BUCKETS)
 
@@ -626,11 +628,7 @@ class SequenceBatcher:
         self._in_flight.count += 1
         self._mark_ready(seq)
         self._dispatch_after_pass()
-        probe = client_gone_probe()
-        if probe is not None:
-            self._watched[step] = (seq, probe)
-            if self._watch_wake is not None:
-                self._watch_wake.set()
+        self._clients.watch(step)
         return wait_outcome(step, self._abandon_step)
 
     def _start_tasks(self) -> None:
@@ -639,7 +637,7 @@ class SequenceBatcher:
         self._tasks_started = True
         self._now = trio.lowlevel.current_clock().current_time  # one call per read
         trio.lowlevel.spawn_system_task(self._expire_idle)
-        trio.lowlevel.spawn_system_task(self._watch_clients)
+        trio.lowlevel.spawn_system_task(self._clients.run)
 
     def _check_corrid(self, sid: int | str) -> None:
         """The id must be an integer the CORRID control's type holds (400 otherwise)."""
@@ -664,7 +662,7 @@ class SequenceBatcher:
     def _abandon_step(self, step: _Step) -> None:
         """The step stops waiting (deadline, or its task was cancelled)."""
         seq = step.sequence
-        self._watched.pop(step, None)
+        self._clients.forget(step)
         if step.started:
             step.detached = True
             self._detached += 1
@@ -949,7 +947,7 @@ class SequenceBatcher:
                 self.host[phase].add(seconds)
         now = self._now()
         seconds = now - execution.started
-        watched = self._watched
+        watched = self._clients.watched
         for i, (seq, step, outcome) in enumerate(zip(batch, steps, outcomes)):
             if homes is not None and homes[i] is not None:
                 seq.home = homes[i]  # the previous home is released with its last row
@@ -975,28 +973,13 @@ class SequenceBatcher:
         if not isinstance(result, BaseException):
             self.host["respond"].add(time.perf_counter() - t0)
 
-    async def _watch_clients(self) -> None:
-        """Ends the sequences whose client closed its connection while a step of theirs
-        waited or ran (`_client_left`)."""
-        while not self._closed:
-            if not self._watched:  # sleep until there is something to watch
-                self._watch_wake = trio.Event()
-                await self._watch_wake.wait()
-                self._watch_wake = None
-            await trio.sleep(_CLIENT_CHECK_SECONDS)
-            before = trio.current_time() - _CLIENT_CHECK_SECONDS
-            for step, (seq, gone) in list(self._watched.items()):
-                if step.arrived <= before and not seq.gone and gone():
-                    self._client_left(seq, step)
-            self._dispatch()
-
-    def _client_left(self, seq: _Sequence, step: _Step) -> None:
+    def _client_left(self, step: _Step) -> None:
         """The client of `step` went away (its connection closed) before its answer:
         as Triton cancels a sequence with a cancelled request, the sequence ends with
         every request it has queued (`_end_early`)."""
-        self._watched.pop(step, None)
+        self._clients.forget(step)
         self.client_gone_count += 1
-        self._end_early(seq, "the client of one of its requests closed its connection "
+        self._end_early(step.sequence, "the client of one of its requests closed its connection "
                              "before the answer")
 
     def _end_early(self, seq: _Sequence, why: str, error: Exception | None = None) -> None:
@@ -1016,7 +999,7 @@ class SequenceBatcher:
             queued = seq.steps.popleft()
             self._queued -= 1
             self._in_flight.left(1)
-            self._watched.pop(queued, None)
+            self._clients.forget(queued)
             queued.outcome = (None, error)
             queued.done.set()
         if seq.ready:
@@ -1102,8 +1085,7 @@ class SequenceBatcher:
         if self._closed:
             return
         self._closed = True
-        if self._watch_wake is not None:
-            self._watch_wake.set()
+        self._clients.stop()
         why = "the model version is unloading"
         for seq in list(self._backlog):
             for step in seq.steps:
