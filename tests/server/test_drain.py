@@ -17,11 +17,74 @@ import time
 import pytest
 from serve_helpers import SAMPLES, ServerProcess, write_model
 
+from support.iree_tools import HOST_FLAGS, compile_mlir
+
 pytestmark = pytest.mark.timeout(120)
 
 GRU = SAMPLES / "gru_step" / "1" / "model.vmfb"
 MLP = SAMPLES / "mlp_classifier" / "1" / "model.vmfb"
 _X = [0.5] * 8
+
+
+# A sequence step whose run time the caller sets: each of the state's 1024 elements
+# iterates s = 0.999 s + 0.5 `N` times (about 0.85 s for N = 1e6 on two cores).
+SPIN_STEP_MLIR = """
+#row = affine_map<(d0, d1) -> (d0, 0)>
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @spin(%n: tensor<?x1xi32> {iree.abi.name = "N"},
+                %s: tensor<?x1024xf32> {iree.abi.name = "S_IN"})
+    -> (tensor<?x1024xf32> {iree.abi.name = "Y"},
+        tensor<?x1024xf32> {iree.abi.name = "S_OUT"}) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %d = tensor.dim %s, %c0 : tensor<?x1024xf32>
+  %e = tensor.empty(%d) : tensor<?x1024xf32>
+  %r = linalg.generic {indexing_maps = [#row, #id, #id],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%n, %s : tensor<?x1xi32>, tensor<?x1024xf32>) outs(%e : tensor<?x1024xf32>) {
+  ^bb0(%k: i32, %a: f32, %o: f32):
+    %kk = arith.index_cast %k : i32 to index
+    %v = scf.for %i = %c0 to %kk step %c1 iter_args(%acc = %a) -> f32 {
+      %h = arith.constant 0.999 : f32
+      %q = arith.constant 0.5 : f32
+      %m = arith.mulf %acc, %h : f32
+      %t = arith.addf %m, %q : f32
+      scf.yield %t : f32
+    }
+    linalg.yield %v : f32
+  } -> tensor<?x1024xf32>
+  return %r, %r : tensor<?x1024xf32>, tensor<?x1024xf32>
+}
+"""
+
+SPIN_STEP_CONFIG = {
+    "function": "spin", "device": "task", "max_batch_size": 4,
+    "sequence_batching": {
+        "max_sequence_idle_microseconds": 60_000_000,
+        "state": [{"input_name": "S_IN", "output_name": "S_OUT", "data_type": "TYPE_FP32",
+                   "dims": [1024], "initial_state": [{"data_type": "TYPE_FP32",
+                                                      "dims": [1024], "zero_data": True,
+                                                      "name": "z"}]}],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def spin_step_vmfb():
+    return compile_mlir(SPIN_STEP_MLIR, HOST_FLAGS)
+
+
+def _spin_step(sid, n: int, start: bool = False, end: bool = False, **parameters) -> dict:
+    return {"id": f"spin-{sid}",
+            "parameters": {"sequence_id": sid, "sequence_start": start,
+                           "sequence_end": end, **parameters},
+            "inputs": [{"name": "N", "datatype": "INT32", "shape": [1, 1], "data": [n]}]}
+
+
+def _wait_running(server: ServerProcess, model: str) -> None:
+    labels = (("model", model), ("version", "1"))
+    _wait_for("a step running", lambda: server.metrics().get(
+        ("tinyhal_inference_in_flight", labels)) == 1)
 
 
 def _gru_config(candidates: int = 1, idle_us: int = 60_000_000) -> dict:
@@ -219,5 +282,55 @@ def test_long_sequence_ids_keep_memory_bounded(tmp_path):
         assert status == 400 and b"expired" in body, body
         grown = _rss_kb(server.proc.pid) - before
         assert grown < 24 << 10, f"RSS grew by {grown} KiB"
+    finally:
+        server.stop()
+
+
+def test_sigterm_waits_for_a_detached_sequence_step_then_exits_0(tmp_path, spin_step_vmfb):
+    """A step that got its 504 still runs on the model's modules: the drain waits for it
+    (the modules are not closed under it), serves the sequence's last step after it,
+    and the process exits 0."""
+    write_model(tmp_path, "spin", spin_step_vmfb, SPIN_STEP_CONFIG)
+    server = ServerProcess("--model-repository", str(tmp_path), "--drain-timeout", "60")
+    try:
+        server.start()
+        status, _, body = server.request("POST", "/v2/models/spin/infer", _spin_step(
+            1, 2_000_000, start=True, timeout=100_000))
+        assert status == 504 and b"still updates its state" in body, body
+        _wait_running(server, "spin")  # detached, still running
+        server.terminate()
+        server.wait_stderr("SIGTERM: draining", 10)
+        # the sequence is live here: its last step is served, after the detached one
+        status, _, body = server.request("POST", "/v2/models/spin/infer",
+                                         _spin_step(1, 1, end=True), timeout=60)
+        assert status == 200, body
+        assert server.wait(timeout=60) == 0, "".join(server.stderr[-20:])
+        err = "".join(server.stderr)
+        assert "Traceback" not in err and "abandon" not in err, err[-3000:]
+        assert "stopped (exit 0)" in "".join(server.stdout)
+    finally:
+        server.stop()
+
+
+def test_drain_bound_answers_a_running_sequence_step_504_and_logs_it(tmp_path,
+                                                                    spin_step_vmfb):
+    """The bound runs out while a step runs: its request is answered 504 and logged,
+    the step's invocation is logged as abandoned, and the exit code is 3."""
+    from tinyhal.server.main import EXIT_DRAIN_TIMEOUT
+
+    write_model(tmp_path, "spin", spin_step_vmfb, SPIN_STEP_CONFIG)
+    server = ServerProcess("--model-repository", str(tmp_path), "--drain-timeout", "0.5")
+    try:
+        server.start()
+        thread, answer = _in_background(server, "/v2/models/spin/infer",
+                                        _spin_step(1, 8_000_000, start=True))
+        _wait_running(server, "spin")
+        server.terminate()
+        thread.join(timeout=60)
+        assert answer and answer[0][0] == 504, answer
+        assert "drain" in json.loads(answer[0][2])["error"]
+        assert server.wait(timeout=60) == EXIT_DRAIN_TIMEOUT
+        err = server.wait_stderr("abandoned: model spin version 1 request spin-1", 10)
+        assert "answered 504: model spin version 1 request spin-1" in err, err[-3000:]
     finally:
         server.stop()
