@@ -257,7 +257,7 @@ def _rss_kb(pid: int) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
 def test_long_sequence_ids_keep_memory_bounded(tmp_path):
-    """120 sequences with 2 MiB string ids are refused (400, never kept); sequences
+    """Sequences with 2 MiB string ids are refused (400, never kept); sequences
     with the longest id taken that idle out are remembered by a digest: a late step
     is still told why, and the server's memory does not grow with the ids."""
     write_model(tmp_path, "gru", GRU, _gru_config(candidates=256, idle_us=100_000))
@@ -269,7 +269,7 @@ def test_long_sequence_ids_keep_memory_bounded(tmp_path):
             == 200
         before = _rss_kb(server.proc.pid)
         huge = "x" * (2 << 20)
-        for i in range(120):
+        for i in range(60):
             status, _, body = server.request("POST", path,
                                              _step_body(f"{i}{huge}", start=True))
             assert status == 400 and b"at most 1024" in body, body[:200]
@@ -295,7 +295,7 @@ def test_sigterm_waits_for_a_detached_sequence_step_then_exits_0(tmp_path, spin_
     try:
         server.start()
         status, _, body = server.request("POST", "/v2/models/spin/infer", _spin_step(
-            1, 2_000_000, start=True, timeout=100_000))
+            1, 1_000_000, start=True, timeout=100_000))
         assert status == 504 and b"still updates its state" in body, body
         _wait_running(server, "spin")  # detached, still running
         server.terminate()
