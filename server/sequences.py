@@ -667,20 +667,42 @@ class SequenceBatcher:
             step.detached = True
             self._detached += 1
             return
-        seq.steps.remove(step)
+        steps = seq.steps
+        at = steps.index(step)
+        del steps[at]
         self._queued -= 1
         self._in_flight.left(1)
-        if step.start and seq.steps and not seq.steps[0].start:
-            # the START never ran: the steps queued behind it belong to no sequence
-            self._end_early(seq, "its START request left the queue unrun (its deadline "
-                                 "passed)")
-        elif step.start and not seq.steps and not seq.running:
-            self._release(seq)
-            self._remember_end(seq.id, "its START request left the queue unrun (its "
-                                       "deadline passed)")
-        elif step.end and not seq.steps and not seq.running:
+        if step.start:
+            self._start_lost(seq, at)
+        elif step.end and not steps and not seq.running:
             self._release(seq)
         self._dispatch()
+
+    def _start_lost(self, seq: _Sequence, at: int) -> None:
+        """The START that was queued at `at` left the queue unrun: as Triton, the
+        sequence it began is expired. The steps queued behind it (up to another START,
+        which begins the sequence anew) are refused; the sequence takes no step without
+        START any more, and ends once the steps ahead of it (an earlier run of the same
+        id) are done."""
+        why = "its START request left the queue unrun (its deadline passed)"
+        error = ProtocolError(400, f"sequence {seq.id} of model '{self.model}' was ended: "
+                                   f"{why}")
+        steps = seq.steps
+        while at < len(steps) and not steps[at].start:
+            lost = steps[at]
+            del steps[at]
+            self._queued -= 1
+            self._in_flight.left(1)
+            self._clients.forget(lost)
+            lost.outcome = (None, error)
+            lost.done.set()
+        if at < len(steps):
+            return
+        self._remember_end(seq.id, f"it was ended: {why}")
+        if not steps and not seq.running:
+            self._release(seq)
+        else:
+            seq.ending = True
 
     # -- scheduling (on the loop, no checkpoints) ----------------------------------------
 
