@@ -110,7 +110,7 @@ from .admission import (
     log_abandoned,
     wait_outcome,
 )
-from .batching import Outcome, Results
+from .batching import BatchingConfig, Outcome, Results
 from .protocol import DATATYPES, ProtocolError
 from .scheduling import (
     DeadlineExceeded,
@@ -494,8 +494,11 @@ class SequenceBatcher:
         # answered among them, run as one batch; the instance is woken just before the
         # loop waits for I/O, not while the loop still holds the interpreter
         self._dispatch_after_pass = DispatchAfterPass(self._dispatch)
-        # the dynamic batcher's queue-delay timer (with its lead correction)
-        self._timer = QueueTimer(config.max_queue_delay_us / 1e6, self._dispatch_after_pass)
+        # the dynamic batcher's policy (queue delay, preferred sizes) and its queue-delay
+        # timer (with its lead correction)
+        self._policy = BatchingConfig(max_batch_size, config.max_queue_delay_us,
+                                      config.preferred_batch_sizes)
+        self._timer = QueueTimer(self._policy.delay, self._dispatch_after_pass)
         self._tasks_started = False
         self._now: Callable[[], float] = trio.current_time  # the run's clock (see `infer`)
         self.expired_count = 0
@@ -757,13 +760,10 @@ class SequenceBatcher:
                     continue
                 owner = where
             batch.append(seq)
-        preferred = self.config.preferred_batch_sizes
-        if preferred and len(batch) < self.max_batch_size:
-            # as the dynamic batcher: cut back to the largest preferred size reached
-            fitting = [size for size in preferred if size <= len(batch)]
-            if fitting:
-                skipped[:0] = batch[fitting[-1]:]
-                del batch[fitting[-1]:]
+        want = self._policy.preferred_size(len(batch))  # the dynamic batcher's cut
+        if want:
+            skipped[:0] = batch[want:]
+            del batch[want:]
         for seq in reversed(skipped):
             seq.ready = True
             ready.appendleft(seq)
@@ -771,12 +771,11 @@ class SequenceBatcher:
 
     def _dispatch(self) -> None:
         """Starts executions while an instance is free and a sequence is ready."""
-        config = self.config
+        policy = self._policy
         while self._idle and self._ready:
             now = self._now()
-            if config.max_queue_delay_us and not self._closed:
-                target = config.preferred_batch_sizes[-1] if \
-                    config.preferred_batch_sizes else self.max_batch_size
+            if policy.delay and not self._closed:
+                target = policy.target_rows
                 oldest = min((s.steps[0].arrived for s in self._ready if s.steps),
                              default=now) \
                     if len(self._ready) < target else now
