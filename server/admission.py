@@ -1,12 +1,14 @@
-"""Admission control and scheduling of one model version: instances, a bounded FIFO
-queue, deadlines, dynamic batching, and an unload that waits for what it admitted.
+"""The dynamic batcher: admission control and scheduling of one model version's
+requests (instances, a bounded FIFO queue, deadlines, dynamic batching, and an unload
+that waits for what it admitted). It implements `scheduling.Scheduler`.
 
 One `Admission` guards one model version. The version runs on `instances` model instances
 (Triton's `instance_group` count; each an `InstanceThread` with its own module): at most
 that many executions run at once. Requests beyond wait in one FIFO queue of at most
-`max_queue` (at least one with dynamic batching); anything beyond is refused at once with
-`Overloaded` (429 with a Retry-After estimated from recent latencies) rather than piling
-up memory and latency. Whenever an instance is free the next execution takes the head of
+`max_queue` (at least one with dynamic batching), whether or not an instance is free (as
+Triton's `max_queue_size`: requests waiting out a queue delay count); anything beyond is
+refused at once with `Overloaded` (503 with a Retry-After estimated from recent
+latencies) rather than piling up memory and latency. Whenever an instance is free the next execution takes the head of
 the queue: one request, or with dynamic batching everything that fits one batch
 (`batching.take_batch`), so when an execution finishes the next takes all that gathered
 meanwhile. Without a queue delay, a request that finds an instance free starts at once
@@ -46,6 +48,8 @@ One protocol for every request, batched or not:
 - *close* (unload): new requests are refused with `Unavailable`; queued ones are
   dispatched without waiting out a queue delay; `wait_idle` then returns when the last
   admitted request finished, and `stop` ends the instance threads.
+- *abandon* (the drain's bound ran out): every queued request gets `Unavailable` (503),
+  every running one `DeadlineExceeded` (504, detached), each with a log line.
 """
 
 from __future__ import annotations
@@ -81,8 +85,8 @@ _RUN_LIST = 16
 _DIRECT_MARGIN = 200e-6
 
 __all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Execution", "Instance",
-           "Overloaded",
-           "PendingRequest", "Unavailable", "answer_directly", "wait_outcome"]
+           "Overloaded", "PendingRequest", "Unavailable", "answer_directly", "log_abandoned",
+           "wait_outcome"]
 
 
 @dataclass(frozen=True)
