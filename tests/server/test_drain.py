@@ -334,3 +334,36 @@ def test_drain_bound_answers_a_running_sequence_step_504_and_logs_it(tmp_path,
         assert "answered 504: model spin version 1 request spin-1" in err, err[-3000:]
     finally:
         server.stop()
+
+
+def test_unload_waits_for_a_running_step_without_holding_the_repository(tmp_path,
+                                                                        spin_step_vmfb):
+    """While an unload waits for a sequence step that runs, other models load and the
+    index answers (the repository lock is not held across the wait); the step is
+    answered 200, then the unload returns."""
+    write_model(tmp_path, "spin", spin_step_vmfb, SPIN_STEP_CONFIG)
+    shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")
+    server = ServerProcess("--model-repository", str(tmp_path),
+                           "--model-control-mode", "explicit", "--load-model", "spin")
+    try:
+        server.start()
+        step, step_answer = _in_background(server, "/v2/models/spin/infer",
+                                           _spin_step(1, 4_000_000, start=True, end=True))
+        _wait_running(server, "spin")
+        unload, unload_answer = _in_background(server, "/v2/repository/models/spin/unload",
+                                               {})
+        status, _, body = server.request("POST", "/v2/repository/models/mlp_classifier/load")
+        assert status == 200, body
+        assert unload.is_alive() and step.is_alive(), "the step ended before the load"
+        status, _, body = server.request("POST", "/v2/repository/index")
+        assert status == 200 and {"name": "spin", "version": "1", "state": "UNLOADING"} \
+            in json.loads(body), body
+        step.join(timeout=60)
+        unload.join(timeout=60)
+        assert step_answer[0][0] == 200, step_answer
+        assert unload_answer[0][0] == 200, unload_answer
+        status, _, body = server.request("POST", "/v2/models/spin/infer",
+                                         _spin_step(2, 1, start=True))
+        assert status == 503, body
+    finally:
+        server.stop()
