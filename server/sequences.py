@@ -602,9 +602,9 @@ class SequenceBatcher:
         now = self._now()
         seq = self._sequences.get(key)
         if start:
-            if seq is not None and not seq.ending:
-                log.warning("sequence %s of model '%s' has a START while still in "
-                            "progress: it ends there and starts anew", sid, self.model)
+            if seq is not None and not seq.ending:  # debug: a client could flood the log
+                log.debug("sequence %s of model '%s' has a START while still in "
+                          "progress: it ends there and starts anew", sid, self.model)
         elif seq is None or seq.ending:
             why = self._ended_reason(key)
             raise ProtocolError(400, f"inference request for sequence {sid} to model "
