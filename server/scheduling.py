@@ -3,11 +3,12 @@ version and the server's drain and unload use, the outcomes a request can have, 
 count of admitted work an unload waits for, the one-waiter completion a request parks
 on, the end-of-pass dispatch, and the queue-delay timer.
 
-A model version holds one scheduler (Triton's `Scheduler`: `Enqueue`, `InflightInferenceCount`,
-`Stop`): the dynamic batcher (`admission.Admission`) or the sequence batcher
-(`sequences.SequenceBatcher`), which composes the dynamic batcher's pieces from here (its
-pending requests, completion, in-flight count, queue-delay timer with its lead correction)
-rather than keeping copies of them.
+A model version holds one scheduler (Triton's `Scheduler`: `Enqueue`,
+`InflightInferenceCount`, `Stop`): the dynamic batcher (`admission.Admission`) or the
+sequence batcher (`sequences.SequenceBatcher`), which is built from the dynamic
+batcher's pieces rather than copies of them: from here the completion, the in-flight
+count and the queue-delay timer with its lead correction; from admission.py the pending
+request and its wait; from batching.py the batching policy.
 
 Every scheduler keeps the same promises to the drain and the unload:
 
@@ -42,6 +43,7 @@ log = logging.getLogger("tinyhal.server")
 
 __all__ = ["Completion", "DeadlineExceeded", "DispatchAfterPass", "InFlight", "Overloaded",
            "QueueTimer", "RunningInvocation", "Scheduler", "Unavailable", "after_pass"]
+
 
 class Overloaded(Exception):
     """The model's queue is full; `retry_after` is a whole number of seconds to wait."""
