@@ -209,9 +209,11 @@ def seq_server(tmp_path_factory):
                 "preferred_batch_size": [4]}))
     write_model(root, "gru_pref", GRU, _gru_config(
         oldest={"max_candidate_sequences": 16, "preferred_batch_size": [2]}))
-    # 8 starts run as one batch (they wait for each other up to 1 s)
+    # 8 starts run as one batch (they wait for each other up to 1 s); the lone sequence
+    # must outlive a loaded machine's pauses, so idle expiry is far off (its states are
+    # looked at every second all the same)
     write_model(root, "gru_pack", GRU, _gru_config(
-        max_sequence_idle_microseconds=2_000_000,
+        max_sequence_idle_microseconds=20_000_000,
         oldest={"max_candidate_sequences": 16, "max_queue_delay_microseconds": 1_000_000,
                 "preferred_batch_size": [8]}))
     for driver in ("task", "emu"):
