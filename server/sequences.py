@@ -405,8 +405,8 @@ def _digest(key: tuple[type, int | str]) -> bytes:
     """A fixed-size digest of a sequence id (its type and value): what is remembered of
     an ended sequence."""
     sid = key[1]
-    data = sid.encode("utf-8", "surrogatepass") if type(sid) is str else \
-        b"#" + str(sid).encode()
+    data = b"s" + sid.encode("utf-8", "surrogatepass") if type(sid) is str else \
+        b"i" + str(sid).encode()
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
