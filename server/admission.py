@@ -1,12 +1,14 @@
-"""Admission control and scheduling of one model version: instances, a bounded FIFO
-queue, deadlines, dynamic batching, and an unload that waits for what it admitted.
+"""The dynamic batcher: admission control and scheduling of one model version's
+requests (instances, a bounded FIFO queue, deadlines, dynamic batching, and an unload
+that waits for what it admitted). It implements `scheduling.Scheduler`.
 
 One `Admission` guards one model version. The version runs on `instances` model instances
 (Triton's `instance_group` count; each an `InstanceThread` with its own module): at most
 that many executions run at once. Requests beyond wait in one FIFO queue of at most
-`max_queue` (at least one with dynamic batching); anything beyond is refused at once with
-`Overloaded` (429 with a Retry-After estimated from recent latencies) rather than piling
-up memory and latency. Whenever an instance is free the next execution takes the head of
+`max_queue` (at least one with dynamic batching), whether or not an instance is free (as
+Triton's `max_queue_size`: requests waiting out a queue delay count); anything beyond is
+refused at once with `Overloaded` (503 with a Retry-After estimated from recent
+latencies) rather than piling up memory and latency. Whenever an instance is free the next execution takes the head of
 the queue: one request, or with dynamic batching everything that fits one batch
 (`batching.take_batch`), so when an execution finishes the next takes all that gathered
 meanwhile. Without a queue delay, a request that finds an instance free starts at once
@@ -46,20 +48,17 @@ One protocol for every request, batched or not:
 - *close* (unload): new requests are refused with `Unavailable`; queued ones are
   dispatched without waiting out a queue delay; `wait_idle` then returns when the last
   admitted request finished, and `stop` ends the instance threads.
+- *abandon* (the drain's bound ran out): every queued request gets `Unavailable` (503),
+  every running one `DeadlineExceeded` (504, detached), each with a log line.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import logging
 import math
-import os
-import sys
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +66,16 @@ import trio
 
 from .batching import BatchingConfig, Outcome, Results, ready_rows, run_batch, take_batch
 from .instances import InstanceThread
+from .scheduling import (
+    Completion,
+    DeadlineExceeded,
+    DispatchAfterPass,
+    InFlight,
+    Overloaded,
+    QueueTimer,
+    RunningInvocation,
+    Unavailable,
+)
 
 log = logging.getLogger("tinyhal.server")
 
@@ -75,29 +84,9 @@ _RUN_LIST = 16
 # an instance answers its requests itself while its next batch waits at least this long
 _DIRECT_MARGIN = 200e-6
 
-__all__ = ["Admission", "AdmissionStatistics", "Completion", "DeadlineExceeded", "Instance",
-           "Overloaded", "PendingRequest", "RunningInvocation", "Unavailable",
-           "DispatchAfterPass", "after_pass", "answer_directly", "delay_timer"]
-
-
-class Overloaded(Exception):
-    """The model's queue is full; `retry_after` is a whole number of seconds to wait."""
-
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class DeadlineExceeded(Exception):
-    """The request's deadline passed (while queued, or while its invocation ran)."""
-
-    def __init__(self, message: str, started: bool) -> None:
-        super().__init__(message)
-        self.started = started
-
-
-class Unavailable(Exception):
-    """The model version is unloading: it admits nothing new."""
+__all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Execution", "Instance",
+           "Overloaded", "PendingRequest", "Unavailable", "answer_directly", "log_abandoned",
+           "wait_outcome"]
 
 
 @dataclass(frozen=True)
@@ -107,15 +96,6 @@ class AdmissionStatistics:
     max_concurrency: int  # instances
     max_queue: int
     detached: int  # requests whose execution still runs after they got their 504
-
-
-@dataclass(frozen=True)
-class RunningInvocation:
-    """One execution still running: what it is (the caller's label) and since when."""
-
-    label: str
-    started: float  # trio clock
-    detached: bool  # every request of it already got its 504
 
 
 @dataclass
@@ -128,74 +108,6 @@ class Instance:
     pending: int = 0  # executions handed to its thread and not finished
 
 
-class InFlight:
-    """Counts admitted work that has not finished yet, and wakes whoever waits for it
-    all to finish (an unload). Each waiter gets its own event, taken when the count
-    reaches zero, so no wake-up is lost to work admitted in between; a waiter that
-    finds work again waits once more. Shared by `Admission` and the sequence batcher."""
-
-    __slots__ = ("count", "_waiters")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._waiters: list[trio.Event] = []
-
-    def left(self, count: int) -> None:
-        """`count` admitted items finished (on the loop)."""
-        self.count -= count
-        if not self.count:
-            waiters, self._waiters = self._waiters, []
-            for event in waiters:
-                event.set()
-
-    async def wait_idle(self) -> None:
-        while self.count:
-            event = trio.Event()
-            self._waiters.append(event)
-            await event.wait()
-
-
-class Completion:
-    """What one task waits for: the outcome of its request being in place. A trio.Event
-    for exactly one waiter, without the parking lot: `wait` parks the task itself and
-    `set` reschedules it, so a request costs one small object and no lot, statistics
-    or waiter set. `wait` is a checkpoint whether or not it has to park (as
-    `trio.Event.wait`), and a cancelled wait returns nothing (the caller reads
-    `is_set()`)."""
-
-    __slots__ = ("_set", "_task")
-
-    def __init__(self) -> None:
-        self._set = False
-        self._task: Any = None
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def set(self) -> None:
-        """Marks it done and wakes the waiting task, if any (on the loop)."""
-        if not self._set:
-            self._set = True
-            task = self._task
-            if task is not None:
-                self._task = None
-                trio.lowlevel.reschedule(task)
-
-    async def wait(self) -> None:
-        """Returns once `set` was called (at once if it was already)."""
-        if self._set:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._task is not None:
-            raise RuntimeError("a Completion has one waiter")
-        self._task = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(self._abort)
-
-    def _abort(self, raise_cancel: Any) -> trio.lowlevel.Abort:
-        self._task = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-
 def _shape_key(args: list[Any]) -> tuple:
     """What the requests of one batch must share: the shapes of their arguments past the
     batch dimension."""
@@ -205,6 +117,12 @@ def _shape_key(args: list[Any]) -> tuple:
 
 
 class _Request:
+    """A request admitted and waiting for its outcome (`wait_outcome`)."""
+
+    # what a 504 says of it, by whether its execution had started
+    started_note = "the invocation started and runs to completion in the background " \
+                   "(its result is discarded)"
+    queued_note = "in the queue (nothing ran)"
     __slots__ = ("args", "rows", "key", "deadline", "arrived", "label", "done", "outcome",
                  "started", "detached", "queued_seconds", "infer_seconds", "respond")
 
@@ -229,7 +147,44 @@ class _Request:
 PendingRequest = _Request  # what a request waiting for an execution records (sequences.py)
 
 
-class _Execution:
+async def wait_outcome(request: _Request, abandon: Callable[[_Request], None]
+                       ) -> tuple[Results, float, float]:
+    """Waits for `request`'s outcome until its deadline: (results, seconds queued, seconds
+    its execution took), or its error raised. A request that stops waiting first (its
+    deadline, or its task was cancelled) is handed to `abandon` and gets
+    `DeadlineExceeded`."""
+    try:
+        if request.deadline == math.inf:  # no cancel scope to enter and leave
+            await request.done.wait()
+        else:
+            with trio.move_on_at(request.deadline):
+                await request.done.wait()
+    finally:
+        if not request.done.is_set():
+            abandon(request)
+    outcome = request.outcome
+    if outcome is None:
+        waited = trio.current_time() - request.arrived
+        if request.started:
+            raise DeadlineExceeded(f"deadline exceeded after {waited:.3f} s; "
+                                   f"{request.started_note}", started=True)
+        raise DeadlineExceeded(f"deadline exceeded after {waited:.3f} s "
+                               f"{request.queued_note}", started=False)
+    results, error = outcome
+    if error is not None:
+        raise error
+    return results, request.queued_seconds, request.infer_seconds
+
+
+def log_abandoned(request: _Request, status: int, why: str) -> None:
+    """The log line of a request the drain or an unload answered without its result."""
+    log.warning("answered %d: %s (%s while it was %s)", status, request.label, why,
+                "running" if request.started else "queued")
+
+
+class Execution:
+    """Requests handed to an instance as one execution, since when (trio clock)."""
+
     __slots__ = ("requests", "instance", "started", "watch")
 
     def __init__(self, requests: list[_Request], instance: Instance, started: float) -> None:
@@ -273,7 +228,7 @@ class Admission:
         self._instances = instances
         self._idle: list[Instance] = list(reversed(instances))
         self._queue: list[_Request] = []
-        self._running: set[_Execution] = set()
+        self._running: set[Execution] = set()
         self._in_flight = InFlight()
         self._detached = 0
         self._closed = False
@@ -281,8 +236,6 @@ class Admission:
         self._executed = executed
         self._begin = begin
         self._end = end
-        self._timer_at = math.inf
-        self._timer: _DelayTimer | _TimerFd | None = None
         # with no queue delay, a free instance takes its batch once the loop has run
         # every task that was ready (the requests that arrived in the same wake-up join
         # it): at once, as far as any client can tell. Only while requests come in
@@ -290,9 +243,10 @@ class Admission:
         # which measured faster at one connection
         self._dispatch_after_pass = DispatchAfterPass(self._dispatch)
         self._last_batch_requests = 0
-        # how late the queue-delay timer's wake-up reaches the loop (mean): it is armed
-        # that much early, so a batch starts when the delay ends, not that much after
-        self._timer_lead = 0.0
+        # the queue delay's timer; it also keeps how late its wake-ups reach the loop,
+        # and is armed that much early, so a batch starts when the delay ends
+        self._timer = QueueTimer(batching.delay if batching else 0.0,
+                                 self._dispatch_after_pass)
         self._clock_offset: float | None = None  # trio clock - monotonic (other threads)
 
     # -- observation -------------------------------------------------------------------
@@ -310,6 +264,12 @@ class Admission:
         """Requests admitted and not finished (queued, running, detached)."""
         return self._in_flight.count
 
+    live_sequences = 0  # the dynamic batcher keeps no sequences
+
+    def continues_work(self, parameters: dict) -> bool:
+        """Nothing continues here: every request is new work."""
+        return False
+
     def statistics(self) -> AdmissionStatistics:
         return AdmissionStatistics(len(self._running), len(self._queue),
                                    self.max_concurrency, self.max_queue, self._detached)
@@ -326,9 +286,9 @@ class Admission:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def infer(self, args: list[Any], rows: int, deadline: float, label: str,
-                    respond: Callable[[Results, float], Any] | None = None
-                    ) -> tuple[Results, float, float]:
+    def infer(self, args: list[Any], rows: int, deadline: float, label: str,
+              respond: Callable[[Results, float], Any] | None = None,
+              parameters: dict | None = None) -> Awaitable[tuple[Results, float, float]]:
         """Runs one request (batched with others when the model batches): (its results,
         seconds queued, seconds its execution took). Raises `Unavailable` when closed,
         `Overloaded` when the queue is full, `DeadlineExceeded` when `deadline` (trio
@@ -337,14 +297,18 @@ class Admission:
         `respond(results, execution_seconds)`, when given, is called on the instance
         thread right after a successful execution, before the request is woken: the
         caller answers its client from there (it must be safe to call on any thread and
-        to lose the race with the deadline)."""
+        to lose the race with the deadline). `parameters` are not looked at.
+
+        The queue bound holds whether or not an instance is free (as Triton's
+        `max_queue_size`): requests waiting out a queue delay count."""
         if self._closed:
             raise Unavailable("the model version is unloading")
-        if not self._idle and len(self._queue) >= self._capacity:
+        queue = self._queue
+        if len(queue) >= self._capacity and (queue or not self._idle):
             raise Overloaded(
-                f"{len(self._running)} executions running and {len(self._queue)} requests "
-                f"queued (instances {self.max_concurrency}, max_queue {self.max_queue})",
-                self.retry_after())
+                f"exceeds maximum queue size: {len(self._running)} executions running and "
+                f"{len(queue)} requests queued (instances {self.max_concurrency}, "
+                f"max_queue {self.max_queue})", self.retry_after())
         now = trio.current_time()
         request = _Request(args, rows, deadline, label, now, respond, _shape_key(args))
         self._in_flight.count += 1
@@ -355,34 +319,11 @@ class Admission:
             self._start([[request]], now)  # the ready path: no queue, no task hop
         else:
             self._queue.append(request)
-            if batching is not None and batching.delay and self._timer is None:
-                self._timer = delay_timer(self._timer_fired)
             if self._idle and batching is not None and not batching.delay:
                 self._dispatch_after_pass()
             else:
                 self._dispatch()
-        try:
-            if deadline == math.inf:
-                await request.done.wait()
-            else:
-                with trio.move_on_at(deadline):
-                    await request.done.wait()
-        finally:
-            if not request.done.is_set():
-                self._abandon(request)
-        if request.outcome is None:
-            waited = trio.current_time() - request.arrived
-            if request.started:
-                raise DeadlineExceeded(
-                    f"deadline exceeded after {waited:.3f} s; the invocation started and "
-                    f"runs to completion in the background (its result is discarded)",
-                    started=True)
-            raise DeadlineExceeded(f"deadline exceeded after {waited:.3f} s in the queue "
-                                   f"(nothing ran)", started=False)
-        results, error = request.outcome
-        if error is not None:
-            raise error
-        return results, request.queued_seconds, request.infer_seconds
+        return wait_outcome(request, self._abandon)
 
     def _abandon(self, request: _Request) -> None:
         """The request stops waiting (deadline, or its task was cancelled)."""
@@ -405,9 +346,9 @@ class Admission:
         while self._idle and self._queue:
             now = trio.current_time()
             if batching is not None and batching.delay and not self._closed:
-                until = self._queue[0].arrived + batching.delay - self._timer_lead
+                until = self._queue[0].arrived + batching.delay - self._timer.lead
                 if now < until and ready_rows(self._queue) < batching.target_rows:
-                    self._arm(until)
+                    self._timer.arm(until)
                     return
             batch = take_batch(self._queue, batching, now)
             if not batch:
@@ -419,7 +360,7 @@ class Admission:
                     break
                 run.append(more)
             self._start(run, now)
-        self._arm(math.inf)
+        self._timer.arm(math.inf)
 
     def _start(self, run: list[list[_Request]], now: float) -> None:
         if self._clock_offset is None:
@@ -430,7 +371,7 @@ class Admission:
         invoke = instance.invoke
         jobs = []
         for batch in run:
-            execution = _Execution(batch, instance, now)
+            execution = Execution(batch, instance, now)
             for request in batch:
                 request.started = True
                 request.queued_seconds = now - request.arrived
@@ -459,11 +400,11 @@ class Admission:
             head = queue[0]
         except IndexError:  # taken meanwhile
             return True
-        left = head.arrived + batching.delay - self._timer_lead - \
+        left = head.arrived + batching.delay - self._timer.lead - \
             (time.monotonic() + self._clock_offset)
         return left > _DIRECT_MARGIN
 
-    def _finished(self, execution: _Execution, result: Any) -> None:
+    def _finished(self, execution: Execution, result: Any) -> None:
         """On the loop, when an instance thread finished an execution. The instance is
         handed its next execution before the finished requests are woken: it computes
         while the loop answers them."""
@@ -493,30 +434,34 @@ class Admission:
                 self._executed(*counts)
         self._in_flight.left(len(execution.requests))
 
-    def _arm(self, at: float) -> None:
-        if at != self._timer_at:
-            self._timer_at = at
-            if self._timer is not None:
-                self._timer.arm(at)
-
-    def _timer_fired(self, at: float) -> None:
-        """On the loop, when the queue delay armed for `at` ran out."""
-        if self._timer_at == at:
-            self._timer_at = math.inf
-            # each wake-up counts for at most half the delay, and so does the lead: an
-            # outlier cannot make the batches start early for long
-            bound = self.batching.delay / 2
-            late = min(trio.current_time() - at, bound)
-            self._timer_lead = min(max(0.8 * self._timer_lead + 0.2 * late, 0.0), bound)
-            self._dispatch_after_pass()
-
     # -- lifecycle -----------------------------------------------------------------------
 
     def close(self) -> None:
         """Admits nothing new; what is queued runs without waiting out a queue delay."""
         self._closed = True
         self._dispatch()
-        self._arm(math.inf)
+        self._timer.arm(math.inf)
+
+    def abandon(self, why: str) -> int:
+        """Answers every admitted request that has not finished (`Scheduler.abandon`)."""
+        queue, self._queue = self._queue, []
+        for request in queue:
+            request.outcome = (None, Unavailable(f"{why}; nothing ran"))
+            log_abandoned(request, 503, why)
+            request.done.set()
+        count = len(queue)
+        for execution in self._running:
+            for request in execution.requests:
+                if not request.done.is_set():
+                    count += 1
+                    request.outcome = (None, DeadlineExceeded(
+                        f"{why}; {request.started_note}", started=True))
+                    request.detached = True
+                    self._detached += 1
+                    log_abandoned(request, 504, why)
+                    request.done.set()
+        self._in_flight.left(len(queue))
+        return count
 
     async def wait_idle(self) -> None:
         """Returns once every request admitted so far has finished (detached ones
@@ -527,8 +472,7 @@ class Admission:
         """Ends the instance threads after their current jobs (call once idle)."""
         for instance in self._instances:
             instance.thread.stop()
-        if self._timer is not None:
-            self._timer.stop()
+        self._timer.stop()
 
 
 def _execute(invoke: Callable[[list[Any]], Results], batch: list[_Request],
@@ -560,202 +504,3 @@ def answer_directly(requests: list[_Request], outcomes: list[Outcome],
                 log.exception("answering %s from its instance thread failed", request.label)
 
 
-class _AfterPass(trio.abc.Instrument):
-    """Calls what was registered (`calls`) when the loop has run every ready task and is
-    about to wait for I/O: once per pass of the scheduler."""
-
-    def __init__(self) -> None:
-        self.calls: list[Callable[[], None]] = []
-
-    def before_io_wait(self, timeout: float) -> None:
-        if self.calls:
-            calls, self.calls = self.calls, []
-            for call in calls:
-                try:
-                    call()
-                except Exception:  # noqa: BLE001 - a bug of ours; the loop must go on
-                    log.exception("dispatch after the scheduler's pass failed")
-
-
-_AFTER_PASS: trio.lowlevel.RunVar = trio.lowlevel.RunVar("tinyhal_after_pass")
-
-
-def after_pass(call: Callable[[], None]) -> None:
-    """Calls `call` (on the loop) at the end of this trio run's current scheduler pass,
-    when every ready task has run and the loop is about to wait for I/O."""
-    instrument = _AFTER_PASS.get(None)
-    if instrument is None:
-        instrument = _AfterPass()
-        trio.lowlevel.add_instrument(instrument)
-        _AFTER_PASS.set(instrument)
-    instrument.calls.append(call)
-
-
-class DispatchAfterPass:
-    """Calling it asks for one call of `dispatch` at the end of the loop's current
-    scheduler pass (`after_pass`), however often it is asked within the pass."""
-
-    __slots__ = ("_dispatch", "_pending")
-
-    def __init__(self, dispatch: Callable[[], None]) -> None:
-        self._dispatch = dispatch
-        self._pending = False
-
-    def __call__(self) -> None:
-        if not self._pending:
-            self._pending = True
-            after_pass(self._pass_ended)
-
-    def _pass_ended(self) -> None:
-        self._pending = False
-        self._dispatch()
-
-
-class _DelayTimer:
-    """A thread that calls `fired(at)` on the trio loop once the trio clock reaches the
-    armed time `at`. A condition variable's timed wait ends within tens of microseconds
-    of its deadline on a quiet machine, where the loop's epoll wait rounds up to whole
-    milliseconds; and nothing spins while a batch waits to fill."""
-
-    def __init__(self, token: trio.lowlevel.TrioToken,
-                 fired: Callable[[float], None]) -> None:
-        self._token = token
-        self._fired = fired
-        self._at = math.inf
-        self._stopped = False
-        self._offset = trio.current_time() - time.monotonic()  # trio clock - monotonic
-        self._cond = threading.Condition()
-        threading.Thread(target=self._loop, name="tinyhal-queue-delay", daemon=True).start()
-
-    def arm(self, at: float) -> None:
-        """Fires at `at` (math.inf: not at all). Only an earlier time wakes the thread:
-        a later one (a disarm included) it finds when it wakes for the one it waits
-        for, so a batch that starts before its delay ran out costs no wake-up."""
-        with self._cond:
-            earlier = at < self._at
-            self._at = at
-            if earlier:
-                self._cond.notify()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-
-    def _loop(self) -> None:
-        with self._cond:
-            while not self._stopped:
-                at = self._at
-                if at == math.inf:
-                    self._cond.wait()
-                    continue
-                remaining = at - self._offset - time.monotonic()
-                if remaining > 0:
-                    self._cond.wait(remaining)
-                    continue
-                self._at = math.inf
-                try:
-                    self._token.run_sync_soon(self._fired, at)
-                except trio.RunFinishedError:
-                    return
-
-
-class _TimerFd:
-    """Calls `fired(at)` on the trio loop once the trio clock reaches the armed time `at`,
-    through a Linux timerfd the loop waits on: the kernel wakes the loop at the time
-    itself (epoll only rounds its own timeouts), with no thread that would have to take
-    the interpreter lock for each wait."""
-
-    def __init__(self, fd: int, fired: Callable[[float], None]) -> None:
-        self._fd = fd
-        self._fired = fired
-        self._at = math.inf
-        self._stopped = False
-        self._offset = trio.current_time() - time.monotonic()  # trio clock - monotonic
-        self._token = trio.lowlevel.current_trio_token()
-        self._spec = _ITimerSpec()
-        trio.lowlevel.spawn_system_task(self._wait)
-
-    def arm(self, at: float) -> None:
-        """Fires at `at` (math.inf: not at all); nothing once stopped (its descriptor
-        number may belong to another file by then)."""
-        if self._stopped:
-            return
-        self._at = at
-        value = self._spec.it_value
-        if at == math.inf:
-            value.tv_sec = value.tv_nsec = 0  # disarmed
-        else:
-            when = max(at - self._offset, 1e-9)  # 0 would disarm
-            value.tv_sec = int(when)
-            value.tv_nsec = int((when - int(when)) * 1e9)
-        _LIBC.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None)
-
-    def stop(self) -> None:
-        """Closes the timer (any thread: its descriptor is closed on the loop while
-        the loop runs, so trio is told first)."""
-        if self._stopped:
-            return
-        self._stopped = True
-        if trio.lowlevel.in_trio_run():
-            self._close()
-            return
-        try:
-            self._token.run_sync_soon(self._close)
-        except trio.RunFinishedError:
-            os.close(self._fd)
-
-    def _close(self) -> None:
-        trio.lowlevel.notify_closing(self._fd)
-        os.close(self._fd)
-
-    async def _wait(self) -> None:
-        while not self._stopped:
-            try:
-                await trio.lowlevel.wait_readable(self._fd)
-            except (trio.ClosedResourceError, OSError):
-                return
-            if self._stopped:
-                return
-            try:
-                os.read(self._fd, 8)
-            except BlockingIOError:  # re-armed or disarmed meanwhile
-                continue
-            at = self._at
-            if at == math.inf:
-                continue
-            if trio.current_time() < at:  # the clocks' offset, read apart: wait on
-                self.arm(at)
-                continue
-            self._at = math.inf
-            self._fired(at)
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-class _ITimerSpec(ctypes.Structure):
-    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
-
-
-_TFD_TIMER_ABSTIME = 1
-_CLOCK_MONOTONIC = 1
-try:  # a quick kernel call that need not give up the interpreter lock: PyDLL
-    _LIBC = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    _LIBC.timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
-    _LIBC.timerfd_settime.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                      ctypes.c_void_p]
-except (OSError, AttributeError):  # not Linux with glibc: the timer thread instead
-    _LIBC = None
-
-
-def delay_timer(fired: Callable[[float], None]) -> _DelayTimer | _TimerFd:
-    """A queue-delay timer (`arm(at)`, `stop()`) calling `fired(at)` on the trio loop:
-    a timerfd the loop waits on where the system has one, else a timer thread. Call on
-    the loop."""
-    if _LIBC is not None and sys.platform.startswith("linux"):
-        fd = _LIBC.timerfd_create(_CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
-        if fd >= 0:
-            return _TimerFd(fd, fired)
-    return _DelayTimer(trio.lowlevel.current_trio_token(), fired)

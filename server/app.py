@@ -49,12 +49,18 @@ import trio
 
 from .. import __version__
 from ..errors import DeviceLostError, Error, KernelFaultError, StatusCode
-from .admission import DeadlineExceeded, Overloaded, RunningInvocation, Unavailable
 from .config import ConfigError, parse_json_config
 from .http import Request, Response
 from .metrics import Metrics, ModelSeries
 from .protocol import ProtocolError, build_infer_response, parse_infer_request
 from .repository import ModelRepository, ModelVersion
+from .scheduling import (
+    DeadlineExceeded,
+    Overloaded,
+    RunningInvocation,
+    Scheduler,
+    Unavailable,
+)
 
 log = logging.getLogger("tinyhal.server")
 
@@ -128,19 +134,43 @@ class Server:
         500): the routes' own, so a request's task awaits one coroutine fewer."""
         return self._routes.handle
 
+    def schedulers(self) -> list[Scheduler]:
+        """The scheduler of every model version, those still unloading included."""
+        repository = self.repository
+        return [mv.scheduler for mv in [*repository.all_versions(), *repository.retiring]
+                if mv.scheduler is not None]
+
     def running_invocations(self) -> list[RunningInvocation]:
         """Every invocation still running, over all model versions, oldest first."""
-        repository = self.repository
-        running = [r for mv in [*repository.all_versions(), *repository.retiring]
-                   if mv.admission is not None for r in mv.admission.running_invocations()]
+        running = [r for s in self.schedulers() for r in s.running_invocations()]
         return sorted(running, key=lambda r: r.started)
+
+    def serves_sequences(self) -> bool:
+        """Whether a model version here schedules sequences."""
+        return any(mv.sequences is not None for mv in self.repository.all_versions())
+
+    def holds_work(self) -> bool:
+        """Whether a live sequence or an admitted request remains (the drain keeps the
+        listener open meanwhile)."""
+        return any(s.in_flight or s.live_sequences for s in self.schedulers())
+
+    def abandon(self, why: str) -> int:
+        """Every admitted request not finished is answered now (503 queued, 504 running,
+        each logged) and admission ends: the drain's bound ran out."""
+        count = 0
+        for scheduler in self.schedulers():
+            count += scheduler.abandon(why)
+            scheduler.close()
+        return count
 
     async def wait_idle(self) -> None:
         """Returns when no invocation runs (detached ones included)."""
-        repository = self.repository
-        for mv in [*repository.all_versions(), *repository.retiring]:
-            if mv.admission is not None:
-                await mv.admission.wait_idle()
+        while True:
+            schedulers = [s for s in self.schedulers() if s.in_flight]
+            if not schedulers:
+                return
+            for scheduler in schedulers:
+                await scheduler.wait_idle()
 
 
 def json_response(doc: Any, status: int = 200,
@@ -155,6 +185,8 @@ def error_response(status: int, message: str,
 
 
 _RETRY = [("retry-after", "1")]
+_DRAINING = "server is draining (shutting down): it takes no new work; retry on another " \
+            "replica"
 _ROUTES_KEPT = 256  # paths whose route is remembered (forgotten all at once beyond)
 
 
@@ -342,9 +374,10 @@ class _Routes:
         what it admitted finished (new requests get 503 meanwhile). A model that is not
         loaded is already unloaded: 200, as Triton answers."""
         self._control("unload")
-        async with self.server.repository_lock:
-            if name in self.repo.models:
-                await self.repo.unload_model(name)
+        async with self.server.repository_lock:  # never held across the wait below
+            versions = (self.repo.stop_admitting(name) if name in self.repo.models
+                        else [])
+        await self.repo.unload_versions(versions)
         return json_response({})
 
     async def repository_index(self, request: Request) -> Response:
@@ -389,12 +422,13 @@ class _Routes:
             return error_response(exc.status, exc.message)
         series = server.metrics.series(mv.name, mv.version)
         try:
-            if server.draining or not mv.ready:
+            draining = server.draining
+            if (draining and mv.sequences is None) or not mv.ready:
                 series.finished(503, trio.current_time() - request.arrived)
                 return error_response(
-                    503, "server is shutting down; retry on another replica"
-                    if server.draining else f"model '{mv.name}' version {mv.version} is "
-                                            f"not ready: {mv.reason or mv.state}", _RETRY)
+                    503, _DRAINING if draining else f"model '{mv.name}' version "
+                                                    f"{mv.version} is not ready: "
+                                                    f"{mv.reason or mv.state}", _RETRY)
             headers = request.headers
             t_input = time.perf_counter()
             try:
@@ -411,6 +445,10 @@ class _Routes:
             except ProtocolError as exc:
                 return self._failed(mv, series, request,
                                     error_response(exc.status, exc.message))
+            if draining and not mv.scheduler.continues_work(req.parameters):
+                # the drain contract: only steps of sequences live here are still served
+                series.finished(503, trio.current_time() - request.arrived)
+                return error_response(503, _DRAINING, _RETRY)
             compute_input = time.perf_counter() - t_input
 
             # answered on the instance thread when the connection allows it (see
@@ -470,8 +508,8 @@ def _failure_response(server: Server, mv: ModelVersion, exc: Exception) -> Respo
     to be raised on)."""
     if isinstance(exc, ProtocolError):  # a bad sequence control flow
         return error_response(exc.status, exc.message)
-    if isinstance(exc, Overloaded):
-        return error_response(429, f"model '{mv.name}' is overloaded: {exc}; retry after "
+    if isinstance(exc, Overloaded):  # Triton's UNAVAILABLE "Exceeds maximum queue size"
+        return error_response(503, f"model '{mv.name}' is overloaded: {exc}; retry after "
                                    f"{exc.retry_after} s",
                               [("retry-after", str(exc.retry_after))])
     if isinstance(exc, DeadlineExceeded):
@@ -509,7 +547,7 @@ def _stats_doc(mv: ModelVersion) -> dict:
     """Triton's statistics of a version, plus its sequences' when it has any."""
     doc = mv.stats.doc(mv.name, mv.version)
     if mv.sequences is not None:
-        doc["sequence_stats"] = mv.sequences.statistics()
+        doc["sequence_stats"] = mv.sequences.sequence_statistics()
     return doc
 
 

@@ -58,6 +58,15 @@ class BatchingConfig:
         return self.preferred_batch_sizes[-1] if self.preferred_batch_sizes else \
             self.max_batch_size
 
+    def preferred_size(self, rows: int) -> int | None:
+        """The preferred size a batch of `rows` (fewer than `max_batch_size`) is cut back
+        to: the largest one it reaches; None when it is not cut."""
+        if self.preferred_batch_sizes and rows < self.max_batch_size:
+            fitting = [s for s in self.preferred_batch_sizes if s <= rows]
+            if fitting:
+                return fitting[-1]
+        return None
+
     def describe(self) -> dict:
         return {"max_queue_delay_microseconds": self.max_queue_delay_us,
                 "preferred_batch_size": list(self.preferred_batch_sizes)}
@@ -99,17 +108,16 @@ def take_batch(queue: list[Any], config: BatchingConfig | None, now: float) -> l
         batch.append(request)
         picked.append(i)
         rows += request.rows
-    if config.preferred_batch_sizes and rows < limit:
-        fitting = [s for s in config.preferred_batch_sizes if s <= rows]
-        if fitting:
-            want, n, keep = fitting[-1], 0, 0
-            for request in batch:
-                if n + request.rows > want:
-                    break
-                n += request.rows
-                keep += 1
-            if keep:
-                batch, picked = batch[:keep], picked[:keep]
+    want = config.preferred_size(rows)
+    if want:
+        n = keep = 0
+        for request in batch:
+            if n + request.rows > want:
+                break
+            n += request.rows
+            keep += 1
+        if keep:
+            batch, picked = batch[:keep], picked[:keep]
     for i in reversed(picked):
         del queue[i]
     return batch

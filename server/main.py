@@ -14,7 +14,11 @@ unavailable and readiness stays 503.
 
 SIGTERM (or SIGINT) drains: readiness turns 503, the listener closes, requests in flight
 finish (up to --drain-timeout seconds), invocations still running in the background
-finish, then the process exits 0.
+finish, then the process exits 0. With sequence models the listener first stays open
+while sequences live here or requests are admitted: steps of live sequences are served
+until they end or idle out, new work (a stateless request, a START, a sequence not live
+here) is answered 503 with Retry-After and "draining". Whatever the bound leaves
+unfinished is answered (503 queued, 504 running) with a log line each.
 
 Every other signal whose default action would end the process has a meaning of its own,
 so no signal kills it with a request in flight:
@@ -80,6 +84,8 @@ EXIT_USAGE = 2
 EXIT_DRAIN_TIMEOUT = 3
 EXIT_SECOND_SIGNAL = 4
 
+_DRAIN_POLL_SECONDS = 0.02  # how often a drain looks whether sequences and requests remain
+_ANSWER_GRACE_SECONDS = 1.0  # for the answers the drain's bound gave to reach clients
 _RESERVED_FDS = 64  # descriptors kept for model files, devices, threads, logs
 _SWITCH_INTERVAL = 0.0005  # seconds; measured on the bundled models (docs/architecture.md)
 
@@ -290,12 +296,28 @@ async def serve(args: argparse.Namespace) -> int:
                     outer.start_soon(poll_repository, server, args.repository_poll_secs,
                                      poll_now)
             await shutdown.wait()
-            # the listener closes, idle connections close, requests in flight finish ...
-            http.drain()
             if drain_deadline == math.inf:
                 drain_deadline = trio.current_time() + args.drain_timeout
+            # with sequence models, the listener stays open while sequences live here
+            # or requests are admitted: steps of live sequences are served, new work
+            # is answered 503 "draining" (app.py); a load balancer retries it elsewhere
+            if server.serves_sequences():
+                with trio.move_on_at(drain_deadline):
+                    while server.holds_work():
+                        await trio.sleep(_DRAIN_POLL_SECONDS)
+            # the listener closes, idle connections close, requests in flight finish ...
+            http.drain()
             with trio.move_on_at(drain_deadline):
                 await http_done.wait()
+            # ... what the bound left unfinished is answered now (503 queued, 504
+            # running; each logged) and its answer given a moment to go out ...
+            abandoned = server.abandon(f"the drain's bound (--drain-timeout "
+                                       f"{args.drain_timeout:g} s) ran out")
+            if abandoned:
+                log.warning("drain: answered %d request(s) the bound left unfinished",
+                            abandoned)
+                with trio.move_on_after(_ANSWER_GRACE_SECONDS):
+                    await http_done.wait()
             # ... then invocations still running in the background (e.g. after a 504),
             # within what is left of the same budget
             with trio.move_on_at(drain_deadline):
@@ -347,7 +369,7 @@ async def poll_repository(server: Server, seconds: float,
                 for mv in repository.models.get(name, {}).values():
                     server.create_series(mv)
             for name in [n for n in repository.models if n not in names]:
-                await repository.unload_model(name)
+                repository.retire_model(name, server.background)  # no wait under the lock
                 del repository.models[name]
 
 

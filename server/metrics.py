@@ -165,8 +165,8 @@ class _StateCollector:
                 model_peak.add_metric([*labels, mv.device_name], mv.peak_invocation_bytes)
             inferences.add_metric(labels, mv.stats.inference_count)
             executions.add_metric(labels, mv.stats.execution_count)
-            if mv.admission is not None:
-                st = mv.admission.statistics()
+            if mv.scheduler is not None:
+                st = mv.scheduler.statistics()
                 in_flight.add_metric(labels, st.running)
                 queued.add_metric(labels, st.queued)
                 detached.add_metric(labels, st.detached)

@@ -86,6 +86,7 @@ from .cpus import use_process_cpus
 from .instances import InstanceThread
 from .memory import DeviceMemory
 from .protocol import DATATYPES, InferRequest, ProtocolError, datatype_for_mlir
+from .scheduling import Scheduler
 from .sequences import SequenceBatcher, StepProgram
 from .stats import ModelStatistics
 
@@ -160,7 +161,8 @@ _ACCEPTED_KEPT = 1024
 
 @dataclass(eq=False)
 class ModelVersion:
-    """One version of one model: its module, signature and admission control."""
+    """One version of one model: its module, signature and its one scheduler (the
+    dynamic batcher, or the sequence batcher for a `sequence_batching` config)."""
 
     name: str
     version: str
@@ -177,7 +179,7 @@ class ModelVersion:
     max_batch_size: int = 0
     timeout_s: float | None = None
     execution: str = "thread"
-    admission: Admission | None = None
+    scheduler: Scheduler | None = None
     batching: BatchingConfig | None = None
     stats: ModelStatistics = field(default_factory=ModelStatistics)
     load_seconds: float = 0.0
@@ -188,9 +190,9 @@ class ModelVersion:
     fingerprint: tuple = ()  # of the files it was loaded from (poll mode reloads on change)
     modules: list[Any] = field(default_factory=list)  # one per instance
     sequence_config: SequenceConfig | None = None
-    sequences: SequenceBatcher | None = None
     program_outputs: list[TensorSpec] = field(default_factory=list)  # clients see `outputs`
     _device_lock: threading.Lock | None = None
+    _unloaded: trio.Event | None = None  # made by the first `unload`, set when it ended
     # request tensor plans (`InferRequest.plan`) `prepare` found right for this version:
     # a request with one of them needs no check again (its tensors are what is checked)
     _accepted: dict[Any, None] = field(default_factory=dict)
@@ -198,6 +200,12 @@ class ModelVersion:
     @property
     def ready(self) -> bool:
         return self.state == "READY"
+
+    @property
+    def sequences(self) -> SequenceBatcher | None:
+        """The scheduler when it is a sequence batcher."""
+        scheduler = self.scheduler
+        return scheduler if isinstance(scheduler, SequenceBatcher) else None
 
     @property
     def display_path(self) -> str:
@@ -249,13 +257,15 @@ class ModelVersion:
                             functools.partial(self._invoke_blocking, module))
                    for i, module in enumerate(modules)]
         memory = self.memory
-        self.admission = Admission(
-            workers, max_queue, self.batching, executed=self.stats.executed,
-            begin=(lambda: memory.begin(self.device_name, device, self.peak_invocation_bytes))
-            if memory else None,
-            end=self._memory_end if memory else None)
         if self.sequence_config is not None:
-            self._start_sequences(workers, max_queue)
+            self.scheduler = self._sequence_batcher(workers, max_queue)
+        else:
+            self.scheduler = Admission(
+                workers, max_queue, self.batching, executed=self.stats.executed,
+                begin=(lambda: memory.begin(self.device_name, device,
+                                            self.peak_invocation_bytes))
+                if memory else None,
+                end=self._memory_end if memory else None)
         self.load_seconds = time.perf_counter() - start
         self.state = "READY"
 
@@ -264,9 +274,9 @@ class ModelVersion:
         if held is not None and held > (self.peak_invocation_bytes or 0):
             self.peak_invocation_bytes = held
 
-    def _start_sequences(self, workers: list[Instance], max_queue: int) -> None:
+    def _sequence_batcher(self, workers: list[Instance], max_queue: int) -> SequenceBatcher:
         """Checks the control and state tensors against the program and hides them from
-        clients: `inputs`/`outputs` become what a request carries."""
+        clients (`inputs`/`outputs` become what a request carries); the scheduler."""
         config = self.sequence_config
         by_name = {s.name: s for s in self.inputs}
         out_by_name = {s.name: s for s in self.outputs}
@@ -294,7 +304,7 @@ class ModelVersion:
         self.outputs = [s for s in self.outputs if s.name not in hidden_out]
         programs = [StepProgram(module, self.function, self._device_lock)
                     for module in self.modules]
-        self.sequences = SequenceBatcher(
+        return SequenceBatcher(
             self.name, config, self.max_batch_size, workers, programs, program_inputs,
             [(s.name, s.datatype) for s in self.program_outputs], max_queue,
             executed=self.stats.executed)
@@ -422,10 +432,8 @@ class ModelVersion:
         queued, seconds invoking). `respond` as `Admission.infer`'s. (A plain function
         handing back its scheduler's coroutine: the request's task awaits one frame
         fewer.)"""
-        if self.sequences is not None:
-            return self.sequences.infer(args, parameters or {}, deadline, label, respond)
         rows = int(args[0].shape[0]) if self.max_batch_size else 1
-        return self.admission.infer(args, rows, deadline, label, respond)
+        return self.scheduler.infer(args, rows, deadline, label, respond, parameters)
 
     def _invoke_blocking(self, module: Any, args: list[Any]
                          ) -> list[tuple[str, str, np.ndarray]]:
@@ -450,26 +458,38 @@ class ModelVersion:
             out.append((spec.name, spec.datatype, array))
         return out
 
-    async def unload(self) -> None:
-        """Stops serving this version: new requests get 503 at once, every request
-        admitted before finishes, then the instance threads end and the modules close
-        (never under a running invocation). Its state becomes UNAVAILABLE, reason
-        "unloaded"."""
+    def stop_admitting(self) -> None:
+        """The first half of an unload, which does not wait (call it under the
+        repository lock): new requests get 503 at once, and the scheduler answers what
+        could never run (`Scheduler.close`)."""
         if self.state == "READY":
             self.state = "UNLOADING"
-        if self.sequences is not None:
-            self.sequences.close()
-            await self.sequences.wait_idle()
-        admission = self.admission
-        if admission is not None:
-            admission.close()
-            await admission.wait_idle()
-            admission.stop()
-        modules, self.modules, self.module = self.modules, [], None
-        for module in modules:
-            await trio.to_thread.run_sync(module.close)
-        self.state, self.reason, self.unloaded = "UNAVAILABLE", "unloaded", True
-        log.info("unloaded model %s version %s", self.name, self.version)
+        if self.scheduler is not None:
+            self.scheduler.close()
+
+    async def unload(self) -> None:
+        """Stops serving this version (`stop_admitting`), waits until every request
+        admitted before finished (detached executions and a sequence model's steps
+        included), then ends the instance threads and closes the modules (never under a
+        running invocation). Its state becomes UNAVAILABLE, reason "unloaded". A second
+        call waits for the first one's end. Never call it under the repository lock."""
+        self.stop_admitting()
+        if self._unloaded is not None:
+            await self._unloaded.wait()
+            return
+        self._unloaded = trio.Event()
+        try:
+            scheduler = self.scheduler
+            if scheduler is not None:
+                await scheduler.wait_idle()
+                scheduler.stop()
+            modules, self.modules, self.module = self.modules, [], None
+            for module in modules:
+                await trio.to_thread.run_sync(module.close)
+            self.state, self.reason, self.unloaded = "UNAVAILABLE", "unloaded", True
+            log.info("unloaded model %s version %s", self.name, self.version)
+        finally:
+            self._unloaded.set()
 
     def metadata(self, versions: list[str]) -> dict:
         return {
@@ -485,7 +505,7 @@ class ModelVersion:
         does not use is left out, as Triton leaves out an unset message: tools read its
         presence (perf_analyzer drives any model whose config has `sequence_batching`
         as a stateful one, starting and ending a sequence per request)."""
-        admission = self.admission
+        scheduler = self.scheduler
         config = {
             "name": self.name,
             "version": self.version,
@@ -494,14 +514,14 @@ class ModelVersion:
             "function": self.function,
             "device": self.device_name,
             "execution": self.execution,
-            "instance_group": [{"count": admission.max_concurrency if admission else 0,
+            "instance_group": [{"count": scheduler.max_concurrency if scheduler else 0,
                                 "kind": "KIND_CPU"}],
             "max_batch_size": self.max_batch_size,
             "dynamic_batching": self.batching.describe() if self.batching else None,
             "sequence_batching": self.sequence_config.describe() if self.sequence_config
             else None,
-            "max_concurrency": admission.max_concurrency if admission else None,
-            "max_queue": admission.max_queue if admission else None,
+            "max_concurrency": scheduler.max_concurrency if scheduler else None,
+            "max_queue": scheduler.max_queue if scheduler else None,
             "timeout_s": self.timeout_s,
             "peak_invocation_bytes": self.peak_invocation_bytes,
             "description": self.settings.description,
@@ -787,12 +807,30 @@ class ModelRepository:
         self.models[name] = dict(sorted(versions.items(), key=lambda kv: _version_key(kv[0])))
         return failed
 
-    async def unload_model(self, name: str) -> None:
-        """Every version of `name` stops serving once what it admitted finished."""
+    def stop_admitting(self, name: str) -> list[ModelVersion]:
+        """Every version of `name` admits nothing new (`ModelVersion.stop_admitting`; no
+        wait); the versions, for `unload_versions`."""
+        versions = list(self.models[name].values())
+        for mv in versions:
+            mv.stop_admitting()
+        return versions
+
+    async def unload_versions(self, versions: list[ModelVersion]) -> None:
+        """Waits until each of `versions` finished what it admitted and unloaded (outside
+        the repository lock: loads and unloads of other models go on meanwhile)."""
         async with trio.open_nursery() as nursery:
-            for mv in self.models[name].values():
+            for mv in versions:
                 nursery.start_soon(mv.unload)
         freeze_heap()
+
+    async def unload_model(self, name: str) -> None:
+        """Every version of `name` stops serving once what it admitted finished."""
+        await self.unload_versions(self.stop_admitting(name))
+
+    def retire_model(self, name: str, background: trio.Nursery) -> None:
+        """Every version of `name` stops admitting now and unloads in `background`."""
+        for mv in self.stop_admitting(name):
+            self._retire(mv, background)
 
     def _retire(self, mv: ModelVersion, background: trio.Nursery) -> None:
         self.retiring.add(mv)
@@ -885,8 +923,8 @@ class ModelRepository:
 
     def close(self) -> None:
         for mv in [*self.all_versions(), *self.retiring]:
-            if mv.admission is not None:
-                mv.admission.stop()
+            if mv.scheduler is not None:
+                mv.scheduler.stop()
             for module in mv.modules:
                 try:
                     module.close()

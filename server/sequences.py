@@ -52,8 +52,9 @@ preferred size but fewer than `max_batch_size` is cut back to the largest prefer
 it reaches (the others lead the next batch), as the dynamic batcher does. With
 `max_queue_delay_microseconds`, a batch smaller than the largest preferred size (else
 `max_batch_size`) waits at most that long after its oldest request arrived; the delay
-ends through the dynamic batcher's timer (`admission.delay_timer`: a timerfd the loop
-waits on), not a trio timeout, which epoll rounds up to whole milliseconds.
+ends through the dynamic batcher's timer (`scheduling.QueueTimer`: a timerfd the loop
+waits on, armed early by how late its wake-ups came), not a trio timeout, which epoll
+rounds up to whole milliseconds.
 
 With `direct`, as in Triton, slot s is row s % max_batch_size of instance
 s // max_batch_size for the sequence's whole life: an execution takes the ready
@@ -63,7 +64,12 @@ slot's idle sequence or the initial one), and their outputs are dropped.
 
 Triton's semantics and errors (400): a request without `sequence_id` (or 0, or ""); a
 request of an unknown (never started, ended or expired) sequence without
-`sequence_start`; a `sequence_start` for a sequence still live. A sequence that received
+`sequence_start`; an id the CORRID control's type cannot hold; a string id of more than
+`MAX_SEQUENCE_ID_LENGTH` characters. A `sequence_start` for a sequence still live ends
+it and starts it anew (its queued steps run first; Triton's "previous sequence will be
+terminated early"). A sequence whose START left the queue unrun (its deadline) is ended,
+as one that expired. Ended sequences are remembered (why they ended, for the next
+step's 400) by a 16-byte digest of their id, 4,096 at most. A sequence that received
 nothing for `max_sequence_idle_microseconds` (none queued or running) is ended and its
 slot freed. A client that closes its connection while a step of its sequence waits or
 runs ends the sequence (as Triton cancels a sequence with a cancelled request): its
@@ -82,40 +88,46 @@ which runs on the version's instance threads, as with `admission.Admission`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import logging
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 import trio
 
-from ..hal.buffer import ALIGNMENT
-from ..hal.buffer_view import BufferView, dense_byte_length
-from ..hal.semaphore import Fence
-from ..hal.types import BufferUsage, element_type_for, pack_elements, unpack_elements
 from .admission import (
-    DeadlineExceeded,
-    DispatchAfterPass,
-    InFlight,
+    AdmissionStatistics,
+    Execution,
     Instance,
-    Overloaded,
     PendingRequest,
-    Unavailable,
     answer_directly,
-    delay_timer,
+    log_abandoned,
+    wait_outcome,
 )
-from .batching import Outcome, Results
+from .batching import BatchingConfig, Outcome, Results
 from .config import (  # the configuration's schema; importable from here as before
     ControlInput,
     SequenceConfig,
     StateSpec,
     parse_sequence_config,
 )
-from .http import client_gone_probe
 from .protocol import DATATYPES, ProtocolError
+from .scheduling import (
+    DeadlineExceeded,
+    DispatchAfterPass,
+    InFlight,
+    Overloaded,
+    QueueTimer,
+    RunningInvocation,
+    Unavailable,
+)
+from .sequence_clients import ClientWatch
+from .sequence_metrics import SequenceCollector
+from .sequence_state import DeviceState, StepProgram
 from .stats import Latency
 
 __all__ = ["ControlInput", "DeviceState", "SequenceBatcher", "SequenceCollector",
@@ -124,9 +136,10 @@ __all__ = ["ControlInput", "DeviceState", "SequenceBatcher", "SequenceCollector"
 
 # the host phases of one execution, as recorded in `SequenceBatcher.host`
 HOST_PHASES = ("gather", "invoke", "scatter", "respond")
-_EXPIRED_REMEMBERED = 4096
-_CLIENT_CHECK_SECONDS = 0.02  # how often waiting steps' connections are looked at
-_STATE_USAGE = int(BufferUsage.DEFAULT | BufferUsage.MAPPING)
+_ENDED_REMEMBERED = 4096  # ended sequences whose reason a late step is told
+# the longest string sequence id taken: the ids of live sequences are kept whole
+MAX_SEQUENCE_ID_LENGTH = 1024
+log = logging.getLogger("tinyhal.server")
 _WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                  0.25, 0.5, 1.0)
 
@@ -153,16 +166,21 @@ def sequence_parameters(parameters: dict, model: str) -> tuple[int | str, bool, 
 
 
 class _Step(PendingRequest):
-    """One request of a sequence: a pending request (one row) and its control flags."""
+    """One request of a sequence: a pending request (one row), its control flags and
+    its sequence."""
 
-    __slots__ = ("start", "end")
+    started_note = "the step started and still updates its state (its result is " \
+                   "discarded)"
+    queued_note = "in the queue of its sequence (nothing ran; its state is unchanged)"
+    __slots__ = ("start", "end", "sequence")
 
     def __init__(self, args: list[Any], start: bool, end: bool, deadline: float,
-                 label: str, now: float,
-                 respond: Callable[[Results, float], Any] | None = None) -> None:
+                 label: str, now: float, respond: Callable[[Results, float], Any] | None,
+                 sequence: _Sequence) -> None:
         super().__init__(args, 1, deadline, label, now, respond)
         self.start = start
         self.end = end
+        self.sequence = sequence
 
 
 class _Sequence:
@@ -181,141 +199,17 @@ class _Sequence:
         self.last_used = now
 
 
-@dataclass(frozen=True)
-class StepProgram:
-    """What executions run on one instance: its loaded module (`tinyhal.vm.Module`), the
-    step function's name, and the lock a `sync` device needs (it runs work inline on
-    the calling thread, one invocation at a time), or None."""
-
-    module: Any
-    function: str
-    lock: Any = None
+def _digest(key: tuple[type, int | str]) -> bytes:
+    """A fixed-size digest of a sequence id (its type and value): what is remembered of
+    an ended sequence."""
+    sid = key[1]
+    data = b"s" + sid.encode("utf-8", "surrogatepass") if type(sid) is str else \
+        b"i" + str(sid).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
-class DeviceState:
-    """Where the implicit state of live sequences lives: in device buffers, never on the
-    host. A sequence's state is a *row* of a buffer the program returned (its state
-    output of the sequence's last step: row i of an execution belongs to the i-th
-    sequence of its batch) or, before its first step succeeded, a row of a block of
-    copies of the initial value made when the model loaded. Those buffers are never
-    written after the program returned them, so a row stays valid while any sequence
-    refers to it and is released with the last one.
-
-    Gather builds an execution's state input from its sequences' rows: when they are
-    consecutive rows of one buffer (the batch is ordered by where its rows are, so a
-    group of sequences that stepped together last time and steps together again is one
-    run) the input is a view of that buffer, with no copy; otherwise one device copy
-    per run of consecutive rows into a new buffer. Scatter is free: the state output
-    becomes the rows' new home. The gathers' copies signal a fence the invocation takes
-    as its wait fence (`take_gathers`): a coarse-fences step function waits for them on
-    the device; for a synchronous one the host waits before calling it."""
-
-    def __init__(self, states: tuple[StateSpec, ...], rows: int,
-                 programs: list[StepProgram]) -> None:
-        module = programs[0].module
-        self.device = device = module.device
-        self._memory = module.input_memory_type
-        self.element_types = [int(element_type_for(s.initial.dtype)) for s in states]
-        self.row_bytes = [dense_byte_length(s.dims, t)
-                          for s, t in zip(states, self.element_types)]
-        self.dims = [s.dims for s in states]
-        self.initial = []
-        for state, element_type, size in zip(states, self.element_types, self.row_bytes):
-            block = device.allocator.allocate(rows * size, self._memory, _STATE_USAGE)
-            row = pack_elements(np.ascontiguousarray(state.initial), element_type).tobytes()
-            device.write_bytes(block, row * rows)
-            self.initial.append(block)
-        self.initial_home = (tuple(self.initial), 0)
-        self._gathers: dict[int, list] = {id(p): [] for p in programs}
-        # gathers passed as views of where the rows are, gathers that copied, copies
-        self.counts = {"in_place": 0, "copied": 0, "copies": 0}
-
-    def gather(self, program: StepProgram, state: int, homes: list[tuple[tuple, int]],
-               copy: bool = False) -> BufferView:
-        """The state input made of the rows `homes` ((buffers per state, row) each); in a
-        new buffer of just those rows with `copy`."""
-        size = self.row_bytes[state]
-        runs: list[list] = []  # [source, first source row, first batch row, rows]
-        initial = self.initial[state]
-        for i, (buffers, row) in enumerate(homes):
-            source = buffers[state]
-            if runs:
-                last = runs[-1]
-                if last[0] is source and last[1] + last[3] == row:
-                    last[3] += 1
-                    continue
-                if source is initial and last[0] is initial:  # any initial row will do
-                    last[3] += 1
-                    continue
-            runs.append([source, row, i, 1])
-        shape = (len(homes), *self.dims[state])
-        element_type = self.element_types[state]
-        counts = self.counts
-        if len(runs) == 1 and not copy:
-            source, row = runs[0][0], runs[0][1]
-            offset = row * size
-            if offset == 0 and source.byte_length == len(homes) * size:
-                counts["in_place"] += 1
-                return BufferView(source, shape, element_type)
-            if offset % ALIGNMENT == 0:
-                counts["in_place"] += 1
-                return BufferView(source.subspan(offset, len(homes) * size), shape,
-                                  element_type)
-        counts["copied"] += 1
-        counts["copies"] += len(runs)
-        target = self.device.allocator.allocate(len(homes) * size, self._memory,
-                                                _STATE_USAGE)
-        commands = self.device.create_command_buffer()
-        for source, row, at, count in runs:
-            commands.copy(source, row * size, target, at * size, count * size)
-        commands.finalize()
-        done = self.device.create_semaphore(0)
-        self.device.submit(commands, signal=[(done, 1)])
-        self._gathers[id(program)].append(done)
-        return BufferView(target, shape, element_type)
-
-    def take_gathers(self, program: StepProgram) -> Fence | None:
-        """The fence the gathers made for `program`'s next invocation signal (None when
-        every state input is a view): its wait fence."""
-        pending = self._gathers[id(program)]
-        if not pending:
-            return None
-        fence = Fence([(done, 1) for done in pending])
-        pending.clear()
-        return fence
-
-    def compact(self, program: StepProgram, homes: list[tuple[tuple, int]]
-                ) -> list[tuple[tuple, int]]:
-        """Copies the rows `homes` into new buffers of just those rows (so the larger
-        buffers they were among can go once nothing else refers to them); their new
-        homes, in order."""
-        views = [self.gather(program, state, homes, copy=True)
-                 for state in range(len(self.row_bytes))]
-        done = self.take_gathers(program)
-        if done is not None:
-            done.wait()
-        buffers = tuple(view.buffer for view in views)
-        return [(buffers, i) for i in range(len(homes))]
-
-    @property
-    def initial_bytes(self) -> int:
-        return sum(b.byte_length for b in self.initial)
-
-    def read(self, state: int, home: tuple[tuple, int]) -> np.ndarray:
-        """A copy of one sequence's state on the host (a transfer: for tests)."""
-        buffers, row = home
-        size = self.row_bytes[state]
-        data = self.device.read_array(buffers[state], row * size, size)
-        return unpack_elements(data, self.dims[state], self.element_types[state])
-
-    def held_bytes(self, homes: Iterable[tuple[tuple, int]]) -> int:
-        """Device memory the rows `homes` keep alive, and the initial blocks: whole
-        allocations (a program may return its outputs as windows of one)."""
-        blocks = {id(b.storage): b.storage.byte_length for b in self.initial}
-        for home in homes:
-            for buffer in home[0]:
-                blocks[id(buffer.storage)] = buffer.storage.byte_length
-        return sum(blocks.values())
+def _sequence_gone(step: _Step) -> bool:
+    return step.sequence.gone
 
 
 def _slot(seq: _Sequence) -> int:
@@ -347,6 +241,7 @@ class SequenceBatcher:
         self.config = config
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
+        self.max_concurrency = len(instances)
         self._instances = instances
         self._programs = {id(i): p for i, p in zip(instances, programs)}
         # direct: slot s is row s % max_batch_size of instance s // max_batch_size
@@ -373,32 +268,43 @@ class SequenceBatcher:
             else:
                 self._plan.append(("client", client))
                 client += 1
-        self._corrid_integer = any(c.kind == "CONTROL_SEQUENCE_CORRID"
-                                   for c in config.controls)
+        # (lowest, highest, datatype) of the CORRID control input's type, if any
+        self._corrid: tuple[int, int, str] | None = None
+        for control in config.controls:
+            if control.kind == "CONTROL_SEQUENCE_CORRID":
+                limits = np.iinfo(control.dtype)
+                self._corrid = (max(int(limits.min), 1), int(limits.max), control.dtype.name)
         self._state_outputs = {s.output_name: i for i, s in enumerate(config.states)}
         self._program_outputs = [(name, datatype, DATATYPES[datatype])
                                  for name, datatype in program_outputs]
         self._sequences: dict[tuple[type, int | str], _Sequence] = {}
         self._backlog: deque[_Sequence] = deque()  # started, waiting for a slot
         self._ready: deque[_Sequence] = deque()
-        # why recently ended sequences ended, when not by their END request
-        self._ended: OrderedDict[tuple[type, int | str], str] = OrderedDict()
+        # why recently ended sequences ended, when not by their END request: by a
+        # fixed-size digest of their id, so what is kept is bounded whatever the ids
+        self._ended: OrderedDict[bytes, str] = OrderedDict()
         self._queued = 0
         self._in_flight = InFlight()
+        self._running: set[Execution] = set()
+        self._detached = 0
         self._closed = False
-        self._timer_at = math.inf
         # steps that arrive in one wake-up of the loop, the next steps of sequences just
         # answered among them, run as one batch; the instance is woken just before the
         # loop waits for I/O, not while the loop still holds the interpreter
         self._dispatch_after_pass = DispatchAfterPass(self._dispatch)
-        self._timer: Any = None  # `delay_timer`, made with the first step if delays are on
+        # the dynamic batcher's policy (queue delay, preferred sizes) and its queue-delay
+        # timer (with its lead correction)
+        self._policy = BatchingConfig(max_batch_size, config.max_queue_delay_us,
+                                      config.preferred_batch_sizes)
+        self._timer = QueueTimer(self._policy.delay, self._dispatch_after_pass)
         self._tasks_started = False
         self._now: Callable[[], float] = trio.current_time  # the run's clock (see `infer`)
         self.expired_count = 0
+        self._idle_reason = (f"it expired: idle for more than max_sequence_idle_microseconds"
+                             f" = {config.max_sequence_idle_us}")
         self.client_gone_count = 0  # sequences ended because a client went away
         # steps whose client can be asked whether it is still there: step -> (seq, probe)
-        self._watched: dict[_Step, tuple[_Sequence, Callable[[], bool]]] = {}
-        self._watch_wake: trio.Event | None = None  # set: a step is watched again
+        self._clients = ClientWatch(self._client_left, _sequence_gone, self._dispatch)
         self.host = {phase: Latency() for phase in HOST_PHASES}
         self.queue_wait = Latency(_WAIT_BUCKETS)
 
@@ -409,6 +315,25 @@ class SequenceBatcher:
         return len(self._sequences)
 
     @property
+    def live_sequences(self) -> int:
+        return len(self._sequences)
+
+    @property
+    def in_flight(self) -> int:
+        """Steps admitted and not finished (queued, running, detached)."""
+        return self._in_flight.count
+
+    def statistics(self) -> AdmissionStatistics:
+        """The figures every scheduler gives (executions, queued steps, instances)."""
+        return AdmissionStatistics(len(self._running), self._queued, self.max_concurrency,
+                                   self.max_queue, self._detached)
+
+    def running_invocations(self) -> list[RunningInvocation]:
+        """The executions running now, oldest first."""
+        return [RunningInvocation(e.label, e.started, all(r.detached for r in e.requests))
+                for e in sorted(self._running, key=lambda e: e.started)]
+
+    @property
     def slots_in_use(self) -> int:
         return self.slots - len(self._free_slots)
 
@@ -416,7 +341,7 @@ class SequenceBatcher:
     def state_bytes_in_use(self) -> int:
         return self.slots_in_use * sum(s.row_bytes for s in self.config.states)
 
-    def statistics(self) -> dict:
+    def sequence_statistics(self) -> dict:
         """Live sequences, slots and their state memory, and where executions spent host
         time (count and total ns per phase)."""
         return {
@@ -438,113 +363,147 @@ class SequenceBatcher:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def infer(self, args: list[Any], parameters: dict, deadline: float, label: str,
-                    respond: Callable[[Results, float], Any] | None = None
-                    ) -> tuple[Results, float, float]:
-        """Runs one step of the request's sequence: (client outputs, seconds queued,
-        seconds its execution took). Raises ProtocolError 400 for a bad control flow,
-        `Unavailable`, `Overloaded`, `DeadlineExceeded`, or the invocation's error.
+    def infer(self, args: list[Any], rows: int, deadline: float, label: str,
+              respond: Callable[[Results, float], Any] | None = None,
+              parameters: dict | None = None) -> Awaitable[tuple[Results, float, float]]:
+        """Runs one step of the request's sequence (named by `parameters`): (client
+        outputs, seconds queued, seconds its execution took). Raises ProtocolError 400
+        for a bad control flow, `Unavailable`, `Overloaded`, `DeadlineExceeded`, or the
+        invocation's error.
 
         `respond(results, execution_seconds)`, when given, answers the client from the
         instance thread as soon as the step ran (as `Admission.infer`'s), before the loop
         has taken in the step's outcome: the sequence's next step may then arrive first,
         and waits, as any step of a running sequence does. A sequence's last step is
         always answered by the loop, once its slot is free, so a client that starts the
-        same sequence id again on that answer finds it ended."""
-        sid, start, end = sequence_parameters(parameters, self.model)
+        same sequence id again on that answer finds it ended.
+
+        As Triton: a START for a sequence still live ends it there and starts it anew
+        (its steps already queued run first, the START step then begins from the
+        initial state); a sequence whose START left the queue unrun (its deadline) is
+        ended, so its next step without START is refused."""
+        sid, start, end = sequence_parameters(parameters or {}, self.model)
         if self._closed:
             raise Unavailable("the model version is unloading")
-        rows = int(args[0].shape[0]) if args else 1
         if rows != 1:
             raise ProtocolError(400, f"inference request for sequence {sid} to model "
                                      f"'{self.model}' must have batch size 1, not {rows}")
         if not self._tasks_started:
-            self._tasks_started = True
-            self._now = trio.lowlevel.current_clock().current_time  # one call per read
-            # system tasks: they end with the batcher (close), not with a request
-            trio.lowlevel.spawn_system_task(self._expire_idle)
-            trio.lowlevel.spawn_system_task(self._watch_clients)
-            if self.config.max_queue_delay_us:
-                self._timer = delay_timer(self._timer_fired)
-        if self._corrid_integer and not isinstance(sid, int):
-            raise ProtocolError(400, f"model '{self.model}' takes an integer sequence_id "
-                                     f"(it has a CORRID control input), not the string "
-                                     f"{sid!r}")
+            self._start_tasks()
+        if self._corrid is not None:
+            self._check_corrid(sid)
+        elif type(sid) is str and len(sid) > MAX_SEQUENCE_ID_LENGTH:
+            raise ProtocolError(400, f"parameter 'sequence_id' is a string of {len(sid)} "
+                                     f"characters; at most {MAX_SEQUENCE_ID_LENGTH} are "
+                                     f"taken")
         key = (type(sid), sid)
         now = self._now()
         seq = self._sequences.get(key)
         if start:
-            if seq is not None:
-                raise ProtocolError(400, f"inference request for sequence {sid} to model "
-                                         f"'{self.model}' has sequence_start, but sequence "
-                                         f"{sid} is already in progress: end it "
-                                         f"(sequence_end) before starting it again")
+            if seq is not None and not seq.ending:  # debug: a client could flood the log
+                log.debug("sequence %s of model '%s' has a START while still in "
+                          "progress: it ends there and starts anew", sid, self.model)
         elif seq is None or seq.ending:
-            why = f" ({self._ended[key]})" if key in self._ended else ""
+            why = self._ended_reason(key)
             raise ProtocolError(400, f"inference request for sequence {sid} to model "
                                      f"'{self.model}' must specify the START flag on the "
-                                     f"first request of the sequence{why}")
+                                     f"first request of the sequence"
+                                     f"{f' ({why})' if why else ''}")
         if self._queued >= max(self.max_queue, self.slots):
-            raise Overloaded(f"{self._queued} sequence requests queued (max_queue "
-                             f"{self.max_queue})", 1)
+            raise Overloaded(f"exceeds maximum queue size: {self._queued} sequence "
+                             f"requests queued (max_queue {self.max_queue})", 1)
         if seq is None:
             seq = _Sequence(sid, now)
             self._sequences[key] = seq
-            self._ended.pop(key, None)
+            if self._ended:
+                self._ended.pop(_digest(key), None)
             if self._free_slots:
                 self._assign(seq)
             else:
                 self._backlog.append(seq)
-        step = _Step(args, start, end, deadline, label, now, None if end else respond)
+        step = _Step(args, start, end, deadline, label, now, None if end else respond, seq)
         seq.steps.append(step)
         seq.last_used = now
-        if end:
-            seq.ending = True
+        seq.ending = end
         self._queued += 1
         self._in_flight.count += 1
         self._mark_ready(seq)
         self._dispatch_after_pass()
-        probe = client_gone_probe()
-        if probe is not None:
-            self._watched[step] = (seq, probe)
-            if self._watch_wake is not None:
-                self._watch_wake.set()
-        try:
-            if deadline == math.inf:  # no cancel scope to enter and leave per step
-                await step.done.wait()
-            else:
-                with trio.move_on_at(deadline):
-                    await step.done.wait()
-        finally:
-            self._watched.pop(step, None)
-            if not step.done.is_set():
-                self._abandon(seq, step)
-        if step.outcome is None:
-            waited = trio.current_time() - step.arrived
-            if step.started:
-                raise DeadlineExceeded(
-                    f"deadline exceeded after {waited:.3f} s; the step of sequence {sid} "
-                    f"started and still updates its state (its result is discarded)",
-                    started=True)
-            raise DeadlineExceeded(f"deadline exceeded after {waited:.3f} s in the queue "
-                                   f"of sequence {sid} (nothing ran; its state is "
-                                   f"unchanged)", started=False)
-        results, error = step.outcome
-        if error is not None:
-            raise error
-        return results, step.queued_seconds, step.infer_seconds
+        self._clients.watch(step)
+        return wait_outcome(step, self._abandon_step)
 
-    def _abandon(self, seq: _Sequence, step: _Step) -> None:
+    def _start_tasks(self) -> None:
+        """On the first step: the run's clock, and the system tasks that end with the
+        batcher (`close`), not with a request."""
+        self._tasks_started = True
+        self._now = trio.lowlevel.current_clock().current_time  # one call per read
+        trio.lowlevel.spawn_system_task(self._expire_idle)
+        trio.lowlevel.spawn_system_task(self._clients.run)
+
+    def _check_corrid(self, sid: int | str) -> None:
+        """The id must be an integer the CORRID control's type holds (400 otherwise)."""
+        if type(sid) is not int:
+            raise ProtocolError(400, f"model '{self.model}' takes an integer sequence_id "
+                                     f"(it has a CORRID control input), not a string")
+        low, high, datatype = self._corrid
+        if not low <= sid <= high:
+            raise ProtocolError(400, f"parameter 'sequence_id' {sid} is out of the range of "
+                                     f"the CORRID control input's {datatype} "
+                                     f"({low}..{high})")
+
+    def continues_work(self, parameters: dict) -> bool:
+        """A step without START of a sequence live here (what a draining server still
+        serves)."""
+        sid = parameters.get("sequence_id")
+        if type(sid) not in (int, str) or parameters.get("sequence_start"):
+            return False
+        seq = self._sequences.get((type(sid), sid))
+        return seq is not None and not seq.ending
+
+    def _abandon_step(self, step: _Step) -> None:
         """The step stops waiting (deadline, or its task was cancelled)."""
+        seq = step.sequence
+        self._clients.forget(step)
         if step.started:
             step.detached = True
+            self._detached += 1
             return
-        seq.steps.remove(step)
+        steps = seq.steps
+        at = steps.index(step)
+        del steps[at]
         self._queued -= 1
         self._in_flight.left(1)
-        if step.end and not seq.steps and not seq.running:
+        if step.start:
+            self._start_lost(seq, at)
+        elif step.end and not steps and not seq.running:
             self._release(seq)
         self._dispatch()
+
+    def _start_lost(self, seq: _Sequence, at: int) -> None:
+        """The START that was queued at `at` left the queue unrun: as Triton, the
+        sequence it began is expired. The steps queued behind it (up to another START,
+        which begins the sequence anew) are refused; the sequence takes no step without
+        START any more, and ends once the steps ahead of it (an earlier run of the same
+        id) are done."""
+        why = "its START request left the queue unrun (its deadline passed)"
+        error = ProtocolError(400, f"sequence {seq.id} of model '{self.model}' was ended: "
+                                   f"{why}")
+        steps = seq.steps
+        while at < len(steps) and not steps[at].start:
+            lost = steps[at]
+            del steps[at]
+            self._queued -= 1
+            self._in_flight.left(1)
+            self._clients.forget(lost)
+            lost.outcome = (None, error)
+            lost.done.set()
+        if at < len(steps):
+            return
+        self._remember_end(seq.id, f"it was ended: {why}")
+        if not steps and not seq.running:
+            self._release(seq)
+        else:
+            seq.ending = True
 
     # -- scheduling (on the loop, no checkpoints) ----------------------------------------
 
@@ -599,13 +558,10 @@ class SequenceBatcher:
                     continue
                 owner = where
             batch.append(seq)
-        preferred = self.config.preferred_batch_sizes
-        if preferred and len(batch) < self.max_batch_size:
-            # as the dynamic batcher: cut back to the largest preferred size reached
-            fitting = [size for size in preferred if size <= len(batch)]
-            if fitting:
-                skipped[:0] = batch[fitting[-1]:]
-                del batch[fitting[-1]:]
+        want = self._policy.preferred_size(len(batch))  # the dynamic batcher's cut
+        if want:
+            skipped[:0] = batch[want:]
+            del batch[want:]
         for seq in reversed(skipped):
             seq.ready = True
             ready.appendleft(seq)
@@ -613,24 +569,23 @@ class SequenceBatcher:
 
     def _dispatch(self) -> None:
         """Starts executions while an instance is free and a sequence is ready."""
-        config = self.config
+        policy = self._policy
         while self._idle and self._ready:
             now = self._now()
-            if config.max_queue_delay_us and not self._closed:
-                target = config.preferred_batch_sizes[-1] if \
-                    config.preferred_batch_sizes else self.max_batch_size
+            if policy.delay and not self._closed:
+                target = policy.target_rows
                 oldest = min((s.steps[0].arrived for s in self._ready if s.steps),
                              default=now) \
                     if len(self._ready) < target else now
-                until = oldest + config.max_queue_delay_us / 1e6
+                until = oldest + self._timer.delay - self._timer.lead
                 if now < until and len(self._ready) < target:
-                    self._arm(until)
+                    self._timer.arm(until)
                     return
             batch, owner = self._take(now)
             if not batch:
                 return
             self._start(batch, now, owner)
-        self._arm(math.inf)
+        self._timer.arm(math.inf)
 
     def _start(self, batch: list[_Sequence], now: float, owner: int | None) -> None:
         if owner is None:
@@ -649,21 +604,24 @@ class SequenceBatcher:
             seq.running = True
             steps.append(step)
         self._queued -= len(steps)
-        homes = [seq.home for seq in batch]
+        initial = self._device.initial_home
+        # a START (of a new sequence, or one started anew) begins from the initial state
+        homes = [initial if step.start else seq.home for seq, step in zip(batch, steps)]
         ids = [seq.id for seq in batch]
         layout = None
         if owner is not None:  # direct: row r is slot owner * max_batch_size + r
             first = owner * self.max_batch_size
             rows = {seq.slot - first: i for i, seq in enumerate(batch)}
             layout = [rows.get(r, -1) for r in range(max(rows) + 1)]
-            initial = self._device.initial_home
             homes = [homes[i] if i >= 0 else
                      getattr(self._slot_owner.get(first + r), "home", initial)
                      for r, i in enumerate(layout)]
         program = self._programs[id(instance)]
+        execution = Execution(steps, instance, now)
+        self._running.add(execution)
         instance.thread.submit([(
             lambda: self._execute_and_answer(program, steps, homes, ids, layout),
-            lambda result: self._finished(instance, batch, steps, now, result))])
+            lambda result: self._finished(execution, batch, result))])
 
     def _execute_and_answer(self, program: StepProgram, steps: list[_Step],
                             homes: list[tuple[tuple, int]], ids: list[int | str],
@@ -793,10 +751,11 @@ class SequenceBatcher:
                       else false for step in steps]
         return np.array(values, control.dtype).reshape(len(steps), 1)
 
-    def _finished(self, instance: Instance, batch: list[_Sequence], steps: list[_Step],
-                  started: float, result: Any) -> None:
+    def _finished(self, execution: Execution, batch: list[_Sequence], result: Any) -> None:
         """On the loop, when an instance thread finished an execution."""
         t0 = time.perf_counter()
+        self._running.discard(execution)
+        steps = execution.requests
         if isinstance(result, BaseException):
             outcomes: list[Outcome] = [(None, result)] * len(steps)
             homes = None
@@ -806,73 +765,60 @@ class SequenceBatcher:
             for phase, seconds in zip(HOST_PHASES, phases):
                 self.host[phase].add(seconds)
         now = self._now()
-        seconds = now - started
+        seconds = now - execution.started
+        watched = self._clients.watched
         for i, (seq, step, outcome) in enumerate(zip(batch, steps, outcomes)):
             if homes is not None and homes[i] is not None:
                 seq.home = homes[i]  # the previous home is released with its last row
             step.outcome = outcome
             step.infer_seconds = seconds
             step.done.set()
+            if watched:
+                watched.pop(step, None)
+            if step.detached:
+                self._detached -= 1
             seq.running = False
             seq.last_used = now
-            if step.end or seq.gone:
+            if seq.gone or (step.end and not seq.steps):  # not started anew meanwhile
                 self._release(seq)
             else:
                 self._mark_ready(seq)
         if self._executed is not None:
             for counts in executions:
                 self._executed(*counts)
-        self._idle.append(instance)
+        self._idle.append(execution.instance)
         self._dispatch_after_pass()
         self._in_flight.left(len(steps))
         if not isinstance(result, BaseException):
             self.host["respond"].add(time.perf_counter() - t0)
 
-    def _arm(self, at: float) -> None:
-        if at != self._timer_at:
-            self._timer_at = at
-            if self._timer is not None:
-                self._timer.arm(at)
-
-    def _timer_fired(self, at: float) -> None:
-        """On the loop, when the queue delay armed for `at` ran out (the timer wakes the
-        loop at that time itself: trio's own timeouts are rounded to milliseconds)."""
-        if self._timer_at == at:
-            self._timer_at = math.inf
-            self._dispatch_after_pass()
-
-    async def _watch_clients(self) -> None:
-        """Ends the sequences whose client closed its connection while a step of theirs
-        waited or ran (`_client_left`)."""
-        while not self._closed:
-            if not self._watched:  # sleep until there is something to watch
-                self._watch_wake = trio.Event()
-                await self._watch_wake.wait()
-                self._watch_wake = None
-            await trio.sleep(_CLIENT_CHECK_SECONDS)
-            before = trio.current_time() - _CLIENT_CHECK_SECONDS
-            for step, (seq, gone) in list(self._watched.items()):
-                if step.arrived <= before and not seq.gone and gone():
-                    self._client_left(seq, step)
-            self._dispatch()
-
-    def _client_left(self, seq: _Sequence, step: _Step) -> None:
+    def _client_left(self, step: _Step) -> None:
         """The client of `step` went away (its connection closed) before its answer:
         as Triton cancels a sequence with a cancelled request, the sequence ends with
-        every request it has queued, and its slot is freed as soon as no step of it runs
-        (a running step finishes; its result goes nowhere)."""
-        self._watched.pop(step, None)
+        every request it has queued (`_end_early`)."""
+        self._clients.forget(step)
         self.client_gone_count += 1
-        self._remember_end((type(seq.id), seq.id), "it was ended: a client closed its "
-                                                   "connection before an answer")
+        self._end_early(step.sequence, "the client of one of its requests closed its connection "
+                             "before the answer")
+
+    def _end_early(self, seq: _Sequence, why: str, error: Exception | None = None) -> None:
+        """Ends `seq` before its END: its queued steps are answered `error` (a 400 naming
+        `why` by default), its id is free at once and remembered with `why`, and its slot
+        is freed as soon as no step of it runs (a running step finishes; its result
+        goes nowhere)."""
+        self._remember_end(seq.id, f"it was ended: {why}")
+        key = (type(seq.id), seq.id)
+        if self._sequences.get(key) is seq:
+            del self._sequences[key]
         seq.ending = seq.gone = True
-        error = ProtocolError(400, f"sequence {seq.id} of model '{self.model}' was ended: "
-                                   f"the client of one of its requests closed its "
-                                   f"connection before the answer")
+        if error is None:
+            error = ProtocolError(400, f"sequence {seq.id} of model '{self.model}' was "
+                                       f"ended: {why}")
         while seq.steps:
             queued = seq.steps.popleft()
             self._queued -= 1
             self._in_flight.left(1)
+            self._clients.forget(queued)
             queued.outcome = (None, error)
             queued.done.set()
         if seq.ready:
@@ -881,10 +827,14 @@ class SequenceBatcher:
         if not seq.running:
             self._release(seq)
 
-    def _remember_end(self, key: tuple[type, int | str], why: str) -> None:
-        self._ended[key] = why
-        if len(self._ended) > _EXPIRED_REMEMBERED:
-            self._ended.popitem(last=False)
+    def _remember_end(self, sid: int | str, why: str) -> None:
+        ended = self._ended
+        ended[_digest((type(sid), sid))] = why
+        if len(ended) > _ENDED_REMEMBERED:
+            ended.popitem(last=False)
+
+    def _ended_reason(self, key: tuple[type, int | str]) -> str | None:
+        return self._ended.get(_digest(key)) if self._ended else None
 
     async def _expire_idle(self) -> None:
         """Ends sequences idle longer than `max_sequence_idle_microseconds`."""
@@ -893,13 +843,11 @@ class SequenceBatcher:
         while not self._closed:
             await trio.sleep(period)
             now = trio.current_time()
-            for key, seq in list(self._sequences.items()):
+            for seq in list(self._sequences.values()):
                 if not seq.steps and not seq.running and now - seq.last_used > idle:
                     self._release(seq)
                     self.expired_count += 1
-                    self._remember_end(key, f"it expired: idle for more than "
-                                            f"max_sequence_idle_microseconds = "
-                                            f"{self.config.max_sequence_idle_us}")
+                    self._remember_end(seq.id, self._idle_reason)
             self._dispatch()  # sequences that waited for a slot may have one now
             self._compact_states()
 
@@ -929,6 +877,7 @@ class SequenceBatcher:
         instance = self._idle.pop()
         program = self._programs[id(instance)]
         old = [seq.home for seq in movers]
+        self._in_flight.count += 1  # an unload waits for it: it runs on the modules
 
         def compact() -> Any:
             with program.lock or contextlib.nullcontext():
@@ -940,6 +889,7 @@ class SequenceBatcher:
                     if seq.home is before:  # it did not step meanwhile
                         seq.home = after
             self._idle.append(instance)
+            self._in_flight.left(1)
             self._dispatch()
 
         instance.thread.submit([(compact, compacted)])
@@ -947,104 +897,54 @@ class SequenceBatcher:
     # -- lifecycle -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Admits nothing new; what is queued still runs."""
+        """Admits nothing new (the version unloads). The steps of sequences holding a slot
+        still run, without waiting out a queue delay; what could never run is answered
+        at once: the steps of sequences waiting for a slot get `Unavailable` (503, each
+        logged), and live sequences with nothing queued or running end."""
+        if self._closed:
+            return
         self._closed = True
-        if self._watch_wake is not None:
-            self._watch_wake.set()
-        self._arm(math.inf)
-        if self._timer is not None:
-            self._timer.stop()
+        self._clients.stop()
+        why = "the model version is unloading"
+        for seq in list(self._backlog):
+            for step in seq.steps:
+                log_abandoned(step, 503, f"{why}; it waited for a sequence slot")
+            self._end_early(seq, why, Unavailable(f"{why}; the sequence waited for a "
+                                                  f"slot and nothing ran"))
+        for seq in list(self._sequences.values()):
+            if not seq.steps and not seq.running:
+                self._release(seq)
         self._dispatch()
+        self._timer.arm(math.inf)
+
+    def abandon(self, why: str) -> int:
+        """Answers every admitted step that has not finished (`Scheduler.abandon`); the
+        sequences end."""
+        count = 0
+        for seq in list(self._sequences.values()):
+            for step in seq.steps:
+                log_abandoned(step, 503, why)
+            count += len(seq.steps)
+            self._end_early(seq, why, Unavailable(f"{why}; nothing ran"))
+        for execution in self._running:
+            for step in execution.requests:
+                if not step.done.is_set():
+                    count += 1
+                    step.outcome = (None, DeadlineExceeded(f"{why}; {step.started_note}",
+                                                           started=True))
+                    step.detached = True
+                    self._detached += 1
+                    log_abandoned(step, 504, why)
+                    step.done.set()
+        return count
 
     async def wait_idle(self) -> None:
+        """Returns once every step admitted so far has finished (detached ones and state
+        compactions included): nothing runs on the modules."""
         await self._in_flight.wait_idle()
 
-
-class SequenceCollector:
-    """Prometheus families of every sequence-batched model version, read at scrape time:
-
-        tinyhal_sequences_live{model,version}              sequences started, not ended
-        tinyhal_sequences_waiting_for_slot{model,version}  started, no slot free yet
-        tinyhal_sequence_slots{model,version}              state slots
-        tinyhal_sequence_slots_in_use{model,version}
-        tinyhal_sequence_state_bytes{model,version}        state memory of the slots in use
-        tinyhal_sequence_state_device_bytes{model,version} device memory the states hold
-        tinyhal_sequences_expired_total{model,version}     ended by idle expiry
-        tinyhal_sequences_client_gone_total{model,version} ended: a client hung up mid-step
-        tinyhal_sequence_batch_size{model,version}         sequences per execution
-        tinyhal_sequence_queue_wait_seconds{model,version} a step's wait for its execution
-        tinyhal_sequence_host_seconds_total{model,version,phase}  host time of executions
-            (gather, invoke, scatter, respond)
-
-    `versions()` yields objects with `name`, `version`, `sequences` (a SequenceBatcher or
-    None) and `stats` (stats.ModelStatistics: the executions by batch size)."""
-
-    def __init__(self, versions: Callable[[], Iterable[Any]]) -> None:
-        self._versions = versions
-
-    def describe(self) -> list:
-        return []
-
-    def collect(self) -> Any:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-        from prometheus_client.utils import floatToGoString
-
-        labels = ["model", "version"]
-        gauges = {
-            "live_sequences": GaugeMetricFamily("tinyhal_sequences_live", "Live sequences",
-                                      labels=labels),
-            "waiting_for_slot": GaugeMetricFamily(
-                "tinyhal_sequences_waiting_for_slot",
-                "Sequences started and waiting for a free state slot", labels=labels),
-            "slots": GaugeMetricFamily("tinyhal_sequence_slots", "State slots",
-                                       labels=labels),
-            "slots_in_use": GaugeMetricFamily("tinyhal_sequence_slots_in_use",
-                                              "State slots held by live sequences",
-                                              labels=labels),
-            "state_bytes_in_use": GaugeMetricFamily(
-                "tinyhal_sequence_state_bytes", "Bytes of implicit state in the slots in use",
-                labels=labels),
-            "state_bytes_reserved": GaugeMetricFamily(
-                "tinyhal_sequence_state_device_bytes",
-                "Device memory the implicit states keep alive (their buffers, the initial "
-                "rows)", labels=labels),
-        }
-        expired = CounterMetricFamily("tinyhal_sequences_expired",
-                                      "Sequences ended by max_sequence_idle_microseconds",
-                                      labels=labels)
-        gone = CounterMetricFamily("tinyhal_sequences_client_gone",
-                                   "Sequences ended because a client closed its connection "
-                                   "while a step of theirs waited or ran", labels=labels)
-        batch = HistogramMetricFamily("tinyhal_sequence_batch_size",
-                                      "Sequences per execution", labels=labels)
-        wait = HistogramMetricFamily("tinyhal_sequence_queue_wait_seconds",
-                                     "Time a step waited for its execution", labels=labels)
-        host = CounterMetricFamily("tinyhal_sequence_host_seconds",
-                                   "Host time of executions by phase",
-                                   labels=[*labels, "phase"])
-        for mv in self._versions():
-            batcher = mv.sequences
-            if batcher is None:
-                continue
-            names = [mv.name, mv.version]
-            st = batcher.statistics()
-            for key, family in gauges.items():
-                family.add_metric(names, st[key])
-            expired.add_metric(names, batcher.expired_count)
-            gone.add_metric(names, batcher.client_gone_count)
-            rows = [(r, d.count) for r, d in mv.stats.batches.items()]
-            buckets = [(floatToGoString(bound), sum(n for r, n in rows if r <= bound))
-                       for bound in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
-            buckets.append(("+Inf", sum(n for _, n in rows)))
-            batch.add_metric(names, buckets, sum(r * n for r, n in rows))
-            latency = batcher.queue_wait
-            wait.add_metric(names, [(floatToGoString(b), n) for b, n in latency.cumulative()],
-                            latency.ns / 1e9)
-            for phase, latency in batcher.host.items():
-                host.add_metric([*names, phase], latency.ns / 1e9)
-        yield from gauges.values()
-        yield from (expired, gone, batch, wait, host)
+    def stop(self) -> None:
+        """Ends the instance threads and the timer (call once idle)."""
+        for instance in self._instances:
+            instance.thread.stop()
+        self._timer.stop()

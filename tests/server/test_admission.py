@@ -198,3 +198,18 @@ def test_deadlines_detach_and_a_bad_request_fails_alone():
         admission.stop()
 
     trio.run(main)
+
+
+def test_both_schedulers_offer_the_whole_scheduler_protocol():
+    """A model version holds one scheduler and the drain and unload use only the
+    protocol: the dynamic and the sequence batcher both offer every part of it."""
+    from tinyhal.server.scheduling import Scheduler
+    from tinyhal.server.sequences import SequenceBatcher
+
+    members = [name for name in vars(Scheduler) if not name.startswith("_")]
+    members += list(Scheduler.__annotations__)
+    assert {"infer", "abandon", "close", "wait_idle", "in_flight"} <= set(members)
+    for scheduler in (Admission, SequenceBatcher):
+        missing = [name for name in members if not hasattr(scheduler, name) and
+                   name not in ("max_concurrency", "max_queue")]
+        assert not missing, (scheduler.__name__, missing)

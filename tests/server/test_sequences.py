@@ -146,6 +146,37 @@ DIRECT_CONFIG = {
     },
 }
 
+# Y = S + X, with an INT32 CORRID control (its range bounds the sequence ids taken)
+CORRID32_MLIR = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @f(%x: tensor<?x1xf32> {iree.abi.name = "X"},
+             %c: tensor<?x1xi32> {iree.abi.name = "CORRID"},
+             %s: tensor<?x1xf32> {iree.abi.name = "S_IN"})
+    -> (tensor<?x1xf32> {iree.abi.name = "Y"}, tensor<?x1xf32> {iree.abi.name = "S_OUT"}) {
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %x, %c0 : tensor<?x1xf32>
+  %e = tensor.empty(%n) : tensor<?x1xf32>
+  %y = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x, %s : tensor<?x1xf32>, tensor<?x1xf32>) outs(%e : tensor<?x1xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %t = arith.addf %a, %b : f32
+    linalg.yield %t : f32
+  } -> tensor<?x1xf32>
+  return %y, %y : tensor<?x1xf32>, tensor<?x1xf32>
+}
+"""
+
+CORRID32_CONFIG = {
+    "function": "f", "device": "sync", "max_batch_size": 4,
+    "sequence_batching": {
+        "control_input": [{"name": "CORRID", "control": [
+            {"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_INT32"}]}],
+        "state": [{"input_name": "S_IN", "output_name": "S_OUT", "data_type": "TYPE_FP32",
+                   "dims": [1], "initial_state": [{"data_type": "TYPE_FP32", "dims": [1],
+                                                   "zero_data": True, "name": "z"}]}],
+    },
+}
+
 IDLE_US = 300_000
 
 
@@ -178,9 +209,11 @@ def seq_server(tmp_path_factory):
                 "preferred_batch_size": [4]}))
     write_model(root, "gru_pref", GRU, _gru_config(
         oldest={"max_candidate_sequences": 16, "preferred_batch_size": [2]}))
-    # 8 starts run as one batch (they wait for each other up to 1 s)
+    # 8 starts run as one batch (they wait for each other up to 1 s); the lone sequence
+    # must outlive a loaded machine's pauses, so idle expiry is far off (its states are
+    # looked at every second all the same)
     write_model(root, "gru_pack", GRU, _gru_config(
-        max_sequence_idle_microseconds=2_000_000,
+        max_sequence_idle_microseconds=20_000_000,
         oldest={"max_candidate_sequences": 16, "max_queue_delay_microseconds": 1_000_000,
                 "preferred_batch_size": [8]}))
     for driver in ("task", "emu"):
@@ -188,6 +221,7 @@ def seq_server(tmp_path_factory):
     write_model(root, "gru_async", _gru_async(), {**_gru_config(), "device": "task"})
     write_model(root, "acc", compile_mlir(CONTROL_MLIR, HOST_FLAGS), CONTROL_CONFIG)
     write_model(root, "direct", compile_mlir(DIRECT_MLIR, HOST_FLAGS), DIRECT_CONFIG)
+    write_model(root, "corrid32", compile_mlir(CORRID32_MLIR, HOST_FLAGS), CORRID32_CONFIG)
     (root / "acc" / "1" / "initial_state").mkdir()
     (root / "acc" / "1" / "initial_state" / "hundred").write_bytes(
         np.float32(100).tobytes())
@@ -397,10 +431,13 @@ def test_control_flow_errors_are_400_with_triton_messages(seq_server):
     message = _error(lambda: _step(client, "gru_step", x, sequence_id=424242))
     assert message == ("inference request for sequence 424242 to model 'gru_step' must "
                        "specify the START flag on the first request of the sequence")
-    _step(client, "gru_step", x, sequence_id=77, sequence_start=True)
-    message = _error(lambda: _step(client, "gru_step", x, sequence_id=77,
-                                   sequence_start=True))
-    assert "sequence 77" in message and "already in progress" in message
+    ones = np.ones((1, 8), np.float32)
+    first = _step(client, "gru_step", ones, sequence_id=77, sequence_start=True)
+    second = _step(client, "gru_step", ones, sequence_id=77)
+    # as Triton: a second START ends the live sequence and starts it anew
+    again = _step(client, "gru_step", ones, sequence_id=77, sequence_start=True)
+    assert np.array_equal(again.as_numpy("OUTPUT"), first.as_numpy("OUTPUT"))
+    assert not np.array_equal(second.as_numpy("OUTPUT"), first.as_numpy("OUTPUT"))
     # a string id is another sequence than the integer with the same digits
     message = _error(lambda: _step(client, "gru_step", x, sequence_id="77"))
     assert "must specify the START flag" in message
@@ -516,6 +553,38 @@ def test_a_step_past_its_deadline_is_504_and_leaves_the_state(seq_server):
     want = _alone([xs[0], xs[2]])
     assert np.array_equal(first.as_numpy("OUTPUT"), want[0])
     assert np.array_equal(last.as_numpy("OUTPUT"), want[1])
+
+
+def test_a_sequence_whose_start_timed_out_in_the_queue_is_expired(seq_server):
+    """As Triton: a START that left the queue unrun (its deadline) ends its sequence, so
+    the next step without START is refused (400) with the reason."""
+    client = httpclient.InferenceServerClient(seq_server.url, network_timeout=30)
+    x = np.ones((1, 8), np.float32)
+    with pytest.raises(InferenceServerException) as info:  # queued 1 s, allowed 0.1 s
+        _step(client, "gru_wait", x, sequence_id=31, sequence_start=True, timeout=100_000)
+    assert info.value.status() == "504" and "nothing ran" in info.value.message()
+    message = _error(lambda: _step(client, "gru_wait", x, sequence_id=31))
+    assert "must specify the START flag" in message and "START request left the queue" \
+        in message
+    assert _stats(client, "gru_wait")["sequence_stats"]["live_sequences"] == 0
+
+
+def test_corrid_control_range_bounds_the_sequence_ids(seq_server):
+    """A CORRID control of TYPE_INT32 takes ids up to 2**31 - 1: a larger id (or a
+    string) is a 400 naming the range, never a 500."""
+    client = httpclient.InferenceServerClient(seq_server.url, network_timeout=30)
+    x = np.full((1, 1), 2.0, np.float32)
+    for sid in (3_000_000_000, 2**31, 2**64 - 1):
+        message = _error(lambda sid=sid: _step(client, "corrid32", x, name="X",
+                                               sequence_id=sid, sequence_start=True))
+        assert "out of the range" in message and "int32" in message, message
+    message = _error(lambda: _step(client, "corrid32", x, name="X", sequence_id="abc",
+                                   sequence_start=True))
+    assert "integer sequence_id" in message
+    top = 2**31 - 1
+    _step(client, "corrid32", x, name="X", sequence_id=top, sequence_start=True)
+    result = _step(client, "corrid32", x, name="X", sequence_id=top, sequence_end=True)
+    assert result.as_numpy("Y").tolist() == [[4.0]]
 
 
 def test_control_inputs_and_state_from_file(seq_server):
