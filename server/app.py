@@ -35,8 +35,6 @@ Triton).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import math
 import time
@@ -50,6 +48,7 @@ import trio
 from .. import __version__
 from ..errors import DeviceLostError, Error, KernelFaultError, StatusCode
 from .admission import DeadlineExceeded, Overloaded, RunningInvocation, Unavailable
+from .budget import BudgetExceeded, MemoryBudget, default_limit, release_freed_memory
 from .http import Request, Response
 from .metrics import Metrics, ModelSeries
 from .protocol import ProtocolError, build_infer_response, parse_infer_request
@@ -85,8 +84,12 @@ class Server:
         max_timeout: float | None = None,
         model_control_mode: str = "none",
         restricted: dict[str, tuple[str, str]] | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self.repository = repository
+        # bytes held for clients (the HTTP server charges bodies and unread answers to the
+        # same budget; inflated bodies and parsed tensors are charged here)
+        self.budget = budget or MemoryBudget(default_limit())
         self.max_request_bytes = max_request_bytes
         self.max_timeout = max_timeout
         self.model_control_mode = model_control_mode
@@ -379,9 +382,11 @@ class _Routes:
             t_input = time.perf_counter()
             try:
                 if len(request.body) > _PARSE_ON_LOOP_BYTES or "content-encoding" in headers:
+                    if request.held is None:  # released by the connection with the request
+                        request.held = server.budget.hold()
                     async with server.parse_limiter:
                         req = await trio.to_thread.run_sync(
-                            _parse_large, request, server.max_request_bytes)
+                            _parse_large, request, server.max_request_bytes, mv)
                 else:  # no Content-Encoding: the body is the request as it is
                     req = parse_infer_request(
                         request.body, headers.get("inference-header-content-length"))
@@ -389,8 +394,8 @@ class _Routes:
                 deadline = _deadline(headers.get("inference-timeout"), req.timeout_us, mv,
                                      server.max_timeout, request.arrived)
             except ProtocolError as exc:
-                return self._failed(mv, series, request,
-                                    error_response(exc.status, exc.message))
+                return self._failed(mv, series, request, error_response(
+                    exc.status, exc.message, _RETRY if exc.status == 503 else None))
             compute_input = time.perf_counter() - t_input
 
             # answered on the instance thread when the connection allows it (see
@@ -500,7 +505,7 @@ def api_group(path: str) -> str | None:
     if path.startswith("/v2/repository/"):
         return "model-repository"
     if path == "/metrics":
-        return None
+        return "metrics"
     if path.startswith("/v2/models"):
         tail = path.rsplit("/", 1)[-1]
         return {"infer": "inference", "stats": "statistics", "config": "model-config",
@@ -509,46 +514,39 @@ def api_group(path: str) -> str | None:
 
 
 API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config",
-              "model-repository", "statistics", "trace", "logging")
+              "model-repository", "statistics", "trace", "logging", "metrics")
 
 
-def _parse(request: Request, limit: int) -> Any:
-    body = _decode_body(request, limit)
-    return parse_infer_request(body, request.headers.get("inference-header-content-length"))
+def _parse_large(request: Request, limit: int, mv: ModelVersion) -> Any:
+    """Parses a large or encoded request on a worker thread: the inflated body and the
+    arrays of its JSON tensors charged to the request's hold before they are made, each
+    JSON tensor checked against `mv`'s signature before its data is parsed; then the
+    memory it freed goes back to the system (a worker thread's malloc arena would
+    otherwise keep the freed blocks)."""
+    hold = request.held
 
+    def charge(nbytes: int, what: str) -> None:
+        try:
+            hold.charge(nbytes, what)
+        except BudgetExceeded as exc:
+            raise ProtocolError(503, str(exc)) from None
 
-def _parse_large(request: Request, limit: int) -> Any:
-    """`_parse` on a worker thread, then the memory it freed goes back to the system:
-    inflating and parsing tens of megabytes leaves freed blocks in the thread's malloc
-    arena, and a few worker threads' arenas would otherwise hold hundreds of megabytes."""
     try:
-        return _parse(request, limit)
+        body = _decode_body(request, limit, charge)
+        return parse_infer_request(body, request.headers.get(
+            "inference-header-content-length"), check=mv.check_input, charge=charge)
     except ProtocolError as exc:
         # raised afresh, without the traceback whose frames hold the inflated bytes
         failure = ProtocolError(exc.status, exc.message)
     finally:
-        _release_freed_memory()
-    _release_freed_memory()
+        body = None
+        release_freed_memory()
     raise failure
 
 
-def _release_freed_memory() -> None:
-    trim = _MALLOC_TRIM[0] if _MALLOC_TRIM else None
-    if trim is None and not _MALLOC_TRIM:
-        try:
-            trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc: nothing to do
-            trim = None
-        _MALLOC_TRIM.append(trim)
-    if trim is not None:
-        trim(0)
-
-
-_MALLOC_TRIM: list = []
-
-
-def _decode_body(request: Request, limit: int) -> bytes:
-    """The body after Content-Encoding (the HTTP layer already bounded its raw size)."""
+def _decode_body(request: Request, limit: int, charge: Any) -> bytes:
+    """The body after Content-Encoding (the HTTP layer already bounded its raw size),
+    each piece of an inflated one charged (`charge(nbytes, what)`) before it is made."""
     body = request.body
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("identity", ""):
@@ -562,6 +560,7 @@ def _decode_body(request: Request, limit: int) -> bytes:
     pending = body
     try:
         while True:
+            charge(_INFLATE_CHUNK, "the inflated request body")
             chunk = decompressor.decompress(pending, _INFLATE_CHUNK)
             total += len(chunk)
             if total > limit:
