@@ -48,7 +48,13 @@ import trio
 from .. import __version__
 from ..errors import DeviceLostError, Error, KernelFaultError, StatusCode
 from .admission import DeadlineExceeded, Overloaded, RunningInvocation, Unavailable
-from .budget import BudgetExceeded, MemoryBudget, default_limit, release_freed_memory
+from .budget import (
+    SMALL_BYTES,
+    BudgetExceeded,
+    MemoryBudget,
+    default_limit,
+    release_freed_memory,
+)
 from .http import Request, Response
 from .metrics import Metrics, ModelSeries
 from .protocol import ProtocolError, build_infer_response, parse_infer_request
@@ -360,7 +366,7 @@ class _Routes:
 
         if self.server.settle is not None:
             await self.server.settle()
-        return Response(200, self.server.metrics.generate(), CONTENT_TYPE_LATEST)
+        return Response(200, await self.server.metrics.scrape(), CONTENT_TYPE_LATEST)
 
     async def infer(self, request: Request, name: str, version: str | None) -> Response:
         server = self.server
@@ -406,9 +412,9 @@ class _Routes:
             if direct is not None:
                 def respond(results: list, seconds: float) -> None:
                     start = time.perf_counter()
-                    response = _infer_response(mv, req, results)
-                    if direct.send(response):
-                        answered.append((response, time.perf_counter() - start))
+                    response = _infer_response(server, mv, req, results, request)
+                    direct.send(response)  # a large one is left to the loop
+                    answered.append((response, time.perf_counter() - start))
 
             try:
                 label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
@@ -428,8 +434,10 @@ class _Routes:
                 response, compute_output = answered[0]
             else:
                 t_output = time.perf_counter()
-                response = _infer_response(mv, req, results)
+                response = _infer_response(server, mv, req, results, request)
                 compute_output = time.perf_counter() - t_output
+            if response.status != 200:  # the memory budget could not take the answer
+                return self._failed(mv, series, request, response)
             return self._succeeded(mv, series, request, response,
                                    (queued, compute_input, compute_infer, compute_output))
         except BaseException:
@@ -477,9 +485,19 @@ def _failure_response(server: Server, mv: ModelVersion, exc: Exception) -> Respo
                           _RETRY if status == 503 else None)
 
 
-def _infer_response(mv: ModelVersion, req: Any, results: list) -> Response:
-    """The 200 answer carrying `results` as `req` asked (any thread)."""
+def _infer_response(server: Server, mv: ModelVersion, req: Any, results: list,
+                    request: Request) -> Response:
+    """The 200 answer carrying `results` as `req` asked (any thread); a large one is
+    charged to the memory budget until it was written (a 503 when the budget cannot take
+    it: the answer is dropped at once)."""
     out, header_length = build_infer_response(mv.name, mv.version, req, results)
+    if len(out) > SMALL_BYTES:
+        if request.held is None:
+            request.held = server.budget.hold()
+        try:
+            request.held.charge(len(out), "the answer")
+        except BudgetExceeded as exc:
+            return error_response(503, f"model '{mv.name}': {exc}", _RETRY)
     if header_length is None:
         return Response(200, out, JSON)
     return Response(200, out, "application/octet-stream",
@@ -544,7 +562,7 @@ def _parse_large(request: Request, limit: int, mv: ModelVersion) -> Any:
     raise failure
 
 
-def _decode_body(request: Request, limit: int, charge: Any) -> bytes:
+def _decode_body(request: Request, limit: int, charge: Any) -> bytes | bytearray:
     """The body after Content-Encoding (the HTTP layer already bounded its raw size),
     each piece of an inflated one charged (`charge(nbytes, what)`) before it is made."""
     body = request.body
@@ -555,25 +573,25 @@ def _decode_body(request: Request, limit: int, charge: Any) -> bytes:
         raise ProtocolError(415, f"Content-Encoding {encoding!r} is not supported "
                                  f"(gzip, deflate)")
     decompressor = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-    chunks: list[bytes] = []
-    total = 0
+    # grown in place (a large buffer is remapped, not copied): no pieces joined at the
+    # end, which would hold the body twice
+    inflated = bytearray()
     pending = body
     try:
         while True:
             charge(_INFLATE_CHUNK, "the inflated request body")
             chunk = decompressor.decompress(pending, _INFLATE_CHUNK)
-            total += len(chunk)
-            if total > limit:
-                chunks.clear()
+            if len(inflated) + len(chunk) > limit:
+                inflated = None
                 raise ProtocolError(413, f"decompressed request body exceeds the limit of "
                                          f"{limit} bytes (--max-request-bytes)")
-            chunks.append(chunk)
+            inflated += chunk
             pending = decompressor.unconsumed_tail
             if not pending and len(chunk) < _INFLATE_CHUNK:
                 break  # all input read and no output held back
     except zlib.error as exc:
         raise ProtocolError(400, f"request body is not valid {encoding}: {exc}") from None
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return inflated
 
 
 def _deadline(header: str | None, timeout_us: float | None, mv: ModelVersion,

@@ -4,9 +4,10 @@ Everything a client can make the server hold while a request is in progress is c
 one `MemoryBudget` before the bytes are taken: a request body being read (its declared
 Content-Length, or each piece of a chunked body as it arrives), an inflated body (each
 megabyte before it is inflated), the arrays parsed from JSON tensor data (their declared
-bytes, before they are made) and an answer the client has not read yet. A request whose
-charge would go over the limit is refused (503 with Retry-After, naming the budget) and
-nothing of it is taken.
+bytes, before they are made) and an answer until its client has read it (charged once it
+is encoded, before it is handed to the connection: one answer per model instance is
+in the making at a time). A request whose charge would go over the limit is refused (503
+with Retry-After, naming the budget) and what it took is dropped.
 
 Charges are grouped per request in a `Hold`, which its owner releases once, on whatever
 path the request ends (answered, failed, timed out, its client gone): the release is
@@ -54,10 +55,10 @@ class MemoryBudget:
         """A new, empty group of charges (one request's)."""
         return Hold(self)
 
-    def _take(self, nbytes: int, what: str, force: bool) -> None:
+    def _take(self, nbytes: int, what: str) -> None:
         with self._lock:
             held = self.held + nbytes
-            if held > self.limit and not force:
+            if held > self.limit:
                 self.refused += 1
                 raise BudgetExceeded(
                     f"server memory for client data is exhausted: {what} needs {nbytes} "
@@ -87,14 +88,7 @@ class Hold:
         """Charges `nbytes` more for `what` (named in the refusal) before they are taken;
         raises BudgetExceeded, charging nothing, when the budget cannot take them."""
         if nbytes > 0:
-            self.budget._take(nbytes, what, False)
-            self.nbytes += nbytes
-
-    def force(self, nbytes: int) -> None:
-        """Charges bytes already taken (an answer built, not yet read by its client): they
-        count against later requests, never refused."""
-        if nbytes > 0:
-            self.budget._take(nbytes, "", True)
+            self.budget._take(nbytes, what)
             self.nbytes += nbytes
 
     def release(self) -> None:

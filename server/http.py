@@ -434,7 +434,7 @@ class HttpServer:
         _client_gone.set(_gone_probe(stream))  # this task's context: its handlers see it
         self._open += 1
         scope = trio.CancelScope()
-        request = None
+        request = message = response = unsent = None
         try:
             with scope:
                 while not self.draining or callbacks.done:
@@ -485,9 +485,10 @@ class HttpServer:
             self._waiting.pop(scope, None)
             # whatever ended it (an answer, a timeout, a client gone, eviction), what its
             # requests held goes back to the budget
-            for message in (callbacks.current, *callbacks.done):
-                if message is not None:
-                    _release(message, None)
+            response = unsent = None  # dropped before the memory goes back
+            for pending in (message, callbacks.current, *callbacks.done):
+                if pending is not None:
+                    _release(pending, None)
             if request is not None:
                 _release(None, request)
             with trio.CancelScope(shield=True):
@@ -498,13 +499,8 @@ class HttpServer:
                          request: Request) -> bool:
         """Writes what the socket did not take of an answer; False when the connection
         must close: its client read nothing for `send_timeout` seconds. Meanwhile the
-        connection may be evicted at the connection cap, and a large rest is charged to
-        the memory budget (it is released with the request)."""
-        rest = sum(map(len, chunks))
-        if rest > SMALL_BYTES and self.budget is not None:
-            if request.held is None:
-                request.held = self.budget.hold()
-            request.held.force(rest)
+        connection may be evicted at the connection cap. (A large answer was charged to
+        the memory budget when it was made; it is released with the request.)"""
         self._waiting[scope] = None
         try:
             for chunk in chunks:
