@@ -111,7 +111,6 @@ class InferRequest:
     outputs: list[RequestedOutput] | None  # None: every output
     binary_output: bool  # the request-level `binary_data_output` parameter
     parameters: dict[str, Any] = field(default_factory=dict)
-    plan: _TensorPlan | None = None  # its tensors' plan (shared with the same tensors)
 
     @property
     def timeout_us(self) -> float | None:
@@ -427,14 +426,10 @@ _ABSENT = object()  # a request without "outputs" (null is refused: not an array
 
 class _TensorPlan:
     """The tensors a request's JSON header names, checked once: the inputs (with where
-    each binary one lies in the bytes after the header) and the outputs asked for. Headers
-    that differ only in their id and parameters (a sequence's steps: its id, start and
-    end) name the same tensors and share one plan (`_TENSOR_PLANS`, by the JSON of the
-    inputs and outputs), and with it what was learnt about it: which model versions
-    accepted it (`ModelVersion.prepare`) and the JSON headers of its answers. Read-only
-    once made, but for `responses`."""
+    each binary one lies in the bytes after the header) and the outputs asked for.
+    Read-only once made."""
 
-    __slots__ = ("inputs", "datatypes", "outputs", "binary_bytes", "reusable", "responses")
+    __slots__ = ("inputs", "datatypes", "outputs", "binary_bytes", "reusable")
 
     def __init__(self, inputs: list[tuple], datatypes: dict[str, str],
                  outputs: list[RequestedOutput] | None, binary_bytes: int) -> None:
@@ -444,10 +439,6 @@ class _TensorPlan:
         self.outputs = outputs
         self.binary_bytes = binary_bytes
         self.reusable = all(offset >= 0 for _, _, _, offset, _ in inputs)
-        # (model, version, request id, binary_data_output, (name, datatype, shape) of each
-        # result) -> the JSON header of the answer and which results follow it as binary
-        # (when all of them do)
-        self.responses: dict[tuple, tuple[bytes, list[tuple[int, np.dtype]]]] = {}
 
 
 class _HeaderPlan:
@@ -479,14 +470,11 @@ class _HeaderPlan:
                     raise _bad(f"input '{name}' is BOOL: binary bytes must be 0 or 1")
             inputs[name] = array
         return InferRequest(self.id, inputs, tensors.datatypes, tensors.outputs,
-                            self.binary_output, self.parameters,
-                            tensors if tensors.reusable else None)
+                            self.binary_output, self.parameters)
 
 
 _PLANS: dict[bytes, _HeaderPlan] = {}
 _PLANS_KEPT = 1024
-_TENSOR_PLANS: dict[bytes, _TensorPlan] = {}
-_TENSOR_PLANS_KEPT = 256
 _PLANS_LOCK = threading.Lock()  # adding one (large bodies are parsed on worker threads)
 _PLAN_HEAD_BYTES = 4096
 
@@ -550,18 +538,8 @@ def _plan_header(head: bytes | bytearray | memoryview, tail_bytes: int,
         raise _bad("request must have a non-empty 'inputs' list")
     binary_output = bool(_bool(parameters.get("binary_data_output"),
                                "parameter 'binary_data_output'"))
-    raw_outputs = doc.get("outputs", _ABSENT)
-    key = None
-    if len(head) <= _PLAN_HEAD_BYTES and all(type(item) is dict and "data" not in item
-                                             for item in raw_inputs):
-        key = orjson.dumps([raw_inputs, doc.get("outputs"), "outputs" in doc,
-                            tail_bytes])  # a few KiB at most
-        tensors = _TENSOR_PLANS.get(key)
-        if tensors is not None:
-            return _HeaderPlan(request_id, parameters, binary_output, tensors)
-    tensors = _tensor_plan(raw_inputs, raw_outputs, tail_bytes, spans, check, charge)
-    if key is not None and tensors.reusable:
-        _keep(_TENSOR_PLANS, key, tensors, _TENSOR_PLANS_KEPT)
+    tensors = _tensor_plan(raw_inputs, doc.get("outputs", _ABSENT), tail_bytes, spans,
+                           check, charge)
     return _HeaderPlan(request_id, parameters, binary_output, tensors)
 
 
@@ -655,14 +633,6 @@ def build_infer_response(
 ) -> tuple[bytes, int | None]:
     """The response body for `results` [(name, datatype, array)], filtered and encoded as
     `request` asked. Returns (body, json_header_length or None when all JSON)."""
-    plan = request.plan
-    key = None
-    if plan is not None:
-        key = (model_name, model_version, request.id, request.binary_output,
-               *[(name, datatype, array.shape) for name, datatype, array in results])
-        known = plan.responses.get(key)
-        if known is not None:
-            return _with_binary(*known, results)
     index = {name: i for i, (name, _, _) in enumerate(results)}
     if request.outputs is None:
         wanted = [(name, request.binary_output) for name, _, _ in results]
@@ -692,10 +662,6 @@ def build_infer_response(
     head = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
     if not order:
         return head, None
-    if key is not None and len(order) == len(wanted):  # no data in the header: reusable
-        if len(plan.responses) >= _RESPONSES_KEPT:
-            plan.responses.clear()
-        plan.responses[key] = (head, order)
     return _with_binary(head, order, results)
 
 
@@ -707,7 +673,6 @@ def _with_binary(head: bytes, order: list[tuple[int, np.dtype]],
                     ), len(head)
 
 
-_RESPONSES_KEPT = 16
 
 
 def _bytes_of(array: np.ndarray, dtype: np.dtype) -> bytes | memoryview:

@@ -184,9 +184,6 @@ def _positive_int(config: dict, key: str, default: int, minimum: int = 1) -> int
     return value
 
 
-_ACCEPTED_KEPT = 1024
-
-
 @dataclass(eq=False)
 class ModelVersion:
     """One version of one model: its module, signature and admission control."""
@@ -219,9 +216,6 @@ class ModelVersion:
     sequences: SequenceBatcher | None = None
     program_outputs: list[TensorSpec] = field(default_factory=list)  # clients see `outputs`
     _device_lock: threading.Lock | None = None
-    # request tensor plans (`InferRequest.plan`) `prepare` found right for this version:
-    # a request with one of them needs no check again (its tensors are what is checked)
-    _accepted: dict[Any, None] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
@@ -399,16 +393,8 @@ class ModelVersion:
         """The invocation's arguments, in order, after checking the request against the
         signature (raises ProtocolError 400 naming what is wrong)."""
         inputs = request.inputs
-        plan = request.plan
-        if plan is not None and plan in self._accepted:
-            return [inputs[s.name] for s in self.inputs]
         if len(inputs) == len(self.inputs) and all(s.name in inputs for s in self.inputs):
-            args = self._arguments(request)  # every input, nothing unknown
-            if plan is not None and not any(s.scalar for s in self.inputs):
-                if len(self._accepted) >= _ACCEPTED_KEPT:
-                    self._accepted.clear()
-                self._accepted[plan] = None
-            return args
+            return self._arguments(request)  # every input, nothing unknown
         expected = {s.name for s in self.inputs}
         unknown = [n for n in request.inputs if n not in expected]
         if unknown:
