@@ -14,7 +14,8 @@ Routes (V2 / Open Inference Protocol, plus the Triton extensions tritonclient us
     POST /v2/repository/models/{m}/load       (re)load a model (--model-control-mode
                                               explicit; 403 otherwise)
     POST /v2/repository/models/{m}/unload     stop serving a model (after what is admitted)
-    GET  /metrics                             Prometheus exposition
+    GET  /metrics                             Prometheus exposition (API group "metrics";
+                                              rendered off the loop, see metrics.py)
 
 Every error body is `{"error": "..."}`. Status codes: 400 malformed request, bad
 datatype/shape, unknown input/output, or the program rejecting its input (INVALID_ARGUMENT,
@@ -22,7 +23,8 @@ FAILED_PRECONDITION, OUT_OF_RANGE); 404 unknown model/version/route; 405 wrong m
 403 an API group restricted by --http-restricted-api without its header, or model
 control refused by --model-control-mode; 408 request head or body too slow; 413 body
 over --max-request-bytes (also while inflating); 431 request head over 64 KiB; 415 unknown Content-Encoding; 429 model queue full and
-503 draining/not ready (both with Retry-After); 504 deadline exceeded. A 500 is a bug of
+503 draining/not ready or the client memory budget full (--client-memory-limit; all with
+Retry-After); 504 deadline exceeded. A 500 is a bug of
 the server or runtime, never an answer to bad input, or a model whose kernel faulted:
 that request gets the 500 and every model on the same device becomes UNAVAILABLE (503)
 until it is loaded again (on a fresh device); the process keeps serving the rest.
