@@ -88,6 +88,8 @@ def metrics(tmp: Path) -> list[dict]:
     pid = server.proc.pid
     rows = []
     try:
+        while _request(server.port, "/v2/health/ready") != 200:  # every model loaded
+            time.sleep(0.2)
         for label, clients in (("5 scrapes, one after another", 1),
                                ("40 scrapes at once", 40)):
             loop0, total0 = cpu_seconds(pid, pid), cpu_seconds(pid)

@@ -134,8 +134,9 @@ def _parser() -> argparse.ArgumentParser:
                         "costs more than it saves (default auto: the CPU the server "
                         "starts on; none: any)")
     p.add_argument("--max-connections", type=int, default=1000, metavar="N",
-                   help="open connections at most; beyond, the oldest connection still "
-                        "sending its request head is closed (default 1000)")
+                   help="open connections at most; beyond, the oldest connection that is "
+                        "idle, still sending its request or not reading its answer is "
+                        "closed (default 1000)")
     p.add_argument("--model-control-mode", choices=["none", "explicit", "poll"],
                    default="none",
                    help="none: repository models load at start, load/unload are refused; "

@@ -302,3 +302,51 @@ def test_metrics_of_1000_models_cost_the_loop_little(tmp_path):
         assert loop_seconds < 3.0, loop_seconds
     finally:
         server.stop()
+
+
+def test_bodies_beyond_the_budget_are_503_naming_it(tmp_path):
+    server = ServerProcess("--model-repository", str(_samples(tmp_path)),
+                           "--client-memory-limit", "4M").start()
+    try:
+        # declared: refused before any of it is read
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(b"POST /v2/models/saxpy/infer HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: %d\r\n\r\n" % (8 * MB))
+            answer = sock.recv(65536)
+        assert _status(answer) == 503 and b"--client-memory-limit" in answer, answer
+        assert b"retry-after" in answer.lower()
+        # chunked: charged as it grows, refused once past the budget
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(b"POST /v2/models/saxpy/infer HTTP/1.1\r\nHost: x\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n")
+            chunk = b"%x\r\n%b\r\n" % (MB, b" " * MB)
+            try:
+                for _ in range(8):
+                    sock.sendall(chunk)
+            except OSError:
+                pass  # answered and closed
+            answer = sock.recv(65536)
+        assert _status(answer) == 503 and b"--client-memory-limit" in answer, answer
+        # a chunked body within it is served
+        n = 20000
+        doc = json.dumps({"inputs": [
+            {"name": "alpha", "datatype": "FP32", "shape": [1], "data": [2.0]},
+            {"name": "x", "datatype": "FP32", "shape": [n], "data": [1.0] * n},
+            {"name": "y", "datatype": "FP32", "shape": [n], "data": [0.5] * n}]}).encode()
+        assert len(doc) > 64 << 10
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(b"POST /v2/models/saxpy/infer HTTP/1.1\r\nHost: x\r\n"
+                         b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                         + b"".join(b"%x\r\n%b\r\n" % (len(doc[i:i + 50000]),
+                                                       doc[i:i + 50000])
+                                    for i in range(0, len(doc), 50000)) + b"0\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(1 << 20):
+                answer += chunk
+        assert _status(answer) == 200, answer[:300]
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["outputs"][0]["data"][0] == 2.5
+        _wait_for(lambda: _metric(server, "tinyhal_client_memory_held_bytes") == 0,
+                  what="the budget to be empty")
+        assert _metric(server, "tinyhal_client_memory_refused_total") == 2
+    finally:
+        server.stop()
