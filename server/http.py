@@ -271,11 +271,18 @@ class _Callbacks:
         if end > self.max_body:
             message.too_large = True
             message.body.clear()
-        elif message.buffer is not None:
-            message.buffer[start:end] = body
-        elif end > SMALL_BYTES and self.budget is not None and \
-                not self._charge(message, end - max(start, SMALL_BYTES)):
-            return  # a chunked body beyond what is charged for every connection
+            message.buffer = None
+        elif message.buffer is not None and len(message.buffer) >= end:
+            message.buffer[start:end] = body  # into the buffer of its declared length
+        elif end > SMALL_BYTES and self.budget is not None:
+            # a chunked body beyond what every connection may hold: charged as it grows,
+            # grown in place (no pieces to join)
+            if not self._charge(message, end - max(start, SMALL_BYTES)):
+                return
+            if message.buffer is None:
+                message.buffer = bytearray().join(message.body)
+                message.body = []
+            message.buffer += body
         else:
             message.body.append(body)
 
