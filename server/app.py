@@ -14,7 +14,8 @@ Routes (V2 / Open Inference Protocol, plus the Triton extensions tritonclient us
     POST /v2/repository/models/{m}/load       (re)load a model (--model-control-mode
                                               explicit; 403 otherwise)
     POST /v2/repository/models/{m}/unload     stop serving a model (after what is admitted)
-    GET  /metrics                             Prometheus exposition
+    GET  /metrics                             Prometheus exposition (API group "metrics";
+                                              rendered off the loop, see metrics.py)
 
 Every error body is `{"error": "..."}`. Status codes: 400 malformed request, bad
 datatype/shape, unknown input/output, or the program rejecting its input (INVALID_ARGUMENT,
@@ -22,7 +23,8 @@ FAILED_PRECONDITION, OUT_OF_RANGE); 404 unknown model/version/route; 405 wrong m
 403 an API group restricted by --http-restricted-api without its header, or model
 control refused by --model-control-mode; 408 request head or body too slow; 413 body
 over --max-request-bytes (also while inflating); 431 request head over 64 KiB; 415 unknown Content-Encoding; 429 model queue full and
-503 draining/not ready (both with Retry-After); 504 deadline exceeded. A 500 is a bug of
+503 draining/not ready or the client memory budget full (--client-memory-limit; all with
+Retry-After); 504 deadline exceeded. A 500 is a bug of
 the server or runtime, never an answer to bad input, or a model whose kernel faulted:
 that request gets the 500 and every model on the same device becomes UNAVAILABLE (503)
 until it is loaded again (on a fresh device); the process keeps serving the rest.
@@ -35,8 +37,6 @@ Triton).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import math
 import time
@@ -49,6 +49,13 @@ import trio
 
 from .. import __version__
 from ..errors import DeviceLostError, Error, KernelFaultError, StatusCode
+from .budget import (
+    SMALL_BYTES,
+    BudgetExceeded,
+    MemoryBudget,
+    default_limit,
+    release_freed_memory,
+)
 from .config import ConfigError, parse_json_config
 from .http import Request, Response
 from .metrics import Metrics, ModelSeries
@@ -92,8 +99,12 @@ class Server:
         max_timeout: float | None = None,
         model_control_mode: str = "none",
         restricted: dict[str, tuple[str, str]] | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self.repository = repository
+        # bytes held for clients (the HTTP server charges bodies and unread answers to the
+        # same budget; inflated bodies and parsed tensors are charged here)
+        self.budget = budget or MemoryBudget(default_limit())
         self.max_request_bytes = max_request_bytes
         self.max_timeout = max_timeout
         self.model_control_mode = model_control_mode
@@ -410,7 +421,7 @@ class _Routes:
 
         if self.server.settle is not None:
             await self.server.settle()
-        return Response(200, self.server.metrics.generate(), CONTENT_TYPE_LATEST)
+        return Response(200, await self.server.metrics.scrape(), CONTENT_TYPE_LATEST)
 
     async def infer(self, request: Request, name: str, version: str | None) -> Response:
         server = self.server
@@ -433,9 +444,11 @@ class _Routes:
             t_input = time.perf_counter()
             try:
                 if len(request.body) > _PARSE_ON_LOOP_BYTES or "content-encoding" in headers:
+                    if request.held is None:  # released by the connection with the request
+                        request.held = server.budget.hold()
                     async with server.parse_limiter:
                         req = await trio.to_thread.run_sync(
-                            _parse_large, request, server.max_request_bytes)
+                            _parse_large, request, server.max_request_bytes, mv)
                 else:  # no Content-Encoding: the body is the request as it is
                     req = parse_infer_request(
                         request.body, headers.get("inference-header-content-length"))
@@ -443,8 +456,8 @@ class _Routes:
                 deadline = _deadline(headers.get("inference-timeout"), req.timeout_us, mv,
                                      server.max_timeout, request.arrived)
             except ProtocolError as exc:
-                return self._failed(mv, series, request,
-                                    error_response(exc.status, exc.message))
+                return self._failed(mv, series, request, error_response(
+                    exc.status, exc.message, _RETRY if exc.status == 503 else None))
             if draining and not mv.scheduler.continues_work(req.parameters):
                 # the drain contract: only steps of sequences live here are still served
                 series.finished(503, trio.current_time() - request.arrived)
@@ -459,9 +472,9 @@ class _Routes:
             if direct is not None:
                 def respond(results: list, seconds: float) -> None:
                     start = time.perf_counter()
-                    response = _infer_response(mv, req, results)
-                    if direct.send(response):
-                        answered.append((response, time.perf_counter() - start))
+                    response = _infer_response(server, mv, req, results, request)
+                    direct.send(response)  # a large one is left to the loop
+                    answered.append((response, time.perf_counter() - start))
 
             try:
                 label = f"model {mv.name} version {mv.version} request {req.id or '(no id)'}"
@@ -481,8 +494,10 @@ class _Routes:
                 response, compute_output = answered[0]
             else:
                 t_output = time.perf_counter()
-                response = _infer_response(mv, req, results)
+                response = _infer_response(server, mv, req, results, request)
                 compute_output = time.perf_counter() - t_output
+            if response.status != 200:  # the memory budget could not take the answer
+                return self._failed(mv, series, request, response)
             return self._succeeded(mv, series, request, response,
                                    (queued, compute_input, compute_infer, compute_output))
         except BaseException:
@@ -530,9 +545,19 @@ def _failure_response(server: Server, mv: ModelVersion, exc: Exception) -> Respo
                           _RETRY if status == 503 else None)
 
 
-def _infer_response(mv: ModelVersion, req: Any, results: list) -> Response:
-    """The 200 answer carrying `results` as `req` asked (any thread)."""
+def _infer_response(server: Server, mv: ModelVersion, req: Any, results: list,
+                    request: Request) -> Response:
+    """The 200 answer carrying `results` as `req` asked (any thread); a large one is
+    charged to the memory budget until it was written (a 503 when the budget cannot take
+    it: the answer is dropped at once)."""
     out, header_length = build_infer_response(mv.name, mv.version, req, results)
+    if len(out) > SMALL_BYTES:
+        if request.held is None:
+            request.held = server.budget.hold()
+        try:
+            request.held.charge(len(out), "the answer")
+        except BudgetExceeded as exc:
+            return error_response(503, f"model '{mv.name}': {exc}", _RETRY)
     if header_length is None:
         return Response(200, out, JSON)
     return Response(200, out, "application/octet-stream",
@@ -558,7 +583,7 @@ def api_group(path: str) -> str | None:
     if path.startswith("/v2/repository/"):
         return "model-repository"
     if path == "/metrics":
-        return None
+        return "metrics"
     if path.startswith("/v2/models"):
         tail = path.rsplit("/", 1)[-1]
         return {"infer": "inference", "stats": "statistics", "config": "model-config",
@@ -567,46 +592,39 @@ def api_group(path: str) -> str | None:
 
 
 API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config",
-              "model-repository", "statistics", "trace", "logging")
+              "model-repository", "statistics", "trace", "logging", "metrics")
 
 
-def _parse(request: Request, limit: int) -> Any:
-    body = _decode_body(request, limit)
-    return parse_infer_request(body, request.headers.get("inference-header-content-length"))
+def _parse_large(request: Request, limit: int, mv: ModelVersion) -> Any:
+    """Parses a large or encoded request on a worker thread: the inflated body and the
+    arrays of its JSON tensors charged to the request's hold before they are made, each
+    JSON tensor checked against `mv`'s signature before its data is parsed; then the
+    memory it freed goes back to the system (a worker thread's malloc arena would
+    otherwise keep the freed blocks)."""
+    hold = request.held
 
+    def charge(nbytes: int, what: str) -> None:
+        try:
+            hold.charge(nbytes, what)
+        except BudgetExceeded as exc:
+            raise ProtocolError(503, str(exc)) from None
 
-def _parse_large(request: Request, limit: int) -> Any:
-    """`_parse` on a worker thread, then the memory it freed goes back to the system:
-    inflating and parsing tens of megabytes leaves freed blocks in the thread's malloc
-    arena, and a few worker threads' arenas would otherwise hold hundreds of megabytes."""
     try:
-        return _parse(request, limit)
+        body = _decode_body(request, limit, charge)
+        return parse_infer_request(body, request.headers.get(
+            "inference-header-content-length"), check=mv.check_input, charge=charge)
     except ProtocolError as exc:
         # raised afresh, without the traceback whose frames hold the inflated bytes
         failure = ProtocolError(exc.status, exc.message)
     finally:
-        _release_freed_memory()
-    _release_freed_memory()
+        body = None
+        release_freed_memory()
     raise failure
 
 
-def _release_freed_memory() -> None:
-    trim = _MALLOC_TRIM[0] if _MALLOC_TRIM else None
-    if trim is None and not _MALLOC_TRIM:
-        try:
-            trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc: nothing to do
-            trim = None
-        _MALLOC_TRIM.append(trim)
-    if trim is not None:
-        trim(0)
-
-
-_MALLOC_TRIM: list = []
-
-
-def _decode_body(request: Request, limit: int) -> bytes:
-    """The body after Content-Encoding (the HTTP layer already bounded its raw size)."""
+def _decode_body(request: Request, limit: int, charge: Any) -> bytes | bytearray:
+    """The body after Content-Encoding (the HTTP layer already bounded its raw size),
+    each piece of an inflated one charged (`charge(nbytes, what)`) before it is made."""
     body = request.body
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("identity", ""):
@@ -615,24 +633,25 @@ def _decode_body(request: Request, limit: int) -> bytes:
         raise ProtocolError(415, f"Content-Encoding {encoding!r} is not supported "
                                  f"(gzip, deflate)")
     decompressor = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-    chunks: list[bytes] = []
-    total = 0
+    # grown in place (a large buffer is remapped, not copied): no pieces joined at the
+    # end, which would hold the body twice
+    inflated = bytearray()
     pending = body
     try:
         while True:
+            charge(_INFLATE_CHUNK, "the inflated request body")
             chunk = decompressor.decompress(pending, _INFLATE_CHUNK)
-            total += len(chunk)
-            if total > limit:
-                chunks.clear()
+            if len(inflated) + len(chunk) > limit:
+                inflated = None
                 raise ProtocolError(413, f"decompressed request body exceeds the limit of "
                                          f"{limit} bytes (--max-request-bytes)")
-            chunks.append(chunk)
+            inflated += chunk
             pending = decompressor.unconsumed_tail
             if not pending and len(chunk) < _INFLATE_CHUNK:
                 break  # all input read and no output held back
     except zlib.error as exc:
         raise ProtocolError(400, f"request body is not valid {encoding}: {exc}") from None
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return inflated
 
 
 def _deadline(header: str | None, timeout_us: float | None, mv: ModelVersion,

@@ -34,6 +34,8 @@ from http import HTTPStatus
 import httptools
 import trio
 
+from .budget import SMALL_BYTES, BudgetExceeded, Hold, MemoryBudget
+
 log = logging.getLogger("tinyhal.server")
 
 __all__ = ["DirectReply", "HttpServer", "Request", "Response", "client_gone_probe"]
@@ -145,6 +147,9 @@ class Request:
     arrived: float  # trio clock, when the request head was complete
     direct: DirectReply | None = None  # another thread may answer it (see DirectReply)
     target: str = ""  # the request target as sent (path and query)
+    # what it holds charged to the memory budget (its body, when large; the handler adds
+    # what it inflates and parses): released by the connection once it is answered
+    held: Hold | None = None
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -153,7 +158,7 @@ ErrorResponder = Callable[[int, str], Response]
 
 class _Message:
     __slots__ = ("method", "target", "headers", "body", "size", "too_large", "keep_alive",
-                 "arrived", "head_done", "read_on")
+                 "arrived", "head_done", "read_on", "buffer", "held", "refused")
 
     def __init__(self) -> None:
         self.method = ""
@@ -162,6 +167,11 @@ class _Message:
         self.body: list[bytes] = []
         self.size = 0
         self.too_large = False
+        # a large declared body is read into one buffer of its size (charged to the
+        # budget by `held` before it is made): no pieces to join, one block to free
+        self.buffer: bytearray | None = None
+        self.held: Hold | None = None
+        self.refused = ""  # why the memory budget refused its body (answered 503)
         self.keep_alive = True
         self.arrived = 0.0
         self.head_done = False
@@ -171,8 +181,9 @@ class _Message:
 class _Callbacks:
     """httptools' parser callbacks: collect complete messages in `done`."""
 
-    def __init__(self, max_body: int, fd: int) -> None:
+    def __init__(self, max_body: int, fd: int, budget: MemoryBudget | None) -> None:
         self.max_body = max_body
+        self.budget = budget
         self.fd = fd  # the connection's socket
         self.parser: httptools.HttpRequestParser | None = None
         self.current: _Message | None = None
@@ -228,15 +239,50 @@ class _Callbacks:
         length = message.headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body:
             message.too_large = True  # answered 413 at once, before any body is read
-        elif message.headers.get("expect", "").lower() == "100-continue":
+            return
+        if length.isdigit() and int(length) > SMALL_BYTES and self.budget is not None:
+            size = int(length)
+            if not self._charge(message, size):
+                return
+            message.buffer = bytearray(size)
+        if message.headers.get("expect", "").lower() == "100-continue":
             self.expect_continue = True
+
+    def _charge(self, message: _Message, nbytes: int) -> bool:
+        """Charges `nbytes` of `message`'s body to the budget; False (and the message
+        marked refused, its body dropped) when the budget cannot take them."""
+        if message.held is None:
+            message.held = self.budget.hold()
+        try:
+            message.held.charge(nbytes, "the request body")
+        except BudgetExceeded as exc:
+            message.refused = str(exc)
+            message.body.clear()
+            message.buffer = None
+            return False
+        return True
 
     def on_body(self, body: bytes) -> None:
         message = self.current
-        message.size += len(body)
-        if message.size > self.max_body:
+        if message.refused:
+            return
+        start = message.size
+        message.size = end = start + len(body)
+        if end > self.max_body:
             message.too_large = True
             message.body.clear()
+            message.buffer = None
+        elif message.buffer is not None and len(message.buffer) >= end:
+            message.buffer[start:end] = body  # into the buffer of its declared length
+        elif end > SMALL_BYTES and self.budget is not None:
+            # a chunked body beyond what every connection may hold: charged as it grows,
+            # grown in place (no pieces to join)
+            if not self._charge(message, end - max(start, SMALL_BYTES)):
+                return
+            if message.buffer is None:
+                message.buffer = bytearray().join(message.body)
+                message.body = []
+            message.buffer += body
         else:
             message.body.append(body)
 
@@ -252,17 +298,23 @@ class HttpServer:
     Work before a request reaches the handler is bounded: the head must arrive within
     `head_timeout` of its first byte and at most 64 KiB of it (431 beyond, counted while
     it arrives), a body may pause at most `body_timeout` (408 for either), a declared or
-    received body over `max_body` is 413 at once (`Expect: 100-continue` included), and at
-    most `max_connections` are open: at the cap a new connection closes the oldest one
-    that is idle or still sending its head (slowloris clients go first), or is refused
-    with 503 when every connection has a request in progress. Reaching the cap is logged.
+    received body over `max_body` is 413 at once (`Expect: 100-continue` included), a
+    large body the memory `budget` cannot take is 503, an answer its client reads nothing
+    of for `send_timeout` is dropped with the connection, and at most `max_connections`
+    are open: at the cap a new connection closes the oldest one that is idle, still
+    sending its request or waiting for its client to read (slowloris and non-reading
+    clients go first), or is refused with 503 when every connection has a request being
+    handled. Reaching the cap is logged.
     """
 
     def __init__(self, handler: Handler, error: ErrorResponder, *, max_body: int,
                  keep_alive_timeout: float = 5.0, access_log: bool = False,
                  head_timeout: float = 10.0, body_timeout: float = 30.0,
-                 max_connections: int = 1000) -> None:
+                 max_connections: int = 1000, send_timeout: float = 30.0,
+                 budget: MemoryBudget | None = None) -> None:
         self.handler = handler
+        self.budget = budget
+        self.send_timeout = send_timeout
         self.error = error
         self.max_body = max_body
         self.keep_alive_timeout = keep_alive_timeout
@@ -277,7 +329,8 @@ class HttpServer:
         self._idle: dict[trio.CancelScope, float] = {}
         self._sweeping = trio.CancelScope()
         self._open = 0
-        # connections without a request in progress, oldest first (evicted at the cap)
+        # connections idle, still sending their request or stuck writing an answer their
+        # client does not read, oldest first (evicted at the cap)
         self._waiting: OrderedDict[trio.CancelScope, None] = OrderedDict()
         self._at_cap_logged = False
         # answers instance threads wrote (under the lock) and those the loop has finished
@@ -366,12 +419,13 @@ class HttpServer:
             nursery.start_soon(self._connection, stream)
 
     def _evict_oldest(self, why: str) -> bool:
-        """Closes the oldest connection that is idle or still sending its request (logged
-        once per episode); False when every connection has a request in progress."""
+        """Closes the oldest connection that is idle, still sending its request or waiting
+        for its client to read an answer (logged once per episode); False when every
+        connection has a request being handled."""
         if not self._at_cap_logged:
             self._at_cap_logged = True
-            log.warning("%s: closing the oldest idle or slow connections for new clients",
-                        why)
+            log.warning("%s: closing the oldest idle, slow or non-reading connections for "
+                        "new clients", why)
         if not self._waiting:
             return False
         oldest, _ = self._waiting.popitem(last=False)
@@ -385,11 +439,12 @@ class HttpServer:
             await stream.aclose()
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        callbacks = _Callbacks(self.max_body, stream.socket.fileno())
+        callbacks = _Callbacks(self.max_body, stream.socket.fileno(), self.budget)
         parser = callbacks.parser = httptools.HttpRequestParser(callbacks)
         _client_gone.set(_gone_probe(stream))  # this task's context: its handlers see it
         self._open += 1
         scope = trio.CancelScope()
+        request = message = response = unsent = None
         try:
             with scope:
                 while not self.draining or callbacks.done:
@@ -402,8 +457,8 @@ class HttpServer:
                             self._waiting.pop(scope, None)
                         continue
                     message = callbacks.done.popleft()
-                    if message.too_large:
-                        await self._send_too_large(stream)
+                    if message.too_large or message.refused:
+                        await self._send_refusal(stream, message)
                         break
                     request = self._request(message, callbacks.fd)
                     direct = request.direct
@@ -415,8 +470,9 @@ class HttpServer:
                             if direct.sent is not None:
                                 self._finished_direct()
                     keep_alive, unsent = self._reply(message, response, direct, callbacks.fd)
-                    for chunk in unsent:
-                        await stream.send_all(chunk)
+                    if unsent and not await self._send_rest(unsent, callbacks.fd, scope,
+                                                            request):
+                        break
                     if direct is None or direct.sent is None:
                         # the loop answered: the client sends its next request only now,
                         # so the tasks already ready run first (other connections, the
@@ -425,6 +481,9 @@ class HttpServer:
                         await trio.lowlevel.cancel_shielded_checkpoint()
                     if self.access_log:
                         self._log_access(stream, message, request, response, direct)
+                    if request.held is not None:
+                        unsent = response = None
+                        _release(message, request)
                     if not keep_alive:
                         break
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
@@ -434,15 +493,55 @@ class HttpServer:
         finally:
             self._open -= 1
             self._waiting.pop(scope, None)
+            # whatever ended it (an answer, a timeout, a client gone, eviction), what its
+            # requests held goes back to the budget
+            response = unsent = None  # dropped before the memory goes back
+            for pending in (message, callbacks.current, *callbacks.done):
+                if pending is not None:
+                    _release(pending, None)
+            if request is not None:
+                _release(None, request)
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(1):
                     await stream.aclose()
 
-    async def _send_too_large(self, stream: trio.SocketStream) -> None:
-        """413, then a short bounded linger that reads and drops what the client is still
-        sending, so closing does not reset the connection before it read the answer."""
-        await self._send_error(stream, 413, f"request body exceeds the limit of "
-                                            f"{self.max_body} bytes (--max-request-bytes)")
+    async def _send_rest(self, chunks: list[bytes], fd: int, scope: trio.CancelScope,
+                         request: Request) -> bool:
+        """Writes what the socket did not take of an answer; False when the connection
+        must close: its client read nothing for `send_timeout` seconds. Meanwhile the
+        connection may be evicted at the connection cap. (A large answer was charged to
+        the memory budget when it was made; it is released with the request.)"""
+        self._waiting[scope] = None
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk).cast("B")
+                while view:
+                    try:
+                        written = os.write(fd, view)
+                    except BlockingIOError:
+                        written = 0
+                    if written:
+                        view = view[written:]
+                        continue
+                    with trio.move_on_after(self.send_timeout) as timer:
+                        await trio.lowlevel.wait_writable(fd)
+                    if timer.cancelled_caught:
+                        log.warning("closed a connection whose client read nothing of its "
+                                    "answer for %g s (--send-timeout)", self.send_timeout)
+                        return False
+        finally:
+            self._waiting.pop(scope, None)
+        return True
+
+    async def _send_refusal(self, stream: trio.SocketStream, message: _Message) -> None:
+        """413 (body over the limit) or 503 (the memory budget cannot take it), then a
+        short bounded linger that reads and drops what the client is still sending, so
+        closing does not reset the connection before it read the answer."""
+        if message.refused:
+            await self._send_error(stream, 503, message.refused, [("retry-after", "1")])
+        else:
+            await self._send_error(stream, 413, f"request body exceeds the limit of "
+                                                f"{self.max_body} bytes (--max-request-bytes)")
         try:
             await stream.send_eof()
             dropped = 0
@@ -520,8 +619,9 @@ class HttpServer:
             if callbacks.head_raw > _MAX_HEAD_BYTES:
                 await self._send_head_too_large(stream)
                 return False
-        if current is not None and (current.too_large or current.size > self.max_body):
-            await self._send_too_large(stream)
+        if current is not None and (current.too_large or current.size > self.max_body
+                                    or current.refused):
+            await self._send_refusal(stream, current)
             return False
         if callbacks.expect_continue:
             callbacks.expect_continue = False
@@ -534,11 +634,14 @@ class HttpServer:
 
     def _request(self, message: _Message, fd: int) -> Request:
         target = message.target.decode("latin-1")
-        body = message.body[0] if len(message.body) == 1 else b"".join(message.body)
+        if message.buffer is not None:
+            body = message.buffer
+        else:
+            body = message.body[0] if len(message.body) == 1 else b"".join(message.body)
         direct = DirectReply(fd, message.keep_alive, self) \
             if message.method == "POST" else None
         return Request(message.method, target.split("?", 1)[0], message.headers, body,
-                       message.arrived, direct, target)
+                       message.arrived, direct, target, message.held)
 
     def _reply(self, message: _Message, response: Response, direct: DirectReply | None,
                fd: int) -> tuple[bool, list[bytes]]:
@@ -575,12 +678,33 @@ class HttpServer:
         log.info('%s "%s %s" %d %d', peer, message.method, request.target, response.status,
                  len(response.body))
 
-    async def _send_error(self, stream: trio.SocketStream, status: int, message: str) -> None:
+    async def _send_error(self, stream: trio.SocketStream, status: int, message: str,
+                          headers: list[tuple[str, str]] | None = None) -> None:
+        """Sends an error answer before the connection closes (given up when its client
+        reads nothing of it for `send_timeout`)."""
         response = self.error(status, message)
+        if headers:
+            response.headers = [*response.headers, *headers]
         try:
-            await stream.send_all(_encode_head(response, False) + response.body)
+            with trio.move_on_after(self.send_timeout):
+                await stream.send_all(_encode_head(response, False) + response.body)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             pass
+
+
+def _release(message: _Message | None, request: Request | None) -> None:
+    """Drops the body of `message` / `request` and gives what they held back to the
+        memory budget (after dropping it, so the memory can go back to the system)."""
+    held = None
+    if message is not None:
+        held = message.held
+        message.buffer = None
+        message.body = []
+    if request is not None:
+        held = request.held or held
+        request.body = b""
+    if held is not None:
+        held.release()
 
 
 _METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS")}

@@ -70,3 +70,6 @@ class InstanceThread:
                     self._token.run_sync_soon(done, result)
                 except trio.RunFinishedError:
                     return
+            # nothing of the last requests (their bodies, arrays, answers) outlives them
+            # while the thread waits for the next jobs
+            jobs = work = done = result = None

@@ -68,6 +68,7 @@ import trio
 
 from . import cpus
 from .app import API_GROUPS, Server, error_response
+from .budget import MemoryBudget, default_limit, parse_size
 from .http import HttpServer
 from .lag import LagMonitor
 from .protocol import ProtocolError
@@ -146,14 +147,23 @@ def _parser() -> argparse.ArgumentParser:
                         "beyond; default 10)")
     p.add_argument("--request-body-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="longest pause while a request body arrives (408 beyond; default 30)")
+    p.add_argument("--send-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="longest a client may read nothing of an answer being written; "
+                        "its connection then closes and the answer is dropped (default 30)")
+    p.add_argument("--client-memory-limit", type=_size, default=None, metavar="BYTES",
+                   help="bytes held for clients at most: request bodies, inflated bodies, "
+                        "parsed tensors and unread answers; a request beyond it gets 503 "
+                        "(K/M/G suffixes; default a quarter of the memory available, at "
+                        "most 1G)")
     p.add_argument("--python-cpu", default="auto", metavar="auto|none|CPU",
                    help="the CPU the event loop and single model instances share: they "
                         "take turns on the interpreter lock, and handing it between CPUs "
                         "costs more than it saves (default auto: the CPU the server "
                         "starts on; none: any)")
     p.add_argument("--max-connections", type=int, default=1000, metavar="N",
-                   help="open connections at most; beyond, the oldest connection still "
-                        "sending its request head is closed (default 1000)")
+                   help="open connections at most; beyond, the oldest connection that is "
+                        "idle, still sending its request or not reading its answer is "
+                        "closed (default 1000)")
     p.add_argument("--model-control-mode", choices=["none", "explicit", "poll"],
                    default="none",
                    help="none: repository models load at start, load/unload are refused; "
@@ -174,6 +184,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     return p
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 class StartupError(Exception):
@@ -198,16 +215,18 @@ async def serve(args: argparse.Namespace) -> int:
         for name in list(repository.models):
             if name not in args.load_model:
                 del repository.models[name]
+    budget = MemoryBudget(args.client_memory_limit or default_limit())
     server = Server(repository, max_request_bytes=args.max_request_bytes,
                     max_timeout=args.max_timeout, model_control_mode=args.model_control_mode,
-                    restricted=args.restricted)
+                    restricted=args.restricted, budget=budget)
     repository.token = trio.lowlevel.current_trio_token()
     repository.python_cpu = args.python_cpu
     http = HttpServer(server.handle, error_response, max_body=args.max_request_bytes,
                       keep_alive_timeout=args.keep_alive_timeout, access_log=args.access_log,
                       head_timeout=args.request_head_timeout,
                       body_timeout=args.request_body_timeout,
-                      max_connections=args.max_connections)
+                      max_connections=args.max_connections, send_timeout=args.send_timeout,
+                      budget=budget)
     server.settle = http.settle
     lag = LagMonitor()
     server.metrics.registry.register(lag)
@@ -411,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"tinyhal-serve: --http-restricted-api: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    for flag in ("request_head_timeout", "request_body_timeout", "repository_poll_secs"):
+    for flag in ("request_head_timeout", "request_body_timeout", "repository_poll_secs",
+                 "send_timeout"):
         value = getattr(args, flag)
         if not (value > 0 and math.isfinite(value)):
             print(f"tinyhal-serve: --{flag.replace('_', '-')} must be a positive number",

@@ -31,8 +31,10 @@ V2 error body `{"error": message}` with that status.
 from __future__ import annotations
 
 import math
+import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +63,7 @@ DATATYPES: dict[str, np.dtype] = {
     if info.kserve is not None
 }
 MAX_JSON_DEPTH = 400
-_MAX_ELEMENTS = 2**63 - 1
+_MAX_BYTES = 2**63 - 1
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
@@ -109,7 +111,6 @@ class InferRequest:
     outputs: list[RequestedOutput] | None  # None: every output
     binary_output: bool  # the request-level `binary_data_output` parameter
     parameters: dict[str, Any] = field(default_factory=dict)
-    plan: _TensorPlan | None = None  # its tensors' plan (shared with the same tensors)
 
     @property
     def timeout_us(self) -> float | None:
@@ -141,7 +142,10 @@ def _as_dict(value: Any, what: str, name: str = "") -> dict:
 MAX_DIMS = 32  # numpy holds at most 64; no model here takes more than a few
 
 
-def _shape(value: Any, name: str) -> tuple[int, ...]:
+def _shape(value: Any, name: str, itemsize: int) -> tuple[int, ...]:
+    """`value` as a shape of elements of `itemsize` bytes. Its bytes must have a 64-bit
+    count even where a zero dimension makes it empty (the product of its nonzero
+    dimensions, as numpy needs: [2**31, 0, 2**31] is refused, not only [2**62, 4])."""
     # one C-level pass per rule (JSON integers are exactly `int`; booleans are not)
     if type(value) is not list or not set(map(type, value)) <= _INT_TYPES:
         raise _bad(f"input '{name}' 'shape' must be a list of integers, not {value!r}")
@@ -150,9 +154,10 @@ def _shape(value: Any, name: str) -> tuple[int, ...]:
                    f"{MAX_DIMS}")
     if value and min(value) < 0:
         raise _bad(f"input '{name}' 'shape' {value} has a negative dimension")
-    if value and (max(value) > _MAX_ELEMENTS or math.prod(value) > _MAX_ELEMENTS):
-        raise _bad(f"input '{name}' 'shape' {value} has more elements than fit in a 64-bit "
-                   f"count")
+    if value and (max(value) > _MAX_BYTES or
+                  math.prod(filter(None, value)) * itemsize > _MAX_BYTES):
+        raise _bad(f"input '{name}' 'shape' {value} is too large: its elements' bytes do "
+                   f"not fit a 64-bit count")
     return tuple(value)
 
 
@@ -185,16 +190,26 @@ def _flatten(data: Any, shape: tuple[int, ...], name: str) -> tuple[list, set]:
 
 
 def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
-    dtype = DATATYPES[datatype]
     flat, types = _flatten(data, shape, name)
     count = math.prod(shape)
     if len(flat) != count:
-        raise _bad(f"input '{name}' has {len(flat)} elements in 'data' but shape "
-                   f"{list(shape)} needs {count}")
+        _bad_count(name, len(flat), shape)
+    return _typed(name, datatype, flat, types).reshape(shape)
+
+
+def _bad_count(name: str, found: int, shape: tuple[int, ...]) -> None:
+    raise _bad(f"input '{name}' has {found} elements in 'data' but shape {list(shape)} "
+               f"needs {math.prod(shape)}")
+
+
+def _typed(name: str, datatype: str, flat: list, types: set) -> np.ndarray:
+    """The JSON values `flat` (of the Python `types`) as a 1-D array of `datatype`, after
+    checking each is a value of it (400 naming the first that is not)."""
+    dtype = DATATYPES[datatype]
     if datatype == "BOOL":
         if not types <= _BOOL_TYPES:
             raise _bad(f"input '{name}' is BOOL: 'data' must hold only true/false")
-        return np.array(flat, dtype=dtype).reshape(shape)
+        return np.array(flat, dtype=dtype)
     if dtype.kind in "iu":
         if not types <= _INT_TYPES:
             bad = next(x for x in flat if type(x) is not int)
@@ -203,7 +218,7 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
         if flat and (min(flat) < info.min or max(flat) > info.max):
             raise _bad(f"input '{name}' has a value outside {datatype}'s range "
                        f"[{info.min}, {info.max}]")
-        return np.array(flat, dtype=dtype).reshape(shape)
+        return np.array(flat, dtype=dtype)
     # floats: JSON numbers (ints too; JSON has no NaN/Inf and orjson refuses them)
     if not types <= _NUMBER_TYPES:
         bad = next(x for x in flat if type(x) not in _NUMBER_TYPES)
@@ -214,8 +229,143 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
         raise _bad(f"input '{name}' has the value {bad!r}, which does not fit {datatype} "
                    f"(largest finite {largest!r})")
     if datatype in _DIRECT_FLOATS:  # numpy rounds each number once, straight to dtype
-        return np.array(flat, dtype=dtype).reshape(shape)
-    return np.array(flat, dtype=np.float64).astype(dtype).reshape(shape)
+        return np.array(flat, dtype=dtype)
+    return np.array(flat, dtype=np.float64).astype(dtype)
+
+
+# -- JSON tensor data of large requests ------------------------------------------------
+#
+# Parsed whole, the `data` of a large JSON request becomes a Python list of Python
+# numbers: 32 bytes per element or more (8 of them the list's pointer), eight times the
+# FP32 tensor, hundreds of megabytes for tens of megabytes of JSON. Heads over
+# `_SPAN_HEAD_BYTES` are therefore parsed in two steps: each `"data": [...]` array is cut
+# out of the bytes first (found outside JSON strings, its end by counting brackets with
+# numpy, a window at a time) and a placeholder parsed in its place, so the JSON parser
+# sees only the small rest; once the tensor's name, datatype and shape are known (and
+# checked against the model, `check`), its data is parsed into the typed array it
+# becomes, a slice of `_SPAN_CHUNK` bytes at a time: orjson parses the slice (the same
+# JSON rules as the whole document), the values are checked as any JSON tensor's and
+# written into the array. What is held at once is the array, one slice's Python numbers
+# and the body: no list of the whole tensor is ever built.
+
+_SPAN_HEAD_BYTES = 64 << 10
+_SPAN_CHUNK = 256 << 10
+_SPAN_WINDOW = 1 << 20
+_DATA_OR_STRING = re.compile(rb'"data"\s*:\s*\[|"(?:[^"\\]|\\.)*"', re.S)
+_NOT_SKELETON = bytes(b for b in range(256) if b not in b"[],")
+
+
+class _DataSpan:
+    """Where one cut-out `data` array lies in the request's bytes: [start, end)."""
+
+    __slots__ = ("buffer", "start", "end")
+
+    def __init__(self, buffer: bytes | bytearray, start: int, end: int) -> None:
+        self.buffer = buffer
+        self.start = start
+        self.end = end
+
+
+def _cut_data_spans(head: bytes | bytearray) -> tuple[bytes, dict[str, _DataSpan]]:
+    """`head` with every `"data"` array replaced by a placeholder string (unguessable:
+    a client cannot name one), and the spans by placeholder."""
+    nonce = os.urandom(8).hex()
+    pieces: list[bytes] = []
+    spans: dict[str, _DataSpan] = {}
+    pos = last = 0
+    while True:
+        match = _DATA_OR_STRING.search(head, pos)
+        if match is None:
+            break
+        if match.group()[-1:] != b"[" or not match.group().startswith(b'"data"'):
+            pos = match.end()  # a string, skipped whole
+            continue
+        start = match.end() - 1
+        end = _array_end(head, start)
+        placeholder = f"\x00{nonce}:{len(spans)}"
+        spans[placeholder] = _DataSpan(head, start, end)
+        pieces += (head[last:start], orjson.dumps(placeholder))
+        pos = last = end
+    if not spans:
+        return head, spans
+    pieces.append(head[last:])
+    return b"".join(pieces), spans
+
+
+def _array_end(head: bytes | bytearray, start: int) -> int:
+    """The index after the `]` closing the array that opens at `start`."""
+    depth = 0
+    pos = start
+    while pos < len(head):
+        window = np.frombuffer(head, np.uint8, min(_SPAN_WINDOW, len(head) - pos), pos)
+        marks = np.flatnonzero((window == 0x5B) | (window == 0x5D) | (window == 0x22)
+                               | (window == 0x7B))
+        kinds = window[marks]
+        brackets = (kinds == 0x5B) | (kinds == 0x5D)
+        levels = np.cumsum(np.where(kinds[brackets] == 0x5B, 1, -1)) + depth
+        closed = np.flatnonzero(levels == 0)
+        if closed.size:
+            levels = levels[:closed[0] + 1]
+        limit = int(marks[brackets][closed[0]]) if closed.size else len(window)
+        others = marks[~brackets]
+        if others.size and others[0] < limit:
+            raise _bad("a tensor's 'data' holds a string or an object: tensor data are "
+                       "numbers or booleans")
+        if levels.size and levels.max() > MAX_JSON_DEPTH:
+            raise _bad(f"request JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+        if closed.size:
+            return pos + limit + 1
+        if levels.size:
+            depth = int(levels[-1])
+        pos += len(window)
+    raise _bad("request body is not valid JSON: a 'data' array is not closed")
+
+
+def _skeleton(shape: tuple[int, ...]) -> bytes:
+    """The brackets and commas of JSON data nested exactly as `shape`."""
+    level = b"[" + b"," * (shape[-1] - 1) + b"]" if shape[-1] else b"[]"
+    for dim in reversed(shape[:-1]):
+        level = b"[" + b",".join([level] * dim) + b"]" if dim else b"[]"
+    return level
+
+
+def _span_tensor(name: str, datatype: str, shape: tuple[int, ...], span: _DataSpan
+                 ) -> np.ndarray:
+    """The array of a cut-out `data` array (see above): flat, or nested exactly as
+    `shape` says, every value checked as `_json_tensor` checks them."""
+    buffer, start, end = span.buffer, span.start, span.end
+    count = math.prod(shape)
+    nested = buffer.find(b"[", start + 1, end) >= 0
+    if nested:
+        if not shape or buffer[start:end].translate(None, _NOT_SKELETON) != \
+                _skeleton(shape):
+            raise _bad(f"input '{name}' 'data' is ragged or nested unlike shape "
+                       f"{list(shape)}")
+        if not count:
+            return np.empty(shape, DATATYPES[datatype])
+    out = np.empty(count, DATATYPES[datatype])
+    filled = 0
+    pos, last = start + 1, end - 1
+    while pos < last:
+        stop = buffer.find(b",", pos + _SPAN_CHUNK, last) if last - pos > _SPAN_CHUNK else -1
+        if stop < 0:
+            stop = last
+        piece = bytes(buffer[pos:stop])
+        if nested:
+            piece = piece.translate(None, b"[]")
+        try:
+            values = orjson.loads(b"[%b]" % piece)
+        except ValueError as exc:
+            raise _bad(f"input '{name}' 'data' is not valid JSON: {exc}") from None
+        if filled + len(values) > count:
+            _bad_count(name, filled + len(values), shape)  # at least that many
+        out[filled:filled + len(values)] = _typed(name, datatype, values,
+                                                  set(map(type, values)))
+        filled += len(values)
+        pos = stop + 1
+    if filled != count:
+        _bad_count(name, filled, shape)
+    return out.reshape(shape)
 
 
 def _bool(value: Any, what: str, name: str = "") -> bool | None:
@@ -271,18 +421,15 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes | memoryvi
 
 
 _EMPTY = memoryview(b"")
+_ABSENT = object()  # a request without "outputs" (null is refused: not an array)
 
 
 class _TensorPlan:
     """The tensors a request's JSON header names, checked once: the inputs (with where
-    each binary one lies in the bytes after the header) and the outputs asked for. Headers
-    that differ only in their id and parameters (a sequence's steps: its id, start and
-    end) name the same tensors and share one plan (`_TENSOR_PLANS`, by the JSON of the
-    inputs and outputs), and with it what was learnt about it: which model versions
-    accepted it (`ModelVersion.prepare`) and the JSON headers of its answers. Read-only
-    once made, but for `responses`."""
+    each binary one lies in the bytes after the header) and the outputs asked for.
+    Read-only once made."""
 
-    __slots__ = ("inputs", "datatypes", "outputs", "binary_bytes", "reusable", "responses")
+    __slots__ = ("inputs", "datatypes", "outputs", "binary_bytes", "reusable")
 
     def __init__(self, inputs: list[tuple], datatypes: dict[str, str],
                  outputs: list[RequestedOutput] | None, binary_bytes: int) -> None:
@@ -292,10 +439,6 @@ class _TensorPlan:
         self.outputs = outputs
         self.binary_bytes = binary_bytes
         self.reusable = all(offset >= 0 for _, _, _, offset, _ in inputs)
-        # (model, version, request id, binary_data_output, (name, datatype, shape) of each
-        # result) -> the JSON header of the answer and which results follow it as binary
-        # (when all of them do)
-        self.responses: dict[tuple, tuple[bytes, list[tuple[int, np.dtype]]]] = {}
 
 
 class _HeaderPlan:
@@ -327,14 +470,11 @@ class _HeaderPlan:
                     raise _bad(f"input '{name}' is BOOL: binary bytes must be 0 or 1")
             inputs[name] = array
         return InferRequest(self.id, inputs, tensors.datatypes, tensors.outputs,
-                            self.binary_output, self.parameters,
-                            tensors if tensors.reusable else None)
+                            self.binary_output, self.parameters)
 
 
 _PLANS: dict[bytes, _HeaderPlan] = {}
 _PLANS_KEPT = 1024
-_TENSOR_PLANS: dict[bytes, _TensorPlan] = {}
-_TENSOR_PLANS_KEPT = 256
 _PLANS_LOCK = threading.Lock()  # adding one (large bodies are parsed on worker threads)
 _PLAN_HEAD_BYTES = 4096
 
@@ -347,8 +487,19 @@ def _keep(plans: dict, key: bytes, plan: Any, kept: int) -> None:
         plans[key] = plan
 
 
-def parse_infer_request(body: bytes, header_length: str | None = None) -> InferRequest:
-    """Parses an inference request body (JSON, optionally followed by binary tensors)."""
+Check = Callable[[str, str, tuple[int, ...]], None]
+Charge = Callable[[int, str], None]
+
+
+def parse_infer_request(body: bytes | bytearray, header_length: str | None = None, *,
+                        check: Check | None = None, charge: Charge | None = None
+                        ) -> InferRequest:
+    """Parses an inference request body (JSON, optionally followed by binary tensors).
+
+    For large bodies: `check(name, datatype, shape)` is called for each input given as
+    JSON data before its data is parsed (to refuse, raising ProtocolError, what the model
+    would refuse anyway), and `charge(nbytes, what)` before its array is made (to charge
+    them to a memory budget; it raises to refuse)."""
     head, tail = split_body(body, header_length)
     key = None
     if header_length is not None and len(head) <= _PLAN_HEAD_BYTES:
@@ -356,15 +507,19 @@ def parse_infer_request(body: bytes, header_length: str | None = None) -> InferR
         plan = _PLANS.get(key)
         if plan is not None and plan.tensors.binary_bytes == len(tail):
             return plan.request(tail)
-    plan = _plan_header(head, len(tail))
+    plan = _plan_header(head, len(tail), check, charge)
     request = plan.request(tail)
     if key is not None and plan.tensors.reusable:
         _keep(_PLANS, key, plan, _PLANS_KEPT)
     return request
 
 
-def _plan_header(head: bytes | memoryview, tail_bytes: int) -> _HeaderPlan:
+def _plan_header(head: bytes | bytearray | memoryview, tail_bytes: int,
+                 check: Check | None = None, charge: Charge | None = None) -> _HeaderPlan:
     """Parses and checks a request's JSON header, followed by `tail_bytes` binary bytes."""
+    spans: dict[str, _DataSpan] = {}
+    if len(head) > _SPAN_HEAD_BYTES:
+        head, spans = _cut_data_spans(head.tobytes() if type(head) is memoryview else head)
     _check_depth(head)
     try:
         doc = orjson.loads(head)
@@ -383,22 +538,16 @@ def _plan_header(head: bytes | memoryview, tail_bytes: int) -> _HeaderPlan:
         raise _bad("request must have a non-empty 'inputs' list")
     binary_output = bool(_bool(parameters.get("binary_data_output"),
                                "parameter 'binary_data_output'"))
-    raw_outputs = doc.get("outputs")
-    key = None
-    if len(head) <= _PLAN_HEAD_BYTES and all(type(item) is dict and "data" not in item
-                                             for item in raw_inputs):
-        key = orjson.dumps([raw_inputs, raw_outputs, tail_bytes])  # a few KiB at most
-        tensors = _TENSOR_PLANS.get(key)
-        if tensors is not None:
-            return _HeaderPlan(request_id, parameters, binary_output, tensors)
-    tensors = _tensor_plan(raw_inputs, raw_outputs, tail_bytes)
-    if key is not None and tensors.reusable:
-        _keep(_TENSOR_PLANS, key, tensors, _TENSOR_PLANS_KEPT)
+    tensors = _tensor_plan(raw_inputs, doc.get("outputs", _ABSENT), tail_bytes, spans,
+                           check, charge)
     return _HeaderPlan(request_id, parameters, binary_output, tensors)
 
 
-def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int) -> _TensorPlan:
-    """Checks a header's inputs (followed by `tail_bytes` binary bytes) and outputs."""
+def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
+                 spans: dict[str, _DataSpan] | None = None, check: Check | None = None,
+                 charge: Charge | None = None) -> _TensorPlan:
+    """Checks a header's inputs (followed by `tail_bytes` binary bytes) and outputs;
+    `spans`, `check` and `charge` as `parse_infer_request` and `_cut_data_spans` say."""
     inputs: list[tuple] = []
     datatypes: dict[str, str] = {}
     offset = 0
@@ -413,11 +562,11 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int) -> _Tensor
         datatype = item.get("datatype")
         if type(datatype) is not str or datatype not in DATATYPES:
             _bad_datatype(name, datatype)
-        shape = _shape(item.get("shape"), name)
+        dtype = DATATYPES[datatype]
+        shape = _shape(item.get("shape"), name, dtype.itemsize)
         params = item.get("parameters")
         size = None if params is None else \
             _as_dict(params, "input '{}' 'parameters'", name).get("binary_data_size")
-        dtype = DATATYPES[datatype]
         if size is not None:
             if "data" in item:
                 raise _bad(f"input '{name}' has both 'data' and binary_data_size")
@@ -435,16 +584,24 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int) -> _Tensor
         else:
             if "data" not in item:
                 raise _bad(f"input '{name}' has neither 'data' nor binary_data_size")
-            inputs.append((name, dtype, shape, -1,
-                           _json_tensor(name, datatype, shape, item["data"])))
+            data = item["data"]
+            if check is not None:
+                check(name, datatype, shape)
+            if charge is not None:
+                charge(math.prod(shape) * dtype.itemsize, f"input '{name}'")
+            span = spans.get(data) if spans and type(data) is str else None
+            array = _json_tensor(name, datatype, shape, data) if span is None else \
+                _span_tensor(name, datatype, shape, span)
+            inputs.append((name, dtype, shape, -1, array))
         datatypes[name] = datatype
     if offset != tail_bytes:
         raise _bad(f"the body has {tail_bytes - offset} binary bytes that no input claims")
 
     outputs = None
-    if raw_outputs is not None:
-        if not isinstance(raw_outputs, list):
-            raise _bad("'outputs' must be a list")
+    if raw_outputs is not _ABSENT:
+        if not isinstance(raw_outputs, list):  # null too: the protocol says an array
+            raise _bad(f"'outputs' must be a list of requested outputs, not "
+                       f"{orjson.dumps(raw_outputs).decode()[:40]}")
         outputs = []
         seen = set()
         for i, item in enumerate(raw_outputs):
@@ -476,14 +633,6 @@ def build_infer_response(
 ) -> tuple[bytes, int | None]:
     """The response body for `results` [(name, datatype, array)], filtered and encoded as
     `request` asked. Returns (body, json_header_length or None when all JSON)."""
-    plan = request.plan
-    key = None
-    if plan is not None:
-        key = (model_name, model_version, request.id, request.binary_output,
-               *[(name, datatype, array.shape) for name, datatype, array in results])
-        known = plan.responses.get(key)
-        if known is not None:
-            return _with_binary(*known, results)
     index = {name: i for i, (name, _, _) in enumerate(results)}
     if request.outputs is None:
         wanted = [(name, request.binary_output) for name, _, _ in results]
@@ -513,10 +662,6 @@ def build_infer_response(
     head = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
     if not order:
         return head, None
-    if key is not None and len(order) == len(wanted):  # no data in the header: reusable
-        if len(plan.responses) >= _RESPONSES_KEPT:
-            plan.responses.clear()
-        plan.responses[key] = (head, order)
     return _with_binary(head, order, results)
 
 
@@ -528,7 +673,6 @@ def _with_binary(head: bytes, order: list[tuple[int, np.dtype]],
                     ), len(head)
 
 
-_RESPONSES_KEPT = 16
 
 
 def _bytes_of(array: np.ndarray, dtype: np.dtype) -> bytes | memoryview:

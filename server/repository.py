@@ -54,6 +54,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import math
 import os
 import threading
 import time
@@ -156,7 +157,6 @@ def _parameter_files(settings: ModelConfig, version_dir: Path) -> dict[str, list
     return out
 
 
-_ACCEPTED_KEPT = 1024
 
 
 @dataclass(eq=False)
@@ -193,9 +193,6 @@ class ModelVersion:
     program_outputs: list[TensorSpec] = field(default_factory=list)  # clients see `outputs`
     _device_lock: threading.Lock | None = None
     _unloaded: trio.Event | None = None  # made by the first `unload`, set when it ended
-    # request tensor plans (`InferRequest.plan`) `prepare` found right for this version:
-    # a request with one of them needs no check again (its tensors are what is checked)
-    _accepted: dict[Any, None] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
@@ -367,16 +364,8 @@ class ModelVersion:
         """The invocation's arguments, in order, after checking the request against the
         signature (raises ProtocolError 400 naming what is wrong)."""
         inputs = request.inputs
-        plan = request.plan
-        if plan is not None and plan in self._accepted:
-            return [inputs[s.name] for s in self.inputs]
         if len(inputs) == len(self.inputs) and all(s.name in inputs for s in self.inputs):
-            args = self._arguments(request)  # every input, nothing unknown
-            if plan is not None and not any(s.scalar for s in self.inputs):
-                if len(self._accepted) >= _ACCEPTED_KEPT:
-                    self._accepted.clear()
-                self._accepted[plan] = None
-            return args
+            return self._arguments(request)  # every input, nothing unknown
         expected = {s.name for s in self.inputs}
         unknown = [n for n in request.inputs if n not in expected]
         if unknown:
@@ -402,26 +391,37 @@ class ModelVersion:
         args = []
         for spec in self.inputs:
             array = request.inputs[spec.name]
-            datatype = request.input_datatypes[spec.name]
-            if datatype != spec.datatype:
-                raise ProtocolError(400, f"input '{spec.name}' has datatype {datatype} but "
-                                         f"model '{self.name}' expects {spec.datatype}")
-            if spec.scalar:
-                if array.size != 1 or array.ndim > 1:
-                    raise ProtocolError(400, f"input '{spec.name}' is a scalar: shape [1] "
-                                             f"(or []), not {list(array.shape)}")
-                args.append(array.reshape(())[()])
-                continue
-            if not spec.accepts(array.shape):
-                raise ProtocolError(400, f"input '{spec.name}' has shape {list(array.shape)} "
-                                         f"but model '{self.name}' expects "
-                                         f"{list(spec.shape)}")
-            if self.max_batch_size and array.shape[0] > self.max_batch_size:
-                raise ProtocolError(400, f"input '{spec.name}' has batch size "
-                                         f"{array.shape[0]}, over max_batch_size "
-                                         f"{self.max_batch_size} of model '{self.name}'")
-            args.append(array)
+            self._check_input(spec, request.input_datatypes[spec.name], array.shape)
+            args.append(array.reshape(())[()] if spec.scalar else array)
         return args
+
+    def check_input(self, name: str, datatype: str, shape: tuple[int, ...]) -> None:
+        """Raises ProtocolError 400 when this version has no input `name` or refuses its
+        datatype or shape: a large request's JSON data is checked so before it is
+        parsed."""
+        for spec in self.inputs:
+            if spec.name == name:
+                return self._check_input(spec, datatype, shape)
+        raise ProtocolError(400, f"unknown input {name!r} for model '{self.name}'; "
+                                 f"inputs: {', '.join(s.name for s in self.inputs)}")
+
+    def _check_input(self, spec: TensorSpec, datatype: str, shape: tuple[int, ...]) -> None:
+        if datatype != spec.datatype:
+            raise ProtocolError(400, f"input '{spec.name}' has datatype {datatype} but "
+                                     f"model '{self.name}' expects {spec.datatype}")
+        if spec.scalar:
+            if math.prod(shape) != 1 or len(shape) > 1:
+                raise ProtocolError(400, f"input '{spec.name}' is a scalar: shape [1] "
+                                         f"(or []), not {list(shape)}")
+            return
+        if not spec.accepts(shape):
+            raise ProtocolError(400, f"input '{spec.name}' has shape {list(shape)} "
+                                     f"but model '{self.name}' expects "
+                                     f"{list(spec.shape)}")
+        if self.max_batch_size and shape[0] > self.max_batch_size:
+            raise ProtocolError(400, f"input '{spec.name}' has batch size "
+                                     f"{shape[0]}, over max_batch_size "
+                                     f"{self.max_batch_size} of model '{self.name}'")
 
     def infer(self, args: list[Any], deadline: float, label: str,
               parameters: dict | None = None, respond: Any = None

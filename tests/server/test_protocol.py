@@ -78,7 +78,7 @@ def test_a_repeated_binary_header_is_checked_once_but_read_anew_each_time():
     assert one.inputs["b"].tolist() == [True, False] and two.inputs["b"].tolist() == [False, True]
     assert one.inputs is not two.inputs
     assert two.parameters == {"sequence_id": 7} and two.outputs[0].binary is True
-    assert one.plan is not None and one.plan is two.plan
+    assert protocol._PLANS[head].tensors.outputs is one.outputs is two.outputs
     with pytest.raises(ProtocolError, match="must be 0 or 1"):
         parse_infer_request(head + second.tobytes() + b"\x00\x05", str(len(head)))
     with pytest.raises(ProtocolError, match="needs 2 binary bytes at offset 12"):
@@ -105,9 +105,9 @@ def test_the_answer_of_a_repeated_header_carries_each_requests_results():
     assert json.loads(body[:length])["outputs"][0]["shape"] == [2]
 
 
-def test_headers_naming_the_same_tensors_share_their_checks_but_not_their_ids():
-    """A sequence's steps differ only in their id and parameters: they share the checked
-    tensors (and the answers' JSON headers, by id), each keeping its own parameters."""
+def test_headers_naming_the_same_tensors_keep_their_own_ids_and_parameters():
+    """A sequence's steps differ only in their id and parameters: each answer carries its
+    own request's id, each request keeps its own parameters, all checked per header."""
     x = np.array([1, 2], np.float32)
 
     def step(sid: int, start: bool, request_id: str | None) -> tuple[bytes, str]:
@@ -121,7 +121,6 @@ def test_headers_naming_the_same_tensors_share_their_checks_but_not_their_ids():
     a = parse_infer_request(*step(1, True, "a"))
     b = parse_infer_request(*step(2, False, "b"))
     c = parse_infer_request(*step(3, False, None))
-    assert a.plan is not None and a.plan is b.plan is c.plan
     assert (a.parameters["sequence_id"], b.parameters["sequence_id"]) == (1, 2)
     assert a.parameters["sequence_start"] and not b.parameters["sequence_start"]
     for req, request_id in ((a, "a"), (b, "b"), (c, None), (a, "a")):
@@ -138,9 +137,9 @@ def test_headers_naming_the_same_tensors_share_their_checks_but_not_their_ids():
               "parameters": {"binary_data_size": 0}} for i in range(200)]
     head = _req(*names)
     assert len(head) > 4096
-    before = dict(protocol._TENSOR_PLANS)
-    assert parse_infer_request(head, str(len(head))).plan is not None
-    assert protocol._TENSOR_PLANS == before
+    before = dict(protocol._PLANS)
+    assert list(parse_infer_request(head, str(len(head))).inputs) == [n["name"] for n in names]
+    assert protocol._PLANS == before
     # other tensors are another plan, checked on their own
     head = _req({"name": "x", "datatype": "FP32", "shape": [3],
                  "parameters": {"binary_data_size": 8}})
