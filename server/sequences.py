@@ -1053,6 +1053,11 @@ class SequenceBatcher:
             await trio.sleep(_CLIENT_CHECK_SECONDS)
             before = trio.current_time() - _CLIENT_CHECK_SECONDS
             for step, (seq, gone) in list(self._watched.items()):
+                # a started step answered from its instance thread may be answered
+                # already, and a proxy may close the connection at once (HAProxy's
+                # reuse): only the loop, taking in its outcome, stops watching it
+                if step.started and step.respond is not None:
+                    continue
                 if step.arrived <= before and not seq.gone and gone():
                     self._client_left(seq, step)
             self._dispatch()
