@@ -1,6 +1,7 @@
 """tinyhal-serve replicas behind HAProxy on 127.0.0.1: what `local.sh` runs.
 
-    local.sh --replicas N --port P [--drain-timeout S] [--run-dir DIR] [tinyhal-serve flags...]
+    local.sh --replicas N --port P [--drain-timeout S] [--run-dir DIR]
+             [--haproxy-config FILE] [tinyhal-serve flags...]
 
 Starts N `tinyhal-serve` replicas on ports of their own (127.0.0.1, picked by each
 replica) and HAProxy (deploy/haproxy/haproxy.cfg, unchanged) on port P; each replica is
@@ -147,7 +148,8 @@ class ReplicaSet:
                    TINYHAL_LB_RUNTIME_API=str(self.api.path),
                    TINYHAL_LB_PEER=f"127.0.0.1:{free_port()}")
         env.pop("TINYHAL_REPLICAS_DNS", None)
-        self.haproxy = subprocess.Popen([haproxy, "-db", "-f", str(CONFIG)], env=env,
+        self.haproxy = subprocess.Popen([haproxy, "-db", "-f", str(args.haproxy_config)],
+                                        env=env,
                                         start_new_session=True)
         deadline = time.monotonic() + 30
         while not self.api.path.exists():
@@ -241,6 +243,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--run-dir", type=Path, default=None, metavar="DIR",
                    help="where the runtime API socket lives (default: a new temporary "
                         "directory)")
+    p.add_argument("--haproxy-config", type=Path, default=CONFIG, metavar="FILE",
+                   help="HAProxy's configuration (default: the shipped haproxy.cfg beside "
+                        "this script; a replacement keeps its `replicas` backend and "
+                        "environment variables)")
     args, flags = p.parse_known_args(argv)
     if args.replicas < 1:
         p.error("--replicas must be at least 1")
