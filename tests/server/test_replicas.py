@@ -457,3 +457,61 @@ def test_autoscale_decision_on_real_servers_idle_and_loaded(server, reference):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["desired"] == 1  # both idle again: the minimum
     assert replica_load("") == 0
+
+
+# -- CPUs on a shared host, secrets off the command line -------------------------------
+
+
+def _loop_cpus(pid: int) -> str:
+    """The CPUs the server's main thread (its event loop) may run on."""
+    with open(f"/proc/{pid}/status") as f:
+        return f.read().split("Cpus_allowed_list:", 1)[1].split("\n", 1)[0].strip()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not sys.platform.startswith("linux"),
+                    reason="needs Linux and at least two CPUs this process may use")
+def test_two_servers_on_one_host_take_different_cpus(tmp_path):
+    env = {"TINYHAL_CPU_LOCK_DIR": str(tmp_path)}
+    servers = [ServerProcess(env=env) for _ in range(2)]
+    try:
+        for s in servers:
+            s.start()
+        loops = [_loop_cpus(s.proc.pid) for s in servers]
+        assert all(loop.isdigit() for loop in loops), loops  # each pinned to one CPU
+        assert loops[0] != loops[1]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            f"cpu-{loop}.lock" for loop in loops)
+    finally:
+        for s in servers:
+            s.stop()
+    third = ServerProcess(env=env).start()  # the claims ended with their processes
+    try:
+        assert _loop_cpus(third.proc.pid).isdigit()
+    finally:
+        third.stop()
+
+
+def test_restricted_api_reads_its_header_value_from_a_file_or_the_environment(tmp_path):
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    key_file = tmp_path / "admin-key"
+    key_file.write_text(secret + "\n")
+    for value, env in ((f"@{key_file}", None), ("env:TEST_ADMIN_KEY",
+                                                {"TEST_ADMIN_KEY": secret})):
+        server = ServerProcess("--http-restricted-api", f"statistics:x-admin-key={value}",
+                               env=env).start()
+        try:
+            with open(f"/proc/{server.proc.pid}/cmdline", "rb") as f:
+                assert secret.encode() not in f.read()
+            assert server.request("GET", "/v2/models/stats")[0] == 403
+            assert server.request("GET", "/v2/models/stats",
+                                  headers={"x-admin-key": secret})[0] == 200
+        finally:
+            server.stop()
+    for value, env, says in (
+            (f"@{tmp_path / 'missing'}", None, "cannot read the header value from"),
+            ("env:TEST_ADMIN_KEY", {"TEST_ADMIN_KEY": ""}, "is empty (or unset)")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "tinyhal.server.main", "--port", "0",
+             "--http-restricted-api", f"statistics:x-admin-key={value}"],
+            capture_output=True, text=True, timeout=60, env=dict(os.environ, **(env or {})))
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
