@@ -236,6 +236,26 @@ def test_shipped_config_is_valid_with_and_without_dns_discovery():
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_the_kubernetes_front_end_runs_the_shipped_config():
+    docs = {d["kind"]: d for d in yaml.safe_load_all(
+        (DEPLOY / "kubernetes/haproxy.yaml").read_text()) if d}
+    assert docs["ConfigMap"]["data"]["haproxy.cfg"] == CONFIG.read_text()
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "configMap" in v]
+    assert volume["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"]
+    replicas = {d["kind"]: d for d in yaml.safe_load_all(
+        (DEPLOY / "kubernetes/tinyhal-serve.yaml").read_text()) if d}
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    service = replicas["Service"]
+    assert env["TINYHAL_REPLICAS_SERVICE"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None"  # DNS answers every pod
+    assert service["spec"]["publishNotReadyAddresses"] is True  # draining pods stay
+    policy = replicas["NetworkPolicy"]["spec"]["ingress"][0]["from"]
+    assert {"podSelector": {"matchLabels": docs["Deployment"]["spec"]["selector"][
+        "matchLabels"]}} in policy  # the front end may reach the replicas
+
+
 @needs_haproxy
 def test_two_replicas_answer_sequences_bitwise_as_one_server(local_set, reference):
     replicas = local_set(2)
