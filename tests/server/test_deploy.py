@@ -57,7 +57,8 @@ def test_deployment_probes_annotations_and_drain():
     (container,) = pod["spec"]["containers"]
     args = _parser().parse_args(container["args"])
     assert str(args.port) == annotations["prometheus.io/port"]
-    assert container["ports"][0]["containerPort"] == args.port
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["port"] == args.port  # a number: no curl, no name
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert pod["spec"]["terminationGracePeriodSeconds"] > args.drain_timeout + 5
