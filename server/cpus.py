@@ -26,8 +26,8 @@ runs its kernels on the shared CPU: with heavy kernels and several models, pass
 
 Several servers on one host (replicas, co-located pods) each take a CPU of their own:
 `auto` claims the CPU with an advisory lock (`flock`) on a file per CPU in a directory all
-of them share (`$TINYHAL_CPU_LOCK_DIR`, default `tinyhal-serve-cpus` in the temporary
-directory), held while the process lives and dropped by the kernel when it ends, so no
+of them share (`$TINYHAL_CPU_LOCK_DIR`, default `tinyhal-serve-cpus` in `$TMPDIR` or
+`/tmp`; none where it cannot be made: then nothing is claimed), held while the process lives and dropped by the kernel when it ends, so no
 stale claim outlives a crash. It prefers the CPU it starts on, then the lowest free one
 among those it may use; with every CPU claimed it shares the one it starts on. A CPU given
 by number is claimed too (others then avoid it) but used even when claimed. Containers
@@ -39,7 +39,6 @@ Linux only (`os.sched_setaffinity`); elsewhere nothing is pinned.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 __all__ = ["LOCK_DIR_ENV", "PROCESS_CPUS", "choose", "pin_current_thread",
@@ -118,7 +117,7 @@ def _claim(cpu: int) -> bool | None:
     except ImportError:
         return None
     folder = Path(os.environ.get(LOCK_DIR_ENV) or
-                  Path(tempfile.gettempdir()) / "tinyhal-serve-cpus")
+                  Path(os.environ.get("TMPDIR") or "/tmp") / "tinyhal-serve-cpus")
     try:
         if not folder.is_dir():
             folder.mkdir(exist_ok=True)

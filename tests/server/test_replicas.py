@@ -511,6 +511,16 @@ def test_two_servers_on_one_host_take_different_cpus(tmp_path):
         third.stop()
 
 
+def test_a_server_without_a_usable_cpu_lock_directory_still_starts(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    server = ServerProcess(env={"TINYHAL_CPU_LOCK_DIR": str(blocker / "cpus")}).start()
+    try:
+        assert server.request("GET", "/v2/health/ready")[0] == 200
+    finally:
+        server.stop()
+
+
 def test_restricted_api_reads_its_header_value_from_a_file_or_the_environment(tmp_path):
     secret = "s3cr3t-" + os.urandom(8).hex()
     key_file = tmp_path / "admin-key"
