@@ -57,6 +57,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _runtime_api(path: Path, command: str) -> str:
+    """One command to HAProxy's runtime API (its unix socket): the answer."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(path))
+        s.sendall(command.encode() + b"\n")
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
 class LocalSet:
     """`local.sh --replicas N` as a subprocess: its lines, its runtime API, its replicas."""
 
@@ -105,14 +117,7 @@ class LocalSet:
         return self
 
     def api(self, command: str) -> str:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(10)
-            s.connect(str(self.socket))
-            s.sendall(command.encode() + b"\n")
-            chunks = []
-            while chunk := s.recv(65536):
-                chunks.append(chunk)
-        return b"".join(chunks).decode()
+        return _runtime_api(self.socket, command)
 
     def table(self) -> dict[str, int]:
         """{sequence id: port of the replica it is pinned to}."""
@@ -375,6 +380,69 @@ def test_a_killed_replicas_sequences_get_a_clear_error_and_new_ones_go_elsewhere
     r1_port = replicas.replicas["r1"][0]
     assert all(replicas.table()[str(9000 + i)] == r1_port for i in range(8))
     assert replicas.stop() == 0
+
+
+@needs_haproxy
+def test_a_reload_keeps_every_sequence_pinned(tmp_path, reference):
+    """`peers` hands the stick table to the new process of a reload (master-worker mode,
+    SIGUSR2), so live sequences keep their replica."""
+    servers = [ServerProcess().start() for _ in range(2)]
+    try:
+        config = tmp_path / "haproxy.cfg"
+        config.write_text(CONFIG.read_text() + "".join(
+            f"    server r{i} {s.url}\n" for i, s in enumerate(servers)))
+        port = _free_port()
+        api_path = tmp_path / "haproxy.sock"
+        env = dict(os.environ, TINYHAL_LB_BIND=f"127.0.0.1:{port}",
+                   TINYHAL_LB_RUNTIME_API=str(api_path),
+                   TINYHAL_LB_PEER=f"127.0.0.1:{_free_port()}")
+        haproxy = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(config)], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        lines: list[str] = []
+        threading.Thread(target=lambda: lines.extend(
+            line.decode() for line in haproxy.stderr), daemon=True).start()
+        try:
+            def api(command: str) -> str:
+                return _runtime_api(api_path, command)
+
+            deadline = time.monotonic() + 30
+            while not api_path.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            url = f"127.0.0.1:{port}"
+            while [f[5] for f in map(str.split, api("show servers state replicas")
+                                     .splitlines()) if len(f) > 5 and f[0].isdigit()
+                   ] != ["2", "2"]:  # both running
+                assert time.monotonic() < deadline, "".join(lines)
+                time.sleep(0.1)
+            inputs = _inputs(11000)
+            want, _ = _run(reference.url, inputs, 11000, False)
+            got, errors = _run(url, inputs, 11000, False, steps=range(3))
+            assert not errors
+            before = api("show table replicas").count(": key=")
+            assert before == SEQUENCES
+            # a process keeps waiting to be taught for ~5 s after it started; a reload
+            # before then would lose the table (deploy/README.md)
+            while "resync_timeout=<PAST>" not in api("show peers"):
+                assert time.monotonic() < deadline, api("show peers")
+                time.sleep(0.2)
+            haproxy.send_signal(signal.SIGUSR2)  # reload: a new worker, the old one leaves
+            deadline = time.monotonic() + 30
+            while "".join(lines).count("Loading success") < 2:
+                assert time.monotonic() < deadline, "".join(lines)
+                time.sleep(0.1)
+            # the old worker teaches the new one its table as it leaves
+            while api("show table replicas").count(": key=") != before:
+                assert time.monotonic() < deadline, "".join(lines)
+                time.sleep(0.2)
+            more, errors = _run(url, inputs, 11000, False, steps=range(3, STEPS))
+            assert not errors, sorted(errors.items())[:3]
+            assert {**got, **more} == want
+        finally:
+            haproxy.terminate()
+            haproxy.wait(timeout=30)
+    finally:
+        for s in servers:
+            s.stop()
 
 
 @needs_haproxy
