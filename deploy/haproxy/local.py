@@ -152,11 +152,29 @@ class ReplicaSet:
                                         env=env,
                                         start_new_session=True)
         deadline = time.monotonic() + 30
-        while not self.api.path.exists():
+        while not self._listening():  # its runtime API comes up before its listener
             if self.haproxy.poll() is not None or time.monotonic() > deadline:
+                self.stop_haproxy()
                 raise RuntimeError(f"haproxy did not start (exit {self.haproxy.poll()}); "
                                    f"is port {args.port} free?")
             time.sleep(0.05)
+
+    def _listening(self) -> bool:
+        if self.haproxy.poll() is not None:
+            return False
+        try:
+            self.api("show info")
+            with socket.create_connection(("127.0.0.1", self.args.port), timeout=1):
+                return self.haproxy.poll() is None
+        except OSError:
+            return False
+
+    def api_quietly(self, command: str) -> None:
+        """A runtime API command whose failure (HAProxy gone) must not stop a shutdown."""
+        try:
+            self.api(command)
+        except OSError as exc:
+            say(f"runtime API: {command}: {exc}")
 
     def start(self, n: int) -> list[Replica]:
         with self.lock:
@@ -188,7 +206,7 @@ class ReplicaSet:
         SIGTERM and is removed from HAProxy once it exited. Its exit code."""
         server = f"{BACKEND}/{replica.name}"
         if replica.proc.poll() is None and replica.port:
-            self.api(f"set server {server} state drain")
+            self.api_quietly(f"set server {server} state drain")
             deadline = time.monotonic() + self.args.drain_timeout
             while time.monotonic() < deadline and replica.proc.poll() is None:
                 try:
@@ -205,8 +223,8 @@ class ReplicaSet:
             replica.proc.kill()
             code = replica.proc.wait(timeout=30)
         if replica.port:
-            self.api(f"set server {server} state maint")
-            self.api(f"del server {server}")
+            self.api_quietly(f"set server {server} state maint")
+            self.api_quietly(f"del server {server}")
         with self.lock:
             if replica in self.replicas:
                 self.replicas.remove(replica)
@@ -282,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for replica in replicas.start(args.replicas):
                 replicas.add(replica)
+            deadline = time.monotonic() + 30
             while not replicas.answers_v2():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"port {args.port} does not answer V2 through HAProxy")
                 time.sleep(0.1)
             say(f"{args.replicas} replicas ready behind http://127.0.0.1:{args.port} "
                 f"(pid {os.getpid()}; runtime API {replicas.api.path})")
@@ -305,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                         say(f"replica {replica.name} exited {replica.proc.returncode} (it "
                             f"stays in HAProxy, down: its sequences get a clear error)")
                         replicas.replicas.remove(replica)
-        except RuntimeError as exc:
+        except (RuntimeError, OSError) as exc:
             say(str(exc))
             code = 1
         finally:
@@ -314,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             leaving = list(replicas.replicas)
             for replica in leaving:  # none takes new work while the others drain
                 if replica.port and replica.proc.poll() is None:
-                    replicas.api(f"set server {BACKEND}/{replica.name} state drain")
+                    replicas.api_quietly(f"set server {BACKEND}/{replica.name} state drain")
             threads = []
             codes: dict[str, int] = {}
             for replica in leaving:

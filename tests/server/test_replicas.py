@@ -262,6 +262,22 @@ def test_the_kubernetes_front_end_runs_the_shipped_config():
 
 
 @needs_haproxy
+def test_local_sh_refuses_a_bad_command_line_and_a_busy_port(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable)
+    proc = subprocess.run([str(LOCAL_SH), "--replicas", "0", "--port", "8000"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "--replicas must be at least 1" in proc.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([str(LOCAL_SH), "--replicas", "1", "--port", str(port),
+                               "--run-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and f"is port {port} free?" in proc.stdout, proc.stdout
+
+
+@needs_haproxy
 def test_two_replicas_answer_sequences_bitwise_as_one_server(local_set, reference):
     replicas = local_set(2)
     for binary, first in ((False, 1000), (True, 2000)):
