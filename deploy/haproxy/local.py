@@ -5,8 +5,9 @@
 
 Starts N `tinyhal-serve` replicas on ports of their own (127.0.0.1, picked by each
 replica) and HAProxy (deploy/haproxy/haproxy.cfg, unchanged) on port P; each replica is
-added to HAProxy through its runtime API once it printed "ready", and one line says when
-every replica is ready and P answers V2. While it runs (the pid is in that line):
+put in an empty server slot of HAProxy (`slot1` ... `slot<--max-replicas>`) through its
+runtime API once it printed "ready", and one line says when every replica is ready and P
+answers V2. While it runs (the pid is in that line):
 
     kill -USR1 PID   adds a replica (added to HAProxy once ready)
     kill -USR2 PID   drains the newest replica: HAProxy sends it only steps of the
@@ -16,7 +17,7 @@ every replica is ready and P answers V2. While it runs (the pid is in that line)
                      (1 when a replica exited with another code)
 
 The runtime API socket (DIR/haproxy.sock) takes HAProxy's own commands too, e.g.
-`show servers state replicas`, `set server replicas/r2 state drain`, `show table replicas`.
+`show servers state replicas`, `set server replicas/slot2 state drain`, `show table replicas`.
 Only the standard library: any python3 runs it; `tinyhal-serve` is found on PATH (or the
 command in $TINYHAL_SERVE), `haproxy` likewise (or $HAPROXY).
 """
@@ -41,9 +42,6 @@ from pathlib import Path
 
 CONFIG = Path(__file__).resolve().parent / "haproxy.cfg"
 BACKEND = "replicas"
-# what `add server` gives each replica: the config's default-server line (dynamic
-# servers do not inherit it)
-SERVER_OPTIONS = "check inter 1s fastinter 250ms downinter 1s fall 2 rise 1"
 # the replicas' idle keep-alive outlives HAProxy's (4 s), so HAProxy never reuses a
 # connection a replica is closing
 REPLICA_FLAGS = ["--keep-alive-timeout", "60"]
@@ -95,6 +93,7 @@ class Replica:
             [*command, "--host", "127.0.0.1", "--port", "0", *REPLICA_FLAGS, *flags],
             stdout=subprocess.PIPE, text=True, start_new_session=True)
         self.port = 0
+        self.slot = ""  # its HAProxy server, once added
         self.ready = threading.Event()
         self.listening = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
@@ -139,6 +138,7 @@ class ReplicaSet:
         self.command = shlex.split(os.environ.get("TINYHAL_SERVE", "tinyhal-serve"))
         self.api = RuntimeApi(run_dir / "haproxy.sock")
         self.replicas: list[Replica] = []
+        self.free_slots = [f"slot{i}" for i in range(1, args.max_replicas + 1)]
         self.count = 0
         self.lock = threading.Lock()
         haproxy = os.environ.get("HAPROXY") or shutil.which("haproxy")
@@ -146,7 +146,8 @@ class ReplicaSet:
             raise RuntimeError("haproxy not found (Debian: apt-get install haproxy)")
         env = dict(os.environ, TINYHAL_LB_BIND=f"127.0.0.1:{args.port}",
                    TINYHAL_LB_RUNTIME_API=str(self.api.path),
-                   TINYHAL_LB_PEER=f"127.0.0.1:{free_port()}")
+                   TINYHAL_LB_PEER=f"127.0.0.1:{free_port()}",
+                   TINYHAL_MAX_REPLICAS=str(args.max_replicas))
         env.pop("TINYHAL_REPLICAS_DNS", None)
         self.haproxy = subprocess.Popen([haproxy, "-db", "-f", str(args.haproxy_config)],
                                         env=env,
@@ -186,26 +187,31 @@ class ReplicaSet:
             return started
 
     def add(self, replica: Replica) -> None:
-        """Puts a ready replica in rotation and waits until HAProxy's check says it is up."""
+        """Puts a ready replica in a free slot and waits until HAProxy's check says it is
+        up."""
         replica.wait_ready()
-        server = f"{BACKEND}/{replica.name}"
-        self.api(f"add server {server} 127.0.0.1:{replica.port} {SERVER_OPTIONS}")
-        self.api(f"enable health {server}")
-        self.api(f"enable server {server}")
+        with self.lock:
+            if not self.free_slots:
+                raise RuntimeError(f"no free server slot (--max-replicas "
+                                   f"{self.args.max_replicas})")
+            replica.slot = self.free_slots.pop(0)
+        server = f"{BACKEND}/{replica.slot}"
+        self.api(f"set server {server} addr 127.0.0.1 port {replica.port}")
+        self.api(f"set server {server} state ready")
         deadline = time.monotonic() + 30
-        while self.api.server_states().get(replica.name) != 2:
+        while self.api.server_states().get(replica.slot) != 2:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"HAProxy never saw replica {replica.name} ready")
             time.sleep(0.1)
         say(f"replica {replica.name} ready on 127.0.0.1:{replica.port} (pid "
-            f"{replica.proc.pid}; {len(self.replicas)} replicas)")
+            f"{replica.proc.pid}; {len(self.replicas)} replicas; server {server})")
 
     def drain(self, replica: Replica) -> int:
         """HAProxy stops sending it new work but keeps sending steps of sequences it
         holds; once it holds none (or the drain timeout passed) it drains itself on
-        SIGTERM and is removed from HAProxy once it exited. Its exit code."""
-        server = f"{BACKEND}/{replica.name}"
-        if replica.proc.poll() is None and replica.port:
+        SIGTERM and leaves its slot once it exited. Its exit code."""
+        server = f"{BACKEND}/{replica.slot}"
+        if replica.proc.poll() is None and replica.slot:
             self.api_quietly(f"set server {server} state drain")
             deadline = time.monotonic() + self.args.drain_timeout
             while time.monotonic() < deadline and replica.proc.poll() is None:
@@ -222,12 +228,12 @@ class ReplicaSet:
         except subprocess.TimeoutExpired:
             replica.proc.kill()
             code = replica.proc.wait(timeout=30)
-        if replica.port:
-            self.api_quietly(f"set server {server} state maint")
-            self.api_quietly(f"del server {server}")
         with self.lock:
             if replica in self.replicas:
                 self.replicas.remove(replica)
+            if replica.slot:
+                self.api_quietly(f"set server {server} state maint")
+                self.free_slots.append(replica.slot)
         return code
 
     def answers_v2(self) -> bool:
@@ -258,6 +264,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="how long a replica leaving keeps serving its live sequences "
                         "(default 30)")
+    p.add_argument("--max-replicas", type=int, default=16, metavar="N",
+                   help="HAProxy's server slots: replicas at most (default 16)")
     p.add_argument("--run-dir", type=Path, default=None, metavar="DIR",
                    help="where the runtime API socket lives (default: a new temporary "
                         "directory)")
@@ -268,6 +276,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     args, flags = p.parse_known_args(argv)
     if args.replicas < 1:
         p.error("--replicas must be at least 1")
+    if args.max_replicas < args.replicas:
+        p.error("--max-replicas must be at least --replicas")
     if not 1 <= args.port <= 65535:
         p.error("--port must be 1-65535")
     return args, flags
@@ -334,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             leaving = list(replicas.replicas)
             for replica in leaving:  # none takes new work while the others drain
-                if replica.port and replica.proc.poll() is None:
-                    replicas.api_quietly(f"set server {BACKEND}/{replica.name} state drain")
+                if replica.slot and replica.proc.poll() is None:
+                    replicas.api_quietly(f"set server {BACKEND}/{replica.slot} state drain")
             threads = []
             codes: dict[str, int] = {}
             for replica in leaving:
