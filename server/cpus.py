@@ -24,14 +24,27 @@ devices their kernels run there, side by side). A single-instance model on a `sy
 runs its kernels on the shared CPU: with heavy kernels and several models, pass
 `--python-cpu none`.
 
+Several servers on one host (replicas, co-located pods) each take a CPU of their own:
+`auto` claims the CPU with an advisory lock (`flock`) on a file per CPU in a directory all
+of them share (`$TINYHAL_CPU_LOCK_DIR`, default `tinyhal-serve-cpus` in `$TMPDIR` or
+`/tmp`; none where it cannot be made: then nothing is claimed), held while the process lives and dropped by the kernel when it ends, so no
+stale claim outlives a crash. It prefers the CPU it starts on, then the lowest free one
+among those it may use; with every CPU claimed it shares the one it starts on. A CPU given
+by number is claimed too (others then avoid it) but used even when claimed. Containers
+share the directory only when it is mounted into each (deploy/README.md).
+
 Linux only (`os.sched_setaffinity`); elsewhere nothing is pinned.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-__all__ = ["PROCESS_CPUS", "choose", "pin_current_thread", "use_process_cpus"]
+__all__ = ["LOCK_DIR_ENV", "PROCESS_CPUS", "choose", "pin_current_thread",
+           "use_process_cpus"]
+
+LOCK_DIR_ENV = "TINYHAL_CPU_LOCK_DIR"
 
 
 def _process_cpus() -> frozenset[int]:
@@ -65,8 +78,17 @@ def choose(spec: str) -> int | None:
     if spec == "none" or len(PROCESS_CPUS) < 2:
         return None
     if spec == "auto":
+        if _CLAIM.cpu is not None:
+            return _CLAIM.cpu
         current = _current_cpu()
-        return current if current in PROCESS_CPUS else min(PROCESS_CPUS)
+        first = current if current in PROCESS_CPUS else min(PROCESS_CPUS)
+        for cpu in [first, *sorted(PROCESS_CPUS - {first})]:
+            claimed = _claim(cpu)
+            if claimed is None:  # no lock directory: nothing to coordinate with
+                break
+            if claimed:
+                return cpu
+        return first
     try:
         cpu = int(spec)
     except ValueError:
@@ -74,7 +96,43 @@ def choose(spec: str) -> int | None:
     if cpu not in PROCESS_CPUS:
         raise ValueError(f"CPU {cpu} is not one this process may use "
                          f"({', '.join(map(str, sorted(PROCESS_CPUS)))})")
+    if _CLAIM.cpu is None:
+        _claim(cpu)
     return cpu
+
+
+class _Claim:
+    cpu: int | None = None  # the CPU this process holds the lock of
+    fd: int | None = None
+
+
+_CLAIM = _Claim()
+
+
+def _claim(cpu: int) -> bool | None:
+    """Takes the lock of `cpu` for the life of the process: True taken, False another
+    process holds it, None the lock directory is unusable."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    folder = Path(os.environ.get(LOCK_DIR_ENV) or
+                  Path(os.environ.get("TMPDIR") or "/tmp") / "tinyhal-serve-cpus")
+    try:
+        if not folder.is_dir():
+            folder.mkdir(exist_ok=True)
+            os.chmod(folder, 0o1777)  # every user's servers claim CPUs here (as /tmp)
+        fd = os.open(folder / f"cpu-{cpu}.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC,
+                     0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _CLAIM.cpu, _CLAIM.fd = cpu, fd
+    return True
 
 
 def pin_current_thread(cpu: int | None) -> None:

@@ -177,7 +177,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--http-restricted-api", action="append", default=[],
                    metavar="API[,API...]:HEADER=VALUE",
                    help="these API groups (" + ", ".join(API_GROUPS) + ") answer 403 "
-                        "unless the request carries HEADER: VALUE (repeatable)")
+                        "unless the request carries HEADER: VALUE (repeatable; VALUE "
+                        "@FILE or env:NAME reads it from a file or an environment "
+                        "variable, keeping the secret out of the command line)")
     p.add_argument("--exit-on-error", action=argparse.BooleanOptionalAction, default=True,
                    help="exit 1 when a model fails to load (default on)")
     p.add_argument("--access-log", action="store_true", help="log every request to stderr")
@@ -489,14 +491,22 @@ def _early_signal(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
 
-def _parse_restricted(values: list[str]) -> dict[str, tuple[str, str]]:
-    """`API[,API...]:HEADER=VALUE` flags -> {API group: (lower-case header, value)}."""
+def _parse_restricted(values: list[str], read_secrets: bool = True
+                      ) -> dict[str, tuple[str, str]]:
+    """`API[,API...]:HEADER=VALUE` flags -> {API group: (lower-case header, value)}.
+
+    VALUE `@PATH` is the content of the file PATH, `env:NAME` the environment variable
+    NAME (trailing newlines dropped; empty or missing is an error): the secret stays out
+    of the command line, which every process on the host can read. `read_secrets=False`
+    checks the syntax and keeps such values as written."""
     restricted: dict[str, tuple[str, str]] = {}
     for value in values:
         groups, sep, rule = value.partition(":")
         header, eq, expected = rule.partition("=")
         if not sep or not eq or not header.strip() or not groups:
             raise ValueError(f"{value!r} is not API[,API...]:HEADER=VALUE")
+        if read_secrets:
+            expected = _secret(expected)
         for group in groups.split(","):
             if group not in API_GROUPS:
                 raise ValueError(f"unknown API group {group!r}; groups: "
@@ -505,6 +515,25 @@ def _parse_restricted(values: list[str]) -> dict[str, tuple[str, str]]:
                 raise ValueError(f"API group {group!r} is restricted twice")
             restricted[group] = (header.strip().lower(), expected)
     return restricted
+
+
+def _secret(value: str) -> str:
+    """A header value as given, or read from `@FILE` / `env:NAME` (see _parse_restricted)."""
+    if value.startswith("@"):
+        try:
+            secret = Path(value[1:]).read_text().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the header value from {value[1:]}: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
+        where = f"the file {value[1:]}"
+    elif value.startswith("env:"):
+        secret = os.environ.get(value[4:], "").rstrip("\r\n")
+        where = f"the environment variable {value[4:]}"
+    else:
+        return value
+    if not secret:
+        raise ValueError(f"the header value from {where} is empty (or unset)")
+    return secret
 
 
 def _raise_open_files_limit() -> int | None:

@@ -208,8 +208,11 @@ def _digest(key: tuple[type, int | str]) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def _sequence_gone(step: _Step) -> bool:
-    return step.sequence.gone
+def _watch_ended(step: _Step) -> bool:
+    """Whether a waiting step's client no longer matters: its sequence ended, or the step
+    was started and answered from its instance thread (behind a proxy its connection may
+    close as soon as the answer is written, before the loop takes in the outcome)."""
+    return step.sequence.gone or (step.started and step.respond is not None)
 
 
 def _slot(seq: _Sequence) -> int:
@@ -304,7 +307,7 @@ class SequenceBatcher:
                              f" = {config.max_sequence_idle_us}")
         self.client_gone_count = 0  # sequences ended because a client went away
         # steps whose client can be asked whether it is still there: step -> (seq, probe)
-        self._clients = ClientWatch(self._client_left, _sequence_gone, self._dispatch)
+        self._clients = ClientWatch(self._client_left, _watch_ended, self._dispatch)
         self.host = {phase: Latency() for phase in HOST_PHASES}
         self.queue_wait = Latency(_WAIT_BUCKETS)
 

@@ -11,10 +11,17 @@ drain to exit 0. The commands are the ones deploy/README.md gives.
 Needs root, `podman`, `debootstrap` and `chroot`; skipped with the reason otherwise. The
 base image is kept between runs (`localhost/tinyhal-test-base:bookworm`); the first run
 downloads a few hundred MB of Debian packages and wheels and takes minutes.
+
+The Kubernetes manifests (deploy/kubernetes/tinyhal-serve.yaml and haproxy.yaml) run as
+written with `podman kube play` (also needs `runc`: podman 4.3's default crun fails on
+such hosts): two replicas, the HAProxy front end published on 127.0.0.1:8000, the admin
+key read from the Secret's file; sequences answer through the front end, a replica
+stopped drains to exit 0 and new sequences go to the other one.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
@@ -23,6 +30,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -155,3 +163,134 @@ def test_the_built_image_serves_an_inference(tools, mounted):
             server.wait(timeout=30)
         reader.join(10)
         print("--- the image's tinyhal-serve said:\n" + "".join(lines[-20:]))
+
+
+# -- the Kubernetes manifests under `podman kube play` ---------------------------------
+
+KUBE = ROOT / "deploy" / "kubernetes"
+# podman 4.3's set-up on such hosts (deploy/README.md): runc, and limits it may set
+PODMAN_CONF = """[containers]
+default_ulimits = ["nofile=16384:16384", "nproc=8192:8192"]
+[engine]
+runtime = "runc"
+"""
+
+
+@pytest.fixture(scope="module")
+def kube_images(tools, base_image, image) -> None:
+    """The image names the manifests use: the tinyhal-serve image and the front end's."""
+    podman = tools["podman"]
+    _run("podman tag", [podman, "tag", image, "localhost/tinyhal-serve:0.1.0"], timeout=60)
+    _run("podman build haproxy", [podman, "build", "--isolation", "chroot", "--format",
+                                  "docker", "--build-arg", f"BASE_IMAGE={base_image}",
+                                  "--ignorefile", str(ROOT / "deploy" / "Dockerfile.dockerignore"),
+                                  "-f", str(ROOT / "deploy" / "haproxy" / "Dockerfile"),
+                                  "-t", "localhost/tinyhal-haproxy:2.6", str(ROOT)],
+         timeout=1200)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_the_kubernetes_manifests_run_under_podman_kube_play(tools, kube_images, tmp_path):
+    import urllib.error
+    import urllib.request
+
+    import tritonclient.http as httpclient
+
+    if shutil.which("runc") is None:
+        pytest.skip("runc not installed (Debian: apt-get install runc)")
+    if not _port_free(8000):
+        pytest.skip("127.0.0.1:8000, where the front end is published, is in use")
+    podman = tools["podman"]
+    conf = tmp_path / "containers.conf"
+    conf.write_text(PODMAN_CONF)
+    env = dict(os.environ, CONTAINERS_CONF=str(conf))
+    network = f"tinyhal-kube-{uuid.uuid4().hex[:8]}"
+    # podman 4.3 writes a secret volume's file base64-encoded: a key that is base64 text
+    # itself, given as `data`, comes out as written
+    key = base64.b64encode(os.urandom(24)).decode()
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("apiVersion: v1\nkind: Secret\nmetadata:\n  name: tinyhal-serve-admin\n"
+                      f"type: Opaque\ndata:\n  admin-key: {key}\n")
+
+    def podman_run(step: str, *args: str, timeout: float = 300) -> None:
+        _run(step, [podman, *args], timeout=timeout, env=env)
+
+    manifests = [KUBE / "tinyhal-serve.yaml", KUBE / "haproxy.yaml"]
+    podman_run("network create", "network", "create", network)
+    try:
+        subprocess.run([podman, "secret", "rm", "tinyhal-serve-admin"], env=env,
+                       capture_output=True, timeout=60)
+        podman_run("secret create", "secret", "create", "tinyhal-serve-admin", str(secret))
+        for manifest in manifests:
+            podman_run(f"kube play {manifest.name}", "kube", "play", "--network", network,
+                       str(manifest))
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:8000/v2/health/ready",
+                                            timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the front end never answered ready"
+            time.sleep(1)
+        for headers, want in (({}, 403), ({"x-tinyhal-admin-key": key}, 200)):
+            try:
+                req = urllib.request.Request("http://127.0.0.1:8000/v2/models/stats",
+                                             headers=headers)
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    status = resp.status
+            except urllib.error.HTTPError as err:
+                status = err.code
+            assert status == want, headers
+
+        def sequences(first: int) -> list[str]:
+            errors: list[str] = []
+            rng = np.random.default_rng(first)
+
+            def run(sid: int) -> None:
+                client = httpclient.InferenceServerClient("127.0.0.1:8000",
+                                                          network_timeout=60)
+                try:
+                    for k in range(5):
+                        x = httpclient.InferInput("INPUT", [1, 8], "FP32")
+                        x.set_data_from_numpy(rng.standard_normal((1, 8)).astype(np.float32))
+                        client.infer("gru_step", [x], sequence_id=sid,
+                                     sequence_start=k == 0, sequence_end=k == 4)
+                except Exception as exc:  # noqa: BLE001 - collected and asserted
+                    errors.append(str(exc))
+                finally:
+                    client.close()
+
+            threads = [threading.Thread(target=run, args=(first + i,)) for i in range(10)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+            return errors
+
+        assert sequences(100) == []
+        podman_run("pod stop", "pod", "stop", "-t", "45", "tinyhal-serve-pod-1", timeout=120)
+        code = subprocess.run([podman, "inspect", "tinyhal-serve-pod-1-tinyhal-serve",
+                               "--format", "{{.State.ExitCode}}"], env=env,
+                              capture_output=True, text=True, timeout=60).stdout.strip()
+        assert code == "0"
+        time.sleep(3)  # the front end's checks see it gone
+        assert sequences(200) == []
+    finally:
+        for manifest in reversed(manifests):
+            subprocess.run([podman, "kube", "play", "--down", str(manifest)], env=env,
+                           capture_output=True, timeout=300)
+        subprocess.run([podman, "secret", "rm", "tinyhal-serve-admin"], env=env,
+                       capture_output=True, timeout=60)
+        subprocess.run([podman, "network", "rm", network], env=env, capture_output=True,
+                       timeout=60)

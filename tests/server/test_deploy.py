@@ -57,7 +57,8 @@ def test_deployment_probes_annotations_and_drain():
     (container,) = pod["spec"]["containers"]
     args = _parser().parse_args(container["args"])
     assert str(args.port) == annotations["prometheus.io/port"]
-    assert container["ports"][0]["containerPort"] == args.port
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["port"] == args.port  # a number: no curl, no name
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert pod["spec"]["terminationGracePeriodSeconds"] > args.drain_timeout + 5
@@ -66,19 +67,26 @@ def test_deployment_probes_annotations_and_drain():
     assert service["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
 
 
-def _control_locked_down(container: dict) -> None:
-    """Load/unload refused, the repository group behind a header whose value comes from
-    a Secret, and the probes' routes in no restricted group."""
+def _control_locked_down(container: dict, volumes: list[dict]) -> None:
+    """Load/unload refused, the repository group behind a header whose value the server
+    reads from a Secret (its mounted file, or an environment variable set from it; never
+    the command line), and the probes' routes in no restricted group."""
     from tinyhal.server.app import api_group
     from tinyhal.server.main import _parse_restricted
 
     args = _parser().parse_args(container["args"])
     assert args.model_control_mode == "none"
-    restricted = _parse_restricted(args.http_restricted_api)
+    restricted = _parse_restricted(args.http_restricted_api, read_secrets=False)
     header, value = restricted["model-repository"]
-    var = re.fullmatch(r"\$\((\w+)\)", value).group(1)
-    (env,) = [e for e in container["env"] if e["name"] == var]
-    assert env["valueFrom"]["secretKeyRef"]["name"]
+    if value.startswith("@"):
+        (mount,) = [m for m in container["volumeMounts"]
+                    if value[1:].startswith(m["mountPath"] + "/")]
+        (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+        assert volume["secret"]["secretName"]
+    else:
+        var = re.fullmatch(r"env:(\w+)", value).group(1)
+        (env,) = [e for e in container["env"] if e["name"] == var]
+        assert env["valueFrom"]["secretKeyRef"]["name"]
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         if probe in container:
             assert api_group(container[probe]["httpGet"]["path"]) not in restricted
@@ -88,13 +96,13 @@ def test_control_endpoints_are_not_reachable_cluster_wide():
     docs = {d["kind"]: d for d in _yaml_docs(DEPLOY / "kubernetes/tinyhal-serve.yaml")}
     deployment = docs["Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    _control_locked_down(container)
+    _control_locked_down(container, deployment["spec"]["template"]["spec"]["volumes"])
     policy = docs["NetworkPolicy"]["spec"]
     assert policy["podSelector"] == deployment["spec"]["selector"]
     assert policy["policyTypes"] == ["Ingress"] and policy["ingress"][0]["from"]
     (runtime,) = _yaml_docs(DEPLOY / "kserve/serving-runtime.yaml")
     (container,) = runtime["spec"]["containers"]
-    _control_locked_down(container)
+    _control_locked_down(container, runtime["spec"].get("volumes", []))
 
 
 def test_kserve_runtime_and_inference_service_agree():
