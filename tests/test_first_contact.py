@@ -196,3 +196,13 @@ def test_tinyhal_serve_command_line_mistakes_exit_2_before_anything_starts(flags
                           capture_output=True, text=True, timeout=60)
     assert proc.stdout == ""
     _one_line_exit_2(proc.returncode, proc.stderr, needle, "tinyhal-serve")
+
+
+def test_emu_timeline_without_the_plot_extra_says_so_in_one_line():
+    script = ROOT / "bench" / "emu_timeline.py"
+    proc = subprocess.run(
+        [sys.executable, "-c", "import runpy, sys; sys.modules['matplotlib'] = None; "
+         f"sys.argv = [{str(script)!r}]; runpy.run_path(sys.argv[0], run_name='__main__')"],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.count("\n") == 1 and "pip install '.[plot]'" in proc.stderr
