@@ -19,7 +19,7 @@ from .executable import (
     executable_formats,
     register_executable_loader,
 )
-from .semaphore import Fence, Semaphore
+from .semaphore import Fence, Semaphore, SemaphoreList
 from .types import (
     WHOLE_BUFFER,
     BufferUsage,
@@ -61,6 +61,6 @@ __all__ = [
     "CommandBuffer", "CommandBufferMode", "Device", "ElementType", "EncodingType", "Error",
     "EXECUTABLE_POLICIES", "Executable", "ExecutableLoader", "ExportInfo", "FORMATS", "Fence",
     "Heap", "HeapStatistics", "KernelExport", "MemoryAccess", "MemoryType", "Semaphore",
-    "StatusCode", "WHOLE_BUFFER", "available_drivers", "build_executable", "create_device",
+    "SemaphoreList", "StatusCode", "WHOLE_BUFFER", "available_drivers", "build_executable", "create_device",
     "executable_formats", "register_executable_loader",
 ]

@@ -72,6 +72,7 @@ from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
     Fence,
     Semaphore,
+    SemaphoreList,
     SemaphorePoint,
     normalize_wait_signal,
 )
@@ -80,7 +81,7 @@ from .types import WHOLE_BUFFER, BufferUsage, MemoryType
 if TYPE_CHECKING:
     from .profile import Profile
 
-Points = Fence | Sequence[SemaphorePoint] | None
+Points = SemaphoreList  # the former name of the wait/signal type
 
 
 class Device:
@@ -288,10 +289,28 @@ class Device:
 
     # -- queue ------------------------------------------------------------------------
 
-    def submit(self, batch: CommandBuffer | Sequence[CommandBuffer], wait: Points = (),
-               signal: Points = (), binding_table: Sequence[Any] | None = None,
+    def submit(self, batch: CommandBuffer | Sequence[CommandBuffer], wait: SemaphoreList = (),
+               signal: SemaphoreList = (), binding_table: Sequence[Any] | None = None,
                queue: int = 0) -> None:
         """Queues command buffers to run once `wait` is reached; advances `signal` after.
+
+        `wait` and `signal` are `SemaphoreList`s: `[(semaphore, value), ...]`, a `Fence`
+        or None. The host learns the work is done from `signal` (`Semaphore.wait`,
+        `Fence.wait`, or a later queue operation waiting on it):
+
+        >>> import numpy as np
+        >>> from tinyhal.hal import Semaphore, create_device
+        >>> device = create_device("sync")
+        >>> buffer = device.allocator.allocate(16)
+        >>> commands = device.create_command_buffer()
+        >>> commands.fill(buffer, 0, 16, np.float32(1.5))
+        >>> commands.finalize()
+        >>> done = Semaphore(0)
+        >>> device.submit(commands, wait=[], signal=[(done, 1)])
+        >>> done.wait(1, timeout=10)
+        >>> np.frombuffer(device.read_bytes(buffer), np.float32).tolist()
+        [1.5, 1.5, 1.5, 1.5]
+        >>> device.close()
 
         Returns at once. Validation errors raise here; errors while running fail the
         signal semaphores. `queue` picks the device queue (0 .. `queue_count`-1); every
@@ -324,7 +343,7 @@ class Device:
 
     queue_execute = submit
 
-    def queue_barrier(self, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
+    def queue_barrier(self, wait: SemaphoreList = (), signal: SemaphoreList = (), queue: int = 0) -> None:
         """Advances `signal` once `wait` is reached; no work."""
         wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
@@ -341,7 +360,7 @@ class Device:
                                submission_id, reached)
 
     def queue_fill(self, target: Buffer, offset: int, length: int, pattern: int | bytes,
-                   wait: Points = (), signal: Points = (), pattern_length: int | None = None,
+                   wait: SemaphoreList = (), signal: SemaphoreList = (), pattern_length: int | None = None,
                    queue: int = 0) -> None:
         cb = self.create_command_buffer()
         cb.fill(target, offset, length, pattern, pattern_length)
@@ -349,7 +368,7 @@ class Device:
         self.submit(cb, wait, signal, queue=queue)
 
     def queue_update(self, source: Any, target: Buffer, offset: int = 0,
-                     wait: Points = (), signal: Points = (), length: int | None = None,
+                     wait: SemaphoreList = (), signal: SemaphoreList = (), length: int | None = None,
                      queue: int = 0) -> None:
         """Writes host bytes into `target`; the source is captured at this call."""
         cb = self.create_command_buffer()
@@ -358,14 +377,14 @@ class Device:
         self.submit(cb, wait, signal, queue=queue)
 
     def queue_copy(self, source: Buffer, source_offset: int, target: Buffer, target_offset: int,
-                   length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
+                   length: int, wait: SemaphoreList = (), signal: SemaphoreList = (), queue: int = 0) -> None:
         cb = self.create_command_buffer()
         cb.copy(source, source_offset, target, target_offset, length)
         cb.finalize()
         self.submit(cb, wait, signal, queue=queue)
 
     def queue_read(self, source: Any, source_offset: int, target: Buffer, target_offset: int,
-                   length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
+                   length: int, wait: SemaphoreList = (), signal: SemaphoreList = (), queue: int = 0) -> None:
         """Reads `length` bytes from a file (path or binary file object) or host memory."""
         _, offset, length = as_table_range((target, target_offset, length), "read target")
         target.validate_usage(BufferUsage.TRANSFER_TARGET, "read target")
@@ -387,7 +406,7 @@ class Device:
         self._accept_host_transfer("read", wait, signal, queue, length, (source, target), read)
 
     def queue_write(self, source: Buffer, source_offset: int, target: Any, target_offset: int,
-                    length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
+                    length: int, wait: SemaphoreList = (), signal: SemaphoreList = (), queue: int = 0) -> None:
         """Writes buffer bytes to a file (path or binary file object) or writable host memory."""
         _, offset, length = as_table_range((source, source_offset, length), "write source")
         source.validate_usage(BufferUsage.TRANSFER_SOURCE, "write source")
@@ -412,7 +431,7 @@ class Device:
                 dst[target_offset : target_offset + length] = data()
         self._accept_host_transfer("write", wait, signal, queue, length, (source, target), write)
 
-    def _accept_host_transfer(self, operation: str, wait: Points, signal: Points, queue: int,
+    def _accept_host_transfer(self, operation: str, wait: SemaphoreList, signal: SemaphoreList, queue: int,
                               length: int, resources: Any, work: Callable[[], None]) -> None:
         """Queues `work`, a host-side read or write of `length` bytes holding `resources`."""
         wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
@@ -425,7 +444,7 @@ class Device:
         self.work_queue.accept("call", work, wait_points, signal_points, queue, resources,
                                submission_id, reached)
 
-    def queue_alloca(self, size: int, wait: Points = (), signal: Points = (),
+    def queue_alloca(self, size: int, wait: SemaphoreList = (), signal: SemaphoreList = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
                      usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING,
                      queue: int = 0) -> Buffer:
@@ -469,7 +488,7 @@ class Device:
                           signal_points, queue, buffer, submission_id, reached)
         return buffer
 
-    def queue_dealloca(self, buffer: Buffer, wait: Points = (), signal: Points = (),
+    def queue_dealloca(self, buffer: Buffer, wait: SemaphoreList = (), signal: SemaphoreList = (),
                        queue: int = 0) -> None:
         """Frees a buffer once `wait` is reached; later use of it is rejected."""
         if not isinstance(buffer, Buffer):
