@@ -206,3 +206,19 @@ def test_emu_timeline_without_the_plot_extra_says_so_in_one_line():
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     assert proc.stderr.count("\n") == 1 and "pip install '.[plot]'" in proc.stderr
+
+
+def test_the_public_api_docstrings_run_as_written():
+    """`help()` on the entry points shows a self-contained example; each one runs."""
+    import doctest
+
+    from tinyhal.hal import Device, Fence, Semaphore, SemaphoreList  # noqa: F401
+
+    finder, runner = doctest.DocTestFinder(recurse=False), doctest.DocTestRunner()
+    examples = 0
+    for obj in (tinyhal.load, Device.submit, Semaphore, Fence):
+        for test in finder.find(obj, obj.__qualname__, globs={}):
+            examples += len(test.examples)
+            runner.run(test)
+    assert examples >= 20 and runner.failures == 0
+    assert "Points" not in str(Device.submit.__annotations__)
