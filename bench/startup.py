@@ -292,9 +292,10 @@ def main() -> None:
                 "cpu_ms": 1e3 * _median(samples, "cpu_s"),
                 "cpu_x": _median(samples, "cpu_s") / _median(baseline, "cpu_s"),
             })
-    print("\nload + first call in a fresh process (medians; x = / iree.runtime)")
-    print_table(load_rows, ["model", "runtime", "load_ms", "first_call_ms", "total_ms",
-                            "total_x", "cpu_ms", "cpu_x"])
+    if load_rows:
+        print("\nload + first call in a fresh process (medians; x = / iree.runtime)")
+        print_table(load_rows, ["model", "runtime", "load_ms", "first_call_ms", "total_ms",
+                                "total_x", "cpu_ms", "cpu_x"])
     load_average = os.getloadavg()
     print(f"\nload average during the run: {load_average[0]:.2f} {load_average[1]:.2f} "
           f"{load_average[2]:.2f}")
