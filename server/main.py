@@ -149,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="exit 1 when a model fails to load (default on)")
     p.add_argument("--access-log", action="store_true", help="log every request to stderr")
     p.add_argument("--log-level", default="info",
-                   choices=["debug", "info", "warning", "error"])
+                   choices=["debug", "info", "warning", "error"],
+                   help="least severe log records written to stderr (default info)")
     return p
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import subprocess
+from contextlib import nullcontext
 import sys
 from pathlib import Path
 
@@ -222,3 +223,28 @@ def test_the_public_api_docstrings_run_as_written():
             runner.run(test)
     assert examples >= 20 and runner.failures == 0
     assert "Points" not in str(Device.submit.__annotations__)
+
+
+def test_every_flag_of_the_commands_is_described_in_help(capsys):
+    """`--help` of each command describes every flag it takes, names the syntax a newcomer
+    needs (`--input=` values, `--flagfile=`, `emu://PRESET`) and the exit statuses."""
+    from tinyhal.server.main import _parser as serve_parser
+    from tinyhal.vm.check import run as check
+    from tinyhal.vm.run import _parser as run_parser
+
+    for parser in (run_parser(), serve_parser()):
+        undescribed = [a.option_strings for a in parser._actions if not a.help]
+        assert undescribed == [], parser.prog
+    texts = {}
+    for name, show in (("tinyhal-run", lambda: run_parser().parse_args(["--help"])),
+                       ("tinyhal-serve", lambda: serve_parser().parse_args(["--help"])),
+                       ("tinyhal-check", lambda: check(["--help"]))):
+        with pytest.raises(SystemExit) if name != "tinyhal-check" else nullcontext():
+            show()
+        texts[name] = capsys.readouterr().out
+    run_help = texts["tinyhal-run"]
+    for needle in ("--flagfile", "2x2xf32=1,2,3,4", "@file.npy", "emu://PRESET",
+                   "--device_allocator", "exits 2"):
+        assert needle in run_help, needle
+    assert "emu://PRESET" in texts["tinyhal-check"] and "exits 2" in texts["tinyhal-check"]
+    assert "idle client connection" in texts["tinyhal-serve"]

@@ -650,11 +650,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--equality_mode", default="approximate",
                    choices=("approximate", "exact"),
                    help="compare floats within the thresholds below, or bytes exactly")
-    p.add_argument("--expected_f16_threshold", type=float, default=0.001)
-    p.add_argument("--expected_f32_threshold", type=float, default=0.0001)
-    p.add_argument("--expected_f64_threshold", type=float, default=0.0001)
-    p.add_argument("--expected_bf16_threshold", type=float, default=0.01)
-    p.add_argument("--expected_rtol", type=float, default=1e-5)
+    for kind, default in (("f16", 0.001), ("f32", 0.0001), ("f64", 0.0001), ("bf16", 0.01)):
+        p.add_argument(f"--expected_{kind}_threshold", type=float, default=default,
+                       metavar="ATOL", help=f"{kind} results match within ATOL + RTOL * "
+                                            f"|expected| (default {default:g})")
+    p.add_argument("--expected_rtol", type=float, default=1e-5, metavar="RTOL",
+                   help="relative tolerance of every float comparison (default 1e-05)")
     p.add_argument("--device", action="append", default=[], metavar="DEVICE",
                    help="sync, task (default) or emu, local-sync/local-task as IREE spells "
                         "them, emu://PRESET (generic, mcu-npu, edge-npu, datacenter) and "
