@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import io
 import subprocess
-from contextlib import nullcontext
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
