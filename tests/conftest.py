@@ -53,11 +53,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Drops what keeps iree.runtime objects alive past the run: iree.runtime's own
     per-URI device cache (module state of `iree.runtime.system_setup`, which has no
-    public way to empty it), then every cycle still holding one."""
+    public way to empty it), its binding's driver cache and the one object the binding
+    keeps for every call (`_invoke_statics`, which a long run's teardown frees after
+    nanobind checked for leaks), then every cycle still holding one. Nothing runs
+    iree.runtime after this hook."""
     system_setup = sys.modules.get("iree.runtime.system_setup")
     devices = getattr(system_setup, "_GLOBAL_DEVICES_BY_URI", None)
     if isinstance(devices, dict):
         devices.clear()
+    binding = sys.modules.get("iree._runtime_libs._runtime")
+    if binding is not None and hasattr(binding, "clear_hal_driver_cache"):
+        binding.clear_hal_driver_cache()
+    for name in ("iree._runtime_libs._runtime", "iree.runtime.function"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "_invoke_statics"):
+            del module._invoke_statics
     gc.collect()
 
 
