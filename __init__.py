@@ -1,4 +1,19 @@
-"""tinyhal: an asynchronous HAL and task-scheduler runtime for IREE-compiled programs."""
+"""tinyhal: an asynchronous HAL and task-scheduler runtime for IREE-compiled programs.
+
+Runs `.vmfb` modules compiled by IREE 3.13 with the same bits as IREE's runtime:
+
+    import numpy as np, tinyhal
+    with tinyhal.load("model.vmfb", device="task") as module:   # "sync", "task", "emu"
+        y = module.main(np.ones((1, 4), np.float32))
+
+`tinyhal.load` is the entry point (`help(tinyhal.load)`); failures raise `tinyhal.Error`
+(its `code` a `tinyhal.StatusCode`). The layers below it: `tinyhal.vm` (the bytecode VM,
+contexts, native modules written in Python), `tinyhal.hal` (devices, buffers, command
+buffers, `Semaphore`/`Fence` and the `SemaphoreList` queue operations wait on and
+signal), `tinyhal.scheduler` (worker threads, the trio bridge) and `tinyhal.server`
+(`tinyhal-serve`). The commands `tinyhal-run`, `tinyhal-check` and `tinyhal-serve` take
+`--help`.
+"""
 
 from __future__ import annotations
 
