@@ -57,7 +57,8 @@ with one line saying why it has no meaning here (`tinyhal.vm.run_flags`), so a
 flagfile (`--flagfile=PATH`) written for iree-run-module runs unchanged.
 
 `--device_allocator=caching|debug` (IREE's allocator layers) is accepted and changes
-nothing here; other allocator names are refused.
+nothing here (tinyhal has neither layer: `run_flags.DEVICE_ALLOCATORS` says why each is
+not missed); other allocator names are refused.
 
 Errors print one line to stderr: a mistake on the command line (an unknown flag or
 driver, a bad flag value, a flag refused as meaningless here) exits with status 2, a run
@@ -678,8 +679,8 @@ def _parser() -> argparse.ArgumentParser:
                    type=_flag_bool, help="print device allocator statistics to stderr")
     p.add_argument("--device_allocator", action="append", default=None, metavar="NAME",
                    help="IREE's allocator layers caching and debug are accepted and change "
-                        "nothing here (tinyhal's queue allocations come from a transient "
-                        "ringbuffer, new buffers are zeroed); other names are refused")
+                        "nothing here (tinyhal has neither layer; its queue allocations come "
+                        "from a transient ringbuffer); other names are refused")
     p.add_argument("--list_drivers", action="store_true", help="list the drivers and exit")
     for name in ("list_devices", "dump_devices"):
         p.add_argument(f"--{name}", nargs="?", const="", default=None,

@@ -128,9 +128,9 @@ def _same(value: str, default: str) -> bool:
 DEVICE_ALLOCATORS = {
     "caching": "keeps freed buffers for reuse; tinyhal's queue allocations already come "
                "from each queue's transient ringbuffer, so there is nothing to add",
-    "debug": "IREE fills new buffers with a pattern to expose reads of memory never "
-             "written; tinyhal gives every new buffer zeroed memory, which a test can rely "
-             "on the same way",
+    "debug": "IREE's layer fills new buffers with a pattern to expose reads of memory "
+             "never written; tinyhal has no such layer (allocator buffers start zeroed, "
+             "queue allocations reuse transient ringbuffer memory as it is)",
 }
 """The allocator layers `iree-run-module --device_allocator=` (IREE 3.13) knows, accepted
 by tinyhal-run as they change nothing it computes, each with why."""
