@@ -248,3 +248,10 @@ def test_every_flag_of_the_commands_is_described_in_help(capsys):
         assert needle in run_help, needle
     assert "emu://PRESET" in texts["tinyhal-check"] and "exits 2" in texts["tinyhal-check"]
     assert "idle client connection" in texts["tinyhal-serve"]
+
+
+@pytest.mark.parametrize("allocator", ["caching", "debug"])
+def test_iree_allocator_layers_run_as_iree_run_module_runs_them(allocator):
+    from support.run_compare import assert_same_output
+
+    assert_same_output([*SAXPY_ARGS, f"--device_allocator={allocator}"], ["sync", "task"])
