@@ -6,8 +6,9 @@
 Runs MobileNetV2 (tests/support/models.py) on `emu` with the preset unless `--trace`
 names a trace written by `EmuDevice.export_trace`. One lane per queue (its submissions'
 operations) and per engine (each DMA engine, the compute engine); a dispatch's bar is as
-tall as the share of compute units it occupies. Needs matplotlib (`pip install
-tinyhal[plot]`).
+tall as the share of compute units it occupies. Needs matplotlib, the `plot` extra
+(`pip install '.[plot]'` in the checkout); without it the script says so in one line and
+exits 2 before running anything.
 """
 
 from __future__ import annotations
@@ -109,6 +110,12 @@ def main() -> None:
     parser.add_argument("--trace", default="", help="an EmuDevice.export_trace JSON file")
     parser.add_argument("--output", default="emu-timeline.png")
     args = parser.parse_args()
+    try:
+        import matplotlib  # noqa: F401  (checked before the model runs)
+    except ImportError:
+        print("emu_timeline.py: drawing needs matplotlib, the `plot` extra: pip install "
+              "'.[plot]' (in the checkout) or pip install matplotlib", file=sys.stderr)
+        sys.exit(2)
     events, title = (trace_events(args.trace) if args.trace
                      else mobilenet_events(args.preset, args.queues))
     plot(events, title, args.output)

@@ -18,11 +18,17 @@
 Python's bytecode cache is on for every child (as after `pip install`, which byte-compiles
 the package), whatever PYTHONDONTWRITEBYTECODE says here.
 
+Both install kinds are measured in part 1: the environment running this script (an
+editable install, `pip install -e .`, when run from a checkout as contributors do) and a
+regular install (`pip install .` of this checkout into a fresh virtual environment made
+for the run; `--regular-venv DIR` reuses one). `--small-only` measures part 1 on the
+small module only (a few minutes instead of half an hour).
+
 Models are built by the tests' builders (`tests/support/models.py`, compiled by the pinned
 iree-compile and cached by content hash). Writes `bench/results/startup.json` and prints a
 table; ratios are tinyhal / IREE, medians over the rounds.
 
-    python bench/startup.py [--rounds 7]
+    python bench/startup.py [--rounds 7] [--small-only] [--regular-venv DIR]
 """
 
 from __future__ import annotations
@@ -131,6 +137,25 @@ print(json.dumps({"load_s": loaded - start, "first_call_s": end - loaded,
 """
 
 
+def install_kind() -> str:
+    """`editable` when the tinyhal this script runs is the checkout itself, else
+    `regular`."""
+    import tinyhal
+
+    return "editable" if Path(tinyhal.__file__).resolve().parent == HERE.parent else "regular"
+
+
+def regular_install(venv: Path) -> Path:
+    """The `bin` folder of a virtual environment holding a regular (non-editable) install
+    of this checkout, made at `venv` unless it already has `tinyhal-run`."""
+    bin_dir = venv / "bin"
+    if not (bin_dir / "tinyhal-run").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+        subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q",
+                        str(HERE.parent)], check=True, timeout=1800)
+    return bin_dir
+
+
 def load_and_call(kind: str, vmfb: Path, function: str, inputs: Path,
                   env: dict[str, str]) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-c", LOAD_AND_CALL, kind, str(vmfb), function,
@@ -147,6 +172,11 @@ def _median(samples: list[dict[str, float]], key: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--small-only", action="store_true",
+                        help="only tinyhal-run vs iree-run-module on the small module")
+    parser.add_argument("--regular-venv", type=Path, default=None, metavar="DIR",
+                        help="a virtual environment for the regular install (made if "
+                             "missing; default: a temporary one)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="tinyhal-startup-"))
@@ -158,21 +188,25 @@ def main() -> None:
     python_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     python_env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
     base_env = dict(python_env, TINYHAL_VM_CACHE=str(warm_cache))
-    mobilenet = mobilenet_v2_vmfb()
-    np.save(work / "mobilenet_x.npy", mobilenet_input())
-    small_cnn = small_cnn_vmfb()
-    np.save(work / "small_cnn_x.npy", mobilenet_input()[:, :, :64, :64].copy())
-    kws = ds_cnn_kws_vmfb()
-    np.save(work / "kws_x.npy", kws_input())
-    check_suite, plain_suite = _check_suite(True), _check_suite(False)
-
+    this_kind = install_kind()
+    installs = {this_kind: BIN}
+    if this_kind == "editable":
+        installs["regular"] = regular_install(args.regular_venv or work / "regular-venv")
     run_cases = {
         "small module (saxpy)": (
             [f"--module={SAXPY}", "--function=saxpy", "--input=2",
              "--input=3xf32=1,2,3", "--input=3xf32=1,1,1"]),
-        "MobileNetV2": ([f"--module={mobilenet}", "--function=mobilenet_v2",
-                         f"--input=@{work / 'mobilenet_x.npy'}"]),
     }
+    if not args.small_only:
+        mobilenet = mobilenet_v2_vmfb()
+        np.save(work / "mobilenet_x.npy", mobilenet_input())
+        small_cnn = small_cnn_vmfb()
+        np.save(work / "small_cnn_x.npy", mobilenet_input()[:, :, :64, :64].copy())
+        kws = ds_cnn_kws_vmfb()
+        np.save(work / "kws_x.npy", kws_input())
+        check_suite, plain_suite = _check_suite(True), _check_suite(False)
+        run_cases["MobileNetV2"] = [f"--module={mobilenet}", "--function=mobilenet_v2",
+                                    f"--input=@{work / 'mobilenet_x.npy'}"]
     processes: dict[str, dict[str, list]] = {}
     cold_count = [0]
 
@@ -181,23 +215,25 @@ def main() -> None:
         return dict(python_env, TINYHAL_VM_CACHE=str(work / f"vm-cache-cold-{cold_count[0]}"))
 
     def sides(flags: list[str]) -> dict[str, tuple]:
-        return {
-            "tinyhal-run (cache warm)": ([str(BIN / "tinyhal-run"), *flags,
-                                          "--device=local-task"], lambda: base_env),
-            "tinyhal-run (cache cold)": ([str(BIN / "tinyhal-run"), *flags,
-                                          "--device=local-task"], cold_env),
-            "iree-run-module": ([str(BIN / "iree-run-module"), *flags, "--device=local-task"],
-                                lambda: base_env),
-        }
+        out = {}
+        for kind, bin_dir in installs.items():
+            run = [str(bin_dir / "tinyhal-run"), *flags, "--device=local-task"]
+            out[f"tinyhal-run ({kind} install, cache warm)"] = (run, lambda: base_env)
+            out[f"tinyhal-run ({kind} install, cache cold)"] = (run, cold_env)
+        out["iree-run-module"] = ([str(BIN / "iree-run-module"), *flags,
+                                   "--device=local-task"], lambda: base_env)
+        return out
 
     cases = {name: sides(flags) for name, flags in run_cases.items()}
-    cases["check suite"] = {
-        "tinyhal-check (cache warm)": ([str(BIN / "tinyhal-check"), f"--module={check_suite}",
-                                        "--device=local-task"], lambda: base_env),
-        "iree-run-module (no iree-check-module)": (
-            [str(BIN / "iree-run-module"), f"--module={plain_suite}", "--function=adds",
-             "--device=local-task"], lambda: base_env),
-    }
+    if not args.small_only:
+        cases["check suite"] = {
+            "tinyhal-check (cache warm)": ([str(BIN / "tinyhal-check"),
+                                            f"--module={check_suite}",
+                                            "--device=local-task"], lambda: base_env),
+            "iree-run-module (no iree-check-module)": (
+                [str(BIN / "iree-run-module"), f"--module={plain_suite}", "--function=adds",
+                 "--device=local-task"], lambda: base_env),
+        }
     for tools in cases.values():  # one untimed run each: page cache, warm cache
         for argv, env in tools.values():
             run_process(argv, env())
@@ -207,9 +243,10 @@ def main() -> None:
                 processes.setdefault(case, {}).setdefault(tool, []).append(
                     run_process(argv, env()))
 
-    models = {"MobileNetV2": (mobilenet, "mobilenet_v2", work / "mobilenet_x.npy"),
-              "small CNN": (small_cnn, "small_cnn", work / "small_cnn_x.npy"),
-              "DS-CNN KWS": (kws, "ds_cnn_kws", work / "kws_x.npy")}
+    models = {} if args.small_only else {
+        "MobileNetV2": (mobilenet, "mobilenet_v2", work / "mobilenet_x.npy"),
+        "small CNN": (small_cnn, "small_cnn", work / "small_cnn_x.npy"),
+        "DS-CNN KWS": (kws, "ds_cnn_kws", work / "kws_x.npy")}
     loads: dict[str, dict[str, list]] = {}
     for vmfb, function, inputs in models.values():
         load_and_call("tinyhal", vmfb, function, inputs, base_env)  # warms the cache
@@ -235,10 +272,12 @@ def main() -> None:
                 "cpu_ms": 1e3 * _median(samples, "cpu_s"),
                 "peak_rss_mib": _median(samples, "rss_mib"),
                 "wall_x": _median(samples, "wall_s") / _median(baseline, "wall_s"),
+                "cpu_x": _median(samples, "cpu_s") / _median(baseline, "cpu_s"),
                 "rss_x": _median(samples, "rss_mib") / _median(baseline, "rss_mib"),
             })
     print("whole process (medians of", args.rounds, "alternating rounds; x = / IREE)")
-    print_table(rows, ["what", "tool", "wall_ms", "cpu_ms", "peak_rss_mib", "wall_x", "rss_x"])
+    print_table(rows, ["what", "tool", "wall_ms", "cpu_ms", "peak_rss_mib", "wall_x", "cpu_x",
+                       "rss_x"])
 
     load_rows = []
     for model, sides_ in loads.items():
@@ -253,9 +292,10 @@ def main() -> None:
                 "cpu_ms": 1e3 * _median(samples, "cpu_s"),
                 "cpu_x": _median(samples, "cpu_s") / _median(baseline, "cpu_s"),
             })
-    print("\nload + first call in a fresh process (medians; x = / iree.runtime)")
-    print_table(load_rows, ["model", "runtime", "load_ms", "first_call_ms", "total_ms",
-                            "total_x", "cpu_ms", "cpu_x"])
+    if load_rows:
+        print("\nload + first call in a fresh process (medians; x = / iree.runtime)")
+        print_table(load_rows, ["model", "runtime", "load_ms", "first_call_ms", "total_ms",
+                                "total_x", "cpu_ms", "cpu_x"])
     load_average = os.getloadavg()
     print(f"\nload average during the run: {load_average[0]:.2f} {load_average[1]:.2f} "
           f"{load_average[2]:.2f}")

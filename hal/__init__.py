@@ -21,7 +21,7 @@ from .executable import (
     executable_formats,
     register_executable_loader,
 )
-from .semaphore import Fence, Semaphore
+from .semaphore import Fence, Semaphore, SemaphoreList
 from .types import (
     WHOLE_BUFFER,
     BufferUsage,
@@ -79,9 +79,11 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ALIGNMENT", "Allocator", "AllocatorStatistics", "Buffer", "BufferUsage", "BufferView",
-    "CommandBuffer", "CommandBufferMode", "Device", "DriverInfo", "ElementType", "EncodingType", "Error",
+    "CommandBuffer", "CommandBufferMode", "Device", "DriverInfo", "ElementType", "EncodingType",
+    "Error",
     "EXECUTABLE_POLICIES", "Executable", "ExecutableLoader", "ExportInfo", "FORMATS", "Fence",
     "Heap", "HeapStatistics", "KernelExport", "MemoryAccess", "MemoryType", "Semaphore",
-    "StatusCode", "WHOLE_BUFFER", "available_drivers", "build_executable", "create_device",
-    "device_uris", "driver_options", "executable_formats", "register_driver", "register_executable_loader",
+    "SemaphoreList", "StatusCode", "WHOLE_BUFFER", "available_drivers", "build_executable",
+    "create_device", "device_uris", "driver_options", "executable_formats", "register_driver",
+    "register_executable_loader",
 ]

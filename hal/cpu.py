@@ -10,7 +10,7 @@ architectures other than x86-64 the words are zero and no feature name is known.
 
 from __future__ import annotations
 
-import platform
+import os
 
 from .native import ffi, lib
 
@@ -25,8 +25,10 @@ _X86_64_FEATURE_BITS = {
     "amx-tile": 50, "amx-int8": 51, "amx-bf16": 52,
 }
 
-FEATURE_BITS: dict[str, int] = (
-    _X86_64_FEATURE_BITS if platform.machine() in ("x86_64", "AMD64") else {})
+# os.uname, not platform.machine(): importing platform costs a few ms of every start-up
+_MACHINE = (os.uname().machine if hasattr(os, "uname")
+            else os.environ.get("PROCESSOR_ARCHITECTURE", ""))
+FEATURE_BITS: dict[str, int] = _X86_64_FEATURE_BITS if _MACHINE in ("x86_64", "AMD64") else {}
 """Feature name (LLVM's spelling, as IREE keys `hal.cpu` queries) -> its bit in word 0."""
 
 

@@ -76,6 +76,7 @@ from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
     Fence,
     Semaphore,
+    SemaphoreList,
     SemaphorePoint,
     normalize_wait_signal,
 )
@@ -84,7 +85,7 @@ from .types import WHOLE_BUFFER, BufferUsage, MemoryType
 if TYPE_CHECKING:
     from .profile import Profile
 
-Points = Fence | Sequence[SemaphorePoint] | None
+Points = SemaphoreList  # the former name of the wait/signal type
 _HOST_VISIBLE = int(MemoryType.HOST_VISIBLE)
 _MAPPING = int(BufferUsage.MAPPING)
 
@@ -299,10 +300,28 @@ class Device:
 
     # -- queue ------------------------------------------------------------------------
 
-    def submit(self, batch: CommandBuffer | Sequence[CommandBuffer], wait: Points = (),
-               signal: Points = (), binding_table: Sequence[Any] | None = None,
+    def submit(self, batch: CommandBuffer | Sequence[CommandBuffer], wait: SemaphoreList = (),
+               signal: SemaphoreList = (), binding_table: Sequence[Any] | None = None,
                queue: int = 0) -> None:
         """Queues command buffers to run once `wait` is reached; advances `signal` after.
+
+        `wait` and `signal` are `SemaphoreList`s: `[(semaphore, value), ...]`, a `Fence`
+        or None. The host learns the work is done from `signal` (`Semaphore.wait`,
+        `Fence.wait`, or a later queue operation waiting on it):
+
+        >>> import numpy as np
+        >>> from tinyhal.hal import Semaphore, create_device
+        >>> device = create_device("sync")
+        >>> buffer = device.allocator.allocate(16)
+        >>> commands = device.create_command_buffer()
+        >>> commands.fill(buffer, 0, 16, np.float32(1.5))
+        >>> commands.finalize()
+        >>> done = Semaphore(0)
+        >>> device.submit(commands, wait=[], signal=[(done, 1)])
+        >>> done.wait(1, timeout=10)
+        >>> np.frombuffer(device.read_bytes(buffer), np.float32).tolist()
+        [1.5, 1.5, 1.5, 1.5]
+        >>> device.close()
 
         Returns at once. Validation errors raise here; errors while running fail the
         signal semaphores. `queue` picks the device queue (0 .. `queue_count`-1); every
@@ -336,7 +355,7 @@ class Device:
 
     queue_execute = submit
 
-    def queue_barrier(self, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
+    def queue_barrier(self, wait: SemaphoreList = (), signal: SemaphoreList = (), queue: int = 0) -> None:
         """Advances `signal` once `wait` is reached; no work."""
         wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
@@ -353,14 +372,14 @@ class Device:
                                queue, None, submission_id, reached)
 
     def queue_fill(self, target: Buffer, offset: int, length: int, pattern: int | bytes,
-                   wait: Points = (), signal: Points = (), pattern_length: int | None = None,
+                   wait: SemaphoreList = (), signal: SemaphoreList = (), pattern_length: int | None = None,
                    queue: int = 0) -> None:
         cb = self.create_command_buffer()
         cb.fill(target, offset, length, pattern, pattern_length)
         self._queue_transfer(self.driver.fill, cb, wait, signal, queue)
 
     def queue_update(self, source: Any, target: Buffer, offset: int = 0,
-                     wait: Points = (), signal: Points = (), length: int | None = None,
+                     wait: SemaphoreList = (), signal: SemaphoreList = (), length: int | None = None,
                      queue: int = 0) -> None:
         """Writes host bytes into `target`; the source is captured at this call."""
         cb = self.create_command_buffer()
@@ -368,13 +387,13 @@ class Device:
         self._queue_transfer(self.driver.update, cb, wait, signal, queue)
 
     def queue_copy(self, source: Buffer, source_offset: int, target: Buffer, target_offset: int,
-                   length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
+                   length: int, wait: SemaphoreList = (), signal: SemaphoreList = (), queue: int = 0) -> None:
         cb = self.create_command_buffer()
         cb.copy(source, source_offset, target, target_offset, length)
         self._queue_transfer(self.driver.copy, cb, wait, signal, queue)
 
-    def _queue_transfer(self, operation: Operation, cb: CommandBuffer, wait: Points,
-                        signal: Points, queue: int) -> None:
+    def _queue_transfer(self, operation: Operation, cb: CommandBuffer, wait: SemaphoreList,
+                        signal: SemaphoreList, queue: int) -> None:
         """Queues the one-command buffer `cb` of a queue transfer for the driver's
         `operation` (its `fill`, `update` or `copy`), as `submit` queues an execute."""
         cb.finalize()
@@ -398,7 +417,7 @@ class Device:
                           submission_id, reached)
 
     def queue_read(self, source: Any, source_offset: int, target: Buffer, target_offset: int,
-                   length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
+                   length: int, wait: SemaphoreList = (), signal: SemaphoreList = (), queue: int = 0) -> None:
         """Reads `length` bytes from a file (path or binary file object) or host memory."""
         _, offset, length = as_table_range((target, target_offset, length), "read target")
         target.validate_usage(BufferUsage.TRANSFER_TARGET, "read target")
@@ -420,7 +439,7 @@ class Device:
         self._accept_host_transfer("read", wait, signal, queue, length, (source, target), read)
 
     def queue_write(self, source: Buffer, source_offset: int, target: Any, target_offset: int,
-                    length: int, wait: Points = (), signal: Points = (), queue: int = 0) -> None:
+                    length: int, wait: SemaphoreList = (), signal: SemaphoreList = (), queue: int = 0) -> None:
         """Writes buffer bytes to a file (path or binary file object) or writable host memory."""
         _, offset, length = as_table_range((source, source_offset, length), "write source")
         source.validate_usage(BufferUsage.TRANSFER_SOURCE, "write source")
@@ -445,7 +464,7 @@ class Device:
                 dst[target_offset : target_offset + length] = data()
         self._accept_host_transfer("write", wait, signal, queue, length, (source, target), write)
 
-    def _accept_host_transfer(self, operation: str, wait: Points, signal: Points, queue: int,
+    def _accept_host_transfer(self, operation: str, wait: SemaphoreList, signal: SemaphoreList, queue: int,
                               length: int, resources: Any, work: Callable[[], None]) -> None:
         """Queues `work`, a host-side read or write of `length` bytes holding `resources`."""
         wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
@@ -458,7 +477,7 @@ class Device:
         self.work_queue.accept(self.driver.host_call, work, wait_points, signal_points, queue,
                                resources, submission_id, reached)
 
-    def queue_alloca(self, size: int, wait: Points = (), signal: Points = (),
+    def queue_alloca(self, size: int, wait: SemaphoreList = (), signal: SemaphoreList = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
                      usage: BufferUsage = BufferUsage.DEFAULT | BufferUsage.MAPPING,
                      queue: int = 0) -> Buffer:
@@ -502,7 +521,7 @@ class Device:
                           wait_points, signal_points, queue, buffer, submission_id, reached)
         return buffer
 
-    def queue_dealloca(self, buffer: Buffer, wait: Points = (), signal: Points = (),
+    def queue_dealloca(self, buffer: Buffer, wait: SemaphoreList = (), signal: SemaphoreList = (),
                        queue: int = 0) -> None:
         """Frees a buffer once `wait` is reached; later use of it is rejected."""
         if not isinstance(buffer, Buffer):

@@ -63,6 +63,19 @@ class Timepoint:
 class Semaphore(SemaphoreCore):
     """A timeline semaphore: a uint64 that only moves forward, or fails once.
 
+    Queue operations wait for a semaphore to reach a value and signal it to a larger one
+    (their `wait=` and `signal=` take a `SemaphoreList`: `[(semaphore, value), ...]` or a
+    `Fence`); the host reads it with `query()`, blocks in `wait(value, timeout)` (raises
+    the failure if it failed), suspends in `await wait_async(value)` under trio, and
+    moves it with `signal(value)` or `fail(error)`.
+
+    >>> from tinyhal.hal import Semaphore
+    >>> ready = Semaphore(0)
+    >>> ready.signal(2)
+    >>> ready.query()
+    2
+    >>> ready.wait(1, timeout=1.0)  # reached already: returns at once
+
     Its state lives in the C base (`hal/native/core.c`), which also runs `advance` and
     `query` when nothing waits: the ready path of every queue operation. What waits
     (timepoints, offers, blocked threads) registers under `_lock` before it reads the
@@ -315,6 +328,21 @@ SemaphorePoint = tuple[Semaphore, int]
 class Fence(FenceCore):
     """A set of semaphore points: reached when every semaphore reaches its value.
 
+    What IREE's functions take and return as `!hal.fence`, and one form of a queue
+    operation's `SemaphoreList`. `query()` says whether it is reached, `wait(timeout)`
+    blocks until it is (raising a semaphore's failure), `signal()` / `fail(error)` move
+    every semaphore in it; `Fence.pending()` is a fence of a new semaphore, reached once
+    signalled, and `Fence.join(fences)` one reached when all of them are.
+
+    >>> from tinyhal.hal import Fence, Semaphore
+    >>> a, b = Semaphore(0), Semaphore(0)
+    >>> both = Fence([(a, 1), (b, 5)])
+    >>> a.signal(1); both.query()
+    False
+    >>> b.signal(5); both.query()
+    True
+    >>> both.wait(timeout=1.0)
+
     A semaphore appears at most once, at the largest value inserted for it.
     `timeline` maps each semaphore to its value (read it). A fence never changes once
     made; its points are a tuple (in the C base, `hal/native/core.c`), which queue
@@ -403,8 +431,14 @@ def _normalize_general(
     return wait_points, normalize_points(signal, "signal"), all_reached(wait_points)
 
 
+SemaphoreList = Fence | Sequence[SemaphorePoint] | None
+"""What a queue operation's `wait=` and `signal=` take (IREE's `iree_hal_semaphore_list_t`):
+a `Fence`, a sequence of `(Semaphore, value)` pairs, or None (nothing: the same as `()`).
+Waiting means every semaphore reaches at least its value; signalling sets each to its
+value once the operation is done (or fails them all if it fails)."""
+
 normalize_wait_signal: Callable[
-    [Fence | Sequence[SemaphorePoint] | None, Fence | Sequence[SemaphorePoint] | None],
+    [SemaphoreList, SemaphoreList],
     tuple[Sequence[SemaphorePoint], Sequence[SemaphorePoint], bool],
 ] = _core.normalize_wait_signal
 """`normalize_wait_signal(wait, signal) -> (wait points, signal points, reached)`:

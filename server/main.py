@@ -66,6 +66,8 @@ from pathlib import Path
 
 import trio
 
+from ..hal import available_drivers
+from ..vm.run_flags import UsageParser
 from . import cpus
 from .app import API_GROUPS, Server, error_response
 from .budget import MemoryBudget, default_limit, parse_size
@@ -120,7 +122,7 @@ def _end_process(code: int) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = UsageParser(
         prog="tinyhal-serve",
         description="Serve IREE-compiled .vmfb models over KServe V2 REST with tinyhal.",
     )
@@ -141,7 +143,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="upper bound on every request's deadline (504 beyond)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM, how long in-flight requests may take (default 30)")
-    p.add_argument("--keep-alive-timeout", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="how long an idle client connection stays open between requests "
+                        "(default 5)")
     p.add_argument("--request-head-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="time a client has to send a request's head once it began (408 "
                         "beyond; default 10)")
@@ -184,7 +188,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="exit 1 when a model fails to load (default on)")
     p.add_argument("--access-log", action="store_true", help="log every request to stderr")
     p.add_argument("--log-level", default="info",
-                   choices=["debug", "info", "warning", "error"])
+                   choices=["debug", "info", "warning", "error"],
+                   help="least severe log records written to stderr (default info)")
     return p
 
 
@@ -419,33 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # no *_created series: they double the exposition
-    if not 0 <= args.port <= 65535:
-        print(f"tinyhal-serve: --port {args.port} is out of range (0-65535; 0 picks a free "
-              f"port)", file=sys.stderr)
-        return EXIT_USAGE
-    if args.max_timeout is not None and not (args.max_timeout > 0 and
-                                             math.isfinite(args.max_timeout)):
-        print("tinyhal-serve: --max-timeout must be a positive number", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        args.restricted = _parse_restricted(args.http_restricted_api)
-    except ValueError as exc:
-        print(f"tinyhal-serve: --http-restricted-api: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    for flag in ("request_head_timeout", "request_body_timeout", "repository_poll_secs",
-                 "send_timeout"):
-        value = getattr(args, flag)
-        if not (value > 0 and math.isfinite(value)):
-            print(f"tinyhal-serve: --{flag.replace('_', '-')} must be a positive number",
-                  file=sys.stderr)
-            return EXIT_USAGE
-    try:
-        args.python_cpu = cpus.choose(args.python_cpu)
-    except ValueError as exc:
-        print(f"tinyhal-serve: --python-cpu: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.max_connections < 1:
-        print("tinyhal-serve: --max-connections must be >= 1", file=sys.stderr)
+    problem = _command_line_problem(args)
+    if problem:
+        print(f"tinyhal-serve: {problem}", file=sys.stderr)
         return EXIT_USAGE
     descriptors = _raise_open_files_limit()
     if descriptors is not None and args.max_connections > descriptors - _RESERVED_FDS:
@@ -484,6 +465,49 @@ _IGNORED_SIGNALS = tuple(
         "SIGPWR", "SIGSTKFLT", "SIGXCPU", "SIGXFSZ", "SIGPIPE")
     if hasattr(signal, name)) + tuple(
     range(signal.SIGRTMIN, signal.SIGRTMAX + 1) if hasattr(signal, "SIGRTMIN") else ())
+
+
+def _command_line_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, in one line, or None: every flag is checked
+    here, before anything starts (no listener, no model, no device), so a mistake exits 2
+    at once instead of after "listening". Fills `args.restricted` and `args.python_cpu`."""
+    if not 0 <= args.port <= 65535:
+        return f"--port {args.port} is out of range (0-65535; 0 picks a free port)"
+    drivers = available_drivers()
+    if args.device not in drivers and args.device.removeprefix("local-") not in drivers:
+        return (f"--device {args.device}: not a driver here; drivers: {', '.join(drivers)} "
+                f"(a model's config.json may name its own)")
+    root = args.model_repository
+    if root is not None:
+        if not root.is_dir():
+            return f"--model-repository {root} is not a directory"
+        if not os.access(root, os.R_OK | os.X_OK):
+            return f"--model-repository {root} is not readable"
+    if args.max_timeout is not None and not (args.max_timeout > 0 and
+                                             math.isfinite(args.max_timeout)):
+        return "--max-timeout must be a positive number"
+    for flag in ("request_head_timeout", "request_body_timeout", "repository_poll_secs",
+                 "keep_alive_timeout", "send_timeout"):
+        value = getattr(args, flag)
+        if not (value > 0 and math.isfinite(value)):
+            return f"--{flag.replace('_', '-')} must be a positive number"
+    if not (args.drain_timeout >= 0 and math.isfinite(args.drain_timeout)):
+        return "--drain-timeout must be a number of seconds >= 0"
+    if args.max_request_bytes < 1:
+        return "--max-request-bytes must be >= 1"
+    if args.max_connections < 1:
+        return "--max-connections must be >= 1"
+    if args.load_model and args.model_control_mode != "explicit":
+        return "--load-model needs --model-control-mode explicit"
+    try:
+        args.restricted = _parse_restricted(args.http_restricted_api)
+    except ValueError as exc:
+        return f"--http-restricted-api: {exc}"
+    try:
+        args.python_cpu = cpus.choose(args.python_cpu)
+    except ValueError as exc:
+        return f"--python-cpu: {exc}"
+    return None
 
 
 def _early_signal(signum: int, frame: object) -> None:

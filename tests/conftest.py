@@ -8,10 +8,16 @@ as a plain directory instead. It is registered as a plugin rather than written a
 here because a conftest's hooks only see paths under its own folder, and the root is
 above `tests/`. `tests/support` is made importable for every suite. Tests marked
 `container` (building the container image) run only with `-m container`.
+
+A run ends with pytest's summary line and nothing after it: iree.runtime objects (the
+oracle's contexts and the devices iree.runtime caches per URI) are released when the
+session ends, before the interpreter's teardown, where nanobind would report each one
+still alive as a leak (tests/test_quiet_run.py).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -41,6 +47,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("container") is not None:
             item.add_marker(opt_in)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Drops what keeps iree.runtime objects alive past the run: iree.runtime's own
+    per-URI device cache (module state of `iree.runtime.system_setup`, which has no
+    public way to empty it), its binding's driver cache and the one object the binding
+    keeps for every call (`_invoke_statics`, which a long run's teardown frees after
+    nanobind checked for leaks), then every cycle still holding one. Nothing runs
+    iree.runtime after this hook."""
+    system_setup = sys.modules.get("iree.runtime.system_setup")
+    devices = getattr(system_setup, "_GLOBAL_DEVICES_BY_URI", None)
+    if isinstance(devices, dict):
+        devices.clear()
+    binding = sys.modules.get("iree._runtime_libs._runtime")
+    if binding is not None and hasattr(binding, "clear_hal_driver_cache"):
+        binding.clear_hal_driver_cache()
+    for name in ("iree._runtime_libs._runtime", "iree.runtime.function"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "_invoke_statics"):
+            del module._invoke_statics
+    gc.collect()
 
 
 def pytest_configure(config: pytest.Config) -> None:

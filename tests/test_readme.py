@@ -16,6 +16,7 @@ import contextlib
 import io
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,63 @@ def test_readme_documents_every_config_key():
     keys = {k for pair in documented for k in pair if k}
     assert keys == set(CONFIG_KEYS)
     assert "--model-repository" in text
+
+
+def _command_lines(path: Path) -> list[str]:
+    """The tinyhal command lines, `python bench/...` runs and `pip install '.[extra]'`
+    installs a document shows, in code blocks and inline code, placeholders and all."""
+    text = path.read_text()
+    found = []
+    for _, code in _blocks(path):
+        for line in code.replace("\\\n", " ").splitlines():
+            found += re.findall(r"(?:^|&& |\$ |/)((?:tinyhal-(?:run|check|serve)(?= -|$)|"
+                                r"python3? bench/|pip install )[^#&|>]*)", line.strip())
+    outside = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    found += [span for span in re.findall(r"`([^`\n]+)`", outside)
+              if re.match(r"(tinyhal-(run|check|serve) -|python3? bench/|pip install )", span)]
+    return [line.strip() for line in found if " [-" not in line]  # not usage synopses
+
+
+def test_every_documented_command_line_is_one_the_tools_take(capsys):
+    """Commands the documents show but do not run (a server on a fixed port, benchmarks,
+    installs) still name only flags their tool takes, bench scripts that exist with the
+    flags they parse, and extras the package declares."""
+    from tinyhal.server.main import _parser as serve_parser
+    from tinyhal.vm.check import run as check_run
+    from tinyhal.vm.run import _parser as run_parser
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    checked = 0
+    for path in DOCUMENTS:
+        for line in _command_lines(path):
+            words = shlex.split(line)
+            where = f"{path.name}: {line}"
+            if words[0].startswith("tinyhal-") and "--help" in words:
+                words.remove("--help")  # what it prints is checked in test_first_contact
+            if words[0] == "tinyhal-run":
+                flags = [w for w in words[1:] if not w.startswith("--flagfile=")]
+                run_parser().parse_args(flags)
+            elif words[0] == "tinyhal-serve":
+                serve_parser().parse_args(words[1:])
+            elif words[0] == "tinyhal-check":
+                assert check_run([*words[1:], "--help"], stdout=io.StringIO()) == 0, where
+                capsys.readouterr()
+            elif words[0].startswith("python"):
+                script = ROOT / words[1]
+                assert script.is_file(), where
+                source = script.read_text()
+                for flag in (w.split("=")[0] for w in words[2:] if w.startswith("--")):
+                    assert f'"{flag}"' in source, f"{where}: {flag} is not a flag of it"
+            else:  # pip install: the checkout (`.`, whatever its folder is called), an
+                # extra it declares, or a named distribution that is not tinyhal
+                for word in words[2:]:
+                    if word.startswith("."):
+                        assert re.fullmatch(r"\.(\[[\w,-]+\])?", word), where
+                        for extra in re.findall(r"[\w-]+", word):
+                            assert extra in extras, where
+                    else:
+                        assert word.startswith("-") or not word.startswith("tinyhal"), where
+            checked += 1
+    assert checked >= 20

@@ -29,7 +29,6 @@ The expectations follow `runtime/src/iree/modules/check/module.cc`:
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import math
 import os
@@ -46,6 +45,7 @@ from ..hal.buffer_view import BufferView
 from ..hal.text import format_buffer_elements, format_shape_and_element_type
 from ..hal.types import ElementType, element_info, format_element_type, unpack_elements
 from .native import NativeModule
+from .run_flags import EXIT_USAGE, UsageParser
 
 __all__ = ["CheckModule", "CheckState", "check_failures", "create_check_module", "main", "run"]
 
@@ -267,31 +267,40 @@ def _run_test(path: str, device: str, native: list[Any], name: str) -> list[str]
 
 def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
     from .api import Module
-    from .run import device_name, native_module_factory
+    from .run import create_devices, device_name, native_module_factory
 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    parser = argparse.ArgumentParser(
+    parser = UsageParser(
         prog="tinyhal-check",
         description="Runs every export of a module as a test with IREE's check module "
-                    "(iree-check-module's flags and output).")
+                    "(iree-check-module's flags and output).",
+        epilog="A mistake on the command line exits 2; a failed test 1.",
+        allow_abbrev=False)
     parser.add_argument("--module", action="append", default=[], help="the .vmfb to test")
     parser.add_argument("--native_module", action="append", default=[],
                         help="package.module:factory of another Python native module")
     parser.add_argument("--device", default="task",
-                        help="sync, task or emu (local-sync/local-task accepted)")
+                        help="sync, task (default) or emu, local-sync/local-task as IREE "
+                             "spells them, emu://PRESET (generic, mcu-npu, edge-npu, "
+                             "datacenter)")
     parser.add_argument("--expect_failure", action="store_true",
                         help="succeed only if some test fails")
     parser.add_argument("--gtest_filter", default="*", help="tests to run (gtest syntax)")
     try:
         args = parser.parse_args(list(argv))
+        if len(args.module) != 1:
+            raise InvalidArgumentError("tinyhal-check takes one --module=")
+        for device in create_devices([args.device], {}):  # refuses an unknown driver now
+            device.close()
     except SystemExit as exc:
         return int(exc.code or 0)
+    except InvalidArgumentError as exc:
+        stderr.write(f"tinyhal-check: {exc}\n")
+        return EXIT_USAGE
     exit_code = 1
     status = "OK"
     try:
-        if len(args.module) != 1:
-            raise InvalidArgumentError("tinyhal-check takes one --module=")
         path = args.module[0]
         if not os.path.exists(path):
             raise InvalidArgumentError(f"module file {path!r} does not exist")

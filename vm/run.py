@@ -56,7 +56,14 @@ Every other flag `iree-run-module --help` lists is accepted with its meaning or 
 with one line saying why it has no meaning here (`tinyhal.vm.run_flags`), so a
 flagfile (`--flagfile=PATH`) written for iree-run-module runs unchanged.
 
-Errors print one line to stderr and exit with status 1.
+`--device_allocator=caching|debug` (IREE's allocator layers) is accepted and changes
+nothing here (tinyhal has neither layer: `run_flags.DEVICE_ALLOCATORS` says why each is
+not missed); other allocator names are refused.
+
+Errors print one line to stderr: a mistake on the command line (an unknown flag or
+driver, a bad flag value, a flag refused as meaningless here) exits with status 2, a run
+that fails (a missing or bad module file, inputs the function does not take) with 1, as
+iree-run-module's does.
 """
 
 from __future__ import annotations
@@ -102,9 +109,12 @@ from ..hal.types import (
 )
 from .loader import load_module
 from .run_flags import (
+    EXIT_USAGE,
     MODULE_MODES,
     NO_MEANING,
     TASK_FLAGS,
+    UsageParser,
+    check_device_allocators,
     check_no_meaning,
     expand_flagfiles,
     list_devices,
@@ -601,12 +611,17 @@ def _parser() -> argparse.ArgumentParser:
     # argparse makes a help formatter per add_argument just to check it, and the default
     # one imports shutil (2 ms) to ask the terminal's width; a fixed width while building,
     # the default again for --help and usage errors.
-    p = argparse.ArgumentParser(
+    p = UsageParser(
         prog="tinyhal-run",
         description="Runs a function of a compiled IREE module (iree-run-module's flags).",
+        epilog="iree-run-module's other flags are accepted at their default or refused in "
+               "one line saying why. A mistake on the command line exits 2, a failed run 1.",
         formatter_class=functools.partial(argparse.HelpFormatter, width=80),
         allow_abbrev=False,
     )
+    p.add_argument("--flagfile", metavar="PATH",
+                   help="read flags from PATH where this flag stands (one a line, # "
+                        "comments), as IREE's tools do")
     p.add_argument("--module", action="append", default=[],
                    help="a .vmfb to load; several are linked in order (each may import "
                         "from the ones before), the function is looked up in the last")
@@ -622,23 +637,36 @@ def _parser() -> argparse.ArgumentParser:
                    help="file: read parameters from the file when the program loads them; "
                         "preload: copy each file into memory at startup")
     p.add_argument("--function", default="", help="function to run")
-    p.add_argument("--input", action="append", default=[], help="an input value")
-    p.add_argument("--output", action="append", default=None, help="where a result goes")
+    p.add_argument("--input", action="append", default=[], metavar="VALUE",
+                   help="the next argument, in order: [SHAPEx]TYPE=VALUES "
+                        "(2x2xf32=1,2,3,4; one value splats; =@raw.bin reads bytes), "
+                        "@file.npy (+file.npy: its next array), a scalar (5, 2.5), "
+                        "&[SHAPEx]TYPE=VALUES for caller storage (a bare !hal.buffer), or "
+                        "(null)")
+    p.add_argument("--output", action="append", default=None, metavar="WHERE",
+                   help="where the next result goes: - (print unlabelled), @f.npy / "
+                        "+f.npy (write / append), @f.bin (raw bytes), empty (drop it)")
     p.add_argument("--expected_output", action="append", default=None,
                    help="an expected result (the --input syntax; `(ignored)` skips one)")
     p.add_argument("--equality_mode", default="approximate",
-                   choices=("approximate", "exact"))
-    p.add_argument("--expected_f16_threshold", type=float, default=0.001)
-    p.add_argument("--expected_f32_threshold", type=float, default=0.0001)
-    p.add_argument("--expected_f64_threshold", type=float, default=0.0001)
-    p.add_argument("--expected_bf16_threshold", type=float, default=0.01)
-    p.add_argument("--expected_rtol", type=float, default=1e-5)
-    p.add_argument("--device", action="append", default=[],
-                   help="sync, task or emu (local-sync/local-task accepted)")
+                   choices=("approximate", "exact"),
+                   help="compare floats within the thresholds below, or bytes exactly")
+    for kind, default in (("f16", 0.001), ("f32", 0.0001), ("f64", 0.0001), ("bf16", 0.01)):
+        p.add_argument(f"--expected_{kind}_threshold", type=float, default=default,
+                       metavar="ATOL", help=f"{kind} results match within ATOL + RTOL * "
+                                            f"|expected| (default {default:g})")
+    p.add_argument("--expected_rtol", type=float, default=1e-5, metavar="RTOL",
+                   help="relative tolerance of every float comparison (default 1e-05)")
+    p.add_argument("--device", action="append", default=[], metavar="DEVICE",
+                   help="sync, task (default) or emu, local-sync/local-task as IREE spells "
+                        "them, emu://PRESET (generic, mcu-npu, edge-npu, datacenter) and "
+                        "emu://PRESET?queues=N; repeat for a program compiled for several "
+                        "devices")
     p.add_argument("--executable_policy", default="any", choices=EXECUTABLE_POLICIES,
                    help="which executables the devices load: 'any', or 'portable' to "
                         "refuse executables that carry native machine code (VMVX only)")
-    p.add_argument("--output_max_element_count", type=int, default=1024)
+    p.add_argument("--output_max_element_count", type=int, default=1024, metavar="N",
+                   help="elements printed per result before `...` (default 1024)")
     p.add_argument("--device_profiling_mode", default="",
                    help="profile the device during the call: comma-separated modes "
                         "(queue-events, host-execution, memory-events, dispatch-events, ...)")
@@ -649,6 +677,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="on emu: print the run's modelled-time summary to stderr")
     p.add_argument("--print_statistics", nargs="?", const="true", default="false",
                    type=_flag_bool, help="print device allocator statistics to stderr")
+    p.add_argument("--device_allocator", action="append", default=None, metavar="NAME",
+                   help="IREE's allocator layers caching and debug are accepted and change "
+                        "nothing here (tinyhal has neither layer; its queue allocations come "
+                        "from a transient ringbuffer); other names are refused")
     p.add_argument("--list_drivers", action="store_true", help="list the drivers and exit")
     for name in ("list_devices", "dump_devices"):
         p.add_argument(f"--{name}", nargs="?", const="", default=None,
@@ -680,7 +712,7 @@ def device_name(name: str) -> str:
     return name
 
 
-def _create_devices(flags: list[str], task: dict[str, str], policy: str = "any"
+def create_devices(flags: list[str], task: dict[str, str], policy: str = "any"
                     ) -> list[Any]:
     """One device per `--device=` flag, in order (the task driver without one), as IREE
     gives a program compiled for several devices its devices in flag order; each with
@@ -717,22 +749,21 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         args = parser.parse_args(expand_flagfiles(list(argv)))
         check_no_meaning({name: getattr(args, name) for name in NO_MEANING
                           if getattr(args, name) is not None})
+        if args.flagfile is not None:
+            raise InvalidArgumentError(f"--flagfile {args.flagfile}: write --flagfile=PATH")
+        check_device_allocators(args.device_allocator or [])
+        if args.list_drivers or args.list_devices is not None or \
+                args.dump_devices is not None:
+            stdout.write(list_drivers() if args.list_drivers else list_devices(
+                args.list_devices if args.list_devices is not None else args.dump_devices))
+            return 0
+        if not args.module:
+            raise InvalidArgumentError("--module= is required")
     except SystemExit as exc:
         return int(exc.code or 0)
     except Error as exc:
         stderr.write(f"tinyhal-run: {exc}\n")
-        return 1
-    if args.list_drivers or args.list_devices is not None or args.dump_devices is not None:
-        try:
-            stdout.write(list_drivers() if args.list_drivers else list_devices(
-                args.list_devices if args.list_devices is not None else args.dump_devices))
-        except Error as exc:
-            stderr.write(f"tinyhal-run: {exc}\n")
-            return 1
-        return 0
-    if not args.module:
-        stderr.write("tinyhal-run: error: --module= is required\n")
-        return 1
+        return EXIT_USAGE
     streams = _NpyStreams()
     module = None
     devices: list[Any] = []
@@ -751,7 +782,11 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                 f"--device_profiling_output={profile_output}: the extension picks the format, "
                 "'.json' (Chrome trace) or '.jsonl' (ireeperf-jsonl)")
         task = {n: getattr(args, n) for n in TASK_FLAGS if getattr(args, n) is not None}
-        devices = _create_devices(args.device, task, args.executable_policy)
+        try:
+            devices = create_devices(args.device, task, args.executable_policy)
+        except InvalidArgumentError as exc:  # an unknown driver, preset or option
+            stderr.write(f"tinyhal-run: {exc}\n")
+            return EXIT_USAGE
         module = Module(path, devices if len(devices) > 1 else devices[0], modules=factories,
                         parameters=parameter_flags(args.parameters, args.parameter_mode))
         name = args.function

@@ -13,14 +13,30 @@ IREE's tools parse it; later flags override earlier ones.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidArgumentError, UnimplementedError
 
-__all__ = ["NO_MEANING", "TASK_FLAGS", "expand_flagfiles", "list_devices", "list_drivers",
-           "task_options", "check_no_meaning"]
+__all__ = ["DEVICE_ALLOCATORS", "EXIT_USAGE", "NO_MEANING", "TASK_FLAGS", "UsageParser", "check_device_allocators", "check_no_meaning",
+           "expand_flagfiles", "list_devices", "list_drivers", "task_options"]
+
+EXIT_USAGE = 2
+"""The exit status of every tinyhal command for a mistake on its command line."""
+
+
+class UsageParser(argparse.ArgumentParser):
+    """The command-line parser of tinyhal's commands: a mistake (unknown flag, bad value,
+    missing argument) is one line on stderr naming it, `PROG: error: WHAT (PROG --help
+    lists the flags)`, and exit status 2, so `2>&1 | tail -1` keeps the reason; argparse's
+    own usage block before it is left out (it is what `--help` prints)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} ({self.prog} --help lists "
+                              f"the flags)\n")
+
 
 _GPU = "tinyhal has no {0} driver (its drivers are sync, task and emu)"
 _PROFILE = ("tinyhal profiles every queue, dispatch and memory event of the device; use "
@@ -65,14 +81,14 @@ NO_MEANING: dict[str, tuple[str | None, str]] = {
     "task_topology_distribution": ("scatter", _TOPOLOGY),
     "task_topology_favor": ("", _TOPOLOGY),
     "dump_task_topologies": (None, _TOPOLOGY),
-    "device_allocator": (None, "tinyhal's allocator has no pluggable allocator layers "
-                         "(caching, ...); its transient ringbuffer serves queue allocations"),
     "device_lead_allocator": ("0", "tinyhal-run runs one device"),
     "device_replay_output": ("", _REPLAY),
     "device_replay_file_policy": ("reference", _REPLAY),
     "device_replay_file_validation": ("identity", _REPLAY),
-    "trace_execution": ("false", "tinyhal translates bytecode to Python and C; it has no "
-                        "per-instruction trace (--device_profiling_mode traces the device)"),
+    "trace_execution": ("false", "tinyhal translates bytecode to Python and C and has no "
+                        "per-instruction trace (IREE's release builds, the pip "
+                        "iree-run-module among them, print none either); "
+                        "--device_profiling_mode traces the device"),
     "device_profiling_filter_function": ("", _PROFILE),
     "device_profiling_filter_command_buffer": ("-1", _PROFILE),
     "device_profiling_filter_command_index": ("-1", _PROFILE),
@@ -107,6 +123,35 @@ def _same(value: str, default: str) -> bool:
         return float(value) == float(default)
     except ValueError:
         return value == default
+
+
+DEVICE_ALLOCATORS = {
+    "caching": "keeps freed buffers for reuse; tinyhal's queue allocations already come "
+               "from each queue's transient ringbuffer, so there is nothing to add",
+    "debug": "IREE's layer fills new buffers with a pattern to expose reads of memory "
+             "never written; tinyhal has no such layer (allocator buffers start zeroed, "
+             "queue allocations reuse transient ringbuffer memory as it is)",
+}
+"""The allocator layers `iree-run-module --device_allocator=` (IREE 3.13) knows, accepted
+by tinyhal-run as they change nothing it computes, each with why."""
+
+
+def check_device_allocators(specs: Sequence[str]) -> list[str]:
+    """The allocator names of `--device_allocator=` flags; anything but IREE's own
+    `caching` and `debug` (without options) is an `InvalidArgumentError` saying why."""
+    names = []
+    for spec in specs:
+        name, colon, options = spec.strip().partition(":")
+        if name not in DEVICE_ALLOCATORS:
+            raise InvalidArgumentError(
+                f"--device_allocator={spec}: unrecognized allocator '{name}'; IREE's are "
+                f"{' and '.join(DEVICE_ALLOCATORS)}")
+        if colon:
+            raise InvalidArgumentError(
+                f"--device_allocator={spec}: tinyhal has no {name} layer to configure "
+                f"({DEVICE_ALLOCATORS[name]})")
+        names.append(name)
+    return names
 
 
 def check_no_meaning(flags: dict[str, list[str]]) -> None:

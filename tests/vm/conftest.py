@@ -14,7 +14,11 @@ def vm_compile():
 
 @pytest.fixture(scope="session")
 def vm_pair_cache():
-    return {}
+    """Pairs by program, for the session; emptied at its end so their iree.runtime
+    contexts do not outlive the run."""
+    cache: dict = {}
+    yield cache
+    cache.clear()
 
 
 @pytest.fixture

@@ -85,4 +85,4 @@ def test_tinyhal_run_places_the_program_on_emu_queues(vmfb, tmp_path):
 
 def test_emu_device_uri_takes_only_a_queue_count(vmfb):
     rc, _, err = tinyhal_run(["--device=emu://?lanes=2", f"--module={vmfb}"])
-    assert rc == 1 and "takes `?queues=N`" in err and err.count("\n") == 1
+    assert rc == 2 and "takes `?queues=N`" in err and err.count("\n") == 1

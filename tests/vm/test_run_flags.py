@@ -87,7 +87,7 @@ def test_defaults_flagfile_runs_as_iree_does(linked, iree_help, tmp_path):
                        ["task"])
     (tmp_path / "bad.flags").write_text("--function=main\nnot a flag\n")
     rc, _, err = tinyhal_run(f"--flagfile={tmp_path / 'bad.flags'}", f"--module={b}")
-    assert rc == 1 and "bad.flags:2: positional arguments not allowed" in err
+    assert rc == 2 and "bad.flags:2: positional arguments not allowed" in err
 
 
 @pytest.mark.parametrize("flag", sorted(NO_MEANING))
@@ -97,7 +97,7 @@ def test_flags_without_meaning_are_refused_in_one_line(linked, flag):
     if default in ("true", "false"):
         value = "false" if default == "true" else "true"
     rc, out, err = tinyhal_run(f"--module={linked[1]}", f"--{flag}={value}")
-    assert rc == 1 and out == ""
+    assert rc == 2 and out == ""
     assert err == f"tinyhal-run: UNIMPLEMENTED: --{flag}={value}: {why}\n"
 
 
@@ -109,4 +109,4 @@ def test_listing_drivers_and_devices():
     rc, out, _ = tinyhal_run("--list_devices=emu")
     assert rc == 0 and "emu://edge-npu" in out and "task://" not in out
     rc, _, err = tinyhal_run("--dump_devices=cuda")
-    assert rc == 1 and "no driver of that name" in err
+    assert rc == 2 and "no driver of that name" in err

@@ -3,7 +3,8 @@
 alone is ~60 ms and ~15 MiB, more than the rest of the tool, so a small module's run
 stays near `iree-run-module`'s cost only without it. What prints must still be
 `iree-run-module`'s output byte for byte, for every element type that takes this path;
-`.npy` files of whole-byte types are read and written without numpy too."""
+`.npy` files of whole-byte types are read and written without numpy too. Nor does it
+import `platform` (a few ms; the CPU's architecture comes from `os.uname`)."""
 
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ def _tinyhal_runs(runs: dict[str, list[str]]) -> dict[str, str]:
             assert run(["--device=task", *flags], stdout=stdout, stderr=sys.stderr) == 0
             outputs[name] = stdout.getvalue()
         print(json.dumps({"outputs": outputs,
-                          "loaded": [m for m in ("numpy", "ml_dtypes") if m in sys.modules]}))
+                          "loaded": [m for m in ("numpy", "ml_dtypes", "platform")
+                                     if m in sys.modules]}))
     """, json.dumps(runs))
     result = json.loads(out)
     assert result["loaded"] == []
