@@ -278,11 +278,12 @@ class Metrics:
     a worker thread, and bounds what scrapes cost together: one render at a time, and a
     render begins at the earliest `_RENDER_SPACING` times the last one's duration after
     that one began, so rendering takes at most a fifth of the interpreter however many
-    clients scrape. A scrape that arrives sooner waits for that when the wait is short
-    (`_RENDER_WAIT`: a server whose render takes under 50 ms, hundreds of models, always
-    answers a scrape with a render begun after it arrived, which sees every request
-    answered before it), and is answered with the last render otherwise (a larger
-    server's scrapes are then at most `_RENDER_SPACING` render durations old)."""
+    clients scrape. A scrape that arrives sooner waits for that render when the wait is
+    at most `_RENDER_WAIT` (a server whose render takes under 400 ms, hundreds of models,
+    even on a loaded machine, always answers a scrape with a render begun after it
+    arrived, which counts every request answered before it), and is answered with the
+    last render otherwise (a larger server's scrapes are then at most `_RENDER_SPACING`
+    render durations old)."""
 
     def __init__(self, server: Server) -> None:
         self._series: dict[tuple[str, str], ModelSeries] = {}
@@ -346,7 +347,7 @@ class Metrics:
 
 
 _RENDER_SPACING = 5.0
-_RENDER_WAIT = 0.25
+_RENDER_WAIT = 2.0  # well inside Prometheus' default 10 s scrape timeout
 _RENDER_TRIES = 3
 
 

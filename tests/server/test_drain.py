@@ -281,7 +281,9 @@ def test_long_sequence_ids_keep_memory_bounded(tmp_path):
         status, _, body = server.request("POST", path, _step_body(longest[7]))
         assert status == 400 and b"expired" in body, body
         grown = _rss_kb(server.proc.pid) - before
-        assert grown < 24 << 10, f"RSS grew by {grown} KiB"
+        # kept ids would be 120 MiB and more; what remains is the allocator's slack
+        # after 60 bodies of 2 MiB (below the size that has freed memory trimmed)
+        assert grown < 48 << 10, f"RSS grew by {grown} KiB"
     finally:
         server.stop()
 
