@@ -209,3 +209,39 @@ class ServerProcess:
         return out
 
 
+class HealthWatch:
+    """Asks /v2/health/live on fresh connections in a loop (a client the server's other
+    clients must not lock out); `stop()` checks every answer was 200 and returns the
+    slowest, in seconds."""
+
+    def __init__(self, server: ServerProcess, timeout: float = 10.0,
+                 pause: float = 0.02) -> None:
+        self.server = server
+        self.timeout = timeout
+        self.pause = pause
+        self.slowest = 0.0
+        self.failures: list[str] = []
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            start = time.monotonic()
+            try:
+                status, _, _ = self.server.request("GET", "/v2/health/live",
+                                                   timeout=self.timeout)
+                if status != 200:
+                    self.failures.append(str(status))
+            except OSError as exc:
+                self.failures.append(repr(exc))
+            self.slowest = max(self.slowest, time.monotonic() - start)
+            self.count += 1
+            time.sleep(self.pause)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        assert self.failures == [] and self.count > 0, (self.failures[:3], self.count)
+        return self.slowest

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_helpers import SAMPLES, ServerProcess
+from serve_helpers import SAMPLES, HealthWatch, ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -67,33 +67,6 @@ def _settled_rss(server: ServerProcess, seconds: float = 1.0) -> int:
     return _rss(server)
 
 
-class HealthWatch:
-    """Asks /v2/health/live on fresh connections in a loop; `stop()` checks every answer
-    was 200."""
-
-    def __init__(self, server: ServerProcess) -> None:
-        self.server = server
-        self.failures: list[str] = []
-        self.count = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                status, _, _ = self.server.request("GET", "/v2/health/live", timeout=20)
-                if status != 200:
-                    self.failures.append(str(status))
-            except OSError as exc:
-                self.failures.append(repr(exc))
-            self.count += 1
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        assert self.failures == [] and self.count > 0, (self.failures[:3], self.count)
 
 
 def _samples(root: Path) -> Path:
@@ -122,7 +95,8 @@ def test_pipelined_metrics_never_read_neither_lock_out_clients_nor_hold_memory(t
             sock.sendall(request)
             socks.append(sock)
         time.sleep(0.5)
-        watch = HealthWatch(server)  # new clients: each evicts a stuck one if need be
+        # new clients: each evicts a stuck one if need be
+        watch = HealthWatch(server, timeout=20, pause=0.05)
         for _ in range(20):
             assert server.request("GET", "/v2/health/ready", timeout=20)[0] == 200
         watch.stop()
@@ -157,7 +131,7 @@ def test_large_json_answers_behind_a_tiny_window_are_bounded_and_freed(tmp_path)
     socks = []
     try:
         before = _settled_rss(server)
-        watch = HealthWatch(server)
+        watch = HealthWatch(server, timeout=20, pause=0.05)
         for _ in range(12):
             sock = _non_reading_socket(server)
             sock.sendall(head + body)
@@ -283,7 +257,7 @@ def test_metrics_of_1000_models_cost_the_loop_little(tmp_path):
     headers = {"x-scraper": "yes"}
     try:
         assert server.request("GET", "/metrics")[0] == 403
-        watch = HealthWatch(server)
+        watch = HealthWatch(server, timeout=20, pause=0.05)
         loop_before = _loop_cpu(server)
         for _ in range(5):
             status, _, body = server.request("GET", "/metrics", headers=headers, timeout=60)

@@ -17,7 +17,7 @@ import time
 
 import pytest
 import tritonclient.http as httpclient
-from serve_helpers import SAMPLES, ServerProcess
+from serve_helpers import SAMPLES, HealthWatch, ServerProcess
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.timeout(300)
@@ -33,36 +33,6 @@ def _rss(server: ServerProcess) -> int:
     raise AssertionError("no VmRSS")
 
 
-class HealthWatch:
-    """Asks /v2/health/live on fresh connections in a loop; `stop()` -> the slowest."""
-
-    def __init__(self, server: ServerProcess) -> None:
-        self.server = server
-        self.slowest = 0.0
-        self.failures: list[str] = []
-        self.count = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            start = time.monotonic()
-            try:
-                status, _, _ = self.server.request("GET", "/v2/health/live", timeout=10)
-                if status != 200:
-                    self.failures.append(str(status))
-            except OSError as exc:
-                self.failures.append(repr(exc))
-            self.slowest = max(self.slowest, time.monotonic() - start)
-            self.count += 1
-            time.sleep(0.02)
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        assert self.failures == [] and self.count > 0, (self.failures[:3], self.count)
-        return self.slowest
 
 
 @pytest.fixture(scope="module")
