@@ -1,0 +1,506 @@
+"""Per-dispatch cost models for the `emu` driver: what one dispatch costs on a device.
+
+The interface is one function::
+
+    cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost
+
+`DispatchWork` says what the dispatch computes (its root operation, in the GEMM view
+SCALE-Sim uses: M output rows, N output columns, K the reduction length, `groups`
+independent problems), `AcceleratorConfig` what it runs on, and `DispatchCost` answers
+in device cycles (compute, stall) and DRAM bytes. A cost function is pure arithmetic:
+the same work on the same device always costs the same, which lets the driver model a
+recorded submission once and replay the result. Cost functions are chosen per device
+by name (`AcceleratorConfig.cost_model`) from a registry that users add to with
+`register_cost_model`.
+
+Built in:
+
+- `"systolic"`: a rows x cols systolic array with output-, weight- or input-stationary
+  dataflow, folded as SCALE-Sim folds it (convolutions through im2col), for matmuls
+  and convolutions; depthwise convolutions run one channel at a time (as SCALE-Sim's
+  `DP` layers do); pooling, element-wise and reduction work runs on the vector unit
+  (`vector_cost`). Memory (`memory_stalls`): double-buffered on-chip SRAMs for ifmap,
+  filter and ofmap, an operand refetched from DRAM on every pass when it does not fit in
+  half of its SRAM, DRAM bandwidth in words per cycle, stalls when the DRAM stream is
+  slower than the array.
+- `"vector"`: every dispatch on the vector unit alone.
+
+(The per-workgroup model of `hal.drivers.emu_model.CostModel`, used when a device has
+no accelerator configuration, is the driver's other model: it prices workgroups in
+seconds and knows nothing of the work.)
+
+A word is one element of the operand's type, so DRAM bytes are words times the element
+size; SRAM sizes are in words.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, NamedTuple
+
+from ..errors import InvalidArgumentError
+
+GEMM_KINDS = ("matmul", "batch_matmul", "conv", "depthwise")
+VECTOR_KINDS = ("pool", "elementwise", "reduction", "unknown")
+WORK_KINDS = GEMM_KINDS + VECTOR_KINDS
+WORK_SOURCES = ("compiler", "export-name", "workgroups", "cost-file")
+DATAFLOWS = ("os", "ws", "is")
+
+
+@dataclass(frozen=True)
+class DispatchWork:
+    """What one dispatch computes, in the GEMM view of its root operation.
+
+    For a matmul `m` x `k` times `k` x `n`; for a convolution `m` the output pixels
+    (times the batch), `k` the window (filter height x width x input channels), `n`
+    the filters; a depthwise convolution is `groups` (its channels) convolutions of one
+    channel (`k` the filter height x width, `n` 1); a batch matmul `groups` matmuls.
+    Vector work (pooling, element-wise, reduction) is `elements` outputs each reading
+    `window` inputs. `input_words` / `filter_words` / `output_words` are the elements
+    of each operand in memory (unique, not im2col); `source` says where the figures
+    came from (`WORK_SOURCES`).
+    """
+
+    kind: str
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    groups: int = 1
+    elements: int = 0
+    window: int = 1
+    input_words: int = 0
+    filter_words: int = 0
+    output_words: int = 0
+    element_bytes: int = 4
+    source: str = "workgroups"
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates (GEMM kinds) or element operations (vector kinds)."""
+        if self.kind in GEMM_KINDS:
+            return self.groups * self.m * self.n * self.k
+        return self.elements * self.window
+
+
+class DispatchCost(NamedTuple):
+    """A dispatch's cost on the device: `compute_cycles` with memory never in the way,
+    `stall_cycles` waiting for DRAM, the bytes it moves to and from DRAM and the share
+    of the processing elements' cycles that did useful work."""
+
+    compute_cycles: int
+    stall_cycles: int
+    dram_bytes: int
+    utilisation: float
+
+    @property
+    def cycles(self) -> int:
+        return self.compute_cycles + self.stall_cycles
+
+
+@dataclass(frozen=True)
+class AcceleratorConfig:
+    """An accelerator as a cost function sees it.
+
+    `rows` x `cols` processing elements in `dataflow` (os / ws / is) at `clock_hz`;
+    SRAMs of `*_sram_words` words each (half of each is the buffer being computed on,
+    half the one being filled); DRAM bandwidth per operand in words per cycle (0 =
+    unlimited: no stalls); a vector unit of `vector_lanes` lanes (0 = `cols`);
+    `cost_model` names the cost function (`register_cost_model`).
+    """
+
+    rows: int = 32
+    cols: int = 32
+    dataflow: str = "os"
+    clock_hz: float = 1e9
+    ifmap_sram_words: int = 64 * 1024
+    filter_sram_words: int = 64 * 1024
+    ofmap_sram_words: int = 64 * 1024
+    ifmap_bandwidth: float = 0.0
+    filter_bandwidth: float = 0.0
+    ofmap_bandwidth: float = 0.0
+    vector_lanes: int = 0
+    cost_model: str = "systolic"
+
+    def validate(self) -> None:
+        for name in ("rows", "cols", "ifmap_sram_words", "filter_sram_words",
+                     "ofmap_sram_words"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidArgumentError(f"emu accelerator {name} must be an int >= 1, "
+                                           f"not {value!r}")
+        for name in ("ifmap_bandwidth", "filter_bandwidth", "ofmap_bandwidth"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise InvalidArgumentError(f"emu accelerator {name} must be >= 0 words per "
+                                           f"cycle, not {value!r}")
+        if not isinstance(self.clock_hz, (int, float)) or self.clock_hz <= 0:
+            raise InvalidArgumentError(f"emu accelerator clock_hz must be > 0, not "
+                                       f"{self.clock_hz!r}")
+        if not isinstance(self.vector_lanes, int) or self.vector_lanes < 0:
+            raise InvalidArgumentError("emu accelerator vector_lanes must be an int >= 0")
+        if self.dataflow not in DATAFLOWS:
+            raise InvalidArgumentError(f"emu accelerator dataflow must be one of {DATAFLOWS}, "
+                                       f"not {self.dataflow!r}")
+        if self.cost_model not in _COST_MODELS:
+            raise InvalidArgumentError(f"unknown emu cost model {self.cost_model!r}; "
+                                       f"registered: {', '.join(_COST_MODELS)}")
+
+    def shared(self, ways: int) -> AcceleratorConfig:
+        """This device with its DRAM bandwidth split `ways` ways (dispatches that
+        overlap in time share it)."""
+        if ways <= 1 or not (self.ifmap_bandwidth or self.filter_bandwidth
+                             or self.ofmap_bandwidth):
+            return self
+        return replace(self, ifmap_bandwidth=self.ifmap_bandwidth / ways,
+                       filter_bandwidth=self.filter_bandwidth / ways,
+                       ofmap_bandwidth=self.ofmap_bandwidth / ways)
+
+
+CostFunction = Callable[[DispatchWork, AcceleratorConfig], DispatchCost]
+_COST_MODELS: dict[str, CostFunction] = {}
+
+
+def register_cost_model(name: str, function: CostFunction) -> None:
+    """Makes `function` the cost model called `name` (replacing one of that name);
+    a device uses it with `AcceleratorConfig(cost_model=name)`."""
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError("a cost model's name must be a non-empty str")
+    if not callable(function):
+        raise InvalidArgumentError(f"cost model {name!r} must be callable")
+    _COST_MODELS[name] = function
+
+
+def cost_models() -> list[str]:
+    """The registered cost models' names."""
+    return list(_COST_MODELS)
+
+
+def dispatch_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
+    """`work` priced by the device's cost model, checked to be a `DispatchCost` of
+    non-negative ints (a user function answering otherwise is an INVALID_ARGUMENT)."""
+    cost = _COST_MODELS[device.cost_model](work, device)
+    if not (isinstance(cost, tuple) and len(cost) == 4
+            and all(isinstance(v, int) and v >= 0 for v in cost[:3])):
+        raise InvalidArgumentError(f"cost model {device.cost_model!r} answered {cost!r}, "
+                                   "not a DispatchCost of non-negative ints")
+    return DispatchCost(*cost)
+
+
+# -- the systolic array -------------------------------------------------------------------
+
+
+class Folding(NamedTuple):
+    """How one GEMM maps onto the array: `folds` tiles, each `fold_cycles` long, and
+    which operand is streamed through the array again on each outer fold."""
+
+    folds: int
+    fold_cycles: int
+    outer_folds: int
+    inner_folds: int
+
+
+def folding(m: int, n: int, k: int, rows: int, cols: int, dataflow: str) -> Folding:
+    """SCALE-Sim's folding of an M x K by K x N product.
+
+    Output stationary: the array holds a rows x cols tile of outputs (rows over M, cols
+    over N) while K streams through: a fold is K cycles plus the pipeline's fill and
+    drain (rows + cols - 2). Weight stationary: the array holds a rows x cols tile of
+    the filter (rows over K, cols over N) after `rows` cycles to load it, and the M
+    inputs stream through: 2 rows + cols + M - 2. Input stationary: it holds inputs
+    (rows over K, cols over M) and the N filters stream: 2 rows + cols + N - 2. The
+    outer loop runs over the column folds, the inner over the row folds.
+    """
+    if dataflow == "os":
+        row_dim, col_dim, stream = m, n, k
+        fold_cycles = stream + rows + cols - 2
+    elif dataflow == "ws":
+        row_dim, col_dim, stream = k, n, m
+        fold_cycles = 2 * rows + cols + stream - 2
+    else:
+        row_dim, col_dim, stream = k, m, n
+        fold_cycles = 2 * rows + cols + stream - 2
+    inner = math.ceil(row_dim / rows)
+    outer = math.ceil(col_dim / cols)
+    return Folding(inner * outer, fold_cycles, outer, inner)
+
+
+def systolic_compute_cycles(work: DispatchWork, device: AcceleratorConfig) -> int:
+    """Stall-free cycles of a GEMM-kind dispatch on the array: its folds (times its
+    groups, one after another)."""
+    fold = folding(work.m, work.n, work.k, device.rows, device.cols, device.dataflow)
+    return work.groups * fold.folds * fold.fold_cycles
+
+
+def _operand_streams(work: DispatchWork, device: AcceleratorConfig
+                     ) -> tuple[tuple[int, int, float], ...]:
+    """Per read operand (ifmap, filter): the words it streams from DRAM over the whole
+    dispatch, its SRAM size and its DRAM bandwidth.
+
+    Each operand is fetched in the order the array uses it (SCALE-Sim's operand
+    matrices: the ifmap as its im2col rows, so a convolution's input pixels are read
+    once per window position they appear in unless the SRAM keeps them). The operand
+    the array streams again on each outer fold (the ifmap for os and ws, the filter for
+    is) is read once when it fits in half of its SRAM (the half being computed on),
+    else once per outer fold. For a depthwise convolution and a batch matmul each group
+    is a problem of its own."""
+    m, n, k = work.m, work.n, work.k
+    fold = folding(m, n, k, device.rows, device.cols, device.dataflow)
+    ifmap = m * k
+    filt = k * n
+    if device.dataflow == "is":
+        if filt > device.filter_sram_words // 2:
+            filt *= fold.outer_folds
+    elif ifmap > device.ifmap_sram_words // 2:
+        ifmap *= fold.outer_folds
+    g = work.groups
+    return ((g * ifmap, device.ifmap_sram_words, device.ifmap_bandwidth),
+            (g * filt, device.filter_sram_words, device.filter_bandwidth))
+
+
+def memory_stalls(work: DispatchWork, device: AcceleratorConfig, compute: int
+                  ) -> tuple[int, int]:
+    """(stall cycles, DRAM words) of a GEMM-kind dispatch whose array needs `compute`
+    cycles.
+
+    Each operand has its own SRAM, double-buffered: the first half-buffer is filled
+    before the array starts, and from then on DRAM streams the rest at the operand's
+    bandwidth while the array computes. An operand whose stream takes longer than the
+    compute stalls the array for the difference; the array waits for the slowest
+    operand (they stream at once). The outputs drain through the ofmap SRAM at the
+    ofmap bandwidth in the same way. Unlimited bandwidth (0) never stalls."""
+    words = 0
+    stream_cycles = 0.0
+    for total, sram, bandwidth in _operand_streams(work, device):
+        words += total
+        if bandwidth:
+            during = max(0, total - sram // 2)
+            stream_cycles = max(stream_cycles, during / bandwidth)
+    out = work.groups * work.m * work.n
+    words += out
+    if device.ofmap_bandwidth:
+        during = max(0, out - device.ofmap_sram_words // 2)
+        stream_cycles = max(stream_cycles, during / device.ofmap_bandwidth)
+    return max(0, math.ceil(stream_cycles) - compute), words
+
+
+def vector_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
+    """Work on the vector unit: `lanes` operations per cycle (`vector_lanes`, or one
+    per array column), each output reading `window` inputs; its inputs and outputs
+    stream through DRAM once (input words, or elements x window when unknown), at the
+    ifmap / ofmap bandwidth."""
+    lanes = device.vector_lanes or device.cols
+    ops = work.macs if work.kind in VECTOR_KINDS else work.groups * work.m * work.n * work.k
+    compute = math.ceil(ops / lanes) if ops else 0
+    reads = work.input_words or ops
+    writes = work.output_words or work.elements
+    stall_cycles = 0.0
+    if device.ifmap_bandwidth:
+        stall_cycles = reads / device.ifmap_bandwidth
+    if device.ofmap_bandwidth:
+        stall_cycles = max(stall_cycles, writes / device.ofmap_bandwidth)
+    stall = max(0, math.ceil(stall_cycles) - compute)
+    utilisation = ops / (lanes * (compute + stall)) if compute else 0.0
+    return DispatchCost(compute, stall, (reads + writes) * work.element_bytes, utilisation)
+
+
+def systolic_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
+    """The built-in `"systolic"` model: GEMM kinds on the array (`folding`,
+    `memory_stalls`), the rest on the vector unit (`vector_cost`)."""
+    if work.kind not in GEMM_KINDS or not (work.m and work.n and work.k):
+        return vector_cost(work, device)
+    compute = systolic_compute_cycles(work, device)
+    stall, words = memory_stalls(work, device, compute)
+    pes = device.rows * device.cols
+    utilisation = work.macs / (pes * (compute + stall)) if compute else 0.0
+    return DispatchCost(compute, stall, words * work.element_bytes, utilisation)
+
+
+register_cost_model("systolic", systolic_cost)
+register_cost_model("vector", vector_cost)
+
+
+# -- SCALE-Sim configuration files --------------------------------------------------------
+
+_CFG_KEYS = {
+    "arrayheight": "rows", "arraywidth": "cols", "dataflow": "dataflow",
+    "ifmapsramszkb": "ifmap_sram_words", "filtersramszkb": "filter_sram_words",
+    "ofmapsramszkb": "ofmap_sram_words",
+}
+
+
+def read_scalesim_config(path: str, **overrides: Any) -> AcceleratorConfig:
+    """An `AcceleratorConfig` from a SCALE-Sim `.cfg` file.
+
+    Read: `[architecture_presets]` ArrayHeight, ArrayWidth, Dataflow, the three
+    `*SramSzkB` (kB x 1024 words: SCALE-Sim addresses one element per word) and, when
+    `[run_presets] InterfaceBandwidth` is `USER`, `Bandwidth` (words per cycle; the
+    ofmap's, and the ifmap's and filter's unless `[layout]` gives their
+    `IfmapSRAMBankBandwidth` / `FilterSRAMBankBandwidth`, which SCALE-Sim uses for
+    them); `CALC` means unlimited bandwidth. Ours, in an optional `[emu]` section:
+    `ClockHz`, `VectorLanes`, `CostModel`. `overrides` (fields of `AcceleratorConfig`)
+    win over the file. A missing or malformed file or key is an INVALID_ARGUMENT naming
+    it."""
+    import configparser
+
+    parser = configparser.ConfigParser()
+    try:
+        with open(path) as f:
+            parser.read_file(f)
+    except (OSError, configparser.Error) as exc:
+        raise InvalidArgumentError(f"cannot read SCALE-Sim config {path!r}: {exc}") from None
+    values: dict[str, Any] = {}
+    try:
+        arch = parser["architecture_presets"]
+    except KeyError:
+        raise InvalidArgumentError(
+            f"SCALE-Sim config {path!r} has no [architecture_presets] section") from None
+    try:
+        for key, field in _CFG_KEYS.items():
+            if key not in arch:
+                continue
+            raw = arch[key].strip()
+            if field == "dataflow":
+                values[field] = raw.lower()
+            elif field.endswith("_words"):
+                values[field] = int(raw) * 1024
+            else:
+                values[field] = int(raw)
+        mode = parser.get("run_presets", "InterfaceBandwidth", fallback="CALC").strip().upper()
+        if mode == "USER":
+            bandwidth = float(arch.get("Bandwidth", "").split(",")[0])
+            values["ofmap_bandwidth"] = bandwidth
+            layout = parser["layout"] if parser.has_section("layout") else {}
+            values["ifmap_bandwidth"] = float(layout.get("IfmapSRAMBankBandwidth", bandwidth))
+            values["filter_bandwidth"] = float(layout.get("FilterSRAMBankBandwidth", bandwidth))
+        elif mode != "CALC":
+            raise ValueError(f"InterfaceBandwidth must be USER or CALC, not {mode!r}")
+        if parser.has_section("emu"):
+            emu = parser["emu"]
+            if "ClockHz" in emu:
+                values["clock_hz"] = float(emu["ClockHz"])
+            if "VectorLanes" in emu:
+                values["vector_lanes"] = int(emu["VectorLanes"])
+            if "CostModel" in emu:
+                values["cost_model"] = emu["CostModel"].strip()
+    except ValueError as exc:
+        raise InvalidArgumentError(f"SCALE-Sim config {path!r}: {exc}") from None
+    known = {f.name for f in fields(AcceleratorConfig)}
+    unknown = set(overrides) - known
+    if unknown:
+        raise InvalidArgumentError(f"unknown accelerator fields {sorted(unknown)}; "
+                                   f"fields: {sorted(known)}")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    config = AcceleratorConfig(**values)
+    config.validate()
+    return config
+
+
+def _cost_entry(name: str, value: Any, path: str) -> DispatchCost:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = {"cycles": value}
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"cost file {path!r}: the cost of {name!r} must be a number "
+                                   f"of cycles or an object, not {value!r}")
+    try:
+        stall = int(value.get("stall_cycles", 0))
+        cycles = int(value["cycles"]) if "cycles" in value else (
+            int(value["compute_cycles"]) + stall)
+        dram = int(value.get("dram_bytes", 0))
+        utilisation = float(value.get("utilisation", 0.0))
+    except (KeyError, TypeError, ValueError):
+        raise InvalidArgumentError(f"cost file {path!r}: {name!r} needs `cycles` (or "
+                                   "`compute_cycles`) as numbers") from None
+    if cycles < 0 or stall < 0 or stall > cycles or dram < 0:
+        raise InvalidArgumentError(f"cost file {path!r}: {name!r} has negative cycles or "
+                                   "bytes, or more stall cycles than cycles")
+    return DispatchCost(cycles - stall, stall, dram, utilisation)
+
+
+def read_cost_file(path: str) -> dict[str, DispatchCost]:
+    """Measured per-export costs: a JSON object mapping an export name to its cycles or
+    to `{"cycles", "stall_cycles", "dram_bytes", "utilisation"}`, or a CSV file with a
+    column naming the export (`export`, or SCALE-Sim's `Layer name` / `LayerID` when
+    its layers are named after the exports) and `cycles` (or SCALE-Sim's
+    COMPUTE_REPORT columns `Total Cycles` and `Stall Cycles`)."""
+    import csv
+    import json
+
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read cost file {path!r}: {exc}") from None
+    if path.endswith(".json") or text.lstrip().startswith("{"):
+        try:
+            table = json.loads(text)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"cost file {path!r} is not JSON: {exc}") from None
+        if not isinstance(table, dict):
+            raise InvalidArgumentError(f"cost file {path!r} must hold a JSON object")
+        return {str(k): _cost_entry(str(k), v, path) for k, v in table.items()}
+    rows = list(csv.reader(text.splitlines()))
+    if not rows:
+        raise InvalidArgumentError(f"cost file {path!r} is empty")
+    header = [h.strip().lower() for h in rows[0]]
+
+    def column(*names: str) -> int:
+        for name in names:
+            if name in header:
+                return header.index(name)
+        return -1
+
+    name_at = column("export", "layer name", "layerid", "layer")
+    cycles_at = column("cycles", "total cycles")
+    stall_at = column("stall_cycles", "stall cycles")
+    if name_at < 0 or cycles_at < 0:
+        raise InvalidArgumentError(f"cost file {path!r} needs an `export` and a `cycles` "
+                                   "column (or SCALE-Sim's LayerID / Total Cycles)")
+    table: dict[str, DispatchCost] = {}
+    for row in rows[1:]:
+        if len(row) <= max(name_at, cycles_at, stall_at) or not row[name_at].strip():
+            continue
+        entry: dict[str, Any] = {"cycles": _number(row[cycles_at], path)}
+        if stall_at >= 0:
+            entry["stall_cycles"] = _number(row[stall_at], path)
+        name = row[name_at].strip()
+        table[name] = _cost_entry(name, entry, path)
+    return table
+
+
+def _number(text: str, path: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise InvalidArgumentError(f"cost file {path!r}: {text.strip()!r} is not a number"
+                                   ) from None
+
+
+def accelerator_config(value: Any) -> AcceleratorConfig | None:
+    """The `accelerator=` option of an emu device: None, an `AcceleratorConfig`, a
+    dict of its fields or the path of a SCALE-Sim `.cfg` file."""
+    if value is None:
+        return None
+    if isinstance(value, AcceleratorConfig):
+        config = value
+    elif isinstance(value, dict):
+        known = {f.name for f in fields(AcceleratorConfig)}
+        unknown = set(value) - known
+        if unknown:
+            raise InvalidArgumentError(f"unknown accelerator fields {sorted(unknown)}; "
+                                       f"fields: {sorted(known)}")
+        config = AcceleratorConfig(**value)
+    elif isinstance(value, str):
+        return read_scalesim_config(value)
+    else:
+        raise InvalidArgumentError("emu option accelerator must be an AcceleratorConfig, a "
+                                   f"dict or a SCALE-Sim .cfg path, not {type(value).__name__}")
+    config.validate()
+    return config
+
+
+__all__ = ["AcceleratorConfig", "CostFunction", "DATAFLOWS", "DispatchCost", "DispatchWork",
+           "Folding", "WORK_KINDS", "WORK_SOURCES", "accelerator_config", "cost_models",
+           "dispatch_cost", "folding", "memory_stalls", "read_cost_file", "read_scalesim_config",
+           "register_cost_model", "systolic_compute_cycles", "systolic_cost", "vector_cost"]
