@@ -645,8 +645,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device_profiling_output", default="",
                    help="where the profile goes; .json is Chrome trace JSON, .jsonl is "
                         "IREE's ireeperf-jsonl")
-    p.add_argument("--emu_summary", nargs="?", const="true", default="false", type=_flag_bool,
-                   help="on emu: print the run's modelled-time summary to stderr")
+    p.add_argument("--emu_summary", nargs="?", const="true", default="false",
+                   type=_summary_format,
+                   help="on emu: print the run's modelled-time summary to stderr "
+                        "(`json`: one JSON object per emu device, with its dispatches)")
+    p.add_argument("--emu_config", default="",
+                   help="on emu: the accelerator, a SCALE-Sim .cfg file (array, SRAMs, "
+                        "bandwidth; an [emu] section for ClockHz, VectorLanes, CostModel)")
+    p.add_argument("--emu_cost_file", default="",
+                   help="on emu: measured per-export cycles (JSON, or CSV with export and "
+                        "cycles columns)")
     p.add_argument("--print_statistics", nargs="?", const="true", default="false",
                    type=_flag_bool, help="print device allocator statistics to stderr")
     p.add_argument("--list_drivers", action="store_true", help="list the drivers and exit")
@@ -670,6 +678,13 @@ def _flag_bool(text: str) -> bool:
     if lowered in ("false", "0"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
+
+
+def _summary_format(text: str) -> str:
+    """`--emu_summary`'s value: "" (none), "text" or "json"."""
+    if text.strip().lower() == "json":
+        return "json"
+    return "text" if _flag_bool(text) else ""
 
 
 def device_name(name: str) -> str:
@@ -696,8 +711,22 @@ def _device_options(name: str) -> dict[str, Any]:
     return options
 
 
-def _create_devices(flags: list[str], task: dict[str, str], policy: str = "any"
-                    ) -> list[Any]:
+def _emu_options(args: argparse.Namespace) -> dict[str, str]:
+    """The emu devices' `accelerator` / `cost_file` from `--emu_config` /
+    `--emu_cost_file`; either without an emu `--device` is an INVALID_ARGUMENT."""
+    options = {}
+    if args.emu_config:
+        options["accelerator"] = args.emu_config
+    if args.emu_cost_file:
+        options["cost_file"] = args.emu_cost_file
+    if options and not any(device_name(d) == "emu" for d in args.device):
+        flag = "--emu_config" if args.emu_config else "--emu_cost_file"
+        raise InvalidArgumentError(f"{flag} needs --device=emu")
+    return options
+
+
+def _create_devices(flags: list[str], task: dict[str, str], policy: str = "any",
+                    emu: dict[str, str] | None = None) -> list[Any]:
     """One device per `--device=` flag, in order (the task driver without one), as IREE
     gives a program compiled for several devices its devices in flag order; each with
     executable policy `policy`."""
@@ -707,8 +736,9 @@ def _create_devices(flags: list[str], task: dict[str, str], policy: str = "any"
     try:
         for flag in flags or ["task"]:
             driver = device_name(flag)
+            extra = emu if emu and driver == "emu" else {}
             devices.append(create_device(driver, **_device_options(flag),
-                                         **task_options(task, driver),
+                                         **task_options(task, driver), **extra,
                                          executable_policy=policy))
     except BaseException:
         for device in devices:
@@ -768,7 +798,8 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                 f"--device_profiling_output={profile_output}: the extension picks the format, "
                 "'.json' (Chrome trace) or '.jsonl' (ireeperf-jsonl)")
         task = {n: getattr(args, n) for n in TASK_FLAGS if getattr(args, n) is not None}
-        devices = _create_devices(args.device, task, args.executable_policy)
+        emu = _emu_options(args)
+        devices = _create_devices(args.device, task, args.executable_policy, emu)
         module = Module(path, devices if len(devices) > 1 else devices[0], modules=factories,
                         parameters=parameter_flags(args.parameters, args.parameter_mode))
         name = args.function
@@ -809,7 +840,12 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
             if not summaries:
                 raise InvalidArgumentError("--emu_summary needs --device=emu")
             for summary in summaries:
-                stderr.write(summary.format())
+                if args.emu_summary == "json":
+                    import json
+
+                    stderr.write(json.dumps(summary.as_json()) + "\n")
+                else:
+                    stderr.write(summary.format())
         cconvs = vmf.cconv.results
         if args.expected_output is not None:
             expected: list[Any] = []

@@ -107,9 +107,11 @@ class EmuSummary:
     accelerator: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
-        """The summary as one JSON-ready object, `dispatches` a list of its exports'
-        records (totals over all their runs, cycles at `clock_hz`)."""
+        """The summary as one JSON-ready object: `dispatches` a list of its exports'
+        records (totals over all their runs, cycles at `clock_hz`), `dispatch_count`
+        how many dispatches ran."""
         out = {k: v for k, v in self.__dict__.items() if k != "dispatch_costs"}
+        out["dispatch_count"] = self.dispatches
         out["dispatches"] = [
             {"export": r.export, "count": r.count, "cycles": r.cycles * r.count,
              "compute_cycles": r.compute_cycles * r.count,
