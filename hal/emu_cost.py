@@ -238,22 +238,29 @@ def _operand_streams(work: DispatchWork, device: AcceleratorConfig
     """Per read operand (ifmap, filter): the words it streams from DRAM over the whole
     dispatch, its SRAM size and its DRAM bandwidth.
 
-    Each operand is fetched in the order the array uses it (SCALE-Sim's operand
-    matrices: the ifmap as its im2col rows, so a convolution's input pixels are read
-    once per window position they appear in unless the SRAM keeps them). The operand
-    the array streams again on each outer fold (the ifmap for os and ws, the filter for
-    is) is read once when it fits in half of its SRAM (the half being computed on),
-    else once per outer fold. For a depthwise convolution and a batch matmul each group
-    is a problem of its own."""
+    Each operand is fetched in the order the array uses it, as SCALE-Sim's operand
+    matrices are: the ifmap as its im2col rows (M x K), the filter as K x N. The loop
+    over the outer (column) folds is outermost, so the operand swept again on each
+    outer fold (the ifmap for os and ws, the filter for is) is read once when it fits
+    in half of its SRAM (the half being computed on) and once per outer fold when not.
+    The other is read once, except under os when one column fold's slice of the filter
+    (K x cols) does not fit in half its SRAM: then that slice is read again on every
+    inner fold. A depthwise convolution's or batch matmul's groups each do the same."""
     m, n, k = work.m, work.n, work.k
     fold = folding(m, n, k, device.rows, device.cols, device.dataflow)
     ifmap = m * k
     filt = k * n
+    ifmap_half = device.ifmap_sram_words // 2
+    filter_half = device.filter_sram_words // 2
     if device.dataflow == "is":
-        if filt > device.filter_sram_words // 2:
+        if filt > filter_half:
             filt *= fold.outer_folds
-    elif ifmap > device.ifmap_sram_words // 2:
-        ifmap *= fold.outer_folds
+    else:
+        if ifmap > ifmap_half:
+            ifmap *= fold.outer_folds
+        if (device.dataflow == "os" and filt > filter_half
+                and k * min(n, device.cols) > filter_half):
+            filt *= fold.inner_folds
     g = work.groups
     return ((g * ifmap, device.ifmap_sram_words, device.ifmap_bandwidth),
             (g * filt, device.filter_sram_words, device.filter_bandwidth))
