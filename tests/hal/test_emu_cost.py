@@ -301,3 +301,34 @@ def test_cost_file_wins(tmp_path):
         assert (record.cycles, record.work_source) == (5000, "cost-file")
     finally:
         emu.close()
+
+
+def test_mobilenet_v2_on_a_systolic_array():
+    """The whole of MobileNetV2 on a 128x128 weight-stationary array: bit-exact with
+    sync; every convolution and matmul priced from its work (only the input copy, which
+    names no operation, by its workgroups); the summary accounts for every dispatch."""
+    pytest.importorskip("onnx")
+    from support.models import mobilenet_input, mobilenet_v2_vmfb
+
+    vmfb, x = str(mobilenet_v2_vmfb()), mobilenet_input()
+    with tinyhal.load(vmfb, device=hal.create_device("sync")) as model:
+        expected = np.asarray(model.mobilenet_v2(x))
+    emu = hal.create_device("emu", accelerator={"rows": 128, "cols": 128, "dataflow": "ws"})
+    try:
+        with tinyhal.load(vmfb, device=emu) as model:
+            got = np.asarray(model.mobilenet_v2(x))
+        assert got.tobytes() == expected.tobytes()
+        summary = emu.summary()
+        records = summary.dispatch_costs
+        assert sum(r.count for r in records) == summary.dispatches == 55
+        by_source = {r.export.split("_dispatch_")[1]: r.work_source for r in records}
+        assert [k for k, v in by_source.items() if v != "export-name"] == ["0_slow_memcpy"]
+        kinds = {r.export.split("_dispatch_")[1].split("_", 1)[1].split("_")[0]
+                 for r in records}
+        assert {"conv", "matmul", "reduction"} <= kinds
+        assert all(r.cycles > 0 for r in records)
+        compute = [e for e in emu.trace() if e.engine == "compute"]
+        assert sum(e.duration_ns for e in compute) == sum(
+            r.cycles * r.count for r in records)  # 1 GHz: a cycle is a nanosecond
+    finally:
+        emu.close()
