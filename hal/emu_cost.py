@@ -45,7 +45,7 @@ from ..errors import InvalidArgumentError
 GEMM_KINDS = ("matmul", "batch_matmul", "conv", "depthwise")
 VECTOR_KINDS = ("pool", "elementwise", "reduction", "unknown")
 WORK_KINDS = GEMM_KINDS + VECTOR_KINDS
-WORK_SOURCES = ("compiler", "export-name", "workgroups", "cost-file")
+WORK_SOURCES = ("compiler", "export-name", "workgroups", "cost-file", "given")
 DATAFLOWS = ("os", "ws", "is")
 
 
@@ -60,7 +60,8 @@ class DispatchWork:
     Vector work (pooling, element-wise, reduction) is `elements` outputs each reading
     `window` inputs. `input_words` / `filter_words` / `output_words` are the elements
     of each operand in memory (unique, not im2col); `source` says where the figures
-    came from (`WORK_SOURCES`).
+    came from (`WORK_SOURCES`: `given` when built by hand). Kind `unknown` means only
+    the workgroup count (`elements`) is known.
     """
 
     kind: str
@@ -74,7 +75,7 @@ class DispatchWork:
     filter_words: int = 0
     output_words: int = 0
     element_bytes: int = 4
-    source: str = "workgroups"
+    source: str = "given"
 
     @property
     def macs(self) -> int:

@@ -92,7 +92,7 @@ class CostModel:
         measured = self.measured.get(export)
         if measured is not None:
             return launch + round(measured.cycles * 1e9 / clock), measured, "cost-file"
-        if self.accelerator is None or work is None or work.source == "workgroups":
+        if self.accelerator is None or work is None or work.kind == "unknown":
             ns = self.dispatch_ns(export, workgroups, units, bound_bytes)
             cycles = round((ns - launch) * clock / 1e9)
             source = "workgroups" if work is None else work.source

@@ -332,3 +332,21 @@ def test_mobilenet_v2_on_a_systolic_array():
             r.cycles * r.count for r in records)  # 1 GHz: a cycle is a nanosecond
     finally:
         emu.close()
+
+
+def test_overlapping_dispatches_share_dram_bandwidth():
+    """Two units (two arrays): a dispatch placed while another still runs gets half the
+    bandwidth (32 stall cycles at 0.5 words/cycle, see test_memory_stalls_by_hand); one
+    placed after it ended gets all of it."""
+    from tinyhal.hal.drivers.emu_engines import place_dispatch
+    from tinyhal.hal.drivers.emu_model import cost_model
+
+    accelerator = array("os", ifmap_sram_words=4, ifmap_bandwidth=1.0)
+    model = cost_model("generic", accelerator=accelerator, compute_units=2)
+    units = [0, 0]
+    first = place_dispatch(units, model, "a", 1, 0, 0, MATMUL)
+    assert (first[0], first[1], first[3].stall_cycles) == (1, 0, 0)
+    second = place_dispatch(units, model, "b", 1, 0, 0, MATMUL)
+    assert (second[1], second[3].stall_cycles) == (0, 32)
+    third = place_dispatch(units, model, "c", 1, 0, 200, MATMUL)
+    assert (third[1], third[3].stall_cycles) == (200, 0)
