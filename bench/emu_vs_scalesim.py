@@ -329,6 +329,7 @@ def main() -> int:
                          "scalesim_cycles": s["cycles"], "emu_cycles": ours,
                          "error": error, "scalesim_stall": s["stall_cycles"],
                          "emu_stall": e["stall_cycles"], "emu_work_source": e["work_source"],
+                         "emu_exports": e["exports"],
                          "scalesim_s": s["seconds"], "emu_s": e["seconds"]})
         summary[c] = {"compared": "total cycles" if limited else "stall-free compute cycles",
                       "mean_abs_error": statistics.fmean(errors),

@@ -102,7 +102,7 @@ def work_from_name(name: str, binding_lengths: list[int], workgroups: int) -> Di
     op, raw_dims, element = parsed
     elements = [length // element for length in binding_lengths if length] or [0]
     dims = _complete(raw_dims, elements[-1])
-    if dims is None:
+    if dims is None or 0 in dims:
         return unknown
     common: dict[str, Any] = {"element_bytes": element, "source": "export-name"}
     bindings = len(binding_lengths)

@@ -350,3 +350,33 @@ def test_overlapping_dispatches_share_dram_bandwidth():
     assert (second[1], second[3].stall_cycles) == (0, 32)
     third = place_dispatch(units, model, "c", 1, 0, 200, MATMUL)
     assert (third[1], third[3].stall_cycles) == (200, 0)
+
+
+def test_tinyhal_run_emu_config_and_json_summary(tmp_path):
+    """`--emu_config` gives the emu device a SCALE-Sim accelerator, `--emu_summary=json`
+    prints one JSON object listing the dispatches; misuse is a clear error, exit 1."""
+    import subprocess
+    import sys
+
+    path = compile_mlir(MATMUL_MLIR, HOST_FLAGS)
+    config = tmp_path / "a.cfg"
+    config.write_text(SCALESIM_CFG.format(mode="USER"))
+    base = [sys.executable, "-m", "tinyhal.vm.run", f"--module={path}", "--function=mm",
+            "--input=64x96xf32=1", "--input=96x40xf32=1", "--output_max_element_count=0"]
+    result = subprocess.run(base + ["--device=emu", f"--emu_config={config}",
+                                    "--emu_summary=json"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stderr.strip().splitlines()[-1])
+    (dispatch,) = summary["dispatches"]
+    assert dispatch["export"] == "mm_dispatch_0_matmul_64x40x96_f32"
+    assert dispatch["work_source"] == "export-name"
+    # ws 32x16: ceil(96/32) x ceil(40/16) = 9 folds of 64 + 16 + 64 - 2 = 142 cycles
+    assert dispatch["compute_cycles"] == 9 * 142
+    assert summary["accelerator"]["dataflow"] == "ws"
+    for extra, message in ((["--device=sync", f"--emu_config={config}"],
+                            "--emu_config needs --device=emu"),
+                           (["--device=emu", "--emu_config=/nonexistent.cfg"],
+                            "cannot read SCALE-Sim config")):
+        result = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and message in result.stderr, result.stderr
