@@ -19,10 +19,12 @@ Built in:
   dataflow, folded as SCALE-Sim folds it (convolutions through im2col), for matmuls
   and convolutions; depthwise convolutions run one channel at a time (as SCALE-Sim's
   `DP` layers do); pooling, element-wise and reduction work runs on the vector unit
-  (`vector_cost`). Memory (`memory_stalls`): double-buffered on-chip SRAMs for ifmap,
-  filter and ofmap, an operand refetched from DRAM on every pass when it does not fit in
-  half of its SRAM, DRAM bandwidth in words per cycle, stalls when the DRAM stream is
-  slower than the array.
+  (`vector_cost`). Memory (`memory_stalls`, `ring_reads`): double-buffered on-chip
+  SRAMs for ifmap, filter and ofmap, each operand laid out in DRAM in the order the
+  array uses it and fetched half an SRAM at a time by a window that only moves
+  forward (so an operand that does not fit is refetched on every sweep, and data the
+  window passed costs a trip round the operand), DRAM bandwidth in words per cycle,
+  stalls when the slowest stream is slower than the array.
 - `"vector"`: every dispatch on the vector unit alone.
 
 (The per-workgroup model of `hal.drivers.emu_model.CostModel`, used when a device has
@@ -234,37 +236,103 @@ def systolic_compute_cycles(work: DispatchWork, device: AcceleratorConfig) -> in
     return work.groups * fold.folds * fold.fold_cycles
 
 
-def _operand_streams(work: DispatchWork, device: AcceleratorConfig
-                     ) -> tuple[tuple[int, int, float], ...]:
-    """Per read operand (ifmap, filter): the words it streams from DRAM over the whole
-    dispatch, its SRAM size and its DRAM bandwidth.
+def _diagonal_start(d: int, width: int) -> int:
+    """Where anti-diagonal `d` of a matrix `width` columns wide (and many rows) starts
+    when its elements are laid out diagonal after diagonal."""
+    if d <= width - 1:
+        return d * (d + 1) // 2
+    return width * (width - 1) // 2 + (d - (width - 1)) * width
 
-    Each operand is fetched in the order the array uses it, as SCALE-Sim's operand
-    matrices are: the ifmap as its im2col rows (M x K), the filter as K x N. The loop
-    over the outer (column) folds is outermost, so the operand swept again on each
-    outer fold (the ifmap for os and ws, the filter for is) is read once when it fits
-    in half of its SRAM (the half being computed on) and once per outer fold when not.
-    The other is read once, except under os when one column fold's slice of the filter
-    (K x cols) does not fit in half its SRAM: then that slice is read again on every
-    inner fold. A depthwise convolution's or batch matmul's groups each do the same."""
+
+def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int,
+               diagonal: bool = True, data_words: int = 0) -> int:
+    """Words one operand reads from DRAM through its double-buffered SRAM.
+
+    The operand is laid out in DRAM in the order the array first uses it (SCALE-Sim's
+    prefetch order): `blocks` blocks of `rows` x `width` words, one per fold that uses
+    a distinct part of it, stacked and read anti-diagonal by anti-diagonal when
+    `diagonal` (the array's skew), row by row otherwise. Half the SRAM holds what the
+    array computes on; the other half is being filled. `demands` lists, fold by fold,
+    the (block, first row, end row) the fold reads. When a fold needs a word the half
+    being computed on does not hold, the halves swap and the next half-SRAM of the
+    operand, in layout order, is fetched; the window only moves forward, so a fold
+    that needs data behind it (an operand swept again, or the start of a fold whose
+    diagonals the previous fold's skewed tail already passed) waits until the window
+    comes round the operand again. An operand that fits in half its SRAM is read once
+    (its `data_words`, without the blocks' padding, when given).
+    """
+    total = blocks * rows * width
+    active = math.ceil(sram_words / 2)
+    refill = sram_words - active
+    if total <= active or refill <= 0:
+        return min(total, data_words) if data_words else total
+
+    def first(block: int, row: int) -> int:
+        g = block * rows + row
+        return min(total - 1, _diagonal_start(g, width) if diagonal else g * width)
+
+    def last(block: int, end: int) -> int:
+        g = block * rows + end - 1
+        if diagonal:
+            return min(total - 1, _diagonal_start(g + width - 1, width) + width - 1)
+        return min(total - 1, (g + 1) * width - 1)
+
+    window_end = window = reads = active
+    for block, row, end in demands:
+        f, tail = first(block, row), last(block, end)
+        while (f - (window_end - window)) % total >= window:
+            window_end += refill
+            reads += refill
+            window = refill
+        reach = (f - (window_end - window)) % total + (tail - f) + 1
+        while reach > window:
+            reach -= window
+            window_end += refill
+            reads += refill
+            window = refill
+    return reads
+
+
+def operand_reads(work: DispatchWork, device: AcceleratorConfig) -> tuple[int, int]:
+    """(ifmap, filter) words read from DRAM by one group of a GEMM-kind dispatch, laid
+    out and demanded as SCALE-Sim's operand matrices are (`ring_reads`): the outer
+    loop over column folds, the inner over row folds.
+
+    Output stationary: the ifmap is one block of K x rows per row fold, every fold
+    reading its own; the filter one block of K x cols per column fold. Weight
+    stationary: the ifmap is one block of M x rows per row fold (K slice), the filter
+    one block of K x cols per column fold, each fold reading its `rows` rows of it.
+    Input stationary: the ifmap is one block of K x cols per column fold (M slice),
+    laid out row by row, each fold reading its rows of it; the filter one block of
+    N x rows per row fold."""
     m, n, k = work.m, work.n, work.k
-    fold = folding(m, n, k, device.rows, device.cols, device.dataflow)
-    ifmap = m * k
-    filt = k * n
-    ifmap_half = device.ifmap_sram_words // 2
-    filter_half = device.filter_sram_words // 2
-    if device.dataflow == "is":
-        if filt > filter_half:
-            filt *= fold.outer_folds
+    rows, cols = device.rows, device.cols
+    fold = folding(m, n, k, rows, cols, device.dataflow)
+    outer, inner = range(fold.outer_folds), range(fold.inner_folds)
+    ifmap_sram, filter_sram = device.ifmap_sram_words, device.filter_sram_words
+    if device.dataflow == "os":
+        ifmap = ring_reads(fold.inner_folds, k, rows,
+                           ((fr, 0, k) for _fc in outer for fr in inner), ifmap_sram,
+                           data_words=m * k)
+        filt = ring_reads(fold.outer_folds, k, cols,
+                          ((fc, 0, k) for fc in outer for _fr in inner), filter_sram,
+                          data_words=k * n)
+    elif device.dataflow == "ws":
+        ifmap = ring_reads(fold.inner_folds, m, rows,
+                           ((fr, 0, m) for _fc in outer for fr in inner), ifmap_sram,
+                           data_words=m * k)
+        filt = ring_reads(fold.outer_folds, k, cols,
+                          ((fc, fr * rows, min(k, (fr + 1) * rows))
+                           for fc in outer for fr in inner), filter_sram, data_words=k * n)
     else:
-        if ifmap > ifmap_half:
-            ifmap *= fold.outer_folds
-        if (device.dataflow == "os" and filt > filter_half
-                and k * min(n, device.cols) > filter_half):
-            filt *= fold.inner_folds
-    g = work.groups
-    return ((g * ifmap, device.ifmap_sram_words, device.ifmap_bandwidth),
-            (g * filt, device.filter_sram_words, device.filter_bandwidth))
+        ifmap = ring_reads(fold.outer_folds, k, cols,
+                           ((fc, fr * rows, min(k, (fr + 1) * rows))
+                            for fc in outer for fr in inner), ifmap_sram, diagonal=False,
+                           data_words=m * k)
+        filt = ring_reads(fold.inner_folds, n, rows,
+                          ((fr, 0, n) for _fc in outer for fr in inner), filter_sram,
+                          data_words=k * n)
+    return ifmap, filt
 
 
 def memory_stalls(work: DispatchWork, device: AcceleratorConfig, compute: int
@@ -272,25 +340,23 @@ def memory_stalls(work: DispatchWork, device: AcceleratorConfig, compute: int
     """(stall cycles, DRAM words) of a GEMM-kind dispatch whose array needs `compute`
     cycles.
 
-    Each operand has its own SRAM, double-buffered: the first half-buffer is filled
-    before the array starts, and from then on DRAM streams the rest at the operand's
-    bandwidth while the array computes. An operand whose stream takes longer than the
-    compute stalls the array for the difference; the array waits for the slowest
-    operand (they stream at once). The outputs drain through the ofmap SRAM at the
-    ofmap bandwidth in the same way. Unlimited bandwidth (0) never stalls."""
-    words = 0
-    stream_cycles = 0.0
-    for total, sram, bandwidth in _operand_streams(work, device):
-        words += total
+    Each read operand streams its `operand_reads` words from DRAM at its bandwidth,
+    one half-SRAM after another, each operand on its own channel; the outputs drain
+    through the ofmap SRAM at the ofmap bandwidth. The array waits for the slowest
+    stream: it stalls for the cycles that stream takes beyond its compute. Unlimited
+    bandwidth (0) never stalls."""
+    ifmap, filt = operand_reads(work, device)
+    g = work.groups
+    out = work.m * work.n
+    stream = 0.0
+    for words, bandwidth in ((ifmap, device.ifmap_bandwidth),
+                             (filt, device.filter_bandwidth),
+                             (max(0, out - device.ofmap_sram_words // 2),
+                              device.ofmap_bandwidth)):
         if bandwidth:
-            during = max(0, total - sram // 2)
-            stream_cycles = max(stream_cycles, during / bandwidth)
-    out = work.groups * work.m * work.n
-    words += out
-    if device.ofmap_bandwidth:
-        during = max(0, out - device.ofmap_sram_words // 2)
-        stream_cycles = max(stream_cycles, during / device.ofmap_bandwidth)
-    return max(0, math.ceil(stream_cycles) - compute), words
+            stream = max(stream, words / bandwidth)
+    stall = max(0, math.ceil(stream) - compute // g) * g
+    return stall, g * (ifmap + filt + out)
 
 
 def vector_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
@@ -510,5 +576,5 @@ def accelerator_config(value: Any) -> AcceleratorConfig | None:
 
 __all__ = ["AcceleratorConfig", "CostFunction", "DATAFLOWS", "DispatchCost", "DispatchWork",
            "Folding", "WORK_KINDS", "WORK_SOURCES", "accelerator_config", "cost_models",
-           "dispatch_cost", "folding", "memory_stalls", "read_cost_file", "read_scalesim_config",
+           "dispatch_cost", "folding", "memory_stalls", "operand_reads", "ring_reads", "read_cost_file", "read_scalesim_config",
            "register_cost_model", "systolic_compute_cycles", "systolic_cost", "vector_cost"]

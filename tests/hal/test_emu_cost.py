@@ -21,9 +21,11 @@ from tinyhal.hal.emu_cost import (
     cost_models,
     dispatch_cost,
     folding,
+    operand_reads,
     read_cost_file,
     read_scalesim_config,
     register_cost_model,
+    ring_reads,
     systolic_cost,
     vector_cost,
 )
@@ -83,21 +85,39 @@ def test_vector_unit_by_hand():
 
 
 def test_memory_stalls_by_hand():
-    """os 4x4, M=6 N=5 K=3 (36 compute cycles). The ifmap SRAM holds 4 words (2 in its
-    computing half): the 18-word ifmap does not fit, so it streams once per column
-    fold (2): 36 words, 2 of them before the array starts, 34 during it. At 1 word per
-    cycle it keeps up (34 <= 36 cycles); at 0.5 it takes 68 cycles: 32 stalled."""
-    fast = systolic_cost(MATMUL, array("os", ifmap_sram_words=4, ifmap_bandwidth=1.0))
-    assert (fast.compute_cycles, fast.stall_cycles) == (36, 0)
-    assert fast.dram_bytes == (36 + 15 + 30) * 4
-    slow = systolic_cost(MATMUL, array("os", ifmap_sram_words=4, ifmap_bandwidth=0.5))
-    assert (slow.compute_cycles, slow.stall_cycles) == (36, 32)
-    # the outputs drain at the ofmap bandwidth: 30 words, 2 buffered, 28 at 0.25/cycle
-    drain = systolic_cost(MATMUL, array("os", ofmap_sram_words=4, ofmap_bandwidth=0.25))
-    assert drain.stall_cycles == 112 - 36
-    # overlapping dispatches share the bandwidth
-    shared = array("os", ifmap_sram_words=4, ifmap_bandwidth=1.0).shared(2)
-    assert systolic_cost(MATMUL, shared).stall_cycles == 32
+    """os 2x2, M=4 N=4 K=2: 2 x 2 folds of 2 + 2 + 2 - 2 = 4 cycles, 16 in all. The
+    ifmap (2 row folds of K x rows = 2 x 2 words, 8 in all) is laid out diagonal by
+    diagonal: fold 0 reads words 0-4 (its skew reaches into the diagonal fold 1 starts
+    on), fold 1 words 3-7. An 8-word SRAM computes on 4 words while 4 more come: fold 0
+    needs 0-4, so 0-3 then 4-7 (8 words read); fold 1 starts at word 3, behind the
+    window, which goes round to 0-3 and on to 4-7 (16); the second column fold does the
+    same again (32 words). At 1 word per cycle the array waits 32 - 16 = 16 cycles."""
+    work = DispatchWork("matmul", m=4, n=4, k=2)
+    small = array("os", rows=2, cols=2, ifmap_sram_words=8)
+    assert operand_reads(work, small) == (32, 8)
+    cost = systolic_cost(work, array("os", rows=2, cols=2, ifmap_sram_words=8,
+                                     ifmap_bandwidth=1.0))
+    assert (cost.compute_cycles, cost.stall_cycles) == (16, 16)
+    assert cost.dram_bytes == (32 + 8 + 16) * 4
+    # an operand that fits in half its SRAM is read once
+    assert operand_reads(work, array("os", rows=2, cols=2, ifmap_sram_words=16)) == (8, 8)
+    # the outputs drain at the ofmap bandwidth: 16 words, 2 buffered, 14 at 0.5/cycle
+    drain = systolic_cost(work, array("os", rows=2, cols=2, ofmap_sram_words=4,
+                                      ofmap_bandwidth=0.5))
+    assert drain.stall_cycles == 28 - 16
+    # overlapping dispatches share the bandwidth: 32 words at 0.5 take 64 cycles
+    shared = array("os", rows=2, cols=2, ifmap_sram_words=8, ifmap_bandwidth=1.0).shared(2)
+    assert systolic_cost(work, shared).stall_cycles == 64 - 16
+
+
+def test_ring_reads_by_hand():
+    """Row-by-row layout, 3 blocks of 2 x 2 words (12), a 4-word SRAM (2 + 2): reading
+    the blocks in order is one sweep, 2 words at a time (12 words); reading block 0
+    again afterwards goes round once more (16); a 12-word SRAM holds it all (12)."""
+    assert ring_reads(3, 2, 2, [(0, 0, 2), (1, 0, 2), (2, 0, 2)], 4, diagonal=False) == 12
+    assert ring_reads(3, 2, 2, [(0, 0, 2), (1, 0, 2), (2, 0, 2), (0, 0, 2)], 4,
+                      diagonal=False) == 16
+    assert ring_reads(3, 2, 2, [(0, 0, 2), (2, 0, 2), (0, 0, 2)], 24, diagonal=False) == 12
 
 
 def test_register_a_cost_model_from_python():
@@ -336,47 +356,18 @@ def test_mobilenet_v2_on_a_systolic_array():
 
 def test_overlapping_dispatches_share_dram_bandwidth():
     """Two units (two arrays): a dispatch placed while another still runs gets half the
-    bandwidth (32 stall cycles at 0.5 words/cycle, see test_memory_stalls_by_hand); one
+    bandwidth (see test_memory_stalls_by_hand: 48 stall cycles instead of 16); one
     placed after it ended gets all of it."""
     from tinyhal.hal.drivers.emu_engines import place_dispatch
     from tinyhal.hal.drivers.emu_model import cost_model
 
-    accelerator = array("os", ifmap_sram_words=4, ifmap_bandwidth=1.0)
+    work = DispatchWork("matmul", m=4, n=4, k=2)
+    accelerator = array("os", rows=2, cols=2, ifmap_sram_words=8, ifmap_bandwidth=1.0)
     model = cost_model("generic", accelerator=accelerator, compute_units=2)
     units = [0, 0]
-    first = place_dispatch(units, model, "a", 1, 0, 0, MATMUL)
-    assert (first[0], first[1], first[3].stall_cycles) == (1, 0, 0)
-    second = place_dispatch(units, model, "b", 1, 0, 0, MATMUL)
-    assert (second[1], second[3].stall_cycles) == (0, 32)
-    third = place_dispatch(units, model, "c", 1, 0, 200, MATMUL)
-    assert (third[1], third[3].stall_cycles) == (200, 0)
-
-
-def test_tinyhal_run_emu_config_and_json_summary(tmp_path):
-    """`--emu_config` gives the emu device a SCALE-Sim accelerator, `--emu_summary=json`
-    prints one JSON object listing the dispatches; misuse is a clear error, exit 1."""
-    import subprocess
-    import sys
-
-    path = compile_mlir(MATMUL_MLIR, HOST_FLAGS)
-    config = tmp_path / "a.cfg"
-    config.write_text(SCALESIM_CFG.format(mode="USER"))
-    base = [sys.executable, "-m", "tinyhal.vm.run", f"--module={path}", "--function=mm",
-            "--input=64x96xf32=1", "--input=96x40xf32=1", "--output_max_element_count=0"]
-    result = subprocess.run(base + ["--device=emu", f"--emu_config={config}",
-                                    "--emu_summary=json"],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stderr.strip().splitlines()[-1])
-    (dispatch,) = summary["dispatches"]
-    assert dispatch["export"] == "mm_dispatch_0_matmul_64x40x96_f32"
-    assert dispatch["work_source"] == "export-name"
-    # ws 32x16: ceil(96/32) x ceil(40/16) = 9 folds of 64 + 16 + 64 - 2 = 142 cycles
-    assert dispatch["compute_cycles"] == 9 * 142
-    assert summary["accelerator"]["dataflow"] == "ws"
-    for extra, message in ((["--device=sync", f"--emu_config={config}"],
-                            "--emu_config needs --device=emu"),
-                           (["--device=emu", "--emu_config=/nonexistent.cfg"],
-                            "cannot read SCALE-Sim config")):
-        result = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
-        assert result.returncode == 1 and message in result.stderr, result.stderr
+    first = place_dispatch(units, model, "a", 1, 0, 0, work)
+    assert (first[0], first[1], first[3].stall_cycles) == (1, 0, 16)
+    second = place_dispatch(units, model, "b", 1, 0, 0, work)
+    assert (second[1], second[3].stall_cycles) == (0, 48)
+    third = place_dispatch(units, model, "c", 1, 0, 200, work)
+    assert (third[1], third[3].stall_cycles) == (200, 16)
