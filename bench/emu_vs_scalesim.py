@@ -282,6 +282,17 @@ def run_scalesim(config_name: str, layers: list[Layer]) -> dict[str, dict[str, A
     return out
 
 
+def earlier_scalesim(path: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """SCALE-Sim's figures per (config, layer) from an earlier run's JSON."""
+    import json
+
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    return {(r["config"], r["layer"]): {"cycles": r["scalesim_cycles"],
+                                        "stall_cycles": r["scalesim_stall"],
+                                        "seconds": r["scalesim_s"]} for r in rows}
+
+
 # -- the comparison ------------------------------------------------------------------------
 
 
@@ -290,6 +301,9 @@ def main() -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--layers", default="", help="comma-separated layer names (all)")
     parser.add_argument("--jobs", type=int, default=2, help="SCALE-Sim processes at once")
+    parser.add_argument("--scalesim-results", default="",
+                        help="reuse SCALE-Sim's cycles from this earlier JSON output (its "
+                             "runs take minutes) instead of running it again")
     args = parser.parse_args()
     try:
         import scalesim  # noqa: F401
@@ -306,15 +320,18 @@ def main() -> int:
         layers = [layer for layer in LAYERS if layer.name in wanted]
     vmfb = compile_layers(layers)
     os.makedirs(RESULTS_DIR, exist_ok=True)
+    reused = earlier_scalesim(args.scalesim_results) if args.scalesim_results else {}
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        pending = {c: pool.submit(run_scalesim, c, layers) for c in configs}
+        pending = {c: pool.submit(run_scalesim, c, layers) for c in configs
+                   if not all((c, x.name) in reused for x in layers)}
         emu_results = {}
         for c in configs:
             path = os.path.join(RESULTS_DIR, f"emu_vs_scalesim_{c}.cfg")
             with open(path, "w") as f:
                 f.write(config_text(c, CONFIGS[c]))
             emu_results[c] = run_emu(vmfb, layers, path)
-        sim_results = {c: pending[c].result() for c in configs}
+        sim_results = {c: pending[c].result() if c in pending else
+                       {x.name: reused[(c, x.name)] for x in layers} for c in configs}
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
     for c in configs:
