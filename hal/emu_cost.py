@@ -301,10 +301,11 @@ def operand_reads(work: DispatchWork, device: AcceleratorConfig) -> tuple[int, i
     Output stationary: the ifmap is one block of K x rows per row fold, every fold
     reading its own; the filter one block of K x cols per column fold. Weight
     stationary: the ifmap is one block of M x rows per row fold (K slice), the filter
-    one block of K x cols per column fold, each fold reading its `rows` rows of it.
-    Input stationary: the ifmap is one block of K x cols per column fold (M slice),
-    laid out row by row, each fold reading its rows of it; the filter one block of
-    N x rows per row fold."""
+    one block of K x cols per column fold, laid out row by row, each fold reading its
+    `rows` rows of it. Input stationary: the ifmap is one block of K x cols per column
+    fold (M slice), laid out row by row, each fold reading its rows of it; the filter
+    one block of N x rows per row fold. (The layouts not row by row are diagonal by
+    diagonal, following the array's skew, as SCALE-Sim lays them out.)"""
     m, n, k = work.m, work.n, work.k
     rows, cols = device.rows, device.cols
     fold = folding(m, n, k, rows, cols, device.dataflow)
@@ -323,7 +324,8 @@ def operand_reads(work: DispatchWork, device: AcceleratorConfig) -> tuple[int, i
                            data_words=m * k)
         filt = ring_reads(fold.outer_folds, k, cols,
                           ((fc, fr * rows, min(k, (fr + 1) * rows))
-                           for fc in outer for fr in inner), filter_sram, data_words=k * n)
+                           for fc in outer for fr in inner), filter_sram, diagonal=False,
+                          data_words=k * n)
     else:
         ifmap = ring_reads(fold.outer_folds, k, cols,
                            ((fc, fr * rows, min(k, (fr + 1) * rows))
