@@ -2,9 +2,11 @@
 
     pip install '.[bench-emu]'      # scalesim 3.0.0 (it needs numpy < 2.4)
     python bench/emu_vs_scalesim.py [--configs os32,ws128,...] [--layers a,b] [--jobs 2]
+                                    [--full] [--scalesim-results earlier.json]
 
-Layers of three real networks (ResNet-18 convolutions, MobileNetV2 pointwise and
-depthwise convolutions, transformer GEMMs of 24 tokens) are written as one MLIR
+Layers of three real networks (ResNet-18 convolutions, MobileNetV2 pointwise
+convolutions, BERT-mini GEMMs of 24 tokens; with `--full` also ResNet-18's 7x7 and 3x3
+convolutions, a MobileNetV2 depthwise one and BERT-base GEMMs) are written as one MLIR
 module, one function per layer, and compiled by the pinned iree-compile; each runs on
 `emu` with the accelerator read from a SCALE-Sim .cfg file, and emu reads each
 dispatch's work from the compiled program itself. The same layers go to SCALE-Sim as a
@@ -70,15 +72,23 @@ class Layer(NamedTuple):
         return (self.out_w - 1) * self.stride + self.s
 
 
+# Layers SCALE-Sim simulates in seconds each (on a shared 2-core machine a few
+# minutes for all configs); `--full` adds the large ones (tens of minutes).
 LAYERS = [
+    Layer("resnet18_down_3x3s2_28", "ResNet-18", 28, 28, 3, 3, 64, 128, 2),
+    Layer("resnet18_down_1x1s2_28", "ResNet-18", 28, 28, 1, 1, 64, 128, 2),
+    Layer("mobilenetv2_pw_expand_28", "MobileNetV2", 28, 28, 1, 1, 32, 192),
+    Layer("mobilenetv2_pw_project_14", "MobileNetV2", 14, 14, 1, 1, 384, 64),
+    Layer("bert_mini_qkv_24", "BERT-mini", 24, 1, 0, 0, 256, 768),
+    Layer("bert_mini_ffn_up_24", "BERT-mini", 24, 1, 0, 0, 256, 1024),
+    Layer("bert_mini_ffn_down_24", "BERT-mini", 24, 1, 0, 0, 1024, 256),
+]
+FULL_LAYERS = LAYERS + [
     Layer("resnet18_conv1_7x7s2", "ResNet-18", 112, 112, 7, 7, 3, 64, 2),
     Layer("resnet18_conv2_3x3_56", "ResNet-18", 56, 56, 3, 3, 64, 64),
-    Layer("resnet18_down_3x3s2_28", "ResNet-18", 28, 28, 3, 3, 64, 128, 2),
     Layer("resnet18_conv3_3x3_28", "ResNet-18", 28, 28, 3, 3, 128, 128),
     Layer("resnet18_conv4_3x3_14", "ResNet-18", 14, 14, 3, 3, 256, 256),
     Layer("resnet18_conv5_3x3_7", "ResNet-18", 7, 7, 3, 3, 512, 512),
-    Layer("mobilenetv2_pw_expand_28", "MobileNetV2", 28, 28, 1, 1, 32, 192),
-    Layer("mobilenetv2_pw_project_14", "MobileNetV2", 14, 14, 1, 1, 384, 64),
     Layer("mobilenetv2_dw_3x3_28", "MobileNetV2", 28, 28, 3, 3, 192, 0),
     Layer("bert_qkv_24", "BERT-base", 24, 1, 0, 0, 768, 2304),
     Layer("bert_ffn_up_24", "BERT-base", 24, 1, 0, 0, 768, 3072),
@@ -300,6 +310,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--layers", default="", help="comma-separated layer names (all)")
+    parser.add_argument("--full", action="store_true",
+                        help="also the large layers (ResNet-18's 7x7 and 3x3 convolutions, a "
+                             "depthwise one, BERT-base GEMMs): SCALE-Sim takes far longer")
     parser.add_argument("--jobs", type=int, default=2, help="SCALE-Sim processes at once")
     parser.add_argument("--scalesim-results", default="",
                         help="reuse SCALE-Sim's cycles from this earlier JSON output (its "
@@ -314,10 +327,10 @@ def main() -> int:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         parser.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
-    layers = LAYERS
+    layers = FULL_LAYERS if args.full else LAYERS
     if args.layers:
         wanted = set(args.layers.split(","))
-        layers = [layer for layer in LAYERS if layer.name in wanted]
+        layers = [layer for layer in FULL_LAYERS if layer.name in wanted]
     vmfb = compile_layers(layers)
     os.makedirs(RESULTS_DIR, exist_ok=True)
     reused = earlier_scalesim(args.scalesim_results) if args.scalesim_results else {}
