@@ -21,9 +21,9 @@ length, known at dispatch time), into a `DispatchWork`:
   N = its filter's elements / K (the binding of that size); M = output elements / N.
   Two reduction loops with a filter of K x channels is a depthwise convolution (its
   channels are the groups), with no such filter a pooling;
-- a matmul's last loop is K; M is its first operand's elements / K (IREE binds
-  operands in order, so a 1x1 convolution written F x pixels x K still has its input
-  first), N the output's elements / M;
+- a matmul's last loop is K; N the output loop whose product with K is a bound
+  operand's size (the weights), else by the name's order (see `_matmul`); M the
+  output's elements / N;
 - a `D` (one per name) is completed from the last binding (IREE binds results after
   operands) divided by the known loops of the output.
 
@@ -129,19 +129,24 @@ def work_from_name(name: str, binding_lengths: list[int], workgroups: int) -> Di
 
 def _matmul(op: str, dims: tuple[int, ...], elements: list[int],
             common: dict[str, Any]) -> DispatchWork:
-    """A matmul's work: K its last loop; M its first operand's elements / K when the
-    bindings are the operands themselves, else M x N x K for `matmul` and, for a
-    `matmul_like` (IREE's contraction from an NCHW 1x1 convolution), F x pixels x K."""
+    """A matmul's work: K its last loop, N the output loop whose product with K is the
+    element count of the second binding (the weights) when the bindings are the tensors
+    themselves; else M x N x K for `matmul` and, for a `matmul_like` (IREE's
+    contraction from a 1x1 convolution), F x pixels x K (NCHW) unless the first two
+    loops are equal and the third is not (rows x columns x F: NHWC)."""
     k = dims[-1]
     out = math.prod(dims[:-1])
     if op == "matmul_like":
-        n, m = dims[0], out // dims[0]
+        nhwc = len(dims) == 4 and dims[0] == dims[1] and dims[1] != dims[2]
+        n = dims[-2] if nhwc else dims[0]
     else:
-        m, n = math.prod(dims[:-2]), dims[-2]
-    first = elements[0] // k if elements[0] % k == 0 else 0
-    if (len(elements) > 2 and elements[-1] == out and first and out % first == 0
-            and elements[1] == k * (out // first)):
-        m, n = first, out // first
+        n = dims[-2]
+    if len(elements) > 2 and elements[-1] == out:
+        # IREE binds the operands in order: the input, then the weights
+        weights = [x for x in dims[:-1] if k * x == elements[1]]
+        if weights and n not in weights:
+            n = weights[0]
+    m = out // n
     return DispatchWork("matmul", m=m, n=n, k=k, input_words=m * k, filter_words=k * n,
                         output_words=m * n, **common)
 

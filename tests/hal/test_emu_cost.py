@@ -240,6 +240,11 @@ def test_cost_files(tmp_path):
      DispatchWork("pool", elements=2048, window=4)),
     ("m_dispatch_4_matmul_like_96x112x112x16_f32", [1 << 22, 1 << 23, 1 << 22],
      DispatchWork("matmul", m=12544, n=96, k=16)),
+    # 1x1 convolutions as contractions: NHWC (F last), pixels collapsed, bound exactly
+    ("m_dispatch_0_matmul_like_28x28x128x64_f32", [55 * 55 * 64, 64 * 128, 784 * 128],
+     DispatchWork("matmul", m=784, n=128, k=64)),
+    ("m_dispatch_0_matmul_like_784x192x32_f32", [784 * 32, 32 * 192, 784 * 192],
+     DispatchWork("matmul", m=784, n=192, k=32)),
     ("m_dispatch_53_reduction_1280x49_f32", [1 << 22, 1 << 22],
      DispatchWork("reduction", elements=1280, window=49)),
     ("m_dispatch_5_elementwise_D_f16", [10, 10],
