@@ -253,7 +253,9 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
     a distinct part of it, stacked and read anti-diagonal by anti-diagonal when
     `diagonal` (the array's skew), row by row otherwise. Half the SRAM holds what the
     array computes on; the other half is being filled. `demands` lists, fold by fold,
-    the (block, first row, end row) the fold reads. When a fold needs a word the half
+    the (block, first row, end row) the fold reads, optionally with a fourth item True
+    when it reads those rows last first (a weight-stationary fold loads its weights
+    bottom row first). When a fold needs a word the half
     being computed on does not hold, the halves swap and the next half-SRAM of the
     operand, in layout order, is fetched; the window only moves forward, so a fold
     that needs data behind it (an operand swept again, or the start of a fold whose
@@ -262,10 +264,16 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
     (its `data_words`, without the blocks' padding, when given).
     """
     total = blocks * rows * width
+    if data_words:
+        total = min(total, data_words)  # padding of a partial last block is not fetched
     active = math.ceil(sram_words / 2)
     refill = sram_words - active
     if total <= active or refill <= 0:
-        return min(total, data_words) if data_words else total
+        return total
+    # the buffer tracks what it holds in lines of a hundredth of the SRAM
+    line = math.ceil(sram_words / 100)
+    span = line * math.ceil(active / line)
+    ring = line * math.ceil(total / line)  # a partial last line takes a whole one
 
     def first(block: int, row: int) -> int:
         g = block * rows + row
@@ -277,19 +285,22 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
             return min(total - 1, _diagonal_start(g + width - 1, width) + width - 1)
         return min(total - 1, (g + 1) * width - 1)
 
-    window_end = window = reads = active
-    for block, row, end in demands:
-        f, tail = first(block, row), last(block, end)
-        while (f - (window_end - window)) % total >= window:
-            window_end += refill
-            reads += refill
-            window = refill
-        reach = (f - (window_end - window)) % total + (tail - f) + 1
-        while reach > window:
-            reach -= window
-            window_end += refill
-            reads += refill
-            window = refill
+    window_end = span
+    reads = active
+    for block, row, end, *backwards in demands:
+        if backwards and backwards[0]:  # one row at a time, the last first
+            pieces = [(first(block, r), last(block, r + 1)) for r in range(end - 1, row - 1, -1)]
+        else:
+            pieces = [(first(block, row), last(block, end))]
+        for f, tail in pieces:
+            while (f - (window_end - span)) % ring >= span:
+                window_end += span
+                reads += refill
+            reach = (f - (window_end - span)) % ring + (tail - f) + 1
+            while reach > span:
+                reach -= span
+                window_end += span
+                reads += refill
     return reads
 
 
@@ -302,7 +313,7 @@ def operand_reads(work: DispatchWork, device: AcceleratorConfig) -> tuple[int, i
     reading its own; the filter one block of K x cols per column fold. Weight
     stationary: the ifmap is one block of M x rows per row fold (K slice), the filter
     one block of K x cols per column fold, laid out row by row, each fold reading its
-    `rows` rows of it. Input stationary: the ifmap is one block of K x cols per column
+    `rows` rows of it, last row first. Input stationary: the ifmap is one block of K x cols per column
     fold (M slice), laid out row by row, each fold reading its rows of it; the filter
     one block of N x rows per row fold. (The layouts not row by row are diagonal by
     diagonal, following the array's skew, as SCALE-Sim lays them out.)"""
@@ -323,7 +334,7 @@ def operand_reads(work: DispatchWork, device: AcceleratorConfig) -> tuple[int, i
                            ((fr, 0, m) for _fc in outer for fr in inner), ifmap_sram,
                            data_words=m * k)
         filt = ring_reads(fold.outer_folds, k, cols,
-                          ((fc, fr * rows, min(k, (fr + 1) * rows))
+                          ((fc, fr * rows, min(k, (fr + 1) * rows), True)
                            for fc in outer for fr in inner), filter_sram, diagonal=False,
                           data_words=k * n)
     else:

@@ -118,6 +118,11 @@ def test_ring_reads_by_hand():
     assert ring_reads(3, 2, 2, [(0, 0, 2), (1, 0, 2), (2, 0, 2), (0, 0, 2)], 4,
                       diagonal=False) == 16
     assert ring_reads(3, 2, 2, [(0, 0, 2), (2, 0, 2), (0, 0, 2)], 24, diagonal=False) == 12
+    # 2 blocks of 2 x 2: block 0 read forwards is words 0-3, 2 + 2 of them (4 read);
+    # read last row first, row 1 (words 2-3) moves the window past row 0, which then
+    # costs the rest of the way round: 4, 6, 8, 10 words
+    assert ring_reads(2, 2, 2, [(0, 0, 2)], 4, diagonal=False) == 4
+    assert ring_reads(2, 2, 2, [(0, 0, 2, True)], 4, diagonal=False) == 10
 
 
 def test_register_a_cost_model_from_python():
