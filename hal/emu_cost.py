@@ -293,14 +293,14 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
         else:
             pieces = [(first(block, row), last(block, end))]
         for f, tail in pieces:
-            while (f - (window_end - span)) % ring >= span:
-                window_end += span
-                reads += refill
-            reach = (f - (window_end - span)) % ring + (tail - f) + 1
-            while reach > span:
-                reach -= span
-                window_end += span
-                reads += refill
+            ahead = (f - (window_end - span)) % ring  # from the window's start, forwards
+            moves = ahead // span  # to the window holding f (round the operand if behind)
+            ahead -= moves * span
+            reach = ahead + (tail - f) + 1
+            if reach > span:  # and on until it holds the piece's last word
+                moves += -(-(reach - span) // span)
+            window_end += moves * span
+            reads += moves * refill
     return reads
 
 
