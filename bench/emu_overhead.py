@@ -1,6 +1,7 @@
 """The emu driver's host cost in fast mode against tinyhal sync, per invocation.
 
     python bench/emu_overhead.py [--rounds 9] [--models tiny,gpt_step,...] [--preset P]
+                                 [--emu_config array.cfg]
 
 For each model of `bench/zoo_vs_iree.py` (tiny, KWS, small CNN, MobileNetV2, BERT-tiny,
 GPT step, LSTM, GRU), loads it on `sync` and on `emu` (fast mode, `--preset`), checks
@@ -61,8 +62,8 @@ def bytecodes(fn: Callable[[], Any]) -> int:
 
 
 def run_model(name: str, vmfb: Any, function: str, inputs: tuple, rounds: int,
-              preset: str) -> dict[str, Any]:
-    emu = hal.create_device("emu", preset=preset)
+              preset: str, accelerator: str | None = None) -> dict[str, Any]:
+    emu = hal.create_device("emu", preset=preset, accelerator=accelerator)
     modules = {"sync": tinyhal.load(vmfb, device="sync"), "emu": tinyhal.load(vmfb, device=emu)}
     runners = {}
     for driver, module in modules.items():
@@ -107,6 +108,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9, help="alternating rounds")
     parser.add_argument("--models", default="", help="comma-separated subset")
     parser.add_argument("--preset", default="generic", help="emu preset")
+    parser.add_argument("--emu_config", default=None,
+                        help="an accelerator (SCALE-Sim .cfg) priced by its cost model")
     args = parser.parse_args()
     table = models()
     names = [n for n in args.models.split(",") if n] or list(table)
@@ -114,7 +117,7 @@ def main() -> None:
     for name in names:
         make_vmfb, function, make_inputs = table[name]
         rows.append(run_model(name, make_vmfb(), function, make_inputs(), max(3, args.rounds),
-                              args.preset))
+                              args.preset, args.emu_config))
         print(f"{name}: emu/sync {rows[-1]['emu/sync']:.2f}x", file=sys.stderr, flush=True)
     load = os.getloadavg()
     path = write_results("emu_overhead", rows, {"loadavg": load})

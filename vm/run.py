@@ -673,8 +673,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device_profiling_output", default="",
                    help="where the profile goes; .json is Chrome trace JSON, .jsonl is "
                         "IREE's ireeperf-jsonl")
-    p.add_argument("--emu_summary", nargs="?", const="true", default="false", type=_flag_bool,
-                   help="on emu: print the run's modelled-time summary to stderr")
+    p.add_argument("--emu_summary", nargs="?", const="true", default="false",
+                   type=_summary_format,
+                   help="on emu: print the run's modelled-time summary to stderr "
+                        "(`json`: one JSON object per emu device, with its dispatches)")
+    p.add_argument("--emu_config", default="",
+                   help="on emu: the accelerator, a SCALE-Sim .cfg file (array, SRAMs, "
+                        "bandwidth; an [emu] section for ClockHz, VectorLanes, CostModel)")
+    p.add_argument("--emu_cost_file", default="",
+                   help="on emu: measured per-export cycles (JSON, or CSV with export and "
+                        "cycles columns)")
     p.add_argument("--print_statistics", nargs="?", const="true", default="false",
                    type=_flag_bool, help="print device allocator statistics to stderr")
     p.add_argument("--device_allocator", action="append", default=None, metavar="NAME",
@@ -704,6 +712,13 @@ def _flag_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
 
 
+def _summary_format(text: str) -> str:
+    """`--emu_summary`'s value: "" (none), "text" or "json"."""
+    if text.strip().lower() == "json":
+        return "json"
+    return "text" if _flag_bool(text) else ""
+
+
 def device_name(name: str) -> str:
     """The driver of an IREE `--device=` value (`local-task`, `emu://edge-npu`)."""
     name = name.strip()
@@ -712,18 +727,38 @@ def device_name(name: str) -> str:
     return name
 
 
-def create_devices(flags: list[str], task: dict[str, str], policy: str = "any"
-                    ) -> list[Any]:
+def _accelerator_options(args: argparse.Namespace) -> dict[str, str]:
+    """`accelerator` / `cost_file` from `--emu_config` / `--emu_cost_file`, for the devices
+    whose driver takes them; either without such a `--device` is an INVALID_ARGUMENT."""
+    from ..hal import driver_options
+
+    options = {}
+    if args.emu_config:
+        options["accelerator"] = args.emu_config
+    if args.emu_cost_file:
+        options["cost_file"] = args.emu_cost_file
+    if options and not any(set(options) <= driver_options(device_name(d))
+                           for d in args.device):
+        flag = "--emu_config" if args.emu_config else "--emu_cost_file"
+        raise InvalidArgumentError(f"{flag} needs a device that models an accelerator "
+                                   f"(--device=emu)")
+    return options
+
+
+def create_devices(flags: list[str], task: dict[str, str], policy: str = "any",
+                   accelerator: dict[str, str] | None = None) -> list[Any]:
     """One device per `--device=` flag, in order (the task driver without one), as IREE
     gives a program compiled for several devices its devices in flag order; each with
     executable policy `policy`."""
-    from ..hal import create_device
+    from ..hal import create_device, driver_options
 
     devices: list[Any] = []
     try:
         for flag in flags or ["task"]:
             driver = device_name(flag)
-            devices.append(create_device(flag, **task_options(task, driver),
+            extra = {k: v for k, v in (accelerator or {}).items()
+                     if k in driver_options(driver)}
+            devices.append(create_device(flag, **task_options(task, driver), **extra,
                                          executable_policy=policy))
     except BaseException:
         for device in devices:
@@ -783,7 +818,8 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
                 "'.json' (Chrome trace) or '.jsonl' (ireeperf-jsonl)")
         task = {n: getattr(args, n) for n in TASK_FLAGS if getattr(args, n) is not None}
         try:
-            devices = create_devices(args.device, task, args.executable_policy)
+            devices = create_devices(args.device, task, args.executable_policy,
+                                     _accelerator_options(args))
         except InvalidArgumentError as exc:  # an unknown driver, preset or option
             stderr.write(f"tinyhal-run: {exc}\n")
             return EXIT_USAGE
@@ -827,7 +863,12 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
             if not summaries:
                 raise InvalidArgumentError("--emu_summary needs --device=emu")
             for summary in summaries:
-                stderr.write(summary.format())
+                if args.emu_summary == "json":
+                    import json
+
+                    stderr.write(json.dumps(summary.as_json()) + "\n")
+                else:
+                    stderr.write(summary.format())
         cconvs = vmf.cconv.results
         if args.expected_output is not None:
             expected: list[Any] = []

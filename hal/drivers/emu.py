@@ -19,7 +19,11 @@ models:
   `dma_latency + bytes / dma_bandwidth`; a dispatch `launch_latency + waves *
   per-workgroup cost` (waves = workgroups over the units it occupies; per-workgroup cost
   from `export_costs[name]` or `workgroup_time`), never less than its bound bytes over
-  `memory_bandwidth` (a roofline). A submission starts at the later of its queue's
+  `memory_bandwidth` (a roofline). With `accelerator=` (an `AcceleratorConfig`, a
+  dict of its fields or a SCALE-Sim `.cfg` path) a dispatch is priced from its work
+  (`hal.dispatch_work`) by the accelerator's cost model (`hal.emu_cost`: a systolic
+  array with SRAMs and DRAM bandwidth, or one registered from Python); `cost_file=`
+  gives measured per-export cycles. A submission starts at the later of its queue's
   modelled clock and the modelled times its waits were signalled (by this device).
 - **Modes.** `mode="fast"` runs as fast as the host can while keeping modelled time:
   an item for an idle queue runs on the thread that made it ready (as `sync` runs it),
@@ -69,6 +73,7 @@ from ...errors import (
 from ..allocator import Allocator, Heap
 from ..buffer import Buffer
 from ..device import Device
+from ..dispatch_work import dispatch_work
 from ..execution import Barrier, Dispatch, Submission
 from ..profile import DEVICE, HOST
 from ..queue import (
@@ -177,9 +182,10 @@ class EmuDriver(Driver):
                  dma_engines: int | None = None, dma_bandwidth: float | None = None,
                  dma_latency: float | None = None, launch_latency: float | None = None,
                  compute_units: int | None = None, workgroup_time: float | None = None,
-                 export_costs: dict[str, float] | None = None, calibrate: bool = False,
+                 export_costs: dict[str, float] | None = None, accelerator: Any = None,
+                 cost_file: str | None = None, calibrate: bool = False,
                  host_workers: int | None = None, trace_capacity: int = 100_000) -> None:
-        model = cost_model(preset, export_costs, memory_size=memory_size,
+        model = cost_model(preset, export_costs, accelerator, cost_file, memory_size=memory_size,
                            memory_bandwidth=memory_bandwidth, dma_engines=dma_engines,
                            dma_bandwidth=dma_bandwidth, dma_latency=dma_latency,
                            launch_latency=launch_latency, compute_units=compute_units,
@@ -544,7 +550,7 @@ class EmuDriver(Driver):
                 bound = sum(prepared.binding_lengths[i]
                             for i in range(prepared.state.binding_count))
                 event, seq = engines.issue_dispatch(prepared.export.name, workgroups, bound,
-                                                    segment_start, q)
+                                                    segment_start, q, dispatch_work(prepared))
                 engine = -1
                 count = 1 if self.calibrating else workers.concurrency
             else:
@@ -628,7 +634,8 @@ class EmuDevice(Device):
                  dma_engines: int | None = None, dma_bandwidth: float | None = None,
                  dma_latency: float | None = None, launch_latency: float | None = None,
                  compute_units: int | None = None, workgroup_time: float | None = None,
-                 export_costs: dict[str, float] | None = None, calibrate: bool = False,
+                 export_costs: dict[str, float] | None = None, accelerator: Any = None,
+                 cost_file: str | None = None, calibrate: bool = False,
                  host_workers: int | None = None, trace_capacity: int = 100_000,
                  **options: Any) -> None:
         driver = EmuDriver(preset, queues=queues, mode=mode, memory_size=memory_size,
@@ -636,7 +643,7 @@ class EmuDevice(Device):
                            dma_bandwidth=dma_bandwidth, dma_latency=dma_latency,
                            launch_latency=launch_latency, compute_units=compute_units,
                            workgroup_time=workgroup_time, export_costs=export_costs,
-                           calibrate=calibrate, host_workers=host_workers,
+                           accelerator=accelerator, cost_file=cost_file, calibrate=calibrate, host_workers=host_workers,
                            trace_capacity=trace_capacity)
         self.preset = preset
         self.memory_size = driver.memory_size

@@ -35,6 +35,8 @@ import weakref
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from ..dispatch_work import dispatch_work
+from ..emu_cost import DispatchCost
 from ..execution import Barrier, Dispatch, Operation, Submission
 from ..types import MemoryType
 from .emu_model import CostModel
@@ -53,7 +55,8 @@ class TraceEvent:
 
     `engine` is "compute" or "dma<i>"; `units` how many compute units a dispatch took;
     `host_ns` the host time it took when it ran by itself (0 when its submission ran
-    as one native stream, fast mode's replay).
+    as one native stream, fast mode's replay); a dispatch's `cost` (cycles, stalls,
+    DRAM bytes) and `work_source`, where its figure came from.
     """
 
     name: str
@@ -64,6 +67,24 @@ class TraceEvent:
     queue: int = 0
     units: int = 0
     host_ns: int = 0
+    cost: DispatchCost | None = None
+    work_source: str = ""
+
+
+@dataclass(frozen=True)
+class DispatchRecord:
+    """One export's dispatches in a summary: how many ran, and per dispatch on average
+    its modelled cycles (compute + stall), DRAM bytes and utilisation of the
+    processing elements, and where the figures came from."""
+
+    export: str
+    count: int
+    cycles: int
+    compute_cycles: int
+    stall_cycles: int
+    dram_bytes: int
+    utilisation: float
+    work_source: str
 
 
 @dataclass(frozen=True)
@@ -81,6 +102,23 @@ class EmuSummary:
     peak_device_bytes: int
     memory_size: int
     calibration_error: float | None
+    dispatch_costs: tuple[DispatchRecord, ...] = ()
+    clock_hz: float = 1e9
+    accelerator: dict[str, Any] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The summary as one JSON-ready object: `dispatches` a list of its exports'
+        records (totals over all their runs, cycles at `clock_hz`), `dispatch_count`
+        how many dispatches ran."""
+        out = {k: v for k, v in self.__dict__.items() if k != "dispatch_costs"}
+        out["dispatch_count"] = self.dispatches
+        out["dispatches"] = [
+            {"export": r.export, "count": r.count, "cycles": r.cycles * r.count,
+             "compute_cycles": r.compute_cycles * r.count,
+             "stall_cycles": r.stall_cycles * r.count, "dram_bytes": r.dram_bytes * r.count,
+             "utilisation": r.utilisation, "work_source": r.work_source}
+            for r in self.dispatch_costs]
+        return out
 
     def format(self) -> str:
         lines = [f"emu ({self.preset}): modelled {self.modelled_ns / 1e6:.3f} ms, wall "
@@ -91,17 +129,29 @@ class EmuSummary:
             lines.append(f"  {engine:<10} {share:6.1%} busy ({self.busy_ns[engine] / 1e6:.3f} ms)")
         if self.calibration_error is not None:
             lines.append(f"  calibration: mean per-dispatch |error| {self.calibration_error:.1%}")
+        if self.accelerator is not None:
+            a = self.accelerator
+            lines.append(f"  accelerator: {a['rows']}x{a['cols']} {a['dataflow']} at "
+                         f"{self.clock_hz / 1e9:g} GHz, cost model {a['cost_model']}")
+            lines.append(f"  {'export':<48} {'runs':>5} {'cycles':>11} {'stall':>9} "
+                         f"{'DRAM bytes':>11} {'util':>6}  source")
+            for r in self.dispatch_costs:
+                lines.append(f"  {r.export[-48:]:<48} {r.count:>5} {r.cycles:>11} "
+                             f"{r.stall_cycles:>9} {r.dram_bytes:>11} {r.utilisation:>6.1%}  "
+                             f"{r.work_source}")
         return "\n".join(lines) + "\n"
 
 
 class Step(NamedTuple):
     """An operation as the engines see it: a dispatch (`size` its workgroups, `bound`
-    the bytes its bindings span) or a transfer (`size` its bytes); None is a barrier."""
+    the bytes its bindings span, `work` what it computes) or a transfer (`size` its
+    bytes); None is a barrier."""
 
     dispatch: bool
     name: str
     size: int
     bound: int
+    work: Any = None
 
 
 class Steps(NamedTuple):
@@ -150,18 +200,29 @@ class Plan(NamedTuple):
 
 
 def place_dispatch(unit_free: list[int], model: CostModel, name: str, workgroups: int,
-                   bound: int, segment_start: int) -> tuple[int, int, int]:
-    """Places a dispatch on the units free first: (units, start, duration).
+                   bound: int, segment_start: int, work: Any = None
+                   ) -> tuple[int, int, int, DispatchCost, str]:
+    """Places a dispatch on the units free first: (units, start, duration, cost in
+    cycles, work source).
 
     `unit_free` is kept in ascending order: units are interchangeable (which one ran
     what is not observable, only when each is free again), so the ones free first are
-    its head, and equal multisets of free times are equal lists."""
-    units = max(1, min(workgroups, model.compute_units))
-    op_start = max(segment_start, unit_free[units - 1])
-    cost = model.dispatch_ns(name, workgroups, units, bound)
-    unit_free[:units] = [op_start + cost] * units
+    its head, and equal multisets of free times are equal lists. With an accelerator a
+    dispatch takes one unit (one accelerator) and shares DRAM bandwidth with the
+    dispatches still running on the others when it starts."""
+    if model.accelerator is not None:
+        units = 1
+        op_start = max(segment_start, unit_free[0])
+        overlapping = len(unit_free) - bisect.bisect_right(unit_free, op_start)
+    else:
+        units = max(1, min(workgroups, model.compute_units))
+        op_start = max(segment_start, unit_free[units - 1])
+        overlapping = 0
+    duration, cost, source = model.dispatch_time(name, workgroups, units, bound, work,
+                                                 overlapping)
+    unit_free[:units] = [op_start + duration] * units
     unit_free.sort()
-    return units, op_start, cost
+    return units, op_start, duration, cost, source
 
 
 def place_transfer(dma_free: list[int], model: CostModel, size: int,
@@ -268,6 +329,9 @@ class Engines:
         self.bytes_moved = 0
         self.dispatch_count = 0
         self.transfer_count = 0
+        # export name -> [runs, compute cycles, stall cycles, DRAM bytes,
+        # utilisation x cycles, work source], as the counters above are kept
+        self.dispatch_costs: dict[str, list[Any]] = {}
         self.clock_ns = 0
         self.trace = Trace(trace_capacity)
         # id of a semaphore -> (weak reference to it, [(value, modelled time it was
@@ -412,18 +476,32 @@ class Engines:
     # -- one operation at a time --------------------------------------------------------
 
     def issue_dispatch(self, name: str, workgroups: int, bound: int, segment_start: int,
-                       queue: int) -> tuple[TraceEvent, int]:
+                       queue: int, work: Any = None) -> tuple[TraceEvent, int]:
         """Places one dispatch now: its event and issue sequence number."""
         with self.lock:
             if self.host_writes:
                 self._model_host_writes()
             self._break_chain()
-            units, op_start, cost = place_dispatch(self.unit_free, self.model, name,
-                                                   workgroups, bound, segment_start)
-            self.busy["compute"] = self.busy.get("compute", 0) + cost * units
+            units, op_start, duration, cost, source = place_dispatch(
+                self.unit_free, self.model, name, workgroups, bound, segment_start, work)
+            self.busy["compute"] = self.busy.get("compute", 0) + duration * units
             self.dispatch_count += 1
-            return (TraceEvent(name, "compute", op_start, cost, workgroups, queue, units),
-                    self.trace.reserve(1))
+            event = TraceEvent(name, "compute", op_start, duration, workgroups, queue, units,
+                               0, cost, source)
+            self._count_cost(event, 1)
+            return event, self.trace.reserve(1)
+
+    def _count_cost(self, event: TraceEvent, uses: int) -> None:
+        """Adds `uses` runs of a dispatch's cost to its export's totals."""
+        cost = event.cost
+        totals = self.dispatch_costs.get(event.name)
+        if totals is None:
+            totals = self.dispatch_costs[event.name] = [0, 0, 0, 0, 0.0, event.work_source]
+        totals[0] += uses
+        totals[1] += cost.compute_cycles * uses
+        totals[2] += cost.stall_cycles * uses
+        totals[3] += cost.dram_bytes * uses
+        totals[4] += cost.utilisation * cost.cycles * uses
 
     def issue_transfer(self, name: str, size: int, segment_start: int,
                        queue: int) -> tuple[TraceEvent, int, int]:
@@ -598,6 +676,10 @@ class Engines:
             self.bytes_moved += plan.bytes_moved * total
             self.transfer_count += plan.transfers * total
             self.dispatch_count += plan.dispatches * total
+            if plan.dispatches:
+                for event in plan.events:
+                    if event.cost is not None:
+                        self._count_cost(event, total)
 
     # -- results ------------------------------------------------------------------------
 
@@ -643,9 +725,21 @@ class Engines:
             for q in range(len(self.queue_clock)):
                 b = busy.setdefault(f"queue{q}", 0)
                 util[f"queue{q}"] = b / total if total else 0.0
+            records = []
+            for name, (count, compute, stall, dram, weighted, source) in (
+                    self.dispatch_costs.items()):
+                cycles = compute + stall
+                records.append(DispatchRecord(
+                    name, count, cycles // count, compute // count, stall // count,
+                    dram // count, weighted / cycles if cycles else 0.0, source))
+            model = self.model
+            accelerator = None
+            if model.accelerator is not None:
+                accelerator = dict(model.accelerator.__dict__)
             return EmuSummary(preset, total, wall_ns, util, busy, self.dispatch_count,
                               self.transfer_count, self.bytes_moved, peak_device_bytes,
-                              memory_size, calibration_error)
+                              memory_size, calibration_error, tuple(records), model.clock_hz,
+                              accelerator)
 
 
 def _steps(ops: list[Operation], keep: list[Operation] | None) -> Steps | None:
@@ -658,7 +752,8 @@ def _steps(ops: list[Operation], keep: list[Operation] | None) -> Steps | None:
         elif type(op) is Dispatch:
             prepared = op.prepared
             bound = sum(prepared.binding_lengths[i] for i in range(prepared.state.binding_count))
-            steps.append(Step(True, prepared.export.name, prepared.total, bound))
+            steps.append(Step(True, prepared.export.name, prepared.total, bound,
+                              dispatch_work(prepared)))
             widest = max(widest, prepared.total)
         elif device_visible(op):
             steps.append(Step(False, op.name, op.target.length, 0))
@@ -685,9 +780,10 @@ def _plan(model: CostModel, steps: tuple[Step | None, ...], dma: list[int],
             segment_start = end
             continue
         if step.dispatch:
-            n, op_start, cost = place_dispatch(units, model, step.name, step.size, step.bound,
-                                               segment_start)
-            events.append(TraceEvent(step.name, "compute", op_start, cost, step.size, 0, n))
+            n, op_start, cost, spent, source = place_dispatch(
+                units, model, step.name, step.size, step.bound, segment_start, step.work)
+            events.append(TraceEvent(step.name, "compute", op_start, cost, step.size, 0, n, 0,
+                                     spent, source))
             busy["compute"] = busy.get("compute", 0) + cost * n
             dispatches += 1
         else:
@@ -709,5 +805,5 @@ def _plan(model: CostModel, steps: tuple[Step | None, ...], dma: list[int],
                 {}, {}, [0] * queues)
 
 
-__all__ = ["EmuSummary", "Engines", "Plan", "Step", "Steps", "TraceEvent", "Trace", "device_visible",
+__all__ = ["DispatchRecord", "EmuSummary", "Engines", "Plan", "Step", "Steps", "TraceEvent", "Trace", "device_visible",
            "place_dispatch", "place_transfer"]

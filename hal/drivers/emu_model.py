@@ -14,6 +14,14 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ...errors import InvalidArgumentError
+from ..emu_cost import (
+    AcceleratorConfig,
+    DispatchCost,
+    DispatchWork,
+    accelerator_config,
+    dispatch_cost,
+    read_cost_file,
+)
 
 
 @dataclass(frozen=True)
@@ -22,6 +30,12 @@ class CostModel:
 
     `memory_bandwidth` 0 means unbounded (no roofline); `export_costs` maps an export
     name to its per-workgroup time, overriding `workgroup_time` for that export.
+
+    With an `accelerator` (`hal.emu_cost.AcceleratorConfig`) each compute unit is one
+    such accelerator and a dispatch whose work is known (`hal.dispatch_work`) costs
+    `launch_latency` plus its cost model's cycles at the accelerator's clock; one whose
+    work is not known falls back to the per-workgroup cost. `measured` maps an export
+    name to a measured `DispatchCost` (a cost file), which wins over both.
     """
 
     memory_size: int = 1 << 30
@@ -33,6 +47,8 @@ class CostModel:
     compute_units: int = 8
     workgroup_time: float = 1e-7
     export_costs: dict[str, float] = field(default_factory=dict)
+    accelerator: AcceleratorConfig | None = None
+    measured: dict[str, DispatchCost] = field(default_factory=dict)
 
     def validate(self) -> None:
         for name in ("memory_size", "dma_engines", "dma_bandwidth", "compute_units"):
@@ -59,6 +75,32 @@ class CostModel:
         compute = waves * per_workgroup * 1e9
         memory = bound_bytes * 1e9 / self.memory_bandwidth if self.memory_bandwidth else 0.0
         return round(self.launch_latency * 1e9) + round(max(compute, memory))
+
+    @property
+    def clock_hz(self) -> float:
+        """The clock cycles are counted in: the accelerator's, else 1 GHz."""
+        return self.accelerator.clock_hz if self.accelerator is not None else 1e9
+
+    def dispatch_time(self, export: str, workgroups: int, units: int, bound_bytes: int,
+                      work: DispatchWork | None, overlapping: int = 0
+                      ) -> tuple[int, DispatchCost, str]:
+        """A dispatch's modelled nanoseconds, its cost in cycles and where its figure came
+        from (`cost-file`, the work's source, or `workgroups`). `overlapping` dispatches
+        running when it starts share the accelerator's DRAM bandwidth with it."""
+        clock = self.clock_hz
+        launch = round(self.launch_latency * 1e9)
+        measured = self.measured.get(export)
+        if measured is not None:
+            return launch + round(measured.cycles * 1e9 / clock), measured, "cost-file"
+        if self.accelerator is None or work is None or work.kind == "unknown":
+            ns = self.dispatch_ns(export, workgroups, units, bound_bytes)
+            cycles = round((ns - launch) * clock / 1e9)
+            source = "workgroups" if work is None else work.source
+            if self.accelerator is not None:
+                source = "workgroups"
+            return ns, DispatchCost(cycles, 0, bound_bytes, 0.0), source
+        cost = dispatch_cost(work, self.accelerator.shared(overlapping + 1))
+        return launch + round(cost.cycles * 1e9 / clock), cost, work.source
 
 
 PRESETS: dict[str, CostModel] = {
@@ -87,12 +129,23 @@ def preset_fields() -> list[str]:
 
 
 def cost_model(preset: str, export_costs: dict[str, float] | None = None,
+               accelerator: Any = None, cost_file: str | None = None,
                **overrides: Any) -> CostModel:
     """The preset's model with the fields given (not None) in `overrides` replaced and
-    `export_costs` merged over the preset's, validated."""
+    `export_costs` merged over the preset's, validated. With an `accelerator` (see
+    `hal.emu_cost.accelerator_config`) `compute_units` defaults to 1 (one accelerator)
+    and `launch_latency` to 0; `cost_file` (see `read_cost_file`) gives measured
+    per-export costs."""
     if preset not in PRESETS:
         raise InvalidArgumentError(
             f"unknown emu preset {preset!r}; presets: {', '.join(PRESETS)}")
+    config = accelerator_config(accelerator)
+    if config is not None:
+        overrides = {"compute_units": 1, "launch_latency": 0.0,
+                     **{k: v for k, v in overrides.items() if v is not None},
+                     "accelerator": config}
+    if cost_file is not None:
+        overrides = {**overrides, "measured": read_cost_file(cost_file)}
     model = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
     if export_costs is not None:
         if not isinstance(export_costs, dict):

@@ -1,0 +1,384 @@
+"""emu's systolic-array model against SCALE-Sim 3.0.0, layer by layer.
+
+    pip install '.[bench-emu]'      # scalesim 3.0.0 (it needs numpy < 2.4)
+    python bench/emu_vs_scalesim.py [--configs os32,ws128,...] [--layers a,b] [--jobs 2]
+                                    [--full] [--scalesim-results earlier.json]
+
+Layers of three real networks (ResNet-18 convolutions, MobileNetV2 pointwise
+convolutions, BERT-mini GEMMs of 24 tokens; with `--full` also ResNet-18's 7x7 and 3x3
+convolutions, a MobileNetV2 depthwise one and BERT-base GEMMs) are written as one MLIR
+module, one function per layer, and compiled by the pinned iree-compile; each runs on
+`emu` with the accelerator read from a SCALE-Sim .cfg file, and emu reads each
+dispatch's work from the compiled program itself. The same layers go to SCALE-Sim as a
+topology (depthwise layers as its `DP` layers: one single-channel convolution per
+channel), with the same .cfg files. Stall-free configs (`InterfaceBandwidth: CALC`)
+compare emu's compute cycles with SCALE-Sim's Total Cycles; limited-bandwidth ones
+(`USER`) compare total cycles (compute + stall). Writes bench/results/emu_vs_scalesim.json
+and prints a table per config: cycles per layer, relative error, the time each tool
+took (SCALE-Sim's CPU seconds; emu's wall seconds to run the layer, the real kernel
+included), and the mean absolute error. Without scalesim it prints why and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import csv
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, NamedTuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+from _common import RESULTS_DIR, print_table, write_results  # noqa: E402
+
+
+class Layer(NamedTuple):
+    """A convolution (out_h x out_w outputs of `filters` channels, an r x s window over
+    `channels` input channels, `stride`), a depthwise one (`filters` = 0) or a GEMM
+    (`m` x `k` by `k` x `n`: out_h = m, channels = k, filters = n, r = s = 0)."""
+
+    name: str
+    network: str
+    out_h: int
+    out_w: int
+    r: int
+    s: int
+    channels: int
+    filters: int
+    stride: int = 1
+
+    @property
+    def gemm(self) -> bool:
+        return self.r == 0
+
+    @property
+    def depthwise(self) -> bool:
+        return self.filters == 0
+
+    @property
+    def in_h(self) -> int:
+        return (self.out_h - 1) * self.stride + self.r
+
+    @property
+    def in_w(self) -> int:
+        return (self.out_w - 1) * self.stride + self.s
+
+
+# Layers SCALE-Sim simulates in seconds each (on a shared 2-core machine a few
+# minutes for all configs); `--full` adds the large ones (tens of minutes).
+LAYERS = [
+    Layer("resnet18_down_3x3s2_28", "ResNet-18", 28, 28, 3, 3, 64, 128, 2),
+    Layer("resnet18_down_1x1s2_28", "ResNet-18", 28, 28, 1, 1, 64, 128, 2),
+    Layer("mobilenetv2_pw_expand_28", "MobileNetV2", 28, 28, 1, 1, 32, 192),
+    Layer("mobilenetv2_pw_project_14", "MobileNetV2", 14, 14, 1, 1, 384, 64),
+    Layer("bert_mini_qkv_24", "BERT-mini", 24, 1, 0, 0, 256, 768),
+    Layer("bert_mini_ffn_up_24", "BERT-mini", 24, 1, 0, 0, 256, 1024),
+    Layer("bert_mini_ffn_down_24", "BERT-mini", 24, 1, 0, 0, 1024, 256),
+]
+FULL_LAYERS = LAYERS + [
+    Layer("resnet18_conv1_7x7s2", "ResNet-18", 112, 112, 7, 7, 3, 64, 2),
+    Layer("resnet18_conv2_3x3_56", "ResNet-18", 56, 56, 3, 3, 64, 64),
+    Layer("resnet18_conv3_3x3_28", "ResNet-18", 28, 28, 3, 3, 128, 128),
+    Layer("resnet18_conv4_3x3_14", "ResNet-18", 14, 14, 3, 3, 256, 256),
+    Layer("resnet18_conv5_3x3_7", "ResNet-18", 7, 7, 3, 3, 512, 512),
+    Layer("mobilenetv2_dw_3x3_28", "MobileNetV2", 28, 28, 3, 3, 192, 0),
+    Layer("bert_qkv_24", "BERT-base", 24, 1, 0, 0, 768, 2304),
+    Layer("bert_ffn_up_24", "BERT-base", 24, 1, 0, 0, 768, 3072),
+    Layer("bert_ffn_down_24", "BERT-base", 24, 1, 0, 0, 3072, 768),
+]
+
+
+class Config(NamedTuple):
+    rows: int
+    cols: int
+    dataflow: str
+    bandwidth: int  # words per cycle; 0 = CALC (stall-free)
+    sram_kb: int = 64
+
+
+CONFIGS = {
+    "os32": Config(32, 32, "os", 0),
+    "ws128": Config(128, 128, "ws", 0),
+    "is64": Config(64, 64, "is", 0),
+    "os32_bw10": Config(32, 32, "os", 10),
+    "ws128_bw20": Config(128, 128, "ws", 20),
+}
+
+
+def config_text(name: str, c: Config) -> str:
+    """A complete SCALE-Sim 3.0.0 .cfg (it requires the layout and sparsity sections)."""
+    mode = "USER" if c.bandwidth else "CALC"
+    bandwidth = c.bandwidth or 10
+    return f"""[general]
+run_name = {name}
+
+[architecture_presets]
+ArrayHeight: {c.rows}
+ArrayWidth: {c.cols}
+IfmapSramSzkB: {c.sram_kb}
+FilterSramSzkB: {c.sram_kb}
+OfmapSramSzkB: {c.sram_kb}
+IfmapOffset: 0
+FilterOffset: 10000000
+OfmapOffset: 20000000
+Bandwidth : {bandwidth}
+Dataflow : {c.dataflow}
+MemoryBanks: 1
+ReadRequestBuffer: 32
+WriteRequestBuffer: 32
+
+[layout]
+IfmapCustomLayout: False
+IfmapSRAMBankBandwidth: {bandwidth}
+IfmapSRAMBankNum: 1
+IfmapSRAMBankPort: 2
+FilterCustomLayout: False
+FilterSRAMBankBandwidth: {bandwidth}
+FilterSRAMBankNum: 1
+FilterSRAMBankPort: 2
+
+[sparsity]
+SparsitySupport: false
+SparseRep: ellpack_block
+OptimizedMapping: false
+BlockSize: 8
+RandomNumberGeneratorSeed: 40
+
+[run_presets]
+InterfaceBandwidth: {mode}
+UseRamulatorTrace: False
+
+[emu]
+ClockHz: 1e9
+"""
+
+
+# -- the layers as IREE programs -------------------------------------------------------
+
+
+def input_shapes(layer: Layer) -> list[tuple[int, ...]]:
+    if layer.gemm:
+        return [(layer.out_h, layer.channels), (layer.channels, layer.filters)]
+    x = (1, layer.in_h, layer.in_w, layer.channels)
+    if layer.depthwise:
+        return [x, (layer.r, layer.s, layer.channels)]
+    return [x, (layer.r, layer.s, layer.channels, layer.filters)]
+
+
+def layer_mlir(layer: Layer) -> str:
+    f32 = "f32"
+    if layer.gemm:
+        m, k, n = layer.out_h, layer.channels, layer.filters
+        a, b, o = f"tensor<{m}x{k}x{f32}>", f"tensor<{k}x{n}x{f32}>", f"tensor<{m}x{n}x{f32}>"
+        body = f"linalg.matmul ins(%x, %w : {a}, {b}) outs(%f : {o}) -> {o}"
+    else:
+        c = layer.channels
+        x = f"tensor<1x{layer.in_h}x{layer.in_w}x{c}x{f32}>"
+        if layer.depthwise:
+            w = f"tensor<{layer.r}x{layer.s}x{c}x{f32}>"
+            o = f"tensor<1x{layer.out_h}x{layer.out_w}x{c}x{f32}>"
+            op = "linalg.depthwise_conv_2d_nhwc_hwc"
+        else:
+            w = f"tensor<{layer.r}x{layer.s}x{c}x{layer.filters}x{f32}>"
+            o = f"tensor<1x{layer.out_h}x{layer.out_w}x{layer.filters}x{f32}>"
+            op = "linalg.conv_2d_nhwc_hwcf"
+        a, b = x, w
+        attrs = (f"{{dilations = dense<1> : tensor<2xi64>, "
+                 f"strides = dense<{layer.stride}> : tensor<2xi64>}}")
+        body = f"{op} {attrs} ins(%x, %w : {a}, {b}) outs(%f : {o}) -> {o}"
+    return f"""
+func.func @{layer.name}(%x: {a}, %w: {b}) -> {o} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {o}
+  %f = linalg.fill ins(%z : f32) outs(%e : {o}) -> {o}
+  %r = {body}
+  return %r : {o}
+}}
+"""
+
+
+def compile_layers(layers: list[Layer]) -> str:
+    from support.iree_tools import HOST_FLAGS, compile_mlir
+
+    return str(compile_mlir("".join(layer_mlir(layer) for layer in layers), HOST_FLAGS))
+
+
+def run_emu(vmfb: str, layers: list[Layer], config_path: str) -> dict[str, dict[str, Any]]:
+    """Each layer once on an emu device with the accelerator of `config_path`: its
+    dispatch's cycles as emu's summary reports them, and the call's wall time."""
+    import numpy as np
+
+    import tinyhal
+    from tinyhal import hal
+
+    out: dict[str, dict[str, Any]] = {}
+    rng = np.random.default_rng(0)
+    for layer in layers:
+        emu = hal.create_device("emu", accelerator=config_path)
+        try:
+            with tinyhal.load(vmfb, device=emu) as module:
+                fn = getattr(module, layer.name)
+                args = [rng.standard_normal(s, dtype=np.float32) for s in input_shapes(layer)]
+                began = time.perf_counter()
+                fn(*args)
+                seconds = time.perf_counter() - began
+            records = [r for r in emu.summary().dispatch_costs if layer.name in r.export]
+        finally:
+            emu.close()
+        out[layer.name] = {
+            "exports": [r.export for r in records],
+            "compute_cycles": sum(r.compute_cycles * r.count for r in records),
+            "stall_cycles": sum(r.stall_cycles * r.count for r in records),
+            "dram_bytes": sum(r.dram_bytes * r.count for r in records),
+            "work_source": ",".join(sorted({r.work_source for r in records})),
+            "seconds": seconds,
+        }
+    return out
+
+
+# -- SCALE-Sim ---------------------------------------------------------------------------
+
+
+def topology_rows(layer: Layer) -> list[str]:
+    """The layer in SCALE-Sim's topology CSV: a GEMM as SCALE-Sim's own GEMM reader
+    writes one (an M x K input, N filters of 1 x K), a depthwise convolution as a `DP`
+    layer of one filter per channel (SCALE-Sim expands it into single-channel layers)."""
+    if layer.gemm:
+        m, k, n = layer.out_h, layer.channels, layer.filters
+        return [f"{layer.name},{m},{k},1,{k},1,{n},1,"]
+    if layer.depthwise:
+        return [f"DP{layer.name},{layer.in_h},{layer.in_w},{layer.r},{layer.s},"
+                f"{layer.channels},1,{layer.stride},"]
+    return [f"{layer.name},{layer.in_h},{layer.in_w},{layer.r},{layer.s},{layer.channels},"
+            f"{layer.filters},{layer.stride},"]
+
+
+def run_scalesim(config_name: str, layers: list[Layer]) -> dict[str, dict[str, Any]]:
+    """SCALE-Sim on the layers, one layer per run (so each gets its CPU time); per layer
+    its Total Cycles and Stall Cycles, summed over a depthwise layer's channels."""
+    from scalesim.scale_sim import scalesim
+
+    config = CONFIGS[config_name]
+    header = ("Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, "
+              "Channels, Num Filter, Strides,\n")
+    out: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = os.path.join(tmp, "array.cfg")
+        with open(cfg, "w") as f:
+            f.write(config_text(config_name, config))
+        for layer in layers:
+            topology = os.path.join(tmp, f"{layer.name}.csv")
+            with open(topology, "w") as f:
+                f.write(header + "\n".join(topology_rows(layer)) + "\n")
+            began = time.process_time()
+            with contextlib.redirect_stdout(io.StringIO()):
+                sim = scalesim(save_disk_space=True, verbose=False, config=cfg,
+                               topology=topology, layout=topology)
+                sim.run_scale(top_path=tmp)
+            seconds = time.process_time() - began
+            with open(os.path.join(tmp, config_name, "COMPUTE_REPORT.csv")) as f:
+                rows = list(csv.reader(f))[1:]
+            out[layer.name] = {"cycles": sum(int(r[2]) for r in rows),
+                               "stall_cycles": sum(int(r[3]) for r in rows),
+                               "seconds": seconds}
+    return out
+
+
+def earlier_scalesim(path: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """SCALE-Sim's figures per (config, layer) from an earlier run's JSON."""
+    import json
+
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    return {(r["config"], r["layer"]): {"cycles": r["scalesim_cycles"],
+                                        "stall_cycles": r["scalesim_stall"],
+                                        "seconds": r["scalesim_s"]} for r in rows}
+
+
+# -- the comparison ------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--layers", default="", help="comma-separated layer names (all)")
+    parser.add_argument("--full", action="store_true",
+                        help="also the large layers (ResNet-18's 7x7 and 3x3 convolutions, a "
+                             "depthwise one, BERT-base GEMMs): SCALE-Sim takes far longer")
+    parser.add_argument("--jobs", type=int, default=2, help="SCALE-Sim processes at once")
+    parser.add_argument("--scalesim-results", default="",
+                        help="reuse SCALE-Sim's cycles from this earlier JSON output (its "
+                             "runs take minutes) instead of running it again")
+    args = parser.parse_args()
+    try:
+        import scalesim  # noqa: F401
+    except ImportError as exc:
+        print(f"skipped: scalesim is not installed ({exc}); pip install '.[bench-emu]'")
+        return 0
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
+    layers = FULL_LAYERS if args.full else LAYERS
+    if args.layers:
+        wanted = set(args.layers.split(","))
+        layers = [layer for layer in FULL_LAYERS if layer.name in wanted]
+    vmfb = compile_layers(layers)
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    reused = earlier_scalesim(args.scalesim_results) if args.scalesim_results else {}
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        pending = {c: pool.submit(run_scalesim, c, layers) for c in configs
+                   if not all((c, x.name) in reused for x in layers)}
+        emu_results = {}
+        for c in configs:
+            path = os.path.join(RESULTS_DIR, f"emu_vs_scalesim_{c}.cfg")
+            with open(path, "w") as f:
+                f.write(config_text(c, CONFIGS[c]))
+            emu_results[c] = run_emu(vmfb, layers, path)
+        sim_results = {c: pending[c].result() if c in pending else
+                       {x.name: reused[(c, x.name)] for x in layers} for c in configs}
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    for c in configs:
+        limited = CONFIGS[c].bandwidth > 0
+        errors = []
+        for layer in layers:
+            e, s = emu_results[c][layer.name], sim_results[c][layer.name]
+            ours = e["compute_cycles"] + (e["stall_cycles"] if limited else 0)
+            error = (ours - s["cycles"]) / s["cycles"]
+            errors.append(abs(error))
+            rows.append({"config": c, "layer": layer.name, "network": layer.network,
+                         "scalesim_cycles": s["cycles"], "emu_cycles": ours,
+                         "error": error, "scalesim_stall": s["stall_cycles"],
+                         "emu_stall": e["stall_cycles"], "emu_work_source": e["work_source"],
+                         "emu_exports": e["exports"],
+                         "scalesim_s": s["seconds"], "emu_s": e["seconds"]})
+        summary[c] = {"compared": "total cycles" if limited else "stall-free compute cycles",
+                      "mean_abs_error": statistics.fmean(errors),
+                      "max_abs_error": max(errors),
+                      "scalesim_seconds": sum(sim_results[c][x.name]["seconds"] for x in layers),
+                      "emu_seconds": sum(emu_results[c][x.name]["seconds"] for x in layers)}
+    path = write_results("emu_vs_scalesim", rows, {"summary": summary,
+                                                   "configs": {c: CONFIGS[c]._asdict()
+                                                               for c in configs}})
+    for c in configs:
+        print(f"\n{c} ({summary[c]['compared']}): mean |error| "
+              f"{summary[c]['mean_abs_error']:.1%}, max {summary[c]['max_abs_error']:.1%}; "
+              f"SCALE-Sim {summary[c]['scalesim_seconds']:.1f} s CPU, emu "
+              f"{summary[c]['emu_seconds']:.2f} s wall")
+        print_table([r for r in rows if r["config"] == c],
+                    ["layer", "scalesim_cycles", "emu_cycles", "error", "scalesim_s", "emu_s"])
+    print(f"\nwrote {path} (the machine was shared with other work: times are indicative)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,593 @@
+"""Per-dispatch cost models for the `emu` driver: what one dispatch costs on a device.
+
+The interface is one function::
+
+    cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost
+
+`DispatchWork` says what the dispatch computes (its root operation, in the GEMM view
+SCALE-Sim uses: M output rows, N output columns, K the reduction length, `groups`
+independent problems), `AcceleratorConfig` what it runs on, and `DispatchCost` answers
+in device cycles (compute, stall) and DRAM bytes. A cost function is pure arithmetic:
+the same work on the same device always costs the same, which lets the driver model a
+recorded submission once and replay the result. Cost functions are chosen per device
+by name (`AcceleratorConfig.cost_model`) from a registry that users add to with
+`register_cost_model`.
+
+Built in:
+
+- `"systolic"`: a rows x cols systolic array with output-, weight- or input-stationary
+  dataflow, folded as SCALE-Sim folds it (convolutions through im2col), for matmuls
+  and convolutions; depthwise convolutions run one channel at a time (as SCALE-Sim's
+  `DP` layers do); pooling, element-wise and reduction work runs on the vector unit
+  (`vector_cost`). Memory (`memory_stalls`, `ring_reads`): double-buffered on-chip
+  SRAMs for ifmap, filter and ofmap, each operand laid out in DRAM in the order the
+  array uses it and fetched half an SRAM at a time by a window that only moves
+  forward (so an operand that does not fit is refetched on every sweep, and data the
+  window passed costs a trip round the operand), DRAM bandwidth in words per cycle,
+  stalls when the slowest stream is slower than the array.
+- `"vector"`: every dispatch on the vector unit alone.
+
+(The per-workgroup model of `hal.drivers.emu_model.CostModel`, used when a device has
+no accelerator configuration, is the driver's other model: it prices workgroups in
+seconds and knows nothing of the work.)
+
+A word is one element of the operand's type, so DRAM bytes are words times the element
+size; SRAM sizes are in words.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, NamedTuple
+
+from ..errors import InvalidArgumentError
+
+GEMM_KINDS = ("matmul", "batch_matmul", "conv", "depthwise")
+VECTOR_KINDS = ("pool", "elementwise", "reduction", "unknown")
+WORK_KINDS = GEMM_KINDS + VECTOR_KINDS
+WORK_SOURCES = ("compiler", "export-name", "workgroups", "cost-file", "given")
+DATAFLOWS = ("os", "ws", "is")
+
+
+@dataclass(frozen=True)
+class DispatchWork:
+    """What one dispatch computes, in the GEMM view of its root operation.
+
+    For a matmul `m` x `k` times `k` x `n`; for a convolution `m` the output pixels
+    (times the batch), `k` the window (filter height x width x input channels), `n`
+    the filters; a depthwise convolution is `groups` (its channels) convolutions of one
+    channel (`k` the filter height x width, `n` 1); a batch matmul `groups` matmuls.
+    Vector work (pooling, element-wise, reduction) is `elements` outputs each reading
+    `window` inputs. `input_words` / `filter_words` / `output_words` are the elements
+    of each operand in memory (unique, not im2col); `source` says where the figures
+    came from (`WORK_SOURCES`: `given` when built by hand). Kind `unknown` means only
+    the workgroup count (`elements`) is known.
+    """
+
+    kind: str
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    groups: int = 1
+    elements: int = 0
+    window: int = 1
+    input_words: int = 0
+    filter_words: int = 0
+    output_words: int = 0
+    element_bytes: int = 4
+    source: str = "given"
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates (GEMM kinds) or element operations (vector kinds)."""
+        if self.kind in GEMM_KINDS:
+            return self.groups * self.m * self.n * self.k
+        return self.elements * self.window
+
+
+class DispatchCost(NamedTuple):
+    """A dispatch's cost on the device: `compute_cycles` with memory never in the way,
+    `stall_cycles` waiting for DRAM, the bytes it moves to and from DRAM and the share
+    of the processing elements' cycles that did useful work."""
+
+    compute_cycles: int
+    stall_cycles: int
+    dram_bytes: int
+    utilisation: float
+
+    @property
+    def cycles(self) -> int:
+        return self.compute_cycles + self.stall_cycles
+
+
+@dataclass(frozen=True)
+class AcceleratorConfig:
+    """An accelerator as a cost function sees it.
+
+    `rows` x `cols` processing elements in `dataflow` (os / ws / is) at `clock_hz`;
+    SRAMs of `*_sram_words` words each (half of each is the buffer being computed on,
+    half the one being filled); DRAM bandwidth per operand in words per cycle (0 =
+    unlimited: no stalls); a vector unit of `vector_lanes` lanes (0 = `cols`);
+    `cost_model` names the cost function (`register_cost_model`).
+    """
+
+    rows: int = 32
+    cols: int = 32
+    dataflow: str = "os"
+    clock_hz: float = 1e9
+    ifmap_sram_words: int = 64 * 1024
+    filter_sram_words: int = 64 * 1024
+    ofmap_sram_words: int = 64 * 1024
+    ifmap_bandwidth: float = 0.0
+    filter_bandwidth: float = 0.0
+    ofmap_bandwidth: float = 0.0
+    vector_lanes: int = 0
+    cost_model: str = "systolic"
+
+    def validate(self) -> None:
+        for name in ("rows", "cols", "ifmap_sram_words", "filter_sram_words",
+                     "ofmap_sram_words"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidArgumentError(f"emu accelerator {name} must be an int >= 1, "
+                                           f"not {value!r}")
+        for name in ("ifmap_bandwidth", "filter_bandwidth", "ofmap_bandwidth"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise InvalidArgumentError(f"emu accelerator {name} must be >= 0 words per "
+                                           f"cycle, not {value!r}")
+        if not isinstance(self.clock_hz, (int, float)) or self.clock_hz <= 0:
+            raise InvalidArgumentError(f"emu accelerator clock_hz must be > 0, not "
+                                       f"{self.clock_hz!r}")
+        if not isinstance(self.vector_lanes, int) or self.vector_lanes < 0:
+            raise InvalidArgumentError("emu accelerator vector_lanes must be an int >= 0")
+        if self.dataflow not in DATAFLOWS:
+            raise InvalidArgumentError(f"emu accelerator dataflow must be one of {DATAFLOWS}, "
+                                       f"not {self.dataflow!r}")
+        if self.cost_model not in _COST_MODELS:
+            raise InvalidArgumentError(f"unknown emu cost model {self.cost_model!r}; "
+                                       f"registered: {', '.join(_COST_MODELS)}")
+
+    def shared(self, ways: int) -> AcceleratorConfig:
+        """This device with its DRAM bandwidth split `ways` ways (dispatches that
+        overlap in time share it)."""
+        if ways <= 1 or not (self.ifmap_bandwidth or self.filter_bandwidth
+                             or self.ofmap_bandwidth):
+            return self
+        return replace(self, ifmap_bandwidth=self.ifmap_bandwidth / ways,
+                       filter_bandwidth=self.filter_bandwidth / ways,
+                       ofmap_bandwidth=self.ofmap_bandwidth / ways)
+
+
+CostFunction = Callable[[DispatchWork, AcceleratorConfig], DispatchCost]
+_COST_MODELS: dict[str, CostFunction] = {}
+
+
+def register_cost_model(name: str, function: CostFunction) -> None:
+    """Makes `function` the cost model called `name` (replacing one of that name);
+    a device uses it with `AcceleratorConfig(cost_model=name)`."""
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError("a cost model's name must be a non-empty str")
+    if not callable(function):
+        raise InvalidArgumentError(f"cost model {name!r} must be callable")
+    _COST_MODELS[name] = function
+
+
+def cost_models() -> list[str]:
+    """The registered cost models' names."""
+    return list(_COST_MODELS)
+
+
+def dispatch_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
+    """`work` priced by the device's cost model, checked to be a `DispatchCost` of
+    non-negative ints (a user function answering otherwise is an INVALID_ARGUMENT)."""
+    cost = _COST_MODELS[device.cost_model](work, device)
+    if not (isinstance(cost, tuple) and len(cost) == 4
+            and all(isinstance(v, int) and v >= 0 for v in cost[:3])):
+        raise InvalidArgumentError(f"cost model {device.cost_model!r} answered {cost!r}, "
+                                   "not a DispatchCost of non-negative ints")
+    return DispatchCost(*cost)
+
+
+# -- the systolic array -------------------------------------------------------------------
+
+
+class Folding(NamedTuple):
+    """How one GEMM maps onto the array: `folds` tiles, each `fold_cycles` long, and
+    which operand is streamed through the array again on each outer fold."""
+
+    folds: int
+    fold_cycles: int
+    outer_folds: int
+    inner_folds: int
+
+
+def folding(m: int, n: int, k: int, rows: int, cols: int, dataflow: str) -> Folding:
+    """SCALE-Sim's folding of an M x K by K x N product.
+
+    Output stationary: the array holds a rows x cols tile of outputs (rows over M, cols
+    over N) while K streams through: a fold is K cycles plus the pipeline's fill and
+    drain (rows + cols - 2). Weight stationary: the array holds a rows x cols tile of
+    the filter (rows over K, cols over N) after `rows` cycles to load it, and the M
+    inputs stream through: 2 rows + cols + M - 2. Input stationary: it holds inputs
+    (rows over K, cols over M) and the N filters stream: 2 rows + cols + N - 2. The
+    outer loop runs over the column folds, the inner over the row folds.
+    """
+    if dataflow == "os":
+        row_dim, col_dim, stream = m, n, k
+        fold_cycles = stream + rows + cols - 2
+    elif dataflow == "ws":
+        row_dim, col_dim, stream = k, n, m
+        fold_cycles = 2 * rows + cols + stream - 2
+    else:
+        row_dim, col_dim, stream = k, m, n
+        fold_cycles = 2 * rows + cols + stream - 2
+    inner = math.ceil(row_dim / rows)
+    outer = math.ceil(col_dim / cols)
+    return Folding(inner * outer, fold_cycles, outer, inner)
+
+
+def systolic_compute_cycles(work: DispatchWork, device: AcceleratorConfig) -> int:
+    """Stall-free cycles of a GEMM-kind dispatch on the array: its folds (times its
+    groups, one after another)."""
+    fold = folding(work.m, work.n, work.k, device.rows, device.cols, device.dataflow)
+    return work.groups * fold.folds * fold.fold_cycles
+
+
+def _diagonal_start(d: int, width: int) -> int:
+    """Where anti-diagonal `d` of a matrix `width` columns wide (and many rows) starts
+    when its elements are laid out diagonal after diagonal."""
+    if d <= width - 1:
+        return d * (d + 1) // 2
+    return width * (width - 1) // 2 + (d - (width - 1)) * width
+
+
+def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int,
+               diagonal: bool = True, data_words: int = 0) -> int:
+    """Words one operand reads from DRAM through its double-buffered SRAM.
+
+    The operand is laid out in DRAM in the order the array first uses it (SCALE-Sim's
+    prefetch order): `blocks` blocks of `rows` x `width` words, one per fold that uses
+    a distinct part of it, stacked and read anti-diagonal by anti-diagonal when
+    `diagonal` (the array's skew), row by row otherwise. Half the SRAM holds what the
+    array computes on; the other half is being filled. `demands` lists, fold by fold,
+    the (block, first row, end row) the fold reads, optionally with a fourth item True
+    when it reads those rows last first (a weight-stationary fold loads its weights
+    bottom row first). When a fold needs a word the half
+    being computed on does not hold, the halves swap and the next half-SRAM of the
+    operand, in layout order, is fetched; the window only moves forward, so a fold
+    that needs data behind it (an operand swept again, or the start of a fold whose
+    diagonals the previous fold's skewed tail already passed) waits until the window
+    comes round the operand again. An operand that fits in half its SRAM is read once
+    (its `data_words`, without the blocks' padding, when given).
+    """
+    total = blocks * rows * width
+    if data_words:
+        total = min(total, data_words)  # padding of a partial last block is not fetched
+    active = math.ceil(sram_words / 2)
+    refill = sram_words - active
+    if total <= active or refill <= 0:
+        return total
+    # the buffer tracks what it holds in lines of a hundredth of the SRAM
+    line = math.ceil(sram_words / 100)
+    span = line * math.ceil(active / line)
+    ring = line * math.ceil(total / line)  # a partial last line takes a whole one
+
+    def first(block: int, row: int) -> int:
+        g = block * rows + row
+        return min(total - 1, _diagonal_start(g, width) if diagonal else g * width)
+
+    def last(block: int, end: int) -> int:
+        g = block * rows + end - 1
+        if diagonal:
+            return min(total - 1, _diagonal_start(g + width - 1, width) + width - 1)
+        return min(total - 1, (g + 1) * width - 1)
+
+    window_end = span
+    reads = active
+    for block, row, end, *backwards in demands:
+        if backwards and backwards[0]:  # one row at a time, the last first
+            pieces = [(first(block, r), last(block, r + 1)) for r in range(end - 1, row - 1, -1)]
+        else:
+            pieces = [(first(block, row), last(block, end))]
+        for f, tail in pieces:
+            ahead = (f - (window_end - span)) % ring  # from the window's start, forwards
+            moves = ahead // span  # to the window holding f (round the operand if behind)
+            ahead -= moves * span
+            reach = ahead + (tail - f) + 1
+            if reach > span:  # and on until it holds the piece's last word
+                moves += -(-(reach - span) // span)
+            window_end += moves * span
+            reads += moves * refill
+    return reads
+
+
+def operand_reads(work: DispatchWork, device: AcceleratorConfig) -> tuple[int, int]:
+    """(ifmap, filter) words read from DRAM by one group of a GEMM-kind dispatch, laid
+    out and demanded as SCALE-Sim's operand matrices are (`ring_reads`): the outer
+    loop over column folds, the inner over row folds.
+
+    Output stationary: the ifmap is one block of K x rows per row fold, every fold
+    reading its own; the filter one block of K x cols per column fold. Weight
+    stationary: the ifmap is one block of M x rows per row fold (K slice), the filter
+    one block of K x cols per column fold, laid out row by row, each fold reading its
+    `rows` rows of it, last row first. Input stationary: the ifmap is one block of K x cols per column
+    fold (M slice), laid out row by row, each fold reading its rows of it; the filter
+    one block of N x rows per row fold. (The layouts not row by row are diagonal by
+    diagonal, following the array's skew, as SCALE-Sim lays them out.)"""
+    m, n, k = work.m, work.n, work.k
+    rows, cols = device.rows, device.cols
+    fold = folding(m, n, k, rows, cols, device.dataflow)
+    outer, inner = range(fold.outer_folds), range(fold.inner_folds)
+    ifmap_sram, filter_sram = device.ifmap_sram_words, device.filter_sram_words
+    if device.dataflow == "os":
+        ifmap = ring_reads(fold.inner_folds, k, rows,
+                           ((fr, 0, k) for _fc in outer for fr in inner), ifmap_sram,
+                           data_words=m * k)
+        filt = ring_reads(fold.outer_folds, k, cols,
+                          ((fc, 0, k) for fc in outer for _fr in inner), filter_sram,
+                          data_words=k * n)
+    elif device.dataflow == "ws":
+        ifmap = ring_reads(fold.inner_folds, m, rows,
+                           ((fr, 0, m) for _fc in outer for fr in inner), ifmap_sram,
+                           data_words=m * k)
+        filt = ring_reads(fold.outer_folds, k, cols,
+                          ((fc, fr * rows, min(k, (fr + 1) * rows), True)
+                           for fc in outer for fr in inner), filter_sram, diagonal=False,
+                          data_words=k * n)
+    else:
+        ifmap = ring_reads(fold.outer_folds, k, cols,
+                           ((fc, fr * rows, min(k, (fr + 1) * rows))
+                            for fc in outer for fr in inner), ifmap_sram, diagonal=False,
+                           data_words=m * k)
+        filt = ring_reads(fold.inner_folds, n, rows,
+                          ((fr, 0, n) for _fc in outer for fr in inner), filter_sram,
+                          data_words=k * n)
+    return ifmap, filt
+
+
+def memory_stalls(work: DispatchWork, device: AcceleratorConfig, compute: int
+                  ) -> tuple[int, int]:
+    """(stall cycles, DRAM words) of a GEMM-kind dispatch whose array needs `compute`
+    cycles.
+
+    Each read operand streams its `operand_reads` words from DRAM at its bandwidth,
+    one half-SRAM after another, each operand on its own channel; the outputs drain
+    through the ofmap SRAM at the ofmap bandwidth. The array waits for the slowest
+    stream: it stalls for the cycles that stream takes beyond its compute. Unlimited
+    bandwidth (0) never stalls."""
+    ifmap, filt = operand_reads(work, device)
+    g = work.groups
+    out = work.m * work.n
+    stream = 0.0
+    for words, bandwidth in ((ifmap, device.ifmap_bandwidth),
+                             (filt, device.filter_bandwidth),
+                             (max(0, out - device.ofmap_sram_words // 2),
+                              device.ofmap_bandwidth)):
+        if bandwidth:
+            stream = max(stream, words / bandwidth)
+    stall = max(0, math.ceil(stream) - compute // g) * g
+    return stall, g * (ifmap + filt + out)
+
+
+def vector_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
+    """Work on the vector unit: `lanes` operations per cycle (`vector_lanes`, or one
+    per array column), each output reading `window` inputs; its inputs and outputs
+    stream through DRAM once (input words, or elements x window when unknown), at the
+    ifmap / ofmap bandwidth."""
+    lanes = device.vector_lanes or device.cols
+    ops = work.macs if work.kind in VECTOR_KINDS else work.groups * work.m * work.n * work.k
+    compute = math.ceil(ops / lanes) if ops else 0
+    reads = work.input_words or ops
+    writes = work.output_words or work.elements
+    stall_cycles = 0.0
+    if device.ifmap_bandwidth:
+        stall_cycles = reads / device.ifmap_bandwidth
+    if device.ofmap_bandwidth:
+        stall_cycles = max(stall_cycles, writes / device.ofmap_bandwidth)
+    stall = max(0, math.ceil(stall_cycles) - compute)
+    utilisation = ops / (lanes * (compute + stall)) if compute else 0.0
+    return DispatchCost(compute, stall, (reads + writes) * work.element_bytes, utilisation)
+
+
+def systolic_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
+    """The built-in `"systolic"` model: GEMM kinds on the array (`folding`,
+    `memory_stalls`), the rest on the vector unit (`vector_cost`)."""
+    if work.kind not in GEMM_KINDS or not (work.m and work.n and work.k):
+        return vector_cost(work, device)
+    compute = systolic_compute_cycles(work, device)
+    stall, words = memory_stalls(work, device, compute)
+    pes = device.rows * device.cols
+    utilisation = work.macs / (pes * (compute + stall)) if compute else 0.0
+    return DispatchCost(compute, stall, words * work.element_bytes, utilisation)
+
+
+register_cost_model("systolic", systolic_cost)
+register_cost_model("vector", vector_cost)
+
+
+# -- SCALE-Sim configuration files --------------------------------------------------------
+
+_CFG_KEYS = {
+    "arrayheight": "rows", "arraywidth": "cols", "dataflow": "dataflow",
+    "ifmapsramszkb": "ifmap_sram_words", "filtersramszkb": "filter_sram_words",
+    "ofmapsramszkb": "ofmap_sram_words",
+}
+
+
+def read_scalesim_config(path: str, **overrides: Any) -> AcceleratorConfig:
+    """An `AcceleratorConfig` from a SCALE-Sim `.cfg` file.
+
+    Read: `[architecture_presets]` ArrayHeight, ArrayWidth, Dataflow, the three
+    `*SramSzkB` (kB x 1024 words: SCALE-Sim addresses one element per word) and, when
+    `[run_presets] InterfaceBandwidth` is `USER`, `Bandwidth` (words per cycle; the
+    ofmap's, and the ifmap's and filter's unless `[layout]` gives their
+    `IfmapSRAMBankBandwidth` / `FilterSRAMBankBandwidth`, which SCALE-Sim uses for
+    them); `CALC` means unlimited bandwidth. Ours, in an optional `[emu]` section:
+    `ClockHz`, `VectorLanes`, `CostModel`. `overrides` (fields of `AcceleratorConfig`)
+    win over the file. A missing or malformed file or key is an INVALID_ARGUMENT naming
+    it."""
+    import configparser
+
+    parser = configparser.ConfigParser()
+    try:
+        with open(path) as f:
+            parser.read_file(f)
+    except (OSError, configparser.Error) as exc:
+        raise InvalidArgumentError(f"cannot read SCALE-Sim config {path!r}: {exc}") from None
+    values: dict[str, Any] = {}
+    try:
+        arch = parser["architecture_presets"]
+    except KeyError:
+        raise InvalidArgumentError(
+            f"SCALE-Sim config {path!r} has no [architecture_presets] section") from None
+    try:
+        for key, field in _CFG_KEYS.items():
+            if key not in arch:
+                continue
+            raw = arch[key].strip()
+            if field == "dataflow":
+                values[field] = raw.lower()
+            elif field.endswith("_words"):
+                values[field] = int(raw) * 1024
+            else:
+                values[field] = int(raw)
+        mode = parser.get("run_presets", "InterfaceBandwidth", fallback="CALC").strip().upper()
+        if mode == "USER":
+            bandwidth = float(arch.get("Bandwidth", "").split(",")[0])
+            values["ofmap_bandwidth"] = bandwidth
+            layout = parser["layout"] if parser.has_section("layout") else {}
+            values["ifmap_bandwidth"] = float(layout.get("IfmapSRAMBankBandwidth", bandwidth))
+            values["filter_bandwidth"] = float(layout.get("FilterSRAMBankBandwidth", bandwidth))
+        elif mode != "CALC":
+            raise ValueError(f"InterfaceBandwidth must be USER or CALC, not {mode!r}")
+        if parser.has_section("emu"):
+            emu = parser["emu"]
+            if "ClockHz" in emu:
+                values["clock_hz"] = float(emu["ClockHz"])
+            if "VectorLanes" in emu:
+                values["vector_lanes"] = int(emu["VectorLanes"])
+            if "CostModel" in emu:
+                values["cost_model"] = emu["CostModel"].strip()
+    except ValueError as exc:
+        raise InvalidArgumentError(f"SCALE-Sim config {path!r}: {exc}") from None
+    known = {f.name for f in fields(AcceleratorConfig)}
+    unknown = set(overrides) - known
+    if unknown:
+        raise InvalidArgumentError(f"unknown accelerator fields {sorted(unknown)}; "
+                                   f"fields: {sorted(known)}")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    config = AcceleratorConfig(**values)
+    config.validate()
+    return config
+
+
+def _cost_entry(name: str, value: Any, path: str) -> DispatchCost:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = {"cycles": value}
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"cost file {path!r}: the cost of {name!r} must be a number "
+                                   f"of cycles or an object, not {value!r}")
+    try:
+        stall = int(value.get("stall_cycles", 0))
+        cycles = int(value["cycles"]) if "cycles" in value else (
+            int(value["compute_cycles"]) + stall)
+        dram = int(value.get("dram_bytes", 0))
+        utilisation = float(value.get("utilisation", 0.0))
+    except (KeyError, TypeError, ValueError):
+        raise InvalidArgumentError(f"cost file {path!r}: {name!r} needs `cycles` (or "
+                                   "`compute_cycles`) as numbers") from None
+    if cycles < 0 or stall < 0 or stall > cycles or dram < 0:
+        raise InvalidArgumentError(f"cost file {path!r}: {name!r} has negative cycles or "
+                                   "bytes, or more stall cycles than cycles")
+    return DispatchCost(cycles - stall, stall, dram, utilisation)
+
+
+def read_cost_file(path: str) -> dict[str, DispatchCost]:
+    """Measured per-export costs: a JSON object mapping an export name to its cycles or
+    to `{"cycles", "stall_cycles", "dram_bytes", "utilisation"}`, or a CSV file with a
+    column naming the export (`export`, or SCALE-Sim's `Layer name` / `LayerID` when
+    its layers are named after the exports) and `cycles` (or SCALE-Sim's
+    COMPUTE_REPORT columns `Total Cycles` and `Stall Cycles`)."""
+    import csv
+    import json
+
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read cost file {path!r}: {exc}") from None
+    if path.endswith(".json") or text.lstrip().startswith("{"):
+        try:
+            table = json.loads(text)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"cost file {path!r} is not JSON: {exc}") from None
+        if not isinstance(table, dict):
+            raise InvalidArgumentError(f"cost file {path!r} must hold a JSON object")
+        return {str(k): _cost_entry(str(k), v, path) for k, v in table.items()}
+    rows = list(csv.reader(text.splitlines()))
+    if not rows:
+        raise InvalidArgumentError(f"cost file {path!r} is empty")
+    header = [h.strip().lower() for h in rows[0]]
+
+    def column(*names: str) -> int:
+        for name in names:
+            if name in header:
+                return header.index(name)
+        return -1
+
+    name_at = column("export", "layer name", "layerid", "layer")
+    cycles_at = column("cycles", "total cycles")
+    stall_at = column("stall_cycles", "stall cycles")
+    if name_at < 0 or cycles_at < 0:
+        raise InvalidArgumentError(f"cost file {path!r} needs an `export` and a `cycles` "
+                                   "column (or SCALE-Sim's LayerID / Total Cycles)")
+    table: dict[str, DispatchCost] = {}
+    for row in rows[1:]:
+        if len(row) <= max(name_at, cycles_at, stall_at) or not row[name_at].strip():
+            continue
+        entry: dict[str, Any] = {"cycles": _number(row[cycles_at], path)}
+        if stall_at >= 0:
+            entry["stall_cycles"] = _number(row[stall_at], path)
+        name = row[name_at].strip()
+        table[name] = _cost_entry(name, entry, path)
+    return table
+
+
+def _number(text: str, path: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise InvalidArgumentError(f"cost file {path!r}: {text.strip()!r} is not a number"
+                                   ) from None
+
+
+def accelerator_config(value: Any) -> AcceleratorConfig | None:
+    """The `accelerator=` option of an emu device: None, an `AcceleratorConfig`, a
+    dict of its fields or the path of a SCALE-Sim `.cfg` file."""
+    if value is None:
+        return None
+    if isinstance(value, AcceleratorConfig):
+        config = value
+    elif isinstance(value, dict):
+        known = {f.name for f in fields(AcceleratorConfig)}
+        unknown = set(value) - known
+        if unknown:
+            raise InvalidArgumentError(f"unknown accelerator fields {sorted(unknown)}; "
+                                       f"fields: {sorted(known)}")
+        config = AcceleratorConfig(**value)
+    elif isinstance(value, str):
+        return read_scalesim_config(value)
+    else:
+        raise InvalidArgumentError("emu option accelerator must be an AcceleratorConfig, a "
+                                   f"dict or a SCALE-Sim .cfg path, not {type(value).__name__}")
+    config.validate()
+    return config
+
+
+__all__ = ["AcceleratorConfig", "CostFunction", "DATAFLOWS", "DispatchCost", "DispatchWork",
+           "Folding", "WORK_KINDS", "WORK_SOURCES", "accelerator_config", "cost_models",
+           "dispatch_cost", "folding", "memory_stalls", "operand_reads", "ring_reads", "read_cost_file", "read_scalesim_config",
+           "register_cost_model", "systolic_compute_cycles", "systolic_cost", "vector_cost"]
