@@ -58,7 +58,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     `iree.runtime.system_setup`, which has no public way to empty it), its binding's
     driver cache and the one object the binding keeps for every call (`_invoke_statics`,
     which a long run's teardown frees after nanobind checked for leaks), then every cycle
-    still holding one. Nothing runs iree.runtime after this hook."""
+    still holding one, the frozen ones included: a test that loads a model repository in
+    this process freezes the heap (`gc.freeze`, as the server does), and a frozen cycle,
+    such as an earlier test's oracle context, is never collected and outlives the run.
+    Nothing runs iree.runtime after this hook."""
     from support.oracle_caches import clear_all
 
     clear_all()
@@ -76,6 +79,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         module = sys.modules.get(name)
         if module is not None and hasattr(module, "_invoke_statics"):
             del module._invoke_statics
+    gc.unfreeze()
     gc.collect()
 
 
