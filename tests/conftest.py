@@ -51,12 +51,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Drops what keeps iree.runtime objects alive past the run: iree.runtime's own
-    per-URI device cache (module state of `iree.runtime.system_setup`, which has no
-    public way to empty it), its binding's driver cache and the one object the binding
-    keeps for every call (`_invoke_statics`, which a long run's teardown frees after
-    nanobind checked for leaks), then every cycle still holding one. Nothing runs
-    iree.runtime after this hook."""
+    """Drops what keeps iree.runtime objects alive past the run: the tests' own oracle
+    caches (each registered in `support.oracle_caches`), the last failed test's traceback
+    (pytest keeps it in `sys.last_value` for post-mortem debugging; its frames hold the
+    test's locals), iree.runtime's own per-URI device cache (module state of
+    `iree.runtime.system_setup`, which has no public way to empty it), its binding's
+    driver cache and the one object the binding keeps for every call (`_invoke_statics`,
+    which a long run's teardown frees after nanobind checked for leaks), then every cycle
+    still holding one, the frozen ones included: a test that loads a model repository in
+    this process freezes the heap (`gc.freeze`, as the server does), and a frozen cycle,
+    such as an earlier test's oracle context, is never collected and outlives the run.
+    Nothing runs iree.runtime after this hook."""
+    from support.oracle_caches import clear_all
+
+    clear_all()
+    for name in ("last_exc", "last_type", "last_value", "last_traceback"):
+        if hasattr(sys, name):
+            delattr(sys, name)
     system_setup = sys.modules.get("iree.runtime.system_setup")
     devices = getattr(system_setup, "_GLOBAL_DEVICES_BY_URI", None)
     if isinstance(devices, dict):
@@ -68,6 +79,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         module = sys.modules.get(name)
         if module is not None and hasattr(module, "_invoke_statics"):
             del module._invoke_statics
+    gc.unfreeze()
     gc.collect()
 
 

@@ -10,7 +10,6 @@ import json
 import math
 import threading
 import time
-from functools import cache
 
 import numpy as np
 import pytest
@@ -18,13 +17,15 @@ import tritonclient.http as httpclient
 from serve_helpers import DTYPES
 from tritonclient.utils import InferenceServerException
 
+from support.oracle_caches import session_cache
+
 pytestmark = pytest.mark.timeout(120)
 
 _V2 = {"i1": "BOOL", "i8": "INT8", "i16": "INT16", "i32": "INT32", "i64": "INT64",
        "f16": "FP16", "f32": "FP32", "f64": "FP64"}
 
 
-@cache
+@session_cache
 def _iree_module(path: str):
     import iree.runtime as rt
 

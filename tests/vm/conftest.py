@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from support.oracle_caches import register
 from support.vm_pairs import Pair, vm_compile_source
 
 
@@ -14,11 +15,9 @@ def vm_compile():
 
 @pytest.fixture(scope="session")
 def vm_pair_cache():
-    """Pairs by program, for the session; emptied at its end so their iree.runtime
-    contexts do not outlive the run."""
-    cache: dict = {}
-    yield cache
-    cache.clear()
+    """Pairs by program, for the session; emptied at its end (`support.oracle_caches`) so
+    their iree.runtime contexts do not outlive the run."""
+    return register({})
 
 
 @pytest.fixture
