@@ -68,6 +68,7 @@ import trio
 
 from .. import load as load_module
 from ..errors import Error
+from ..hal import drivers
 from ..vm.loader import read_module_file
 from .admission import Admission, Instance
 from .batching import BatchingConfig
@@ -734,8 +735,7 @@ class ModelRepository:
                 mv.config = config
                 mv.settings = parse_model_config(config, where)
                 device = mv.settings.device or self.default_device
-                mv.device_name = {"local-task": "task", "local-sync": "sync",
-                                  "local-emu": "emu"}.get(device, device)
+                mv.device_name = drivers.canonical(device)
             except ConfigError as exc:
                 mv.state, mv.reason = "UNAVAILABLE", str(exc)
             versions[version] = mv
