@@ -436,12 +436,10 @@ def normalize_points(
     points: Fence | Sequence[SemaphorePoint] | None, what: str
 ) -> list[SemaphorePoint]:
     """Turns a Fence or a list of (Semaphore, value) into a validated list."""
-    if type(points) is Fence:
-        return list(points._points)
-    if points is None:
-        return []
     if isinstance(points, Fence):
         return points.points
+    if points is None:
+        return []
     result = []
     for item in points:
         try:

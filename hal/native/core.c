@@ -1,10 +1,17 @@
-/* tinyhal.hal.native._core: the ready path of semaphores, fences and the transient ring.
+/* tinyhal.hal.native._core: the hot objects' fields and constructors, and the ready path
+ * of semaphores, fences and the transient ring.
  *
  * Base types hold the state of Python classes, which subclass them and keep every rare
  * path: `SemaphoreCore` (hal.semaphore.Semaphore: timepoints, offers, blocking and trio
- * waits and failure stay in Python), `FenceCore` (Fence) and `RingCore`
+ * waits and failure stay in Python), `FenceCore` (Fence), `StorageCore` (hal.buffer.Storage),
+ * `BufferCore` (Buffer), `BufferViewCore` (hal.buffer_view.BufferView) and `RingCore`
  * (hal.ringbuffer.TransientRingbuffer: parked requests, grants, close and collection stay
- * in Python); `HeapCounter` and `RingBlock` are plain C types. What is here is what a
+ * in Python); `RingStorage`, `HeapCounter` and `RingBlock` are plain C types.
+ *
+ * One way to build each: a base type's constructor (its tp_new, through one `*_make`
+ * function where C builds them too) is the only code that sets its fields; the Python
+ * subclasses define no `__init__` or `__new__` (Storage's `__init__` fills a block it
+ * allocates), and C never writes a Python object's `__slots__`. What is here is what a
  * ready queue operation pays for on every call: a semaphore advanced while nothing waits
  * on it, the one-point fence `hal.fence.create` makes, a join, the check that a wait
  * fence is already reached, a transient block placed or retired with its counters, and
@@ -894,7 +901,14 @@ static PyObject *buffer_view_new(PyTypeObject *type, PyObject *args, PyObject *k
     if (encoding_type == NULL) {
         Py_DECREF(dims);
         Py_XDECREF(element_type);
-        return NULL;
+        if (!PyErr_ExceptionMatches(PyExc_TypeError))
+            return NULL;
+        PyErr_Clear();
+        return raise_error("InvalidArgumentError",
+                           PyUnicode_FromFormat("buffer view element type %R and encoding type "
+                                                "%R must be ints", element_type_arg,
+                                                encoding_type_arg ? encoding_type_arg
+                                                                  : Py_None));
     }
     unsigned bits = (unsigned)(PyLong_AsUnsignedLongLongMask(element_type) & 0xFF);
     PyObject *available = ((BufferObject *)buffer)->byte_length;
