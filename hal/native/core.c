@@ -395,8 +395,14 @@ static PyObject *fence_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:Fence", kwlist, &points))
         return NULL;
     PyObject *iterator = PyObject_GetIter(points);
-    if (iterator == NULL)
-        return NULL;
+    if (iterator == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError))
+            return NULL;
+        PyErr_Clear();
+        return raise_error("InvalidArgumentError",
+                           PyUnicode_FromFormat("fence points must be an iterable of "
+                                                "(Semaphore, value) pairs, not %R", points));
+    }
     PyObject *timeline = PyDict_New(), *item;
     if (timeline == NULL) {
         Py_DECREF(iterator);
@@ -406,6 +412,10 @@ static PyObject *fence_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         PyObject *pair = PyTuple_CheckExact(item) ? Py_NewRef(item) : PySequence_Tuple(item);
         int failed = 1;
         unsigned long long v;
+        if (pair == NULL && !PyErr_ExceptionMatches(PyExc_TypeError)) {
+            Py_DECREF(item);
+            break;
+        }
         if (pair == NULL || PyTuple_GET_SIZE(pair) != 2) {
             PyErr_Clear();
             raise_error("InvalidArgumentError",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import weakref
 
 import pytest
 
@@ -103,6 +104,7 @@ def test_a_fence_keeps_each_semaphore_once_at_its_largest_value():
     (lambda b: BufferView(b, (1,), F32, 1.0), errors.InvalidArgumentError, "must be ints"),
     (lambda b: Fence([(Semaphore(), -1)]), errors.InvalidArgumentError, "fence value"),
     (lambda b: Fence([1]), errors.InvalidArgumentError, "pairs"),
+    (lambda b: Fence(5), errors.InvalidArgumentError, "an iterable of"),
     (lambda b: Fence([(Semaphore(), 1, 2)]), errors.InvalidArgumentError, "pairs"),
     (lambda b: Fence.single(Semaphore(), 2**64), errors.InvalidArgumentError, "fence value"),
     (lambda b: Semaphore(-1), errors.InvalidArgumentError, "initial value"),
@@ -112,6 +114,12 @@ def test_the_constructors_refuse_bad_input_with_a_tinyhal_error(device, make, er
     buffer = device.allocator.allocate(32)
     with pytest.raises(error, match=message):
         make(buffer)
+
+
+def test_the_objects_take_weak_references(device):
+    buffer = device.allocator.allocate(32)
+    for obj in (buffer, buffer.storage, RingStorage(8), Semaphore(), Fence.pending()):
+        assert weakref.ref(obj)() is obj
 
 
 def test_fields_are_set_once(device):
