@@ -167,8 +167,9 @@ class TransientRingbuffer(RingCore):
         on_grant(block, error)
 
     # commit_new(allocator, size, memory_type_bits, usage_bits) -> Buffer | None (C): a
-    # `pending_buffer` committed by `try_commit` in one call, or None when that would
-    # return False (nothing made then): the ready alloca's path.
+    # `pending_buffer` committed by `try_commit` in one call, built by the same
+    # constructors (`RingStorage`, `Buffer`), or None when that would return False
+    # (nothing made then): the ready alloca's path.
 
     # try_commit(storage) -> bool (C): reserves `storage.byte_length` bytes and `commit`s
     # them to `storage` at once, if the ring has room and no reservation is parked ahead;
