@@ -21,11 +21,12 @@ from ..errors import (
     OutOfRangeError,
     PermissionDeniedError,
 )
+from .native import core as _core
 from .native import ffi
 from .types import WHOLE_BUFFER, BufferUsage, MemoryAccess, MemoryType
 
 if TYPE_CHECKING:
-    from .allocator import Allocator
+    pass
 
 ALIGNMENT = 64
 """Every buffer's base address is a multiple of this: IREE kernels use aligned vector loads."""
@@ -90,18 +91,20 @@ def views_of_block(array: memoryview) -> int:
     return getrefcount(_referents(array)[0]) - 1
 
 
-class Storage:
+class Storage(_core.StorageCore):
     """One aligned block of host memory backing one or more buffers. `array` is the
     block as a flat unsigned-byte `memoryview` (numpy views of it are made where numpy
     is used, zero-copy); `address`, when given with `array`, is taken as its address
     instead of reading it. A new block is zero-filled, or holds a copy of the first
     `byte_length` bytes of `initial` (any C-contiguous buffer-protocol object).
-    `on_release` is for `CountedStorage`.
+    `on_release` is for `CountedStorage`. `release()` marks the block dead now (use
+    after release is then refused).
 
-    It has no finalizer, so a storage nobody counts (transient, imported) dies without
-    running Python code."""
+    Its fields live in the C base (`hal/native/core.c`), which `RingStorage` (a transient
+    buffer's storage) extends. It has no finalizer, so a storage nobody counts
+    (transient, imported) dies without running Python code."""
 
-    __slots__ = ("array", "address", "byte_length", "released", "_on_release", "__weakref__")
+    __slots__ = ()
 
     def __init__(
         self,
@@ -124,11 +127,6 @@ class Storage:
         if on_release is not None and type(self) is Storage:
             raise InvalidArgumentError("on_release is called only for a CountedStorage")
         self._on_release = on_release
-
-    def release(self) -> None:
-        """Marks the block dead now (use-after-release is then rejected)."""
-        if not self.released:
-            self.released = True
 
 
 class CountedStorage(Storage):
@@ -153,42 +151,19 @@ ACCESS_ALL = int(MemoryAccess.ALL)
 _WRITE = int(MemoryAccess.WRITE)
 
 
-class Buffer:
+class Buffer(_core.BufferCore):
     """A range of device memory with a memory type, allowed usage and allowed access.
 
-    The three bit sets are kept as plain ints (`*_bits`) for the checks on hot paths;
-    the properties give them back as IREE-valued flags.
+    `Buffer(allocator, storage, byte_offset, byte_length, memory_type, allowed_usage,
+    allowed_access=MemoryAccess.ALL)`: the window [byte_offset, byte_offset +
+    byte_length) of `storage`. Its fields are set once, by that constructor (in the C
+    base, `hal/native/core.c`, which the transient ring's ready alloca also builds
+    through), and are read-only after. The three bit sets are kept as plain ints
+    (`*_bits`) for the checks on hot paths; the properties give them back as IREE-valued
+    flags.
     """
 
-    __slots__ = (
-        "allocator",
-        "memory_type_bits",
-        "usage_bits",
-        "access_bits",
-        "storage",
-        "byte_offset",
-        "byte_length",
-        "__weakref__",
-    )
-
-    def __init__(
-        self,
-        allocator: Allocator | None,
-        storage: Storage,
-        byte_offset: int,
-        byte_length: int,
-        memory_type: MemoryType | int,
-        allowed_usage: BufferUsage | int,
-        allowed_access: MemoryAccess | int = int(MemoryAccess.ALL),
-    ) -> None:
-        self.allocator = allocator
-        self.storage = storage
-        self.byte_offset = byte_offset
-        self.byte_length = byte_length
-        # int() of an IntFlag member costs several times a type test: skip it for ints
-        self.memory_type_bits = memory_type if type(memory_type) is int else int(memory_type)
-        self.usage_bits = allowed_usage if type(allowed_usage) is int else int(allowed_usage)
-        self.access_bits = allowed_access if type(allowed_access) is int else int(allowed_access)
+    __slots__ = ()
 
     @property
     def memory_type(self) -> MemoryType:
@@ -297,42 +272,19 @@ class Buffer:
 
 
 
-class RingStorage(Storage):
-    """The storage of a transient buffer: no memory until its `queue_alloca` runs, then a
-    block of a transient ring (`hal.ringbuffer`), which sets `ring` and `block` while the
-    storage holds it. A storage that dies still holding its block hands it back
-    (`ring.collected(block)`), so a transient buffer dropped without `queue_dealloca`
-    cannot wedge the ring; one released first costs nothing more when it dies."""
-
-    __slots__ = ("ring", "block")
-
-    def __del__(self) -> None:
-        block = self.block
-        if block is not None:
-            self.ring.collected(block)
-
-
-_NO_BYTES = memoryview(bytearray())
-_new = object.__new__
+RingStorage = _core.RingStorage
+"""`RingStorage(byte_length)`: the storage of a transient buffer: no memory until its
+`queue_alloca` runs, then a block of a transient ring (`hal.ringbuffer`), which sets `ring`
+and `block` while the storage holds it. A storage that dies still holding its block hands
+it back (`ring.collected(block)`), so a transient buffer dropped without `queue_dealloca`
+cannot wedge the ring; one released first costs nothing more when it dies. A
+`StorageCore` like `Storage` (C, `hal/native/core.c`)."""
 
 
 def pending_buffer(allocator: Any, size: int, memory_type_bits: int, usage_bits: int) -> Buffer:
     """A buffer of `size` bytes over a `RingStorage` with no memory yet (address 0),
-    which a `queue_alloca` commits when its ring space is granted, built without
-    `__init__` frames (a ready alloca's path)."""
-    storage = _new(RingStorage)
-    storage.array = _NO_BYTES
-    storage.address = 0
-    storage.byte_length = size
-    storage.released = False
-    storage._on_release = None
-    storage.ring = storage.block = None
-    buffer = _new(Buffer)
-    buffer.allocator = allocator
-    buffer.storage = storage
-    buffer.byte_offset = 0
-    buffer.byte_length = size
-    buffer.memory_type_bits = memory_type_bits
-    buffer.usage_bits = usage_bits
-    buffer.access_bits = ACCESS_ALL
-    return buffer
+    which a `queue_alloca` commits when its ring space is granted."""
+    return Buffer(allocator, RingStorage(size), 0, size, memory_type_bits, usage_bits)
+
+
+_core.register(buffer=Buffer)

@@ -6,12 +6,10 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgumentError, OutOfRangeError
-from .buffer import Buffer
+from .native import core as _core
 from .types import (
     BufferUsage,
     ElementType,
-    EncodingType,
     MemoryType,
     element_type_for,
     numpy_dtype,
@@ -29,29 +27,19 @@ def dense_byte_length(shape: Sequence[int], element_type: int) -> int:
     return (math.prod(shape) * bits + 7) // 8
 
 
-class BufferView:
-    """A shaped, typed view of a buffer."""
+class BufferView(_core.BufferViewCore):
+    """A shaped, typed view of a buffer.
 
-    __slots__ = ("buffer", "shape", "element_type", "encoding_type")
+    `BufferView(buffer, shape, element_type, encoding_type=EncodingType.DENSE_ROW_MAJOR)`
+    checks what IREE's `iree_hal_buffer_view_create` does: `buffer` is a `Buffer`
+    (INVALID_ARGUMENT), no dimension is negative (INVALID_ARGUMENT), and the buffer has
+    the bytes the shape and element type need (OUT_OF_RANGE). `shape` is kept as a tuple
+    of ints, the types as ints. The constructor and the fields are in the C base
+    (`hal/native/core.c`), so every view, the VM's included, is built by that one check
+    without a Python frame; the fields are read-only after.
+    """
 
-    def __init__(self, buffer: Buffer, shape: Sequence[int], element_type: int,
-                 encoding_type: int = int(EncodingType.DENSE_ROW_MAJOR)) -> None:
-        if not isinstance(buffer, Buffer):
-            raise InvalidArgumentError(f"a buffer view needs a Buffer, not {buffer!r}")
-        shape = tuple(map(int, shape))
-        if shape and min(shape) < 0:
-            raise InvalidArgumentError(f"buffer view shape {shape} has a negative dimension")
-        self.buffer = buffer
-        self.shape = shape
-        self.element_type = element_type if type(element_type) is int else int(element_type)
-        self.encoding_type = (encoding_type if type(encoding_type) is int
-                              else int(encoding_type))
-        needed = (math.prod(shape) * (self.element_type & 0xFF) + 7) // 8  # byte_length
-        if needed > buffer.byte_length:
-            raise OutOfRangeError(
-                f"buffer view of shape {shape} and element type 0x{self.element_type:08X} needs "
-                f"{needed} bytes but the buffer has {buffer.byte_length}"
-            )
+    __slots__ = ()
 
     def __repr__(self) -> str:
         try:

@@ -586,7 +586,7 @@ def _complete_slow(signal: Sequence[SemaphorePoint], error: Error | None) -> Non
         _core.set_trampoline(None)
 
 
-_core.bind_queue(_complete_slow)
+_core.register(complete_slow=_complete_slow)
 
 
 def _release(entry: _Entry) -> None:

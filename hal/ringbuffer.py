@@ -29,18 +29,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import Error, InvalidArgumentError, ResourceExhaustedError
-from .buffer import (
-    ACCESS_ALL,
-    ALIGNMENT,
-    Buffer,
-    RingStorage,
-    mapped_block,
-    pending_buffer,
-)
+from .buffer import ALIGNMENT, RingStorage, mapped_block
 from .native import core as _core
 
 RingCore = _core.RingCore
-_core.bind_ring(RingStorage, Buffer, ACCESS_ALL)
 
 if TYPE_CHECKING:
     from .allocator import Allocator
@@ -175,8 +167,9 @@ class TransientRingbuffer(RingCore):
         on_grant(block, error)
 
     # commit_new(allocator, size, memory_type_bits, usage_bits) -> Buffer | None (C): a
-    # `pending_buffer` committed by `try_commit` in one call, or None when that would
-    # return False (nothing made then): the ready alloca's path.
+    # `pending_buffer` committed by `try_commit` in one call, built by the same
+    # constructors (`RingStorage`, `Buffer`), or None when that would return False
+    # (nothing made then): the ready alloca's path.
 
     # try_commit(storage) -> bool (C): reserves `storage.byte_length` bytes and `commit`s
     # them to `storage` at once, if the ring has room and no reservation is parked ahead;
@@ -219,7 +212,7 @@ class TransientRingbuffer(RingCore):
     def pending_storage(size: int) -> RingStorage:
         """A `RingStorage` of `size` bytes with no memory yet, to be `commit`ted when
         its block is granted."""
-        return pending_buffer(None, size, 0, 0).storage
+        return RingStorage(size)
 
     def commit(self, storage: RingStorage, block: RingBlock) -> None:
         """Points `storage` (a `pending_storage`) at the bytes of `block` (64-byte

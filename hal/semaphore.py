@@ -89,11 +89,9 @@ class Semaphore(SemaphoreCore):
 
     _seq = itertools.count()
 
-    def __init__(self, initial: int = 0, name: str = "") -> None:
-        if type(initial) is not int or not 0 <= initial <= MAX_VALUE:
-            _check_value(initial, "initial value")
-        self._value = initial
-        self.name = name
+    # `Semaphore(initial=0, name="")` is the C base's constructor, which every semaphore
+    # C makes (`Fence.pending`) goes through too: INVALID_ARGUMENT unless `initial` is an
+    # int in [0, 2**64).
 
     def __repr__(self) -> str:
         label = f" {self.name}" if self.name else ""
@@ -351,23 +349,9 @@ class Fence(FenceCore):
 
     __slots__ = ()
 
-    def __init__(self, points: Iterable[SemaphorePoint] = ()) -> None:
-        timeline: dict[Semaphore, int] = {}
-        for sem, value in points:
-            if type(value) is not int or not 0 <= value <= MAX_VALUE:
-                _check_value(value, "fence value")
-            if value > timeline.get(sem, -1):
-                timeline[sem] = value
-        self._points = tuple(timeline.items())
-
-    @classmethod
-    def single(cls, semaphore: Semaphore, value: int) -> Fence:
-        """A fence of one point."""
-        if type(value) is not int or not 0 <= value <= MAX_VALUE:
-            _check_value(value, "fence value")
-        fence = FenceCore.__new__(cls)  # without the `__init__` frame
-        fence._points = ((semaphore, value),)
-        return fence
+    # `Fence(points=())` and `Fence.single(semaphore, value)` (a fence of one point) are
+    # the C base's: one constructor, which `pending` and `join` go through too. Each value
+    # must be an int in [0, 2**64) and each point a pair (INVALID_ARGUMENT otherwise).
 
     pending = staticmethod(_core.pending_fence)
     """`Fence.pending()`: a fence of one new semaphore (at 0) reached at 1, what
@@ -452,12 +436,10 @@ def normalize_points(
     points: Fence | Sequence[SemaphorePoint] | None, what: str
 ) -> list[SemaphorePoint]:
     """Turns a Fence or a list of (Semaphore, value) into a validated list."""
-    if type(points) is Fence:
-        return list(points._points)
-    if points is None:
-        return []
     if isinstance(points, Fence):
         return points.points
+    if points is None:
+        return []
     result = []
     for item in points:
         try:
@@ -519,4 +501,4 @@ def when_all_reached(
             one(sem.failure)
 
 
-_core.bind(Semaphore, Fence, _normalize_general)
+_core.register(semaphore=Semaphore, fence=Fence, normalize_general=_normalize_general)

@@ -157,28 +157,45 @@ def _op_count(recording: Recording) -> int:
 
 
 class Stream:
-    """One execution of a submission in C, ready for `participants` threads.
+    """One execution of a submission in C: a native program bound to the submission's
+    buffers, ready for its participants.
 
-    Built when the submission starts: takes a native program from the recording's pool
-    (building one only when all are in flight) and binds the submission's buffers.
+    `Stream.start(submission, participants)` makes one when the submission starts: it
+    takes a native program from the recording's pool (building one only when all are in
+    flight) and binds the submission's buffers. `lead` makes one of a program it bound
+    and paused. Both build it through the one constructor, `Stream(program, pool,
+    entries, instrument, times)`: the bound program, the pool it goes back to (None: a
+    program of several recordings, not kept), the submission's parts (their buffers stay
+    alive while the stream may run), and the instrument and timestamps of a profiled run
+    (None otherwise).
     """
 
     __slots__ = ("_program", "_pool", "_entries", "_instrument", "_times")
 
-    def __init__(self, submission: Submission, participants: int = 1) -> None:
+    def __init__(self, program: NativeProgram, pool: list[NativeProgram] | None,
+                 entries: Any, instrument: tuple | None, times: Any) -> None:
+        self._program = program
+        self._pool = pool
+        self._entries = entries
+        self._instrument = instrument
+        self._times = times
+
+    @classmethod
+    def start(cls, submission: Submission, participants: int = 1) -> Stream:
+        """A stream of `submission` (whose waits are met), bound for `participants`
+        threads."""
         parts = submission.parts
         if len(parts) == 1:
             recording = parts[0][0]
             program = _take_program(recording)
-            self._pool = recording.streams
+            pool = recording.streams
         else:
             program = NativeProgram([r for r, _e in parts])
-            self._pool = None
-        self._program = program
-        self._entries = parts  # the buffers stay alive while the stream may run
+            pool = None
         _bind(program, submission, participants)
-        self._instrument = instrument = submission.instrument
-        self._times = None if instrument is None else _timestamps(program)
+        instrument = submission.instrument
+        return cls(program, pool, parts, instrument,
+                   None if instrument is None else _timestamps(program))
 
     def run(self, helpers: StreamHelpers | None = None, budget_us: int = 0) -> bool:
         """Leads the stream on the calling thread, with `helpers`' threads joining its
@@ -254,7 +271,7 @@ def lead(submission: Submission, helpers: StreamHelpers | None = None,
     parts = submission.parts
     participants = 1 if helpers is None else 1 + helpers.count
     if len(parts) != 1:
-        stream = Stream(submission, participants)
+        stream = Stream.start(submission, participants)
         return None if stream.run(helpers, budget_us) else stream
     recording = parts[0][0]
     pool = recording.streams
@@ -289,9 +306,7 @@ def lead(submission: Submission, helpers: StreamHelpers | None = None,
                                       program.local_memory_size, times, budget_us * 1000,
                                       paused)
         if not rc and paused[0]:
-            stream = Stream.__new__(Stream)
-            stream._program, stream._pool, stream._entries = program, pool, parts
-            stream._instrument, stream._times = instrument, times
+            stream = Stream(program, pool, parts, instrument, times)
             program = None  # the stream returns it to the pool once it has run
             return stream
         if instrument is not None:

@@ -49,7 +49,7 @@ from ..errors import (
 )
 from ..hal.allocator import Allocator
 from ..hal.buffer import Buffer, RingStorage, Storage, as_byte_view
-from ..hal.buffer_view import BufferView, dense_byte_length
+from ..hal.buffer_view import BufferView
 from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
 from ..hal.elf import parse_elf
@@ -75,7 +75,6 @@ _SHARING_IMMUTABLE = int(BufferUsage.SHARING_IMMUTABLE)
 _STATUS_DEFERRED = int(StatusCode.DEFERRED)
 _STATUS_DEADLINE_EXCEEDED = int(StatusCode.DEADLINE_EXCEEDED)
 _U32 = 0xFFFFFFFF
-_new_object = object.__new__
 _first = operator.itemgetter(0)  # a variadic shape's 1-tuples -> dims, without a frame
 _MAX_BINDINGS = 64
 _MAX_REMEMBERED_LOOKUPS = 4096
@@ -370,18 +369,8 @@ def buffer_view_create(state: HalModuleState, buffer, offset, length, element_ty
             exc.message = (f"invalid subspan of an existing buffer (source_offset="
                            f"{offset}, length={length}); {exc.message}")
             raise
-    dims = tuple(map(_first, shape))
-    element_type &= _U32
-    if (dims and min(dims) < 0) or dense_byte_length(dims, element_type) > buffer.byte_length:
-        return BufferView(buffer, dims, element_type, encoding_type & _U32)  # raises why
-    # What `BufferView(...)` makes, checked above, without its `__init__` frame: a class
-    # call with a Python `__init__` is one of the dearest calls an invocation makes.
-    view = _new_object(BufferView)
-    view.buffer = buffer
-    view.shape = dims
-    view.element_type = element_type
-    view.encoding_type = encoding_type & _U32
-    return view
+    return BufferView(buffer, tuple(map(_first, shape)), element_type & _U32,
+                      encoding_type & _U32)  # checked in C, without a Python frame
 
 
 def buffer_view_assert(state: HalModuleState, view, message, element_type, encoding_type, shape):

@@ -89,7 +89,7 @@ class TaskDriver(Driver):
                 done(None)
                 return
         else:
-            stream = Stream(payload, 1 + helpers.count)
+            stream = Stream.start(payload, 1 + helpers.count)
 
         try:
             handoff = _Handoff(stream, helpers, done)

@@ -1,10 +1,17 @@
-/* tinyhal.hal.native._core: the ready path of semaphores, fences and the transient ring.
+/* tinyhal.hal.native._core: the hot objects' fields and constructors, and the ready path
+ * of semaphores, fences and the transient ring.
  *
  * Base types hold the state of Python classes, which subclass them and keep every rare
  * path: `SemaphoreCore` (hal.semaphore.Semaphore: timepoints, offers, blocking and trio
- * waits and failure stay in Python), `FenceCore` (Fence) and `RingCore`
+ * waits and failure stay in Python), `FenceCore` (Fence), `StorageCore` (hal.buffer.Storage),
+ * `BufferCore` (Buffer), `BufferViewCore` (hal.buffer_view.BufferView) and `RingCore`
  * (hal.ringbuffer.TransientRingbuffer: parked requests, grants, close and collection stay
- * in Python); `HeapCounter` and `RingBlock` are plain C types. What is here is what a
+ * in Python); `RingStorage`, `HeapCounter` and `RingBlock` are plain C types.
+ *
+ * One way to build each: a base type's constructor (its tp_new, through one `*_make`
+ * function where C builds them too) is the only code that sets its fields; the Python
+ * subclasses define no `__init__` or `__new__` (Storage's `__init__` fills a block it
+ * allocates), and C never writes a Python object's `__slots__`. What is here is what a
  * ready queue operation pays for on every call: a semaphore advanced while nothing waits
  * on it, the one-point fence `hal.fence.create` makes, a join, the check that a wait
  * fence is already reached, a transient block placed or retired with its counters, and
@@ -46,15 +53,71 @@
     .tp_traverse = (traverseproc)prefix##_traverse, .tp_clear = (inquiry)prefix##_clear, \
     .tp_weaklistoffset = offsetof(object, weakrefs)
 
-/* What `bind` hands over from Python: the concrete classes made here, and the general
- * path of `normalize_wait_signal` for arguments the fast path does not take. */
+/* What `register` hands over from Python, its one registration point: the Python
+ * classes whose instances C makes (Semaphore, Fence, Buffer), and the Python paths of
+ * `normalize_wait_signal` and `complete` for what the fast paths do not take. Each is
+ * built only through its type's one constructor function here (`semaphore_make`,
+ * `fence_make`, `buffer_make`), which the class's own `__new__` also calls. */
 static PyTypeObject *semaphore_class;
 static PyTypeObject *fence_class;
+static PyTypeObject *buffer_class;
 static PyObject *normalize_general;
+static PyObject *complete_slow;
 static PyObject *allocate_lock;
 static PyObject *empty_tuple;
 static PyObject *empty_str;
-static PyObject *str_advance_slow;
+static PyObject *empty_view; /* a byte memoryview of no bytes: the memory of a storage not placed */
+static PyObject *zero, *one;
+static PyObject *str_advance_slow, *str_collected;
+
+/* IREE's values (iree_hal_memory_access_t ALL, iree_hal_encoding_type_t
+ * DENSE_ROW_MAJOR; hal.types), the defaults of Buffer's and BufferView's constructors. */
+#define MEMORY_ACCESS_ALL 7
+#define ENCODING_DENSE_ROW_MAJOR 1
+
+/* Raises tinyhal.errors.`name`(message) (message stolen; NULL passes its error on). The
+ * errors module imports nothing of the HAL, so importing it here when first needed makes
+ * no cycle. */
+static PyObject *raise_error(const char *name, PyObject *message)
+{
+    if (message == NULL)
+        return NULL;
+    PyObject *errors = PyImport_ImportModule("tinyhal.errors");
+    PyObject *cls = errors == NULL ? NULL : PyObject_GetAttrString(errors, name);
+    Py_XDECREF(errors);
+    if (cls != NULL) {
+        PyObject *error = PyObject_CallOneArg(cls, message);
+        if (error != NULL) {
+            PyErr_SetObject(cls, error);
+            Py_DECREF(error);
+        }
+        Py_DECREF(cls);
+    }
+    Py_DECREF(message);
+    return NULL;
+}
+
+/* `value` as a timeline value (an int in [0, 2**64)): 0 and *out set, or -1 (no error
+ * set) when it is not one. */
+static int timeline_value(PyObject *value, unsigned long long *out)
+{
+    if (!PyLong_Check(value))
+        return -1;
+    unsigned long long v = PyLong_AsUnsignedLongLong(value);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static PyObject *invalid_timeline_value(const char *what, PyObject *value)
+{
+    return raise_error("InvalidArgumentError",
+                       PyUnicode_FromFormat("semaphore %s must be an int in [0, 2**64), not %R",
+                                            what, value));
+}
 
 /* The dealloc of the GC types here: untrack, clear weak references (if any were made)
  * and fields, free. */
@@ -109,23 +172,30 @@ static inline int is_empty_sequence(PyObject *o)
     return (PyTuple_CheckExact(o) || PyList_CheckExact(o)) && Py_SIZE(o) == 0;
 }
 
-static void semaphore_init_fields(SemaphoreObject *self)
+/* The one constructor of a semaphore: `Semaphore(initial, name)` and every semaphore C
+ * makes come here. */
+static PyObject *semaphore_make(PyTypeObject *type, unsigned long long value, PyObject *name)
 {
-    self->value = 0;
-    Py_INCREF(empty_tuple);
-    self->timepoints = empty_tuple;
-    Py_INCREF(empty_tuple);
-    self->offers = empty_tuple;
-    Py_INCREF(empty_str);
-    self->name = empty_str;
+    SemaphoreObject *self = (SemaphoreObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->value = value;
+    self->timepoints = Py_NewRef(empty_tuple);
+    self->offers = Py_NewRef(empty_tuple);
+    self->name = Py_NewRef(name);
+    return (PyObject *)self;
 }
 
 static PyObject *semaphore_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    SemaphoreObject *self = (SemaphoreObject *)type->tp_alloc(type, 0);
-    if (self != NULL)
-        semaphore_init_fields(self);
-    return (PyObject *)self;
+    static char *kwlist[] = {"initial", "name", NULL};
+    PyObject *initial = NULL, *name = empty_str;
+    unsigned long long value = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:Semaphore", kwlist, &initial, &name))
+        return NULL;
+    if (initial != NULL && timeline_value(initial, &value) < 0)
+        return invalid_timeline_value("initial value", initial);
+    return semaphore_make(type, value, name);
 }
 
 /* The object fields of a SemaphoreObject, for traverse and clear. */
@@ -265,14 +335,128 @@ typedef struct {
 
 static PyTypeObject FenceCoreType;
 
-static PyObject *fence_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+/* The one constructor of a fence: of the tuple `points` (stolen), already one point per
+ * semaphore, and the same points as a dict (`timeline`, stolen) or NULL. `Fence(points)`,
+ * `Fence.single`, and every fence C makes come here. */
+static PyObject *fence_make(PyTypeObject *type, PyObject *points, PyObject *timeline)
 {
     FenceObject *self = (FenceObject *)type->tp_alloc(type, 0);
-    if (self != NULL) {
-        Py_INCREF(empty_tuple);
-        self->points = empty_tuple;
+    if (self == NULL) {
+        Py_DECREF(points);
+        Py_XDECREF(timeline);
+        return NULL;
     }
+    self->points = points;
+    self->timeline = timeline;
     return (PyObject *)self;
+}
+
+/* A fence of `timeline`'s points (stolen), in its order. */
+static PyObject *fence_of_timeline(PyTypeObject *type, PyObject *timeline)
+{
+    Py_ssize_t n = PyDict_GET_SIZE(timeline), pos = 0, i = 0;
+    PyObject *points = PyTuple_New(n), *sem, *value;
+    if (points == NULL) {
+        Py_DECREF(timeline);
+        return NULL;
+    }
+    while (PyDict_Next(timeline, &pos, &sem, &value)) {
+        PyObject *point = PyTuple_Pack(2, sem, value);
+        if (point == NULL) {
+            Py_DECREF(points);
+            Py_DECREF(timeline);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(points, i++, point);
+    }
+    return fence_make(type, points, timeline);
+}
+
+/* Puts `value` for `sem` into `timeline` unless it holds a larger or equal one. */
+static int timeline_keep_largest(PyObject *timeline, PyObject *sem, PyObject *value)
+{
+    PyObject *old = PyDict_GetItemWithError(timeline, sem);
+    if (old == NULL && PyErr_Occurred())
+        return -1;
+    if (old != NULL) {
+        int larger = PyObject_RichCompareBool(value, old, Py_GT);
+        if (larger <= 0)
+            return larger;
+    }
+    return PyDict_SetItem(timeline, sem, value);
+}
+
+/* `Fence(points=())`: each (semaphore, value) pair checked, a semaphore kept once at the
+ * largest value given for it, in the order first given. */
+static PyObject *fence_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"points", NULL};
+    PyObject *points = empty_tuple;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:Fence", kwlist, &points))
+        return NULL;
+    PyObject *iterator = PyObject_GetIter(points);
+    if (iterator == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError))
+            return NULL;
+        PyErr_Clear();
+        return raise_error("InvalidArgumentError",
+                           PyUnicode_FromFormat("fence points must be an iterable of "
+                                                "(Semaphore, value) pairs, not %R", points));
+    }
+    PyObject *timeline = PyDict_New(), *item;
+    if (timeline == NULL) {
+        Py_DECREF(iterator);
+        return NULL;
+    }
+    while ((item = PyIter_Next(iterator)) != NULL) {
+        PyObject *pair = PyTuple_CheckExact(item) ? Py_NewRef(item) : PySequence_Tuple(item);
+        int failed = 1;
+        unsigned long long v;
+        if (pair == NULL && !PyErr_ExceptionMatches(PyExc_TypeError)) {
+            Py_DECREF(item);
+            break;
+        }
+        if (pair == NULL || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_Clear();
+            raise_error("InvalidArgumentError",
+                        PyUnicode_FromFormat("fence points must be (Semaphore, value) pairs, "
+                                             "not %R", item));
+        } else if (timeline_value(PyTuple_GET_ITEM(pair, 1), &v) < 0) {
+            invalid_timeline_value("fence value", PyTuple_GET_ITEM(pair, 1));
+        } else {
+            failed = timeline_keep_largest(timeline, PyTuple_GET_ITEM(pair, 0),
+                                           PyTuple_GET_ITEM(pair, 1)) < 0;
+        }
+        Py_XDECREF(pair);
+        Py_DECREF(item);
+        if (failed)
+            break;
+    }
+    Py_DECREF(iterator);
+    if (PyErr_Occurred()) {
+        Py_DECREF(timeline);
+        return NULL;
+    }
+    return fence_of_timeline(type, timeline);
+}
+
+static PyObject *fence_single(PyTypeObject *type, PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long v;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "Fence.single(semaphore, value)");
+        return NULL;
+    }
+    if (timeline_value(args[1], &v) < 0)
+        return invalid_timeline_value("fence value", args[1]);
+    PyObject *point = PyTuple_Pack(2, args[0], args[1]);
+    if (point == NULL)
+        return NULL;
+    PyObject *points = PyTuple_Pack(1, point);
+    Py_DECREF(point);
+    if (points == NULL)
+        return NULL;
+    return fence_make(type, points, NULL);
 }
 
 /* The object fields of a FenceObject, for traverse and clear. */
@@ -329,18 +513,6 @@ static PyObject *fence_get_points(FenceObject *self, void *closure)
     return self->points;
 }
 
-static int fence_set_points(FenceObject *self, PyObject *value, void *closure)
-{
-    if (value == NULL || !PyTuple_CheckExact(value)) {
-        PyErr_SetString(PyExc_TypeError, "a fence's points are a tuple");
-        return -1;
-    }
-    Py_INCREF(value);
-    Py_SETREF(self->points, value);
-    Py_CLEAR(self->timeline);
-    return 0;
-}
-
 static Py_ssize_t fence_length(FenceObject *self)
 {
     return PyTuple_GET_SIZE(self->points);
@@ -353,16 +525,461 @@ static PySequenceMethods fence_as_sequence = {
 static PyGetSetDef fence_getset[] = {
     {"timeline", (getter)fence_get_timeline, (setter)fence_set_timeline,
      "Each semaphore of the fence and the value it must reach (read it).", NULL},
-    {"_points", (getter)fence_get_points, (setter)fence_set_points, NULL, NULL},
+    {"_points", (getter)fence_get_points, NULL, NULL, NULL},
+    {NULL},
+};
+
+static PyMethodDef fence_methods[] = {
+    {"single", (PyCFunction)(void (*)(void))fence_single, METH_FASTCALL | METH_CLASS,
+     "Fence.single(semaphore, value): a fence of one point."},
     {NULL},
 };
 
 static PyTypeObject FenceCoreType = {
     CORE_BASE_TYPE("FenceCore", FenceObject, fence,
                    "The points of a fence (hal.semaphore.Fence): a tuple, and a dict made "
-                   "when asked."),
+                   "when asked. Fence(points) builds it; it never changes after."),
     .tp_as_sequence = &fence_as_sequence,
+    .tp_methods = fence_methods,
     .tp_getset = fence_getset,
+};
+
+/* ---------------------------------------------------------------------------------- */
+/* StorageCore, RingStorage, BufferCore, BufferViewCore: the memory objects             */
+
+/* The fields of a block of memory (hal.buffer.Storage, whose `__init__` fills them for a
+ * block it allocates or adopts). Object members (T_OBJECT_EX), read and written from
+ * Python as fast as `__slots__`. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *array;       /* the block as a flat byte memoryview */
+    PyObject *address;     /* its address, an int */
+    PyObject *byte_length;
+    PyObject *released;    /* True once released: use after that is refused */
+    PyObject *on_release;  /* CountedStorage's callback, or None */
+    PyObject *weakrefs;
+} StorageObject;
+
+/* A transient buffer's storage: no memory until its alloca is granted a ring block,
+ * then `ring` and `block` while it holds one. */
+typedef struct {
+    StorageObject base;
+    PyObject *ring, *block;
+} RingStorageObject;
+
+static PyTypeObject StorageCoreType, RingStorageType;
+
+static void storage_set_fields(StorageObject *self, PyObject *byte_length)
+{
+    self->array = Py_NewRef(empty_view);
+    self->address = Py_NewRef(zero);
+    self->byte_length = Py_NewRef(byte_length);
+    self->released = Py_NewRef(Py_False);
+    self->on_release = Py_NewRef(Py_None);
+}
+
+static PyObject *storage_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    StorageObject *self = (StorageObject *)type->tp_alloc(type, 0);
+    if (self != NULL)
+        storage_set_fields(self, zero);
+    return (PyObject *)self;
+}
+
+#define STORAGE_OBJECT_FIELDS(X) \
+    X(self->array); X(self->address); X(self->byte_length); X(self->released); \
+    X(self->on_release);
+
+CORE_TRAVERSE_AND_CLEAR(storage, StorageObject, STORAGE_OBJECT_FIELDS)
+CORE_DEALLOC(storage, StorageObject, storage_clear)
+
+static PyObject *storage_release(StorageObject *self, PyObject *unused)
+{
+    Py_SETREF(self->released, Py_NewRef(Py_True));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef storage_methods[] = {
+    {"release", (PyCFunction)storage_release, METH_NOARGS,
+     "Marks the block dead now (use after release is then refused)."},
+    {NULL},
+};
+
+static PyMemberDef storage_members[] = {
+    {"array", T_OBJECT_EX, offsetof(StorageObject, array), 0, NULL},
+    {"address", T_OBJECT_EX, offsetof(StorageObject, address), 0, NULL},
+    {"byte_length", T_OBJECT_EX, offsetof(StorageObject, byte_length), 0, NULL},
+    {"released", T_OBJECT_EX, offsetof(StorageObject, released), 0, NULL},
+    {"_on_release", T_OBJECT_EX, offsetof(StorageObject, on_release), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject StorageCoreType = {
+    CORE_BASE_TYPE("StorageCore", StorageObject, storage,
+                   "The fields of a block of memory (hal.buffer.Storage)."),
+    .tp_methods = storage_methods,
+    .tp_members = storage_members,
+};
+
+/* The one constructor of a RingStorage: `RingStorage(byte_length)` and the ring's
+ * `commit_new` come here. */
+static PyObject *ring_storage_make(PyObject *byte_length)
+{
+    RingStorageObject *self =
+        (RingStorageObject *)RingStorageType.tp_alloc(&RingStorageType, 0);
+    if (self == NULL)
+        return NULL;
+    storage_set_fields(&self->base, byte_length);
+    self->ring = Py_NewRef(Py_None);
+    self->block = Py_NewRef(Py_None);
+    return (PyObject *)self;
+}
+
+static PyObject *ring_storage_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *byte_length;
+    if (!PyArg_ParseTuple(args, "O:RingStorage", &byte_length))
+        return NULL;
+    return ring_storage_make(byte_length);
+}
+
+static int ring_storage_traverse(RingStorageObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->ring);
+    Py_VISIT(self->block);
+    return storage_traverse(&self->base, visit, arg);
+}
+
+static int ring_storage_clear(RingStorageObject *self)
+{
+    Py_CLEAR(self->ring);
+    Py_CLEAR(self->block);
+    return storage_clear(&self->base);
+}
+
+/* A storage that dies still holding its block hands it back (`ring.collected(block)`),
+ * so a transient buffer dropped without its dealloca cannot wedge the ring. */
+static void ring_storage_finalize(RingStorageObject *self)
+{
+    if (self->block == NULL || self->block == Py_None || self->ring == NULL)
+        return;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *done = PyObject_CallMethodOneArg(self->ring, str_collected, self->block);
+    if (done == NULL)
+        PyErr_WriteUnraisable((PyObject *)self);
+    Py_XDECREF(done);
+    PyErr_Restore(type, value, traceback);
+}
+
+static void ring_storage_dealloc(RingStorageObject *self)
+{
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0)
+        return; /* resurrected */
+    gc_dealloc((PyObject *)self, self->base.weakrefs, (inquiry)ring_storage_clear);
+}
+
+static PyMemberDef ring_storage_members[] = {
+    {"ring", T_OBJECT_EX, offsetof(RingStorageObject, ring), 0, NULL},
+    {"block", T_OBJECT_EX, offsetof(RingStorageObject, block), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject RingStorageType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tinyhal.hal.native._core.RingStorage",
+    .tp_basicsize = sizeof(RingStorageObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "RingStorage(byte_length): the storage of a transient buffer: no memory until "
+              "its queue_alloca runs, then a block of a transient ring (hal.ringbuffer), "
+              "which sets `ring` and `block` while the storage holds it. One that dies "
+              "still holding its block hands it back (`ring.collected(block)`).",
+    .tp_base = &StorageCoreType,
+    .tp_new = ring_storage_new,
+    .tp_dealloc = (destructor)ring_storage_dealloc,
+    .tp_traverse = (traverseproc)ring_storage_traverse,
+    .tp_clear = (inquiry)ring_storage_clear,
+    .tp_finalize = (destructor)ring_storage_finalize,
+    .tp_members = ring_storage_members,
+};
+
+/* The fields of a buffer (hal.buffer.Buffer): read-only once made. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *allocator, *storage, *byte_offset, *byte_length;
+    PyObject *memory_type_bits, *usage_bits, *access_bits; /* exact ints */
+    PyObject *weakrefs;
+} BufferObject;
+
+static PyTypeObject BufferCoreType;
+
+/* `value` as an exact int (an IntFlag's value), a new reference. */
+static PyObject *exact_int(PyObject *value)
+{
+    return PyLong_CheckExact(value) ? Py_NewRef(value) : PyNumber_Index(value);
+}
+
+/* The one constructor of a buffer: `Buffer(...)` (its `__new__`) and the ring's
+ * `commit_new` come here. The bit sets may be IntFlags; they are kept as exact ints. */
+static PyObject *buffer_make(PyTypeObject *type, PyObject *allocator, PyObject *storage,
+                             PyObject *byte_offset, PyObject *byte_length,
+                             PyObject *memory_type, PyObject *usage, PyObject *access)
+{
+    PyObject *memory_type_bits = exact_int(memory_type);
+    PyObject *usage_bits = memory_type_bits == NULL ? NULL : exact_int(usage);
+    PyObject *access_bits = usage_bits == NULL ? NULL : exact_int(access);
+    BufferObject *self = access_bits == NULL ? NULL
+                                             : (BufferObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_XDECREF(memory_type_bits);
+        Py_XDECREF(usage_bits);
+        Py_XDECREF(access_bits);
+        return NULL;
+    }
+    self->allocator = Py_NewRef(allocator);
+    self->storage = Py_NewRef(storage);
+    self->byte_offset = Py_NewRef(byte_offset);
+    self->byte_length = Py_NewRef(byte_length);
+    self->memory_type_bits = memory_type_bits;
+    self->usage_bits = usage_bits;
+    self->access_bits = access_bits;
+    return (PyObject *)self;
+}
+
+static PyObject *memory_access_all;
+
+static PyObject *buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"allocator", "storage", "byte_offset", "byte_length",
+                             "memory_type", "allowed_usage", "allowed_access", NULL};
+    PyObject *allocator, *storage, *byte_offset, *byte_length, *memory_type, *usage;
+    PyObject *access = memory_access_all;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|O:Buffer", kwlist, &allocator,
+                                     &storage, &byte_offset, &byte_length, &memory_type,
+                                     &usage, &access))
+        return NULL;
+    return buffer_make(type, allocator, storage, byte_offset, byte_length, memory_type, usage,
+                       access);
+}
+
+#define BUFFER_OBJECT_FIELDS(X) \
+    X(self->allocator); X(self->storage); X(self->byte_offset); X(self->byte_length); \
+    X(self->memory_type_bits); X(self->usage_bits); X(self->access_bits);
+
+CORE_TRAVERSE_AND_CLEAR(buffer, BufferObject, BUFFER_OBJECT_FIELDS)
+CORE_DEALLOC(buffer, BufferObject, buffer_clear)
+
+static PyMemberDef buffer_members[] = {
+    {"allocator", T_OBJECT_EX, offsetof(BufferObject, allocator), READONLY, NULL},
+    {"storage", T_OBJECT_EX, offsetof(BufferObject, storage), READONLY, NULL},
+    {"byte_offset", T_OBJECT_EX, offsetof(BufferObject, byte_offset), READONLY, NULL},
+    {"byte_length", T_OBJECT_EX, offsetof(BufferObject, byte_length), READONLY, NULL},
+    {"memory_type_bits", T_OBJECT_EX, offsetof(BufferObject, memory_type_bits), READONLY, NULL},
+    {"usage_bits", T_OBJECT_EX, offsetof(BufferObject, usage_bits), READONLY, NULL},
+    {"access_bits", T_OBJECT_EX, offsetof(BufferObject, access_bits), READONLY, NULL},
+    {NULL},
+};
+
+static PyTypeObject BufferCoreType = {
+    CORE_BASE_TYPE("BufferCore", BufferObject, buffer,
+                   "The fields of a buffer (hal.buffer.Buffer), set once by its constructor."),
+    .tp_members = buffer_members,
+};
+
+/* The fields of a buffer view (hal.buffer_view.BufferView): read-only once made. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *buffer, *shape, *element_type, *encoding_type;
+} BufferViewObject;
+
+/* The dimensions as a tuple of exact ints (any iterable of what int() takes). */
+static PyObject *shape_tuple(PyObject *shape)
+{
+    PyObject *items = PySequence_Fast(shape, "not a sequence");
+    if (items == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    PyObject *dims = PyTuple_New(n);
+    for (Py_ssize_t i = 0; dims != NULL && i < n; i++) {
+        PyObject *dim = PyNumber_Long(PySequence_Fast_GET_ITEM(items, i));
+        if (dim == NULL)
+            Py_CLEAR(dims);
+        else
+            PyTuple_SET_ITEM(dims, i, dim);
+    }
+    Py_DECREF(items);
+    return dims;
+}
+
+/* The bytes a dense row-major tensor of `dims` needs (sub-byte elements packed), as an
+ * int object (exact also past 64 bits, for the error message). */
+static PyObject *dense_bytes(PyObject *dims, unsigned bits)
+{
+    PyObject *total = PyLong_FromUnsignedLong(bits);
+    Py_ssize_t n = PyTuple_GET_SIZE(dims);
+    for (Py_ssize_t i = 0; total != NULL && i < n; i++)
+        Py_SETREF(total, PyNumber_Multiply(total, PyTuple_GET_ITEM(dims, i)));
+    if (total == NULL)
+        return NULL;
+    PyObject *seven = PyLong_FromLong(7), *eight = PyLong_FromLong(8);
+    PyObject *rounded = seven == NULL ? NULL : PyNumber_Add(total, seven);
+    PyObject *bytes = rounded == NULL || eight == NULL ? NULL
+                                                       : PyNumber_FloorDivide(rounded, eight);
+    Py_DECREF(total);
+    Py_XDECREF(seven);
+    Py_XDECREF(eight);
+    Py_XDECREF(rounded);
+    return bytes;
+}
+
+/* 1 if a dense tensor of `dims` (no negative dimension) with `bits`-bit elements fits in
+ * `available` bytes, 0 if not, -1 on error; in 64-bit arithmetic unless it overflows. */
+static int dense_fits(PyObject *dims, unsigned bits, PyObject *available)
+{
+    long long have = PyLong_AsLongLong(available);
+    if (have == -1 && PyErr_Occurred())
+        return -1;
+    unsigned long long total = bits;
+    Py_ssize_t n = PyTuple_GET_SIZE(dims);
+    int overflow = 0;
+    for (Py_ssize_t i = 0; i < n && !overflow; i++) {
+        unsigned long long dim = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(dims, i));
+        if (dim == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            overflow = 1;
+        } else {
+            overflow = __builtin_mul_overflow(total, dim, &total);
+        }
+    }
+    if (overflow) { /* rare: Python arithmetic decides */
+        PyObject *needed = dense_bytes(dims, bits);
+        if (needed == NULL)
+            return -1;
+        int fits = PyObject_RichCompareBool(needed, available, Py_LE);
+        Py_DECREF(needed);
+        return fits;
+    }
+    return total / 8 + (total % 8 != 0) <= (unsigned long long)(have < 0 ? 0 : have);
+}
+
+/* The one constructor of a buffer view, checking what IREE's
+ * iree_hal_buffer_view_create checks: a Buffer, no negative dimension, and enough bytes
+ * for the shape and element type. */
+static PyObject *buffer_view_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"buffer", "shape", "element_type", "encoding_type", NULL};
+    PyObject *buffer, *shape, *element_type_arg, *encoding_type_arg = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|O:BufferView", kwlist, &buffer, &shape,
+                                     &element_type_arg, &encoding_type_arg))
+        return NULL;
+    if (!PyObject_TypeCheck(buffer, &BufferCoreType))
+        return raise_error("InvalidArgumentError",
+                           PyUnicode_FromFormat("a buffer view needs a Buffer, not %R", buffer));
+    PyObject *dims = PyTuple_CheckExact(shape) ? Py_NewRef(shape) : NULL;
+    Py_ssize_t n = dims == NULL ? 0 : PyTuple_GET_SIZE(dims);
+    for (Py_ssize_t i = 0; dims != NULL && i < n; i++)
+        if (!PyLong_CheckExact(PyTuple_GET_ITEM(dims, i)))
+            Py_CLEAR(dims);
+    if (dims == NULL && (dims = shape_tuple(shape)) == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_ValueError))
+            return NULL;
+        PyErr_Clear();
+        return raise_error("InvalidArgumentError",
+                           PyUnicode_FromFormat("buffer view shape %R is not a sequence of ints",
+                                                shape));
+    }
+    n = PyTuple_GET_SIZE(dims);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int negative = PyObject_RichCompareBool(PyTuple_GET_ITEM(dims, i), zero, Py_LT);
+        if (negative < 0) {
+            Py_DECREF(dims);
+            return NULL;
+        }
+        if (negative) {
+            raise_error("InvalidArgumentError",
+                        PyUnicode_FromFormat("buffer view shape %R has a negative dimension",
+                                             dims));
+            Py_DECREF(dims);
+            return NULL;
+        }
+    }
+    PyObject *element_type = exact_int(element_type_arg);
+    PyObject *encoding_type = element_type == NULL ? NULL
+                              : encoding_type_arg == NULL
+                                  ? PyLong_FromLong(ENCODING_DENSE_ROW_MAJOR)
+                                  : exact_int(encoding_type_arg);
+    if (encoding_type == NULL) {
+        Py_DECREF(dims);
+        Py_XDECREF(element_type);
+        if (!PyErr_ExceptionMatches(PyExc_TypeError))
+            return NULL;
+        PyErr_Clear();
+        return raise_error("InvalidArgumentError",
+                           PyUnicode_FromFormat("buffer view element type %R and encoding type "
+                                                "%R must be ints", element_type_arg,
+                                                encoding_type_arg ? encoding_type_arg
+                                                                  : Py_None));
+    }
+    unsigned bits = (unsigned)(PyLong_AsUnsignedLongLongMask(element_type) & 0xFF);
+    PyObject *available = ((BufferObject *)buffer)->byte_length;
+    int fits = PyErr_Occurred() ? -1 : dense_fits(dims, bits, available);
+    if (fits == 0) {
+        PyObject *needed = dense_bytes(dims, bits);
+        if (needed != NULL) {
+            char type_hex[24];
+            PyOS_snprintf(type_hex, sizeof(type_hex), "0x%08llX",
+                          PyLong_AsUnsignedLongLongMask(element_type));
+            raise_error("OutOfRangeError",
+                        PyUnicode_FromFormat("buffer view of shape %R and element type %s "
+                                             "needs %S bytes but the buffer has %S",
+                                             dims, type_hex, needed, available));
+            Py_DECREF(needed);
+        }
+    }
+    BufferViewObject *self = fits == 1 ? (BufferViewObject *)type->tp_alloc(type, 0) : NULL;
+    if (self == NULL) {
+        Py_DECREF(dims);
+        Py_DECREF(element_type);
+        Py_DECREF(encoding_type);
+        return NULL;
+    }
+    self->buffer = Py_NewRef(buffer);
+    self->shape = dims;
+    self->element_type = element_type;
+    self->encoding_type = encoding_type;
+    return (PyObject *)self;
+}
+
+#define BUFFER_VIEW_OBJECT_FIELDS(X) \
+    X(self->buffer); X(self->shape); X(self->element_type); X(self->encoding_type);
+
+CORE_TRAVERSE_AND_CLEAR(buffer_view, BufferViewObject, BUFFER_VIEW_OBJECT_FIELDS)
+
+static void buffer_view_dealloc(BufferViewObject *self)
+{
+    gc_dealloc((PyObject *)self, NULL, (inquiry)buffer_view_clear);
+}
+
+static PyMemberDef buffer_view_members[] = {
+    {"buffer", T_OBJECT_EX, offsetof(BufferViewObject, buffer), READONLY, NULL},
+    {"shape", T_OBJECT_EX, offsetof(BufferViewObject, shape), READONLY, NULL},
+    {"element_type", T_OBJECT_EX, offsetof(BufferViewObject, element_type), READONLY, NULL},
+    {"encoding_type", T_OBJECT_EX, offsetof(BufferViewObject, encoding_type), READONLY, NULL},
+    {NULL},
+};
+
+static PyTypeObject BufferViewCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tinyhal.hal.native._core.BufferViewCore",
+    .tp_basicsize = sizeof(BufferViewObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The fields of a buffer view (hal.buffer_view.BufferView), checked and set "
+              "once by its constructor.",
+    .tp_new = buffer_view_new,
+    .tp_dealloc = (destructor)buffer_view_dealloc,
+    .tp_traverse = (traverseproc)buffer_view_traverse,
+    .tp_clear = (inquiry)buffer_view_clear,
+    .tp_members = buffer_view_members,
 };
 
 /* ---------------------------------------------------------------------------------- */
@@ -460,7 +1077,6 @@ typedef struct {
 
 static PyObject *str_ensure_backing, *str_grant_parked, *str_profile;
 static PyObject *str_block, *str_ring, *str_array, *str_address, *str_byte_length;
-static PyTypeObject *ring_storage_class;
 
 /* A member Python set to None counts as absent. */
 static inline int present(PyObject *o)
@@ -763,68 +1379,6 @@ static PyObject *ring_py_free(RingObject *self, PyObject *block)
     return grants;
 }
 
-/* Slots of the Python classes this module fills (RingStorage, Buffer): the offsets of
- * their `__slots__` members, read once from the classes' member descriptors at
- * `bind_ring`, so a field is one store rather than an attribute lookup. */
-enum {
-    STORAGE_ARRAY, STORAGE_ADDRESS, STORAGE_BYTE_LENGTH, STORAGE_RELEASED, STORAGE_ON_RELEASE,
-    STORAGE_RING, STORAGE_BLOCK, STORAGE_SLOTS
-};
-enum {
-    BUFFER_ALLOCATOR, BUFFER_STORAGE, BUFFER_BYTE_OFFSET, BUFFER_BYTE_LENGTH,
-    BUFFER_MEMORY_TYPE_BITS, BUFFER_USAGE_BITS, BUFFER_ACCESS_BITS, BUFFER_SLOTS
-};
-static const char *const storage_slot_names[STORAGE_SLOTS] = {
-    "array", "address", "byte_length", "released", "_on_release", "ring", "block"};
-static const char *const buffer_slot_names[BUFFER_SLOTS] = {
-    "allocator", "storage", "byte_offset", "byte_length", "memory_type_bits", "usage_bits",
-    "access_bits"};
-static Py_ssize_t storage_slots[STORAGE_SLOTS], buffer_slots[BUFFER_SLOTS];
-
-static int find_slots(PyTypeObject *type, const char *const *names, Py_ssize_t *offsets,
-                      int count)
-{
-    for (int i = 0; i < count; i++) {
-        PyObject *descr = PyObject_GetAttrString((PyObject *)type, names[i]);
-        if (descr == NULL)
-            return -1;
-        int ok = Py_TYPE(descr) == &PyMemberDescr_Type;
-        if (ok) {
-            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-            ok = member->type == T_OBJECT_EX && !(member->flags & READONLY);
-            offsets[i] = member->offset;
-        }
-        Py_DECREF(descr);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a writable __slots__ member",
-                         type->tp_name, names[i]);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static inline PyObject **slot_at(PyObject *object, Py_ssize_t offset)
-{
-    return (PyObject **)((char *)object + offset);
-}
-
-/* Stores a new reference to `value` in the slot (the old value released after). */
-static inline void set_slot(PyObject *object, Py_ssize_t offset, PyObject *value)
-{
-    PyObject **slot = slot_at(object, offset), *old = *slot;
-    Py_INCREF(value);
-    *slot = value;
-    Py_XDECREF(old);
-}
-
-/* The slot's value (borrowed), None if unset. */
-static inline PyObject *get_slot(PyObject *object, Py_ssize_t offset)
-{
-    PyObject *value = *slot_at(object, offset);
-    return value == NULL ? Py_None : value;
-}
-
 /* Points `storage` at `block` (lock held). */
 static int ring_commit_locked(RingObject *self, PyObject *storage, RingBlockObject *block,
                               long long length)
@@ -839,11 +1393,12 @@ static int ring_commit_locked(RingObject *self, PyObject *storage, RingBlockObje
         return -1;
     }
     int status = 0;
-    if (Py_TYPE(storage) == ring_storage_class) {
-        set_slot(storage, storage_slots[STORAGE_ARRAY], array);
-        set_slot(storage, storage_slots[STORAGE_ADDRESS], address);
-        set_slot(storage, storage_slots[STORAGE_RING], (PyObject *)self);
-        set_slot(storage, storage_slots[STORAGE_BLOCK], (PyObject *)block);
+    if (Py_TYPE(storage) == &RingStorageType) {
+        RingStorageObject *placed = (RingStorageObject *)storage;
+        Py_XSETREF(placed->base.array, Py_NewRef(array));
+        Py_XSETREF(placed->base.address, Py_NewRef(address));
+        Py_XSETREF(placed->ring, Py_NewRef((PyObject *)self));
+        Py_XSETREF(placed->block, Py_NewRef((PyObject *)block));
     } else if (PyObject_SetAttr(storage, str_array, array) < 0
                || PyObject_SetAttr(storage, str_address, address) < 0
                || PyObject_SetAttr(storage, str_ring, (PyObject *)self) < 0
@@ -890,12 +1445,11 @@ static PyObject *ring_try_commit(RingObject *self, PyObject *storage)
     return committed < 0 ? NULL : PyBool_FromLong(committed);
 }
 
-static PyTypeObject *buffer_class;
-static PyObject *access_all, *zero;
-
 /* A transient buffer of `size` bytes over a new RingStorage committed to a block placed
- * now (`pending_buffer` and `try_commit` in one call), or None when the ring has no room
- * now, a request is parked ahead, or the ring is closed (the caller queues the alloca). */
+ * now (a pending buffer and `try_commit` in one call), or None when the ring has no room
+ * now, a request is parked ahead, or the ring is closed (the caller queues the alloca).
+ * The objects come from their one constructor each (`ring_storage_make`,
+ * `buffer_make`). */
 static PyObject *ring_commit_new(RingObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4) {
@@ -903,8 +1457,9 @@ static PyObject *ring_commit_new(RingObject *self, PyObject *const *args, Py_ssi
                         "commit_new(allocator, size, memory_type_bits, usage_bits)");
         return NULL;
     }
-    if (ring_storage_class == NULL || buffer_class == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "tinyhal _core used before bind_ring()");
+    if (buffer_class == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "tinyhal _core used before hal.buffer registered Buffer");
         return NULL;
     }
     PyObject *size = args[1];
@@ -915,14 +1470,9 @@ static PyObject *ring_commit_new(RingObject *self, PyObject *const *args, Py_ssi
         return NULL;
     if (length < 0)
         Py_RETURN_NONE;
-    PyObject *storage = ring_storage_class->tp_alloc(ring_storage_class, 0);
+    PyObject *storage = ring_storage_make(size);
     if (storage == NULL)
         return NULL;
-    set_slot(storage, storage_slots[STORAGE_BYTE_LENGTH], size);
-    set_slot(storage, storage_slots[STORAGE_RELEASED], Py_False);
-    set_slot(storage, storage_slots[STORAGE_ON_RELEASE], Py_None);
-    set_slot(storage, storage_slots[STORAGE_RING], Py_None);
-    set_slot(storage, storage_slots[STORAGE_BLOCK], Py_None);
     int committed = ring_commit_if_room(self, storage, length);
     if (committed <= 0) {
         Py_DECREF(storage); /* a committed block goes back through its collection */
@@ -930,36 +1480,30 @@ static PyObject *ring_commit_new(RingObject *self, PyObject *const *args, Py_ssi
             Py_RETURN_NONE;
         return NULL;
     }
-    PyObject *buffer = buffer_class->tp_alloc(buffer_class, 0);
-    if (buffer == NULL) {
-        Py_DECREF(storage);
-        return NULL;
-    }
-    PyObject *values[BUFFER_SLOTS] = {args[0], storage, zero, size, args[2], args[3],
-                                      access_all};
-    for (int i = 0; i < BUFFER_SLOTS; i++)
-        set_slot(buffer, buffer_slots[i], values[i]);
+    PyObject *buffer = buffer_make(buffer_class, args[0], storage, zero, size, args[2],
+                                   args[3], memory_access_all);
     Py_DECREF(storage);
     return buffer;
 }
 
 static PyObject *ring_release(RingObject *self, PyObject *storage)
 {
-    if (ring_storage_class == NULL || Py_TYPE(storage) != ring_storage_class
-        || get_slot(storage, storage_slots[STORAGE_RING]) != (PyObject *)self)
+    if (Py_TYPE(storage) != &RingStorageType
+        || ((RingStorageObject *)storage)->ring != (PyObject *)self)
         Py_RETURN_NONE;
     if (ring_lock(self) < 0)
         return NULL;
     PyObject *grants = NULL;
-    PyObject *block = get_slot(storage, storage_slots[STORAGE_BLOCK]);
-    if (block == Py_None) {
+    RingStorageObject *placed = (RingStorageObject *)storage;
+    PyObject *block = placed->block;
+    if (block == NULL || block == Py_None) {
         Py_INCREF(empty_tuple);
         grants = empty_tuple;
     } else if (!PyObject_TypeCheck(block, &RingBlockType)) {
         PyErr_Format(PyExc_TypeError, "not a RingBlock: %R", block);
     } else {
         Py_INCREF(block);
-        set_slot(storage, storage_slots[STORAGE_BLOCK], Py_None);
+        Py_XSETREF(placed->block, Py_NewRef(Py_None));
         grants = ring_grants(self, ring_free_locked(self, (RingBlockObject *)block));
         Py_DECREF(block);
     }
@@ -1015,9 +1559,11 @@ static PyObject *ring_collected(RingObject *self, PyObject *block)
 /* Whether `storage` holds a block of this ring (committed and not released). */
 static PyObject *ring_owns(RingObject *self, PyObject *storage)
 {
-    return PyBool_FromLong(ring_storage_class != NULL && Py_TYPE(storage) == ring_storage_class
-                           && get_slot(storage, storage_slots[STORAGE_RING]) == (PyObject *)self
-                           && get_slot(storage, storage_slots[STORAGE_BLOCK]) != Py_None);
+    if (Py_TYPE(storage) != &RingStorageType)
+        Py_RETURN_FALSE;
+    RingStorageObject *placed = (RingStorageObject *)storage;
+    return PyBool_FromLong(placed->ring == (PyObject *)self && placed->block != NULL
+                           && placed->block != Py_None);
 }
 
 static PyObject *ring_live_blocks(RingObject *self, PyObject *unused)
@@ -1145,41 +1691,22 @@ static PyTypeObject RingCoreType = {
 /* ---------------------------------------------------------------------------------- */
 /* Module functions                                                                   */
 
-static int check_bound(void)
+/* 0 if hal.semaphore has registered its classes, else -1 with an error. */
+static int check_registered(void)
 {
-    if (semaphore_class == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "tinyhal _core used before bind()");
+    if (semaphore_class == NULL || fence_class == NULL || normalize_general == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "tinyhal _core used before hal.semaphore registered Semaphore and Fence");
         return -1;
     }
     return 0;
 }
 
-static PyObject *make_fence(PyObject *points)
-{
-    FenceObject *fence = (FenceObject *)fence_class->tp_alloc(fence_class, 0);
-    if (fence == NULL) {
-        Py_DECREF(points);
-        return NULL;
-    }
-    fence->points = points; /* stolen */
-    return (PyObject *)fence;
-}
-
-static PyObject *new_semaphore(void)
-{
-    SemaphoreObject *sem = (SemaphoreObject *)semaphore_class->tp_alloc(semaphore_class, 0);
-    if (sem != NULL)
-        semaphore_init_fields(sem);
-    return (PyObject *)sem;
-}
-
-static PyObject *one;
-
 static PyObject *core_pending_fence(PyObject *module, PyObject *unused)
 {
-    if (check_bound() < 0)
+    if (check_registered() < 0)
         return NULL;
-    PyObject *sem = new_semaphore();
+    PyObject *sem = semaphore_make(semaphore_class, 0, empty_str);
     if (sem == NULL)
         return NULL;
     PyObject *point = PyTuple_Pack(2, sem, one);
@@ -1190,7 +1717,7 @@ static PyObject *core_pending_fence(PyObject *module, PyObject *unused)
     Py_DECREF(point);
     if (points == NULL)
         return NULL;
-    return make_fence(points);
+    return fence_make(fence_class, points, NULL);
 }
 
 /* Merges the points of `fence` into `timeline` (largest value per semaphore). */
@@ -1200,53 +1727,16 @@ static int merge_points(PyObject *timeline, PyObject *fence)
     Py_ssize_t n = PyTuple_GET_SIZE(points);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *point = PyTuple_GET_ITEM(points, i);
-        PyObject *sem = PyTuple_GET_ITEM(point, 0), *value = PyTuple_GET_ITEM(point, 1);
-        PyObject *old = PyDict_GetItemWithError(timeline, sem);
-        if (old == NULL && PyErr_Occurred())
-            return -1;
-        if (old != NULL) {
-            int larger = PyObject_RichCompareBool(value, old, Py_GT);
-            if (larger < 0)
-                return -1;
-            if (!larger)
-                continue;
-        }
-        if (PyDict_SetItem(timeline, sem, value) < 0)
+        if (timeline_keep_largest(timeline, PyTuple_GET_ITEM(point, 0),
+                                  PyTuple_GET_ITEM(point, 1)) < 0)
             return -1;
     }
     return 0;
 }
 
-/* A fence of `timeline`'s points (stolen). */
-static PyObject *fence_of_timeline(PyObject *timeline)
-{
-    Py_ssize_t n = PyDict_GET_SIZE(timeline), pos = 0, i = 0;
-    PyObject *points = PyTuple_New(n), *sem, *value;
-    if (points == NULL) {
-        Py_DECREF(timeline);
-        return NULL;
-    }
-    while (PyDict_Next(timeline, &pos, &sem, &value)) {
-        PyObject *point = PyTuple_Pack(2, sem, value);
-        if (point == NULL) {
-            Py_DECREF(points);
-            Py_DECREF(timeline);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(points, i++, point);
-    }
-    PyObject *fence = make_fence(points);
-    if (fence == NULL) {
-        Py_DECREF(timeline);
-        return NULL;
-    }
-    ((FenceObject *)fence)->timeline = timeline;
-    return fence;
-}
-
 static PyObject *core_join_fences(PyObject *module, PyObject *fences)
 {
-    if (check_bound() < 0)
+    if (check_registered() < 0)
         return NULL;
     PyObject *iterator = PyObject_GetIter(fences);
     if (iterator == NULL)
@@ -1275,7 +1765,7 @@ static PyObject *core_join_fences(PyObject *module, PyObject *fences)
         Py_DECREF(timeline);
         return NULL;
     }
-    return fence_of_timeline(timeline);
+    return fence_of_timeline(fence_class, timeline);
 }
 
 /* `hal.fence.join` on the VM's rows (a list of 1-tuples, each a fence or None): the one
@@ -1284,7 +1774,7 @@ static PyObject *core_join_fences(PyObject *module, PyObject *fences)
  * fence nor None (the caller raises its own error). */
 static PyObject *core_join_fence_rows(PyObject *module, PyObject *rows)
 {
-    if (check_bound() < 0)
+    if (check_registered() < 0)
         return NULL;
     if (!PyList_CheckExact(rows) && !PyTuple_CheckExact(rows))
         Py_RETURN_NOTIMPLEMENTED;
@@ -1322,7 +1812,7 @@ static PyObject *core_join_fence_rows(PyObject *module, PyObject *rows)
             return NULL;
         }
     }
-    return fence_of_timeline(timeline);
+    return fence_of_timeline(fence_class, timeline);
 }
 
 /* 1 if every point of the tuple `points` is reached and no semaphore failed, 0 if not,
@@ -1357,7 +1847,7 @@ static PyObject *core_normalize_wait_signal(PyObject *module, PyObject *const *a
         return NULL;
     }
     PyObject *wait = args[0], *signal = args[1];
-    if (check_bound() < 0)
+    if (check_registered() < 0)
         return NULL;
     if (Py_TYPE(signal) == fence_class) {
         PyObject *signal_points = ((FenceObject *)signal)->points;
@@ -1396,7 +1886,6 @@ static Py_ssize_t advance_prefix(PyObject *points)
 /* The completion trampoline of this thread (hal.queue): the deque of completions queued
  * while an outer `complete` runs timepoint callbacks, or NULL. An owned reference. */
 static Py_tss_t trampoline_key = Py_tss_NEEDS_INIT;
-static PyObject *complete_slow;
 
 static PyObject *core_trampoline(PyObject *module, PyObject *unused)
 {
@@ -1431,7 +1920,8 @@ static PyObject *core_complete(PyObject *module, PyObject *const *args, Py_ssize
         return NULL;
     }
     if (complete_slow == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "tinyhal _core used before bind_queue()");
+        PyErr_SetString(PyExc_RuntimeError,
+                        "tinyhal _core used before hal.queue registered complete_slow");
         return NULL;
     }
     PyObject *signal = args[0], *error = args[1];
@@ -1450,68 +1940,63 @@ static PyObject *core_complete(PyObject *module, PyObject *const *args, Py_ssize
     return done;
 }
 
-static PyObject *core_bind_queue(PyObject *module, PyObject *slow)
+/* Sets `*target` to `value` if given, checking it is a subclass of `base` when `base` is
+ * not NULL. */
+static int register_one(PyObject *kwargs, const char *name, PyObject **target,
+                        PyTypeObject *base)
 {
-    Py_INCREF(slow);
-    Py_XSETREF(complete_slow, slow);
-    Py_RETURN_NONE;
+    PyObject *value = PyDict_GetItemString(kwargs, name);
+    if (value == NULL)
+        return 0;
+    if (base != NULL
+        && (!PyType_Check(value) || !PyType_IsSubtype((PyTypeObject *)value, base))) {
+        PyErr_Format(PyExc_TypeError, "register(%s=...) takes a subclass of %s, not %R", name,
+                     base->tp_name, value);
+        return -1;
+    }
+    Py_XSETREF(*target, Py_NewRef(value));
+    return 1;
 }
 
-static PyObject *core_bind(PyObject *module, PyObject *args)
+/* The module's one registration point (see `semaphore_class`). */
+static PyObject *core_register(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    PyObject *sem_class, *fence_type, *general;
-    if (!PyArg_ParseTuple(args, "O!O!O:bind", &PyType_Type, &sem_class, &PyType_Type,
-                          &fence_type, &general))
-        return NULL;
-    if (!PyType_IsSubtype((PyTypeObject *)sem_class, &SemaphoreCoreType)
-        || !PyType_IsSubtype((PyTypeObject *)fence_type, &FenceCoreType)) {
-        PyErr_SetString(PyExc_TypeError, "bind() takes subclasses of SemaphoreCore and FenceCore");
+    static const char *const names[] = {"semaphore", "fence", "buffer", "normalize_general",
+                                        "complete_slow"};
+    if (PyTuple_GET_SIZE(args) || kwargs == NULL) {
+        PyErr_SetString(PyExc_TypeError, "register takes keyword arguments only");
         return NULL;
     }
-    Py_INCREF(sem_class);
-    Py_XSETREF(semaphore_class, (PyTypeObject *)sem_class);
-    Py_INCREF(fence_type);
-    Py_XSETREF(fence_class, (PyTypeObject *)fence_type);
-    Py_INCREF(general);
-    Py_XSETREF(normalize_general, general);
-    Py_RETURN_NONE;
-}
-
-static PyObject *core_bind_ring(PyObject *module, PyObject *args)
-{
-    PyObject *storage_type, *buffer_type, *access;
-    if (!PyArg_ParseTuple(args, "O!O!O:bind_ring", &PyType_Type, &storage_type, &PyType_Type,
-                          &buffer_type, &access))
+    PyObject **targets[] = {(PyObject **)&semaphore_class, (PyObject **)&fence_class,
+                            (PyObject **)&buffer_class, &normalize_general, &complete_slow};
+    PyTypeObject *bases[] = {&SemaphoreCoreType, &FenceCoreType, &BufferCoreType, NULL, NULL};
+    Py_ssize_t known = 0;
+    for (int i = 0; i < 5; i++) {
+        int found = register_one(kwargs, names[i], targets[i], bases[i]);
+        if (found < 0)
+            return NULL;
+        known += found;
+    }
+    if (known != PyDict_GET_SIZE(kwargs)) {
+        PyErr_Format(PyExc_TypeError, "register takes only semaphore, fence, buffer, "
+                     "normalize_general and complete_slow, not %R", kwargs);
         return NULL;
-    if (find_slots((PyTypeObject *)storage_type, storage_slot_names, storage_slots,
-                   STORAGE_SLOTS) < 0
-        || find_slots((PyTypeObject *)buffer_type, buffer_slot_names, buffer_slots,
-                      BUFFER_SLOTS) < 0)
-        return NULL;
-    Py_INCREF(storage_type);
-    Py_XSETREF(ring_storage_class, (PyTypeObject *)storage_type);
-    Py_INCREF(buffer_type);
-    Py_XSETREF(buffer_class, (PyTypeObject *)buffer_type);
-    Py_INCREF(access);
-    Py_XSETREF(access_all, access);
+    }
     Py_RETURN_NONE;
 }
 
 static PyMethodDef core_methods[] = {
-    {"bind_ring", core_bind_ring, METH_VARARGS,
-     "bind_ring(RingStorage, Buffer, access_all): the classes of the transient buffers "
-     "RingCore makes and releases, and the access bits they carry."},
-    {"bind", core_bind, METH_VARARGS,
-     "bind(Semaphore, Fence, normalize_general): the classes this module makes, and the "
-     "general path of normalize_wait_signal."},
+    {"register", (PyCFunction)(void (*)(void))core_register, METH_VARARGS | METH_KEYWORDS,
+     "register(semaphore=, fence=, buffer=, normalize_general=, complete_slow=): the Python "
+     "classes whose instances this module makes (subclasses of SemaphoreCore, FenceCore, "
+     "BufferCore) and the Python paths of normalize_wait_signal and complete; each module "
+     "registers its own when imported."},
     {"trampoline", core_trampoline, METH_NOARGS,
      "This thread's completion trampoline (a deque), or None."},
     {"set_trampoline", core_set_trampoline, METH_O,
      "Sets (a deque) or clears (None) this thread's completion trampoline."},
     {"complete", (PyCFunction)(void (*)(void))core_complete, METH_FASTCALL,
      "complete(signal, error): hal.queue.WorkQueue.complete, fast when nothing waits."},
-    {"bind_queue", core_bind_queue, METH_O,
-     "bind_queue(complete_slow): the Python path of complete."},
     {"pending_fence", core_pending_fence, METH_NOARGS,
      "A fence of one new semaphore (at 0) reached at 1: what hal.fence.create makes."},
     {"join_fences", core_join_fences, METH_O,
@@ -1535,6 +2020,8 @@ static struct PyModuleDef core_module = {
 PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
 {
     if (PyType_Ready(&SemaphoreCoreType) < 0 || PyType_Ready(&FenceCoreType) < 0
+        || PyType_Ready(&StorageCoreType) < 0 || PyType_Ready(&RingStorageType) < 0
+        || PyType_Ready(&BufferCoreType) < 0 || PyType_Ready(&BufferViewCoreType) < 0
         || PyType_Ready(&HeapCounterType) < 0 || PyType_Ready(&RingBlockType) < 0
         || PyType_Ready(&RingCoreType) < 0)
         return NULL;
@@ -1565,9 +2052,15 @@ PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
     empty_tuple = PyTuple_New(0);
     empty_str = PyUnicode_FromString("");
     str_advance_slow = PyUnicode_InternFromString("_advance_slow");
+    str_collected = PyUnicode_InternFromString("collected");
     one = PyLong_FromLong(1);
+    memory_access_all = PyLong_FromLong(MEMORY_ACCESS_ALL);
+    PyObject *no_bytes = PyByteArray_FromStringAndSize(NULL, 0);
+    empty_view = no_bytes == NULL ? NULL : PyMemoryView_FromObject(no_bytes);
+    Py_XDECREF(no_bytes);
     if (allocate_lock == NULL || empty_tuple == NULL || empty_str == NULL
-        || str_advance_slow == NULL || one == NULL)
+        || str_advance_slow == NULL || str_collected == NULL || one == NULL
+        || memory_access_all == NULL || empty_view == NULL)
         return NULL;
     if (PyThread_tss_create(&trampoline_key) != 0)
         return NULL;
@@ -1576,6 +2069,10 @@ PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
         return NULL;
     if (PyModule_AddObjectRef(module, "SemaphoreCore", (PyObject *)&SemaphoreCoreType) < 0
         || PyModule_AddObjectRef(module, "FenceCore", (PyObject *)&FenceCoreType) < 0
+        || PyModule_AddObjectRef(module, "StorageCore", (PyObject *)&StorageCoreType) < 0
+        || PyModule_AddObjectRef(module, "RingStorage", (PyObject *)&RingStorageType) < 0
+        || PyModule_AddObjectRef(module, "BufferCore", (PyObject *)&BufferCoreType) < 0
+        || PyModule_AddObjectRef(module, "BufferViewCore", (PyObject *)&BufferViewCoreType) < 0
         || PyModule_AddObjectRef(module, "HeapCounter", (PyObject *)&HeapCounterType) < 0
         || PyModule_AddObjectRef(module, "RingBlock", (PyObject *)&RingBlockType) < 0
         || PyModule_AddObjectRef(module, "RingCore", (PyObject *)&RingCoreType) < 0) {

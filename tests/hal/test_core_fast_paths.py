@@ -200,8 +200,7 @@ def test_normalize_fast_path_equals_the_general_path():
     assert wait_points == [(sem, 1)] and signal_points == [signal.points[0]] and ok
     with pytest.raises(errors.InvalidArgumentError, match="does not name a Semaphore"):
         normalize_wait_signal([(object(), 1)], signal)
-    odd = Fence()
-    odd._points = ((object(), 1),)  # not a semaphore: the general path decides
+    odd = Fence([(object(), 1)])  # not a semaphore: the general path decides
     with pytest.raises(AttributeError):
         normalize_wait_signal(odd, signal)
 

@@ -64,7 +64,7 @@ class LateDriver(BareDriver):
     def execute(self, payload, done, submission_id, wait, signal, queue):
         def run():
             self.go.wait(T)
-            error = run_capturing(Stream(payload).run)
+            error = run_capturing(Stream.start(payload).run)
             done(error)
             done(errors.InternalError("a second report is ignored"))
 
@@ -135,7 +135,7 @@ class LingeringDriver(BareDriver):
         self.kept: list = []
 
     def execute(self, payload, done, submission_id, wait, signal, queue):
-        stream = Stream(payload)
+        stream = Stream.start(payload)
         self.kept.append((payload, stream))
         done(run_capturing(stream.run))
 
