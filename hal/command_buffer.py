@@ -400,7 +400,7 @@ class CommandBuffer:
         """A new command buffer of `device` (`mode` and `binding_capacity` as another
         command buffer's, so already valid) holding `commands`, recorded and validated
         before over numbered slots, with `direct` as its direct buffers (the caller
-        checked them against what the commands need: `hal.execution.Recording.adopter`,
+        checked them against what the commands need: `hal.execution.Recording.adopt`,
         which gives `bound`, the submission that binds them), as if recorded one by one. Given `recording` (the
         recording of exactly these commands for this device), it is also finalized, its
         submit does not look the recording up and binds `direct` as `bound` says; it

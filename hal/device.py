@@ -70,7 +70,7 @@ from .executable import (
     executable_formats,
     load_executable_data,
 )
-from .execution import RecordingCache, Submission, resolve_commands
+from .execution import RecordingCache, resolve_commands
 from .queue import Alloca, Capabilities, Dealloca, Driver, Operation, WorkQueue, no_work
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
@@ -325,19 +325,30 @@ class Device:
 
         Returns at once. Validation errors raise here; errors while running fail the
         signal semaphores. `queue` picks the device queue (0 .. `queue_count`-1); every
-        queue operation takes it. `batch` may also be a `Submission` that
-        `Recording.adopter` validated for this device (the VM's fused record and
-        execute): it is run as it is.
+        queue operation takes it.
         """
-        validated = batch.__class__ is Submission
-        batch_list = (() if validated else [batch] if isinstance(batch, CommandBuffer)
-                      else list(batch))
         wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         driver = self.driver
-        ops = batch if validated else resolve_commands(batch_list, binding_table,
-                                                       self.concurrency, self.recordings)
+        ops = None
+        if batch.__class__ is CommandBuffer:
+            batch_list = [batch]
+            bound = batch.bound  # a command buffer that adopted a recording: what it binds
+            if (bound is not None and bound.addresses is not None and binding_table is None
+                    and not batch.submitted and batch.device is self):
+                for buffer in batch.direct:
+                    if buffer.storage.released:
+                        break  # resolve_commands names it
+                else:
+                    batch.submitted = True
+                    batch.bound = None  # one-shot: its submission goes once
+                    ops = bound
+        else:
+            batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
+        if ops is None:
+            ops = resolve_commands(batch_list, binding_table, self.concurrency,
+                                   self.recordings)
         submission_id = 0
         profile = self.profile
         if profile is not None:

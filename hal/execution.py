@@ -20,7 +20,7 @@ one by one to name the exact command and operand that cannot run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ..errors import Error, FailedPreconditionError, InvalidArgumentError, OutOfRangeError
@@ -210,7 +210,7 @@ class Recording:
     replay costs. For each table slot the recording knows the usage bits its commands
     need (`slot_usage`), the bytes they reach (`slot_end`) and the offsets that
     dispatches bind inside it (`slot_align`, residues that must keep the address 64-byte
-    aligned); the same for each direct buffer, which recording checked and `adopter`
+    aligned); the same for each direct buffer, which recording checked and `adopt`
     checks of other buffers standing in for them.
     """
 
@@ -262,54 +262,49 @@ class Recording:
         # per direct buffer, in slot order (slot -1 last): (usage, end, alignments)
         self.direct_needs = [(usage[i], end[i], self.slot_align[i]) for i in range(n, count)]
 
-    def adopter(self) -> Callable[[Sequence[Any]], Submission | None]:
-        """A function `adopt(direct)`: whether `direct` may be the direct buffers of a
-        command buffer holding these commands: live `Buffer`s with the usage bits, the
-        bytes and the 64-byte aligned addresses the commands need, which is what
-        recording each command checks of its buffers (so a program re-recording equal
-        commands over new buffers can adopt the recording after this one check per
-        buffer: `CommandBuffer.adopted`). None if not; otherwise, made in the same
-        pass, the submission of a command buffer of these commands over `direct` with
-        no binding table, what `bind` would give (its `addresses` None while a buffer
-        has no memory yet). A buffer's bytes, usage and address never change once
-        given, so a submit of the adopting command buffer only tests that none was
-        released since, and the VM's fused record and execute (`vm.hal_blocks`)
-        submits it as it is.
+    def adopt(self, direct: list[Any]) -> Submission | None:
+        """What a submit of a command buffer holding these commands over `direct` (its
+        direct buffers) binds, or None if they may not be its direct buffers: each must
+        be a live `Buffer` with the usage bits, the bytes and the 64-byte aligned
+        addresses the commands need, which is what recording each command checks of its
+        buffers. So a program re-recording equal commands over new buffers adopts the
+        recording after this one check per buffer (`CommandBuffer.adopted`, given what
+        this returns). The submission's entries, addresses and lengths are read in the
+        same pass (the addresses None while a buffer has no memory yet); a buffer's
+        bytes, usage and address never change once given, so a submit of the adopting
+        command buffer only tests that none was released since.
 
-        It runs once per re-recorded command buffer, so it is compiled for this
-        recording: straight-line code with the needs as constants (the caller keeps
-        it; the recording does not, so no cycle holds the recording)."""
-        lines = ["def adopt(direct):", f"    if len(direct) != {self.direct_count}:",
-                 "        return None"]
-        count = len(self.direct_needs)
-        if count:  # slot order is `direct` reversed: direct[0] is the last slot
-            lines.append("    " + "".join(f"b{i}, " for i in reversed(range(count)))
-                         + "= direct")
-        for i, (bits, reach, residues) in enumerate(self.direct_needs):
-            lines += [f"    if b{i}.__class__ is not Buffer:",
-                      "        return None",
-                      f"    s{i} = b{i}.storage",
-                      f"    if s{i}.released or b{i}.usage_bits & {bits} != {bits} or "
-                      f"b{i}.byte_length < {reach}:",
-                      "        return None",
-                      f"    a{i} = s{i}.address + b{i}.byte_offset"]
+        One generic check driven by the recording's `direct_needs`: no code is made per
+        recording. It runs once per re-recorded command buffer."""
+        if len(direct) != self.direct_count:
+            return None
+        entries: list[Entry] = []
+        addresses: list[int] = []
+        lengths: list[int] = []
+        has_memory = True
+        # slot order is `direct` reversed: direct[0] is the last slot
+        for buffer, (bits, reach, residues) in zip(reversed(direct), self.direct_needs):
+            if buffer.__class__ is not Buffer:
+                return None
+            storage = buffer.storage
+            length = buffer.byte_length
+            if storage.released or buffer.usage_bits & bits != bits or length < reach:
+                return None
+            if not storage.address:
+                has_memory = False
+            address = storage.address + buffer.byte_offset
             for residue in residues:
-                lines += [f"    if (a{i} + {residue}) % {ALIGNMENT}:", "        return None"]
-        numbered = range(count)
-        has_memory = " and ".join(f"s{i}.address" for i in numbered) or "True"
-        lines += [
-            "    submission = _new_submission(Submission)",
-            "    submission.parts = [(recording, ["
-            + ", ".join(f"(b{i}, 0, b{i}.byte_length)" for i in numbered) + "])]",
-            "    submission.addresses = ["
-            + ", ".join(f"a{i}" for i in numbered) + f"] if {has_memory} else None",
-            "    submission.lengths = [" + ", ".join(f"b{i}.byte_length" for i in numbered) + "]",
-            "    submission.instrument = None",
-            "    return submission"]
-        namespace = {"Buffer": Buffer, "Submission": Submission,
-                     "_new_submission": _new_submission, "recording": self}
-        exec(compile("\n".join(lines), "<tinyhal recording adopter>", "exec"), namespace)
-        return namespace["adopt"]
+                if (address + residue) % ALIGNMENT:
+                    return None
+            entries.append((buffer, 0, length))
+            addresses.append(address)
+            lengths.append(length)
+        submission = _new_submission(Submission)  # without an __init__ frame
+        submission.parts = [(self, entries)]
+        submission.addresses = addresses if has_memory else None
+        submission.lengths = lengths
+        submission.instrument = None
+        return submission
 
     def slot_index(self, ref: BufferRef) -> int:
         """The slot a reference reads, counted from the first table slot."""
@@ -530,7 +525,7 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
                 recording = Recording(tuple(cb.commands), cb.max_slot + 1, len(cb.direct),
                                       max_concurrency)
             cb.recording = recording
-        bound = cb.bound  # what adopting the recording bound (`Recording.adopter`)
+        bound = cb.bound  # what adopting the recording bound (`Recording.adopt`)
         if bound is not None and bound.addresses is not None and not recording.table_slots:
             for buffer in cb.direct:
                 if buffer.storage.released:

@@ -54,7 +54,6 @@ from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
 from ..hal.elf import parse_elf
 from ..hal.executable import Executable, executable_formats
-from ..hal.execution import Submission
 from ..hal.semaphore import Fence, join_fence_rows
 from ..hal.types import (
     WHOLE_BUFFER,
@@ -66,7 +65,18 @@ from ..hal.types import (
 )
 from .hal_blocks import block_recorder
 from .native import NativeModule, RefType, Suspend, ref_type_error
-from .native_table import Export, build_module
+from .native_table import (
+    BEGIN,
+    FINISH,
+    INDEPENDENT,
+    PURE,
+    RECORD,
+    SUBMIT,
+    Export,
+    Traits,
+    build_module,
+    declare_traits,
+)
 
 HAL_MODULE_VERSION = 7
 
@@ -700,8 +710,7 @@ def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, si
     if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
             or (signal is not None and signal.__class__ is not Fence)):
         device, wait, signal = _queue_refs_checked(device, wait, signal)
-    # (a Submission: what a fused record-and-execute site adopted; no VM value is one)
-    if cb.__class__ is not CommandBuffer and cb.__class__ is not Submission:
+    if cb.__class__ is not CommandBuffer:
         cb = _checked(cb, _COMMAND_BUFFER)
     queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     device.submit(cb, wait, signal, None, queue)
@@ -911,13 +920,14 @@ EXPORTS: tuple[Export, ...] = (
     Export("command_buffer.collective", "0rriiiirrIIIII_v", None, command_buffer_collective),
     Export("command_buffer.copy_buffer", "0riirIrIII_v",
            ("hal.command_buffer", None, None, "hal.buffer?", None, "hal.buffer?", None, None, None),
-           command_buffer_copy_buffer),
+           command_buffer_copy_buffer,
+           traits=Traits(RECORD, 0, ((3, None), (5, None)), ((7, None),))),
     Export("command_buffer.create", "0riiIi_r",
            ("hal.device", None, None, None, None),
-           command_buffer_create),
+           command_buffer_create, traits=Traits(BEGIN)),
     Export("command_buffer.dispatch", "0rrIiiiICiDCiirIID_v",
            ("hal.command_buffer", "hal.executable", None, None, None, None, None, None, None),
-           command_buffer_dispatch),
+           command_buffer_dispatch, traits=Traits(RECORD, 0, ((8, 2),), ((8, 4),))),
     Export("command_buffer.dispatch.indirect", "0rrIirIICiDCiirIID_v",
            None,
            command_buffer_dispatch_indirect),
@@ -926,11 +936,12 @@ EXPORTS: tuple[Export, ...] = (
            command_buffer_end_debug_group),
     Export("command_buffer.execution_barrier", "0riiI_v",
            ("hal.command_buffer", None, None, None),
-           command_buffer_execution_barrier),
+           command_buffer_execution_barrier, traits=Traits(RECORD, 0)),
     Export("command_buffer.fill_buffer", "0rrIIiIiI_v",
            ("hal.command_buffer", "hal.buffer?", None, None, None, None, None, None),
-           command_buffer_fill_buffer),
-    Export("command_buffer.finalize", "0r_v", ("hal.command_buffer",), command_buffer_finalize),
+           command_buffer_fill_buffer, traits=Traits(RECORD, 0, ((1, None),), ((3, None),))),
+    Export("command_buffer.finalize", "0r_v", ("hal.command_buffer",), command_buffer_finalize,
+           traits=Traits(FINISH, 0)),
     Export("command_buffer.update_buffer", "0rrIrIIiI_v",
            ("hal.command_buffer", None, None, "hal.buffer?", None, None, None, None),
            command_buffer_update_buffer),
@@ -951,7 +962,7 @@ EXPORTS: tuple[Export, ...] = (
            device_queue_dealloca),
     Export("device.queue.execute", "0rIrrrI_v",
            ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None),
-           device_queue_execute),
+           device_queue_execute, traits=Traits(SUBMIT, 4)),
     Export("device.queue.execute.indirect", "0rIrrrICrIID_v",
            ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None, None),
            device_queue_execute_indirect),
@@ -982,14 +993,16 @@ EXPORTS: tuple[Export, ...] = (
            executable_create),
     Export("executable.lookup.function", "0rr_I",
            ("hal.executable", None),
-           executable_lookup_function),
+           executable_lookup_function, traits=Traits(PURE)),
     Export("fence.await", "0iICrD_i", (None, None, None), fence_await, yields=True),
-    Export("fence.create", "0rI_r", ("hal.device", None), fence_create),
+    Export("fence.create", "0rI_r", ("hal.device", None), fence_create,
+           traits=Traits(INDEPENDENT)),
     Export("fence.fail", "0ri_v", ("hal.fence", None), fence_fail),
-    Export("fence.join", "0ICrD_r", (None, None), fence_join),
+    Export("fence.join", "0ICrD_r", (None, None), fence_join, traits=Traits(INDEPENDENT)),
     Export("fence.query", "0r_i", ("hal.fence",), fence_query),
     Export("fence.signal", "0r_v", ("hal.fence",), fence_signal),
 )
+declare_traits("hal", EXPORTS)
 
 
 def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:

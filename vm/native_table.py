@@ -12,6 +12,12 @@ Declared refs are checked in one of two ways, chosen per module: behind the mars
 that `tinyhal.vm.native` generates from the declaration (the default), or by the
 functions themselves in their first lines (`shims_check_refs=True`, the `hal` module,
 whose import calls must cost exactly one frame; its tests hold every row to its shim).
+
+A row may also declare what its import does to a recording (`Traits`): which argument
+is the command buffer it records into or submits, which are buffers and byte lengths.
+The translator reads these (`traits_of`, by the import's full name, filled by
+`declare_traits` when a module's table is defined) to find runs of record operations
+(`vm.record_blocks`), so it names no import of any module.
 """
 
 from __future__ import annotations
@@ -22,7 +28,30 @@ from typing import Any, NamedTuple
 
 from .native import NativeModule, RefType
 
-__all__ = ["Export", "build_module"]
+__all__ = ["BEGIN", "FINISH", "INDEPENDENT", "PURE", "RECORD", "SUBMIT", "Export", "Traits",
+           "build_module", "declare_traits", "traits_of"]
+
+# What an import does to a recording (`Traits.role`):
+BEGIN = "begin"  # returns a new command buffer to record into
+RECORD = "record"  # records into argument `target`; changes nothing else, captures no host memory
+FINISH = "finish"  # records nothing more into argument `target` (finalizes it)
+SUBMIT = "submit"  # submits argument `target` (a queue execute)
+PURE = "pure"  # takes no command buffer and has no effect: its result depends only on its
+# arguments (a call site may keep its last result)
+INDEPENDENT = "independent"  # takes no command buffer and records nothing: it may run
+# between a recording and its submit (a new fence, a join)
+
+
+class Traits(NamedTuple):
+    """What an import does to a recording (the role constants above); `target` is the
+    argument position of the command buffer, `buffers` and `lengths` the positions of
+    buffer operands and of byte lengths that may be WHOLE_BUFFER, each as (argument
+    position, position inside a variadic segment's entry or None)."""
+
+    role: str
+    target: int = -1
+    buffers: tuple[tuple[int, int | None], ...] = ()
+    lengths: tuple[tuple[int, int | None], ...] = ()
 
 
 class Export(NamedTuple):
@@ -33,6 +62,24 @@ class Export(NamedTuple):
     refs: tuple[str | None, ...] | None
     fn: Callable[..., Any]
     yields: bool = False
+    traits: Traits | None = None
+
+
+_TRAITS: dict[str, Traits] = {}
+
+
+def declare_traits(module_name: str, exports: Iterable[Export]) -> None:
+    """Makes the traits the rows of `module_name`'s table declare known to the
+    translator (`traits_of`); called once when the table is defined."""
+    for export in exports:
+        if export.traits is not None:
+            _TRAITS[f"{module_name}.{export.name}"] = export.traits
+
+
+def traits_of(full_name: str) -> Traits | None:
+    """What the import `full_name` (`module.function`) declares it does to a recording;
+    None when it declares nothing (the translator then treats it as any call)."""
+    return _TRAITS.get(full_name)
 
 
 def _ref_type(declared: str, ref_types: Mapping[str, type]) -> RefType:

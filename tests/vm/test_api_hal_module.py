@@ -154,7 +154,7 @@ def test_every_export_is_declared_with_its_ref_types():
 
     mod = create_hal_module(hal.create_device("sync"))
     assert {f"hal.{name}" for name, *_ in EXPORTS} == set(mod.functions)
-    for name, cconv, refs, _shim, _yieldable in EXPORTS:
+    for name, cconv, refs, *_rest in EXPORTS:
         assert mod.functions[f"hal.{name}"].cconv == cconv
         if refs is not None:
             assert all(r is None or r.rstrip("?") in (
@@ -183,7 +183,7 @@ def test_every_shim_checks_the_refs_its_row_declares():
         }
         mod = create_hal_module(dev)
         checked = 0
-        for name, _cconv, refs, _shim, _yieldable in EXPORTS:
+        for name, _cconv, refs, *_rest in EXPORTS:
             fn = mod.functions[f"hal.{name}"].fn
             for i, ref in enumerate(refs or ()):
                 if ref is None:
