@@ -11,7 +11,10 @@ yield (return a `Suspend`). `build_module` binds every function to one state wit
 Declared refs are checked in one of two ways, chosen per module: behind the marshaller
 that `tinyhal.vm.native` generates from the declaration (the default), or by the
 functions themselves in their first lines (`shims_check_refs=True`, the `hal` module,
-whose import calls must cost exactly one frame; its tests hold every row to its shim).
+whose import calls must cost exactly one frame). Those first lines are not written by
+hand: `with_prologues` generates them from the rows once, when the module is imported,
+each function compiled again from its own source with the prologue in front of its body
+(on the line the `def` left free, so every body line keeps its number in tracebacks).
 
 A row may also declare what its import does to a recording (`Traits`): which argument
 is the command buffer it records into or submits, which are buffers and byte lengths.
@@ -26,10 +29,11 @@ import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from .native import NativeModule, RefType
+from .native import NativeModule, RefType, ref_test, ref_type_error
 
 __all__ = ["BEGIN", "FINISH", "INDEPENDENT", "PURE", "RECORD", "SUBMIT", "Export", "Traits",
-           "build_module", "declare_traits", "traits_of"]
+           "build_module", "declare_traits", "ref_check_failed", "traits_of",
+           "with_prologues"]
 
 # What an import does to a recording (`Traits.role`):
 BEGIN = "begin"  # returns a new command buffer to record into
@@ -104,3 +108,71 @@ def build_module(name: str, version: int, exports: Iterable[Export], state: Any,
                       refs=refs)(functools.partial(export.fn, state))
     module.state = state  # type: ignore[attr-defined]
     return module
+
+
+def ref_check_failed(value: Any, ref: RefType) -> bool:
+    """Raises the error for a ref argument that is not what its row declares (what a
+    generated prologue calls when its inline test fails)."""
+    raise ref_type_error(value, ref)
+
+
+def with_prologues(exports: Iterable[Export], namespace: dict[str, Any], filename: str,
+                   ref_types: Mapping[str, type],
+                   rules: Mapping[str, str] | None = None) -> tuple[Export, ...]:
+    """`exports` with each function that has a prologue replaced by itself compiled again
+    with the prologue first: a test per ref its row declares (`ref_test`: no Python
+    frame unless it fails), then each of `rules` (a name -> its value's source, for
+    instance a queue chosen from an affinity) that the function takes as a keyword-only
+    parameter, which the prologue assigns (callers never pass it). Generated once, in `namespace` (the functions'
+    module's globals, where they are redefined), from `filename`, their source: each
+    function must be at the top level with a blank line before its `def`, which moves up
+    one line to leave the prologue the line before the body."""
+    rules = rules or {}
+    with open(filename, encoding="utf-8") as f:
+        lines = f.read().splitlines(keepends=True)
+    out = ["\n"] * len(lines)
+    names: dict[type, str] = {}
+    for name, value in list(namespace.items()):
+        if isinstance(value, type):
+            names.setdefault(value, name)
+    declared: dict[str, RefType] = {}
+    namespace["declared_refs"] = declared
+    namespace["ref_check_failed"] = ref_check_failed
+    changed = set()
+    for export in exports:
+        fn = export.fn
+        code = fn.__code__
+        params = code.co_varnames[1:code.co_argcount]  # after the module state
+        statements = []
+        for param, ref in zip(params, export.refs or ()):
+            if ref is None:
+                continue
+            type_name = ref.rstrip("?")
+            declared[ref] = RefType(ref_types[type_name], type_name, ref.endswith("?"))
+            test = ref_test(param, names[ref_types[type_name]], ref.endswith("?"))
+            statements.append(f"{test} or ref_check_failed({param}, declared_refs[{ref!r}])")
+        keyword_only = code.co_varnames[code.co_argcount:
+                                        code.co_argcount + code.co_kwonlyargcount]
+        for local, source in rules.items():
+            if local in keyword_only:
+                statements.append(f"{local} = {source}")
+        if not statements:
+            continue
+        first = code.co_firstlineno - 1
+        body = min(line for _start, _end, line in code.co_lines()
+                   if line is not None and line - 1 > first) - 1
+        end = body + 1
+        while end < len(lines) and (not lines[end].strip() or lines[end][0] in " \t"):
+            end += 1
+        while not lines[end - 1].strip():  # the blank lines after it are the next one's
+            end -= 1
+        if first == 0 or lines[first - 1].strip():
+            raise ValueError(f"{fn.__name__} needs a blank line before its def")
+        indent = lines[body][: len(lines[body]) - len(lines[body].lstrip())]
+        out[first - 1 : body - 1] = lines[first:body]
+        out[body - 1] = indent + "; ".join(statements) + "\n"
+        out[body:end] = lines[body:end]
+        changed.add(fn.__name__)
+    exec(compile("".join(out), filename, "exec"), namespace)  # noqa: S102 - this module's source
+    return tuple(Export(e.name, e.cconv, e.refs, namespace[e.fn.__name__], e.yields, e.traits)
+                 if e.fn.__name__ in changed else e for e in exports)
