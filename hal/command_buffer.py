@@ -400,7 +400,7 @@ class CommandBuffer:
         """A new command buffer of `device` (`mode` and `binding_capacity` as another
         command buffer's, so already valid) holding `commands`, recorded and validated
         before over numbered slots, with `direct` as its direct buffers (the caller
-        checked them against what the commands need: `hal.execution.Recording.adopt`,
+        checked them against what the commands need: `hal.execution.Recording.adopter`,
         which gives `bound`, the submission that binds them), as if recorded one by one. Given `recording` (the
         recording of exactly these commands for this device), it is also finalized, its
         submit does not look the recording up and binds `direct` as `bound` says; it
@@ -425,7 +425,10 @@ class CommandBuffer:
             cb._direct_slots = {}
             cb.finalized = True
             cb.recording = recording
-            cb.bound = bound
+            # what its submit takes as it is: when every buffer had memory and no
+            # binding table is needed
+            cb.bound = (bound if bound is not None and bound.addresses is not None
+                        and not table_slots else None)
         else:
             cb.commands = list(commands)
             cb._direct_slots = dict(zip(map(id, direct), range(-1, -1 - len(direct), -1)))

@@ -47,6 +47,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fnmatch
+import operator
 import os
 import threading
 import time
@@ -81,6 +82,8 @@ from .semaphore import (
     normalize_wait_signal,
 )
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
+
+_storage_released = operator.attrgetter("storage.released")  # per buffer, in C
 
 if TYPE_CHECKING:
     from .profile import Profile
@@ -335,15 +338,12 @@ class Device:
         if batch.__class__ is CommandBuffer:
             batch_list = [batch]
             bound = batch.bound  # a command buffer that adopted a recording: what it binds
-            if (bound is not None and bound.addresses is not None and binding_table is None
-                    and not batch.submitted and batch.device is self):
-                for buffer in batch.direct:
-                    if buffer.storage.released:
-                        break  # resolve_commands names it
-                else:
-                    batch.submitted = True
-                    batch.bound = None  # one-shot: its submission goes once
-                    ops = bound
+            if (bound is not None and binding_table is None
+                    and not batch.submitted and batch.device is self
+                    and True not in map(_storage_released, batch.direct)):
+                batch.submitted = True  # (a released buffer: resolve_commands names it)
+                batch.bound = None  # its submission goes once
+                ops = bound
         else:
             batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
         if ops is None:

@@ -20,7 +20,8 @@ one by one to name the exact command and operand that cannot run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import Error, FailedPreconditionError, InvalidArgumentError, OutOfRangeError
@@ -210,7 +211,7 @@ class Recording:
     replay costs. For each table slot the recording knows the usage bits its commands
     need (`slot_usage`), the bytes they reach (`slot_end`) and the offsets that
     dispatches bind inside it (`slot_align`, residues that must keep the address 64-byte
-    aligned); the same for each direct buffer, which recording checked and `adopt`
+    aligned); the same for each direct buffer, which recording checked and `adopter`
     checks of other buffers standing in for them.
     """
 
@@ -262,49 +263,31 @@ class Recording:
         # per direct buffer, in slot order (slot -1 last): (usage, end, alignments)
         self.direct_needs = [(usage[i], end[i], self.slot_align[i]) for i in range(n, count)]
 
-    def adopt(self, direct: list[Any]) -> Submission | None:
-        """What a submit of a command buffer holding these commands over `direct` (its
-        direct buffers) binds, or None if they may not be its direct buffers: each must
-        be a live `Buffer` with the usage bits, the bytes and the 64-byte aligned
-        addresses the commands need, which is what recording each command checks of its
-        buffers. So a program re-recording equal commands over new buffers adopts the
-        recording after this one check per buffer (`CommandBuffer.adopted`, given what
-        this returns). The submission's entries, addresses and lengths are read in the
-        same pass (the addresses None while a buffer has no memory yet); a buffer's
-        bytes, usage and address never change once given, so a submit of the adopting
-        command buffer only tests that none was released since.
+    def adopter(self) -> Callable[[list[Any]], Submission | None]:
+        """A function `adopt(direct)`: what a submit of a command buffer holding these
+        commands over `direct` (its direct buffers) binds, or None if they may not be
+        its direct buffers: each must be a live `Buffer` with the usage bits, the bytes
+        and the 64-byte aligned addresses the commands need, which is what recording
+        each command checks of its buffers. So a program re-recording equal commands
+        over new buffers adopts the recording after this one check per buffer
+        (`CommandBuffer.adopted`, given what it returns). The submission's entries,
+        addresses and lengths are read in the same pass (the addresses None while a
+        buffer has no memory yet); a buffer's bytes, usage and address never change
+        once given, so a submit of the adopting command buffer only tests that none
+        was released since.
 
-        One generic check driven by the recording's `direct_needs`: no code is made per
-        recording. It runs once per re-recorded command buffer."""
-        if len(direct) != self.direct_count:
-            return None
-        entries: list[Entry] = []
-        addresses: list[int] = []
-        lengths: list[int] = []
-        has_memory = True
-        # slot order is `direct` reversed: direct[0] is the last slot
-        for buffer, (bits, reach, residues) in zip(reversed(direct), self.direct_needs):
-            if buffer.__class__ is not Buffer:
-                return None
-            storage = buffer.storage
-            length = buffer.byte_length
-            if storage.released or buffer.usage_bits & bits != bits or length < reach:
-                return None
-            if not storage.address:
-                has_memory = False
-            address = storage.address + buffer.byte_offset
-            for residue in residues:
-                if (address + residue) % ALIGNMENT:
-                    return None
-            entries.append((buffer, 0, length))
-            addresses.append(address)
-            lengths.append(length)
-        submission = _new_submission(Submission)  # without an __init__ frame
-        submission.parts = [(self, entries)]
-        submission.addresses = addresses if has_memory else None
-        submission.lengths = lengths
-        submission.instrument = None
-        return submission
+        The check is one function per shape of needs (how many direct buffers, how many
+        aligned offsets each), made once per process and shared by every recording of
+        that shape, with the recording and its needs bound as data (`functools.partial`:
+        no frame of its own). It runs once per re-recorded command buffer. The caller
+        keeps it; the recording does not, so no cycle holds the recording."""
+        shape = tuple(len(residues) for _bits, _reach, residues in self.direct_needs)
+        check = _ADOPTERS.get(shape)
+        if check is None:
+            check = _ADOPTERS[shape] = _adopter_for(shape)
+        needs = tuple(value for bits, reach, residues in self.direct_needs
+                      for value in (bits, reach, *residues))
+        return functools.partial(check, self, *needs)
 
     def slot_index(self, ref: BufferRef) -> int:
         """The slot a reference reads, counted from the first table slot."""
@@ -495,6 +478,48 @@ class Submission:
 
 
 _new_submission = object.__new__
+_ADOPTERS: dict[tuple[int, ...], Callable[..., Submission | None]] = {}
+
+
+def _adopter_for(shape: tuple[int, ...]) -> Callable[..., Submission | None]:
+    """The check `Recording.adopter` binds, for recordings whose direct buffers (in slot
+    order) need `shape[i]` aligned offsets each: `check(recording, *needs, direct)`,
+    straight-line code over the needs given as arguments (per buffer its usage bits,
+    the bytes reached, then its offset residues), so it is made once per shape, not per
+    recording."""
+    count = len(shape)
+    needs = "".join(f"u{i}, e{i}, " + "".join(f"r{i}_{k}, " for k in range(residues))
+                    for i, residues in enumerate(shape))
+    lines = [f"def check(recording, {needs}direct):", f"    if len(direct) != {count}:",
+             "        return None"]
+    if count:  # slot order is `direct` reversed: direct[0] is the last slot
+        lines.append("    " + "".join(f"b{i}, " for i in reversed(range(count))) + "= direct")
+    for i, residues in enumerate(shape):
+        lines += [f"    if b{i}.__class__ is not Buffer:",
+                  "        return None",
+                  f"    s{i} = b{i}.storage",
+                  f"    n{i} = b{i}.byte_length",
+                  f"    if s{i}.released or b{i}.usage_bits & u{i} != u{i} or n{i} < e{i}:",
+                  "        return None",
+                  f"    a{i} = s{i}.address + b{i}.byte_offset"]
+        for k in range(residues):
+            lines += [f"    if (a{i} + r{i}_{k}) % {ALIGNMENT}:", "        return None"]
+    numbered = range(count)
+    has_memory = " and ".join(f"s{i}.address" for i in numbered) or "True"
+    lines += [
+        "    submission = new_submission(Submission)",
+        "    submission.parts = [(recording, ["
+        + ", ".join(f"(b{i}, 0, n{i})" for i in numbered) + "])]",
+        "    submission.addresses = ["
+        + ", ".join(f"a{i}" for i in numbered) + f"] if {has_memory} else None",
+        "    submission.lengths = [" + ", ".join(f"n{i}" for i in numbered) + "]",
+        "    submission.instrument = None",
+        "    return submission"]
+    namespace = {"Buffer": Buffer, "Submission": Submission,
+                 "new_submission": _new_submission}
+    exec(compile("\n".join(lines), f"<tinyhal adopter of {count} buffers>", "exec"),  # noqa: S102
+         namespace)
+    return namespace["check"]
 
 
 def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
@@ -525,8 +550,8 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
                 recording = Recording(tuple(cb.commands), cb.max_slot + 1, len(cb.direct),
                                       max_concurrency)
             cb.recording = recording
-        bound = cb.bound  # what adopting the recording bound (`Recording.adopt`)
-        if bound is not None and bound.addresses is not None and not recording.table_slots:
+        bound = cb.bound  # what adopting the recording bound (`Recording.adopter`)
+        if bound is not None:
             for buffer in cb.direct:
                 if buffer.storage.released:
                     break  # bind names it

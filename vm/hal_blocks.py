@@ -9,7 +9,7 @@ buffer operands were the same buffer (the numbering of direct buffers by first u
 tested on later calls by position and identity, without hashing every operand again:
 `_Aliasing`). Equal operands record equal
 commands over the same slots, so on a later call with equal operands the site only
-checks the new buffers against what the commands need (`Recording.adopt`: live, usage
+checks the new buffers against what the commands need (`Recording.adopter`: live, usage
 bits, bytes, aligned addresses: what recording each command checked) and hands a new
 command buffer the commands and, if the block finalized it, the device's recording of
 them (`CommandBuffer.adopted`): a re-recorded command buffer costs a few checks per
@@ -25,6 +25,7 @@ is what the `hal` module's rows declare (`native_table.Traits`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -105,12 +106,14 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
         if len(adoptions) >= MEMO_SIZE:
             adoptions.clear()
         adoptions.append(_Adoption(
-            _Aliasing(buffer_values, count), recording, device, cb.mode,
-            cb.binding_capacity, cb.finalized))
+            _Aliasing(buffer_values, count), recording.adopter(),
+            functools.partial(CommandBuffer.adopted, device, cb.mode, cb.binding_capacity,
+                              recording.commands),
+            recording.table_slots, recording if cb.finalized else None))
 
     def adopt(values: tuple[Any, ...]) -> CommandBuffer | None:
         """A command buffer of the recording whose operands `values` equal, over the
-        direct buffers among them (`Recording.adopt`), or None: record them."""
+        direct buffers among them (`Recording.adopter`), or None: record them."""
         try:
             adoptions = memo.get(scalars_of(values))
         except TypeError:  # an unhashable operand: not a buffer; its shim says so
@@ -131,14 +134,11 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
                 direct = aliasing.direct(buffer_values)
                 if direct is None:
                     continue
-            recording = adoption.recording
-            bound = recording.adopt(direct)
+            bound = adoption.adopt(direct)
             if bound is None:
                 return None
-            return CommandBuffer.adopted(
-                adoption.device, adoption.mode, adoption.capacity, recording.commands,
-                direct, recording.table_slots, recording if adoption.finalized else None,
-                bound)
+            return adoption.command_buffer(direct, adoption.table_slots, adoption.finalized,
+                                           bound)
         return None
 
     def record_anew(values: tuple[Any, ...]) -> Any:
@@ -226,8 +226,8 @@ class _Aliasing:
 
 class _Adoption(NamedTuple):
     aliasing: _Aliasing
-    recording: Recording
-    device: Any
-    mode: Any
-    capacity: int
-    finalized: bool
+    adopt: Callable[[list[Any]], Any]  # `Recording.adopter()`: a Submission or None
+    # `CommandBuffer.adopted` with the device, mode, binding capacity and commands given
+    command_buffer: Callable[..., CommandBuffer]
+    table_slots: int
+    finalized: Recording | None  # the recording, when the block finalized the command buffer

@@ -852,7 +852,8 @@ REF_TYPES: dict[str, type] = {
 # The queue a queue operation runs on: the one place the affinity rule is applied (a
 # device of one queue has only queue 0; others map the affinity: `Device.queue_for_affinity`).
 QUEUE_RULE = "device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0"
-EXPORTS = with_prologues(EXPORTS, globals(), __file__, REF_TYPES, {"queue": QUEUE_RULE})
+EXPORTS = with_prologues(EXPORTS, globals(), __file__, REF_TYPES, {"queue": QUEUE_RULE},
+                         subclassed={"hal.device", "hal.allocator"})  # drivers subclass them
 declare_traits("hal", EXPORTS)
 
 

@@ -69,12 +69,14 @@ def ref_type_error(value: Any, ref: RefType) -> InvalidArgumentError:
     return InvalidArgumentError(f"expected a {ref.name} ref{either} but got {got}")
 
 
-def ref_test(arg: str, cls: str, nullable: bool) -> str:
+def ref_test(arg: str, cls: str, nullable: bool, subclassed: bool = False) -> str:
     """Python source of the test that `arg` is what a declared ref admits: the exact
-    class `cls` first, then a subclass (`isinstance`, found as a builtin), and null if
-    `nullable`. No Python frame: what generated checks (marshallers, the `hal` module's
-    prologues) inline."""
-    test = f"{arg}.__class__ is {cls} or isinstance({arg}, {cls})"
+    class `cls` first, then a subclass (`isinstance`, found as a builtin; only that when
+    the refs are usually `subclassed`, as devices are), and null if `nullable`. No
+    Python frame: what generated checks (marshallers, the `hal` module's prologues)
+    inline."""
+    test = (f"isinstance({arg}, {cls})" if subclassed
+            else f"{arg}.__class__ is {cls} or isinstance({arg}, {cls})")
     return f"{arg} is None or {test}" if nullable else test
 
 

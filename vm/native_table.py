@@ -26,7 +26,7 @@ The translator reads these (`traits_of`, by the import's full name, filled by
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from .native import NativeModule, RefType, ref_test, ref_type_error
@@ -110,18 +110,22 @@ def build_module(name: str, version: int, exports: Iterable[Export], state: Any,
     return module
 
 
-def ref_check_failed(value: Any, ref: RefType) -> bool:
-    """Raises the error for a ref argument that is not what its row declares (what a
-    generated prologue calls when its inline test fails)."""
-    raise ref_type_error(value, ref)
+def ref_check_failed(values: tuple[Any, ...], refs: tuple[RefType, ...]) -> Any:
+    """Raises the error for the first of `values` that is not what its declared ref
+    admits (what a generated prologue calls when its inline tests fail)."""
+    for value, ref in zip(values, refs):
+        if not (isinstance(value, ref.cls) or (value is None and ref.nullable)):
+            raise ref_type_error(value, ref)
+    raise AssertionError("a prologue's tests failed but every ref is admitted")
 
 
 def with_prologues(exports: Iterable[Export], namespace: dict[str, Any], filename: str,
-                   ref_types: Mapping[str, type],
-                   rules: Mapping[str, str] | None = None) -> tuple[Export, ...]:
+                   ref_types: Mapping[str, type], rules: Mapping[str, str] | None = None,
+                   subclassed: Collection[str] = ()) -> tuple[Export, ...]:
     """`exports` with each function that has a prologue replaced by itself compiled again
     with the prologue first: a test per ref its row declares (`ref_test`: no Python
-    frame unless it fails), then each of `rules` (a name -> its value's source, for
+    frame unless it fails; `subclassed` names the ref types whose values are usually
+    of a subclass, tested by `isinstance` alone), then each of `rules` (a name -> its value's source, for
     instance a queue chosen from an affinity) that the function takes as a keyword-only
     parameter, which the prologue assigns (callers never pass it). Generated once, in `namespace` (the functions'
     module's globals, where they are redefined), from `filename`, their source: each
@@ -143,19 +147,31 @@ def with_prologues(exports: Iterable[Export], namespace: dict[str, Any], filenam
         fn = export.fn
         code = fn.__code__
         params = code.co_varnames[1:code.co_argcount]  # after the module state
-        statements = []
+        tests, checked, refs = [], [], []
         for param, ref in zip(params, export.refs or ()):
             if ref is None:
                 continue
-            type_name = ref.rstrip("?")
-            declared[ref] = RefType(ref_types[type_name], type_name, ref.endswith("?"))
-            test = ref_test(param, names[ref_types[type_name]], ref.endswith("?"))
-            statements.append(f"{test} or ref_check_failed({param}, declared_refs[{ref!r}])")
+            type_name, nullable = ref.rstrip("?"), ref.endswith("?")
+            cls = ref_types[type_name]
+            declared[ref] = RefType(cls, type_name, nullable)
+            tests.append(f"({ref_test(param, names[cls], nullable, type_name in subclassed)})")
+            checked.append(param)
+            refs.append(f"declared_refs[{ref!r}]")
+        failed = (f"ref_check_failed(({', '.join(checked)},), ({', '.join(refs)},))"
+                  if tests else "")
         keyword_only = code.co_varnames[code.co_argcount:
                                         code.co_argcount + code.co_kwonlyargcount]
-        for local, source in rules.items():
-            if local in keyword_only:
-                statements.append(f"{local} = {source}")
+        assigned = [(local, source) for local, source in rules.items() if local in keyword_only]
+        # one line: a rule's value if the tests pass, else the failure (a simple
+        # statement, so further rules can follow it), or without a rule one `if`
+        statements = []
+        if assigned:
+            local, source = assigned[0]
+            statements.append(f"{local} = ({source}) if {' and '.join(tests)} else {failed}"
+                              if tests else f"{local} = {source}")
+            statements += [f"{local} = {source}" for local, source in assigned[1:]]
+        elif tests:
+            statements.append(f"if not ({' and '.join(tests)}): {failed}")
         if not statements:
             continue
         first = code.co_firstlineno - 1

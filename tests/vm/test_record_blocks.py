@@ -146,14 +146,17 @@ def test_an_adopted_command_buffer_refuses_a_buffer_released_before_its_submit(f
 
 
 def test_a_recordings_adopt_checks_what_recording_checked_and_binds(fma_site):
-    """`Recording.adopt` (one generic check over the recording's needs, no code made per
-    recording) admits buffers that recording would have, binding them as `bind` does,
-    and nothing else."""
+    """`Recording.adopter()` (a check made once per shape of needs, the recording's
+    needs bound as data) admits buffers that recording would have, binding them as
+    `bind` does, and nothing else; recordings of one shape share the check."""
     device, exe, site = fma_site
     ordinal = exe.lookup("fma_3d")
     _a, _b, va, vb, out = _buffers(device, 0)
     recording = site((device, exe, ordinal, va, vb, out)).recording
-    adopt = recording.adopt
+    adopt = recording.adopter()
+    assert adopt.func is type(recording)(
+        recording.commands, 0, recording.direct_count, recording.max_concurrency
+    ).adopter().func  # one check per shape
     _a, _b, va, vb, out = _buffers(device, 1)
     submission = adopt([va, vb, out])
     assert submission.parts == [(recording, [(b, 0, 64) for b in (out, vb, va)])]
@@ -171,6 +174,30 @@ def test_a_recordings_adopt_checks_what_recording_checked_and_binds(fma_site):
     pending = device.allocator.allocate(64)
     pending.storage.address = 0  # as a transient buffer before its alloca runs
     assert adopt([va, vb, pending]).addresses is None
+
+
+def test_a_host_program_and_the_vm_recording_equal_commands_share_one_recording(fma_site):
+    """The recording is the HAL's, keyed by the commands: a host program recording a
+    command buffer through the public API and a VM block recording the same commands
+    over other buffers get one recording, whichever records first, and the block then
+    adopts it over new buffers."""
+    device, exe, site = fma_site
+    ordinal = exe.lookup("fma_3d")
+    a, b, va, vb, out = _buffers(device, 0)
+    host = device.create_command_buffer("one_shot")
+    host.dispatch(exe, ordinal, (4, 1, 1), constants=(TWO, 0),
+                  bindings=[(va, 0, 64), (vb, 0, 64), (out, 0, 64)])
+    host.barrier()
+    host.finalize()
+    assert np.array_equal(_run(device, host, out), a * np.float32(2) + b)
+    a, b, va, vb, out = _buffers(device, 1)
+    recorded = site((device, exe, ordinal, va, vb, out))  # import by import
+    assert recorded.recording is host.recording
+    assert np.array_equal(_run(device, recorded, out), a * np.float32(2) + b)
+    a, b, va, vb, out = _buffers(device, 2)
+    adopted = site((device, exe, ordinal, va, vb, out))
+    assert adopted.recording is host.recording and adopted.bound is not None
+    assert np.array_equal(_run(device, adopted, out), a * np.float32(2) + b)
 
 
 def test_changed_operands_record_anew(fma_site):
