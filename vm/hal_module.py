@@ -286,7 +286,7 @@ def buffer_assert(state: HalModuleState, buffer, message, allocator, minimum_len
 
 
 def buffer_allocation_preserve(state: HalModuleState, buffer):
-    return None  # its first lines check the refs; nothing more to do
+    return None  # its prologue checks the refs; nothing more to do
 
 
 def buffer_allocation_discard(state: HalModuleState, buffer):
@@ -425,11 +425,11 @@ def command_buffer_finalize(state: HalModuleState, cb):
 
 
 def command_buffer_begin_debug_group(state: HalModuleState, cb, label):
-    return None  # its first lines check the refs; nothing more to do
+    return None  # its prologue checks the refs; nothing more to do
 
 
 def command_buffer_end_debug_group(state: HalModuleState, cb):
-    return None  # its first lines check the refs; nothing more to do
+    return None  # its prologue checks the refs; nothing more to do
 
 
 def command_buffer_execution_barrier(state: HalModuleState, cb, source_stage, target_stage, flags):
@@ -437,7 +437,7 @@ def command_buffer_execution_barrier(state: HalModuleState, cb, source_stage, ta
 
 
 def command_buffer_advise_buffer(state: HalModuleState, cb, buffer, flags, arg0, arg1, slot):
-    return None  # its first lines check the refs; nothing more to do
+    return None  # its prologue checks the refs; nothing more to do
 
 
 def command_buffer_fill_buffer(state: HalModuleState, cb, target, offset, length, slot, pattern,
@@ -592,7 +592,7 @@ def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity,
 
 
 def device_queue_flush(state: HalModuleState, device, queue_affinity):
-    return None  # its first lines check the refs; nothing more to do
+    return None  # its prologue checks the refs; nothing more to do
 
 
 # -- devices ----------------------------------------------------------------------
@@ -714,9 +714,10 @@ def fence_await(state: HalModuleState, timeout_ms, flags, fences):
 # -- the declaration --------------------------------------------------------------------
 
 # The hal module's exports, as IREE declares them in exports.inl (`native_table.Export`
-# rows; a None ref tuple: nothing declared, the export is UNIMPLEMENTED). Each shim
-# checks its declared refs itself, first (tests check every row against its shim), and
-# is bound with `shims_check_refs`, so an import call is one Python frame.
+# rows; a None ref tuple: nothing declared, the export is UNIMPLEMENTED; `traits`: what
+# the import does to a recording, which the VM's translator reads). Each shim checks its
+# declared refs in a prologue generated from its row below (`with_prologues`), and is
+# bound with `shims_check_refs`, so an import call is one Python frame.
 EXPORTS: tuple[Export, ...] = (
     Export("allocator.allocate", "0rIiiI_r",
            ("hal.allocator", None, None, None, None),
