@@ -200,6 +200,23 @@ def test_a_host_program_and_the_vm_recording_equal_commands_share_one_recording(
     assert np.array_equal(_run(device, adopted, out), a * np.float32(2) + b)
 
 
+def test_an_adopted_command_buffer_whose_buffer_was_released_since_is_refused(fma_site):
+    """What adopting bound is taken as it is only while every direct buffer is live: a
+    buffer released between the block and the submit is named by the submit, and the
+    command buffer can still go once the failure is seen (it was not submitted)."""
+    device, exe, site = fma_site
+    ordinal = exe.lookup("fma_3d")
+    _a, _b, va, vb, out = _buffers(device, 0)
+    site((device, exe, ordinal, va, vb, out))
+    _a, _b, va, vb, out = _buffers(device, 1)
+    adopted = site((device, exe, ordinal, va, vb, out))
+    assert adopted.bound is not None
+    va.storage.release()
+    with pytest.raises(errors.FailedPreconditionError, match="binding 0 of 'fma_3d'.*deallocated"):
+        device.submit(adopted)
+    assert not adopted.submitted
+
+
 def test_changed_operands_record_anew(fma_site):
     device, exe, site = fma_site
     ordinal = exe.lookup("fma_3d")
