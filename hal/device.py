@@ -334,19 +334,17 @@ class Device:
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         driver = self.driver
-        ops = None
-        if batch.__class__ is CommandBuffer:
+        if (batch.__class__ is CommandBuffer and batch.bound is not None
+                and binding_table is None and not batch.submitted and batch.device is self
+                and True not in map(_storage_released, batch.direct)):
+            # a command buffer that adopted a recording: what it binds, checked then (a
+            # released buffer goes the other way, where resolve_commands names it)
             batch_list = [batch]
-            bound = batch.bound  # a command buffer that adopted a recording: what it binds
-            if (bound is not None and binding_table is None
-                    and not batch.submitted and batch.device is self
-                    and True not in map(_storage_released, batch.direct)):
-                batch.submitted = True  # (a released buffer: resolve_commands names it)
-                batch.bound = None  # its submission goes once
-                ops = bound
+            ops = batch.bound
+            batch.bound = None  # its submission goes once
+            batch.submitted = True
         else:
             batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
-        if ops is None:
             ops = resolve_commands(batch_list, binding_table, self.concurrency,
                                    self.recordings)
         submission_id = 0
