@@ -47,6 +47,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fnmatch
+import operator
 import os
 import threading
 import time
@@ -70,7 +71,7 @@ from .executable import (
     executable_formats,
     load_executable_data,
 )
-from .execution import RecordingCache, Submission, resolve_commands
+from .execution import RecordingCache, resolve_commands
 from .queue import Alloca, Capabilities, Dealloca, Driver, Operation, WorkQueue, no_work
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
@@ -81,6 +82,8 @@ from .semaphore import (
     normalize_wait_signal,
 )
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
+
+_storage_released = operator.attrgetter("storage.released")  # per buffer, in C
 
 if TYPE_CHECKING:
     from .profile import Profile
@@ -325,19 +328,25 @@ class Device:
 
         Returns at once. Validation errors raise here; errors while running fail the
         signal semaphores. `queue` picks the device queue (0 .. `queue_count`-1); every
-        queue operation takes it. `batch` may also be a `Submission` that
-        `Recording.adopter` validated for this device (the VM's fused record and
-        execute): it is run as it is.
+        queue operation takes it.
         """
-        validated = batch.__class__ is Submission
-        batch_list = (() if validated else [batch] if isinstance(batch, CommandBuffer)
-                      else list(batch))
         wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
             self._check_queue(queue)
         driver = self.driver
-        ops = batch if validated else resolve_commands(batch_list, binding_table,
-                                                       self.concurrency, self.recordings)
+        if (batch.__class__ is CommandBuffer and batch.bound is not None
+                and binding_table is None and not batch.submitted and batch.device is self
+                and True not in map(_storage_released, batch.direct)):
+            # a command buffer that adopted a recording: what it binds, checked then (a
+            # released buffer goes the other way, where resolve_commands names it)
+            batch_list = [batch]
+            ops = batch.bound
+            batch.bound = None  # its submission goes once
+            batch.submitted = True
+        else:
+            batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
+            ops = resolve_commands(batch_list, binding_table, self.concurrency,
+                                   self.recordings)
         submission_id = 0
         profile = self.profile
         if profile is not None:

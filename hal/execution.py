@@ -20,6 +20,7 @@ one by one to name the exact command and operand that cannot run.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -262,54 +263,31 @@ class Recording:
         # per direct buffer, in slot order (slot -1 last): (usage, end, alignments)
         self.direct_needs = [(usage[i], end[i], self.slot_align[i]) for i in range(n, count)]
 
-    def adopter(self) -> Callable[[Sequence[Any]], Submission | None]:
-        """A function `adopt(direct)`: whether `direct` may be the direct buffers of a
-        command buffer holding these commands: live `Buffer`s with the usage bits, the
-        bytes and the 64-byte aligned addresses the commands need, which is what
-        recording each command checks of its buffers (so a program re-recording equal
-        commands over new buffers can adopt the recording after this one check per
-        buffer: `CommandBuffer.adopted`). None if not; otherwise, made in the same
-        pass, the submission of a command buffer of these commands over `direct` with
-        no binding table, what `bind` would give (its `addresses` None while a buffer
-        has no memory yet). A buffer's bytes, usage and address never change once
-        given, so a submit of the adopting command buffer only tests that none was
-        released since, and the VM's fused record and execute (`vm.hal_blocks`)
-        submits it as it is.
+    def adopter(self) -> Callable[[list[Any]], Submission | None]:
+        """A function `adopt(direct)`: what a submit of a command buffer holding these
+        commands over `direct` (its direct buffers) binds, or None if they may not be
+        its direct buffers: each must be a live `Buffer` with the usage bits, the bytes
+        and the 64-byte aligned addresses the commands need, which is what recording
+        each command checks of its buffers. So a program re-recording equal commands
+        over new buffers adopts the recording after this one check per buffer
+        (`CommandBuffer.adopted`, given what it returns). The submission's entries,
+        addresses and lengths are read in the same pass (the addresses None while a
+        buffer has no memory yet); a buffer's bytes, usage and address never change
+        once given, so a submit of the adopting command buffer only tests that none
+        was released since.
 
-        It runs once per re-recorded command buffer, so it is compiled for this
-        recording: straight-line code with the needs as constants (the caller keeps
-        it; the recording does not, so no cycle holds the recording)."""
-        lines = ["def adopt(direct):", f"    if len(direct) != {self.direct_count}:",
-                 "        return None"]
-        count = len(self.direct_needs)
-        if count:  # slot order is `direct` reversed: direct[0] is the last slot
-            lines.append("    " + "".join(f"b{i}, " for i in reversed(range(count)))
-                         + "= direct")
-        for i, (bits, reach, residues) in enumerate(self.direct_needs):
-            lines += [f"    if b{i}.__class__ is not Buffer:",
-                      "        return None",
-                      f"    s{i} = b{i}.storage",
-                      f"    if s{i}.released or b{i}.usage_bits & {bits} != {bits} or "
-                      f"b{i}.byte_length < {reach}:",
-                      "        return None",
-                      f"    a{i} = s{i}.address + b{i}.byte_offset"]
-            for residue in residues:
-                lines += [f"    if (a{i} + {residue}) % {ALIGNMENT}:", "        return None"]
-        numbered = range(count)
-        has_memory = " and ".join(f"s{i}.address" for i in numbered) or "True"
-        lines += [
-            "    submission = _new_submission(Submission)",
-            "    submission.parts = [(recording, ["
-            + ", ".join(f"(b{i}, 0, b{i}.byte_length)" for i in numbered) + "])]",
-            "    submission.addresses = ["
-            + ", ".join(f"a{i}" for i in numbered) + f"] if {has_memory} else None",
-            "    submission.lengths = [" + ", ".join(f"b{i}.byte_length" for i in numbered) + "]",
-            "    submission.instrument = None",
-            "    return submission"]
-        namespace = {"Buffer": Buffer, "Submission": Submission,
-                     "_new_submission": _new_submission, "recording": self}
-        exec(compile("\n".join(lines), "<tinyhal recording adopter>", "exec"), namespace)
-        return namespace["adopt"]
+        The check is one function per shape of needs (how many direct buffers, how many
+        aligned offsets each), made once per process and shared by every recording of
+        that shape, with the recording and its needs bound as data (`functools.partial`:
+        no frame of its own). It runs once per re-recorded command buffer. The caller
+        keeps it; the recording does not, so no cycle holds the recording."""
+        shape = tuple(len(residues) for _bits, _reach, residues in self.direct_needs)
+        check = _ADOPTERS.get(shape)
+        if check is None:
+            check = _ADOPTERS[shape] = _adopter_for(shape)
+        needs = tuple(value for bits, reach, residues in self.direct_needs
+                      for value in (bits, reach, *residues))
+        return functools.partial(check, self, *needs)
 
     def slot_index(self, ref: BufferRef) -> int:
         """The slot a reference reads, counted from the first table slot."""
@@ -500,6 +478,48 @@ class Submission:
 
 
 _new_submission = object.__new__
+_ADOPTERS: dict[tuple[int, ...], Callable[..., Submission | None]] = {}
+
+
+def _adopter_for(shape: tuple[int, ...]) -> Callable[..., Submission | None]:
+    """The check `Recording.adopter` binds, for recordings whose direct buffers (in slot
+    order) need `shape[i]` aligned offsets each: `check(recording, *needs, direct)`,
+    straight-line code over the needs given as arguments (per buffer its usage bits,
+    the bytes reached, then its offset residues), so it is made once per shape, not per
+    recording."""
+    count = len(shape)
+    needs = "".join(f"u{i}, e{i}, " + "".join(f"r{i}_{k}, " for k in range(residues))
+                    for i, residues in enumerate(shape))
+    lines = [f"def check(recording, {needs}direct):", f"    if len(direct) != {count}:",
+             "        return None"]
+    if count:  # slot order is `direct` reversed: direct[0] is the last slot
+        lines.append("    " + "".join(f"b{i}, " for i in reversed(range(count))) + "= direct")
+    for i, residues in enumerate(shape):
+        lines += [f"    if b{i}.__class__ is not Buffer:",
+                  "        return None",
+                  f"    s{i} = b{i}.storage",
+                  f"    n{i} = b{i}.byte_length",
+                  f"    if s{i}.released or b{i}.usage_bits & u{i} != u{i} or n{i} < e{i}:",
+                  "        return None",
+                  f"    a{i} = s{i}.address + b{i}.byte_offset"]
+        for k in range(residues):
+            lines += [f"    if (a{i} + r{i}_{k}) % {ALIGNMENT}:", "        return None"]
+    numbered = range(count)
+    has_memory = " and ".join(f"s{i}.address" for i in numbered) or "True"
+    lines += [
+        "    submission = new_submission(Submission)",
+        "    submission.parts = [(recording, ["
+        + ", ".join(f"(b{i}, 0, n{i})" for i in numbered) + "])]",
+        "    submission.addresses = ["
+        + ", ".join(f"a{i}" for i in numbered) + f"] if {has_memory} else None",
+        "    submission.lengths = [" + ", ".join(f"n{i}" for i in numbered) + "]",
+        "    submission.instrument = None",
+        "    return submission"]
+    namespace = {"Buffer": Buffer, "Submission": Submission,
+                 "new_submission": _new_submission}
+    exec(compile("\n".join(lines), f"<tinyhal adopter of {count} buffers>", "exec"),  # noqa: S102
+         namespace)
+    return namespace["check"]
 
 
 def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
@@ -531,7 +551,7 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
                                       max_concurrency)
             cb.recording = recording
         bound = cb.bound  # what adopting the recording bound (`Recording.adopter`)
-        if bound is not None and bound.addresses is not None and not recording.table_slots:
+        if bound is not None:
             for buffer in cb.direct:
                 if buffer.storage.released:
                     break  # bind names it

@@ -328,3 +328,62 @@ def test_the_driver_checks_catch_what_they_forbid():
         "a = device.driver_name == 'sync'\nb = name in ('task', 'x')\n"
         "match d:\n    case 'local-emu': pass\nc = name == 'synced'\n"))
     assert [line for line, _ in tests] == [1, 2, 4]
+
+
+HAL_MODULE = "vm.hal_module"
+
+
+def _hal_import_names() -> set[str]:
+    """The `hal` module's exports as programs import them (`hal.<row name>`), read from
+    the rows of its table."""
+    names = set()
+    for node in ast.walk(_parse(MODULES[HAL_MODULE])):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "Export" and node.args
+                and isinstance(node.args[0], ast.Constant)):
+            names.add(node.args[0].value)
+    return names
+
+
+def _import_name_uses(tree: ast.Module, names: set[str]) -> list[tuple[int, str]]:
+    """String constants in code (docstrings are prose) that name one of `names` as
+    programs import it (`hal.` and the row's name; the bare row names are also other
+    modules' and the VM's own op names)."""
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            if (node.body and isinstance(node.body[0], ast.Expr)
+                    and isinstance(node.body[0].value, ast.Constant)):
+                docstrings.add(id(node.body[0].value))
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and any(f"hal.{n}" in node.value for n in names)):
+            found.append((node.lineno, node.value))
+    return found
+
+
+def test_the_vm_names_no_hal_import_outside_the_hal_module():
+    """What an import does to a recording is declared on its row (`Export.traits`): the
+    translator, the recording-block sites and the context read the traits, so no VM
+    module but the `hal` module's own names one of its imports."""
+    names = _hal_import_names()
+    assert {"command_buffer.create", "device.queue.execute", "fence.create"} <= names
+    found = []
+    for module, path in MODULES.items():
+        if not module.startswith("vm.") or module == HAL_MODULE:
+            continue
+        for line, text in _import_name_uses(_parse(path), names):
+            found.append(f"{module}:{line}: {text!r}")
+    assert not found, "\n".join(found)
+
+
+def test_the_import_name_check_catches_what_it_forbids():
+    names = {"command_buffer.create", "device.queue.execute"}
+    uses = _import_name_uses(ast.parse(
+        '"""hal.command_buffer.create in a docstring is prose"""\n'
+        'CREATE = "hal.command_buffer.create"\n'
+        'if name == "hal.device.queue.execute": pass\n'
+        'other = "hal.command_buffer.created_elsewhere"\n'), names)
+    assert sorted(line for line, _ in uses) == [2, 3, 4]

@@ -799,7 +799,7 @@ class _Gen:
                 self.emit(ind, f"_t = _impy{k}({args})", pc)
                 self.emit(ind, "if _t.__class__ is _Suspend: _t = yield _t", pc)
                 self.emit(ind, "elif _t.__class__ is _GenType: _t = yield from _t", pc)
-            elif (imp.full_name in record_blocks.PASS_THROUGH and len(result_types) == 1
+            elif (record_blocks.is_pure(imp) and len(result_types) == 1
                     and all(t == "r" for t in imp.cconv.args)):
                 # pure: each call site remembers its last refs (by identity) and result
                 tree = self._import_arg_tree(imp, segments, src)
@@ -975,7 +975,7 @@ class _Gen:
         for ins in instrs:
             k, segments, src, dst = record_blocks.call_operands(ins)
             imp = self.module.imports[k] if k >= 0 else None
-            if imp is None or imp.full_name in record_blocks.PASS_THROUGH:
+            if imp is None or record_blocks.is_pure(imp):
                 since = len(self.lines)
                 self.instruction(ins, ind)
                 forget_assigned(since)
@@ -988,7 +988,7 @@ class _Gen:
                 else:
                     template.append(leaf(ins, arg, t))
             ops.append((k, tuple(template)))
-            if imp.full_name != record_blocks.CREATE and self.moved(src[0]):
+            if not record_blocks.begins_recording(imp) and self.moved(src[record_blocks.target(imp)]):
                 moved_cb = True
             since = len(self.lines)
             self.clear_moved(ins, src, {cb}, ind)

@@ -195,7 +195,6 @@ class Context:
                 found = (missing, missing)
             imports.append(found[0])
             yieldable_imports.append(found[1])
-        hal = available.get("hal")
         sites = []
         for block in module.program.record_blocks:
             ordinals = [k for k, _template in block.ops]
@@ -203,11 +202,13 @@ class Context:
                 ordinals.append(block.execute[0])
             functions = [imports[k] for k in ordinals]
             recorder = None
-            if isinstance(hal, NativeModule) and hal.block_recorder is not None and all(
-                    hal.functions.get(module.imports[k].full_name) is not None
-                    and hal.functions[module.imports[k].full_name].fn is fn
+            # the module serving the block's first import, if it serves them all
+            serving = available.get(module.imports[ordinals[0]].full_name.partition(".")[0])
+            if isinstance(serving, NativeModule) and serving.block_recorder is not None and all(
+                    serving.functions.get(module.imports[k].full_name) is not None
+                    and serving.functions[module.imports[k].full_name].fn is fn
                     for k, fn in zip(ordinals, functions)):
-                recorder = hal.block_recorder(
+                recorder = serving.block_recorder(
                     [module.imports[k].full_name for k in ordinals], block, functions)
             sites.append(recorder or record_blocks.replay(block, functions))
         linkage = Linkage(bytearray(module.global_bytes_capacity),

@@ -10,40 +10,33 @@ tested on later calls by position and identity, without hashing every operand ag
 `_Aliasing`). Equal operands record equal
 commands over the same slots, so on a later call with equal operands the site only
 checks the new buffers against what the commands need (`Recording.adopter`: live, usage
-bits, bytes, aligned addresses: what recording each command checked) and hands the
+bits, bytes, aligned addresses: what recording each command checked) and hands a new
 command buffer the commands and, if the block finalized it, the device's recording of
 them (`CommandBuffer.adopted`): a re-recorded command buffer costs a few checks per
 buffer, made once for the site and its submit (which looks nothing up and reads the
-addresses that check took: the `Submission` it made). Anything else (a new operand, a buffer that
-fails a check, a whole-buffer length, whose bytes depend on the buffer) records import
-by import again, so errors are those of the record operation that fails.
+addresses that check took: the `CommandBuffer.bound` submission). Anything else (a new
+operand, a buffer that fails a check, a whole-buffer length, whose bytes depend on the
+buffer) records import by import again, so errors are those of the record operation that
+fails.
+
+Which operands are buffers and lengths, and where the execute takes the command buffer,
+is what the `hal` module's rows declare (`native_table.Traits`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any, NamedTuple
 
 from ..hal.command_buffer import CommandBuffer
-from ..hal.execution import Recording, Submission
-from .record_blocks import EXECUTE, RecordBlock, replay
+from ..hal.execution import Recording
+from .native_table import SUBMIT, traits_of
+from .record_blocks import RecordBlock, replay
 
 __all__ = ["block_recorder"]
 
-# (argument position, position in a variadic entry or None) of each buffer operand,
-# and of each length that may be WHOLE_BUFFER, per record operation.
-_BUFFERS = {
-    "hal.command_buffer.dispatch": {(8, 2)},
-    "hal.command_buffer.copy_buffer": {(3, None), (5, None)},
-    "hal.command_buffer.fill_buffer": {(1, None)},
-}
-_LENGTHS = {
-    "hal.command_buffer.dispatch": {(8, 4)},
-    "hal.command_buffer.copy_buffer": {(7, None)},
-    "hal.command_buffer.fill_buffer": {(3, None)},
-}
-_EXECUTE_CB = 4  # the command buffer's argument position in `hal.device.queue.execute`
 MEMO_SIZE = 64  # scalar operand sets (and aliasings of each) remembered per site; past it
 # the site starts afresh
 
@@ -77,12 +70,13 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
     record = replay(RecordBlock(block.ops, block.values), functions)  # the record operations
     buffers, scalars, lengths = [], [], []
     for name, (_k, template) in zip(names, block.ops):
+        traits = traits_of(name)
         for position, item, leaf in _leaves(template):
-            if (position, item) in _LENGTHS.get(name, ()):
+            if (position, item) in traits.lengths:
                 lengths.append(leaf)
             if leaf[0] != "d":
                 continue
-            kind = buffers if (position, item) in _BUFFERS.get(name, ()) else scalars
+            kind = buffers if (position, item) in traits.buffers else scalars
             if leaf[1] not in kind:  # a value named again is the same value
                 kind.append(leaf[1])
     buffers_of, scalars_of = _getter(buffers), _getter(scalars)
@@ -112,12 +106,14 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
         if len(adoptions) >= MEMO_SIZE:
             adoptions.clear()
         adoptions.append(_Adoption(
-            _Aliasing(buffer_values, count), recording, recording.adopter(), device, cb.mode,
-            cb.binding_capacity, cb.finalized))
+            _Aliasing(buffer_values, count), recording.adopter(),
+            functools.partial(CommandBuffer.adopted, device, cb.mode, cb.binding_capacity,
+                              recording.commands),
+            recording.table_slots, recording if cb.finalized else None))
 
-    def adopt(values: tuple[Any, ...]) -> tuple[_Adoption, list[Any], Submission] | None:
-        """The adoption whose operands `values` equal, its direct buffers among them and
-        their submission (`Recording.adopter`), or None: record them."""
+    def adopt(values: tuple[Any, ...]) -> CommandBuffer | None:
+        """A command buffer of the recording whose operands `values` equal, over the
+        direct buffers among them (`Recording.adopter`), or None: record them."""
         try:
             adoptions = memo.get(scalars_of(values))
         except TypeError:  # an unhashable operand: not a buffer; its shim says so
@@ -126,17 +122,24 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
             return None
         buffer_values = buffers_of(values)
         for adoption in adoptions:
-            direct = adoption.aliasing.direct(buffer_values)
-            if direct is not None:
-                submission = adoption.adopt(direct)
-                return None if submission is None else (adoption, direct, submission)
+            aliasing = adoption.aliasing
+            if aliasing.plain:  # `_Aliasing.direct` of distinct buffers, without its frame
+                try:
+                    if len(set(buffer_values)) != aliasing.distinct:
+                        continue
+                except TypeError:  # an unhashable operand: not a buffer; its shim says so
+                    return None
+                direct = list(buffer_values)
+            else:
+                direct = aliasing.direct(buffer_values)
+                if direct is None:
+                    continue
+            bound = adoption.adopt(direct)
+            if bound is None:
+                return None
+            return adoption.command_buffer(direct, adoption.table_slots, adoption.finalized,
+                                           bound)
         return None
-
-    def adopted(adoption: _Adoption, direct: list[Any], submission: Submission) -> Any:
-        recording = adoption.recording
-        return CommandBuffer.adopted(
-            adoption.device, adoption.mode, adoption.capacity, recording.commands, direct,
-            recording.table_slots, recording if adoption.finalized else None, submission)
 
     def record_anew(values: tuple[Any, ...]) -> Any:
         cb = record(values)
@@ -152,31 +155,26 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
         return cb
 
     def site(values: tuple[Any, ...]) -> Any:
-        found = adopt(values)
-        return record_anew(values) if found is None else adopted(*found)
+        cb = adopt(values)
+        return record_anew(values) if cb is None else cb
 
     if block.execute is None:
         return site
     execute = functions[len(block.ops)]
-    if names[len(block.ops)] != EXECUTE or block.execute[1] != _EXECUTE_CB:
+    submit = traits_of(names[len(block.ops)])
+    if submit is None or submit.role != SUBMIT or block.execute[1] != submit.target:
         return replay(block, functions)
+    position = submit.target
 
-    def execute_site(device: Any, queue_affinity: int, wait: Any, signal: Any,
-                     values: tuple[Any, ...], flags: int) -> None:
-        """The block recorded and submitted by `hal.device.queue.execute`: an adopted
-        recording's submission goes as it is when it binds no table and its device is
-        the execute's and is not profiled (a profile describes command buffers)."""
-        found = adopt(values)
-        if found is None:
+    def execute_site(*args: Any) -> None:
+        """The block recorded and submitted by the execute import, the values in its
+        command buffer's place: an adopted command buffer carries what its submit binds
+        (`CommandBuffer.bound`)."""
+        values = args[position]
+        cb = adopt(values)
+        if cb is None:
             cb = record_anew(values)
-        else:
-            adoption, direct, submission = found
-            if (adoption.finalized and device is adoption.device
-                    and submission.addresses is not None
-                    and not adoption.recording.table_slots and device.profile is None):
-                return execute(device, queue_affinity, wait, signal, submission, flags)
-            cb = adopted(adoption, direct, submission)
-        return execute(device, queue_affinity, wait, signal, cb, flags)
+        return execute(*args[:position], cb, *args[position + 1:])
 
     return execute_site
 
@@ -228,9 +226,8 @@ class _Aliasing:
 
 class _Adoption(NamedTuple):
     aliasing: _Aliasing
-    recording: Recording
-    adopt: Callable[[list[Any]], Submission | None]  # `Recording.adopter()`
-    device: Any
-    mode: Any
-    capacity: int
-    finalized: bool
+    adopt: Callable[[list[Any]], Any]  # `Recording.adopter()`: a Submission or None
+    # `CommandBuffer.adopted` with the device, mode, binding capacity and commands given
+    command_buffer: Callable[..., CommandBuffer]
+    table_slots: int
+    finalized: Recording | None  # the recording, when the block finalized the command buffer

@@ -9,8 +9,10 @@ state first; `create_hal_module(devices)` makes one state and binds every shim t
 own and an import call is one Python frame. Semantics and status
 codes follow IREE's:
 
-- each shim first checks the refs its row declares (the exact class inline, subclasses
-  and nulls through `_checked`): a wrong or null ref is INVALID_ARGUMENT naming the
+- each shim first checks the refs its row declares, in a prologue generated from the row
+  once at import (`native_table.with_prologues`: inline tests, no extra frame), which
+  also gives a queue operation its `queue` from its affinity (`QUEUE_RULE`, the one
+  place that rule is applied): a wrong or null ref is INVALID_ARGUMENT naming the
   expected type, so the shims only forward to the HAL, which validates the rest once;
 - `*_or_null` buffer arguments turn a null buffer into a binding-table slot reference
   (`command_buffer.dispatch` bindings `(unused, slot, buffer, offset, length)`,
@@ -54,7 +56,6 @@ from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
 from ..hal.elf import parse_elf
 from ..hal.executable import Executable, executable_formats
-from ..hal.execution import Submission
 from ..hal.semaphore import Fence, join_fence_rows
 from ..hal.types import (
     WHOLE_BUFFER,
@@ -66,7 +67,19 @@ from ..hal.types import (
 )
 from .hal_blocks import block_recorder
 from .native import NativeModule, RefType, Suspend, ref_type_error
-from .native_table import Export, build_module
+from .native_table import (
+    BEGIN,
+    FINISH,
+    INDEPENDENT,
+    PURE,
+    RECORD,
+    SUBMIT,
+    Export,
+    Traits,
+    build_module,
+    declare_traits,
+    with_prologues,
+)
 
 HAL_MODULE_VERSION = 7
 
@@ -175,30 +188,16 @@ class HalModuleState:
             device.recordings.clear()
 
 
-def _refs(name: str, cls: type) -> tuple[RefType, RefType]:
-    return RefType(cls, name), RefType(cls, name, True)
-
-
-_ALLOCATOR, _ALLOCATOR_OR_NULL = _refs("hal.allocator", Allocator)
-_BUFFER, _BUFFER_OR_NULL = _refs("hal.buffer", Buffer)
-_BUFFER_VIEW, _BUFFER_VIEW_OR_NULL = _refs("hal.buffer_view", BufferView)
-_COMMAND_BUFFER, _COMMAND_BUFFER_OR_NULL = _refs("hal.command_buffer", CommandBuffer)
-_DEVICE, _DEVICE_OR_NULL = _refs("hal.device", Device)
-_EXECUTABLE, _EXECUTABLE_OR_NULL = _refs("hal.executable", Executable)
-_FENCE, _FENCE_OR_NULL = _refs("hal.fence", Fence)
-_FILE, _FILE_OR_NULL = _refs("hal.file", HalFile)
-
-
-def _queue_refs_checked(device: Any, wait: Any, signal: Any) -> tuple[Any, Any, Any]:
-    """A queue operation's device and (nullable) wait and signal fences, checked."""
-    return (_checked(device, _DEVICE), _checked(wait, _FENCE_OR_NULL),
-            _checked(signal, _FENCE_OR_NULL))
+# refs that shims check inside variadic segments (`_checked`), which rows do not declare
+_BUFFER_OR_NULL = RefType(Buffer, "hal.buffer", True)
+_BUFFER_VIEW = RefType(BufferView, "hal.buffer_view")
+_DEVICE = RefType(Device, "hal.device")
+_FENCE, _FENCE_OR_NULL = RefType(Fence, "hal.fence"), RefType(Fence, "hal.fence", True)
 
 
 def _checked(value: Any, ref: RefType) -> Any:
-    """`value` if it is what `ref` declares (a subclass, or null where allowed); the
-    slow path of a shim's first lines, which test the exact class inline (`isinstance`
-    for devices and allocators, which drivers subclass)."""
+    """`value` if it is what `ref` declares (a subclass, or null where allowed): the check
+    of refs inside variadic segments, which rows do not declare."""
     if isinstance(value, ref.cls) or (value is None and ref.nullable):
         return value
     raise ref_type_error(value, ref)
@@ -208,8 +207,6 @@ def _checked(value: Any, ref: RefType) -> Any:
 
 def ex_file_from_memory(state: HalModuleState, device, queue_affinity, access, buffer, offset,
                         length, flags):
-    if not isinstance(device, Device):
-        device = _checked(device, _DEVICE)
     if access & ~int(MemoryAccess.READ):
         raise PermissionDeniedError(
             "only read-only memory can be accessed via a file handle (today)"
@@ -231,8 +228,6 @@ def allocator_select(state: HalModuleState, memory_types, buffer_usage, flags, p
 
 def allocator_allocate(state: HalModuleState, allocator, queue_affinity, memory_types, buffer_usage,
                        size):
-    if not isinstance(allocator, Allocator):
-        allocator = _checked(allocator, _ALLOCATOR)
     try:
         memory_type = MemoryType(memory_types & _U32)
         usage = allocator.coerce_usage(memory_type, buffer_usage & _U32)
@@ -244,8 +239,6 @@ def allocator_allocate(state: HalModuleState, allocator, queue_affinity, memory_
 
 def allocator_import(state: HalModuleState, allocator, is_try, queue_affinity, memory_types,
                      buffer_usage, source, offset, length):
-    if not isinstance(allocator, Allocator):
-        allocator = _checked(allocator, _ALLOCATOR)
     view = vm_buffer_view(source)
     size = view.nbytes
     if length == -1:
@@ -284,10 +277,6 @@ def allocator_import(state: HalModuleState, allocator, is_try, queue_affinity, m
 
 def buffer_assert(state: HalModuleState, buffer, message, allocator, minimum_length, memory_types,
                   usage):
-    if buffer.__class__ is not Buffer:
-        buffer = _checked(buffer, _BUFFER)
-    if not isinstance(allocator, Allocator):
-        allocator = _checked(allocator, _ALLOCATOR)
     types, bits = memory_types & _U32, usage & _U32
     if (buffer.byte_length < minimum_length or buffer.memory_type_bits & types != types
             or buffer.usage_bits & bits != bits):
@@ -296,28 +285,20 @@ def buffer_assert(state: HalModuleState, buffer, message, allocator, minimum_len
 
 
 def buffer_allocation_preserve(state: HalModuleState, buffer):
-    if buffer.__class__ is not Buffer:
-        buffer = _checked(buffer, _BUFFER)
-    return None  # its first lines check the refs; nothing more to do
+    return None  # its prologue checks the refs; nothing more to do
 
 
 def buffer_allocation_discard(state: HalModuleState, buffer):
-    if buffer.__class__ is not Buffer:
-        buffer = _checked(buffer, _BUFFER)
     # Ownership is tracked by Python references, not an explicit count: the caller
     # never holds the last reference here, so the allocation is never terminal.
     return 0
 
 
 def buffer_allocation_is_terminal(state: HalModuleState, buffer):
-    if buffer.__class__ is not Buffer:
-        buffer = _checked(buffer, _BUFFER)
     return 0
 
 
 def buffer_subspan(state: HalModuleState, buffer, offset, length):
-    if buffer.__class__ is not Buffer:
-        buffer = _checked(buffer, _BUFFER)
     try:
         return buffer.subspan(offset, length)
     except Error as exc:
@@ -327,14 +308,10 @@ def buffer_subspan(state: HalModuleState, buffer, offset, length):
 
 
 def buffer_length(state: HalModuleState, buffer):
-    if buffer.__class__ is not Buffer:
-        buffer = _checked(buffer, _BUFFER)
     return buffer.byte_length
 
 
 def buffer_load(state: HalModuleState, buffer, offset, length):
-    if buffer.__class__ is not Buffer:
-        buffer = _checked(buffer, _BUFFER)
     if length > 4:
         raise InvalidArgumentError(f"load length byte count {length} exceeds max")
     offset, length = buffer.resolve_range(offset, length, "load")
@@ -343,8 +320,6 @@ def buffer_load(state: HalModuleState, buffer, offset, length):
 
 
 def buffer_store(state: HalModuleState, value, buffer, offset, length):
-    if buffer.__class__ is not Buffer:
-        buffer = _checked(buffer, _BUFFER)
     if length > 4:
         raise InvalidArgumentError(f"store length byte count {length} exceeds max")
     if offset + length > buffer.byte_length or offset < 0 or length < 0:
@@ -360,8 +335,6 @@ def buffer_store(state: HalModuleState, value, buffer, offset, length):
 
 def buffer_view_create(state: HalModuleState, buffer, offset, length, element_type, encoding_type,
                        shape):
-    if buffer.__class__ is not Buffer:
-        buffer = _checked(buffer, _BUFFER)
     if offset != 0 or length != buffer.byte_length:
         try:
             buffer = buffer.subspan(offset, length)
@@ -374,8 +347,6 @@ def buffer_view_create(state: HalModuleState, buffer, offset, length, element_ty
 
 
 def buffer_view_assert(state: HalModuleState, view, message, element_type, encoding_type, shape):
-    if view.__class__ is not BufferView:
-        view = _checked(view, _BUFFER_VIEW)
     actual = view.shape
     expected_type = element_type & _U32
     if ((view.encoding_type and view.encoding_type != encoding_type & _U32)
@@ -387,32 +358,22 @@ def buffer_view_assert(state: HalModuleState, view, message, element_type, encod
 
 
 def buffer_view_buffer(state: HalModuleState, view):
-    if view.__class__ is not BufferView:
-        view = _checked(view, _BUFFER_VIEW)
     return view.buffer
 
 
 def buffer_view_element_type(state: HalModuleState, view):
-    if view.__class__ is not BufferView:
-        view = _checked(view, _BUFFER_VIEW)
     return view.element_type
 
 
 def buffer_view_encoding_type(state: HalModuleState, view):
-    if view.__class__ is not BufferView:
-        view = _checked(view, _BUFFER_VIEW)
     return view.encoding_type
 
 
 def buffer_view_rank(state: HalModuleState, view):
-    if view.__class__ is not BufferView:
-        view = _checked(view, _BUFFER_VIEW)
     return len(view.shape)
 
 
 def buffer_view_dim(state: HalModuleState, view, index):
-    if view.__class__ is not BufferView:
-        view = _checked(view, _BUFFER_VIEW)
     shape = view.shape
     if not 0 <= index < len(shape):
         raise OutOfRangeError(
@@ -444,50 +405,32 @@ def channel_rank_and_count(state: HalModuleState, *args):
 
 def command_buffer_create(state: HalModuleState, device, modes, categories, queue_affinity,
                           binding_capacity):
-    if not isinstance(device, Device):
-        device = _checked(device, _DEVICE)
     mode = "one_shot" if modes & _COMMAND_BUFFER_MODE_ONE_SHOT else "reusable"
     return device.create_command_buffer(mode, binding_capacity)
 
 
 def command_buffer_finalize(state: HalModuleState, cb):
-    if cb.__class__ is not CommandBuffer:
-        cb = _checked(cb, _COMMAND_BUFFER)
     cb.finalize()
 
 
 def command_buffer_begin_debug_group(state: HalModuleState, cb, label):
-    if cb.__class__ is not CommandBuffer:
-        cb = _checked(cb, _COMMAND_BUFFER)
-    return None  # its first lines check the refs; nothing more to do
+    return None  # its prologue checks the refs; nothing more to do
 
 
 def command_buffer_end_debug_group(state: HalModuleState, cb):
-    if cb.__class__ is not CommandBuffer:
-        cb = _checked(cb, _COMMAND_BUFFER)
-    return None  # its first lines check the refs; nothing more to do
+    return None  # its prologue checks the refs; nothing more to do
 
 
 def command_buffer_execution_barrier(state: HalModuleState, cb, source_stage, target_stage, flags):
-    if cb.__class__ is not CommandBuffer:
-        cb = _checked(cb, _COMMAND_BUFFER)
     cb.barrier()
 
 
 def command_buffer_advise_buffer(state: HalModuleState, cb, buffer, flags, arg0, arg1, slot):
-    if cb.__class__ is not CommandBuffer:
-        cb = _checked(cb, _COMMAND_BUFFER)
-    if buffer is not None and buffer.__class__ is not Buffer:
-        buffer = _checked(buffer, _BUFFER_OR_NULL)
-    return None  # its first lines check the refs; nothing more to do
+    return None  # its prologue checks the refs; nothing more to do
 
 
 def command_buffer_fill_buffer(state: HalModuleState, cb, target, offset, length, slot, pattern,
                                pattern_length, flags):
-    if cb.__class__ is not CommandBuffer:
-        cb = _checked(cb, _COMMAND_BUFFER)
-    if target is not None and target.__class__ is not Buffer:
-        target = _checked(target, _BUFFER_OR_NULL)
     if pattern_length not in (1, 2, 4):
         raise InvalidArgumentError(
             f"fill patterns must be 1, 2 or 4 bytes, not {pattern_length}"
@@ -498,22 +441,12 @@ def command_buffer_fill_buffer(state: HalModuleState, cb, target, offset, length
 
 def command_buffer_update_buffer(state: HalModuleState, cb, source, source_offset, target,
                                  target_offset, length, slot, flags):
-    if cb.__class__ is not CommandBuffer:
-        cb = _checked(cb, _COMMAND_BUFFER)
-    if target is not None and target.__class__ is not Buffer:
-        target = _checked(target, _BUFFER_OR_NULL)
     data = _byte_range(vm_buffer_view(source), source_offset, length, "update source")
     cb.update(data, slot if target is None else target, target_offset)
 
 
 def command_buffer_copy_buffer(state: HalModuleState, cb, source_slot, target_slot, source,
                                source_offset, target, target_offset, length, flags):
-    if cb.__class__ is not CommandBuffer:
-        cb = _checked(cb, _COMMAND_BUFFER)
-    if source is not None and source.__class__ is not Buffer:
-        source = _checked(source, _BUFFER_OR_NULL)
-    if target is not None and target.__class__ is not Buffer:
-        target = _checked(target, _BUFFER_OR_NULL)
     cb.copy(source_slot if source is None else source, source_offset,
             target_slot if target is None else target, target_offset, length)
 
@@ -524,10 +457,6 @@ def command_buffer_collective(state: HalModuleState, *args):
 
 def command_buffer_dispatch(state: HalModuleState, cb, executable, function, x, y, z, flags,
                             constants, bindings):
-    if cb.__class__ is not CommandBuffer:
-        cb = _checked(cb, _COMMAND_BUFFER)
-    if executable.__class__ is not Executable:
-        executable = _checked(executable, _EXECUTABLE)
     if len(bindings) > _MAX_BINDINGS:
         raise OutOfRangeError(f"binding count {len(bindings)} > {_MAX_BINDINGS}")
     refs = []
@@ -553,14 +482,10 @@ def command_buffer_dispatch_indirect(state: HalModuleState, *args):
 # -- device -----------------------------------------------------------------------
 
 def device_allocator(state: HalModuleState, device):
-    if not isinstance(device, Device):
-        device = _checked(device, _DEVICE)
     return device.allocator
 
 
 def device_query_i64(state: HalModuleState, device, category, key):
-    if not isinstance(device, Device):
-        device = _checked(device, _DEVICE)
     category_str = vm_buffer_string(category)
     key_str = vm_buffer_string(key)
     try:
@@ -571,24 +496,14 @@ def device_query_i64(state: HalModuleState, device, category, key):
 
 
 def device_queue_alloca(state: HalModuleState, device, queue_affinity, wait, signal, pool,
-                        memory_types, usage, size, flags):
-    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
-            or (signal is not None and signal.__class__ is not Fence)):
-        device, wait, signal = _queue_refs_checked(device, wait, signal)
+                        memory_types, usage, size, flags, *, queue=0):
     if pool != 0:
         raise UnimplementedError("VM queue allocation pools are not supported")
-    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     return device.queue_alloca(size, wait, signal, memory_types & _U32, usage & _U32, queue)
 
 
 def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, signal, buffer,
-                          flags):
-    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
-            or (signal is not None and signal.__class__ is not Fence)):
-        device, wait, signal = _queue_refs_checked(device, wait, signal)
-    if buffer.__class__ is not Buffer:
-        buffer = _checked(buffer, _BUFFER)
-    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
+                          flags, *, queue=0):
     # queue_alloca memory of this device: placed, or still waiting for its alloca to run
     # (a driver that runs allocas later); its dealloca then waits behind it
     storage = buffer.storage
@@ -602,107 +517,57 @@ def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, s
 
 
 def device_queue_fill(state: HalModuleState, device, queue_affinity, wait, signal, target, offset,
-                      length, pattern, pattern_length, flags):
-    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
-            or (signal is not None and signal.__class__ is not Fence)):
-        device, wait, signal = _queue_refs_checked(device, wait, signal)
-    if target.__class__ is not Buffer:
-        target = _checked(target, _BUFFER)
+                      length, pattern, pattern_length, flags, *, queue=0):
     if pattern_length not in (1, 2, 4):
         raise InvalidArgumentError(
             f"fill patterns must be 1, 2 or 4 bytes, not {pattern_length}"
         )
     pattern &= (1 << (8 * pattern_length)) - 1
-    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     device.queue_fill(target, offset, length, pattern, wait, signal, pattern_length,
                       queue=queue)
 
 
 def device_queue_update(state: HalModuleState, device, queue_affinity, wait, signal, source,
-                        source_offset, target, target_offset, length, flags):
-    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
-            or (signal is not None and signal.__class__ is not Fence)):
-        device, wait, signal = _queue_refs_checked(device, wait, signal)
-    if target.__class__ is not Buffer:
-        target = _checked(target, _BUFFER)
+                        source_offset, target, target_offset, length, flags, *, queue=0):
     data = _byte_range(vm_buffer_view(source), source_offset, length, "update source")
-    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     device.queue_update(data, target, target_offset, wait, signal,
                         queue=queue)
 
 
 def device_queue_copy(state: HalModuleState, device, queue_affinity, wait, signal, source,
-                      source_offset, target, target_offset, length, flags):
-    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
-            or (signal is not None and signal.__class__ is not Fence)):
-        device, wait, signal = _queue_refs_checked(device, wait, signal)
-    if source.__class__ is not Buffer:
-        source = _checked(source, _BUFFER)
-    if target.__class__ is not Buffer:
-        target = _checked(target, _BUFFER)
-    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
+                      source_offset, target, target_offset, length, flags, *, queue=0):
     device.queue_copy(source, source_offset, target, target_offset, length,
                       wait, signal, queue=queue)
 
 
 def device_queue_read(state: HalModuleState, device, queue_affinity, wait, signal, source,
-                      source_offset, target, target_offset, length, flags):
-    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
-            or (signal is not None and signal.__class__ is not Fence)):
-        device, wait, signal = _queue_refs_checked(device, wait, signal)
-    if source.__class__ is not HalFile:
-        source = _checked(source, _FILE)
-    if target.__class__ is not Buffer:
-        target = _checked(target, _BUFFER)
+                      source_offset, target, target_offset, length, flags, *, queue=0):
     if length == WHOLE_BUFFER:
         length = target.byte_length - target_offset
-    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     device.queue_read(source.data, source_offset, target, target_offset, length,
                       wait, signal, queue=queue)
 
 
 def device_queue_write(state: HalModuleState, device, queue_affinity, wait, signal, source,
-                       source_offset, target, target_offset, length, flags):
-    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
-            or (signal is not None and signal.__class__ is not Fence)):
-        device, wait, signal = _queue_refs_checked(device, wait, signal)
-    if source.__class__ is not Buffer:
-        source = _checked(source, _BUFFER)
-    if target.__class__ is not HalFile:
-        target = _checked(target, _FILE)
+                       source_offset, target, target_offset, length, flags, *, queue=0):
     if target.data.readonly:
         raise PermissionDeniedError("file was imported read-only and cannot be written")
-    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     device.queue_write(source, source_offset, target.data, target_offset, length,
                        wait, signal, queue=queue)
 
 
-def device_queue_barrier(state: HalModuleState, device, queue_affinity, wait, signal, flags):
-    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
-            or (signal is not None and signal.__class__ is not Fence)):
-        device, wait, signal = _queue_refs_checked(device, wait, signal)
-    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
+def device_queue_barrier(state: HalModuleState, device, queue_affinity, wait, signal, flags, *,
+                         queue=0):
     device.queue_barrier(wait, signal, queue)
 
 
-def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, signal, cb, flags):
-    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
-            or (signal is not None and signal.__class__ is not Fence)):
-        device, wait, signal = _queue_refs_checked(device, wait, signal)
-    # (a Submission: what a fused record-and-execute site adopted; no VM value is one)
-    if cb.__class__ is not CommandBuffer and cb.__class__ is not Submission:
-        cb = _checked(cb, _COMMAND_BUFFER)
-    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
+def device_queue_execute(state: HalModuleState, device, queue_affinity, wait, signal, cb, flags, *,
+                         queue=0):
     device.submit(cb, wait, signal, None, queue)
 
 
 def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity, wait, signal, cb,
-                                  flags, bindings):
-    if (not isinstance(device, Device) or (wait is not None and wait.__class__ is not Fence)
-            or (signal is not None and signal.__class__ is not Fence)):
-        device, wait, signal = _queue_refs_checked(device, wait, signal)
-    if cb.__class__ is not CommandBuffer:
-        cb = _checked(cb, _COMMAND_BUFFER)
+                                  flags, bindings, *, queue=0):
     table = []
     for buffer, offset, length in bindings:
         if buffer is None:
@@ -712,14 +577,11 @@ def device_queue_execute_indirect(state: HalModuleState, device, queue_affinity,
             table.append((buffer, offset, length))
         else:
             raise ref_type_error(buffer, _BUFFER_OR_NULL)
-    queue = device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0
     device.submit(cb, wait, signal, table, queue)
 
 
 def device_queue_flush(state: HalModuleState, device, queue_affinity):
-    if not isinstance(device, Device):
-        device = _checked(device, _DEVICE)
-    return None  # its first lines check the refs; nothing more to do
+    return None  # its prologue checks the refs; nothing more to do
 
 
 # -- devices ----------------------------------------------------------------------
@@ -736,8 +598,6 @@ def devices_get(state: HalModuleState, index):
 
 def executable_create(state: HalModuleState, device, queue_affinity, executable_format, data,
                       constants):
-    if not isinstance(device, Device):
-        device = _checked(device, _DEVICE)
     format_str = vm_buffer_string(executable_format)
     if format_str not in executable_formats():
         raise error_for_code(
@@ -770,8 +630,6 @@ def executable_create(state: HalModuleState, device, queue_affinity, executable_
 
 
 def executable_lookup_function(state: HalModuleState, executable, name):
-    if executable.__class__ is not Executable:
-        executable = _checked(executable, _EXECUTABLE)
     # programs look the same names up on every call: remembered per (executable,
     # name buffer), holding both so that their ids stay theirs
     known = state.ordinals.get((id(executable), id(name)))
@@ -787,8 +645,6 @@ def executable_lookup_function(state: HalModuleState, executable, name):
 # -- fences -----------------------------------------------------------------------
 
 def fence_create(state: HalModuleState, device, flags):
-    if not isinstance(device, Device):
-        device = _checked(device, _DEVICE)
     return Fence.pending()
 
 
@@ -806,8 +662,6 @@ def fence_join(state: HalModuleState, flags, fences):
 
 
 def fence_query(state: HalModuleState, fence):
-    if fence.__class__ is not Fence:
-        fence = _checked(fence, _FENCE)
     try:
         return 0 if fence.query() else _STATUS_DEFERRED
     except Error as exc:
@@ -815,14 +669,10 @@ def fence_query(state: HalModuleState, fence):
 
 
 def fence_signal(state: HalModuleState, fence):
-    if fence.__class__ is not Fence:
-        fence = _checked(fence, _FENCE)
     fence.signal()
 
 
 def fence_fail(state: HalModuleState, fence, status_code):
-    if fence.__class__ is not Fence:
-        fence = _checked(fence, _FENCE)
     code = status_code & 0x1F
     fence.fail(error_for_code(code, f"fence failed by the program with status {code}"))
 
@@ -853,9 +703,10 @@ def fence_await(state: HalModuleState, timeout_ms, flags, fences):
 # -- the declaration --------------------------------------------------------------------
 
 # The hal module's exports, as IREE declares them in exports.inl (`native_table.Export`
-# rows; a None ref tuple: nothing declared, the export is UNIMPLEMENTED). Each shim
-# checks its declared refs itself, first (tests check every row against its shim), and
-# is bound with `shims_check_refs`, so an import call is one Python frame.
+# rows; a None ref tuple: nothing declared, the export is UNIMPLEMENTED; `traits`: what
+# the import does to a recording, which the VM's translator reads). Each shim checks its
+# declared refs in a prologue generated from its row below (`with_prologues`), and is
+# bound with `shims_check_refs`, so an import call is one Python frame.
 EXPORTS: tuple[Export, ...] = (
     Export("allocator.allocate", "0rIiiI_r",
            ("hal.allocator", None, None, None, None),
@@ -900,13 +751,14 @@ EXPORTS: tuple[Export, ...] = (
     Export("command_buffer.collective", "0rriiiirrIIIII_v", None, command_buffer_collective),
     Export("command_buffer.copy_buffer", "0riirIrIII_v",
            ("hal.command_buffer", None, None, "hal.buffer?", None, "hal.buffer?", None, None, None),
-           command_buffer_copy_buffer),
+           command_buffer_copy_buffer,
+           traits=Traits(RECORD, 0, ((3, None), (5, None)), ((7, None),))),
     Export("command_buffer.create", "0riiIi_r",
            ("hal.device", None, None, None, None),
-           command_buffer_create),
+           command_buffer_create, traits=Traits(BEGIN)),
     Export("command_buffer.dispatch", "0rrIiiiICiDCiirIID_v",
            ("hal.command_buffer", "hal.executable", None, None, None, None, None, None, None),
-           command_buffer_dispatch),
+           command_buffer_dispatch, traits=Traits(RECORD, 0, ((8, 2),), ((8, 4),))),
     Export("command_buffer.dispatch.indirect", "0rrIirIICiDCiirIID_v",
            None,
            command_buffer_dispatch_indirect),
@@ -915,11 +767,12 @@ EXPORTS: tuple[Export, ...] = (
            command_buffer_end_debug_group),
     Export("command_buffer.execution_barrier", "0riiI_v",
            ("hal.command_buffer", None, None, None),
-           command_buffer_execution_barrier),
+           command_buffer_execution_barrier, traits=Traits(RECORD, 0)),
     Export("command_buffer.fill_buffer", "0rrIIiIiI_v",
            ("hal.command_buffer", "hal.buffer?", None, None, None, None, None, None),
-           command_buffer_fill_buffer),
-    Export("command_buffer.finalize", "0r_v", ("hal.command_buffer",), command_buffer_finalize),
+           command_buffer_fill_buffer, traits=Traits(RECORD, 0, ((1, None),), ((3, None),))),
+    Export("command_buffer.finalize", "0r_v", ("hal.command_buffer",), command_buffer_finalize,
+           traits=Traits(FINISH, 0)),
     Export("command_buffer.update_buffer", "0rrIrIIiI_v",
            ("hal.command_buffer", None, None, "hal.buffer?", None, None, None, None),
            command_buffer_update_buffer),
@@ -940,7 +793,7 @@ EXPORTS: tuple[Export, ...] = (
            device_queue_dealloca),
     Export("device.queue.execute", "0rIrrrI_v",
            ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None),
-           device_queue_execute),
+           device_queue_execute, traits=Traits(SUBMIT, 4)),
     Export("device.queue.execute.indirect", "0rIrrrICrIID_v",
            ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None, None),
            device_queue_execute_indirect),
@@ -971,14 +824,27 @@ EXPORTS: tuple[Export, ...] = (
            executable_create),
     Export("executable.lookup.function", "0rr_I",
            ("hal.executable", None),
-           executable_lookup_function),
+           executable_lookup_function, traits=Traits(PURE)),
     Export("fence.await", "0iICrD_i", (None, None, None), fence_await, yields=True),
-    Export("fence.create", "0rI_r", ("hal.device", None), fence_create),
+    Export("fence.create", "0rI_r", ("hal.device", None), fence_create,
+           traits=Traits(INDEPENDENT)),
     Export("fence.fail", "0ri_v", ("hal.fence", None), fence_fail),
-    Export("fence.join", "0ICrD_r", (None, None), fence_join),
+    Export("fence.join", "0ICrD_r", (None, None), fence_join, traits=Traits(INDEPENDENT)),
     Export("fence.query", "0r_i", ("hal.fence",), fence_query),
     Export("fence.signal", "0r_v", ("hal.fence",), fence_signal),
 )
+# The class of each ref type the rows name.
+REF_TYPES: dict[str, type] = {
+    "hal.allocator": Allocator, "hal.buffer": Buffer, "hal.buffer_view": BufferView,
+    "hal.command_buffer": CommandBuffer, "hal.device": Device, "hal.executable": Executable,
+    "hal.fence": Fence, "hal.file": HalFile,
+}
+# The queue a queue operation runs on: the one place the affinity rule is applied (a
+# device of one queue has only queue 0; others map the affinity: `Device.queue_for_affinity`).
+QUEUE_RULE = "device.queue_for_affinity(queue_affinity) if device.queue_count > 1 else 0"
+EXPORTS = with_prologues(EXPORTS, globals(), __file__, REF_TYPES, {"queue": QUEUE_RULE},
+                         subclassed={"hal.device", "hal.allocator"})  # drivers subclass them
+declare_traits("hal", EXPORTS)
 
 
 def create_hal_module(devices: Device | Sequence[Device]) -> NativeModule:

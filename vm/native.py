@@ -69,6 +69,17 @@ def ref_type_error(value: Any, ref: RefType) -> InvalidArgumentError:
     return InvalidArgumentError(f"expected a {ref.name} ref{either} but got {got}")
 
 
+def ref_test(arg: str, cls: str, nullable: bool, subclassed: bool = False) -> str:
+    """Python source of the test that `arg` is what a declared ref admits: the exact
+    class `cls` first, then a subclass (`isinstance`, found as a builtin; only that when
+    the refs are usually `subclassed`, as devices are), and null if `nullable`. No
+    Python frame: what generated checks (marshallers, the `hal` module's prologues)
+    inline."""
+    test = (f"isinstance({arg}, {cls})" if subclassed
+            else f"{arg}.__class__ is {cls} or isinstance({arg}, {cls})")
+    return f"{arg} is None or {test}" if nullable else test
+
+
 def _top_level_arity(cconv: str) -> int:
     args = cconv[1:].partition("_")[0]
     count, depth = 0, 0
@@ -104,8 +115,7 @@ def make_marshaller(fn: Callable[..., Any], cconv: str,
             f"convention {cconv} has {arity}"
         )
     names = [f"a{i}" for i in range(arity)]
-    namespace: dict[str, Any] = {"_fn": fn, "_marshal_error": ref_type_error,
-                                 "_marshal_isinstance": isinstance}
+    namespace: dict[str, Any] = {"_fn": fn, "_marshal_error": ref_type_error}
     lines = [f"def marshal_{fn_name}({', '.join(names)}):"]
     for i, ref in enumerate(refs):
         if ref is None:
@@ -113,11 +123,8 @@ def make_marshaller(fn: Callable[..., Any], cconv: str,
         a = names[i]
         namespace[f"_marshal_T{i}"] = ref.cls
         namespace[f"_marshal_R{i}"] = ref
-        test = (f"{a}.__class__ is not _marshal_T{i} and not "
-                f"_marshal_isinstance({a}, _marshal_T{i})")
-        if ref.nullable:
-            test = f"{a} is not None and {test}"
-        lines.append(f"    if {test}: raise _marshal_error({a}, _marshal_R{i})")
+        lines.append(f"    if not ({ref_test(a, f'_marshal_T{i}', ref.nullable)}): "
+                     f"raise _marshal_error({a}, _marshal_R{i})")
     lines.append(f"    return _fn({', '.join(names)})")
     exec(compile("\n".join(lines), f"<marshal {fn_name}>", "exec"), namespace)
     return namespace[f"marshal_{fn_name}"]

@@ -1,25 +1,28 @@
-"""Recording blocks: the run of `hal.command_buffer.*` record calls that follows a
-`hal.command_buffer.create`, made by the VM in one call.
+"""Recording blocks: the run of record calls that follows the import beginning a
+command buffer, made by the VM in one call.
 
 IREE's programs record one-shot command buffers inside VM loops (a recurrent model
-records one per time step): a `create`, tens of dispatches, copies and barriers, often a
-`finalize`, with only integer arithmetic and `hal.executable.lookup.function` in between.
-Translated call by call, each record operation is a Python call that validates its
-operands again, every time. The translator (`vm.codegen`) instead finds such a run in a
-basic block (`find_block`), emits the instructions in between as usual, keeps each
-record operation's operands that are not literals in locals, and ends the run with one
-call of a `RecordBlock` site with those values. Record operations change nothing but the
-command buffer, which no instruction in between reads, so running them at the end of the
-run is the same program.
+records one per time step): a create, tens of dispatches, copies and barriers, often a
+finalize, with only integer arithmetic and a pure lookup in between. Translated call by
+call, each record operation is a Python call that validates its operands again, every
+time. The translator (`vm.codegen`) instead finds such a run in a basic block
+(`find_block`), emits the instructions in between as usual, keeps each record
+operation's operands that are not literals in locals, and ends the run with one call of
+a `RecordBlock` site with those values. Record operations change nothing but the command
+buffer, which no instruction in between reads, so running them at the end of the run is
+the same program.
+
+Which imports begin, record into, finish or submit a command buffer, and which are pure,
+is what their native module's table declares (`native_table.Traits`, read by the
+import's full name): this module names no import of any module.
 
 A block is described as data (`RecordBlock.ops`: per operation the import's ordinal and
 its argument template, whose leaves are `("k", literal)`, `("d", index)` into the
-values passed, or `("cb",)`, the command buffer that `create` returned; a variadic
-segment is a tuple of entries of leaves). The module providing the imports may serve
-the block as a whole (a `NativeModule.block_recorder`: the `hal` module recognises a
-block whose operands match one recorded before and reuses that recording, checking only
-the buffers); otherwise `replay` calls the imports one by one, exactly as the unfused
-code would have.
+values passed, or `("cb",)`, the command buffer that the first operation returned; a
+variadic segment is a tuple of entries of leaves). The module providing the imports may
+serve the block as a whole (a `NativeModule.block_recorder`: the `hal` module's adopts
+the recording of equal operands, checking only the buffers); otherwise `replay` calls
+the imports one by one, exactly as the unfused code would have.
 """
 
 from __future__ import annotations
@@ -27,30 +30,39 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from . import isa
+from . import isa, native_table
 
-__all__ = ["CREATE", "RECORD_OPS", "RecordBlock", "arguments", "find_block", "find_execute",
-           "replay"]
+__all__ = ["RecordBlock", "arguments", "begins_recording", "find_block", "find_execute",
+           "is_pure", "replay", "target"]
 
-CREATE = "hal.command_buffer.create"
-FINALIZE = "hal.command_buffer.finalize"
-# Record operations that may join a block: they change only the command buffer and
-# capture nothing of host memory (an update captures a VM buffer's bytes; it ends one).
-RECORD_OPS = frozenset({
-    "hal.command_buffer.dispatch",
-    "hal.command_buffer.execution_barrier",
-    "hal.command_buffer.copy_buffer",
-    "hal.command_buffer.fill_buffer",
-    FINALIZE,
-})
-EXECUTE = "hal.device.queue.execute"
-# Imports that may run between a block and the execute it is fused with: they take no
-# command buffer and record nothing.
-FUSE_PASS = frozenset({"hal.executable.lookup.function", "hal.fence.create",
-                       "hal.fence.join"})
-# Imports that may run inside a block: pure (their call sites also remember their last
-# result: `vm.codegen`), and never given the command buffer.
-PASS_THROUGH = frozenset({"hal.executable.lookup.function"})
+
+def _traits(imp: Any) -> native_table.Traits | None:
+    return native_table.traits_of(imp.full_name)
+
+
+def begins_recording(imp: Any) -> bool:
+    """Whether the import returns a new command buffer to record into."""
+    traits = _traits(imp)
+    return traits is not None and traits.role == native_table.BEGIN
+
+
+def target(imp: Any) -> int:
+    """The argument position of the command buffer a record operation records into."""
+    return _traits(imp).target
+
+
+def is_pure(imp: Any) -> bool:
+    """Whether the import is pure: a block may hold it, and its call sites may keep their
+    last result."""
+    traits = _traits(imp)
+    return traits is not None and traits.role == native_table.PURE
+
+
+# Roles of record operations that may join a block: they change only the command buffer
+# and capture nothing of host memory; finishing it ends the block.
+_IN_BLOCK = frozenset({native_table.RECORD, native_table.FINISH})
+# Roles of imports that may run between a block and the submit it is fused with.
+_BEFORE_SUBMIT = frozenset({native_table.PURE, native_table.INDEPENDENT})
 # Instructions that end a block before them: control flow, calls, output, failure.
 _ENDS = frozenset({"fail", "trace", "print", "yield", "return", "break", "cond_break",
                    "br", "cond_br", "br_table"})
@@ -107,7 +119,7 @@ def find_block(instrs: Sequence[Any], start: int, imports: Sequence[Any]) -> int
     """The index one past the last record operation of the block that `instrs[start]`
     begins (a `create`), or None when it begins none worth making."""
     k, _segments, _src, dst = call_operands(instrs[start])
-    if k < 0 or k >= len(imports) or imports[k].full_name != CREATE or len(dst) != 1:
+    if k < 0 or k >= len(imports) or not begins_recording(imports[k]) or len(dst) != 1:
         return None
     cb = dst[0] & isa.REF_MASK
     last, count = None, 0
@@ -117,16 +129,21 @@ def find_block(instrs: Sequence[Any], start: int, imports: Sequence[Any]) -> int
         if k >= 0:
             if k >= len(imports):
                 break
-            name = imports[k].full_name
-            if (name in RECORD_OPS and src and src[0] & isa.REF_BIT
-                    and src[0] & isa.REF_MASK == cb and not _names_ref(src[1:], cb)
+            traits = _traits(imports[k])
+            role = traits.role if traits is not None else None
+            if role in _IN_BLOCK:
+                t = traits.target
+                if (0 <= t < len(src) and src[t] & isa.REF_BIT and src[t] & isa.REF_MASK == cb
+                        and not _names_ref(src[:t], cb) and not _names_ref(src[t + 1:], cb)
+                        and not _names_ref(dst, cb)):
+                    count += 1
+                    last = j
+                    if role == native_table.FINISH or src[t] & isa.MOVE_BIT:
+                        break
+                    continue
+                break
+            if (role == native_table.PURE and not _names_ref(src, cb)
                     and not _names_ref(dst, cb)):
-                count += 1
-                last = j
-                if name == FINALIZE or src[0] & isa.MOVE_BIT:
-                    break
-                continue
-            if name in PASS_THROUGH and not _names_ref(src, cb) and not _names_ref(dst, cb):
                 continue
             break
         if ins.name in _ENDS or ins.name.startswith("call") or _touches(ins, cb):
@@ -143,12 +160,13 @@ def find_execute(instrs: Sequence[Any], start: int, end: int,
     block `instrs[start:end]` may be fused with, or None. It must be the next use of
     the block's command buffer, moving it (its last use: the command buffer is never
     seen again, so it need not exist), with only instructions that a block may hold
-    and `FUSE_PASS` imports in between, none naming the command buffer; running the
+    and pure or independent imports in between, none naming the command buffer; running the
     record operations at the execute is then the same program, as running them at the
     block's end is (an error of theirs surfaces at the execute)."""
     cb = call_operands(instrs[start])[3][0] & isa.REF_MASK
-    last_src = call_operands(instrs[end - 1])[2]
-    if last_src and last_src[0] & isa.MOVE_BIT:
+    last_k, _segments, last_src, _dst = call_operands(instrs[end - 1])
+    last_traits = _traits(imports[last_k])
+    if last_src[last_traits.target] & isa.MOVE_BIT:
         return None  # the block's last operation moved the command buffer
     for j in range(end, len(instrs)):
         ins = instrs[j]
@@ -156,14 +174,15 @@ def find_execute(instrs: Sequence[Any], start: int, end: int,
         if k >= 0:
             if k >= len(imports):
                 return None
-            name = imports[k].full_name
-            if name == EXECUTE and segments is None and not _names_ref(dst, cb):
+            traits = _traits(imports[k])
+            role = traits.role if traits is not None else None
+            if role == native_table.SUBMIT and segments is None and not _names_ref(dst, cb):
                 named = [p for p, r in enumerate(src)
                          if r & isa.REF_BIT and r & isa.REF_MASK == cb]
-                if len(named) == 1 and src[named[0]] & isa.MOVE_BIT:
-                    return j, k, named[0]
+                if named == [traits.target] and src[traits.target] & isa.MOVE_BIT:
+                    return j, k, traits.target
                 return None
-            if name in FUSE_PASS and not _names_ref(src, cb) and not _names_ref(dst, cb):
+            if role in _BEFORE_SUBMIT and not _names_ref(src, cb) and not _names_ref(dst, cb):
                 continue
             return None
         if ins.name in _ENDS or ins.name.startswith("call") or _touches(ins, cb):

@@ -154,7 +154,7 @@ def test_every_export_is_declared_with_its_ref_types():
 
     mod = create_hal_module(hal.create_device("sync"))
     assert {f"hal.{name}" for name, *_ in EXPORTS} == set(mod.functions)
-    for name, cconv, refs, _shim, _yieldable in EXPORTS:
+    for name, cconv, refs, *_rest in EXPORTS:
         assert mod.functions[f"hal.{name}"].cconv == cconv
         if refs is not None:
             assert all(r is None or r.rstrip("?") in (
@@ -183,7 +183,7 @@ def test_every_shim_checks_the_refs_its_row_declares():
         }
         mod = create_hal_module(dev)
         checked = 0
-        for name, _cconv, refs, _shim, _yieldable in EXPORTS:
+        for name, _cconv, refs, *_rest in EXPORTS:
             fn = mod.functions[f"hal.{name}"].fn
             for i, ref in enumerate(refs or ()):
                 if ref is None:
@@ -223,3 +223,28 @@ def test_nullable_refs_accept_null_and_reject_other_types(env):
     with pytest.raises(tinyhal.errors.InvalidArgumentError,
                        match="expected a hal.fence ref or null but got SyncDevice|TaskDevice"):
         call("device.queue.barrier", dev, -1, dev, None, 0)
+
+
+def test_generated_prologues_keep_one_frame_and_the_bodys_line_numbers():
+    """Each shim's ref checks and queue come from its row, generated once at import into
+    the shim itself (no wrapper frame), and an error in its body points at the body's
+    line in the source."""
+    import linecache
+    import traceback
+
+    from tinyhal.vm import hal_module
+
+    dev = hal.create_device("sync")
+    try:
+        mod = create_hal_module(dev)
+        fn = mod.functions["hal.buffer.load"].fn
+        assert fn.func is hal_module.buffer_load  # the generated shim, bound: one frame
+        assert "ref_check_failed" in fn.func.__code__.co_names
+        assert "queue" in hal_module.device_queue_execute.__code__.co_varnames
+        with pytest.raises(tinyhal.errors.InvalidArgumentError) as raised:
+            fn(dev.allocator.allocate(64), 0, 8)
+        frame = traceback.extract_tb(raised.tb)[-1]
+        assert frame.filename == hal_module.__file__ and frame.name == "buffer_load"
+        assert "raise InvalidArgumentError" in linecache.getline(frame.filename, frame.lineno)
+    finally:
+        dev.close()
