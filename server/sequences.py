@@ -498,8 +498,7 @@ class SequenceBatcher:
             self._queued -= 1
             self._in_flight.left(1)
             self._clients.forget(lost)
-            lost.outcome = (None, error)
-            lost.done.set()
+            lost.finish((None, error))
         if at < len(steps):
             return
         self._remember_end(seq.id, f"it was ended: {why}")
@@ -773,9 +772,8 @@ class SequenceBatcher:
         for i, (seq, step, outcome) in enumerate(zip(batch, steps, outcomes)):
             if homes is not None and homes[i] is not None:
                 seq.home = homes[i]  # the previous home is released with its last row
-            step.outcome = outcome
             step.infer_seconds = seconds
-            step.done.set()
+            step.finish(outcome)
             if watched:
                 watched.pop(step, None)
             if step.detached:
@@ -822,8 +820,7 @@ class SequenceBatcher:
             self._queued -= 1
             self._in_flight.left(1)
             self._clients.forget(queued)
-            queued.outcome = (None, error)
-            queued.done.set()
+            queued.finish((None, error))
         if seq.ready:
             seq.ready = False
             self._ready.remove(seq)
@@ -931,14 +928,13 @@ class SequenceBatcher:
             self._end_early(seq, why, Unavailable(f"{why}; nothing ran"))
         for execution in self._running:
             for step in execution.requests:
-                if not step.done.is_set():
+                if not step.finished:
                     count += 1
-                    step.outcome = (None, DeadlineExceeded(f"{why}; {step.started_note}",
-                                                           started=True))
                     step.detached = True
                     self._detached += 1
                     log_abandoned(step, 504, why)
-                    step.done.set()
+                    step.finish((None, DeadlineExceeded(f"{why}; {step.started_note}",
+                                                        started=True)))
         return count
 
     async def wait_idle(self) -> None:
