@@ -256,6 +256,7 @@ class SequenceBatcher:
         slots = config.max_candidate_sequences if config.strategy == "oldest" else \
             max_batch_size * len(instances)
         self.slots = slots
+        self._capacity = max(max_queue, slots)  # steps queued at most (Overloaded beyond)
         self._free_slots = list(range(slots - 1, -1, -1))
         self._device = DeviceState(config.states, max_batch_size, programs)
         controls = {c.name: c for c in config.controls}
@@ -412,7 +413,7 @@ class SequenceBatcher:
                                      f"'{self.model}' must specify the START flag on the "
                                      f"first request of the sequence"
                                      f"{f' ({why})' if why else ''}")
-        if self._queued >= max(self.max_queue, self.slots):
+        if self._queued >= self._capacity:
             raise Overloaded(f"exceeds maximum queue size: {self._queued} sequence "
                              f"requests queued (max_queue {self.max_queue})", 1)
         if seq is None:
