@@ -1,48 +1,72 @@
-/* Native execution of integer-only VM functions.
+/* Native execution of VM functions: integer loops, and VMVX workgroup functions.
  *
  * The program is the function's bytecode re-laid by `tinyhal.vm.scalar` in 32-bit words:
- * each instruction is its core opcode (IREE's opcode byte), then its fields in layout
- * order, one word per register, two per i64 literal (low word first), branch targets as
- * word indices and branch operand lists as a count and (src, dst) pairs. `return` carries
- * a count and (register, is_i64) pairs. Block markers are dropped.
+ * each instruction is its opcode (IREE's opcode byte; 0x100 + the byte for the f32
+ * extension set, as `OP_*` generated from `vm/isa.py` by build.py), then its fields in
+ * layout order: one word per register (a 32-bit slot, or a ref register's index), one
+ * per i32/f32 literal and two per i64 literal (low word first), branch targets as word
+ * indices, branch operand lists as a count and (kind, src, dst) triples (kind 0: a 32-bit
+ * slot; 1: a ref; 2: a ref moved out of `src`), register lists as a count and registers,
+ * rodata ordinals as they are and the type of `list.get.ref` as 1 when a buffer matches
+ * it. `return` carries a count and (register, is_i64) pairs. Block markers are dropped.
  *
  * Registers are IREE's: one bank of 32-bit slots in which an i64 fills two adjacent
- * slots, and branch operand lists copy 32-bit slots one after another.
+ * slots and an f32 one (its bits), and branch operand lists copy 32-bit slots one after
+ * another. Ref registers hold a handle: 0 is null, else an index into the run's table of
+ * buffer spans (`heap_t`), which also names the one list a VMVX function sees, its
+ * bindings.
  *
  * The run stops at a `return` (SCALAR_DONE, results written sign-extended), after
  * `budget` taken branches (SCALAR_BUDGET, `*pc` is where to resume, so the caller can
- * handle signals between slices) or before an integer division that would fault
- * (SCALAR_TRAP, `*pc` at that instruction; the caller re-runs the function in the
- * Python interpreter, which raises the VM's error). The encoder validated every
- * register and target, so nothing here is checked twice.
+ * handle signals between slices) or before an operation the VM fails (SCALAR_TRAP, `*pc`
+ * at that instruction: a faulting integer division, a null or mistyped ref, an access
+ * out of a buffer's bounds or a store into a read-only one, an allocation over the
+ * limit); the caller runs the Python translation, which raises the VM's own error. The
+ * encoder validated every register, ordinal and target, so nothing here is checked twice.
+ *
+ * f32 arithmetic is the host's binary32 arithmetic, never contracted (build.py forbids
+ * it), with x86's NaN rule for commutative ops made explicit as the Python translation
+ * does (the first NaN operand, quieted); the C library functions are the ones the
+ * Python translation binds (`tinyhal_scalar_set_math`).
  */
+#include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "tinyhal_executable.h"
 #include "tinyhal_scalar.h"
 
-enum {
-  OP_CONST_I32_ZERO = 0x0C, OP_CONST_I32 = 0x0D, OP_CONST_I64_ZERO = 0x0E,
-  OP_CONST_I64 = 0x0F, OP_SELECT_I32 = 0x1C, OP_SELECT_I64 = 0x1D, OP_ADD_I32 = 0x22,
-  OP_SUB_I32 = 0x23, OP_MUL_I32 = 0x24, OP_DIV_I32_S = 0x25, OP_DIV_I32_U = 0x26,
-  OP_REM_I32_S = 0x27, OP_REM_I32_U = 0x28, OP_FMA_I32 = 0x29, OP_ADD_I64 = 0x2A,
-  OP_SUB_I64 = 0x2B, OP_MUL_I64 = 0x2C, OP_DIV_I64_S = 0x2D, OP_DIV_I64_U = 0x2E,
-  OP_REM_I64_S = 0x2F, OP_REM_I64_U = 0x30, OP_FMA_I64 = 0x31, OP_NOT_I32 = 0x32,
-  OP_AND_I32 = 0x33, OP_OR_I32 = 0x34, OP_XOR_I32 = 0x35, OP_NOT_I64 = 0x36,
-  OP_AND_I64 = 0x37, OP_OR_I64 = 0x38, OP_XOR_I64 = 0x39, OP_SHL_I32 = 0x3A,
-  OP_SHR_I32_S = 0x3B, OP_SHR_I32_U = 0x3C, OP_SHL_I64 = 0x3D, OP_SHR_I64_S = 0x3E,
-  OP_SHR_I64_U = 0x3F, OP_TRUNC_I32_I8 = 0x40, OP_TRUNC_I32_I16 = 0x41,
-  OP_TRUNC_I64_I32 = 0x42, OP_EXT_I8_I32_S = 0x43, OP_EXT_I8_I32_U = 0x44,
-  OP_EXT_I16_I32_S = 0x45, OP_EXT_I16_I32_U = 0x46, OP_EXT_I32_I64_S = 0x47,
-  OP_EXT_I32_I64_U = 0x48, OP_CMP_EQ_I32 = 0x49, OP_CMP_NE_I32 = 0x4A,
-  OP_CMP_LT_I32_S = 0x4B, OP_CMP_LT_I32_U = 0x4C, OP_CMP_NZ_I32 = 0x4D,
-  OP_CMP_EQ_I64 = 0x4E, OP_CMP_NE_I64 = 0x4F, OP_CMP_LT_I64_S = 0x50,
-  OP_CMP_LT_I64_U = 0x51, OP_CMP_NZ_I64 = 0x52, OP_BR = 0x56, OP_COND_BR = 0x57,
-  OP_RETURN = 0x5A, OP_CTLZ_I32 = 0x75, OP_CTLZ_I64 = 0x76, OP_ABS_I32 = 0x77,
-  OP_ABS_I64 = 0x78, OP_MIN_I32_S = 0x7A, OP_MIN_I32_U = 0x7B, OP_MAX_I32_S = 0x7C,
-  OP_MAX_I32_U = 0x7D, OP_MIN_I64_S = 0x7E, OP_MIN_I64_U = 0x7F, OP_MAX_I64_S = 0x80,
-  OP_MAX_I64_U = 0x81,
-};
+_Static_assert(sizeof(tinyhal_environment_t) ==
+                   sizeof(((tinyhal_vmvx_entry_t*)0)->environment),
+               "tinyhal_vmvx_entry_t.environment must hold a tinyhal_environment_t");
+
+/* One buffer a ref register may name; the bindings list is a span with `is_list` set. */
+typedef struct span_t {
+  uint8_t* data;
+  uint64_t length;
+  uint32_t writable;
+  uint32_t is_list;
+} span_t;
+
+/* The spans of one run: fixed ones first, then the run's own allocations (from
+ * `owned_first` on), freed when the run ends. */
+typedef struct heap_t {
+  span_t* spans;
+  uint32_t count;
+  uint32_t capacity;
+  uint32_t owned_first;
+  uint32_t list_first;  /* the bindings list's elements: spans [list_first, + list_count) */
+  uint32_t list_count;
+  int spans_allocated;
+  uint64_t max_allocation;
+} heap_t;
+
+typedef float (*unary_fn)(float);
+typedef float (*binary_fn)(float, float);
+static tinyhal_scalar_math_t math_fns;
+
+void tinyhal_scalar_set_math(const tinyhal_scalar_math_t* math) { math_fns = *math; }
 
 static inline int64_t get64(const uint32_t* regs, int32_t slot) {
   int64_t v;
@@ -54,26 +78,96 @@ static inline void set64(uint32_t* regs, int32_t slot, int64_t v) {
   memcpy(regs + slot, &v, 8);
 }
 
-static inline uint32_t remap(uint32_t* regs, const int32_t* code, uint32_t at) {
-  uint32_t n = (uint32_t)code[at];
-  for (uint32_t i = 0; i < n; ++i) regs[code[at + 2 + 2 * i]] = regs[code[at + 1 + 2 * i]];
-  return at + 1 + 2 * n;
+static inline float getf(const uint32_t* regs, int32_t slot) {
+  float v;
+  memcpy(&v, regs + slot, 4);
+  return v;
+}
+
+static inline void setf(uint32_t* regs, int32_t slot, float v) { memcpy(regs + slot, &v, 4); }
+
+/* x86's NaN for a commutative op: the first NaN operand, quieted, else the result. */
+static inline float nan_first(float a, float b, float r) {
+  if (a != a) return a + 0.0f;
+  if (b != b) return b + 0.0f;
+  return r;
+}
+
+static inline float unary(int which, float x) { return ((unary_fn)math_fns.unary[which])(x); }
+
+static inline uint32_t remap(uint32_t* regs, int32_t* refs, const int32_t* code, uint32_t at) {
+  uint32_t n = (uint32_t)code[at++];
+  for (uint32_t i = 0; i < n; ++i, at += 3) {
+    int32_t kind = code[at], src = code[at + 1], dst = code[at + 2];
+    if (kind == 0) {
+      regs[dst] = regs[src];
+    } else {
+      refs[dst] = refs[src];
+      if (kind == 2 && src != dst) refs[src] = 0;
+    }
+  }
+  return at;
 }
 
 static inline uint32_t clz32(uint32_t v) { return v ? (uint32_t)__builtin_clz(v) : 32; }
 static inline uint64_t clz64(uint64_t v) { return v ? (uint64_t)__builtin_clzll(v) : 64; }
+
+/* The span a ref register names for an access of `count` elements of 2**shift bytes from
+ * element `index`, or NULL where the VM fails it (null, the list, out of bounds, or a
+ * store into a read-only buffer). */
+static inline span_t* reach(heap_t* heap, int32_t handle, int64_t index, uint64_t count,
+                            int shift, int store) {
+  if (handle <= 0) return NULL;
+  span_t* span = &heap->spans[handle];
+  if (span->is_list || (store && !span->writable) || index < 0) return NULL;
+  uint64_t elements = span->length >> shift;
+  if ((uint64_t)index > elements || count > elements - (uint64_t)index) return NULL;
+  return span;
+}
+
+static int32_t allocate(heap_t* heap, int64_t length) {
+  if (length < 0 || (uint64_t)length > heap->max_allocation) return -1;
+  if (heap->count == heap->capacity) {
+    uint32_t capacity = heap->capacity * 2;
+    span_t* grown = malloc(sizeof(span_t) * capacity);
+    if (!grown) return -1;
+    memcpy(grown, heap->spans, sizeof(span_t) * heap->count);
+    if (heap->spans_allocated) free(heap->spans);
+    heap->spans = grown;
+    heap->spans_allocated = 1;
+    heap->capacity = capacity;
+  }
+  uint8_t* data = calloc(length ? (size_t)length : 1, 1);
+  if (!data) return -1;
+  span_t* span = &heap->spans[heap->count];
+  span->data = data;
+  span->length = (uint64_t)length;
+  span->writable = 1;
+  span->is_list = 0;
+  return (int32_t)heap->count++;
+}
+
+static void release(heap_t* heap) {
+  for (uint32_t i = heap->owned_first; i < heap->count; ++i) free(heap->spans[i].data);
+  heap->count = heap->owned_first;
+  if (heap->spans_allocated) free(heap->spans);
+  heap->spans_allocated = 0;
+}
 
 /* Operand words of the instruction at pc, and register reads/writes by width. */
 #define A (code[pc + 1])
 #define B (code[pc + 2])
 #define C (code[pc + 3])
 #define D (code[pc + 4])
+#define E (code[pc + 5])
 #define S32(r) ((int32_t)regs[r])
 #define U32(r) (regs[r])
 #define S64(r) get64(regs, r)
 #define U64(r) ((uint64_t)get64(regs, r))
+#define F32(r) getf(regs, r)
 #define PUT32(r, v) (regs[r] = (uint32_t)(v))
 #define PUT64(r, v) set64(regs, r, (int64_t)(v))
+#define PUTF(r, v) setf(regs, r, (v))
 #define NEXT(words) pc += words; break
 #define SIGNED_FAULT(W) (S##W(B) == 0 || (S##W(B) == -1 && S##W(A) == INT##W##_MIN))
 
@@ -109,8 +203,47 @@ static inline uint64_t clz64(uint64_t v) { return v ? (uint64_t)__builtin_clzll(
   case OP_MAX_I##W##_S: PUT##W(C, S##W(A) < S##W(B) ? S##W(B) : S##W(A)); NEXT(4);         \
   case OP_MAX_I##W##_U: PUT##W(C, U##W(A) < U##W(B) ? U##W(B) : U##W(A)); NEXT(4);
 
-int tinyhal_scalar_run(const int32_t* code, uint32_t* regs, uint32_t* pc_io, uint64_t budget,
-                       int64_t* results) {
+/* buffer.load.*: (ref, i64 element index) -> register; `T` is the element type in memory. */
+#define LOAD_CASE(OP, T, SHIFT, PUT)                                                      \
+  case OP: {                                                                              \
+    span_t* span = reach(heap, refs[A], S64(B), 1, SHIFT, 0);                             \
+    if (!span) goto trap;                                                                 \
+    T v;                                                                                  \
+    memcpy(&v, span->data + ((uint64_t)S64(B) << SHIFT), sizeof v);                       \
+    PUT(C, v);                                                                            \
+    NEXT(4);                                                                              \
+  }
+
+/* buffer.store.*: (ref, i64 element index, register). */
+#define STORE_CASE(OP, T, SHIFT, GET)                                                     \
+  case OP: {                                                                              \
+    span_t* span = reach(heap, refs[A], S64(B), 1, SHIFT, 1);                             \
+    if (!span) goto trap;                                                                 \
+    T v = (T)GET(C);                                                                      \
+    memcpy(span->data + ((uint64_t)S64(B) << SHIFT), &v, sizeof v);                       \
+    NEXT(4);                                                                              \
+  }
+
+/* buffer.fill.*: (ref, i64 element index, i64 count, register). */
+#define FILL_CASE(OP, T, SHIFT, GET)                                                      \
+  case OP: {                                                                              \
+    int64_t count = S64(C);                                                               \
+    span_t* span = count < 0 ? NULL : reach(heap, refs[A], S64(B), (uint64_t)count, SHIFT, 1); \
+    if (!span) goto trap;                                                                 \
+    T v = (T)GET(D);                                                                      \
+    uint8_t* at = span->data + ((uint64_t)S64(B) << SHIFT);                               \
+    for (int64_t i = 0; i < count; ++i) memcpy(at + ((uint64_t)i << SHIFT), &v, sizeof v); \
+    NEXT(5);                                                                              \
+  }
+
+#define F32_BINARY(OP, EXPR) case OP: { float a = F32(A), b = F32(B); PUTF(C, EXPR); NEXT(4); }
+#define F32_COMMUTATIVE(OP, EXPR)                                                         \
+  case OP: { float a = F32(A), b = F32(B), r = EXPR; PUTF(C, r != r ? nan_first(a, b, r) : r); NEXT(4); }
+#define F32_COMPARE(OP, EXPR) case OP: { float a = F32(A), b = F32(B); PUT32(C, (EXPR) ? 1 : 0); NEXT(4); }
+#define F32_MATH(OP, WHICH) case OP: PUTF(B, unary(WHICH, F32(A))); NEXT(3);
+
+static int interpret(const int32_t* code, uint32_t* regs, int32_t* refs, heap_t* heap,
+                     uint32_t* pc_io, uint64_t budget, int64_t* results) {
   uint32_t pc = *pc_io;
   for (;;) {
     switch (code[pc]) {
@@ -128,9 +261,118 @@ int tinyhal_scalar_run(const int32_t* code, uint32_t* regs, uint32_t* pc_io, uin
       case OP_EXT_I32_I64_S: PUT64(B, S32(A)); NEXT(3);
       case OP_EXT_I32_I64_U: PUT64(B, U32(A)); NEXT(3);
 
+      /* f32: the bits live in one 32-bit slot. */
+      case OP_CONST_F32_ZERO: PUT32(A, 0); NEXT(2);
+      case OP_CONST_F32: PUT32(B, A); NEXT(3);
+      case OP_SELECT_F32: PUT32(D, regs[A] ? U32(B) : U32(C)); NEXT(5);
+      case OP_BITCAST_I32_F32: case OP_BITCAST_F32_I32: PUT32(B, U32(A)); NEXT(3);
+      F32_COMMUTATIVE(OP_ADD_F32, a + b)
+      F32_COMMUTATIVE(OP_MUL_F32, a * b)
+      F32_BINARY(OP_SUB_F32, a - b)
+      F32_BINARY(OP_DIV_F32, a / b)
+      F32_BINARY(OP_REM_F32, ((binary_fn)math_fns.remainderf)(a, b))
+      F32_BINARY(OP_ATAN2_F32, ((binary_fn)math_fns.atan2f)(a, b))
+      F32_BINARY(OP_POW_F32, ((binary_fn)math_fns.powf)(a, b))
+      F32_BINARY(OP_MIN_F32, b < a ? b : a)
+      F32_BINARY(OP_MAX_F32, a < b ? b : a)
+      case OP_FMA_F32: { /* a multiply and an add, each rounded, as IREE's VM computes it */
+        float a = F32(A), b = F32(B), c = F32(C);
+        float p = a * b;
+        if (p != p) p = nan_first(a, b, p);
+        float r = p + c;
+        PUTF(D, r != r ? nan_first(p, c, r) : r);
+        NEXT(5);
+      }
+      case OP_ABS_F32: PUT32(B, U32(A) & 0x7FFFFFFFu); NEXT(3);
+      case OP_NEG_F32: PUT32(B, U32(A) ^ 0x80000000u); NEXT(3);
+      case OP_RSQRT_F32: PUTF(B, 1.0f / unary(MATH_SQRT, F32(A))); NEXT(3);
+      F32_MATH(OP_ATAN_F32, MATH_ATAN)
+      F32_MATH(OP_COS_F32, MATH_COS)
+      F32_MATH(OP_SIN_F32, MATH_SIN)
+      F32_MATH(OP_EXP_F32, MATH_EXP)
+      F32_MATH(OP_EXP2_F32, MATH_EXP2)
+      F32_MATH(OP_EXPM1_F32, MATH_EXPM1)
+      F32_MATH(OP_LOG_F32, MATH_LOG)
+      F32_MATH(OP_LOG10_F32, MATH_LOG10)
+      F32_MATH(OP_LOG1P_F32, MATH_LOG1P)
+      F32_MATH(OP_LOG2_F32, MATH_LOG2)
+      F32_MATH(OP_SQRT_F32, MATH_SQRT)
+      F32_MATH(OP_TANH_F32, MATH_TANH)
+      F32_MATH(OP_ERF_F32, MATH_ERF)
+      F32_MATH(OP_CEIL_F32, MATH_CEIL)
+      F32_MATH(OP_FLOOR_F32, MATH_FLOOR)
+      F32_MATH(OP_ROUND_F32, MATH_ROUND)
+      case OP_CAST_SI32_F32: PUTF(B, (float)S32(A)); NEXT(3);
+      case OP_CAST_UI32_F32: PUTF(B, (float)U32(A)); NEXT(3);
+      case OP_CAST_F32_SI32: PUT32(B, ((long (*)(float))math_fns.lroundf)(F32(A))); NEXT(3);
+      case OP_CAST_F32_UI32: PUT32(B, ((long long (*)(float))math_fns.llroundf)(F32(A))); NEXT(3);
+      F32_COMPARE(OP_CMP_EQ_F32_O, a == b)
+      F32_COMPARE(OP_CMP_EQ_F32_U, !(a < b || a > b))
+      F32_COMPARE(OP_CMP_NE_F32_O, a != b)
+      F32_COMPARE(OP_CMP_NE_F32_U, a != b)
+      F32_COMPARE(OP_CMP_LT_F32_O, a < b)
+      F32_COMPARE(OP_CMP_LT_F32_U, !(a >= b))
+      F32_COMPARE(OP_CMP_LTE_F32_O, a <= b)
+      F32_COMPARE(OP_CMP_LTE_F32_U, !(a > b))
+      case OP_CMP_NAN_F32: { float a = F32(A); PUT32(B, a != a); NEXT(3); }
+
+      /* Buffers and refs (VMVX workgroup functions only). */
+      LOAD_CASE(OP_BUFFER_LOAD_I8_U, uint8_t, 0, PUT32)
+      LOAD_CASE(OP_BUFFER_LOAD_I8_S, int8_t, 0, PUT32)
+      LOAD_CASE(OP_BUFFER_LOAD_I16_U, uint16_t, 1, PUT32)
+      LOAD_CASE(OP_BUFFER_LOAD_I16_S, int16_t, 1, PUT32)
+      LOAD_CASE(OP_BUFFER_LOAD_I32, uint32_t, 2, PUT32)
+      LOAD_CASE(OP_BUFFER_LOAD_F32, uint32_t, 2, PUT32)
+      LOAD_CASE(OP_BUFFER_LOAD_I64, int64_t, 3, PUT64)
+      STORE_CASE(OP_BUFFER_STORE_I8, uint8_t, 0, U32)
+      STORE_CASE(OP_BUFFER_STORE_I16, uint16_t, 1, U32)
+      STORE_CASE(OP_BUFFER_STORE_I32, uint32_t, 2, U32)
+      STORE_CASE(OP_BUFFER_STORE_F32, uint32_t, 2, U32)
+      STORE_CASE(OP_BUFFER_STORE_I64, uint64_t, 3, U64)
+      FILL_CASE(OP_BUFFER_FILL_I8, uint8_t, 0, U32)
+      FILL_CASE(OP_BUFFER_FILL_I16, uint16_t, 1, U32)
+      FILL_CASE(OP_BUFFER_FILL_I32, uint32_t, 2, U32)
+      FILL_CASE(OP_BUFFER_FILL_F32, uint32_t, 2, U32)
+      FILL_CASE(OP_BUFFER_FILL_I64, uint64_t, 3, U64)
+      case OP_BUFFER_LENGTH: {
+        span_t* span = reach(heap, refs[A], 0, 0, 0, 0);
+        if (!span) goto trap;
+        PUT64(B, span->length);
+        NEXT(3);
+      }
+      case OP_BUFFER_COPY: { /* (src, src byte offset, dst, dst byte offset, length) */
+        int64_t length = S64(E);
+        span_t* src = length < 0 ? NULL : reach(heap, refs[A], S64(B), (uint64_t)length, 0, 0);
+        span_t* dst = src ? reach(heap, refs[C], S64(D), (uint64_t)length, 0, 1) : NULL;
+        if (!dst) goto trap;
+        memmove(dst->data + S64(D), src->data + S64(B), (size_t)length);
+        NEXT(6);
+      }
+      case OP_BUFFER_ALLOC: {
+        int32_t handle = allocate(heap, S64(A));
+        if (handle < 0) goto trap;
+        refs[C] = handle;
+        NEXT(4);
+      }
+      case OP_CONST_REF_ZERO: refs[A] = 0; NEXT(2);
+      case OP_CONST_REF_RODATA: refs[B] = (int32_t)(4 + A); NEXT(3);
+      case OP_CMP_NZ_REF: PUT32(B, refs[A] != 0); NEXT(3);
+      case OP_LIST_GET_REF: { /* (list, i32 index, buffer matches the type, result) */
+        int32_t handle = refs[A];
+        if (handle <= 0 || !heap->spans[handle].is_list || U32(B) >= heap->list_count)
+          goto trap;
+        refs[D] = C ? (int32_t)(heap->list_first + U32(B)) : 0;
+        NEXT(5);
+      }
+      case OP_DISCARD_REFS: {
+        uint32_t n = (uint32_t)A;
+        for (uint32_t i = 0; i < n; ++i) refs[code[pc + 2 + i]] = 0;
+        NEXT(2 + n);
+      }
+
       case OP_BR: {
         uint32_t target = (uint32_t)A;
-        remap(regs, code, pc + 2);
+        remap(regs, refs, code, pc + 2);
         pc = target;
         if (--budget == 0) { *pc_io = pc; return SCALAR_BUDGET; }
         break;
@@ -139,10 +381,10 @@ int tinyhal_scalar_run(const int32_t* code, uint32_t* regs, uint32_t* pc_io, uin
         uint32_t at = pc + 2;
         uint32_t target = (uint32_t)code[at];
         if (!regs[A]) {
-          at += 2 + 2 * (uint32_t)code[at + 1];
+          at += 2 + 3 * (uint32_t)code[at + 1];
           target = (uint32_t)code[at];
         }
-        remap(regs, code, at + 1);
+        remap(regs, refs, code, at + 1);
         pc = target;
         if (--budget == 0) { *pc_io = pc; return SCALAR_BUDGET; }
         break;
@@ -165,3 +407,96 @@ trap:
   *pc_io = pc;
   return SCALAR_TRAP;
 }
+
+int tinyhal_scalar_run(const int32_t* code, uint32_t* regs, uint32_t* pc_io, uint64_t budget,
+                       int64_t* results) {
+  return interpret(code, regs, NULL, NULL, pc_io, budget, results);
+}
+
+enum { STACK_SLOTS = 512, STACK_REFS = 128, STACK_SPANS = 128, STATUS_INTERNAL = 13 };
+
+/* A dispatch function of the executable ABI: one workgroup of the VMVX export whose entry
+ * holds `environment`, called as IREE's VMVX loader calls it (local memory, constants
+ * and the bindings list, then the workgroup id, size and count). */
+static int vmvx_dispatch(const tinyhal_environment_t* environment,
+                         const tinyhal_dispatch_state_t* state,
+                         const tinyhal_workgroup_state_t* workgroup) {
+  const tinyhal_vmvx_entry_t* entry = (const tinyhal_vmvx_entry_t*)(const void*)environment;
+  uint32_t stack_regs[STACK_SLOTS];
+  int32_t stack_refs[STACK_REFS];
+  span_t stack_spans[STACK_SPANS];
+  uint32_t fixed = 4 + entry->rodata_count + state->binding_count;
+  uint32_t* regs = entry->register_count <= STACK_SLOTS
+                       ? stack_regs : malloc(sizeof(uint32_t) * entry->register_count);
+  int32_t* refs = entry->ref_count <= STACK_REFS
+                      ? stack_refs : malloc(sizeof(int32_t) * entry->ref_count);
+  heap_t heap = {stack_spans, fixed, STACK_SPANS, fixed, 4 + entry->rodata_count,
+                 state->binding_count, 0, entry->max_allocation};
+  if (fixed + 1 > STACK_SPANS) {
+    heap.capacity = 2 * fixed;
+    heap.spans = malloc(sizeof(span_t) * heap.capacity);
+    heap.spans_allocated = 1;
+  }
+  int status = STATUS_INTERNAL;
+  if (!regs || !refs || !heap.spans) goto done;
+  memset(regs, 0, sizeof(uint32_t) * entry->register_count);
+  memset(refs, 0, sizeof(int32_t) * entry->ref_count);
+  span_t* spans = heap.spans;
+  memset(spans, 0, sizeof(span_t) * 4);
+  if (workgroup->local_memory_size) {
+    spans[1].data = workgroup->local_memory;
+    spans[1].length = workgroup->local_memory_size;
+    spans[1].writable = 1;
+  }
+  if (state->constant_count) {
+    spans[2].data = (uint8_t*)state->constants;
+    spans[2].length = 4 * (uint64_t)state->constant_count;
+  }
+  spans[3].is_list = 1;
+  for (uint32_t i = 0; i < entry->rodata_count; ++i) {
+    span_t* span = &spans[4 + i];
+    span->data = entry->rodata_data[i];
+    span->length = entry->rodata_lengths[i];
+    span->writable = 0;
+    span->is_list = 0;
+  }
+  for (uint32_t i = 0; i < state->binding_count; ++i) {
+    span_t* span = &spans[heap.list_first + i];
+    span->data = state->binding_ptrs[i];
+    span->length = state->binding_lengths[i];
+    span->writable = 1;
+    span->is_list = 0;
+  }
+  refs[0] = 1;
+  refs[1] = 2;
+  refs[2] = 3;
+  regs[0] = workgroup->workgroup_id_x;
+  regs[1] = workgroup->workgroup_id_y;
+  regs[2] = workgroup->workgroup_id_z;
+  regs[3] = state->workgroup_size_x;
+  regs[4] = state->workgroup_size_y;
+  regs[5] = state->workgroup_size_z;
+  regs[6] = state->workgroup_count_x;
+  regs[7] = state->workgroup_count_y;
+  regs[8] = state->workgroup_count_z;
+  uint32_t pc = 0;
+  int64_t no_results = 0;
+  int run;
+  while ((run = interpret(entry->code, regs, refs, &heap, &pc, entry->budget, &no_results)) ==
+         SCALAR_BUDGET) {
+    if (((int (*)(void))entry->on_budget)()) break;
+  }
+  release(&heap);
+  if (run == SCALAR_DONE) {
+    status = 0;
+  } else if (run == SCALAR_TRAP) {
+    status = ((tinyhal_dispatch_fn_t)entry->on_trap)(environment, state, workgroup);
+  }
+done:
+  if (heap.spans_allocated) free(heap.spans);
+  if (regs != stack_regs) free(regs);
+  if (refs != stack_refs) free(refs);
+  return status;
+}
+
+void* tinyhal_vmvx_dispatch_address(void) { return (void*)vmvx_dispatch; }
