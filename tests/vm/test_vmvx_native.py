@@ -1,0 +1,267 @@
+"""VMVX workgroup functions in the C interpreter (`tinyhal.vm.scalar`): which exports run
+natively (plain VM loops) and which stay Python (calls into the `vmvx` module); the native
+and Python paths give iree.runtime's bits; a VM error in a native run (an access out of a
+binding's bounds, a faulting division) is the Python run's error, word for word; slicing
+a run by its branch budget changes nothing and Ctrl-C stops a long run; corrupted
+executables never crash the process (in a child). tests/vm/test_vmvx.py runs every
+program, flavour and driver with the native path on (the default)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tinyhal
+from support.child import run_child
+from support.iree_tools import compile_mlir
+from support.models import iree_function
+from support.vmvx_programs import FLAVOURS, mlp_input, mlp_mlir
+from tinyhal.hal import create_device
+from tinyhal.vm import load_module, scalar
+
+DRIVERS = ["sync", "task", "emu"]
+
+PROGRAM = """
+func.func @mixed(%a: tensor<9x7xf32>, %b: tensor<9x7xf32>, %n: tensor<9x7xi32>,
+                 %q: tensor<9x7xi32>)
+    -> (tensor<9x7xf32>, tensor<9x7xf32>, tensor<9x7xi32>, tensor<9x7xf32>, tensor<9x7xi8>) {
+  %m = arith.maximumf %a, %b : tensor<9x7xf32>
+  %t = math.tanh %a : tensor<9x7xf32>
+  %s = math.sqrt %m : tensor<9x7xf32>
+  %x = arith.addf %t, %s : tensor<9x7xf32>
+  %c = arith.cmpf olt, %a, %b : tensor<9x7xf32>
+  %y = arith.select %c, %a, %b : tensor<9x7xi1>, tensor<9x7xf32>
+  %d = arith.divsi %n, %q : tensor<9x7xi32>
+  %r = arith.remui %n, %q : tensor<9x7xi32>
+  %dr = arith.xori %d, %r : tensor<9x7xi32>
+  %f = arith.sitofp %dr : tensor<9x7xi32> to tensor<9x7xf32>
+  %i = arith.fptosi %a : tensor<9x7xf32> to tensor<9x7xi8>
+  return %x, %y, %dr, %f, %i
+      : tensor<9x7xf32>, tensor<9x7xf32>, tensor<9x7xi32>, tensor<9x7xf32>, tensor<9x7xi8>
+}
+"""
+
+
+def _mixed_inputs(zero_divisor: bool = False) -> list[np.ndarray]:
+    rng = np.random.default_rng(8)
+    a = (rng.standard_normal((9, 7)) * 40).astype(np.float32)
+    a[0, :4] = [np.nan, np.inf, -np.inf, -0.0]
+    b = (rng.standard_normal((9, 7)) * 40).astype(np.float32)
+    b[1, :2] = [np.nan, np.float32(3e-38)]
+    n = rng.integers(-(1 << 31), 1 << 31, (9, 7), dtype=np.int64).astype(np.int32)
+    q = rng.integers(1, 1000, (9, 7), dtype=np.int32)
+    if zero_divisor:
+        q[4, 3] = 0
+    return [a, b, n, q]
+
+
+def _bits(values) -> list[bytes]:
+    values = values if isinstance(values, tuple) else (values,)
+    return [np.ascontiguousarray(np.asarray(v)).tobytes() for v in values]
+
+
+def _executables(vmfb) -> list[bytes]:
+    return [bytes(s.data) for s in load_module(vmfb).rodata
+            if bytes(s.data[:4]) == b"PK\x03\x04"]
+
+
+@pytest.fixture(params=["native", "python"])
+def path(request, monkeypatch):
+    """Runs a test with VMVX workgroup functions in C (the default) and all in Python."""
+    monkeypatch.setenv("TINYHAL_VM_NATIVE_LOOPS", "1" if request.param == "native" else "0")
+    return request.param
+
+
+def test_plain_loops_run_natively_and_calls_into_vmvx_stay_python():
+    loops = _executables(compile_mlir(mlp_mlir(), FLAVOURS["loops"]))
+    ukernels = _executables(compile_mlir(mlp_mlir(), FLAVOURS["ukernels"]))
+    with create_device("sync") as device:
+        executable = device.load_executable(loops[0])
+        assert executable.native_exports == executable.export_names
+        executable = device.load_executable(ukernels[0])
+        assert executable.native_exports == []  # each calls a vmvx microkernel
+
+
+@pytest.mark.parametrize("flavour", ["loops", "data-tiling"])
+def test_both_paths_give_iree_bits(path, flavour):
+    vmfb = compile_mlir(PROGRAM, FLAVOURS[flavour])
+    args = _mixed_inputs()
+    import iree.runtime as rt
+
+    context = rt.SystemContext(config=rt.Config("local-sync"))
+    context.add_vm_module(rt.VmModule.mmap(context.instance, str(vmfb)))
+    expected = [np.asarray(r.to_host()).tobytes() for r in context.modules.module["mixed"](*args)]
+    for driver in DRIVERS:
+        with tinyhal.load(vmfb, device=driver) as module:
+            assert _bits(module.mixed(*args)) == expected, driver
+        with tinyhal.load(compile_mlir(mlp_mlir(), FLAVOURS[flavour]), device=driver) as module:
+            x = mlp_input()
+            assert _bits(module.mlp(x)) == _bits(iree_function(
+                compile_mlir(mlp_mlir(), FLAVOURS[flavour]), "mlp")(x)), driver
+
+
+def _failure(native: bool, monkeypatch, run) -> str:
+    monkeypatch.setenv("TINYHAL_VM_NATIVE_LOOPS", "1" if native else "0")
+    with pytest.raises(tinyhal.Error) as info:
+        run()
+    return f"{type(info.value).__name__}: {info.value}"
+
+
+def test_a_faulting_division_fails_natively_as_in_python(monkeypatch):
+    """IREE's VMVX divides with the host's instruction (a zero divisor kills its
+    process); tinyhal fails the dispatch with the VM's error, the same on both paths."""
+    vmfb = compile_mlir(PROGRAM, FLAVOURS["loops"])
+    args = _mixed_inputs(zero_divisor=True)
+    for driver in DRIVERS:
+        def run(driver=driver):
+            with tinyhal.load(vmfb, device=driver) as module:
+                module.mixed(*args)
+
+        native, python = (_failure(flag, monkeypatch, run) for flag in (True, False))
+        assert native == python, driver
+        assert "integer division fault" in native
+
+
+def test_an_access_out_of_bounds_fails_natively_as_in_python(monkeypatch):
+    """A dispatch whose bindings are shorter than the program reads: OUT_OF_RANGE,
+    naming the access, word for word the Python run's error."""
+    executable_bytes = _executables(compile_mlir(mlp_mlir(), FLAVOURS["loops"]))[0]
+    messages = []
+    for native in (True, False):
+        monkeypatch.setenv("TINYHAL_VM_NATIVE_LOOPS", "1" if native else "0")
+        with create_device("task") as device:
+            executable = device.load_executable(executable_bytes)
+            assert bool(executable.native_exports) == native
+            bindings = [device.allocator.allocate(16)
+                        for _ in range(executable.exports[0].binding_count)]
+            cb = device.create_command_buffer()
+            cb.dispatch(executable, 0, (2, 1, 1), bindings=bindings)
+            cb.finalize()
+            semaphore = device.create_semaphore()
+            device.submit(cb, signal=[(semaphore, 1)])
+            with pytest.raises(tinyhal.errors.OutOfRangeError) as info:
+                semaphore.wait(1, timeout=60)
+            messages.append(str(info.value))
+    assert messages[0] == messages[1]
+    assert "out-of-bounds access" in messages[0]
+
+
+def test_a_run_sliced_by_a_tiny_branch_budget_gives_the_same_bits(monkeypatch):
+    monkeypatch.setattr(scalar, "BRANCH_BUDGET", 3)
+    vmfb = compile_mlir(mlp_mlir(), FLAVOURS["loops"])
+    x = mlp_input()
+    with tinyhal.load(vmfb, device="task") as module:
+        assert _bits(module.mlp(x)) == _bits(iree_function(vmfb, "mlp")(x))
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_a_long_native_workgroup():
+    out = run_child("""
+        import os, signal, threading, time
+        import numpy as np
+        import tinyhal
+        from support.iree_tools import compile_mlir
+        from support.vmvx_programs import VMVX
+
+        n = 640
+        source = f'''
+        func.func @matmul(%a: tensor<{n}x{n}xf32>, %b: tensor<{n}x{n}xf32>) -> tensor<{n}x{n}xf32> {{
+          %z = arith.constant 0.0 : f32
+          %e = tensor.empty() : tensor<{n}x{n}xf32>
+          %f = linalg.fill ins(%z : f32) outs(%e : tensor<{n}x{n}xf32>) -> tensor<{n}x{n}xf32>
+          %r = linalg.matmul ins(%a, %b : tensor<{n}x{n}xf32>, tensor<{n}x{n}xf32>)
+                             outs(%f : tensor<{n}x{n}xf32>) -> tensor<{n}x{n}xf32>
+          return %r : tensor<{n}x{n}xf32>
+        }}
+        '''
+        vmfb = compile_mlir(source, VMVX)
+        a = np.ones((n, n), np.float32)
+        with tinyhal.load(vmfb, device="sync") as module:
+            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+            start = time.monotonic()
+            try:
+                module.matmul(a, a)
+                print("ran to the end")
+            except KeyboardInterrupt:
+                print("interrupted", round(time.monotonic() - start, 1))
+            except tinyhal.Error as exc:
+                print("interrupted", "KeyboardInterrupt" in str(exc), exc)
+    """, timeout=240)
+    assert out.startswith("interrupted"), out
+
+
+@pytest.mark.timeout(300)
+def test_corrupted_workgroup_bytecode_never_crashes():
+    """Bytes of the workgroup functions' bytecode changed at random (seeded): each
+    mutant is refused at load or runs, natively where it qualifies, and fails or
+    finishes; a runaway loop is stopped by an alarm between budget slices. In a child,
+    so a crash fails the test rather than the run."""
+    out = run_child("""
+        import random, signal, sys
+        import numpy as np
+        import tinyhal
+        from support.iree_tools import compile_mlir
+        from support.vmvx_programs import FLAVOURS, mlp_mlir
+        from tinyhal.hal import create_device
+        from tinyhal.vm import load_module, scalar
+
+        scalar.BRANCH_BUDGET = 1 << 12
+
+        def alarm(signum, frame):
+            raise TimeoutError("runaway")
+
+        signal.signal(signal.SIGALRM, alarm)
+        vmfb = compile_mlir(mlp_mlir(), FLAVOURS["loops"])
+        data = next(bytes(s.data) for s in load_module(vmfb).rodata
+                    if bytes(s.data[:4]) == b"PK\\x03\\x04")
+        module = load_module(data)
+        spans = [(data.find(bytes(f.bytecode)), len(f.bytecode)) for f in module.functions]
+        # where integer literals are (loop bounds, strides, offsets): changed, the code
+        # still verifies and reaches the interpreter's bounds checks and budget
+        literals = [(start + i.pc + 1, 8 if i.name == "const.i64" else 4)
+                    for f, (start, _) in zip(module.functions, spans)
+                    for i in f.instructions if i.name in ("const.i32", "const.i64")]
+        values = (0, 1, 2, 3, 7, 64, 255, 4096, 1 << 20, (1 << 31) - 1, 1 << 31, -1, -2,
+                  -4096, -(1 << 40), (1 << 62) + 5)
+        counts = {"refused": 0, "ran": 0, "failed": 0, "native": 0}
+        with create_device("sync") as device:
+            for case in range(int(sys.argv[1])):
+                rng = random.Random(f"vmvx-native-{case}")
+                mutant = bytearray(data)
+                if case % 4:
+                    for _ in range(rng.randint(1, 3)):
+                        at, width = rng.choice(literals)
+                        value = rng.choice(values) if rng.random() < 0.7 else rng.randrange(
+                            -(1 << 16), 1 << 16)
+                        mutant[at:at + width] = (value % (1 << 8 * width)).to_bytes(width,
+                                                                                   "little")
+                else:
+                    start, length = rng.choice(spans)
+                    for _ in range(rng.randint(1, 4)):
+                        mutant[start + rng.randrange(length)] = rng.randrange(256)
+                try:
+                    executable = device.load_executable(bytes(mutant))
+                except tinyhal.Error:
+                    counts["refused"] += 1
+                    continue
+                counts["native"] += len(executable.native_exports)
+                for ordinal, export in enumerate(executable.exports):
+                    bindings = [device.allocator.allocate(2048)
+                                for _ in range(export.binding_count)]
+                    cb = device.create_command_buffer()
+                    cb.dispatch(executable, ordinal, (1, 1, 1), bindings=bindings)
+                    cb.finalize()
+                    semaphore = device.create_semaphore()
+                    signal.setitimer(signal.ITIMER_REAL, 0.5)
+                    try:
+                        device.submit(cb, signal=[(semaphore, 1)])
+                        semaphore.wait(1, timeout=30)
+                        counts["ran"] += 1
+                    except (tinyhal.Error, TimeoutError):
+                        counts["failed"] += 1
+                    finally:
+                        signal.setitimer(signal.ITIMER_REAL, 0)
+        print(counts)
+    """, "100", timeout=280)
+    counts = eval(out.strip().splitlines()[-1])  # noqa: S307 - our own child's dict
+    assert counts["native"] > 0 and counts["ran"] > 0, counts
