@@ -484,6 +484,8 @@ class VMVXExecutable(Executable):
         """The exports the C interpreter runs, by ordinal (see the module docstring)."""
         programs = module.program.native_entries if scalar.enabled() else {}
         rodata = [buffer.data for buffer in module.rodata]
+        avx2, avx512, _ = _x86_64_features()
+        fused_tiles = int(avx2) | int(avx512) << 1  # as `_fused_f32_tile` reads them
         entries = {}
         for ordinal, name in enumerate(self.export_names):
             program = programs.get(module.exports[name].internal_ordinal)
@@ -492,8 +494,8 @@ class VMVXExecutable(Executable):
             on_trap = self._callbacks[("trap", ordinal)] = ffi.callback(
                 _DISPATCH_FN, self._trap_runner(ordinal))
             entries[ordinal] = scalar.WorkgroupEntry(
-                program, rodata, MAX_ALLOCATION_BYTES, int(ffi.cast("uintptr_t", on_trap)),
-                self._interrupted(name))
+                program, rodata, MAX_ALLOCATION_BYTES, fused_tiles,
+                int(ffi.cast("uintptr_t", on_trap)), self._interrupted(name))
         return entries
 
     @property

@@ -153,7 +153,8 @@ def test_every_supported_op_has_a_case_in_the_interpreter():
     if compiler is None:
         pytest.skip("no C compiler to preprocess the interpreter")
     done = subprocess.run([compiler, "-E", "-P", "-I", build.HERE, "-I", build.HAL_NATIVE,
-                           "-x", "c", "-"], input=build.generated_source(),
+                           "-I", build.MATHLIB, "-x", "c", "-"],
+                          input=build.generated_source(),
                           capture_output=True, text=True, timeout=60, check=True)
     cases = set(re.findall(r"case (OP_[A-Z0-9_]+)\s*:", done.stdout))
     spelled = {f"OP_{name.upper().replace('.', '_')}" for name in scalar.ENTRY_SUPPORTED}

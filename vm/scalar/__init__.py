@@ -80,8 +80,24 @@ buffer.load.i8.u buffer.load.i8.s buffer.load.i16.u buffer.load.i16.s buffer.loa
 buffer.load.i64 buffer.load.f32 buffer.store.i8 buffer.store.i16 buffer.store.i32
 buffer.store.i64 buffer.store.f32 buffer.fill.i8 buffer.fill.i16 buffer.fill.i32
 buffer.fill.i64 buffer.fill.f32 buffer.length buffer.copy buffer.alloc
-const.ref.zero const.ref.rodata cmp.nz.ref list.get.ref discard.refs
+const.ref.zero const.ref.rodata cmp.nz.ref list.get.ref discard.refs call
 """.split())
+
+# The `vmvx` operations a workgroup function may call natively: import name -> (the
+# kernel's number in scalar.c, its calling convention, as the `vmvx` module declares it)
+_X32B = "0rIIIrIIIrIIIII_v"
+_X32U = "0rIIIrIIIII_v"
+KERNELS = {f"vmvx.{name}": (number, cconv) for number, (name, cconv) in enumerate(
+    [(f"{op}.2d.f32", _X32B) for op in ("add", "sub", "mul", "div")]
+    + [(f"{op}.2d.i32", _X32B) for op in ("add", "sub", "mul", "and", "or", "xor", "shl",
+                                          "shru", "shrs", "divs", "divu")]
+    + [(f"{op}.2d.f32", _X32U) for op in ("abs", "neg", "ceil", "floor", "exp", "log",
+                                          "rsqrt")]
+    + [("ctlz.2d.i32", _X32U)]
+    + [(f"copy.2d.x{bits}", _X32U) for bits in (8, 16, 32, 64)]
+    + [("fill.2d.x32", "0irIIII_v"), ("mmt4d", "0rIIrIIrIIIIIiiii_v"),
+       ("pack", "0rIIIrIIIIIIIIIIi_v"), ("unpack", "0rIIIrIIIIIIIIIi_v")])}
+_ARGUMENT_KINDS = {"i": 0, "I": 1, "r": 2}  # cconv type -> the word scalar.c reads it by
 
 EXT_F32_BASE = 0x100  # as build.py numbers the f32 extension set
 _OPCODES = {name: op for op, (name, _) in isa.CORE_OPS.items() if name in ENTRY_SUPPORTED}
@@ -149,15 +165,17 @@ ENTRY_CCONV = "0rrriiiiiiiii_v"
 
 
 def encode_entry(instructions: Sequence, cconv: str, register_count: int,
-                 rodata_count: int, type_names: Sequence[str]) -> EntryProgram | None:
+                 rodata_count: int, type_names: Sequence[str],
+                 import_names: Sequence[str] = ()) -> EntryProgram | None:
     """The word program of one already-verified VMVX workgroup function (calling
     convention `ENTRY_CCONV`, whose arguments IREE places in ref registers 0-2 and i32
     slots 0-8), or None when it does not qualify (see the module docstring)."""
     if cconv != ENTRY_CCONV or register_count < 9:
         return None
     try:
-        words, _, ref_count = _Encoder(register_count, ENTRY_SUPPORTED, rodata_count,
-                                       type_names).encode(instructions, ())
+        encoder = _Encoder(register_count, ENTRY_SUPPORTED, rodata_count, type_names,
+                           import_names)
+        words, _, ref_count = encoder.encode(instructions, ())
     except ValueError:
         return None
     return EntryProgram(words, register_count, max(ref_count, 3))
@@ -176,7 +194,8 @@ class _Encoder:
     register, ordinal and target; ValueError where the function does not qualify."""
 
     def __init__(self, register_count: int, supported: frozenset, rodata_count: int,
-                 type_names: Sequence[str]) -> None:
+                 type_names: Sequence[str], import_names: Sequence[str] = ()) -> None:
+        self.import_names = import_names
         self.register_count = register_count
         self.supported = supported
         self.rodata_count = rodata_count
@@ -206,6 +225,22 @@ class _Encoder:
                           _slot(dst, False, self.register_count))
         return words
 
+    def call(self, function: int, arguments, results) -> list[int]:
+        """A call of a `vmvx` operation the interpreter has (see `KERNELS`), its argument
+        registers read as the operation's calling convention types them."""
+        ordinal = function & ~isa.IMPORT_BIT
+        if not function & isa.IMPORT_BIT or not 0 <= ordinal < len(self.import_names):
+            raise ValueError(function)
+        kernel, cconv = KERNELS.get(self.import_names[ordinal], (None, ""))
+        types = cconv[1:cconv.index("_")] if kernel is not None else ""
+        if kernel is None or results or len(arguments) != len(types):
+            raise ValueError(function)
+        words = [kernel, len(arguments)]
+        for raw, kind in zip(arguments, types):
+            bank = "ref" if kind == "r" else _WIDE if kind == "I" else "i32"
+            words += (_ARGUMENT_KINDS[kind], self.register(raw, bank))
+        return words
+
     def encode(self, instructions, result_types) -> tuple[array, bool, int]:
         """(words, whether some branch goes back, ref registers used)."""
         words: list[int] = []
@@ -232,6 +267,9 @@ class _Encoder:
             if name == "discard.refs":
                 regs = ins.fields[0]
                 words += (len(regs), *(self.ref(raw) for raw in regs))
+                continue
+            if name == "call":
+                words += self.call(*ins.fields)
                 continue
             if name == "list.get.ref" and ins.fields[3] & isa.MOVE_BIT:
                 raise ValueError(name)  # moves the binding out of the list: Python's job
@@ -333,7 +371,8 @@ class WorkgroupEntry:
     """
 
     def __init__(self, program: EntryProgram, rodata: Sequence, max_allocation: int,
-                 on_trap: int, on_interrupt: Callable[[BaseException], None]) -> None:
+                 fused_tiles: int, on_trap: int,
+                 on_interrupt: Callable[[BaseException], None]) -> None:
         _set_math()
 
         def stop(exc_type, exc, traceback) -> int:
@@ -354,6 +393,7 @@ class WorkgroupEntry:
         entry.rodata_lengths = self._rodata_lengths
         entry.max_allocation = max_allocation
         entry.budget = BRANCH_BUDGET
+        entry.features = fused_tiles
         entry.on_trap = _ffi.cast("void*", on_trap)
         entry.on_budget = _ffi.cast("void*", self._on_budget)
         self.environment_address = int(_ffi.cast("uintptr_t", entry))
@@ -367,5 +407,6 @@ def _between_slices() -> int:
     return 0
 
 
-__all__ = ["BRANCH_BUDGET", "ENTRY_CCONV", "ENTRY_SUPPORTED", "SUPPORTED", "EntryProgram",
+__all__ = ["BRANCH_BUDGET", "ENTRY_CCONV", "ENTRY_SUPPORTED", "KERNELS", "SUPPORTED",
+           "EntryProgram",
            "ScalarProgram", "WorkgroupEntry", "enabled", "encode", "encode_entry", "entry"]

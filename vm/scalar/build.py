@@ -17,8 +17,10 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 HAL_NATIVE = os.path.join(HERE, os.pardir, os.pardir, "hal", "native")
 MODULE_NAME = "tinyhal.vm.scalar._scalar"
+MATHLIB = os.path.join(HERE, os.pardir, "mathlib")
 SOURCES = ("build.py", "scalar.c", "tinyhal_scalar.h", os.path.join(os.pardir, "isa.py"),
-           os.path.join(HAL_NATIVE, "tinyhal_executable.h"))
+           os.path.join(HAL_NATIVE, "tinyhal_executable.h"),
+           os.path.join(MATHLIB, "mmt4d_fma.h"))
 EXT_F32_BASE = 0x100  # an f32-extension opcode's word: this plus its byte
 
 CDEF = """
@@ -49,6 +51,7 @@ typedef struct tinyhal_vmvx_entry_t {
   const uint64_t* rodata_lengths;
   uint64_t max_allocation;
   uint64_t budget;
+  uint32_t features;
   void* on_trap;
   void* on_budget;
 } tinyhal_vmvx_entry_t;
@@ -91,7 +94,8 @@ def generated_source() -> str:
 def make_builder(module_name: str = MODULE_NAME) -> FFI:
     builder = FFI()
     builder.cdef(CDEF)
-    builder.set_source(module_name, generated_source(), include_dirs=[HERE, HAL_NATIVE],
+    builder.set_source(module_name, generated_source(), include_dirs=[HERE, HAL_NATIVE, MATHLIB],
+                       libraries=["m"],
                        extra_compile_args=["-O2", "-std=c11", "-fno-fast-math",
                                            "-ffp-contract=off"])
     return builder

@@ -8,7 +8,9 @@
  * indices, branch operand lists as a count and (kind, src, dst) triples (kind 0: a 32-bit
  * slot; 1: a ref; 2: a ref moved out of `src`), register lists as a count and registers,
  * rodata ordinals as they are and the type of `list.get.ref` as 1 when a buffer matches
- * it. `return` carries a count and (register, is_i64) pairs. Block markers are dropped.
+ * it. `return` carries a count and (register, is_i64) pairs; `call` (of a `vmvx`
+ * operation only) its kernel number, a count and (kind, register) pairs (kind 0: an i32,
+ * 1: an i64, 2: a ref). Block markers are dropped.
  *
  * Registers are IREE's: one bank of 32-bit slots in which an i64 fills two adjacent
  * slots and an f32 one (its bits), and branch operand lists copy 32-bit slots one after
@@ -34,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mmt4d_fma.h"
 #include "tinyhal_executable.h"
 #include "tinyhal_scalar.h"
 
@@ -60,6 +63,7 @@ typedef struct heap_t {
   uint32_t list_count;
   int spans_allocated;
   uint64_t max_allocation;
+  uint32_t features;    /* which fused f32 mmt4d tiles IREE has on this host (see mmt4d) */
 } heap_t;
 
 typedef float (*unary_fn)(float);
@@ -152,6 +156,335 @@ static void release(heap_t* heap) {
   heap->count = heap->owned_first;
   if (heap->spans_allocated) free(heap->spans);
   heap->spans_allocated = 0;
+}
+
+/* -- the `vmvx` module's operations, for workgroup functions that call them ----------
+ *
+ * Each accepts and refuses exactly what `tinyhal.vm.vmvx` (the Python path) accepts and
+ * refuses; a refusal traps, and the Python run reports the error. Results are computed
+ * into a temporary first and then stored, as the Python path's numpy assignments do, so
+ * overlapping operands give the same bits. Kernel numbers are `scalar.KERNELS`'s. */
+
+enum {
+  K_ADD_F32, K_SUB_F32, K_MUL_F32, K_DIV_F32, K_ADD_I32, K_SUB_I32, K_MUL_I32, K_AND_I32,
+  K_OR_I32, K_XOR_I32, K_SHL_I32, K_SHRU_I32, K_SHRS_I32, K_DIVS_I32, K_DIVU_I32,
+  K_ABS_F32, K_NEG_F32, K_CEIL_F32, K_FLOOR_F32, K_EXP_F32, K_LOG_F32, K_RSQRT_F32,
+  K_CTLZ_I32, K_COPY_X8, K_COPY_X16, K_COPY_X32, K_COPY_X64, K_FILL_X32, K_MMT4D, K_PACK,
+  K_UNPACK
+};
+
+enum { MAX_KERNEL_ARGUMENTS = 20 };
+
+static uint8_t empty_view[8];
+
+/* As the Python path's `_view`: element (0, 0) of the (size0, size1) view of the buffer
+ * `handle` names, strides in elements of 2**shift bytes, or NULL where it fails. */
+static uint8_t* view2d(heap_t* heap, int64_t handle, int64_t offset, int64_t stride0,
+                       int64_t stride1, int64_t size0, int64_t size1, int shift,
+                       int writable) {
+  const int64_t limit = (int64_t)1 << 32;
+  if (handle <= 0 || (uint64_t)handle >= heap->count || heap->spans[handle].is_list)
+    return NULL;
+  span_t* span = &heap->spans[handle];
+  if (offset < 0 || stride0 < 0 || stride1 < 0 || size0 < 0 || size1 < 0) return NULL;
+  if (size0 >= limit || size1 >= limit || stride0 >= limit - 1 || stride1 >= limit - 1)
+    return NULL;
+  if (writable && !span->writable) return NULL;
+  if (size0 == 0 || size1 == 0) return empty_view;
+  unsigned __int128 end = ((unsigned __int128)(uint64_t)offset + (uint64_t)(size0 - 1) *
+                           (uint64_t)stride0 + (uint64_t)(size1 - 1) * (uint64_t)stride1 + 1)
+                          << shift;
+  if (end > span->length) return NULL;
+  if (writable && ((unsigned __int128)(uint64_t)size0 * (uint64_t)size1 << shift) >
+                      span->length)
+    return NULL;
+  return span->data + ((uint64_t)offset << shift);
+}
+
+/* As `_tiled`: `rows` rows of `row_stride` elements, each a contiguous block of
+ * d1 x d2 x d3 elements; *inner receives the block's element count. */
+static uint8_t* tiled(heap_t* heap, int64_t handle, int64_t offset, int64_t row_stride,
+                      int64_t rows, int64_t d1, int64_t d2, int64_t d3, int shift,
+                      int writable, int64_t* inner) {
+  if (d1 < 0 || d2 < 0 || d3 < 0) return NULL;
+  unsigned __int128 product = (unsigned __int128)(uint64_t)d1 * (uint64_t)d2;
+  if (product >> 64) return NULL;
+  product *= (uint64_t)d3;
+  if (product >= ((unsigned __int128)1 << 32)) return NULL;
+  *inner = (int64_t)product;
+  return view2d(heap, handle, offset, row_stride, 1, rows, *inner, shift, writable);
+}
+
+static inline uint32_t get_u32(const uint8_t* p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline float get_f32(const uint8_t* p) { float v; memcpy(&v, p, 4); return v; }
+
+/* add/sub/.../divu.2d: (lhs, offset, stride0, stride1) x 3, size0, size1. */
+static int binary2d(heap_t* heap, int kernel, const int64_t* v) {
+  int64_t n0 = v[12], n1 = v[13];
+  uint8_t* lhs = view2d(heap, v[0], v[1], v[2], v[3], n0, n1, 2, 0);
+  uint8_t* rhs = view2d(heap, v[4], v[5], v[6], v[7], n0, n1, 2, 0);
+  uint8_t* out = view2d(heap, v[8], v[9], v[10], v[11], n0, n1, 2, 1);
+  if (!lhs || !rhs || !out) return 1;
+  if (n0 == 0 || n1 == 0) return 0;
+  uint32_t* temp = malloc(sizeof(uint32_t) * (size_t)(n0 * n1));
+  if (!temp) return 1;
+  for (int64_t i = 0; i < n0; ++i) {
+    for (int64_t j = 0; j < n1; ++j) {
+      const uint8_t* pa = lhs + ((uint64_t)(i * v[2] + j * v[3]) << 2);
+      const uint8_t* pb = rhs + ((uint64_t)(i * v[6] + j * v[7]) << 2);
+      uint32_t a = get_u32(pa), b = get_u32(pb), r;
+      float fa = get_f32(pa), fb = get_f32(pb), fr;
+      switch (kernel) {
+        case K_ADD_F32: fr = fa + fb; if (fr != fr) fr = nan_first(fa, fb, fr); memcpy(&r, &fr, 4); break;
+        case K_SUB_F32: fr = fa - fb; memcpy(&r, &fr, 4); break;
+        case K_MUL_F32: fr = fa * fb; if (fr != fr) fr = nan_first(fa, fb, fr); memcpy(&r, &fr, 4); break;
+        case K_DIV_F32: fr = fa / fb; memcpy(&r, &fr, 4); break;
+        case K_ADD_I32: r = a + b; break;
+        case K_SUB_I32: r = a - b; break;
+        case K_MUL_I32: r = a * b; break;
+        case K_AND_I32: r = a & b; break;
+        case K_OR_I32: r = a | b; break;
+        case K_XOR_I32: r = a ^ b; break;
+        case K_SHL_I32: r = a << (b & 31); break;
+        case K_SHRU_I32: r = a >> (b & 31); break;
+        case K_SHRS_I32: r = (uint32_t)((int32_t)a >> (b & 31)); break;
+        case K_DIVS_I32:
+          if (b == 0 || ((int32_t)b == -1 && (int32_t)a == INT32_MIN)) { free(temp); return 1; }
+          r = (uint32_t)((int32_t)a / (int32_t)b);
+          break;
+        default: /* K_DIVU_I32 */
+          if (b == 0) { free(temp); return 1; }
+          r = a / b;
+          break;
+      }
+      temp[i * n1 + j] = r;
+    }
+  }
+  for (int64_t i = 0; i < n0; ++i)
+    for (int64_t j = 0; j < n1; ++j)
+      memcpy(out + ((uint64_t)(i * v[10] + j * v[11]) << 2), &temp[i * n1 + j], 4);
+  free(temp);
+  return 0;
+}
+
+/* abs/.../ctlz.2d and copy.2d.x*: (in, offset, stride0, stride1), (out, ...), size0, size1. */
+static int unary2d(heap_t* heap, int kernel, const int64_t* v) {
+  int shift = kernel == K_COPY_X8 ? 0 : kernel == K_COPY_X16 ? 1 : kernel == K_COPY_X64 ? 3 : 2;
+  int64_t n0 = v[8], n1 = v[9];
+  uint8_t* in = view2d(heap, v[0], v[1], v[2], v[3], n0, n1, shift, 0);
+  uint8_t* out = view2d(heap, v[4], v[5], v[6], v[7], n0, n1, shift, 1);
+  if (!in || !out) return 1;
+  if (n0 == 0 || n1 == 0) return 0;
+  size_t size = (size_t)1 << shift;
+  uint8_t* temp = malloc(size * (size_t)(n0 * n1));
+  if (!temp) return 1;
+  for (int64_t i = 0; i < n0; ++i) {
+    for (int64_t j = 0; j < n1; ++j) {
+      const uint8_t* p = in + ((uint64_t)(i * v[2] + j * v[3]) << shift);
+      uint8_t* t = temp + size * (size_t)(i * n1 + j);
+      uint32_t bits = 0;
+      float x = 0.0f;
+      if (shift == 2) { memcpy(&bits, p, 4); memcpy(&x, p, 4); }
+      switch (kernel) {
+        case K_ABS_F32: bits &= 0x7FFFFFFFu; break;
+        case K_NEG_F32: bits ^= 0x80000000u; break;
+        case K_CEIL_F32: x = unary(MATH_CEIL, x); memcpy(&bits, &x, 4); break;
+        case K_FLOOR_F32: x = unary(MATH_FLOOR, x); memcpy(&bits, &x, 4); break;
+        case K_EXP_F32: x = unary(MATH_EXP, x); memcpy(&bits, &x, 4); break;
+        case K_LOG_F32: x = unary(MATH_LOG, x); memcpy(&bits, &x, 4); break;
+        case K_RSQRT_F32: x = 1.0f / unary(MATH_SQRT, x); memcpy(&bits, &x, 4); break;
+        case K_CTLZ_I32: bits = clz32(bits); break;
+        default: break; /* copies */
+      }
+      if (shift == 2) memcpy(t, &bits, 4); else memcpy(t, p, size);
+    }
+  }
+  for (int64_t i = 0; i < n0; ++i)
+    for (int64_t j = 0; j < n1; ++j)
+      memcpy(out + ((uint64_t)(i * v[6] + j * v[7]) << shift), temp + size * (size_t)(i * n1 + j), size);
+  free(temp);
+  return 0;
+}
+
+/* fill.2d.x32: value, (out, offset, row stride), size0, size1. */
+static int fill2d(heap_t* heap, const int64_t* v) {
+  uint8_t* out = view2d(heap, v[1], v[2], v[3], 1, v[4], v[5], 2, 1);
+  if (!out) return 1;
+  uint32_t value = (uint32_t)v[0];
+  for (int64_t i = 0; i < v[4]; ++i)
+    for (int64_t j = 0; j < v[5]; ++j) memcpy(out + ((uint64_t)(i * v[3] + j) << 2), &value, 4);
+  return 0;
+}
+
+/* Whether IREE's x86-64 microkernels have an f32 tile function (fused) for the tile. */
+static int fused_tile(uint32_t features, int64_t m0, int64_t n0, int64_t k0) {
+  int small = m0 == 1 || m0 == 2 || m0 == 4 || m0 == 8;
+  if (k0 != 1) return 0;
+  return ((features & 2) && n0 == 16 && (small || m0 == 16)) ||
+         ((features & 1) && n0 == 8 && small);
+}
+
+/* mmt4d: (lhs, offset, row stride) x 3, m, n, k, m0, n0, k0, flags. */
+static int mmt4d(heap_t* heap, uint32_t features, const int64_t* v) {
+  int64_t m = v[9], n = v[10], k = v[11];
+  int64_t m0 = (int32_t)v[12], n0 = (int32_t)v[13], k0 = (int32_t)v[14];
+  uint32_t flags = (uint32_t)v[15], type = flags & 0xFF;
+  int accumulate = (flags & 0x100) != 0;
+  if ((type != 1 && type != 2) || m0 < 0 || n0 < 0 || k0 < 0) return 1;
+  int in_shift = type == 1 ? 2 : 0;
+  int64_t lhs_inner, rhs_inner, out_inner;
+  uint8_t* lhs = tiled(heap, v[0], v[1], v[2], m, k, m0, k0, in_shift, 0, &lhs_inner);
+  uint8_t* rhs = tiled(heap, v[3], v[4], v[5], n, k, n0, k0, in_shift, 0, &rhs_inner);
+  uint8_t* out = tiled(heap, v[6], v[7], v[8], m, n, m0, n0, 2, 1, &out_inner);
+  if (!lhs || !rhs || !out) return 1;
+  if (type == 1 && fused_tile(features, m0, n0, k0)) {
+    if (m > 0 && n > 0)
+      tinyhal_mmt4d_f32_fma_tiles((const float*)lhs, v[2], (const float*)rhs, v[5],
+                                  (float*)out, v[8], m, n, k, m0, n0, k0, accumulate);
+    return 0;
+  }
+  if (m == 0 || out_inner == 0) return 0;
+  size_t count = (size_t)(m * out_inner);
+  uint32_t* temp = malloc(sizeof(uint32_t) * count);
+  if (!temp) return 1;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t r = 0; r < m0; ++r) {
+        for (int64_t c = 0; c < n0; ++c) {
+          size_t at = (size_t)(i * out_inner + (j * m0 + r) * n0 + c);
+          const uint8_t* o = out + ((uint64_t)(i * v[8] + (j * m0 + r) * n0 + c) << 2);
+          if (type == 1) {
+            float acc = accumulate ? get_f32(o) : 0.0f;
+            for (int64_t kk = 0; kk < k; ++kk) {
+              const float* a = (const float*)lhs + i * v[2] + kk * m0 * k0 + r * k0;
+              const float* b = (const float*)rhs + j * v[5] + kk * n0 * k0 + c * k0;
+              for (int64_t kk0 = 0; kk0 < k0; ++kk0) {
+                float p = a[kk0] * b[kk0];
+                acc = acc + p;
+              }
+            }
+            memcpy(&temp[at], &acc, 4);
+          } else {
+            uint32_t acc = accumulate ? get_u32(o) : 0;
+            for (int64_t kk = 0; kk < k; ++kk) {
+              const int8_t* a = (const int8_t*)lhs + i * v[2] + kk * m0 * k0 + r * k0;
+              const int8_t* b = (const int8_t*)rhs + j * v[5] + kk * n0 * k0 + c * k0;
+              for (int64_t kk0 = 0; kk0 < k0; ++kk0)
+                acc += (uint32_t)((int32_t)a[kk0] * (int32_t)b[kk0]);
+            }
+            temp[at] = acc;
+          }
+        }
+      }
+    }
+  }
+  for (int64_t i = 0; i < m; ++i)
+    memcpy(out + ((uint64_t)(i * v[8]) << 2), temp + i * out_inner, (size_t)out_inner * 4);
+  free(temp);
+  return 0;
+}
+
+enum { TRANSPOSE_INNER = 0x100, TRANSPOSE_OUTER = 0x200 };
+
+static int64_t smallest(int64_t a, int64_t b, int64_t c, int64_t d) {
+  int64_t m = a < b ? a : b;
+  m = m < c ? m : c;
+  return m < d ? m : d;
+}
+
+static int element_shift(uint32_t type, int pack) {
+  if (type == 1 || type == 3) return 2;
+  if (type == 2 && pack) return 0;
+  return -1;
+}
+
+/* pack: (in, offset, stride0, stride1), (out, offset, stride0, stride1), in size0/1,
+ * out size0..3, padding value, flags. */
+static int pack(heap_t* heap, const int64_t* v) {
+  uint32_t flags = (uint32_t)v[15];
+  int shift = element_shift(flags & 0xFF, 1);
+  if (shift < 0) return 1;
+  int64_t in0 = v[8], in1 = v[9], o0 = v[10], o1 = v[11], o2 = v[12], o3 = v[13];
+  if (smallest(o0, o1, o2, o3) == 0) return 0;
+  int64_t inner;
+  uint8_t* src = view2d(heap, v[0], v[1], v[2], v[3], in0, in1, shift, 0);
+  uint8_t* out = src ? tiled(heap, v[4], v[5], v[6], o0, o1, o2, o3, shift, 1, &inner) : NULL;
+  if (!out) return 1;
+  int outer_t = (flags & TRANSPOSE_OUTER) != 0, inner_t = (flags & TRANSPOSE_INNER) != 0;
+  int64_t outer0 = outer_t ? o1 : o0, outer1 = outer_t ? o0 : o1;
+  int64_t tile0 = inner_t ? o3 : o2, tile1 = inner_t ? o2 : o3;
+  if ((unsigned __int128)(uint64_t)outer0 * (uint64_t)tile0 < (uint64_t)in0 ||
+      (unsigned __int128)(uint64_t)outer1 * (uint64_t)tile1 < (uint64_t)in1)
+    return 1;
+  size_t size = (size_t)1 << shift, count = (size_t)(o0 * inner);
+  uint8_t* temp = malloc(size * count);
+  if (!temp) return 1;
+  uint32_t padding = (uint32_t)v[14];
+  for (int64_t i = 0; i < o0; ++i)
+    for (int64_t j = 0; j < o1; ++j)
+      for (int64_t p = 0; p < o2; ++p)
+        for (int64_t q = 0; q < o3; ++q) {
+          int64_t row = (outer_t ? j : i) * tile0 + (inner_t ? q : p);
+          int64_t col = (outer_t ? i : j) * tile1 + (inner_t ? p : q);
+          uint8_t* t = temp + size * (size_t)(i * inner + (j * o2 + p) * o3 + q);
+          if (row < in0 && col < in1)
+            memcpy(t, src + ((uint64_t)(row * v[2] + col * v[3]) << shift), size);
+          else
+            memcpy(t, &padding, size); /* little-endian: the low bytes */
+        }
+  for (int64_t i = 0; i < o0; ++i)
+    memcpy(out + ((uint64_t)(i * v[6]) << shift), temp + size * (size_t)(i * inner),
+           size * (size_t)inner);
+  free(temp);
+  return 0;
+}
+
+/* unpack: (in, offset, stride0, stride1), (out, offset, stride0, stride1), in size0..3,
+ * out size0/1, flags. */
+static int unpack(heap_t* heap, const int64_t* v) {
+  uint32_t flags = (uint32_t)v[14];
+  int shift = element_shift(flags & 0xFF, 0);
+  if (shift < 0) return 1;
+  int64_t i0 = v[8], i1 = v[9], i2 = v[10], i3 = v[11], n0 = v[12], n1 = v[13];
+  uint8_t* out = view2d(heap, v[4], v[5], v[6], v[7], n0, n1, shift, 1);
+  if (!out) return 1;
+  if (smallest(i0, i1, i2, i3) == 0) return 0;
+  int64_t inner;
+  uint8_t* src = tiled(heap, v[0], v[1], v[2], i0, i1, i2, i3, shift, 0, &inner);
+  if (!src) return 1;
+  int outer_t = (flags & TRANSPOSE_OUTER) != 0, inner_t = (flags & TRANSPOSE_INNER) != 0;
+  int64_t tile0 = inner_t ? i3 : i2, tile1 = inner_t ? i2 : i3;
+  int64_t outer0 = outer_t ? i1 : i0, outer1 = outer_t ? i0 : i1;
+  if ((unsigned __int128)(uint64_t)outer0 * (uint64_t)tile0 < (uint64_t)n0 ||
+      (unsigned __int128)(uint64_t)outer1 * (uint64_t)tile1 < (uint64_t)n1)
+    return 1;
+  if (n0 == 0 || n1 == 0) return 0;
+  size_t size = (size_t)1 << shift;
+  uint8_t* temp = malloc(size * (size_t)(n0 * n1));
+  if (!temp) return 1;
+  for (int64_t r = 0; r < n0; ++r)
+    for (int64_t c = 0; c < n1; ++c) {
+      int64_t a = r / tile0, b = c / tile1, p = r % tile0, q = c % tile1;
+      int64_t s0 = outer_t ? b : a, s1 = outer_t ? a : b;
+      int64_t s2 = inner_t ? q : p, s3 = inner_t ? p : q;
+      memcpy(temp + size * (size_t)(r * n1 + c),
+             src + ((uint64_t)(s0 * v[2] + (s1 * i2 + s2) * i3 + s3) << shift), size);
+    }
+  for (int64_t r = 0; r < n0; ++r)
+    for (int64_t c = 0; c < n1; ++c)
+      memcpy(out + ((uint64_t)(r * v[6] + c * v[7]) << shift), temp + size * (size_t)(r * n1 + c), size);
+  free(temp);
+  return 0;
+}
+
+/* One call of a `vmvx` operation: non-zero where the VM fails it. */
+static int call_kernel(heap_t* heap, uint32_t features, int kernel, const int64_t* v) {
+  if (kernel <= K_DIVU_I32) return binary2d(heap, kernel, v);
+  if (kernel <= K_COPY_X64) return unary2d(heap, kernel, v);
+  if (kernel == K_FILL_X32) return fill2d(heap, v);
+  if (kernel == K_MMT4D) return mmt4d(heap, features, v);
+  if (kernel == K_PACK) return pack(heap, v);
+  return unpack(heap, v);
 }
 
 /* Operand words of the instruction at pc, and register reads/writes by width. */
@@ -364,6 +697,16 @@ static int interpret(const int32_t* code, uint32_t* regs, int32_t* refs, heap_t*
         refs[D] = C ? (int32_t)(heap->list_first + U32(B)) : 0;
         NEXT(5);
       }
+      case OP_CALL: { /* a `vmvx` operation: kernel, count, then (kind, register) pairs */
+        uint32_t n = (uint32_t)B;
+        int64_t values[MAX_KERNEL_ARGUMENTS];
+        for (uint32_t i = 0; i < n; ++i) {
+          int32_t kind = code[pc + 3 + 2 * i], reg = code[pc + 4 + 2 * i];
+          values[i] = kind == 0 ? (int64_t)S32(reg) : kind == 1 ? S64(reg) : (int64_t)refs[reg];
+        }
+        if (call_kernel(heap, heap->features, A, values)) goto trap;
+        NEXT(3 + 2 * n);
+      }
       case OP_DISCARD_REFS: {
         uint32_t n = (uint32_t)A;
         for (uint32_t i = 0; i < n; ++i) refs[code[pc + 2 + i]] = 0;
@@ -431,7 +774,7 @@ static int vmvx_dispatch(const tinyhal_environment_t* environment,
   int32_t* refs = entry->ref_count <= STACK_REFS
                       ? stack_refs : malloc(sizeof(int32_t) * entry->ref_count);
   heap_t heap = {stack_spans, fixed, STACK_SPANS, fixed, 4 + entry->rodata_count,
-                 state->binding_count, 0, entry->max_allocation};
+                 state->binding_count, 0, entry->max_allocation, entry->features};
   if (fixed + 1 > STACK_SPANS) {
     heap.capacity = 2 * fixed;
     heap.spans = malloc(sizeof(span_t) * heap.capacity);
