@@ -16,23 +16,24 @@ A VMVX workgroup function (`encode_entry`; calling convention `0rrriiiiiiiii_v`:
 memory, constants, the bindings list, then the workgroup id, size and count) qualifies
 when every instruction is in `ENTRY_SUPPORTED`: the integer set plus f32 arithmetic,
 compares, selects, conversions and C library math, `vm.buffer` loads, stores, fills,
-copies, `length` and `alloc`, rodata and null refs, `list.get.ref` on the bindings and
-`discard.refs`. It then runs as a C dispatch function of the executable ABI
+copies, `length` and `alloc`, rodata and null refs, `list.get.ref` on the bindings,
+`discard.refs`, and calls of the `vmvx` operations in `KERNELS` (all but
+`query_tile_sizes.2d`), which scalar.c implements accepting and refusing what the Python
+`vmvx` module does. It then runs as a C dispatch function of the executable ABI
 (`WorkgroupEntry`): the HAL's workgroup loop calls it for every workgroup with no Python
-in between, and on the task driver from several threads at once. A function that calls
-anything (the `vmvx` module's microkernels above all) stays Python, decided per function
-at load.
+in between, and on the task driver from several threads at once. Any other function
+stays Python, decided per function at load.
 
 The native run is an accelerator, never a second semantics: where the VM would fail (a
 faulting integer division; for workgroup functions also a null ref, an access out of a
-buffer's bounds, a store into a read-only buffer, an allocation over the limit), it stops
-and the Python translation runs the same call again, which raises the VM's own error. An
-integer function has no side effects, so running it twice is safe; a workgroup whose
-Python run then does not fail (it cannot, the two agree, but a store the native run made
-could in principle change what the second run reads) fails its dispatch as an internal
-error, so a disagreement is never silent. Long loops run in slices of `BRANCH_BUDGET`
-taken branches, between which Python handles signals, so Ctrl-C still interrupts a
-runaway loop; the C code runs without the GIL.
+buffer's bounds, a store into a read-only buffer, an allocation over the limit, a `vmvx`
+operation's refusal), it stops and the Python translation runs the same call again,
+which raises the VM's own error. An integer function has no side effects, so running it
+twice is safe. A workgroup may have stored before it stopped, so its Python run reads
+what the native one left; should that run not fail, the dispatch fails as an internal
+error naming the disagreement, never a silent result. Long loops run in slices of
+`BRANCH_BUDGET` taken branches, between which Python handles signals, so Ctrl-C still
+interrupts a runaway loop; the C code runs without the GIL.
 
 `TINYHAL_VM_NATIVE_LOOPS=0` in the environment keeps every function in Python (the tests
 use it to check both paths against IREE).
