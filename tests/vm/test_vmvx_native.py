@@ -122,6 +122,30 @@ def test_both_paths_give_iree_bits(path, flavour):
                 compile_mlir(mlp_mlir(), FLAVOURS[flavour]), "mlp")(x)), driver
 
 
+def test_subnormal_operands_give_iree_bits_natively(monkeypatch):
+    """IREE runs dispatches with subnormals flushed (FTZ/DAZ), as tinyhal's HAL does
+    around a dispatch: the native path computes in binary32 under that state and moves
+    values as bits, so a subnormal passed through (a select) survives and one computed
+    with is flushed, as in IREE. (The Python path converts through doubles, whose
+    conversions the same state flushes: it differs here, so only the native path is
+    compared.)"""
+    monkeypatch.setenv("TINYHAL_VM_NATIVE_LOOPS", "1")
+    import iree.runtime as rt
+
+    args = _mixed_inputs()
+    args[0][2, :3] = [np.float32(2e-39), np.float32(-1e-45), np.float32(1e-38)]
+    args[1][1, :3] = [np.float32(1e-40), np.float32(-3e-39), np.float32(5e-39)]
+    for flavour in ("loops", "data-tiling"):
+        vmfb = compile_mlir(PROGRAM, FLAVOURS[flavour])
+        context = rt.SystemContext(config=rt.Config("local-sync"))
+        context.add_vm_module(rt.VmModule.mmap(context.instance, str(vmfb)))
+        expected = [np.asarray(r.to_host()).tobytes()
+                    for r in context.modules.module["mixed"](*args)]
+        for driver in DRIVERS:
+            with tinyhal.load(vmfb, device=driver) as module:
+                assert _bits(module.mixed(*args)) == expected, (flavour, driver)
+
+
 def _failure(native: bool, monkeypatch, run) -> str:
     monkeypatch.setenv("TINYHAL_VM_NATIVE_LOOPS", "1" if native else "0")
     with pytest.raises(tinyhal.Error) as info:
