@@ -101,6 +101,7 @@ KERNELS = {f"vmvx.{name}": (number, cconv) for number, (name, cconv) in enumerat
 _ARGUMENT_KINDS = {"i": 0, "I": 1, "r": 2}  # cconv type -> the word scalar.c reads it by
 
 EXT_F32_BASE = 0x100  # as build.py numbers the f32 extension set
+_FELL_OFF_END = 0xFFFF  # scalar.c's word after a function's last instruction
 _OPCODES = {name: op for op, (name, _) in isa.CORE_OPS.items() if name in ENTRY_SUPPORTED}
 _OPCODES.update({name: EXT_F32_BASE + op for op, (name, _) in isa.EXT_F32_OPS.items()
                  if name in ENTRY_SUPPORTED})
@@ -297,6 +298,7 @@ class _Encoder:
                     words.append(int(self.type_names[value] in _BUFFER_TYPES))
                 else:  # pragma: no cover - the supported sets hold no other field kinds
                     raise ValueError(code)
+        words.append(_FELL_OFF_END)
         for at, target in fixups:
             if target not in block_words:
                 raise ValueError(target)

@@ -10,7 +10,8 @@
  * rodata ordinals as they are and the type of `list.get.ref` as 1 when a buffer matches
  * it. `return` carries a count and (register, is_i64) pairs; `call` (of a `vmvx`
  * operation only) its kernel number, a count and (kind, register) pairs (kind 0: an i32,
- * 1: an i64, 2: a ref). Block markers are dropped.
+ * 1: an i64, 2: a ref). Block markers are dropped; a last word FELL_OFF_END stands after
+ * the function's end, where a run that falls off it stops.
  *
  * Registers are IREE's: one bank of 32-bit slots in which an i64 fills two adjacent
  * slots and an f32 one (its bits), and branch operand lists copy 32-bit slots one after
@@ -173,7 +174,7 @@ enum {
   K_UNPACK
 };
 
-enum { MAX_KERNEL_ARGUMENTS = 20 };
+enum { MAX_KERNEL_ARGUMENTS = 20, FELL_OFF_END = 0xFFFF };
 
 static uint8_t empty_view[8];
 
@@ -741,6 +742,7 @@ static int interpret(const int32_t* code, uint32_t* regs, int32_t* refs, heap_t*
         *pc_io = pc;
         return SCALAR_DONE;
       }
+      case FELL_OFF_END: goto trap; /* the Python translation raises the VM's error */
       default:
         *pc_io = pc;
         return SCALAR_BAD_OPCODE;
