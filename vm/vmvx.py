@@ -13,14 +13,15 @@ why a device whose executable policy is `"portable"` still loads it.
 IREE's ABI, so the native workgroup loop, streams and every driver (`sync`, `task`, `emu`)
 run it as they run a library, and a failure fails the dispatch with its VM error. An
 export made of scalar VM code (plain loops of loads, stores and f32/integer arithmetic:
-what VMVX emits without microkernels, and around them) runs in the C interpreter of
-`vm.scalar`: the dispatch function is the interpreter itself, each workgroup one C call
-with no Python, on the task driver from several threads at once. An export that calls the
-`vmvx` module (or uses what the interpreter lacks) is decided at load to stay Python: its
-dispatch function is a cffi callback calling the export's translation for one workgroup;
-the `vmvx` operations themselves are numpy over strided views of the bindings, never a
-Python loop over elements. Where a native run stops at a VM error, the workgroup runs
-again in Python, whose error the dispatch reports, so both paths fail alike.
+what VMVX emits without microkernels, and around them) and calls of the `vmvx`
+operations runs in the C interpreter of `vm.scalar`, which has those operations too: the
+dispatch function is the interpreter itself, each workgroup one C call with no Python,
+on the task driver from several threads at once. An export using what the interpreter
+lacks is decided at load to stay Python: its dispatch function is a cffi callback
+calling the export's translation for one workgroup, with the `vmvx` operations below as
+numpy over strided views of the bindings, never a Python loop over elements. Where a
+native run stops at a VM error, the workgroup runs again in Python, whose error the
+dispatch reports, so both paths fail alike.
 
 The `vmvx` module (`VMVX_EXPORTS`, one row per export as in IREE's `exports.inl`) maps
 each 2-D operand as IREE does: offset and strides in elements, every byte it reaches
@@ -486,6 +487,8 @@ class VMVXExecutable(Executable):
         rodata = [buffer.data for buffer in module.rodata]
         avx2, avx512, _ = _x86_64_features()
         fused_tiles = int(avx2) | int(avx512) << 1  # as `_fused_f32_tile` reads them
+        matmul_tiles = [size for operation in (_QUERY_MATMUL_F32, _QUERY_MATMUL_I8, 0xFF00)
+                        for size in _matmul_tile(operation)]  # as query_tile_sizes_2d
         entries = {}
         for ordinal, name in enumerate(self.export_names):
             program = programs.get(module.exports[name].internal_ordinal)
@@ -494,7 +497,7 @@ class VMVXExecutable(Executable):
             on_trap = self._callbacks[("trap", ordinal)] = ffi.callback(
                 _DISPATCH_FN, self._trap_runner(ordinal))
             entries[ordinal] = scalar.WorkgroupEntry(
-                program, rodata, MAX_ALLOCATION_BYTES, fused_tiles,
+                program, rodata, MAX_ALLOCATION_BYTES, fused_tiles, matmul_tiles,
                 int(ffi.cast("uintptr_t", on_trap)), self._interrupted(name))
         return entries
 

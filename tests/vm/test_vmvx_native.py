@@ -88,20 +88,42 @@ func.func @matmul(%a: tensor<?x?xf32>, %b: tensor<?x?xf32>) -> tensor<?x?xf32> {
 """
 
 
-def test_which_workgroup_functions_run_natively():
-    """Plain loops and calls of the `vmvx` operations the interpreter has run in C; a
-    function calling one it lacks (`query_tile_sizes.2d`, asked at run time by dynamic
-    data-tiled shapes) stays Python, decided per function at load."""
+def test_which_workgroup_functions_run_natively(monkeypatch):
+    """Plain loops and calls of the `vmvx` operations (including `query_tile_sizes.2d`,
+    asked at run time by dynamic data-tiled shapes) run in C; a function using what the
+    interpreter lacks stays Python, decided per function at load (here: with one
+    operation taken out of the interpreter's table)."""
     with create_device("sync") as device:
         for flavour in ("loops", "ukernels", "data-tiling"):
             for data in _executables(compile_mlir(mlp_mlir(), FLAVOURS[flavour])):
                 executable = device.load_executable(data)
                 assert executable.native_exports == executable.export_names, flavour
         dynamic = _executables(compile_mlir(DYNAMIC_MATMUL, FLAVOURS["data-tiling"]))
+        for data in dynamic:
+            executable = device.load_executable(data)
+            assert executable.native_exports == executable.export_names
+    monkeypatch.setenv("TINYHAL_VM_CACHE", "0")  # translate again, with the smaller table
+    monkeypatch.delitem(scalar.KERNELS, "vmvx.query_tile_sizes.2d")
+    with create_device("sync") as device:
         exports = [device.load_executable(data) for data in dynamic]
         names = [name for e in exports for name in e.export_names]
         native = [name for e in exports for name in e.native_exports]
         assert len(native) < len(names)
+
+
+@pytest.mark.parametrize("shape", [(13, 33, 9), (40, 17, 33), (1, 5, 1)])
+def test_dynamic_data_tiled_matmul_runs_natively_with_iree_bits(shape):
+    """Dynamic data-tiled shapes ask `query_tile_sizes.2d` at run time: the interpreter
+    answers as IREE's microkernels do on this host, so `mmt4d` runs the same tiles."""
+    vmfb = compile_mlir(DYNAMIC_MATMUL, FLAVOURS["data-tiling"])
+    m, k, n = shape
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    expected = _bits(iree_function(vmfb, "matmul")(a, b))
+    for driver in DRIVERS:
+        with tinyhal.load(vmfb, device=driver) as module:
+            assert _bits(module.matmul(a, b)) == expected, driver
 
 
 @pytest.mark.parametrize("flavour", ["loops", "ukernels", "data-tiling"])

@@ -17,9 +17,10 @@ memory, constants, the bindings list, then the workgroup id, size and count) qua
 when every instruction is in `ENTRY_SUPPORTED`: the integer set plus f32 arithmetic,
 compares, selects, conversions and C library math, `vm.buffer` loads, stores, fills,
 copies, `length` and `alloc`, rodata and null refs, `list.get.ref` on the bindings,
-`discard.refs`, and calls of the `vmvx` operations in `KERNELS` (all but
-`query_tile_sizes.2d`), which scalar.c implements accepting and refusing what the Python
-`vmvx` module does. It then runs as a C dispatch function of the executable ABI
+`discard.refs`, and calls of the `vmvx` operations (`KERNELS`: all of them), which
+scalar.c implements accepting and refusing what the Python `vmvx` module does, with the
+host's answers (which fused f32 `mmt4d` tiles, which matmul tile sizes) handed over by
+it. It then runs as a C dispatch function of the executable ABI
 (`WorkgroupEntry`): the HAL's workgroup loop calls it for every workgroup with no Python
 in between, and on the task driver from several threads at once. Any other function
 stays Python, decided per function at load.
@@ -97,7 +98,8 @@ KERNELS = {f"vmvx.{name}": (number, cconv) for number, (name, cconv) in enumerat
     + [("ctlz.2d.i32", _X32U)]
     + [(f"copy.2d.x{bits}", _X32U) for bits in (8, 16, 32, 64)]
     + [("fill.2d.x32", "0irIIII_v"), ("mmt4d", "0rIIrIIrIIIIIiiii_v"),
-       ("pack", "0rIIIrIIIIIIIIIIi_v"), ("unpack", "0rIIIrIIIIIIIIIi_v")])}
+       ("pack", "0rIIIrIIIIIIIIIIi_v"), ("unpack", "0rIIIrIIIIIIIIIi_v"),
+       ("query_tile_sizes.2d", "0IIi_II")])}
 _ARGUMENT_KINDS = {"i": 0, "I": 1, "r": 2}  # cconv type -> the word scalar.c reads it by
 
 EXT_F32_BASE = 0x100  # as build.py numbers the f32 extension set
@@ -233,14 +235,18 @@ class _Encoder:
         ordinal = function & ~isa.IMPORT_BIT
         if not function & isa.IMPORT_BIT or not 0 <= ordinal < len(self.import_names):
             raise ValueError(function)
-        kernel, cconv = KERNELS.get(self.import_names[ordinal], (None, ""))
-        types = cconv[1:cconv.index("_")] if kernel is not None else ""
-        if kernel is None or results or len(arguments) != len(types):
+        kernel, cconv = KERNELS.get(self.import_names[ordinal], (None, "0_"))
+        types, _, result_types = cconv[1:].partition("_")
+        result_types = result_types.replace("v", "")
+        if (kernel is None or len(arguments) != len(types)
+                or len(results) != len(result_types)):
             raise ValueError(function)
-        words = [kernel, len(arguments)]
-        for raw, kind in zip(arguments, types):
-            bank = "ref" if kind == "r" else _WIDE if kind == "I" else "i32"
-            words += (_ARGUMENT_KINDS[kind], self.register(raw, bank))
+        words = [kernel]
+        for registers, kinds in ((arguments, types), (results, result_types)):
+            words.append(len(registers))
+            for raw, kind in zip(registers, kinds):
+                bank = "ref" if kind == "r" else _WIDE if kind == "I" else "i32"
+                words += (_ARGUMENT_KINDS[kind], self.register(raw, bank))
         return words
 
     def encode(self, instructions, result_types) -> tuple[array, bool, int]:
@@ -374,7 +380,7 @@ class WorkgroupEntry:
     """
 
     def __init__(self, program: EntryProgram, rodata: Sequence, max_allocation: int,
-                 fused_tiles: int, on_trap: int,
+                 fused_tiles: int, matmul_tiles: Sequence[int], on_trap: int,
                  on_interrupt: Callable[[BaseException], None]) -> None:
         _set_math()
 
@@ -397,6 +403,7 @@ class WorkgroupEntry:
         entry.max_allocation = max_allocation
         entry.budget = BRANCH_BUDGET
         entry.features = fused_tiles
+        entry.tiles = list(matmul_tiles)
         entry.on_trap = _ffi.cast("void*", on_trap)
         entry.on_budget = _ffi.cast("void*", self._on_budget)
         self.environment_address = int(_ffi.cast("uintptr_t", entry))

@@ -52,6 +52,7 @@ typedef struct tinyhal_vmvx_entry_t {
   uint64_t max_allocation;
   uint64_t budget;
   uint32_t features;
+  int32_t tiles[9];
   void* on_trap;
   void* on_budget;
 } tinyhal_vmvx_entry_t;

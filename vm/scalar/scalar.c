@@ -10,7 +10,7 @@
  * rodata ordinals as they are and the type of `list.get.ref` as 1 when a buffer matches
  * it. `return` carries a count and (register, is_i64) pairs; `call` (of a `vmvx`
  * operation only) its kernel number, a count and (kind, register) pairs (kind 0: an i32,
- * 1: an i64, 2: a ref). Block markers are dropped; a last word FELL_OFF_END stands after
+ * 1: an i64, 2: a ref), then its results' count and pairs alike. Block markers are dropped; a last word FELL_OFF_END stands after
  * the function's end, where a run that falls off it stops.
  *
  * Registers are IREE's: one bank of 32-bit slots in which an i64 fills two adjacent
@@ -65,6 +65,7 @@ typedef struct heap_t {
   int spans_allocated;
   uint64_t max_allocation;
   uint32_t features;    /* which fused f32 mmt4d tiles IREE has on this host (see mmt4d) */
+  const int32_t* tiles; /* IREE's matmul tiles on this host (see query_tile_sizes) */
 } heap_t;
 
 typedef float (*unary_fn)(float);
@@ -171,7 +172,7 @@ enum {
   K_OR_I32, K_XOR_I32, K_SHL_I32, K_SHRU_I32, K_SHRS_I32, K_DIVS_I32, K_DIVU_I32,
   K_ABS_F32, K_NEG_F32, K_CEIL_F32, K_FLOOR_F32, K_EXP_F32, K_LOG_F32, K_RSQRT_F32,
   K_CTLZ_I32, K_COPY_X8, K_COPY_X16, K_COPY_X32, K_COPY_X64, K_FILL_X32, K_MMT4D, K_PACK,
-  K_UNPACK
+  K_UNPACK, K_QUERY_TILE_SIZES
 };
 
 enum { MAX_KERNEL_ARGUMENTS = 20, FELL_OFF_END = 0xFFFF };
@@ -479,13 +480,27 @@ static int unpack(heap_t* heap, const int64_t* v) {
 }
 
 /* One call of a `vmvx` operation: non-zero where the VM fails it. */
-static int call_kernel(heap_t* heap, uint32_t features, int kernel, const int64_t* v) {
+/* query_tile_sizes.2d: size0, size1, flags -> the operand's two tile sizes, as IREE's
+ * microkernels answer on this host (`tiles`: M0, K0, N0 for f32, for i8, and else). */
+static int query_tile_sizes(const int32_t* tiles, const int64_t* v, int64_t* out) {
+  uint32_t flags = (uint32_t)v[2], role = flags & 0xFF, operation = flags & 0xFF00;
+  static const int roles[4][2] = {{0, 0}, {0, 1}, {2, 1}, {0, 2}}; /* lhs, rhs, result */
+  if (role < 1 || role > 3 || !operation) return 1;
+  const int32_t* tile = tiles + (operation == 0x100 ? 0 : operation == 0x200 ? 3 : 6);
+  out[0] = tile[roles[role][0]];
+  out[1] = tile[roles[role][1]];
+  return 0;
+}
+
+/* One call of a `vmvx` operation: non-zero where the VM fails it. */
+static int call_kernel(heap_t* heap, int kernel, const int64_t* v, int64_t* out) {
   if (kernel <= K_DIVU_I32) return binary2d(heap, kernel, v);
   if (kernel <= K_COPY_X64) return unary2d(heap, kernel, v);
   if (kernel == K_FILL_X32) return fill2d(heap, v);
-  if (kernel == K_MMT4D) return mmt4d(heap, features, v);
+  if (kernel == K_MMT4D) return mmt4d(heap, heap->features, v);
   if (kernel == K_PACK) return pack(heap, v);
-  return unpack(heap, v);
+  if (kernel == K_UNPACK) return unpack(heap, v);
+  return query_tile_sizes(heap->tiles, v, out);
 }
 
 /* Operand words of the instruction at pc, and register reads/writes by width. */
@@ -698,15 +713,22 @@ static int interpret(const int32_t* code, uint32_t* regs, int32_t* refs, heap_t*
         refs[D] = C ? (int32_t)(heap->list_first + U32(B)) : 0;
         NEXT(5);
       }
-      case OP_CALL: { /* a `vmvx` operation: kernel, count, then (kind, register) pairs */
-        uint32_t n = (uint32_t)B;
-        int64_t values[MAX_KERNEL_ARGUMENTS];
-        for (uint32_t i = 0; i < n; ++i) {
-          int32_t kind = code[pc + 3 + 2 * i], reg = code[pc + 4 + 2 * i];
+      case OP_CALL: { /* a `vmvx` operation: kernel, count, (kind, register) pairs, then
+                       * the results' count and (kind, register) pairs */
+        uint32_t n = (uint32_t)B, at = pc + 3;
+        int64_t values[MAX_KERNEL_ARGUMENTS], results_out[2] = {0, 0};
+        for (uint32_t i = 0; i < n; ++i, at += 2) {
+          int32_t kind = code[at], reg = code[at + 1];
           values[i] = kind == 0 ? (int64_t)S32(reg) : kind == 1 ? S64(reg) : (int64_t)refs[reg];
         }
-        if (call_kernel(heap, heap->features, A, values)) goto trap;
-        NEXT(3 + 2 * n);
+        if (call_kernel(heap, A, values, results_out)) goto trap;
+        uint32_t r = (uint32_t)code[at++];
+        for (uint32_t i = 0; i < r; ++i, at += 2) {
+          if (code[at] == 1) PUT64(code[at + 1], results_out[i]);
+          else PUT32(code[at + 1], results_out[i]);
+        }
+        pc = at;
+        break;
       }
       case OP_DISCARD_REFS: {
         uint32_t n = (uint32_t)A;
@@ -776,7 +798,8 @@ static int vmvx_dispatch(const tinyhal_environment_t* environment,
   int32_t* refs = entry->ref_count <= STACK_REFS
                       ? stack_refs : malloc(sizeof(int32_t) * entry->ref_count);
   heap_t heap = {stack_spans, fixed, STACK_SPANS, fixed, 4 + entry->rodata_count,
-                 state->binding_count, 0, entry->max_allocation, entry->features};
+                 state->binding_count, 0, entry->max_allocation, entry->features,
+                 entry->tiles};
   if (fixed + 1 > STACK_SPANS) {
     heap.capacity = 2 * fixed;
     heap.spans = malloc(sizeof(span_t) * heap.capacity);

@@ -46,6 +46,7 @@ typedef struct tinyhal_vmvx_entry_t {
   uint64_t max_allocation;       /* `buffer.alloc` above this is the VM's error */
   uint64_t budget;               /* taken branches between calls of `on_budget` */
   uint32_t features;             /* 1: IREE's AVX2 f32 mmt4d tiles, 2: its AVX-512 ones */
+  int32_t tiles[9];              /* IREE's (M0, K0, N0) for f32, i8 and other matmuls */
   void* on_trap;                 /* tinyhal_dispatch_fn_t: the workgroup run again by the
                                   * Python translation, which raises the VM's error */
   void* on_budget;               /* int (*)(void): non-zero stops the dispatch */
