@@ -203,7 +203,7 @@ def test_an_access_out_of_bounds_fails_natively_as_in_python(monkeypatch):
             bindings = [device.allocator.allocate(16)
                         for _ in range(executable.exports[0].binding_count)]
             cb = device.create_command_buffer()
-            cb.dispatch(executable, 0, (2, 1, 1), bindings=bindings)
+            cb.dispatch(executable, 0, (1, 1, 1), bindings=bindings)
             cb.finalize()
             semaphore = device.create_semaphore()
             device.submit(cb, signal=[(semaphore, 1)])
