@@ -1120,7 +1120,7 @@ def generate_module(module, verified: list[VerifiedFunction]) -> ModuleProgram:
     native_entries = {}
     if scalar.enabled():
         type_names = [element_type_name(t) for t in module.types]
-        import_names = [imp.full_name for imp in module.imports]
+        imports = [(imp.full_name, imp.cconv.text) for imp in module.imports]
         for fn, g, _body in per_fn:
             if fn.ordinal not in st.generators:
                 program = scalar.encode(
@@ -1129,7 +1129,7 @@ def generate_module(module, verified: list[VerifiedFunction]) -> ModuleProgram:
                 if program is not None:
                     native_loops[fn.ordinal] = program
                 entry = scalar.encode_entry(fn.instructions, fn.cconv.text, g.i32_limit,
-                                            len(module.rodata), type_names, import_names)
+                                            len(module.rodata), type_names, imports)
                 if entry is not None:
                     native_entries[fn.ordinal] = entry
 

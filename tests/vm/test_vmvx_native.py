@@ -18,6 +18,7 @@ from support.models import iree_function
 from support.vmvx_programs import FLAVOURS, mlp_input, mlp_mlir
 from tinyhal.hal import create_device
 from tinyhal.vm import load_module, scalar
+from tinyhal.vm.vmvx import VMVX_EXPORTS
 
 DRIVERS = ["sync", "task", "emu"]
 
@@ -86,6 +87,10 @@ func.func @matmul(%a: tensor<?x?xf32>, %b: tensor<?x?xf32>) -> tensor<?x?xf32> {
   return %r : tensor<?x?xf32>
 }
 """
+
+
+def test_the_interpreter_has_every_vmvx_operation():
+    assert set(scalar.KERNELS) == {f"vmvx.{e.name}" for e in VMVX_EXPORTS}
 
 
 def test_which_workgroup_functions_run_natively(monkeypatch):

@@ -85,21 +85,18 @@ buffer.fill.i64 buffer.fill.f32 buffer.length buffer.copy buffer.alloc
 const.ref.zero const.ref.rodata cmp.nz.ref list.get.ref discard.refs call
 """.split())
 
-# The `vmvx` operations a workgroup function may call natively: import name -> (the
-# kernel's number in scalar.c, its calling convention, as the `vmvx` module declares it)
-_X32B = "0rIIIrIIIrIIIII_v"
-_X32U = "0rIIIrIIIII_v"
-KERNELS = {f"vmvx.{name}": (number, cconv) for number, (name, cconv) in enumerate(
-    [(f"{op}.2d.f32", _X32B) for op in ("add", "sub", "mul", "div")]
-    + [(f"{op}.2d.i32", _X32B) for op in ("add", "sub", "mul", "and", "or", "xor", "shl",
-                                          "shru", "shrs", "divs", "divu")]
-    + [(f"{op}.2d.f32", _X32U) for op in ("abs", "neg", "ceil", "floor", "exp", "log",
-                                          "rsqrt")]
-    + [("ctlz.2d.i32", _X32U)]
-    + [(f"copy.2d.x{bits}", _X32U) for bits in (8, 16, 32, 64)]
-    + [("fill.2d.x32", "0irIIII_v"), ("mmt4d", "0rIIrIIrIIIIIiiii_v"),
-       ("pack", "0rIIIrIIIIIIIIIIi_v"), ("unpack", "0rIIIrIIIIIIIIIi_v"),
-       ("query_tile_sizes.2d", "0IIi_II")])}
+# The `vmvx` operations a workgroup function may call natively, in scalar.c's kernel
+# order; a call's arguments are read as the module's import declares them (a
+# declaration other than the `vmvx` module's own fails linking, so it never runs)
+KERNELS = {f"vmvx.{name}": number for number, name in enumerate(
+    [f"{op}.2d.f32" for op in ("add", "sub", "mul", "div")]
+    + [f"{op}.2d.i32" for op in ("add", "sub", "mul", "and", "or", "xor", "shl", "shru",
+                                 "shrs", "divs", "divu")]
+    + [f"{op}.2d.f32" for op in ("abs", "neg", "ceil", "floor", "exp", "log", "rsqrt")]
+    + ["ctlz.2d.i32"] + [f"copy.2d.x{bits}" for bits in (8, 16, 32, 64)]
+    + ["fill.2d.x32", "mmt4d", "pack", "unpack", "query_tile_sizes.2d"])}
+_MAX_KERNEL_ARGUMENTS = 20  # scalar.c's MAX_KERNEL_ARGUMENTS
+_MAX_KERNEL_RESULTS = 2
 _ARGUMENT_KINDS = {"i": 0, "I": 1, "r": 2}  # cconv type -> the word scalar.c reads it by
 
 EXT_F32_BASE = 0x100  # as build.py numbers the f32 extension set
@@ -170,15 +167,16 @@ ENTRY_CCONV = "0rrriiiiiiiii_v"
 
 def encode_entry(instructions: Sequence, cconv: str, register_count: int,
                  rodata_count: int, type_names: Sequence[str],
-                 import_names: Sequence[str] = ()) -> EntryProgram | None:
+                 imports: Sequence[tuple[str, str]] = ()) -> EntryProgram | None:
     """The word program of one already-verified VMVX workgroup function (calling
     convention `ENTRY_CCONV`, whose arguments IREE places in ref registers 0-2 and i32
-    slots 0-8), or None when it does not qualify (see the module docstring)."""
+    slots 0-8), or None when it does not qualify (see the module docstring). `imports`
+    are the module's (full name, calling convention) by ordinal."""
     if cconv != ENTRY_CCONV or register_count < 9:
         return None
     try:
         encoder = _Encoder(register_count, ENTRY_SUPPORTED, rodata_count, type_names,
-                           import_names)
+                           imports)
         words, _, ref_count = encoder.encode(instructions, ())
     except ValueError:
         return None
@@ -198,8 +196,8 @@ class _Encoder:
     register, ordinal and target; ValueError where the function does not qualify."""
 
     def __init__(self, register_count: int, supported: frozenset, rodata_count: int,
-                 type_names: Sequence[str], import_names: Sequence[str] = ()) -> None:
-        self.import_names = import_names
+                 type_names: Sequence[str], imports: Sequence[tuple[str, str]] = ()) -> None:
+        self.imports = imports
         self.register_count = register_count
         self.supported = supported
         self.rodata_count = rodata_count
@@ -233,13 +231,16 @@ class _Encoder:
         """A call of a `vmvx` operation the interpreter has (see `KERNELS`), its argument
         registers read as the operation's calling convention types them."""
         ordinal = function & ~isa.IMPORT_BIT
-        if not function & isa.IMPORT_BIT or not 0 <= ordinal < len(self.import_names):
+        if not function & isa.IMPORT_BIT or not 0 <= ordinal < len(self.imports):
             raise ValueError(function)
-        kernel, cconv = KERNELS.get(self.import_names[ordinal], (None, "0_"))
+        name, cconv = self.imports[ordinal]
+        kernel = KERNELS.get(name)
         types, _, result_types = cconv[1:].partition("_")
         result_types = result_types.replace("v", "")
-        if (kernel is None or len(arguments) != len(types)
-                or len(results) != len(result_types)):
+        if (kernel is None or len(arguments) != len(types) or len(types) >
+                _MAX_KERNEL_ARGUMENTS or len(results) != len(result_types)
+                or len(results) > _MAX_KERNEL_RESULTS or not set(types + result_types)
+                <= set(_ARGUMENT_KINDS)):
             raise ValueError(function)
         words = [kernel]
         for registers, kinds in ((arguments, types), (results, result_types)):

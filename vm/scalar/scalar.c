@@ -165,7 +165,8 @@ static void release(heap_t* heap) {
  * Each accepts and refuses exactly what `tinyhal.vm.vmvx` (the Python path) accepts and
  * refuses; a refusal traps, and the Python run reports the error. Results are computed
  * into a temporary first and then stored, as the Python path's numpy assignments do, so
- * overlapping operands give the same bits. Kernel numbers are `scalar.KERNELS`'s. */
+ * overlapping operands give the same bits. Kernel numbers are `scalar.KERNELS`'s; each
+ * reads its arguments at the positions the `vmvx` module's calling convention puts them. */
 
 enum {
   K_ADD_F32, K_SUB_F32, K_MUL_F32, K_DIV_F32, K_ADD_I32, K_SUB_I32, K_MUL_I32, K_AND_I32,
@@ -716,7 +717,7 @@ static int interpret(const int32_t* code, uint32_t* regs, int32_t* refs, heap_t*
       case OP_CALL: { /* a `vmvx` operation: kernel, count, (kind, register) pairs, then
                        * the results' count and (kind, register) pairs */
         uint32_t n = (uint32_t)B, at = pc + 3;
-        int64_t values[MAX_KERNEL_ARGUMENTS], results_out[2] = {0, 0};
+        int64_t values[MAX_KERNEL_ARGUMENTS] = {0}, results_out[2] = {0, 0};
         for (uint32_t i = 0; i < n; ++i, at += 2) {
           int32_t kind = code[at], reg = code[at + 1];
           values[i] = kind == 0 ? (int64_t)S32(reg) : kind == 1 ? S64(reg) : (int64_t)refs[reg];
