@@ -100,7 +100,7 @@ _MAX_KERNEL_RESULTS = 2
 _ARGUMENT_KINDS = {"i": 0, "I": 1, "r": 2}  # cconv type -> the word scalar.c reads it by
 
 EXT_F32_BASE = 0x100  # as build.py numbers the f32 extension set
-_FELL_OFF_END = 0xFFFF  # scalar.c's word after a function's last instruction
+_FELL_OFF_END = 0xFF  # scalar.c's word after a function's last instruction
 _OPCODES = {name: op for op, (name, _) in isa.CORE_OPS.items() if name in ENTRY_SUPPORTED}
 _OPCODES.update({name: EXT_F32_BASE + op for op, (name, _) in isa.EXT_F32_OPS.items()
                  if name in ENTRY_SUPPORTED})

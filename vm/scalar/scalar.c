@@ -176,7 +176,7 @@ enum {
   K_UNPACK, K_QUERY_TILE_SIZES
 };
 
-enum { MAX_KERNEL_ARGUMENTS = 20, FELL_OFF_END = 0xFFFF };
+enum { MAX_KERNEL_ARGUMENTS = 20, FELL_OFF_END = 0xFF }; /* no opcode has this word */
 
 static uint8_t empty_view[8];
 
