@@ -6,8 +6,9 @@ small CNN (three strided conv + ReLU layers, global pool, dense; from ONNX, on a
 microkernels, microkernels with data tiling; the CNN without the microkernel-only shape
 unless `--all`), run by tinyhal (`sync` and `task`) and by iree.runtime (`local-sync`),
 in alternating rounds in one process; each round times `--calls` calls of each and the
-table shows medians over the rounds, the median tinyhal / IREE ratio, and how many of the
-program's workgroup functions tinyhal runs natively. Results must be bit-identical on
+table shows medians over the rounds, the median tinyhal / IREE ratio of wall time and of
+process CPU time (every thread's), and how many of the program's workgroup functions
+tinyhal runs natively. Results must be bit-identical on
 `sync`, `task` and `emu`, checked once before timing. Writes `bench/results/vmvx.json`.
 
     python bench/vmvx.py [--rounds 5] [--calls 20] [--all]
@@ -36,11 +37,13 @@ from support.vmvx_programs import FLAVOURS, mlp_input, mlp_mlir  # noqa: E402
 from tinyhal.vm import vmvx  # noqa: E402
 
 
-def _per_call(fn, x, calls: int) -> float:
-    start = time.perf_counter()
+def _per_call(fn, x, calls: int) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) per call: CPU time counts every thread's work
+    and is steadier than wall time on a shared machine."""
+    start, start_cpu = time.perf_counter(), time.process_time()
     for _ in range(calls):
         fn(x)
-    return (time.perf_counter() - start) / calls
+    return ((time.perf_counter() - start) / calls, (time.process_time() - start_cpu) / calls)
 
 
 def _programs(everything: bool) -> list[tuple[str, str, str, np.ndarray]]:
@@ -98,18 +101,19 @@ def main(argv: list[str] | None = None) -> None:
                 samples = []
                 for _ in range(args.rounds):
                     samples.append((_per_call(ours, x, calls), _per_call(theirs, x, calls)))
-            tinyhal_ms = statistics.median(s[0] for s in samples) * 1e3
-            iree_ms = statistics.median(s[1] for s in samples) * 1e3
-            ratio = statistics.median(s[0] / s[1] for s in samples)
+            tinyhal_ms = statistics.median(s[0][0] for s in samples) * 1e3
+            iree_ms = statistics.median(s[1][0] for s in samples) * 1e3
+            ratio = statistics.median(s[0][0] / s[1][0] for s in samples)
+            cpu_ratio = statistics.median(s[0][1] / max(s[1][1], 1e-9) for s in samples)
             rows.append({"program": program, "flavour": flavour, "tinyhal device": driver,
                          "native": f"{len(count.native)}/{len(count.total)}",
                          "tinyhal ms/call": tinyhal_ms, "iree local-sync ms/call": iree_ms,
-                         "ratio": ratio})
+                         "ratio": ratio, "cpu ratio": cpu_ratio})
     load = os.getloadavg()[0]
     path = write_results("vmvx", rows, {"load_average_1min": load, "rounds": args.rounds,
                                         "calls": args.calls})
     print_table(rows, ["program", "flavour", "tinyhal device", "native", "tinyhal ms/call",
-                       "iree local-sync ms/call", "ratio"])
+                       "iree local-sync ms/call", "ratio", "cpu ratio"])
     print(f"load average {load:.1f}; bit-identical to iree.runtime on emu, sync and task; "
           f"written to {path}")
 

@@ -504,6 +504,27 @@ static int call_kernel(heap_t* heap, int kernel, const int64_t* v, int64_t* out)
   return query_tile_sizes(heap->tiles, v, out);
 }
 
+/* `call` at `pc` (a `vmvx` operation): its kernel, a count and (kind, register) pairs of
+ * arguments, then of results. The word after it, or 0 where the VM fails the call. Kept
+ * out of line, so the interpreter's loop stays small. */
+__attribute__((noinline)) static uint32_t call(heap_t* heap, uint32_t* regs, int32_t* refs,
+                                               const int32_t* code, uint32_t pc) {
+  uint32_t n = (uint32_t)code[pc + 2], at = pc + 3;
+  int64_t values[MAX_KERNEL_ARGUMENTS] = {0}, out[2] = {0, 0};
+  for (uint32_t i = 0; i < n; ++i, at += 2) {
+    int32_t kind = code[at], reg = code[at + 1];
+    values[i] = kind == 0 ? (int64_t)(int32_t)regs[reg]
+                : kind == 1 ? get64(regs, reg) : (int64_t)refs[reg];
+  }
+  if (call_kernel(heap, code[pc + 1], values, out)) return 0;
+  uint32_t r = (uint32_t)code[at++];
+  for (uint32_t i = 0; i < r; ++i, at += 2) {
+    if (code[at] == 1) set64(regs, code[at + 1], out[i]);
+    else regs[code[at + 1]] = (uint32_t)out[i];
+  }
+  return at;
+}
+
 /* Operand words of the instruction at pc, and register reads/writes by width. */
 #define A (code[pc + 1])
 #define B (code[pc + 2])
@@ -714,21 +735,10 @@ static int interpret(const int32_t* code, uint32_t* regs, int32_t* refs, heap_t*
         refs[D] = C ? (int32_t)(heap->list_first + U32(B)) : 0;
         NEXT(5);
       }
-      case OP_CALL: { /* a `vmvx` operation: kernel, count, (kind, register) pairs, then
-                       * the results' count and (kind, register) pairs */
-        uint32_t n = (uint32_t)B, at = pc + 3;
-        int64_t values[MAX_KERNEL_ARGUMENTS] = {0}, results_out[2] = {0, 0};
-        for (uint32_t i = 0; i < n; ++i, at += 2) {
-          int32_t kind = code[at], reg = code[at + 1];
-          values[i] = kind == 0 ? (int64_t)S32(reg) : kind == 1 ? S64(reg) : (int64_t)refs[reg];
-        }
-        if (call_kernel(heap, A, values, results_out)) goto trap;
-        uint32_t r = (uint32_t)code[at++];
-        for (uint32_t i = 0; i < r; ++i, at += 2) {
-          if (code[at] == 1) PUT64(code[at + 1], results_out[i]);
-          else PUT32(code[at + 1], results_out[i]);
-        }
-        pc = at;
+      case OP_CALL: {
+        uint32_t next = call(heap, regs, refs, code, pc);
+        if (!next) goto trap;
+        pc = next;
         break;
       }
       case OP_DISCARD_REFS: {
