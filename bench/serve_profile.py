@@ -21,6 +21,17 @@ the kernel's work on its behalf).
 
     python bench/serve_profile.py [--seconds 20] [--concurrency 8] [--delay 0] [--rate 200]
                                   [--binary]
+
+`--sequences N` profiles the stateful path instead, deterministically enough to compare
+builds on a shared machine: the bundled `gru_step` under N closed-loop sequences (as
+`serve_sequences.py` drives it), the server's event-loop thread under cProfile on a
+thread-CPU clock switched on for the `--seconds` of measured load only
+(`loop_profiler.py`). Per step: the calls into the server's request-path modules (the
+periodic tasks left out: their share grows as steps/s falls), all calls, profiled loop
+time, and the functions with the most calls and the most time. `--python` (repeatable)
+names each build's interpreter; the default is this one.
+
+    python bench/serve_profile.py --sequences 32 [--seconds 4] [--python A --python B]
 """
 
 from __future__ import annotations
@@ -109,6 +120,84 @@ def analyse(raw: str, top: int = 25) -> dict:
             "self": share(self_counts, top), "inclusive": share(inclusive, top)}
 
 
+# the server's request-path modules, and the periodic tasks left out of them
+REQUEST_PATH = ("http", "app", "protocol", "repository", "scheduling", "admission",
+                "batching", "sequences", "sequence_clients", "sequence_state", "metrics",
+                "stats", "budget")
+PERIODIC = ("run", "_expire_idle", "_compact_states")
+
+
+def _per_step(stats_file: Path, steps: int) -> dict:
+    """Calls and profiled time per step from a loop profile (see `sequence_calls`)."""
+    import pstats
+    import re
+
+    rows = []
+    modules: collections.Counter = collections.Counter()
+    for (path, line, name), (_, calls, own, _, _) in pstats.Stats(str(stats_file)).stats.items():
+        where = re.search(r"server/(\w+)\.py$", path)
+        label = f"{where.group(1) if where else os.path.basename(path)}:{line}:{name}"
+        rows.append((label, calls / steps, 1e6 * own / steps))
+        if where and where.group(1) in REQUEST_PATH and name not in PERIODIC:
+            modules[where.group(1)] += calls / steps
+    return {"steps": steps, "request_path_calls": sum(modules.values()),
+            "modules": dict(modules), "calls": sum(r[1] for r in rows),
+            "profiled_us": sum(r[2] for r in rows),
+            "most_calls": sorted(rows, key=lambda r: -r[1])[:15],
+            "most_time": sorted(rows, key=lambda r: -r[2])[:15]}
+
+
+def sequence_calls(pythons: list[str], sequences: int, seconds: float) -> int:
+    """The `--sequences` mode (see the module doc)."""
+    import asyncio
+    import time
+
+    from serve_sequences import _sequences, _statistics, _tinyhal_repo
+
+    profiler = str(Path(__file__).resolve().parent / "loop_profiler.py")
+    reports = []
+    with tempfile.TemporaryDirectory(prefix="serve-profile-") as tmp:
+        repo = _tinyhal_repo(Path(tmp), 64)
+        for index, python in enumerate(pythons):
+            stats_file = Path(tmp) / f"loop-{index}.prof"
+            flag = Path(f"{stats_file}.on")
+            port = free_port()
+            server = ServerProcess(f"tinyhal-{index}", [
+                python, profiler, str(stats_file), "--host", "127.0.0.1", "--port",
+                str(port), "--model-repository", str(repo), "--log-level", "warning"],
+                port, json.dumps({"inputs": []}).encode(), "/v2/repository/index")
+            try:
+                asyncio.run(_sequences(port, sequences, 20, 1.0, 1))  # warm-up
+                before = _statistics(server)["inferences"]
+                flag.touch()
+                time.sleep(0.3)  # the watcher's period, and a pass of the loop
+                load = asyncio.run(_sequences(port, sequences, 20, seconds, 10_000_000))
+                flag.unlink()
+                time.sleep(0.3)
+                steps = _statistics(server)["inferences"] - before
+            finally:
+                server.stop()
+            report = _per_step(stats_file, steps)
+            report.update({"python": python, "steps_s": load["steps_s"],
+                           "load_average": os.getloadavg()[0]})
+            reports.append(report)
+    for index, report in enumerate(reports):
+        print(f"\nbuild {index} ({report['python']}): {report['steps']} steps profiled, "
+              f"{report['steps_s']:.0f} steps/s under the profiler, load average "
+              f"{report['load_average']:.1f}")
+        print(f"  per step: {report['request_path_calls']:.2f} calls into the request "
+              f"path ({', '.join(f'{k} {v:.2f}' for k, v in sorted(report['modules'].items()))}"
+              f"); {report['calls']:.1f} calls and {report['profiled_us']:.1f} profiled us "
+              f"in all")
+        for title, key in (("most calls", "most_calls"), ("most time", "most_time")):
+            print(f"  {title} (calls/step, profiled us/step):")
+            for label, calls, own in report[key]:
+                print(f"    {calls:7.2f} {own:8.2f}  {label}")
+    path = write_results("serve_profile_sequences", [], {"builds": reports})
+    print(f"wrote {os.path.relpath(path)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
@@ -117,7 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--binary", action="store_true",
                         help="binary tensors in and out, as perf_analyzer sends them")
+    parser.add_argument("--sequences", type=int, default=0, metavar="N",
+                        help="profile N gru_step sequences' calls instead (see the doc)")
+    parser.add_argument("--python", action="append", metavar="PYTHON",
+                        help="with --sequences: a build's interpreter (repeatable)")
     args = parser.parse_args(argv)
+    if args.sequences:
+        return sequence_calls(args.python or [sys.executable], args.sequences, args.seconds)
     for tool in ("hey", "py-spy"):
         if not shutil.which(tool) and not shutil.which(tool, path=os.path.dirname(
                 sys.executable)):

@@ -32,6 +32,18 @@ Before any load, every server runs the same sequence and must answer with the sa
                                     [--steps 20] [--no-triton]
 
 Writes bench/results/serve_sequences.json and prints a table and the ratios at each N.
+
+`--a PYTHON --b PYTHON` compares two builds of tinyhal-serve instead (each interpreter's
+environment has one build installed, e.g. a venv of `main` and the one of a branch): the
+`tinyhal-cell` server of each, one build at a time, in alternating order from round to
+round, at each N. Per build the medians over rounds of steps/s, CPU per step and the
+event loop's CPU per step (its user and system parts apart), and the median of the
+per-round differences B - A (a round's two runs saw nearly the same machine): on a
+shared machine the CPU figures are far steadier than steps/s, and the paired difference
+steadier than either median. Writes bench/results/serve_sequences_ab.json.
+
+    python bench/serve_sequences.py --a /path/to/venv-a/bin/python --b .venv/bin/python \
+                                    [--rounds 6] [--seconds 3] [--sequences 32]
 """
 
 from __future__ import annotations
@@ -231,10 +243,22 @@ def _statistics(server: ServerProcess) -> dict[str, float]:
     return totals
 
 
+def _user_system(pid: int, tid: int) -> tuple[float, float]:
+    """User and system CPU seconds of thread `tid` of `pid` so far (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def measure(server: ServerProcess, n: int, steps: int, seconds: float, base_id: int
             ) -> dict[str, Any]:
     pid = server.proc.pid
     stats0, cpu0, loop0 = _statistics(server), server.cpu_seconds(), cpu_seconds(pid, pid)
+    loop_parts = dict(zip(("loop_user_us", "loop_system_us"), _user_system(pid, pid)))
     result = asyncio.run(_sequences(server.port, n, steps, seconds, base_id))
     cpu, stats1 = server.cpu_seconds() - cpu0, _statistics(server)
     loop = cpu_seconds(pid, pid) - loop0
@@ -246,6 +270,9 @@ def measure(server: ServerProcess, n: int, steps: int, seconds: float, base_id: 
     result["cpu_us"] = 1e6 * cpu / done if done else float("nan")
     if server.name.startswith("tinyhal"):  # its event loop is the main thread
         result["loop_cpu_us"] = 1e6 * loop / done if done else float("nan")
+        for part, seconds in zip(("loop_user_us", "loop_system_us"),
+                                 _user_system(pid, pid)):
+            result[part] = 1e6 * (seconds - loop_parts[part]) / done if done else float("nan")
     for phase in ("gather", "invoke", "scatter", "respond"):
         if f"{phase}_ns" in delta and delta["inferences"]:
             result[f"{phase}_us"] = delta[f"{phase}_ns"] / 1e3 / delta["inferences"]
@@ -312,6 +339,65 @@ def ratio_table(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _tinyhal_server(name: str, python: str, repo: Path) -> ServerProcess:
+    port = free_port()
+    return ServerProcess(name, [python, "-m", "tinyhal.server.main", "--host", "127.0.0.1",
+                                "--port", str(port), "--model-repository", str(repo),
+                                "--log-level", "warning"],
+                         port, json.dumps({"inputs": []}).encode(), "/v2/repository/index")
+
+
+AB_FIGURES = ("steps_s", "cpu_us", "loop_cpu_us", "loop_user_us", "loop_system_us",
+              "batch", "p99_ms")
+
+
+def compare_builds(builds: dict[str, str], counts: list[int], steps: int, seconds: float,
+                   rounds: int) -> int:
+    """The `--a/--b` mode (see the module doc): the cellular-batching server of each
+    build, one at a time, alternating; prints and writes the medians and paired
+    differences."""
+    runs: dict[tuple[int, str], list[dict]] = {}
+    base = 1
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = _tinyhal_repo(Path(tmp), 64)
+        for round_index in range(rounds):
+            order = list(builds) if round_index % 2 == 0 else list(reversed(builds))
+            for name in order:
+                server = _tinyhal_server(f"tinyhal-cell-{name}", builds[name], repo)
+                try:
+                    asyncio.run(_sequences(server.port, max(counts), steps, 1.0, base))
+                    for n in counts:
+                        base += 1
+                        result = measure(server, n, steps, seconds, base)
+                        runs.setdefault((n, name), []).append(result)
+                        print(f"round {round_index + 1} N={n} {name}: "
+                              f"{result['steps_s']:.0f} steps/s, CPU "
+                              f"{result['cpu_us']:.1f} us/step (loop "
+                              f"{result['loop_cpu_us']:.1f}), batch {result['batch']:.1f}, "
+                              f"load {result['load1']:.2f}", flush=True)
+                finally:
+                    server.stop()
+    rows = []
+    for n in counts:
+        a, b = runs[(n, "A")], runs[(n, "B")]
+        for name, results in (("A", a), ("B", b)):
+            row: dict[str, Any] = {"sequences": n, "build": name, "rounds": len(results)}
+            for key in AB_FIGURES:
+                row[key] = statistics.median(r[key] for r in results)
+            row["errors"] = sum(r["errors"] for r in results)
+            rows.append(row)
+        diff: dict[str, Any] = {"sequences": n, "build": "B - A (paired)", "rounds": len(a)}
+        for key in AB_FIGURES:
+            diff[key] = statistics.median(y[key] - x[key] for x, y in zip(a, b))
+        rows.append(diff)
+    path = write_results("serve_sequences_ab", rows, {
+        "builds": builds, "load_average_end": os.getloadavg(),
+        "settings": {"seconds": seconds, "rounds": rounds, "steps": steps}})
+    print_table(rows, ["sequences", "build", "rounds", *AB_FIGURES, "errors"])
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}; wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0)
@@ -319,8 +405,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequences", default="1,8,32,64")
     parser.add_argument("--steps", type=int, default=20, help="steps per sequence")
     parser.add_argument("--no-triton", action="store_true")
+    parser.add_argument("--a", metavar="PYTHON", help="interpreter of build A (with --b: "
+                        "compare two builds of tinyhal-serve, see the module doc)")
+    parser.add_argument("--b", metavar="PYTHON", help="interpreter of build B")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.sequences.split(",")]
+    if args.a or args.b:
+        if not (args.a and args.b):
+            parser.error("--a and --b go together")
+        return compare_builds({"A": args.a, "B": args.b}, counts, args.steps, args.seconds,
+                              args.rounds)
     servers: list[ServerProcess] = []
     skipped = None
     probe = json.dumps({"inputs": []}).encode()
@@ -328,13 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         try:
             for name, max_batch in (("tinyhal-cell", 64), ("tinyhal-1", 1)):
-                port = free_port()
-                repo = _tinyhal_repo(work / name, max_batch)
-                servers.append(ServerProcess(
-                    name, [sys.executable, "-m", "tinyhal.server.main", "--host", "127.0.0.1",
-                           "--port", str(port), "--model-repository", str(repo),
-                           "--log-level", "warning"],
-                    port, probe, "/v2/repository/index"))
+                servers.append(_tinyhal_server(name, sys.executable,
+                                               _tinyhal_repo(work / name, max_batch)))
             if not args.no_triton:
                 try:
                     install = TritonInstall(work)

@@ -295,6 +295,12 @@ class Executable:
         """The C dispatch function (IREE's ABI) of export `ordinal`."""
         return self._library.exports.ptrs[ordinal]
 
+    def dispatch_environment(self, ordinal: int) -> Any:
+        """The `tinyhal_environment_t*` export `ordinal`'s dispatch function is called
+        with: the executable's `environment`, unless an executable gives an export one of
+        its own (a VMVX export run natively finds its program by it)."""
+        return self.environment
+
     def failure_detail(self) -> str:
         """Why the last failed dispatch failed, when the executable can say more than its
         status code (an executable of VM bytecode can); empty for machine code."""
@@ -460,7 +466,7 @@ class _DispatchTemplate:
         state.max_concurrency = max(1, min(255, max_concurrency))
         state.constants = self.consts
         self.function = executable.dispatch_function(ordinal)
-        self.environment = executable.environment
+        self.environment = executable.dispatch_environment(ordinal)
         self.local_memory_size = export.local_memory_size
 
 

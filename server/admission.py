@@ -67,7 +67,6 @@ import trio
 from .batching import BatchingConfig, Outcome, Results, ready_rows, run_batch, take_batch
 from .instances import InstanceThread
 from .scheduling import (
-    Completion,
     DeadlineExceeded,
     DispatchAfterPass,
     InFlight,
@@ -117,14 +116,18 @@ def _shape_key(args: list[Any]) -> tuple:
 
 
 class _Request:
-    """A request admitted and waiting for its outcome (`wait_outcome`)."""
+    """A request admitted and waiting for its outcome (`wait_outcome`). It is its own
+    one-waiter completion: `finish` gives it its outcome and wakes the task parked on it,
+    so a request costs one object and its task one coroutine (no event, no parking lot,
+    no waiter set)."""
 
     # what a 504 says of it, by whether its execution had started
     started_note = "the invocation started and runs to completion in the background " \
                    "(its result is discarded)"
     queued_note = "in the queue (nothing ran)"
-    __slots__ = ("args", "rows", "key", "deadline", "arrived", "label", "done", "outcome",
-                 "started", "detached", "queued_seconds", "infer_seconds", "respond")
+    __slots__ = ("args", "rows", "key", "deadline", "arrived", "label", "finished", "outcome",
+                 "started", "detached", "queued_seconds", "infer_seconds", "respond",
+                 "_task")
 
     def __init__(self, args: list[Any], rows: int, deadline: float, label: str,
                  now: float, respond: Callable[[Results, float], Any] | None = None,
@@ -135,13 +138,30 @@ class _Request:
         self.deadline = deadline
         self.arrived = now
         self.label = label
-        self.done = Completion()
+        self.finished = False
         self.outcome: Outcome | None = None
         self.started = False
         self.detached = False
         self.queued_seconds = 0.0
         self.infer_seconds = 0.0
         self.respond = respond
+        self._task: Any = None  # the task parked in `wait_outcome`
+
+    def finish(self, outcome: Outcome) -> None:
+        """Gives the request `outcome` and wakes its task (on the loop); the first
+        outcome stays (a 504 the drain gave a running request is not replaced by the
+        result that comes later)."""
+        if not self.finished:
+            self.finished = True
+            self.outcome = outcome
+            task = self._task
+            if task is not None:
+                self._task = None
+                trio.lowlevel.reschedule(task)
+
+    def _abort(self, raise_cancel: Any) -> trio.lowlevel.Abort:
+        self._task = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
 
 PendingRequest = _Request  # what a request waiting for an execution records (sequences.py)
@@ -152,15 +172,19 @@ async def wait_outcome(request: _Request, abandon: Callable[[_Request], None]
     """Waits for `request`'s outcome until its deadline: (results, seconds queued, seconds
     its execution took), or its error raised. A request that stops waiting first (its
     deadline, or its task was cancelled) is handed to `abandon` and gets
-    `DeadlineExceeded`."""
+    `DeadlineExceeded`. A checkpoint whether or not it has to park."""
     try:
-        if request.deadline == math.inf:  # no cancel scope to enter and leave
-            await request.done.wait()
+        if request.finished:
+            await trio.lowlevel.checkpoint()
         else:
-            with trio.move_on_at(request.deadline):
-                await request.done.wait()
+            request._task = trio.lowlevel.current_task()
+            if request.deadline == math.inf:  # no cancel scope to enter and leave
+                await trio.lowlevel.wait_task_rescheduled(request._abort)
+            else:
+                with trio.move_on_at(request.deadline):
+                    await trio.lowlevel.wait_task_rescheduled(request._abort)
     finally:
-        if not request.done.is_set():
+        if not request.finished:
             abandon(request)
     outcome = request.outcome
     if outcome is None:
@@ -424,11 +448,10 @@ class Admission:
             trio.current_time() - execution.started
         self._latency = seconds if not self._latency else 0.8 * self._latency + 0.2 * seconds
         for request, outcome in zip(execution.requests, outcomes):
-            request.outcome = outcome
             request.infer_seconds = seconds
             if request.detached:
                 self._detached -= 1
-            request.done.set()
+            request.finish(outcome)
         if self._executed is not None:
             for counts in executions:
                 self._executed(*counts)
@@ -446,20 +469,18 @@ class Admission:
         """Answers every admitted request that has not finished (`Scheduler.abandon`)."""
         queue, self._queue = self._queue, []
         for request in queue:
-            request.outcome = (None, Unavailable(f"{why}; nothing ran"))
             log_abandoned(request, 503, why)
-            request.done.set()
+            request.finish((None, Unavailable(f"{why}; nothing ran")))
         count = len(queue)
         for execution in self._running:
             for request in execution.requests:
-                if not request.done.is_set():
+                if not request.finished:
                     count += 1
-                    request.outcome = (None, DeadlineExceeded(
-                        f"{why}; {request.started_note}", started=True))
                     request.detached = True
                     self._detached += 1
                     log_abandoned(request, 504, why)
-                    request.done.set()
+                    request.finish((None, DeadlineExceeded(f"{why}; {request.started_note}",
+                                                           started=True)))
         self._in_flight.left(len(queue))
         return count
 

@@ -633,46 +633,37 @@ def build_infer_response(
 ) -> tuple[bytes, int | None]:
     """The response body for `results` [(name, datatype, array)], filtered and encoded as
     `request` asked. Returns (body, json_header_length or None when all JSON)."""
-    index = {name: i for i, (name, _, _) in enumerate(results)}
-    if request.outputs is None:
-        wanted = [(name, request.binary_output) for name, _, _ in results]
+    asked = request.outputs
+    if asked is None:
+        binary = request.binary_output
+        wanted = [(result, binary) for result in results]
     else:
-        wanted = [(o.name, request.binary_output if o.binary is None else o.binary)
-                  for o in request.outputs]
+        by_name = {result[0]: result for result in results}
+        wanted = [(by_name[o.name], request.binary_output if o.binary is None else o.binary)
+                  for o in asked]
     out_docs = []
-    order: list[tuple[int, np.dtype]] = []
-    for name, binary in wanted:
-        i = index[name]
-        _, datatype, array = results[i]
-        doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+    tails: list[bytes | memoryview] = []
+    for (name, datatype, array), binary in wanted:
         if binary:
-            dtype = DATATYPES[datatype]
-            doc["parameters"] = {"binary_data_size": array.size * dtype.itemsize}
-            order.append((i, dtype))
-        else:
-            flat = array.reshape(-1)
-            if flat.dtype.kind == "V" or flat.dtype.type.__module__.startswith("ml_dtypes"):
-                flat = flat.astype(np.float32)  # bf16: exact in f32, JSON numbers
-            doc["data"] = flat  # orjson writes the array itself (no Python list)
-        out_docs.append(doc)
+            data = _bytes_of(array, DATATYPES[datatype])
+            out_docs.append({"name": name, "datatype": datatype, "shape": list(array.shape),
+                             "parameters": {"binary_data_size": len(data)}})
+            tails.append(data)
+            continue
+        flat = array.reshape(-1)
+        if flat.dtype.kind == "V" or flat.dtype.type.__module__.startswith("ml_dtypes"):
+            flat = flat.astype(np.float32)  # bf16: exact in f32, JSON numbers
+        # orjson writes the array itself (no Python list)
+        out_docs.append({"name": name, "datatype": datatype, "shape": list(array.shape),
+                         "data": flat})
     response: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
         response["id"] = request.id
     response["outputs"] = out_docs
     head = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not order:
+    if not tails:
         return head, None
-    return _with_binary(head, order, results)
-
-
-def _with_binary(head: bytes, order: list[tuple[int, np.dtype]],
-                 results: list[tuple[str, str, np.ndarray]]) -> tuple[bytes, int]:
-    """(the answer body: `head`, then the bytes of the results `order` names, as their
-    dtype; the length of `head`)."""
-    return b"".join([head, *[_bytes_of(results[i][2], dtype) for i, dtype in order]]
-                    ), len(head)
-
-
+    return b"".join([head, *tails]), len(head)
 
 
 def _bytes_of(array: np.ndarray, dtype: np.dtype) -> bytes | memoryview:

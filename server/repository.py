@@ -94,8 +94,8 @@ from .stats import ModelStatistics
 
 log = logging.getLogger("tinyhal.server")
 
-__all__ = ["CONFIG_KEYS", "NO_VERSIONS", "ModelRepository", "ModelVersion", "TensorSpec",
-           "bundled_models_dir"]
+__all__ = ["CONFIG_KEYS", "NO_VERSIONS", "ModelRepository", "ModelVersion", "RequestGates",
+           "TensorSpec", "bundled_models_dir"]
 
 DEFAULT_INSTANCES = 1
 # why a model directory has nothing to load (a folder being filled, say): shown in the
@@ -138,6 +138,56 @@ class TensorSpec:
         if tail is not None:
             return shape[1:] == tail and (want[0] == -1 or want[0] == shape[0])
         return all(w == -1 or w == g for w, g in zip(want, shape))
+
+
+class RequestGates:
+    """A model's signature as a request must fit it, derived once from the final
+    signature so that a request is checked by one comparison per input: the datatypes by
+    name (one dict comparison), the names of the outputs it may ask for, and for each
+    input its rank, the dims its shape must equal (all, or all past a dynamic first one)
+    and the rows it may have (max_batch_size). `arguments` says only whether a request
+    fits; the model version's full check says what is wrong with one that does not."""
+
+    __slots__ = ("_datatypes", "_outputs", "_inputs")
+
+    def __init__(self, datatypes: dict[str, str], outputs: frozenset[str],
+                 inputs: list[tuple[str, int, int, tuple[int, ...], int]]) -> None:
+        self._datatypes = datatypes
+        self._outputs = outputs
+        self._inputs = inputs  # (name, rank, first fixed dim, fixed dims, most rows)
+
+    @classmethod
+    def of(cls, inputs: list[TensorSpec], outputs: list[TensorSpec], max_batch_size: int
+           ) -> RequestGates | None:
+        """The gates of a signature; None when an input is a scalar or has a dynamic dim
+        past the first (its requests take the full check)."""
+        most_rows = max_batch_size or np.iinfo(np.int64).max
+        gates = []
+        for spec in inputs:
+            shape = spec.shape
+            if spec.scalar or not shape or -1 in shape[1:]:
+                return None
+            start = 1 if shape[0] == -1 else 0
+            gates.append((spec.name, len(shape), start, shape[start:], most_rows))
+        return cls({s.name: s.datatype for s in inputs}, frozenset(s.name for s in outputs),
+                   gates)
+
+    def arguments(self, request: InferRequest) -> list[Any] | None:
+        """The request's arguments in signature order when it fits, else None."""
+        if request.input_datatypes != self._datatypes:
+            return None
+        for output in request.outputs or ():
+            if output.name not in self._outputs:
+                return None
+        inputs = request.inputs
+        args = []
+        for name, rank, start, fixed, rows in self._inputs:
+            array = inputs[name]
+            shape = array.shape
+            if len(shape) != rank or shape[start:] != fixed or shape[0] > rows:
+                return None
+            args.append(array)
+        return args
 
 
 def _parameter_files(settings: ModelConfig, version_dir: Path) -> dict[str, list[str]] | None:
@@ -194,6 +244,9 @@ class ModelVersion:
     program_outputs: list[TensorSpec] = field(default_factory=list)  # clients see `outputs`
     _device_lock: threading.Lock | None = None
     _unloaded: trio.Event | None = None  # made by the first `unload`, set when it ended
+    # what `prepare` compares requests with, made once the signature is final (None: every
+    # request takes the full check)
+    request_gates: RequestGates | None = None
 
     @property
     def ready(self) -> bool:
@@ -264,6 +317,7 @@ class ModelVersion:
                                             self.peak_invocation_bytes))
                 if memory else None,
                 end=self._memory_end if memory else None)
+        self.request_gates = RequestGates.of(self.inputs, self.outputs, self.max_batch_size)
         self.load_seconds = time.perf_counter() - start
         self.state = "READY"
 
@@ -363,7 +417,18 @@ class ModelVersion:
 
     def prepare(self, request: InferRequest) -> list[Any]:
         """The invocation's arguments, in order, after checking the request against the
-        signature (raises ProtocolError 400 naming what is wrong)."""
+        signature (raises ProtocolError 400 naming what is wrong): at once when it fits
+        the gates made at load (`RequestGates`), else by the full check, which names the
+        first thing wrong."""
+        gates = self.request_gates
+        if gates is not None:
+            args = gates.arguments(request)
+            if args is not None:
+                return args
+        return self._checked_arguments(request)
+
+    def _checked_arguments(self, request: InferRequest) -> list[Any]:
+        """`prepare`'s full check: every rule in turn, the first one broken raised."""
         inputs = request.inputs
         if len(inputs) == len(self.inputs) and all(s.name in inputs for s in self.inputs):
             return self._arguments(request)  # every input, nothing unknown

@@ -1,14 +1,14 @@
 """What every scheduler of a model version shares: the `Scheduler` protocol the model
 version and the server's drain and unload use, the outcomes a request can have, the
-count of admitted work an unload waits for, the one-waiter completion a request parks
-on, the end-of-pass dispatch, and the queue-delay timer.
+count of admitted work an unload waits for, the end-of-pass dispatch, and the
+queue-delay timer.
 
 A model version holds one scheduler (Triton's `Scheduler`: `Enqueue`,
 `InflightInferenceCount`, `Stop`): the dynamic batcher (`admission.Admission`) or the
 sequence batcher (`sequences.SequenceBatcher`), which is built from the dynamic
-batcher's pieces rather than copies of them: from here the completion, the in-flight
-count and the queue-delay timer with its lead correction; from admission.py the pending
-request and its wait; from batching.py the batching policy.
+batcher's pieces rather than copies of them: from here the in-flight count and the
+queue-delay timer with its lead correction; from admission.py the pending request (its
+own one-waiter completion) and its wait; from batching.py the batching policy.
 
 Every scheduler keeps the same promises to the drain and the unload:
 
@@ -41,7 +41,7 @@ from .batching import Results
 
 log = logging.getLogger("tinyhal.server")
 
-__all__ = ["Completion", "DeadlineExceeded", "DispatchAfterPass", "InFlight", "Overloaded",
+__all__ = ["DeadlineExceeded", "DispatchAfterPass", "InFlight", "Overloaded",
            "QueueTimer", "RunningInvocation", "Scheduler", "Unavailable", "after_pass"]
 
 
@@ -146,47 +146,6 @@ class InFlight:
             event = trio.Event()
             self._waiters.append(event)
             await event.wait()
-
-
-class Completion:
-    """What one task waits for: the outcome of its request being in place. A trio.Event
-    for exactly one waiter, without the parking lot: `wait` parks the task itself and
-    `set` reschedules it, so a request costs one small object and no lot, statistics
-    or waiter set. `wait` is a checkpoint whether or not it has to park (as
-    `trio.Event.wait`), and a cancelled wait returns nothing (the caller reads
-    `is_set()`)."""
-
-    __slots__ = ("_set", "_task")
-
-    def __init__(self) -> None:
-        self._set = False
-        self._task: Any = None
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def set(self) -> None:
-        """Marks it done and wakes the waiting task, if any (on the loop)."""
-        if not self._set:
-            self._set = True
-            task = self._task
-            if task is not None:
-                self._task = None
-                trio.lowlevel.reschedule(task)
-
-    async def wait(self) -> None:
-        """Returns once `set` was called (at once if it was already)."""
-        if self._set:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._task is not None:
-            raise RuntimeError("a Completion has one waiter")
-        self._task = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(self._abort)
-
-    def _abort(self, raise_cancel: Any) -> trio.lowlevel.Abort:
-        self._task = None
-        return trio.lowlevel.Abort.SUCCEEDED
 
 
 class _AfterPass(trio.abc.Instrument):

@@ -256,6 +256,7 @@ class SequenceBatcher:
         slots = config.max_candidate_sequences if config.strategy == "oldest" else \
             max_batch_size * len(instances)
         self.slots = slots
+        self._capacity = max(max_queue, slots)  # steps queued at most (Overloaded beyond)
         self._free_slots = list(range(slots - 1, -1, -1))
         self._device = DeviceState(config.states, max_batch_size, programs)
         controls = {c.name: c for c in config.controls}
@@ -412,7 +413,7 @@ class SequenceBatcher:
                                      f"'{self.model}' must specify the START flag on the "
                                      f"first request of the sequence"
                                      f"{f' ({why})' if why else ''}")
-        if self._queued >= max(self.max_queue, self.slots):
+        if self._queued >= self._capacity:
             raise Overloaded(f"exceeds maximum queue size: {self._queued} sequence "
                              f"requests queued (max_queue {self.max_queue})", 1)
         if seq is None:
@@ -498,8 +499,7 @@ class SequenceBatcher:
             self._queued -= 1
             self._in_flight.left(1)
             self._clients.forget(lost)
-            lost.outcome = (None, error)
-            lost.done.set()
+            lost.finish((None, error))
         if at < len(steps):
             return
         self._remember_end(seq.id, f"it was ended: {why}")
@@ -773,9 +773,8 @@ class SequenceBatcher:
         for i, (seq, step, outcome) in enumerate(zip(batch, steps, outcomes)):
             if homes is not None and homes[i] is not None:
                 seq.home = homes[i]  # the previous home is released with its last row
-            step.outcome = outcome
             step.infer_seconds = seconds
-            step.done.set()
+            step.finish(outcome)
             if watched:
                 watched.pop(step, None)
             if step.detached:
@@ -822,8 +821,7 @@ class SequenceBatcher:
             self._queued -= 1
             self._in_flight.left(1)
             self._clients.forget(queued)
-            queued.outcome = (None, error)
-            queued.done.set()
+            queued.finish((None, error))
         if seq.ready:
             seq.ready = False
             self._ready.remove(seq)
@@ -931,14 +929,13 @@ class SequenceBatcher:
             self._end_early(seq, why, Unavailable(f"{why}; nothing ran"))
         for execution in self._running:
             for step in execution.requests:
-                if not step.done.is_set():
+                if not step.finished:
                     count += 1
-                    step.outcome = (None, DeadlineExceeded(f"{why}; {step.started_note}",
-                                                           started=True))
                     step.detached = True
                     self._detached += 1
                     log_abandoned(step, 504, why)
-                    step.done.set()
+                    step.finish((None, DeadlineExceeded(f"{why}; {step.started_note}",
+                                                        started=True)))
         return count
 
     async def wait_idle(self) -> None:

@@ -77,6 +77,7 @@ class ModuleProgram:
     function_count: int
     native_loops: dict  # ordinal -> scalar.ScalarProgram run natively in place of `_f<n>`
     record_blocks: tuple  # site -> record_blocks.RecordBlock, called as `_blk<site>`
+    native_entries: dict  # ordinal -> scalar.EntryProgram: a VMVX workgroup function in C
 
 
 class _Gen:
@@ -1116,7 +1117,10 @@ def generate_module(module, verified: list[VerifiedFunction]) -> ModuleProgram:
                 changed = True
 
     native_loops = {}
+    native_entries = {}
     if scalar.enabled():
+        type_names = [element_type_name(t) for t in module.types]
+        imports = [(imp.full_name, imp.cconv.text) for imp in module.imports]
         for fn, g, _body in per_fn:
             if fn.ordinal not in st.generators:
                 program = scalar.encode(
@@ -1124,6 +1128,10 @@ def generate_module(module, verified: list[VerifiedFunction]) -> ModuleProgram:
                     [reg for _bank, reg in cconv_registers(fn.cconv.args)], g.i32_limit)
                 if program is not None:
                     native_loops[fn.ordinal] = program
+                entry = scalar.encode_entry(fn.instructions, fn.cconv.text, g.i32_limit,
+                                            len(module.rodata), type_names, imports)
+                if entry is not None:
+                    native_entries[fn.ordinal] = entry
 
     lines = _prologue(module, st)
     line_pcs: list = [None] * (len(lines) + 1)  # 1-based
@@ -1149,7 +1157,8 @@ def generate_module(module, verified: list[VerifiedFunction]) -> ModuleProgram:
     code = compile_module_source(source, filename)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return ModuleProgram(code, filename, source, line_pcs, frozenset(st.generators),
-                         st.constants, len(per_fn), native_loops, tuple(st.record_blocks))
+                         st.constants, len(per_fn), native_loops, tuple(st.record_blocks),
+                         native_entries)
 
 
 # Sources at least this large compile in a child process: CPython's `compile` holds the

@@ -101,6 +101,15 @@ _lround = _libm_fn("lround", _cl, _cd)
 _llround = _libm_fn("llround", _cll, _cd)
 
 
+def f32_libm_address(name: str) -> int:
+    """The address of the C library function an f32 op calls: `name` as `f32_unary`
+    takes it, or `atan2`, `pow`, `remainder`, `lround`, `llround`. The native interpreter
+    (`vm.scalar`) calls these very functions, so both paths give the same bits."""
+    fn = _F32_UNARY.get(name) or {"atan2": _atan2f, "pow": _powf, "remainder": _remainderf,
+                                  "lround": _lroundf, "llround": _llroundf}[name]
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
 def f32_unary(name: str):
     fn = _F32_UNARY[name]
 

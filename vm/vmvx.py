@@ -9,12 +9,19 @@ z). The code is VM bytecode over the `vmvx` module's operations (with
 `unpack`), and without microkernels plain VM loops; there is no machine code, which is
 why a device whose executable policy is `"portable"` still loads it.
 
-`VMVXExecutable` is an `Executable` to the HAL: its `dispatch_function` is a C callback of
-IREE's dispatch ABI (made with cffi) that calls the export for one workgroup, so the
-native workgroup loop, streams and every driver (`sync`, `task`, `emu`) run it as they run
-a library, and a failure fails the dispatch with its VM error. One VM call per workgroup
-is inherent to an interpreter; the `vmvx` operations themselves are numpy over strided
-views of the bindings, never a Python loop over elements.
+`VMVXExecutable` is an `Executable` to the HAL: each export has a C dispatch function of
+IREE's ABI, so the native workgroup loop, streams and every driver (`sync`, `task`, `emu`)
+run it as they run a library, and a failure fails the dispatch with its VM error. An
+export made of scalar VM code (plain loops of loads, stores and f32/integer arithmetic:
+what VMVX emits without microkernels, and around them) and calls of the `vmvx`
+operations runs in the C interpreter of `vm.scalar`, which has those operations too: the
+dispatch function is the interpreter itself, each workgroup one C call with no Python,
+on the task driver from several threads at once. An export using what the interpreter
+lacks is decided at load to stay Python: its dispatch function is a cffi callback
+calling the export's translation for one workgroup, with the `vmvx` operations below as
+numpy over strided views of the bindings, never a Python loop over elements. Where a
+native run stops at a VM error, the workgroup runs again in Python, whose error the
+dispatch reports, so both paths fail alike.
 
 The `vmvx` module (`VMVX_EXPORTS`, one row per export as in IREE's `exports.inl`) maps
 each 2-D operand as IREE does: offset and strides in elements, every byte it reaches
@@ -46,11 +53,12 @@ from ..errors import (
 from ..hal.cpu import cpu_feature
 from ..hal.executable import Executable, ExportInfo
 from ..hal.native import ffi
+from . import scalar
 from .context import Context
 from .loader import load_module
 from .native import NativeModule
 from .native_table import Export, build_module
-from .types import VMBuffer, VMList
+from .types import MAX_ALLOCATION_BYTES, VMBuffer, VMList
 from .vmvx_format import VMVX_FORMAT
 
 __all__ = ["VMVX_EXPORTS", "VMVX_FORMAT", "VMVXExecutable", "create_vmvx_module"]
@@ -468,9 +476,35 @@ class VMVXExecutable(Executable):
                     "dispatch function cannot")
         self._functions = [function.callable for function in functions]
         self._environment = ffi.new("tinyhal_environment_t*")
-        self._callbacks: dict[int, Any] = {}
+        self._callbacks: dict[Any, Any] = {}
         self._bindings: dict[tuple, VMList] = {}
         self._last_failure = ""
+        self._entries = self._native_entries(module)
+
+    def _native_entries(self, module: Any) -> dict[int, scalar.WorkgroupEntry]:
+        """The exports the C interpreter runs, by ordinal (see the module docstring)."""
+        programs = module.program.native_entries if scalar.enabled() else {}
+        rodata = [buffer.data for buffer in module.rodata]
+        avx2, avx512, _ = _x86_64_features()
+        fused_tiles = int(avx2) | int(avx512) << 1  # as `_fused_f32_tile` reads them
+        matmul_tiles = [size for operation in (_QUERY_MATMUL_F32, _QUERY_MATMUL_I8, 0xFF00)
+                        for size in _matmul_tile(operation)]  # as query_tile_sizes_2d
+        entries = {}
+        for ordinal, name in enumerate(self.export_names):
+            program = programs.get(module.exports[name].internal_ordinal)
+            if program is None:
+                continue
+            on_trap = self._callbacks[("trap", ordinal)] = ffi.callback(
+                _DISPATCH_FN, self._trap_runner(ordinal))
+            entries[ordinal] = scalar.WorkgroupEntry(
+                program, rodata, MAX_ALLOCATION_BYTES, fused_tiles, matmul_tiles,
+                int(ffi.cast("uintptr_t", on_trap)), self._interrupted(name))
+        return entries
+
+    @property
+    def native_exports(self) -> list[str]:
+        """The names of the exports the C interpreter runs."""
+        return [self.export_names[ordinal] for ordinal in sorted(self._entries)]
 
     def __repr__(self) -> str:
         return f"<VMVXExecutable {self.name or self.digest[:12]} {self.export_names}>"
@@ -479,11 +513,20 @@ class VMVXExecutable(Executable):
         return f"pc 0x{address:x} (outside the executable: {self._what} is VM bytecode)"
 
     def dispatch_function(self, ordinal: int) -> Any:
+        entry = self._entries.get(ordinal)
+        if entry is not None:
+            return ffi.cast(_DISPATCH_FN, entry.function_address)
         callback = self._callbacks.get(ordinal)
         if callback is None:
             callback = self._callbacks[ordinal] = ffi.callback(
                 _DISPATCH_FN, self._workgroup_runner(ordinal))
         return callback
+
+    def dispatch_environment(self, ordinal: int) -> Any:
+        entry = self._entries.get(ordinal)
+        if entry is None:
+            return self._environment
+        return ffi.cast("tinyhal_environment_t*", entry.environment_address)
 
     def failure_detail(self) -> str:
         return self._last_failure
@@ -523,6 +566,29 @@ class VMVXExecutable(Executable):
 
         return run
 
+    def _trap_runner(self, ordinal: int) -> Callable[[Any, Any, Any], int]:
+        """A workgroup the native run stopped at a VM error, run again by the export's
+        Python translation, whose error the dispatch reports; should that run not fail,
+        the disagreement fails the dispatch (never a silent result)."""
+        run = self._workgroup_runner(ordinal)
+        name = self.export_names[ordinal]
+
+        def rerun(environment: Any, state: Any, workgroup: Any) -> int:
+            status = run(environment, state, workgroup)
+            if status == 0:
+                self._last_failure = (f"{name}: the native run stopped at a VM error the "
+                                      "Python run did not raise (a tinyhal bug)")
+                return 13  # INTERNAL
+            return status
+
+        return rerun
+
+    def _interrupted(self, name: str) -> Callable[[BaseException], None]:
+        def interrupted(exc: BaseException) -> None:
+            self._last_failure = f"{name}: {type(exc).__name__}: {exc}"
+
+        return interrupted
+
     def _run_workgroup(self, function: Callable[..., Any], state: Any, workgroup: Any
                        ) -> None:
         """One workgroup: the export called as IREE's VMVX loader calls it."""
@@ -538,3 +604,4 @@ class VMVXExecutable(Executable):
     def close(self) -> None:
         self._callbacks = {}
         self._bindings = {}
+        self._entries = {}

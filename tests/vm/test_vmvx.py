@@ -3,14 +3,11 @@ the pinned compiler give iree-run-module's bits on every driver, through `tinyha
 and `tinyhal-run`, in each of the three shapes VMVX code comes in: plain VM loops, the
 `vmvx` module's microkernels, and microkernels with data tiling (`mmt4d`, `pack`,
 `unpack`), and in TinyIREE's inline-dynamic mode; so does the VM corpus compiled to
-VMVX. Where iree-compile's own VMVX lowering is wrong, both runtimes fail alike. The
-executable policy `"portable"` refuses machine code with the policy named, and still
-runs VMVX (also the VMVX half of a program compiled for both).
-`TINYHAL_TEST_VMVX_CNN=1` adds the tests' small CNN compiled to VMVX (slow: opt-in)."""
+VMVX, and the tests' small CNN. Where iree-compile's own VMVX lowering is wrong, both
+runtimes fail alike. The executable policy `"portable"` refuses machine code with the
+policy named, and still runs VMVX (also the VMVX half of a program compiled for both)."""
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pytest
@@ -421,20 +418,21 @@ def test_vmvx_operation_checks_its_operands():
     assert np.array_equal(out.reshape(4, 4), grid + grid.T)
 
 
-@pytest.mark.skipif(not os.environ.get("TINYHAL_TEST_VMVX_CNN"),
-                    reason="opt-in (about 20 s a run): TINYHAL_TEST_VMVX_CNN=1")
 @pytest.mark.timeout(600)
 def test_small_cnn_compiled_to_vmvx_gives_iree_bits():
     """The tests' small CNN (three strided conv + ReLU layers, global pool, dense; from
-    ONNX) compiled to VMVX with data tiling: iree.runtime's bits on the task driver. Its
-    convolutions are VM loops, so the interpreter takes tens of seconds: opt-in."""
+    ONNX) compiled to VMVX, plain and with data tiling: iree.runtime's bits on every
+    driver. Its convolutions are VM loops, which the C interpreter runs (seconds a run
+    when they were Python)."""
     from support.models import import_onnx, iree_function, small_cnn_onnx
 
-    vmfb = compile_mlir(import_onnx(small_cnn_onnx()), FLAVOURS["data-tiling"])
     x = np.random.default_rng(1).standard_normal((1, 3, 64, 64)).astype(np.float32)
-    expected = iree_function(vmfb, "small_cnn")(x)
-    with tinyhal.load(vmfb, device="task") as module:
-        assert _bits(module.small_cnn(x)) == _bits(expected)
+    for flavour in ("loops", "data-tiling"):
+        vmfb = compile_mlir(import_onnx(small_cnn_onnx()), FLAVOURS[flavour])
+        expected = iree_function(vmfb, "small_cnn")(x)
+        for driver in DRIVERS:
+            with tinyhal.load(vmfb, device=driver) as module:
+                assert _bits(module.small_cnn(x)) == _bits(expected), (flavour, driver)
 
 
 LARGE = """

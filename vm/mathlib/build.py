@@ -14,7 +14,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE_NAME = "tinyhal.vm.mathlib._mathlib"
-SOURCES = ("build.py", "mathlib.c")
+SOURCES = ("build.py", "mathlib.c", "mmt4d_fma.h")
 
 CDEF = """
 void tinyhal_expf_array(const float* in, float* out, size_t count);
@@ -31,7 +31,7 @@ def make_builder(module_name: str = MODULE_NAME) -> FFI:
     builder.cdef(CDEF)
     with open(os.path.join(HERE, "mathlib.c")) as f:
         source = f.read()
-    builder.set_source(module_name, source, libraries=["m"],
+    builder.set_source(module_name, source, libraries=["m"], include_dirs=[HERE],
                        extra_compile_args=["-O2", "-std=c11", "-fno-fast-math",
                                            "-ffp-contract=off"])
     return builder

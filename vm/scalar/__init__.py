@@ -1,10 +1,10 @@
-"""Integer loops run natively: VM functions of i32/i64 arithmetic and branches only.
+"""VM functions run natively: integer loops, and VMVX workgroup functions.
 
 The Python translation (`codegen.py`) runs a VM instruction in tens of nanoseconds, which
 is CPython's floor; a function that only computes on integers in a loop gains nothing from
 being Python. Such a function is re-laid once, at module load, as a word program (see
 `scalar.c`) and runs in the C interpreter here, with IREE's register semantics (one bank of
-32-bit slots, i64 values in two of them, branch operands copied slot by slot).
+32-bit slots, i64 values in two of them, branch operand lists copied slot by slot).
 
 A function qualifies when every instruction is in `SUPPORTED` (integer constants,
 arithmetic, bitwise ops, shifts, casts, compares, select, ctlz/abs/min/max, `br`,
@@ -12,11 +12,29 @@ arithmetic, bitwise ops, shifts, casts, compares, select, ctlz/abs/min/max, `br`
 goes back). A loop-free function runs a handful of instructions, for which crossing into C
 costs more than it saves, so it stays Python.
 
-The native run is an accelerator, never a second semantics: where an integer division
-would fault, it stops and the function is run again by its Python translation (it has no
-side effects, so running it twice is safe), which raises the VM's own error. Long loops
-run in slices of `BRANCH_BUDGET` taken branches, between which Python handles signals, so
-Ctrl-C still interrupts a runaway loop; the C code runs without the GIL.
+A VMVX workgroup function (`encode_entry`; calling convention `0rrriiiiiiiii_v`: local
+memory, constants, the bindings list, then the workgroup id, size and count) qualifies
+when every instruction is in `ENTRY_SUPPORTED`: the integer set plus f32 arithmetic,
+compares, selects, conversions and C library math, `vm.buffer` loads, stores, fills,
+copies, `length` and `alloc`, rodata and null refs, `list.get.ref` on the bindings,
+`discard.refs`, and calls of the `vmvx` operations (`KERNELS`: all of them), which
+scalar.c implements accepting and refusing what the Python `vmvx` module does, with the
+host's answers (which fused f32 `mmt4d` tiles, which matmul tile sizes) handed over by
+it. It then runs as a C dispatch function of the executable ABI
+(`WorkgroupEntry`): the HAL's workgroup loop calls it for every workgroup with no Python
+in between, and on the task driver from several threads at once. Any other function
+stays Python, decided per function at load.
+
+The native run is an accelerator, never a second semantics: where the VM would fail (a
+faulting integer division; for workgroup functions also a null ref, an access out of a
+buffer's bounds, a store into a read-only buffer, an allocation over the limit, a `vmvx`
+operation's refusal), it stops and the Python translation runs the same call again,
+which raises the VM's own error. An integer function has no side effects, so running it
+twice is safe. A workgroup may have stored before it stopped, so its Python run reads
+what the native one left; should that run not fail, the dispatch fails as an internal
+error naming the disagreement, never a silent result. Long loops run in slices of
+`BRANCH_BUDGET` taken branches, between which Python handles signals, so Ctrl-C still
+interrupts a runaway loop; the C code runs without the GIL.
 
 `TINYHAL_VM_NATIVE_LOOPS=0` in the environment keeps every function in Python (the tests
 use it to check both paths against IREE).
@@ -51,14 +69,51 @@ ctlz.i32 ctlz.i64 abs.i32 abs.i64 min.i32.s min.i32.u max.i32.s max.i32.u
 min.i64.s min.i64.u max.i64.s max.i64.u br cond_br return
 """.split())
 
-_OPCODES = {name: op for op, (name, _) in isa.CORE_OPS.items() if name in SUPPORTED}
+# f32 ops (the f32 extension set) and buffer/ref ops a workgroup function may use on top
+ENTRY_SUPPORTED = SUPPORTED | frozenset("""
+const.f32.zero const.f32 select.f32 bitcast.i32.f32 bitcast.f32.i32
+add.f32 sub.f32 mul.f32 div.f32 rem.f32 fma.f32 min.f32 max.f32 abs.f32 neg.f32
+atan.f32 atan2.f32 cos.f32 sin.f32 exp.f32 exp2.f32 expm1.f32 log.f32 log10.f32
+log1p.f32 log2.f32 pow.f32 rsqrt.f32 sqrt.f32 tanh.f32 erf.f32 ceil.f32 floor.f32
+round.f32 cast.si32.f32 cast.ui32.f32 cast.f32.si32 cast.f32.ui32
+cmp.eq.f32.o cmp.eq.f32.u cmp.ne.f32.o cmp.ne.f32.u cmp.lt.f32.o cmp.lt.f32.u
+cmp.lte.f32.o cmp.lte.f32.u cmp.nan.f32
+buffer.load.i8.u buffer.load.i8.s buffer.load.i16.u buffer.load.i16.s buffer.load.i32
+buffer.load.i64 buffer.load.f32 buffer.store.i8 buffer.store.i16 buffer.store.i32
+buffer.store.i64 buffer.store.f32 buffer.fill.i8 buffer.fill.i16 buffer.fill.i32
+buffer.fill.i64 buffer.fill.f32 buffer.length buffer.copy buffer.alloc
+const.ref.zero const.ref.rodata cmp.nz.ref list.get.ref discard.refs call
+""".split())
+
+# The `vmvx` operations a workgroup function may call natively, in scalar.c's kernel
+# order; a call's arguments are read as the module's import declares them (a
+# declaration other than the `vmvx` module's own fails linking, so it never runs)
+KERNELS = {f"vmvx.{name}": number for number, name in enumerate(
+    [f"{op}.2d.f32" for op in ("add", "sub", "mul", "div")]
+    + [f"{op}.2d.i32" for op in ("add", "sub", "mul", "and", "or", "xor", "shl", "shru",
+                                 "shrs", "divs", "divu")]
+    + [f"{op}.2d.f32" for op in ("abs", "neg", "ceil", "floor", "exp", "log", "rsqrt")]
+    + ["ctlz.2d.i32"] + [f"copy.2d.x{bits}" for bits in (8, 16, 32, 64)]
+    + ["fill.2d.x32", "mmt4d", "pack", "unpack", "query_tile_sizes.2d"])}
+_MAX_KERNEL_ARGUMENTS = 20  # scalar.c's MAX_KERNEL_ARGUMENTS
+_MAX_KERNEL_RESULTS = 2
+_ARGUMENT_KINDS = {"i": 0, "I": 1, "r": 2}  # cconv type -> the word scalar.c reads it by
+
+EXT_F32_BASE = 0x100  # as build.py numbers the f32 extension set
+_FELL_OFF_END = 0xFF  # scalar.c's word after a function's last instruction
+_OPCODES = {name: op for op, (name, _) in isa.CORE_OPS.items() if name in ENTRY_SUPPORTED}
+_OPCODES.update({name: EXT_F32_BASE + op for op, (name, _) in isa.EXT_F32_OPS.items()
+                 if name in ENTRY_SUPPORTED})
 _INTEGER_TYPES = {"i": False, "I": True}  # cconv type -> is i64
+_BUFFER_TYPES = ("vm.buffer", "variant")  # a `list.get.ref` of these yields the buffer
 BRANCH_BUDGET = 1 << 22
 _M32 = 0xFFFFFFFF
+_WIDE = "i64"
 
 
 def enabled() -> bool:
-    """Whether loaded modules run their integer loops natively (the default)."""
+    """Whether loaded modules run their integer loops and VMVX workgroup functions
+    natively (the default)."""
     return os.environ.get("TINYHAL_VM_NATIVE_LOOPS", "1") != "0"
 
 
@@ -73,6 +128,16 @@ class ScalarProgram:
     result_count: int
 
 
+@dataclass(frozen=True)
+class EntryProgram:
+    """One workgroup function as a word program for `tinyhal_vmvx_dispatch`: its words
+    and the 32-bit slots and ref registers it needs."""
+
+    words: array
+    register_count: int
+    ref_count: int
+
+
 def _word(value: int) -> int:
     """An unsigned 32-bit field as the signed word `array('i')` stores."""
     value &= _M32
@@ -81,14 +146,41 @@ def _word(value: int) -> int:
 
 def encode(instructions: Sequence, arg_types: Sequence[str], result_types: Sequence[str],
            argument_slots: Sequence[int], register_count: int) -> ScalarProgram | None:
-    """The word program of one already-verified function, or None when it does not
-    qualify (see the module docstring)."""
+    """The word program of one already-verified integer function, or None when it does
+    not qualify (see the module docstring)."""
     if any(t not in _INTEGER_TYPES for t in (*arg_types, *result_types)):
         return None
     try:
-        return _encode(instructions, arg_types, result_types, argument_slots, register_count)
-    except ValueError:  # a register the C side could not address
+        layout = _Encoder(register_count, SUPPORTED, 0, ()).encode(instructions, result_types)
+    except ValueError:  # a register the C side could not address, an op not supported
         return None
+    words, loops, _ = layout
+    if not loops:
+        return None
+    arguments = tuple((_slot(raw, _INTEGER_TYPES[t], register_count), _INTEGER_TYPES[t])
+                      for raw, t in zip(argument_slots, arg_types))
+    return ScalarProgram(words, register_count, arguments, len(result_types))
+
+
+ENTRY_CCONV = "0rrriiiiiiiii_v"
+
+
+def encode_entry(instructions: Sequence, cconv: str, register_count: int,
+                 rodata_count: int, type_names: Sequence[str],
+                 imports: Sequence[tuple[str, str]] = ()) -> EntryProgram | None:
+    """The word program of one already-verified VMVX workgroup function (calling
+    convention `ENTRY_CCONV`, whose arguments IREE places in ref registers 0-2 and i32
+    slots 0-8), or None when it does not qualify (see the module docstring). `imports`
+    are the module's (full name, calling convention) by ordinal."""
+    if cconv != ENTRY_CCONV or register_count < 9:
+        return None
+    try:
+        encoder = _Encoder(register_count, ENTRY_SUPPORTED, rodata_count, type_names,
+                           imports)
+        words, _, ref_count = encoder.encode(instructions, ())
+    except ValueError:
+        return None
+    return EntryProgram(words, register_count, max(ref_count, 3))
 
 
 def _slot(raw: int, wide: bool, register_count: int) -> int:
@@ -99,52 +191,126 @@ def _slot(raw: int, wide: bool, register_count: int) -> int:
     return raw
 
 
-def _encode(instructions, arg_types, result_types, argument_slots, register_count):
-    words: list[int] = []
-    block_words: dict[int, int] = {}  # block pc -> word index of its first instruction
-    fixups: list[tuple[int, int]] = []  # (word index, target block pc)
-    loops = False
-    for ins in instructions:
-        if ins.name == "block":
-            block_words[ins.pc] = len(words)
-            continue
-        if ins.name not in SUPPORTED:
-            return None
-        words.append(_OPCODES[ins.name])
-        if ins.name == "return":
-            regs = ins.fields[0]
-            if len(regs) != len(result_types):
-                return None
-            words.append(len(regs))
-            for raw, t in zip(regs, result_types):
-                words += (_slot(raw, _INTEGER_TYPES[t], register_count), int(_INTEGER_TYPES[t]))
-            continue
-        for (code, arg), value in zip(ins.layout, ins.fields):
-            if code in ("r", "w"):
-                words.append(_slot(value, arg == "i64", register_count))
-            elif code == "A":
-                words.append(_word(value))
-                if arg == "i64":
-                    words.append(_word(value >> 32))
-            elif code == "B":
-                loops |= value <= ins.pc
-                fixups.append((len(words), value))
-                words.append(0)
-            elif code == "O":
-                words.append(len(value))
-                for src, dst in value:
-                    words += (_slot(src, False, register_count), _slot(dst, False, register_count))
-            else:  # pragma: no cover - SUPPORTED holds no other field kinds
-                return None
-    if not loops:
-        return None
-    for at, target in fixups:
-        if target not in block_words:
-            return None
-        words[at] = block_words[target]
-    arguments = tuple((_slot(raw, _INTEGER_TYPES[t], register_count), _INTEGER_TYPES[t])
-                      for raw, t in zip(argument_slots, arg_types))
-    return ScalarProgram(array("i", words), register_count, arguments, len(result_types))
+class _Encoder:
+    """Lays out one function's instructions as words (see scalar.c), checking every
+    register, ordinal and target; ValueError where the function does not qualify."""
+
+    def __init__(self, register_count: int, supported: frozenset, rodata_count: int,
+                 type_names: Sequence[str], imports: Sequence[tuple[str, str]] = ()) -> None:
+        self.imports = imports
+        self.register_count = register_count
+        self.supported = supported
+        self.rodata_count = rodata_count
+        self.type_names = type_names
+        self.refs = supported is not SUPPORTED
+        self.ref_count = 0
+
+    def ref(self, raw: int) -> int:
+        if not self.refs or not raw & isa.REF_BIT:
+            raise ValueError(raw)
+        index = raw & isa.REF_MASK
+        self.ref_count = max(self.ref_count, index + 1)
+        return index
+
+    def register(self, raw: int, bank: str) -> int:
+        if bank == "ref":
+            return self.ref(raw)
+        return _slot(raw, bank == _WIDE, self.register_count)
+
+    def remap(self, pairs) -> list[int]:
+        words = [len(pairs)]
+        for src, dst in pairs:
+            if src & isa.REF_BIT:
+                words += (2 if src & isa.MOVE_BIT else 1, self.ref(src), self.ref(dst))
+            else:
+                words += (0, _slot(src, False, self.register_count),
+                          _slot(dst, False, self.register_count))
+        return words
+
+    def call(self, function: int, arguments, results) -> list[int]:
+        """A call of a `vmvx` operation the interpreter has (see `KERNELS`), its argument
+        registers read as the operation's calling convention types them."""
+        ordinal = function & ~isa.IMPORT_BIT
+        if not function & isa.IMPORT_BIT or not 0 <= ordinal < len(self.imports):
+            raise ValueError(function)
+        name, cconv = self.imports[ordinal]
+        kernel = KERNELS.get(name)
+        types, _, result_types = cconv[1:].partition("_")
+        result_types = result_types.replace("v", "")
+        if (kernel is None or len(arguments) != len(types) or len(types) >
+                _MAX_KERNEL_ARGUMENTS or len(results) != len(result_types)
+                or len(results) > _MAX_KERNEL_RESULTS or not set(types + result_types)
+                <= set(_ARGUMENT_KINDS)):
+            raise ValueError(function)
+        words = [kernel]
+        for registers, kinds in ((arguments, types), (results, result_types)):
+            words.append(len(registers))
+            for raw, kind in zip(registers, kinds):
+                bank = "ref" if kind == "r" else _WIDE if kind == "I" else "i32"
+                words += (_ARGUMENT_KINDS[kind], self.register(raw, bank))
+        return words
+
+    def encode(self, instructions, result_types) -> tuple[array, bool, int]:
+        """(words, whether some branch goes back, ref registers used)."""
+        words: list[int] = []
+        block_words: dict[int, int] = {}  # block pc -> word index of its first instruction
+        fixups: list[tuple[int, int]] = []  # (word index, target block pc)
+        loops = False
+        for ins in instructions:
+            name = ins.name
+            if name == "block":
+                block_words[ins.pc] = len(words)
+                continue
+            if name not in self.supported:
+                raise ValueError(name)
+            words.append(_OPCODES[name])
+            if name == "return":
+                regs = ins.fields[0]
+                if len(regs) != len(result_types):
+                    raise ValueError(name)
+                words.append(len(regs))
+                for raw, t in zip(regs, result_types):
+                    wide = _INTEGER_TYPES[t]
+                    words += (_slot(raw, wide, self.register_count), int(wide))
+                continue
+            if name == "discard.refs":
+                regs = ins.fields[0]
+                words += (len(regs), *(self.ref(raw) for raw in regs))
+                continue
+            if name == "call":
+                words += self.call(*ins.fields)
+                continue
+            if name == "list.get.ref" and ins.fields[3] & isa.MOVE_BIT:
+                raise ValueError(name)  # moves the binding out of the list: Python's job
+            for (code, arg), value in zip(ins.layout, ins.fields):
+                if code in ("r", "w"):
+                    words.append(self.register(value, arg))
+                elif code == "A":
+                    words.append(_word(value))
+                    if arg == _WIDE:
+                        words.append(_word(value >> 32))
+                elif code == "B":
+                    loops |= value <= ins.pc
+                    fixups.append((len(words), value))
+                    words.append(0)
+                elif code == "O":
+                    words += self.remap(value)
+                elif code == "D":
+                    if not 0 <= value < self.rodata_count:
+                        raise ValueError(value)
+                    words.append(value)
+                elif code == "T":
+                    if not 0 <= value < len(self.type_names):
+                        raise ValueError(value)
+                    words.append(int(self.type_names[value] in _BUFFER_TYPES))
+                else:  # pragma: no cover - the supported sets hold no other field kinds
+                    raise ValueError(code)
+        words.append(_FELL_OFF_END)
+        for at, target in fixups:
+            if target not in block_words:
+                raise ValueError(target)
+            words[at] = block_words[target]
+        return array("i", words), loops, self.ref_count
 
 
 def entry(program: ScalarProgram, fallback: Callable) -> Callable:
@@ -181,4 +347,77 @@ def entry(program: ScalarProgram, fallback: Callable) -> Callable:
     return call
 
 
-__all__ = ["BRANCH_BUDGET", "SUPPORTED", "ScalarProgram", "enabled", "encode", "entry"]
+_MATH_UNARY = ("atan", "cos", "sin", "exp", "exp2", "expm1", "log", "log10", "log1p", "log2",
+               "sqrt", "tanh", "erf", "ceil", "floor", "round")  # scalar.h's MATH_* order
+_math_set: list[bool] = []
+
+
+def _set_math() -> None:
+    """Hands the interpreter the C library functions the Python translation calls, once."""
+    if _math_set:
+        return
+    from ..ops import f32_libm_address
+
+    math = _ffi.new("tinyhal_scalar_math_t*")
+    for i, name in enumerate(_MATH_UNARY):
+        math.unary[i] = _ffi.cast("void*", f32_libm_address(name))
+    for field, name in (("atan2f", "atan2"), ("powf", "pow"), ("remainderf", "remainder"),
+                        ("lroundf", "lround"), ("llroundf", "llround")):
+        setattr(math, field, _ffi.cast("void*", f32_libm_address(name)))
+    _lib.tinyhal_scalar_set_math(math)
+    _math_set.append(True)
+
+
+class WorkgroupEntry:
+    """A VMVX workgroup function as a C dispatch function of the executable ABI.
+
+    `function_address` is the dispatch function (the same for every entry) and
+    `environment_address` the `tinyhal_environment_t*` to call it with: the entry's own
+    record, from which the dispatch function reads its program. `on_trap` (an address of a
+    dispatch function) runs a workgroup again in Python where the native run stops at a
+    VM error; between slices of `BRANCH_BUDGET` taken branches Python runs its pending
+    signal handlers, and one that raises (Ctrl-C) stops the dispatch after
+    `on_interrupt(exception)`. The entry keeps what it points at alive.
+    """
+
+    def __init__(self, program: EntryProgram, rodata: Sequence, max_allocation: int,
+                 fused_tiles: int, matmul_tiles: Sequence[int], on_trap: int,
+                 on_interrupt: Callable[[BaseException], None]) -> None:
+        _set_math()
+
+        def stop(exc_type, exc, traceback) -> int:
+            on_interrupt(exc)
+            return 1
+
+        self._code = _ffi.from_buffer("int32_t[]", program.words)
+        self._rodata = [_ffi.from_buffer("uint8_t[]", data) for data in rodata]
+        self._rodata_data = _ffi.new("uint8_t*[]", self._rodata or [_ffi.NULL])
+        self._rodata_lengths = _ffi.new("uint64_t[]", [len(data) for data in rodata] or [0])
+        self._on_budget = _ffi.callback("int(void)", _between_slices, onerror=stop)
+        entry = self._entry = _ffi.new("tinyhal_vmvx_entry_t*")
+        entry.code = self._code
+        entry.register_count = program.register_count
+        entry.ref_count = program.ref_count
+        entry.rodata_count = len(rodata)
+        entry.rodata_data = self._rodata_data
+        entry.rodata_lengths = self._rodata_lengths
+        entry.max_allocation = max_allocation
+        entry.budget = BRANCH_BUDGET
+        entry.features = fused_tiles
+        entry.tiles = list(matmul_tiles)
+        entry.on_trap = _ffi.cast("void*", on_trap)
+        entry.on_budget = _ffi.cast("void*", self._on_budget)
+        self.environment_address = int(_ffi.cast("uintptr_t", entry))
+        self.function_address = int(_ffi.cast("uintptr_t",
+                                              _lib.tinyhal_vmvx_dispatch_address()))
+
+
+def _between_slices() -> int:
+    """Called between slices of a workgroup's run: entering Python runs the signal
+    handlers that are pending, so Ctrl-C raises here and (through `onerror`) stops it."""
+    return 0
+
+
+__all__ = ["BRANCH_BUDGET", "ENTRY_CCONV", "ENTRY_SUPPORTED", "KERNELS", "SUPPORTED",
+           "EntryProgram",
+           "ScalarProgram", "WorkgroupEntry", "enabled", "encode", "encode_entry", "entry"]
