@@ -484,6 +484,8 @@ class _Gen:
                 return "u32d"
             if raw & 1 and raw - 1 in f64:
                 return "u32dhi"
+            if raw & 1:  # after a slot that may hold an i64 whole: told by its value
+                return "u32pair"
             return "u32"
 
         def arg_kinds(ordinal: int) -> tuple:
@@ -496,8 +498,8 @@ class _Gen:
 
     def f64_slots(self) -> set[int]:
         """First slots that some instruction (or a parameter) of the function types f64."""
-        slots = {reg for t, (bank, reg) in zip(self.fn.cconv.args,
-                                               cconv_registers(self.fn.cconv.args))
+        slots = {reg for t, (_bank, reg) in zip(self.fn.cconv.args,
+                                                cconv_registers(self.fn.cconv.args))
                  if t == "F"}
         for blk in self.blocks:
             for other in blk:
@@ -515,6 +517,8 @@ class _Gen:
                 values.append(self.rreg(raw))
             elif kind in ("u32hi", "u32dhi"):
                 values.append(self.ireg(raw - 1))
+            elif kind == "u32pair":
+                values.append(f"({self.ireg(raw - 1)}, {self.ireg(raw)})")
             else:
                 values.append(self.ireg(raw))
         return f"_tr({k}, ({''.join(v + ', ' for v in values)}))"

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from . import isa
-from .numbers import f32_bits
+from .numbers import f32_bits, round_f32
 
 __all__ = ["Tracer", "describe", "entry_site", "function_label", "traced_program"]
 
@@ -411,6 +411,28 @@ def _u32dhi(v) -> int:
     return struct.unpack("<Q", struct.pack("<d", v))[0] >> 32
 
 
+def _pair(v) -> int:
+    """The odd slot after one that may hold an i64 whole, from (that slot's local, this
+    slot's local): the i64's high half when the value is wider than 32 bits, else this
+    slot's own value."""
+    wide, own = v
+    if isinstance(wide, int) and not -0x80000000 <= wide <= 0x7FFFFFFF:
+        return (wide >> 32) & _M32
+    return _slot(own)
+
+
+def _as_int_bits(v, bits: int) -> int:
+    """An integer register's value; a float (a module reading an f32/f64 register as an
+    integer) as its bits, as IREE reads the slot."""
+    if not isinstance(v, float):
+        return v
+    if round_f32(v) == v or math.isnan(v):
+        raw = f32_bits(v)
+        return raw - ((raw & 0x80000000) << 1) if bits == 32 else raw
+    raw = struct.unpack("<q", struct.pack("<d", v))[0]
+    return ((raw + 0x80000000) & _M32) - 0x80000000 if bits == 32 else raw
+
+
 def _slot(v) -> int:
     """A 32-bit slot read from a local that may hold an int or (by the function's data
     flow) an f32."""
@@ -420,8 +442,8 @@ def _slot(v) -> int:
 
 
 _VALUE: dict[str, Callable[[Any], str]] = {
-    "i32": lambda v: str(v),
-    "i64": lambda v: str(v),
+    "i32": lambda v: str(_as_int_bits(v, 32)),
+    "i64": lambda v: str(_as_int_bits(v, 64)),
     "f32": lambda v: _g9(_f32_value(v)),
     "f64": lambda v: _g17(v),
     "ref": _ref_text,
@@ -432,6 +454,7 @@ _VALUE: dict[str, Callable[[Any], str]] = {
     "u32f": lambda v: str(_u32f(v)),
     "u32d": lambda v: str(_u32d(v)),
     "u32dhi": lambda v: str(_u32dhi(v)),
+    "u32pair": lambda v: str(_pair(v)),
 }
 
 
