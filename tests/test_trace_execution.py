@@ -141,3 +141,42 @@ def test_live_iree_trace_line_for_line(case: TraceCase, tmp_path):
     rc, _, err = tinyhal_run(case.argv())
     assert rc == 0, err
     assert normalize(err) == expected
+
+
+YIELDING_VM = """
+vm.module @yt {
+  vm.import private optional @native.missing(%a : i32) -> i32
+  vm.import private @native.wait(%x : i32) -> i32 attributes {vm.yield}
+  vm.func @f(%n : i32) -> (i32, i32) {
+    vm.call.yieldable @native.wait(%n) : (i32) -> ^bb1(i32)
+  ^bb1(%r : i32):
+    vm.yield ^bb2
+  ^bb2:
+    %res = vm.import.resolved @native.missing : i32
+    vm.return %r, %res : i32, i32
+  }
+  vm.export @f
+}
+"""
+
+
+def test_yields_and_unresolved_imports_as_iree_writes_them():
+    """Lines iree-run-module cannot produce (the import is a Python native module),
+    checked by hand against IREE's disassembler: a resume lands past the block marker,
+    `import.resolved` says whether the import resolved."""
+    from support.vm_pairs import vm_compile_source
+    from tinyhal.vm import Context, NativeModule, load_module
+
+    native = NativeModule("native")
+    native.export("wait", "0i_i", yieldable=True)(lambda x: x * 2)
+    stream = io.StringIO()
+    ctx = Context([native, load_module(vm_compile_source(YIELDING_VM, ["--compile-from=vm"]))],
+                  trace_execution=stream)
+    assert ctx.invoke("f", [21]) == [42, 0]
+    assert stream.getvalue().splitlines() == [
+        "[yt.f+00000000]    <block>",
+        "[yt.f+00000001]    vm.call.yieldable @native.wait(%i0(21)) -> ^00000012(%i0)",
+        "[yt.f+00000013]    vm.yield ^0000001A()",
+        "[yt.f+0000001B]    %i1 = vm.import.resolved @native.missing // (unresolved)",
+        "[yt.f+00000022]    vm.return %i0(42), %i1(0)",
+    ]

@@ -239,7 +239,8 @@ def describe(module: Any, ins: Any, slot_kind: Callable[[int], str],
         s.text(f', "{f[1].decode("utf-8", "replace")}"')
     elif name == "import.resolved":
         results()
-        s.text(f"vm.import.resolved @{_callee(module, f[0])} // (resolved)")
+        s.text(f"vm.import.resolved @{_callee(module, f[0])}")
+        s.parts.append(("resolved", f[0] & ~isa.IMPORT_BIT))
     elif name in ("br", "yield", "break"):
         s.text(f"vm.{name} ^{f[0]:08X}(")
         s.remap(f[1], slot_kind)
@@ -478,6 +479,9 @@ class Tracer:
                 out.append(part)
                 continue
             kind, arg = part
+            if kind == "resolved":
+                out.append(" // (resolved)" if self.linkage.resolved[arg] else " // (unresolved)")
+                continue
             if kind[0] == "g":  # a global's value: at a static offset, or the index passed
                 if arg is None:
                     arg = values[n]
