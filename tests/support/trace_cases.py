@@ -112,6 +112,39 @@ vm.module @vm_ops {
 }
 """
 
+# Lists of i32, i64 and refs, a ref select, a switch.
+VM_LISTS = """
+vm.module @vm_lists {
+  vm.func @lists(%n : i32, %v : i32, %w : i64, %k : i32) -> (i32, i64, i32, i32, i32) {
+    %l = vm.list.alloc %n : (i32) -> !vm.list<i32>
+    vm.list.resize %l, %n : (!vm.list<i32>, i32)
+    %c1 = vm.const.i32 1
+    vm.list.set.i32 %l, %c1, %v : (!vm.list<i32>, i32, i32)
+    %g = vm.list.get.i32 %l, %c1 : (!vm.list<i32>, i32) -> i32
+    %s = vm.list.size %l : (!vm.list<i32>) -> i32
+    %wl = vm.list.alloc %n : (i32) -> !vm.list<i64>
+    vm.list.resize %wl, %n : (!vm.list<i64>, i32)
+    vm.list.set.i64 %wl, %c1, %w : (!vm.list<i64>, i32, i64)
+    %gw = vm.list.get.i64 %wl, %c1 : (!vm.list<i64>, i32) -> i64
+    %rl = vm.list.alloc %n : (i32) -> !vm.list<?>
+    vm.list.resize %rl, %n : (!vm.list<?>, i32)
+    %c8 = vm.const.i64 8
+    %al = vm.const.i32.zero
+    %b = vm.buffer.alloc %c8, %al : !vm.buffer
+    vm.list.set.ref %rl, %c1, %b : (!vm.list<?>, i32, !vm.buffer)
+    %back = vm.list.get.ref %rl, %c1 : (!vm.list<?>, i32) -> !vm.buffer
+    %z = vm.const.ref.zero : !vm.buffer
+    %pick = vm.select.ref %k, %back, %z : !vm.buffer
+    %nz = vm.cmp.nz.ref %pick : !vm.buffer
+    %c100 = vm.const.i32 100
+    %c200 = vm.const.i32 200
+    %sw = vm.switch.i32 %k[%c100, %v, %c200] else %n : i32
+    vm.return %g, %gw, %s, %nz, %sw : i32, i64, i32, i32, i32
+  }
+  vm.export @lists
+}
+"""
+
 
 @dataclass(frozen=True)
 class TraceCase:
@@ -145,6 +178,8 @@ CASES = [
     TraceCase("vm_buffers", VM_OPS, ("--function=buffers", "--input=300", "--input=1"),
               vm_dialect=True),
     TraceCase("vm_branches", VM_OPS, ("--function=branches", "--input=9"), vm_dialect=True),
+    TraceCase("vm_lists", VM_LISTS, ("--function=lists", "--input=4", "--input=-9",
+                                     "--input=-5000000000", "--input=1"), vm_dialect=True),
 ]
 
 _ADDRESS = re.compile(r"/(?:0x[0-9a-f]+|\(nil\))\)")
