@@ -32,7 +32,6 @@ import linecache
 import marshal
 import math
 import re
-import subprocess
 import sys
 import types
 from dataclasses import dataclass
@@ -1246,6 +1245,8 @@ def compile_module_source(source: str, filename: str):
     the same interpreter compiles it in a child process and hands back its marshalled
     code. Where no child can run, it compiles here."""
     if len(source) >= _CHILD_COMPILE_BYTES and sys.executable:
+        import subprocess  # only a large translation pays for it
+
         flags = ["-I", "-S"] + (["-" + "O" * sys.flags.optimize] if sys.flags.optimize else [])
         try:
             done = subprocess.run([sys.executable, *flags, "-c", _CHILD_COMPILER, filename],
