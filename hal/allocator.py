@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import InvalidArgumentError, ResourceExhaustedError
 from .buffer import ALIGNMENT, Buffer, CountedStorage, Storage
@@ -13,8 +12,7 @@ from .native import core as _core
 from .types import BufferUsage, MemoryAccess, MemoryType
 
 
-@dataclass(frozen=True)
-class Heap:
+class Heap(NamedTuple):
     """A memory heap the allocator can place buffers in."""
 
     name: str
@@ -24,24 +22,48 @@ class Heap:
     min_alignment: int = ALIGNMENT
 
 
-@dataclass(frozen=True)
-class HeapStatistics:
+class _Snapshot:
+    """Value semantics over `__slots__` (equality, repr) for the statistics records: plain
+    classes, which define at start-up much faster than dataclasses."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(
+            getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+
+class HeapStatistics(_Snapshot):
     """A snapshot of one heap's byte counts."""
 
-    live_bytes: int
-    peak_bytes: int
-    allocated_bytes: int
-    freed_bytes: int
-    allocation_count: int
+    __slots__ = ("live_bytes", "peak_bytes", "allocated_bytes", "freed_bytes",
+                 "allocation_count")
+
+    def __init__(self, live_bytes: int, peak_bytes: int, allocated_bytes: int,
+                 freed_bytes: int, allocation_count: int) -> None:
+        self.live_bytes = live_bytes
+        self.peak_bytes = peak_bytes
+        self.allocated_bytes = allocated_bytes
+        self.freed_bytes = freed_bytes
+        self.allocation_count = allocation_count
 
 
-@dataclass(frozen=True)
-class AllocatorStatistics:
+class AllocatorStatistics(_Snapshot):
     """A snapshot of every heap plus device-wide live and peak bytes."""
 
-    heaps: dict[str, HeapStatistics]
-    live_bytes: int
-    peak_bytes: int
+    __slots__ = ("heaps", "live_bytes", "peak_bytes")
+
+    def __init__(self, heaps: dict[str, HeapStatistics], live_bytes: int,
+                 peak_bytes: int) -> None:
+        self.heaps = heaps
+        self.live_bytes = live_bytes
+        self.peak_bytes = peak_bytes
 
     def __getitem__(self, heap: str) -> HeapStatistics:
         return self.heaps[heap]

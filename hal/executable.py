@@ -26,7 +26,6 @@ import ctypes
 import os
 from _blake2 import blake2b  # hashlib would load OpenSSL (3.5 MiB) at start-up
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..errors import (
@@ -119,8 +118,7 @@ def _refused(data: bytes, name: str, kind: str, policy: str) -> PermissionDenied
         " (compile with --iree-hal-local-target-device-backends=vmvx)")
 
 
-@dataclass(frozen=True)
-class ExportInfo:
+class ExportInfo(NamedTuple):
     """What the library declares about one export."""
 
     ordinal: int

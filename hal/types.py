@@ -5,9 +5,8 @@ from __future__ import annotations
 import enum
 import math
 import struct
-from dataclasses import dataclass
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from functools import cache
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import InvalidArgumentError
 
@@ -152,8 +151,7 @@ class EncodingType(enum.IntEnum):
 # -- the element-type table ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ElementInfo:
+class ElementInfo(NamedTuple):
     """One element type at every boundary it crosses.
 
     `element_type` is the HAL code; `mlir` IREE's spelling (in MLIR types, ABI
@@ -170,16 +168,9 @@ class ElementInfo:
     only when an element type that needs it is first used."""
     kserve: str | None = None
 
-    @cached_property
+    @property
     def dtype(self) -> np.dtype:
-        import numpy as np
-
-        module, _, name = self.dtype_name.rpartition(".")
-        if module == "ml_dtypes":
-            import ml_dtypes
-
-            return np.dtype(getattr(ml_dtypes, name))
-        return np.dtype(getattr(np, name))
+        return _dtype(self.dtype_name)
 
     @property
     def bit_count(self) -> int:
@@ -188,6 +179,19 @@ class ElementInfo:
     @property
     def numerical_type(self) -> int:
         return (self.element_type >> 24) & 0xFF
+
+
+@cache
+def _dtype(dtype_name: str) -> np.dtype:
+    """The numpy dtype named `dtype_name` (`float32`, `ml_dtypes.bfloat16`)."""
+    import numpy as np
+
+    module, _, name = dtype_name.rpartition(".")
+    if module == "ml_dtypes":
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(getattr(np, name))
 
 
 def is_integer_type(element_type: int) -> bool:

@@ -34,8 +34,7 @@ import math
 import re
 import sys
 import types
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import isa, ops, record_blocks, scalar
 from .cconv import cconv_registers
@@ -63,8 +62,7 @@ def element_type_name(type_name: str) -> str:
     return t
 
 
-@dataclass
-class ModuleProgram:
+class ModuleProgram(NamedTuple):
     """The compiled Python form of a module, instantiated per context."""
 
     code: object  # code object defining `_f<ordinal>` functions
@@ -77,6 +75,11 @@ class ModuleProgram:
     native_loops: dict  # ordinal -> scalar.ScalarProgram run natively in place of `_f<n>`
     record_blocks: tuple  # site -> record_blocks.RecordBlock, called as `_blk<site>`
     trace_sites: tuple = ()  # traced translations: site -> (ordinal, pc, vm.trace parts)
+
+    def replaced(self, **changes: object) -> ModuleProgram:
+        """This program with the fields in `changes` replaced (the translation cache
+        stores the code marshalled and adopts an entry under a file name of its own)."""
+        return self._replace(**changes)
 
 
 class _Gen:

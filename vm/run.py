@@ -69,7 +69,6 @@ iree-run-module's does.
 from __future__ import annotations
 
 import argparse
-import ast
 import functools
 import importlib
 import math
@@ -198,6 +197,8 @@ def read_npy(f: Any, path: str) -> tuple[tuple[int, ...], int, bytes]:
     length_size = 2 if magic[6] == 1 else 4
     header_length = int.from_bytes(f.read(length_size), "little")
     try:
+        import ast  # only a .npy input pays for it
+
         header = ast.literal_eval(f.read(header_length).decode("latin-1").strip())
         descr, shape = header["descr"], tuple(int(d) for d in header["shape"])
     except (ValueError, SyntaxError, KeyError, TypeError):
