@@ -62,7 +62,7 @@ import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from sys import getrefcount
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import (
     Error,
@@ -305,7 +305,7 @@ class Module:
 
     def __init__(self, source: Any, device: Any = "task", *,
                  modules: Sequence[Any] = (), parameters: Any = None, mapped: bool = False,
-                 trace_execution: Any = None, **options: Any) -> None:
+                 trace_execution: IO[str] | None = None, **options: Any) -> None:
         if isinstance(source, (bytes, bytearray, memoryview)):
             data: Any = _aligned_copy(source)
             self.path = None
@@ -939,7 +939,7 @@ def _explain_policy(exc: Error, devices: list[Device]) -> None:
 
 
 def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (),
-         parameters: Any = None, mapped: bool = False, trace_execution: Any = None,
+         parameters: Any = None, mapped: bool = False, trace_execution: IO[str] | None = None,
          **options: Any) -> Module:
     """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`), or
     onto several (a list of them, in the order the program's devices take them: a
