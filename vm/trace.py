@@ -34,7 +34,8 @@ from typing import IO, Any
 from . import isa
 from .numbers import f32_bits, round_f32
 
-__all__ = ["Tracer", "describe", "entry_site", "function_label", "traced_program"]
+__all__ = ["Tracer", "describe", "entry_site", "function_label", "list_kinds", "ref_type_name",
+           "traced_program"]
 
 _M32 = 0xFFFFFFFF
 _LIST_KINDS = {"i": "u32", "I": "u32", "f": "u32f", "F": "u32d", "r": "ref"}
@@ -124,8 +125,8 @@ class _Site:
             self.text(")->" + _any_name(dst))
 
     def global_value(self, kind: str, offset: int | None) -> None:
-        """The global's current value (read when the line is printed); at `offset`, or
-        at the value passed last (an indirect load's index register)."""
+        """The global's current value, read when the line is printed: at `offset`, or
+        (None) at the next value passed (an indirect load's index register)."""
         self.parts.append(("g" + kind, offset))
 
 
@@ -134,9 +135,10 @@ def describe(module: Any, ins: Any, slot_kind: Callable[[int], str],
              result_kinds: tuple[str, ...]) -> _Site:
     """The trace line of `ins` (without its frame prefix): text pieces and the registers
     whose values it shows, as IREE's disassembler writes it. `slot_kind(raw)` says how a
-    32-bit slot in a branch list holds its value (`u32`, `u32hi`: the high half of the
-    i64 in the slot before, `u32f`, `u32d`, `u32dhi`); `arg_kinds(ordinal)` the list kinds
-    of a callee's arguments; `result_kinds` those of this function's results."""
+    32-bit slot in a branch list holds its value (`u32`: an i32 or f32; `u32hi`: the high
+    half of the i64 in the slot before; `u32pair`: that or its own, told by the value;
+    `u32d` / `u32dhi`: a half of an f64); `arg_kinds(ordinal)` the list kinds of a
+    callee's arguments; `result_kinds` those of this function's results."""
     s = _Site()
     name, f = ins.name, ins.fields
     banks = [arg for code, arg in ins.layout if code in ("r", "w")]
@@ -287,7 +289,7 @@ def _global(s: _Site, name: str, f, reads, writes, module) -> None:
             s.text(f"{table}{f[0]}]")
             s.global_value(bank, f[0])
         if bank == "ref":
-            s.text(" : " + module.types[f[1] if not indirect else f[1]])
+            s.text(" : " + module.types[f[1]])
         return
     value = reads[-1]
     s.text(f"vm.{name} ")
