@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..errors import InvalidArgumentError, ResourceExhaustedError
 from .buffer import ALIGNMENT, Buffer, CountedStorage, Storage
@@ -12,14 +12,23 @@ from .native import core as _core
 from .types import BufferUsage, MemoryAccess, MemoryType
 
 
-class Heap(NamedTuple):
-    """A memory heap the allocator can place buffers in."""
+class Heap:
+    """A memory heap the allocator can place buffers in. (A plain class with slots:
+    defined at every start-up, which a dataclass makes slower, and read per allocation.)"""
 
-    name: str
-    memory_type: MemoryType
-    allowed_usage: BufferUsage
-    max_allocation_size: int
-    min_alignment: int = ALIGNMENT
+    __slots__ = ("name", "memory_type", "allowed_usage", "max_allocation_size",
+                 "min_alignment")
+
+    def __init__(self, name: str, memory_type: MemoryType, allowed_usage: BufferUsage,
+                 max_allocation_size: int, min_alignment: int = ALIGNMENT) -> None:
+        self.name = name
+        self.memory_type = memory_type
+        self.allowed_usage = allowed_usage
+        self.max_allocation_size = max_allocation_size
+        self.min_alignment = min_alignment
+
+    def __repr__(self) -> str:
+        return f"Heap({self.name!r}, {self.memory_type!r}, {self.max_allocation_size})"
 
 
 class _Snapshot:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 import math
 import struct
-from functools import cache
-from typing import TYPE_CHECKING, Any, NamedTuple
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError
 
@@ -151,26 +151,40 @@ class EncodingType(enum.IntEnum):
 # -- the element-type table ----------------------------------------------------------------
 
 
-class ElementInfo(NamedTuple):
+class ElementInfo:
     """One element type at every boundary it crosses.
 
     `element_type` is the HAL code; `mlir` IREE's spelling (in MLIR types, ABI
     declarations and `iree-run-module`'s `--input=2xbf16=...`); `dtype` the numpy dtype
     that holds one element (ml_dtypes' for bf16, the fp8 family and sub-byte integers,
     one element per byte as ml_dtypes stores them); `kserve` the KServe V2 datatype, or
-    None where V2 has none.
+    None where V2 has none; `dtype_name` the numpy type's name, or `ml_dtypes.NAME`:
+    ml_dtypes (2.5 MiB, ~5 ms) is imported only when an element type that needs it is
+    first used. One instance per type, in the tables below. (A plain class: defined at
+    every start-up, which a dataclass makes slower; `dtype`, read per tensor, is an
+    attribute once computed.)
     """
 
-    element_type: int
-    mlir: str
-    dtype_name: str
-    """The numpy type's name, or `ml_dtypes.NAME`: ml_dtypes (2.5 MiB, ~5 ms) is imported
-    only when an element type that needs it is first used."""
-    kserve: str | None = None
+    def __init__(self, element_type: int, mlir: str, dtype_name: str,
+                 kserve: str | None = None) -> None:
+        self.element_type = element_type
+        self.mlir = mlir
+        self.dtype_name = dtype_name
+        self.kserve = kserve
 
-    @property
+    def __repr__(self) -> str:
+        return f"ElementInfo(0x{self.element_type:08X}, {self.mlir!r})"
+
+    @cached_property
     def dtype(self) -> np.dtype:
-        return _dtype(self.dtype_name)
+        import numpy as np
+
+        module, _, name = self.dtype_name.rpartition(".")
+        if module == "ml_dtypes":
+            import ml_dtypes
+
+            return np.dtype(getattr(ml_dtypes, name))
+        return np.dtype(getattr(np, name))
 
     @property
     def bit_count(self) -> int:
@@ -179,19 +193,6 @@ class ElementInfo(NamedTuple):
     @property
     def numerical_type(self) -> int:
         return (self.element_type >> 24) & 0xFF
-
-
-@cache
-def _dtype(dtype_name: str) -> np.dtype:
-    """The numpy dtype named `dtype_name` (`float32`, `ml_dtypes.bfloat16`)."""
-    import numpy as np
-
-    module, _, name = dtype_name.rpartition(".")
-    if module == "ml_dtypes":
-        import ml_dtypes
-
-        return np.dtype(getattr(ml_dtypes, name))
-    return np.dtype(getattr(np, name))
 
 
 def is_integer_type(element_type: int) -> bool:
