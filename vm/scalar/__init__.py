@@ -127,8 +127,7 @@ class ScalarProgram(NamedTuple):
     result_count: int
 
 
-@dataclass(frozen=True)
-class EntryProgram:
+class EntryProgram(NamedTuple):
     """One workgroup function as a word program for `tinyhal_vmvx_dispatch`: its words
     and the 32-bit slots and ref registers it needs."""
 
