@@ -174,8 +174,9 @@ def test_stalled_uploads_give_their_memory_back_round_after_round(tmp_path):
         server.stop()
 
 
-def test_overflowing_shapes_and_null_outputs_are_400(tmp_path):
-    server = ServerProcess("--model-repository", str(_samples(tmp_path))).start()
+def test_overflowing_shapes_and_null_members_are_400(tmp_path):
+    server = ServerProcess("--model-repository", str(_samples(tmp_path)),
+                           "--model-control-mode", "explicit").start()
     try:
         for shape in ([2 ** 31, 0, 2 ** 31], [0, 2 ** 62], [0, 2 ** 63 - 1], [-1],
                       [2 ** 62, 4]):
@@ -189,10 +190,23 @@ def test_overflowing_shapes_and_null_outputs_are_400(tmp_path):
                 "POST", "/v2/models/saxpy/infer", header.encode(),
                 {"Inference-Header-Content-Length": str(len(header))})
             assert status == 400 and b"'x'" in body, (shape, body)
+        # null where Triton's parser wants an object or array is a 400, as there
+        features = {"name": "features", "datatype": "FP32", "shape": [1, 16],
+                    "data": [0.0] * 16}
+        for doc, named in (({"inputs": [features], "outputs": None}, b"'outputs'"),
+                           ({"inputs": [features], "parameters": None}, b"'parameters'"),
+                           ({"inputs": None}, b"'inputs'")):
+            status, _, body = server.request("POST", "/v2/models/mlp_classifier/infer", doc)
+            assert status == 400 and named in body, (doc, body)
+        for doc in ({"parameters": None}, {"parameters": {"config": None}}):
+            status, _, body = server.request(
+                "POST", "/v2/repository/models/mlp_classifier/load", doc)
+            assert status == 400 and (b"'parameters'" in body or b"'config'" in body), body
+        # a tensor's null parameters read as none, as Triton's
         status, _, body = server.request("POST", "/v2/models/mlp_classifier/infer", {
-            "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
-                        "data": [0.0] * 16}], "outputs": None})
-        assert status == 400 and b"'outputs'" in body, body
+            "inputs": [dict(features, parameters=None)],
+            "outputs": [{"name": "probabilities", "parameters": None}]})
+        assert status == 200, body
     finally:
         server.stop()
 
