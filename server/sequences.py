@@ -291,6 +291,8 @@ class SequenceBatcher:
         # why recently ended sequences ended, when not by their END request: by a
         # fixed-size digest of their id, so what is kept is bounded whatever the ids
         self._ended: OrderedDict[bytes, str] = OrderedDict()
+        # an idle pass's compaction that found every instance busy (`_compact_states`)
+        self._compaction_due: float | None = None
         self._queued = 0
         self._in_flight = InFlight()
         self._running: set[Execution] = set()
@@ -795,6 +797,8 @@ class SequenceBatcher:
             for counts in executions:
                 self._executed(*counts)
         self._idle.append(execution.instance)
+        if self._compaction_due is not None:
+            self._compact_states(self._compaction_due)
         self._dispatch_after_pass()
         self._in_flight.left(len(steps))
         if not isinstance(result, BaseException):
@@ -865,11 +869,12 @@ class SequenceBatcher:
         sequences keep alive hold more than twice the bytes of their states (sequences
         that stepped together went separate ways, and idle ones keep whole batches'
         outputs), and for every sequence not used since `idle_since` whose rows are a
-        block of the device's transient ring (a step's output): that block holds back the
-        ring's reclamation, so every later allocation would touch fresh ring memory (the
-        process's RSS grows to the whole ring) and, once the ring wrapped round to it,
-        wait for the sequence to end."""
-        if self._closed or not self._idle or not self.config.states:
+        block of the device's transient ring (a step's output): the ring's tail cannot
+        pass that block, so a ring that wrapped round to it would wait for the sequence
+        to end. When every instance is busy, the next one to finish an execution runs
+        it before the next batch (a busy model never idles)."""
+        self._compaction_due = None
+        if self._closed or not self.config.states:
             return
         homes = [seq.home for seq in self._sequences.values() if seq.slot is not None]
         in_use = self.state_bytes_in_use
@@ -887,6 +892,9 @@ class SequenceBatcher:
                        < seq.home[0][0].byte_length
                        or seq.last_used <= idle_since and _in_transient_ring(seq.home))]
         if not movers:
+            return
+        if not self._idle:  # busy: the next instance to finish runs it first
+            self._compaction_due = idle_since
             return
         instance = self._idle.pop()
         program = self._programs[id(instance)]

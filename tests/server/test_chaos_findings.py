@@ -2,10 +2,10 @@
 with bounded waits.
 
 - An abandoned sequence (started, then never stepped again until it idles out) kept its
-  state in a block of the device's transient ring: the ring could not reclaim anything
-  allocated after it, so every later step touched fresh ring memory (RSS grew by ~13 MB
-  a minute under two sequence clients, towards the whole 256 MB ring) and, once the
-  ring wrapped round, every step would wait for that sequence to expire."""
+  state in a block of the device's transient ring until it expired: the ring's tail
+  could not pass it, so everything allocated after it stayed behind it, and a ring that
+  wrapped round to it would have had to wait for the sequence to expire. Its state now
+  moves into a buffer of its own within a pass of the idle check."""
 
 from __future__ import annotations
 
