@@ -96,7 +96,7 @@ def _status_bytes(pid: int, field: str) -> int:
 class Server:
     """The `tinyhal-serve` child; its stderr is kept (the last lines) for the report."""
 
-    def __init__(self, root: Path, args: argparse.Namespace) -> None:
+    def __init__(self, root: Path) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tinyhal.server.main", "--host", "127.0.0.1", "--port",
              "0", "--model-repository", str(root), "--model-control-mode", "poll",
@@ -547,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         for model in SERVED:
             shutil.copytree(SAMPLES / model, root / model)
-        server = Server(root, args)
+        server = Server(root)
         try:
             expect_json, expect_binary, reference = _reference(server)
             expect = {"json": expect_json, "binary": expect_binary}
