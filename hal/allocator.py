@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgumentError, ResourceExhaustedError
@@ -13,35 +12,67 @@ from .native import core as _core
 from .types import BufferUsage, MemoryAccess, MemoryType
 
 
-@dataclass(frozen=True)
 class Heap:
-    """A memory heap the allocator can place buffers in."""
+    """A memory heap the allocator can place buffers in. (A plain class with slots:
+    defined at every start-up, which a dataclass makes slower, and read per allocation.)"""
 
-    name: str
-    memory_type: MemoryType
-    allowed_usage: BufferUsage
-    max_allocation_size: int
-    min_alignment: int = ALIGNMENT
+    __slots__ = ("name", "memory_type", "allowed_usage", "max_allocation_size",
+                 "min_alignment")
+
+    def __init__(self, name: str, memory_type: MemoryType, allowed_usage: BufferUsage,
+                 max_allocation_size: int, min_alignment: int = ALIGNMENT) -> None:
+        self.name = name
+        self.memory_type = memory_type
+        self.allowed_usage = allowed_usage
+        self.max_allocation_size = max_allocation_size
+        self.min_alignment = min_alignment
+
+    def __repr__(self) -> str:
+        return f"Heap({self.name!r}, {self.memory_type!r}, {self.max_allocation_size})"
 
 
-@dataclass(frozen=True)
-class HeapStatistics:
+class _Snapshot:
+    """Value semantics over `__slots__` (equality, repr) for the statistics records: plain
+    classes, which define at start-up much faster than dataclasses."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(
+            getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+
+class HeapStatistics(_Snapshot):
     """A snapshot of one heap's byte counts."""
 
-    live_bytes: int
-    peak_bytes: int
-    allocated_bytes: int
-    freed_bytes: int
-    allocation_count: int
+    __slots__ = ("live_bytes", "peak_bytes", "allocated_bytes", "freed_bytes",
+                 "allocation_count")
+
+    def __init__(self, live_bytes: int, peak_bytes: int, allocated_bytes: int,
+                 freed_bytes: int, allocation_count: int) -> None:
+        self.live_bytes = live_bytes
+        self.peak_bytes = peak_bytes
+        self.allocated_bytes = allocated_bytes
+        self.freed_bytes = freed_bytes
+        self.allocation_count = allocation_count
 
 
-@dataclass(frozen=True)
-class AllocatorStatistics:
+class AllocatorStatistics(_Snapshot):
     """A snapshot of every heap plus device-wide live and peak bytes."""
 
-    heaps: dict[str, HeapStatistics]
-    live_bytes: int
-    peak_bytes: int
+    __slots__ = ("heaps", "live_bytes", "peak_bytes")
+
+    def __init__(self, heaps: dict[str, HeapStatistics], live_bytes: int,
+                 peak_bytes: int) -> None:
+        self.heaps = heaps
+        self.live_bytes = live_bytes
+        self.peak_bytes = peak_bytes
 
     def __getitem__(self, heap: str) -> HeapStatistics:
         return self.heaps[heap]

@@ -25,7 +25,6 @@ import mmap
 import os
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..errors import DataLossError, InternalError, InvalidArgumentError, ResourceExhaustedError
@@ -135,22 +134,31 @@ class Symbol(NamedTuple):
     section: int
 
 
-@dataclass
 class ElfLibrary:
-    """A validated executable library: what a loader needs, nothing it must re-check."""
+    """A validated executable library: what a loader needs, nothing it must re-check.
+    (A plain class: defined at every start-up, which a dataclass makes slower.)"""
 
-    what: str
-    segments: list[Segment]
-    relro: list[tuple[int, int]]
-    relocations: list[Relocation]
-    symbols: list[Symbol]
-    needed: list[str]
-    query_value: int
-    has_gnu_hash: bool
-    has_initializers: bool
-    vaddr_min: int = 0
-    vaddr_max: int = 0
-    notes: list[str] = field(default_factory=list)
+    __slots__ = ("what", "segments", "relro", "relocations", "symbols", "needed",
+                 "query_value", "has_gnu_hash", "has_initializers", "vaddr_min",
+                 "vaddr_max", "notes")
+
+    def __init__(self, what: str, segments: list[Segment], relro: list[tuple[int, int]],
+                 relocations: list[Relocation], symbols: list[Symbol], needed: list[str],
+                 query_value: int, has_gnu_hash: bool, has_initializers: bool,
+                 vaddr_min: int = 0, vaddr_max: int = 0, notes: list[str] | None = None
+                 ) -> None:
+        self.what = what
+        self.segments = segments
+        self.relro = relro
+        self.relocations = relocations
+        self.symbols = symbols
+        self.needed = needed
+        self.query_value = query_value
+        self.has_gnu_hash = has_gnu_hash
+        self.has_initializers = has_initializers
+        self.vaddr_min = vaddr_min
+        self.vaddr_max = vaddr_max
+        self.notes: list[str] = [] if notes is None else notes
 
     @property
     def is_system(self) -> bool:

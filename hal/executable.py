@@ -26,7 +26,6 @@ import ctypes
 import os
 from _blake2 import blake2b  # hashlib would load OpenSSL (3.5 MiB) at start-up
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..errors import (
@@ -119,18 +118,27 @@ def _refused(data: bytes, name: str, kind: str, policy: str) -> PermissionDenied
         " (compile with --iree-hal-local-target-device-backends=vmvx)")
 
 
-@dataclass(frozen=True)
 class ExportInfo:
-    """What the library declares about one export."""
+    """What the library declares about one export. (A plain class with slots: defined at
+    every start-up, which a dataclass makes slower, and read per dispatch recorded.)"""
 
-    ordinal: int
-    name: str
-    workgroup_size: tuple[int, int, int]
-    constant_count: int | None
-    binding_count: int | None
-    local_memory_size: int
-    flags: int
-    tag: str
+    __slots__ = ("ordinal", "name", "workgroup_size", "constant_count", "binding_count",
+                 "local_memory_size", "flags", "tag")
+
+    def __init__(self, ordinal: int, name: str, workgroup_size: tuple[int, int, int],
+                 constant_count: int | None, binding_count: int | None,
+                 local_memory_size: int, flags: int, tag: str) -> None:
+        self.ordinal = ordinal
+        self.name = name
+        self.workgroup_size = workgroup_size
+        self.constant_count = constant_count
+        self.binding_count = binding_count
+        self.local_memory_size = local_memory_size
+        self.flags = flags
+        self.tag = tag
+
+    def __repr__(self) -> str:
+        return f"ExportInfo({self.ordinal}, {self.name!r})"
 
 
 # Kernel status for a contained fault: FAULT_STATUS - signal number (dispatch.c).

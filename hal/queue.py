@@ -58,12 +58,11 @@ from __future__ import annotations
 
 import abc
 import collections
-import dataclasses
 import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import (
     AbortedError,
@@ -103,8 +102,7 @@ def run_capturing(work: Callable[[], None]) -> Error | None:
     return None
 
 
-@dataclasses.dataclass(frozen=True)
-class Capabilities:
+class Capabilities(NamedTuple):
     """What a driver declares and callers read instead of testing which driver it is."""
 
     queue_count: int = 1

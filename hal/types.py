@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import math
 import struct
-from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -152,7 +151,6 @@ class EncodingType(enum.IntEnum):
 # -- the element-type table ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class ElementInfo:
     """One element type at every boundary it crosses.
 
@@ -160,15 +158,22 @@ class ElementInfo:
     declarations and `iree-run-module`'s `--input=2xbf16=...`); `dtype` the numpy dtype
     that holds one element (ml_dtypes' for bf16, the fp8 family and sub-byte integers,
     one element per byte as ml_dtypes stores them); `kserve` the KServe V2 datatype, or
-    None where V2 has none.
+    None where V2 has none; `dtype_name` the numpy type's name, or `ml_dtypes.NAME`:
+    ml_dtypes (2.5 MiB, ~5 ms) is imported only when an element type that needs it is
+    first used. One instance per type, in the tables below. (A plain class: defined at
+    every start-up, which a dataclass makes slower; `dtype`, read per tensor, is an
+    attribute once computed.)
     """
 
-    element_type: int
-    mlir: str
-    dtype_name: str
-    """The numpy type's name, or `ml_dtypes.NAME`: ml_dtypes (2.5 MiB, ~5 ms) is imported
-    only when an element type that needs it is first used."""
-    kserve: str | None = None
+    def __init__(self, element_type: int, mlir: str, dtype_name: str,
+                 kserve: str | None = None) -> None:
+        self.element_type = element_type
+        self.mlir = mlir
+        self.dtype_name = dtype_name
+        self.kserve = kserve
+
+    def __repr__(self) -> str:
+        return f"ElementInfo(0x{self.element_type:08X}, {self.mlir!r})"
 
     @cached_property
     def dtype(self) -> np.dtype:

@@ -359,16 +359,17 @@ class _Routes:
             except ValueError as exc:
                 raise ProtocolError(400, f"load request body is not valid JSON: {exc}") \
                     from None
-            params = doc.get("parameters") if isinstance(doc, dict) else None
-            if params is not None and not isinstance(params, dict):
+            params = doc.get("parameters", {}) if isinstance(doc, dict) else {}
+            if not isinstance(params, dict):  # null too, as Triton
                 raise ProtocolError(400, "load request 'parameters' must be an object")
-            params = dict(params or {})
+            params = dict(params)
+            has_config = "config" in params  # a null config is refused, as Triton
             config = params.pop("config", None)
             if params:
                 raise ProtocolError(400, f"load parameters other than 'config' are not "
                                          f"supported ({', '.join(sorted(params))[:200]}): "
                                          f"model files come from the repository")
-            if config is not None:
+            if has_config:
                 if not isinstance(config, str):
                     raise ProtocolError(400, "load parameter 'config' must be a string "
                                              "holding the model's configuration as JSON")

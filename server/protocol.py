@@ -532,7 +532,10 @@ def _plan_header(head: bytes | bytearray | memoryview, tail_bytes: int,
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise _bad(f"'id' must be a string, not {type(request_id).__name__}")
-    parameters = _as_dict(doc.get("parameters"), "'parameters'")
+    parameters = doc.get("parameters", {})
+    if type(parameters) is not dict:  # null too, as Triton: an object when present
+        raise _bad(f"'parameters' must be a JSON object, not "
+                   f"{orjson.dumps(parameters).decode()[:40]}")
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise _bad("request must have a non-empty 'inputs' list")

@@ -208,6 +208,11 @@ def _digest(key: tuple[type, int | str]) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
+def _in_transient_ring(home: tuple[tuple, int]) -> bool:
+    """Whether a sequence's rows (`home`) are a block of a transient ring."""
+    return any(getattr(buffer.storage, "block", None) is not None for buffer in home[0])
+
+
 def _watch_ended(step: _Step) -> bool:
     """Whether a waiting step's client no longer matters: its sequence ended, or the step
     was started and answered from its instance thread (behind a proxy its connection may
@@ -287,6 +292,8 @@ class SequenceBatcher:
         # why recently ended sequences ended, when not by their END request: by a
         # fixed-size digest of their id, so what is kept is bounded whatever the ids
         self._ended: OrderedDict[bytes, str] = OrderedDict()
+        # an idle pass's compaction that found every instance busy (`_compact_states`)
+        self._compaction_due: float | None = None
         self._queued = 0
         self._in_flight = InFlight()
         self._running: set[Execution] = set()
@@ -789,6 +796,8 @@ class SequenceBatcher:
             for counts in executions:
                 self._executed(*counts)
         self._idle.append(execution.instance)
+        if self._compaction_due is not None:
+            self._compact_states(self._compaction_due)
         self._dispatch_after_pass()
         self._in_flight.left(len(steps))
         if not isinstance(result, BaseException):
@@ -850,20 +859,25 @@ class SequenceBatcher:
                     self.expired_count += 1
                     self._remember_end(seq.id, self._idle_reason)
             self._dispatch()  # sequences that waited for a slot may have one now
-            self._compact_states()
+            self._compact_states(now - period)
 
-    def _compact_states(self) -> None:
-        """When the state buffers live sequences keep alive hold more than twice the
-        bytes of their states (sequences that stepped together went separate ways, and
-        idle ones keep whole batches' outputs), an idle instance copies the rows of the
-        idle sequences among them into buffers of their own."""
-        if self._closed or not self._idle or not self.config.states:
+    def _compact_states(self, idle_since: float) -> None:
+        """An idle instance copies the rows of idle sequences into buffers of their own
+        when they keep more alive than their states: when the state buffers live
+        sequences keep alive hold more than twice the bytes of their states (sequences
+        that stepped together went separate ways, and idle ones keep whole batches'
+        outputs), and for every sequence not used since `idle_since` whose rows are a
+        block of the device's transient ring (a step's output): the ring's tail cannot
+        pass that block, so a ring that wrapped round to it would wait for the sequence
+        to end. When every instance is busy, the next one to finish an execution runs
+        it before the next batch (a busy model never idles)."""
+        self._compaction_due = None
+        if self._closed or not self.config.states:
             return
         homes = [seq.home for seq in self._sequences.values() if seq.slot is not None]
         in_use = self.state_bytes_in_use
         device = self._device
-        if device.held_bytes(homes) - device.initial_bytes <= 2 * in_use:
-            return
+        wasteful = device.held_bytes(homes) - device.initial_bytes > 2 * in_use
         rows: dict[int, int] = {}
         for buffers, _ in homes:
             if buffers:
@@ -872,8 +886,13 @@ class SequenceBatcher:
         movers = [seq for seq in self._sequences.values()
                   if seq.slot is not None and not seq.running and not seq.steps
                   and seq.home[0] and seq.home[0][0] is not device.initial[0]
-                  and rows[id(seq.home[0][0])] * row_bytes < seq.home[0][0].byte_length]
+                  and (wasteful and rows[id(seq.home[0][0])] * row_bytes
+                       < seq.home[0][0].byte_length
+                       or seq.last_used <= idle_since and _in_transient_ring(seq.home))]
         if not movers:
+            return
+        if not self._idle:  # busy: the next instance to finish runs it first
+            self._compaction_due = idle_since
             return
         instance = self._idle.pop()
         program = self._programs[id(instance)]

@@ -7,7 +7,8 @@ name: `wt/` would work by accident and `tinyhal-main/` (a ZIP download) or
 as a plain directory instead. It is registered as a plugin rather than written as a hook
 here because a conftest's hooks only see paths under its own folder, and the root is
 above `tests/`. `tests/support` is made importable for every suite. Tests marked
-`container` (building the container image) run only with `-m container`.
+`container` (building the container image) run only with `-m container`, those marked
+`chaos` (a short run of bench/serve_chaos.py) only with `-m chaos`.
 
 A run ends with pytest's summary line and nothing after it: iree.runtime objects (the
 oracle's contexts and the devices iree.runtime caches per URI) are released when the
@@ -38,15 +39,21 @@ class _RootIsADirectory:
         return None
 
 
+_OPT_IN = {"container": "python -m pytest -m container tests/test_container.py",
+           "chaos": "python -m pytest -m chaos tests/server/test_chaos.py"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `container` run only when asked for (`-m container`)."""
-    if "container" in (config.option.markexpr or ""):
-        return
-    opt_in = pytest.mark.skip(reason="opt-in: python -m pytest -m container "
-                                     "tests/test_container.py")
-    for item in items:
-        if item.get_closest_marker("container") is not None:
-            item.add_marker(opt_in)
+    """Tests with an opt-in marker (`container`, `chaos`) run only when asked for
+    (`-m container`, `-m chaos`)."""
+    asked = config.option.markexpr or ""
+    for marker, command in _OPT_IN.items():
+        if marker in asked:
+            continue
+        opt_in = pytest.mark.skip(reason=f"opt-in: {command}")
+        for item in items:
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(opt_in)
 
 
 @pytest.hookimpl(trylast=True)

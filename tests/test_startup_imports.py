@@ -38,3 +38,24 @@ def test_tinyhal_run_and_load_import_no_ffi_builder_and_no_event_loop():
         print(sorted(m for m in {NOT_AT_START_UP!r} if m in sys.modules))
     """)
     assert out.strip() == "[]"
+
+
+# Each costs a few milliseconds of a ~100 ms start: `dataclasses` (with `inspect`, `ast`,
+# `dis`) at import, and then per class it defines; `subprocess` is only for a large
+# translation compiled in a child; `ast` only for a .npy input's header.
+NOT_IN_A_WARM_RUN = ("dataclasses", "inspect", "subprocess", "ast")
+
+
+def test_a_warm_tinyhal_run_defines_no_dataclass():
+    program = f"""
+        import io, sys
+        from tinyhal.vm.run import run
+
+        code = run(["--module={SAXPY}", "--function=saxpy", "--input=2",
+                    "--input=3xf32=1,2,3", "--input=3xf32=1,1,1", "--device=task"],
+                   stdout=io.StringIO(), stderr=sys.stderr)
+        assert code == 0
+        print(sorted(m for m in {NOT_IN_A_WARM_RUN!r} if m in sys.modules))
+    """
+    run_child(program)  # translates on a cold cache: the translator may use them
+    assert run_child(program).strip() == "[]"

@@ -62,7 +62,7 @@ import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from sys import getrefcount
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import (
     Error,
@@ -305,7 +305,7 @@ class Module:
 
     def __init__(self, source: Any, device: Any = "task", *,
                  modules: Sequence[Any] = (), parameters: Any = None, mapped: bool = False,
-                 **options: Any) -> None:
+                 trace_execution: IO[str] | None = None, **options: Any) -> None:
         if isinstance(source, (bytes, bytearray, memoryview)):
             data: Any = _aligned_copy(source)
             self.path = None
@@ -328,7 +328,7 @@ class Module:
                                                         user_modules)
             linked = [self.hal_module, *_inline_modules(self.bytecode, self.device),
                       *self.parameters_module, *user_modules, self.bytecode]
-            self.context = Context(linked)
+            self.context = Context(linked, trace_execution=trace_execution)
             self._instance = next(i for i in self.context.instances
                                   if i.module is self.bytecode)
         except BaseException as exc:
@@ -939,7 +939,8 @@ def _explain_policy(exc: Error, devices: list[Device]) -> None:
 
 
 def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (),
-         parameters: Any = None, mapped: bool = False, **options: Any) -> Module:
+         parameters: Any = None, mapped: bool = False, trace_execution: IO[str] | None = None,
+         **options: Any) -> Module:
     """Loads a `.vmfb` (path or bytes) onto a device (a driver name or a `Device`), or
     onto several (a list of them, in the order the program's devices take them: a
     program compiled with `--iree-hal-target-device=a=local[0]
@@ -971,6 +972,10 @@ def load(path_or_bytes: Any, device: Any = "task", *, modules: Sequence[Any] = (
     machine code (VMVX, `--iree-hal-local-target-device-backends=vmvx`), so a model whose
     source is not fully trusted runs without running its machine code; a program with
     only native executables fails with the policy named.
+
+    `trace_execution`, a text stream (`sys.stderr`), prints each VM instruction the
+    program runs to it as IREE's `--trace_execution` does (see `tinyhal.vm.trace`); the
+    module then runs a slower, plain translation of its bytecode.
     """
     return Module(path_or_bytes, device, modules=modules, parameters=parameters,
-                  mapped=mapped, **options)
+                  mapped=mapped, trace_execution=trace_execution, **options)

@@ -32,11 +32,9 @@ import linecache
 import marshal
 import math
 import re
-import subprocess
 import sys
 import types
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import isa, ops, record_blocks, scalar
 from .cconv import cconv_registers
@@ -64,8 +62,7 @@ def element_type_name(type_name: str) -> str:
     return t
 
 
-@dataclass
-class ModuleProgram:
+class ModuleProgram(NamedTuple):
     """The compiled Python form of a module, instantiated per context."""
 
     code: object  # code object defining `_f<ordinal>` functions
@@ -78,13 +75,21 @@ class ModuleProgram:
     native_loops: dict  # ordinal -> scalar.ScalarProgram run natively in place of `_f<n>`
     record_blocks: tuple  # site -> record_blocks.RecordBlock, called as `_blk<site>`
     native_entries: dict  # ordinal -> scalar.EntryProgram: a VMVX workgroup function in C
+    trace_sites: tuple = ()  # traced translations: site -> (ordinal, pc, vm.trace parts)
+
+    def replaced(self, **changes: object) -> ModuleProgram:
+        """This program with the fields in `changes` replaced (the translation cache
+        stores the code marshalled and adopts an entry under a file name of its own)."""
+        return self._replace(**changes)
 
 
 class _Gen:
     """Per-function source emitter."""
 
-    def __init__(self, module, verified: VerifiedFunction, program_state) -> None:
+    def __init__(self, module, verified: VerifiedFunction, program_state,
+                 traced: bool = False) -> None:
         self.module = module
+        self.traced = traced
         self.fn = verified.function
         self.st = program_state
         self.i32_limit = verified.i32_limit
@@ -351,9 +356,10 @@ class _Gen:
         fn = self.fn
         blocks = self.blocks
         i_params = [f"i{reg}" for bank, reg in cconv_registers(fn.cconv.args) if bank == "i"]
-        self.flow = regflow.analyse(fn, blocks, self.block_index, i_params,
-                                    self.module.functions, self.module.imports,
-                                    isa.TERMINATORS) or regflow.Flow()
+        self.flow = (regflow.Flow() if self.traced else
+                     regflow.analyse(fn, blocks, self.block_index, i_params,
+                                     self.module.functions, self.module.imports,
+                                     isa.TERMINATORS) or regflow.Flow())
         bodies: list[list[tuple[int, str, int]]] = []
         for bi, blk in enumerate(blocks):
             if bi in self.flow.counted:
@@ -384,6 +390,10 @@ class _Gen:
             out.append((1, " = ".join(chunk) + " = None", -1))
         if self.uses_fa:
             out.append((1, "_fa = _array('f', _Z)", -1))
+        if self.traced:
+            from . import trace
+
+            out.append((1, self.trace_call(trace.entry_site(), blocks[0][0].pc), blocks[0][0].pc))
         if len(blocks) == 1 and not self.has_branches:
             for indent, text, pc in bodies[0]:
                 if text == "continue" or text.startswith("_b = "):
@@ -421,6 +431,8 @@ class _Gen:
         name = ins.name
         f = ins.fields
         pc = ins.pc
+        if self.traced:
+            self.emit(ind, self.trace_call(self.trace_site(ins), pc), pc)
         if pc in self.flow.constant_defs:
             self.ireg_name(f[-1])
             return
@@ -459,6 +471,60 @@ class _Gen:
                 self.emit(ind, line, pc)
             return
         getattr(self, "op_" + name.replace(".", "_"))(ins, f, ind)
+
+    def trace_site(self, ins):
+        """What `vm.trace` makes of `ins` (see there), with this function's register
+        layout: which slots hold an i64 or f64 whole, the callees' conventions."""
+        from . import trace
+
+        wide = self.wide_slots(ins)
+        f64 = self.f64_slots()
+
+        def slot_kind(raw: int) -> str:
+            if raw & 1 and raw - 1 in wide:
+                return "u32hi"
+            if raw in f64:
+                return "u32d"
+            if raw & 1 and raw - 1 in f64:
+                return "u32dhi"
+            if raw & 1:  # after a slot that may hold an i64 whole: told by its value
+                return "u32pair"
+            return "u32"
+
+        def arg_kinds(ordinal: int) -> tuple:
+            if ordinal & isa.IMPORT_BIT:
+                return trace.list_kinds(self.module.imports[ordinal & ~isa.IMPORT_BIT].cconv.args)
+            return trace.list_kinds(self.module.functions[ordinal].cconv.args)
+
+        return trace.describe(self.module, ins, slot_kind, arg_kinds,
+                              tuple(self.fn.cconv.results))
+
+    def f64_slots(self) -> set[int]:
+        """First slots that some instruction (or a parameter) of the function types f64."""
+        slots = {reg for t, (_bank, reg) in zip(self.fn.cconv.args,
+                                                cconv_registers(self.fn.cconv.args))
+                 if t == "F"}
+        for blk in self.blocks:
+            for other in blk:
+                for (code, arg), val in zip(other.layout, other.fields):
+                    if code in ("r", "w") and arg == "f64":
+                        slots.add(val)
+        return slots
+
+    def trace_call(self, site, pc: int) -> str:
+        """`_tr(k, (values,))`: prints the site's line with the registers it reads."""
+        k = self.st.trace_site(self.fn.ordinal, pc, tuple(site.parts))
+        values = []
+        for raw, kind in site.reads:
+            if kind == "ref":
+                values.append(self.rreg(raw))
+            elif kind in ("u32hi", "u32dhi"):
+                values.append(self.ireg(raw - 1))
+            elif kind == "u32pair":
+                values.append(f"({self.ireg(raw - 1)}, {self.ireg(raw)})")
+            else:
+                values.append(self.ireg(raw))
+        return f"_tr({k}, ({''.join(v + ', ' for v in values)}))"
 
     def fold_compare(self, ins, text: str) -> bool:
         """Keeps a compare whose only reader is the next cond_br as that branch's
@@ -909,6 +975,10 @@ class _Gen:
     def _emit_run(self, instrs, ind: int) -> None:
         """Emits `instrs` in order, each recording block as one site call (at the
         execute it is fused with, if any: `record_blocks.find_execute`)."""
+        if self.traced:  # every import called on its own, each call traced
+            for ins in instrs:
+                self.instruction(ins, ind)
+            return
         i = 0
         fused: dict[int, int] = {}  # index of a fused execute -> its block's site
         while i < len(instrs):
@@ -1065,6 +1135,11 @@ class _ProgramState:
         self.pure_sites: list[int] = []  # arity of each pure import call site (`_P<n>`)
         self.ref_class_sets: set[int] = set()  # constants (ref type names) with an `_RC<k>`
         self._record_block_index: dict = {}
+        self.trace_sites: list[tuple] = []  # traced translations (see `vm.trace`)
+
+    def trace_site(self, ordinal: int, pc: int, parts: tuple) -> int:
+        self.trace_sites.append((ordinal, pc, parts))
+        return len(self.trace_sites) - 1
 
     def pure_site(self, arity: int) -> int:
         self.pure_sites.append(arity)
@@ -1098,13 +1173,16 @@ class _ProgramState:
 _COUNTER = [0]
 
 
-def generate_module(module, verified: list[VerifiedFunction]) -> ModuleProgram:
+def generate_module(module, verified: list[VerifiedFunction],
+                    traced: bool = False) -> ModuleProgram:
     """Translates `module`'s functions, which `verifier.verify_module` passed as
-    `verified`, into one Python module (compiled, not yet run)."""
+    `verified`, into one Python module (compiled, not yet run). `traced`: the
+    translation `--trace_execution` runs (`vm.trace`): plain, one traced line per
+    instruction, no native loops or recording blocks; never the default one."""
     st = _ProgramState()
     per_fn = []
     for vf in verified:
-        g = _Gen(module, vf, st)
+        g = _Gen(module, vf, st, traced)
         per_fn.append((vf.function, g, g.generate()))
 
     # Propagate generator-ness through the internal call graph (fixpoint).
@@ -1118,7 +1196,7 @@ def generate_module(module, verified: list[VerifiedFunction]) -> ModuleProgram:
 
     native_loops = {}
     native_entries = {}
-    if scalar.enabled():
+    if scalar.enabled() and not traced:
         type_names = [element_type_name(t) for t in module.types]
         imports = [(imp.full_name, imp.cconv.text) for imp in module.imports]
         for fn, g, _body in per_fn:
@@ -1134,6 +1212,8 @@ def generate_module(module, verified: list[VerifiedFunction]) -> ModuleProgram:
                     native_entries[fn.ordinal] = entry
 
     lines = _prologue(module, st)
+    if traced:
+        lines.append("_tr = _L.trace")
     line_pcs: list = [None] * (len(lines) + 1)  # 1-based
     for fn, _g, body in per_fn:
         is_gen = fn.ordinal in st.generators
@@ -1158,7 +1238,7 @@ def generate_module(module, verified: list[VerifiedFunction]) -> ModuleProgram:
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return ModuleProgram(code, filename, source, line_pcs, frozenset(st.generators),
                          st.constants, len(per_fn), native_loops, tuple(st.record_blocks),
-                         native_entries)
+                         native_entries, tuple(st.trace_sites))
 
 
 # Sources at least this large compile in a child process: CPython's `compile` holds the
@@ -1176,6 +1256,8 @@ def compile_module_source(source: str, filename: str):
     the same interpreter compiles it in a child process and hands back its marshalled
     code. Where no child can run, it compiles here."""
     if len(source) >= _CHILD_COMPILE_BYTES and sys.executable:
+        import subprocess  # only a large translation pays for it
+
         flags = ["-I", "-S"] + (["-" + "O" * sys.flags.optimize] if sys.flags.optimize else [])
         try:
             done = subprocess.run([sys.executable, *flags, "-c", _CHILD_COMPILER, filename],

@@ -15,7 +15,7 @@ protocol (`vm/invocation.py`: begin, resume after each wait, end), driven two wa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import IO, Any
 
 from ..errors import (
     Error,
@@ -64,9 +64,11 @@ class VMFunction:
 class ModuleInstance:
     """State of one bytecode module in one context."""
 
-    def __init__(self, context: Context, module: BytecodeModule, linkage: Linkage) -> None:
+    def __init__(self, context: Context, module: BytecodeModule, linkage: Linkage,
+                 program: Any) -> None:
         self.context = context
         self.module = module
+        self.program = program  # the module's translation this instance runs
         self.linkage = linkage
         self.global_refs = linkage.global_refs
 
@@ -76,7 +78,7 @@ class ModuleInstance:
             return None
         ordinal = export.internal_ordinal
         return VMFunction(self, name, ordinal, self.linkage.functions[ordinal], export.cconv,
-                          ordinal in self.module.program.generator_ordinals, export.reflection)
+                          ordinal in self.program.generator_ordinals, export.reflection)
 
 
 def _blocking(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -104,8 +106,10 @@ class Context:
         defer_init: bool = False,
         on_print=None,
         on_trace=None,
+        trace_execution: IO[str] | None = None,
     ) -> None:
         self.modules: list = list(modules)
+        self.trace_execution = trace_execution
         self.on_print = on_print
         self.on_trace = on_trace
         self.instances: list[ModuleInstance] = []
@@ -196,7 +200,12 @@ class Context:
             imports.append(found[0])
             yieldable_imports.append(found[1])
         sites = []
-        for block in module.program.record_blocks:
+        program = module.program
+        if self.trace_execution is not None:
+            from . import trace
+
+            program = trace.traced_program(module)
+        for block in program.record_blocks:
             ordinals = [k for k, _template in block.ops]
             if block.execute is not None:  # fused with an execute: its import last
                 ordinals.append(block.execute[0])
@@ -215,10 +224,13 @@ class Context:
                           [None] * module.global_ref_count, module.rodata, imports,
                           yieldable_imports, resolved, sites, self._print_hook,
                           self._trace_hook)
-        codegen.instantiate(module.program, linkage)
-        inst = ModuleInstance(self, module, linkage)
+        if self.trace_execution is not None:
+            linkage.trace = trace.Tracer(module, program.trace_sites, linkage,
+                                         self.trace_execution)
+        codegen.instantiate(program, linkage)
+        inst = ModuleInstance(self, module, linkage, program)
         self.instances.append(inst)
-        self._programs[module.program.filename] = inst
+        self._programs[program.filename] = inst
         return inst
 
     def _print_hook(self, name: bytes, values: tuple) -> None:
@@ -355,7 +367,7 @@ class Context:
             code = tb.tb_frame.f_code
             inst = self._programs.get(code.co_filename)
             if inst is not None:
-                line_pcs = inst.module.program.line_pcs
+                line_pcs = inst.program.line_pcs
                 lineno = tb.tb_lineno
                 if 0 < lineno < len(line_pcs) and line_pcs[lineno] is not None:
                     ordinal, pc = line_pcs[lineno]

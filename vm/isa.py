@@ -22,7 +22,6 @@ f32 / f64 extension sets. The tables were transcribed from the facts of IREE's
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError, OutOfRangeError
 
@@ -335,15 +334,23 @@ _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
 
 
-@dataclass(slots=True)
 class Instruction:
-    """One decoded instruction: `pc` of its first byte, `end` one past its last."""
+    """One decoded instruction: `pc` of its first byte, `end` one past its last, `fields`
+    its decoded values, one per `layout` field. (A plain class: defined at every start-up,
+    which a dataclass makes slower.)"""
 
-    pc: int
-    end: int
-    name: str
-    fields: list  # decoded values, one per layout field
-    layout: tuple[tuple[str, str], ...]
+    __slots__ = ("pc", "end", "name", "fields", "layout")
+
+    def __init__(self, pc: int, end: int, name: str, fields: list,
+                 layout: tuple[tuple[str, str], ...]) -> None:
+        self.pc = pc
+        self.end = end
+        self.name = name
+        self.fields = fields
+        self.layout = layout
+
+    def __repr__(self) -> str:
+        return f"Instruction({self.pc}, {self.end}, {self.name!r}, {self.fields!r})"
 
 
 class _Cursor:

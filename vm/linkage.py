@@ -35,12 +35,15 @@ class Linkage:
     - `record_sites`: per recording block of the program
       (`ModuleProgram.record_blocks`), its site;
     - `on_print`, `on_trace`: the hooks of `vm.print` and `vm.trace`;
+    - `trace`: the line printer of a `--trace_execution` translation (`vm.trace.Tracer`),
+      else None;
     - `functions`: filled by `codegen.instantiate`, the module's internal functions by
       ordinal.
     """
 
     __slots__ = ("rwdata", "global_refs", "rodata", "imports", "yieldable_imports",
-                 "resolved", "record_sites", "on_print", "on_trace", "functions")
+                 "resolved", "record_sites", "on_print", "on_trace", "trace",
+                 "functions")
 
     def __init__(self, rwdata: bytearray, global_refs: list[Any], rodata: Sequence[Any],
                  imports: Sequence[Callable[..., Any]],
@@ -57,4 +60,5 @@ class Linkage:
         self.record_sites = record_sites
         self.on_print = on_print
         self.on_trace = on_trace
+        self.trace: Callable[[int, tuple[Any, ...]], None] | None = None
         self.functions: list[Callable[..., Any]] = []

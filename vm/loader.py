@@ -16,7 +16,6 @@ import mmap
 import os
 import stat
 import struct
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..errors import (
@@ -58,22 +57,33 @@ assert SEGMENT_ALIGNMENT <= ALIGNMENT  # so a module read into a host block keep
 MAX_REGISTERS = 0x3FFF
 
 
-@dataclass
 class Function:
-    """An internal function: descriptor, signature, decoded instructions, source map."""
+    """An internal function: descriptor, signature, decoded instructions, source map.
 
-    ordinal: int
-    name: str
-    descriptor: FunctionDescriptor
-    signature: FunctionSignature
-    cconv: CConv
-    where: str = ""  # `module.function`, for errors
-    bytecode: memoryview | None = None
-    """The body, decoded on first use of `instructions`: only translating reads them, so a
-    translation-cache hit never decodes (the entry's key covers these bytes, which decoded
-    cleanly when it was written)."""
-    locations: dict[int, int] = field(default_factory=dict)  # pc -> location index
-    _instructions: list | None = field(default=None, repr=False)
+    `where` is `module.function`, for errors; `bytecode` the body, decoded on first use
+    of `instructions`: only translating reads them, so a translation-cache hit never
+    decodes (the entry's key covers these bytes, which decoded cleanly when it was
+    written); `locations` maps a pc to its location index. (A plain class: defined at
+    every start-up, which a dataclass makes slower.)"""
+
+    __slots__ = ("ordinal", "name", "descriptor", "signature", "cconv", "where",
+                 "bytecode", "locations", "_instructions")
+
+    def __init__(self, ordinal: int, name: str, descriptor: FunctionDescriptor,
+                 signature: FunctionSignature, cconv: CConv, where: str = "",
+                 bytecode: memoryview | None = None) -> None:
+        self.ordinal = ordinal
+        self.name = name
+        self.descriptor = descriptor
+        self.signature = signature
+        self.cconv = cconv
+        self.where = where
+        self.bytecode = bytecode
+        self.locations: dict[int, int] = {}
+        self._instructions: list | None = None
+
+    def __repr__(self) -> str:
+        return f"Function({self.where or self.name!r}, ordinal {self.ordinal})"
 
     @property
     def instructions(self) -> list:

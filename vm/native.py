@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..errors import InvalidArgumentError
@@ -130,8 +129,7 @@ def make_marshaller(fn: Callable[..., Any], cconv: str,
     return namespace[f"marshal_{fn_name}"]
 
 
-@dataclass(frozen=True)
-class NativeFunction:
+class NativeFunction(NamedTuple):
     """One function a native module exports."""
 
     name: str
@@ -140,20 +138,30 @@ class NativeFunction:
     yieldable: bool = False
 
 
-@dataclass
 class NativeModule:
-    """A module implemented in Python whose functions bytecode modules import."""
+    """A module implemented in Python whose functions bytecode modules import.
 
-    name: str
-    version: int = 0
-    functions: dict[str, NativeFunction] = field(default_factory=dict)
-    # Called when a context using the module closes (the module state's release).
-    on_close: Callable[[], None] | None = None
-    # Serves a recording block of this module's imports as a whole (`vm.record_blocks`):
-    # called once per site with the imports' names, the block and the bound functions;
-    # returns the site's callable, or None to have the imports called one by one.
-    block_recorder: Callable[[list[str], Any, list[Callable[..., Any]]],
-                             Callable[[tuple], Any] | None] | None = None
+    `functions` by full name; `on_close` is called when a context using the module
+    closes (the module state's release); `block_recorder` serves a recording block of
+    this module's imports as a whole (`vm.record_blocks`): called once per site with the
+    imports' names, the block and the bound functions, it returns the site's callable, or
+    None to have the imports called one by one. (A plain class: defined at every
+    start-up, which a dataclass makes slower.)"""
+
+    def __init__(self, name: str, version: int = 0,
+                 functions: dict[str, NativeFunction] | None = None,
+                 on_close: Callable[[], None] | None = None,
+                 block_recorder: Callable[[list[str], Any, list[Callable[..., Any]]],
+                                          Callable[[tuple], Any] | None] | None = None
+                 ) -> None:
+        self.name = name
+        self.version = version
+        self.functions: dict[str, NativeFunction] = {} if functions is None else functions
+        self.on_close = on_close
+        self.block_recorder = block_recorder
+
+    def __repr__(self) -> str:
+        return f"NativeModule({self.name!r}, {len(self.functions)} functions)"
 
     def export(
         self, name: str, cconv: str, *, yieldable: bool = False,

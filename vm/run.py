@@ -69,7 +69,6 @@ iree-run-module's does.
 from __future__ import annotations
 
 import argparse
-import ast
 import functools
 import importlib
 import math
@@ -198,6 +197,8 @@ def read_npy(f: Any, path: str) -> tuple[tuple[int, ...], int, bytes]:
     length_size = 2 if magic[6] == 1 else 4
     header_length = int.from_bytes(f.read(length_size), "little")
     try:
+        import ast  # only a .npy input pays for it
+
         header = ast.literal_eval(f.read(header_length).decode("latin-1").strip())
         descr, shape = header["descr"], tuple(int(d) for d in header["shape"])
     except (ValueError, SyntaxError, KeyError, TypeError):
@@ -689,6 +690,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="IREE's allocator layers caching and debug are accepted and change "
                         "nothing here (tinyhal has neither layer; its queue allocations come "
                         "from a transient ringbuffer); other names are refused")
+    p.add_argument("--trace_execution", nargs="?", const="true", default="false",
+                   type=_flag_bool,
+                   help="print each VM instruction as it runs to stderr, in IREE's format "
+                        "(the module runs a slower, plain translation of its bytecode)")
     p.add_argument("--list_drivers", action="store_true", help="list the drivers and exit")
     for name in ("list_devices", "dump_devices"):
         p.add_argument(f"--{name}", nargs="?", const="", default=None,
@@ -824,7 +829,8 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
             stderr.write(f"tinyhal-run: {exc}\n")
             return EXIT_USAGE
         module = Module(path, devices if len(devices) > 1 else devices[0], modules=factories,
-                        parameters=parameter_flags(args.parameters, args.parameter_mode))
+                        parameters=parameter_flags(args.parameters, args.parameter_mode),
+                        trace_execution=stderr if args.trace_execution else None)
         name = args.function
         if not name:
             names = [n for n in module.functions if "$" not in n]

@@ -85,10 +85,6 @@ NO_MEANING: dict[str, tuple[str | None, str]] = {
     "device_replay_output": ("", _REPLAY),
     "device_replay_file_policy": ("reference", _REPLAY),
     "device_replay_file_validation": ("identity", _REPLAY),
-    "trace_execution": ("false", "tinyhal translates bytecode to Python and C and has no "
-                        "per-instruction trace (IREE's release builds, the pip "
-                        "iree-run-module among them, print none either); "
-                        "--device_profiling_mode traces the device"),
     "device_profiling_filter_function": ("", _PROFILE),
     "device_profiling_filter_command_buffer": ("-1", _PROFILE),
     "device_profiling_filter_command_index": ("-1", _PROFILE),

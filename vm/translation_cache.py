@@ -35,7 +35,6 @@ import sys
 import threading
 from _blake2 import blake2b  # not hashlib: that loads OpenSSL (3.5 MiB) at start-up
 from collections.abc import Callable
-from dataclasses import replace
 from types import CodeType
 from typing import Any
 
@@ -100,7 +99,7 @@ def _adopt(program: Any, module_name: str) -> Any:
     filename = f"<tinyhal-vm:{module_name}#cached{_loads[0]}>"
     source = program.source
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    return replace(program, code=_renamed(program.code, filename), filename=filename)
+    return program.replaced(code=_renamed(program.code, filename), filename=filename)
 
 
 def _read(path: str) -> Any:
@@ -136,10 +135,10 @@ def translate(module: Any, flatbuffer: memoryview, generate: Callable[[Any], Any
     entry = _read(path)
     if entry is not None:
         try:
-            return _adopt(replace(entry, code=marshal.loads(entry.code)), module.name)
+            return _adopt(entry.replaced(code=marshal.loads(entry.code)), module.name)
         except Exception:  # noqa: BLE001 - an entry of another layout: translate again
             pass
     program = generate(module)
-    _write(path, replace(program, code=marshal.dumps(program.code)))
+    _write(path, program.replaced(code=marshal.dumps(program.code)))
     return program
 

@@ -24,11 +24,10 @@ each alloca.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...errors import InvalidArgumentError, UnimplementedError
 
@@ -37,8 +36,7 @@ _ALIASES = {"local-sync": "sync", "local-task": "task", "local-emu": "emu"}  # I
 _registered: dict[str, DriverInfo] = {}
 
 
-@dataclasses.dataclass(frozen=True)
-class DriverInfo:
+class DriverInfo(NamedTuple):
     """How `tinyhal.hal.create_device` finds a driver: its `name`, `create(**options)`
     (its device class), and what a device URI (`NAME://PATH?QUERY`, as
     `--device=emu://edge-npu?queues=2`) means to it: `uri_options(rest)` turns the part

@@ -13,12 +13,15 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 SAMPLES = Path(__file__).resolve().parents[2] / "server" / "models"
@@ -182,6 +185,22 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
 
+    def status_bytes(self, field: str) -> int:
+        """A byte count of /proc/<pid>/status (`VmRSS`, `VmHWM`...)."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError(f"no {field} in the server's /proc status")
+
+    def rss(self) -> int:
+        return self.status_bytes("VmRSS")
+
+    def settled_rss(self, seconds: float = 1.0) -> int:
+        """RSS once it stopped moving (the freed memory went back, threads went idle)."""
+        time.sleep(seconds)
+        return self.rss()
+
     # -- raw HTTP (for status codes and headers tritonclient does not expose) --------
 
     def request(self, method: str, path: str, body: bytes | dict | None = None,
@@ -245,3 +264,43 @@ class HealthWatch:
         self._thread.join(timeout=30)
         assert self.failures == [] and self.count > 0, (self.failures[:3], self.count)
         return self.slowest
+
+
+class NonReadingClients:
+    """Connections to a server whose client never reads an answer: a tiny receive window,
+    so what the server answers stays in its own send buffers and memory."""
+
+    def __init__(self, server: ServerProcess, rss_before: int) -> None:
+        self.server = server
+        self.rss_before = rss_before
+        self.socks: list[socket.socket] = []
+
+    def send(self, data: bytes) -> None:
+        sock = socket.socket()
+        self.socks.append(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", self.server.port))
+        sock.sendall(data)
+
+    def close(self) -> None:
+        for sock in self.socks:
+            sock.close()
+        self.socks.clear()
+
+
+@contextmanager
+def non_reading_clients(server: ServerProcess, rss_growth: int) -> Iterator[NonReadingClients]:
+    """Yields the non-reading clients of a started `server`. On leaving, closes them and
+    checks the server's settled RSS grew by less than `rss_growth` bytes over its settled
+    RSS on entry (what it held for the clients went back). Whatever fails, the sockets
+    are closed and the server is stopped."""
+    clients = NonReadingClients(server, server.settled_rss())
+    try:
+        yield clients
+        clients.close()
+        growth = server.settled_rss() - clients.rss_before
+        assert growth < rss_growth, f"RSS grew {growth >> 20} MB after the clients left"
+    finally:
+        clients.close()
+        server.stop()

@@ -20,23 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_helpers import SAMPLES, HealthWatch, ServerProcess
+from serve_helpers import SAMPLES, HealthWatch, ServerProcess, non_reading_clients
 
 pytestmark = pytest.mark.timeout(300)
 
 MB = 1 << 20
-
-
-def _status_kb(server: ServerProcess, field: str) -> int:
-    with open(f"/proc/{server.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {field}")
-
-
-def _rss(server: ServerProcess) -> int:
-    return _status_kb(server, "VmRSS")
 
 
 def _loop_cpu(server: ServerProcess) -> float:
@@ -61,39 +49,21 @@ def _status(answer: bytes) -> int:
     return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else -1
 
 
-def _settled_rss(server: ServerProcess, seconds: float = 1.0) -> int:
-    """RSS once it stopped moving (the freed memory went back, threads went idle)."""
-    time.sleep(seconds)
-    return _rss(server)
-
-
-
-
 def _samples(root: Path) -> Path:
     for name in ("saxpy", "mlp_classifier"):
         shutil.copytree(SAMPLES / name, root / name)
     return root
 
 
-def _non_reading_socket(server: ServerProcess) -> socket.socket:
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a tiny receive window
-    sock.settimeout(30)
-    sock.connect(("127.0.0.1", server.port))
-    return sock
-
-
 def test_pipelined_metrics_never_read_neither_lock_out_clients_nor_hold_memory(tmp_path):
     server = ServerProcess("--model-repository", str(_samples(tmp_path)),
                            "--max-connections", "40", "--send-timeout", "2").start()
-    socks = []
-    try:
-        before = _settled_rss(server)
+    # answers kept for the 40 clients would be hundreds of MB; what may remain is the
+    # allocator's slack of the threads that rendered and wrote (their arenas)
+    with non_reading_clients(server, rss_growth=48 * MB) as clients:
         request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 2000
         for _ in range(40):
-            sock = _non_reading_socket(server)
-            sock.sendall(request)
-            socks.append(sock)
+            clients.send(request)
         time.sleep(0.5)
         # new clients: each evicts a stuck one if need be
         watch = HealthWatch(server, timeout=20, pause=0.05)
@@ -104,16 +74,6 @@ def test_pipelined_metrics_never_read_neither_lock_out_clients_nor_hold_memory(t
         _wait_for(lambda: _metric(server, "tinyhal_client_memory_held_bytes") == 0,
                   what="unread answers to be dropped")
         assert "--send-timeout" in server.wait_stderr("--send-timeout")
-        for sock in socks:
-            sock.close()
-        socks.clear()
-        # answers kept for the 40 clients would be hundreds of MB; what remains is the
-        # allocator's slack of the threads that rendered and wrote (their arenas)
-        assert _settled_rss(server) - before < 48 * MB
-    finally:
-        for sock in socks:
-            sock.close()
-        server.stop()
 
 
 def test_large_json_answers_behind_a_tiny_window_are_bounded_and_freed(tmp_path):
@@ -133,32 +93,21 @@ def test_large_json_answers_behind_a_tiny_window_are_bounded_and_freed(tmp_path)
     head = (f"POST /v2/models/saxpy/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
             f"{len(body)}\r\nInference-Header-Content-Length: {len(header)}\r\n\r\n"
             ).encode()
-    socks = []
-    try:
-        before = _settled_rss(server)
+    # 12 x (17 MB body + 20 MB answer) are pinned until the clients leave; what may stay
+    # is allocator slack of the threads that made the answers
+    with non_reading_clients(server, rss_growth=64 * MB) as clients:
         watch = HealthWatch(server, timeout=20, pause=0.05)
         for _ in range(12):
-            sock = _non_reading_socket(server)
-            sock.sendall(head + body)
-            socks.append(sock)
+            clients.send(head + body)
         time.sleep(1.0)
         held = _metric(server, "tinyhal_client_memory_held_bytes")
         assert held <= 160 * MB
-        assert _rss(server) - before < 2 * 160 * MB  # not 12 answers of 20 MB and bodies
+        # not 12 answers of 20 MB and their bodies
+        assert server.rss() - clients.rss_before < 2 * 160 * MB
         _wait_for(lambda: _metric(server, "tinyhal_client_memory_held_bytes") == 0,
                   what="unread answers to be dropped")
         watch.stop()
         assert _metric(server, "tinyhal_client_memory_refused_total") > 0
-        for sock in socks:
-            sock.close()
-        socks.clear()
-        # 12 x (17 MB body + 20 MB answer) were pinned until the clients left; what stays
-        # is allocator slack of the threads that made the answers
-        assert _settled_rss(server) - before < 64 * MB
-    finally:
-        for sock in socks:
-            sock.close()
-        server.stop()
 
 
 def _gzip_json_request(inputs: list[dict]) -> bytes:
@@ -179,12 +128,12 @@ def test_inflated_json_costs_under_twice_its_tensor_bytes(tmp_path):
                b'"data":' % rows + _json_rows(rows * 16, "0.0") + b"}]}"
         bomb = gzip.compress(data, compresslevel=9)
         assert len(data) > 60 * MB and len(bomb) < MB
-        before = _settled_rss(server)
+        before = server.settled_rss()
         status, _, body = server.request("POST", "/v2/models/mlp_classifier/infer", bomb,
                                          {"Content-Encoding": "gzip"}, timeout=120)
         assert status == 400 and b"max_batch_size" in body, body
         declared = rows * 16 * 4
-        assert _status_kb(server, "VmHWM") - before < 2 * declared
+        assert server.status_bytes("VmHWM") - before < 2 * declared
 
         # accepted: parsed into FP32 arrays a slice at a time (two tensors of 32 MiB)
         n = 8 * MB
@@ -192,14 +141,14 @@ def test_inflated_json_costs_under_twice_its_tensor_bytes(tmp_path):
                b'{"name":"x","datatype":"FP32","shape":[%d],"data":' % n + \
                _json_rows(n, "0.5") + b'},{"name":"y","datatype":"INT32","shape":[%d],' \
                b'"data":' % n + _json_rows(n, "1") + b"}]}"
-        before = _settled_rss(server)
+        before = server.settled_rss()
         status, _, body = server.request("POST", "/v2/models/saxpy/infer",
                                          gzip.compress(data), {"Content-Encoding": "gzip"},
                                          timeout=120)
         # y is refused by the signature once x was parsed: x's array was made
         assert status == 400 and b"'y' has datatype INT32" in body, body
-        assert _status_kb(server, "VmHWM") - before < 2 * (8 * n)
-        assert _settled_rss(server) - before < 20 * MB
+        assert server.status_bytes("VmHWM") - before < 2 * (8 * n)
+        assert server.settled_rss() - before < 20 * MB
     finally:
         server.stop()
 
@@ -208,7 +157,7 @@ def test_stalled_uploads_give_their_memory_back_round_after_round(tmp_path):
     server = ServerProcess("--model-repository", str(_samples(tmp_path)),
                            "--request-body-timeout", "1").start()
     try:
-        baseline = _settled_rss(server)
+        baseline = server.settled_rss()
         for _ in range(3):
             socks = []
             for _ in range(6):
@@ -220,13 +169,14 @@ def test_stalled_uploads_give_their_memory_back_round_after_round(tmp_path):
             for sock in socks:
                 sock.close()
             assert [_status(a) for a in answers] == [408] * 6
-            assert _settled_rss(server) - baseline < 10 * MB
+            assert server.settled_rss() - baseline < 10 * MB
     finally:
         server.stop()
 
 
-def test_overflowing_shapes_and_null_outputs_are_400(tmp_path):
-    server = ServerProcess("--model-repository", str(_samples(tmp_path))).start()
+def test_overflowing_shapes_and_null_members_are_400(tmp_path):
+    server = ServerProcess("--model-repository", str(_samples(tmp_path)),
+                           "--model-control-mode", "explicit").start()
     try:
         for shape in ([2 ** 31, 0, 2 ** 31], [0, 2 ** 62], [0, 2 ** 63 - 1], [-1],
                       [2 ** 62, 4]):
@@ -240,10 +190,23 @@ def test_overflowing_shapes_and_null_outputs_are_400(tmp_path):
                 "POST", "/v2/models/saxpy/infer", header.encode(),
                 {"Inference-Header-Content-Length": str(len(header))})
             assert status == 400 and b"'x'" in body, (shape, body)
+        # null where Triton's parser wants an object or array is a 400, as there
+        features = {"name": "features", "datatype": "FP32", "shape": [1, 16],
+                    "data": [0.0] * 16}
+        for doc, named in (({"inputs": [features], "outputs": None}, b"'outputs'"),
+                           ({"inputs": [features], "parameters": None}, b"'parameters'"),
+                           ({"inputs": None}, b"'inputs'")):
+            status, _, body = server.request("POST", "/v2/models/mlp_classifier/infer", doc)
+            assert status == 400 and named in body, (doc, body)
+        for doc in ({"parameters": None}, {"parameters": {"config": None}}):
+            status, _, body = server.request(
+                "POST", "/v2/repository/models/mlp_classifier/load", doc)
+            assert status == 400 and (b"'parameters'" in body or b"'config'" in body), body
+        # a tensor's null parameters read as none, as Triton's
         status, _, body = server.request("POST", "/v2/models/mlp_classifier/infer", {
-            "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
-                        "data": [0.0] * 16}], "outputs": None})
-        assert status == 400 and b"'outputs'" in body, body
+            "inputs": [dict(features, parameters=None)],
+            "outputs": [{"name": "probabilities", "parameters": None}]})
+        assert status == 200, body
     finally:
         server.stop()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import dataclasses
 import struct
 from pathlib import Path
 from types import SimpleNamespace
@@ -194,8 +193,8 @@ def test_what_the_verifier_passes_translates(real_module, data):
     for _ in range(data.draw(st.integers(1, 4))):
         body[data.draw(st.integers(0, len(body) - 1))] = data.draw(st.integers(0, 255))
     module.functions = list(module.functions)
-    module.functions[index] = dataclasses.replace(fn, bytecode=memoryview(bytes(body)),
-                                                  _instructions=None)
+    module.functions[index] = Function(fn.ordinal, fn.name, fn.descriptor, fn.signature,
+                                       fn.cconv, fn.where, memoryview(bytes(body)))
     try:
         verified = verify_module(module)
     except Error:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import os
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...errors import InternalError
 from ...hal.native import load_compiled
@@ -117,8 +117,7 @@ def enabled() -> bool:
     return os.environ.get("TINYHAL_VM_NATIVE_LOOPS", "1") != "0"
 
 
-@dataclass(frozen=True)
-class ScalarProgram:
+class ScalarProgram(NamedTuple):
     """One function as a word program: `words` for `tinyhal_scalar_run`, the register
     file it needs (32-bit slots), where each argument goes and how many results return."""
 
@@ -128,8 +127,7 @@ class ScalarProgram:
     result_count: int
 
 
-@dataclass(frozen=True)
-class EntryProgram:
+class EntryProgram(NamedTuple):
     """One workgroup function as a word program for `tinyhal_vmvx_dispatch`: its words
     and the 32-bit slots and ref registers it needs."""
 
