@@ -5,7 +5,7 @@ one of them runs Python at any moment. Left to the kernel, they sit on different
 and every hand-over of the lock then wakes a thread on another CPU and moves the objects
 it touches between caches; a request makes several such hand-overs (the loop reads and
 parses it, the instance thread runs and answers the batch, the loop finishes it). Measured
-on the bundled `mlp_classifier` under `hey` and `perf_analyzer` (docs/architecture.md),
+on the bundled `mlp_classifier` under `hey` and `perf_analyzer` (docs/performance.md),
 keeping them on one CPU cuts the server's CPU per request by a quarter to a third and raises
 requests/s by 30-60% at 8 connections and more: they lose no parallelism they had.
 
@@ -14,7 +14,7 @@ one of them, woken, preempt the thread running on that CPU. The thread woken is 
 always one that waits for the interpreter lock the running one holds (an instance thread
 given a batch, the loop given an answer), so preempting would only switch to a thread that
 cannot run and back: on the gru_step sequence load this cut the server's CPU per step by
-3-13% in four A/B runs (docs/architecture.md). Time slices and fairness towards other
+3-13% in four A/B runs (docs/performance.md). Time slices and fairness towards other
 processes stay. A process started with another policy (`chrt`) keeps it everywhere.
 
 What does run in parallel keeps every CPU: model loading (devices size and place their

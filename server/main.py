@@ -90,7 +90,7 @@ EXIT_SECOND_SIGNAL = 4
 _DRAIN_POLL_SECONDS = 0.02  # how often a drain looks whether sequences and requests remain
 _ANSWER_GRACE_SECONDS = 1.0  # for the answers the drain's bound gave to reach clients
 _RESERVED_FDS = 64  # descriptors kept for model files, devices, threads, logs
-_SWITCH_INTERVAL = 0.0005  # seconds; measured on the bundled models (docs/architecture.md)
+_SWITCH_INTERVAL = 0.0005  # seconds; measured on the bundled models (docs/performance.md)
 
 
 def _abandon_and_exit(server: Server, code: int, why: str) -> None:
