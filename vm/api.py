@@ -556,10 +556,10 @@ class Module:
                 # declaration, of a dtype with whole-byte elements) is copied straight
                 # into an idle view's buffer or a new one (by one `memmove` into host
                 # memory, or a device write into memory only the device sees, such as
-                # emu's, which that driver models as the transfer it stands for). Only
-                # views of a static declared shape (or of an
-                # undeclared argument) are kept for reuse: one of a dynamic shape is
-                # freed when the call is done, as `_tensor_input`'s would be.
+                # emu's, which that driver models as the transfer it stands for). Views
+                # of a dynamic shape are kept too: a call of the same shape (a recurrent
+                # step's batch) reuses one, whose shape was checked when it was made; a
+                # call of another shape frees it.
                 parks = bool(stacks)
                 if plan is _UNDECLARED:
                     element_type = _WHOLE_BYTE_TYPES.get(value.dtype)
@@ -567,10 +567,10 @@ class Module:
                         element_type = _whole_byte_element_type(value.dtype)
                 elif value.dtype == plan[0] and value.shape == plan[1]:
                     element_type = plan[2]
-                elif value.dtype == plan[0] and plan[3] and value.size and _dims_match(
-                        value.shape, plan[1]):
+                elif value.dtype == plan[0] and plan[3] and value.size and (
+                        (parks and stacks[i] and stacks[i][-1].shape == value.shape)
+                        or _dims_match(value.shape, plan[1])):
                     element_type = plan[2]
-                    parks = False
                 else:
                     element_type = 0
                 if element_type:
