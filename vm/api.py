@@ -568,7 +568,8 @@ class Module:
                 elif value.dtype == plan[0] and value.shape == plan[1]:
                     element_type = plan[2]
                 elif value.dtype == plan[0] and plan[3] and value.size and (
-                        (parks and stacks[i] and stacks[i][-1].shape == value.shape)
+                        # (a slice: another thread may pop the stack meanwhile)
+                        (parks and (top := stacks[i][-1:]) and top[0].shape == value.shape)
                         or _dims_match(value.shape, plan[1])):
                     element_type = plan[2]
                 else:
