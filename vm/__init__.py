@@ -23,7 +23,7 @@ from .hal_module import create_hal_module
 from .invocation import Invocation, call_blocking, run_async, run_blocking
 from .loader import BytecodeModule, load_module
 from .native import NativeFunction, NativeModule, Suspend
-from .ops import F32SNaN
+from .ops import F32Bits
 from .types import VMBuffer, VMList
 from .vmvx_format import VMVX_FORMAT, is_vmvx_module
 
@@ -42,7 +42,7 @@ register_executable_loader(ExecutableLoader(VMVX_FORMAT, is_vmvx_module, _load_v
 __all__ = [
     "BytecodeModule",
     "Context",
-    "F32SNaN",
+    "F32Bits",
     "Invocation",
     "ModuleInstance",
     "NativeFunction",

@@ -608,8 +608,13 @@ class _Gen:
 
     # constants that need exact float bits
     def op_const_f32(self, ins, f, ind):
-        value = ops.f32_from_bits(f[0])
-        self.emit(ind, f"{self.ireg_name(f[1])} = {self._float_literal(value)}", ins.pc)
+        res = self.ireg_name(f[1])
+        if ops.is_subnormal_f32(f[0]):
+            # whether its float value is the subnormal or a zero depends on the
+            # floating-point state it runs under (denormals-are-zero in a dispatch)
+            self.emit(ind, f"{res} = _f32_from_bits({f[0] & 0xFFFFFFFF})", ins.pc)
+            return
+        self.emit(ind, f"{res} = {self._float_literal(ops.f32_from_bits(f[0]))}", ins.pc)
 
     def op_const_f64(self, ins, f, ind):
         self.emit(ind, f"{self.ireg_name(f[1])} = {self._float_literal(f[0])}", ins.pc)
@@ -1154,7 +1159,7 @@ class _ProgramState:
         return site
 
     def constant(self, value) -> int:
-        if value.__class__ is float or isinstance(value, ops.F32SNaN):
+        if value.__class__ is float or isinstance(value, ops.F32Bits):
             key = (value.__class__.__name__, ops.bitcast_f64_i64(value),
                    getattr(value, "bits", None))
         else:

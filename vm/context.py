@@ -437,7 +437,7 @@ def marshal_arguments(f: VMFunction, args) -> list:
                     raise InvalidArgumentError(f"argument {i} ({v}) does not fit in i64")
                 out.append(ops.wrap64(v))
             elif t == "f":
-                out.append(v if isinstance(v, ops.F32SNaN) else ops.round_f32(float(v)))
+                out.append(v if isinstance(v, ops.F32Bits) else ops.round_f32(float(v)))
             elif t == "F":
                 out.append(float(v))
             else:

@@ -251,6 +251,7 @@ def _helpers() -> dict:
         "_nanp": ops.nan_propagate,
         "_wrap32": ops.wrap32,
         "_round_f32": ops.round_f32,
+        "_f32_from_bits": ops.f32_from_bits,
         "_fail": ops.fail,
         "_check_ref_class": ops.check_ref_class, "_ref_classes": ops.ref_classes,
         "_remember": ops.remember_call, "_UNSET": ops.UNSET,
