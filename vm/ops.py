@@ -369,11 +369,23 @@ buffer_load_i16s = _make_load("h", 2, "buffer.load.i16.s")
 buffer_load_i32 = _make_load("i", 4, "buffer.load.i32")
 buffer_load_i64 = _make_load("q", 8, "buffer.load.i64")
 buffer_load_f64 = _make_load("d", 8, "buffer.load.f64")
-_buffer_load_u32 = _make_load("I", 4, "buffer.load.f32")
+_unpack_f32 = struct.Struct("<f").unpack_from
+_unpack_u32 = struct.Struct("<I").unpack_from
 
 
 def buffer_load_f32(b, index):
-    return f32_from_bits(_buffer_load_u32(b, index))
+    """One frame for the common value; a NaN, or a zero whose pattern is not a zero
+    (a subnormal under denormals-are-zero), is made from its bits (`f32_from_bits`)."""
+    if b.__class__ is not VMBuffer:
+        _buf(b, "source_buffer")
+    data = b.data
+    off = index * 4
+    if index < 0 or off + 4 > len(data):
+        _range(b, off, 4, "buffer.load.f32")
+    value = _unpack_f32(data, off)[0]
+    if value == value and (value or not _unpack_u32(data, off)[0] & 0x7FFFFFFF):
+        return value
+    return f32_from_bits(_unpack_u32(data, off)[0])
 
 
 def _make_store(fmt: str, size: int, name: str, mask: int | None):
@@ -396,11 +408,24 @@ buffer_store_i16 = _make_store("H", 2, "buffer.store.i16", 0xFFFF)
 buffer_store_i32 = _make_store("I", 4, "buffer.store.i32", M32)
 buffer_store_i64 = _make_store("Q", 8, "buffer.store.i64", M64)
 buffer_store_f64 = _make_store("d", 8, "buffer.store.f64", None)
-_buffer_store_u32 = _make_store("I", 4, "buffer.store.f32", None)
+_pack_f32 = struct.Struct("<f").pack_into
+_pack_u32 = struct.Struct("<I").pack_into
 
 
 def buffer_store_f32(b, index, value):
-    _buffer_store_u32(b, index, f32_bits(value))
+    """One frame; an `F32Bits` is stored as its bits."""
+    if b.__class__ is not VMBuffer:
+        _buf(b, "target_buffer")
+    if not b.mutable:
+        _writable(b)
+    data = b.data
+    off = index * 4
+    if index < 0 or off + 4 > len(data):
+        _range(b, off, 4, "buffer.store.f32")
+    if value.__class__ is F32Bits:
+        _pack_u32(data, off, value.bits)
+    else:
+        _pack_f32(data, off, value)
 
 
 def _fill(b, index, count, pattern: bytes, name: str):

@@ -150,3 +150,48 @@ def test_moved_f32_keep_their_bits_in_host_functions(a, b, condition, monkeypatc
     expected = _iree_bits(vmfb, "host", [condition, t])
     with tinyhal.load(vmfb, device="sync") as module:
         assert [np.asarray(module.host(condition, t)).tobytes()] == expected
+
+
+BUFFER_VM = """
+vm.module @f32_buffers {
+  vm.rodata private @blob dense<[1.0, 2.0]> : tensor<2xf32>
+  vm.func @load(%index : i64, %null : i32) -> f32 {
+    %c8 = vm.const.i64 8
+    %a0 = vm.const.i32.zero
+    %fresh = vm.buffer.alloc %c8, %a0 : !vm.buffer
+    %none = vm.const.ref.zero : !vm.buffer
+    %b = vm.select.ref %null, %none, %fresh : !vm.buffer
+    %v = vm.buffer.load.f32 %b[%index] : !vm.buffer -> f32
+    vm.return %v : f32
+  }
+  vm.export @load
+  vm.func @store(%index : i64, %rodata : i32, %v : f32) {
+    %c8 = vm.const.i64 8
+    %a0 = vm.const.i32.zero
+    %fresh = vm.buffer.alloc %c8, %a0 : !vm.buffer
+    %ro = vm.const.ref.rodata @blob : !vm.buffer
+    %b = vm.select.ref %rodata, %ro, %fresh : !vm.buffer
+    vm.buffer.store.f32 %v, %b[%index] : f32 -> !vm.buffer
+    vm.return
+  }
+  vm.export @store
+}
+"""
+
+
+@pytest.mark.parametrize("call,message", [
+    (("load", 2, 0), "buffer.load.f32: out-of-bounds access"),
+    (("load", 0, 1), "source_buffer is null"),
+    (("store", 2, 0, 1.0), "buffer.store.f32: out-of-bounds access"),
+    (("store", 0, 1, 1.0), "read-only"),
+])
+def test_f32_buffer_access_errors(call, message):
+    """A bad access fails the invocation with the VM's error (IREE fails it too)."""
+    from support.vm_pairs import Pair, vm_compile_source
+
+    pair = Pair(vm_compile_source(BUFFER_VM, ["--compile-from=vm"]))
+    with pytest.raises(Exception):  # noqa: B017 - IREE raises its own error type
+        pair.theirs(*call)
+    with pytest.raises(tinyhal.Error, match=message):
+        pair.ours(*call)
+    pair.check("load", 1, 0)
