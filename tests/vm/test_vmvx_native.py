@@ -149,14 +149,11 @@ def test_both_paths_give_iree_bits(path, flavour):
                 compile_mlir(mlp_mlir(), FLAVOURS[flavour]), "mlp")(x)), driver
 
 
-def test_subnormal_operands_give_iree_bits_natively(monkeypatch):
+def test_subnormal_operands_give_iree_bits(path):
     """IREE runs dispatches with subnormals flushed (FTZ/DAZ), as tinyhal's HAL does
-    around a dispatch: the native path computes in binary32 under that state and moves
-    values as bits, so a subnormal passed through (a select) survives and one computed
-    with is flushed, as in IREE. (The Python path converts through doubles, whose
-    conversions the same state flushes: it differs here, so only the native path is
-    compared.)"""
-    monkeypatch.setenv("TINYHAL_VM_NATIVE_LOOPS", "1")
+    around a dispatch: both paths compute under that state and move values as bits, so
+    a subnormal passed through (a select) survives and one computed with is flushed, as
+    in IREE (tests/vm/test_f32_bits.py has more moves)."""
     import iree.runtime as rt
 
     args = _mixed_inputs()
