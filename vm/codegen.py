@@ -913,7 +913,7 @@ class _Gen:
                 elif t == "I":
                     outs.append(f"{reg} = " + wrap64_expr(val))
                 elif t == "f":
-                    outs.append(f"{reg} = _round_f32(float({val}))")
+                    outs.append(f"{reg} = _to_f32({val})")
                 elif t == "F":
                     outs.append(f"{reg} = float({val})")
                 else:

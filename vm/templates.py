@@ -250,7 +250,7 @@ def _helpers() -> dict:
         "_div_f": ops.div_f,
         "_nanp": ops.nan_propagate,
         "_wrap32": ops.wrap32,
-        "_round_f32": ops.round_f32,
+        "_to_f32": ops.round_f32,  # not `_round_f32`: that is `vm.round.f32` (below)
         "_f32_from_bits": ops.f32_from_bits,
         "_fail": ops.fail,
         "_check_ref_class": ops.check_ref_class, "_ref_classes": ops.ref_classes,

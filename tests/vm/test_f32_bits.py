@@ -195,3 +195,44 @@ def test_f32_buffer_access_errors(call, message):
     with pytest.raises(tinyhal.Error, match=message):
         pair.ours(*call)
     pair.check("load", 1, 0)
+
+
+PRODUCER_VM = """
+vm.module @producer {
+  vm.func @make(%bits : i32) -> f32 {
+    %f = vm.bitcast.i32.f32 %bits : i32 -> f32
+    vm.return %f : f32
+  }
+  vm.export @make
+}
+"""
+CONSUMER_VM = """
+vm.module @consumer {
+  vm.import private @producer.make(%bits : i32) -> f32
+  vm.func @roundtrip(%bits : i32) -> i32 {
+    %f = vm.call @producer.make(%bits) : (i32) -> f32
+    %i = vm.bitcast.f32.i32 %f : f32 -> i32
+    vm.return %i : i32
+  }
+  vm.export @roundtrip
+}
+"""
+
+
+def test_f32_results_of_imports_keep_their_bits():
+    """An f32 a module gets back from another module's function is the callee's value,
+    bit for bit (not rounded to an integer, nor a signalling NaN quieted)."""
+    import iree.runtime as rt
+
+    from support.vm_pairs import vm_compile_source
+    from tinyhal.vm import Context, load_module
+
+    paths = [vm_compile_source(s, ["--compile-from=vm"]) for s in (PRODUCER_VM, CONSUMER_VM)]
+    oracle = rt.SystemContext(config=rt.Config("local-sync"))
+    for path in paths:
+        with open(path, "rb") as f:
+            oracle.add_vm_module(rt.VmModule.copy_buffer(oracle.instance, f.read()))
+    ours = Context([load_module(path) for path in paths])
+    for bits in (0x3FC00000, 0x402CCCCD, 0x00000001, -0x7FFFFFFF, 0x7FA00001, 0x7FC12345,
+                 -0x80000000):
+        assert ours.invoke("roundtrip", [bits]) == [oracle.modules.consumer["roundtrip"](bits)]
