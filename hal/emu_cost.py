@@ -89,17 +89,23 @@ class DispatchWork:
 
 class DispatchCost(NamedTuple):
     """A dispatch's cost on the device: `compute_cycles` with memory never in the way,
-    `stall_cycles` waiting for DRAM, the bytes it moves to and from DRAM and the share
-    of the processing elements' cycles that did useful work."""
+    `stall_cycles` waiting for DRAM, the bytes it moves to and from DRAM (of which
+    `dram_write_bytes` written, the rest read; 0 written when a model does not say)
+    and the share of the processing elements' cycles that did useful work."""
 
     compute_cycles: int
     stall_cycles: int
     dram_bytes: int
     utilisation: float
+    dram_write_bytes: int = 0
 
     @property
     def cycles(self) -> int:
         return self.compute_cycles + self.stall_cycles
+
+    @property
+    def dram_read_bytes(self) -> int:
+        return self.dram_bytes - self.dram_write_bytes
 
 
 @dataclass(frozen=True)
@@ -184,10 +190,13 @@ def dispatch_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost
     """`work` priced by the device's cost model, checked to be a `DispatchCost` of
     non-negative ints (a user function answering otherwise is an INVALID_ARGUMENT)."""
     cost = _COST_MODELS[device.cost_model](work, device)
-    if not (isinstance(cost, tuple) and len(cost) == 4
-            and all(isinstance(v, int) and v >= 0 for v in cost[:3])):
+    counts = (*cost[:3], *cost[4:]) if isinstance(cost, tuple) else ()
+    if not (isinstance(cost, tuple) and len(cost) in (4, 5)
+            and all(isinstance(v, int) and v >= 0 for v in counts)
+            and (len(cost) == 4 or cost[4] <= cost[2])):
         raise InvalidArgumentError(f"cost model {device.cost_model!r} answered {cost!r}, "
-                                   "not a DispatchCost of non-negative ints")
+                                   "not a DispatchCost of non-negative ints (written bytes "
+                                   "at most the DRAM bytes)")
     return DispatchCost(*cost)
 
 
@@ -260,12 +269,18 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
     operand, in layout order, is fetched; the window only moves forward, so a fold
     that needs data behind it (an operand swept again, or the start of a fold whose
     diagonals the previous fold's skewed tail already passed) waits until the window
-    comes round the operand again. An operand that fits in half its SRAM is read once
-    (its `data_words`, without the blocks' padding, when given).
+    comes round the operand again. An operand that fits in half its SRAM is read once.
+    `data_words`, when given, is the operand's size without padding: the last block
+    (the last fold's, over a dimension the array does not divide) is then laid out
+    only as wide as it is, as SCALE-Sim leaves its padding out of the layout.
     """
     total = blocks * rows * width
-    if data_words:
-        total = min(total, data_words)  # padding of a partial last block is not fetched
+    last_width = width
+    if data_words and data_words < total:
+        # a partial last block (the last fold's columns): narrower, its padding unlaid
+        pad, total = total - data_words, data_words
+        if pad % rows == 0 and pad // rows < width:
+            last_width = width - pad // rows
     active = math.ceil(sram_words / 2)
     refill = sram_words - active
     if total <= active or refill <= 0:
@@ -274,16 +289,28 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
     line = math.ceil(sram_words / 100)
     span = line * math.ceil(active / line)
     ring = line * math.ceil(total / line)  # a partial last line takes a whole one
+    tail_block, tail_base = blocks - 1, (blocks - 1) * rows * width
 
     def first(block: int, row: int) -> int:
-        g = block * rows + row
-        return min(total - 1, _diagonal_start(g, width) if diagonal else g * width)
+        if block == tail_block and last_width != width:
+            at = tail_base + (_diagonal_start(row, last_width) if diagonal
+                              else row * last_width)
+        else:
+            g = block * rows + row
+            at = _diagonal_start(g, width) if diagonal else g * width
+        return min(total - 1, at)
 
     def last(block: int, end: int) -> int:
-        g = block * rows + end - 1
-        if diagonal:
-            return min(total - 1, _diagonal_start(g + width - 1, width) + width - 1)
-        return min(total - 1, (g + 1) * width - 1)
+        if block == tail_block and last_width != width:
+            if diagonal:
+                at = tail_base + _diagonal_start(end + last_width - 2, last_width) + last_width - 1
+            else:
+                at = tail_base + end * last_width - 1
+        else:
+            g = block * rows + end - 1
+            at = (_diagonal_start(g + width - 1, width) + width - 1 if diagonal
+                  else (g + 1) * width - 1)
+        return min(total - 1, at)
 
     window_end = span
     reads = active
@@ -349,9 +376,9 @@ def operand_reads(work: DispatchWork, device: AcceleratorConfig) -> tuple[int, i
 
 
 def memory_stalls(work: DispatchWork, device: AcceleratorConfig, compute: int
-                  ) -> tuple[int, int]:
-    """(stall cycles, DRAM words) of a GEMM-kind dispatch whose array needs `compute`
-    cycles.
+                  ) -> tuple[int, int, int]:
+    """(stall cycles, DRAM words read, DRAM words written) of a GEMM-kind dispatch
+    whose array needs `compute` cycles.
 
     Each read operand streams its `operand_reads` words from DRAM at its bandwidth,
     one half-SRAM after another, each operand on its own channel; the outputs drain
@@ -369,7 +396,7 @@ def memory_stalls(work: DispatchWork, device: AcceleratorConfig, compute: int
         if bandwidth:
             stream = max(stream, words / bandwidth)
     stall = max(0, math.ceil(stream) - compute // g) * g
-    return stall, g * (ifmap + filt + out)
+    return stall, g * (ifmap + filt), g * out
 
 
 def vector_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
@@ -389,7 +416,8 @@ def vector_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
         stall_cycles = max(stall_cycles, writes / device.ofmap_bandwidth)
     stall = max(0, math.ceil(stall_cycles) - compute)
     utilisation = ops / (lanes * (compute + stall)) if compute else 0.0
-    return DispatchCost(compute, stall, (reads + writes) * work.element_bytes, utilisation)
+    return DispatchCost(compute, stall, (reads + writes) * work.element_bytes, utilisation,
+                        writes * work.element_bytes)
 
 
 def systolic_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
@@ -398,10 +426,11 @@ def systolic_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost
     if work.kind not in GEMM_KINDS or not (work.m and work.n and work.k):
         return vector_cost(work, device)
     compute = systolic_compute_cycles(work, device)
-    stall, words = memory_stalls(work, device, compute)
+    stall, read, written = memory_stalls(work, device, compute)
     pes = device.rows * device.cols
     utilisation = work.macs / (pes * (compute + stall)) if compute else 0.0
-    return DispatchCost(compute, stall, words * work.element_bytes, utilisation)
+    return DispatchCost(compute, stall, (read + written) * work.element_bytes, utilisation,
+                        written * work.element_bytes)
 
 
 register_cost_model("systolic", systolic_cost)
@@ -495,19 +524,21 @@ def _cost_entry(name: str, value: Any, path: str) -> DispatchCost:
         cycles = int(value["cycles"]) if "cycles" in value else (
             int(value["compute_cycles"]) + stall)
         dram = int(value.get("dram_bytes", 0))
+        written = int(value.get("dram_write_bytes", 0))
         utilisation = float(value.get("utilisation", 0.0))
     except (KeyError, TypeError, ValueError):
         raise InvalidArgumentError(f"cost file {path!r}: {name!r} needs `cycles` (or "
                                    "`compute_cycles`) as numbers") from None
-    if cycles < 0 or stall < 0 or stall > cycles or dram < 0:
+    if cycles < 0 or stall < 0 or stall > cycles or dram < 0 or not 0 <= written <= dram:
         raise InvalidArgumentError(f"cost file {path!r}: {name!r} has negative cycles or "
-                                   "bytes, or more stall cycles than cycles")
-    return DispatchCost(cycles - stall, stall, dram, utilisation)
+                                   "bytes, more stall cycles than cycles or more bytes "
+                                   "written than moved")
+    return DispatchCost(cycles - stall, stall, dram, utilisation, written)
 
 
 def read_cost_file(path: str) -> dict[str, DispatchCost]:
     """Measured per-export costs: a JSON object mapping an export name to its cycles or
-    to `{"cycles", "stall_cycles", "dram_bytes", "utilisation"}`, or a CSV file with a
+    to `{"cycles", "stall_cycles", "dram_bytes", "dram_write_bytes", "utilisation"}`, or a CSV file with a
     column naming the export (`export`, or SCALE-Sim's `Layer name` / `LayerID` when
     its layers are named after the exports) and `cycles` (or SCALE-Sim's
     COMPUTE_REPORT columns `Total Cycles` and `Stall Cycles`)."""
@@ -589,5 +620,6 @@ def accelerator_config(value: Any) -> AcceleratorConfig | None:
 
 __all__ = ["AcceleratorConfig", "CostFunction", "DATAFLOWS", "DispatchCost", "DispatchWork",
            "Folding", "WORK_KINDS", "WORK_SOURCES", "accelerator_config", "cost_models",
-           "dispatch_cost", "folding", "memory_stalls", "operand_reads", "ring_reads", "read_cost_file", "read_scalesim_config",
-           "register_cost_model", "systolic_compute_cycles", "systolic_cost", "vector_cost"]
+           "dispatch_cost", "folding", "memory_stalls", "operand_reads", "read_cost_file",
+           "read_scalesim_config", "register_cost_model", "ring_reads", "systolic_compute_cycles",
+           "systolic_cost", "vector_cost"]

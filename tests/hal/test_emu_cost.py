@@ -55,7 +55,7 @@ def test_systolic_folding_by_hand(dataflow, folds, fold_cycles):
     assert (fold.folds, fold.fold_cycles) == (folds, fold_cycles)
     cost = systolic_cost(MATMUL, array(dataflow))
     assert cost == DispatchCost(folds * fold_cycles, 0, (18 + 15 + 30) * 4,
-                                90 / (16 * folds * fold_cycles))
+                                90 / (16 * folds * fold_cycles), 30 * 4)
     assert cost.cycles == folds * fold_cycles
 
 
@@ -76,7 +76,7 @@ def test_vector_unit_by_hand():
     bandwidth: 400 input words at 4 words/cycle take 100 cycles, 50 of them stalled."""
     work = DispatchWork("pool", elements=100, window=4, input_words=400, output_words=100)
     assert vector_cost(work, array("os", vector_lanes=8)) == DispatchCost(
-        50, 0, 500 * 4, 1.0)
+        50, 0, 500 * 4, 1.0, 100 * 4)
     slow = vector_cost(work, array("os", vector_lanes=8, ifmap_bandwidth=4.0))
     assert (slow.compute_cycles, slow.stall_cycles) == (50, 50)
     assert slow.utilisation == pytest.approx(0.5)
@@ -99,6 +99,7 @@ def test_memory_stalls_by_hand():
                                      ifmap_bandwidth=1.0))
     assert (cost.compute_cycles, cost.stall_cycles) == (16, 16)
     assert cost.dram_bytes == (32 + 8 + 16) * 4
+    assert (cost.dram_read_bytes, cost.dram_write_bytes) == ((32 + 8) * 4, 16 * 4)
     # an operand that fits in half its SRAM is read once
     assert operand_reads(work, array("os", rows=2, cols=2, ifmap_sram_words=16)) == (8, 8)
     # the outputs drain at the ofmap bandwidth: 16 words, 2 buffered, 14 at 0.5/cycle
