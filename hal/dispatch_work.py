@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 from typing import Any
 
@@ -186,11 +187,207 @@ def _convolution(dims: tuple[int, ...], loops: int, exact: bool, elements: list[
                         filter_words=k * f, output_words=out, **common)
 
 
+# -- from the compiler's own record of the executable's source -------------------------
+
+_TENSOR = re.compile(r"tensor<((?:[0-9?]+x)*)([a-zA-Z][a-zA-Z0-9]*)>")
+_MAP = re.compile(r"affine_map<\(([^)]*)\)\s*->\s*\(([^)]*)\)>")
+_MAP_ALIAS = re.compile(r"^(#[\w$.-]+)\s*=\s*(affine_map<.*>)\s*$", re.M)
+_LINALG = re.compile(r"=\s*linalg\.([a-z_0-9]+)\b(.*)$")
+
+
+def _tensor(text: str) -> tuple[tuple[int, ...], int] | None:
+    """(shape, element bytes) of an MLIR tensor type; None when a size is dynamic."""
+    match = _TENSOR.search(text)
+    if match is None or "?" in match[1]:
+        return None
+    shape = tuple(int(d) for d in match[1].split("x") if d)
+    return shape, ELEMENT_BYTES.get(match[2], 4)
+
+
+def _operand_types(op_text: str) -> tuple[list[str], list[str]] | None:
+    """The tensor types after `ins(... :` and `outs(... :` of a linalg op's text."""
+    found = []
+    for keyword in ("ins(", "outs("):
+        at = op_text.find(keyword)
+        if at < 0:
+            return None
+        depth, end = 0, at + len(keyword) - 1
+        for end in range(at + len(keyword) - 1, len(op_text)):
+            depth += {"(": 1, ")": -1}.get(op_text[end], 0)
+            if depth == 0:
+                break
+        inner = op_text[at + len(keyword):end]
+        found.append(_TENSOR.findall(inner.split(":", 1)[1]) if ":" in inner else [])
+    ins, outs = ([f"tensor<{dims}{kind}>" for dims, kind in group] for group in found)
+    return ins, outs
+
+
+def _generic_work(op_text: str, aliases: dict[str, str]) -> DispatchWork | None:
+    """The work of a `linalg.generic`: its loops sized from the operands its indexing
+    maps read them from, reductions from `iterator_types`. Two inputs and a reduction
+    is a contraction in the GEMM view: loops of the first input only are M, of the
+    second only N, of both and the output the groups (a depthwise convolution's
+    channels, a batch), the reductions K; a first input indexed by sums of loops (a
+    sliding window) makes it a convolution. One input and a reduction is a reduction,
+    no reduction element-wise work."""
+    for alias, text in aliases.items():
+        op_text = op_text.replace(alias, text)
+    maps = _MAP.findall(op_text)
+    iterators = re.search(r"iterator_types\s*=\s*\[([^\]]*)\]", op_text)
+    types = _operand_types(op_text)
+    if not maps or iterators is None or types is None:
+        return None
+    ins, outs = types
+    if len(maps) != len(ins) + len(outs) or len(outs) != 1:
+        return None
+    kinds = [k.strip().strip('"') for k in iterators[1].split(",")]
+    loops = [d.strip() for d in maps[0][0].split(",")]
+    if len(kinds) != len(loops):
+        return None
+    shapes = []
+    for text in ins + outs:
+        parsed = _tensor(text)
+        if parsed is None:
+            return None
+        shapes.append(parsed)
+    sizes: dict[str, int] = {}
+    used: list[set[str]] = []
+    windowed: list[bool] = []
+    for (_dims, results), (shape, _bytes) in zip(maps, shapes):
+        exprs = [e.strip() for e in results.split(",") if e.strip()]
+        if len(exprs) != len(shape):
+            return None
+        used.append({d for d in loops if re.search(rf"\b{d}\b", results)})
+        windowed.append(any(not re.fullmatch(r"d\d+", e) for e in exprs))
+        for expr, size in zip(exprs, shape):
+            if re.fullmatch(r"d\d+", expr):
+                sizes.setdefault(expr, size)
+    if any(d not in sizes for d in loops):
+        return None
+    reductions = [d for d, kind in zip(loops, kinds) if kind == "reduction"]
+    out_shape, element = shapes[-1]
+    out = math.prod(out_shape)
+    common: dict[str, Any] = {"element_bytes": element, "source": "compiler"}
+    inputs = [math.prod(shape) for shape, _ in shapes[:-1]]
+    if not reductions:
+        return DispatchWork("elementwise", elements=out, window=1,
+                            input_words=sum(inputs) or out, output_words=out, **common)
+    k = math.prod(sizes[d] for d in reductions)
+    if len(ins) == 1 or (len(ins) == 2 and not used[1] - set(reductions) and windowed[0]
+                         and not used[1] & used[-1]):
+        kind = "pool" if windowed[0] else "reduction"
+        return DispatchWork(kind, elements=out, window=k, input_words=inputs[0],
+                            output_words=out, **common)
+    if len(ins) != 2:
+        return None
+    parallel = [d for d in loops if d not in reductions]
+    both = [d for d in parallel if d in used[0] and d in used[1]]
+    n_dims = [d for d in parallel if d in used[1] and d not in used[0]]
+    m_dims = [d for d in parallel if d not in both and d not in n_dims]
+    groups = math.prod(sizes[d] for d in both)
+    m = math.prod(sizes[d] for d in m_dims)
+    n = math.prod(sizes[d] for d in n_dims)
+    if groups > 1 and n == 1:
+        kind = "depthwise"
+    elif groups > 1:
+        kind = "batch_matmul"
+    else:
+        kind = "conv" if windowed[0] else "matmul"
+    return DispatchWork(kind, m=m, n=n, k=k, groups=groups, input_words=inputs[0],
+                        filter_words=inputs[1], output_words=out, **common)
+
+
+def _named_work(op: str, op_text: str) -> DispatchWork | None:
+    """The work of the named linalg ops that stay named in a configured dispatch:
+    matmuls (plain, transposed, batched) and poolings."""
+    types = _operand_types(op_text)
+    if types is None or len(types[1]) != 1 or len(types[0]) != 2:
+        return None
+    parsed = [_tensor(t) for t in types[0] + types[1]]
+    if any(p is None for p in parsed):
+        return None
+    (a, _), (b, _), (o, element) = parsed  # type: ignore[misc]
+    common: dict[str, Any] = {"element_bytes": element, "source": "compiler"}
+    words = {"input_words": math.prod(a), "filter_words": math.prod(b),
+             "output_words": math.prod(o)}
+    if op.startswith("pooling_"):
+        out = math.prod(o)
+        return DispatchWork("pool", elements=out, window=math.prod(b), input_words=math.prod(a),
+                            output_words=out, **common)
+    if op in ("matmul", "matmul_transpose_b", "matmul_transpose_a") and len(a) == len(b) == 2:
+        m, n = o
+        k = a[0] if op == "matmul_transpose_a" else a[1]
+        return DispatchWork("matmul", m=m, n=n, k=k, **words, **common)
+    if op in ("batch_matmul", "batch_matmul_transpose_b") and len(o) == 3:
+        g, m, n = o
+        return DispatchWork("batch_matmul", m=m, n=n, k=a[2], groups=g, **words, **common)
+    return None
+
+
+_ROOT_RANK = {"matmul": 0, "batch_matmul": 0, "conv": 0, "depthwise": 0, "pool": 1,
+              "reduction": 2, "elementwise": 3}
+
+
+@functools.lru_cache(maxsize=1024)
+def work_from_source(path: str, export: str, mtime_ns: int = 0) -> DispatchWork | None:
+    """The work of export `export` read from the MLIR the compiler wrote for it: the
+    file its source location names (`Executable` exports' `source_location`), when
+    that file holds the export's function, as an executable IREE dumped does
+    (`--iree-hal-dump-executable-configurations-to=DIR` or `-files-to=DIR`, with which
+    the compiler points each export's location there). The root operation is the
+    function's contraction (matmul or convolution), else its pooling, reduction or
+    element-wise op. None when the file is not there, does not hold the function, or
+    its root has sizes known only at run time (the export name is read then).
+    `mtime_ns` keys the cache to the file's version."""
+    del mtime_ns
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    start = text.find(f"func.func @{export}(")
+    if start < 0:
+        return None
+    end = text.find("func.func @", start + 1)
+    body = text[start:end if end > 0 else len(text)]
+    aliases = dict(_MAP_ALIAS.findall(text))
+    best: DispatchWork | None = None
+    for line in body.splitlines():
+        match = _LINALG.search(line)
+        if match is None or match[1] in ("fill", "yield", "index"):
+            continue
+        op, rest = match[1], match[2]
+        work = _generic_work(rest, aliases) if op == "generic" else _named_work(op, rest)
+        if work is not None and (best is None or _ROOT_RANK[work.kind] < _ROOT_RANK[best.kind]):
+            best = work
+    return best
+
+
+def source_work(location: tuple[str, int] | None, export: str) -> DispatchWork | None:
+    """`work_from_source` for an export's source location, relative paths taken from
+    the working directory (where the compiler ran, when it was given a relative one)."""
+    if location is None or not location[0].endswith(".mlir"):
+        return None
+    path = location[0]
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+    return work_from_source(path, export, mtime)
+
+
 def dispatch_work(prepared: Any) -> DispatchWork:
-    """The work of a prepared dispatch (`hal.executable.PreparedDispatch`)."""
+    """The work of a prepared dispatch (`hal.executable.PreparedDispatch`): from the
+    compiler's record of its source when the executable points at one
+    (`source_work`), else from its export name and bindings (`work_from_name`)."""
+    export = prepared.export
+    work = source_work(getattr(export, "source_location", None), export.name)
+    if work is not None:
+        return work
     state = prepared.state
     lengths = [prepared.binding_lengths[i] for i in range(state.binding_count)]
-    return work_from_name(prepared.export.name, lengths, prepared.total)
+    return work_from_name(export.name, lengths, prepared.total)
 
 
-__all__ = ["ELEMENT_BYTES", "dispatch_work", "parse_export_name", "work_from_name"]
+__all__ = ["ELEMENT_BYTES", "dispatch_work", "parse_export_name", "source_work",
+           "work_from_name", "work_from_source"]

@@ -382,3 +382,80 @@ def test_overlapping_dispatches_share_dram_bandwidth():
     assert (second[1], second[3].stall_cycles) == (0, 48)
     third = place_dispatch(units, model, "c", 1, 0, 200, work)
     assert (third[1], third[3].stall_cycles) == (200, 16)
+
+
+CONV_MLIR = """
+func.func @dw(%x: tensor<1x10x10x8xf32>, %w: tensor<3x3x8xf32>) -> tensor<1x8x8x8xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1x8x8x8xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<1x8x8x8xf32>) -> tensor<1x8x8x8xf32>
+  %r = linalg.depthwise_conv_2d_nhwc_hwc
+         {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+         ins(%x, %w : tensor<1x10x10x8xf32>, tensor<3x3x8xf32>)
+         outs(%f : tensor<1x8x8x8xf32>) -> tensor<1x8x8x8xf32>
+  return %r : tensor<1x8x8x8xf32>
+}
+func.func @pw(%x: tensor<1x6x6x16xf32>, %w: tensor<1x1x16x12xf32>) -> tensor<1x6x6x12xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1x6x6x12xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<1x6x6x12xf32>) -> tensor<1x6x6x12xf32>
+  %r = linalg.conv_2d_nhwc_hwcf
+         {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+         ins(%x, %w : tensor<1x6x6x16xf32>, tensor<1x1x16x12xf32>)
+         outs(%f : tensor<1x6x6x12xf32>) -> tensor<1x6x6x12xf32>
+  return %r : tensor<1x6x6x12xf32>
+}
+"""
+
+
+def test_work_from_the_compilers_dumped_source(tmp_path):
+    """Compiled with its executables dumped, each export's source location points at
+    its configured MLIR; emu reads the root op and shapes from there (`compiler`): the
+    depthwise convolution is 8 channels of M=64 N=1 K=9, each 16 folds of 9 + 4 + 4 - 2
+    cycles on a 4x4 os array; the 1x1 convolution M=36 N=12 K=16, 9 x 3 folds of 16 + 6.
+    Without the dump the export names are read (`export-name`). Results bit-exact."""
+    dump = tmp_path / "executables"
+    path = compile_mlir(CONV_MLIR, [*HOST_FLAGS,
+                                    f"--iree-hal-dump-executable-configurations-to={dump}"])
+    rng = np.random.default_rng(1)
+    dw_args = (rng.standard_normal((1, 10, 10, 8), dtype=np.float32),
+               rng.standard_normal((3, 3, 8), dtype=np.float32))
+    pw_args = (rng.standard_normal((1, 6, 6, 16), dtype=np.float32),
+               rng.standard_normal((1, 1, 16, 12), dtype=np.float32))
+    with tinyhal.load(str(path), device=hal.create_device("sync")) as model:
+        expected = (np.asarray(model.dw(*dw_args)), np.asarray(model.pw(*pw_args)))
+
+    def priced() -> dict[str, tuple[str, int]]:
+        emu = hal.create_device("emu", accelerator={"rows": 4, "cols": 4, "dataflow": "os"})
+        try:
+            with tinyhal.load(str(path), device=emu) as model:
+                got = (np.asarray(model.dw(*dw_args)), np.asarray(model.pw(*pw_args)))
+            assert [g.tobytes() for g in got] == [e.tobytes() for e in expected]
+            return {r.export.split("_dispatch")[0]: (r.work_source, r.cycles)
+                    for r in emu.summary().dispatch_costs}
+        finally:
+            emu.close()
+
+    costs = priced()
+    assert costs["dw"] == ("compiler", 8 * 16 * 15)
+    assert costs["pw"] == ("compiler", 27 * 22)
+    for entry in dump.iterdir():
+        entry.unlink()
+    assert {source for source, _ in priced().values()} == {"export-name"}
+
+
+def test_work_from_source_needs_the_exports_function(tmp_path):
+    """A location naming the user's own source (what the compiler writes without a
+    dump), a missing file or a root with run-time sizes give no work: the name is read."""
+    from tinyhal.hal.dispatch_work import source_work, work_from_source
+
+    user = tmp_path / "model.mlir"
+    user.write_text(MATMUL_MLIR)
+    assert source_work((str(user), 2), "mm_dispatch_0_matmul_64x40x96_f32") is None
+    assert source_work((str(tmp_path / "gone.mlir"), 1), "x") is None
+    assert source_work(None, "x") is None
+    dynamic = tmp_path / "dynamic.mlir"
+    dynamic.write_text("func.func @e_dispatch_0_matmul_Dx8x4_f32() {\n"
+                       "  %7 = linalg.matmul ins(%3, %4 : tensor<?x4xf32>, tensor<4x8xf32>) "
+                       "outs(%6 : tensor<?x8xf32>) -> tensor<?x8xf32>\n}\n")
+    assert work_from_source(str(dynamic), "e_dispatch_0_matmul_Dx8x4_f32") is None
