@@ -14,7 +14,8 @@ arrays and at 5, 10 and 40 words per cycle with SRAMs of 64, 16 and 8 kB; `--ful
 (each on its own configs). The layers are written as one MLIR
 module, one function per layer, and compiled by the pinned iree-compile; each runs on
 `emu` with the accelerator read from a SCALE-Sim .cfg file, and emu reads each
-dispatch's work from the compiled program itself. The same layers go to SCALE-Sim as a
+dispatch's work from the compiled program itself (the MLIR the compiler dumped for each
+export, which the executable's source locations name). The same layers go to SCALE-Sim as a
 topology (depthwise layers as its `DP` layers: one single-channel convolution per
 channel), with the same .cfg files. Stall-free configs (`InterfaceBandwidth: CALC`)
 compare emu's compute cycles with SCALE-Sim's Total Cycles; limited-bandwidth ones
@@ -239,9 +240,19 @@ func.func @{layer.name}(%x: {a}, %w: {b}) -> {o} {{
 
 
 def compile_layers(layers: list[Layer]) -> str:
+    """The layers compiled with their executables dumped beside the results, so each
+    export's source location names its configured MLIR and emu reads the work there
+    (work source `compiler`)."""
     from support.iree_tools import HOST_FLAGS, compile_mlir
 
-    return str(compile_mlir("".join(layer_mlir(layer) for layer in layers), HOST_FLAGS))
+    dump = os.path.join(RESULTS_DIR, "emu_vs_scalesim_executables")
+    flags = [*HOST_FLAGS, f"--iree-hal-dump-executable-configurations-to={dump}"]
+    source = "".join(layer_mlir(layer) for layer in layers)
+    path = compile_mlir(source, flags)
+    if not os.path.isdir(dump):  # compiled earlier, its dump since removed
+        path.unlink()
+        path = compile_mlir(source, flags)
+    return str(path)
 
 
 def run_emu(vmfb: str, layers: list[Layer], config_path: str) -> dict[str, dict[str, Any]]:
@@ -460,7 +471,8 @@ def main() -> int:
               f"SCALE-Sim {summary[c]['scalesim_seconds']:.1f} s CPU, emu "
               f"{summary[c]['emu_seconds']:.2f} s wall")
         print_table([r for r in rows if r["config"] == c],
-                    ["layer", "scalesim_cycles", "emu_cycles", "error", "scalesim_s", "emu_s"])
+                    ["layer", "scalesim_cycles", "emu_cycles", "error", "scalesim_s", "emu_s",
+                     "emu_work_source"])
     print(f"\nwrote {path} (the machine was shared with other work: times are indicative)")
     return 0
 
