@@ -34,6 +34,7 @@ When the name says nothing usable the work is only the dispatch's workgroup coun
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 import re
@@ -363,17 +364,38 @@ def work_from_source(path: str, export: str, mtime_ns: int = 0) -> DispatchWork 
     return best
 
 
+# a dumped executable is small (no weights); a user's model source may be gigabytes
+_MAX_DUMP_BYTES = 8 << 20
+
+
 def source_work(location: tuple[str, int] | None, export: str) -> DispatchWork | None:
     """`work_from_source` for an export's source location, relative paths taken from
-    the working directory (where the compiler ran, when it was given a relative one)."""
+    the working directory (where the compiler ran, when it was given a relative one).
+    Only a dumped executable is read: a file of at most 8 MiB whose located line
+    declares the export (without a dump the location names the user's own source)."""
     if location is None or not location[0].endswith(".mlir"):
         return None
-    path = location[0]
+    path, line = location
     try:
-        mtime = os.stat(path).st_mtime_ns
+        stat = os.stat(path)
     except OSError:
         return None
-    return work_from_source(path, export, mtime)
+    if stat.st_size > _MAX_DUMP_BYTES or not _declares_export(path, line, export,
+                                                              stat.st_mtime_ns):
+        return None
+    return work_from_source(path, export, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1024)
+def _declares_export(path: str, line: int, export: str, mtime_ns: int) -> bool:
+    """Whether line `line` of `path` is the `hal.executable.export` of `export`."""
+    del mtime_ns
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = next(itertools.islice(f, max(0, line - 1), None), "")
+    except OSError:
+        return False
+    return "hal.executable.export" in text and f"@{export} " in text
 
 
 def dispatch_work(prepared: Any) -> DispatchWork:
