@@ -383,17 +383,21 @@ def memory_stalls(work: DispatchWork, device: AcceleratorConfig, compute: int
     Each read operand streams its `operand_reads` words from DRAM at its bandwidth,
     one half-SRAM after another, each operand on its own channel; the outputs drain
     through the ofmap SRAM at the ofmap bandwidth. The array waits for the slowest
-    stream: it stalls for the cycles that stream takes beyond its compute. Unlimited
-    bandwidth (0) never stalls."""
+    stream: it stalls for the cycles that stream takes beyond its compute. An operand
+    that fits in the half-SRAM the array starts on is loaded before it starts (as
+    SCALE-Sim loads it: its first fill is not counted) and never stalls it; one that
+    does not is refilled while the array runs, its whole stream counted (SCALE-Sim's
+    array overshoots its last refill by about one fill). Unlimited bandwidth (0)
+    never stalls."""
     ifmap, filt = operand_reads(work, device)
     g = work.groups
     out = work.m * work.n
     stream = 0.0
-    for words, bandwidth in ((ifmap, device.ifmap_bandwidth),
-                             (filt, device.filter_bandwidth),
-                             (max(0, out - device.ofmap_sram_words // 2),
-                              device.ofmap_bandwidth)):
-        if bandwidth:
+    for words, sram, bandwidth in (
+            (ifmap, device.ifmap_sram_words, device.ifmap_bandwidth),
+            (filt, device.filter_sram_words, device.filter_bandwidth),
+            (max(0, out - device.ofmap_sram_words // 2), 0, device.ofmap_bandwidth)):
+        if bandwidth and words > math.ceil(sram / 2):
             stream = max(stream, words / bandwidth)
     stall = max(0, math.ceil(stream) - compute // g) * g
     return stall, g * (ifmap + filt), g * out
