@@ -225,14 +225,14 @@ def _operand_types(op_text: str) -> tuple[list[str], list[str]] | None:
 
 def _generic_work(op_text: str, aliases: dict[str, str]) -> DispatchWork | None:
     """The work of a `linalg.generic`: its loops sized from the operands its indexing
-    maps read them from, reductions from `iterator_types`. Two inputs and a reduction
-    is a contraction in the GEMM view: loops of the first input only are M, of the
-    second only N, of both and the output the groups (a depthwise convolution's
-    channels, a batch), the reductions K; a first input indexed by sums of loops (a
-    sliding window) makes it a convolution. One input and a reduction is a reduction,
-    no reduction element-wise work."""
-    for alias, text in aliases.items():
-        op_text = op_text.replace(alias, text)
+    maps read them from, reductions from `iterator_types`. Two inputs read over both
+    reduction and output loops make a contraction in the GEMM view: loops of the first
+    only are M, of the second (the weights) only N, of both the groups (a depthwise
+    convolution's channels, a batch), the reductions K; a first input indexed by sums of
+    loops (a sliding window) makes it a convolution. One such input is a reduction (a
+    pooling when windowed; a pooling's window operand or a bias does not count), no
+    reduction element-wise work."""
+    op_text = re.sub(r"#[\w$.-]+", lambda m: aliases.get(m[0], m[0]), op_text)
     maps = _MAP.findall(op_text)
     iterators = re.search(r"iterator_types\s*=\s*\[([^\]]*)\]", op_text)
     types = _operand_types(op_text)
@@ -274,16 +274,20 @@ def _generic_work(op_text: str, aliases: dict[str, str]) -> DispatchWork | None:
         return DispatchWork("elementwise", elements=out, window=1,
                             input_words=sum(inputs) or out, output_words=out, **common)
     k = math.prod(sizes[d] for d in reductions)
-    if len(ins) == 1 or (len(ins) == 2 and not used[1] - set(reductions) and windowed[0]
-                         and not used[1] & used[-1]):
-        kind = "pool" if windowed[0] else "reduction"
-        return DispatchWork(kind, elements=out, window=k, input_words=inputs[0],
+    reduced = set(reductions)
+    # operands a reduction runs over, beside output loops (a pooling window or a bias
+    # added after the reduction is neither)
+    operands = [i for i in range(len(ins)) if used[i] & reduced and used[i] - reduced]
+    if len(operands) < 2:
+        first = operands[0] if operands else next(
+            (i for i in range(len(ins)) if used[i] & reduced), 0)
+        kind = "pool" if windowed[first] else "reduction"
+        return DispatchWork(kind, elements=out, window=k, input_words=inputs[first],
                             output_words=out, **common)
-    if len(ins) != 2:
-        return None
-    parallel = [d for d in loops if d not in reductions]
-    both = [d for d in parallel if d in used[0] and d in used[1]]
-    n_dims = [d for d in parallel if d in used[1] and d not in used[0]]
+    x, w = operands[:2]
+    parallel = [d for d in loops if d not in reduced]
+    both = [d for d in parallel if d in used[x] and d in used[w]]
+    n_dims = [d for d in parallel if d in used[w] and d not in used[x]]
     m_dims = [d for d in parallel if d not in both and d not in n_dims]
     groups = math.prod(sizes[d] for d in both)
     m = math.prod(sizes[d] for d in m_dims)
@@ -293,9 +297,9 @@ def _generic_work(op_text: str, aliases: dict[str, str]) -> DispatchWork | None:
     elif groups > 1:
         kind = "batch_matmul"
     else:
-        kind = "conv" if windowed[0] else "matmul"
-    return DispatchWork(kind, m=m, n=n, k=k, groups=groups, input_words=inputs[0],
-                        filter_words=inputs[1], output_words=out, **common)
+        kind = "conv" if windowed[x] else "matmul"
+    return DispatchWork(kind, m=m, n=n, k=k, groups=groups, input_words=inputs[x],
+                        filter_words=inputs[w], output_words=out, **common)
 
 
 def _named_work(op: str, op_text: str) -> DispatchWork | None:

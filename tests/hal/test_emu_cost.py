@@ -459,3 +459,39 @@ def test_work_from_source_needs_the_exports_function(tmp_path):
                        "  %7 = linalg.matmul ins(%3, %4 : tensor<?x4xf32>, tensor<4x8xf32>) "
                        "outs(%6 : tensor<?x8xf32>) -> tensor<?x8xf32>\n}\n")
     assert work_from_source(str(dynamic), "e_dispatch_0_matmul_Dx8x4_f32") is None
+
+
+def test_work_from_source_generic_roots(tmp_path):
+    """A reduction with a bias beside it, a pooling (its window operand carries only
+    reduction loops) and an element-wise op read from generics the way IREE writes
+    them; only the reduction-and-output operands make a contraction."""
+    from tinyhal.hal.dispatch_work import work_from_source
+
+    def generic(maps: str, iterators: str, ins: str, outs: str) -> str:
+        return (f"  %7 = linalg.generic {{indexing_maps = [{maps}], iterator_types = "
+                f"[{iterators}]}} ins({ins}) outs({outs}) {{\n")
+
+    body = {
+        "r_dispatch_0_reduction_1280x49_f32": generic(
+            "affine_map<(d0, d1) -> (d0, d1)>, #map1, #map1", '"parallel", "reduction"',
+            "%3, %4 : tensor<1280x49xf32>, tensor<1280xf32>", "%6 : tensor<1280xf32>"),
+        "p_dispatch_0_pool_4x4x8x2x2_f32": generic(
+            "affine_map<(d0, d1, d2, d3, d4) -> (d0 * 2 + d3, d1 * 2 + d4, d2)>, "
+            "affine_map<(d0, d1, d2, d3, d4) -> (d3, d4)>, "
+            "affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>",
+            '"parallel", "parallel", "parallel", "reduction", "reduction"',
+            "%3, %4 : tensor<8x8x8xf32>, tensor<2x2xf32>", "%6 : tensor<4x4x8xf32>"),
+        "e_dispatch_0_elementwise_64_f16": generic(
+            "#map1, #map1, #map1", '"parallel"',
+            "%3, %4 : tensor<64xf16>, tensor<64xf16>", "%6 : tensor<64xf16>"),
+    }
+    text = "#map1 = affine_map<(d0) -> (d0)>\n" + "".join(
+        f"func.func @{name}() {{\n{op}}}\n" for name, op in body.items())
+    path = tmp_path / "configured.mlir"
+    path.write_text(text)
+    r = work_from_source(str(path), "r_dispatch_0_reduction_1280x49_f32")
+    assert (r.kind, r.elements, r.window, r.source) == ("reduction", 1280, 49, "compiler")
+    p = work_from_source(str(path), "p_dispatch_0_pool_4x4x8x2x2_f32")
+    assert (p.kind, p.elements, p.window, p.input_words) == ("pool", 128, 4, 512)
+    e = work_from_source(str(path), "e_dispatch_0_elementwise_64_f16")
+    assert (e.kind, e.elements, e.input_words, e.element_bytes) == ("elementwise", 64, 128, 2)
