@@ -361,8 +361,10 @@ def operand_reads(work: DispatchWork, device: AcceleratorConfig,
     reading its own; the filter one block of K x cols per column fold. Weight
     stationary: the ifmap is one block of M x rows per row fold (K slice), the filter
     one block of K x cols per column fold, laid out row by row, each fold reading its
-    `rows` rows of it, last row first. Input stationary: the ifmap is one block of K x cols per column
-    fold (M slice), laid out row by row, each fold reading its rows of it; the filter
+    `rows` rows of it, last row first. Input stationary: the ifmap is one block of
+    K x cols per column fold (M slice), laid out row by row, each fold reading its rows
+    of it, last row first (the stationary operand is loaded as the weights are); the
+    filter
     one block of N x rows per row fold. (The layouts not row by row are diagonal by
     diagonal, following the array's skew, as SCALE-Sim lays them out.) With `misses`,
     two lists, each operand's refills are recorded in them (`ring_reads`)."""
@@ -392,7 +394,7 @@ def operand_reads(work: DispatchWork, device: AcceleratorConfig,
                           data_words=k * n, **track[1])
     else:
         ifmap = ring_reads(fold.outer_folds, k, cols,
-                           ((fc, fr * rows, min(k, (fr + 1) * rows))
+                           ((fc, fr * rows, min(k, (fr + 1) * rows), True)
                             for fc in outer for fr in inner), ifmap_sram, diagonal=False,
                            data_words=m * k, **track[0])
         filt = ring_reads(fold.inner_folds, n, rows,
