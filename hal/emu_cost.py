@@ -275,8 +275,9 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
     diagonals the previous fold's skewed tail already passed) waits until the window
     comes round the operand again. An operand that fits in half its SRAM is read once.
     `data_words`, when given, is the operand's size without padding: the last block
-    (the last fold's, over a dimension the array does not divide) is then laid out
-    only as wide as it is, as SCALE-Sim leaves its padding out of the layout.
+    (the last fold's, over a dimension the array does not divide) is then only as wide
+    as it is, its padding left out of the layout as SCALE-Sim leaves it out (row by
+    row, its rows are shorter; diagonal by diagonal, the diagonals through it are).
 
     With `misses` (a list) and `fold_cycles`, each refill is also recorded as
     (fold index, cycle within the fold, refills in that cycle): the ones that bring in
@@ -301,26 +302,34 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
     span = line * math.ceil(active / line)
     ring = line * math.ceil(total / line)  # a partial last line takes a whole one
     tail_block, tail_base = blocks - 1, (blocks - 1) * rows * width
+    tail_row = (blocks - 1) * rows  # the partial last block's first row in the stack
+
+    def holes(d: int) -> int:
+        """Padding words laid out before anti-diagonal `d` of the stacked blocks: the
+        last block's columns past its width, which SCALE-Sim's layout leaves out."""
+        if last_width == width:
+            return 0
+        return sum(max(0, min(blocks * rows, d - c) - tail_row)
+                   for c in range(last_width, width))
 
     def first(block: int, row: int) -> int:
-        if block == tail_block and last_width != width:
-            at = tail_base + (_diagonal_start(row, last_width) if diagonal
-                              else row * last_width)
+        g = block * rows + row
+        if diagonal:
+            at = _diagonal_start(g, width) - holes(g)
+        elif block == tail_block:
+            at = tail_base + row * last_width
         else:
-            g = block * rows + row
-            at = _diagonal_start(g, width) if diagonal else g * width
+            at = g * width
         return min(total - 1, at)
 
     def last(block: int, end: int) -> int:
-        if block == tail_block and last_width != width:
-            if diagonal:
-                at = tail_base + _diagonal_start(end + last_width - 2, last_width) + last_width - 1
-            else:
-                at = tail_base + end * last_width - 1
+        g = block * rows + end - 1
+        if diagonal:
+            at = _diagonal_start(g + width, width) - holes(g + width) - 1
+        elif block == tail_block:
+            at = tail_base + end * last_width - 1
         else:
-            g = block * rows + end - 1
-            at = (_diagonal_start(g + width - 1, width) + width - 1 if diagonal
-                  else (g + 1) * width - 1)
+            at = (g + 1) * width - 1
         return min(total - 1, at)
 
     window_end = span
