@@ -265,7 +265,8 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
     prefetch order): `blocks` blocks of `rows` x `width` words, one per fold that uses
     a distinct part of it, stacked and read anti-diagonal by anti-diagonal when
     `diagonal` (the array's skew), row by row otherwise. Half the SRAM holds what the
-    array computes on; the other half is being filled. `demands` lists, fold by fold,
+    array computes on; the other half is being filled (with half an SRAM, or with the
+    part of an operand smaller than a whole SRAM the computed-on half does not hold). `demands` lists, fold by fold,
     the (block, first row, end row) the fold reads, optionally with a fourth item True
     when it reads those rows last first (a weight-stationary fold loads its weights
     bottom row first). When a fold needs a word the half
@@ -301,6 +302,8 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
     line = math.ceil(sram_words / 100)
     span = line * math.ceil(active / line)
     ring = line * math.ceil(total / line)  # a partial last line takes a whole one
+    # a refill brings in half an SRAM, or what of the operand the window does not hold
+    step = min(line * math.ceil(refill / line), ring - span)
     tail_block, tail_base = blocks - 1, (blocks - 1) * rows * width
     tail_row = (blocks - 1) * rows  # the partial last block's first row in the stack
 
@@ -342,20 +345,21 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
             pieces = [(first(block, row), last(block, end))]
         for index, (f, tail) in enumerate(pieces):
             ahead = (f - (window_end - span)) % ring  # from the window's start, forwards
-            moves = ahead // span  # to the window holding f (round the operand if behind)
-            ahead -= moves * span
+            # to the window holding f (round the operand if behind)
+            moves = -(-(ahead - span + 1) // step) if ahead >= span else 0
+            ahead -= moves * step
             reach = ahead + (tail - f) + 1
-            onward = -(-(reach - span) // span) if reach > span else 0  # to its last word
+            onward = -(-(reach - span) // step) if reach > span else 0  # to its last word
             if misses is not None:
                 at = index if loaded_by_row else 0
                 if moves:
                     misses.append((fold, at, moves))
-                for step in range(1, onward + 1):
+                for later in range(onward):
                     if not loaded_by_row:  # the word that crosses the window's end
-                        at = fold_cycles * (step * span - ahead) // (tail - f + 1)
+                        at = fold_cycles * (span - ahead + later * step) // (tail - f + 1)
                     misses.append((fold, at, 1))
             moves += onward
-            window_end += moves * span
+            window_end += moves * step
             reads += moves * refill
     return reads
 
