@@ -26,7 +26,10 @@ included), and the mean absolute error. Without scalesim it prints why and exits
 
 SCALE-Sim runs one process per (config, layer), `--jobs` at once under `nice`, and its
 answer is kept in bench/results/scalesim_cache/ under a hash of the .cfg text and the
-topology, so a second run (or one that was stopped) only simulates what is new.
+topology, so a second run (or one that was stopped) only simulates what is new. Its
+memory model slows down with every SRAM refill (a layer that refills tens of thousands
+of times takes hours), so each layer gets `--scalesim-budget` CPU seconds; one over it
+is listed, with the budget, and left out of the errors.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ import hashlib
 import io
 import json
 import os
+import resource
+import signal
 import statistics
 import sys
 import tempfile
@@ -319,34 +324,59 @@ def scalesim_cache_path(config_name: str, layer: Layer) -> str:
     return os.path.join(CACHE_DIR, f"{key}.json")
 
 
-def run_scalesim(config_name: str, layer: Layer) -> dict[str, Any]:
+class OverBudget(Exception):
+    """SCALE-Sim ran past its CPU budget on one layer."""
+
+
+def _over_budget(_signum: int, _frame: Any) -> None:
+    raise OverBudget
+
+
+def run_scalesim(config_name: str, layer: Layer, budget: float = 0.0) -> dict[str, Any]:
     """SCALE-Sim on one layer (in its own process, so each gets its CPU time): its Total
     Cycles and Stall Cycles, summed over a depthwise layer's channels; cached (and
-    taken from the cache if another run put it there meanwhile)."""
-    earlier = cached_scalesim(config_name, layer)
+    taken from the cache if another run put it there meanwhile). With a `budget` of CPU
+    seconds (SCALE-Sim's memory model slows down with every SRAM refill: a layer that
+    refills tens of thousands of times takes hours) a layer that needs more answers
+    `{"over_budget": budget}`, cached too, and is simulated again only with a larger
+    budget."""
+    earlier = cached_scalesim(config_name, layer, budget)
     if earlier is not None:
         return earlier
     with contextlib.suppress(OSError):
         os.nice(10)
     from scalesim.scale_sim import scalesim
 
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = os.path.join(tmp, "array.cfg")
-        with open(cfg, "w") as f:
-            f.write(config_text("run", ALL_CONFIGS[config_name]))
-        topology = os.path.join(tmp, f"{layer.name}.csv")
-        with open(topology, "w") as f:
-            f.write(TOPOLOGY_HEADER + "\n".join(topology_rows(layer)) + "\n")
-        began = time.process_time()
-        with contextlib.redirect_stdout(io.StringIO()):
-            sim = scalesim(save_disk_space=True, verbose=False, config=cfg,
-                           topology=topology, layout=topology)
-            sim.run_scale(top_path=tmp)
-        seconds = time.process_time() - began
-        with open(os.path.join(tmp, "run", "COMPUTE_REPORT.csv")) as f:
-            rows = list(csv.reader(f))[1:]
-    result = {"cycles": sum(int(r[2]) for r in rows),
-              "stall_cycles": sum(int(r[3]) for r in rows), "seconds": seconds}
+    limits = resource.getrlimit(resource.RLIMIT_CPU)
+    if budget:
+        used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+        resource.setrlimit(resource.RLIMIT_CPU, (int(used + budget) + 1, limits[1]))
+        signal.signal(signal.SIGXCPU, _over_budget)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = os.path.join(tmp, "array.cfg")
+            with open(cfg, "w") as f:
+                f.write(config_text("run", ALL_CONFIGS[config_name]))
+            topology = os.path.join(tmp, f"{layer.name}.csv")
+            with open(topology, "w") as f:
+                f.write(TOPOLOGY_HEADER + "\n".join(topology_rows(layer)) + "\n")
+            began = time.process_time()
+            with contextlib.redirect_stdout(io.StringIO()):
+                sim = scalesim(save_disk_space=True, verbose=False, config=cfg,
+                               topology=topology, layout=topology)
+                sim.run_scale(top_path=tmp)
+            seconds = time.process_time() - began
+            with open(os.path.join(tmp, "run", "COMPUTE_REPORT.csv")) as f:
+                rows = list(csv.reader(f))[1:]
+        result: dict[str, Any] = {"cycles": sum(int(r[2]) for r in rows),
+                                  "stall_cycles": sum(int(r[3]) for r in rows),
+                                  "seconds": seconds}
+    except OverBudget:
+        result = {"over_budget": budget}
+    finally:
+        if budget:
+            signal.signal(signal.SIGXCPU, signal.SIG_DFL)
+            resource.setrlimit(resource.RLIMIT_CPU, limits)
     path = scalesim_cache_path(config_name, layer)
     os.makedirs(CACHE_DIR, exist_ok=True)
     with open(path + ".tmp", "w") as f:
@@ -355,12 +385,18 @@ def run_scalesim(config_name: str, layer: Layer) -> dict[str, Any]:
     return result
 
 
-def cached_scalesim(config_name: str, layer: Layer) -> dict[str, Any] | None:
+def cached_scalesim(config_name: str, layer: Layer, budget: float = 0.0
+                    ) -> dict[str, Any] | None:
+    """The cached answer, unless it ran out of a budget smaller than `budget` (0: no
+    limit)."""
     try:
         with open(scalesim_cache_path(config_name, layer)) as f:
-            return json.load(f)
+            result = json.load(f)
     except (OSError, ValueError):
         return None
+    if "over_budget" in result and (not budget or budget > result["over_budget"]):
+        return None
+    return result
 
 
 def earlier_scalesim(path: str) -> dict[tuple[str, str], dict[str, Any]]:
@@ -405,6 +441,9 @@ def main() -> int:
     parser.add_argument("--held-out", action="store_true",
                         help="only the held-out layers and configs, never used for tuning")
     parser.add_argument("--jobs", type=int, default=2, help="SCALE-Sim processes at once")
+    parser.add_argument("--scalesim-budget", type=float, default=900.0,
+                        help="CPU seconds SCALE-Sim may take on one layer (0: no limit); "
+                             "a layer over it is reported, not compared")
     parser.add_argument("--scalesim-results", default="",
                         help="reuse SCALE-Sim's cycles from this earlier JSON output (its "
                              "runs take minutes) instead of running it again")
@@ -427,13 +466,15 @@ def main() -> int:
     sim_results: dict[tuple[str, str], Any] = {}
     for _s, c, run_layers in runs:
         for x in run_layers:
-            sim_results[c, x.name] = reused.get((c, x.name)) or cached_scalesim(c, x)
+            sim_results[c, x.name] = (reused.get((c, x.name))
+                                      or cached_scalesim(c, x, args.scalesim_budget))
     missing = [(c, x) for _s, c, run_layers in runs for x in run_layers
                if sim_results[c, x.name] is None]
     print(f"SCALE-Sim: {len(sim_results) - len(missing)} results reused, "
           f"{len(missing)} to simulate", flush=True)
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        pending = {pool.submit(run_scalesim, c, x): (c, x.name) for c, x in missing}
+        pending = {pool.submit(run_scalesim, c, x, args.scalesim_budget): (c, x.name)
+                   for c, x in missing}
         emu_results = {}
         for _s, c, run_layers in runs:
             path = os.path.join(RESULTS_DIR, f"emu_vs_scalesim_{c}.cfg")
@@ -447,33 +488,45 @@ def main() -> int:
     for suite, c, run_layers in runs:
         limited = ALL_CONFIGS[c].bandwidth > 0
         errors = []
+        over = []
         for layer in run_layers:
             e, s = emu_results[c][layer.name], sim_results[c, layer.name]
             ours = e["compute_cycles"] + (e["stall_cycles"] if limited else 0)
-            error = (ours - s["cycles"]) / s["cycles"]
-            errors.append(abs(error))
-            rows.append({"set": suite, "config": c, "layer": layer.name,
-                         "network": layer.network, "scalesim_cycles": s["cycles"],
-                         "emu_cycles": ours, "error": error,
-                         "scalesim_stall": s["stall_cycles"], "emu_stall": e["stall_cycles"],
-                         "emu_work_source": e["work_source"], "emu_exports": e["exports"],
-                         "scalesim_s": s["seconds"], "emu_s": e["seconds"]})
+            row = {"set": suite, "config": c, "layer": layer.name, "network": layer.network,
+                   "emu_cycles": ours, "emu_stall": e["stall_cycles"],
+                   "emu_work_source": e["work_source"], "emu_exports": e["exports"],
+                   "emu_s": e["seconds"]}
+            if "over_budget" in s:  # not compared: SCALE-Sim did not finish it
+                over.append(layer.name)
+                row.update(scalesim_cycles="over budget", scalesim_s=s["over_budget"])
+            else:
+                error = (ours - s["cycles"]) / s["cycles"]
+                errors.append(abs(error))
+                row.update(scalesim_cycles=s["cycles"], error=error,
+                           scalesim_stall=s["stall_cycles"], scalesim_s=s["seconds"])
+            rows.append(row)
         summary[c] = {"set": suite,
                       "compared": "total cycles" if limited else "stall-free compute cycles",
-                      "mean_abs_error": statistics.fmean(errors),
-                      "max_abs_error": max(errors),
-                      "scalesim_seconds": sum(sim_results[c, x.name]["seconds"]
-                                              for x in run_layers),
+                      "layers": len(errors), "scalesim_over_budget": over,
+                      "mean_abs_error": statistics.fmean(errors) if errors else None,
+                      "max_abs_error": max(errors, default=None),
+                      "scalesim_seconds": sum(r["scalesim_s"] for r in rows
+                                              if r["config"] == c),
                       "emu_seconds": sum(emu_results[c][x.name]["seconds"] for x in run_layers)}
     name = "emu_vs_scalesim" + ("_full" if args.full else "_held_out" if args.held_out else "")
     path = write_results(name, rows, {"summary": summary,
                                       "configs": {c: ALL_CONFIGS[c]._asdict()
                                                   for _s, c, _l in runs}})
     for suite, c, _l in runs:
-        print(f"\n{c} [{suite}] ({summary[c]['compared']}): mean |error| "
-              f"{summary[c]['mean_abs_error']:.1%}, max {summary[c]['max_abs_error']:.1%}; "
-              f"SCALE-Sim {summary[c]['scalesim_seconds']:.1f} s CPU, emu "
-              f"{summary[c]['emu_seconds']:.2f} s wall")
+        done = summary[c]
+        errors_text = (f"mean |error| {done['mean_abs_error']:.1%}, max "
+                       f"{done['max_abs_error']:.1%}" if done["layers"] else "nothing compared")
+        if done["scalesim_over_budget"]:
+            errors_text += (f" ({done['layers']} layers; SCALE-Sim over its "
+                            f"{args.scalesim_budget:g} s budget on "
+                            f"{', '.join(done['scalesim_over_budget'])})")
+        print(f"\n{c} [{suite}] ({done['compared']}): {errors_text}; SCALE-Sim "
+              f"{done['scalesim_seconds']:.1f} s CPU, emu {done['emu_seconds']:.2f} s wall")
         print_table([r for r in rows if r["config"] == c],
                     ["layer", "scalesim_cycles", "emu_cycles", "error", "scalesim_s", "emu_s",
                      "emu_work_source"])
