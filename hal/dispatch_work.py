@@ -1,17 +1,25 @@
 """What each dispatch computes, read from what the compiler leaves in the program.
 
 IREE 3.13's llvm-cpu libraries carry, per export, its name, workgroup size, binding
-and constant counts; `--iree-hal-executable-debug-level` adds source locations (file
-and line) but, with the pinned compiler, no embedded source or shapes. What it does
-write is the export name, built from the dispatch's root operation and its loop
-ranges: `<function>_dispatch_<n>_<op>_<d0>x<d1>x..._<types>`, for example
-`main_dispatch_3_matmul_24x512x128_f32` (M x N x K), `..._batch_matmul_4x24x24x64_f32`
-(B x M x N x K), `..._conv_112x112x64x7x7x3_f32` (the output's loops, then the
-reduction's: output rows, columns, channels, filter rows, columns, input channels;
-the unit batch dropped; NCHW puts the channels first), `..._reduction_24x768_f32`,
-`..._elementwise_1024_f32`; a size known only at run time is written `D`.
+and constant counts and a source location (file and line); with the pinned compiler
+no embedded source or shapes (`--iree-hal-executable-debug-level=3` is meant to embed
+the executable's MLIR but the pass that captures it does not run in 3.13). Two things
+are read:
 
-`dispatch_work` reads that, together with what the dispatch binds (each binding's
+- the compiler's own MLIR of the dispatch (`source_work`, source `compiler`): built
+  with `--iree-hal-dump-executable-configurations-to=DIR`, each export's location
+  names its line in the configured executable dumped in DIR, whose function holds the
+  root `linalg` op with its operand types;
+- else the export name (`work_from_name`, source `export-name`), built from the
+  dispatch's root operation and its loop ranges:
+  `<function>_dispatch_<n>_<op>_<d0>x<d1>x..._<types>`, for example
+  `main_dispatch_3_matmul_24x512x128_f32` (M x N x K), `..._batch_matmul_4x24x24x64_f32`
+  (B x M x N x K), `..._conv_112x112x64x7x7x3_f32` (the output's loops, then the
+  reduction's: output rows, columns, channels, filter rows, columns, input channels;
+  the unit batch dropped; NCHW puts the channels first), `..._reduction_24x768_f32`,
+  `..._elementwise_1024_f32`; a size known only at run time is written `D`.
+
+`work_from_name` reads the name, together with what the dispatch binds (each binding's
 length, known at dispatch time), into a `DispatchWork`:
 
 - which loops are the output's: the longest run of leading loops whose product is
