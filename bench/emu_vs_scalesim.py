@@ -29,7 +29,8 @@ answer is kept in bench/results/scalesim_cache/ under a hash of the .cfg text an
 topology, so a second run (or one that was stopped) only simulates what is new. Its
 memory model slows down with every SRAM refill (a layer that refills tens of thousands
 of times takes hours), so each layer gets `--scalesim-budget` CPU seconds; one over it
-is listed, with the budget, and left out of the errors.
+is listed, with the budget, and left out of the errors. `--cached-only` compares what
+SCALE-Sim has answered so far and lists the rest.
 """
 
 from __future__ import annotations
@@ -441,6 +442,9 @@ def main() -> int:
     parser.add_argument("--held-out", action="store_true",
                         help="only the held-out layers and configs, never used for tuning")
     parser.add_argument("--jobs", type=int, default=2, help="SCALE-Sim processes at once")
+    parser.add_argument("--cached-only", action="store_true",
+                        help="compare only what SCALE-Sim has answered (cached), listing "
+                             "the rest, e.g. while a long run is still going")
     parser.add_argument("--scalesim-budget", type=float, default=900.0,
                         help="CPU seconds SCALE-Sim may take on one layer (0: no limit); "
                              "a layer over it is reported, not compared")
@@ -471,7 +475,11 @@ def main() -> int:
     missing = [(c, x) for _s, c, run_layers in runs for x in run_layers
                if sim_results[c, x.name] is None]
     print(f"SCALE-Sim: {len(sim_results) - len(missing)} results reused, "
-          f"{len(missing)} to simulate", flush=True)
+          f"{0 if args.cached_only else len(missing)} to simulate", flush=True)
+    if args.cached_only:  # compare what SCALE-Sim has answered, list the rest
+        for c, x in missing:
+            sim_results[c, x.name] = {"not_simulated": True}
+        missing = []
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         pending = {pool.submit(run_scalesim, c, x, args.scalesim_budget): (c, x.name)
                    for c, x in missing}
@@ -496,9 +504,10 @@ def main() -> int:
                    "emu_cycles": ours, "emu_stall": e["stall_cycles"],
                    "emu_work_source": e["work_source"], "emu_exports": e["exports"],
                    "emu_s": e["seconds"]}
-            if "over_budget" in s:  # not compared: SCALE-Sim did not finish it
+            if "over_budget" in s or "not_simulated" in s:  # not compared
                 over.append(layer.name)
-                row.update(scalesim_cycles="over budget", scalesim_s=s["over_budget"])
+                row.update(scalesim_cycles="over budget" if "over_budget" in s
+                           else "not simulated", scalesim_s=s.get("over_budget", 0.0))
             else:
                 error = (ours - s["cycles"]) / s["cycles"]
                 errors.append(abs(error))
@@ -522,8 +531,9 @@ def main() -> int:
         errors_text = (f"mean |error| {done['mean_abs_error']:.1%}, max "
                        f"{done['max_abs_error']:.1%}" if done["layers"] else "nothing compared")
         if done["scalesim_over_budget"]:
-            errors_text += (f" ({done['layers']} layers; SCALE-Sim over its "
-                            f"{args.scalesim_budget:g} s budget on "
+            why = ("not simulated yet" if args.cached_only else
+                   f"SCALE-Sim over its {args.scalesim_budget:g} s budget")
+            errors_text += (f" ({done['layers']} layers; {why} or over budget: "
                             f"{', '.join(done['scalesim_over_budget'])})")
         print(f"\n{c} [{suite}] ({done['compared']}): {errors_text}; SCALE-Sim "
               f"{done['scalesim_seconds']:.1f} s CPU, emu {done['emu_seconds']:.2f} s wall")
