@@ -2,14 +2,20 @@
 
     pip install '.[bench-emu]'      # scalesim 3.0.0 (it needs numpy < 2.4)
     python bench/emu_vs_scalesim.py [--configs os32,ws128,...] [--layers a,b] [--jobs 2]
-                                    [--full] [--scalesim-results earlier.json]
+                                    [--held-out | --full] [--scalesim-results earlier.json]
 
 Layers of three real networks (ResNet-18 convolutions, MobileNetV2 pointwise
 convolutions, BERT-mini GEMMs of 24 tokens; with `--full` also ResNet-18's 7x7 and 3x3
-convolutions, a MobileNetV2 depthwise one and BERT-base GEMMs) are written as one MLIR
+convolutions, a MobileNetV2 depthwise one and BERT-base GEMMs) are the set the model
+was tuned on. `--held-out` runs others, never used for tuning, on other configs:
+layers of VGG-16 (CIFAR-10), ResNet-50's bottleneck, MobileNetV3-Small's 5x5 depthwise
+convolution and BERT-small's GEMMs at 128 tokens, on 64x64 OS, 64x64 WS and 32x32 IS
+arrays and at 5, 10 and 40 words per cycle with SRAMs of 64, 16 and 8 kB; `--full` runs both sets
+(each on its own configs). The layers are written as one MLIR
 module, one function per layer, and compiled by the pinned iree-compile; each runs on
 `emu` with the accelerator read from a SCALE-Sim .cfg file, and emu reads each
-dispatch's work from the compiled program itself. The same layers go to SCALE-Sim as a
+dispatch's work from the compiled program itself (the MLIR the compiler dumped for each
+export, which the executable's source locations name). The same layers go to SCALE-Sim as a
 topology (depthwise layers as its `DP` layers: one single-channel convolution per
 channel), with the same .cfg files. Stall-free configs (`InterfaceBandwidth: CALC`)
 compare emu's compute cycles with SCALE-Sim's Total Cycles; limited-bandwidth ones
@@ -17,6 +23,14 @@ compare emu's compute cycles with SCALE-Sim's Total Cycles; limited-bandwidth on
 and prints a table per config: cycles per layer, relative error, the time each tool
 took (SCALE-Sim's CPU seconds; emu's wall seconds to run the layer, the real kernel
 included), and the mean absolute error. Without scalesim it prints why and exits 0.
+
+SCALE-Sim runs one process per (config, layer), `--jobs` at once under `nice`, and its
+answer is kept in bench/results/scalesim_cache/ under a hash of the .cfg text and the
+topology, so a second run (or one that was stopped) only simulates what is new. Its
+memory model slows down with every SRAM refill (a layer that refills tens of thousands
+of times takes hours), so each layer gets `--scalesim-budget` CPU seconds; one over it
+is listed, with the budget, and left out of the errors. `--cached-only` compares what
+SCALE-Sim has answered so far and lists the rest.
 """
 
 from __future__ import annotations
@@ -25,8 +39,12 @@ import argparse
 import concurrent.futures
 import contextlib
 import csv
+import hashlib
 import io
+import json
 import os
+import resource
+import signal
 import statistics
 import sys
 import tempfile
@@ -111,6 +129,28 @@ CONFIGS = {
     "os32_bw10": Config(32, 32, "os", 10),
     "ws128_bw20": Config(128, 128, "ws", 20),
 }
+
+# Never used to tune the model: other networks' layers, other arrays, other bandwidths,
+# SRAMs that force refetches. Sized so SCALE-Sim gets through them in minutes (its
+# time grows with the array's width times the stall-free cycles).
+HELD_OUT_LAYERS = [
+    Layer("vgg16_cifar_conv3_3x3_8", "VGG-16 (CIFAR-10)", 8, 8, 3, 3, 256, 256),
+    Layer("resnet50_conv3_3x3s2_28", "ResNet-50", 28, 28, 3, 3, 128, 128, 2),
+    Layer("resnet50_1x1_reduce_14", "ResNet-50", 14, 14, 1, 1, 1024, 256),
+    Layer("mobilenetv3s_dw_5x5s2_14", "MobileNetV3-Small", 14, 14, 5, 5, 96, 0, 2),
+    Layer("bert_small_qkv_128", "BERT-small", 128, 1, 0, 0, 512, 1536),
+    Layer("bert_small_attn_out_128", "BERT-small", 128, 1, 0, 0, 512, 512),
+]
+HELD_OUT_CONFIGS = {
+    "os64": Config(64, 64, "os", 0),
+    "ws64": Config(64, 64, "ws", 0),
+    "is32": Config(32, 32, "is", 0),
+    "os64_bw5": Config(64, 64, "os", 5),
+    "ws64_bw40": Config(64, 64, "ws", 40),
+    "is32_bw10_sram16": Config(32, 32, "is", 10, 16),
+    "os32_bw40_sram8": Config(32, 32, "os", 40, 8),
+}
+ALL_CONFIGS = {**CONFIGS, **HELD_OUT_CONFIGS}
 
 
 def config_text(name: str, c: Config) -> str:
@@ -206,9 +246,19 @@ func.func @{layer.name}(%x: {a}, %w: {b}) -> {o} {{
 
 
 def compile_layers(layers: list[Layer]) -> str:
+    """The layers compiled with their executables dumped beside the results, so each
+    export's source location names its configured MLIR and emu reads the work there
+    (work source `compiler`)."""
     from support.iree_tools import HOST_FLAGS, compile_mlir
 
-    return str(compile_mlir("".join(layer_mlir(layer) for layer in layers), HOST_FLAGS))
+    dump = os.path.join(RESULTS_DIR, "emu_vs_scalesim_executables")
+    flags = [*HOST_FLAGS, f"--iree-hal-dump-executable-configurations-to={dump}"]
+    source = "".join(layer_mlir(layer) for layer in layers)
+    path = compile_mlir(source, flags)
+    if not os.path.isdir(dump):  # compiled earlier, its dump since removed
+        path.unlink()
+        path = compile_mlir(source, flags)
+    return str(path)
 
 
 def run_emu(vmfb: str, layers: list[Layer], config_path: str) -> dict[str, dict[str, Any]]:
@@ -261,41 +311,97 @@ def topology_rows(layer: Layer) -> list[str]:
             f"{layer.filters},{layer.stride},"]
 
 
-def run_scalesim(config_name: str, layers: list[Layer]) -> dict[str, dict[str, Any]]:
-    """SCALE-Sim on the layers, one layer per run (so each gets its CPU time); per layer
-    its Total Cycles and Stall Cycles, summed over a depthwise layer's channels."""
+CACHE_DIR = os.path.join(RESULTS_DIR, "scalesim_cache")
+TOPOLOGY_HEADER = ("Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, "
+                   "Channels, Num Filter, Strides,\n")
+
+
+def scalesim_cache_path(config_name: str, layer: Layer) -> str:
+    """Where SCALE-Sim's answer for this config and layer is kept: a hash of exactly
+    what SCALE-Sim reads (the .cfg text less its run name, the topology)."""
+    cfg = config_text("run", ALL_CONFIGS[config_name])
+    key = hashlib.sha256((cfg + TOPOLOGY_HEADER + "\n".join(topology_rows(layer)))
+                         .encode()).hexdigest()[:24]
+    return os.path.join(CACHE_DIR, f"{key}.json")
+
+
+class OverBudget(Exception):
+    """SCALE-Sim ran past its CPU budget on one layer."""
+
+
+def _over_budget(_signum: int, _frame: Any) -> None:
+    raise OverBudget
+
+
+def run_scalesim(config_name: str, layer: Layer, budget: float = 0.0) -> dict[str, Any]:
+    """SCALE-Sim on one layer (in its own process, so each gets its CPU time): its Total
+    Cycles and Stall Cycles, summed over a depthwise layer's channels; cached (and
+    taken from the cache if another run put it there meanwhile). With a `budget` of CPU
+    seconds (SCALE-Sim's memory model slows down with every SRAM refill: a layer that
+    refills tens of thousands of times takes hours) a layer that needs more answers
+    `{"over_budget": budget}`, cached too, and is simulated again only with a larger
+    budget."""
+    earlier = cached_scalesim(config_name, layer, budget)
+    if earlier is not None:
+        return earlier
+    with contextlib.suppress(OSError):
+        os.nice(10)
     from scalesim.scale_sim import scalesim
 
-    config = CONFIGS[config_name]
-    header = ("Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, "
-              "Channels, Num Filter, Strides,\n")
-    out: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = os.path.join(tmp, "array.cfg")
-        with open(cfg, "w") as f:
-            f.write(config_text(config_name, config))
-        for layer in layers:
+    limits = resource.getrlimit(resource.RLIMIT_CPU)
+    if budget:
+        used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+        resource.setrlimit(resource.RLIMIT_CPU, (int(used + budget) + 1, limits[1]))
+        signal.signal(signal.SIGXCPU, _over_budget)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = os.path.join(tmp, "array.cfg")
+            with open(cfg, "w") as f:
+                f.write(config_text("run", ALL_CONFIGS[config_name]))
             topology = os.path.join(tmp, f"{layer.name}.csv")
             with open(topology, "w") as f:
-                f.write(header + "\n".join(topology_rows(layer)) + "\n")
+                f.write(TOPOLOGY_HEADER + "\n".join(topology_rows(layer)) + "\n")
             began = time.process_time()
             with contextlib.redirect_stdout(io.StringIO()):
                 sim = scalesim(save_disk_space=True, verbose=False, config=cfg,
                                topology=topology, layout=topology)
                 sim.run_scale(top_path=tmp)
             seconds = time.process_time() - began
-            with open(os.path.join(tmp, config_name, "COMPUTE_REPORT.csv")) as f:
+            with open(os.path.join(tmp, "run", "COMPUTE_REPORT.csv")) as f:
                 rows = list(csv.reader(f))[1:]
-            out[layer.name] = {"cycles": sum(int(r[2]) for r in rows),
-                               "stall_cycles": sum(int(r[3]) for r in rows),
-                               "seconds": seconds}
-    return out
+        result: dict[str, Any] = {"cycles": sum(int(r[2]) for r in rows),
+                                  "stall_cycles": sum(int(r[3]) for r in rows),
+                                  "seconds": seconds}
+    except OverBudget:
+        result = {"over_budget": budget}
+    finally:
+        if budget:
+            signal.signal(signal.SIGXCPU, signal.SIG_DFL)
+            resource.setrlimit(resource.RLIMIT_CPU, limits)
+    path = scalesim_cache_path(config_name, layer)
+    os.makedirs(CACHE_DIR, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(path + ".tmp", path)
+    return result
+
+
+def cached_scalesim(config_name: str, layer: Layer, budget: float = 0.0
+                    ) -> dict[str, Any] | None:
+    """The cached answer, unless it ran out of a budget smaller than `budget` (0: no
+    limit)."""
+    try:
+        with open(scalesim_cache_path(config_name, layer)) as f:
+            result = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if "over_budget" in result and (not budget or budget > result["over_budget"]):
+        return None
+    return result
 
 
 def earlier_scalesim(path: str) -> dict[tuple[str, str], dict[str, Any]]:
     """SCALE-Sim's figures per (config, layer) from an earlier run's JSON."""
-    import json
-
     with open(path) as f:
         rows = json.load(f)["rows"]
     return {(r["config"], r["layer"]): {"cycles": r["scalesim_cycles"],
@@ -306,14 +412,42 @@ def earlier_scalesim(path: str) -> dict[tuple[str, str], dict[str, Any]]:
 # -- the comparison ------------------------------------------------------------------------
 
 
+def plan(args: argparse.Namespace) -> list[tuple[str, str, list[Layer]]]:
+    """(set name, config, layers) to compare, from the command line."""
+    suites = []
+    if not args.held_out:
+        suites.append(("tuning", CONFIGS, FULL_LAYERS if args.full else LAYERS))
+    if args.held_out or args.full:
+        suites.append(("held-out", HELD_OUT_CONFIGS, HELD_OUT_LAYERS))
+    wanted_configs = set(filter(None, args.configs.split(",")))
+    wanted_layers = set(filter(None, args.layers.split(",")))
+    runs = []
+    for name, configs, layers in suites:
+        if wanted_layers:
+            layers = [x for x in FULL_LAYERS + HELD_OUT_LAYERS if x.name in wanted_layers]
+        for c in configs:
+            if (not wanted_configs or c in wanted_configs) and layers:
+                runs.append((name, c, layers))
+    return runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default="",
+                        help=f"comma-separated, of {', '.join(ALL_CONFIGS)} (those of the set)")
     parser.add_argument("--layers", default="", help="comma-separated layer names (all)")
     parser.add_argument("--full", action="store_true",
-                        help="also the large layers (ResNet-18's 7x7 and 3x3 convolutions, a "
-                             "depthwise one, BERT-base GEMMs): SCALE-Sim takes far longer")
+                        help="the large tuning layers (ResNet-18's 7x7 and 3x3 convolutions, "
+                             "a depthwise one, BERT-base GEMMs) and the held-out set")
+    parser.add_argument("--held-out", action="store_true",
+                        help="only the held-out layers and configs, never used for tuning")
     parser.add_argument("--jobs", type=int, default=2, help="SCALE-Sim processes at once")
+    parser.add_argument("--cached-only", action="store_true",
+                        help="compare only what SCALE-Sim has answered (cached), listing "
+                             "the rest, e.g. while a long run is still going")
+    parser.add_argument("--scalesim-budget", type=float, default=900.0,
+                        help="CPU seconds SCALE-Sim may take on one layer (0: no limit); "
+                             "a layer over it is reported, not compared")
     parser.add_argument("--scalesim-results", default="",
                         help="reuse SCALE-Sim's cycles from this earlier JSON output (its "
                              "runs take minutes) instead of running it again")
@@ -323,59 +457,89 @@ def main() -> int:
     except ImportError as exc:
         print(f"skipped: scalesim is not installed ({exc}); pip install '.[bench-emu]'")
         return 0
-    configs = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in configs if c not in CONFIGS]
+    unknown = [c for c in args.configs.split(",") if c and c not in ALL_CONFIGS]
     if unknown:
-        parser.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
-    layers = FULL_LAYERS if args.full else LAYERS
-    if args.layers:
-        wanted = set(args.layers.split(","))
-        layers = [layer for layer in FULL_LAYERS if layer.name in wanted]
+        parser.error(f"unknown configs {unknown}; known: {list(ALL_CONFIGS)}")
+    runs = plan(args)
+    if not runs:
+        parser.error("no layer and config left to compare")
+    layers = list({x.name: x for _s, _c, run_layers in runs for x in run_layers}.values())
     vmfb = compile_layers(layers)
     os.makedirs(RESULTS_DIR, exist_ok=True)
     reused = earlier_scalesim(args.scalesim_results) if args.scalesim_results else {}
+    sim_results: dict[tuple[str, str], Any] = {}
+    for _s, c, run_layers in runs:
+        for x in run_layers:
+            sim_results[c, x.name] = (reused.get((c, x.name))
+                                      or cached_scalesim(c, x, args.scalesim_budget))
+    missing = [(c, x) for _s, c, run_layers in runs for x in run_layers
+               if sim_results[c, x.name] is None]
+    print(f"SCALE-Sim: {len(sim_results) - len(missing)} results reused, "
+          f"{0 if args.cached_only else len(missing)} to simulate", flush=True)
+    if args.cached_only:  # compare what SCALE-Sim has answered, list the rest
+        for c, x in missing:
+            sim_results[c, x.name] = {"not_simulated": True}
+        missing = []
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        pending = {c: pool.submit(run_scalesim, c, layers) for c in configs
-                   if not all((c, x.name) in reused for x in layers)}
+        pending = {pool.submit(run_scalesim, c, x, args.scalesim_budget): (c, x.name)
+                   for c, x in missing}
         emu_results = {}
-        for c in configs:
+        for _s, c, run_layers in runs:
             path = os.path.join(RESULTS_DIR, f"emu_vs_scalesim_{c}.cfg")
             with open(path, "w") as f:
-                f.write(config_text(c, CONFIGS[c]))
-            emu_results[c] = run_emu(vmfb, layers, path)
-        sim_results = {c: pending[c].result() if c in pending else
-                       {x.name: reused[(c, x.name)] for x in layers} for c in configs}
+                f.write(config_text(c, ALL_CONFIGS[c]))
+            emu_results[c] = run_emu(vmfb, run_layers, path)
+        for future in concurrent.futures.as_completed(pending):
+            sim_results[pending[future]] = future.result()
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
-    for c in configs:
-        limited = CONFIGS[c].bandwidth > 0
+    for suite, c, run_layers in runs:
+        limited = ALL_CONFIGS[c].bandwidth > 0
         errors = []
-        for layer in layers:
-            e, s = emu_results[c][layer.name], sim_results[c][layer.name]
+        over = []
+        for layer in run_layers:
+            e, s = emu_results[c][layer.name], sim_results[c, layer.name]
             ours = e["compute_cycles"] + (e["stall_cycles"] if limited else 0)
-            error = (ours - s["cycles"]) / s["cycles"]
-            errors.append(abs(error))
-            rows.append({"config": c, "layer": layer.name, "network": layer.network,
-                         "scalesim_cycles": s["cycles"], "emu_cycles": ours,
-                         "error": error, "scalesim_stall": s["stall_cycles"],
-                         "emu_stall": e["stall_cycles"], "emu_work_source": e["work_source"],
-                         "emu_exports": e["exports"],
-                         "scalesim_s": s["seconds"], "emu_s": e["seconds"]})
-        summary[c] = {"compared": "total cycles" if limited else "stall-free compute cycles",
-                      "mean_abs_error": statistics.fmean(errors),
-                      "max_abs_error": max(errors),
-                      "scalesim_seconds": sum(sim_results[c][x.name]["seconds"] for x in layers),
-                      "emu_seconds": sum(emu_results[c][x.name]["seconds"] for x in layers)}
-    path = write_results("emu_vs_scalesim", rows, {"summary": summary,
-                                                   "configs": {c: CONFIGS[c]._asdict()
-                                                               for c in configs}})
-    for c in configs:
-        print(f"\n{c} ({summary[c]['compared']}): mean |error| "
-              f"{summary[c]['mean_abs_error']:.1%}, max {summary[c]['max_abs_error']:.1%}; "
-              f"SCALE-Sim {summary[c]['scalesim_seconds']:.1f} s CPU, emu "
-              f"{summary[c]['emu_seconds']:.2f} s wall")
+            row = {"set": suite, "config": c, "layer": layer.name, "network": layer.network,
+                   "emu_cycles": ours, "emu_stall": e["stall_cycles"],
+                   "emu_work_source": e["work_source"], "emu_exports": e["exports"],
+                   "emu_s": e["seconds"]}
+            if "over_budget" in s or "not_simulated" in s:  # not compared
+                over.append(layer.name)
+                row.update(scalesim_cycles="over budget" if "over_budget" in s
+                           else "not simulated", scalesim_s=s.get("over_budget", 0.0))
+            else:
+                error = (ours - s["cycles"]) / s["cycles"]
+                errors.append(abs(error))
+                row.update(scalesim_cycles=s["cycles"], error=error,
+                           scalesim_stall=s["stall_cycles"], scalesim_s=s["seconds"])
+            rows.append(row)
+        summary[c] = {"set": suite,
+                      "compared": "total cycles" if limited else "stall-free compute cycles",
+                      "layers": len(errors), "scalesim_over_budget": over,
+                      "mean_abs_error": statistics.fmean(errors) if errors else None,
+                      "max_abs_error": max(errors, default=None),
+                      "scalesim_seconds": sum(r["scalesim_s"] for r in rows
+                                              if r["config"] == c),
+                      "emu_seconds": sum(emu_results[c][x.name]["seconds"] for x in run_layers)}
+    name = "emu_vs_scalesim" + ("_full" if args.full else "_held_out" if args.held_out else "")
+    path = write_results(name, rows, {"summary": summary,
+                                      "configs": {c: ALL_CONFIGS[c]._asdict()
+                                                  for _s, c, _l in runs}})
+    for suite, c, _l in runs:
+        done = summary[c]
+        errors_text = (f"mean |error| {done['mean_abs_error']:.1%}, max "
+                       f"{done['max_abs_error']:.1%}" if done["layers"] else "nothing compared")
+        if done["scalesim_over_budget"]:
+            why = ("not simulated yet" if args.cached_only else
+                   f"SCALE-Sim over its {args.scalesim_budget:g} s budget")
+            errors_text += (f" ({done['layers']} layers; {why} or over budget: "
+                            f"{', '.join(done['scalesim_over_budget'])})")
+        print(f"\n{c} [{suite}] ({done['compared']}): {errors_text}; SCALE-Sim "
+              f"{done['scalesim_seconds']:.1f} s CPU, emu {done['emu_seconds']:.2f} s wall")
         print_table([r for r in rows if r["config"] == c],
-                    ["layer", "scalesim_cycles", "emu_cycles", "error", "scalesim_s", "emu_s"])
+                    ["layer", "scalesim_cycles", "emu_cycles", "error", "scalesim_s", "emu_s",
+                     "emu_work_source"])
     print(f"\nwrote {path} (the machine was shared with other work: times are indicative)")
     return 0
 

@@ -19,12 +19,14 @@ Built in:
   dataflow, folded as SCALE-Sim folds it (convolutions through im2col), for matmuls
   and convolutions; depthwise convolutions run one channel at a time (as SCALE-Sim's
   `DP` layers do); pooling, element-wise and reduction work runs on the vector unit
-  (`vector_cost`). Memory (`memory_stalls`, `ring_reads`): double-buffered on-chip
-  SRAMs for ifmap, filter and ofmap, each operand laid out in DRAM in the order the
-  array uses it and fetched half an SRAM at a time by a window that only moves
-  forward (so an operand that does not fit is refetched on every sweep, and data the
-  window passed costs a trip round the operand), DRAM bandwidth in words per cycle,
-  stalls when the slowest stream is slower than the array.
+  (`vector_cost`). Memory (`memory_stalls`, `ring_reads`, `refill_stalls`,
+  `drain_stalls`): double-buffered on-chip SRAMs for ifmap, filter and ofmap, each
+  operand laid out in DRAM in the order the array uses it and fetched half an SRAM at
+  a time by a window that only moves forward (so an operand that does not fit is
+  refetched on every sweep, and data the window passed costs a trip round the
+  operand), DRAM bandwidth in words per cycle; the array waits for each refill it
+  needs before it has arrived, and for the ofmap SRAM to drain, as SCALE-Sim's
+  buffers make it wait.
 - `"vector"`: every dispatch on the vector unit alone.
 
 (The per-workgroup model of `hal.drivers.emu_model.CostModel`, used when a device has
@@ -37,6 +39,7 @@ size; SRAM sizes are in words.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -89,17 +92,23 @@ class DispatchWork:
 
 class DispatchCost(NamedTuple):
     """A dispatch's cost on the device: `compute_cycles` with memory never in the way,
-    `stall_cycles` waiting for DRAM, the bytes it moves to and from DRAM and the share
-    of the processing elements' cycles that did useful work."""
+    `stall_cycles` waiting for DRAM, the bytes it moves to and from DRAM (of which
+    `dram_write_bytes` written, the rest read; 0 written when a model does not say)
+    and the share of the processing elements' cycles that did useful work."""
 
     compute_cycles: int
     stall_cycles: int
     dram_bytes: int
     utilisation: float
+    dram_write_bytes: int = 0
 
     @property
     def cycles(self) -> int:
         return self.compute_cycles + self.stall_cycles
+
+    @property
+    def dram_read_bytes(self) -> int:
+        return self.dram_bytes - self.dram_write_bytes
 
 
 @dataclass(frozen=True)
@@ -184,10 +193,13 @@ def dispatch_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost
     """`work` priced by the device's cost model, checked to be a `DispatchCost` of
     non-negative ints (a user function answering otherwise is an INVALID_ARGUMENT)."""
     cost = _COST_MODELS[device.cost_model](work, device)
-    if not (isinstance(cost, tuple) and len(cost) == 4
-            and all(isinstance(v, int) and v >= 0 for v in cost[:3])):
+    counts = (*cost[:3], *cost[4:]) if isinstance(cost, tuple) else ()
+    if not (isinstance(cost, tuple) and len(cost) in (4, 5)
+            and all(isinstance(v, int) and v >= 0 for v in counts)
+            and (len(cost) == 4 or cost[4] <= cost[2])):
         raise InvalidArgumentError(f"cost model {device.cost_model!r} answered {cost!r}, "
-                                   "not a DispatchCost of non-negative ints")
+                                   "not a DispatchCost of non-negative ints (written bytes "
+                                   "at most the DRAM bytes)")
     return DispatchCost(*cost)
 
 
@@ -245,14 +257,16 @@ def _diagonal_start(d: int, width: int) -> int:
 
 
 def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int,
-               diagonal: bool = True, data_words: int = 0) -> int:
+               diagonal: bool = True, data_words: int = 0, fold_cycles: int = 0,
+               misses: list[tuple[int, int, int]] | None = None) -> int:
     """Words one operand reads from DRAM through its double-buffered SRAM.
 
     The operand is laid out in DRAM in the order the array first uses it (SCALE-Sim's
     prefetch order): `blocks` blocks of `rows` x `width` words, one per fold that uses
     a distinct part of it, stacked and read anti-diagonal by anti-diagonal when
     `diagonal` (the array's skew), row by row otherwise. Half the SRAM holds what the
-    array computes on; the other half is being filled. `demands` lists, fold by fold,
+    array computes on; the other half is being filled (with half an SRAM, or with the
+    part of an operand smaller than a whole SRAM the computed-on half does not hold). `demands` lists, fold by fold,
     the (block, first row, end row) the fold reads, optionally with a fourth item True
     when it reads those rows last first (a weight-stationary fold loads its weights
     bottom row first). When a fold needs a word the half
@@ -260,12 +274,26 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
     operand, in layout order, is fetched; the window only moves forward, so a fold
     that needs data behind it (an operand swept again, or the start of a fold whose
     diagonals the previous fold's skewed tail already passed) waits until the window
-    comes round the operand again. An operand that fits in half its SRAM is read once
-    (its `data_words`, without the blocks' padding, when given).
+    comes round the operand again. An operand that fits in half its SRAM is read once.
+    `data_words`, when given, is the operand's size without padding: the last block
+    (the last fold's, over a dimension the array does not divide) is then only as wide
+    as it is, its padding left out of the layout as SCALE-Sim leaves it out (row by
+    row, its rows are shorter; diagonal by diagonal, the diagonals through it are).
+
+    With `misses` (a list) and `fold_cycles`, each refill is also recorded as
+    (fold index, cycle within the fold, refills in that cycle): the ones that bring in
+    a piece's first word at the fold's start (several when the window goes round the
+    operand), the ones that follow a piece longer than the window as the fold reads
+    on (a forward piece is read evenly over the fold; a row of one read last row
+    first in the cycle it is loaded in).
     """
     total = blocks * rows * width
-    if data_words:
-        total = min(total, data_words)  # padding of a partial last block is not fetched
+    last_width = width
+    if data_words and data_words < total:
+        # a partial last block (the last fold's columns): narrower, its padding unlaid
+        pad, total = total - data_words, data_words
+        if pad % rows == 0 and pad // rows < width:
+            last_width = width - pad // rows
     active = math.ceil(sram_words / 2)
     refill = sram_words - active
     if total <= active or refill <= 0:
@@ -274,37 +302,70 @@ def ring_reads(blocks: int, rows: int, width: int, demands: Any, sram_words: int
     line = math.ceil(sram_words / 100)
     span = line * math.ceil(active / line)
     ring = line * math.ceil(total / line)  # a partial last line takes a whole one
+    # a refill brings in half an SRAM, or what of the operand the window does not hold
+    step = min(line * math.ceil(refill / line), ring - span)
+    tail_block, tail_base = blocks - 1, (blocks - 1) * rows * width
+    tail_row = (blocks - 1) * rows  # the partial last block's first row in the stack
+
+    def holes(d: int) -> int:
+        """Padding words laid out before anti-diagonal `d` of the stacked blocks: the
+        last block's columns past its width, which SCALE-Sim's layout leaves out."""
+        if last_width == width:
+            return 0
+        return sum(max(0, min(blocks * rows, d - c) - tail_row)
+                   for c in range(last_width, width))
 
     def first(block: int, row: int) -> int:
         g = block * rows + row
-        return min(total - 1, _diagonal_start(g, width) if diagonal else g * width)
+        if diagonal:
+            at = _diagonal_start(g, width) - holes(g)
+        elif block == tail_block:
+            at = tail_base + row * last_width
+        else:
+            at = g * width
+        return min(total - 1, at)
 
     def last(block: int, end: int) -> int:
         g = block * rows + end - 1
         if diagonal:
-            return min(total - 1, _diagonal_start(g + width - 1, width) + width - 1)
-        return min(total - 1, (g + 1) * width - 1)
+            at = _diagonal_start(g + width, width) - holes(g + width) - 1
+        elif block == tail_block:
+            at = tail_base + end * last_width - 1
+        else:
+            at = (g + 1) * width - 1
+        return min(total - 1, at)
 
     window_end = span
     reads = active
-    for block, row, end, *backwards in demands:
-        if backwards and backwards[0]:  # one row at a time, the last first
+    for fold, (block, row, end, *backwards) in enumerate(demands):
+        loaded_by_row = bool(backwards and backwards[0])
+        if loaded_by_row:  # one row at a time, the last first
             pieces = [(first(block, r), last(block, r + 1)) for r in range(end - 1, row - 1, -1)]
         else:
             pieces = [(first(block, row), last(block, end))]
-        for f, tail in pieces:
+        for index, (f, tail) in enumerate(pieces):
             ahead = (f - (window_end - span)) % ring  # from the window's start, forwards
-            moves = ahead // span  # to the window holding f (round the operand if behind)
-            ahead -= moves * span
+            # to the window holding f (round the operand if behind)
+            moves = -(-(ahead - span + 1) // step) if ahead >= span else 0
+            ahead -= moves * step
             reach = ahead + (tail - f) + 1
-            if reach > span:  # and on until it holds the piece's last word
-                moves += -(-(reach - span) // span)
-            window_end += moves * span
+            onward = -(-(reach - span) // step) if reach > span else 0  # to its last word
+            if misses is not None:
+                at = index if loaded_by_row else 0
+                if moves:
+                    misses.append((fold, at, moves))
+                for later in range(onward):
+                    if not loaded_by_row:  # the word that crosses the window's end
+                        at = fold_cycles * (span - ahead + later * step) // (tail - f + 1)
+                    misses.append((fold, at, 1))
+            moves += onward
+            window_end += moves * step
             reads += moves * refill
     return reads
 
 
-def operand_reads(work: DispatchWork, device: AcceleratorConfig) -> tuple[int, int]:
+def operand_reads(work: DispatchWork, device: AcceleratorConfig,
+                  misses: tuple[list, list] | None = None) -> tuple[int, int]:
     """(ifmap, filter) words read from DRAM by one group of a GEMM-kind dispatch, laid
     out and demanded as SCALE-Sim's operand matrices are (`ring_reads`): the outer
     loop over column folds, the inner over row folds.
@@ -313,63 +374,125 @@ def operand_reads(work: DispatchWork, device: AcceleratorConfig) -> tuple[int, i
     reading its own; the filter one block of K x cols per column fold. Weight
     stationary: the ifmap is one block of M x rows per row fold (K slice), the filter
     one block of K x cols per column fold, laid out row by row, each fold reading its
-    `rows` rows of it, last row first. Input stationary: the ifmap is one block of K x cols per column
-    fold (M slice), laid out row by row, each fold reading its rows of it; the filter
+    `rows` rows of it, last row first. Input stationary: the ifmap is one block of
+    K x cols per column fold (M slice), laid out row by row, each fold reading its rows
+    of it, last row first (the stationary operand is loaded as the weights are); the
+    filter
     one block of N x rows per row fold. (The layouts not row by row are diagonal by
-    diagonal, following the array's skew, as SCALE-Sim lays them out.)"""
+    diagonal, following the array's skew, as SCALE-Sim lays them out.) With `misses`,
+    two lists, each operand's refills are recorded in them (`ring_reads`)."""
     m, n, k = work.m, work.n, work.k
     rows, cols = device.rows, device.cols
     fold = folding(m, n, k, rows, cols, device.dataflow)
     outer, inner = range(fold.outer_folds), range(fold.inner_folds)
     ifmap_sram, filter_sram = device.ifmap_sram_words, device.filter_sram_words
+    track: list[dict[str, Any]] = [{}, {}]
+    if misses is not None:
+        track = [{"fold_cycles": fold.fold_cycles, "misses": misses[0]},
+                 {"fold_cycles": fold.fold_cycles, "misses": misses[1]}]
     if device.dataflow == "os":
         ifmap = ring_reads(fold.inner_folds, k, rows,
                            ((fr, 0, k) for _fc in outer for fr in inner), ifmap_sram,
-                           data_words=m * k)
+                           data_words=m * k, **track[0])
         filt = ring_reads(fold.outer_folds, k, cols,
                           ((fc, 0, k) for fc in outer for _fr in inner), filter_sram,
-                          data_words=k * n)
+                          data_words=k * n, **track[1])
     elif device.dataflow == "ws":
         ifmap = ring_reads(fold.inner_folds, m, rows,
                            ((fr, 0, m) for _fc in outer for fr in inner), ifmap_sram,
-                           data_words=m * k)
+                           data_words=m * k, **track[0])
         filt = ring_reads(fold.outer_folds, k, cols,
                           ((fc, fr * rows, min(k, (fr + 1) * rows), True)
                            for fc in outer for fr in inner), filter_sram, diagonal=False,
-                          data_words=k * n)
+                          data_words=k * n, **track[1])
     else:
         ifmap = ring_reads(fold.outer_folds, k, cols,
-                           ((fc, fr * rows, min(k, (fr + 1) * rows))
+                           ((fc, fr * rows, min(k, (fr + 1) * rows), True)
                             for fc in outer for fr in inner), ifmap_sram, diagonal=False,
-                           data_words=m * k)
+                           data_words=m * k, **track[0])
         filt = ring_reads(fold.inner_folds, n, rows,
                           ((fr, 0, n) for _fc in outer for fr in inner), filter_sram,
-                          data_words=k * n)
+                          data_words=k * n, **track[1])
     return ifmap, filt
 
 
 def memory_stalls(work: DispatchWork, device: AcceleratorConfig, compute: int
-                  ) -> tuple[int, int]:
-    """(stall cycles, DRAM words) of a GEMM-kind dispatch whose array needs `compute`
-    cycles.
+                  ) -> tuple[int, int, int]:
+    """(stall cycles, DRAM words read, DRAM words written) of a GEMM-kind dispatch
+    whose array needs `compute` cycles.
 
-    Each read operand streams its `operand_reads` words from DRAM at its bandwidth,
-    one half-SRAM after another, each operand on its own channel; the outputs drain
-    through the ofmap SRAM at the ofmap bandwidth. The array waits for the slowest
-    stream: it stalls for the cycles that stream takes beyond its compute. Unlimited
-    bandwidth (0) never stalls."""
-    ifmap, filt = operand_reads(work, device)
+    Each read operand has its own DRAM channel and SRAM: the half the array starts on
+    is filled before it starts (not counted, as SCALE-Sim does not count it), and each
+    refill of the other half (`ring_reads`) takes `ceil(half / bandwidth) + 1` cycles,
+    one after another from the start, whether or not the array asked yet. When the
+    array needs a refill that has not arrived it stalls, in SCALE-Sim's bookkeeping
+    (`refill_stalls`). The outputs drain through the ofmap SRAM at the ofmap bandwidth
+    (`drain_stalls`); the array stalls for the slower of the two. Unlimited bandwidth (0) never stalls."""
     g = work.groups
+    misses: tuple[list, list] = ([], [])
+    ifmap, filt = operand_reads(work, device, misses)
     out = work.m * work.n
-    stream = 0.0
-    for words, bandwidth in ((ifmap, device.ifmap_bandwidth),
-                             (filt, device.filter_bandwidth),
-                             (max(0, out - device.ofmap_sram_words // 2),
-                              device.ofmap_bandwidth)):
-        if bandwidth:
-            stream = max(stream, words / bandwidth)
-    stall = max(0, math.ceil(stream) - compute // g) * g
-    return stall, g * (ifmap + filt + out)
+    per_group = compute // g
+    refill = [(device.ifmap_sram_words - math.ceil(device.ifmap_sram_words / 2),
+               device.ifmap_bandwidth),
+              (device.filter_sram_words - math.ceil(device.filter_sram_words / 2),
+               device.filter_bandwidth)]
+    fold = folding(work.m, work.n, work.k, device.rows, device.cols, device.dataflow)
+    stall = refill_stalls(misses, [math.ceil(words / bw) + 1 if bw else 0
+                                   for words, bw in refill], fold.fold_cycles)
+    if device.ofmap_bandwidth:
+        stall = max(stall, drain_stalls(out, device.ofmap_sram_words,
+                                        device.ofmap_bandwidth, per_group))
+    return max(0, stall) * g, g * (ifmap + filt), g * out
+
+
+def drain_stalls(words: int, sram_words: int, bandwidth: float, compute: int) -> int:
+    """Stall cycles of one group writing `words` outputs, evenly over `compute`
+    cycles, through an ofmap SRAM drained half at a time, as SCALE-Sim's write buffer
+    drains it: once more than half is written a drain of half the SRAM starts
+    (`ceil(half / bandwidth)` cycles; the space counts as free as it starts), the array
+    waits when the SRAM is full while one runs, and what is left when the array is done
+    is drained after it, not counted. So `ceil((words - sram) / half)` drains run back
+    to back from the time the first half is written, and the array ends after the
+    last one starts and it writes the rest."""
+    half = sram_words - math.ceil(sram_words / 2)
+    if words <= sram_words or half <= 0 or compute <= 0:
+        return 0
+    drains = -(-(words - sram_words) // half)
+    rate = words / compute
+    last_start = (half + 1) / rate + (drains - 1) * math.ceil(half / bandwidth)
+    rest = words - sram_words - (drains - 1) * half
+    return max(0, math.ceil(last_start + rest / rate) - compute)
+
+
+def refill_stalls(misses: tuple[list, list], refill_cycles: list[int], fold_cycles: int
+                  ) -> int:
+    """Stall cycles of one group from its operands' refills (`ring_reads`' `misses`),
+    as SCALE-Sim counts them: each operand's refills complete one after another,
+    `refill_cycles` apart, from cycle -1; at a cycle needing refills the array's wait
+    for that operand is worked out as SCALE-Sim's read buffer does (a refill done
+    early gives back waiting owed by the same cycle, one done late is waited for
+    twice), the cycle waits for its slowest operand, and the waits add up. An operand
+    with unlimited bandwidth (0 cycles) never waits."""
+    counts: dict[tuple[int, int], int] = {}
+    for operand in (0, 1):
+        if refill_cycles[operand]:
+            for fold, at, count in misses[operand]:
+                key = (fold * fold_cycles + at, operand)
+                counts[key] = counts.get(key, 0) + count
+    done = [-1, -1]
+    stall = 0
+    for cycle, group in itertools.groupby(sorted(counts.items()), key=lambda e: e[0][0]):
+        wait = 0
+        for (_, operand), count in group:
+            offset = 1
+            for _ in range(count):
+                done[operand] += refill_cycles[operand]
+                late = done[operand] - (cycle + stall + offset)
+                offset += 2 * late if late > 0 else late
+            wait = max(wait, offset - 1)
+        stall += wait
+    return stall
 
 
 def vector_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
@@ -389,7 +512,8 @@ def vector_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
         stall_cycles = max(stall_cycles, writes / device.ofmap_bandwidth)
     stall = max(0, math.ceil(stall_cycles) - compute)
     utilisation = ops / (lanes * (compute + stall)) if compute else 0.0
-    return DispatchCost(compute, stall, (reads + writes) * work.element_bytes, utilisation)
+    return DispatchCost(compute, stall, (reads + writes) * work.element_bytes, utilisation,
+                        writes * work.element_bytes)
 
 
 def systolic_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost:
@@ -398,10 +522,11 @@ def systolic_cost(work: DispatchWork, device: AcceleratorConfig) -> DispatchCost
     if work.kind not in GEMM_KINDS or not (work.m and work.n and work.k):
         return vector_cost(work, device)
     compute = systolic_compute_cycles(work, device)
-    stall, words = memory_stalls(work, device, compute)
+    stall, read, written = memory_stalls(work, device, compute)
     pes = device.rows * device.cols
     utilisation = work.macs / (pes * (compute + stall)) if compute else 0.0
-    return DispatchCost(compute, stall, words * work.element_bytes, utilisation)
+    return DispatchCost(compute, stall, (read + written) * work.element_bytes, utilisation,
+                        written * work.element_bytes)
 
 
 register_cost_model("systolic", systolic_cost)
@@ -495,19 +620,21 @@ def _cost_entry(name: str, value: Any, path: str) -> DispatchCost:
         cycles = int(value["cycles"]) if "cycles" in value else (
             int(value["compute_cycles"]) + stall)
         dram = int(value.get("dram_bytes", 0))
+        written = int(value.get("dram_write_bytes", 0))
         utilisation = float(value.get("utilisation", 0.0))
     except (KeyError, TypeError, ValueError):
         raise InvalidArgumentError(f"cost file {path!r}: {name!r} needs `cycles` (or "
                                    "`compute_cycles`) as numbers") from None
-    if cycles < 0 or stall < 0 or stall > cycles or dram < 0:
+    if cycles < 0 or stall < 0 or stall > cycles or dram < 0 or not 0 <= written <= dram:
         raise InvalidArgumentError(f"cost file {path!r}: {name!r} has negative cycles or "
-                                   "bytes, or more stall cycles than cycles")
-    return DispatchCost(cycles - stall, stall, dram, utilisation)
+                                   "bytes, more stall cycles than cycles or more bytes "
+                                   "written than moved")
+    return DispatchCost(cycles - stall, stall, dram, utilisation, written)
 
 
 def read_cost_file(path: str) -> dict[str, DispatchCost]:
     """Measured per-export costs: a JSON object mapping an export name to its cycles or
-    to `{"cycles", "stall_cycles", "dram_bytes", "utilisation"}`, or a CSV file with a
+    to `{"cycles", "stall_cycles", "dram_bytes", "dram_write_bytes", "utilisation"}`, or a CSV file with a
     column naming the export (`export`, or SCALE-Sim's `Layer name` / `LayerID` when
     its layers are named after the exports) and `cycles` (or SCALE-Sim's
     COMPUTE_REPORT columns `Total Cycles` and `Stall Cycles`)."""
@@ -589,5 +716,6 @@ def accelerator_config(value: Any) -> AcceleratorConfig | None:
 
 __all__ = ["AcceleratorConfig", "CostFunction", "DATAFLOWS", "DispatchCost", "DispatchWork",
            "Folding", "WORK_KINDS", "WORK_SOURCES", "accelerator_config", "cost_models",
-           "dispatch_cost", "folding", "memory_stalls", "operand_reads", "ring_reads", "read_cost_file", "read_scalesim_config",
-           "register_cost_model", "systolic_compute_cycles", "systolic_cost", "vector_cost"]
+           "dispatch_cost", "folding", "memory_stalls", "operand_reads", "read_cost_file",
+           "drain_stalls", "read_scalesim_config", "refill_stalls", "register_cost_model", "ring_reads", "systolic_compute_cycles",
+           "systolic_cost", "vector_cost"]

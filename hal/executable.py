@@ -123,11 +123,12 @@ class ExportInfo:
     every start-up, which a dataclass makes slower, and read per dispatch recorded.)"""
 
     __slots__ = ("ordinal", "name", "workgroup_size", "constant_count", "binding_count",
-                 "local_memory_size", "flags", "tag")
+                 "local_memory_size", "flags", "tag", "source_location")
 
     def __init__(self, ordinal: int, name: str, workgroup_size: tuple[int, int, int],
                  constant_count: int | None, binding_count: int | None,
-                 local_memory_size: int, flags: int, tag: str) -> None:
+                 local_memory_size: int, flags: int, tag: str,
+                 source_location: tuple[str, int] | None = None) -> None:
         self.ordinal = ordinal
         self.name = name
         self.workgroup_size = workgroup_size
@@ -136,6 +137,7 @@ class ExportInfo:
         self.local_memory_size = local_memory_size
         self.flags = flags
         self.tag = tag
+        self.source_location = source_location  # (path, line) the compiler wrote
 
     def __repr__(self) -> str:
         return f"ExportInfo({self.ordinal}, {self.name!r})"
@@ -208,6 +210,30 @@ def _check_array(pointer: Any, ctype: str, count: int, regions: list[tuple[int, 
         return
     if count and not _in_regions(pointer, ffi.sizeof(ctype) * count, regions):
         raise DataLossError(f"{what} ({count} entries) lies outside the library image")
+
+
+# iree_hal_executable_source_location_v0_t: {uint32 line; uint32 path_length; char* path}
+_SOURCE_LOCATION_SIZE = 16
+
+
+def _source_locations(pointer: Any, count: int, regions: list[tuple[int, int, int]],
+                      what: str) -> list[tuple[str, int] | None]:
+    """Each export's source location as the library declares it (IREE writes one per
+    export at `--iree-hal-executable-debug-level` 1 and up: the file and line of the
+    export in the source the compiler last saw, a dumped executable when dumps are
+    asked for), None where the path is empty."""
+    if count and not _in_regions(pointer, _SOURCE_LOCATION_SIZE * count, regions):
+        raise DataLossError(f"{what}: export source locations lie outside the library image")
+    base = ffi.cast("uint8_t*", pointer)
+    locations: list[tuple[str, int] | None] = []
+    for i in range(count):
+        entry = base + i * _SOURCE_LOCATION_SIZE
+        line = ffi.cast("uint32_t*", entry)[0]
+        path_pointer = ffi.cast("char**", entry + 8)[0]
+        path = (_checked_string(path_pointer, regions, f"{what}: export {i} source path")
+                if path_pointer != ffi.NULL else "")
+        locations.append((path, int(line)) if path else None)
+    return locations
 
 
 def _checked_string(pointer: Any, regions: list[tuple[int, int, int]], what: str) -> str:
@@ -386,6 +412,10 @@ class Executable:
             else:
                 info = ExportInfo(i, name, (1, 1, 1), None, None, 0, 0, tag)
             exports.append(info)
+        if table.source_locations != ffi.NULL:
+            for export, location in zip(exports, _source_locations(
+                    table.source_locations, count, regions, what)):
+                export.source_location = location
         return exports
 
     def lookup(self, name: str) -> int:

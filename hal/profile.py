@@ -157,6 +157,8 @@ class Profile:
         # (clock, op, queue, submission_id, start, end, executable, export, workgroups,
         #  worker, command_buffer_id, command_index, status_code, payload_length)
         self._spans: list[tuple] = []
+        # span index -> a modelled dispatch's cost fields (`record_dispatch`'s `cost`)
+        self._span_costs: dict[int, dict[str, Any]] = {}
         # (kind, host_ns, heap, length, live, peak, allocation_id, submission_id, queue,
         #  memory_type, usage, offset)
         self._memory: list[tuple] = []
@@ -260,14 +262,20 @@ class Profile:
                         start: int, end: int, submission_id: int = 0, queue: int = 0,
                         worker: str | None = None, clock: str = HOST,
                         command_buffer_id: int = 0, command_index: int = -1,
-                        status_code: int = 0) -> None:
+                        status_code: int = 0, cost: dict[str, Any] | None = None) -> None:
         """Records one dispatch that ran.
 
         `executable` is the executable object (its `export_names`, if any, name the
-        functions in the export); `export` is the export ordinal or name.
+        functions in the export); `export` is the export ordinal or name. `cost` is
+        what a device model says the dispatch cost (emu: compute and stall cycles,
+        DRAM bytes read and written, utilisation, work source), JSON scalars by name;
+        exporters write it beside the span (ireeperf: `tinyhal_<name>` fields).
         """
+        kept = len(self._spans)
         self._span(clock, "dispatch", queue, submission_id, start, end, executable, export,
                    tuple(workgroups), worker, command_buffer_id, command_index, status_code, 0)
+        if cost is not None and len(self._spans) > kept:
+            self._span_costs[kept] = cost
 
     def _span(self, clock: str, op: str, queue: int, submission_id: int, start: int, end: int,
               executable: Any, export: Any, workgroups: tuple, worker: str | None,
@@ -520,7 +528,7 @@ class Profile:
             start = self.begin_ns or min(s[4] for s in self._spans)
             samples.append((0, start, start))
         return Recorded(self._queue, self._ready, self._spans, self._memory, samples,
-                        self._command_buffer_table())
+                        self._command_buffer_table(), self._span_costs)
 
     def numbering(self) -> Numbering:
         """Small ids for the executables, functions and semaphores the session saw."""
@@ -570,7 +578,8 @@ class Recorded(NamedTuple):
     - `clock_samples`: (device_tick, host_begin_ns, host_end_ns); one at the session's
       start when device-time spans came without any;
     - `command_buffers`: command_buffer_id -> {command index: (op, executable, export,
-      workgroups, length)}, described or inferred from the dispatches recorded.
+      workgroups, length)}, described or inferred from the dispatches recorded;
+    - `span_costs`: index in `spans` -> a dispatch's modelled cost fields, by name.
     """
 
     queue: list[tuple]
@@ -579,6 +588,7 @@ class Recorded(NamedTuple):
     memory: list[tuple]
     clock_samples: list[tuple[int, int, int]]
     command_buffers: dict[int, dict[int, tuple]]
+    span_costs: dict[int, dict[str, Any]] = {}
 
 
 def export_name(executable: Any, export: Any) -> str:

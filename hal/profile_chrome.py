@@ -85,7 +85,7 @@ def trace(profile: Profile, first_pid: int = 1, origin: int | None = None) -> di
          for i, s in enumerate(recorded.spans)),
         key=lambda item: (item[0], item[1], item[2]),
     )
-    for start, end, _, span in spans:
+    for start, end, index, span in spans:
         (clock, op, queue, submission_id, raw_start, raw_end, executable, export, workgroups,
          worker, command_buffer_id, command_index, status_code, payload_length) = span
         pid = host_pid if clock == HOST else device_pid
@@ -111,6 +111,7 @@ def trace(profile: Profile, first_pid: int = 1, origin: int | None = None) -> di
         if clock == DEVICE:
             args["start_tick"] = raw_start
             args["end_tick"] = raw_end
+            args.update(recorded.span_costs.get(index, ()))
         events.append({"name": name, "cat": op, "ph": "X", "pid": pid, "tid": tid,
                        "ts": us(start), "dur": max(0, end - start) / 1000.0, "args": args})
     for (kind, host_ns, heap, length, live, peak, allocation_id, submission_id, queue,

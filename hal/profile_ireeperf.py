@@ -62,6 +62,10 @@ its renderer reads it) that this module relies on:
   The renderer draws instants and keeps a per-queue counter of queue_alloca minus
   queue_dealloca bytes. tinyhal adds `tinyhal_heap`, `tinyhal_live_bytes` and
   `tinyhal_peak_bytes` (the allocator's device-wide counts after the event).
+- A `dispatch_event` of emu's modelled time carries what its cost model said, as
+  `tinyhal_compute_cycles`, `tinyhal_stall_cycles`, `tinyhal_dram_read_bytes`,
+  `tinyhal_dram_write_bytes`, `tinyhal_utilisation` and `tinyhal_work_source`
+  (unknown fields of a known line: Perfetto debug annotations, as above).
 - `event_relationship`: `kind`, `source_type`/`source_id`, `target_type`/`target_id`
   on a (device, queue, stream); the renderer turns relationships whose target is an
   execution span into Perfetto flow arrows. tinyhal links each queue submission to its
@@ -216,7 +220,11 @@ def records(profile: Profile) -> Iterator[dict[str, Any]]:
         )
     relationships: list[tuple[str, str, int, int, int]] = []
     for event_id, span in enumerate(recorded.spans, 1):
-        yield _span_record(record, event_id, span, numbering, device_ordinal)
+        rec = _span_record(record, event_id, span, numbering, device_ordinal)
+        cost = recorded.span_costs.get(event_id - 1)
+        if cost:
+            rec.update({f"tinyhal_{name}": value for name, value in cost.items()})
+        yield rec
         clock, op, queue, submission_id = span[0], span[1], span[2], span[3]
         if submission_id:
             if clock == HOST:

@@ -97,7 +97,14 @@ from .emu_calibration import (
     calibration_report,
     fit_costs,
 )
-from .emu_engines import EmuSummary, Engines, Steps, TraceEvent, device_visible
+from .emu_engines import (
+    EmuSummary,
+    Engines,
+    Steps,
+    TraceEvent,
+    device_visible,
+    profile_cost,
+)
 from .emu_faults import FAULT_KINDS, Faults
 from .emu_model import PRESETS, CostModel, cost_model, preset_fields
 from .emu_workers import Batch, Job, Workers, run_each_inline, sleep_until
@@ -601,7 +608,8 @@ class EmuDriver(Driver):
                 groups = (s.workgroup_count_x, s.workgroup_count_y, s.workgroup_count_z)
                 exe, name = prepared.executable, prepared.export.name
                 profile.record_dispatch(exe, name, groups, event.start_ns, end_tick, sid, queue=q,
-                                        worker="compute", clock=DEVICE, status_code=status)
+                                        worker="compute", clock=DEVICE, status_code=status,
+                                        cost=profile_cost(event.cost, event.work_source))
                 profile.record_dispatch(exe, name, groups, host_start, host_end, sid, queue=q,
                                         worker="compute workers", clock=HOST, status_code=status)
             else:

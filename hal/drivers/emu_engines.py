@@ -71,6 +71,16 @@ class TraceEvent:
     work_source: str = ""
 
 
+def profile_cost(cost: DispatchCost | None, work_source: str) -> dict[str, Any] | None:
+    """A dispatch's modelled cost as the fields a profile writes beside its span."""
+    if cost is None:
+        return None
+    return {"compute_cycles": cost.compute_cycles, "stall_cycles": cost.stall_cycles,
+            "dram_read_bytes": cost.dram_read_bytes,
+            "dram_write_bytes": cost.dram_write_bytes,
+            "utilisation": round(cost.utilisation, 6), "work_source": work_source}
+
+
 @dataclass(frozen=True)
 class DispatchRecord:
     """One export's dispatches in a summary: how many ran, and per dispatch on average
@@ -805,5 +815,6 @@ def _plan(model: CostModel, steps: tuple[Step | None, ...], dma: list[int],
                 {}, {}, [0] * queues)
 
 
-__all__ = ["DispatchRecord", "EmuSummary", "Engines", "Plan", "Step", "Steps", "TraceEvent", "Trace", "device_visible",
+__all__ = ["DispatchRecord", "EmuSummary", "Engines", "Plan", "Step", "Steps", "Trace", "TraceEvent",
+           "device_visible", "profile_cost",
            "place_dispatch", "place_transfer"]

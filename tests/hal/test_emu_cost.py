@@ -55,7 +55,7 @@ def test_systolic_folding_by_hand(dataflow, folds, fold_cycles):
     assert (fold.folds, fold.fold_cycles) == (folds, fold_cycles)
     cost = systolic_cost(MATMUL, array(dataflow))
     assert cost == DispatchCost(folds * fold_cycles, 0, (18 + 15 + 30) * 4,
-                                90 / (16 * folds * fold_cycles))
+                                90 / (16 * folds * fold_cycles), 30 * 4)
     assert cost.cycles == folds * fold_cycles
 
 
@@ -76,7 +76,7 @@ def test_vector_unit_by_hand():
     bandwidth: 400 input words at 4 words/cycle take 100 cycles, 50 of them stalled."""
     work = DispatchWork("pool", elements=100, window=4, input_words=400, output_words=100)
     assert vector_cost(work, array("os", vector_lanes=8)) == DispatchCost(
-        50, 0, 500 * 4, 1.0)
+        50, 0, 500 * 4, 1.0, 100 * 4)
     slow = vector_cost(work, array("os", vector_lanes=8, ifmap_bandwidth=4.0))
     assert (slow.compute_cycles, slow.stall_cycles) == (50, 50)
     assert slow.utilisation == pytest.approx(0.5)
@@ -91,23 +91,40 @@ def test_memory_stalls_by_hand():
     on), fold 1 words 3-7. An 8-word SRAM computes on 4 words while 4 more come: fold 0
     needs 0-4, so 0-3 then 4-7 (8 words read); fold 1 starts at word 3, behind the
     window, which goes round to 0-3 and on to 4-7 (16); the second column fold does the
-    same again (32 words). At 1 word per cycle the array waits 32 - 16 = 16 cycles."""
+    same again (32 words).
+
+    At 1 word per cycle a refill takes 4 + 1 cycles; the first fill is free, so refill
+    r is done at cycle 5r - 1. They are needed at cycle 3 (fold 0 reads word 4: done
+    at 4, one cycle late, which SCALE-Sim's bookkeeping nets to no wait), two at cycle
+    4 (fold 1: done at 9 and 14, waited for 2 x 4 + 2 x 1 = 10 cycles), at cycle 8 (done
+    at 19 = 8 + 10 + 1: none), at 11 (24, 2 late: 4) and two at 12 (29 and 34: 2 x 2 +
+    2 x 3 = 10): 24 stall cycles."""
     work = DispatchWork("matmul", m=4, n=4, k=2)
     small = array("os", rows=2, cols=2, ifmap_sram_words=8)
     assert operand_reads(work, small) == (32, 8)
+    misses: tuple[list, list] = ([], [])
+    operand_reads(work, small, misses)
+    assert misses[0] == [(0, 3, 1), (1, 0, 1), (1, 0, 1), (2, 0, 1), (2, 3, 1), (3, 0, 1),
+                         (3, 0, 1)]
     cost = systolic_cost(work, array("os", rows=2, cols=2, ifmap_sram_words=8,
                                      ifmap_bandwidth=1.0))
-    assert (cost.compute_cycles, cost.stall_cycles) == (16, 16)
+    assert (cost.compute_cycles, cost.stall_cycles) == (16, 24)
     assert cost.dram_bytes == (32 + 8 + 16) * 4
-    # an operand that fits in half its SRAM is read once
+    assert (cost.dram_read_bytes, cost.dram_write_bytes) == ((32 + 8) * 4, 16 * 4)
+    # an operand that fits in half its SRAM is read once, before the array starts
     assert operand_reads(work, array("os", rows=2, cols=2, ifmap_sram_words=16)) == (8, 8)
-    # the outputs drain at the ofmap bandwidth: 16 words, 2 buffered, 14 at 0.5/cycle
+    assert systolic_cost(work, array("os", rows=2, cols=2, ifmap_sram_words=16,
+                                     ifmap_bandwidth=0.1)).stall_cycles == 0
+    # 16 outputs, one a cycle, into a 4-word ofmap SRAM drained 2 words at a time at 0.5
+    # words/cycle (4 cycles a drain): the first drain starts once 3 words are written,
+    # ceil((16 - 4) / 2) = 6 run back to back, the last starting at 3 + 5 x 4 = 23, and
+    # the 2 words after it are written by 25: 9 stall cycles (the rest drains after)
     drain = systolic_cost(work, array("os", rows=2, cols=2, ofmap_sram_words=4,
                                       ofmap_bandwidth=0.5))
-    assert drain.stall_cycles == 28 - 16
-    # overlapping dispatches share the bandwidth: 32 words at 0.5 take 64 cycles
+    assert drain.stall_cycles == 25 - 16
+    # overlapping dispatches share the bandwidth: at 0.5 words/cycle a refill takes 9
     shared = array("os", rows=2, cols=2, ifmap_sram_words=8, ifmap_bandwidth=1.0).shared(2)
-    assert systolic_cost(work, shared).stall_cycles == 64 - 16
+    assert systolic_cost(work, shared).stall_cycles == 56
 
 
 def test_ring_reads_by_hand():
@@ -366,7 +383,7 @@ def test_mobilenet_v2_on_a_systolic_array():
 
 def test_overlapping_dispatches_share_dram_bandwidth():
     """Two units (two arrays): a dispatch placed while another still runs gets half the
-    bandwidth (see test_memory_stalls_by_hand: 48 stall cycles instead of 16); one
+    bandwidth (see test_memory_stalls_by_hand: 56 stall cycles instead of 24); one
     placed after it ended gets all of it."""
     from tinyhal.hal.drivers.emu_engines import place_dispatch
     from tinyhal.hal.drivers.emu_model import cost_model
@@ -376,8 +393,121 @@ def test_overlapping_dispatches_share_dram_bandwidth():
     model = cost_model("generic", accelerator=accelerator, compute_units=2)
     units = [0, 0]
     first = place_dispatch(units, model, "a", 1, 0, 0, work)
-    assert (first[0], first[1], first[3].stall_cycles) == (1, 0, 16)
+    assert (first[0], first[1], first[3].stall_cycles) == (1, 0, 24)
     second = place_dispatch(units, model, "b", 1, 0, 0, work)
-    assert (second[1], second[3].stall_cycles) == (0, 48)
+    assert (second[1], second[3].stall_cycles) == (0, 56)
     third = place_dispatch(units, model, "c", 1, 0, 200, work)
-    assert (third[1], third[3].stall_cycles) == (200, 16)
+    assert (third[1], third[3].stall_cycles) == (200, 24)
+
+
+CONV_MLIR = """
+func.func @dw(%x: tensor<1x10x10x8xf32>, %w: tensor<3x3x8xf32>) -> tensor<1x8x8x8xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1x8x8x8xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<1x8x8x8xf32>) -> tensor<1x8x8x8xf32>
+  %r = linalg.depthwise_conv_2d_nhwc_hwc
+         {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+         ins(%x, %w : tensor<1x10x10x8xf32>, tensor<3x3x8xf32>)
+         outs(%f : tensor<1x8x8x8xf32>) -> tensor<1x8x8x8xf32>
+  return %r : tensor<1x8x8x8xf32>
+}
+func.func @pw(%x: tensor<1x6x6x16xf32>, %w: tensor<1x1x16x12xf32>) -> tensor<1x6x6x12xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1x6x6x12xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<1x6x6x12xf32>) -> tensor<1x6x6x12xf32>
+  %r = linalg.conv_2d_nhwc_hwcf
+         {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+         ins(%x, %w : tensor<1x6x6x16xf32>, tensor<1x1x16x12xf32>)
+         outs(%f : tensor<1x6x6x12xf32>) -> tensor<1x6x6x12xf32>
+  return %r : tensor<1x6x6x12xf32>
+}
+"""
+
+
+def test_work_from_the_compilers_dumped_source(tmp_path):
+    """Compiled with its executables dumped, each export's source location points at
+    its configured MLIR; emu reads the root op and shapes from there (`compiler`): the
+    depthwise convolution is 8 channels of M=64 N=1 K=9, each 16 folds of 9 + 4 + 4 - 2
+    cycles on a 4x4 os array; the 1x1 convolution M=36 N=12 K=16, 9 x 3 folds of 16 + 6.
+    Without the dump the export names are read (`export-name`). Results bit-exact."""
+    dump = tmp_path / "executables"
+    path = compile_mlir(CONV_MLIR, [*HOST_FLAGS,
+                                    f"--iree-hal-dump-executable-configurations-to={dump}"])
+    rng = np.random.default_rng(1)
+    dw_args = (rng.standard_normal((1, 10, 10, 8), dtype=np.float32),
+               rng.standard_normal((3, 3, 8), dtype=np.float32))
+    pw_args = (rng.standard_normal((1, 6, 6, 16), dtype=np.float32),
+               rng.standard_normal((1, 1, 16, 12), dtype=np.float32))
+    with tinyhal.load(str(path), device=hal.create_device("sync")) as model:
+        expected = (np.asarray(model.dw(*dw_args)), np.asarray(model.pw(*pw_args)))
+
+    def priced() -> dict[str, tuple[str, int]]:
+        emu = hal.create_device("emu", accelerator={"rows": 4, "cols": 4, "dataflow": "os"})
+        try:
+            with tinyhal.load(str(path), device=emu) as model:
+                got = (np.asarray(model.dw(*dw_args)), np.asarray(model.pw(*pw_args)))
+            assert [g.tobytes() for g in got] == [e.tobytes() for e in expected]
+            return {r.export.split("_dispatch")[0]: (r.work_source, r.cycles)
+                    for r in emu.summary().dispatch_costs}
+        finally:
+            emu.close()
+
+    costs = priced()
+    assert costs["dw"] == ("compiler", 8 * 16 * 15)
+    assert costs["pw"] == ("compiler", 27 * 22)
+    for entry in dump.iterdir():
+        entry.unlink()
+    assert {source for source, _ in priced().values()} == {"export-name"}
+
+
+def test_work_from_source_needs_the_exports_function(tmp_path):
+    """A location naming the user's own source (what the compiler writes without a
+    dump), a missing file or a root with run-time sizes give no work: the name is read."""
+    from tinyhal.hal.dispatch_work import source_work, work_from_source
+
+    user = tmp_path / "model.mlir"
+    user.write_text(MATMUL_MLIR)
+    assert source_work((str(user), 2), "mm_dispatch_0_matmul_64x40x96_f32") is None
+    assert source_work((str(tmp_path / "gone.mlir"), 1), "x") is None
+    assert source_work(None, "x") is None
+    dynamic = tmp_path / "dynamic.mlir"
+    dynamic.write_text("func.func @e_dispatch_0_matmul_Dx8x4_f32() {\n"
+                       "  %7 = linalg.matmul ins(%3, %4 : tensor<?x4xf32>, tensor<4x8xf32>) "
+                       "outs(%6 : tensor<?x8xf32>) -> tensor<?x8xf32>\n}\n")
+    assert work_from_source(str(dynamic), "e_dispatch_0_matmul_Dx8x4_f32") is None
+
+
+def test_work_from_source_generic_roots(tmp_path):
+    """A reduction with a bias beside it, a pooling (its window operand carries only
+    reduction loops) and an element-wise op read from generics the way IREE writes
+    them; only the reduction-and-output operands make a contraction."""
+    from tinyhal.hal.dispatch_work import work_from_source
+
+    def generic(maps: str, iterators: str, ins: str, outs: str) -> str:
+        return (f"  %7 = linalg.generic {{indexing_maps = [{maps}], iterator_types = "
+                f"[{iterators}]}} ins({ins}) outs({outs}) {{\n")
+
+    body = {
+        "r_dispatch_0_reduction_1280x49_f32": generic(
+            "affine_map<(d0, d1) -> (d0, d1)>, #map1, #map1", '"parallel", "reduction"',
+            "%3, %4 : tensor<1280x49xf32>, tensor<1280xf32>", "%6 : tensor<1280xf32>"),
+        "p_dispatch_0_pool_4x4x8x2x2_f32": generic(
+            "affine_map<(d0, d1, d2, d3, d4) -> (d0 * 2 + d3, d1 * 2 + d4, d2)>, "
+            "affine_map<(d0, d1, d2, d3, d4) -> (d3, d4)>, "
+            "affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>",
+            '"parallel", "parallel", "parallel", "reduction", "reduction"',
+            "%3, %4 : tensor<8x8x8xf32>, tensor<2x2xf32>", "%6 : tensor<4x4x8xf32>"),
+        "e_dispatch_0_elementwise_64_f16": generic(
+            "#map1, #map1, #map1", '"parallel"',
+            "%3, %4 : tensor<64xf16>, tensor<64xf16>", "%6 : tensor<64xf16>"),
+    }
+    text = "#map1 = affine_map<(d0) -> (d0)>\n" + "".join(
+        f"func.func @{name}() {{\n{op}}}\n" for name, op in body.items())
+    path = tmp_path / "configured.mlir"
+    path.write_text(text)
+    r = work_from_source(str(path), "r_dispatch_0_reduction_1280x49_f32")
+    assert (r.kind, r.elements, r.window, r.source) == ("reduction", 1280, 49, "compiler")
+    p = work_from_source(str(path), "p_dispatch_0_pool_4x4x8x2x2_f32")
+    assert (p.kind, p.elements, p.window, p.input_words) == ("pool", 128, 4, 512)
+    e = work_from_source(str(path), "e_dispatch_0_elementwise_64_f16")
+    assert (e.kind, e.elements, e.input_words, e.element_bytes) == ("elementwise", 64, 128, 2)

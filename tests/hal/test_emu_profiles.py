@@ -168,3 +168,70 @@ def test_calibration_on_mobilenet_reports_per_dispatch_error(mobilenet):
     assert 0.0 <= report.median_abs_error <= report.max_abs_error
     print(report.format())
     assert emu.summary().calibration_error == report.mean_abs_error
+
+
+def test_accelerator_costs_in_the_profile(mobilenet, tmp_path):
+    """With an accelerator, each modelled dispatch span carries what its cost model said
+    (compute and stall cycles, DRAM bytes read and written, work source), in both
+    formats; the span lasts its cycles at the clock and IREE's renderer still reads it."""
+    vmfb, x = mobilenet
+    emu = hal.create_device("emu", accelerator={"rows": 128, "cols": 128, "dataflow": "ws",
+                                                "ifmap_bandwidth": 10.0,
+                                                "filter_bandwidth": 10.0,
+                                                "ofmap_bandwidth": 10.0})
+    with tinyhal.load(vmfb, device=emu) as module:
+        module.mobilenet_v2(x)
+        with emu.profiling() as profile:
+            module.mobilenet_v2(x)
+    summary = emu.summary()
+    emu.close()
+    jsonl, chrome = tmp_path / "mn.jsonl", tmp_path / "mn.json"
+    profile.write(jsonl)
+    profile.write(chrome)
+    spans = [r for r in records(jsonl) if r["record_type"] == "dispatch_event"]
+    assert len(spans) == 55
+    for r in spans:
+        cycles = r["tinyhal_compute_cycles"] + r["tinyhal_stall_cycles"]
+        assert r["end_tick"] - r["start_tick"] == cycles  # 1 GHz: a tick is a cycle
+        assert r["tinyhal_work_source"] in ("export-name", "compiler", "workgroups")
+        if r["tinyhal_work_source"] != "workgroups":  # priced by its work: reads and writes
+            assert r["tinyhal_dram_read_bytes"] > 0 and r["tinyhal_dram_write_bytes"] > 0
+        else:  # priced by its workgroups (a copy): its bound bytes, not told apart
+            assert r["tinyhal_dram_read_bytes"] > 0 == r["tinyhal_dram_write_bytes"]
+        assert 0.0 <= r["tinyhal_utilisation"] <= 1.0
+    assert any(r["tinyhal_stall_cycles"] for r in spans)
+    # the profiled run's totals are the summary's second half (two runs, same costs)
+    moved = sum(r["tinyhal_dram_read_bytes"] + r["tinyhal_dram_write_bytes"] for r in spans)
+    assert 2 * moved == sum(d.dram_bytes * d.count for d in summary.dispatch_costs)
+    device_events = [e for e in json.loads(chrome.read_text())["traceEvents"]
+                     if e.get("cat") == "dispatch" and "start_tick" in e["args"]]
+    assert len(device_events) == 55
+    assert all("stall_cycles" in e["args"] for e in device_events)
+    _pftrace, log = render(jsonl)
+    assert render_stats(log)["host_execution_slices"] >= 55
+    draw_profile_timeline(jsonl, spans, tmp_path / "mn.png")
+
+
+def draw_profile_timeline(jsonl: Path, spans: list[dict], png: Path) -> None:
+    """bench/emu_timeline.py reads the profile back: each dispatch split into compute and
+    stall time as its cycles split, its DRAM bytes as GB/s over its span; it draws them."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "emu_timeline.py"
+    spec = importlib.util.spec_from_file_location("emu_timeline", script)
+    timeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timeline)
+    events, title = timeline.profile_events(str(jsonl))
+    dispatches = [e for e in events if e["engine"] == "compute"]
+    assert len(dispatches) == len(spans)
+    for event, span in zip(dispatches, spans):
+        compute, stall = timeline.dispatch_segments(event)
+        assert compute + stall == event["duration_ns"]
+        assert stall * (span["tinyhal_compute_cycles"] + span["tinyhal_stall_cycles"]) == \
+            pytest.approx(event["duration_ns"] * span["tinyhal_stall_cycles"])
+        read, write = timeline.dram_rates(event)
+        assert read * max(event["duration_ns"], 1) == pytest.approx(span["tinyhal_dram_read_bytes"])
+        assert write >= 0
+    pytest.importorskip("matplotlib")
+    timeline.plot(events, title, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
