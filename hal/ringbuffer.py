@@ -99,6 +99,7 @@ class RingStatistics(NamedTuple):
     tail: int
     reservations: int
     waits: int  # reservations that had to wait for a retirement
+    high_water: int  # end of the highest block ever placed: the bytes the ring has touched
 
 
 class TransientRingbuffer(RingCore):
@@ -263,6 +264,7 @@ class TransientRingbuffer(RingCore):
                 tail=self._tail,
                 reservations=self._reservations,
                 waits=self._waits,
+                high_water=self._high_water,
             )
 
     # -- internals --------------------------------------------------------------------
