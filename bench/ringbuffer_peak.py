@@ -7,7 +7,12 @@ transient bytes is max(align64(s[i-1]) + align64(s[i])). The peak the allocator 
 for heap "transient" must equal that bound (blocks are rounded up to 64 bytes), on every
 driver; the final values are checked too.
 
-    python bench/ringbuffer_peak.py [--layers 64] [--seed 0]
+Then steady traffic: `--steady` allocas of random sizes up to 64 KiB, each filled (so its
+pages are written) while the `--window` newest stay live and the oldest is deallocated in
+a shuffled order. The ring's high water (the end of the highest block it ever placed: the
+pages it made resident) must stay a small multiple of the live bytes, not the capacity.
+
+    python bench/ringbuffer_peak.py [--layers 64] [--seed 0] [--steady 20000] [--window 24]
 """
 
 from __future__ import annotations
@@ -102,19 +107,50 @@ def run_chain(driver: str, library: bytes, sizes: list[int]) -> dict:
     }
 
 
+def run_steady(driver: str, steps: int, window: int, rng: random.Random) -> dict:
+    device = hal.create_device(driver)
+    try:
+        live: list = []
+        widest = 0
+        for _ in range(steps):
+            size = rng.randint(1, 64 << 10)
+            buffer = device.queue_alloca(size)
+            device.queue_fill(buffer, 0, size, 0x5A, pattern_length=1)
+            live.append(buffer)
+            widest = max(widest, device.allocator.statistics()["transient"].live_bytes)
+            if len(live) > window:
+                device.queue_dealloca(live.pop(rng.randrange(len(live) // 2)))
+        ring = device.transient.statistics()
+        for buffer in live:
+            device.queue_dealloca(buffer)
+    finally:
+        device.close()
+    return {"driver": driver, "steps": steps, "window": window, "max_live_bytes": widest,
+            "high_water_bytes": ring.high_water, "capacity": ring.capacity,
+            "ring_waits": ring.waits}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steady", type=int, default=20000)
+    ap.add_argument("--window", type=int, default=24)
     args = ap.parse_args()
     rng = random.Random(args.seed)
     sizes = [4 * rng.randint(16, 64 * 1024) for _ in range(args.layers)]
     library = build_executable(KERNEL, [hal.KernelExport("next_layer", binding_count=2)],
                                name="bench_ring_chain")
     rows = [run_chain(driver, library, sizes) for driver in ("sync", "task")]
-    path = write_results("ringbuffer_peak", rows, {"sizes": sizes, "seed": args.seed})
+    steady = [run_steady(driver, args.steady, args.window, random.Random(args.seed))
+              for driver in ("sync", "task")]
+    path = write_results("ringbuffer_peak", rows, {"sizes": sizes, "seed": args.seed,
+                                                   "steady": steady})
     print_table(rows, ["driver", "layers", "bound_bytes", "peak_bytes", "peak_minus_bound",
                        "live_after", "allocations", "ring_waits", "correct", "total_ms"])
+    print()
+    print_table(steady, ["driver", "steps", "window", "max_live_bytes", "high_water_bytes",
+                         "capacity", "ring_waits"])
     print(f"\nresults: {path}")
 
 

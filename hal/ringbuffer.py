@@ -7,6 +7,14 @@ read tail advances over the oldest blocks once they are all free. Frees may happ
 order; the space comes back in allocation order, as in IREE's "Transient Tensor
 Ringbuffer" roadmap item.
 
+Placement prefers low addresses, so the memory the ring touches stays near its live set
+rather than its capacity (the map's pages stay resident once written): the head wraps to 0
+as soon as the room below the oldest live block holds the request and the whole live span,
+not only at the end; a block that meets an older live one (one outliving its lap) starts
+a new run in the lowest gap that holds it rather than waiting. Up to 16 such runs; a
+reservation waits only when no gap holds it. `statistics().high_water` is the end of the
+highest block ever placed.
+
 When the ring has no room a reservation does not fail: it is parked, in order, and granted
 by the retirement that makes room (on the thread that retires). Only a request larger
 than the whole ring fails, with RESOURCE_EXHAUSTED, when it is made.
@@ -99,6 +107,7 @@ class RingStatistics(NamedTuple):
     tail: int
     reservations: int
     waits: int  # reservations that had to wait for a retirement
+    high_water: int  # end of the highest block ever placed: the bytes the ring has touched
 
 
 class TransientRingbuffer(RingCore):
@@ -263,6 +272,7 @@ class TransientRingbuffer(RingCore):
                 tail=self._tail,
                 reservations=self._reservations,
                 waits=self._waits,
+                high_water=self._high_water,
             )
 
     # -- internals --------------------------------------------------------------------

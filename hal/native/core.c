@@ -1016,6 +1016,7 @@ typedef struct {
     PyObject_HEAD
     long long offset, size, requested;
     char retired;
+    char starts_run; /* the first block of a run (see RingRun) */
 } RingBlockObject;
 
 static PyObject *ring_block_repr(RingBlockObject *self)
@@ -1059,9 +1060,21 @@ static PyTypeObject RingBlockType = {
 
 #define RING_ALIGNMENT 64
 
+/* The unreclaimed blocks, in allocation order, form at most RING_RUNS runs: each run is
+ * contiguous, [start, end) with start the offset of its oldest unreclaimed block and end
+ * that of its newest one; the newest run ends at the head. A new block extends the newest
+ * run or starts a run in a gap between them. Two runs are the classic wrapped ring; more
+ * let a block go elsewhere than behind a tail that outlives its lap. */
+#define RING_RUNS 16
+
+typedef struct {
+    long long start, end;
+} RingRun;
+
 typedef struct {
     PyObject_HEAD
     long long capacity, head, tail, live, peak, reservations, waits, backing_address;
+    long long high_water; /* the end of the highest block ever placed: the pages touched */
     PyObject *backing;      /* NULL until the first placement asks `_ensure_backing` */
     PyObject *lock;         /* the allocator's lock: every change happens under it */
     PyObject *lock_acquire, *lock_release, *lock_is_owned; /* its bound methods */
@@ -1072,6 +1085,8 @@ typedef struct {
     PyObject *closed;       /* NULL, or the error later requests fail with */
     RingBlockObject **blocks; /* live blocks (and retired ones not yet reclaimed), oldest first */
     Py_ssize_t blocks_start, blocks_count, blocks_capacity;
+    RingRun runs[RING_RUNS]; /* oldest first; runs_count is 0 exactly when blocks_count is */
+    int runs_count;
     PyObject *weakrefs;
 } RingObject;
 
@@ -1205,17 +1220,49 @@ static int ring_record_heap_change(RingObject *self, long long delta)
     return status;
 }
 
-/* Room for `size` bytes at the head, wrapping to 0 (lock held): a new block, NULL with no
- * exception when it does not fit (now), NULL with one on error. */
+/* Where a new run of `need` bytes could start (lock held): the lowest gap between the runs
+ * that holds it, or -1. */
+static long long ring_lowest_gap(RingObject *self, long long need)
+{
+    RingRun sorted[RING_RUNS];
+    int n = self->runs_count;
+    for (int i = 0; i < n; i++) { /* insertion sort by start: at most RING_RUNS runs */
+        int j = i;
+        while (j > 0 && sorted[j - 1].start > self->runs[i].start) {
+            sorted[j] = sorted[j - 1];
+            j--;
+        }
+        sorted[j] = self->runs[i];
+    }
+    long long from = 0;
+    for (int i = 0; i < n; i++) {
+        if (sorted[i].start - from >= need)
+            return from;
+        from = sorted[i].end;
+    }
+    return self->capacity - from >= need ? from : -1;
+}
+
+/* Room for `size` bytes (lock held): a new block, NULL with no exception when it does not
+ * fit (now), NULL with one on error.
+ *
+ * The head wraps to 0 as soon as the room below every run holds both the request and the
+ * live span (the runs' extents), not only when it reaches the end: under steady traffic
+ * some block is always live, and a head that wrapped only at the end would walk (and make
+ * resident) every page of the capacity. So the ring stays within about twice its largest
+ * live span. When the newest run runs into an older one (a block outliving its lap), the
+ * block starts a run in the lowest gap that holds it rather than waiting; it waits only
+ * when no gap does, or all RING_RUNS runs are in use. */
 static RingBlockObject *ring_place(RingObject *self, long long size)
 {
     if (size < 0 || size > self->capacity) /* never fits: the caller's check names it */
         return NULL;
     long long need = ((size + RING_ALIGNMENT - 1) & ~(long long)(RING_ALIGNMENT - 1));
     if (need == 0)
-        need = RING_ALIGNMENT; /* never empty: head == tail means full */
+        need = RING_ALIGNMENT; /* never empty */
     long long offset;
-    if (self->blocks_count == 0) { /* head and tail are 0 */
+    int new_run = 1;
+    if (self->blocks_count == 0) {
         if (need > self->capacity)
             return NULL;
         offset = 0;
@@ -1225,17 +1272,28 @@ static RingBlockObject *ring_place(RingObject *self, long long size)
                 return NULL;
             Py_DECREF(made);
         }
-    } else if (self->head > self->tail) {
-        if (self->head + need <= self->capacity)
-            offset = self->head;
-        else if (need <= self->tail)
-            offset = 0; /* wrap; [head, capacity) stays unused until the tail passes it */
-        else
-            return NULL;
-    } else if (self->head + need <= self->tail) { /* wrapped: live is [tail, cap) + [0, head) */
-        offset = self->head;
     } else {
-        return NULL;
+        RingRun *newest = &self->runs[self->runs_count - 1];
+        long long lowest = newest->start, span = 0, limit = self->capacity;
+        for (int i = 0; i < self->runs_count; i++) {
+            RingRun *run = &self->runs[i];
+            span += run->end - run->start;
+            if (run->start < lowest)
+                lowest = run->start;
+            if (run != newest && run->start >= newest->end && run->start < limit)
+                limit = run->start;
+        }
+        if (lowest > 0 && need <= lowest && span <= lowest && self->runs_count < RING_RUNS)
+            offset = 0; /* wrap early: the room below every run holds the live span */
+        else if (newest->end + need <= limit) {
+            offset = newest->end;
+            new_run = 0;
+        } else if (self->runs_count < RING_RUNS)
+            offset = ring_lowest_gap(self, need);
+        else
+            offset = -1;
+        if (offset < 0)
+            return NULL;
     }
     RingBlockObject *block = PyObject_New(RingBlockObject, &RingBlockType);
     if (block == NULL)
@@ -1244,12 +1302,19 @@ static RingBlockObject *ring_place(RingObject *self, long long size)
     block->size = need;
     block->requested = size;
     block->retired = 0;
+    block->starts_run = (char)new_run;
     if (ring_push(self, block) < 0) {
         Py_DECREF(block);
         return NULL;
     }
+    if (new_run)
+        self->runs[self->runs_count++] = (RingRun){offset, offset + need};
+    else
+        self->runs[self->runs_count - 1].end = offset + need;
     Py_INCREF(block); /* one for the ring, one for the caller */
     self->head = offset + need;
+    if (self->head > self->high_water)
+        self->high_water = self->head;
     self->live += need;
     self->reservations++;
     if (self->live > self->peak)
@@ -1287,12 +1352,19 @@ static int ring_free_locked(RingObject *self, RingBlockObject *block)
             self->device_memory->live -= size;
         status = ring_record_heap_change(self, -size);
     }
-    while (self->blocks_count && ring_front(self)->retired)
+    while (self->blocks_count && ring_front(self)->retired) {
         ring_pop_front(self);
-    if (self->blocks_count)
-        self->tail = ring_front(self)->offset;
-    else
+        if (self->blocks_count && ring_front(self)->starts_run) { /* the oldest run is gone */
+            self->runs_count--;
+            memmove(self->runs, self->runs + 1, self->runs_count * sizeof(RingRun));
+        }
+    }
+    if (self->blocks_count) {
+        self->tail = self->runs[0].start = ring_front(self)->offset;
+    } else {
         self->head = self->tail = 0;
+        self->runs_count = 0;
+    }
     if (status < 0)
         return -1;
     Py_ssize_t parked = present(self->parked) ? PyObject_Length(self->parked) : 0;
@@ -1656,6 +1728,7 @@ static PyMemberDef ring_members[] = {
     {"_tail", T_LONGLONG, offsetof(RingObject, tail), READONLY, NULL},
     {"_live", T_LONGLONG, offsetof(RingObject, live), READONLY, NULL},
     {"_peak", T_LONGLONG, offsetof(RingObject, peak), READONLY, NULL},
+    {"_high_water", T_LONGLONG, offsetof(RingObject, high_water), READONLY, NULL},
     {"_reservations", T_LONGLONG, offsetof(RingObject, reservations), READONLY, NULL},
     {"_waits", T_LONGLONG, offsetof(RingObject, waits), 0, NULL},
     {"_backing", T_OBJECT, offsetof(RingObject, backing), 0, NULL},

@@ -54,19 +54,78 @@ def test_full_ring_parks_until_retirement_in_order():
     assert c[0][0].offset == 0 and d[0][0].offset == 64
 
 
-def test_wraps_around_the_end():
-    ring = TransientRingbuffer(capacity=256)
+def test_wraps_early_once_the_room_before_the_tail_holds_the_live_span():
+    ring = TransientRingbuffer(capacity=1024)
     (a, _), = grab(ring, 128)
     (b, _), = grab(ring, 64)
-    ring.retire(a)
-    (c, _), = grab(ring, 64)  # fits at the head [192, 256)
-    assert c.offset == 192
-    (d, _), = grab(ring, 128)  # wraps to [0, 128), behind the tail at 128
-    assert d.offset == 0
-    assert grab(ring, 64) == []  # [128,192) is b: full
-    ring.retire(b)
+    ring.retire(a)  # room before the tail: 128 >= the live span [128, 192)
+    (c, _), = grab(ring, 64)
+    assert c.offset == 0
+    (d, _), = grab(ring, 64)  # behind the tail at 128
+    assert d.offset == 64
+    (e, _), = grab(ring, 64)  # [128, 192) is b: the lowest gap that holds it is above b
+    assert e.offset == 192
+    (f, _), = grab(ring, 128)  # extends that run
+    assert f.offset == 256
+    for block in (b, c, d, e, f):
+        ring.retire(block)
     st = ring.statistics()
-    assert st.parked_requests == 0 and st.live_bytes == 256
+    assert st.live_bytes == 0 and st.live_blocks == 0 and st.waits == 0 and st.high_water == 384
+    (g, _), = grab(ring, 64)
+    assert g.offset == 0
+
+
+def test_waits_only_when_no_gap_holds_the_request():
+    ring = TransientRingbuffer(capacity=512)
+    (a, _), = grab(ring, 128)  # [0, 128)
+    (b, _), = grab(ring, 128)  # [128, 256)
+    ring.retire(a)
+    (c, _), = grab(ring, 64)  # wraps early: [0, 64)
+    (d, _), = grab(ring, 128)  # [64, 128) is too small: the gap above b, [256, 384)
+    assert (c.offset, d.offset) == (0, 256)
+    e = grab(ring, 192)  # gaps left: [64, 128) and [384, 512): neither holds 192
+    assert e == []
+    ring.retire(b)  # frees [128, 256): [64, 256) holds it
+    assert e[0][0].offset == 64
+
+
+def test_wraps_at_the_end_while_the_live_span_outgrows_the_room_before_the_tail():
+    ring = TransientRingbuffer(capacity=256)
+    (a, _), = grab(ring, 64)
+    (b, _), = grab(ring, 128)
+    ring.retire(a)  # room before the tail (64) < live span (128): stays at the head
+    (c, _), = grab(ring, 64)
+    assert c.offset == 192
+    (d, _), = grab(ring, 64)  # the end is reached: wraps behind the tail at 64
+    assert d.offset == 0
+    e = grab(ring, 64)  # [64, 192) is b: full
+    assert e == []
+    ring.retire(b)
+    assert e[0][0].offset == 64
+    st = ring.statistics()
+    assert st.parked_requests == 0 and st.live_bytes == 192 and st.high_water == 256
+
+
+@pytest.mark.parametrize("order", ["fifo", "older_half", "any"])
+def test_steady_traffic_stays_near_its_live_span(order):
+    """Some block is always live: the head must still come back to low addresses instead
+    of walking the whole capacity (every page it passes stays resident)."""
+    rng = random.Random(3)
+    ring = TransientRingbuffer(capacity=256 << 20)
+    window, live = 24, []
+    for _ in range(20000):
+        (block, error), = grab(ring, rng.randint(1, 16 << 10))
+        assert error is None
+        live.append(block)
+        if len(live) > window:
+            span = {"fifo": 1, "older_half": len(live) // 2, "any": len(live)}[order]
+            ring.retire(live.pop(rng.randrange(span)))
+    st = ring.statistics()
+    assert st.waits == 0 and st.reservations == 20000
+    assert st.high_water <= 8 * (window + 1) * (16 << 10)  # the old ring walked all 256 MiB
+    for block in live:
+        ring.retire(block)
+    assert ring.statistics().live_bytes == 0
 
 
 def test_too_large_fails_at_once():
@@ -101,9 +160,11 @@ def test_statistics_reach_the_allocator():
     assert st.live_bytes == 0 and st.peak_bytes == 448
 
 
-def test_random_workload_never_overlaps_live_blocks():
-    rng = random.Random(7)
-    ring = TransientRingbuffer(capacity=8192)
+@pytest.mark.parametrize("seed, capacity, largest", [(7, 8192, 2000), (11, 8192, 2000),
+                                                     (23, 3072, 300)])  # the last: many runs
+def test_random_workload_never_overlaps_live_blocks(seed, capacity, largest):
+    rng = random.Random(seed)
+    ring = TransientRingbuffer(capacity=capacity)
     live = []
     granted = []
     for _ in range(3000):
@@ -111,11 +172,17 @@ def test_random_workload_never_overlaps_live_blocks():
             victim = live.pop(rng.randrange(len(live)))
             ring.retire(victim)
         else:
-            ring.reserve(rng.randint(0, 2000), lambda blk, err: granted.append(blk))
+            ring.reserve(rng.randint(0, largest), lambda blk, err: granted.append(blk))
         live.extend(granted)
         granted.clear()
         spans = sorted((b.offset, b.offset + b.size) for b in live)
         for (_s0, e0), (s1, _e1) in zip(spans, spans[1:]):
             assert e0 <= s1
-        assert all(b.offset % 64 == 0 and b.offset + b.size <= 8192 for b in live)
+        assert all(b.offset % 64 == 0 and b.offset + b.size <= capacity for b in live)
         assert ring.statistics().live_bytes == sum(b.size for b in live)
+    while live:  # a retirement may grant a parked request: retire that too
+        ring.retire(live.pop())
+        live.extend(granted)
+        granted.clear()
+    st = ring.statistics()
+    assert (st.live_bytes, st.live_blocks, st.parked_requests, st.head, st.tail) == (0, 0, 0, 0, 0)
