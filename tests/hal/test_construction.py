@@ -16,6 +16,7 @@ import weakref
 
 import pytest
 
+from support.leaks import traced_growth
 from tinyhal import errors
 from tinyhal.hal import Buffer, BufferView, Fence, Semaphore, create_device
 from tinyhal.hal.buffer import RingStorage, Storage, pending_buffer
@@ -168,9 +169,6 @@ def test_no_code_builds_a_hot_object_around_its_constructor():
 def test_the_constructors_leak_nothing_on_any_path(device):
     """Refusals (an error built in C), deduplicated points, and transient buffers given
     back or dropped leave no memory behind."""
-    import gc
-    import tracemalloc
-
     buffer = device.allocator.allocate(64)
     sem = Semaphore()
     refused = (lambda: BufferView(buffer, (100,), F32), lambda: BufferView(buffer, "ab", F32),
@@ -187,17 +185,5 @@ def test_the_constructors_leak_nothing_on_any_path(device):
         dropped = device.queue_alloca(100)
         del dropped
 
-    for _ in range(500):
-        cycle()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for _ in range(1500):
-            cycle()
-        gc.collect()
-        after = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert after - before < 64 << 10
+    assert traced_growth(cycle, warm=500, measured=1500) < 64 << 10
     assert device.transient._live_blocks() == 0

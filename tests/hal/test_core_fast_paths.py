@@ -11,11 +11,11 @@ import os
 import subprocess
 import sys
 import threading
-import tracemalloc
 import weakref
 
 import pytest
 
+from support.leaks import traced_growth
 from tinyhal import errors
 from tinyhal.hal import Fence, create_device
 from tinyhal.hal.allocator import Allocator, HeapCounter
@@ -216,19 +216,7 @@ def test_fast_paths_do_not_leak():
             sem.advance(value)
         normalize_wait_signal(wait, signal)
 
-    for _ in range(2000):
-        cycle()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for _ in range(20000):
-            cycle()
-        gc.collect()
-        after = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert after - before < 64 << 10
+    assert traced_growth(cycle, warm=2000, measured=20000) < 64 << 10
 
 
 def test_the_core_builds_into_a_cache_from_source(tmp_path):

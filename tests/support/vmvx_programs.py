@@ -100,3 +100,20 @@ def mlp_mlir() -> str:
 def mlp_input(seed: int = 4) -> np.ndarray:
     """A batch of four rows for `mlp_mlir`'s `@mlp`."""
     return (np.random.default_rng(seed).standard_normal((4, 20)) * 3).astype(np.float32)
+
+
+# A matmul of dynamic sizes: data tiling makes VMVX query its tile sizes at run time.
+DYNAMIC_MATMUL = """
+func.func @matmul(%a: tensor<?x?xf32>, %b: tensor<?x?xf32>) -> tensor<?x?xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %m = tensor.dim %a, %c0 : tensor<?x?xf32>
+  %n = tensor.dim %b, %c1 : tensor<?x?xf32>
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty(%m, %n) : tensor<?x?xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<?x?xf32>, tensor<?x?xf32>)
+                     outs(%f : tensor<?x?xf32>) -> tensor<?x?xf32>
+  return %r : tensor<?x?xf32>
+}
+"""

@@ -19,7 +19,7 @@ import tinyhal
 from support.child import run_child
 from support.iree_tools import HOST_FLAGS, compile_mlir
 from support.run_compare import iree_run_module, tinyhal_run
-from support.vmvx_programs import FLAVOURS, VMVX, mlp_mlir
+from support.vmvx_programs import DYNAMIC_MATMUL, FLAVOURS, VMVX, mlp_mlir
 from tinyhal.errors import PermissionDeniedError
 from tinyhal.hal import create_device
 from tinyhal.vm import VMBuffer, create_vmvx_module, load_module
@@ -313,22 +313,6 @@ def test_tinyhal_run_executable_policy(tmp_path):
     assert rc_iree == 0
     assert tinyhal_run(["--device=task", "--executable_policy=portable",
                         f"--module={vmvx}", *flags]) == (0, expected, "")
-
-
-DYNAMIC_MATMUL = """
-func.func @matmul(%a: tensor<?x?xf32>, %b: tensor<?x?xf32>) -> tensor<?x?xf32> {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %m = tensor.dim %a, %c0 : tensor<?x?xf32>
-  %n = tensor.dim %b, %c1 : tensor<?x?xf32>
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty(%m, %n) : tensor<?x?xf32>
-  %f = linalg.fill ins(%z : f32) outs(%e : tensor<?x?xf32>) -> tensor<?x?xf32>
-  %r = linalg.matmul ins(%a, %b : tensor<?x?xf32>, tensor<?x?xf32>)
-                     outs(%f : tensor<?x?xf32>) -> tensor<?x?xf32>
-  return %r : tensor<?x?xf32>
-}
-"""
 
 
 @pytest.mark.parametrize("shape", [(13, 33, 9), (40, 17, 33), (1, 5, 1)])

@@ -15,7 +15,7 @@ import tinyhal
 from support.child import run_child
 from support.iree_tools import compile_mlir
 from support.models import iree_function
-from support.vmvx_programs import FLAVOURS, mlp_input, mlp_mlir
+from support.vmvx_programs import DYNAMIC_MATMUL, FLAVOURS, mlp_input, mlp_mlir
 from tinyhal.hal import create_device
 from tinyhal.vm import load_module, scalar
 from tinyhal.vm.vmvx import VMVX_EXPORTS
@@ -71,22 +71,6 @@ def path(request, monkeypatch):
     """Runs a test with VMVX workgroup functions in C (the default) and all in Python."""
     monkeypatch.setenv("TINYHAL_VM_NATIVE_LOOPS", "1" if request.param == "native" else "0")
     return request.param
-
-
-DYNAMIC_MATMUL = """
-func.func @matmul(%a: tensor<?x?xf32>, %b: tensor<?x?xf32>) -> tensor<?x?xf32> {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %m = tensor.dim %a, %c0 : tensor<?x?xf32>
-  %n = tensor.dim %b, %c1 : tensor<?x?xf32>
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty(%m, %n) : tensor<?x?xf32>
-  %f = linalg.fill ins(%z : f32) outs(%e : tensor<?x?xf32>) -> tensor<?x?xf32>
-  %r = linalg.matmul ins(%a, %b : tensor<?x?xf32>, tensor<?x?xf32>)
-                     outs(%f : tensor<?x?xf32>) -> tensor<?x?xf32>
-  return %r : tensor<?x?xf32>
-}
-"""
 
 
 def test_the_interpreter_has_every_vmvx_operation():
