@@ -59,7 +59,12 @@ from .budget import (
 from .config import ConfigError, parse_json_config
 from .http import Request, Response
 from .metrics import Metrics, ModelSeries
-from .protocol import ProtocolError, build_infer_response, parse_infer_request
+from .protocol import (
+    ProtocolError,
+    build_infer_response,
+    encodes_in_slices,
+    parse_infer_request,
+)
 from .repository import ModelRepository, ModelVersion
 from .scheduling import (
     DeadlineExceeded,
@@ -501,7 +506,11 @@ class _Routes:
                 response, compute_output = answered[0]
             else:
                 t_output = time.perf_counter()
-                response = _infer_response(server, mv, req, results, request)
+                if encodes_in_slices(req, results):  # see protocol: not on the loop
+                    response = await trio.to_thread.run_sync(
+                        _infer_response, server, mv, req, results, request)
+                else:
+                    response = _infer_response(server, mv, req, results, request)
                 compute_output = time.perf_counter() - t_output
             if response.status != 200:  # the memory budget could not take the answer
                 return self._failed(mv, series, request, response)

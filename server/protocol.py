@@ -50,8 +50,10 @@ __all__ = [
     "ProtocolError",
     "RequestedOutput",
     "MAX_JSON_DEPTH",
+    "JSON_SLICE_ELEMENTS",
     "build_infer_response",
     "datatype_for_mlir",
+    "encodes_in_slices",
     "parse_infer_request",
 ]
 
@@ -635,18 +637,14 @@ def build_infer_response(
     results: list[tuple[str, str, np.ndarray]],
 ) -> tuple[bytes, int | None]:
     """The response body for `results` [(name, datatype, array)], filtered and encoded as
-    `request` asked. Returns (body, json_header_length or None when all JSON)."""
-    asked = request.outputs
-    if asked is None:
-        binary = request.binary_output
-        wanted = [(result, binary) for result in results]
-    else:
-        by_name = {result[0]: result for result in results}
-        wanted = [(by_name[o.name], request.binary_output if o.binary is None else o.binary)
-                  for o in asked]
+    `request` asked. Returns (body, json_header_length or None when all JSON).
+
+    A JSON output of more than `JSON_SLICE_ELEMENTS` values is written a slice at a time
+    (see `encodes_in_slices`), the same bytes as in one piece."""
     out_docs = []
     tails: list[bytes | memoryview] = []
-    for (name, datatype, array), binary in wanted:
+    sliced = False
+    for (name, datatype, array), binary in _wanted(request, results):
         if binary:
             data = _bytes_of(array, DATATYPES[datatype])
             out_docs.append({"name": name, "datatype": datatype, "shape": list(array.shape),
@@ -659,14 +657,73 @@ def build_infer_response(
         # orjson writes the array itself (no Python list)
         out_docs.append({"name": name, "datatype": datatype, "shape": list(array.shape),
                          "data": flat})
+        sliced = sliced or flat.size > JSON_SLICE_ELEMENTS
     response: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
         response["id"] = request.id
-    response["outputs"] = out_docs
-    head = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    if sliced:
+        head = _dumps_sliced(response, out_docs)
+    else:
+        response["outputs"] = out_docs
+        head = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
     if not tails:
         return head, None
     return b"".join([head, *tails]), len(head)
+
+
+# -- JSON data of large answers --------------------------------------------------------
+#
+# orjson holds the interpreter lock for the whole of one call: a million FP32 values
+# (10 MB of JSON) take 30-110 ms, during which no other thread of the server runs, the
+# event loop included. A JSON output of more than `JSON_SLICE_ELEMENTS` values is therefore
+# encoded one slice at a time (about 1-2 ms each); between two slices the interpreter can
+# hand the lock to a thread that waits for it (after its switch interval, 5 ms), so the
+# loop is never kept out for much longer than one slice. On the loop itself that would not
+# help: there, an answer `encodes_in_slices` is built on a worker thread.
+
+JSON_SLICE_ELEMENTS = 16 << 10
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+def _wanted(request: InferRequest, results: list[tuple[str, str, np.ndarray]]
+            ) -> list[tuple[tuple[str, str, np.ndarray], bool | None]]:
+    """[(result, binary)] of the outputs `request` asked for, in the order it asked."""
+    asked = request.outputs
+    if asked is None:
+        binary = request.binary_output
+        return [(result, binary) for result in results]
+    by_name = {result[0]: result for result in results}
+    return [(by_name[o.name], request.binary_output if o.binary is None else o.binary)
+            for o in asked]
+
+
+def encodes_in_slices(request: InferRequest, results: list[tuple[str, str, np.ndarray]]
+                      ) -> bool:
+    """Whether `build_infer_response` writes a JSON output of `results` a slice at a time
+    (so it takes long enough that the event loop must hand it to a thread)."""
+    if all(result[2].size <= JSON_SLICE_ELEMENTS for result in results):
+        return False
+    return any(not binary and result[2].size > JSON_SLICE_ELEMENTS
+               for result, binary in _wanted(request, results))
+
+
+def _dumps_sliced(response: dict[str, Any], out_docs: list[dict]) -> bytes:
+    """What `orjson.dumps({**response, "outputs": out_docs})` writes, byte for byte, with
+    each large `data` array encoded a slice at a time (see above)."""
+    parts: list[bytes | memoryview] = [orjson.dumps(response)[:-1], b',"outputs":[']
+    for doc in out_docs:
+        data = doc.get("data")
+        if data is None or data.size <= JSON_SLICE_ELEMENTS:
+            parts += (orjson.dumps(doc, option=_NUMPY), b",")
+            continue
+        head = orjson.dumps({key: doc[key] for key in ("name", "datatype", "shape")})
+        parts += (head[:-1], b',"data":[')
+        for start in range(0, data.size, JSON_SLICE_ELEMENTS):
+            text = orjson.dumps(data[start:start + JSON_SLICE_ELEMENTS], option=_NUMPY)
+            parts += (memoryview(text)[1:-1], b",")
+        parts[-1] = b"]},"
+    parts[-1] = parts[-1][:-1] + b"]}"
+    return b"".join(parts)
 
 
 def _bytes_of(array: np.ndarray, dtype: np.dtype) -> bytes | memoryview:
