@@ -679,10 +679,15 @@ def build_infer_response(
 # encoded one slice at a time (about 1-2 ms each); between two slices the interpreter can
 # hand the lock to a thread that waits for it (after its switch interval, 5 ms), so the
 # loop is never kept out for much longer than one slice. On the loop itself that would not
-# help: there, an answer `encodes_in_slices` is built on a worker thread.
+# help: there, an answer `encodes_in_slices` is built on a worker thread. One large answer
+# is encoded at a time (`_ONE_ENCODER`): the encoding holds the interpreter lock anyway,
+# so two at once would finish no sooner, and each thread waiting for the interpreter lock
+# is one more the loop must win it from (with four encoding at once the loop stalled up
+# to 66 ms; with one, under the same load, see docs/performance.md).
 
 JSON_SLICE_ELEMENTS = 16 << 10
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
+_ONE_ENCODER = threading.Lock()
 
 
 def _wanted(request: InferRequest, results: list[tuple[str, str, np.ndarray]]
@@ -718,9 +723,10 @@ def _dumps_sliced(response: dict[str, Any], out_docs: list[dict]) -> bytes:
             continue
         head = orjson.dumps({key: doc[key] for key in ("name", "datatype", "shape")})
         parts += (head[:-1], b',"data":[')
-        for start in range(0, data.size, JSON_SLICE_ELEMENTS):
-            text = orjson.dumps(data[start:start + JSON_SLICE_ELEMENTS], option=_NUMPY)
-            parts += (memoryview(text)[1:-1], b",")
+        with _ONE_ENCODER:
+            for start in range(0, data.size, JSON_SLICE_ELEMENTS):
+                text = orjson.dumps(data[start:start + JSON_SLICE_ELEMENTS], option=_NUMPY)
+                parts += (memoryview(text)[1:-1], b",")
         parts[-1] = b"]},"
     parts[-1] = parts[-1][:-1] + b"]}"
     return b"".join(parts)

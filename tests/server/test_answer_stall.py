@@ -13,14 +13,21 @@ import http.client
 import json
 import shutil
 import threading
+import time
 
 import ml_dtypes
 import numpy as np
+import orjson
 import pytest
 from serve_helpers import SAMPLES, ServerProcess
 
 from tinyhal.server import protocol
-from tinyhal.server.protocol import build_infer_response, encodes_in_slices, parse_infer_request
+from tinyhal.server.protocol import (
+    DATATYPES,
+    build_infer_response,
+    encodes_in_slices,
+    parse_infer_request,
+)
 
 SLICE = protocol.JSON_SLICE_ELEMENTS
 _INPUT = b'"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1]}]'
@@ -80,6 +87,37 @@ def test_which_answers_are_sliced():
     assert not encodes_in_slices(all_binary, results(big, big))
 
 
+class _TimedOrjson:
+    """orjson, with the longest CPU time (this thread's: a thread the machine keeps
+    waiting is not charged) of one `dumps` call."""
+
+    OPT_SERIALIZE_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.longest = 0.0
+
+    def dumps(self, *args, **kwargs) -> bytes:
+        start = time.thread_time()
+        try:
+            return orjson.dumps(*args, **kwargs)
+        finally:
+            self.calls += 1
+            self.longest = max(self.longest, time.thread_time() - start)
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_no_step_holds_the_interpreter_long(monkeypatch, datatype):
+    values = np.random.default_rng(0).standard_normal(1 << 20).astype(DATATYPES[datatype])
+    request = parse_infer_request(b"{%b}" % _INPUT)
+    timed = _TimedOrjson()
+    monkeypatch.setattr(protocol, "orjson", timed)
+    body, _ = build_infer_response("m", "1", request, [("y", datatype, values)])
+    assert len(body) > 10 << 20
+    assert timed.calls > values.size // SLICE
+    assert timed.longest < 0.01, f"one step took {timed.longest * 1e3:.1f} ms of CPU"
+
+
 N = 1 << 20  # a million FP32 values: about 10 MB of JSON
 CLIENTS = 4  # more than saxpy's 2 instances: some answers are the loop's to make
 
@@ -95,8 +133,8 @@ def saxpy_server(tmp_path_factory):
         server.stop()
 
 
-def _saxpy(server: ServerProcess, x: np.ndarray, y: np.ndarray) -> list:
-    """z = 1.5 x + y asked with binary inputs and a JSON answer: its `data`."""
+def _saxpy(server: ServerProcess, x: np.ndarray, y: np.ndarray) -> bytes:
+    """z = 1.5 x + y asked with binary inputs and a JSON answer: the answer's body."""
     header = json.dumps({"inputs": [
         {"name": "alpha", "datatype": "FP32", "shape": [1],
          "parameters": {"binary_data_size": 4}},
@@ -113,11 +151,24 @@ def _saxpy(server: ServerProcess, x: np.ndarray, y: np.ndarray) -> list:
     finally:
         conn.close()
     assert answer.status == 200, payload[:300]
-    return json.loads(payload)["outputs"][0]["data"]
+    return payload
 
 
-@pytest.mark.timeout(120)
+def _stalls_over_50ms(server: ServerProcess) -> float:
+    """How many times the server's lag monitor found its loop kept out over 50 ms."""
+    metrics = server.metrics()
+    return (metrics[("tinyhal_event_loop_lag_seconds_count", ())]
+            - metrics[("tinyhal_event_loop_lag_seconds_bucket", (("le", "0.05"),))])
+
+
+@pytest.mark.timeout(180)
 def test_large_json_answers_keep_the_loop_responsive(saxpy_server):
+    """Rounds of 4 clients asking 10 MB JSON answers at once, with no stall over 50 ms.
+    The machine is shared: a process elsewhere that keeps a server thread holding the
+    interpreter lock from running stalls the loop too (the monitor takes off only the
+    loop thread's own waits for a CPU), so a pass with such a stall is run again, up to
+    three passes. Encoded in one call, the answers stalled the loop 60-146 ms in every
+    pass (docs/performance.md)."""
     x = np.arange(N, dtype=np.float32) * np.float32(0.37)
     y = np.linspace(-1, 1, N, dtype=np.float32)
     expected = np.float32(1.5) * x + y
@@ -130,14 +181,22 @@ def test_large_json_answers_keep_the_loop_responsive(saxpy_server):
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    for _ in range(2):
-        threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=90)
-    assert not errors and len(answers) == 2 * CLIENTS, errors
-    for data in answers:
+    stalls = []
+    for _ in range(3):
+        before = _stalls_over_50ms(saxpy_server)
+        for _ in range(2):
+            threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=90)
+        stalls.append(_stalls_over_50ms(saxpy_server) - before)
+        if not stalls[-1]:
+            break
+    assert not errors and len(answers) == 2 * CLIENTS * len(stalls), errors
+    # the answers are checked once the server is measured: decoding them takes this
+    # process a second of CPU the server would have to share
+    for payload in answers:
+        data = json.loads(payload)["outputs"][0]["data"]
         np.testing.assert_allclose(np.array(data, np.float32), expected, rtol=1e-6)
-    longest = saxpy_server.metrics()[("tinyhal_event_loop_lag_max_seconds", ())]
-    assert longest < 0.05, f"the event loop stalled {longest * 1e3:.0f} ms"
+    assert stalls[-1] == 0, f"stalls over 50 ms in each pass: {stalls}"
