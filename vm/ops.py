@@ -606,9 +606,11 @@ def list_set_f64(lst, index, value):
 def list_get_ref(lst, index, expected_type, move):
     obj = _list(lst).get_ref(index & M32, move)
     if obj is not None and (
-        expected_type in VALUE_TYPES or not ref_type_matches(obj, expected_type)
+        expected_type in VALUE_TYPES or expected_type == VARIANT
+        or not ref_type_matches(obj, expected_type)
     ):
-        return None  # IREE puts null in the register on a type mismatch
+        return None  # IREE puts null in the register unless the types are the same,
+        # and no element's type is the opaque `!vm.ref<?>`
     return obj
 
 
