@@ -84,7 +84,7 @@ _RUN_LIST = 16
 _DIRECT_MARGIN = 200e-6
 
 __all__ = ["Admission", "AdmissionStatistics", "DeadlineExceeded", "Execution", "Instance",
-           "Overloaded", "PendingRequest", "Unavailable", "answer_directly", "log_abandoned",
+           "Overloaded", "PendingRequest", "Unavailable", "abandon_running", "answer_directly", "log_abandoned",
            "wait_outcome"]
 
 
@@ -204,6 +204,21 @@ def log_abandoned(request: _Request, status: int, why: str) -> None:
     """The log line of a request the drain or an unload answered without its result."""
     log.warning("answered %d: %s (%s while it was %s)", status, request.label, why,
                 "running" if request.started else "queued")
+
+
+def abandon_running(running: Any, why: str) -> int:
+    """Answers 504 (logged) every unfinished request of the executions in `running` and
+    detaches it, so its instance's result is dropped when it comes; how many there were."""
+    count = 0
+    for execution in running:
+        for request in execution.requests:
+            if not request.finished:
+                count += 1
+                request.detached = True
+                log_abandoned(request, 504, why)
+                request.finish((None, DeadlineExceeded(f"{why}; {request.started_note}",
+                                                       started=True)))
+    return count
 
 
 class Execution:
@@ -471,18 +486,10 @@ class Admission:
         for request in queue:
             log_abandoned(request, 503, why)
             request.finish((None, Unavailable(f"{why}; nothing ran")))
-        count = len(queue)
-        for execution in self._running:
-            for request in execution.requests:
-                if not request.finished:
-                    count += 1
-                    request.detached = True
-                    self._detached += 1
-                    log_abandoned(request, 504, why)
-                    request.finish((None, DeadlineExceeded(f"{why}; {request.started_note}",
-                                                           started=True)))
+        detached = abandon_running(self._running, why)
+        self._detached += detached
         self._in_flight.left(len(queue))
-        return count
+        return len(queue) + detached
 
     async def wait_idle(self) -> None:
         """Returns once every request admitted so far has finished (detached ones

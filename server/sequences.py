@@ -104,6 +104,7 @@ from .admission import (
     Execution,
     Instance,
     PendingRequest,
+    abandon_running,
     answer_directly,
     log_abandoned,
     wait_outcome,
@@ -117,7 +118,6 @@ from .config import (  # the configuration's schema; importable from here as bef
 )
 from .protocol import DATATYPES, ProtocolError
 from .scheduling import (
-    DeadlineExceeded,
     DispatchAfterPass,
     InFlight,
     Overloaded,
@@ -946,16 +946,9 @@ class SequenceBatcher:
                 log_abandoned(step, 503, why)
             count += len(seq.steps)
             self._end_early(seq, why, Unavailable(f"{why}; nothing ran"))
-        for execution in self._running:
-            for step in execution.requests:
-                if not step.finished:
-                    count += 1
-                    step.detached = True
-                    self._detached += 1
-                    log_abandoned(step, 504, why)
-                    step.finish((None, DeadlineExceeded(f"{why}; {step.started_note}",
-                                                        started=True)))
-        return count
+        detached = abandon_running(self._running, why)
+        self._detached += detached
+        return count + detached
 
     async def wait_idle(self) -> None:
         """Returns once every step admitted so far has finished (detached ones and state
