@@ -1,8 +1,9 @@
 """Translates verified bytecode functions into Python source, compiled once per module.
 
 The phases: `isa` decodes, `verifier` checks every operand and cuts the blocks, `regflow`
-analyses integer data flow, and this module emits, from the instruction templates of
-`templates` and its own handlers for the rest; it takes the verified input as meant and
+analyses integer data flow, and this module emits, from the instruction templates that
+`templates` renders from the op table (`optable`) and its own handlers for the ops whose
+rows say HANDWRITTEN; it takes the verified input as meant and
 raises nothing of its own. `instantiate` runs the result over a context's `Linkage`.
 
 Every VM function becomes one Python function whose registers are local variables
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from . import isa, ops, record_blocks, scalar
 from .cconv import cconv_registers
 from .linkage import Linkage
-from .templates import H32, H64, HELPERS, M32, M64, TEMPLATES, wrap32_expr, wrap64_expr
+from .templates import H32, H64, HELPERS, M32, M64, template, wrap32_expr, wrap64_expr
 
 if TYPE_CHECKING:  # the verifier runs only when a module is translated, not on a cache hit
     from .verifier import VerifiedFunction
@@ -447,7 +448,7 @@ class _Gen:
                 value = 0 if name.endswith("zero") else f[0]
                 self.emit(ind, f"{res} = {value & (2**w - 1)}", pc)
                 return
-        tmpl = TEMPLATES.get(name)
+        tmpl = template(name)
         if tmpl is not None:
             args = []
             for (code, arg), val in zip(ins.layout, f):

@@ -15,8 +15,8 @@ field codes read in order:
     C  br_table cases: H entries of (B, O)
 
 Opcode 0x79 is the block marker that begins every basic block; 0xE0 / 0xE1 prefix the
-f32 / f64 extension sets. The tables were transcribed from the facts of IREE's
-`isa.json` for bytecode version 17.0.
+f32 / f64 extension sets. The opcodes and layouts are rows of `optable` (transcribed from
+the facts of IREE's `isa.json` for bytecode version 17.0), which defines every op.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from __future__ import annotations
 import struct
 
 from ..errors import InvalidArgumentError, OutOfRangeError
+from . import optable
 
 BYTECODE_VERSION = 0x00110000  # 17.0
 BLOCK_MARKER = 0x79
-PREFIX_EXT_F32 = 0xE0
-PREFIX_EXT_F64 = 0xE1
+PREFIX_EXT_F32 = optable.EXT_F32
+PREFIX_EXT_F64 = optable.EXT_F64
 REF_BIT = 0x8000
 MOVE_BIT = 0x4000
 REF_MASK = 0x3FFF
@@ -40,292 +41,29 @@ FEATURE_YIELD = 1 << 2
 FEATURE_UNWIND = 1 << 3
 SUPPORTED_FEATURES = FEATURE_EXT_F32 | FEATURE_EXT_F64 | FEATURE_YIELD | FEATURE_UNWIND
 
-# Instructions that end a block's control flow. A call that may yield is one: it resumes
-# at a block of its own.
-TERMINATORS = frozenset({"br", "cond_br", "br_table", "return", "yield", "call.yieldable",
-                         "call.variadic.yieldable", "break", "cond_break"})
-
-CORE_OPS = {
-    0x00: ('global.load.i32', 'G w:i32'),
-    0x01: ('global.store.i32', 'G r:i32'),
-    0x02: ('global.load.indirect.i32', 'r:i32 w:i32'),
-    0x03: ('global.store.indirect.i32', 'r:i32 r:i32'),
-    0x04: ('global.load.i64', 'G w:i64'),
-    0x05: ('global.store.i64', 'G r:i64'),
-    0x06: ('global.load.indirect.i64', 'r:i32 w:i64'),
-    0x07: ('global.store.indirect.i64', 'r:i32 r:i64'),
-    0x08: ('global.load.ref', 'G T w:ref'),
-    0x09: ('global.store.ref', 'G T r:ref'),
-    0x0A: ('global.load.indirect.ref', 'r:i32 T w:ref'),
-    0x0B: ('global.store.indirect.ref', 'r:i32 T r:ref'),
-    0x0C: ('const.i32.zero', 'w:i32'),
-    0x0D: ('const.i32', 'A:i32 w:i32'),
-    0x0E: ('const.i64.zero', 'w:i64'),
-    0x0F: ('const.i64', 'A:i64 w:i64'),
-    0x10: ('const.ref.zero', 'w:ref'),
-    0x11: ('const.ref.rodata', 'D w:ref'),
-    0x12: ('list.alloc', 'T r:i32 w:ref'),
-    0x13: ('list.reserve', 'r:ref r:i32'),
-    0x14: ('list.size', 'r:ref w:i32'),
-    0x15: ('list.resize', 'r:ref r:i32'),
-    0x16: ('list.get.i32', 'r:ref r:i32 w:i32'),
-    0x17: ('list.set.i32', 'r:ref r:i32 r:i32'),
-    0x18: ('list.get.i64', 'r:ref r:i32 w:i64'),
-    0x19: ('list.set.i64', 'r:ref r:i32 r:i64'),
-    0x1A: ('list.get.ref', 'r:ref r:i32 T w:ref'),
-    0x1B: ('list.set.ref', 'r:ref r:i32 r:ref'),
-    0x1C: ('select.i32', 'r:i32 r:i32 r:i32 w:i32'),
-    0x1D: ('select.i64', 'r:i32 r:i64 r:i64 w:i64'),
-    0x1E: ('select.ref', 'r:i32 T r:ref r:ref w:ref'),
-    0x1F: ('switch.i32', 'r:i32 r:i32 V w:i32'),
-    0x20: ('switch.i64', 'r:i32 r:i64 V w:i64'),
-    0x21: ('switch.ref', 'r:i32 T r:ref V w:ref'),
-    0x22: ('add.i32', 'r:i32 r:i32 w:i32'),
-    0x23: ('sub.i32', 'r:i32 r:i32 w:i32'),
-    0x24: ('mul.i32', 'r:i32 r:i32 w:i32'),
-    0x25: ('div.i32.s', 'r:i32 r:i32 w:i32'),
-    0x26: ('div.i32.u', 'r:i32 r:i32 w:i32'),
-    0x27: ('rem.i32.s', 'r:i32 r:i32 w:i32'),
-    0x28: ('rem.i32.u', 'r:i32 r:i32 w:i32'),
-    0x29: ('fma.i32', 'r:i32 r:i32 r:i32 w:i32'),
-    0x2A: ('add.i64', 'r:i64 r:i64 w:i64'),
-    0x2B: ('sub.i64', 'r:i64 r:i64 w:i64'),
-    0x2C: ('mul.i64', 'r:i64 r:i64 w:i64'),
-    0x2D: ('div.i64.s', 'r:i64 r:i64 w:i64'),
-    0x2E: ('div.i64.u', 'r:i64 r:i64 w:i64'),
-    0x2F: ('rem.i64.s', 'r:i64 r:i64 w:i64'),
-    0x30: ('rem.i64.u', 'r:i64 r:i64 w:i64'),
-    0x31: ('fma.i64', 'r:i64 r:i64 r:i64 w:i64'),
-    0x32: ('not.i32', 'r:i32 w:i32'),
-    0x33: ('and.i32', 'r:i32 r:i32 w:i32'),
-    0x34: ('or.i32', 'r:i32 r:i32 w:i32'),
-    0x35: ('xor.i32', 'r:i32 r:i32 w:i32'),
-    0x36: ('not.i64', 'r:i64 w:i64'),
-    0x37: ('and.i64', 'r:i64 r:i64 w:i64'),
-    0x38: ('or.i64', 'r:i64 r:i64 w:i64'),
-    0x39: ('xor.i64', 'r:i64 r:i64 w:i64'),
-    0x3A: ('shl.i32', 'r:i32 r:i32 w:i32'),
-    0x3B: ('shr.i32.s', 'r:i32 r:i32 w:i32'),
-    0x3C: ('shr.i32.u', 'r:i32 r:i32 w:i32'),
-    0x3D: ('shl.i64', 'r:i64 r:i32 w:i64'),
-    0x3E: ('shr.i64.s', 'r:i64 r:i32 w:i64'),
-    0x3F: ('shr.i64.u', 'r:i64 r:i32 w:i64'),
-    0x40: ('trunc.i32.i8', 'r:i32 w:i32'),
-    0x41: ('trunc.i32.i16', 'r:i32 w:i32'),
-    0x42: ('trunc.i64.i32', 'r:i64 w:i32'),
-    0x43: ('ext.i8.i32.s', 'r:i32 w:i32'),
-    0x44: ('ext.i8.i32.u', 'r:i32 w:i32'),
-    0x45: ('ext.i16.i32.s', 'r:i32 w:i32'),
-    0x46: ('ext.i16.i32.u', 'r:i32 w:i32'),
-    0x47: ('ext.i32.i64.s', 'r:i32 w:i64'),
-    0x48: ('ext.i32.i64.u', 'r:i32 w:i64'),
-    0x49: ('cmp.eq.i32', 'r:i32 r:i32 w:i32'),
-    0x4A: ('cmp.ne.i32', 'r:i32 r:i32 w:i32'),
-    0x4B: ('cmp.lt.i32.s', 'r:i32 r:i32 w:i32'),
-    0x4C: ('cmp.lt.i32.u', 'r:i32 r:i32 w:i32'),
-    0x4D: ('cmp.nz.i32', 'r:i32 w:i32'),
-    0x4E: ('cmp.eq.i64', 'r:i64 r:i64 w:i32'),
-    0x4F: ('cmp.ne.i64', 'r:i64 r:i64 w:i32'),
-    0x50: ('cmp.lt.i64.s', 'r:i64 r:i64 w:i32'),
-    0x51: ('cmp.lt.i64.u', 'r:i64 r:i64 w:i32'),
-    0x52: ('cmp.nz.i64', 'r:i64 w:i32'),
-    0x53: ('cmp.eq.ref', 'r:ref r:ref w:i32'),
-    0x54: ('cmp.ne.ref', 'r:ref r:ref w:i32'),
-    0x55: ('cmp.nz.ref', 'r:ref w:i32'),
-    0x56: ('br', 'B O'),
-    0x57: ('cond_br', 'r:i32 B O B O'),
-    0x58: ('call', 'F V V'),
-    0x59: ('call.variadic', 'F V V V'),
-    0x5A: ('return', 'V'),
-    0x5B: ('fail', 'r:i32 S'),
-    0x5C: ('import.resolved', 'F w:i32'),
-    0x5D: ('yield', 'B O'),
-    0x5E: ('trace', 'S V'),
-    0x5F: ('print', 'S V'),
-    0x60: ('cond_break', 'r:i32 B O'),
-    0x61: ('break', 'B O'),
-    0x62: ('buffer.load.i8.u', 'r:ref r:i64 w:i32'),
-    0x63: ('buffer.load.i8.s', 'r:ref r:i64 w:i32'),
-    0x64: ('buffer.load.i16.u', 'r:ref r:i64 w:i32'),
-    0x65: ('buffer.load.i16.s', 'r:ref r:i64 w:i32'),
-    0x66: ('buffer.load.i32', 'r:ref r:i64 w:i32'),
-    0x67: ('buffer.load.i64', 'r:ref r:i64 w:i64'),
-    0x68: ('buffer.store.i8', 'r:ref r:i64 r:i32'),
-    0x69: ('buffer.store.i16', 'r:ref r:i64 r:i32'),
-    0x6A: ('buffer.store.i32', 'r:ref r:i64 r:i32'),
-    0x6B: ('buffer.store.i64', 'r:ref r:i64 r:i64'),
-    0x6C: ('buffer.alloc', 'r:i64 r:i32 w:ref'),
-    0x6D: ('buffer.clone', 'r:ref r:i64 r:i64 r:i32 w:ref'),
-    0x6E: ('buffer.length', 'r:ref w:i64'),
-    0x6F: ('buffer.copy', 'r:ref r:i64 r:ref r:i64 r:i64'),
-    0x70: ('buffer.compare', 'r:ref r:i64 r:ref r:i64 r:i64 w:i32'),
-    0x71: ('buffer.fill.i8', 'r:ref r:i64 r:i64 r:i32'),
-    0x72: ('buffer.fill.i16', 'r:ref r:i64 r:i64 r:i32'),
-    0x73: ('buffer.fill.i32', 'r:ref r:i64 r:i64 r:i32'),
-    0x74: ('buffer.fill.i64', 'r:ref r:i64 r:i64 r:i64'),
-    0x75: ('ctlz.i32', 'r:i32 w:i32'),
-    0x76: ('ctlz.i64', 'r:i64 w:i64'),
-    0x77: ('abs.i32', 'r:i32 w:i32'),
-    0x78: ('abs.i64', 'r:i64 w:i64'),
-    0x7A: ('min.i32.s', 'r:i32 r:i32 w:i32'),
-    0x7B: ('min.i32.u', 'r:i32 r:i32 w:i32'),
-    0x7C: ('max.i32.s', 'r:i32 r:i32 w:i32'),
-    0x7D: ('max.i32.u', 'r:i32 r:i32 w:i32'),
-    0x7E: ('min.i64.s', 'r:i64 r:i64 w:i64'),
-    0x7F: ('min.i64.u', 'r:i64 r:i64 w:i64'),
-    0x80: ('max.i64.s', 'r:i64 r:i64 w:i64'),
-    0x81: ('max.i64.u', 'r:i64 r:i64 w:i64'),
-    0x82: ('cast.any.ref', 'r:ref T w:ref'),
-    0x83: ('br_table', 'r:i32 B O H C'),
-    0x84: ('buffer.hash', 'r:ref r:i64 r:i64 w:i64'),
-    0x85: ('discard.refs', 'V'),
-    0x86: ('assign.ref', 'r:ref w:ref'),
-    0x87: ('call.yieldable', 'F V B V'),
-    0x88: ('call.variadic.yieldable', 'F V V B V'),
-}
-EXT_F32_OPS = {
-    0x00: ('global.load.f32', 'G w:f32'),
-    0x01: ('global.store.f32', 'G r:f32'),
-    0x02: ('global.load.indirect.f32', 'r:i32 w:f32'),
-    0x03: ('global.store.indirect.f32', 'r:i32 r:f32'),
-    0x04: ('const.f32.zero', 'w:f32'),
-    0x05: ('const.f32', 'A:f32 w:f32'),
-    0x06: ('list.get.f32', 'r:ref r:i32 w:f32'),
-    0x07: ('list.set.f32', 'r:ref r:i32 r:f32'),
-    0x08: ('select.f32', 'r:i32 r:f32 r:f32 w:f32'),
-    0x09: ('switch.f32', 'r:i32 r:f32 V w:f32'),
-    0x0A: ('add.f32', 'r:f32 r:f32 w:f32'),
-    0x0B: ('sub.f32', 'r:f32 r:f32 w:f32'),
-    0x0C: ('mul.f32', 'r:f32 r:f32 w:f32'),
-    0x0D: ('div.f32', 'r:f32 r:f32 w:f32'),
-    0x0E: ('rem.f32', 'r:f32 r:f32 w:f32'),
-    0x0F: ('fma.f32', 'r:f32 r:f32 r:f32 w:f32'),
-    0x10: ('abs.f32', 'r:f32 w:f32'),
-    0x11: ('neg.f32', 'r:f32 w:f32'),
-    0x12: ('ceil.f32', 'r:f32 w:f32'),
-    0x13: ('floor.f32', 'r:f32 w:f32'),
-    0x14: ('cast.si32.f32', 'r:i32 w:f32'),
-    0x15: ('cast.ui32.f32', 'r:i32 w:f32'),
-    0x16: ('cast.f32.si32', 'r:f32 w:i32'),
-    0x17: ('cast.f32.ui32', 'r:f32 w:i32'),
-    0x18: ('bitcast.i32.f32', 'r:i32 w:f32'),
-    0x19: ('bitcast.f32.i32', 'r:f32 w:i32'),
-    0x1A: ('atan.f32', 'r:f32 w:f32'),
-    0x1B: ('atan2.f32', 'r:f32 r:f32 w:f32'),
-    0x1C: ('cos.f32', 'r:f32 w:f32'),
-    0x1D: ('sin.f32', 'r:f32 w:f32'),
-    0x1E: ('exp.f32', 'r:f32 w:f32'),
-    0x1F: ('exp2.f32', 'r:f32 w:f32'),
-    0x20: ('expm1.f32', 'r:f32 w:f32'),
-    0x21: ('log.f32', 'r:f32 w:f32'),
-    0x22: ('log10.f32', 'r:f32 w:f32'),
-    0x23: ('log1p.f32', 'r:f32 w:f32'),
-    0x24: ('log2.f32', 'r:f32 w:f32'),
-    0x25: ('pow.f32', 'r:f32 r:f32 w:f32'),
-    0x26: ('rsqrt.f32', 'r:f32 w:f32'),
-    0x27: ('sqrt.f32', 'r:f32 w:f32'),
-    0x28: ('tanh.f32', 'r:f32 w:f32'),
-    0x29: ('erf.f32', 'r:f32 w:f32'),
-    0x2A: ('cmp.eq.f32.o', 'r:f32 r:f32 w:i32'),
-    0x2B: ('cmp.eq.f32.u', 'r:f32 r:f32 w:i32'),
-    0x2C: ('cmp.ne.f32.o', 'r:f32 r:f32 w:i32'),
-    0x2D: ('cmp.ne.f32.u', 'r:f32 r:f32 w:i32'),
-    0x2E: ('cmp.lt.f32.o', 'r:f32 r:f32 w:i32'),
-    0x2F: ('cmp.lt.f32.u', 'r:f32 r:f32 w:i32'),
-    0x30: ('cmp.lte.f32.o', 'r:f32 r:f32 w:i32'),
-    0x31: ('cmp.lte.f32.u', 'r:f32 r:f32 w:i32'),
-    0x32: ('cmp.nan.f32', 'r:f32 w:i32'),
-    0x33: ('buffer.load.f32', 'r:ref r:i64 w:f32'),
-    0x34: ('buffer.store.f32', 'r:ref r:i64 r:f32'),
-    0x35: ('buffer.fill.f32', 'r:ref r:i64 r:i64 r:f32'),
-    0x36: ('round.f32', 'r:f32 w:f32'),
-    0x37: ('min.f32', 'r:f32 r:f32 w:f32'),
-    0x38: ('max.f32', 'r:f32 r:f32 w:f32'),
-    0x39: ('round.f32.even', 'r:f32 w:f32'),
-    0x3A: ('cast.f32.si64', 'r:f32 w:i64'),
-    0x3B: ('cast.f32.ui64', 'r:f32 w:i64'),
-    0x3C: ('cast.si64.f32', 'r:i64 w:f32'),
-    0x3D: ('cast.ui64.f32', 'r:i64 w:f32'),
-}
-EXT_F64_OPS = {
-    0x00: ('global.load.f64', 'G w:f64'),
-    0x01: ('global.store.f64', 'G r:f64'),
-    0x02: ('global.load.indirect.f64', 'r:i32 w:f64'),
-    0x03: ('global.store.indirect.f64', 'r:i32 r:f64'),
-    0x04: ('const.f64.zero', 'w:f64'),
-    0x05: ('const.f64', 'A:f64 w:f64'),
-    0x06: ('list.get.f64', 'r:ref r:i32 w:f64'),
-    0x07: ('list.set.f64', 'r:ref r:i32 r:f64'),
-    0x08: ('select.f64', 'r:i32 r:f64 r:f64 w:f64'),
-    0x09: ('switch.f64', 'r:i32 r:f64 V w:f64'),
-    0x0A: ('add.f64', 'r:f64 r:f64 w:f64'),
-    0x0B: ('sub.f64', 'r:f64 r:f64 w:f64'),
-    0x0C: ('mul.f64', 'r:f64 r:f64 w:f64'),
-    0x0D: ('div.f64', 'r:f64 r:f64 w:f64'),
-    0x0E: ('rem.f64', 'r:f64 r:f64 w:f64'),
-    0x0F: ('fma.f64', 'r:f64 r:f64 r:f64 w:f64'),
-    0x10: ('abs.f64', 'r:f64 w:f64'),
-    0x11: ('neg.f64', 'r:f64 w:f64'),
-    0x12: ('ceil.f64', 'r:f64 w:f64'),
-    0x13: ('floor.f64', 'r:f64 w:f64'),
-    0x14: ('trunc.f64.f32', 'r:f64 w:f32'),
-    0x15: ('ext.f32.f64', 'r:f32 w:f64'),
-    0x16: ('cast.si32.f64', 'r:i32 w:f64'),
-    0x17: ('cast.ui32.f64', 'r:i32 w:f64'),
-    0x18: ('cast.f64.si32', 'r:f64 w:i32'),
-    0x19: ('cast.f64.ui32', 'r:f64 w:i32'),
-    0x1A: ('cast.si64.f64', 'r:i64 w:f64'),
-    0x1B: ('cast.ui64.f64', 'r:i64 w:f64'),
-    0x1C: ('cast.f64.si64', 'r:f64 w:i64'),
-    0x1D: ('cast.f64.ui64', 'r:f64 w:i64'),
-    0x1E: ('bitcast.i64.f64', 'r:i64 w:f64'),
-    0x1F: ('bitcast.f64.i64', 'r:f64 w:i64'),
-    0x20: ('atan.f64', 'r:f64 w:f64'),
-    0x21: ('atan2.f64', 'r:f64 r:f64 w:f64'),
-    0x22: ('cos.f64', 'r:f64 w:f64'),
-    0x23: ('sin.f64', 'r:f64 w:f64'),
-    0x24: ('exp.f64', 'r:f64 w:f64'),
-    0x25: ('exp2.f64', 'r:f64 w:f64'),
-    0x26: ('expm1.f64', 'r:f64 w:f64'),
-    0x27: ('log.f64', 'r:f64 w:f64'),
-    0x28: ('log10.f64', 'r:f64 w:f64'),
-    0x29: ('log1p.f64', 'r:f64 w:f64'),
-    0x2A: ('log2.f64', 'r:f64 w:f64'),
-    0x2B: ('pow.f64', 'r:f64 r:f64 w:f64'),
-    0x2C: ('rsqrt.f64', 'r:f64 w:f64'),
-    0x2D: ('sqrt.f64', 'r:f64 w:f64'),
-    0x2E: ('tanh.f64', 'r:f64 w:f64'),
-    0x2F: ('erf.f64', 'r:f64 w:f64'),
-    0x30: ('cmp.eq.f64.o', 'r:f64 r:f64 w:i32'),
-    0x31: ('cmp.eq.f64.u', 'r:f64 r:f64 w:i32'),
-    0x32: ('cmp.ne.f64.o', 'r:f64 r:f64 w:i32'),
-    0x33: ('cmp.ne.f64.u', 'r:f64 r:f64 w:i32'),
-    0x34: ('cmp.lt.f64.o', 'r:f64 r:f64 w:i32'),
-    0x35: ('cmp.lt.f64.u', 'r:f64 r:f64 w:i32'),
-    0x36: ('cmp.lte.f64.o', 'r:f64 r:f64 w:i32'),
-    0x37: ('cmp.lte.f64.u', 'r:f64 r:f64 w:i32'),
-    0x38: ('cmp.nan.f64', 'r:f64 w:i32'),
-    0x39: ('buffer.load.f64', 'r:ref r:i64 w:f64'),
-    0x3A: ('buffer.store.f64', 'r:ref r:i64 r:f64'),
-    0x3B: ('buffer.fill.f64', 'r:ref r:i64 r:i64 r:f64'),
-    0x3C: ('round.f64', 'r:f64 w:f64'),
-    0x3D: ('min.f64', 'r:f64 r:f64 w:f64'),
-    0x3E: ('max.f64', 'r:f64 r:f64 w:f64'),
-    0x3F: ('round.f64.even', 'r:f64 w:f64'),
-}
+# The opcode tables, derived from the op table (`optable`, where each op is defined): each
+# opcode maps to `(mnemonic, layout)`; `TERMINATORS` end a block's control flow.
+CORE_OPS: dict[int, tuple[str, str]] = {}
+EXT_F32_OPS: dict[int, tuple[str, str]] = {}
+EXT_F64_OPS: dict[int, tuple[str, str]] = {}
+TERMINATORS: set[str] = set()
 
 OPSETS = {None: CORE_OPS, PREFIX_EXT_F32: EXT_F32_OPS, PREFIX_EXT_F64: EXT_F64_OPS}
 _PREFIX_NAME = {None: "", PREFIX_EXT_F32: "ext_f32 ", PREFIX_EXT_F64: "ext_f64 "}
 
 # Parsed layouts: tuple of (code, bank-or-type) per field.
 _LAYOUTS: dict[tuple[int | None, int], tuple[str, tuple[tuple[str, str], ...]]] = {}
-for _prefix, _table in OPSETS.items():
-    for _op, (_name, _layout) in _table.items():
-        _fields = []
-        for _f in _layout.split():
-            code, _, arg = _f.partition(":")
-            _fields.append((code, arg))
-        _LAYOUTS[(_prefix, _op)] = (_name, tuple(_fields))
+
+
+def _derive(op: optable.Op) -> None:
+    OPSETS[op.opset][op.opcode] = (op.name, op.layout)
+    _LAYOUTS[(op.opset, op.opcode)] = (op.name, tuple(
+        (code, arg) for code, _, arg in (f.partition(":") for f in op.layout.split())))
+    if op.terminator:
+        TERMINATORS.add(op.name)
+
+
+optable.on_row(_derive)
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")

@@ -39,24 +39,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import isa
+from . import isa, optable
 
-# op -> (python template over operand strings, width, ring operand positions, bitwise)
-RING_OPS: dict[str, tuple[str, int, tuple[int, ...], bool]] = {}
-for _bits in (32, 64):
-    _t = f"i{_bits}"
-    _sh = _bits - 1
-    RING_OPS.update({
-        f"add.{_t}": ("{0} + {1}", _bits, (0, 1), False),
-        f"sub.{_t}": ("{0} - {1}", _bits, (0, 1), False),
-        f"mul.{_t}": ("{0} * {1}", _bits, (0, 1), False),
-        f"fma.{_t}": ("{0} * {1} + {2}", _bits, (0, 1, 2), False),
-        f"and.{_t}": ("{0} & {1}", _bits, (0, 1), True),
-        f"or.{_t}": ("{0} | {1}", _bits, (0, 1), True),
-        f"xor.{_t}": ("{0} ^ {1}", _bits, (0, 1), True),
-        f"not.{_t}": ("~{0}", _bits, (0,), True),
-        f"shl.{_t}": ("{0} << ({1} & %d)" % _sh, _bits, (0,), False),
-    })
+# op -> (python template over operand strings, width, ring operand positions, bitwise):
+# the ring facts of the op table's rows (`optable.Ring`)
+RING_OPS: dict[str, optable.Ring] = {}
+
+
+def _derive(op: optable.Op) -> None:
+    ring = optable.meaning(op).ring
+    if ring is not None:
+        RING_OPS[op.name] = ring
+
+
+optable.on_row(_derive)
 
 # Bounds that keep the analysis linear on very large functions.
 MAX_INSTRUCTIONS = 20000  # larger functions get the plain translation

@@ -26,12 +26,20 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..errors import InvalidArgumentError, OutOfRangeError
-from . import isa
+from . import isa, optable
 
 __all__ = ["VerifiedFunction", "verify_module"]
 
 _WIDE = frozenset({"i64", "f64"})
-_CALLS = frozenset({"call", "call.variadic", "call.yieldable", "call.variadic.yieldable"})
+_LISTS: dict[str, str] = {}  # op -> what its register list holds, from the op table
+
+
+def _derive(op: optable.Op) -> None:
+    if op.lists:
+        _LISTS[op.name] = op.lists
+
+
+optable.on_row(_derive)
 
 
 class VerifiedFunction(NamedTuple):
@@ -193,31 +201,39 @@ class _FunctionVerifier:
                 for target, pairs in value:
                     self.target(ins, target)
                     self.branch_operands(ins, pairs)
-        # the meaning of `V` lists and `F` ordinals depends on the instruction
+        # what a `V` list holds is its row's fact (`optable.Op.lists`); `F` ordinals
+        # are a call's or `import.resolved`'s
         f = ins.fields
-        if name in _CALLS:
-            self.call(ins)
-        elif name == "return":
-            results = self.fn.cconv.results
-            if len(f[0]) != len(results):
-                raise self.err(ins, f"returns {len(f[0])} values, signature declares "
-                                    f"{len(results)}")
-            for raw, t in zip(f[0], results):
-                self.typed_register(ins, raw, t)
+        lists = _LISTS.get(name)
+        if lists == "signature":
+            if name == "return":
+                self.returned(ins)
+            else:
+                self.call(ins)
+        elif lists == "result":
+            bank = ins.layout[-1][1]
+            for raw in f[-2]:
+                self.banked_register(ins, raw, bank)
+        elif lists == "ref":
+            for raw in f[0]:
+                self.ref_register(ins, raw)
+        elif lists == "any":
+            for raw in f[-1]:
+                self.any_register(ins, raw)
         elif name == "import.resolved":
             if not f[0] & isa.IMPORT_BIT:
                 raise self.err(ins, "import.resolved of a non-import function")
             self.import_ordinal(ins, f[0])
-        elif name.startswith("switch."):
-            bank = ins.layout[-1][1]
-            for raw in f[-2]:
-                self.banked_register(ins, raw, bank)
-        elif name == "discard.refs":
-            for raw in f[0]:
-                self.ref_register(ins, raw)
-        elif name in ("trace", "print"):
-            for raw in f[1]:
-                self.any_register(ins, raw)
+
+    def returned(self, ins: Any) -> None:
+        """A return: as many values as the signature declares, each of its type."""
+        results = self.fn.cconv.results
+        values = ins.fields[0]
+        if len(values) != len(results):
+            raise self.err(ins, f"returns {len(values)} values, signature declares "
+                                f"{len(results)}")
+        for raw, t in zip(values, results):
+            self.typed_register(ins, raw, t)
 
     def call(self, ins: Any) -> None:
         f = ins.fields

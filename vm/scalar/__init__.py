@@ -6,15 +6,16 @@ being Python. Such a function is re-laid once, at module load, as a word program
 `scalar.c`) and runs in the C interpreter here, with IREE's register semantics (one bank of
 32-bit slots, i64 values in two of them, branch operand lists copied slot by slot).
 
-A function qualifies when every instruction is in `SUPPORTED` (integer constants,
-arithmetic, bitwise ops, shifts, casts, compares, select, ctlz/abs/min/max, `br`,
-`cond_br`, `return`), its arguments and results are i32/i64, and it loops (some branch
+A function qualifies when every instruction is in `SUPPORTED` (the rows of `optable`
+marked `LOOP`: integer constants, arithmetic, bitwise ops, shifts, casts, compares,
+select, ctlz/abs/min/max, `br`, `cond_br`, `return`), its arguments and results are i32/i64, and it loops (some branch
 goes back). A loop-free function runs a handful of instructions, for which crossing into C
 costs more than it saves, so it stays Python.
 
 A VMVX workgroup function (`encode_entry`; calling convention `0rrriiiiiiiii_v`: local
 memory, constants, the bindings list, then the workgroup id, size and count) qualifies
-when every instruction is in `ENTRY_SUPPORTED`: the integer set plus f32 arithmetic,
+when every instruction is in `ENTRY_SUPPORTED` (those and the rows marked `ENTRY`): the
+integer set plus f32 arithmetic,
 compares, selects, conversions and C library math, `vm.buffer` loads, stores, fills,
 copies, `length` and `alloc`, rodata and null refs, `list.get.ref` on the bindings,
 `discard.refs`, and calls of the `vmvx` operations (`KERNELS`: all of them), which
@@ -49,41 +50,17 @@ from typing import NamedTuple
 
 from ...errors import InternalError
 from ...hal.native import load_compiled
-from .. import isa
+from .. import isa, optable
 
 _module = load_compiled(__name__ + "._scalar", __name__ + ".build")
 _ffi = _module.ffi
 _lib = _module.lib
 
-SUPPORTED = frozenset("""
-const.i32.zero const.i32 const.i64.zero const.i64 select.i32 select.i64
-add.i32 sub.i32 mul.i32 div.i32.s div.i32.u rem.i32.s rem.i32.u fma.i32
-add.i64 sub.i64 mul.i64 div.i64.s div.i64.u rem.i64.s rem.i64.u fma.i64
-not.i32 and.i32 or.i32 xor.i32 not.i64 and.i64 or.i64 xor.i64
-shl.i32 shr.i32.s shr.i32.u shl.i64 shr.i64.s shr.i64.u
-trunc.i32.i8 trunc.i32.i16 trunc.i64.i32 ext.i8.i32.s ext.i8.i32.u ext.i16.i32.s
-ext.i16.i32.u ext.i32.i64.s ext.i32.i64.u
-cmp.eq.i32 cmp.ne.i32 cmp.lt.i32.s cmp.lt.i32.u cmp.nz.i32
-cmp.eq.i64 cmp.ne.i64 cmp.lt.i64.s cmp.lt.i64.u cmp.nz.i64
-ctlz.i32 ctlz.i64 abs.i32 abs.i64 min.i32.s min.i32.u max.i32.s max.i32.u
-min.i64.s min.i64.u max.i64.s max.i64.u br cond_br return
-""".split())
-
-# f32 ops (the f32 extension set) and buffer/ref ops a workgroup function may use on top
-ENTRY_SUPPORTED = SUPPORTED | frozenset("""
-const.f32.zero const.f32 select.f32 bitcast.i32.f32 bitcast.f32.i32
-add.f32 sub.f32 mul.f32 div.f32 rem.f32 fma.f32 min.f32 max.f32 abs.f32 neg.f32
-atan.f32 atan2.f32 cos.f32 sin.f32 exp.f32 exp2.f32 expm1.f32 log.f32 log10.f32
-log1p.f32 log2.f32 pow.f32 rsqrt.f32 sqrt.f32 tanh.f32 erf.f32 ceil.f32 floor.f32
-round.f32 cast.si32.f32 cast.ui32.f32 cast.f32.si32 cast.f32.ui32
-cmp.eq.f32.o cmp.eq.f32.u cmp.ne.f32.o cmp.ne.f32.u cmp.lt.f32.o cmp.lt.f32.u
-cmp.lte.f32.o cmp.lte.f32.u cmp.nan.f32
-buffer.load.i8.u buffer.load.i8.s buffer.load.i16.u buffer.load.i16.s buffer.load.i32
-buffer.load.i64 buffer.load.f32 buffer.store.i8 buffer.store.i16 buffer.store.i32
-buffer.store.i64 buffer.store.f32 buffer.fill.i8 buffer.fill.i16 buffer.fill.i32
-buffer.fill.i64 buffer.fill.f32 buffer.length buffer.copy buffer.alloc
-const.ref.zero const.ref.rodata cmp.nz.ref list.get.ref discard.refs call
-""".split())
+# The ops the interpreter runs, from the op table's rows (`optable.Op.native`): in integer
+# loops, and in workgroup functions (those plus f32, buffer and ref ops)
+SUPPORTED: set[str] = set()
+ENTRY_SUPPORTED: set[str] = set()
+_OPCODES: dict[str, int] = {}  # op -> the interpreter's opcode word
 
 # The `vmvx` operations a workgroup function may call natively, in scalar.c's kernel
 # order; a call's arguments are read as the module's import declares them (a
@@ -101,9 +78,18 @@ _ARGUMENT_KINDS = {"i": 0, "I": 1, "r": 2}  # cconv type -> the word scalar.c re
 
 EXT_F32_BASE = 0x100  # as build.py numbers the f32 extension set
 _FELL_OFF_END = 0xFF  # scalar.c's word after a function's last instruction
-_OPCODES = {name: op for op, (name, _) in isa.CORE_OPS.items() if name in ENTRY_SUPPORTED}
-_OPCODES.update({name: EXT_F32_BASE + op for op, (name, _) in isa.EXT_F32_OPS.items()
-                 if name in ENTRY_SUPPORTED})
+
+
+def _derive(op: optable.Op) -> None:
+    if not op.native:
+        return
+    _OPCODES[op.name] = op.opcode + (EXT_F32_BASE if op.opset == optable.EXT_F32 else 0)
+    ENTRY_SUPPORTED.add(op.name)
+    if op.native == optable.LOOP:
+        SUPPORTED.add(op.name)
+
+
+optable.on_row(_derive)
 _INTEGER_TYPES = {"i": False, "I": True}  # cconv type -> is i64
 _BUFFER_TYPES = ("vm.buffer", "variant")  # a `list.get.ref` of these yields the buffer
 BRANCH_BUDGET = 1 << 22

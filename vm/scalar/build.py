@@ -2,15 +2,18 @@
 
 Run by setuptools at install time (`cffi_modules` in setup.py); `tinyhal.vm.scalar` builds
 the same module into a cache directory when running from an uninstalled tree. The
-interpreter's opcode constants (`OP_ADD_I32`, ...) are generated here from the opcode
-tables of `vm/isa.py`, so an opcode is written down once. Compiled without fast-math and
+interpreter's opcode constants (`OP_ADD_I32`, ...) and the case of every op it runs are
+generated here from the op table (`vm/optable.py`, a row per op), so an op is written
+down once; scalar.c spells only what its rows call HANDWRITTEN (branches, calls, return). Compiled without fast-math and
 without floating-point contraction: each f32 op rounds as IREE's VM rounds it.
 """
 
 from __future__ import annotations
 
-import ast
+import importlib.util
 import os
+from collections.abc import Sequence
+from types import ModuleType
 
 from cffi import FFI
 
@@ -18,7 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HAL_NATIVE = os.path.join(HERE, os.pardir, os.pardir, "hal", "native")
 MODULE_NAME = "tinyhal.vm.scalar._scalar"
 MATHLIB = os.path.join(HERE, os.pardir, "mathlib")
-SOURCES = ("build.py", "scalar.c", "tinyhal_scalar.h", os.path.join(os.pardir, "isa.py"),
+OPTABLE = os.path.join(HERE, os.pardir, "optable.py")
+SOURCES = ("build.py", "scalar.c", "tinyhal_scalar.h", os.path.join(os.pardir, "optable.py"),
            os.path.join(HAL_NATIVE, "tinyhal_executable.h"),
            os.path.join(MATHLIB, "mmt4d_fma.h"))
 EXT_F32_BASE = 0x100  # an f32-extension opcode's word: this plus its byte
@@ -60,42 +64,70 @@ void* tinyhal_vmvx_dispatch_address(void);
 """
 
 
-def opcode_tables() -> dict[str, dict[int, tuple[str, str]]]:
-    """`CORE_OPS` and `EXT_F32_OPS` read from isa.py's source (the build runs before the
-    package is importable)."""
-    with open(os.path.join(HERE, os.pardir, "isa.py")) as f:
-        tree = ast.parse(f.read())
-    tables = {}
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id in ("CORE_OPS", "EXT_F32_OPS")):
-            tables[node.targets[0].id] = ast.literal_eval(node.value)
-    return tables
+def load_optable() -> ModuleType:
+    """`vm/optable.py`, loaded by path: the build runs before the package is importable,
+    and the table imports nothing of it."""
+    spec = importlib.util.spec_from_file_location("tinyhal_build_optable", OPTABLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def opcode_enum() -> str:
+def _interpreted(optable: ModuleType, rows: Sequence | None) -> list:
+    """The rows of the core and f32 sets (the ones the interpreter has opcodes for)."""
+    return [op for op in (optable.rows() if rows is None else rows)
+            if op.opset in (None, optable.EXT_F32)]
+
+
+def _constant(name: str) -> str:
+    return f"OP_{name.upper().replace('.', '_')}"
+
+
+def opcode_enum(optable: ModuleType, rows: Sequence | None = None) -> str:
     """`enum { OP_<MNEMONIC> = <word>, ... };` for the core and f32 opcode sets."""
-    tables = opcode_tables()
-    entries = [(name, op) for op, (name, _) in tables["CORE_OPS"].items()]
-    entries += [(name, EXT_F32_BASE + op) for op, (name, _) in tables["EXT_F32_OPS"].items()]
-    body = ",\n".join(f"  OP_{name.upper().replace('.', '_')} = 0x{word:X}"
-                      for name, word in entries)
+    body = ",\n".join(
+        f"  {_constant(op.name)} = 0x{op.opcode + (EXT_F32_BASE if op.opset else 0):X}"
+        for op in _interpreted(optable, rows))
     return f"enum {{\n{body}\n}};\n"
 
 
-def generated_source() -> str:
-    """scalar.c with the opcode constants after its includes."""
+def opcode_cases(optable: ModuleType, source: str, rows: Sequence | None = None) -> str:
+    """The `interpret` switch's case of every op the interpreter runs, from its row; a row
+    whose case is HANDWRITTEN must find it in `source`."""
+    lines = []
+    for op in _interpreted(optable, rows):
+        c = optable.meaning(op).c
+        if c is None:
+            continue
+        if c == optable.HANDWRITTEN:
+            if f"case {_constant(op.name)}:" not in source:
+                raise ValueError(f"{op.name}: its row says scalar.c spells its case; it does not")
+            continue
+        lines.append(f"      case {_constant(op.name)}: {c}\n")
+    return "".join(lines)
+
+
+def generated_source(rows: Sequence | None = None) -> str:
+    """scalar.c with the opcode constants after its includes and the op table's cases in
+    its interpreter (`rows`: the table's, or a test's with its own op)."""
     with open(os.path.join(HERE, "scalar.c")) as f:
         source = f.read()
-    marker = '#include "tinyhal_scalar.h"\n'
-    return source.replace(marker, marker + opcode_enum(), 1)
+    optable = load_optable()
+    include = '#include "tinyhal_scalar.h"\n'
+    cases = "      /* @optable-cases */\n"
+    if include not in source or cases not in source:
+        raise ValueError("scalar.c lost a marker the build fills in")
+    source = source.replace(include, include + opcode_enum(optable, rows), 1)
+    return source.replace(cases, opcode_cases(optable, source, rows), 1)
 
 
-def make_builder(module_name: str = MODULE_NAME) -> FFI:
+def make_builder(module_name: str = MODULE_NAME, rows: Sequence | None = None) -> FFI:
+    """The cffi builder of the interpreter (`rows`: see `generated_source`)."""
     builder = FFI()
     builder.cdef(CDEF)
-    builder.set_source(module_name, generated_source(), include_dirs=[HERE, HAL_NATIVE, MATHLIB],
+    builder.set_source(module_name, generated_source(rows),
+                       include_dirs=[HERE, HAL_NATIVE, MATHLIB],
                        libraries=["m"],
                        extra_compile_args=["-O2", "-std=c11", "-fno-fast-math",
                                            "-ffp-contract=off"])
