@@ -542,7 +542,7 @@ class _Gen:
     def ring_op(self, ins, ring, ind: int) -> None:
         """add/sub/mul/fma/and/or/xor/not/shl: operands that regflow fused are substituted
         unwrapped; the result is wrapped once, only where it is stored."""
-        tmpl, width, ring_pos, bitwise = ring
+        tmpl, width, ring_pos, bitwise = ring.expr, ring.width, ring.positions, ring.bitwise
         f = ins.fields
         operands = []
         bounded = bitwise

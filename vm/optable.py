@@ -54,13 +54,16 @@ H64 = "9223372036854775808"
 class Ring(NamedTuple):
     """An integer op exact modulo 2^width (add, sub, mul, fma, and, or, xor, not, shl):
     `expr` over its operands, which of them are ring operands (only their value modulo
-    2^width matters), and whether it is bitwise (its result is no wider than its
-    operands). `regflow` defers such ops' wrapping; `codegen.ring_op` emits them."""
+    2^width matters), whether it is bitwise (its result is no wider than its operands),
+    and which operands it scales (multiplies: a value carried unreduced through them
+    grows geometrically). `regflow` defers such ops' wrapping; `codegen.ring_op` emits
+    them."""
 
     expr: str
     width: int
     positions: tuple[int, ...]
     bitwise: bool
+    scaling: tuple[int, ...] = ()
 
 
 class Form(NamedTuple):
@@ -87,6 +90,7 @@ class Op(NamedTuple):
     terminator: bool = False  # ends its block's control flow
     lists: str = ""  # what its `V` register list holds: "result" (the result's bank),
     # "ref", "any", or "signature" (a call's or return's: the verifier checks it)
+    constant: bool = False  # writes a literal (its first field, or zero) and reads nothing
 
 
 # -- forms ------------------------------------------------------------------------------
@@ -172,12 +176,13 @@ def _put(layout: str, bits: bool = False) -> str:
 FormOf = Callable[[str], Form]
 
 
-def ring(expr: str, positions: tuple[int, ...], bitwise: bool = False) -> FormOf:
+def ring(expr: str, positions: tuple[int, ...], bitwise: bool = False,
+         scaling: tuple[int, ...] = ()) -> FormOf:
     """Exact modulo 2^n: `expr` in both languages (C's unsigned arithmetic wraps)."""
     def of(layout: str) -> Form:
         width = _BANK_BITS[_fields(layout)[-1][1]]
         return Form(None, _put(layout) % _c(expr, layout),
-                    Ring(_python(expr, layout), width, positions, bitwise))
+                    Ring(_python(expr, layout), width, positions, bitwise, scaling))
     return of
 
 
@@ -315,9 +320,10 @@ def _add(op: Op) -> None:
 
 
 def make(opset: int | None, opcode: int, name: str, layout: str, form: FormOf, *,
-         native: int = 0, terminator: bool = False, lists: str = "") -> Op:
+         native: int = 0, terminator: bool = False, lists: str = "",
+         constant: bool = False) -> Op:
     """A row (for `extend`; the table's own are made alike)."""
-    return Op(name, opset, opcode, layout, form, native, terminator, lists)
+    return Op(name, opset, opcode, layout, form, native, terminator, lists, constant)
 
 
 _MEANINGS: dict[Op, Form] = {}
@@ -383,13 +389,13 @@ def _int_rows(bits: int, base: dict[str, int]) -> None:
     ops_: list[tuple[str, str, FormOf, int]] = [
         (f"add.{t}", two, ring("{0} + {1}", (0, 1)), LOOP),
         (f"sub.{t}", two, ring("{0} - {1}", (0, 1)), LOOP),
-        (f"mul.{t}", two, ring("{0} * {1}", (0, 1)), LOOP),
-        (f"fma.{t}", f"{w} {w} {w} w:{t}", ring("{0} * {1} + {2}", (0, 1, 2)), LOOP),
+        (f"mul.{t}", two, ring("{0} * {1}", (0, 1), scaling=(0, 1)), LOOP),
+        (f"fma.{t}", f"{w} {w} {w} w:{t}", ring("{0} * {1} + {2}", (0, 1, 2), scaling=(0, 1)), LOOP),
         (f"and.{t}", two, ring("{0} & {1}", (0, 1), True), LOOP),
         (f"or.{t}", two, ring("{0} | {1}", (0, 1), True), LOOP),
         (f"xor.{t}", two, ring("{0} ^ {1}", (0, 1), True), LOOP),
         (f"not.{t}", one, ring("~{0}", (0,), True), LOOP),
-        (f"shl.{t}", shift, ring("{0} << ({1} & %d)" % sh, (0,)), LOOP),
+        (f"shl.{t}", shift, ring("{0} << ({1} & %d)" % sh, (0,), scaling=(0,)), LOOP),
         # the Python helpers raise the VM's error where C traps (the translation reruns)
         (f"div.{t}.s", two, helper(f"div_{t}s", "if (%s) goto trap; PUT%d({w2}, {s0} / {s1})"
                                    % (fault, bits)), LOOP),
@@ -430,7 +436,8 @@ def _int_rows(bits: int, base: dict[str, int]) -> None:
     ]
     for name, layout, form, native in ops_:
         _row(base[name], name, layout, form, native=native,
-             **({"lists": "result"} if name.startswith("switch.") else {}))
+             lists="result" if name.startswith("switch.") else "",
+             constant=name.startswith("const."))
 
 
 def _float_rows(t: str, base: dict[str, int]) -> None:
@@ -504,7 +511,8 @@ def _float_rows(t: str, base: dict[str, int]) -> None:
     for name, layout, form in ops_:
         _row(base[name], name, layout, form, native=0 if (
             name.startswith(("global.", "list.", "switch.")) or name.endswith(".even")) else native,
-            **({"lists": "result"} if name.startswith("switch.") else {}))
+            lists="result" if name.startswith("switch.") else "",
+            constant=name.startswith("const."))
 
 
 # Opcode bytes, transcribed from the facts of IREE's `isa.json` for bytecode version 17.0.
@@ -556,10 +564,12 @@ _row(0x08, "global.load.ref", "G T w:ref", PY)
 _row(0x09, "global.store.ref", "G T r:ref", PY)
 _row(0x0A, "global.load.indirect.ref", "r:i32 T w:ref", PY)
 _row(0x0B, "global.store.indirect.ref", "r:i32 T r:ref", PY)
-_row(0x10, "const.ref.zero", "w:ref", spelled("{0} = None", "refs[{w0}] = 0"), native=ENTRY)
+_row(0x10, "const.ref.zero", "w:ref", spelled("{0} = None", "refs[{w0}] = 0"), native=ENTRY,
+     constant=True)
 # rodata segment k is the interpreter's span 4 + k
 _row(0x11, "const.ref.rodata", "D w:ref", spelled("{1} = _ROD[{0}]",
-                                                   "refs[{w1}] = (int32_t)(4 + {0})"), native=ENTRY)
+                                                   "refs[{w1}] = (int32_t)(4 + {0})"), native=ENTRY,
+     constant=True)
 _row(0x12, "list.alloc", "T r:i32 w:ref", PY)
 _row(0x13, "list.reserve", "r:ref r:i32", helper("list_reserve"))
 _row(0x14, "list.size", "r:ref w:i32", helper("list_size"))

@@ -44,12 +44,16 @@ from . import isa, optable
 # op -> (python template over operand strings, width, ring operand positions, bitwise):
 # the ring facts of the op table's rows (`optable.Ring`)
 RING_OPS: dict[str, optable.Ring] = {}
+_CONSTS: dict[str, int] = {}  # integer constant op -> its width, from the rows' facts
 
 
 def _derive(op: optable.Op) -> None:
     ring = optable.meaning(op).ring
     if ring is not None:
         RING_OPS[op.name] = ring
+    result = op.layout.split()[-1]
+    if op.constant and result in ("w:i32", "w:i64"):
+        _CONSTS[op.name] = int(result[3:])
 
 
 optable.on_row(_derive)
@@ -58,7 +62,6 @@ optable.on_row(_derive)
 MAX_INSTRUCTIONS = 20000  # larger functions get the plain translation
 FUSE_WINDOW = 64  # a fused value's reader is at most this many instructions later
 
-_CONSTS = {"const.i32": 32, "const.i32.zero": 32, "const.i64": 64, "const.i64.zero": 64}
 _CALL_DST = {"i": "i32", "I": "i64", "f": "f32", "F": "f64"}
 _MIXED = "mixed"
 
@@ -372,10 +375,7 @@ def _lazy(flow: Flow, acc: list[list[_Ins]]) -> None:
                 bad.update(a.reads)
                 bad.update(n for n, _ in a.writes)
                 continue
-            _tmpl, width, ring_pos, _bitwise = ring
-            # operand positions that scale a value (fma's addend only adds)
-            kind = a.ins.name.split(".")[0]
-            scaled = {"mul": (0, 1), "fma": (0, 1), "shl": (0,)}.get(kind, ())
+            width, ring_pos, scaled = ring.width, ring.positions, ring.scaling
             taint: dict[str, int] = {}
             for i, n in enumerate(a.reads):
                 src = pending.pop(n) if n in pending else ({n: 1} if n in cands else {})
@@ -432,7 +432,7 @@ def _guarded(flow: Flow, acc: list[list[_Ins]]) -> None:
             if a.ins is None:
                 break
             ring = _ring(a)
-            if ring is not None and ring[1] == width and a.ins.name.startswith(("add", "sub")):
+            if ring is not None and ring.width == width and a.ins.name.startswith(("add", "sub")):
                 x, y = a.reads
                 if a.ins.name.startswith("add"):
                     if (x == lo and flow.constants.get(y) == 1) or (
@@ -498,7 +498,7 @@ def _ring_reads(a: _Ins, name: str) -> int:
     ring = _ring(a)
     if ring is None:
         return 0
-    return sum(1 for i in ring[2] if a.reads[i] == name)
+    return sum(1 for i in ring.positions if a.reads[i] == name)
 
 
 def _block_facts(flow: Flow, row: list[_Ins], live_after: list[set], live_in) -> None:
@@ -522,7 +522,7 @@ def _block_facts(flow: Flow, row: list[_Ins], live_after: list[set], live_in) ->
         b = row[k]
         if (
             _ring(b) is not None
-            and RING_OPS[b.ins.name][1] == ring[1]
+            and RING_OPS[b.ins.name].width == ring.width
             and b.reads.count(res) == 1
             and _ring_reads(b, res) == 1
             and (b.writes[0][0] == res or res not in live_after[k])
@@ -616,13 +616,13 @@ def _unsigned(flow: Flow, acc, types: dict, param_set: set, fn) -> None:
                     continue
                 if a.ins.pc in flow.fused:
                     continue
-                if ok.setdefault(target, ring[1]) != ring[1]:
+                if ok.setdefault(target, ring.width) != ring.width:
                     bad.add(target)
-                if not ring[3]:
+                if not ring.bitwise:
                     grows.add(target)
             for i, n in enumerate(a.reads):
-                if ring is not None and i in ring[2] and ok.get(n, ring[1]) == ring[1]:
-                    ok.setdefault(n, ring[1])
+                if ring is not None and i in ring.positions and ok.get(n, ring.width) == ring.width:
+                    ok.setdefault(n, ring.width)
                     continue
                 if a.ins.name == "return":
                     continue
