@@ -44,6 +44,7 @@ use it to check both paths against IREE).
 from __future__ import annotations
 
 import os
+import warnings
 from array import array
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -55,6 +56,26 @@ from .. import isa, optable
 _module = load_compiled(__name__ + "._scalar", __name__ + ".build")
 _ffi = _module.ffi
 _lib = _module.lib
+
+
+def _warn_if_table_edited() -> None:
+    """Warns when the op table is newer than the interpreter built in place beside it (an
+    editable install): the interpreter's cases are generated from the table, so an edited
+    row runs in C only once rebuilt (else a new op stops the run as a bad opcode)."""
+    built = getattr(_module, "__file__", None)
+    if not built or os.path.dirname(built) != os.path.dirname(os.path.abspath(__file__)):
+        return  # built into the cache, keyed by the table's content
+    try:
+        stale = os.stat(optable.__file__).st_mtime > os.stat(built).st_mtime + 1.0
+    except OSError:
+        return
+    if stale:
+        warnings.warn(f"{_module.__name__} is older than vm/optable.py: rebuild it "
+                      "(pip install -e .) to run the edited op table", RuntimeWarning,
+                      stacklevel=3)
+
+
+_warn_if_table_edited()
 
 # The ops the interpreter runs, from the op table's rows (`optable.Op.native`): in integer
 # loops, and in workgroup functions (those plus f32, buffer and ref ops)
