@@ -165,12 +165,14 @@ class _Gen:
         self.emit(indent, f"if {reg}.__class__ not in _RC{k}: "
                           f"_check_ref_class({reg}, _K[{k}], {what!r}, _RC{k})", pc)
 
-    def remap(self, ins, pairs, indent: int) -> None:
+    def remap(self, ins, pairs, indent: int, target_pc: int) -> None:
+        """The copies of a branch's operand list into the block at `target_pc`."""
         from . import regflow
 
         skipped = self.flow.skipped_pairs.get(ins.pc, ())
         if regflow.slot_hazard(pairs):
-            self.remap_slots(ins, [p for p in pairs if not p[0] & isa.REF_BIT], indent)
+            self.remap_slots(ins, [p for p in pairs if not p[0] & isa.REF_BIT], indent,
+                             target_pc)
             pairs = [p for p in pairs if p[0] & isa.REF_BIT]
         for src, dst in pairs:
             if not src & isa.REF_BIT:
@@ -186,36 +188,44 @@ class _Gen:
                 if src & isa.REF_BIT and src & isa.MOVE_BIT:
                     self.emit(indent, f"{s} = None", ins.pc)
 
-    def remap_slots(self, ins, pairs, indent: int) -> None:
+    def remap_slots(self, ins, pairs, indent: int, target_pc: int) -> None:
         """An integer remap list that reads a slot an earlier pair of it wrote, run as
         IREE runs every list: 32-bit slot moves one after another, so a later pair sees
         the earlier writes, halves of an i64 included (an i64 lives whole in its first
-        slot's local here, so its halves are split out and joined back as needed)."""
+        slot's local here, so its halves are split out and joined back as needed: where
+        both halves of an i64 move together, or where the target block reads the pair
+        written as one i64)."""
         for src, dst in pairs:
             self.ireg_name(src)
             self.ireg_name(dst)
         wide = self.wide_slots(ins)
+        floats = self.wide_slots(ins, "f32")
 
         def initial(slot: int) -> tuple[str, int]:
             if slot in wide:
                 return ("lo", slot)
             if slot & 1 and slot - 1 in wide:
                 return ("hi", slot - 1)
-            return ("i32", slot)
+            return ("f32" if slot in floats else "i32", slot)
 
         state: dict[int, tuple[str, int]] = {}
         for src, dst in pairs:
             state[dst] = state.get(src) or initial(src)
         moved64 = {d for d, (kind, slot) in state.items()
-                   if not d & 1 and kind == "lo" and state.get(d + 1) == ("hi", slot)}
+                   if not d & 1 and d + 1 in state and (
+                       (kind == "lo" and state[d + 1] == ("hi", slot))
+                       or self.first_read_wide(target_pc, d))}
 
         def half(value: tuple[str, int]) -> str:
+            """The slot's 32 bits as a signed integer (an f32's as its bits)."""
             kind, slot = value
             r = self.read(f"i{slot}")
             if kind == "lo":
                 return f"((({r} & {M32}) ^ {H32}) - {H32})"
             if kind == "hi":
                 return f"({r} >> 32)"
+            if kind == "f32":
+                return f"_bitcast_f32_i32({r})"
             return r
 
         out: list[tuple[str, str]] = []
@@ -224,11 +234,12 @@ class _Gen:
                 continue
             if dst in moved64:
                 lo, hi = state[dst], state[dst + 1]
-                if (lo[0] == "lo" and hi == ("hi", lo[1])) or (
-                        lo[0] == "i32" == hi[0] and not lo[1] & 1 and hi[1] == lo[1] + 1):
+                if lo[0] == "lo" and hi == ("hi", lo[1]):
                     value = self.read(f"i{lo[1]}")
                 else:
                     value = f"({half(hi)} << 32) | ({half(lo)} & {M32})"
+            elif state[dst][0] == "f32":  # moved as it is, read as an f32
+                value = self.read(f"i{state[dst][1]}")
             else:
                 value = half(state[dst])
             out.append((f"i{dst}", value))
@@ -237,9 +248,25 @@ class _Gen:
         for k, (name, _) in enumerate(out):
             self.emit(indent, f"{name} = _m{k}", ins.pc)
 
-    def wide_slots(self, ins) -> set[int]:
-        """First slots of the registers holding an i64 when `ins` runs: by the last typed
-        write in its block, else by every typed write in the function being an i64."""
+    def first_read_wide(self, target_pc: int, slot: int) -> bool:
+        """Whether the block at `target_pc` first reads `slot` as (the low half of) an
+        i64 or f64, before anything writes it; False when it writes it first, reads it as
+        32 bits, or passes it on in a register list or to another block."""
+        for other in self.blocks[self.block(target_pc)][1:]:
+            for (code, arg), val in zip(other.layout, other.fields):
+                if code == "r" and val == slot:
+                    return arg in ("i64", "f64")
+                if code in ("V", "O", "C"):
+                    return False
+            if any(code == "w" and val <= slot <= val + (arg in ("i64", "f64"))
+                   for (code, arg), val in zip(other.layout, other.fields)):
+                return False
+        return False
+
+    def wide_slots(self, ins, held: str = "i64") -> set[int]:
+        """First slots of the registers holding an i64 (or another type `held`) when
+        `ins` runs: by the last typed write in its block, else by every typed write in the
+        function being of that type."""
         params = {reg: {"I": "i64", "F": "f64", "i": "i32", "f": "f32"}[t]
                   for t, (bank, reg) in zip(self.fn.cconv.args,
                                             cconv_registers(self.fn.cconv.args))
@@ -272,7 +299,8 @@ class _Gen:
         wide = set()
         for slot, ks in kinds.items():
             arg = last.get(slot)
-            if arg == "i64" or (arg is None and ks == {"i64"} and slot + 1 not in last):
+            if arg == held or (arg is None and ks == {held} and (
+                    held not in ("i64", "f64") or slot + 1 not in last)):
                 wide.add(slot)
         return wide
 
@@ -290,7 +318,7 @@ class _Gen:
         return f"{src} & {m}"
 
     def jump(self, ins, target_pc: int, pairs, indent: int) -> None:
-        self.remap(ins, pairs, indent)
+        self.remap(ins, pairs, indent, target_pc)
         self.goto(indent, self.block(target_pc), ins.pc)
 
     def goto(self, indent: int, idx: int, pc: int, pre: tuple = ()) -> None:
@@ -341,7 +369,7 @@ class _Gen:
         self.lazy = self.flow.lazy.get(bi, {})
         self._emit_run([ins for ins in blk[1:-1] if ins.pc != step_pc], 1)
         br = blk[-1]
-        self.remap(br, br.fields[1], 1)
+        self.remap(br, br.fields[1], 1, br.fields[0])
         if self.lines[-1][0] == 0:
             self.emit(1, "pass", br.pc)
         for name, width in sorted(self.lazy.items()):
@@ -780,7 +808,7 @@ class _Gen:
             and 1 < len(target) <= self.TAIL_DUP_MAX + 1
             and target[-1].name in ("cond_br", "br", "return")
         ):
-            self.remap(ins, f[1], ind)
+            self.remap(ins, f[1], ind, f[0])
             self.inlining = True
             try:
                 for t_ins in target[1:]:
@@ -840,7 +868,7 @@ class _Gen:
     def op_yield(self, ins, f, ind):
         self.has_branches = True
         self.st.mark_generator(self.fn.ordinal)
-        self.remap(ins, f[1], ind)
+        self.remap(ins, f[1], ind, f[0])
         self.goto(ind, self.block(f[0]), ins.pc, pre=("yield None",))
 
     def op_call(self, ins, f, ind):

@@ -134,3 +134,54 @@ def test_swap_through_temporary_matches_iree(vm_pair, n, loop_mode):
     for a in (0, -1):
         for b in I64_EDGES:
             p.check("swap", a, b, 0, n)
+
+
+# An index loop: the entry's list (%i1->%i4, %i4->%i0, %i5->%i1) puts the i32 `a` into the
+# low slot of the i64 counter %i0:1 and the zero's high half into its high slot, so IREE
+# starts the counter at `a` zero-extended (a loop of n trips runs none for a < 0). The
+# target block reads %i0:1 as one i64: its halves must be joined where they land.
+COUNTER_MLIR = """
+func.func @mix(%n: i32, %a: i32, %b: i32, %c: i32) -> i32 {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %nn = arith.index_cast %n : i32 to index
+  %r = scf.for %i = %c0 to %nn step %c1 iter_args(%acc = %a) -> i32 {
+    %x = arith.xori %acc, %b : i32
+    %m = arith.maxsi %x, %c : i32
+    %k = arith.addi %m, %b : i32
+    scf.yield %k : i32
+  }
+  return %r : i32
+}
+"""
+
+
+# The same with an f32 carried: its bits land in the counter's low slot (%i2->%i4,
+# %i4->%i2, %i5->%i3), so IREE's counter starts at the float's bits.
+F32_COUNTER_MLIR = """
+func.func @square(%a: i64, %b: f32, %n: i32) -> f32 {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %nn = arith.index_cast %n : i32 to index
+  %r = scf.for %i = %c0 to %nn step %c1 iter_args(%acc = %b) -> f32 {
+    %d = arith.mulf %acc, %acc : f32
+    scf.yield %d : f32
+  }
+  return %r : f32
+}
+"""
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_halves_joined_where_the_target_reads_an_i64_match_iree(vm_pair, n, loop_mode):
+    path = vm_compile_source(COUNTER_MLIR)
+    assert any(regflow.slot_hazard(pairs) for pairs in _remap_lists(path))
+    p = vm_pair(path)
+    for a in (-7, 0, 3, 2**31 - 1, -(2**31)):
+        for b in (0, 1, -1):
+            p.check("mix", n, a, b, -1)
+    path = vm_compile_source(F32_COUNTER_MLIR)
+    assert any(regflow.slot_hazard(pairs) for pairs in _remap_lists(path))
+    p = vm_pair(path)
+    for b in (0.5, -0.5, 0.0, -0.0, 1e-45, 3.0):
+        p.check("square", 0, b, n)
