@@ -3,10 +3,11 @@
 A row (`Op`) holds everything tinyhal knows about one instruction of IREE's bytecode 17.0:
 its mnemonic, opcode set and byte, operand layout (see `isa`), and its meaning, written
 once as a `Form` from which the Python template of the translator (`codegen`, through
-`templates.TEMPLATES`) and the case of the C interpreter (`vm/scalar/scalar.c`, generated
+`templates.template`) and the case of the C interpreter (`vm/scalar/scalar.c`, generated
 into it by `vm/scalar/build.py`) are both produced, plus the facts the verifier and the
-data-flow analysis read (terminator, ring arithmetic, what a register list holds) and
-where, if anywhere, the C interpreter runs it (`native`).
+data-flow analysis read (terminator, ring arithmetic and which operands it scales, what a
+register list holds, whether it writes a constant) and where, if anywhere, the C
+interpreter runs it (`native`).
 
 A form is written over the instruction's fields by position: `{0}`, `{1}`, ... is field
 k's value (a register read, a literal); `{s0}` / `{u0}` read an integer register as
@@ -35,7 +36,8 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 __all__ = ["ENTRY", "EXT_F32", "EXT_F64", "HANDWRITTEN", "LOOP", "Form", "Op", "Ring", "by_name",
-           "extend", "make", "meaning", "on_row", "rows"]
+           "extend", "f32_arith", "helper", "libm", "make", "meaning", "on_row", "pick", "pred",
+           "ring", "rows", "spelled", "value", "wrap_statement", "wrapped"]
 
 EXT_F32 = 0xE0  # opcode prefix of the f32 extension set
 EXT_F64 = 0xE1  # and of the f64 one
@@ -515,7 +517,8 @@ def _float_rows(t: str, base: dict[str, int]) -> None:
             constant=name.startswith("const."))
 
 
-# Opcode bytes, transcribed from the facts of IREE's `isa.json` for bytecode version 17.0.
+# Opcode bytes, transcribed from the facts of IREE's `isa.json` for bytecode version 17.0;
+# `_opset` is the opcode set the rows that follow belong to.
 _opset: int | None = None
 _int_rows(32, {
     "global.load.i32": 0x00, "global.store.i32": 0x01, "global.load.indirect.i32": 0x02,
