@@ -1762,6 +1762,175 @@ static PyTypeObject RingCoreType = {
 };
 
 /* ---------------------------------------------------------------------------------- */
+/* SubmissionCore, and adopting a recording over new direct buffers                   */
+
+/* The fields of a validated submission (hal.execution.Submission): per command buffer
+ * its recording and slot entries (`parts`), every slot's address (None while a buffer has
+ * no memory) and length, as a native stream binds them, and the profile instrumentation
+ * (None, or (profile, submission_id, queue)). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *parts, *addresses, *lengths, *instrument;
+    PyObject *weakrefs;
+} SubmissionObject;
+
+static PyTypeObject SubmissionCoreType;
+static PyTypeObject *submission_class;
+
+#define BINDING_ALIGNMENT 64 /* hal.buffer.ALIGNMENT: what kernels' aligned loads need */
+
+/* The one constructor of a submission: `Submission(...)` (its `__new__`) and `adopt`
+ * come here (references stolen). */
+static PyObject *submission_make(PyTypeObject *type, PyObject *parts, PyObject *addresses,
+                                 PyObject *lengths)
+{
+    SubmissionObject *self = parts == NULL || addresses == NULL || lengths == NULL
+        ? NULL : (SubmissionObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_XDECREF(parts);
+        Py_XDECREF(addresses);
+        Py_XDECREF(lengths);
+        return NULL;
+    }
+    self->parts = parts;
+    self->addresses = addresses;
+    self->lengths = lengths;
+    self->instrument = Py_NewRef(Py_None);
+    return (PyObject *)self;
+}
+
+static PyObject *submission_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"parts", "addresses", "lengths", NULL};
+    PyObject *parts, *addresses = Py_None, *lengths = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO:Submission", kwlist, &parts,
+                                     &addresses, &lengths))
+        return NULL;
+    return submission_make(type, Py_NewRef(parts), Py_NewRef(addresses),
+                           lengths == NULL ? PyList_New(0) : Py_NewRef(lengths));
+}
+
+#define SUBMISSION_OBJECT_FIELDS(X) \
+    X(self->parts); X(self->addresses); X(self->lengths); X(self->instrument);
+
+CORE_TRAVERSE_AND_CLEAR(submission, SubmissionObject, SUBMISSION_OBJECT_FIELDS)
+CORE_DEALLOC(submission, SubmissionObject, submission_clear)
+
+static PyMemberDef submission_members[] = {
+    {"parts", T_OBJECT_EX, offsetof(SubmissionObject, parts), 0, NULL},
+    {"addresses", T_OBJECT_EX, offsetof(SubmissionObject, addresses), 0, NULL},
+    {"lengths", T_OBJECT_EX, offsetof(SubmissionObject, lengths), 0, NULL},
+    {"instrument", T_OBJECT_EX, offsetof(SubmissionObject, instrument), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject SubmissionCoreType = {
+    CORE_BASE_TYPE("SubmissionCore", SubmissionObject, submission,
+                   "The fields of a validated submission (hal.execution.Submission): "
+                   "parts, addresses, lengths, instrument."),
+    .tp_members = submission_members,
+};
+
+/* `value` as a long long >= 0 (an int), or -1 (not one: the caller refuses). */
+static long long small_int(PyObject *value)
+{
+    if (!PyLong_Check(value))
+        return -1;
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return v;
+}
+
+/* adopt(recording, needs, direct): hal.execution.Recording.adopter's check (see there). */
+static PyObject *core_adopt(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyTuple_CheckExact(args[1]) || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "adopt(recording, needs: tuple, direct: list)");
+        return NULL;
+    }
+    if (buffer_class == NULL || submission_class == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "tinyhal _core used before Buffer and Submission were registered");
+        return NULL;
+    }
+    PyObject *needs = args[1], *direct = args[2];
+    Py_ssize_t count = PyTuple_GET_SIZE(needs);
+    if (PyList_GET_SIZE(direct) != count)
+        Py_RETURN_NONE;
+    /* slot order is `direct` reversed (slot -1, the last, is direct[0]) */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *need = PyTuple_GET_ITEM(needs, i);
+        PyObject *item = PyList_GET_ITEM(direct, count - 1 - i);
+        if (Py_TYPE(item) != buffer_class || !PyTuple_CheckExact(need)
+            || PyTuple_GET_SIZE(need) != 3)
+            Py_RETURN_NONE;
+        BufferObject *buffer = (BufferObject *)item;
+        if (!PyObject_TypeCheck(buffer->storage, &StorageCoreType))
+            Py_RETURN_NONE;
+        StorageObject *storage = (StorageObject *)buffer->storage;
+        long long usage = small_int(buffer->usage_bits);
+        long long wanted = small_int(PyTuple_GET_ITEM(need, 0));
+        long long length = small_int(buffer->byte_length);
+        long long reach = small_int(PyTuple_GET_ITEM(need, 1));
+        long long address = small_int(storage->address);
+        long long offset = small_int(buffer->byte_offset);
+        PyObject *residues = PyTuple_GET_ITEM(need, 2);
+        if (storage->released != Py_False || usage < 0 || wanted < 0 || length < 0
+            || reach < 0 || address < 0 || offset < 0 || (usage & wanted) != wanted
+            || length < reach || !PyTuple_CheckExact(residues))
+            Py_RETURN_NONE;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(residues); k++) {
+            long long residue = small_int(PyTuple_GET_ITEM(residues, k));
+            if (residue < 0 || (unsigned long long)(address + offset + residue) % BINDING_ALIGNMENT)
+                Py_RETURN_NONE;
+        }
+    }
+    /* every buffer passed: the submission's entries, addresses and lengths, slot order */
+    PyObject *entries = PyList_New(count);
+    PyObject *addresses = PyList_New(count);
+    PyObject *lengths = PyList_New(count);
+    if (entries == NULL || addresses == NULL || lengths == NULL)
+        goto fail;
+    int has_memory = 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        BufferObject *buffer = (BufferObject *)PyList_GET_ITEM(direct, count - 1 - i);
+        StorageObject *storage = (StorageObject *)buffer->storage;
+        if (PyLong_AsLongLong(storage->address) == 0)
+            has_memory = 0;
+        PyObject *entry = PyTuple_Pack(3, (PyObject *)buffer, zero, buffer->byte_length);
+        PyObject *address = PyNumber_Add(storage->address, buffer->byte_offset);
+        if (entry == NULL || address == NULL) {
+            Py_XDECREF(entry);
+            Py_XDECREF(address);
+            goto fail;
+        }
+        PyList_SET_ITEM(entries, i, entry);
+        PyList_SET_ITEM(addresses, i, address);
+        PyList_SET_ITEM(lengths, i, Py_NewRef(buffer->byte_length));
+    }
+    PyObject *part = PyTuple_Pack(2, args[0], entries);
+    Py_DECREF(entries);
+    entries = NULL;
+    PyObject *parts = part == NULL ? NULL : PyList_New(1);
+    if (parts == NULL) {
+        Py_XDECREF(part);
+        goto fail;
+    }
+    PyList_SET_ITEM(parts, 0, part);
+    if (!has_memory)
+        Py_SETREF(addresses, Py_NewRef(Py_None));
+    return submission_make(submission_class, parts, addresses, lengths);
+fail:
+    Py_XDECREF(entries);
+    Py_XDECREF(addresses);
+    Py_XDECREF(lengths);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------- */
 /* Module functions                                                                   */
 
 /* 0 if hal.semaphore has registered its classes, else -1 with an error. */
@@ -2034,17 +2203,19 @@ static int register_one(PyObject *kwargs, const char *name, PyObject **target,
 /* The module's one registration point (see `semaphore_class`). */
 static PyObject *core_register(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static const char *const names[] = {"semaphore", "fence", "buffer", "normalize_general",
-                                        "complete_slow"};
+    static const char *const names[] = {"semaphore", "fence", "buffer", "submission",
+                                        "normalize_general", "complete_slow"};
     if (PyTuple_GET_SIZE(args) || kwargs == NULL) {
         PyErr_SetString(PyExc_TypeError, "register takes keyword arguments only");
         return NULL;
     }
     PyObject **targets[] = {(PyObject **)&semaphore_class, (PyObject **)&fence_class,
-                            (PyObject **)&buffer_class, &normalize_general, &complete_slow};
-    PyTypeObject *bases[] = {&SemaphoreCoreType, &FenceCoreType, &BufferCoreType, NULL, NULL};
+                            (PyObject **)&buffer_class, (PyObject **)&submission_class,
+                            &normalize_general, &complete_slow};
+    PyTypeObject *bases[] = {&SemaphoreCoreType, &FenceCoreType, &BufferCoreType,
+                             &SubmissionCoreType, NULL, NULL};
     Py_ssize_t known = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         int found = register_one(kwargs, names[i], targets[i], bases[i]);
         if (found < 0)
             return NULL;
@@ -2052,7 +2223,7 @@ static PyObject *core_register(PyObject *module, PyObject *args, PyObject *kwarg
     }
     if (known != PyDict_GET_SIZE(kwargs)) {
         PyErr_Format(PyExc_TypeError, "register takes only semaphore, fence, buffer, "
-                     "normalize_general and complete_slow, not %R", kwargs);
+                     "submission, normalize_general and complete_slow, not %R", kwargs);
         return NULL;
     }
     Py_RETURN_NONE;
@@ -2060,9 +2231,9 @@ static PyObject *core_register(PyObject *module, PyObject *args, PyObject *kwarg
 
 static PyMethodDef core_methods[] = {
     {"register", (PyCFunction)(void (*)(void))core_register, METH_VARARGS | METH_KEYWORDS,
-     "register(semaphore=, fence=, buffer=, normalize_general=, complete_slow=): the Python "
-     "classes whose instances this module makes (subclasses of SemaphoreCore, FenceCore, "
-     "BufferCore) and the Python paths of normalize_wait_signal and complete; each module "
+     "register(semaphore=, fence=, buffer=, submission=, normalize_general=, complete_slow=): "
+     "the Python classes whose instances this module makes (subclasses of SemaphoreCore, "
+     "FenceCore, BufferCore, SubmissionCore) and the Python paths of normalize_wait_signal and complete; each module "
      "registers its own when imported."},
     {"trampoline", core_trampoline, METH_NOARGS,
      "This thread's completion trampoline (a deque), or None."},
@@ -2079,6 +2250,9 @@ static PyMethodDef core_methods[] = {
      "hal.fence.join over the VM's rows of one fence or None (see core.c)."},
     {"normalize_wait_signal", (PyCFunction)(void (*)(void))core_normalize_wait_signal,
      METH_FASTCALL, "See hal.semaphore.normalize_wait_signal."},
+    {"adopt", (PyCFunction)(void (*)(void))core_adopt, METH_FASTCALL,
+     "adopt(recording, needs, direct) -> Submission | None: the check of "
+     "hal.execution.Recording.adopter."},
     {NULL},
 };
 
@@ -2096,7 +2270,7 @@ PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
         || PyType_Ready(&StorageCoreType) < 0 || PyType_Ready(&RingStorageType) < 0
         || PyType_Ready(&BufferCoreType) < 0 || PyType_Ready(&BufferViewCoreType) < 0
         || PyType_Ready(&HeapCounterType) < 0 || PyType_Ready(&RingBlockType) < 0
-        || PyType_Ready(&RingCoreType) < 0)
+        || PyType_Ready(&RingCoreType) < 0 || PyType_Ready(&SubmissionCoreType) < 0)
         return NULL;
     str_ensure_backing = PyUnicode_InternFromString("_ensure_backing");
     str_grant_parked = PyUnicode_InternFromString("_grant_parked");
@@ -2148,7 +2322,8 @@ PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
         || PyModule_AddObjectRef(module, "BufferViewCore", (PyObject *)&BufferViewCoreType) < 0
         || PyModule_AddObjectRef(module, "HeapCounter", (PyObject *)&HeapCounterType) < 0
         || PyModule_AddObjectRef(module, "RingBlock", (PyObject *)&RingBlockType) < 0
-        || PyModule_AddObjectRef(module, "RingCore", (PyObject *)&RingCoreType) < 0) {
+        || PyModule_AddObjectRef(module, "RingCore", (PyObject *)&RingCoreType) < 0
+        || PyModule_AddObjectRef(module, "SubmissionCore", (PyObject *)&SubmissionCoreType) < 0) {
         Py_DECREF(module);
         return NULL;
     }
