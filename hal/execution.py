@@ -218,7 +218,7 @@ class Recording:
 
     __slots__ = ("commands", "table_slots", "direct_count", "slot_count", "slot_usage",
                  "slot_end", "slot_align", "exact", "max_concurrency",
-                 "patterns", "streams", "shareable", "direct_needs")
+                 "patterns", "streams", "shareable", "table_needs", "direct_needs")
 
     def __init__(self, commands: Sequence[Any], table_slots: int, direct_count: int,
                  max_concurrency: int) -> None:
@@ -261,9 +261,11 @@ class Recording:
         self.slot_usage = usage
         self.slot_end = end
         self.slot_align = [tuple(sorted(a)) for a in align]
-        # per direct buffer, in slot order (slot -1 last): (usage, end, alignments)
-        self.direct_needs = [(int(usage[i]), end[i], self.slot_align[i])
-                             for i in range(n, count)]
+        # per slot, table slots then direct buffers in slot order (slot -1 last): (usage,
+        # end, alignments), what `_core.bind_slots` and `_core.adopt` check
+        needs = tuple((int(usage[i]), end[i], self.slot_align[i]) for i in range(count))
+        self.table_needs = needs[:n]
+        self.direct_needs = needs[n:]
 
     def adopter(self) -> Callable[[list[Any]], Submission | None]:
         """A function `adopt(direct)`: what a submit of a command buffer holding these
@@ -283,7 +285,7 @@ class Recording:
         (`functools.partial`: no Python frame). It runs once per re-recorded command
         buffer. The caller keeps it; the recording does not, so no cycle holds the
         recording."""
-        return functools.partial(_core.adopt, self, tuple(self.direct_needs))
+        return functools.partial(_core.adopt, self, self.direct_needs)
 
     def slot_index(self, ref: BufferRef) -> int:
         """The slot a reference reads, counted from the first table slot."""
@@ -306,48 +308,8 @@ class Recording:
         table = table or ()
         if n > len(table):
             _check_table_size(len(table), n)
-        entries: list[Entry] = []
-        usage, end, align = self.slot_usage, self.slot_end, self.slot_align
-        ok = True
-        has_memory = True
-        for i in range(n):
-            entry = table[i]
-            if type(entry) is tuple and len(entry) == 3:
-                buffer, base, length = entry
-                if (type(buffer) is not Buffer or type(base) is not int
-                        or type(length) is not int or base < 0 or length < 0
-                        or base + length > buffer.byte_length):
-                    buffer, base, length = _normalize_entry(entry, i)
-            elif type(entry) is Buffer:
-                buffer, base, length = entry, 0, entry.byte_length
-            else:
-                buffer, base, length = _normalize_entry(entry, i)
-            storage = buffer.storage
-            address = storage.address
-            if not address:
-                has_memory = False
-            start = address + buffer.byte_offset + base
-            bits = usage[i]
-            if storage.released or buffer.usage_bits & bits != bits or end[i] > length:
-                ok = False
-            elif align[i]:
-                for residue in align[i]:
-                    if (start + residue) % ALIGNMENT:
-                        ok = False
-            entries.append((buffer, base, length))
-            addresses.append(start)
-            lengths.append(length)
-        for buffer in reversed(direct):  # slot -1 is the last entry
-            storage = buffer.storage
-            address = storage.address
-            if not address:
-                has_memory = False
-            if storage.released:
-                ok = False
-            length = buffer.byte_length
-            entries.append((buffer, 0, length))
-            addresses.append(address + buffer.byte_offset)
-            lengths.append(length)
+        entries, has_memory, ok = _core.bind_slots(self.table_needs, table, direct, addresses,
+                                                   lengths, _normalize_entry)
         if not ok or not self.exact:
             _check_each_command(self.commands, entries)
             if not ok:  # pragma: no cover - the per-slot checks only fail what it fails

@@ -1844,6 +1844,65 @@ static long long small_int(PyObject *value)
     return v;
 }
 
+/* Whether `length` bytes of `buffer` from `base` (its slot's range) meet `need`, a
+ * Recording's need of one slot `(usage_bits, bytes reached, offset residues)`: live, the
+ * usage bits, the bytes, and every bound offset's address 64-byte aligned. 1 if so, 0 if
+ * not (or if `need` is not that form). `buffer`'s storage is a StorageCore. */
+static int meets_need(BufferObject *buffer, long long base, long long length, PyObject *need)
+{
+    StorageObject *storage = (StorageObject *)buffer->storage;
+    if (!PyTuple_CheckExact(need) || PyTuple_GET_SIZE(need) != 3
+        || storage->released != Py_False)
+        return 0;
+    long long usage = small_int(buffer->usage_bits);
+    long long wanted = small_int(PyTuple_GET_ITEM(need, 0));
+    long long reach = small_int(PyTuple_GET_ITEM(need, 1));
+    long long address = small_int(storage->address);
+    long long offset = small_int(buffer->byte_offset);
+    PyObject *residues = PyTuple_GET_ITEM(need, 2);
+    if (usage < 0 || wanted < 0 || reach < 0 || address < 0 || offset < 0
+        || (usage & wanted) != wanted || length < reach || !PyTuple_CheckExact(residues))
+        return 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(residues); k++) {
+        long long residue = small_int(PyTuple_GET_ITEM(residues, k));
+        if (residue < 0
+            || (unsigned long long)(address + offset + base + residue) % BINDING_ALIGNMENT)
+            return 0;
+    }
+    return 1;
+}
+
+/* Appends slot `(buffer, base, length)` to `entries`, its address to `addresses` and
+ * its length to `lengths`; clears `*has_memory` if the buffer has no memory yet. */
+static int append_slot(BufferObject *buffer, PyObject *base, PyObject *length,
+                       PyObject *entries, PyObject *addresses, PyObject *lengths,
+                       int *has_memory)
+{
+    StorageObject *storage = (StorageObject *)buffer->storage;
+    int placed = PyObject_IsTrue(storage->address);
+    if (placed < 0)
+        return -1;
+    if (!placed)
+        *has_memory = 0;
+    PyObject *entry = PyTuple_Pack(3, (PyObject *)buffer, base, length);
+    PyObject *start = PyNumber_Add(storage->address, buffer->byte_offset);
+    PyObject *address = start == NULL ? NULL : PyNumber_Add(start, base);
+    Py_XDECREF(start);
+    int status = entry == NULL || address == NULL || PyList_Append(entries, entry) < 0
+                 || PyList_Append(addresses, address) < 0 || PyList_Append(lengths, length) < 0
+                 ? -1 : 0;
+    Py_XDECREF(entry);
+    Py_XDECREF(address);
+    return status;
+}
+
+/* Whether `item` is a Buffer (any subclass) whose storage C reads. */
+static int is_core_buffer(PyObject *item)
+{
+    return PyObject_TypeCheck(item, &BufferCoreType)
+           && PyObject_TypeCheck(((BufferObject *)item)->storage, &StorageCoreType);
+}
+
 /* adopt(recording, needs, direct): hal.execution.Recording.adopter's check (see there). */
 static PyObject *core_adopt(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1862,54 +1921,26 @@ static PyObject *core_adopt(PyObject *module, PyObject *const *args, Py_ssize_t 
         Py_RETURN_NONE;
     /* slot order is `direct` reversed (slot -1, the last, is direct[0]) */
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *need = PyTuple_GET_ITEM(needs, i);
         PyObject *item = PyList_GET_ITEM(direct, count - 1 - i);
-        if (Py_TYPE(item) != buffer_class || !PyTuple_CheckExact(need)
-            || PyTuple_GET_SIZE(need) != 3)
+        if (Py_TYPE(item) != buffer_class || !is_core_buffer(item))
             Py_RETURN_NONE;
         BufferObject *buffer = (BufferObject *)item;
-        if (!PyObject_TypeCheck(buffer->storage, &StorageCoreType))
+        if (!meets_need(buffer, 0, small_int(buffer->byte_length),
+                        PyTuple_GET_ITEM(needs, i)))
             Py_RETURN_NONE;
-        StorageObject *storage = (StorageObject *)buffer->storage;
-        long long usage = small_int(buffer->usage_bits);
-        long long wanted = small_int(PyTuple_GET_ITEM(need, 0));
-        long long length = small_int(buffer->byte_length);
-        long long reach = small_int(PyTuple_GET_ITEM(need, 1));
-        long long address = small_int(storage->address);
-        long long offset = small_int(buffer->byte_offset);
-        PyObject *residues = PyTuple_GET_ITEM(need, 2);
-        if (storage->released != Py_False || usage < 0 || wanted < 0 || length < 0
-            || reach < 0 || address < 0 || offset < 0 || (usage & wanted) != wanted
-            || length < reach || !PyTuple_CheckExact(residues))
-            Py_RETURN_NONE;
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(residues); k++) {
-            long long residue = small_int(PyTuple_GET_ITEM(residues, k));
-            if (residue < 0 || (unsigned long long)(address + offset + residue) % BINDING_ALIGNMENT)
-                Py_RETURN_NONE;
-        }
     }
     /* every buffer passed: the submission's entries, addresses and lengths, slot order */
-    PyObject *entries = PyList_New(count);
-    PyObject *addresses = PyList_New(count);
-    PyObject *lengths = PyList_New(count);
+    PyObject *entries = PyList_New(0);
+    PyObject *addresses = PyList_New(0);
+    PyObject *lengths = PyList_New(0);
+    int has_memory = 1;
     if (entries == NULL || addresses == NULL || lengths == NULL)
         goto fail;
-    int has_memory = 1;
     for (Py_ssize_t i = 0; i < count; i++) {
         BufferObject *buffer = (BufferObject *)PyList_GET_ITEM(direct, count - 1 - i);
-        StorageObject *storage = (StorageObject *)buffer->storage;
-        if (PyLong_AsLongLong(storage->address) == 0)
-            has_memory = 0;
-        PyObject *entry = PyTuple_Pack(3, (PyObject *)buffer, zero, buffer->byte_length);
-        PyObject *address = PyNumber_Add(storage->address, buffer->byte_offset);
-        if (entry == NULL || address == NULL) {
-            Py_XDECREF(entry);
-            Py_XDECREF(address);
+        if (append_slot(buffer, zero, buffer->byte_length, entries, addresses, lengths,
+                        &has_memory) < 0)
             goto fail;
-        }
-        PyList_SET_ITEM(entries, i, entry);
-        PyList_SET_ITEM(addresses, i, address);
-        PyList_SET_ITEM(lengths, i, Py_NewRef(buffer->byte_length));
     }
     PyObject *part = PyTuple_Pack(2, args[0], entries);
     Py_DECREF(entries);
@@ -1927,6 +1958,97 @@ fail:
     Py_XDECREF(entries);
     Py_XDECREF(addresses);
     Py_XDECREF(lengths);
+    return NULL;
+}
+
+/* bind_slots(needs, table, direct, addresses, lengths, normalize) -> (entries,
+ * has_memory, ok): hal.execution.Recording.bind's pass over the slots (see there). */
+static PyObject *core_bind_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyTuple_CheckExact(args[0]) || !PyList_CheckExact(args[2])
+        || !PyList_CheckExact(args[3]) || !PyList_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "bind_slots(needs: tuple, table, direct: list, "
+                                         "addresses: list, lengths: list, normalize)");
+        return NULL;
+    }
+    if (buffer_class == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "tinyhal _core used before Buffer was registered");
+        return NULL;
+    }
+    PyObject *needs = args[0], *table = args[1], *direct = args[2];
+    PyObject *addresses = args[3], *lengths = args[4], *normalize = args[5];
+    Py_ssize_t n = PyTuple_GET_SIZE(needs);
+    PyObject *entries = PyList_New(0);
+    if (entries == NULL)
+        return NULL;
+    int ok = 1, has_memory = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *entry = PySequence_GetItem(table, i);
+        if (entry == NULL)
+            goto fail;
+        PyObject *range = NULL; /* (buffer, base, length), a new reference */
+        if (PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 3) {
+            PyObject *buffer = PyTuple_GET_ITEM(entry, 0);
+            long long base = PyLong_CheckExact(PyTuple_GET_ITEM(entry, 1))
+                             ? small_int(PyTuple_GET_ITEM(entry, 1)) : -1;
+            long long length = PyLong_CheckExact(PyTuple_GET_ITEM(entry, 2))
+                               ? small_int(PyTuple_GET_ITEM(entry, 2)) : -1;
+            if (Py_TYPE(buffer) == buffer_class && base >= 0 && length >= 0
+                && base + length <= small_int(((BufferObject *)buffer)->byte_length))
+                range = Py_NewRef(entry);
+        } else if (Py_TYPE(entry) == buffer_class) {
+            range = PyTuple_Pack(3, entry, zero, ((BufferObject *)entry)->byte_length);
+            if (range == NULL) {
+                Py_DECREF(entry);
+                goto fail;
+            }
+        }
+        if (range == NULL) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            PyObject *call_args[] = {entry, index};
+            range = index == NULL ? NULL : PyObject_Vectorcall(normalize, call_args, 2, NULL);
+            Py_XDECREF(index);
+        }
+        Py_DECREF(entry);
+        if (range == NULL)
+            goto fail;
+        PyObject *items = PySequence_Tuple(range);
+        Py_DECREF(range);
+        if (items == NULL)
+            goto fail;
+        PyObject *buffer = PyTuple_GET_SIZE(items) == 3 ? PyTuple_GET_ITEM(items, 0) : NULL;
+        if (buffer == NULL || !is_core_buffer(buffer)) {
+            Py_DECREF(items);
+            PyErr_SetString(PyExc_TypeError, "a binding table entry normalized to no buffer");
+            goto fail;
+        }
+        PyObject *base = PyTuple_GET_ITEM(items, 1), *length = PyTuple_GET_ITEM(items, 2);
+        if (!meets_need((BufferObject *)buffer, small_int(base), small_int(length),
+                        PyTuple_GET_ITEM(needs, i)))
+            ok = 0;
+        int status = append_slot((BufferObject *)buffer, base, length, entries, addresses,
+                                 lengths, &has_memory);
+        Py_DECREF(items);
+        if (status < 0)
+            goto fail;
+    }
+    for (Py_ssize_t i = PyList_GET_SIZE(direct) - 1; i >= 0; i--) { /* slot -1 is the last */
+        PyObject *item = PyList_GET_ITEM(direct, i);
+        if (!is_core_buffer(item)) {
+            PyErr_Format(PyExc_TypeError, "not a buffer among the direct buffers: %R", item);
+            goto fail;
+        }
+        BufferObject *buffer = (BufferObject *)item;
+        if (((StorageObject *)buffer->storage)->released != Py_False)
+            ok = 0;
+        if (append_slot(buffer, zero, buffer->byte_length, entries, addresses, lengths,
+                        &has_memory) < 0)
+            goto fail;
+    }
+    return Py_BuildValue("(NOO)", entries, has_memory ? Py_True : Py_False,
+                         ok ? Py_True : Py_False);
+fail:
+    Py_DECREF(entries);
     return NULL;
 }
 
@@ -2253,6 +2375,9 @@ static PyMethodDef core_methods[] = {
     {"adopt", (PyCFunction)(void (*)(void))core_adopt, METH_FASTCALL,
      "adopt(recording, needs, direct) -> Submission | None: the check of "
      "hal.execution.Recording.adopter."},
+    {"bind_slots", (PyCFunction)(void (*)(void))core_bind_slots, METH_FASTCALL,
+     "bind_slots(needs, table, direct, addresses, lengths, normalize) -> (entries, "
+     "has_memory, ok): the pass of hal.execution.Recording.bind over the slots."},
     {NULL},
 };
 
