@@ -1993,8 +1993,9 @@ static PyObject *core_bind_slots(PyObject *module, PyObject *const *args, Py_ssi
                              ? small_int(PyTuple_GET_ITEM(entry, 1)) : -1;
             long long length = PyLong_CheckExact(PyTuple_GET_ITEM(entry, 2))
                                ? small_int(PyTuple_GET_ITEM(entry, 2)) : -1;
-            if (Py_TYPE(buffer) == buffer_class && base >= 0 && length >= 0
-                && base + length <= small_int(((BufferObject *)buffer)->byte_length))
+            long long size = Py_TYPE(buffer) == buffer_class
+                             ? small_int(((BufferObject *)buffer)->byte_length) : -1;
+            if (base >= 0 && length >= 0 && size >= 0 && base <= size && length <= size - base)
                 range = Py_NewRef(entry);
         } else if (Py_TYPE(entry) == buffer_class) {
             range = PyTuple_Pack(3, entry, zero, ((BufferObject *)entry)->byte_length);

@@ -536,3 +536,19 @@ def test_bind_slots_checks_a_table_as_the_recording_needs_and_names_failures():
             recording.bind([table_buffer], [direct], [], [])
     finally:
         device.close()
+
+
+def test_bind_slots_refuses_a_range_whose_end_overflows():
+    """Offsets and lengths that only fit the buffer by wrapping around 64 bits are
+    refused as the Python check refuses them."""
+    device = create_device("sync")
+    try:
+        direct = device.allocator.allocate(128)
+        recording = _recording_over(device, direct)
+        table_buffer = device.allocator.allocate(96)
+        with pytest.raises(errors.Error):
+            recording.bind([(table_buffer, 2**62, 2**62)], [direct], [], [])
+        with pytest.raises(errors.Error):
+            recording.bind([(table_buffer, 2**70, 0)], [direct], [], [])
+    finally:
+        device.close()
