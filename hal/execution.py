@@ -34,6 +34,7 @@ from .command_buffer import (
     check_binding_alignment,
 )
 from .executable import PreparedDispatch
+from .native import core as _core
 from .types import WHOLE_BUFFER, BufferUsage
 
 BindingTable = Sequence[Any]
@@ -217,7 +218,7 @@ class Recording:
 
     __slots__ = ("commands", "table_slots", "direct_count", "slot_count", "slot_usage",
                  "slot_end", "slot_align", "exact", "max_concurrency",
-                 "patterns", "streams", "shareable", "direct_needs")
+                 "patterns", "streams", "shareable", "table_needs", "direct_needs")
 
     def __init__(self, commands: Sequence[Any], table_slots: int, direct_count: int,
                  max_concurrency: int) -> None:
@@ -260,8 +261,11 @@ class Recording:
         self.slot_usage = usage
         self.slot_end = end
         self.slot_align = [tuple(sorted(a)) for a in align]
-        # per direct buffer, in slot order (slot -1 last): (usage, end, alignments)
-        self.direct_needs = [(usage[i], end[i], self.slot_align[i]) for i in range(n, count)]
+        # per slot, table slots then direct buffers in slot order (slot -1 last): (usage,
+        # end, alignments), what `_core.bind_slots` and `_core.adopt` check
+        needs = tuple((int(usage[i]), end[i], self.slot_align[i]) for i in range(count))
+        self.table_needs = needs[:n]
+        self.direct_needs = needs[n:]
 
     def adopter(self) -> Callable[[list[Any]], Submission | None]:
         """A function `adopt(direct)`: what a submit of a command buffer holding these
@@ -276,18 +280,12 @@ class Recording:
         once given, so a submit of the adopting command buffer only tests that none
         was released since.
 
-        The check is one function per shape of needs (how many direct buffers, how many
-        aligned offsets each), made once per process and shared by every recording of
-        that shape, with the recording and its needs bound as data (`functools.partial`:
-        no frame of its own). It runs once per re-recorded command buffer. The caller
-        keeps it; the recording does not, so no cycle holds the recording."""
-        shape = tuple(len(residues) for _bits, _reach, residues in self.direct_needs)
-        check = _ADOPTERS.get(shape)
-        if check is None:
-            check = _ADOPTERS[shape] = _adopter_for(shape)
-        needs = tuple(value for bits, reach, residues in self.direct_needs
-                      for value in (bits, reach, *residues))
-        return functools.partial(check, self, *needs)
+        The check is one C function (`_core.adopt`, which reads the buffers' fields
+        where C keeps them) with the recording and its needs bound as data
+        (`functools.partial`: no Python frame). It runs once per re-recorded command
+        buffer. The caller keeps it; the recording does not, so no cycle holds the
+        recording."""
+        return functools.partial(_core.adopt, self, self.direct_needs)
 
     def slot_index(self, ref: BufferRef) -> int:
         """The slot a reference reads, counted from the first table slot."""
@@ -310,48 +308,8 @@ class Recording:
         table = table or ()
         if n > len(table):
             _check_table_size(len(table), n)
-        entries: list[Entry] = []
-        usage, end, align = self.slot_usage, self.slot_end, self.slot_align
-        ok = True
-        has_memory = True
-        for i in range(n):
-            entry = table[i]
-            if type(entry) is tuple and len(entry) == 3:
-                buffer, base, length = entry
-                if (type(buffer) is not Buffer or type(base) is not int
-                        or type(length) is not int or base < 0 or length < 0
-                        or base + length > buffer.byte_length):
-                    buffer, base, length = _normalize_entry(entry, i)
-            elif type(entry) is Buffer:
-                buffer, base, length = entry, 0, entry.byte_length
-            else:
-                buffer, base, length = _normalize_entry(entry, i)
-            storage = buffer.storage
-            address = storage.address
-            if not address:
-                has_memory = False
-            start = address + buffer.byte_offset + base
-            bits = usage[i]
-            if storage.released or buffer.usage_bits & bits != bits or end[i] > length:
-                ok = False
-            elif align[i]:
-                for residue in align[i]:
-                    if (start + residue) % ALIGNMENT:
-                        ok = False
-            entries.append((buffer, base, length))
-            addresses.append(start)
-            lengths.append(length)
-        for buffer in reversed(direct):  # slot -1 is the last entry
-            storage = buffer.storage
-            address = storage.address
-            if not address:
-                has_memory = False
-            if storage.released:
-                ok = False
-            length = buffer.byte_length
-            entries.append((buffer, 0, length))
-            addresses.append(address + buffer.byte_offset)
-            lengths.append(length)
+        entries, has_memory, ok = _core.bind_slots(self.table_needs, table, direct, addresses,
+                                                   lengths, _normalize_entry)
         if not ok or not self.exact:
             _check_each_command(self.commands, entries)
             if not ok:  # pragma: no cover - the per-slot checks only fail what it fails
@@ -446,22 +404,20 @@ def _normalize_entry(entry: Any, index: int) -> Range:
     return Range(buffer, offset, length)
 
 
-class Submission:
+class Submission(_core.SubmissionCore):
     """Validated command buffers with the slot ranges each reads (`parts`).
 
     `addresses` and `lengths` are every part's slot addresses and lengths in order, as a
     native stream binds them, read when the submission was validated; `addresses` is None
     when a buffer had no memory then (the stream reads them when it starts).
     `instrument` is None, or `(profile, submission_id, queue)` while a profiling session
-    records: the stream that runs it then timestamps each operation into the profile."""
+    records: the stream that runs it then timestamps each operation into the profile.
 
-    __slots__ = ("parts", "addresses", "lengths", "instrument")
+    `Submission(parts, addresses=None, lengths=[])`: its fields live in C
+    (`SubmissionCore`), whose one constructor also makes the submissions that
+    `Recording.adopter` checks."""
 
-    def __init__(self, parts: list[tuple[Recording, list[Entry]]]) -> None:
-        self.parts = parts
-        self.addresses: list[int] | None = None
-        self.lengths: list[int] = []
-        self.instrument: tuple | None = None
+    __slots__ = ()
 
     def operations(self) -> list[Operation]:
         """Every command buffer's typed operations, in order."""
@@ -477,49 +433,7 @@ class Submission:
         self.parts = ()
 
 
-_new_submission = object.__new__
-_ADOPTERS: dict[tuple[int, ...], Callable[..., Submission | None]] = {}
-
-
-def _adopter_for(shape: tuple[int, ...]) -> Callable[..., Submission | None]:
-    """The check `Recording.adopter` binds, for recordings whose direct buffers (in slot
-    order) need `shape[i]` aligned offsets each: `check(recording, *needs, direct)`,
-    straight-line code over the needs given as arguments (per buffer its usage bits,
-    the bytes reached, then its offset residues), so it is made once per shape, not per
-    recording."""
-    count = len(shape)
-    needs = "".join(f"u{i}, e{i}, " + "".join(f"r{i}_{k}, " for k in range(residues))
-                    for i, residues in enumerate(shape))
-    lines = [f"def check(recording, {needs}direct):", f"    if len(direct) != {count}:",
-             "        return None"]
-    if count:  # slot order is `direct` reversed: direct[0] is the last slot
-        lines.append("    " + "".join(f"b{i}, " for i in reversed(range(count))) + "= direct")
-    for i, residues in enumerate(shape):
-        lines += [f"    if b{i}.__class__ is not Buffer:",
-                  "        return None",
-                  f"    s{i} = b{i}.storage",
-                  f"    n{i} = b{i}.byte_length",
-                  f"    if s{i}.released or b{i}.usage_bits & u{i} != u{i} or n{i} < e{i}:",
-                  "        return None",
-                  f"    a{i} = s{i}.address + b{i}.byte_offset"]
-        for k in range(residues):
-            lines += [f"    if (a{i} + r{i}_{k}) % {ALIGNMENT}:", "        return None"]
-    numbered = range(count)
-    has_memory = " and ".join(f"s{i}.address" for i in numbered) or "True"
-    lines += [
-        "    submission = new_submission(Submission)",
-        "    submission.parts = [(recording, ["
-        + ", ".join(f"(b{i}, 0, n{i})" for i in numbered) + "])]",
-        "    submission.addresses = ["
-        + ", ".join(f"a{i}" for i in numbered) + f"] if {has_memory} else None",
-        "    submission.lengths = [" + ", ".join(f"n{i}" for i in numbered) + "]",
-        "    submission.instrument = None",
-        "    return submission"]
-    namespace = {"Buffer": Buffer, "Submission": Submission,
-                 "new_submission": _new_submission}
-    exec(compile("\n".join(lines), f"<tinyhal adopter of {count} buffers>", "exec"),  # noqa: S102
-         namespace)
-    return namespace["check"]
+_core.register(submission=Submission)
 
 
 def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
@@ -565,9 +479,4 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
         has_memory = has_memory and bound_all
     for cb in command_buffers:
         cb.submitted = True
-    submission = _new_submission(Submission)  # without an __init__ frame
-    submission.parts = parts
-    submission.addresses = addresses if has_memory else None
-    submission.lengths = lengths
-    submission.instrument = None
-    return submission
+    return Submission(parts, addresses if has_memory else None, lengths)

@@ -1762,6 +1762,298 @@ static PyTypeObject RingCoreType = {
 };
 
 /* ---------------------------------------------------------------------------------- */
+/* SubmissionCore, and adopting a recording over new direct buffers                   */
+
+/* The fields of a validated submission (hal.execution.Submission): per command buffer
+ * its recording and slot entries (`parts`), every slot's address (None while a buffer has
+ * no memory) and length, as a native stream binds them, and the profile instrumentation
+ * (None, or (profile, submission_id, queue)). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *parts, *addresses, *lengths, *instrument;
+    PyObject *weakrefs;
+} SubmissionObject;
+
+static PyTypeObject SubmissionCoreType;
+static PyTypeObject *submission_class;
+
+#define BINDING_ALIGNMENT 64 /* hal.buffer.ALIGNMENT: what kernels' aligned loads need */
+
+/* The one constructor of a submission: `Submission(...)` (its `__new__`) and `adopt`
+ * come here (references stolen). */
+static PyObject *submission_make(PyTypeObject *type, PyObject *parts, PyObject *addresses,
+                                 PyObject *lengths)
+{
+    SubmissionObject *self = parts == NULL || addresses == NULL || lengths == NULL
+        ? NULL : (SubmissionObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_XDECREF(parts);
+        Py_XDECREF(addresses);
+        Py_XDECREF(lengths);
+        return NULL;
+    }
+    self->parts = parts;
+    self->addresses = addresses;
+    self->lengths = lengths;
+    self->instrument = Py_NewRef(Py_None);
+    return (PyObject *)self;
+}
+
+static PyObject *submission_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"parts", "addresses", "lengths", NULL};
+    PyObject *parts, *addresses = Py_None, *lengths = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO:Submission", kwlist, &parts,
+                                     &addresses, &lengths))
+        return NULL;
+    return submission_make(type, Py_NewRef(parts), Py_NewRef(addresses),
+                           lengths == NULL ? PyList_New(0) : Py_NewRef(lengths));
+}
+
+#define SUBMISSION_OBJECT_FIELDS(X) \
+    X(self->parts); X(self->addresses); X(self->lengths); X(self->instrument);
+
+CORE_TRAVERSE_AND_CLEAR(submission, SubmissionObject, SUBMISSION_OBJECT_FIELDS)
+CORE_DEALLOC(submission, SubmissionObject, submission_clear)
+
+static PyMemberDef submission_members[] = {
+    {"parts", T_OBJECT_EX, offsetof(SubmissionObject, parts), 0, NULL},
+    {"addresses", T_OBJECT_EX, offsetof(SubmissionObject, addresses), 0, NULL},
+    {"lengths", T_OBJECT_EX, offsetof(SubmissionObject, lengths), 0, NULL},
+    {"instrument", T_OBJECT_EX, offsetof(SubmissionObject, instrument), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject SubmissionCoreType = {
+    CORE_BASE_TYPE("SubmissionCore", SubmissionObject, submission,
+                   "The fields of a validated submission (hal.execution.Submission): "
+                   "parts, addresses, lengths, instrument."),
+    .tp_members = submission_members,
+};
+
+/* `value` as a long long >= 0 (an int), or -1 (not one: the caller refuses). */
+static long long small_int(PyObject *value)
+{
+    if (!PyLong_Check(value))
+        return -1;
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return v;
+}
+
+/* Whether `length` bytes of `buffer` from `base` (its slot's range) meet `need`, a
+ * Recording's need of one slot `(usage_bits, bytes reached, offset residues)`: live, the
+ * usage bits, the bytes, and every bound offset's address 64-byte aligned. 1 if so, 0 if
+ * not (or if `need` is not that form). `buffer`'s storage is a StorageCore. */
+static int meets_need(BufferObject *buffer, long long base, long long length, PyObject *need)
+{
+    StorageObject *storage = (StorageObject *)buffer->storage;
+    if (!PyTuple_CheckExact(need) || PyTuple_GET_SIZE(need) != 3
+        || storage->released != Py_False)
+        return 0;
+    long long usage = small_int(buffer->usage_bits);
+    long long wanted = small_int(PyTuple_GET_ITEM(need, 0));
+    long long reach = small_int(PyTuple_GET_ITEM(need, 1));
+    long long address = small_int(storage->address);
+    long long offset = small_int(buffer->byte_offset);
+    PyObject *residues = PyTuple_GET_ITEM(need, 2);
+    if (usage < 0 || wanted < 0 || reach < 0 || address < 0 || offset < 0
+        || (usage & wanted) != wanted || length < reach || !PyTuple_CheckExact(residues))
+        return 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(residues); k++) {
+        long long residue = small_int(PyTuple_GET_ITEM(residues, k));
+        if (residue < 0
+            || (unsigned long long)(address + offset + base + residue) % BINDING_ALIGNMENT)
+            return 0;
+    }
+    return 1;
+}
+
+/* Appends slot `(buffer, base, length)` to `entries`, its address to `addresses` and
+ * its length to `lengths`; clears `*has_memory` if the buffer has no memory yet. */
+static int append_slot(BufferObject *buffer, PyObject *base, PyObject *length,
+                       PyObject *entries, PyObject *addresses, PyObject *lengths,
+                       int *has_memory)
+{
+    StorageObject *storage = (StorageObject *)buffer->storage;
+    int placed = PyObject_IsTrue(storage->address);
+    if (placed < 0)
+        return -1;
+    if (!placed)
+        *has_memory = 0;
+    PyObject *entry = PyTuple_Pack(3, (PyObject *)buffer, base, length);
+    PyObject *start = PyNumber_Add(storage->address, buffer->byte_offset);
+    PyObject *address = start == NULL ? NULL : PyNumber_Add(start, base);
+    Py_XDECREF(start);
+    int status = entry == NULL || address == NULL || PyList_Append(entries, entry) < 0
+                 || PyList_Append(addresses, address) < 0 || PyList_Append(lengths, length) < 0
+                 ? -1 : 0;
+    Py_XDECREF(entry);
+    Py_XDECREF(address);
+    return status;
+}
+
+/* Whether `item` is a Buffer (any subclass) whose storage C reads. */
+static int is_core_buffer(PyObject *item)
+{
+    return PyObject_TypeCheck(item, &BufferCoreType)
+           && PyObject_TypeCheck(((BufferObject *)item)->storage, &StorageCoreType);
+}
+
+/* adopt(recording, needs, direct): hal.execution.Recording.adopter's check (see there). */
+static PyObject *core_adopt(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyTuple_CheckExact(args[1]) || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "adopt(recording, needs: tuple, direct: list)");
+        return NULL;
+    }
+    if (buffer_class == NULL || submission_class == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "tinyhal _core used before Buffer and Submission were registered");
+        return NULL;
+    }
+    PyObject *needs = args[1], *direct = args[2];
+    Py_ssize_t count = PyTuple_GET_SIZE(needs);
+    if (PyList_GET_SIZE(direct) != count)
+        Py_RETURN_NONE;
+    /* slot order is `direct` reversed (slot -1, the last, is direct[0]) */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(direct, count - 1 - i);
+        if (Py_TYPE(item) != buffer_class || !is_core_buffer(item))
+            Py_RETURN_NONE;
+        BufferObject *buffer = (BufferObject *)item;
+        if (!meets_need(buffer, 0, small_int(buffer->byte_length),
+                        PyTuple_GET_ITEM(needs, i)))
+            Py_RETURN_NONE;
+    }
+    /* every buffer passed: the submission's entries, addresses and lengths, slot order */
+    PyObject *entries = PyList_New(0);
+    PyObject *addresses = PyList_New(0);
+    PyObject *lengths = PyList_New(0);
+    int has_memory = 1;
+    if (entries == NULL || addresses == NULL || lengths == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        BufferObject *buffer = (BufferObject *)PyList_GET_ITEM(direct, count - 1 - i);
+        if (append_slot(buffer, zero, buffer->byte_length, entries, addresses, lengths,
+                        &has_memory) < 0)
+            goto fail;
+    }
+    PyObject *part = PyTuple_Pack(2, args[0], entries);
+    Py_DECREF(entries);
+    entries = NULL;
+    PyObject *parts = part == NULL ? NULL : PyList_New(1);
+    if (parts == NULL) {
+        Py_XDECREF(part);
+        goto fail;
+    }
+    PyList_SET_ITEM(parts, 0, part);
+    if (!has_memory)
+        Py_SETREF(addresses, Py_NewRef(Py_None));
+    return submission_make(submission_class, parts, addresses, lengths);
+fail:
+    Py_XDECREF(entries);
+    Py_XDECREF(addresses);
+    Py_XDECREF(lengths);
+    return NULL;
+}
+
+/* bind_slots(needs, table, direct, addresses, lengths, normalize) -> (entries,
+ * has_memory, ok): hal.execution.Recording.bind's pass over the slots (see there). */
+static PyObject *core_bind_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyTuple_CheckExact(args[0]) || !PyList_CheckExact(args[2])
+        || !PyList_CheckExact(args[3]) || !PyList_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "bind_slots(needs: tuple, table, direct: list, "
+                                         "addresses: list, lengths: list, normalize)");
+        return NULL;
+    }
+    if (buffer_class == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "tinyhal _core used before Buffer was registered");
+        return NULL;
+    }
+    PyObject *needs = args[0], *table = args[1], *direct = args[2];
+    PyObject *addresses = args[3], *lengths = args[4], *normalize = args[5];
+    Py_ssize_t n = PyTuple_GET_SIZE(needs);
+    PyObject *entries = PyList_New(0);
+    if (entries == NULL)
+        return NULL;
+    int ok = 1, has_memory = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *entry = PySequence_GetItem(table, i);
+        if (entry == NULL)
+            goto fail;
+        PyObject *range = NULL; /* (buffer, base, length), a new reference */
+        if (PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 3) {
+            PyObject *buffer = PyTuple_GET_ITEM(entry, 0);
+            long long base = PyLong_CheckExact(PyTuple_GET_ITEM(entry, 1))
+                             ? small_int(PyTuple_GET_ITEM(entry, 1)) : -1;
+            long long length = PyLong_CheckExact(PyTuple_GET_ITEM(entry, 2))
+                               ? small_int(PyTuple_GET_ITEM(entry, 2)) : -1;
+            long long size = Py_TYPE(buffer) == buffer_class
+                             ? small_int(((BufferObject *)buffer)->byte_length) : -1;
+            if (base >= 0 && length >= 0 && size >= 0 && base <= size && length <= size - base)
+                range = Py_NewRef(entry);
+        } else if (Py_TYPE(entry) == buffer_class) {
+            range = PyTuple_Pack(3, entry, zero, ((BufferObject *)entry)->byte_length);
+            if (range == NULL) {
+                Py_DECREF(entry);
+                goto fail;
+            }
+        }
+        if (range == NULL) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            PyObject *call_args[] = {entry, index};
+            range = index == NULL ? NULL : PyObject_Vectorcall(normalize, call_args, 2, NULL);
+            Py_XDECREF(index);
+        }
+        Py_DECREF(entry);
+        if (range == NULL)
+            goto fail;
+        PyObject *items = PySequence_Tuple(range);
+        Py_DECREF(range);
+        if (items == NULL)
+            goto fail;
+        PyObject *buffer = PyTuple_GET_SIZE(items) == 3 ? PyTuple_GET_ITEM(items, 0) : NULL;
+        if (buffer == NULL || !is_core_buffer(buffer)) {
+            Py_DECREF(items);
+            PyErr_SetString(PyExc_TypeError, "a binding table entry normalized to no buffer");
+            goto fail;
+        }
+        PyObject *base = PyTuple_GET_ITEM(items, 1), *length = PyTuple_GET_ITEM(items, 2);
+        if (!meets_need((BufferObject *)buffer, small_int(base), small_int(length),
+                        PyTuple_GET_ITEM(needs, i)))
+            ok = 0;
+        int status = append_slot((BufferObject *)buffer, base, length, entries, addresses,
+                                 lengths, &has_memory);
+        Py_DECREF(items);
+        if (status < 0)
+            goto fail;
+    }
+    for (Py_ssize_t i = PyList_GET_SIZE(direct) - 1; i >= 0; i--) { /* slot -1 is the last */
+        PyObject *item = PyList_GET_ITEM(direct, i);
+        if (!is_core_buffer(item)) {
+            PyErr_Format(PyExc_TypeError, "not a buffer among the direct buffers: %R", item);
+            goto fail;
+        }
+        BufferObject *buffer = (BufferObject *)item;
+        if (((StorageObject *)buffer->storage)->released != Py_False)
+            ok = 0;
+        if (append_slot(buffer, zero, buffer->byte_length, entries, addresses, lengths,
+                        &has_memory) < 0)
+            goto fail;
+    }
+    return Py_BuildValue("(NOO)", entries, has_memory ? Py_True : Py_False,
+                         ok ? Py_True : Py_False);
+fail:
+    Py_DECREF(entries);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------- */
 /* Module functions                                                                   */
 
 /* 0 if hal.semaphore has registered its classes, else -1 with an error. */
@@ -2034,17 +2326,19 @@ static int register_one(PyObject *kwargs, const char *name, PyObject **target,
 /* The module's one registration point (see `semaphore_class`). */
 static PyObject *core_register(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static const char *const names[] = {"semaphore", "fence", "buffer", "normalize_general",
-                                        "complete_slow"};
+    static const char *const names[] = {"semaphore", "fence", "buffer", "submission",
+                                        "normalize_general", "complete_slow"};
     if (PyTuple_GET_SIZE(args) || kwargs == NULL) {
         PyErr_SetString(PyExc_TypeError, "register takes keyword arguments only");
         return NULL;
     }
     PyObject **targets[] = {(PyObject **)&semaphore_class, (PyObject **)&fence_class,
-                            (PyObject **)&buffer_class, &normalize_general, &complete_slow};
-    PyTypeObject *bases[] = {&SemaphoreCoreType, &FenceCoreType, &BufferCoreType, NULL, NULL};
+                            (PyObject **)&buffer_class, (PyObject **)&submission_class,
+                            &normalize_general, &complete_slow};
+    PyTypeObject *bases[] = {&SemaphoreCoreType, &FenceCoreType, &BufferCoreType,
+                             &SubmissionCoreType, NULL, NULL};
     Py_ssize_t known = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         int found = register_one(kwargs, names[i], targets[i], bases[i]);
         if (found < 0)
             return NULL;
@@ -2052,7 +2346,7 @@ static PyObject *core_register(PyObject *module, PyObject *args, PyObject *kwarg
     }
     if (known != PyDict_GET_SIZE(kwargs)) {
         PyErr_Format(PyExc_TypeError, "register takes only semaphore, fence, buffer, "
-                     "normalize_general and complete_slow, not %R", kwargs);
+                     "submission, normalize_general and complete_slow, not %R", kwargs);
         return NULL;
     }
     Py_RETURN_NONE;
@@ -2060,9 +2354,9 @@ static PyObject *core_register(PyObject *module, PyObject *args, PyObject *kwarg
 
 static PyMethodDef core_methods[] = {
     {"register", (PyCFunction)(void (*)(void))core_register, METH_VARARGS | METH_KEYWORDS,
-     "register(semaphore=, fence=, buffer=, normalize_general=, complete_slow=): the Python "
-     "classes whose instances this module makes (subclasses of SemaphoreCore, FenceCore, "
-     "BufferCore) and the Python paths of normalize_wait_signal and complete; each module "
+     "register(semaphore=, fence=, buffer=, submission=, normalize_general=, complete_slow=): "
+     "the Python classes whose instances this module makes (subclasses of SemaphoreCore, "
+     "FenceCore, BufferCore, SubmissionCore) and the Python paths of normalize_wait_signal and complete; each module "
      "registers its own when imported."},
     {"trampoline", core_trampoline, METH_NOARGS,
      "This thread's completion trampoline (a deque), or None."},
@@ -2079,6 +2373,12 @@ static PyMethodDef core_methods[] = {
      "hal.fence.join over the VM's rows of one fence or None (see core.c)."},
     {"normalize_wait_signal", (PyCFunction)(void (*)(void))core_normalize_wait_signal,
      METH_FASTCALL, "See hal.semaphore.normalize_wait_signal."},
+    {"adopt", (PyCFunction)(void (*)(void))core_adopt, METH_FASTCALL,
+     "adopt(recording, needs, direct) -> Submission | None: the check of "
+     "hal.execution.Recording.adopter."},
+    {"bind_slots", (PyCFunction)(void (*)(void))core_bind_slots, METH_FASTCALL,
+     "bind_slots(needs, table, direct, addresses, lengths, normalize) -> (entries, "
+     "has_memory, ok): the pass of hal.execution.Recording.bind over the slots."},
     {NULL},
 };
 
@@ -2096,7 +2396,7 @@ PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
         || PyType_Ready(&StorageCoreType) < 0 || PyType_Ready(&RingStorageType) < 0
         || PyType_Ready(&BufferCoreType) < 0 || PyType_Ready(&BufferViewCoreType) < 0
         || PyType_Ready(&HeapCounterType) < 0 || PyType_Ready(&RingBlockType) < 0
-        || PyType_Ready(&RingCoreType) < 0)
+        || PyType_Ready(&RingCoreType) < 0 || PyType_Ready(&SubmissionCoreType) < 0)
         return NULL;
     str_ensure_backing = PyUnicode_InternFromString("_ensure_backing");
     str_grant_parked = PyUnicode_InternFromString("_grant_parked");
@@ -2148,7 +2448,8 @@ PyMODINIT_FUNC CORE_CAT(PyInit_, TINYHAL_CORE_NAME)(void)
         || PyModule_AddObjectRef(module, "BufferViewCore", (PyObject *)&BufferViewCoreType) < 0
         || PyModule_AddObjectRef(module, "HeapCounter", (PyObject *)&HeapCounterType) < 0
         || PyModule_AddObjectRef(module, "RingBlock", (PyObject *)&RingBlockType) < 0
-        || PyModule_AddObjectRef(module, "RingCore", (PyObject *)&RingCoreType) < 0) {
+        || PyModule_AddObjectRef(module, "RingCore", (PyObject *)&RingCoreType) < 0
+        || PyModule_AddObjectRef(module, "SubmissionCore", (PyObject *)&SubmissionCoreType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

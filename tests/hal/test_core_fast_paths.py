@@ -468,3 +468,87 @@ def test_ready_allocas_from_many_threads_keep_the_ring_and_counters_exact():
         assert heap.allocation_count == per_thread * threads_count
     finally:
         device.close()
+
+
+def _recording_over(device, buffer):
+    """A finalized command buffer dispatch-free but with a fill (TRANSFER_TARGET over the
+    first 64 bytes of `buffer`, a direct buffer) and a table slot; and its recording."""
+    from tinyhal.hal.execution import Recording
+
+    cb = device.create_command_buffer(binding_capacity=1)
+    cb.fill(buffer, 0, 64, b"\x01")
+    cb.fill(0, 0, 32, b"\x02")
+    cb.finalize()
+    return Recording(tuple(cb.commands), cb.max_slot + 1, len(cb.direct), 1)
+
+
+def test_adopt_takes_only_live_buffers_with_the_usage_and_bytes_the_commands_need():
+    from tinyhal.hal import BufferUsage, MemoryType
+    from tinyhal.hal.execution import Submission
+
+    device = create_device("sync")
+    try:
+        first = device.allocator.allocate(128)
+        adopt = _recording_over(device, first).adopter()
+        other = device.allocator.allocate(64)
+        submission = adopt([other])
+        assert type(submission) is Submission
+        assert submission.parts[0][1] == [(other, 0, 64)]
+        assert submission.addresses == [other.address] and submission.lengths == [64]
+        assert submission.instrument is None
+        assert adopt([device.allocator.allocate(32)]) is None  # too few bytes
+        assert adopt([other, other]) is None  # another count of buffers
+        assert adopt(["not a buffer"]) is None
+        no_transfer = device.allocator.allocate(
+            64, MemoryType.HOST_LOCAL | MemoryType.DEVICE_VISIBLE, BufferUsage.DISPATCH_STORAGE)
+        assert adopt([no_transfer]) is None
+        other.storage.release()
+        assert adopt([other]) is None  # released
+    finally:
+        device.close()
+
+
+def test_bind_slots_checks_a_table_as_the_recording_needs_and_names_failures():
+    from tinyhal.hal.execution import Range
+
+    device = create_device("sync")
+    try:
+        direct = device.allocator.allocate(128)
+        recording = _recording_over(device, direct)
+        table_buffer = device.allocator.allocate(96)
+        # a buffer, a plain entry, and one of a tuple subclass (normalized in Python)
+        for entry in (table_buffer, (table_buffer, 32, 64), Range(table_buffer, 16, 80)):
+            addresses, lengths = [], []
+            entries, has_memory = recording.bind([entry], [direct], addresses, lengths)
+            base = entry[1] if isinstance(entry, tuple) else 0
+            assert entries == [(table_buffer, base, 96 - base), (direct, 0, 128)]
+            assert has_memory
+            assert addresses == [table_buffer.address + base, direct.address]
+            assert lengths == [96 - base, 128]
+        with pytest.raises(errors.OutOfRangeError, match="binding slot 0 of 16 bytes"):
+            recording.bind([(table_buffer, 0, 16)], [direct], [], [])
+        with pytest.raises(errors.InvalidArgumentError, match="binding table entry 0"):
+            recording.bind(["no buffer"], [direct], [], [])
+        with pytest.raises(errors.InvalidArgumentError, match="binding table has 0 entries"):
+            recording.bind([], [direct], [], [])
+        direct.storage.release()
+        with pytest.raises(errors.FailedPreconditionError):
+            recording.bind([table_buffer], [direct], [], [])
+    finally:
+        device.close()
+
+
+def test_bind_slots_refuses_a_range_whose_end_overflows():
+    """Offsets and lengths that only fit the buffer by wrapping around 64 bits are
+    refused as the Python check refuses them."""
+    device = create_device("sync")
+    try:
+        direct = device.allocator.allocate(128)
+        recording = _recording_over(device, direct)
+        table_buffer = device.allocator.allocate(96)
+        with pytest.raises(errors.Error):
+            recording.bind([(table_buffer, 2**62, 2**62)], [direct], [], [])
+        with pytest.raises(errors.Error):
+            recording.bind([(table_buffer, 2**70, 0)], [direct], [], [])
+    finally:
+        device.close()
