@@ -116,15 +116,10 @@ class InferRequest:
 
     @property
     def timeout_us(self) -> float | None:
-        """The request's `parameters.timeout` in microseconds (Triton's convention)."""
+        """The request's `parameters.timeout` in microseconds (Triton's convention;
+        checked with the other parameters, `_check_parameters`)."""
         value = self.parameters.get("timeout")
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
-                or not math.isfinite(value):
-            raise ProtocolError(400, f"parameter 'timeout' must be a non-negative number of "
-                                     f"microseconds, not {value!r}")
-        return float(value)
+        return None if value is None else float(value)
 
 
 def _bad(message: str) -> ProtocolError:
@@ -370,6 +365,59 @@ def _span_tensor(name: str, datatype: str, shape: tuple[int, ...], span: _DataSp
     return out.reshape(shape)
 
 
+_UINT64_MAX = (1 << 64) - 1
+
+
+def _is_uint64(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= _UINT64_MAX
+
+
+def _is_timeout(value: Any) -> bool:
+    return type(value) in _NUMBER_TYPES and 0 <= value <= _UINT64_MAX
+
+
+# request parameters Triton's HTTP frontend reads itself: what each must be
+_PARAMETER_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "sequence_id": (lambda v: _is_uint64(v) or type(v) is str, "a uint64 or a string"),
+    "sequence_start": (lambda v: type(v) is bool, "true or false"),
+    "sequence_end": (lambda v: type(v) is bool, "true or false"),
+    "binary_data_output": (lambda v: type(v) is bool, "true or false"),
+    "priority": (_is_uint64, "a uint64"),
+    "timeout": (_is_timeout, f"a non-negative number of microseconds (at most "
+                             f"{_UINT64_MAX})"),
+}
+_PARAMETER_VALUE_TYPES = frozenset({str, int, float, bool})
+
+
+def _check_parameters(parameters: dict) -> None:
+    """A request's `parameters` as Triton's HTTP frontend reads them, or a 400 naming
+    the parameter: those it reads itself have their types (`sequence_id` a uint64 or a
+    string, `sequence_start`/`sequence_end`/`binary_data_output` booleans, `priority`
+    a uint64, `timeout` a number of microseconds in the uint64 range), every other value
+    is a string, a number or a boolean (an object, a list or null is refused, so no
+    nesting hides in it), and keys starting with `triton_` are reserved."""
+    for key, value in parameters.items():
+        rule = _PARAMETER_RULES.get(key)
+        if rule is not None:
+            if not rule[0](value):
+                raise _bad(f"parameter '{key}' must be {rule[1]}, not "
+                           f"{orjson.dumps(value).decode()[:40]}")
+        elif type(value) not in _PARAMETER_VALUE_TYPES:
+            raise _bad(f"parameter '{key}' has invalid type: it must be a string, a number "
+                       f"or a boolean, not {type(value).__name__ if value is not None else 'null'}")
+        elif key.startswith("triton_"):
+            raise _bad(f"parameter '{key}': keys starting with 'triton_' are reserved")
+
+
+def _no_shared_memory(params: dict, kind: str, name: str) -> None:
+    """A tensor placed in a shared-memory region is a 400 saying so: the server offers
+    neither shared-memory extension (Triton answers 400 for a region not registered)."""
+    if "shared_memory_region" in params:
+        raise _bad(f"{kind} '{name}' names shared_memory_region "
+                   f"{orjson.dumps(params['shared_memory_region']).decode()[:80]}: the "
+                   f"shared-memory extensions are not supported; send the data in the body")
+
+
 def _bool(value: Any, what: str, name: str = "") -> bool | None:
     """`value` when it is None or a boolean; `what` (with `name` in place of `{}`) names
     it in the error."""
@@ -531,18 +579,22 @@ def _plan_header(head: bytes | bytearray | memoryview, tail_bytes: int,
         raise _bad(f"request JSON is nested deeper than {MAX_JSON_DEPTH} levels") from None
     if not isinstance(doc, dict):
         raise _bad("request body must be a JSON object")
-    request_id = doc.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise _bad(f"'id' must be a string, not {type(request_id).__name__}")
+    request_id = doc.get("id", _ABSENT)
+    if request_id is _ABSENT:
+        request_id = None
+    elif type(request_id) is not str:  # null too, as Triton: a string when present
+        raise _bad(f"'id' must be a string, not "
+                   f"{type(request_id).__name__ if request_id is not None else 'null'}")
     parameters = doc.get("parameters", {})
     if type(parameters) is not dict:  # null too, as Triton: an object when present
         raise _bad(f"'parameters' must be a JSON object, not "
                    f"{orjson.dumps(parameters).decode()[:40]}")
+    if parameters:
+        _check_parameters(parameters)
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise _bad("request must have a non-empty 'inputs' list")
-    binary_output = bool(_bool(parameters.get("binary_data_output"),
-                               "parameter 'binary_data_output'"))
+    binary_output = parameters.get("binary_data_output") is True
     tensors = _tensor_plan(raw_inputs, doc.get("outputs", _ABSENT), tail_bytes, spans,
                            check, charge)
     return _HeaderPlan(request_id, parameters, binary_output, tensors)
@@ -570,8 +622,11 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
         dtype = DATATYPES[datatype]
         shape = _shape(item.get("shape"), name, dtype.itemsize)
         params = item.get("parameters")
-        size = None if params is None else \
-            _as_dict(params, "input '{}' 'parameters'", name).get("binary_data_size")
+        size = None
+        if params is not None:
+            params = _as_dict(params, "input '{}' 'parameters'", name)
+            _no_shared_memory(params, "input", name)
+            size = params.get("binary_data_size")
         if size is not None:
             if "data" in item:
                 raise _bad(f"input '{name}' has both 'data' and binary_data_size")
@@ -617,6 +672,7 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
             binary = None
             if oparams is not None:
                 oparams = _as_dict(oparams, "output '{}' 'parameters'", name)
+                _no_shared_memory(oparams, "output", name)
                 if oparams.get("classification") or oparams.get("class_count"):
                     raise _bad(f"output '{name}': the classification extension is not "
                                "supported")
