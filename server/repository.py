@@ -952,8 +952,12 @@ class ModelRepository:
         return device
 
     def load_all(self) -> list[ModelVersion]:
-        """Loads every version (blocking); returns those that failed."""
-        return self.load_versions(self.all_versions())
+        """Loads every version (blocking); returns those that failed (a poll tries
+        them again once their files changed)."""
+        failed = self.load_versions(self.all_versions())
+        for mv in failed:
+            self._failed_files[(mv.name, mv.version)] = mv.fingerprint
+        return failed
 
     def load_versions(self, versions: list[ModelVersion]) -> list[ModelVersion]:
         """Loads `versions` (blocking); returns those that failed. Devices made here size
