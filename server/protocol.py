@@ -22,7 +22,9 @@ Strictness (every case is a 400 naming what is wrong): JSON nested deeper than
 of the wrong JSON type; values that do not fit the datatype (an integer out of range, a
 finite number that overflows FP16/FP32); shapes with a negative dimension or an element
 count over 2**63 - 1; boolean parameters (`binary_data_output`, `binary_data`) that are
-not JSON booleans; `Inference-Header-Content-Length` outside (0, body length].
+not JSON booleans; request parameters Triton's frontend would refuse (`_check_parameters`);
+tensors in shared-memory regions; `Inference-Header-Content-Length` outside (0, body
+length].
 
 Every malformed request raises `ProtocolError(status, message)`; the app turns it into a
 V2 error body `{"error": message}` with that status.
