@@ -250,6 +250,13 @@ def _typed(name: str, datatype: str, flat: list, types: set) -> np.ndarray:
 _SPAN_HEAD_BYTES = 64 << 10
 _SPAN_CHUNK = 256 << 10
 _SPAN_WINDOW = 1 << 20
+# what a large request's JSON may hold once its data arrays are cut out: each value
+# becomes a Python object of 50+ bytes that the memory budget does not see (a 45 MB body
+# of 800,000 one-value tensors peaked at 4 GB); no model takes more than a few dozen
+# tensors, and a header of that many is a few thousand values
+MAX_DATA_ARRAYS = 4096
+_MAX_HEADER_VALUES = 65536
+_SPAN_FIRST_WINDOW = 4 << 10
 _DATA_OR_STRING = re.compile(rb'"data"\s*:\s*\[|"(?:[^"\\]|\\.)*"', re.S)
 _NOT_SKELETON = bytes(b for b in range(256) if b not in b"[],")
 
@@ -269,6 +276,7 @@ def _cut_data_spans(head: bytes | bytearray) -> tuple[bytes, dict[str, _DataSpan
     """`head` with every `"data"` array replaced by a placeholder string (unguessable:
     a client cannot name one), and the spans by placeholder."""
     nonce = os.urandom(8).hex()
+    json_nonce = nonce.encode()
     pieces: list[bytes] = []
     spans: dict[str, _DataSpan] = {}
     pos = last = 0
@@ -281,9 +289,13 @@ def _cut_data_spans(head: bytes | bytearray) -> tuple[bytes, dict[str, _DataSpan
             continue
         start = match.end() - 1
         end = _array_end(head, start)
-        placeholder = f"\x00{nonce}:{len(spans)}"
-        spans[placeholder] = _DataSpan(head, start, end)
-        pieces += (head[last:start], orjson.dumps(placeholder))
+        key = len(spans)
+        if key == MAX_DATA_ARRAYS:
+            raise _bad(f"request has more than {MAX_DATA_ARRAYS} 'data' arrays")
+        spans[f"\x00{nonce}:{key}"] = _DataSpan(head, start, end)
+        # the placeholder as JSON, made here: each small orjson.dumps result keeps a
+        # ~4 KiB buffer (200,000 small arrays held 800 MB)
+        pieces += (head[last:start], b'"\\u0000%s:%d"' % (json_nonce, key))
         pos = last = end
     if not spans:
         return head, spans
@@ -291,12 +303,32 @@ def _cut_data_spans(head: bytes | bytearray) -> tuple[bytes, dict[str, _DataSpan
     return b"".join(pieces), spans
 
 
+def _check_header_values(head: bytes | bytearray) -> None:
+    """400 when the JSON of a large request, its data arrays cut out, may hold more
+    than `_MAX_HEADER_VALUES` values, before a parser makes an object of each: counted
+    as its commas, at C speed and with no copy (commas inside strings count too; a
+    header that has that many is not a client's honest one)."""
+    if head.count(b",") > _MAX_HEADER_VALUES:
+        raise _bad(f"request JSON has more than {_MAX_HEADER_VALUES} commas outside its "
+                   f"tensors' data: too many values")
+
+
 def _array_end(head: bytes | bytearray, start: int) -> int:
-    """The index after the `]` closing the array that opens at `start`."""
+    """The index after the `]` closing the array that opens at `start`. A flat array
+    (the common case) is found by a few byte searches; a nested one is scanned in
+    windows that start small and double up to `_SPAN_WINDOW`, so a request of many
+    small arrays costs about its size (a 1 MiB window per array cost minutes of CPU for
+    200,000 of them)."""
+    close = head.find(b"]", start)
+    if close >= 0 and head.find(b"[", start + 1, close) < 0 and \
+            head.find(b'"', start + 1, close) < 0 and head.find(b"{", start + 1, close) < 0:
+        return close + 1
     depth = 0
     pos = start
+    size = _SPAN_FIRST_WINDOW
     while pos < len(head):
-        window = np.frombuffer(head, np.uint8, min(_SPAN_WINDOW, len(head) - pos), pos)
+        window = np.frombuffer(head, np.uint8, min(size, len(head) - pos), pos)
+        size = min(size * 2, _SPAN_WINDOW)
         marks = np.flatnonzero((window == 0x5B) | (window == 0x5D) | (window == 0x22)
                                | (window == 0x7B))
         kinds = window[marks]
@@ -572,6 +604,7 @@ def _plan_header(head: bytes | bytearray | memoryview, tail_bytes: int,
     spans: dict[str, _DataSpan] = {}
     if len(head) > _SPAN_HEAD_BYTES:
         head, spans = _cut_data_spans(head.tobytes() if type(head) is memoryview else head)
+        _check_header_values(head)
     _check_depth(head)
     try:
         doc = orjson.loads(head)
