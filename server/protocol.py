@@ -400,25 +400,16 @@ def _span_tensor(name: str, datatype: str, shape: tuple[int, ...], span: _DataSp
 
 
 _UINT64_MAX = (1 << 64) - 1
-
-
-def _is_uint64(value: Any) -> bool:
-    return type(value) is int and 0 <= value <= _UINT64_MAX
-
-
-def _is_timeout(value: Any) -> bool:
-    return type(value) in _NUMBER_TYPES and 0 <= value <= _UINT64_MAX
-
-
-# request parameters Triton's HTTP frontend reads itself: what each must be
-_PARAMETER_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "sequence_id": (lambda v: _is_uint64(v) or type(v) is str, "a uint64 or a string"),
-    "sequence_start": (lambda v: type(v) is bool, "true or false"),
-    "sequence_end": (lambda v: type(v) is bool, "true or false"),
-    "binary_data_output": (lambda v: type(v) is bool, "true or false"),
-    "priority": (_is_uint64, "a uint64"),
-    "timeout": (_is_timeout, f"a non-negative number of microseconds (at most "
-                             f"{_UINT64_MAX})"),
+# request parameters Triton's HTTP frontend reads itself: the JSON types each may have
+# (numbers within the uint64 range), and how an error says so
+_PARAMETER_TYPES: dict[str, tuple[frozenset, str]] = {
+    "sequence_id": (frozenset({int, str}), "a uint64 or a string"),
+    "sequence_start": (_BOOL_TYPES, "true or false"),
+    "sequence_end": (_BOOL_TYPES, "true or false"),
+    "binary_data_output": (_BOOL_TYPES, "true or false"),
+    "priority": (_INT_TYPES, "a uint64"),
+    "timeout": (_NUMBER_TYPES, f"a non-negative number of microseconds (at most "
+                               f"{_UINT64_MAX})"),
 }
 _PARAMETER_VALUE_TYPES = frozenset({str, int, float, bool})
 
@@ -431,16 +422,18 @@ def _check_parameters(parameters: dict) -> None:
     is a string, a number or a boolean (an object, a list or null is refused, so no
     nesting hides in it), and keys starting with `triton_` are reserved."""
     for key, value in parameters.items():
-        rule = _PARAMETER_RULES.get(key)
-        if rule is not None:
-            if not rule[0](value):
-                raise _bad(f"parameter '{key}' must be {rule[1]}, not "
-                           f"{orjson.dumps(value).decode()[:40]}")
-        elif type(value) not in _PARAMETER_VALUE_TYPES:
-            raise _bad(f"parameter '{key}' has invalid type: it must be a string, a number "
-                       f"or a boolean, not {type(value).__name__ if value is not None else 'null'}")
-        elif key.startswith("triton_"):
-            raise _bad(f"parameter '{key}': keys starting with 'triton_' are reserved")
+        kind = type(value)
+        rule = _PARAMETER_TYPES.get(key)
+        if rule is None:
+            if kind not in _PARAMETER_VALUE_TYPES:
+                raise _bad(f"parameter '{key}' has invalid type: it must be a string, a "
+                           f"number or a boolean, not "
+                           f"{kind.__name__ if value is not None else 'null'}")
+            if key.startswith("triton_"):
+                raise _bad(f"parameter '{key}': keys starting with 'triton_' are reserved")
+        elif kind not in rule[0] or kind in _NUMBER_TYPES and not 0 <= value <= _UINT64_MAX:
+            raise _bad(f"parameter '{key}' must be {rule[1]}, not "
+                       f"{orjson.dumps(value).decode()[:40]}")
 
 
 def _no_shared_memory(params: dict, kind: str, name: str) -> None:
