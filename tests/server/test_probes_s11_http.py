@@ -196,3 +196,20 @@ def test_a_pipelined_request_is_answered_while_the_next_body_stalls(http_server)
             assert chunk, second
             second += chunk
         assert second.startswith(b"HTTP/1.1 200"), second[:100]
+
+
+def test_a_body_in_small_chunks_across_the_64_kib_threshold_arrives_whole(http_server):
+    """Pieces joined below 64 KiB, then charged and grown past it: the bytes the model
+    sees are the bytes sent, in order (a 64-row request of ~120 KB in 97-byte chunks)."""
+    rows = [[(r * 16 + c) / 1024 for c in range(16)] for r in range(64)]
+    body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32",
+                                   "shape": [64, 16], "data": rows}]}).encode()
+    body = body.replace(b", ", b"," + b" " * 100)  # past 64 KiB
+    assert len(body) > 96 << 10
+    chunks = [body[i:i + 97] for i in range(0, len(body), 97)]
+    response = _exchange(http_server, _INFER + b"Transfer-Encoding: chunked\r\n"
+                         b"Connection: close\r\n\r\n" + _chunked(*chunks))
+    assert response.startswith(b"HTTP/1.1 200"), response[:300]
+    chunked = json.loads(response.split(b"\r\n\r\n", 1)[1])
+    status, _, payload = http_server.request("POST", "/v2/models/mlp_classifier/infer", body)
+    assert status == 200 and json.loads(payload)["outputs"] == chunked["outputs"]
