@@ -151,3 +151,28 @@ def test_a_storm_of_load_unload_and_requests_on_one_model(tmp_path):
         assert "Traceback" not in "".join(server.stderr)
     finally:
         server.stop()
+
+
+def test_a_repository_gone_under_a_poll_keeps_the_models_and_logs_once(tmp_path):
+    """The operator moves the repository away and back: the loaded models serve
+    throughout, the poll says once that it cannot read the repository (not once per
+    poll) and once that it can again."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    shutil.copytree(SAMPLES / "saxpy", root / "saxpy")
+    server = ServerProcess("--model-repository", str(root), "--model-control-mode", "poll",
+                           "--repository-poll-secs", "0.2")
+    try:
+        server.start()
+        root.rename(tmp_path / "moved")
+        server.wait_stderr("cannot read the model repository")
+        time.sleep(2)  # some ten polls
+        status, _, payload = server.request("POST", "/v2/models/saxpy/infer", _SAXPY)
+        assert status == 200, payload
+        (tmp_path / "moved").rename(root)
+        log = server.wait_stderr("can be read again")
+        assert log.count("cannot read the model repository") == 1, log[-2000:]
+        status, _, payload = server.request("GET", "/v2/repository/index")
+        assert json.loads(payload) == [{"name": "saxpy", "version": "1", "state": "READY"}]
+    finally:
+        server.stop()
