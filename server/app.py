@@ -358,15 +358,8 @@ class _Routes:
         model files come from the repository only."""
         self._control("load")
         override = None
-        if request.body.strip():
-            try:
-                doc = orjson.loads(request.body)
-            except ValueError as exc:
-                raise ProtocolError(400, f"load request body is not valid JSON: {exc}") \
-                    from None
-            params = doc.get("parameters", {}) if isinstance(doc, dict) else {}
-            if not isinstance(params, dict):  # null too, as Triton
-                raise ProtocolError(400, "load request 'parameters' must be an object")
+        params = _control_parameters(request, "load")
+        if params:
             params = dict(params)
             has_config = "config" in params  # a null config is refused, as Triton
             config = params.pop("config", None)
@@ -397,6 +390,10 @@ class _Routes:
         what it admitted finished (new requests get 503 meanwhile). A model that is not
         loaded is already unloaded: 200, as Triton answers."""
         self._control("unload")
+        dependents = _control_parameters(request, "unload").get("unload_dependents", False)
+        if type(dependents) is not bool:  # no ensembles here: nothing depends on a model
+            raise ProtocolError(400, "unload parameter 'unload_dependents' must be true or "
+                                     "false")
         async with self.server.repository_lock:  # never held across the wait below
             versions = (self.repo.stop_admitting(name) if name in self.repo.models
                         else [])
@@ -407,16 +404,10 @@ class _Routes:
         """Triton's index: every model of the repository, loaded or not (see
         `ModelRepository.index`); `{"ready": true}` keeps only READY versions."""
         only_ready = False
-        if request.method == "POST" and request.body.strip():
-            try:
-                doc = orjson.loads(request.body)
-            except ValueError as exc:
-                raise ProtocolError(400, f"index request body is not valid JSON: {exc}") \
-                    from None
-            ready_flag = doc.get("ready", False) if isinstance(doc, dict) else None
-            if type(ready_flag) is not bool:
+        if request.method == "POST":
+            only_ready = _control_body(request, "index").get("ready", False)
+            if type(only_ready) is not bool:
                 raise ProtocolError(400, "index request 'ready' must be true or false")
-            only_ready = ready_flag
         try:
             names = await trio.to_thread.run_sync(self.repo.model_names)
         except OSError as exc:
@@ -580,6 +571,29 @@ def _infer_response(server: Server, mv: ModelVersion, req: Any, results: list,
 
 _PARSE_ON_LOOP_BYTES = 64 << 10
 _INFLATE_CHUNK = 1 << 20  # inflated a megabyte at a time, counted against the limit
+
+
+def _control_body(request: Request, what: str) -> dict:
+    """The JSON object a repository request (`what`: index, load, unload) carries; {}
+    for an empty body; 400 for anything else, as Triton parses each of them."""
+    if not request.body.strip():
+        return {}
+    try:
+        doc = orjson.loads(request.body)
+    except ValueError as exc:
+        raise ProtocolError(400, f"{what} request body is not valid JSON: {exc}") from None
+    if type(doc) is not dict:
+        raise ProtocolError(400, f"{what} request body must be a JSON object")
+    return doc
+
+
+def _control_parameters(request: Request, what: str) -> dict:
+    """The `parameters` object of a load or unload request ({} when absent; null or
+    another type is a 400, as Triton)."""
+    params = _control_body(request, what).get("parameters", {})
+    if type(params) is not dict:
+        raise ProtocolError(400, f"{what} request 'parameters' must be an object")
+    return params
 
 
 def _stats_doc(mv: ModelVersion) -> dict:

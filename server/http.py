@@ -42,6 +42,11 @@ __all__ = ["DirectReply", "HttpServer", "Request", "Response", "client_gone_prob
 
 _READ_SIZE = 64 << 10
 _MAX_HEAD_BYTES = 64 << 10
+# chunks of one chunked body at most (Triton's bound): llhttp calls back per chunk
+_MAX_CHUNKS = 65536
+# pieces of a small body kept apart at most: beyond, they are joined into one bytearray
+# (a body of 1-byte chunks would otherwise cost ~35 bytes of objects per byte)
+_MAX_PIECES = 16
 _COALESCE_BYTES = 64 << 10
 _LINGER_SECONDS = 1.0
 _LINGER_BYTES = 16 << 20
@@ -191,6 +196,9 @@ class _Callbacks:
         self.done: deque[_Message] = deque()
         self.expect_continue = False
         self.head_too_large = False
+        self.malformed = ""  # why a callback stopped the parser (answered 400)
+        self.chunks = 0  # chunks of the body in progress
+        self.trailer_bytes = 0  # trailer fields of the body in progress (dropped)
         self.head_raw = 0  # bytes received for the head in progress
         self.head_deadline = 0.0
         self.raw_headers: list[bytes] = []  # name, value, name, ... of the head in progress
@@ -207,6 +215,7 @@ class _Callbacks:
         self.head_bytes = 0
         self.head_raw = 0
         self.raw_headers = []
+        self.chunks = self.trailer_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self.current.target += url
@@ -230,6 +239,13 @@ class _Callbacks:
             raise httptools.HttpParserError("request head too large")
         if headers is None:
             headers = _header_dict(raw)
+            coding = headers.get("transfer-encoding")
+            if coding is not None and coding.strip().lower() != "chunked":
+                # llhttp takes "gzip, chunked" as chunked: the other codings would be
+                # silently ignored (a head that passed is the one kept below)
+                self.malformed = (f"Transfer-Encoding '{coding[:100]}' is not supported "
+                                  f"(only chunked; compress with Content-Encoding)")
+                raise httptools.HttpParserError(self.malformed)
             self.last_raw, self.last_raw_bytes, self.last_headers = raw, raw_bytes, headers
         message.headers = headers
         method = self.parser.get_method()
@@ -284,7 +300,21 @@ class _Callbacks:
                 message.body = []
             message.buffer += body
         else:
-            message.body.append(body)
+            pieces = message.body
+            pieces.append(body)
+            if len(pieces) > _MAX_PIECES:
+                joined = pieces[0]
+                if type(joined) is not bytearray:
+                    joined = bytearray(joined)
+                joined += b"".join(pieces[1:])
+                message.body = [joined]
+
+    def on_chunk_header(self) -> None:
+        self.chunks += 1
+        if self.chunks > _MAX_CHUNKS + 1:  # the last, empty chunk is not counted
+            self.malformed = (f"chunked request body exceeds {_MAX_CHUNKS} chunks; send "
+                              f"fewer, larger chunks")
+            raise httptools.HttpParserError(self.malformed)
 
     def on_message_complete(self) -> None:
         message, self.current = self.current, None
@@ -542,17 +572,7 @@ class HttpServer:
         else:
             await self._send_error(stream, 413, f"request body exceeds the limit of "
                                                 f"{self.max_body} bytes (--max-request-bytes)")
-        try:
-            await stream.send_eof()
-            dropped = 0
-            with trio.move_on_after(_LINGER_SECONDS):
-                while dropped < _LINGER_BYTES:
-                    data = await stream.receive_some(_READ_SIZE)
-                    if not data:
-                        break
-                    dropped += len(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
-            pass
+        await _linger(stream)
 
     async def _receive(self, stream: trio.SocketStream, parser: httptools.HttpRequestParser,
                        callbacks: _Callbacks, scope: trio.CancelScope) -> bool:
@@ -609,8 +629,19 @@ class HttpServer:
             if callbacks.head_too_large:
                 await self._send_head_too_large(stream)
             else:
-                await self._send_error(stream, 400, f"malformed HTTP request: {exc}")
+                await self._send_error(stream, 400, f"malformed HTTP request: "
+                                                    f"{callbacks.malformed or exc}")
+                if callbacks.malformed:  # refused mid-body: it may still be sending
+                    await _linger(stream)
             return False
+        if callbacks.raw_headers and (callbacks.current is None
+                                      or callbacks.current.head_done):
+            # trailer fields of a chunked body: unused, counted against the head's bound
+            callbacks.trailer_bytes += sum(map(len, callbacks.raw_headers))
+            callbacks.raw_headers = []
+            if callbacks.trailer_bytes > _MAX_HEAD_BYTES:
+                await self._send_head_too_large(stream)
+                return False
         current = callbacks.current
         if current is not None and not current.head_done:
             if callbacks.head_raw == 0:
@@ -690,6 +721,23 @@ class HttpServer:
                 await stream.send_all(_encode_head(response, False) + response.body)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             pass
+
+
+async def _linger(stream: trio.SocketStream) -> None:
+    """After an answer that refused a request mid-body: reads and drops, for a short
+    bounded time, what the client is still sending, so closing does not reset the
+    connection before the client read the answer."""
+    try:
+        await stream.send_eof()
+        dropped = 0
+        with trio.move_on_after(_LINGER_SECONDS):
+            while dropped < _LINGER_BYTES:
+                data = await stream.receive_some(_READ_SIZE)
+                if not data:
+                    break
+                dropped += len(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
+        pass
 
 
 def _release(message: _Message | None, request: Request | None) -> None:

@@ -366,6 +366,7 @@ async def poll_repository(server: Server, seconds: float,
     logged and left UNAVAILABLE (a version that served keeps serving), and the poll goes
     on with the others."""
     repository = server.repository
+    unreadable = ""  # why the last poll could not list the repository (logged once)
     while True:
         with trio.move_on_after(seconds):
             if poll_now is not None:
@@ -375,8 +376,15 @@ async def poll_repository(server: Server, seconds: float,
         try:
             names = await trio.to_thread.run_sync(repository.model_names)
         except OSError as exc:
-            log.error("poll: cannot read the model repository: %s", exc.strerror or exc)
+            why = str(exc.strerror or exc)
+            if why != unreadable:
+                log.error("poll: cannot read the model repository: %s (the models loaded "
+                          "keep serving; logged again once it can be read)", why)
+            unreadable = why
             continue
+        if unreadable:
+            log.info("poll: the model repository can be read again")
+            unreadable = ""
         async with server.repository_lock:
             if server.draining:
                 return

@@ -22,7 +22,9 @@ Strictness (every case is a 400 naming what is wrong): JSON nested deeper than
 of the wrong JSON type; values that do not fit the datatype (an integer out of range, a
 finite number that overflows FP16/FP32); shapes with a negative dimension or an element
 count over 2**63 - 1; boolean parameters (`binary_data_output`, `binary_data`) that are
-not JSON booleans; `Inference-Header-Content-Length` outside (0, body length].
+not JSON booleans; request parameters Triton's frontend would refuse (`_check_parameters`);
+tensors in shared-memory regions; `Inference-Header-Content-Length` outside (0, body
+length].
 
 Every malformed request raises `ProtocolError(status, message)`; the app turns it into a
 V2 error body `{"error": message}` with that status.
@@ -116,15 +118,10 @@ class InferRequest:
 
     @property
     def timeout_us(self) -> float | None:
-        """The request's `parameters.timeout` in microseconds (Triton's convention)."""
+        """The request's `parameters.timeout` in microseconds (Triton's convention;
+        checked with the other parameters, `_check_parameters`)."""
         value = self.parameters.get("timeout")
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
-                or not math.isfinite(value):
-            raise ProtocolError(400, f"parameter 'timeout' must be a non-negative number of "
-                                     f"microseconds, not {value!r}")
-        return float(value)
+        return None if value is None else float(value)
 
 
 def _bad(message: str) -> ProtocolError:
@@ -253,6 +250,13 @@ def _typed(name: str, datatype: str, flat: list, types: set) -> np.ndarray:
 _SPAN_HEAD_BYTES = 64 << 10
 _SPAN_CHUNK = 256 << 10
 _SPAN_WINDOW = 1 << 20
+# what a large request's JSON may hold once its data arrays are cut out: each value
+# becomes a Python object of 50+ bytes that the memory budget does not see (a 45 MB body
+# of 800,000 one-value tensors peaked at 4 GB); no model takes more than a few dozen
+# tensors, and a header of that many is a few thousand values
+MAX_DATA_ARRAYS = 4096
+_MAX_HEADER_VALUES = 65536
+_SPAN_FIRST_WINDOW = 4 << 10
 _DATA_OR_STRING = re.compile(rb'"data"\s*:\s*\[|"(?:[^"\\]|\\.)*"', re.S)
 _NOT_SKELETON = bytes(b for b in range(256) if b not in b"[],")
 
@@ -272,6 +276,7 @@ def _cut_data_spans(head: bytes | bytearray) -> tuple[bytes, dict[str, _DataSpan
     """`head` with every `"data"` array replaced by a placeholder string (unguessable:
     a client cannot name one), and the spans by placeholder."""
     nonce = os.urandom(8).hex()
+    json_nonce = nonce.encode()
     pieces: list[bytes] = []
     spans: dict[str, _DataSpan] = {}
     pos = last = 0
@@ -284,9 +289,13 @@ def _cut_data_spans(head: bytes | bytearray) -> tuple[bytes, dict[str, _DataSpan
             continue
         start = match.end() - 1
         end = _array_end(head, start)
-        placeholder = f"\x00{nonce}:{len(spans)}"
-        spans[placeholder] = _DataSpan(head, start, end)
-        pieces += (head[last:start], orjson.dumps(placeholder))
+        key = len(spans)
+        if key == MAX_DATA_ARRAYS:
+            raise _bad(f"request has more than {MAX_DATA_ARRAYS} 'data' arrays")
+        spans[f"\x00{nonce}:{key}"] = _DataSpan(head, start, end)
+        # the placeholder as JSON, made here: each small orjson.dumps result keeps a
+        # ~4 KiB buffer (200,000 small arrays held 800 MB)
+        pieces += (head[last:start], b'"\\u0000%s:%d"' % (json_nonce, key))
         pos = last = end
     if not spans:
         return head, spans
@@ -294,12 +303,32 @@ def _cut_data_spans(head: bytes | bytearray) -> tuple[bytes, dict[str, _DataSpan
     return b"".join(pieces), spans
 
 
+def _check_header_values(head: bytes | bytearray) -> None:
+    """400 when the JSON of a large request, its data arrays cut out, may hold more
+    than `_MAX_HEADER_VALUES` values, before a parser makes an object of each: counted
+    as its commas, at C speed and with no copy (commas inside strings count too; a
+    header that has that many is not a client's honest one)."""
+    if head.count(b",") > _MAX_HEADER_VALUES:
+        raise _bad(f"request JSON has more than {_MAX_HEADER_VALUES} commas outside its "
+                   f"tensors' data: too many values")
+
+
 def _array_end(head: bytes | bytearray, start: int) -> int:
-    """The index after the `]` closing the array that opens at `start`."""
+    """The index after the `]` closing the array that opens at `start`. A flat array
+    (the common case) is found by a few byte searches; a nested one is scanned in
+    windows that start small and double up to `_SPAN_WINDOW`, so a request of many
+    small arrays costs about its size (a 1 MiB window per array cost minutes of CPU for
+    200,000 of them)."""
+    close = head.find(b"]", start)
+    if close >= 0 and head.find(b"[", start + 1, close) < 0 and \
+            head.find(b'"', start + 1, close) < 0 and head.find(b"{", start + 1, close) < 0:
+        return close + 1
     depth = 0
     pos = start
+    size = _SPAN_FIRST_WINDOW
     while pos < len(head):
-        window = np.frombuffer(head, np.uint8, min(_SPAN_WINDOW, len(head) - pos), pos)
+        window = np.frombuffer(head, np.uint8, min(size, len(head) - pos), pos)
+        size = min(size * 2, _SPAN_WINDOW)
         marks = np.flatnonzero((window == 0x5B) | (window == 0x5D) | (window == 0x22)
                                | (window == 0x7B))
         kinds = window[marks]
@@ -368,6 +397,52 @@ def _span_tensor(name: str, datatype: str, shape: tuple[int, ...], span: _DataSp
     if filled != count:
         _bad_count(name, filled, shape)
     return out.reshape(shape)
+
+
+_UINT64_MAX = (1 << 64) - 1
+# request parameters Triton's HTTP frontend reads itself: the JSON types each may have
+# (numbers within the uint64 range), and how an error says so
+_PARAMETER_TYPES: dict[str, tuple[frozenset, str]] = {
+    "sequence_id": (frozenset({int, str}), "a uint64 or a string"),
+    "sequence_start": (_BOOL_TYPES, "true or false"),
+    "sequence_end": (_BOOL_TYPES, "true or false"),
+    "binary_data_output": (_BOOL_TYPES, "true or false"),
+    "priority": (_INT_TYPES, "a uint64"),
+    "timeout": (_NUMBER_TYPES, f"a non-negative number of microseconds (at most "
+                               f"{_UINT64_MAX})"),
+}
+_PARAMETER_VALUE_TYPES = frozenset({str, int, float, bool})
+
+
+def _check_parameters(parameters: dict) -> None:
+    """A request's `parameters` as Triton's HTTP frontend reads them, or a 400 naming
+    the parameter: those it reads itself have their types (`sequence_id` a uint64 or a
+    string, `sequence_start`/`sequence_end`/`binary_data_output` booleans, `priority`
+    a uint64, `timeout` a number of microseconds in the uint64 range), every other value
+    is a string, a number or a boolean (an object, a list or null is refused, so no
+    nesting hides in it), and keys starting with `triton_` are reserved."""
+    for key, value in parameters.items():
+        kind = type(value)
+        rule = _PARAMETER_TYPES.get(key)
+        if rule is None:
+            if kind not in _PARAMETER_VALUE_TYPES:
+                raise _bad(f"parameter '{key}' has invalid type: it must be a string, a "
+                           f"number or a boolean, not "
+                           f"{kind.__name__ if value is not None else 'null'}")
+            if key.startswith("triton_"):
+                raise _bad(f"parameter '{key}': keys starting with 'triton_' are reserved")
+        elif kind not in rule[0] or kind in _NUMBER_TYPES and not 0 <= value <= _UINT64_MAX:
+            raise _bad(f"parameter '{key}' must be {rule[1]}, not "
+                       f"{orjson.dumps(value).decode()[:40]}")
+
+
+def _no_shared_memory(params: dict, kind: str, name: str) -> None:
+    """A tensor placed in a shared-memory region is a 400 saying so: the server offers
+    neither shared-memory extension (Triton answers 400 for a region not registered)."""
+    if "shared_memory_region" in params:
+        raise _bad(f"{kind} '{name}' names shared_memory_region "
+                   f"{orjson.dumps(params['shared_memory_region']).decode()[:80]}: the "
+                   f"shared-memory extensions are not supported; send the data in the body")
 
 
 def _bool(value: Any, what: str, name: str = "") -> bool | None:
@@ -522,6 +597,7 @@ def _plan_header(head: bytes | bytearray | memoryview, tail_bytes: int,
     spans: dict[str, _DataSpan] = {}
     if len(head) > _SPAN_HEAD_BYTES:
         head, spans = _cut_data_spans(head.tobytes() if type(head) is memoryview else head)
+        _check_header_values(head)
     _check_depth(head)
     try:
         doc = orjson.loads(head)
@@ -531,18 +607,22 @@ def _plan_header(head: bytes | bytearray | memoryview, tail_bytes: int,
         raise _bad(f"request JSON is nested deeper than {MAX_JSON_DEPTH} levels") from None
     if not isinstance(doc, dict):
         raise _bad("request body must be a JSON object")
-    request_id = doc.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise _bad(f"'id' must be a string, not {type(request_id).__name__}")
+    request_id = doc.get("id", _ABSENT)
+    if request_id is _ABSENT:
+        request_id = None
+    elif type(request_id) is not str:  # null too, as Triton: a string when present
+        raise _bad(f"'id' must be a string, not "
+                   f"{type(request_id).__name__ if request_id is not None else 'null'}")
     parameters = doc.get("parameters", {})
     if type(parameters) is not dict:  # null too, as Triton: an object when present
         raise _bad(f"'parameters' must be a JSON object, not "
                    f"{orjson.dumps(parameters).decode()[:40]}")
+    if parameters:
+        _check_parameters(parameters)
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise _bad("request must have a non-empty 'inputs' list")
-    binary_output = bool(_bool(parameters.get("binary_data_output"),
-                               "parameter 'binary_data_output'"))
+    binary_output = parameters.get("binary_data_output") is True
     tensors = _tensor_plan(raw_inputs, doc.get("outputs", _ABSENT), tail_bytes, spans,
                            check, charge)
     return _HeaderPlan(request_id, parameters, binary_output, tensors)
@@ -570,8 +650,11 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
         dtype = DATATYPES[datatype]
         shape = _shape(item.get("shape"), name, dtype.itemsize)
         params = item.get("parameters")
-        size = None if params is None else \
-            _as_dict(params, "input '{}' 'parameters'", name).get("binary_data_size")
+        size = None
+        if params is not None:
+            params = _as_dict(params, "input '{}' 'parameters'", name)
+            _no_shared_memory(params, "input", name)
+            size = params.get("binary_data_size")
         if size is not None:
             if "data" in item:
                 raise _bad(f"input '{name}' has both 'data' and binary_data_size")
@@ -617,6 +700,7 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
             binary = None
             if oparams is not None:
                 oparams = _as_dict(oparams, "output '{}' 'parameters'", name)
+                _no_shared_memory(oparams, "output", name)
                 if oparams.get("classification") or oparams.get("class_count"):
                     raise _bad(f"output '{name}': the classification extension is not "
                                "supported")

@@ -707,6 +707,9 @@ class ModelRepository:
         self.python_cpu: int | None = None  # where single instance threads run (cpus.py)
         self._device_locks: dict[str, threading.Lock] = {}
         self._dirs: dict[str, Path] = {}  # shown name -> model directory
+        # (model, version) -> the fingerprint of the files it failed to load from: a
+        # poll tries it again only once they changed, as Triton's
+        self._failed_files: dict[tuple[str, str], tuple] = {}
         self._scan()
 
     def _scan(self) -> None:
@@ -735,6 +738,9 @@ class ModelRepository:
         for name in list(self.problems):  # a copy: scans on other threads may add to it
             if name not in found:
                 self.problems.pop(name, None)
+        for key in list(self._failed_files):
+            if key[0] not in found:
+                self._failed_files.pop(key, None)
         return sorted(found)
 
     def _scan_isolated(self, name: str, override: dict | None = None
@@ -787,6 +793,7 @@ class ModelRepository:
         versions: dict[str, ModelVersion] = {}
         for version in _select_versions(policy, list(found)):
             mv = ModelVersion(name, version, found[version], {}, self.default_device)
+            mv.fingerprint = file_fingerprint(found[version])
             if override is None:
                 where = f"{name}/{version}/config.json"
             try:
@@ -847,17 +854,26 @@ class ModelRepository:
                      override: dict | None = None) -> list[ModelVersion]:
         """Triton's repository `load` of one model: reads its directory again and loads
         every version its policy selects afresh (only those whose files changed, with
-        `changed_only`), each next to the version it replaces, which is swapped out only
-        once the new one loaded and then finishes what it admitted in `background`.
+        `changed_only`, a poll: a version that failed to load is tried again only once
+        its files changed, as Triton's poll), each next to the version it replaces, which
+        is swapped out only once the new one loaded and then finishes what it admitted
+        in `background`.
         A version that fails to load keeps its predecessor serving. Versions no longer
         selected unload once a selected one serves. `override`: the configuration to
         use instead of the config.json files. Returns the versions that failed."""
         fresh = await trio.to_thread.run_sync(self.scan_model, name, override)
         current = self.models.get(name, {})
         to_load = [mv for v, mv in fresh.items()
-                   if not (changed_only and v in current and current[v].ready
-                           and current[v].fingerprint == file_fingerprint(mv.path))]
+                   if not (changed_only and (
+                       v in current and current[v].ready
+                       and current[v].fingerprint == mv.fingerprint
+                       or self._failed_files.get((name, v)) == mv.fingerprint))]
         failed = await trio.to_thread.run_sync(self.load_versions, to_load)
+        for mv in to_load:
+            if mv in failed and override is None:
+                self._failed_files[(name, mv.version)] = mv.fingerprint
+            else:
+                self._failed_files.pop((name, mv.version), None)
         versions = dict(current)
         for mv in to_load:
             old = versions.get(mv.version)
@@ -936,8 +952,12 @@ class ModelRepository:
         return device
 
     def load_all(self) -> list[ModelVersion]:
-        """Loads every version (blocking); returns those that failed."""
-        return self.load_versions(self.all_versions())
+        """Loads every version (blocking); returns those that failed (a poll tries
+        them again once their files changed)."""
+        failed = self.load_versions(self.all_versions())
+        for mv in failed:
+            self._failed_files[(mv.name, mv.version)] = mv.fingerprint
+        return failed
 
     def load_versions(self, versions: list[ModelVersion]) -> list[ModelVersion]:
         """Loads `versions` (blocking); returns those that failed. Devices made here size

@@ -145,24 +145,16 @@ _WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 
 
 def sequence_parameters(parameters: dict, model: str) -> tuple[int | str, bool, bool]:
-    """(sequence id, start, end) from a request's parameters; ProtocolError 400 when they
-    are missing or malformed."""
+    """(sequence id, start, end) from a request's parameters, whose types the protocol
+    layer checked for every model (a uint64 or string id, boolean flags); ProtocolError
+    400 when the id is missing, 0 or empty."""
     sid = parameters.get("sequence_id", 0)
-    kind = type(sid)  # JSON gives exactly int, str or bool (not an int here)
-    if not ((kind is int and 0 <= sid < 1 << 64) or kind is str):
-        raise ProtocolError(400, f"parameter 'sequence_id' must be a uint64 or a string, "
-                                 f"not {sid!r}")
     if not sid:
         raise ProtocolError(400, f"inference request to model '{model}' must specify a "
                                  f"non-zero or non-empty correlation ID (parameter "
                                  f"'sequence_id')")
-    start = parameters.get("sequence_start", False)
-    end = parameters.get("sequence_end", False)
-    if type(start) is not bool or type(end) is not bool:
-        key, value = ("sequence_start", start) if type(start) is not bool else \
-            ("sequence_end", end)
-        raise ProtocolError(400, f"parameter '{key}' must be true or false, not {value!r}")
-    return sid, start, end
+    return sid, parameters.get("sequence_start", False), parameters.get("sequence_end",
+                                                                         False)
 
 
 class _Step(PendingRequest):
