@@ -31,14 +31,19 @@ A steady request *fails* when it gets anything but 200, 503 (refused, not admitt
 (the documented answer of a request the drain or a timeout gave up on), a wrong answer or a
 broken connection; every 5xx other than 503/504 is counted apart. Reported: per class the
 requests served, refused and failed; 5xx; chaos actions and surprises (an answer other than
-the documented one); the server's RSS at the start, at the end and its peak (VmHWM), the
-end checked within `--rss-bound-mb` of the start; the event loop's longest stall and its
-stalls over 50 ms during the run (from /metrics); readiness at the end; the exit code and
-seconds of the SIGTERM drain.
+the documented one); the server's RSS at the start (after the reference answers and a
+second), at the end (two seconds after the traffic stopped) and its peak (VmHWM), the end
+checked within `--rss-bound-mb` (default 24) of the start; the event loop's longest stall
+and its stalls over 50 ms during the run (from /metrics); readiness at the end; the exit
+code and seconds of the SIGTERM drain.
 
-    python bench/serve_chaos.py [--minutes 1] [--clients 2] [--seed 1]
+    python bench/serve_chaos.py [--minutes 1] [--clients 2] [--seed 1] [--actions A,B]
+    python bench/serve_chaos.py --each-action [--minutes 2]
 
 Writes bench/results/serve_chaos.json and prints a table. Exits 1 when anything failed.
+`--each-action` runs every chosen action alone (the steady traffic beside it), then none,
+then all, each on a server of its own, and tables RSS start/end/peak per run: where the
+memory of the full mix goes.
 """
 
 from __future__ import annotations
