@@ -31,14 +31,19 @@ A steady request *fails* when it gets anything but 200, 503 (refused, not admitt
 (the documented answer of a request the drain or a timeout gave up on), a wrong answer or a
 broken connection; every 5xx other than 503/504 is counted apart. Reported: per class the
 requests served, refused and failed; 5xx; chaos actions and surprises (an answer other than
-the documented one); the server's RSS at the start, at the end and its peak (VmHWM), the
-end checked within `--rss-bound-mb` of the start; the event loop's longest stall and its
-stalls over 50 ms during the run (from /metrics); readiness at the end; the exit code and
-seconds of the SIGTERM drain.
+the documented one); the server's RSS at the start (after the reference answers and a
+second), at the end (two seconds after the traffic stopped) and its peak (VmHWM), the end
+checked within `--rss-bound-mb` (default 24) of the start; the event loop's longest stall
+and its stalls over 50 ms during the run (from /metrics); readiness at the end; the exit
+code and seconds of the SIGTERM drain.
 
-    python bench/serve_chaos.py [--minutes 1] [--clients 2] [--seed 1]
+    python bench/serve_chaos.py [--minutes 1] [--clients 2] [--seed 1] [--actions A,B]
+    python bench/serve_chaos.py --each-action [--minutes 2]
 
 Writes bench/results/serve_chaos.json and prints a table. Exits 1 when anything failed.
+`--each-action` runs every chosen action alone (the steady traffic beside it), then none,
+then all, each on a server of its own, and tables RSS start/end/peak per run: where the
+memory of the full mix goes.
 """
 
 from __future__ import annotations
@@ -513,35 +518,9 @@ def _reference(server: Server) -> tuple[bytes, bytes, list]:
     return json.dumps(_outputs(answer)).encode(), binary, steps
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--minutes", type=float, default=1.0)
-    parser.add_argument("--clients", type=int, default=2,
-                        help="threads per steady class (json, binary, sequence)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--rss-bound-mb", type=float, default=64.0,
-                        help="how far the settled RSS at the end may be above the start")
-    parser.add_argument("--steady", default="json,binary,sequence",
-                        help="the steady classes to run (comma-separated; default all)")
-    parser.add_argument("--results-name", default="serve_chaos",
-                        help="bench/results/NAME.json to write (default serve_chaos)")
-    parser.add_argument("--actions", default="",
-                        help="comma-separated chaos actions to draw from (default: all of "
-                             + ", ".join(sorted(set(Chaos.ACTIONS))) + "; none: 'none')")
-    args = parser.parse_args(argv)
-    actions = list(Chaos.ACTIONS) if not args.actions else \
-        [a for a in args.actions.split(",") if a != "none"]
-    if set(actions) - set(Chaos.ACTIONS):
-        raise SystemExit(f"--actions: no action {', '.join(set(actions) - set(Chaos.ACTIONS))}")
-    if not 0 < args.minutes <= 60:
-        raise SystemExit("--minutes must be in (0, 60]")
-    if not 1 <= args.clients <= 16:
-        raise SystemExit("--clients must be in [1, 16]")
-    steady = [k for k in args.steady.split(",") if k]
-    if set(steady) - {"json", "binary", "sequence"}:
-        raise SystemExit("--steady: classes are json, binary and sequence")
-    if not re.fullmatch(r"[\w.-]{1,64}", args.results_name):
-        raise SystemExit("--results-name must be a plain file name")
+def run(args: argparse.Namespace, actions: list[str], steady: list[str]) -> dict:
+    """One server, the steady classes and the chaos `actions` for `args.minutes`: the
+    per-class rows, the summary and what the report prints beside them."""
     tally = Tally()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -595,7 +574,6 @@ def main(argv: list[str] | None = None) -> int:
             for kind in classes]
     failed = sum(tally.counts[k]["failed"] for k in classes)
     errors_5xx = sum(tally.counts[k]["errors_5xx"] for k in classes)
-    rss_growth_mb = (rss_end - rss_start) / MB
     summary = {
         "minutes": args.minutes, "clients_per_class": args.clients,
         "failed_admitted": failed, "errors_5xx": errors_5xx,
@@ -606,25 +584,101 @@ def main(argv: list[str] | None = None) -> int:
         "lag_over_50ms_during_run": lag_after[1] - lag_before[1],
         "ready_at_end": ready, "exit_code": exit_code,
         "drain_seconds": round(drain_seconds, 1)}
+    healthy = (failed == 0 and errors_5xx == 0 and not chaos.surprises and ready == 200
+               and exit_code == 0 and (rss_end - rss_start) / MB <= args.rss_bound_mb)
+    return {"rows": rows, "summary": summary, "healthy": healthy, "chaos": chaos,
+            "tally": tally, "rss_timeline": rss_timeline, "log_tail": server.log[-40:]}
+
+
+def _report(outcome: dict) -> None:
+    rows, summary, chaos = outcome["rows"], outcome["summary"], outcome["chaos"]
     print_table(rows, list(rows[0]) if rows else ["class"])
     print()
     print_table([summary], list(summary))
     print("actions:", json.dumps(dict(sorted(chaos.done.items()))))
-    print("RSS (MB) every 15 s:", rss_timeline)
+    print("RSS (MB) every 15 s:", outcome["rss_timeline"])
     print("malformed changes as the index showed them:")
     for what, shown in sorted(chaos.shown.items()):
         print(f"   {what}: {shown}")
-    for line in tally.failures + chaos.surprises:
+    for line in outcome["tally"].failures + chaos.surprises:
         print("  !", line)
-    path = write_results(args.results_name, rows + [summary], {
-        "command": "python bench/serve_chaos.py " + " ".join(
-            argv if argv is not None else sys.argv[1:]),
-        "rss_mb_every_15s": rss_timeline, "actions": dict(chaos.done), "shown": chaos.shown, "failures": tally.failures,
-        "surprises": chaos.surprises, "server_log_tail": server.log[-40:],
-        "load_average": os.getloadavg()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=1.0)
+    parser.add_argument("--clients", type=int, default=2,
+                        help="threads per steady class (json, binary, sequence)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rss-bound-mb", type=float, default=24.0,
+                        help="how far the settled RSS at the end may be above the start")
+    parser.add_argument("--steady", default="json,binary,sequence",
+                        help="the steady classes to run (comma-separated; default all)")
+    parser.add_argument("--results-name", default="serve_chaos",
+                        help="bench/results/NAME.json to write (default serve_chaos)")
+    parser.add_argument("--actions", default="",
+                        help="comma-separated chaos actions to draw from (default: all of "
+                             + ", ".join(sorted(set(Chaos.ACTIONS))) + "; none: 'none')")
+    parser.add_argument("--each-action", action="store_true",
+                        help="one run (a server of its own, --minutes long) per chaos action "
+                             "of --actions alone, one with none, then one with all of them; "
+                             "a table of RSS start/end/peak per run")
+    args = parser.parse_args(argv)
+    actions = list(Chaos.ACTIONS) if not args.actions else \
+        [a for a in args.actions.split(",") if a != "none"]
+    if set(actions) - set(Chaos.ACTIONS):
+        raise SystemExit(f"--actions: no action {', '.join(set(actions) - set(Chaos.ACTIONS))}")
+    if not 0 < args.minutes <= 60:
+        raise SystemExit("--minutes must be in (0, 60]")
+    if not 1 <= args.clients <= 16:
+        raise SystemExit("--clients must be in [1, 16]")
+    steady = [k for k in args.steady.split(",") if k]
+    if set(steady) - {"json", "binary", "sequence"}:
+        raise SystemExit("--steady: classes are json, binary and sequence")
+    if not re.fullmatch(r"[\w.-]{1,64}", args.results_name):
+        raise SystemExit("--results-name must be a plain file name")
+    command = "python bench/serve_chaos.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    if args.each_action:
+        return _each_action(args, actions, steady, command)
+    outcome = run(args, actions, steady)
+    _report(outcome)
+    chaos = outcome["chaos"]
+    path = write_results(args.results_name, outcome["rows"] + [outcome["summary"]], {
+        "command": command, "rss_mb_every_15s": outcome["rss_timeline"],
+        "actions": dict(chaos.done), "shown": chaos.shown,
+        "failures": outcome["tally"].failures, "surprises": chaos.surprises,
+        "server_log_tail": outcome["log_tail"], "load_average": os.getloadavg()})
     print(f"wrote {path}")
-    healthy = (failed == 0 and errors_5xx == 0 and not chaos.surprises and ready == 200
-               and exit_code == 0 and rss_growth_mb <= args.rss_bound_mb)
+    return 0 if outcome["healthy"] else 1
+
+
+def _each_action(args: argparse.Namespace, actions: list[str], steady: list[str],
+                 command: str) -> int:
+    """Runs each action alone, none, then all: where the memory of the full mix goes."""
+    table = []
+    healthy = True
+    for name, chosen in ([(a, [a]) for a in sorted(set(actions))]
+                         + [("none", []), ("all", actions)]):
+        outcome = run(args, chosen, steady)
+        summary = outcome["summary"]
+        healthy = healthy and outcome["healthy"]
+        table.append({"actions": name, "served": sum(r["served"] for r in outcome["rows"]),
+                      "failed": summary["failed_admitted"], "5xx": summary["errors_5xx"],
+                      "surprises": summary["surprises"],
+                      "rss_start_mb": summary["rss_start_mb"],
+                      "rss_end_mb": summary["rss_end_mb"],
+                      "rss_growth_mb": round(summary["rss_end_mb"] - summary["rss_start_mb"], 1),
+                      "rss_peak_mb": summary["rss_peak_mb"],
+                      "lag_max_ms": summary["lag_max_ms"], "exit": summary["exit_code"]})
+        print_table(table[-1:], list(table[-1]))
+        for line in outcome["tally"].failures + outcome["chaos"].surprises:
+            print("  !", line)
+    print()
+    print_table(table, list(table[0]))
+    path = write_results(args.results_name, table, {"command": command,
+                                                    "load_average": os.getloadavg()})
+    print(f"wrote {path}")
     return 0 if healthy else 1
 
 

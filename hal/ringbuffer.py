@@ -26,13 +26,23 @@ shows them next to the ordinary heaps.
 A buffer returned by `queue_alloca` exists before its memory does: it is created over a
 `RingStorage` with no bytes yet, and `commit` points that storage at the block when the
 reservation is granted, so subspans taken before that see the memory as well.
+
+Pages written stay resident after their blocks retire: a burst of large transients (a
+large request's) leaves its high water resident for as long as the process lives.
+`give_back` returns the pages above the live blocks (and above the first `keep` bytes,
+which steady traffic reuses) to the system; `give_back_all` does it for every ring of
+the process. It is not on any operation's path: its caller decides when (the server: on
+its trimming thread, after a large request's memory was released), so traffic that
+stays small never pays page faults for it.
 """
 
 from __future__ import annotations
 
 import collections
+import mmap
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -45,13 +55,31 @@ RingCore = _core.RingCore
 if TYPE_CHECKING:
     from .allocator import Allocator
 
-__all__ = ["RingBlock", "RingStatistics", "TransientRingbuffer", "DEFAULT_CAPACITY", "HEAP_NAME"]
+__all__ = ["RingBlock", "RingStatistics", "TransientRingbuffer", "DEFAULT_CAPACITY", "HEAP_NAME",
+           "GIVE_BACK_KEEP", "give_back_all"]
 
 DEFAULT_CAPACITY = 256 << 20
 """Default ring size; numpy's zeroed allocation maps pages lazily, so untouched capacity
 costs address space only."""
 
 HEAP_NAME = "transient"
+
+GIVE_BACK_KEEP = 1 << 20
+"""Bytes at the front of a ring that `give_back` keeps resident: small traffic's blocks
+are placed there (placement prefers low addresses) and would fault them in again."""
+
+_GIVE_BACK_STEP = 2 << 20  # pages given back per hold of the ring's lock
+_PAGE = mmap.PAGESIZE
+_rings: weakref.WeakSet = weakref.WeakSet()  # every ring with a backing block
+_rings_lock = threading.Lock()
+
+
+def give_back_all(keep: int = GIVE_BACK_KEEP) -> int:
+    """`give_back(keep)` of every ring of the process that has memory; the bytes asked
+    back in all."""
+    with _rings_lock:
+        rings = list(_rings)
+    return sum(ring.give_back(keep) for ring in rings)
 
 
 GrantCallback = Callable[["RingBlock | None", "Error | None"], None]
@@ -258,6 +286,35 @@ class TransientRingbuffer(RingCore):
     def _grant_later(self, granted: list[tuple[GrantCallback, RingBlock]]) -> None:
         _reclaim(_grant_all, granted)
 
+    # -- giving memory back -----------------------------------------------------------
+
+    def give_back(self, keep: int = GIVE_BACK_KEEP) -> int:
+        """Returns the pages above the live blocks and above the first `keep` bytes to the
+        system (`MADV_DONTNEED`: they read as zeros when next placed, as a new ring's do);
+        the bytes of the span asked back (0 when nothing is above). A step of the span at
+        a time under the ring's lock, so no block can be placed in the pages while they
+        go and no operation waits for more than one step; from the top down, so what a
+        placement meanwhile takes at the bottom is left alone.
+
+        Costs nothing on the ring's operations; a caller that gives back after every
+        request would make the next one fault its pages in again (see the module doc)."""
+        if self._backing is None:
+            return 0
+        raw = self._backing.obj
+        keep = -(-max(keep, 0) // _PAGE) * _PAGE
+        top = -(-self._high_water // _PAGE) * _PAGE
+        asked = 0
+        while top > keep:
+            with self._lock:
+                start = max(keep, top - _GIVE_BACK_STEP,
+                            -(-self._live_end() // _PAGE) * _PAGE)
+                if start >= top:
+                    break
+                raw.madvise(mmap.MADV_DONTNEED, start, top - start)
+            asked += top - start
+            top = start
+        return asked
+
     # -- inspection -------------------------------------------------------------------
 
     def statistics(self) -> RingStatistics:
@@ -280,4 +337,6 @@ class TransientRingbuffer(RingCore):
     def _ensure_backing(self) -> memoryview:
         if self._backing is None:
             self._backing, self._backing_address = mapped_block(self.capacity)
+            with _rings_lock:
+                _rings.add(self)
         return self._backing

@@ -11,11 +11,22 @@ with Retry-After, naming the budget) and what it took is dropped.
 
 Charges are grouped per request in a `Hold`, which its owner releases once, on whatever
 path the request ends (answered, failed, timed out, its client gone): the release is
-idempotent and also happens from `finally` blocks. Releasing a large amount hands the
-freed memory back to the operating system (glibc's `malloc_trim`, on a thread of its own):
-bodies arrive in pieces and are inflated and parsed on worker threads, and the heaps and
-per-thread arenas they passed through would otherwise keep hundreds of megabytes after the
-requests ended.
+idempotent and also happens from `finally` blocks.
+
+Memory freed goes back to the operating system, by construction rather than by chance:
+
+- A budget makes the C allocator give every block of `OWN_MAP_BYTES` or more a memory map
+  of its own (glibc's `M_MMAP_THRESHOLD`, set once per process), unmapped when it is freed:
+  request bodies, inflated bodies, tensors and answers of large requests. Left to itself,
+  glibc raises that threshold to the size of each large block freed (up to 32 MiB), so
+  after the first 10 MB answer every later one went to a heap or a worker thread's arena
+  and stayed there, fragmented, after its request ended (the chaos bench: +10-30 MB per
+  class of large request, never returned). Small blocks, and so the request path of small
+  requests, are not affected.
+- Releasing a large amount trims the heaps (glibc's `malloc_trim`, on a thread of its own,
+  see `_Trimmer`): what is left there is the small blocks that large requests' parsing and
+  encoding passed through; and it asks the devices' transient rings to give back pages
+  above their live blocks (`hal.ringbuffer.give_back_all`).
 
 Small requests (bodies up to `SMALL_BYTES`) are not charged: at most one of them is in
 progress per connection, so the connection cap bounds them, and the request path of
@@ -29,10 +40,15 @@ import ctypes.util
 import os
 import threading
 
+from ..hal.ringbuffer import give_back_all
+
 __all__ = ["BudgetExceeded", "Hold", "MemoryBudget", "SMALL_BYTES", "default_limit", "parse_size",
            "release_freed_memory"]
 
 SMALL_BYTES = 64 << 10
+OWN_MAP_BYTES = 256 << 10
+"""Blocks this large or larger are mapped on their own and unmapped when freed (see above):
+four times `SMALL_BYTES`, so no block of a small request's path is one."""
 _TRIM_BYTES = 4 << 20  # releases of at least this much give memory back to the system
 
 
@@ -45,6 +61,7 @@ class MemoryBudget:
     and parsed on worker threads). `held` and `peak` are what the metrics expose."""
 
     def __init__(self, limit: int, flag: str = "--client-memory-limit") -> None:
+        _map_large_blocks_on_their_own()
         self.limit = limit
         self.flag = flag
         self.held = 0
@@ -139,13 +156,32 @@ def release_freed_memory() -> None:
 
 
 _TRIM: list = []
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+
+
+def _map_large_blocks_on_their_own() -> None:
+    """Fixes glibc's mmap threshold at `OWN_MAP_BYTES` (which also stops its dynamic
+    growth, and that of the trim threshold); nothing on other C libraries."""
+    if _malloc_trim() is None or _MAPPED_ON_THEIR_OWN:
+        return
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    _MAPPED_ON_THEIR_OWN.append(bool(mallopt(_M_MMAP_THRESHOLD, OWN_MAP_BYTES)))
+
+
+_MAPPED_ON_THEIR_OWN: list[bool] = []
 
 
 class _Trimmer:
     """Hands freed memory back on a thread of its own when asked: a trim of a heap left
     fragmented by many freed blocks takes tens of milliseconds (66 ms for 200 MB freed in
-    64 KiB blocks), which the event loop must not wait through. Requests made while it
-    trims are served by one more trim."""
+    64 KiB blocks), which the event loop must not wait through; then the transient rings'
+    pages above their live blocks (a step at a time under each ring's lock, see
+    `TransientRingbuffer.give_back`). Requests made while it trims are served by one more
+    trim."""
 
     def __init__(self) -> None:
         self._wanted = threading.Event()
@@ -153,8 +189,6 @@ class _Trimmer:
         self._thread: threading.Thread | None = None
 
     def request(self) -> None:
-        if _malloc_trim() is None:
-            return
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="tinyhal-trim",
@@ -167,6 +201,7 @@ class _Trimmer:
             self._wanted.wait()
             self._wanted.clear()
             release_freed_memory()
+            give_back_all()
 
 
 _TRIMMER = _Trimmer()

@@ -504,8 +504,9 @@ class Module:
         """Keeps the input views this invocation made for the next call of the export,
         each only if nothing but `made` refers to it, its buffer, its storage or its
         memory any more (no global, result, subspan, mapping or in-flight work), so a
-        later call can never write bytes anyone still reads. An idle view's memory is
-        real memory: it stays live in the allocator's statistics."""
+        later call can never write bytes anyone still reads, and only small ones (at most
+        `_IDLE_INPUT_BYTES`). An idle view's memory is real memory: it stays live in the
+        allocator's statistics."""
         while made:
             index, view = made.pop()
             buffer = view.buffer
@@ -517,6 +518,7 @@ class Module:
             if (getrefcount(view) == 2 and getrefcount(buffer) == 3
                     and getrefcount(storage) == 3 and getrefcount(array) == 3
                     and views_of_block(array) == 1
+                    and buffer.byte_length <= _IDLE_INPUT_BYTES
                     and len(stacks[index]) < _IDLE_INPUTS_PER_ARGUMENT):
                 stacks[index].append(view)
 
@@ -703,6 +705,9 @@ class Module:
 
 
 _IDLE_INPUTS_PER_ARGUMENT = 4  # idle views kept per argument (calls running at once)
+# Larger inputs are freed after their call: copying them in costs far more than a new
+# buffer, and a kept one would hold a large request's memory after it ended.
+_IDLE_INPUT_BYTES = 256 << 10
 
 
 def _release_idle_inputs(stacks: list[list[BufferView]]) -> None:

@@ -1646,6 +1646,17 @@ static PyObject *ring_live_blocks(RingObject *self, PyObject *unused)
     return PyLong_FromSsize_t(live);
 }
 
+/* The end of the highest unreclaimed block (lock held), 0 when there is none: nothing of
+ * the ring above it is in use, so its pages may be given back. */
+static PyObject *ring_live_end(RingObject *self, PyObject *unused)
+{
+    long long end = 0;
+    for (int i = 0; i < self->runs_count; i++)
+        if (self->runs[i].end > end)
+            end = self->runs[i].end;
+    return PyLong_FromLongLong(end);
+}
+
 static PyObject *ring_get_lock(RingObject *self, void *closure)
 {
     if (self->lock == NULL)
@@ -1719,6 +1730,8 @@ static PyMethodDef ring_methods[] = {
      "owns(storage) -> whether storage holds a block of this ring (committed, not released)."},
     {"_live_blocks", (PyCFunction)ring_live_blocks, METH_NOARGS,
      "How many blocks are live (lock held)."},
+    {"_live_end", (PyCFunction)ring_live_end, METH_NOARGS,
+     "The end of the highest unreclaimed block, 0 if none (lock held)."},
     {NULL},
 };
 

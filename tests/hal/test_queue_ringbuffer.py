@@ -186,3 +186,100 @@ def test_random_workload_never_overlaps_live_blocks(seed, capacity, largest):
         granted.clear()
     st = ring.statistics()
     assert (st.live_bytes, st.live_blocks, st.parked_requests, st.head, st.tail) == (0, 0, 0, 0, 0)
+
+
+def _resident(ring) -> int:
+    """Resident bytes of the ring's map, from /proc/self/smaps (the kernel's count)."""
+    address = ring._backing_address
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                low, high = (int(x, 16) for x in head.split("-"))
+                inside = low <= address < high
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError("the ring's map is not in /proc/self/smaps")
+
+
+def _filled(ring, size, byte):
+    (block, error), = grab(ring, size)
+    assert error is None
+    storage = ring.pending_storage(size)
+    ring.commit(storage, block)
+    storage.array[:] = bytes([byte]) * size
+    return block, storage
+
+
+def test_give_back_returns_the_pages_above_the_live_blocks():
+    """After a burst of large blocks, the pages above the live ones and above `keep` go
+    back to the system; the live block's bytes stay; given-back pages read as zeros when
+    placed again."""
+    mb = 1 << 20
+    ring = TransientRingbuffer(capacity=64 * mb)
+    for block, _ in [_filled(ring, 4 * mb, 9) for _ in range(4)]:
+        ring.retire(block)
+    low, low_storage = _filled(ring, 3 * mb, 7)  # at 0 (the ring was empty), kept live
+    assert _resident(ring) >= 16 * mb
+    assert ring.give_back(keep=mb) == 13 * mb  # [3, 16) MiB: above the live block
+    assert _resident(ring) <= 3 * mb + (256 << 10)
+    assert bytes(low_storage.array) == b"\x07" * (3 * mb)
+    ring.retire(low)
+    assert ring.give_back(keep=mb) == 15 * mb  # [1, 16) MiB asked, [1, 3) still resident
+    assert _resident(ring) <= mb + (256 << 10)
+    again, storage = _filled(ring, 2 * mb, 5)
+    assert bytes(storage.array[-4:]) == b"\x05" * 4
+    ring.retire(again)
+    assert TransientRingbuffer(capacity=mb).give_back() == 0  # no memory yet: nothing
+
+
+def test_give_back_never_takes_the_pages_of_a_block_placed_meanwhile():
+    """Blocks placed and filled on another thread while the ring gives back keep their
+    bytes (the give-back holds the ring's lock for each step, so a block is placed either
+    before a step, above its live end, or after it)."""
+    import threading
+
+    mb = 1 << 20
+    ring = TransientRingbuffer(capacity=64 * mb)
+    stop = threading.Event()
+    failures, placed = [], [0]
+
+    def traffic():
+        rng = random.Random(5)
+        live = []
+        while not stop.is_set():
+            placed[0] = n = placed[0] + 1
+            block, storage = _filled(ring, rng.randint(1, 3 * mb), n % 251)
+            live.append((block, storage, n % 251))
+            if len(live) > 3:
+                old, old_storage, byte = live.pop(0)
+                data = bytes(old_storage.array)
+                if data != bytes([byte]) * len(data):
+                    failures.append((old.offset, old.size))
+                ring.retire(old)
+        for block, _, _ in live:
+            ring.retire(block)
+
+    thread = threading.Thread(target=traffic)
+    thread.start()
+    try:
+        while placed[0] < 250 and thread.is_alive():
+            ring.give_back(keep=0)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert failures == []
+
+
+def test_give_back_all_reaches_every_ring_with_memory():
+    from tinyhal.hal.ringbuffer import give_back_all
+
+    mb = 1 << 20
+    rings = [TransientRingbuffer(capacity=16 * mb) for _ in range(2)]
+    for ring in rings:
+        block, _ = _filled(ring, 4 * mb, 1)
+        ring.retire(block)
+    give_back_all(keep=0)
+    assert [_resident(ring) for ring in rings] == [0, 0]

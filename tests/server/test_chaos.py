@@ -20,10 +20,9 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(420)]
 
 def test_a_minute_of_chaos_leaves_the_server_healthy():
     run = subprocess.run(
-        # RSS: a device's transient ring that is never empty walks its whole 256 MiB, and
-        # the pages it touched stay resident (docs/performance.md, the chaos section);
-        # beyond one ring is a regression
+        # RSS: the settled end within 24 MB of the start (after warm-up); measured: +3 to
+        # +5 MB after 2-3 minutes of everything (docs/performance.md, "Memory under chaos")
         [sys.executable, str(BENCH), "--minutes", "1", "--seed", "7",
-         "--rss-bound-mb", "320", "--results-name", "serve_chaos_test"],
+         "--rss-bound-mb", "24", "--results-name", "serve_chaos_test"],
         capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]

@@ -213,6 +213,30 @@ def test_input_buffers_reused_only_when_nothing_else_holds_them(device):
     assert device.allocator.statistics().live_bytes == before  # idle inputs released
 
 
+SCALES = """
+func.func @scale(%a: tensor<?xf32>) -> tensor<?xf32> {
+  %r = arith.addf %a, %a : tensor<?xf32>
+  return %r : tensor<?xf32>
+}
+"""
+
+
+def test_large_input_buffers_are_freed_after_their_call(device):
+    """Only small input buffers are kept for the next call: a large one would hold a
+    large request's memory after it ended (and copying it in costs far more than a new
+    buffer)."""
+    from support.iree_tools import HOST_FLAGS, compile_mlir
+
+    gc.collect()
+    with tinyhal.load(compile_mlir(SCALES, HOST_FLAGS), device=device) as m:
+        small = np.ones(16, np.float32)
+        assert np.array_equal(m.scale(small), small * 2)
+        live = m.statistics().live_bytes
+        large = np.ones(1 << 20, np.float32)  # 4 MiB
+        assert np.array_equal(m.scale(large), large * 2)
+        assert m.statistics().live_bytes <= live
+
+
 def test_device_only_input_buffers_reused_and_written_as_transfers():
     """On memory the host cannot map (emu's device heap) inputs are reused as on host
     memory, by the same rules, and each call still writes its input by a device write
