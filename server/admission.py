@@ -458,7 +458,12 @@ class Admission:
         if isinstance(result, BaseException):
             outcomes, executions = [(None, result)] * len(execution.requests), []
         else:
-            outcomes, executions = result
+            outcomes, executions, answered = result
+            if not answered:
+                # the instance went on with its next execution; its clients are answered
+                # here, before their tasks wake: a task then only finishes its request and
+                # reads the client's next one, which the answer let it send meanwhile
+                answer_directly(execution.requests, outcomes, executions)
         seconds = sum(e[2] for e in executions) if executions else \
             trio.current_time() - execution.started
         self._latency = seconds if not self._latency else 0.8 * self._latency + 0.2 * seconds
@@ -505,30 +510,33 @@ class Admission:
 
 def _execute(invoke: Callable[[list[Any]], Results], batch: list[_Request],
              next_waits: Callable[[], bool] | None
-             ) -> tuple[list[Outcome], list[tuple[int, int, float]]]:
-    """One execution on an instance thread (`run_batch`). When it is the last of its run
-    and its instance would not start another at once (`next_waits`: nothing queued, or
-    the queue waits out a delay), each request that asked for it is answered from here
-    (`respond`): the client need not wait for the loop to wake up, and its next request
-    is usually there when the loop reads. Otherwise the loop answers, and the instance
-    is handed its next execution at once."""
+             ) -> tuple[list[Outcome], list[tuple[int, int, float]], bool]:
+    """One execution on an instance thread (`run_batch`): (outcomes, executions, whether
+    its requests were answered here). When it is the last of its run and its instance
+    would not start another at once (`next_waits`: nothing queued, or the queue waits out
+    a delay), each request that asked for it is answered from here (`respond`): the
+    client need not wait for the loop to wake up, and its next request is usually there
+    when the loop reads. Otherwise the loop answers them as it takes in the outcome
+    (`Admission._finished`), and the instance is handed its next execution at once."""
     outcomes, executions = run_batch(invoke, [r.args for r in batch], [r.rows for r in batch])
     if next_waits is None or not next_waits():
-        return outcomes, executions
+        return outcomes, executions, False
     answer_directly(batch, outcomes, executions)
-    return outcomes, executions
+    return outcomes, executions, True
 
 
 def answer_directly(requests: list[_Request], outcomes: list[Outcome],
                     executions: list[tuple[int, int, float]]) -> None:
-    """On an instance thread, after an execution: each request that asked for it
-    (`respond`) and succeeded is answered from here; the loop answers the rest."""
+    """After an execution (on its instance thread, or on the loop as it takes in the
+    outcome): each request that asked for it (`respond`), succeeded and still waits is
+    answered from here; the tasks of the requests answer the rest."""
     seconds = sum(e[2] for e in executions)
     for request, (results, error) in zip(requests, outcomes):
-        if request.respond is not None and error is None:
+        if request.respond is not None and error is None and not (request.finished
+                                                                   or request.detached):
             try:
                 request.respond(results, seconds)
             except Exception:  # noqa: BLE001 - a bug of ours: the loop answers instead
-                log.exception("answering %s from its instance thread failed", request.label)
+                log.exception("answering %s directly failed", request.label)
 
 

@@ -483,6 +483,8 @@ class _Routes:
             respond = None
             if direct is not None:
                 def respond(results: list, seconds: float) -> None:
+                    if trio.lowlevel.in_trio_run() and encodes_in_slices(req, results):
+                        return  # not on the loop: the task encodes it on a worker thread
                     start = time.perf_counter()
                     response = _infer_response(server, mv, req, results, request)
                     direct.send(response)  # a large one is left to the loop

@@ -88,7 +88,7 @@ def test_draining_closes_the_connection_and_big_or_blocked_answers_go_to_the_loo
         assert blocked.rest.endswith(b'{"b":2}') and blocked.rest.startswith(b"HTTP/1.1 200")
 
 
-def test_respond_runs_on_the_instance_thread_for_successes_when_nothing_is_queued():
+def test_respond_runs_on_the_instance_thread_when_nothing_is_queued_else_on_the_loop():
     calls: list[tuple[str, float, str]] = []
     gate = threading.Event()
 
@@ -131,11 +131,13 @@ def test_respond_runs_on_the_instance_thread_for_successes_when_nothing_is_queue
                     await trio.sleep(0.001)
             gate.set()
         admission.stop()
-        # the first execution finished with two requests queued: the loop answered it;
-        # the batch after it (failed, then each alone) ran with nothing queued
+        # the first execution finished with two requests queued: the loop answered it as
+        # it took in the outcome (before its task woke); the batch after it (failed, then
+        # each alone) ran with nothing queued: the instance answered its success
         assert outcomes["first"] == 2.0 and outcomes["good"] == 6.0
         assert isinstance(outcomes["bad"], ValueError)
-        assert calls == [("good", 6.0, "direct#0")]
+        assert calls == [("first", 2.0, threading.current_thread().name),
+                         ("good", 6.0, "direct#0")]
 
     trio.run(main)
 
