@@ -287,6 +287,9 @@ class Admission:
         self._timer = QueueTimer(batching.delay if batching else 0.0,
                                  self._dispatch_after_pass)
         self._clock_offset: float | None = None  # trio clock - monotonic (other threads)
+        # the trio clock; the run's own reader once the first execution started on the
+        # loop (one call, where `trio.current_time()` is three frames)
+        self._now: Callable[[], float] = trio.current_time
 
     # -- observation -------------------------------------------------------------------
 
@@ -348,7 +351,7 @@ class Admission:
                 f"exceeds maximum queue size: {len(self._running)} executions running and "
                 f"{len(queue)} requests queued (instances {self.max_concurrency}, "
                 f"max_queue {self.max_queue})", self.retry_after())
-        now = trio.current_time()
+        now = self._now()
         request = _Request(args, rows, deadline, label, now, respond, _shape_key(args))
         self._in_flight.count += 1
         batching = self.batching
@@ -383,7 +386,7 @@ class Admission:
         instance does not sit idle while the loop hands it the next request."""
         batching = self.batching
         while self._idle and self._queue:
-            now = trio.current_time()
+            now = self._now()
             if batching is not None and batching.delay and not self._closed:
                 until = self._queue[0].arrived + batching.delay - self._timer.lead
                 if now < until and ready_rows(self._queue) < batching.target_rows:
@@ -404,6 +407,7 @@ class Admission:
     def _start(self, run: list[list[_Request]], now: float) -> None:
         if self._clock_offset is None:
             self._clock_offset = now - time.monotonic()
+            self._now = trio.lowlevel.current_clock().current_time
         instance = self._idle.pop()
         instance.pending = len(run)
         self._last_batch_requests = len(run[-1])
