@@ -41,6 +41,7 @@ import logging
 import math
 import time
 import zlib
+from threading import get_ident
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -482,8 +483,10 @@ class _Routes:
             direct = request.direct
             respond = None
             if direct is not None:
+                loop_thread = get_ident()
+
                 def respond(results: list, seconds: float) -> None:
-                    if trio.lowlevel.in_trio_run() and encodes_in_slices(req, results):
+                    if get_ident() == loop_thread and encodes_in_slices(req, results):
                         return  # not on the loop: the task encodes it on a worker thread
                     start = time.perf_counter()
                     response = _infer_response(server, mv, req, results, request)
