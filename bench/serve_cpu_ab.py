@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -88,13 +89,17 @@ def _hey(port: int, work: Path, seconds: float, concurrency: int) -> float:
 
 def _perf_analyzer(binary: str, port: int, work: Path, seconds: float,
                    concurrency: int) -> float:
+    """Requests/s perf_analyzer measured; NaN when it found no stable measurement (the
+    server's CPU per request over the run still counts)."""
     csv_file = work / "pa.csv"
-    subprocess.run([binary, "-m", MODEL, "-u", f"127.0.0.1:{port}", "-i", "http", "-b", "1",
-                    "--concurrency-range", str(concurrency), "--input-data",
-                    str(work / "pa.json"), "--measurement-interval",
-                    str(max(500, int(seconds * 1000 / 3))), "--stability-percentage", "500",
-                    "--max-trials", "6", "-f", str(csv_file)],
-                   capture_output=True, text=True, timeout=seconds * 6 + 120, check=True)
+    csv_file.unlink(missing_ok=True)
+    argv = [binary, "-m", MODEL, "-u", f"127.0.0.1:{port}", "-i", "http", "-b", "1",
+            "--concurrency-range", str(concurrency), "--input-data", str(work / "pa.json"),
+            "--measurement-interval", str(max(500, int(seconds * 1000 / 3))),
+            "--stability-percentage", "500", "--max-trials", "6", "-f", str(csv_file)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds * 6 + 120)
+    if done.returncode != 0 or not csv_file.exists():
+        return math.nan
     with open(csv_file) as f:
         header, row = f.readline().split(","), f.readline().split(",")
     return float(row[header.index("Inferences/Second")])
@@ -173,7 +178,8 @@ def main() -> None:
         for level in levels:
             for name in builds:
                 runs = cells[(name, tool, level)]
-                cpu, loop, batch, rps = (statistics.median(run[i] for run in runs)
+                cpu, loop, batch, rps = (statistics.median(run[i] for run in runs
+                                                           if run[i] == run[i])
                                          for i in range(4))
                 print(f"{tool} c={level} {name}: median {cpu:.1f} us CPU per request (loop "
                       f"{loop:.1f}), batch {batch:.1f}, {rps:.0f} requests/s "
