@@ -41,8 +41,8 @@ import logging
 import math
 import time
 import zlib
-from threading import get_ident
 from collections.abc import Awaitable, Callable
+from threading import get_ident
 from typing import Any
 
 import orjson
