@@ -12,7 +12,8 @@ The figure is the server process's user + system CPU per answered request (from 
 answered = the model's successful inferences in its statistics): on a shared machine it
 is far steadier than requests/s, which is printed beside it. Beside the total, the CPU
 per request of the event-loop thread alone and the mean batch (requests per execution).
-Both servers stay up throughout; each round runs every cell on one build and then on
+Both servers stay up throughout, their threads on the same CPU (`--python-cpu`; left to
+`auto`, the two would claim different ones, and the CPUs of a shared machine differ); each round runs every cell on one build and then on
 the other, the order alternating from round to round, so a change in the machine's load
 falls on both alike (many short rounds, e.g. `--rounds 20 --seconds 1`, follow it
 closest); each figure is the median over rounds, and B/A the median of the rounds'
@@ -52,9 +53,10 @@ ROW = [0.25] * 16
 BODY = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16], "data": ROW}]}
 
 
-def _start(python: str, repository: Path) -> tuple[subprocess.Popen, int]:
+def _start(python: str, repository: Path, cpu: str) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen([python, "-m", "tinyhal.server.main", "--host", "127.0.0.1",
-                             "--port", "0", "--model-repository", str(repository)],
+                             "--port", "0", "--model-repository", str(repository),
+                             "--python-cpu", cpu],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     port = None
     for line in proc.stdout:
@@ -134,6 +136,9 @@ def main() -> None:
     parser.add_argument("--binary", action="store_true",
                         help="also load with perf_analyzer (binary tensors)")
     parser.add_argument("--no-hey", action="store_true", help="only perf_analyzer")
+    parser.add_argument("--python-cpu", default=str(max(os.sched_getaffinity(0))),
+                        help="the CPU both servers' threads run on (default: the last "
+                             "one this process may use)")
     parser.add_argument("--perf-analyzer", default=shutil.which("perf_analyzer"),
                         help="perf_analyzer's path (default: from PATH)")
     args = parser.parse_args()
@@ -158,7 +163,7 @@ def main() -> None:
         servers = {}
         try:
             for name in builds:  # both stay up: a round runs the same cell on each in turn
-                servers[name] = _start(builds[name], root)
+                servers[name] = _start(builds[name], root, args.python_cpu)
                 _hey(servers[name][1], root, 1.0, 8)  # warm
             for r in range(args.rounds):
                 for tool in tools:
