@@ -449,13 +449,8 @@ class Admission:
 
     def _finished(self, execution: Execution, result: Any) -> None:
         """On the loop, when an instance thread finished an execution. The instance is
-        handed its next execution before the finished requests are woken; with batching
-        and no queue delay, at the end of the loop's pass instead: the loop answers
-        them, their tasks read the clients' next requests, which join that batch, and
-        the instance thread wakes as the loop is about to wait, not while the loop
-        still holds the interpreter (where it shares the loop's CPU, as by default, it
-        could not compute meanwhile: each of the loop's system calls would hand it the
-        interpreter lock for nothing)."""
+        handed its next execution before the finished requests are woken: it computes
+        while the loop answers them."""
         if self._end is not None:
             self._end(execution.watch)
         self._running.discard(execution)
@@ -463,12 +458,7 @@ class Admission:
         instance.pending -= 1
         if not instance.pending:
             self._idle.append(instance)
-            batching = self.batching
-            if self._queue and batching is not None and not batching.delay \
-                    and not self._closed:
-                self._dispatch_after_pass()
-            else:
-                self._dispatch()
+            self._dispatch()
         if isinstance(result, BaseException):
             outcomes, executions = [(None, result)] * len(execution.requests), []
         else:
