@@ -449,8 +449,8 @@ class Admission:
 
     def _finished(self, execution: Execution, result: Any) -> None:
         """On the loop, when an instance thread finished an execution. The instance is
-        handed its next execution before the finished requests are woken: it computes
-        while the loop answers them."""
+        handed its next execution first; then the requests its thread left unanswered
+        are answered (`answer_directly`) and every request is woken."""
         if self._end is not None:
             self._end(execution.watch)
         self._running.discard(execution)
