@@ -11,13 +11,14 @@ own client sends them; libcurl writes head and body apart).
 The figure is the server process's user + system CPU per answered request (from /proc;
 answered = the model's successful inferences in its statistics): on a shared machine it
 is far steadier than requests/s, which is printed beside it. Beside the total, the CPU
-per request of the event-loop thread alone and the mean batch (requests per execution).
-Both servers stay up throughout, their threads on the same CPU (`--python-cpu`; left to
-`auto`, the two would claim different ones, and the CPUs of a shared machine differ); each round runs every cell on one build and then on
-the other, the order alternating from round to round, so a change in the machine's load
-falls on both alike (many short rounds, e.g. `--rounds 20 --seconds 1`, follow it
-closest); each figure is the median over rounds, and B/A the median of the rounds'
-ratios of CPU per request (each ratio compares two cells run back to back).
+per request of the event-loop thread alone, the mean batch (requests per execution) and
+the load generator's p99. Both servers stay up throughout, their threads on the same CPU
+(`--python-cpu`; left to `auto`, the two would claim different ones, and the CPUs of a
+shared machine differ); each round runs every cell on one build and then on the other,
+the order alternating from round to round, so a change in the machine's load falls on
+both alike (many short rounds, e.g. `--rounds 20 --seconds 1`, follow it closest); each
+figure is the median over rounds, and B/A the median of the rounds' ratios of CPU per
+request (each ratio compares two cells run back to back).
 
     python bench/serve_cpu_ab.py --a /path/to/venv-a/bin/python --b .venv/bin/python \\
         [--rounds 6] [--seconds 3] [--concurrency 1,8,32,64] [--batching] \\
@@ -31,6 +32,7 @@ Needs Linux (/proc) and `hey` (`apt-get install hey`); `--binary` needs perf_ana
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -79,20 +81,23 @@ def _statistics(port: int) -> tuple[int, int]:
     return stats["inference_stats"]["success"]["count"], stats["execution_count"]
 
 
-def _hey(port: int, work: Path, seconds: float, concurrency: int) -> float:
+def _hey(port: int, work: Path, seconds: float, concurrency: int) -> tuple[float, float]:
+    """(requests/s, p99 ms) of one `hey` run."""
     out = subprocess.run(["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST",
                           "-T", "application/json", "-H", "Accept-Encoding: identity",
                           "-D", str(work / "body.json"),
                           f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer"],
                          capture_output=True, text=True, timeout=seconds + 120,
                          check=True).stdout
-    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    p99 = re.search(r"99% in ([\d.]+) secs", out)
+    return (float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            1e3 * float(p99.group(1)) if p99 else math.nan)
 
 
 def _perf_analyzer(binary: str, port: int, work: Path, seconds: float,
-                   concurrency: int) -> float:
-    """Requests/s perf_analyzer measured; NaN when it found no stable measurement (the
-    server's CPU per request over the run still counts)."""
+                   concurrency: int) -> tuple[float, float]:
+    """(requests/s, p99 ms) perf_analyzer measured; NaN when it found no stable
+    measurement (the server's CPU per request over the run still counts)."""
     csv_file = work / "pa.csv"
     csv_file.unlink(missing_ok=True)
     argv = [binary, "-m", MODEL, "-u", f"127.0.0.1:{port}", "-i", "http", "-b", "1",
@@ -101,27 +106,33 @@ def _perf_analyzer(binary: str, port: int, work: Path, seconds: float,
             "--stability-percentage", "500", "--max-trials", "6", "-f", str(csv_file)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds * 6 + 120)
     if done.returncode != 0 or not csv_file.exists():
-        return math.nan
-    with open(csv_file) as f:
-        header, row = f.readline().split(","), f.readline().split(",")
-    return float(row[header.index("Inferences/Second")])
+        return math.nan, math.nan
+    with open(csv_file, newline="") as f:
+        row = next(csv.DictReader(f))
+    return float(row["Inferences/Second"]), float(row["p99 latency"]) / 1e3
 
 
 def _measure(server: tuple[subprocess.Popen, int], tool: str, level: int, work: Path,
-             args: argparse.Namespace) -> tuple[float, float, float, float]:
+             args: argparse.Namespace) -> tuple[float, float, float, float, float]:
     """One cell: (us of server CPU per answered request, of it the event loop's, mean
-    requests per execution, requests/s the load generator saw)."""
+    requests per execution, requests/s and p99 ms the load generator saw)."""
     proc, port = server
     before, loop0 = cpu_seconds(proc.pid), cpu_seconds(proc.pid, proc.pid)
     answered0, executions0 = _statistics(port)
-    rps = _hey(port, work, args.seconds, level) if tool == "hey" else \
+    rps, p99 = _hey(port, work, args.seconds, level) if tool == "hey" else \
         _perf_analyzer(args.perf_analyzer, port, work, args.seconds, level)
     cpu = cpu_seconds(proc.pid) - before
     loop = cpu_seconds(proc.pid, proc.pid) - loop0
     answered, executions = _statistics(port)
     answered, executions = answered - answered0, executions - executions0
     return (1e6 * cpu / max(1, answered), 1e6 * loop / max(1, answered),
-            answered / max(1, executions), rps)
+            answered / max(1, executions), rps, p99)
+
+
+def _median(values: list[float]) -> float:
+    """The median of the values that are not NaN (NaN when none is)."""
+    kept = [v for v in values if v == v]
+    return statistics.median(kept) if kept else math.nan
 
 
 def main() -> None:
@@ -159,7 +170,7 @@ def main() -> None:
         config_path.write_text(json.dumps(config))
         (root / "body.json").write_text(json.dumps(BODY))
         (root / "pa.json").write_text(json.dumps({"data": [{"features": ROW}]}))
-        cells: dict[tuple[str, str, int], list[tuple[float, float, float, float]]] = {}
+        cells: dict[tuple[str, str, int], list[tuple[float, ...]]] = {}
         servers = {}
         try:
             for name in builds:  # both stay up: a round runs the same cell on each in turn
@@ -173,7 +184,8 @@ def main() -> None:
                             cells.setdefault((name, tool, level), []).append(cell)
                             print(f"round {r + 1} {name} {tool} c={level}: {cell[0]:.1f} us "
                                   f"CPU per request (loop {cell[1]:.1f}), batch "
-                                  f"{cell[2]:.1f}, {cell[3]:.0f} requests/s", flush=True)
+                                  f"{cell[2]:.1f}, {cell[3]:.0f} requests/s, p99 "
+                                  f"{cell[4]:.1f} ms", flush=True)
         finally:
             for proc, _ in servers.values():
                 proc.terminate()
@@ -183,11 +195,11 @@ def main() -> None:
         for level in levels:
             for name in builds:
                 runs = cells[(name, tool, level)]
-                cpu, loop, batch, rps = (statistics.median(run[i] for run in runs
-                                                           if run[i] == run[i])
-                                         for i in range(4))
+                cpu, loop, batch, rps, p99 = (_median([run[i] for run in runs])
+                                              for i in range(5))
                 print(f"{tool} c={level} {name}: median {cpu:.1f} us CPU per request (loop "
-                      f"{loop:.1f}), batch {batch:.1f}, {rps:.0f} requests/s "
+                      f"{loop:.1f}), batch {batch:.1f}, {rps:.0f} requests/s, p99 "
+                      f"{p99:.1f} ms "
                       f"({len(runs)} rounds)")
             pairs = zip(cells[("A", tool, level)], cells[("B", tool, level)])
             ratio = statistics.median(b[0] / a[0] for a, b in pairs)
