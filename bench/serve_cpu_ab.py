@@ -1,67 +1,138 @@
 """Server CPU per request of two builds of tinyhal-serve, A/B in alternating rounds.
 
 Each build is a Python interpreter whose environment has that build of tinyhal installed
-(for example a venv of `main` and the one of a branch). Both serve a temporary copy of
-the bundled `mlp_classifier` (with or without its `dynamic_batching`); `hey` sends the
-same JSON row for `--seconds` at each concurrency level. The figure is the server
-process's user + system CPU per answered request (from /proc): on a shared machine it is
-far steadier than requests/s, which is printed beside it. The order of the builds
-alternates from round to round; each cell is the median over rounds.
+(for example a venv of `main` and the one of a branch, or a script that runs one
+interpreter with another checkout first on PYTHONPATH). Both serve a temporary copy of
+the bundled `mlp_classifier` (with or without its `dynamic_batching`); at each
+concurrency level a load generator sends one 1x16 FP32 row for `--seconds`: `hey` as
+JSON, and with `--binary` also `perf_analyzer` (binary tensors in and out, as Triton's
+own client sends them; libcurl writes head and body apart).
+
+The figure is the server process's user + system CPU per answered request (from /proc;
+answered = the model's successful inferences in its statistics): on a shared machine it
+is far steadier than requests/s, which is printed beside it. Beside the total, the CPU
+per request of the event-loop thread alone, the mean batch (requests per execution) and
+the load generator's p99. Both servers stay up throughout, their threads on the same CPU
+(`--python-cpu`; left to `auto`, the two would claim different ones, and the CPUs of a
+shared machine differ); each round runs every cell on one build and then on the other,
+the order alternating from round to round, so a change in the machine's load falls on
+both alike (many short rounds, e.g. `--rounds 20 --seconds 1`, follow it closest); each
+figure is the median over rounds, and B/A the median of the rounds' ratios of CPU per
+request (each ratio compares two cells run back to back).
 
     python bench/serve_cpu_ab.py --a /path/to/venv-a/bin/python --b .venv/bin/python \\
-        [--rounds 6] [--seconds 3] [--concurrency 1,8,32] [--batching]
+        [--rounds 6] [--seconds 3] [--concurrency 1,8,32,64] [--batching] \\
+        [--binary [--perf-analyzer PATH]]
 
-Needs Linux (/proc) and `hey` (`apt-get install hey`).
+Needs Linux (/proc) and `hey` (`apt-get install hey`); `--binary` needs perf_analyzer
+(on PATH, or `--perf-analyzer`; the environment must let it find its libraries, see
+`bench/serve_triton.py` for where it comes from).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
 import os
 import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
+import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import cpu_seconds  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parent.parent / "server" / "models"
 MODEL = "mlp_classifier"
-BODY = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
-                    "data": [0.25] * 16}]}
+ROW = [0.25] * 16
+BODY = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16], "data": ROW}]}
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _start(python: str, repository: Path) -> tuple[subprocess.Popen, str]:
+def _start(python: str, repository: Path, cpu: str) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen([python, "-m", "tinyhal.server.main", "--host", "127.0.0.1",
-                             "--port", "0", "--model-repository", str(repository)],
+                             "--port", "0", "--model-repository", str(repository),
+                             "--python-cpu", cpu],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     port = None
     for line in proc.stdout:
         found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
         if found:
-            port = found.group(1)
+            port = int(found.group(1))
         if "ready" in line:
             break
     if port is None:
         proc.kill()
         raise SystemExit(f"{python}: the server did not start")
-    return proc, f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer"
+    return proc, port
 
 
-def _hey(url: str, body: Path, seconds: float, concurrency: int) -> tuple[int, float]:
+def _statistics(port: int) -> tuple[int, int]:
+    """(successful requests, executions) of the model so far."""
+    url = f"http://127.0.0.1:{port}/v2/models/{MODEL}/stats"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        stats = json.load(response)["model_stats"][0]
+    return stats["inference_stats"]["success"]["count"], stats["execution_count"]
+
+
+def _hey(port: int, work: Path, seconds: float, concurrency: int) -> tuple[float, float]:
+    """(requests/s, p99 ms) of one `hey` run."""
     out = subprocess.run(["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST",
                           "-T", "application/json", "-H", "Accept-Encoding: identity",
-                          "-D", str(body), url], capture_output=True, text=True,
-                         timeout=seconds + 120, check=True).stdout
-    answered = sum(int(n) for n in re.findall(r"\[200\]\s+(\d+) responses", out))
-    return answered, float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+                          "-D", str(work / "body.json"),
+                          f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer"],
+                         capture_output=True, text=True, timeout=seconds + 120,
+                         check=True).stdout
+    p99 = re.search(r"99% in ([\d.]+) secs", out)
+    return (float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            1e3 * float(p99.group(1)) if p99 else math.nan)
+
+
+def _perf_analyzer(binary: str, port: int, work: Path, seconds: float,
+                   concurrency: int) -> tuple[float, float]:
+    """(requests/s, p99 ms) perf_analyzer measured; NaN when it found no stable
+    measurement (the server's CPU per request over the run still counts)."""
+    csv_file = work / "pa.csv"
+    csv_file.unlink(missing_ok=True)
+    argv = [binary, "-m", MODEL, "-u", f"127.0.0.1:{port}", "-i", "http", "-b", "1",
+            "--concurrency-range", str(concurrency), "--input-data", str(work / "pa.json"),
+            "--measurement-interval", str(max(500, int(seconds * 1000 / 3))),
+            "--stability-percentage", "500", "--max-trials", "6", "-f", str(csv_file)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds * 6 + 120)
+    if done.returncode != 0 or not csv_file.exists():
+        return math.nan, math.nan
+    with open(csv_file, newline="") as f:
+        row = next(csv.DictReader(f))
+    return float(row["Inferences/Second"]), float(row["p99 latency"]) / 1e3
+
+
+def _measure(server: tuple[subprocess.Popen, int], tool: str, level: int, work: Path,
+             args: argparse.Namespace) -> tuple[float, float, float, float, float]:
+    """One cell: (us of server CPU per answered request, of it the event loop's, mean
+    requests per execution, requests/s and p99 ms the load generator saw)."""
+    proc, port = server
+    before, loop0 = cpu_seconds(proc.pid), cpu_seconds(proc.pid, proc.pid)
+    answered0, executions0 = _statistics(port)
+    rps, p99 = _hey(port, work, args.seconds, level) if tool == "hey" else \
+        _perf_analyzer(args.perf_analyzer, port, work, args.seconds, level)
+    cpu = cpu_seconds(proc.pid) - before
+    loop = cpu_seconds(proc.pid, proc.pid) - loop0
+    answered, executions = _statistics(port)
+    answered, executions = answered - answered0, executions - executions0
+    return (1e6 * cpu / max(1, answered), 1e6 * loop / max(1, answered),
+            answered / max(1, executions), rps, p99)
+
+
+def _median(values: list[float]) -> float:
+    """The median of the values that are not NaN (NaN when none is)."""
+    kept = [v for v in values if v == v]
+    return statistics.median(kept) if kept else math.nan
 
 
 def main() -> None:
@@ -70,12 +141,25 @@ def main() -> None:
     parser.add_argument("--b", required=True, help="interpreter of build B")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--batching", action="store_true",
                         help="keep the model's dynamic_batching (default: without)")
+    parser.add_argument("--binary", action="store_true",
+                        help="also load with perf_analyzer (binary tensors)")
+    parser.add_argument("--no-hey", action="store_true", help="only perf_analyzer")
+    parser.add_argument("--python-cpu", default=str(max(os.sched_getaffinity(0))),
+                        help="the CPU both servers' threads run on (default: the last "
+                             "one this process may use)")
+    parser.add_argument("--perf-analyzer", default=shutil.which("perf_analyzer"),
+                        help="perf_analyzer's path (default: from PATH)")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     builds = {"A": args.a, "B": args.b}
+    tools = [] if args.no_hey else ["hey"]
+    if args.binary or args.no_hey:
+        if not args.perf_analyzer:
+            raise SystemExit("--binary needs perf_analyzer (on PATH or --perf-analyzer)")
+        tools.append("pa")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         shutil.copytree(SAMPLES / MODEL, root / MODEL)
@@ -84,31 +168,43 @@ def main() -> None:
         if not args.batching:
             config.pop("dynamic_batching", None)
         config_path.write_text(json.dumps(config))
-        body = root / "body.json"
-        body.write_text(json.dumps(BODY))
-        cells: dict[tuple[str, int], list[tuple[float, float]]] = {}
-        for r in range(args.rounds):
-            for name in (["A", "B"] if r % 2 == 0 else ["B", "A"]):
-                proc, url = _start(builds[name], root)
-                try:
-                    _hey(url, body, 1.0, 8)  # warm
+        (root / "body.json").write_text(json.dumps(BODY))
+        (root / "pa.json").write_text(json.dumps({"data": [{"features": ROW}]}))
+        cells: dict[tuple[str, str, int], list[tuple[float, ...]]] = {}
+        servers = {}
+        try:
+            for name in builds:  # both stay up: a round runs the same cell on each in turn
+                servers[name] = _start(builds[name], root, args.python_cpu)
+                _hey(servers[name][1], root, 1.0, 8)  # warm
+            for r in range(args.rounds):
+                for tool in tools:
                     for level in levels:
-                        before = _cpu_seconds(proc.pid)
-                        answered, rps = _hey(url, body, args.seconds, level)
-                        cpu_us = 1e6 * (_cpu_seconds(proc.pid) - before) / max(1, answered)
-                        cells.setdefault((name, level), []).append((cpu_us, rps))
-                        print(f"round {r + 1} {name} c={level}: {cpu_us:.1f} us CPU per "
-                              f"request, {rps:.0f} requests/s", flush=True)
-                finally:
-                    proc.terminate()
-                    proc.wait(timeout=30)
+                        for name in (["A", "B"] if r % 2 == 0 else ["B", "A"]):
+                            cell = _measure(servers[name], tool, level, root, args)
+                            cells.setdefault((name, tool, level), []).append(cell)
+                            print(f"round {r + 1} {name} {tool} c={level}: {cell[0]:.1f} us "
+                                  f"CPU per request (loop {cell[1]:.1f}), batch "
+                                  f"{cell[2]:.1f}, {cell[3]:.0f} requests/s, p99 "
+                                  f"{cell[4]:.1f} ms", flush=True)
+        finally:
+            for proc, _ in servers.values():
+                proc.terminate()
+                proc.wait(timeout=30)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
-    for level in levels:
-        for name in builds:
-            runs = cells[(name, level)]
-            print(f"c={level} {name}: median {statistics.median(c for c, _ in runs):.1f} us "
-                  f"CPU per request, {statistics.median(r for _, r in runs):.0f} "
-                  f"requests/s ({len(runs)} rounds)")
+    for tool in tools:
+        for level in levels:
+            for name in builds:
+                runs = cells[(name, tool, level)]
+                cpu, loop, batch, rps, p99 = (_median([run[i] for run in runs])
+                                              for i in range(5))
+                print(f"{tool} c={level} {name}: median {cpu:.1f} us CPU per request (loop "
+                      f"{loop:.1f}), batch {batch:.1f}, {rps:.0f} requests/s, p99 "
+                      f"{p99:.1f} ms "
+                      f"({len(runs)} rounds)")
+            pairs = zip(cells[("A", tool, level)], cells[("B", tool, level)])
+            ratio = statistics.median(b[0] / a[0] for a, b in pairs)
+            print(f"{tool} c={level} B/A: median of the rounds' CPU-per-request ratios "
+                  f"{ratio:.3f}")
 
 
 if __name__ == "__main__":

@@ -287,6 +287,9 @@ class Admission:
         self._timer = QueueTimer(batching.delay if batching else 0.0,
                                  self._dispatch_after_pass)
         self._clock_offset: float | None = None  # trio clock - monotonic (other threads)
+        # the trio clock; the run's own reader once the first execution started on the
+        # loop (one call, where `trio.current_time()` is three frames)
+        self._now: Callable[[], float] = trio.current_time
 
     # -- observation -------------------------------------------------------------------
 
@@ -348,7 +351,7 @@ class Admission:
                 f"exceeds maximum queue size: {len(self._running)} executions running and "
                 f"{len(queue)} requests queued (instances {self.max_concurrency}, "
                 f"max_queue {self.max_queue})", self.retry_after())
-        now = trio.current_time()
+        now = self._now()
         request = _Request(args, rows, deadline, label, now, respond, _shape_key(args))
         self._in_flight.count += 1
         batching = self.batching
@@ -383,7 +386,7 @@ class Admission:
         instance does not sit idle while the loop hands it the next request."""
         batching = self.batching
         while self._idle and self._queue:
-            now = trio.current_time()
+            now = self._now()
             if batching is not None and batching.delay and not self._closed:
                 until = self._queue[0].arrived + batching.delay - self._timer.lead
                 if now < until and ready_rows(self._queue) < batching.target_rows:
@@ -404,6 +407,7 @@ class Admission:
     def _start(self, run: list[list[_Request]], now: float) -> None:
         if self._clock_offset is None:
             self._clock_offset = now - time.monotonic()
+            self._now = trio.lowlevel.current_clock().current_time
         instance = self._idle.pop()
         instance.pending = len(run)
         self._last_batch_requests = len(run[-1])
@@ -445,8 +449,8 @@ class Admission:
 
     def _finished(self, execution: Execution, result: Any) -> None:
         """On the loop, when an instance thread finished an execution. The instance is
-        handed its next execution before the finished requests are woken: it computes
-        while the loop answers them."""
+        handed its next execution first; then the requests its thread left unanswered
+        are answered (`answer_directly`) and every request is woken."""
         if self._end is not None:
             self._end(execution.watch)
         self._running.discard(execution)
@@ -458,7 +462,12 @@ class Admission:
         if isinstance(result, BaseException):
             outcomes, executions = [(None, result)] * len(execution.requests), []
         else:
-            outcomes, executions = result
+            outcomes, executions, answered = result
+            if not answered:
+                # the instance went on with its next execution; its clients are answered
+                # here, before their tasks wake: a task then only finishes its request and
+                # reads the client's next one, which the answer let it send meanwhile
+                answer_directly(execution.requests, outcomes, executions)
         seconds = sum(e[2] for e in executions) if executions else \
             trio.current_time() - execution.started
         self._latency = seconds if not self._latency else 0.8 * self._latency + 0.2 * seconds
@@ -505,30 +514,33 @@ class Admission:
 
 def _execute(invoke: Callable[[list[Any]], Results], batch: list[_Request],
              next_waits: Callable[[], bool] | None
-             ) -> tuple[list[Outcome], list[tuple[int, int, float]]]:
-    """One execution on an instance thread (`run_batch`). When it is the last of its run
-    and its instance would not start another at once (`next_waits`: nothing queued, or
-    the queue waits out a delay), each request that asked for it is answered from here
-    (`respond`): the client need not wait for the loop to wake up, and its next request
-    is usually there when the loop reads. Otherwise the loop answers, and the instance
-    is handed its next execution at once."""
+             ) -> tuple[list[Outcome], list[tuple[int, int, float]], bool]:
+    """One execution on an instance thread (`run_batch`): (outcomes, executions, whether
+    its requests were answered here). When it is the last of its run and its instance
+    would not start another at once (`next_waits`: nothing queued, or the queue waits out
+    a delay), each request that asked for it is answered from here (`respond`): the
+    client need not wait for the loop to wake up, and its next request is usually there
+    when the loop reads. Otherwise the loop answers them as it takes in the outcome
+    (`Admission._finished`), and the instance is handed its next execution at once."""
     outcomes, executions = run_batch(invoke, [r.args for r in batch], [r.rows for r in batch])
     if next_waits is None or not next_waits():
-        return outcomes, executions
+        return outcomes, executions, False
     answer_directly(batch, outcomes, executions)
-    return outcomes, executions
+    return outcomes, executions, True
 
 
 def answer_directly(requests: list[_Request], outcomes: list[Outcome],
                     executions: list[tuple[int, int, float]]) -> None:
-    """On an instance thread, after an execution: each request that asked for it
-    (`respond`) and succeeded is answered from here; the loop answers the rest."""
+    """After an execution (on its instance thread, or on the loop as it takes in the
+    outcome): each request that asked for it (`respond`), succeeded and still waits is
+    answered from here; the tasks of the requests answer the rest."""
     seconds = sum(e[2] for e in executions)
     for request, (results, error) in zip(requests, outcomes):
-        if request.respond is not None and error is None:
+        if request.respond is not None and error is None and not (request.finished
+                                                                   or request.detached):
             try:
                 request.respond(results, seconds)
             except Exception:  # noqa: BLE001 - a bug of ours: the loop answers instead
-                log.exception("answering %s from its instance thread failed", request.label)
+                log.exception("answering %s directly failed", request.label)
 
 

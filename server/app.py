@@ -42,6 +42,7 @@ import math
 import time
 import zlib
 from collections.abc import Awaitable, Callable
+from threading import get_ident
 from typing import Any
 
 import orjson
@@ -473,7 +474,11 @@ class _Routes:
             direct = request.direct
             respond = None
             if direct is not None:
+                loop_thread = get_ident()
+
                 def respond(results: list, seconds: float) -> None:
+                    if get_ident() == loop_thread and encodes_in_slices(req, results):
+                        return  # not on the loop: the task encodes it on a worker thread
                     start = time.perf_counter()
                     response = _infer_response(server, mv, req, results, request)
                     direct.send(response)  # a large one is left to the loop

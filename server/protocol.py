@@ -509,13 +509,14 @@ class _TensorPlan:
     __slots__ = ("inputs", "datatypes", "outputs", "binary_bytes", "reusable")
 
     def __init__(self, inputs: list[tuple], datatypes: dict[str, str],
-                 outputs: list[RequestedOutput] | None, binary_bytes: int) -> None:
+                 outputs: list[RequestedOutput] | None, binary_bytes: int,
+                 reusable: bool) -> None:
         # (name, dtype, shape, offset of its bytes or -1, its JSON-given array or None)
         self.inputs = inputs
         self.datatypes = datatypes
         self.outputs = outputs
         self.binary_bytes = binary_bytes
-        self.reusable = all(offset >= 0 for _, _, _, offset, _ in inputs)
+        self.reusable = reusable  # every input binary: the plan fits any tensor data
 
 
 class _HeaderPlan:
@@ -577,7 +578,10 @@ def parse_infer_request(body: bytes | bytearray, header_length: str | None = Non
     JSON data before its data is parsed (to refuse, raising ProtocolError, what the model
     would refuse anyway), and `charge(nbytes, what)` before its array is made (to charge
     them to a memory budget; it raises to refuse)."""
-    head, tail = split_body(body, header_length)
+    if header_length is None:  # all JSON
+        head, tail = body, _EMPTY
+    else:
+        head, tail = split_body(body, header_length)
     key = None
     if header_length is not None and len(head) <= _PLAN_HEAD_BYTES:
         key = bytes(head)
@@ -636,6 +640,7 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
     inputs: list[tuple] = []
     datatypes: dict[str, str] = {}
     offset = 0
+    all_binary = True
     for i, item in enumerate(raw_inputs):
         if type(item) is not dict:  # orjson makes exactly dicts, lists and strs
             raise _bad(f"inputs[{i}] must be a JSON object")
@@ -681,6 +686,7 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
             array = _json_tensor(name, datatype, shape, data) if span is None else \
                 _span_tensor(name, datatype, shape, span)
             inputs.append((name, dtype, shape, -1, array))
+            all_binary = False
         datatypes[name] = datatype
     if offset != tail_bytes:
         raise _bad(f"the body has {tail_bytes - offset} binary bytes that no input claims")
@@ -711,7 +717,7 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
             if binary is not None and type(binary) is not bool:
                 _bool(binary, "output '{}' parameter 'binary_data'", name)
             outputs.append(RequestedOutput(name, binary))
-    return _TensorPlan(inputs, datatypes, outputs, offset)
+    return _TensorPlan(inputs, datatypes, outputs, offset, all_binary)
 
 
 def build_infer_response(
@@ -790,7 +796,10 @@ def encodes_in_slices(request: InferRequest, results: list[tuple[str, str, np.nd
                       ) -> bool:
     """Whether `build_infer_response` writes a JSON output of `results` a slice at a time
     (so it takes long enough that the event loop must hand it to a thread)."""
-    if all(result[2].size <= JSON_SLICE_ELEMENTS for result in results):
+    for result in results:  # a plain loop: no generator per answer
+        if result[2].size > JSON_SLICE_ELEMENTS:
+            break
+    else:
         return False
     return any(not binary and result[2].size > JSON_SLICE_ELEMENTS
                for result, binary in _wanted(request, results))

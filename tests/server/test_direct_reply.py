@@ -1,7 +1,9 @@
 """Answers written by an instance thread: exactly one response per request, whoever
 sends it (`DirectReply`), `respond` called on the instance thread only for a request
-that succeeded and only when the instance has nothing else queued, and over HTTP a
-keep-alive connection that stays in step while deadlines race the instance's answers."""
+that succeeded and only when the instance has nothing else queued (else on the loop as it
+takes in the outcome, before the request's task wakes), never for a request that already
+has its outcome or stopped waiting, and over HTTP a keep-alive connection that stays in
+step while deadlines race the instance's answers."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 import trio
 
-from tinyhal.server.admission import Admission, Instance
+from tinyhal.server.admission import Admission, Instance, PendingRequest, answer_directly
 from tinyhal.server.batching import BatchingConfig
 from tinyhal.server.http import DirectReply, HttpServer, Response
 from tinyhal.server.instances import InstanceThread
@@ -88,7 +90,23 @@ def test_draining_closes_the_connection_and_big_or_blocked_answers_go_to_the_loo
         assert blocked.rest.endswith(b'{"b":2}') and blocked.rest.startswith(b"HTTP/1.1 200")
 
 
-def test_respond_runs_on_the_instance_thread_for_successes_when_nothing_is_queued():
+def test_only_requests_still_waiting_are_answered():
+    answered = []
+    requests = []
+    for name in ("waiting", "finished", "detached", "failed", "no respond"):
+        requests.append(PendingRequest([], 1, math.inf, name, 0.0,
+                                       None if name == "no respond" else
+                                       lambda results, seconds, name=name:
+                                       answered.append((name, results, seconds))))
+    requests[1].finished = True  # the drain or an unload answered it already
+    requests[2].detached = True  # its deadline passed: its task answered 504
+    outcomes = [([("y", "FP32", np.ones(1))], None)] * 5
+    outcomes[3] = (None, ValueError("a bad row"))
+    answer_directly(requests, outcomes, [(5, 5, 0.25)])
+    assert [(name, seconds) for name, _, seconds in answered] == [("waiting", 0.25)]
+
+
+def test_respond_runs_on_the_instance_thread_when_nothing_is_queued_else_on_the_loop():
     calls: list[tuple[str, float, str]] = []
     gate = threading.Event()
 
@@ -131,11 +149,13 @@ def test_respond_runs_on_the_instance_thread_for_successes_when_nothing_is_queue
                     await trio.sleep(0.001)
             gate.set()
         admission.stop()
-        # the first execution finished with two requests queued: the loop answered it;
-        # the batch after it (failed, then each alone) ran with nothing queued
+        # the first execution finished with two requests queued: the loop answered it as
+        # it took in the outcome (before its task woke); the batch after it (failed, then
+        # each alone) ran with nothing queued: the instance answered its success
         assert outcomes["first"] == 2.0 and outcomes["good"] == 6.0
         assert isinstance(outcomes["bad"], ValueError)
-        assert calls == [("good", 6.0, "direct#0")]
+        assert calls == [("first", 2.0, threading.current_thread().name),
+                         ("good", 6.0, "direct#0")]
 
     trio.run(main)
 
