@@ -145,6 +145,29 @@ def test_an_adopted_command_buffer_refuses_a_buffer_released_before_its_submit(f
         device.submit(cb)
 
 
+def test_a_block_adopted_over_a_transient_buffer_not_yet_placed_submits_as_adopted(fma_site):
+    """A step whose transient buffer's alloca has not run yet (it waits on the queue, as
+    a profiled or task alloca may when the next step records) still adopts: its command
+    buffer carries its submission with the addresses left to the stream, so the submit
+    resolves nothing, and the kernels run over the memory the alloca then places."""
+    device, exe, site = fma_site
+    ordinal = exe.lookup("fma_3d")
+    _a, _b, va, vb, out = _buffers(device, 0)
+    site((device, exe, ordinal, va, vb, out))
+    a, b, va, vb, _out = _buffers(device, 1)
+    gate, placed, done = (device.create_semaphore() for _ in range(3))
+    out = device.queue_alloca(64, wait=[(gate, 1)], signal=[(placed, 1)])
+    assert not out.storage.address  # no memory yet
+    cb = site((device, exe, ordinal, va, vb, out))
+    assert cb.bound is not None and cb.bound.addresses is None
+    submit = lambda: device.submit(cb, wait=[(placed, 1)], signal=[(done, 1)])  # noqa: E731
+    assert _resolve_calls(submit) == 0
+    gate.signal(1)
+    done.wait(1, timeout=60)
+    assert np.array_equal(BufferView(out, (16,), F32).to_numpy(), a * np.float32(2) + b)
+    device.queue_dealloca(out)
+
+
 def test_a_recordings_adopt_checks_what_recording_checked_and_binds(fma_site):
     """`Recording.adopter()` (a check made once per shape of needs, the recording's
     needs bound as data) admits buffers that recording would have, binding them as
