@@ -319,6 +319,27 @@ def test_a_recurrent_step_submits_its_adopted_command_buffer_as_adopted(driver):
         assert profiles[0].summary().dispatches >= 16 * 6  # six kernels per time step
 
 
+def test_a_recurrent_step_adopts_on_a_driver_that_places_transients_later():
+    """The one-file toy driver (`support/toy_driver.py`) runs every alloca on its own
+    queue thread, so each GRU step's block adopts its recording over a transient buffer
+    that has no memory yet: the step's submit still resolves nothing (the call's one
+    other execute is resolved), and the results equal sync's bit for bit."""
+    pytest.importorskip("onnx")
+    from support import toy_driver
+    from support.zoo import ZOO, zoo_inputs, zoo_vmfb
+
+    hal.register_driver(toy_driver.DRIVER)
+    results = {}
+    for driver in ("sync", toy_driver.NAME):
+        with tinyhal.load(zoo_vmfb("gru"), device=driver) as module:
+            fn = getattr(module, ZOO["gru"].function)
+            args = zoo_inputs("gru")
+            fn(*args)
+            assert _resolve_calls(lambda: fn(*args)) == 1
+            results[driver] = [np.asarray(r).tobytes() for r in _as_list(fn(*args))]
+    assert results[toy_driver.NAME] == results["sync"]
+
+
 def _as_list(result):
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
