@@ -425,10 +425,10 @@ class CommandBuffer:
             cb._direct_slots = {}
             cb.finalized = True
             cb.recording = recording
-            # what its submit takes as it is: when every buffer had memory and no
-            # binding table is needed
-            cb.bound = (bound if bound is not None and bound.addresses is not None
-                        and not table_slots else None)
+            # what its submit takes as it is when no binding table is needed (its
+            # addresses None while a transient buffer's alloca has not run: the stream
+            # reads them when it starts, as for any submission validated then)
+            cb.bound = bound if not table_slots else None
         else:
             cb.commands = list(commands)
             cb._direct_slots = dict(zip(map(id, direct), range(-1, -1 - len(direct), -1)))

@@ -470,7 +470,10 @@ def resolve_commands(command_buffers: CommandBuffer | Sequence[CommandBuffer],
                 if buffer.storage.released:
                     break  # bind names it
             else:
-                addresses += bound.addresses
+                if bound.addresses is None:  # a buffer had no memory when it was adopted
+                    has_memory = False
+                else:
+                    addresses += bound.addresses
                 lengths += bound.lengths
                 parts.append((recording, bound.parts[0][1]))
                 continue

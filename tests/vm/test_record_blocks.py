@@ -10,6 +10,7 @@ imports in order.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -143,6 +144,29 @@ def test_an_adopted_command_buffer_refuses_a_buffer_released_before_its_submit(f
     vb.storage.release()
     with pytest.raises(errors.FailedPreconditionError, match="binding 1 of 'fma_3d'"):
         device.submit(cb)
+
+
+def test_a_block_adopted_over_a_transient_buffer_not_yet_placed_submits_as_adopted(fma_site):
+    """A step whose transient buffer's alloca has not run yet (it waits on the queue, as
+    a profiled or task alloca may when the next step records) still adopts: its command
+    buffer carries its submission with the addresses left to the stream, so the submit
+    resolves nothing, and the kernels run over the memory the alloca then places."""
+    device, exe, site = fma_site
+    ordinal = exe.lookup("fma_3d")
+    _a, _b, va, vb, out = _buffers(device, 0)
+    site((device, exe, ordinal, va, vb, out))
+    a, b, va, vb, _out = _buffers(device, 1)
+    gate, placed, done = (device.create_semaphore() for _ in range(3))
+    out = device.queue_alloca(64, wait=[(gate, 1)], signal=[(placed, 1)])
+    assert not out.storage.address  # no memory yet
+    cb = site((device, exe, ordinal, va, vb, out))
+    assert cb.bound is not None and cb.bound.addresses is None
+    submit = lambda: device.submit(cb, wait=[(placed, 1)], signal=[(done, 1)])  # noqa: E731
+    assert _resolve_calls(submit) == 0
+    gate.signal(1)
+    done.wait(1, timeout=60)
+    assert np.array_equal(BufferView(out, (16,), F32).to_numpy(), a * np.float32(2) + b)
+    device.queue_dealloca(out)
 
 
 def test_a_recordings_adopt_checks_what_recording_checked_and_binds(fma_site):
@@ -294,6 +318,27 @@ def test_a_recurrent_step_submits_its_adopted_command_buffer_as_adopted(driver):
         for a, b in zip(expected, got):
             assert np.asarray(b).tobytes() == a.tobytes()
         assert profiles[0].summary().dispatches >= 16 * 6  # six kernels per time step
+
+
+def test_a_recurrent_step_adopts_on_a_driver_that_places_transients_later():
+    """The one-file toy driver (`support/toy_driver.py`) runs every alloca on its own
+    queue thread, so each GRU step's block adopts its recording over a transient buffer
+    that has no memory yet: the step's submit still resolves nothing (the call's one
+    other execute is resolved), and the results equal sync's bit for bit."""
+    pytest.importorskip("onnx")
+    from support import toy_driver
+    from support.zoo import ZOO, zoo_inputs, zoo_vmfb
+
+    hal.register_driver(toy_driver.DRIVER)
+    results = {}
+    for driver in ("sync", toy_driver.NAME):
+        with tinyhal.load(zoo_vmfb("gru"), device=driver) as module:
+            fn = getattr(module, ZOO["gru"].function)
+            args = zoo_inputs("gru")
+            fn(*args)
+            assert _resolve_calls(functools.partial(fn, *args)) == 1
+            results[driver] = [np.asarray(r).tobytes() for r in _as_list(fn(*args))]
+    assert results[toy_driver.NAME] == results["sync"]
 
 
 def _as_list(result):
