@@ -343,6 +343,25 @@ def _range(b: VMBuffer, offset: int, length: int, what: str) -> None:
         )
 
 
+def element_span(b: VMBuffer, index: int, size: int, what: str) -> tuple[memoryview, int]:
+    """Where an element access outside `[0, len)` lands, by IREE's rule
+    (`iree_vm_buffer_check_ro/rw`): the index is a u64, the access ends at byte
+    `(index + 1) * size` modulo 2^64 and fails with OUT_OF_RANGE only past the buffer's
+    end, so an index that wraps lands on the element it wraps to, and one whose end
+    wraps to 0 (-1 above all) on the `size` bytes before the data (`VMBuffer.head`).
+    Returns the memory and the byte offset in it."""
+    n = len(b.data)
+    end = ((index + 1) * size) & M64
+    if end > n or (not end and b.head is None):
+        raise OutOfRangeError(
+            f"{what}: out-of-bounds access detected (offset={index * size & M64}, "
+            f"length={size}, alignment={size}, buffer length={n})"
+        )
+    if end:
+        return b.data, end - size
+    return b.head, len(b.head) - size
+
+
 def _writable(b: VMBuffer) -> None:
     if not b.mutable:
         raise PermissionDeniedError("buffer is read-only and cannot be mapped for mutation")
@@ -355,7 +374,7 @@ def _make_load(fmt: str, size: int, name: str):
         b = _buf(b, "source_buffer")
         off = index * size
         if index < 0 or off + size > len(b.data):
-            _range(b, off, size, name)
+            return unpack(*element_span(b, index, size, name))[0]
         return unpack(b.data, off)[0]
 
     load.__name__ = name.replace(".", "_")
@@ -381,7 +400,7 @@ def buffer_load_f32(b, index):
     data = b.data
     off = index * 4
     if index < 0 or off + 4 > len(data):
-        _range(b, off, 4, "buffer.load.f32")
+        data, off = element_span(b, index, 4, "buffer.load.f32")
     value = _unpack_f32(data, off)[0]
     if value == value and (value or not _unpack_u32(data, off)[0] & 0x7FFFFFFF):
         return value
@@ -394,10 +413,11 @@ def _make_store(fmt: str, size: int, name: str, mask: int | None):
     def store(b, index, value):
         b = _buf(b, "target_buffer")
         _writable(b)
+        data = b.data
         off = index * size
-        if index < 0 or off + size > len(b.data):
-            _range(b, off, size, name)
-        pack(b.data, off, value & mask if mask is not None else value)
+        if index < 0 or off + size > len(data):
+            data, off = element_span(b, index, size, name)
+        pack(data, off, value & mask if mask is not None else value)
 
     store.__name__ = name.replace(".", "_")
     return store
@@ -421,7 +441,7 @@ def buffer_store_f32(b, index, value):
     data = b.data
     off = index * 4
     if index < 0 or off + 4 > len(data):
-        _range(b, off, 4, "buffer.store.f32")
+        data, off = element_span(b, index, 4, "buffer.store.f32")
     if value.__class__ is F32Bits:
         _pack_u32(data, off, value.bits)
     else:
