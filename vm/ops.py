@@ -203,10 +203,11 @@ def _cvtt64(v: float) -> int:
 
 
 def _to_u64(v: float) -> int:
-    # The float -> uint64 sequence clang emits for x86-64 without AVX-512.
-    if v < 9.223372036854775808e18:
-        return _cvtt64(v)
-    return wrap64(_cvtt64(v - 9.223372036854775808e18) ^ INT64_MIN)
+    """The branchless float -> uint64 sequence clang emits for x86-64 without AVX-512:
+    both truncations, the second of `v - 2^63`, merged by the first's sign, so NaN, inf
+    and values from 2^64 give 2^63 (as IREE's runtime does), not 0."""
+    low = _cvtt64(v)
+    return low | (_cvtt64(v - 9.223372036854775808e18) & (low >> 63))
 
 
 def cast_f32_ui64(x):
