@@ -335,32 +335,14 @@ def _buf(b, what: str) -> VMBuffer:
     return b
 
 
-def _range(b: VMBuffer, offset: int, length: int, what: str) -> None:
-    n = len(b.data)
-    if offset < 0 or length < 0 or offset + length > n:
-        raise OutOfRangeError(
-            f"{what}: out-of-bounds access detected (offset={offset}, length={length}, "
-            f"buffer length={n})"
-        )
-
-
 def element_span(b: VMBuffer, index: int, size: int, what: str) -> tuple[memoryview, int]:
     """Where an element access outside `[0, len)` lands, by IREE's rule
-    (`iree_vm_buffer_check_ro/rw`): the index is a u64, the access ends at byte
-    `(index + 1) * size` modulo 2^64 and fails with OUT_OF_RANGE only past the buffer's
-    end, so an index that wraps lands on the element it wraps to, and one whose end
-    wraps to 0 (-1 above all) on the `size` bytes before the data (`VMBuffer.head`).
-    Returns the memory and the byte offset in it."""
-    n = len(b.data)
-    end = ((index + 1) * size) & M64
-    if end > n or (not end and b.head is None):
-        raise OutOfRangeError(
-            f"{what}: out-of-bounds access detected (offset={index * size & M64}, "
-            f"length={size}, alignment={size}, buffer length={n})"
-        )
-    if end:
-        return b.data, end - size
-    return b.head, len(b.head) - size
+    (`iree_vm_buffer_check_ro/rw`, `byte_pieces` with the index a u64): an index that
+    wraps lands on the element it wraps to, one whose end wraps to 0 (-1 above all) on
+    the `size` bytes before the data (`VMBuffer.head`). Returns the memory and the byte
+    offset in it."""
+    memory, start, _ = byte_pieces(b, index * size, size, what)[0]
+    return memory, start
 
 
 def _writable(b: VMBuffer) -> None:
@@ -449,13 +431,49 @@ def buffer_store_f32(b, index, value):
         _pack_f32(data, off, value)
 
 
+def byte_pieces(b: VMBuffer, offset: int, length: int, what: str) -> list:
+    """The memory IREE's byte range `[offset, offset + length)` of `b` covers, as
+    `(memory, start, count)` pieces, by its rule (`iree_vm_buffer_map`): offset and
+    length are u64s and the range fails with OUT_OF_RANGE only when its end, modulo 2^64,
+    is past the buffer's, so a range that starts before the data and wraps into it also
+    covers the bytes before it (`VMBuffer.head`). One that reaches further back than
+    those, or is longer than 2^64 - 1 bytes (a fill's element count), fails here (IREE
+    reads or writes memory that is not the buffer's)."""
+    n = len(b.data)
+    start, length = offset & M64, length & M64 if length < 0 else length
+    end = (start + length) & M64
+    before = (1 << 64) - start
+    if end > n or length > M64 or (
+            start + length > M64 and (b.head is None or before > len(b.head))):
+        raise OutOfRangeError(
+            f"{what}: out-of-bounds access detected (offset={start}, length={length}, "
+            f"buffer length={n})"
+        )
+    if start + length <= M64:
+        return [(b.data, start, length)]
+    return [(b.head, len(b.head) - before, before), (b.data, 0, end)]
+
+
+def _read(pieces: list) -> bytes:
+    return b"".join(bytes(memory[start : start + count]) for memory, start, count in pieces)
+
+
+def _write(pieces: list, data: bytes) -> None:
+    at = 0
+    for memory, start, count in pieces:
+        memory[start : start + count] = data[at : at + count]
+        at += count
+
+
 def _fill(b, index, count, pattern: bytes, name: str):
     b = _buf(b, "buffer")
     size = len(pattern)
     _writable(b)
-    _range(b, index * size, count * size, name)
-    if count:
-        start = index * size
+    start = index * size
+    if index < 0 or count < 0 or start + count * size > len(b.data):
+        pieces = byte_pieces(b, start, (count & M64) * size, name)
+        _write(pieces, pattern * (sum(p[2] for p in pieces) // size))
+    elif count:
         b.data[start : start + count * size] = pattern * count
 
 
@@ -489,7 +507,11 @@ def buffer_alloc(length, alignment):
 
 def buffer_clone(src, offset, length, alignment):
     src = _buf(src, "source")
-    _range(src, offset, length, "buffer.clone")
+    if offset < 0 or length < 0 or offset + length > len(src.data):
+        data = _read(byte_pieces(src, offset, length, "buffer.clone"))
+        out = VMBuffer.allocate(len(data))
+        out.data[:] = data
+        return out
     out = VMBuffer.allocate(length)
     out.data[:] = src.data[offset : offset + length]
     return out
@@ -499,20 +521,28 @@ def buffer_length(b):
     return len(_buf(b, "buffer").data)
 
 
+def _in_range(b: VMBuffer, offset: int, length: int) -> bool:
+    return offset >= 0 and length >= 0 and offset + length <= len(b.data)
+
+
 def buffer_copy(src, src_off, dst, dst_off, length):
     src = _buf(src, "source_buffer")
     dst = _buf(dst, "target_buffer")
-    _range(src, src_off, length, "buffer.copy source")
+    if not (_in_range(src, src_off, length) and _in_range(dst, dst_off, length)):
+        data = _read(byte_pieces(src, src_off, length, "buffer.copy source"))
+        _writable(dst)
+        _write(byte_pieces(dst, dst_off, length, "buffer.copy target"), data)
+        return
     _writable(dst)
-    _range(dst, dst_off, length, "buffer.copy target")
     dst.data[dst_off : dst_off + length] = src.data[src_off : src_off + length].tobytes()
 
 
 def buffer_compare(lhs, lhs_off, rhs, rhs_off, length):
     lhs = _buf(lhs, "lhs_buffer")
     rhs = _buf(rhs, "rhs_buffer")
-    _range(lhs, lhs_off, length, "buffer.compare lhs")
-    _range(rhs, rhs_off, length, "buffer.compare rhs")
+    if not (_in_range(lhs, lhs_off, length) and _in_range(rhs, rhs_off, length)):
+        left = _read(byte_pieces(lhs, lhs_off, length, "buffer.compare lhs"))
+        return 1 if left == _read(byte_pieces(rhs, rhs_off, length, "buffer.compare rhs")) else 0
     return 1 if lhs.data[lhs_off : lhs_off + length] == rhs.data[rhs_off : rhs_off + length] else 0
 
 
@@ -537,8 +567,7 @@ def _sipround(v0, v1, v2, v3):
 def buffer_hash(b, offset, length):
     """SipHash-2-4 with key 00..0f, as IREE's vm.buffer.hash."""
     b = _buf(b, "source_buffer")
-    _range(b, offset, length, "buffer.hash")
-    data = b.data[offset : offset + length].tobytes()
+    data = _read(byte_pieces(b, offset, length, "buffer.hash"))
     v0 = 0x736F6D6570736575 ^ 0x0706050403020100
     v1 = 0x646F72616E646F6D ^ 0x0F0E0D0C0B0A0908
     v2 = 0x6C7967656E657261 ^ 0x0706050403020100

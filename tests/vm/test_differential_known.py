@@ -153,3 +153,63 @@ def test_emu_summary_reads_the_capability(tmp_path):
     assert rc != 0 and "--emu_summary needs --device=emu" in err
     rc, out, err = tinyhal_run(["--device=emu", *flags])
     assert rc == 0 and "EXEC @bits" in out and err
+
+
+RANGES_VM = """
+vm.module @ranges {
+  vm.func @ranges(%offset : i64, %length : i64, %v : i32) -> (i64, i32, i64, i32, i64) {
+    %c8 = vm.const.i64 8
+    %c0 = vm.const.i64 0
+    %m1 = vm.const.i64 -1
+    %a0 = vm.const.i32.zero
+    %b = vm.buffer.alloc %c8, %a0 : !vm.buffer
+    vm.buffer.fill.i32 %b, %offset, %length, %v : i32 -> !vm.buffer
+    %head = vm.buffer.load.i64 %b[%m1] : !vm.buffer -> i64
+    %first = vm.buffer.load.i32 %b[%c0] : !vm.buffer -> i32
+    %clone = vm.buffer.clone %b, %offset, %length, %a0 : !vm.buffer -> !vm.buffer
+    %cloned = vm.buffer.length %clone : !vm.buffer -> i64
+    %same = vm.buffer.compare %b, %offset, %clone, %c0, %length : !vm.buffer, !vm.buffer
+    vm.buffer.copy %clone, %c0, %b, %offset, %length : !vm.buffer -> !vm.buffer
+    %hash = vm.buffer.hash %b, %offset, %length : !vm.buffer -> i64
+    vm.return %head, %first, %cloned, %same, %hash : i64, i32, i64, i32, i64
+  }
+  vm.export @ranges
+}
+"""
+
+
+@pytest.mark.parametrize("offset,length", [(-1, 1), (-1, 3), (-2, 2), (-1, 2), (0, 2),
+                                           (2**62, 1), (-2, 1), (9, 0)])
+def test_byte_ranges_reach_before_the_data_as_in_iree(offset, length, loop_mode):
+    """Fill (by i32 elements), clone, compare, copy and hash (by bytes) by IREE's range
+    rule: the end, modulo 2^64, must not pass the buffer's, so a range starting up to 8
+    bytes before the data covers the VM buffer's header padding."""
+    pair = Pair(vm_compile_source(RANGES_VM, ["--compile-from=vm"]))
+    theirs = _outcome(pair.theirs, "ranges", offset, length, 0x11223344)
+    assert _outcome(pair.ours, "ranges", offset, length, 0x11223344) == theirs
+
+
+@pytest.mark.parametrize("offset,length", [(-3, 3), (1, -1), (-(2**62), 2**62)])
+def test_ranges_beyond_the_buffer_header_fail(offset, length):
+    """A range reaching further back than the header padding, or whose length wraps,
+    fails with OUT_OF_RANGE (IREE reads or writes memory that is not the buffer's there,
+    and may crash, so it is not run)."""
+    from tinyhal.vm.types import VMBuffer
+
+    path = vm_compile_source(RANGES_VM, ["--compile-from=vm"])
+    pair = Pair(path)
+    assert _outcome(pair.ours, "ranges", offset, length, 0x11223344) == ("error", "OUT_OF_RANGE")
+    assert VMBuffer.allocate(8).head == bytearray(8)
+
+
+def test_fill_of_a_wrapping_element_count_fails():
+    """A fill of 2^62 i32 elements ends, modulo 2^64, where it starts: IREE's check
+    passes and its loop writes over memory until it crashes; tinyhal refuses it."""
+    from tinyhal.errors import OutOfRangeError
+    from tinyhal.vm import ops
+    from tinyhal.vm.types import VMBuffer
+
+    with pytest.raises(OutOfRangeError, match="buffer.fill.i32: out-of-bounds"):
+        ops.buffer_fill_i32(VMBuffer.allocate(8), 0, 2**62, 7)
+    with pytest.raises(OutOfRangeError, match="buffer.fill.i32: out-of-bounds"):
+        ops.buffer_fill_i32(VMBuffer.allocate(8), 0, -1, 7)
