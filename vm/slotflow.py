@@ -74,11 +74,14 @@ def _edges(ins, block_of: dict, next_block: int | None) -> list[tuple[int, tuple
 
 
 def remapped(state: State, pairs) -> State:
-    """`state` after IREE's ordered slot moves of `pairs`."""
+    """`state` after the remap `pairs`: each destination slot holds the type of the value
+    the list meant to move there (the source's before the list), whatever bits IREE's
+    ordered moves leave in it, as the generator keeps it (an i64 whole in its first
+    slot's local, an f32 as a float)."""
     out = dict(state)
     for s, d in pairs:
         if not s & isa.REF_BIT:
-            out[d] = out.get(s)
+            out[d] = state.get(s)
     return out
 
 
