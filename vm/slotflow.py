@@ -75,14 +75,22 @@ def _edges(ins, block_of: dict, next_block: int | None) -> list[tuple[int, tuple
 
 def remapped(state: State, pairs) -> State:
     """`state` after the remap `pairs`: each destination slot holds the type of the value
-    the list meant to move there (the source's before the list), whatever bits IREE's
-    ordered moves leave in it, as the generator keeps it (an i64 whole in its first
-    slot's local, an f32 as a float)."""
+    the list meant to move there (the source's before the list, or, where that is
+    unknown, of what lands there), whatever bits IREE's ordered moves leave in it, as
+    the generator keeps it (an i64 whole in its first slot's local, an f32 as a float)."""
     out = dict(state)
+    moved = dict(state)  # what IREE's ordered moves leave in each slot
     for s, d in pairs:
         if not s & isa.REF_BIT:
-            out[d] = state.get(s)
+            moved[d] = moved.get(s)
+            meant = state.get(s)
+            # unknown intent: the generator copies the bits that land (an i64's half as
+            # an i32)
+            out[d] = meant if meant is not None else _LANDED.get(moved[d], moved[d])
     return out
+
+
+_LANDED = {"i64": "i32", "i64.hi": "i32", "f64": None, "f64.hi": None}
 
 
 def _join(a: State, b: State) -> State:

@@ -36,7 +36,7 @@ from .iree_tools import compile_mlir
 DRIVERS = ("sync", "task", "emu")
 SCALAR_FLAGS = ["--iree-hal-target-device=local",
                 "--iree-hal-local-target-device-backends=llvm-cpu"]
-CALL_TIMEOUT = 120.0
+CALL_TIMEOUT = 60.0
 
 I32_EDGES = [0, 1, -1, 2, 7, 31, 32, 33, 63, 64, 255, 65535, 2**31 - 1, -(2**31),
              -(2**31) + 1, 0x55555555, -12345]
@@ -88,9 +88,10 @@ _FLOAT_PREDICATES = ["false", "oeq", "ogt", "oge", "olt", "ole", "one", "ord", "
 class _Scalar:
     """Builds one function: values by type in pools, ops appended as text."""
 
-    def __init__(self, rng: random.Random, traps: bool) -> None:
+    def __init__(self, rng: random.Random, traps: bool, floats: bool) -> None:
         self.rng = rng
         self.traps = traps
+        self.floats = floats
         self.count = itertools.count()
         self.lines: list[str] = []
 
@@ -103,7 +104,8 @@ class _Scalar:
     def op(self, pools: dict[str, list[str]], indent: int) -> None:
         rng = self.rng
         kind = rng.choice(["int", "int", "int", "cmpi", "cast", "float", "float", "cmpf",
-                           "math", "select", "bitcast"])
+                           "math", "select", "bitcast"] if self.floats else
+                          ["int", "int", "int", "cmpi", "cast", "select", "intmath"])
         v = self.new()
         it = rng.choice(["i32", "i64"])
         pick = rng.choice
@@ -124,8 +126,11 @@ class _Scalar:
             a, b = pick(pools[it]), pick(pools[it])
             self.emit(f"{v} = arith.cmpi {pick(_INT_PREDICATES)}, {a}, {b} : {it}", indent)
             pools["i1"].append(v)
+        elif kind == "intmath":
+            self.emit(f"{v} = math.{pick(_INT_MATH)} {pick(pools[it])} : {it}", indent)
+            pools[it].append(v)
         elif kind == "cast":
-            choice = rng.randrange(6)
+            choice = rng.randrange(6) if self.floats else rng.choice([0, 1, 2, 5])
             if choice == 0:
                 self.emit(f"{v} = arith.extsi {pick(pools['i32'])} : i32 to i64", indent)
                 pools["i64"].append(v)
@@ -170,7 +175,7 @@ class _Scalar:
                 self.emit(f"{v} = math.{which} {a} : f32", indent)
             pools["f32"].append(v)
         elif kind == "select":
-            t = pick(["i32", "i64", "f32"])
+            t = pick(["i32", "i64", "f32"] if self.floats else ["i32", "i64"])
             self.emit(f"{v} = arith.select {pick(pools['i1'])}, {pick(pools[t])}, "
                       f"{pick(pools[t])} : {t}", indent)
             pools[t].append(v)
@@ -187,14 +192,18 @@ class _Scalar:
             self.op(pools, indent)
 
 
-def _scalar_function(rng: random.Random, name: str, traps: bool) -> tuple[str, list[str]]:
+def _scalar_function(rng: random.Random, name: str, traps: bool, floats: bool
+                     ) -> tuple[str, list[str]]:
     """One function of (i32, i32, i64, i64, f32, f32, i32 trip count): straight-line ops,
     a loop carrying a random mix of i32/i64/f32 values, a two-armed if, then results
-    (i32 and i64; f32 as bits). Returns its text and its argument types."""
-    g = _Scalar(rng, traps)
-    arg_types = ["i32", "i32", "i64", "i64", "f32", "f32", "i32"]
+    (i32 and i64; f32 as bits). Without `floats`, integers only, f32 arguments unused:
+    such a function runs in the C interpreter (`vm/scalar`). Returns its text and its
+    argument types."""
+    g = _Scalar(rng, traps, floats)
+    arg_types = ["i32", "i32", "i64", "i64", "f32", "f32", "i32"] if floats else [
+        "i32", "i32", "i64", "i64", "i32"]
     pools: dict[str, list[str]] = {"i32": ["%a0", "%a1"], "i64": ["%a2", "%a3"],
-                                   "f32": ["%a4", "%a5"], "i1": []}
+                                   "f32": ["%a4", "%a5"] if floats else [], "i1": []}
     for t in ("i32", "i64"):
         g.emit(f"%one_{t} = arith.constant 1 : {t}", 1)
         g.emit(f"%mask_{t} = arith.constant {2**(int(t[1:]) - 2) - 1} : {t}", 1)
@@ -202,7 +211,7 @@ def _scalar_function(rng: random.Random, name: str, traps: bool) -> tuple[str, l
             v = g.new()
             g.emit(f"{v} = arith.constant {c} : {t}", 1)
             pools[t].append(v)
-    for bits in rng.sample(F32_EDGE_BITS, 3):
+    for bits in rng.sample(F32_EDGE_BITS, 3) if floats else ():
         v = g.new()
         g.emit(f"{v} = arith.constant 0x{bits:08X} : f32", 1)
         pools["f32"].append(v)
@@ -211,7 +220,8 @@ def _scalar_function(rng: random.Random, name: str, traps: bool) -> tuple[str, l
     pools["i1"].append(v)
     g.ops(pools, 1, 3, 10)
 
-    carried_types = [rng.choice(["i32", "i64", "f32", "i64", "f32"])
+    carried_types = [rng.choice(["i32", "i64", "f32", "i64", "f32"] if floats else
+                                ["i32", "i64", "i64"])
                      for _ in range(rng.randint(1, 5))]
     init = [rng.choice(pools[t]) for t in carried_types]
     names = [f"%c{k}" for k in range(len(carried_types))]
@@ -221,7 +231,7 @@ def _scalar_function(rng: random.Random, name: str, traps: bool) -> tuple[str, l
     loop = g.new()
     binds = ", ".join(["%i = %zero", *(f"{n} = {x}" for n, x in zip(names, init))])
     g.emit(f"{loop}:{len(names) + 1} = scf.while ({binds}) : ({sig}) -> ({sig}) {{", 1)
-    g.emit("%go = arith.cmpi slt, %i, %a6 : i32", 2)
+    g.emit(f"%go = arith.cmpi slt, %i, %a{len(arg_types) - 1} : i32", 2)
     g.emit(f"scf.condition(%go) %i, {', '.join(names)} : {sig}", 2)
     g.emit("} do {", 1)
     g.emit(f"^bb0(%i: i32, {', '.join(f'{n}: {t}' for n, t in zip(names, carried_types))}):",
@@ -247,7 +257,7 @@ def _scalar_function(rng: random.Random, name: str, traps: bool) -> tuple[str, l
     pools["i32"].append(f"{loop}#0")
 
     if pools["i1"]:
-        t = rng.choice(["i32", "i64", "f32"])
+        t = rng.choice(["i32", "i64", "f32"] if floats else ["i32", "i64"])
         v = g.new()
         g.emit(f"{v} = scf.if {rng.choice(pools['i1'])} -> {t} {{", 1)
         for arm in range(2):
@@ -260,7 +270,7 @@ def _scalar_function(rng: random.Random, name: str, traps: bool) -> tuple[str, l
         pools[t].append(v)
 
     outs: list[tuple[str, str]] = []
-    for t in ("i32", "i64", "f32"):
+    for t in ("i32", "i64", "f32") if floats else ("i32", "i64"):
         for value in rng.sample(pools[t][-6:], min(2, len(pools[t]))):
             if t == "f32":
                 b = g.new()
@@ -290,16 +300,19 @@ def _scalar_args(rng: random.Random, types: Sequence[str]) -> list:
     return out
 
 
-def scalar_program(seed: int, functions: int = 4, calls: int = 6, traps: bool = True) -> Program:
-    """Host-code program number `seed`: `functions` random functions, `calls` argument
-    tuples each drawn from edge values (division guards dropped in some ops if `traps`)."""
-    rng = random.Random(f"scalar-{seed}")
+def scalar_program(seed: int, functions: int = 4, calls: int = 6, traps: bool = True,
+                   integers: bool = False) -> Program:
+    """Host-code program number `seed`: `functions` random functions (integers only if
+    `integers`: these run in the C interpreter), `calls` argument tuples each drawn from
+    edge values (division guards dropped in some ops if `traps`)."""
+    rng = random.Random(f"{'integer' if integers else 'scalar'}-{seed}")
     parts, program_calls = [], []
     for k in range(functions):
-        text, types = _scalar_function(rng, f"f{k}", traps)
+        text, types = _scalar_function(rng, f"f{k}", traps, not integers)
         parts.append(text)
         program_calls += [(f"f{k}", _scalar_args(rng, types)) for _ in range(calls)]
-    return Program(seed, "scalar", "".join(parts), list(SCALAR_FLAGS), program_calls)
+    return Program(seed, "integer" if integers else "scalar", "".join(parts),
+                   list(SCALAR_FLAGS), program_calls)
 
 
 # -- tensor programs

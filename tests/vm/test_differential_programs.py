@@ -14,6 +14,7 @@ opt-in: `python -m pytest -m differential_storm tests/vm/test_differential_progr
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -24,10 +25,13 @@ pytest.importorskip("iree.runtime")
 
 # seeds whose programs showed a difference, each fixed since (see the commit that adds it)
 SCALAR_SEEDS = [10, 12, 20, 25, 26, 105]  # ordered remaps mixing f32 and i64; fptoui(NaN)
+INTEGER_SEEDS = [0, 1]  # integer-only functions: the C interpreter
 VM_SEEDS = [2, 5, 9]  # wrapping indices and ranges into the bytes before a buffer; IREE dies
 TENSOR_SEEDS = [0]
 
-GENERATORS = {"scalar": scalar_program, "vm": vm_program, "tensor": tensor_program}
+GENERATORS = {"scalar": scalar_program,
+              "integer": functools.partial(scalar_program, integers=True),
+              "vm": vm_program, "tensor": tensor_program}
 
 
 def _check(kind: str, seed: int) -> None:
@@ -38,6 +42,7 @@ def _check(kind: str, seed: int) -> None:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind,seed", [("scalar", s) for s in SCALAR_SEEDS]
+                         + [("integer", s) for s in INTEGER_SEEDS]
                          + [("vm", s) for s in VM_SEEDS]
                          + [("tensor", s) for s in TENSOR_SEEDS])
 def test_sample_matches_iree(kind, seed):
@@ -57,7 +62,7 @@ STORM_SEEDS = int(os.environ.get("TINYHAL_DIFFERENTIAL_SEEDS", "40"))
 
 @pytest.mark.differential_storm
 @pytest.mark.timeout(0)
-@pytest.mark.parametrize("kind", ["scalar", "vm", "tensor"])
+@pytest.mark.parametrize("kind", ["scalar", "integer", "vm", "tensor"])
 def test_storm_matches_iree(kind):
     differences: list[str] = []
     for seed in range(1000, 1000 + STORM_SEEDS):
