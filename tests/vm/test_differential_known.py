@@ -213,3 +213,25 @@ def test_fill_of_a_wrapping_element_count_fails():
         ops.buffer_fill_i32(VMBuffer.allocate(8), 0, 2**62, 7)
     with pytest.raises(OutOfRangeError, match="buffer.fill.i32: out-of-bounds"):
         ops.buffer_fill_i32(VMBuffer.allocate(8), 0, -1, 7)
+
+
+CASTS_MLIR = """
+func.func @u64(%x: f32) -> i64 {
+  %r = arith.fptoui %x : f32 to i64
+  return %r : i64
+}
+func.func @u32(%x: f32) -> i32 {
+  %r = arith.fptoui %x : f32 to i32
+  return %r : i32
+}
+"""
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 2.0**64, 2.0**65,
+                                   2.0**63, 1.8e19, -1.0, -0.5, 2.5, 4294967295.0])
+def test_float_to_unsigned_matches_iree(value):
+    """IREE's cast.f32.ui64 is the branchless x86-64 sequence: NaN, inf and values from
+    2^64 give 2^63."""
+    pair = Pair(vm_compile_source(CASTS_MLIR))
+    pair.check("u64", value)
+    pair.check("u32", value)
