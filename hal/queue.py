@@ -119,6 +119,9 @@ class Capabilities(NamedTuple):
     default_profiling_modes: tuple[str, ...] = DEFAULT_PROFILING_MODES
     """The profiling modes a session records by default; device-time modes
     (`dispatch-events`, `device-queue-events`) only where the driver has a device clock."""
+    modelled_time: bool = False
+    """The driver models device time: the device's `summary()` gives a run's modelled
+    total, engine use, bytes moved and peak device memory (`tinyhal-run --emu_summary`)."""
 
 
 def unimplemented(what: str) -> Callable[..., None]:

@@ -40,7 +40,9 @@ class _RootIsADirectory:
 
 
 _OPT_IN = {"container": "python -m pytest -m container tests/test_container.py",
-           "chaos": "python -m pytest -m chaos tests/server/test_chaos.py"}
+           "chaos": "python -m pytest -m chaos tests/server/test_chaos.py",
+           "differential_storm": "python -m pytest -m differential_storm "
+                                 "tests/vm/test_differential_programs.py"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -90,6 +90,7 @@ from .hal_module import create_hal_module
 from .lists import is_list_type, list_input, list_output
 from .loader import BytecodeModule, load_module
 from .native import NativeModule
+from .numbers import f32_from_bits
 from .types import VMList
 
 if TYPE_CHECKING:
@@ -784,8 +785,10 @@ def _scalar_input(fn: str, spec: ArgSpec, value: Any) -> Any:
                 f"argument {spec.name} of {fn} is a {t} scalar, not an array of shape "
                 f"{'x'.join(map(str, value.shape))}"
             )
-        value = value.item()
-    elif np is not None and isinstance(value, np.generic):
+        value = value[()]
+    if np is not None and isinstance(value, np.float32) and t == "f32":
+        return f32_from_bits(int(value.view(np.uint32)))
+    if np is not None and isinstance(value, np.generic):
         value = value.item()
     if t.startswith("f"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):

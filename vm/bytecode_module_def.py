@@ -17,6 +17,7 @@ import struct
 from typing import NamedTuple
 
 from ..errors import InvalidArgumentError
+from .types import HEAD_BYTES
 
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
@@ -192,6 +193,7 @@ class RodataSegment(NamedTuple):
     external_offset: int | None
     external_length: int | None
     compressed: bool
+    head: memoryview | None = None  # the file's 8 bytes before `embedded` (`VMBuffer.head`)
 
 
 class FunctionSourceMap(NamedTuple):
@@ -334,7 +336,9 @@ def read_module_def(flatbuffer: memoryview) -> ModuleDef:
         compressed = seg.scalar(0, _U8) not in (0, 1)
         embedded = seg.bytes_view(2)
         if embedded is not None:
-            rodata.append(RodataSegment(embedded, None, None, compressed))
+            start = seg.vector(2, 1)[0]
+            head = m.buf[start - HEAD_BYTES : start] if start >= HEAD_BYTES else None
+            rodata.append(RodataSegment(embedded, None, None, compressed, head))
         else:
             rodata.append(
                 RodataSegment(None, seg.scalar(3, _U64), seg.scalar(4, _U64), compressed)

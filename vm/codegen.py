@@ -107,6 +107,7 @@ class _Gen:
         from . import regflow  # the translator's analysis: a warm cache never imports it
 
         self.flow = regflow.Flow()
+        self.slot_states: dict | None = None  # `slotflow.slot_states`, when first needed
         self.pending: dict[str, tuple[str, bool]] = {}  # fused ring results (expr, bounded)
         self.pending_cond: tuple[str, str] | None = None  # folded compare (register, cond)
         self.lazy: dict[str, int] = {}  # registers carried unreduced in this counted loop
@@ -199,47 +200,69 @@ class _Gen:
             self.ireg_name(src)
             self.ireg_name(dst)
         wide = self.wide_slots(ins)
-        floats = self.wide_slots(ins, "f32")
+        # what each slot holds here (`slotflow`): a destination register is of the type
+        # the list meant to move into it, and gets the bits its slots really receive
+        from . import slotflow  # only a function with such a list needs it
+
+        if self.slot_states is None:
+            self.slot_states = slotflow.slot_states(
+                self.fn, self.blocks, self.module.functions, self.module.imports) or {}
+        before = self.slot_states.get(ins.pc, {})
 
         def initial(slot: int) -> tuple[str, int]:
+            known = slotflow.source_kind(before, slot)
+            if known[0] != "?":
+                return known
             if slot in wide:
                 return ("lo", slot)
             if slot & 1 and slot - 1 in wide:
                 return ("hi", slot - 1)
-            return ("f32" if slot in floats else "i32", slot)
+            return ("?", slot)
 
         state: dict[int, tuple[str, int]] = {}
+        meant: dict[int, str | None] = {}
         for src, dst in pairs:
             state[dst] = state.get(src) or initial(src)
-        moved64 = {d for d, (kind, slot) in state.items()
-                   if not d & 1 and d + 1 in state and (
-                       (kind == "lo" and state[d + 1] == ("hi", slot))
-                       or self.first_read_wide(target_pc, d))}
+            meant[dst] = before.get(src)
+        wide_dst = {d for d, (kind, slot) in state.items()
+                    if not d & 1 and kind == "lo" and state.get(d + 1) == ("hi", slot)}
+        wide_dst |= {d for d, t in meant.items() if t == "i64"}
+        wide_dst |= {d - 1 for d, t in meant.items() if t == "i64.hi"}
+        wide_dst |= {d for d in state if not d & 1 and d + 1 in state
+                     and self.first_read_wide(target_pc, d)}
 
         def half(value: tuple[str, int]) -> str:
-            """The slot's 32 bits as a signed integer (an f32's as its bits)."""
             kind, slot = value
             r = self.read(f"i{slot}")
             if kind == "lo":
                 return f"((({r} & {M32}) ^ {H32}) - {H32})"
             if kind == "hi":
                 return f"({r} >> 32)"
-            if kind == "f32":
+            return r
+
+        def bits(value: tuple[str, int]) -> str:
+            r = half(value)
+            if value[0] == "f32":
                 return f"_bitcast_f32_i32({r})"
+            if value[0] == "?":
+                return f"(_bitcast_f32_i32({r}) if ({r}).__class__ is not int else {r})"
             return r
 
         out: list[tuple[str, str]] = []
         for dst in sorted(state):
-            if dst & 1 and dst - 1 in moved64:
+            if dst & 1 and dst - 1 in wide_dst:
                 continue
-            if dst in moved64:
-                lo, hi = state[dst], state[dst + 1]
+            if dst in wide_dst:
+                lo = state.get(dst) or initial(dst)
+                hi = state.get(dst + 1) or initial(dst + 1)
                 if lo[0] == "lo" and hi == ("hi", lo[1]):
                     value = self.read(f"i{lo[1]}")
                 else:
-                    value = f"({half(hi)} << 32) | ({half(lo)} & {M32})"
-            elif state[dst][0] == "f32":  # moved as it is, read as an f32
-                value = self.read(f"i{state[dst][1]}")
+                    value = f"({bits(hi)} << 32) | ({bits(lo)} & {M32})"
+            elif meant[dst] == "f32" and state[dst][0] != "f32":
+                value = f"_bitcast_i32_f32({bits(state[dst])})"
+            elif meant[dst] == "i32":
+                value = bits(state[dst])
             else:
                 value = half(state[dst])
             out.append((f"i{dst}", value))

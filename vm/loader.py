@@ -41,7 +41,7 @@ from .bytecode_module_def import (
 )
 from .cconv import CConv, parse_cconv
 from .files import open_regular_file
-from .types import VMBuffer
+from .types import HEAD_BYTES, VMBuffer
 
 ZIP_LOCAL_HEADER = 0x04034B50
 # Type names a module may require: the VM's value types and builtin ref types, and the
@@ -350,14 +350,16 @@ def _load(view: memoryview, owner) -> BytecodeModule:
         if seg.compressed:
             raise UnimplementedError(f"rodata[{i}] uses an unsupported compression type")
         if seg.embedded is not None:
-            rodata.append(VMBuffer(seg.embedded.toreadonly(), mutable=False))
+            head = seg.head.toreadonly() if seg.head is not None else None
+            rodata.append(VMBuffer(seg.embedded.toreadonly(), False, head))
             continue
         off, length = seg.external_offset or 0, seg.external_length or 0
         avail = len(view)
         if rodata_base > avail or off > avail - rodata_base or length > avail - rodata_base - off:
             raise InvalidArgumentError(f"rodata[{i}] external reference out of range")
         start = rodata_base + off
-        rodata.append(VMBuffer(view[start : start + length].toreadonly(), mutable=False))
+        head = view[start - HEAD_BYTES : start].toreadonly() if start >= HEAD_BYTES else None
+        rodata.append(VMBuffer(view[start : start + length].toreadonly(), False, head))
 
     if mdef.global_bytes_capacity < 0 or mdef.global_ref_count < 0:
         raise InvalidArgumentError("module state sizes are negative")

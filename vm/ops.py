@@ -203,10 +203,11 @@ def _cvtt64(v: float) -> int:
 
 
 def _to_u64(v: float) -> int:
-    # The float -> uint64 sequence clang emits for x86-64 without AVX-512.
-    if v < 9.223372036854775808e18:
-        return _cvtt64(v)
-    return wrap64(_cvtt64(v - 9.223372036854775808e18) ^ INT64_MIN)
+    """The branchless float -> uint64 sequence clang emits for x86-64 without AVX-512:
+    both truncations, the second of `v - 2^63`, merged by the first's sign, so NaN, inf
+    and values from 2^64 give 2^63 (as IREE's runtime does), not 0."""
+    low = _cvtt64(v)
+    return low | (_cvtt64(v - 9.223372036854775808e18) & (low >> 63))
 
 
 def cast_f32_ui64(x):
@@ -334,13 +335,14 @@ def _buf(b, what: str) -> VMBuffer:
     return b
 
 
-def _range(b: VMBuffer, offset: int, length: int, what: str) -> None:
-    n = len(b.data)
-    if offset < 0 or length < 0 or offset + length > n:
-        raise OutOfRangeError(
-            f"{what}: out-of-bounds access detected (offset={offset}, length={length}, "
-            f"buffer length={n})"
-        )
+def element_span(b: VMBuffer, index: int, size: int, what: str) -> tuple[memoryview, int]:
+    """Where an element access outside `[0, len)` lands, by IREE's rule
+    (`iree_vm_buffer_check_ro/rw`, `byte_pieces` with the index a u64): an index that
+    wraps lands on the element it wraps to, one whose end wraps to 0 (-1 above all) on
+    the `size` bytes before the data (`VMBuffer.head`). Returns the memory and the byte
+    offset in it."""
+    memory, start, _ = byte_pieces(b, index * size, size, what)[0]
+    return memory, start
 
 
 def _writable(b: VMBuffer) -> None:
@@ -355,7 +357,7 @@ def _make_load(fmt: str, size: int, name: str):
         b = _buf(b, "source_buffer")
         off = index * size
         if index < 0 or off + size > len(b.data):
-            _range(b, off, size, name)
+            return unpack(*element_span(b, index, size, name))[0]
         return unpack(b.data, off)[0]
 
     load.__name__ = name.replace(".", "_")
@@ -381,7 +383,7 @@ def buffer_load_f32(b, index):
     data = b.data
     off = index * 4
     if index < 0 or off + 4 > len(data):
-        _range(b, off, 4, "buffer.load.f32")
+        data, off = element_span(b, index, 4, "buffer.load.f32")
     value = _unpack_f32(data, off)[0]
     if value == value and (value or not _unpack_u32(data, off)[0] & 0x7FFFFFFF):
         return value
@@ -394,10 +396,11 @@ def _make_store(fmt: str, size: int, name: str, mask: int | None):
     def store(b, index, value):
         b = _buf(b, "target_buffer")
         _writable(b)
+        data = b.data
         off = index * size
-        if index < 0 or off + size > len(b.data):
-            _range(b, off, size, name)
-        pack(b.data, off, value & mask if mask is not None else value)
+        if index < 0 or off + size > len(data):
+            data, off = element_span(b, index, size, name)
+        pack(data, off, value & mask if mask is not None else value)
 
     store.__name__ = name.replace(".", "_")
     return store
@@ -421,20 +424,56 @@ def buffer_store_f32(b, index, value):
     data = b.data
     off = index * 4
     if index < 0 or off + 4 > len(data):
-        _range(b, off, 4, "buffer.store.f32")
+        data, off = element_span(b, index, 4, "buffer.store.f32")
     if value.__class__ is F32Bits:
         _pack_u32(data, off, value.bits)
     else:
         _pack_f32(data, off, value)
 
 
+def byte_pieces(b: VMBuffer, offset: int, length: int, what: str) -> list:
+    """The memory IREE's byte range `[offset, offset + length)` of `b` covers, as
+    `(memory, start, count)` pieces, by its rule (`iree_vm_buffer_map`): offset and
+    length are u64s and the range fails with OUT_OF_RANGE only when its end, modulo 2^64,
+    is past the buffer's, so a range that starts before the data and wraps into it also
+    covers the bytes before it (`VMBuffer.head`). One that reaches further back than
+    those, or is longer than 2^64 - 1 bytes (a fill's element count), fails here (IREE
+    reads or writes memory that is not the buffer's)."""
+    n = len(b.data)
+    start, length = offset & M64, length & M64 if length < 0 else length
+    end = (start + length) & M64
+    before = (1 << 64) - start
+    if end > n or length > M64 or (
+            start + length > M64 and (b.head is None or before > len(b.head))):
+        raise OutOfRangeError(
+            f"{what}: out-of-bounds access detected (offset={start}, length={length}, "
+            f"buffer length={n})"
+        )
+    if start + length <= M64:
+        return [(b.data, start, length)]
+    return [(b.head, len(b.head) - before, before), (b.data, 0, end)]
+
+
+def _read(pieces: list) -> bytes:
+    return b"".join(bytes(memory[start : start + count]) for memory, start, count in pieces)
+
+
+def _write(pieces: list, data: bytes) -> None:
+    at = 0
+    for memory, start, count in pieces:
+        memory[start : start + count] = data[at : at + count]
+        at += count
+
+
 def _fill(b, index, count, pattern: bytes, name: str):
     b = _buf(b, "buffer")
     size = len(pattern)
     _writable(b)
-    _range(b, index * size, count * size, name)
-    if count:
-        start = index * size
+    start = index * size
+    if index < 0 or count < 0 or start + count * size > len(b.data):
+        pieces = byte_pieces(b, start, (count & M64) * size, name)
+        _write(pieces, pattern * (sum(p[2] for p in pieces) // size))
+    elif count:
         b.data[start : start + count * size] = pattern * count
 
 
@@ -468,7 +507,11 @@ def buffer_alloc(length, alignment):
 
 def buffer_clone(src, offset, length, alignment):
     src = _buf(src, "source")
-    _range(src, offset, length, "buffer.clone")
+    if offset < 0 or length < 0 or offset + length > len(src.data):
+        data = _read(byte_pieces(src, offset, length, "buffer.clone"))
+        out = VMBuffer.allocate(len(data))
+        out.data[:] = data
+        return out
     out = VMBuffer.allocate(length)
     out.data[:] = src.data[offset : offset + length]
     return out
@@ -478,20 +521,28 @@ def buffer_length(b):
     return len(_buf(b, "buffer").data)
 
 
+def _in_range(b: VMBuffer, offset: int, length: int) -> bool:
+    return offset >= 0 and length >= 0 and offset + length <= len(b.data)
+
+
 def buffer_copy(src, src_off, dst, dst_off, length):
     src = _buf(src, "source_buffer")
     dst = _buf(dst, "target_buffer")
-    _range(src, src_off, length, "buffer.copy source")
+    if not (_in_range(src, src_off, length) and _in_range(dst, dst_off, length)):
+        data = _read(byte_pieces(src, src_off, length, "buffer.copy source"))
+        _writable(dst)
+        _write(byte_pieces(dst, dst_off, length, "buffer.copy target"), data)
+        return
     _writable(dst)
-    _range(dst, dst_off, length, "buffer.copy target")
     dst.data[dst_off : dst_off + length] = src.data[src_off : src_off + length].tobytes()
 
 
 def buffer_compare(lhs, lhs_off, rhs, rhs_off, length):
     lhs = _buf(lhs, "lhs_buffer")
     rhs = _buf(rhs, "rhs_buffer")
-    _range(lhs, lhs_off, length, "buffer.compare lhs")
-    _range(rhs, rhs_off, length, "buffer.compare rhs")
+    if not (_in_range(lhs, lhs_off, length) and _in_range(rhs, rhs_off, length)):
+        left = _read(byte_pieces(lhs, lhs_off, length, "buffer.compare lhs"))
+        return 1 if left == _read(byte_pieces(rhs, rhs_off, length, "buffer.compare rhs")) else 0
     return 1 if lhs.data[lhs_off : lhs_off + length] == rhs.data[rhs_off : rhs_off + length] else 0
 
 
@@ -516,8 +567,7 @@ def _sipround(v0, v1, v2, v3):
 def buffer_hash(b, offset, length):
     """SipHash-2-4 with key 00..0f, as IREE's vm.buffer.hash."""
     b = _buf(b, "source_buffer")
-    _range(b, offset, length, "buffer.hash")
-    data = b.data[offset : offset + length].tobytes()
+    data = _read(byte_pieces(b, offset, length, "buffer.hash"))
     v0 = 0x736F6D6570736575 ^ 0x0706050403020100
     v1 = 0x646F72616E646F6D ^ 0x0F0E0D0C0B0A0908
     v2 = 0x6C7967656E657261 ^ 0x0706050403020100

@@ -865,7 +865,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         else:
             results = module.invoke_raw(name, *arguments)
         if args.emu_summary:
-            summaries = [d.summary() for d in module.devices if hasattr(d, "summary")]
+            summaries = [d.summary() for d in module.devices if d.capabilities.modelled_time]
             if not summaries:
                 raise InvalidArgumentError("--emu_summary needs --device=emu")
             for summary in summaries:

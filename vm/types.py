@@ -20,18 +20,31 @@ MAX_ALLOCATION_BYTES = 1 << 36
 MAX_LIST_ELEMENTS = 1 << 26
 
 
+HEAD_BYTES = 8
+"""Bytes of IREE's zeroed buffer header padding before a VM-allocated buffer's data
+(its header and data are one allocation, the header rounded up to 16 bytes), enough for
+the widest element."""
+
+
 class VMBuffer:
     """A byte buffer (`!vm.buffer`).
 
     `data` is a writable or read-only `memoryview` of unsigned bytes. Rodata buffers are
     zero-copy views of the loaded module and have `mutable == False`; guest writes to
     them fail with PERMISSION_DENIED as in IREE.
+
+    `head` stands for the bytes IREE keeps just before the data, which an element access
+    at index -1 (or an index that wraps to it) reaches there (`ops.element_span`): for a
+    buffer the VM allocates, its header's zeroed padding (8 bytes; a store there stays),
+    for rodata the module's bytes before the segment; None where the memory before the
+    data is not the buffer's to model (host and device memory), and such an access fails.
     """
 
-    __slots__ = ("data", "mutable", "__weakref__")
+    __slots__ = ("data", "mutable", "head", "__weakref__")
     type_name = "vm.buffer"
 
-    def __init__(self, data: bytes | bytearray | memoryview, mutable: bool | None = None) -> None:
+    def __init__(self, data: bytes | bytearray | memoryview, mutable: bool | None = None,
+                 head: bytearray | memoryview | None = None) -> None:
         view = data if isinstance(data, memoryview) else memoryview(data)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
@@ -41,6 +54,7 @@ class VMBuffer:
             raise InvalidArgumentError("cannot create a mutable VMBuffer over read-only memory")
         self.data = view
         self.mutable = mutable
+        self.head = head
 
     @classmethod
     def allocate(cls, length: int) -> VMBuffer:
@@ -50,7 +64,7 @@ class VMBuffer:
                 f"{MAX_ALLOCATION_BYTES} bytes"
             )
         try:
-            return cls(bytearray(length), True)
+            return cls(bytearray(length), True, bytearray(HEAD_BYTES))
         except MemoryError:
             raise ResourceExhaustedError(
                 f"out of memory allocating a vm.buffer of {length} bytes"

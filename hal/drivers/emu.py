@@ -224,7 +224,7 @@ class EmuDriver(Driver):
                                 self._finish_job, self._lost_error, self._samples.append)
         self.capabilities = Capabilities(
             queue_count=queues, concurrency=self._workers.concurrency,
-            host_visible_memory=False,
+            host_visible_memory=False, modelled_time=True,
             default_profiling_modes=DEFAULT_PROFILING_MODES + ("dispatch-events",
                                                                "device-queue-events"))
         self._command_queues = [queue_module.SimpleQueue() for _ in range(queues)]
