@@ -91,6 +91,20 @@ def dtypes_mlir() -> str:
 DTYPES = _DTYPES
 
 
+def saxpy_binary_request(x: bytes, n: int) -> tuple[bytes, int]:
+    """A request to the sample `saxpy` (alpha 1.5, `x` as both `n`-value inputs) in the
+    binary extension, asking its answer as JSON: the body and its JSON header's length."""
+    header = json.dumps({"inputs": [
+        {"name": "alpha", "datatype": "FP32", "shape": [1],
+         "parameters": {"binary_data_size": 4}},
+        {"name": "x", "datatype": "FP32", "shape": [n],
+         "parameters": {"binary_data_size": 4 * n}},
+        {"name": "y", "datatype": "FP32", "shape": [n],
+         "parameters": {"binary_data_size": 4 * n}}],
+        "outputs": [{"name": "z", "parameters": {"binary_data": False}}]}).encode()
+    return header + b"\0\0\xc0\x3f" + x + x, len(header)
+
+
 def write_model(root: Path, name: str, vmfb: Path, config: dict | None = None) -> None:
     version = root / name / "1"
     version.mkdir(parents=True, exist_ok=True)

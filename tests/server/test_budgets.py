@@ -20,7 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_helpers import SAMPLES, HealthWatch, ServerProcess, non_reading_clients
+from serve_helpers import (
+    SAMPLES,
+    HealthWatch,
+    ServerProcess,
+    non_reading_clients,
+    saxpy_binary_request,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -81,17 +87,9 @@ def test_large_json_answers_behind_a_tiny_window_are_bounded_and_freed(tmp_path)
                            "--client-memory-limit", "160M", "--send-timeout", "2").start()
     n = 2 * MB  # 8 MiB per input as binary; the JSON answer is about 20 MB
     x = np.linspace(0.001, 1.0, n, dtype=np.float32)
-    header = json.dumps({"inputs": [
-        {"name": "alpha", "datatype": "FP32", "shape": [1],
-         "parameters": {"binary_data_size": 4}},
-        {"name": "x", "datatype": "FP32", "shape": [n],
-         "parameters": {"binary_data_size": 4 * n}},
-        {"name": "y", "datatype": "FP32", "shape": [n],
-         "parameters": {"binary_data_size": 4 * n}}],
-        "outputs": [{"name": "z", "parameters": {"binary_data": False}}]}).encode()
-    body = header + np.float32(1.5).tobytes() + x.tobytes() + x.tobytes()
+    body, header_length = saxpy_binary_request(x.tobytes(), n)
     head = (f"POST /v2/models/saxpy/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
-            f"{len(body)}\r\nInference-Header-Content-Length: {len(header)}\r\n\r\n"
+            f"{len(body)}\r\nInference-Header-Content-Length: {header_length}\r\n\r\n"
             ).encode()
     # 12 x (17 MB body + 20 MB answer) are pinned until the clients leave; what may stay
     # is allocator slack of the threads that made the answers

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 import pytest
-from serve_helpers import SAMPLES, ServerProcess
+from serve_helpers import SAMPLES, ServerProcess, saxpy_binary_request
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,19 +69,11 @@ def test_an_idle_sequence_gives_the_transient_ring_back(tmp_path):
 def _large_saxpy(port: int, n: int) -> bytes:
     """One saxpy request with `n`-value binary inputs and a JSON answer, read whole."""
     x = np.linspace(0.001, 1.0, n, dtype=np.float32)
-    header = json.dumps({"inputs": [
-        {"name": "alpha", "datatype": "FP32", "shape": [1],
-         "parameters": {"binary_data_size": 4}},
-        {"name": "x", "datatype": "FP32", "shape": [n],
-         "parameters": {"binary_data_size": 4 * n}},
-        {"name": "y", "datatype": "FP32", "shape": [n],
-         "parameters": {"binary_data_size": 4 * n}}],
-        "outputs": [{"name": "z", "parameters": {"binary_data": False}}]}).encode()
+    body, header_length = saxpy_binary_request(x.tobytes(), n)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        conn.request("POST", "/v2/models/saxpy/infer",
-                     header + np.float32(1.5).tobytes() + x.tobytes() + x.tobytes(),
-                     {"Inference-Header-Content-Length": str(len(header))})
+        conn.request("POST", "/v2/models/saxpy/infer", body,
+                     {"Inference-Header-Content-Length": str(header_length)})
         resp = conn.getresponse()
         assert resp.status == 200
         return resp.read()
