@@ -10,7 +10,7 @@ extensions copied in; B: the installed tree), loads the model in each, then runs
 thread-CPU microseconds per call, the order of A and B alternating from round to round.
 Printed: each side's median over rounds and the median of the per-round B/A ratios.
 
-    python bench/zoo_cpu_ab.py --a-path /tmp/base [--models tiny,gru,lstm]
+    python bench/zoo_cpu_ab.py --a-path BASE_TREE [--models tiny,gru,lstm]
         [--driver sync] [--rounds 11] [--calls 300]
 """
 
