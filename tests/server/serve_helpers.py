@@ -91,6 +91,19 @@ def dtypes_mlir() -> str:
 DTYPES = _DTYPES
 
 
+@contextmanager
+def sample_server(root: Path, samples: tuple[str, ...], *args: str) -> Iterator[ServerProcess]:
+    """A running server over copies of the bundled `samples` in `root` (the rest of its
+    command line `args`), stopped on exit."""
+    for sample in samples:
+        shutil.copytree(SAMPLES / sample, root / sample)
+    server = ServerProcess("--model-repository", str(root), *args)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
 def saxpy_binary_request(x: bytes, n: int) -> tuple[bytes, int]:
     """A request to the sample `saxpy` (alpha 1.5, `x` as both `n`-value inputs) in the
     binary extension, asking its answer as JSON: the body and its JSON header's length."""

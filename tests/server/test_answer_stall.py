@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import shutil
 import threading
 import time
 
@@ -19,7 +18,7 @@ import ml_dtypes
 import numpy as np
 import orjson
 import pytest
-from serve_helpers import SAMPLES, ServerProcess
+from serve_helpers import ServerProcess, sample_server
 
 from tinyhal.server import protocol
 from tinyhal.server.protocol import (
@@ -124,13 +123,8 @@ CLIENTS = 4  # more than saxpy's 2 instances: some answers are the loop's to mak
 
 @pytest.fixture(scope="module")
 def saxpy_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("repo")
-    shutil.copytree(SAMPLES / "saxpy", root / "saxpy")
-    server = ServerProcess("--model-repository", str(root))
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    with sample_server(tmp_path_factory.mktemp("repo"), ("saxpy",)) as server:
+        yield server
 
 
 def _saxpy(server: ServerProcess, x: np.ndarray, y: np.ndarray) -> bytes:

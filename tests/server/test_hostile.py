@@ -17,7 +17,7 @@ import time
 
 import pytest
 import tritonclient.http as httpclient
-from serve_helpers import SAMPLES, HealthWatch, ServerProcess
+from serve_helpers import SAMPLES, HealthWatch, ServerProcess, sample_server
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.timeout(300)
@@ -37,16 +37,10 @@ def _rss(server: ServerProcess) -> int:
 
 @pytest.fixture(scope="module")
 def hostile_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hostile")
-    shutil.copytree(SAMPLES / "mlp_classifier", root / "mlp_classifier")
-    shutil.copytree(SAMPLES / "saxpy", root / "saxpy")
-    server = ServerProcess("--model-repository", str(root), "--max-request-bytes",
-                           str(8 * MB), "--request-head-timeout", "3",
-                           "--request-body-timeout", "2", "--max-connections", "500")
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    with sample_server(tmp_path_factory.mktemp("hostile"), ("mlp_classifier", "saxpy"),
+                       "--max-request-bytes", str(8 * MB), "--request-head-timeout", "3",
+                       "--request-body-timeout", "2", "--max-connections", "500") as server:
+        yield server
 
 
 def _raw(server: ServerProcess, data: bytes, timeout: float = 30) -> bytes:

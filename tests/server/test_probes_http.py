@@ -7,12 +7,11 @@ back, and health keeps answering."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import time
 
 import pytest
-from serve_helpers import SAMPLES, ServerProcess
+from serve_helpers import ServerProcess, sample_server
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -24,13 +23,8 @@ _INFER = b"POST /v2/models/mlp_classifier/infer HTTP/1.1\r\nHost: x\r\n"
 
 @pytest.fixture(scope="module")
 def http_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("repo")
-    shutil.copytree(SAMPLES / "mlp_classifier", root / "mlp_classifier")
-    proc = ServerProcess("--model-repository", str(root))
-    try:
-        yield proc.start()
-    finally:
-        proc.stop()
+    with sample_server(tmp_path_factory.mktemp("repo"), ("mlp_classifier",)) as server:
+        yield server
 
 
 def _exchange(server: ServerProcess, data: bytes, timeout: float = 30.0) -> bytes:

@@ -8,10 +8,9 @@ or the 200 Triton gives, and the server keeps serving."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
-from serve_helpers import SAMPLES, ServerProcess
+from serve_helpers import ServerProcess, sample_server
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -22,14 +21,9 @@ _MLP = "/v2/models/mlp_classifier/infer"
 
 @pytest.fixture(scope="module")
 def probe_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("repo")
-    for sample in ("mlp_classifier", "saxpy", "gru_step"):
-        shutil.copytree(SAMPLES / sample, root / sample)
-    proc = ServerProcess("--model-repository", str(root), "--model-control-mode", "explicit")
-    try:
-        yield proc.start()
-    finally:
-        proc.stop()
+    with sample_server(tmp_path_factory.mktemp("repo"), ("mlp_classifier", "saxpy", "gru_step"),
+                       "--model-control-mode", "explicit") as server:
+        yield server
 
 
 def _request(**members) -> bytes:
