@@ -406,6 +406,26 @@ static int element_shift(uint32_t type, int pack) {
   return -1;
 }
 
+/* How a tiled operand of sizes s0..s3 lays out a plain 2D one, as `flags` transposes it:
+ * `covers` is false where its tiles do not reach the plain sizes n0 x n1. */
+typedef struct {
+  int outer_t, inner_t, covers;
+  int64_t tile0, tile1;
+} tiling_t;
+
+static tiling_t tiling(uint32_t flags, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
+                       int64_t n0, int64_t n1) {
+  tiling_t t;
+  t.outer_t = (flags & TRANSPOSE_OUTER) != 0;
+  t.inner_t = (flags & TRANSPOSE_INNER) != 0;
+  int64_t outer0 = t.outer_t ? s1 : s0, outer1 = t.outer_t ? s0 : s1;
+  t.tile0 = t.inner_t ? s3 : s2;
+  t.tile1 = t.inner_t ? s2 : s3;
+  t.covers = (unsigned __int128)(uint64_t)outer0 * (uint64_t)t.tile0 >= (uint64_t)n0 &&
+             (unsigned __int128)(uint64_t)outer1 * (uint64_t)t.tile1 >= (uint64_t)n1;
+  return t;
+}
+
 /* pack: (in, offset, stride0, stride1), (out, offset, stride0, stride1), in size0/1,
  * out size0..3, padding value, flags. */
 static int pack(heap_t* heap, const int64_t* v) {
@@ -418,12 +438,10 @@ static int pack(heap_t* heap, const int64_t* v) {
   uint8_t* src = view2d(heap, v[0], v[1], v[2], v[3], in0, in1, shift, 0);
   uint8_t* out = src ? tiled(heap, v[4], v[5], v[6], o0, o1, o2, o3, shift, 1, &inner) : NULL;
   if (!out) return 1;
-  int outer_t = (flags & TRANSPOSE_OUTER) != 0, inner_t = (flags & TRANSPOSE_INNER) != 0;
-  int64_t outer0 = outer_t ? o1 : o0, outer1 = outer_t ? o0 : o1;
-  int64_t tile0 = inner_t ? o3 : o2, tile1 = inner_t ? o2 : o3;
-  if ((unsigned __int128)(uint64_t)outer0 * (uint64_t)tile0 < (uint64_t)in0 ||
-      (unsigned __int128)(uint64_t)outer1 * (uint64_t)tile1 < (uint64_t)in1)
-    return 1;
+  tiling_t tl = tiling(flags, o0, o1, o2, o3, in0, in1);
+  if (!tl.covers) return 1;
+  int outer_t = tl.outer_t, inner_t = tl.inner_t;
+  int64_t tile0 = tl.tile0, tile1 = tl.tile1;
   size_t size = (size_t)1 << shift, count = (size_t)(o0 * inner);
   uint8_t* temp = malloc(size * count);
   if (!temp) return 1;
@@ -460,12 +478,10 @@ static int unpack(heap_t* heap, const int64_t* v) {
   int64_t inner;
   uint8_t* src = tiled(heap, v[0], v[1], v[2], i0, i1, i2, i3, shift, 0, &inner);
   if (!src) return 1;
-  int outer_t = (flags & TRANSPOSE_OUTER) != 0, inner_t = (flags & TRANSPOSE_INNER) != 0;
-  int64_t tile0 = inner_t ? i3 : i2, tile1 = inner_t ? i2 : i3;
-  int64_t outer0 = outer_t ? i1 : i0, outer1 = outer_t ? i0 : i1;
-  if ((unsigned __int128)(uint64_t)outer0 * (uint64_t)tile0 < (uint64_t)n0 ||
-      (unsigned __int128)(uint64_t)outer1 * (uint64_t)tile1 < (uint64_t)n1)
-    return 1;
+  tiling_t tl = tiling(flags, i0, i1, i2, i3, n0, n1);
+  if (!tl.covers) return 1;
+  int outer_t = tl.outer_t, inner_t = tl.inner_t;
+  int64_t tile0 = tl.tile0, tile1 = tl.tile1;
   if (n0 == 0 || n1 == 0) return 0;
   size_t size = (size_t)1 << shift;
   uint8_t* temp = malloc(size * (size_t)(n0 * n1));
