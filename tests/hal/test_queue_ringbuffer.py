@@ -189,18 +189,20 @@ def test_random_workload_never_overlaps_live_blocks(seed, capacity, largest):
 
 
 def _resident(ring) -> int:
-    """Resident bytes of the ring's map, from /proc/self/smaps (the kernel's count)."""
-    address = ring._backing_address
-    with open("/proc/self/smaps") as f:
-        inside = False
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                low, high = (int(x, 16) for x in head.split("-"))
-                inside = low <= address < high
-            elif inside and head == "Rss:":
-                return int(line.split()[1]) * 1024
-    raise AssertionError("the ring's map is not in /proc/self/smaps")
+    """Resident bytes of the ring's own address range, by the kernel's count (mincore):
+    the map holding it may be merged with neighbouring anonymous memory, whose pages an
+    Rss line of /proc/self/smaps would add."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    page = mmap.PAGESIZE
+    pages = (ring.capacity + page - 1) // page
+    vector = ctypes.create_string_buffer(pages)
+    if libc.mincore(ring._backing_address, pages * page, vector) != 0:
+        raise AssertionError(f"mincore of the ring's map failed: errno {ctypes.get_errno()}")
+    return page * sum(byte & 1 for byte in vector.raw)
 
 
 def _filled(ring, size, byte):
