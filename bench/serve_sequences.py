@@ -52,7 +52,9 @@ import argparse
 import asyncio
 import json
 import os
+import select
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -195,10 +197,20 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     return status, await reader.readexactly(length)
 
 
-async def _sequences(port: int, n: int, steps: int, seconds: float, base_id: int
-                     ) -> dict[str, Any]:
-    """N closed-loop sequences for `seconds`: (steps done, per-step latencies, errors)."""
-    x = np.linspace(-1, 1, INPUT, dtype=np.float32).reshape(1, INPUT)
+def _step_requests(port: int, x: np.ndarray, sid: int, steps: int) -> list[bytes]:
+    """The HTTP requests of one sequence's steps, in order (its middle steps' requests
+    are the same bytes, built once)."""
+    if steps == 1:
+        return [_http_request(port, *step_body(x, sid, True, True))]
+    middle = _http_request(port, *step_body(x, sid, False, False))
+    return [_http_request(port, *step_body(x, sid, True, False)), *[middle] * (steps - 2),
+            _http_request(port, *step_body(x, sid, False, True))]
+
+
+async def _asyncio_sequences(port: int, n: int, steps: int, seconds: float, base_id: int,
+                             x: np.ndarray) -> tuple[list[float], int]:
+    """The first client of this bench (`--client asyncio`): one asyncio task and
+    stream per sequence, each request built as it is sent. (latencies, errors)"""
     latencies: list[float] = []
     errors = [0]
     stop_at = time.perf_counter() + seconds
@@ -222,13 +234,128 @@ async def _sequences(port: int, n: int, steps: int, seconds: float, base_id: int
         finally:
             writer.close()
 
-    begin = time.perf_counter()
     await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), seconds + 60)
+    return latencies, errors[0]
+
+
+class _Lane:
+    """One sequence at a time of the epoll client: its connection, the requests of its
+    current sequence and the answer read so far."""
+
+    __slots__ = ("sock", "sid", "k", "requests", "received", "begin")
+
+    def __init__(self, sock: socket.socket, sid: int) -> None:
+        self.sock = sock
+        self.sid = sid
+        self.k = 0
+        self.requests: list[bytes] = []
+        self.received = b""
+        self.begin = 0.0
+
+
+def _epoll_sequences(port: int, n: int, steps: int, seconds: float, base_id: int,
+                     x: np.ndarray) -> tuple[list[float], int]:
+    """The default client (`--client epoll`): the same closed loop as the asyncio client
+    (one keep-alive connection per sequence, the next step sent when the answer
+    arrived, the same request bytes), written to cost little CPU per step: one thread,
+    non-blocking sockets on one epoll, a sequence's requests built once when it starts.
+    (latencies, errors)"""
+    latencies: list[float] = []
+    errors = 0
+    poller = select.epoll()
+    lanes: dict[int, _Lane] = {}
+    clock = time.perf_counter
+    stop_at = clock() + seconds
+    give_up = stop_at + 60
+
+    def send(lane: _Lane) -> None:
+        request = lane.requests[lane.k]
+        lane.begin = clock()
+        sent = lane.sock.send(request)
+        if sent < len(request):  # the socket took part of it: finish blocking
+            lane.sock.setblocking(True)
+            lane.sock.sendall(request[sent:])
+            lane.sock.setblocking(False)
+
+    def next_sequence(lane: _Lane) -> None:
+        lane.sid += 1
+        lane.k = 0
+        lane.requests = _step_requests(port, x, lane.sid, steps)
+        send(lane)
+
+    try:
+        for i in range(n):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+            lane = lanes[sock.fileno()] = _Lane(sock, base_id + i * 1_000_000)
+            poller.register(sock.fileno(), select.EPOLLIN)
+        for lane in lanes.values():
+            next_sequence(lane)
+        while lanes:
+            if clock() > give_up:
+                raise TimeoutError(f"{len(lanes)} sequences still unanswered")
+            for fd, _ in poller.poll(1.0):
+                lane = lanes[fd]
+                data = lane.sock.recv(65536)
+                if not data:
+                    raise ConnectionError("the server closed a connection")
+                received = lane.received + data if lane.received else data
+                head = received.find(b"\r\n\r\n")
+                if head < 0:
+                    lane.received = received
+                    continue
+                fields = received[:head + 2].lower()
+                at = fields.find(b"\r\ncontent-length:")
+                length = int(fields[at + 17:fields.index(b"\r\n", at + 2)]) if at >= 0 \
+                    else 0
+                if len(received) < head + 4 + length:
+                    lane.received = received
+                    continue
+                lane.received = b""
+                latencies.append(clock() - lane.begin)
+                if received[9:12] != b"200":
+                    errors += 1
+                lane.k += 1
+                if lane.k == len(lane.requests):  # its END was answered
+                    if clock() < stop_at:
+                        next_sequence(lane)
+                        continue
+                    poller.unregister(fd)
+                    lane.sock.close()
+                    del lanes[fd]
+                    continue
+                if clock() >= stop_at and lane.k < len(lane.requests) - 1:
+                    lane.requests[lane.k] = _http_request(  # time is up: this step ends it
+                        port, *step_body(x, lane.sid, False, True))
+                    del lane.requests[lane.k + 1:]
+                send(lane)
+    finally:
+        for lane in lanes.values():
+            lane.sock.close()
+        poller.close()
+    return latencies, errors
+
+
+CLIENTS = {"epoll": _epoll_sequences,
+           "asyncio": lambda *a: asyncio.run(_asyncio_sequences(*a))}
+
+
+def _sequences(port: int, n: int, steps: int, seconds: float, base_id: int,
+               client: str = "epoll") -> dict[str, Any]:
+    """N closed-loop sequences for `seconds` with `client`: steps/s, per-step latency,
+    errors and the client's own CPU per step (this process's, all of it the client's
+    while it runs)."""
+    x = np.linspace(-1, 1, INPUT, dtype=np.float32).reshape(1, INPUT)
+    cpu0 = time.process_time()
+    begin = time.perf_counter()
+    latencies, errors = CLIENTS[client](port, n, steps, seconds, base_id, x)
     elapsed = time.perf_counter() - begin
+    cpu = time.process_time() - cpu0
     lat = np.array(latencies) * 1e3
     return {"steps_s": len(latencies) / elapsed, "p50_ms": float(np.percentile(lat, 50)),
             "p99_ms": float(np.percentile(lat, 99)), "steps": len(latencies),
-            "errors": errors[0]}
+            "errors": errors, "client_cpu_us": 1e6 * cpu / max(1, len(latencies))}
 
 
 def _statistics(server: ServerProcess) -> dict[str, float]:
@@ -254,12 +381,12 @@ def _user_system(pid: int, tid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def measure(server: ServerProcess, n: int, steps: int, seconds: float, base_id: int
-            ) -> dict[str, Any]:
+def measure(server: ServerProcess, n: int, steps: int, seconds: float, base_id: int,
+            client: str = "epoll") -> dict[str, Any]:
     pid = server.proc.pid
     stats0, cpu0, loop0 = _statistics(server), server.cpu_seconds(), cpu_seconds(pid, pid)
     loop_parts = dict(zip(("loop_user_us", "loop_system_us"), _user_system(pid, pid)))
-    result = asyncio.run(_sequences(server.port, n, steps, seconds, base_id))
+    result = _sequences(server.port, n, steps, seconds, base_id, client)
     cpu, stats1 = server.cpu_seconds() - cpu0, _statistics(server)
     loop = cpu_seconds(pid, pid) - loop0
     delta = {k: stats1[k] - stats0.get(k, 0) for k in stats1}
@@ -348,11 +475,11 @@ def _tinyhal_server(name: str, python: str, repo: Path) -> ServerProcess:
 
 
 AB_FIGURES = ("steps_s", "cpu_us", "loop_cpu_us", "loop_user_us", "loop_system_us",
-              "batch", "p99_ms")
+              "batch", "p99_ms", "client_cpu_us")
 
 
 def compare_builds(builds: dict[str, str], counts: list[int], steps: int, seconds: float,
-                   rounds: int) -> int:
+                   rounds: int, client: str = "epoll") -> int:
     """The `--a/--b` mode (see the module doc): the cellular-batching server of each
     build, one at a time, alternating; prints and writes the medians and paired
     differences."""
@@ -365,10 +492,10 @@ def compare_builds(builds: dict[str, str], counts: list[int], steps: int, second
             for name in order:
                 server = _tinyhal_server(f"tinyhal-cell-{name}", builds[name], repo)
                 try:
-                    asyncio.run(_sequences(server.port, max(counts), steps, 1.0, base))
+                    _sequences(server.port, max(counts), steps, 1.0, base, client)
                     for n in counts:
                         base += 1
-                        result = measure(server, n, steps, seconds, base)
+                        result = measure(server, n, steps, seconds, base, client)
                         runs.setdefault((n, name), []).append(result)
                         print(f"round {round_index + 1} N={n} {name}: "
                               f"{result['steps_s']:.0f} steps/s, CPU "
@@ -392,7 +519,8 @@ def compare_builds(builds: dict[str, str], counts: list[int], steps: int, second
         rows.append(diff)
     path = write_results("serve_sequences_ab", rows, {
         "builds": builds, "load_average_end": os.getloadavg(),
-        "settings": {"seconds": seconds, "rounds": rounds, "steps": steps}})
+        "settings": {"seconds": seconds, "rounds": rounds, "steps": steps,
+                     "client": client}})
     print_table(rows, ["sequences", "build", "rounds", *AB_FIGURES, "errors"])
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}; wrote {path}")
     return 0
@@ -405,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequences", default="1,8,32,64")
     parser.add_argument("--steps", type=int, default=20, help="steps per sequence")
     parser.add_argument("--no-triton", action="store_true")
+    parser.add_argument("--client", choices=sorted(CLIENTS), default="epoll",
+                        help="the load generator (see the module doc); asyncio: this "
+                             "bench's first one")
     parser.add_argument("--a", metavar="PYTHON", help="interpreter of build A (with --b: "
                         "compare two builds of tinyhal-serve, see the module doc)")
     parser.add_argument("--b", metavar="PYTHON", help="interpreter of build B")
@@ -414,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.a and args.b):
             parser.error("--a and --b go together")
         return compare_builds({"A": args.a, "B": args.b}, counts, args.steps, args.seconds,
-                              args.rounds)
+                              args.rounds, args.client)
     servers: list[ServerProcess] = []
     skipped = None
     probe = json.dumps({"inputs": []}).encode()
@@ -443,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
                     shift = round_index % len(servers)
                     for server in servers[shift:] + servers[:shift]:
                         base += 1
-                        result = measure(server, n, args.steps, args.seconds, base)
+                        result = measure(server, n, args.steps, args.seconds, base,
+                                         args.client)
                         cells.setdefault((n, server.name), []).append(result)
                         print(f"round {round_index + 1} N={n} {server.name}: "
                               f"{result['steps_s']:.0f} steps/s p99 {result['p99_ms']:.2f} ms "
@@ -456,9 +588,10 @@ def main(argv: list[str] | None = None) -> int:
     ratios = ratio_table(rows)
     path = write_results("serve_sequences", rows, {
         "ratios": ratios, "triton_skipped": skipped,
-        "settings": {"seconds": args.seconds, "rounds": args.rounds, "steps": args.steps}})
+        "settings": {"seconds": args.seconds, "rounds": args.rounds, "steps": args.steps,
+                     "client": args.client}})
     print_table(rows, ["sequences", "server", "steps_s", "p50_ms", "p99_ms", "batch",
-                       "cpu_us", "loop_cpu_us", "gather_us", "invoke_us", "scatter_us",
+                       "cpu_us", "loop_cpu_us", "client_cpu_us", "gather_us", "invoke_us", "scatter_us",
                        "respond_us",
                        "in_place_pct", "errors", "load1"])
     print()
