@@ -337,19 +337,21 @@ def _epoll_sequences(port: int, n: int, steps: int, seconds: float, base_id: int
     return latencies, errors
 
 
-CLIENTS = {"epoll": _epoll_sequences,
-           "asyncio": lambda *a: asyncio.run(_asyncio_sequences(*a))}
+CLIENTS = ("asyncio", "epoll")
 
 
-def _sequences(port: int, n: int, steps: int, seconds: float, base_id: int,
-               client: str = "epoll") -> dict[str, Any]:
+async def _sequences(port: int, n: int, steps: int, seconds: float, base_id: int,
+                     client: str = "epoll") -> dict[str, Any]:
     """N closed-loop sequences for `seconds` with `client`: steps/s, per-step latency,
     errors and the client's own CPU per step (this process's, all of it the client's
     while it runs)."""
     x = np.linspace(-1, 1, INPUT, dtype=np.float32).reshape(1, INPUT)
     cpu0 = time.process_time()
     begin = time.perf_counter()
-    latencies, errors = CLIENTS[client](port, n, steps, seconds, base_id, x)
+    if client == "asyncio":
+        latencies, errors = await _asyncio_sequences(port, n, steps, seconds, base_id, x)
+    else:
+        latencies, errors = _epoll_sequences(port, n, steps, seconds, base_id, x)
     elapsed = time.perf_counter() - begin
     cpu = time.process_time() - cpu0
     lat = np.array(latencies) * 1e3
@@ -386,7 +388,7 @@ def measure(server: ServerProcess, n: int, steps: int, seconds: float, base_id: 
     pid = server.proc.pid
     stats0, cpu0, loop0 = _statistics(server), server.cpu_seconds(), cpu_seconds(pid, pid)
     loop_parts = dict(zip(("loop_user_us", "loop_system_us"), _user_system(pid, pid)))
-    result = _sequences(server.port, n, steps, seconds, base_id, client)
+    result = asyncio.run(_sequences(server.port, n, steps, seconds, base_id, client))
     cpu, stats1 = server.cpu_seconds() - cpu0, _statistics(server)
     loop = cpu_seconds(pid, pid) - loop0
     delta = {k: stats1[k] - stats0.get(k, 0) for k in stats1}
@@ -492,7 +494,8 @@ def compare_builds(builds: dict[str, str], counts: list[int], steps: int, second
             for name in order:
                 server = _tinyhal_server(f"tinyhal-cell-{name}", builds[name], repo)
                 try:
-                    _sequences(server.port, max(counts), steps, 1.0, base, client)
+                    asyncio.run(_sequences(server.port, max(counts), steps, 1.0, base,
+                                           client))
                     for n in counts:
                         base += 1
                         result = measure(server, n, steps, seconds, base, client)
@@ -533,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequences", default="1,8,32,64")
     parser.add_argument("--steps", type=int, default=20, help="steps per sequence")
     parser.add_argument("--no-triton", action="store_true")
-    parser.add_argument("--client", choices=sorted(CLIENTS), default="epoll",
+    parser.add_argument("--client", choices=CLIENTS, default="epoll",
                         help="the load generator (see the module doc); asyncio: this "
                              "bench's first one")
     parser.add_argument("--a", metavar="PYTHON", help="interpreter of build A (with --b: "
