@@ -4,16 +4,15 @@ Triton cancels a sequence with a cancelled request; over HTTP a cancelled reques
 client that closed its connection while its step waited or ran. The loop only sees that
 when it next reads the connection, which it does not while the step waits, so the
 connections of waiting steps are looked at every 20 ms through their probes
-(`http.client_gone_probe`: a poll of the socket, no read)."""
+(`http.client_gone_probe`: a poll of the socket, no read), which a step takes when it is
+admitted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
-
-from .http import client_gone_probe
 
 __all__ = ["ClientWatch"]
 
@@ -21,46 +20,46 @@ _CHECK_SECONDS = 0.02  # how often waiting steps' connections are looked at
 
 
 class ClientWatch:
-    """Calls `left(step)` for a watched step whose client closed its connection (once
-    the step waited at least one check period, and not for a step `is_ended(step)`
-    says needs no watching any more); `after()` after each check. Runs as a system
-    task (`run`) until `stop`."""
+    """Every check period, calls `left(step)` for each step `waiting()` yields whose
+    client closed its connection: a step that waited at least one period, has a probe
+    (`step.probe`, from `http.client_gone_probe` when it was admitted) and that `is_ended(step)`
+    does not rule out (its sequence ended, or it was answered already); `after()` after
+    each check. The steps are the scheduler's own (its queues and running executions):
+    nothing is registered or forgotten per step. Runs as a system task (`run`) until
+    `stop`; once nothing waits it sleeps until `wake` (the scheduler wakes it when it
+    admits a step while it is `asleep`)."""
 
-    def __init__(self, left: Callable[[Any], None], is_ended: Callable[[Any], bool],
-                 after: Callable[[], None]) -> None:
+    def __init__(self, waiting: Callable[[], Iterable[Any]], left: Callable[[Any], None],
+                 is_ended: Callable[[Any], bool], after: Callable[[], None]) -> None:
+        self._waiting = waiting
         self._left = left
         self._is_ended = is_ended
         self._after = after
-        self.watched: dict[Any, Callable[[], bool]] = {}  # step -> its client's probe
-        self._wake: trio.Event | None = None  # set: a step is watched again
+        self.asleep = False  # waits for `wake`: nothing was waiting at the last check
+        self._wake: trio.Event | None = None
         self._stopped = False
 
-    def watch(self, step: Any) -> None:
-        """Watches `step`'s client, when the calling task serves a connection."""
-        probe = client_gone_probe()
-        if probe is not None:
-            self.watched[step] = probe
-            if self._wake is not None:
-                self._wake.set()
-
-    def forget(self, step: Any) -> None:
-        self.watched.pop(step, None)
-
-    def stop(self) -> None:
-        self._stopped = True
+    def wake(self) -> None:
+        self.asleep = False
         if self._wake is not None:
             self._wake.set()
 
+    def stop(self) -> None:
+        self._stopped = True
+        self.wake()
+
     async def run(self) -> None:
         while not self._stopped:
-            if not self.watched:  # sleep until there is something to watch
-                self._wake = trio.Event()
-                await self._wake.wait()
-                self._wake = None
-                continue
             await trio.sleep(_CHECK_SECONDS)
             before = trio.current_time() - _CHECK_SECONDS
-            for step, gone in list(self.watched.items()):
-                if step.arrived <= before and not self._is_ended(step) and gone():
+            steps = list(self._waiting())
+            for step in steps:
+                if step.arrived <= before and step.probe is not None \
+                        and not self._is_ended(step) and step.probe():
                     self._left(step)
             self._after()
+            if not steps and not self._stopped:  # sleep until a step is admitted
+                self._wake = trio.Event()
+                self.asleep = True
+                await self._wake.wait()
+                self._wake = None

@@ -93,7 +93,7 @@ import logging
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -116,6 +116,7 @@ from .config import (  # the configuration's schema; importable from here as bef
     StateSpec,
     parse_sequence_config,
 )
+from .http import client_gone_probe
 from .protocol import DATATYPES, ProtocolError
 from .scheduling import (
     DispatchAfterPass,
@@ -131,8 +132,7 @@ from .sequence_state import DeviceState, StepProgram
 from .stats import Latency
 
 __all__ = ["ControlInput", "DeviceState", "SequenceBatcher", "SequenceCollector",
-           "SequenceConfig", "StateSpec", "StepProgram", "parse_sequence_config",
-           "sequence_parameters"]
+           "SequenceConfig", "StateSpec", "StepProgram", "parse_sequence_config"]
 
 # the host phases of one execution, as recorded in `SequenceBatcher.host`
 HOST_PHASES = ("gather", "invoke", "scatter", "respond")
@@ -144,27 +144,15 @@ _WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
                  0.25, 0.5, 1.0)
 
 
-def sequence_parameters(parameters: dict, model: str) -> tuple[int | str, bool, bool]:
-    """(sequence id, start, end) from a request's parameters, whose types the protocol
-    layer checked for every model (a uint64 or string id, boolean flags); ProtocolError
-    400 when the id is missing, 0 or empty."""
-    sid = parameters.get("sequence_id", 0)
-    if not sid:
-        raise ProtocolError(400, f"inference request to model '{model}' must specify a "
-                                 f"non-zero or non-empty correlation ID (parameter "
-                                 f"'sequence_id')")
-    return sid, parameters.get("sequence_start", False), parameters.get("sequence_end",
-                                                                         False)
-
-
 class _Step(PendingRequest):
-    """One request of a sequence: a pending request (one row), its control flags and
-    its sequence."""
+    """One request of a sequence: a pending request (one row), its control flags, its
+    sequence and the probe of its client's connection (`ClientWatch`; None outside a
+    connection's task)."""
 
     started_note = "the step started and still updates its state (its result is " \
                    "discarded)"
     queued_note = "in the queue of its sequence (nothing ran; its state is unchanged)"
-    __slots__ = ("start", "end", "sequence")
+    __slots__ = ("start", "end", "sequence", "probe")
 
     def __init__(self, args: list[Any], start: bool, end: bool, deadline: float,
                  label: str, now: float, respond: Callable[[Results, float], Any] | None,
@@ -173,6 +161,7 @@ class _Step(PendingRequest):
         self.start = start
         self.end = end
         self.sequence = sequence
+        self.probe = client_gone_probe()
 
 
 class _Sequence:
@@ -206,10 +195,11 @@ def _in_transient_ring(home: tuple[tuple, int]) -> bool:
 
 
 def _watch_ended(step: _Step) -> bool:
-    """Whether a waiting step's client no longer matters: its sequence ended, or the step
-    was started and answered from its instance thread (behind a proxy its connection may
-    close as soon as the answer is written, before the loop takes in the outcome)."""
-    return step.sequence.gone or (step.started and step.respond is not None)
+    """Whether a waiting step's client no longer matters: its sequence ended, the step
+    stopped waiting (its deadline passed while it ran), or it was started and answered
+    from its instance thread (behind a proxy its connection may close as soon as the
+    answer is written, before the loop takes in the outcome)."""
+    return step.sequence.gone or step.detached or (step.started and step.respond is not None)
 
 
 def _slot(seq: _Sequence) -> int:
@@ -307,7 +297,8 @@ class SequenceBatcher:
                              f" = {config.max_sequence_idle_us}")
         self.client_gone_count = 0  # sequences ended because a client went away
         # steps whose client can be asked whether it is still there: step -> (seq, probe)
-        self._clients = ClientWatch(self._client_left, _watch_ended, self._dispatch)
+        self._clients = ClientWatch(self._waiting_steps, self._client_left, _watch_ended,
+                                    self._dispatch)
         self.host = {phase: Latency() for phase in HOST_PHASES}
         self.queue_wait = Latency(_WAIT_BUCKETS)
 
@@ -385,7 +376,17 @@ class SequenceBatcher:
         (its steps already queued run first, the START step then begins from the
         initial state); a sequence whose START left the queue unrun (its deadline) is
         ended, so its next step without START is refused."""
-        sid, start, end = sequence_parameters(parameters or {}, self.model)
+        if parameters is None:
+            parameters = {}
+        # types checked by the protocol layer for every model: a uint64 or string id,
+        # boolean flags
+        sid = parameters.get("sequence_id", 0)
+        if not sid:
+            raise ProtocolError(400, f"inference request to model '{self.model}' must "
+                                     f"specify a non-zero or non-empty correlation ID "
+                                     f"(parameter 'sequence_id')")
+        start = parameters.get("sequence_start", False)
+        end = parameters.get("sequence_end", False)
         if self._closed:
             raise Unavailable("the model version is unloading")
         if rows != 1:
@@ -432,8 +433,16 @@ class SequenceBatcher:
         self._in_flight.count += 1
         self._mark_ready(seq)
         self._dispatch_after_pass()
-        self._clients.watch(step)
+        if self._clients.asleep:
+            self._clients.wake()
         return wait_outcome(step, self._abandon_step)
+
+    def _waiting_steps(self) -> Iterator[_Step]:
+        """The steps queued or running (what `ClientWatch` looks at)."""
+        for seq in self._sequences.values():
+            yield from seq.steps
+        for execution in self._running:
+            yield from execution.requests
 
     def _start_tasks(self) -> None:
         """On the first step: the run's clock, and the system tasks that end with the
@@ -466,7 +475,6 @@ class SequenceBatcher:
     def _abandon_step(self, step: _Step) -> None:
         """The step stops waiting (deadline, or its task was cancelled)."""
         seq = step.sequence
-        self._clients.forget(step)
         if step.started:
             step.detached = True
             self._detached += 1
@@ -497,7 +505,6 @@ class SequenceBatcher:
             del steps[at]
             self._queued -= 1
             self._in_flight.left(1)
-            self._clients.forget(lost)
             lost.finish((None, error))
         if at < len(steps):
             return
@@ -768,14 +775,11 @@ class SequenceBatcher:
                 self.host[phase].add(seconds)
         now = self._now()
         seconds = now - execution.started
-        watched = self._clients.watched
         for i, (seq, step, outcome) in enumerate(zip(batch, steps, outcomes)):
             if homes is not None and homes[i] is not None:
                 seq.home = homes[i]  # the previous home is released with its last row
             step.infer_seconds = seconds
             step.finish(outcome)
-            if watched:
-                watched.pop(step, None)
             if step.detached:
                 self._detached -= 1
             seq.running = False
@@ -799,7 +803,6 @@ class SequenceBatcher:
         """The client of `step` went away (its connection closed) before its answer:
         as Triton cancels a sequence with a cancelled request, the sequence ends with
         every request it has queued (`_end_early`)."""
-        self._clients.forget(step)
         self.client_gone_count += 1
         self._end_early(step.sequence, "the client of one of its requests closed its connection "
                              "before the answer")
@@ -821,7 +824,6 @@ class SequenceBatcher:
             queued = seq.steps.popleft()
             self._queued -= 1
             self._in_flight.left(1)
-            self._clients.forget(queued)
             queued.finish((None, error))
         if seq.ready:
             seq.ready = False
