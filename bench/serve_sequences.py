@@ -17,7 +17,21 @@ hidden state is implicit state kept by the server). Three servers:
 Load: N sequences at once (N = 1, 8, 32, 64 by default), each a keep-alive connection that
 sends its next step when the previous answer arrived (binary tensors over HTTP); a
 sequence ends after `--steps` steps (sequence_end) and a new one starts in its place, so
-sequences join and leave all the time. Each round runs every (N, server) cell, the server
+sequences join and leave all the time. The load generator (`--client`) runs on the same
+two cores as the server and every server gets the same one:
+
+- `epoll` (the default): one thread, non-blocking sockets on one epoll, a sequence's
+  requests built once when it starts; about 20 us of CPU per step.
+- `asyncio`: this bench's first client (one asyncio task and stream per sequence, each
+  request built as it is sent), kept for comparison with earlier figures; about 40-50 us
+  per step at 32 sequences (more as steps/s fall).
+- `perf_analyzer`: Triton's own load generator as a Triton user runs it on a sequence
+  model (`--sequence-length`, `--serial-sequences` for the same one-step-at-a-time loop,
+  its random INPUT; see `_perf_analyzer_sequences`); about 150-190 us per step. It
+  sends a new request `id` with every step, so no two request headers are the same.
+
+What a client costs decides steps/s as much as what a server costs: the figure
+`client_cpu_us` is the client's CPU per step (this process's, or perf_analyzer's). Each round runs every (N, server) cell, the server
 order rotating from round to round; a figure is the median over rounds. Per cell: steps/s,
 p50 and p99 per step (ms), errors, mean batch size (statistics endpoint), server CPU per
 step (/proc, Triton's stub processes included), the load average, and for tinyhal-serve
@@ -30,6 +44,7 @@ Before any load, every server runs the same sequence and must answer with the sa
     pip install -e '.[bench-triton]'
     python bench/serve_sequences.py [--seconds 4] [--rounds 3] [--sequences 1,8,32,64]
                                     [--steps 20] [--no-triton]
+                                    [--client epoll|asyncio|perf_analyzer]
 
 Writes bench/results/serve_sequences.json and prints a table and the ratios at each N.
 
@@ -50,12 +65,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import os
 import select
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -337,7 +354,43 @@ def _epoll_sequences(port: int, n: int, steps: int, seconds: float, base_id: int
     return latencies, errors
 
 
-CLIENTS = ("asyncio", "epoll")
+CLIENTS = ("asyncio", "epoll", "perf_analyzer")
+
+
+def _perf_analyzer_sequences(tool: tuple[str, dict[str, str]], port: int, n: int, steps: int,
+                             seconds: float, base_id: int, workdir: Path) -> dict[str, Any]:
+    """`--client perf_analyzer`: Triton's load generator on its sequence-model path, as a
+    Triton user would run it against either server: N concurrent sequences of exactly
+    `steps` steps, at most one request of a sequence outstanding (`--serial-sequences`,
+    the closed loop of the other clients; without it, it sends a sequence's next steps
+    before the previous ones were answered, over other connections), binary tensors,
+    its own random INPUT, ids of their own for each `base_id`. Its throughput and latencies are those
+    of its measurement windows (three of `seconds` / 3); its CPU (user + system of the
+    finished process) is over the whole run and divided by the steps the server counted."""
+    binary, env = tool
+    csv_file = workdir / f"pa-{port}-{n}.csv"
+    csv_file.unlink(missing_ok=True)
+    argv = [binary, "-m", MODEL, "-u", f"127.0.0.1:{port}", "-i", "http",
+            "--concurrency-range", str(n), "--sequence-length", str(steps),
+            "--sequence-length-variation", "0", "--serial-sequences",
+            "--sequence-id-range", f"{base_id * 100_000}", "--measurement-interval",
+            str(max(500, int(seconds * 1000 / 3))), "--stability-percentage", "500",
+            "--max-trials", "3", "-f", str(csv_file)]
+    before = os.times()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env,
+                          timeout=seconds * 6 + 120)
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + \
+        (after.children_system - before.children_system)
+    if proc.returncode != 0 or not csv_file.exists():
+        tail = " / ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+        raise RuntimeError(f"perf_analyzer failed: {tail}")
+    with open(csv_file) as f:
+        row = next(csv.DictReader(f))
+    return {"steps_s": float(row["Inferences/Second"]),
+            "p50_ms": float(row["p50 latency"]) / 1e3,
+            "p99_ms": float(row["p99 latency"]) / 1e3, "steps": None, "errors": 0,
+            "client_cpu_s": cpu}
 
 
 async def _sequences(port: int, n: int, steps: int, seconds: float, base_id: int,
@@ -384,15 +437,26 @@ def _user_system(pid: int, tid: int) -> tuple[float, float]:
 
 
 def measure(server: ServerProcess, n: int, steps: int, seconds: float, base_id: int,
-            client: str = "epoll") -> dict[str, Any]:
+            client: str = "epoll", analyzer: tuple[str, dict[str, str]] | None = None,
+            workdir: Path | None = None) -> dict[str, Any]:
+    """One cell: the client's figures and the server's CPU per step (all of it, and its
+    event loop's), mean batch size and host phases (statistics endpoint)."""
     pid = server.proc.pid
     stats0, cpu0, loop0 = _statistics(server), server.cpu_seconds(), cpu_seconds(pid, pid)
     loop_parts = dict(zip(("loop_user_us", "loop_system_us"), _user_system(pid, pid)))
-    result = asyncio.run(_sequences(server.port, n, steps, seconds, base_id, client))
+    if client == "perf_analyzer":
+        result = _perf_analyzer_sequences(analyzer, server.port, n, steps, seconds, base_id,
+                                          workdir)
+    else:
+        result = asyncio.run(_sequences(server.port, n, steps, seconds, base_id, client))
     cpu, stats1 = server.cpu_seconds() - cpu0, _statistics(server)
     loop = cpu_seconds(pid, pid) - loop0
     delta = {k: stats1[k] - stats0.get(k, 0) for k in stats1}
-    done = result["steps"]
+    done = result["steps"] or int(delta["inferences"])
+    if "client_cpu_s" in result:
+        result["client_cpu_us"] = 1e6 * result.pop("client_cpu_s") / done if done \
+            else float("nan")
+        result["steps"] = done
     result["errors"] += int(delta["fail"])
     result["batch"] = delta["inferences"] / delta["executions"] if delta["executions"] \
         else float("nan")
@@ -480,6 +544,16 @@ AB_FIGURES = ("steps_s", "cpu_us", "loop_cpu_us", "loop_user_us", "loop_system_u
               "batch", "p99_ms", "client_cpu_us")
 
 
+def _analyzer(workdir: Path, install: TritonInstall | None = None
+              ) -> tuple[str, dict[str, str]]:
+    """perf_analyzer and its environment (from the bench-triton extra's Triton: the
+    `install` made already, or one made in `workdir`)."""
+    try:
+        return (install or TritonInstall(workdir)).perf_analyzer(workdir)
+    except Skipped as exc:
+        raise SystemExit(f"--client perf_analyzer: {exc}") from None
+
+
 def compare_builds(builds: dict[str, str], counts: list[int], steps: int, seconds: float,
                    rounds: int, client: str = "epoll") -> int:
     """The `--a/--b` mode (see the module doc): the cellular-batching server of each
@@ -489,16 +563,17 @@ def compare_builds(builds: dict[str, str], counts: list[int], steps: int, second
     base = 1
     with tempfile.TemporaryDirectory() as tmp:
         repo = _tinyhal_repo(Path(tmp), 64)
+        analyzer = _analyzer(Path(tmp)) if client == "perf_analyzer" else None
         for round_index in range(rounds):
             order = list(builds) if round_index % 2 == 0 else list(reversed(builds))
             for name in order:
                 server = _tinyhal_server(f"tinyhal-cell-{name}", builds[name], repo)
                 try:
-                    asyncio.run(_sequences(server.port, max(counts), steps, 1.0, base,
-                                           client))
+                    asyncio.run(_sequences(server.port, max(counts), steps, 1.0, base))
                     for n in counts:
                         base += 1
-                        result = measure(server, n, steps, seconds, base, client)
+                        result = measure(server, n, steps, seconds, base, client, analyzer,
+                                         Path(tmp))
                         runs.setdefault((n, name), []).append(result)
                         print(f"round {round_index + 1} N={n} {name}: "
                               f"{result['steps_s']:.0f} steps/s, CPU "
@@ -551,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
                               args.rounds, args.client)
     servers: list[ServerProcess] = []
     skipped = None
+    install = None
     probe = json.dumps({"inputs": []}).encode()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -570,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
                     skipped = str(exc)
                     print(f"Triton skipped: {skipped}")
             verify_outputs(servers)
+            analyzer = _analyzer(work, install) if args.client == "perf_analyzer" else None
             cells: dict[tuple, list[dict]] = {}
             base = 1
             for round_index in range(args.rounds):
@@ -578,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
                     for server in servers[shift:] + servers[:shift]:
                         base += 1
                         result = measure(server, n, args.steps, args.seconds, base,
-                                         args.client)
+                                         args.client, analyzer, work)
                         cells.setdefault((n, server.name), []).append(result)
                         print(f"round {round_index + 1} N={n} {server.name}: "
                               f"{result['steps_s']:.0f} steps/s p99 {result['p99_ms']:.2f} ms "
