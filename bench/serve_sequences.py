@@ -31,7 +31,10 @@ two cores as the server and every server gets the same one:
   sends a new request `id` with every step, so no two request headers are the same.
 
 What a client costs decides steps/s as much as what a server costs: the figure
-`client_cpu_us` is the client's CPU per step (this process's, or perf_analyzer's). Each round runs every (N, server) cell, the server
+`client_cpu_us` is the client's CPU per step (this process's, or perf_analyzer's).
+`--python-cpu` passes tinyhal-serve's option of that name to its servers (by default
+they run with the server's default, `auto`: the loop and a single instance's thread on
+one CPU); on a machine other work keeps busy, `none` decides steps/s (docs/performance.md). Each round runs every (N, server) cell, the server
 order rotating from round to round; a figure is the median over rounds. Per cell: steps/s,
 p50 and p99 per step (ms), errors, mean batch size (statistics endpoint), server CPU per
 step (/proc, Triton's stub processes included), the load average, and for tinyhal-serve
@@ -532,11 +535,13 @@ def ratio_table(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _tinyhal_server(name: str, python: str, repo: Path) -> ServerProcess:
+def _tinyhal_server(name: str, python: str, repo: Path, python_cpu: str | None = None
+                    ) -> ServerProcess:
     port = free_port()
+    cpu = [] if python_cpu is None else ["--python-cpu", python_cpu]
     return ServerProcess(name, [python, "-m", "tinyhal.server.main", "--host", "127.0.0.1",
                                 "--port", str(port), "--model-repository", str(repo),
-                                "--log-level", "warning"],
+                                "--log-level", "warning", *cpu],
                          port, json.dumps({"inputs": []}).encode(), "/v2/repository/index")
 
 
@@ -555,7 +560,7 @@ def _analyzer(workdir: Path, install: TritonInstall | None = None
 
 
 def compare_builds(builds: dict[str, str], counts: list[int], steps: int, seconds: float,
-                   rounds: int, client: str = "epoll") -> int:
+                   rounds: int, client: str = "epoll", python_cpu: str | None = None) -> int:
     """The `--a/--b` mode (see the module doc): the cellular-batching server of each
     build, one at a time, alternating; prints and writes the medians and paired
     differences."""
@@ -567,7 +572,8 @@ def compare_builds(builds: dict[str, str], counts: list[int], steps: int, second
         for round_index in range(rounds):
             order = list(builds) if round_index % 2 == 0 else list(reversed(builds))
             for name in order:
-                server = _tinyhal_server(f"tinyhal-cell-{name}", builds[name], repo)
+                server = _tinyhal_server(f"tinyhal-cell-{name}", builds[name], repo,
+                                         python_cpu)
                 try:
                     asyncio.run(_sequences(server.port, max(counts), steps, 1.0, base))
                     for n in counts:
@@ -598,7 +604,7 @@ def compare_builds(builds: dict[str, str], counts: list[int], steps: int, second
     path = write_results("serve_sequences_ab", rows, {
         "builds": builds, "load_average_end": os.getloadavg(),
         "settings": {"seconds": seconds, "rounds": rounds, "steps": steps,
-                     "client": client}})
+                     "client": client, "python_cpu": python_cpu}})
     print_table(rows, ["sequences", "build", "rounds", *AB_FIGURES, "errors"])
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}; wrote {path}")
     return 0
@@ -614,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client", choices=CLIENTS, default="epoll",
                         help="the load generator (see the module doc); asyncio: this "
                              "bench's first one")
+    parser.add_argument("--python-cpu", metavar="auto|none|CPU",
+                        help="tinyhal-serve's --python-cpu (default: the server's default)")
     parser.add_argument("--a", metavar="PYTHON", help="interpreter of build A (with --b: "
                         "compare two builds of tinyhal-serve, see the module doc)")
     parser.add_argument("--b", metavar="PYTHON", help="interpreter of build B")
@@ -623,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.a and args.b):
             parser.error("--a and --b go together")
         return compare_builds({"A": args.a, "B": args.b}, counts, args.steps, args.seconds,
-                              args.rounds, args.client)
+                              args.rounds, args.client, args.python_cpu)
     servers: list[ServerProcess] = []
     skipped = None
     install = None
@@ -633,7 +641,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for name, max_batch in (("tinyhal-cell", 64), ("tinyhal-1", 1)):
                 servers.append(_tinyhal_server(name, sys.executable,
-                                               _tinyhal_repo(work / name, max_batch)))
+                                               _tinyhal_repo(work / name, max_batch),
+                                               args.python_cpu))
             if not args.no_triton:
                 try:
                     install = TritonInstall(work)
@@ -669,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_results("serve_sequences", rows, {
         "ratios": ratios, "triton_skipped": skipped,
         "settings": {"seconds": args.seconds, "rounds": args.rounds, "steps": args.steps,
-                     "client": args.client}})
+                     "client": args.client, "python_cpu": args.python_cpu}})
     print_table(rows, ["sequences", "server", "steps_s", "p50_ms", "p99_ms", "batch",
                        "cpu_us", "loop_cpu_us", "client_cpu_us", "gather_us", "invoke_us", "scatter_us",
                        "respond_us",
