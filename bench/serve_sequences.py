@@ -34,10 +34,15 @@ What a client costs decides steps/s as much as what a server costs: the figure
 `client_cpu_us` is the client's CPU per step (this process's, or perf_analyzer's).
 `--python-cpu` passes tinyhal-serve's option of that name to its servers (by default
 they run with the server's default, `auto`: the loop and a single instance's thread on
-one CPU); on a machine other work keeps busy, `none` decides steps/s (docs/performance.md). Each round runs every (N, server) cell, the server
-order rotating from round to round; a figure is the median over rounds. Per cell: steps/s,
-p50 and p99 per step (ms), errors, mean batch size (statistics endpoint), server CPU per
-step (/proc, Triton's stub processes included), the load average, and for tinyhal-serve
+one CPU); on a machine other work keeps busy, `none` decides steps/s
+(docs/performance.md).
+
+Each round runs every (N, server) cell, the server order rotating from round to round; a
+figure is the median over rounds. Per cell: steps/s, p50 and p99 per step (ms), errors,
+mean batch size (statistics endpoint), server CPU per step (/proc, Triton's stub
+processes included) and the CPUs it kept busy (`server_cpus`: at 1.0 a pinned tinyhal
+server is at its cap, and only less CPU per step raises its steps/s), the client's CPU
+per step, the load average, and for tinyhal-serve
 the CPU of its event-loop thread per step (HTTP, scheduling; the rest is the instance
 threads'), where an execution's host time goes (gather, invoke, scatter, respond:
 microseconds per step, from the model's `sequence_stats`, wall time) and the share of
@@ -464,6 +469,8 @@ def measure(server: ServerProcess, n: int, steps: int, seconds: float, base_id: 
     result["batch"] = delta["inferences"] / delta["executions"] if delta["executions"] \
         else float("nan")
     result["cpu_us"] = 1e6 * cpu / done if done else float("nan")
+    # CPUs the server kept busy: one means a tinyhal server pinned to one CPU is at its cap
+    result["server_cpus"] = result["cpu_us"] * result["steps_s"] / 1e6
     if server.name.startswith("tinyhal"):  # its event loop is the main thread
         result["loop_cpu_us"] = 1e6 * loop / done if done else float("nan")
         for part, seconds in zip(("loop_user_us", "loop_system_us"),
@@ -545,8 +552,8 @@ def _tinyhal_server(name: str, python: str, repo: Path, python_cpu: str | None =
                          port, json.dumps({"inputs": []}).encode(), "/v2/repository/index")
 
 
-AB_FIGURES = ("steps_s", "cpu_us", "loop_cpu_us", "loop_user_us", "loop_system_us",
-              "batch", "p99_ms", "client_cpu_us")
+AB_FIGURES = ("steps_s", "cpu_us", "server_cpus", "loop_cpu_us", "loop_user_us",
+              "loop_system_us", "batch", "p99_ms", "client_cpu_us")
 
 
 def _analyzer(workdir: Path, install: TritonInstall | None = None
@@ -680,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"seconds": args.seconds, "rounds": args.rounds, "steps": args.steps,
                      "client": args.client, "python_cpu": args.python_cpu}})
     print_table(rows, ["sequences", "server", "steps_s", "p50_ms", "p99_ms", "batch",
-                       "cpu_us", "loop_cpu_us", "client_cpu_us", "gather_us", "invoke_us", "scatter_us",
+                       "cpu_us", "server_cpus", "loop_cpu_us", "client_cpu_us", "gather_us", "invoke_us", "scatter_us",
                        "respond_us",
                        "in_place_pct", "errors", "load1"])
     print()
