@@ -22,9 +22,9 @@ _CHECK_SECONDS = 0.02  # how often waiting steps' connections are looked at
 class ClientWatch:
     """Every check period, calls `left(step)` for each step `waiting()` yields whose
     client closed its connection: a step that waited at least one period, has a probe
-    (`step.probe`, from `http.client_gone_probe` when it was admitted) and that `is_ended(step)`
-    does not rule out (its sequence ended, or it was answered already); `after()` after
-    each check. The steps are the scheduler's own (its queues and running executions):
+    (`step.probe`, from `http.client_gone_probe` when it was admitted) and that
+    `is_ended(step)` does not rule out (its sequence ended, it stopped waiting, or it was
+    answered already); `after()` after each check. The steps are the scheduler's own (its queues and running executions):
     nothing is registered or forgotten per step. Runs as a system task (`run`) until
     `stop`; once nothing waits it sleeps until `wake` (the scheduler wakes it when it
     admits a step while it is `asleep`)."""
