@@ -29,7 +29,10 @@ Several servers on one host (replicas, co-located pods) each take a CPU of their
 of them share (`$TINYHAL_CPU_LOCK_DIR`, default `tinyhal-serve-cpus` in `$TMPDIR` or
 `/tmp`; none where it cannot be made: then nothing is claimed), held while the process lives and dropped by the kernel when it ends, so no
 stale claim outlives a crash. It prefers the CPU it starts on, then the lowest free one
-among those it may use; with every CPU claimed it shares the one it starts on. A CPU given
+among those it may use; with every CPU claimed it pins nothing. Sharing a claimed CPU would
+put its threads behind another server's pinned ones, which wake-up preemption does not
+favour (batch threads): on a host whose CPUs other servers held, a pinned sequence server
+served a third of the steps/s it served unpinned (docs/performance.md). A CPU given
 by number is claimed too (others then avoid it) but used even when claimed. Containers
 share the directory only when it is mounted into each (deploy/README.md).
 
@@ -73,7 +76,8 @@ _BATCH_PINNED = _batch_pinned()
 def choose(spec: str) -> int | None:
     """The CPU for the server's Python threads from `--python-cpu` (`auto`, `none` or a
     CPU number); None: leave them to the kernel. `auto` picks the CPU the process runs
-    on now, among those it may use, when it may use more than one. Raises ValueError
+    on now, among those it may use, when it may use more than one, or a free one if another
+    server claimed that, and None when every one is claimed. Raises ValueError
     naming the allowed CPUs for a CPU the process may not use."""
     if spec == "none" or len(PROCESS_CPUS) < 2:
         return None
@@ -88,6 +92,8 @@ def choose(spec: str) -> int | None:
                 break
             if claimed:
                 return cpu
+        else:
+            return None
         return first
     try:
         cpu = int(spec)

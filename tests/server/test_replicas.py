@@ -592,6 +592,27 @@ def test_two_servers_on_one_host_take_different_cpus(tmp_path):
         third.stop()
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not sys.platform.startswith("linux"),
+                    reason="needs Linux and at least two CPUs this process may use")
+def test_a_server_finding_every_cpu_claimed_pins_nothing(tmp_path):
+    import fcntl
+    held = []
+    for cpu in os.sched_getaffinity(0):  # as other servers hold them
+        fd = os.open(tmp_path / f"cpu-{cpu}.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.append(fd)
+    try:
+        server = ServerProcess(env={"TINYHAL_CPU_LOCK_DIR": str(tmp_path)}).start()
+        try:
+            assert not _loop_cpus(server.proc.pid).isdigit()  # left to the kernel
+            assert server.request("GET", "/v2/health/ready")[0] == 200
+        finally:
+            server.stop()
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 def test_a_server_without_a_usable_cpu_lock_directory_still_starts(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
