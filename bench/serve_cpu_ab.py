@@ -11,8 +11,12 @@ own client sends them; libcurl writes head and body apart).
 The figure is the server process's user + system CPU per answered request (from /proc;
 answered = the model's successful inferences in its statistics): on a shared machine it
 is far steadier than requests/s, which is printed beside it. Beside the total, the CPU
-per request of the event-loop thread alone, the mean batch (requests per execution) and
-the load generator's p99. Both servers stay up throughout, their threads on the same CPU
+per request of the event-loop thread alone, the part of the total spent in the kernel,
+the server's involuntary context switches per request (its threads preempted: on a
+shared CPU, mostly by the load generator's threads the answers woke), the load
+generator's own CPU per request (from its rusage: whether a build's answers make the
+client work more), the mean batch (requests per execution) and the load generator's
+p99. Both servers stay up throughout, their threads on the same CPU
 (`--python-cpu`; left to `auto`, the two would claim different ones, and the CPUs of a
 shared machine differ); each round runs every cell on one build and then on the other,
 the order alternating from round to round, so a change in the machine's load falls on
@@ -37,6 +41,7 @@ import json
 import math
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -81,6 +86,29 @@ def _statistics(port: int) -> tuple[int, int]:
     return stats["inference_stats"]["success"]["count"], stats["execution_count"]
 
 
+def _server_counts(pid: int) -> tuple[float, int]:
+    """(system CPU seconds, involuntary context switches) of every thread of `pid` so
+    far (Linux /proc)."""
+    system, switches = 0.0, 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                system += int(f.read().rsplit(")", 1)[1].split()[12])
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                found = re.search(r"nonvoluntary_ctxt_switches:\s+(\d+)", f.read())
+        except OSError:  # the thread ended meanwhile
+            continue
+        switches += int(found.group(1)) if found else 0
+    return system / os.sysconf("SC_CLK_TCK"), switches
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's finished children (the load
+    generators, each waited for before the next cell)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _hey(port: int, work: Path, seconds: float, concurrency: int) -> tuple[float, float]:
     """(requests/s, p99 ms) of one `hey` run."""
     out = subprocess.run(["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST",
@@ -113,20 +141,27 @@ def _perf_analyzer(binary: str, port: int, work: Path, seconds: float,
 
 
 def _measure(server: tuple[subprocess.Popen, int], tool: str, level: int, work: Path,
-             args: argparse.Namespace) -> tuple[float, float, float, float, float]:
+             args: argparse.Namespace) -> tuple[float, ...]:
     """One cell: (us of server CPU per answered request, of it the event loop's, mean
-    requests per execution, requests/s and p99 ms the load generator saw)."""
+    requests per execution, requests/s and p99 ms the load generator saw, us of the
+    server's CPU per request in the kernel, its involuntary context switches per
+    request, us of the load generator's own CPU per request)."""
     proc, port = server
     before, loop0 = cpu_seconds(proc.pid), cpu_seconds(proc.pid, proc.pid)
+    system0, switches0 = _server_counts(proc.pid)
     answered0, executions0 = _statistics(port)
+    client0 = _children_cpu()
     rps, p99 = _hey(port, work, args.seconds, level) if tool == "hey" else \
         _perf_analyzer(args.perf_analyzer, port, work, args.seconds, level)
+    client = _children_cpu() - client0
     cpu = cpu_seconds(proc.pid) - before
     loop = cpu_seconds(proc.pid, proc.pid) - loop0
+    system, switches = _server_counts(proc.pid)
     answered, executions = _statistics(port)
-    answered, executions = answered - answered0, executions - executions0
-    return (1e6 * cpu / max(1, answered), 1e6 * loop / max(1, answered),
-            answered / max(1, executions), rps, p99)
+    answered, executions = max(1, answered - answered0), executions - executions0
+    return (1e6 * cpu / answered, 1e6 * loop / answered, answered / max(1, executions),
+            rps, p99, 1e6 * (system - system0) / answered, (switches - switches0) / answered,
+            1e6 * client / answered)
 
 
 def _median(values: list[float]) -> float:
@@ -183,9 +218,11 @@ def main() -> None:
                             cell = _measure(servers[name], tool, level, root, args)
                             cells.setdefault((name, tool, level), []).append(cell)
                             print(f"round {r + 1} {name} {tool} c={level}: {cell[0]:.1f} us "
-                                  f"CPU per request (loop {cell[1]:.1f}), batch "
+                                  f"CPU per request (loop {cell[1]:.1f}, kernel "
+                                  f"{cell[5]:.1f}, {cell[6]:.2f} preemptions), batch "
                                   f"{cell[2]:.1f}, {cell[3]:.0f} requests/s, p99 "
-                                  f"{cell[4]:.1f} ms", flush=True)
+                                  f"{cell[4]:.1f} ms, load generator {cell[7]:.1f} us "
+                                  f"per request", flush=True)
         finally:
             for proc, _ in servers.values():
                 proc.terminate()
@@ -195,12 +232,12 @@ def main() -> None:
         for level in levels:
             for name in builds:
                 runs = cells[(name, tool, level)]
-                cpu, loop, batch, rps, p99 = (_median([run[i] for run in runs])
-                                              for i in range(5))
+                cpu, loop, batch, rps, p99, system, switches, client = (
+                    _median([run[i] for run in runs]) for i in range(8))
                 print(f"{tool} c={level} {name}: median {cpu:.1f} us CPU per request (loop "
-                      f"{loop:.1f}), batch {batch:.1f}, {rps:.0f} requests/s, p99 "
-                      f"{p99:.1f} ms "
-                      f"({len(runs)} rounds)")
+                      f"{loop:.1f}, kernel {system:.1f}, {switches:.2f} preemptions), batch "
+                      f"{batch:.1f}, {rps:.0f} requests/s, p99 {p99:.1f} ms, load generator "
+                      f"{client:.1f} us per request ({len(runs)} rounds)")
             pairs = zip(cells[("A", tool, level)], cells[("B", tool, level)])
             ratio = statistics.median(b[0] / a[0] for a, b in pairs)
             print(f"{tool} c={level} B/A: median of the rounds' CPU-per-request ratios "
