@@ -87,19 +87,19 @@ def _statistics(port: int) -> tuple[int, int]:
 
 
 def _server_counts(pid: int) -> tuple[float, int]:
-    """(system CPU seconds, involuntary context switches) of every thread of `pid` so
-    far (Linux /proc)."""
-    system, switches = 0.0, 0
+    """(system CPU seconds of the process, involuntary context switches of its live
+    threads) so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        system = int(f.read().rsplit(")", 1)[1].split()[12]) / os.sysconf("SC_CLK_TCK")
+    switches = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                system += int(f.read().rsplit(")", 1)[1].split()[12])
             with open(f"/proc/{pid}/task/{tid}/status") as f:
                 found = re.search(r"nonvoluntary_ctxt_switches:\s+(\d+)", f.read())
         except OSError:  # the thread ended meanwhile
             continue
         switches += int(found.group(1)) if found else 0
-    return system / os.sysconf("SC_CLK_TCK"), switches
+    return system, switches
 
 
 def _children_cpu() -> float:
