@@ -17,7 +17,8 @@ in an order that rotates from round to round; a figure is the median over rounds
 cell: requests/s, p50, p99, errors (non-200 answers, connection errors, failed requests
 in the server's statistics), server CPU per request (user + system from /proc of the
 server and every process it started: Triton's Python backend stub processes included),
-mean batch size and mean queue time (from each server's statistics endpoint, as deltas
+the load generator's own CPU per request (its rusage: whether a server's answers make the
+client work more), mean batch size and mean queue time (from each server's statistics endpoint, as deltas
 over the cell), and the 1-minute load average of the machine when the cell ended.
 
     pip install -e '.[bench-triton]'   # nvidia-pytriton (tritonserver), numpy<2
@@ -59,6 +60,7 @@ import glob
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -346,17 +348,28 @@ def _perf_analyzer(tool: tuple[str, dict[str, str]], server: ServerProcess, data
             "p99_ms": float(row["p99 latency"]) / 1e3, "errors": 0}
 
 
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's children that ended and were waited
+    for: around one cell, its load generator's (the servers are waited for only at the
+    end)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure(server: ServerProcess, tool: str, run: Any) -> dict[str, Any]:
     """One cell: `run()`'s figures plus the server's CPU per request, mean batch size and
     mean queue time over the cell (server-side deltas)."""
     stats0, cpu0 = _statistics(server), server.cpu_seconds()
+    client0 = _children_cpu()
     result = run()
+    client = _children_cpu() - client0
     cpu, stats1 = server.cpu_seconds() - cpu0, _statistics(server)
     delta = {k: stats1[k] - stats0[k] for k in stats0}
     requests = delta["success"] + delta["fail"]
     result["errors"] = result.get("errors", 0) + int(delta["fail"])
     result["requests"] = int(requests)
     result["cpu_us"] = 1e6 * cpu / requests if requests else float("nan")
+    result["client_cpu_us"] = 1e6 * client / requests if requests else float("nan")
     result["batch"] = delta["inferences"] / delta["executions"] if delta["executions"] \
         else float("nan")
     result["queue_us"] = delta["queue_ns"] / delta["queue_count"] / 1e3 \
@@ -378,7 +391,8 @@ def _summarise(cells: dict[tuple, list[dict]], names: list[str]) -> list[dict]:
                                                                names.index(kv[0][3]))):
         rows.append({
             "delay_us": delay, "tool": tool, "concurrency": c, "server": name,
-            **{k: _median(runs, k) for k in ("rps", "p50_ms", "p99_ms", "cpu_us", "batch",
+            **{k: _median(runs, k) for k in ("rps", "p50_ms", "p99_ms", "cpu_us", "client_cpu_us",
+                                             "batch",
                                              "queue_us", "load1")},
             "errors": sum(r["errors"] for r in runs),
             "rounds": runs,
@@ -398,18 +412,20 @@ def _summarise(cells: dict[tuple, list[dict]], names: list[str]) -> list[dict]:
             row["rps_x"] = row["rps"] / best["rps"]
             row["p99_x"] = row["p99_ms"] / best["p99_ms"]
             row["cpu_x"] = row["cpu_us"] / best["cpu_us"]
+            row["client_cpu_x"] = row["client_cpu_us"] / best["client_cpu_us"]
     return rows
 
 
 def ratio_table(rows: list[dict]) -> list[dict]:
     """The issue's summary: per queue delay, tinyhal-serve / the faster Triton driver for
-    requests/s, p99 and CPU per request, one column per (load generator, concurrency)."""
+    requests/s, p99, CPU per request and the load generator's CPU per request, one column per (load generator, concurrency)."""
     table: dict[tuple, dict] = {}
     for row in rows:
         if row["server"] != "tinyhal-serve" or "rps_x" not in row:
             continue
         column = f"{'pa ' if row['tool'] == 'perf_analyzer' else ''}c={row['concurrency']}"
-        for figure, key in (("requests/s", "rps_x"), ("p99", "p99_x"), ("cpu/request", "cpu_x")):
+        for figure, key in (("requests/s", "rps_x"), ("p99", "p99_x"), ("cpu/request", "cpu_x"),
+                              ("load generator cpu/request", "client_cpu_x")):
             entry = table.setdefault((row["delay_us"], figure),
                                      {"delay_us": row["delay_us"], "tinyhal / triton": figure})
             entry[column] = f"{row[key]:.2f}x"
@@ -517,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
                                 print(f"delay {delay:>4} us round {r + 1} {tool:<13} c={c:<3} "
                                       f"{server.name:<20} {result['rps']:8.1f} req/s  "
                                       f"p99 {result['p99_ms']:7.2f} ms  cpu "
-                                      f"{result['cpu_us']:6.0f} us/req  batch "
+                                      f"{result['cpu_us']:6.0f} us/req  client "
+                                      f"{result['client_cpu_us']:6.0f} us/req  batch "
                                       f"{result['batch']:5.2f}  load {result['load1']:.2f}"
                                       + (f"  FAILED {result['failure']}"
                                          if "failure" in result else ""), flush=True)
@@ -533,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     for reason in skipped.items():
         print("skipped: %s: %s" % reason)
     print_table(rows, ["delay_us", "tool", "concurrency", "server", "rps", "p50_ms", "p99_ms",
-                       "errors", "cpu_us", "batch", "queue_us", "rps_x", "p99_x", "cpu_x",
+                       "errors", "cpu_us", "client_cpu_us", "batch", "queue_us", "rps_x",
+                       "p99_x", "cpu_x", "client_cpu_x",
                        "load1"])
     print("rps_x, p99_x, cpu_x: tinyhal-serve (or a Triton driver) / the faster Triton "
           "driver of the cell\n")
