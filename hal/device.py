@@ -564,6 +564,85 @@ class Device:
         work_queue.accept(self.driver.dealloca, Dealloca(buffer.storage, self.transient),
                           wait_points, signal_points, queue, buffer, submission_id, reached)
 
+    def queue_allocas(self, requests: Sequence[tuple[int, MemoryType, BufferUsage]],
+                      wait: SemaphoreList = (), queue: int = 0
+                      ) -> tuple[list[Buffer], Fence | None]:
+        """`queue_alloca` of each `(size, memory type, usage)` of `requests`, in order,
+        all waiting on `wait`: the buffers, and a fence reached once all of them are
+        usable, or None when every one was placed before this returned (usable now).
+
+        The same as one `queue_alloca` per request, each signalling a new fence, and
+        the join of those fences (what a recurrent program's step does before it records
+        over them), in one call: a request that fails raises as its `queue_alloca`
+        would, the ones before it made. Allocas that are ready (no profile recording
+        them, `wait` reached, room in the ring) are placed here at once; the rest take
+        `queue_alloca`'s path, one by one."""
+        buffers: list[Buffer] = []
+        work_queue = self.work_queue
+        if (normalize_wait_signal(wait, None)[2] and queue.__class__ is int and not queue
+                and self.profile is None and work_queue.lost is None and not work_queue.closed
+                and self.driver.check_alloca is None):
+            commit_new, allocator, kinds = self.transient.commit_new, self.allocator, \
+                self._alloca_kinds
+            for size, memory_type, usage in requests:
+                kind = kinds.get((memory_type, usage))
+                if kind is None or size.__class__ is not int or size < 0:
+                    break
+                buffer = commit_new(allocator, size, *kind)
+                if buffer is None:
+                    break
+                buffers.append(buffer)
+            else:
+                return buffers, None
+        signals = []
+        for size, memory_type, usage in requests[len(buffers):]:
+            signal = Fence.pending()
+            buffers.append(self.queue_alloca(size, wait, signal, memory_type, usage, queue))
+            signals.append(signal)
+        return buffers, Fence.join(signals)
+
+    def queue_execute_dealloca(self, batch: CommandBuffer, wait: SemaphoreList,
+                               buffer: Buffer, queue: int = 0) -> Fence:
+        """Submits `batch` once `wait` is reached, then gives `buffer` back
+        (`queue_dealloca`) once it has run: the fence that the give-back signals.
+
+        The same as `submit(batch, wait, ran)` and `queue_dealloca(buffer, ran, freed)`
+        with `ran` and `freed` new fences (what a recurrent program's step does with its
+        scratch buffer), in one call: errors raise, and failures reach `freed`, as
+        theirs would. A ready `batch` that adopted a recording (`CommandBuffer.adopted`)
+        is handed to the driver here, as `submit` would; if it has run when the driver
+        returns (always, on a driver that `completes_inline`), the buffer's memory goes
+        back to the ring here too, and the fence returned is already reached."""
+        ran = Fence.pending()
+        wait_points, ran_points, reached = normalize_wait_signal(wait, ran)
+        work_queue = self.work_queue
+        if (reached and self.profile is None and work_queue.lost is None
+                and batch.__class__ is CommandBuffer and batch.bound is not None
+                and not batch.submitted and batch.device is self and queue.__class__ is int
+                and not queue and True not in map(_storage_released, batch.direct)):
+            ops = batch.bound
+            batch.bound = None  # its submission goes once
+            batch.submitted = True
+            work_queue.perform_ready(self.driver.execute, ops, wait_points, ran_points, 0)
+        else:
+            self.submit(batch, wait, ran, None, queue)
+        storage = buffer.storage if buffer.__class__ is Buffer else None
+        if (storage is not None and normalize_wait_signal(ran, None)[2] and not queue
+                and self.profile is None and work_queue.lost is None and not work_queue.closed
+                and not storage.released and self.transient.owns(storage)):
+            # it ran: the ring takes the block back, as a ready `queue_dealloca` does
+            storage.released = True
+            try:
+                self.transient.release(storage)
+            except BaseException as exc:  # noqa: BLE001 - a grant's failure: the signal's
+                freed = Fence.pending()
+                work_queue.complete(normalize_wait_signal(None, freed)[1], as_error(exc))
+                return freed
+            return Fence.reached()
+        freed = Fence.pending()
+        self.queue_dealloca(buffer, ran, freed, queue)
+        return freed
+
     # -- in-flight work ---------------------------------------------------------------
 
     def wait_idle(self, timeout: float | None = 60.0) -> bool:

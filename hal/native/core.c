@@ -2080,11 +2080,12 @@ static int check_registered(void)
     return 0;
 }
 
-static PyObject *core_pending_fence(PyObject *module, PyObject *unused)
+/* A fence of one new semaphore at `value`, reached at 1. */
+static PyObject *one_point_fence(unsigned long long value)
 {
     if (check_registered() < 0)
         return NULL;
-    PyObject *sem = semaphore_make(semaphore_class, 0, empty_str);
+    PyObject *sem = semaphore_make(semaphore_class, value, empty_str);
     if (sem == NULL)
         return NULL;
     PyObject *point = PyTuple_Pack(2, sem, one);
@@ -2096,6 +2097,16 @@ static PyObject *core_pending_fence(PyObject *module, PyObject *unused)
     if (points == NULL)
         return NULL;
     return fence_make(fence_class, points, NULL);
+}
+
+static PyObject *core_pending_fence(PyObject *module, PyObject *unused)
+{
+    return one_point_fence(0);
+}
+
+static PyObject *core_reached_fence(PyObject *module, PyObject *unused)
+{
+    return one_point_fence(1);
 }
 
 /* Merges the points of `fence` into `timeline` (largest value per semaphore). */
@@ -2227,8 +2238,9 @@ static PyObject *core_normalize_wait_signal(PyObject *module, PyObject *const *a
     PyObject *wait = args[0], *signal = args[1];
     if (check_registered() < 0)
         return NULL;
-    if (Py_TYPE(signal) == fence_class) {
-        PyObject *signal_points = ((FenceObject *)signal)->points;
+    if (Py_TYPE(signal) == fence_class || signal == Py_None) {
+        PyObject *signal_points = signal == Py_None ? empty_tuple
+                                                    : ((FenceObject *)signal)->points;
         if (wait == Py_None)
             return PyTuple_Pack(3, empty_tuple, signal_points, Py_True);
         if (Py_TYPE(wait) == fence_class) {
@@ -2379,6 +2391,9 @@ static PyMethodDef core_methods[] = {
      "complete(signal, error): hal.queue.WorkQueue.complete, fast when nothing waits."},
     {"pending_fence", core_pending_fence, METH_NOARGS,
      "A fence of one new semaphore (at 0) reached at 1: what hal.fence.create makes."},
+    {"reached_fence", core_reached_fence, METH_NOARGS,
+     "A fence of one new semaphore already at 1: a queue operation that completed "
+     "before its caller returned signals it."},
     {"join_fences", core_join_fences, METH_O,
      "A fence of every point of the given fences (Nones skipped), largest value per "
      "semaphore."},
