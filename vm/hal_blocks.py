@@ -274,34 +274,35 @@ def _allocas(names: list[str], run: AllocaRun, functions: Sequence[Callable[...,
         return per_import  # a pool (refused by the shim) or kinds chosen at run time
     memory_types = tuple(m[1] & _U32 for m in memory_types)
     usages = tuple(u[1] & _U32 for u in usages)
-    # the operands read, from the values followed by the literals: one C call reads them
-    constants: list[Any] = []
-
-    def index(leaf: tuple[Any, ...]) -> int:
-        if leaf[0] == "d":
-            return leaf[1]
-        constants.append(leaf[1])
-        return run.values + len(constants) - 1
-
+    at = device[1]
     rows = run.ops[0][1][1] if steps[0] == JOIN_FENCES else [(allocas[0][_WAIT],)]
-    waits = [index(leaf) for (leaf,) in rows]
-    sizes = [index(t[_SIZE]) for t in allocas]
-    read = _getter([device[1], *waits, *sizes])
-    extra = tuple(constants)
-    count = len(waits)
+    if any(leaf[0] != "d" for (leaf,) in rows):
+        return per_import
+    waits_of = _getter([leaf[1] for (leaf,) in rows])
+    sizes = [t[_SIZE] for t in allocas]
+    requests = None  # fixed sizes (the usual case): the same requests every step
+    if all(leaf[0] == "k" for leaf in sizes):
+        requests = list(zip([leaf[1] for leaf in sizes], memory_types, usages))
+    sizes_of = _getter([leaf[1] if leaf[0] == "d" else -1 for leaf in sizes])
+    literal_sizes = [leaf[1] if leaf[0] == "k" else None for leaf in sizes]
 
-    def site(values: tuple[Any, ...]) -> tuple[Any, ...]:
-        device, *operands = read(values + extra)
+    def site(values: tuple[Any, ...]) -> list[Any] | tuple[Any, ...]:
+        device = values[at]
         if not isinstance(device, Device) or device.queue_count != 1:
             return per_import(values)
         # the join of the waits (a lone wait is its own join: a fence, or None)
-        wait = join_fence_rows(list(zip(operands[:count])))
+        wait = join_fence_rows(list(zip(waits_of(values))))
         if wait is NotImplemented:
             return per_import(values)
-        buffers, fence = device.queue_allocas(
-            list(zip(operands[count:], memory_types, usages)), wait)
-        buffers.append(fence)
-        return tuple(buffers)
+        if requests is None:
+            given = [size if literal is None else literal
+                     for size, literal in zip(sizes_of(values), literal_sizes)]
+            buffers, fence = device.queue_allocas(list(zip(given, memory_types, usages)),
+                                                  wait)
+        else:
+            buffers, fence = device.queue_allocas(requests, wait)
+        buffers.append(fence)  # the buffers, then the fence
+        return buffers
 
     return site
 
