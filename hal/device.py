@@ -616,29 +616,30 @@ class Device:
         ran = Fence.pending()
         wait_points, ran_points, reached = normalize_wait_signal(wait, ran)
         work_queue = self.work_queue
-        if (reached and self.profile is None and work_queue.lost is None
-                and batch.__class__ is CommandBuffer and batch.bound is not None
-                and not batch.submitted and batch.device is self and queue.__class__ is int
-                and not queue and True not in map(_storage_released, batch.direct)):
+        quiet = (self.profile is None and work_queue.lost is None and queue.__class__ is int
+                 and not queue)  # nothing records it, on queue 0
+        if (reached and quiet and batch.__class__ is CommandBuffer and batch.bound is not None
+                and not batch.submitted and batch.device is self
+                and True not in map(_storage_released, batch.direct)):
             ops = batch.bound
             batch.bound = None  # its submission goes once
             batch.submitted = True
             work_queue.perform_ready(self.driver.execute, ops, wait_points, ran_points, 0)
         else:
             self.submit(batch, wait, ran, None, queue)
-        storage = buffer.storage if buffer.__class__ is Buffer else None
-        if (storage is not None and normalize_wait_signal(ran, None)[2] and not queue
-                and self.profile is None and work_queue.lost is None and not work_queue.closed
-                and not storage.released and self.transient.owns(storage)):
-            # it ran: the ring takes the block back, as a ready `queue_dealloca` does
-            storage.released = True
-            try:
-                self.transient.release(storage)
-            except BaseException as exc:  # noqa: BLE001 - a grant's failure: the signal's
-                freed = Fence.pending()
-                work_queue.complete(normalize_wait_signal(None, freed)[1], as_error(exc))
-                return freed
-            return Fence.reached()
+        if (quiet and buffer.__class__ is Buffer and normalize_wait_signal(ran, None)[2]
+                and work_queue.lost is None and not work_queue.closed):
+            storage = buffer.storage
+            if not storage.released and self.transient.owns(storage):
+                # it ran: the ring takes the block back, as a ready `queue_dealloca` does
+                storage.released = True
+                try:
+                    self.transient.release(storage)
+                except BaseException as exc:  # noqa: BLE001 - a grant's failure: the signal's
+                    freed = Fence.pending()
+                    work_queue.complete(normalize_wait_signal(None, freed)[1], as_error(exc))
+                    return freed
+                return Fence.reached()
         freed = Fence.pending()
         self.queue_dealloca(buffer, ran, freed, queue)
         return freed

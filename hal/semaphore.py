@@ -406,6 +406,11 @@ class Fence(FenceCore):
             await sem.wait_async(value)
 
 
+fences_reached: Callable[[Sequence[Fence | None]], Any] = _core.fences_reached
+"""`fences_reached(fences)`: whether every fence of a list or tuple of Fences and Nones is
+reached with no semaphore failed (a queue operation waiting on them all is ready), or
+NotImplemented if an item is neither; in C, reading the fences' points where they are."""
+
 join_fence_rows: Callable[[Sequence[tuple[Fence | None]]], Any] = _core.join_fence_rows
 """`hal.fence.join` over the VM's rows (1-tuples of a fence or None), in C: the one fence
 with points among them as it is, a new joined fence, None if no row has a point, or

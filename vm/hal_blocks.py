@@ -34,7 +34,7 @@ from ..hal.buffer import Buffer
 from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
 from ..hal.execution import Recording
-from ..hal.semaphore import Fence, join_fence_rows
+from ..hal.semaphore import Fence, fences_reached, join_fence_rows
 from .native_table import ALLOCA, DEALLOCA, JOIN_FENCES, NEW_FENCE, SUBMIT, traits_of
 from .record_blocks import AllocaRun, RecordBlock, after_replay, replay
 
@@ -290,10 +290,12 @@ def _allocas(names: list[str], run: AllocaRun, functions: Sequence[Callable[...,
         device = values[at]
         if not isinstance(device, Device) or device.queue_count != 1:
             return per_import(values)
-        # the join of the waits (a lone wait is its own join: a fence, or None)
-        wait = join_fence_rows(list(zip(waits_of(values))))
-        if wait is NotImplemented:
+        waits = waits_of(values)
+        reached = fences_reached(waits)
+        if reached is NotImplemented:
             return per_import(values)
+        # what the allocas wait on: nothing when every wait is reached, else their join
+        wait = None if reached else join_fence_rows(list(zip(waits)))
         if requests is None:
             given = [size if literal is None else literal
                      for size, literal in zip(sizes_of(values), literal_sizes)]

@@ -2228,6 +2228,29 @@ static int points_reached(PyObject *points)
     return 1;
 }
 
+/* Whether every fence of `fences` (a list or tuple of Fences and Nones) is reached with
+ * no semaphore failed: True or False; NotImplemented if an item is neither. */
+static PyObject *core_fences_reached(PyObject *module, PyObject *fences)
+{
+    if (check_registered() < 0)
+        return NULL;
+    if (!PyList_CheckExact(fences) && !PyTuple_CheckExact(fences))
+        Py_RETURN_NOTIMPLEMENTED;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fences);
+    PyObject **items = PySequence_Fast_ITEMS(fences);
+    int all = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *fence = items[i];
+        if (fence == Py_None)
+            continue;
+        if (!PyObject_TypeCheck(fence, &FenceCoreType))
+            Py_RETURN_NOTIMPLEMENTED;
+        if (all && points_reached(((FenceObject *)fence)->points) != 1)
+            all = 0;
+    }
+    return PyBool_FromLong(all);
+}
+
 static PyObject *core_normalize_wait_signal(PyObject *module, PyObject *const *args,
                                             Py_ssize_t nargs)
 {
@@ -2397,6 +2420,9 @@ static PyMethodDef core_methods[] = {
     {"join_fences", core_join_fences, METH_O,
      "A fence of every point of the given fences (Nones skipped), largest value per "
      "semaphore."},
+    {"fences_reached", core_fences_reached, METH_O,
+     "fences_reached(fences): whether every Fence (or None) of a list or tuple is reached "
+     "with no failure; NotImplemented if an item is neither."},
     {"join_fence_rows", core_join_fence_rows, METH_O,
      "hal.fence.join over the VM's rows of one fence or None (see core.c)."},
     {"normalize_wait_signal", (PyCFunction)(void (*)(void))core_normalize_wait_signal,
