@@ -586,9 +586,8 @@ class Device:
                 self._alloca_kinds
             for size, memory_type, usage in requests:
                 kind = kinds.get((memory_type, usage))
-                if kind is None or size.__class__ is not int or size < 0:
-                    break
-                buffer = commit_new(allocator, size, *kind)
+                # None: an unseen kind, a size that is not an int >= 0, or no room
+                buffer = None if kind is None else commit_new(allocator, size, *kind)
                 if buffer is None:
                     break
                 buffers.append(buffer)
