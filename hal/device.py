@@ -612,9 +612,11 @@ class Device:
         is handed to the driver here, as `submit` would; if it has run when the driver
         returns (always, on a driver that `completes_inline`), the buffer's memory goes
         back to the ring here too, and the fence returned is already reached."""
-        ran = Fence.pending()
-        wait_points, ran_points, reached = normalize_wait_signal(wait, ran)
         work_queue = self.work_queue
+        inline = work_queue.completes_inline
+        # an inline driver's outcome comes back as the call's: `ran` is made only if needed
+        ran = None if inline else Fence.pending()
+        wait_points, ran_points, reached = normalize_wait_signal(wait, ran)
         quiet = (self.profile is None and work_queue.lost is None and queue.__class__ is int
                  and not queue)  # nothing records it, on queue 0
         if (reached and quiet and batch.__class__ is CommandBuffer and batch.bound is not None
@@ -623,8 +625,13 @@ class Device:
             ops = batch.bound
             batch.bound = None  # its submission goes once
             batch.submitted = True
-            work_queue.perform_ready(self.driver.execute, ops, wait_points, ran_points, 0)
+            outcome = work_queue.perform_ready(self.driver.execute, ops, wait_points,
+                                               ran_points, 0)
+            if ran is None:
+                ran = Fence.reached() if outcome is None else _failed_fence(outcome)
         else:
+            if ran is None:
+                ran = Fence.pending()
             self.submit(batch, wait, ran, None, queue)
         if (quiet and buffer.__class__ is Buffer and normalize_wait_signal(ran, None)[2]
                 and work_queue.lost is None and not work_queue.closed):
@@ -635,10 +642,8 @@ class Device:
                 try:
                     self.transient.release(storage)
                 except BaseException as exc:  # noqa: BLE001 - a grant's failure: the signal's
-                    freed = Fence.pending()
-                    work_queue.complete(normalize_wait_signal(None, freed)[1], as_error(exc))
-                    return freed
-                return Fence.reached()
+                    return _failed_fence(as_error(exc))
+                return ran  # reached: it is the dealloca's signal as well
         freed = Fence.pending()
         self.queue_dealloca(buffer, ran, freed, queue)
         return freed
@@ -674,6 +679,14 @@ EXIT_DRAIN_SECONDS = 60.0
 """How long interpreter exit waits, in all, for running device work to finish (assign to
 change it; 0 exits at once: work still running keeps its memory, held by its resource
 set, and its threads stop with the interpreter)."""
+
+
+def _failed_fence(error: Error) -> Fence:
+    """A new fence failed with `error` (a queue operation's signal, failed before it
+    returned)."""
+    fence = Fence.pending()
+    fence.fail(error)
+    return fence
 
 
 def _close_devices_at_exit() -> None:

@@ -21,6 +21,10 @@ fails.
 
 Which operands are buffers and lengths, and where the execute takes the command buffer,
 is what the `hal` module's rows declare (`native_table.Traits`).
+
+A recurrent step's head (`record_blocks.AllocaRun`) and its tail fused with the execute
+(`RecordBlock.after`) are served by one `Device` operation each (`queue_allocas`,
+`queue_execute_dealloca`), with the imports one by one as the fallback.
 """
 
 from __future__ import annotations

@@ -23,6 +23,12 @@ variadic segment is a tuple of entries of leaves). The module providing the impo
 serve the block as a whole (a `NativeModule.block_recorder`: the `hal` module's adopts
 the recording of equal operands, checking only the buffers); otherwise `replay` calls
 the imports one by one, exactly as the unfused code would have.
+
+A recurrent step's queue operations around its block are two more sites: its head, the
+allocas of its buffers with the fences that order them (`find_allocas`, `AllocaRun`),
+and its tail, the new fences and the scratch buffer's dealloca around the block's
+execute (`find_tail`, `RecordBlock.after`). Which imports make fences, join them,
+allocate and deallocate is declared on their rows too (`native_table.Traits.step`).
 """
 
 from __future__ import annotations
@@ -100,7 +106,8 @@ class AllocaRun(NamedTuple):
     fence) and signalling the new fence, then the join of those fences. `ops` are
     (import ordinal, argument template) in order, leaves `("k", literal)`, `("d", index)`
     into the values the site is called with, or `("o", op)`: the result of an earlier
-    operation of the run. The site returns the buffers, then the last join's fence."""
+    operation of the run. The site returns the results of the operations `results`
+    names (the buffers, then the last join's fence) as a sequence."""
 
     ops: tuple[tuple[int, tuple[Any, ...]], ...]
     values: int
