@@ -575,19 +575,24 @@ class Device:
         the join of those fences (what a recurrent program's step does before it records
         over them), in one call: a request that fails raises as its `queue_alloca`
         would, the ones before it made. Allocas that are ready (no profile recording
-        them, `wait` reached, room in the ring) are placed here at once; the rest take
-        `queue_alloca`'s path, one by one."""
+        them, `wait` reached, the driver's memory model agreeing, room in the ring) are
+        placed here at once; from the first that is not, they take `queue_alloca`'s
+        path, one by one."""
         buffers: list[Buffer] = []
         work_queue = self.work_queue
         if (normalize_wait_signal(wait, None)[2] and queue.__class__ is int and not queue
-                and self.profile is None and work_queue.lost is None and not work_queue.closed
-                and self.driver.check_alloca is None):
+                and self.profile is None and work_queue.lost is None and not work_queue.closed):
             commit_new, allocator, kinds = self.transient.commit_new, self.allocator, \
                 self._alloca_kinds
+            check = self.driver.check_alloca  # the driver's memory model, if it has one
             for size, memory_type, usage in requests:
                 kind = kinds.get((memory_type, usage))
-                # None: an unseen kind, a size that is not an int >= 0, or no room
-                buffer = None if kind is None else commit_new(allocator, size, *kind)
+                # not here: an unseen kind, a size that is not an int >= 0, one the
+                # driver refuses (its `alloca` fails it), or no room in the ring
+                if kind is None or size.__class__ is not int or size < 0 or (
+                        check is not None and check(size) is not None):
+                    break
+                buffer = commit_new(allocator, size, *kind)
                 if buffer is None:
                     break
                 buffers.append(buffer)
