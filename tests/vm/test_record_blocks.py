@@ -717,3 +717,27 @@ def test_a_recurrent_models_steps_run_as_two_hal_operations_each(driver, name):
             assert once < heads  # what the call does outside its loop
         else:
             assert heads >= 2 and tails >= 1
+
+
+def test_a_steps_head_and_tail_on_a_device_of_several_queues_take_the_imports_path():
+    """The queue an affinity picks is the shims' rule: a device of two queues calls the
+    imports one by one, with the same results."""
+    from tinyhal.hal.device import Device
+
+    device = hal.create_device("emu", queues=2)
+    module = create_hal_module(device)
+    try:
+        head = module.block_recorder(_HEAD_NAMES, _HEAD_RUN,
+                                     [module.functions[n].fn for n in _HEAD_NAMES])
+        first, second, fence = [], [], []
+
+        def run():
+            a, b, f = head((device, None, None, 64))
+            first.append(a), second.append(b), fence.append(f)
+
+        assert _calls_of(Device.queue_allocas.__code__, run) == 0
+        fence[0].wait(timeout=60)
+        assert (first[0].byte_length, second[0].byte_length) == (64, 256)
+    finally:
+        module.on_close()
+        device.close()
