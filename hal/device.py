@@ -47,7 +47,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fnmatch
-import operator
 import os
 import threading
 import time
@@ -72,6 +71,7 @@ from .executable import (
     load_executable_data,
 )
 from .execution import RecordingCache, resolve_commands
+from .native import core as _core
 from .queue import Alloca, Capabilities, Dealloca, Driver, Operation, WorkQueue, no_work
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
@@ -83,7 +83,9 @@ from .semaphore import (
 )
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
 
-_storage_released = operator.attrgetter("storage.released")  # per buffer, in C
+# any_released(buffers) -> bool (C): whether a buffer of the list (an adopted command
+# buffer's direct buffers) was released since it was checked; anything not a Buffer counts
+_any_released = _core.any_released
 
 if TYPE_CHECKING:
     from .profile import Profile
@@ -336,7 +338,7 @@ class Device:
         driver = self.driver
         if (batch.__class__ is CommandBuffer and batch.bound is not None
                 and binding_table is None and not batch.submitted and batch.device is self
-                and True not in map(_storage_released, batch.direct)):
+                and not _any_released(batch.direct)):
             # a command buffer that adopted a recording: what it binds, checked then (a
             # released buffer goes the other way, where resolve_commands names it)
             batch_list = [batch]
@@ -626,7 +628,7 @@ class Device:
                  and not queue)  # nothing records it, on queue 0
         if (reached and quiet and batch.__class__ is CommandBuffer and batch.bound is not None
                 and not batch.submitted and batch.device is self
-                and True not in map(_storage_released, batch.direct)):
+                and not _any_released(batch.direct)):
             ops = batch.bound
             batch.bound = None  # its submission goes once
             batch.submitted = True

@@ -2228,6 +2228,26 @@ static int points_reached(PyObject *points)
     return 1;
 }
 
+/* Whether a buffer of `buffers` (a list) has released storage: False when every item is
+ * a Buffer whose storage's `released` is False, True otherwise (anything else counts, so
+ * that the caller takes the path that names it). */
+static PyObject *core_any_released(PyObject *module, PyObject *buffers)
+{
+    if (!PyList_CheckExact(buffers))
+        Py_RETURN_TRUE;
+    Py_ssize_t n = PyList_GET_SIZE(buffers);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *buffer = PyList_GET_ITEM(buffers, i);
+        if (!PyObject_TypeCheck(buffer, &BufferCoreType))
+            Py_RETURN_TRUE;
+        PyObject *storage = ((BufferObject *)buffer)->storage;
+        if (storage == NULL || !PyObject_TypeCheck(storage, &StorageCoreType)
+            || ((StorageObject *)storage)->released != Py_False)
+            Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
 /* Whether every fence of `fences` (a list or tuple of Fences and Nones) is reached with
  * no semaphore failed: True or False; NotImplemented if an item is neither. */
 static PyObject *core_fences_reached(PyObject *module, PyObject *fences)
@@ -2420,6 +2440,9 @@ static PyMethodDef core_methods[] = {
     {"join_fences", core_join_fences, METH_O,
      "A fence of every point of the given fences (Nones skipped), largest value per "
      "semaphore."},
+    {"any_released", core_any_released, METH_O,
+     "any_released(buffers): whether a Buffer of the list has released storage (True "
+     "for anything that is not a Buffer)."},
     {"fences_reached", core_fences_reached, METH_O,
      "fences_reached(fences): whether every Fence (or None) of a list or tuple is reached "
      "with no failure; NotImplemented if an item is neither."},
