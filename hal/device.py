@@ -589,10 +589,11 @@ class Device:
             check = self.driver.check_alloca  # the driver's memory model, if it has one
             for size, memory_type, usage in requests:
                 kind = kinds.get((memory_type, usage))
-                # not here: an unseen kind, a size that is not an int >= 0, one the
-                # driver refuses (its `alloca` fails it), or no room in the ring
-                if kind is None or size.__class__ is not int or size < 0 or (
-                        check is not None and check(size) is not None):
+                # not here: an unseen kind, one the driver refuses (its `alloca` fails
+                # it), or (None from the ring's commit) a size that is not an int >= 0 or
+                # no room in the ring
+                if kind is None or check is not None and (
+                        size.__class__ is not int or size < 0 or check(size) is not None):
                     break
                 buffer = commit_new(allocator, size, *kind)
                 if buffer is None:
