@@ -61,7 +61,7 @@ from ..errors import (
     NotFoundError,
     as_error,
 )
-from .buffer import Buffer, as_byte_view, pending_buffer
+from .buffer import Buffer, RingStorage, as_byte_view, pending_buffer
 from .command_buffer import CommandBuffer, as_table_range
 from .cpu import cpu_feature
 from .executable import (
@@ -611,7 +611,8 @@ class Device:
     def queue_execute_dealloca(self, batch: CommandBuffer, wait: SemaphoreList,
                                buffer: Buffer, queue: int = 0) -> Fence:
         """Submits `batch` once `wait` is reached, then gives `buffer` back
-        (`queue_dealloca`) once it has run: the fence that the give-back signals.
+        (`queue_dealloca`; for a buffer that is not `is_transient`, a `queue_barrier`)
+        once it has run: the fence that the give-back signals.
 
         The same as `submit(batch, wait, ran)` and `queue_dealloca(buffer, ran, freed)`
         with `ran` and `freed` new fences (what a recurrent program's step does with its
@@ -653,8 +654,21 @@ class Device:
                     return _failed_fence(as_error(exc))
                 return ran  # reached: it is the dealloca's signal as well
         freed = Fence.pending()
-        self.queue_dealloca(buffer, ran, freed, queue)
+        if not isinstance(buffer, Buffer) or self.is_transient(buffer):
+            self.queue_dealloca(buffer, ran, freed, queue)  # (refuses what is not a Buffer)
+        else:  # other memory lives on while referenced: the give-back only orders
+            self.queue_barrier(ran, freed, queue)
         return freed
+
+    def is_transient(self, buffer: Buffer) -> bool:
+        """Whether `buffer` is memory this device's `queue_alloca` made: placed in its
+        ring, or still waiting for its alloca to run (on a driver that runs allocas
+        later). A program's dealloca gives such memory back and only orders the queue
+        for any other buffer."""
+        storage = buffer.storage
+        return self.transient.owns(storage) or (
+            storage.__class__ is RingStorage and storage.block is None
+            and not storage.released and buffer.allocator is self.allocator)
 
     # -- in-flight work ---------------------------------------------------------------
 

@@ -247,9 +247,9 @@ class _Adoption(NamedTuple):
 
 
 # The `hal` module's argument positions that the step sites read (its rows: device and
-# affinity first, then wait and signal fences; the alloca's pool, memory types, usage
-# and size; the dealloca's buffer).
-_DEVICE, _WAIT = 0, 2
+# affinity first, then wait and signal fences; the execute's command buffer; the
+# alloca's pool, memory types, usage and size; the dealloca's buffer).
+_DEVICE, _WAIT, _SIGNAL, _COMMANDS = 0, 2, 3, 4
 _POOL, _MEMORY_TYPES, _USAGE, _SIZE = 4, 5, 6, 7
 _FREED_BUFFER = 4
 _U32 = 0xFFFFFFFF
@@ -319,9 +319,10 @@ def _execute_and_tail(block: RecordBlock, names: list[str],
     """The site of a block fused with its execute and the step's tail
     (`RecordBlock.after`): one `Device.queue_execute_dealloca` of the block's command
     buffer (adopted or recorded) and the dealloca's buffer, returning the fence it
-    gives; the imports one by one (`after_replay`) when the device has several queues,
-    an operand is not what its row declares (their shims name it) or the buffer is not
-    the device's transient memory (the dealloca only orders the queue then)."""
+    gives (for a buffer that is not the device's transient memory, it only orders the
+    queue, as the dealloca shim does); the imports one by one (`after_replay`) when the
+    device has several queues or an operand is not what its row declares (their shims
+    name it)."""
     execute = functions[0]
     position = block.execute[1]
     tail = after_replay(block, functions[1:])
@@ -332,22 +333,21 @@ def _execute_and_tail(block: RecordBlock, names: list[str],
         arguments[position] = record_anew(values) if cb is None else cb
         execute(*arguments)
 
-    _signal, ops = block.after
+    signal_at, ops = block.after
     steps = [traits_of(name).step for name in names[1:]]
-    if (steps != [NEW_FENCE, NEW_FENCE, DEALLOCA]
+    if (steps != [NEW_FENCE, NEW_FENCE, DEALLOCA] or position != _COMMANDS
+            or signal_at != _SIGNAL
             or any(template[_DEVICE] != ("x", _DEVICE) for _k, template in ops)
             or ops[2][1][_FREED_BUFFER] != ("a", 0)):
         return lambda *args: tail(args, submit)
 
-    def site(*args: Any) -> Any:
-        device, wait, buffer = args[_DEVICE], args[_WAIT], args[-1]
+    def site(device: Any, affinity: Any, wait: Any, signal: Any, values: tuple[Any, ...],
+             flags: Any, buffer: Any) -> Any:
         if (isinstance(device, Device) and device.queue_count == 1
-                and (wait is None or wait.__class__ is Fence) and buffer.__class__ is Buffer
-                and device.transient.owns(buffer.storage)):
-            values = args[position]
+                and (wait is None or wait.__class__ is Fence) and buffer.__class__ is Buffer):
             cb = adopt(values)
             return device.queue_execute_dealloca(
                 record_anew(values) if cb is None else cb, wait, buffer)
-        return tail(args, submit)
+        return tail((device, affinity, wait, signal, values, flags, buffer), submit)
 
     return site

@@ -50,7 +50,7 @@ from ..errors import (
     error_for_code,
 )
 from ..hal.allocator import Allocator
-from ..hal.buffer import Buffer, RingStorage, Storage, as_byte_view
+from ..hal.buffer import Buffer, Storage, as_byte_view
 from ..hal.buffer_view import BufferView
 from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
@@ -510,10 +510,7 @@ def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, s
                           flags, *, queue=0):
     # queue_alloca memory of this device: placed, or still waiting for its alloca to run
     # (a driver that runs allocas later); its dealloca then waits behind it
-    storage = buffer.storage
-    if device.transient.owns(storage) or (
-            storage.__class__ is RingStorage and storage.block is None
-            and not storage.released and buffer.allocator is device.allocator):
+    if device.is_transient(buffer):
         device.queue_dealloca(buffer, wait, signal, queue)
     else:
         # Not transient memory: the buffer lives on while referenced; only order.

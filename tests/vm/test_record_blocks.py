@@ -741,3 +741,18 @@ def test_a_steps_head_and_tail_on_a_device_of_several_queues_take_the_imports_pa
     finally:
         module.on_close()
         device.close()
+
+
+def test_a_steps_tail_over_a_buffer_not_of_the_ring_only_orders_it(hal_sites):
+    """A dealloca of memory `queue_alloca` did not make only orders the queue (as the
+    shim does): the buffer lives on."""
+    device, make = hal_sites
+    exe = device.load_executable(compile_executable("elementwise_3d", embedded=True))
+    site = make(_STEP_NAMES, _STEP_BLOCK)
+    for seed in range(2):
+        a, b, out, values = _fma_values(device, exe, seed)
+        kept = device.allocator.allocate(64)
+        site(device, -1, None, None, values, 0, kept).wait(timeout=60)
+        assert not kept.storage.released
+        device.write_bytes(kept, bytes(64))
+        assert BufferView(out, (16,), F32).to_numpy().tobytes() == (a * 2 + b).tobytes()
