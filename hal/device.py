@@ -636,13 +636,15 @@ class Device:
             batch.submitted = True
             outcome = work_queue.perform_ready(self.driver.execute, ops, wait_points,
                                                ran_points, 0)
-            if ran is None:
-                ran = Fence.reached() if outcome is None else _failed_fence(outcome)
+            if ran is None and outcome is not None:
+                ran = _failed_fence(outcome)
         else:
             if ran is None:
                 ran = Fence.pending()
             self.submit(batch, wait, ran, None, queue)
-        if (quiet and buffer.__class__ is Buffer and normalize_wait_signal(ran, None)[2]
+        # `ran` None: it ran, inline, with no error
+        if (quiet and buffer.__class__ is Buffer
+                and (ran is None or normalize_wait_signal(ran, None)[2])
                 and work_queue.lost is None and not work_queue.closed):
             storage = buffer.storage
             if not storage.released and self.transient.owns(storage):
@@ -652,7 +654,10 @@ class Device:
                     self.transient.release(storage)
                 except BaseException as exc:  # noqa: BLE001 - a grant's failure: the signal's
                     return _failed_fence(as_error(exc))
-                return ran  # reached: it is the dealloca's signal as well
+                # reached: `ran` is the dealloca's signal as well
+                return Fence.reached() if ran is None else ran
+        if ran is None:
+            ran = Fence.reached()
         freed = Fence.pending()
         if not isinstance(buffer, Buffer) or self.is_transient(buffer):
             self.queue_dealloca(buffer, ran, freed, queue)  # (refuses what is not a Buffer)
