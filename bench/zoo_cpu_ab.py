@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import statistics
 import subprocess
 import sys
@@ -65,7 +66,7 @@ def compare(model: str, driver: str, a_path: str | None, a_python: str | None, r
 
     made = models()[model][0]()  # bytes, or the path of a cached file
     vmfb = tempfile.NamedTemporaryFile(suffix=".vmfb")
-    vmfb.write(made if isinstance(made, bytes) else open(made, "rb").read())
+    vmfb.write(made if isinstance(made, bytes) else pathlib.Path(made).read_bytes())
     vmfb.flush()
     workers = {}
     for side, env, python in (("A", env_a, a_python or sys.executable),
