@@ -47,7 +47,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fnmatch
-import operator
 import os
 import threading
 import time
@@ -62,7 +61,7 @@ from ..errors import (
     NotFoundError,
     as_error,
 )
-from .buffer import Buffer, as_byte_view, pending_buffer
+from .buffer import Buffer, RingStorage, as_byte_view, pending_buffer
 from .command_buffer import CommandBuffer, as_table_range
 from .cpu import cpu_feature
 from .executable import (
@@ -72,6 +71,7 @@ from .executable import (
     load_executable_data,
 )
 from .execution import RecordingCache, resolve_commands
+from .native import core as _core
 from .queue import Alloca, Capabilities, Dealloca, Driver, Operation, WorkQueue, no_work
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
 from .semaphore import (
@@ -83,7 +83,9 @@ from .semaphore import (
 )
 from .types import WHOLE_BUFFER, BufferUsage, MemoryType
 
-_storage_released = operator.attrgetter("storage.released")  # per buffer, in C
+# any_released(buffers) -> bool (C): whether a buffer of the list (an adopted command
+# buffer's direct buffers) was released since it was checked; anything not a Buffer counts
+_any_released = _core.any_released
 
 if TYPE_CHECKING:
     from .profile import Profile
@@ -336,7 +338,7 @@ class Device:
         driver = self.driver
         if (batch.__class__ is CommandBuffer and batch.bound is not None
                 and binding_table is None and not batch.submitted and batch.device is self
-                and True not in map(_storage_released, batch.direct)):
+                and not _any_released(batch.direct)):
             # a command buffer that adopted a recording: what it binds, checked then (a
             # released buffer goes the other way, where resolve_commands names it)
             batch_list = [batch]
@@ -564,6 +566,115 @@ class Device:
         work_queue.accept(self.driver.dealloca, Dealloca(buffer.storage, self.transient),
                           wait_points, signal_points, queue, buffer, submission_id, reached)
 
+    def queue_allocas(self, requests: Sequence[tuple[int, MemoryType, BufferUsage]],
+                      wait: SemaphoreList = (), queue: int = 0
+                      ) -> tuple[list[Buffer], Fence | None]:
+        """`queue_alloca` of each `(size, memory type, usage)` of `requests`, in order,
+        all waiting on `wait`: the buffers, and a fence reached once all of them are
+        usable, or None when every one was placed before this returned (usable now).
+
+        The same as one `queue_alloca` per request, each signalling a new fence, and
+        the join of those fences (what a recurrent program's step does before it records
+        over them), in one call: a request that fails raises as its `queue_alloca`
+        would, the ones before it made. Allocas that are ready (no profile recording
+        them, `wait` reached, the driver's memory model agreeing, room in the ring) are
+        placed here at once; from the first that is not, they take `queue_alloca`'s
+        path, one by one."""
+        buffers: list[Buffer] = []
+        work_queue = self.work_queue
+        if (normalize_wait_signal(wait, None)[2] and queue.__class__ is int and not queue
+                and self.profile is None and work_queue.lost is None and not work_queue.closed):
+            commit_new, allocator, kinds = self.transient.commit_new, self.allocator, \
+                self._alloca_kinds
+            check = self.driver.check_alloca  # the driver's memory model, if it has one
+            for size, memory_type, usage in requests:
+                kind = kinds.get((memory_type, usage))
+                # not here: an unseen kind, one the driver refuses (its `alloca` fails
+                # it), or (None from the ring's commit) a size that is not an int >= 0 or
+                # no room in the ring
+                if kind is None or check is not None and (
+                        size.__class__ is not int or size < 0 or check(size) is not None):
+                    break
+                buffer = commit_new(allocator, size, *kind)
+                if buffer is None:
+                    break
+                buffers.append(buffer)
+            else:
+                return buffers, None
+        signals = []
+        for size, memory_type, usage in requests[len(buffers):]:
+            signal = Fence.pending()
+            buffers.append(self.queue_alloca(size, wait, signal, memory_type, usage, queue))
+            signals.append(signal)
+        return buffers, Fence.join(signals)
+
+    def queue_execute_dealloca(self, batch: CommandBuffer, wait: SemaphoreList,
+                               buffer: Buffer, queue: int = 0) -> Fence:
+        """Submits `batch` once `wait` is reached, then gives `buffer` back
+        (`queue_dealloca`; for a buffer that is not `is_transient`, a `queue_barrier`)
+        once it has run: the fence that the give-back signals.
+
+        The same as `submit(batch, wait, ran)` and `queue_dealloca(buffer, ran, freed)`
+        with `ran` and `freed` new fences (what a recurrent program's step does with its
+        scratch buffer), in one call: errors raise, and failures reach `freed`, as
+        theirs would. A ready `batch` that adopted a recording (`CommandBuffer.adopted`)
+        is handed to the driver here, as `submit` would; if it has run when the driver
+        returns (always, on a driver that `completes_inline`), the buffer's memory goes
+        back to the ring here too, and the fence returned is already reached."""
+        work_queue = self.work_queue
+        inline = work_queue.completes_inline
+        # an inline driver's outcome comes back as the call's: `ran` is made only if needed
+        ran = None if inline else Fence.pending()
+        wait_points, ran_points, reached = normalize_wait_signal(wait, ran)
+        quiet = (self.profile is None and work_queue.lost is None and queue.__class__ is int
+                 and not queue)  # nothing records it, on queue 0
+        if (reached and quiet and batch.__class__ is CommandBuffer and batch.bound is not None
+                and not batch.submitted and batch.device is self
+                and not _any_released(batch.direct)):
+            ops = batch.bound
+            batch.bound = None  # its submission goes once
+            batch.submitted = True
+            outcome = work_queue.perform_ready(self.driver.execute, ops, wait_points,
+                                               ran_points, 0)
+            if ran is None and outcome is not None:
+                ran = _failed_fence(outcome)
+        else:
+            if ran is None:
+                ran = Fence.pending()
+            self.submit(batch, wait, ran, None, queue)
+        # `ran` None: it ran, inline, with no error
+        if (quiet and buffer.__class__ is Buffer
+                and (ran is None or normalize_wait_signal(ran, None)[2])
+                and work_queue.lost is None and not work_queue.closed):
+            storage = buffer.storage
+            if not storage.released and self.transient.owns(storage):
+                # it ran: the ring takes the block back, as a ready `queue_dealloca` does
+                storage.released = True
+                try:
+                    self.transient.release(storage)
+                except BaseException as exc:  # noqa: BLE001 - a grant's failure: the signal's
+                    return _failed_fence(as_error(exc))
+                # reached: `ran` is the dealloca's signal as well
+                return Fence.reached() if ran is None else ran
+        if ran is None:
+            ran = Fence.reached()
+        freed = Fence.pending()
+        if not isinstance(buffer, Buffer) or self.is_transient(buffer):
+            self.queue_dealloca(buffer, ran, freed, queue)  # (refuses what is not a Buffer)
+        else:  # other memory lives on while referenced: the give-back only orders
+            self.queue_barrier(ran, freed, queue)
+        return freed
+
+    def is_transient(self, buffer: Buffer) -> bool:
+        """Whether `buffer` is memory this device's `queue_alloca` made: placed in its
+        ring, or still waiting for its alloca to run (on a driver that runs allocas
+        later). A program's dealloca gives such memory back and only orders the queue
+        for any other buffer."""
+        storage = buffer.storage
+        return self.transient.owns(storage) or (
+            storage.__class__ is RingStorage and storage.block is None
+            and not storage.released and buffer.allocator is self.allocator)
+
     # -- in-flight work ---------------------------------------------------------------
 
     def wait_idle(self, timeout: float | None = 60.0) -> bool:
@@ -595,6 +706,14 @@ EXIT_DRAIN_SECONDS = 60.0
 """How long interpreter exit waits, in all, for running device work to finish (assign to
 change it; 0 exits at once: work still running keeps its memory, held by its resource
 set, and its threads stop with the interpreter)."""
+
+
+def _failed_fence(error: Error) -> Fence:
+    """A new fence failed with `error` (a queue operation's signal, failed before it
+    returned)."""
+    fence = Fence.pending()
+    fence.fail(error)
+    return fence
 
 
 def _close_devices_at_exit() -> None:

@@ -307,6 +307,10 @@ class _Entry:
         self.state = _WAITING
 
 
+NOT_YET = object()
+"""What `WorkQueue.perform_ready` returns when the driver may complete the work later."""
+
+
 class WorkQueue:
     """One device's queue entries, run by its driver (see the module docstring)."""
 
@@ -393,13 +397,14 @@ class WorkQueue:
 
     def perform_ready(self, operation: Operation, payload: Submission,
                       wait: list[SemaphorePoint], signal: list[SemaphorePoint], queue: int,
-                      submission_id: int = 0) -> None:
+                      submission_id: int = 0) -> Error | None | object:
         """Hands the driver a submission whose waits are met, without an entry
         (`operation`: its `execute`, `fill`, `update` or `copy`): it counts as running
         (so `close()` and `wait_idle()` wait for it) until the driver's `done`, which
         drops its references (the submission holds everything its work touches) and then
         signals. A driver that `completes_inline` runs it on this thread before this
-        returns; others may complete it later on another thread."""
+        returns, which then returns its outcome (None or the error `signal` was failed
+        with); others may complete it later on another thread (`NOT_YET` returned)."""
         running_inline = self._running_inline
         running_inline.append(None)  # before the test: close() then waits for it
         if self.closed:
@@ -411,9 +416,10 @@ class WorkQueue:
                 operation(payload, outcome.append, submission_id, wait, signal, queue)
             except BaseException as exc:  # noqa: BLE001 - becomes the work's error
                 outcome.append(as_error(exc))
-            self._ready_done(payload, signal, None, outcome[0] if outcome else InternalError(
-                f"{self.owner} finished inline work without completing it"))
-            return
+            error = outcome[0] if outcome else InternalError(
+                f"{self.owner} finished inline work without completing it")
+            self._ready_done(payload, signal, None, error)
+            return error
         # The first report completes it (a `list.pop`, atomic, claims it), later ones are
         # ignored, as an entry's are; a partial, so handing it over costs no frame.
         done = functools.partial(self._ready_done, payload, signal, [None])
@@ -421,6 +427,7 @@ class WorkQueue:
             operation(payload, done, submission_id, wait, signal, queue)
         except BaseException as exc:  # noqa: BLE001 - becomes the work's error
             done(as_error(exc))
+        return NOT_YET
 
     def _ready_done(self, payload: Submission, signal: list[SemaphorePoint],
                     once: list[None] | None, error: Error | None) -> None:

@@ -357,6 +357,10 @@ class Fence(FenceCore):
     """`Fence.pending()`: a fence of one new semaphore (at 0) reached at 1, what
     `hal.fence.create` makes, several per step of a recurrent program (C)."""
 
+    reached = staticmethod(_core.reached_fence)
+    """`Fence.reached()`: a fence of one new semaphore already at 1, the signal fence of
+    a queue operation that completed before it returned (C)."""
+
     join = staticmethod(_core.join_fences)
     """`Fence.join(fences)`: a fence of every point of `fences` (Nones skipped), the
     largest value per semaphore (C)."""
@@ -402,6 +406,11 @@ class Fence(FenceCore):
             await sem.wait_async(value)
 
 
+fences_reached: Callable[[Sequence[Fence | None]], Any] = _core.fences_reached
+"""`fences_reached(fences)`: whether every fence of a list or tuple of Fences and Nones is
+reached with no semaphore failed (a queue operation waiting on them all is ready), or
+NotImplemented if an item is neither; in C, reading the fences' points where they are."""
+
 join_fence_rows: Callable[[Sequence[tuple[Fence | None]]], Any] = _core.join_fence_rows
 """`hal.fence.join` over the VM's rows (1-tuples of a fence or None), in C: the one fence
 with points among them as it is, a new joined fence, None if no row has a point, or
@@ -427,7 +436,7 @@ normalize_wait_signal: Callable[
 ] = _core.normalize_wait_signal
 """`normalize_wait_signal(wait, signal) -> (wait points, signal points, reached)`:
 `normalize_points` of a queue operation's wait and signal, and whether the wait is already
-reached (`all_reached`). In C, in one call, when they are Fences (or no wait), as the VM
+reached (`all_reached`). In C, in one call, when they are Fences (or None), as the VM
 passes them: then the points are the fences' own tuples (read them only); otherwise
 through the general path here."""
 

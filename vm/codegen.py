@@ -37,7 +37,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, NamedTuple
 
-from . import isa, ops, record_blocks, scalar
+from . import isa, native_table, ops, record_blocks, scalar
 from .cconv import cconv_registers
 from .linkage import Linkage
 from .templates import H32, H64, HELPERS, M32, M64, template, wrap32_expr, wrap64_expr
@@ -1031,36 +1031,156 @@ class _Gen:
     # -- recording blocks (vm/record_blocks.py)
     def _emit_run(self, instrs, ind: int) -> None:
         """Emits `instrs` in order, each recording block as one site call (at the
-        execute it is fused with, if any: `record_blocks.find_execute`)."""
+        execute it is fused with, if any: `record_blocks.find_execute`, with the step's
+        tail after it: `find_tail`), and each step's head (`find_allocas`) as another."""
         if self.traced:  # every import called on its own, each call traced
             for ins in instrs:
                 self.instruction(ins, ind)
             return
+        imports = self.module.imports
         i = 0
-        fused: dict[int, int] = {}  # index of a fused execute -> its block's site
+        # a fused execute's index -> (its block's site, the tail's extra argument or None)
+        fused: dict[int, tuple[int, str | None]] = {}
+        skipped: set[int] = set()  # a tail's new fence before its execute
         while i < len(instrs):
-            site = fused.pop(i, None)
-            if site is not None:
-                ins = instrs[i]
-                k, segments, src, _dst = record_blocks.call_operands(ins)
-                args = self._import_args(self.module.imports[k], segments, src)
-                self.emit(ind, f"_t = _blk{site}({args})", ins.pc)
-                self.clear_moved(ins, src, set(), ind)
+            if i in skipped:
                 i += 1
                 continue
-            end = record_blocks.find_block(instrs, i, self.module.imports)
+            found = fused.pop(i, None)
+            if found is not None:
+                site, extra = found
+                tail = extra is not None
+                self._emit_fused_execute(instrs[i:i + 3] if tail else instrs[i:i + 1], site,
+                                         extra, ind)
+                i += 3 if tail else 1
+                continue
+            end = record_blocks.find_allocas(instrs, i, imports)
+            if end is not None:
+                self._emit_allocas(instrs[i:end], ind)
+                i = end
+                continue
+            end = record_blocks.find_block(instrs, i, imports)
             if end is None:
                 self.instruction(instrs[i], ind)
                 i += 1
             else:
-                execute = record_blocks.find_execute(instrs, i, end, self.module.imports)
-                site = self._emit_record_block(instrs[i:end], ind, execute)
+                execute = record_blocks.find_execute(instrs, i, end, imports)
+                after, extra = None, None
+                if execute is not None and record_blocks.find_tail(instrs, execute[0], imports):
+                    tail = self._tail_templates(instrs[execute[0] - 1:execute[0] + 3])
+                    if tail is not None:
+                        after, extra = tail
+                site = self._emit_record_block(instrs[i:end], ind, execute, after)
                 if execute is not None:
-                    fused[execute[0]] = site
+                    fused[execute[0]] = (site, extra)
+                    if after is not None:
+                        skipped.add(execute[0] - 1)
                 i = end
 
+    def _literal_leaf(self, expr: str) -> tuple | None:
+        literal = expr[1:-1] if expr.startswith("(") and expr.endswith(")") else expr
+        return ("k", int(literal)) if literal.lstrip("-").isdigit() else None
+
+    def _tail_templates(self, instrs) -> tuple | None:
+        """`RecordBlock.after` of a step's tail (`record_blocks.find_tail`: new fence,
+        execute, new fence, dealloca), or None when an operand of the new fences or the
+        dealloca is not a literal, an operand the execute has and keeps (not moved) or,
+        for the dealloca, one register of its own."""
+        imports = self.module.imports
+        k, segments, src, _dst = record_blocks.call_operands(instrs[1])
+        traits = native_table.traits_of(imports[k].full_name)
+        execute_args = self._import_arg_tree(imports[k], segments, src)
+        kept = {expr: p for p, expr in enumerate(execute_args)
+                if p not in (traits.target, traits.signal) and isinstance(expr, str)
+                and not self.moved(src[p])}
+        ops, extra = [], None
+        for n, ins in enumerate((instrs[0], instrs[2], instrs[3])):
+            k, segments, src, _dst = record_blocks.call_operands(ins)
+            step = native_table.traits_of(imports[k].full_name)
+            template = []
+            for p, expr in enumerate(self._import_arg_tree(imports[k], segments, src)):
+                if not isinstance(expr, str):
+                    return None
+                leaf = self._literal_leaf(expr)
+                if n == 2 and p == step.wait:
+                    leaf = ("s", 0)
+                elif n == 2 and p == step.signal:
+                    leaf = ("s", 1)
+                elif leaf is None and expr in kept:
+                    leaf = ("x", kept[expr])
+                elif leaf is None and n == 2 and extra is None:
+                    extra, leaf = expr, ("a", 0)
+                if leaf is None:
+                    return None
+                template.append(leaf)
+            ops.append((k, tuple(template)))
+        if extra is None:
+            return None
+        return (traits.signal, tuple(ops)), extra
+
+    def _emit_fused_execute(self, instrs, site: int, extra: str | None, ind: int) -> None:
+        """The call of a block's site at the execute it is fused with (`instrs[0]`),
+        with the step's tail (new fence, dealloca: `instrs[1:]`) when there is one."""
+        ins = instrs[0]
+        k, segments, src, _dst = record_blocks.call_operands(ins)
+        imp = self.module.imports[k]
+        if len(instrs) == 1:
+            args = self._import_args(imp, segments, src)
+            self.emit(ind, f"_t = _blk{site}({args})", ins.pc)
+            self.clear_moved(ins, src, set(), ind)
+            return
+        traits = native_table.traits_of(imp.full_name)
+        args = self._import_arg_tree(imp, segments, src)
+        args[traits.signal] = "None"
+        self.emit(ind, f"_t = _blk{site}({', '.join(args)}, {extra})", ins.pc)
+        freed = self.rreg(record_blocks.call_operands(instrs[1])[3][0])
+        for one in instrs:
+            self.clear_moved(one, record_blocks.call_operands(one)[2], {freed}, ind)
+        self.emit(ind, f"{freed} = _t", instrs[-1].pc)
+
+    def _emit_allocas(self, instrs, ind: int) -> None:
+        """A step's head (`record_blocks.find_allocas`) as one call of an `AllocaRun`
+        site, which returns the buffers of its allocas and its last join's fence."""
+        imports = self.module.imports
+        values: list[str] = []
+        made: dict[str, int] = {}  # a register an operation of the run assigned -> it
+        ops, results = [], []
+
+        def leaf(expr: str) -> tuple:
+            known = self._literal_leaf(expr)
+            if known is not None:
+                return known
+            if expr in made:
+                return ("o", made[expr])
+            if expr not in values:
+                values.append(expr)
+            return ("d", values.index(expr))
+
+        for j, ins in enumerate(instrs):
+            k, segments, src, dst = record_blocks.call_operands(ins)
+            template = []
+            for arg in self._import_arg_tree(imports[k], segments, src):
+                if isinstance(arg, list):
+                    template.append(tuple(tuple(leaf(e) for e in entry) for entry in arg))
+                else:
+                    template.append(leaf(arg))
+            ops.append((k, tuple(template)))
+            step = native_table.traits_of(imports[k].full_name).step
+            if step == native_table.ALLOCA or j == len(instrs) - 1:
+                results.append(j)
+            made[self.rreg(dst[0])] = j
+        site = self.st.record_block(record_blocks.AllocaRun(tuple(ops), len(values),
+                                                            tuple(results)))
+        outputs = [self.rreg(record_blocks.call_operands(instrs[j])[3][0]) for j in results]
+        pc = instrs[0].pc
+        self.emit(ind, f"_t = _blk{site}(({''.join(v + ', ' for v in values)}))", pc)
+        for ins in instrs:
+            self.clear_moved(ins, record_blocks.call_operands(ins)[2], set(outputs), ind)
+        self.emit(ind, f"{', '.join(outputs)} = _t", pc)
+
     def _emit_record_block(self, instrs, ind: int,
-                           execute: tuple[int, int, int] | None = None) -> int:
+                           execute: tuple[int, int, int] | None = None,
+                           after: tuple | None = None) -> int:
         """The instructions of a block as usual, but each record operation's non-literal
         operands kept in locals `_d<n>` and the operations made by one `_blk<site>`
         call at the end, which returns the command buffer; returns the site. Fused with
@@ -1068,7 +1188,7 @@ class _Gen:
         buffer's argument position), the
         command buffer's register holds the values until that execute instead (nothing
         else reads it), which calls the site instead of the import, with the same
-        arguments."""
+        arguments (and, with the step's tail `after`, one more: `_emit_fused_execute`)."""
         cb_raw = record_blocks.call_operands(instrs[0])[3][0]
         cb = self.rreg(cb_raw)
         values: list[tuple[str, bool]] = []  # (local, is a ref)
@@ -1123,7 +1243,7 @@ class _Gen:
             forget_assigned(since)
         pc = instrs[-1].pc
         site = self.st.record_block(record_blocks.RecordBlock(
-            tuple(ops), len(values), None if execute is None else execute[1:]))
+            tuple(ops), len(values), None if execute is None else execute[1:], after))
         # A value that is a register no later line of the block assigns is passed as
         # that register: no local to keep it in, and none to clear.
         unkept = []

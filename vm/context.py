@@ -206,9 +206,7 @@ class Context:
 
             program = trace.traced_program(module)
         for block in program.record_blocks:
-            ordinals = [k for k, _template in block.ops]
-            if block.execute is not None:  # fused with an execute: its import last
-                ordinals.append(block.execute[0])
+            ordinals = record_blocks.imports_of(block)
             functions = [imports[k] for k in ordinals]
             recorder = None
             # the module serving the block's first import, if it serves them all

@@ -21,6 +21,10 @@ fails.
 
 Which operands are buffers and lengths, and where the execute takes the command buffer,
 is what the `hal` module's rows declare (`native_table.Traits`).
+
+A recurrent step's head (`record_blocks.AllocaRun`) and its tail fused with the execute
+(`RecordBlock.after`) are served by one `Device` operation each (`queue_allocas`,
+`queue_execute_dealloca`), with the imports one by one as the fallback.
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any, NamedTuple
 
+from ..hal.buffer import Buffer
 from ..hal.command_buffer import CommandBuffer
+from ..hal.device import Device
 from ..hal.execution import Recording
-from .native_table import SUBMIT, traits_of
-from .record_blocks import RecordBlock, replay
+from ..hal.semaphore import Fence, fences_reached, join_fence_rows
+from .native_table import ALLOCA, DEALLOCA, JOIN_FENCES, NEW_FENCE, SUBMIT, traits_of
+from .record_blocks import AllocaRun, RecordBlock, after_replay, replay
 
 __all__ = ["block_recorder"]
 
@@ -66,7 +73,10 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
     """The site serving `block` (see the module docstring); `functions` are the `hal`
     module's bound shims for its operations, which record what it cannot adopt. The
     site's memory is appended to `memos` (the module state clears them when its context
-    closes: they hold recordings, and so executables)."""
+    closes: they hold recordings, and so executables). A step's head (`AllocaRun`) is
+    served by `_allocas`."""
+    if isinstance(block, AllocaRun):
+        return _allocas(names, block, functions)
     record = replay(RecordBlock(block.ops, block.values), functions)  # the record operations
     buffers, scalars, lengths = [], [], []
     for name, (_k, template) in zip(names, block.ops):
@@ -165,6 +175,9 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
     if submit is None or submit.role != SUBMIT or block.execute[1] != submit.target:
         return replay(block, functions)
     position = submit.target
+    if block.after is not None:
+        return _execute_and_tail(block, names[len(block.ops):], functions[len(block.ops):],
+                                 adopt, record_anew)
 
     def execute_site(*args: Any) -> None:
         """The block recorded and submitted by the execute import, the values in its
@@ -231,3 +244,110 @@ class _Adoption(NamedTuple):
     command_buffer: Callable[..., CommandBuffer]
     table_slots: int
     finalized: Recording | None  # the recording, when the block finalized the command buffer
+
+
+# The `hal` module's argument positions that the step sites read (its rows: device and
+# affinity first, then wait and signal fences; the execute's command buffer; the
+# alloca's pool, memory types, usage and size; the dealloca's buffer).
+_DEVICE, _WAIT, _SIGNAL, _COMMANDS = 0, 2, 3, 4
+_POOL, _MEMORY_TYPES, _USAGE, _SIZE = 4, 5, 6, 7
+_FREED_BUFFER = 4
+_U32 = 0xFFFFFFFF
+
+
+def _allocas(names: list[str], run: AllocaRun, functions: Sequence[Callable[..., Any]]
+             ) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """The site of a step's head: one `Device.queue_allocas` (the allocas' device and
+    queue 0, the first join's fence or the allocas' wait, each alloca's size, memory
+    types and usage), returning the buffers and the fence it gives (None when all were
+    placed at once: the execute that waits on it waits on nothing); the imports one by
+    one (`replay`) when the device has several queues, an operand is not what its row
+    declares (their shims name it) or a pool is asked for."""
+    per_import = replay(run, functions)
+    steps = [traits_of(name).step for name in names]
+    allocas = [template for (_k, template), step in zip(run.ops, steps) if step == ALLOCA]
+    device = allocas[0][_DEVICE]
+    fences = [template for (_k, template), step in zip(run.ops, steps) if step == NEW_FENCE]
+    if (device[0] != "d" or any(t[_DEVICE] != device for t in allocas + fences)
+            or any(t[_WAIT] != allocas[0][_WAIT] for t in allocas)):
+        return per_import
+    pools = {t[_POOL] for t in allocas}
+    memory_types = tuple(t[_MEMORY_TYPES] for t in allocas)
+    usages = tuple(t[_USAGE] for t in allocas)
+    if pools != {("k", 0)} or any(leaf[0] != "k" for leaf in memory_types + usages):
+        return per_import  # a pool (refused by the shim) or kinds chosen at run time
+    memory_types = tuple(m[1] & _U32 for m in memory_types)
+    usages = tuple(u[1] & _U32 for u in usages)
+    at = device[1]
+    rows = run.ops[0][1][1] if steps[0] == JOIN_FENCES else [(allocas[0][_WAIT],)]
+    if any(leaf[0] != "d" for (leaf,) in rows):
+        return per_import
+    waits_of = _getter([leaf[1] for (leaf,) in rows])
+    sizes = [t[_SIZE] for t in allocas]
+    requests = None  # fixed sizes (the usual case): the same requests every step
+    if all(leaf[0] == "k" for leaf in sizes):
+        requests = list(zip([leaf[1] for leaf in sizes], memory_types, usages))
+    sizes_of = _getter([leaf[1] if leaf[0] == "d" else -1 for leaf in sizes])
+    literal_sizes = [leaf[1] if leaf[0] == "k" else None for leaf in sizes]
+
+    def site(values: tuple[Any, ...]) -> list[Any] | tuple[Any, ...]:
+        device = values[at]
+        if not isinstance(device, Device) or device.queue_count != 1:
+            return per_import(values)
+        waits = waits_of(values)
+        reached = fences_reached(waits)
+        if reached is NotImplemented:
+            return per_import(values)
+        # what the allocas wait on: nothing when every wait is reached, else their join
+        wait = None if reached else join_fence_rows(list(zip(waits)))
+        if requests is None:
+            given = [size if literal is None else literal
+                     for size, literal in zip(sizes_of(values), literal_sizes)]
+            buffers, fence = device.queue_allocas(list(zip(given, memory_types, usages)),
+                                                  wait)
+        else:
+            buffers, fence = device.queue_allocas(requests, wait)
+        buffers.append(fence)  # the buffers, then the fence
+        return buffers
+
+    return site
+
+
+def _execute_and_tail(block: RecordBlock, names: list[str],
+                      functions: Sequence[Callable[..., Any]], adopt: Callable[..., Any],
+                      record_anew: Callable[..., Any]) -> Callable[..., Any]:
+    """The site of a block fused with its execute and the step's tail
+    (`RecordBlock.after`): one `Device.queue_execute_dealloca` of the block's command
+    buffer (adopted or recorded) and the dealloca's buffer, returning the fence it
+    gives (for a buffer that is not the device's transient memory, it only orders the
+    queue, as the dealloca shim does); the imports one by one (`after_replay`) when the
+    device has several queues or an operand is not what its row declares (their shims
+    name it)."""
+    execute = functions[0]
+    position = block.execute[1]
+    tail = after_replay(block, functions[1:])
+
+    def submit(arguments: list[Any]) -> None:
+        values = arguments[position]
+        cb = adopt(values)
+        arguments[position] = record_anew(values) if cb is None else cb
+        execute(*arguments)
+
+    signal_at, ops = block.after
+    steps = [traits_of(name).step for name in names[1:]]
+    if (steps != [NEW_FENCE, NEW_FENCE, DEALLOCA] or position != _COMMANDS
+            or signal_at != _SIGNAL
+            or any(template[_DEVICE] != ("x", _DEVICE) for _k, template in ops)
+            or ops[2][1][_FREED_BUFFER] != ("a", 0)):
+        return lambda *args: tail(args, submit)
+
+    def site(device: Any, affinity: Any, wait: Any, signal: Any, values: tuple[Any, ...],
+             flags: Any, buffer: Any) -> Any:
+        if (isinstance(device, Device) and device.queue_count == 1
+                and (wait is None or wait.__class__ is Fence) and buffer.__class__ is Buffer):
+            cb = adopt(values)
+            return device.queue_execute_dealloca(
+                record_anew(values) if cb is None else cb, wait, buffer)
+        return tail((device, affinity, wait, signal, values, flags, buffer), submit)
+
+    return site

@@ -50,7 +50,7 @@ from ..errors import (
     error_for_code,
 )
 from ..hal.allocator import Allocator
-from ..hal.buffer import Buffer, RingStorage, Storage, as_byte_view
+from ..hal.buffer import Buffer, Storage, as_byte_view
 from ..hal.buffer_view import BufferView
 from ..hal.command_buffer import CommandBuffer
 from ..hal.device import Device
@@ -68,9 +68,13 @@ from ..hal.types import (
 from .hal_blocks import block_recorder
 from .native import NativeModule, RefType, Suspend, ref_type_error
 from .native_table import (
+    ALLOCA,
     BEGIN,
+    DEALLOCA,
     FINISH,
     INDEPENDENT,
+    JOIN_FENCES,
+    NEW_FENCE,
     PURE,
     RECORD,
     SUBMIT,
@@ -506,10 +510,7 @@ def device_queue_dealloca(state: HalModuleState, device, queue_affinity, wait, s
                           flags, *, queue=0):
     # queue_alloca memory of this device: placed, or still waiting for its alloca to run
     # (a driver that runs allocas later); its dealloca then waits behind it
-    storage = buffer.storage
-    if device.transient.owns(storage) or (
-            storage.__class__ is RingStorage and storage.block is None
-            and not storage.released and buffer.allocator is device.allocator):
+    if device.is_transient(buffer):
         device.queue_dealloca(buffer, wait, signal, queue)
     else:
         # Not transient memory: the buffer lives on while referenced; only order.
@@ -780,7 +781,7 @@ EXPORTS: tuple[Export, ...] = (
     Export("device.query.i64", "0rrr_iI", ("hal.device", None, None), device_query_i64),
     Export("device.queue.alloca", "0rIrrIiiII_r",
            ("hal.device", None, "hal.fence?", "hal.fence?", None, None, None, None, None),
-           device_queue_alloca),
+           device_queue_alloca, traits=Traits("", step=ALLOCA, wait=2, signal=3)),
     Export("device.queue.barrier", "0rIrrI_v",
            ("hal.device", None, "hal.fence?", "hal.fence?", None),
            device_queue_barrier),
@@ -790,10 +791,10 @@ EXPORTS: tuple[Export, ...] = (
            device_queue_copy),
     Export("device.queue.dealloca", "0rIrrrI_v",
            ("hal.device", None, "hal.fence?", "hal.fence?", "hal.buffer", None),
-           device_queue_dealloca),
+           device_queue_dealloca, traits=Traits("", step=DEALLOCA, wait=2, signal=3)),
     Export("device.queue.execute", "0rIrrrI_v",
            ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None),
-           device_queue_execute, traits=Traits(SUBMIT, 4)),
+           device_queue_execute, traits=Traits(SUBMIT, 4, wait=2, signal=3)),
     Export("device.queue.execute.indirect", "0rIrrrICrIID_v",
            ("hal.device", None, "hal.fence?", "hal.fence?", "hal.command_buffer", None, None),
            device_queue_execute_indirect),
@@ -827,9 +828,10 @@ EXPORTS: tuple[Export, ...] = (
            executable_lookup_function, traits=Traits(PURE)),
     Export("fence.await", "0iICrD_i", (None, None, None), fence_await, yields=True),
     Export("fence.create", "0rI_r", ("hal.device", None), fence_create,
-           traits=Traits(INDEPENDENT)),
+           traits=Traits(INDEPENDENT, step=NEW_FENCE)),
     Export("fence.fail", "0ri_v", ("hal.fence", None), fence_fail),
-    Export("fence.join", "0ICrD_r", (None, None), fence_join, traits=Traits(INDEPENDENT)),
+    Export("fence.join", "0ICrD_r", (None, None), fence_join,
+           traits=Traits(INDEPENDENT, step=JOIN_FENCES)),
     Export("fence.query", "0r_i", ("hal.fence",), fence_query),
     Export("fence.signal", "0r_v", ("hal.fence",), fence_signal),
 )

@@ -31,7 +31,8 @@ from typing import Any, NamedTuple
 
 from .native import NativeModule, RefType, ref_test, ref_type_error
 
-__all__ = ["BEGIN", "FINISH", "INDEPENDENT", "PURE", "RECORD", "SUBMIT", "Export", "Traits",
+__all__ = ["ALLOCA", "BEGIN", "DEALLOCA", "FINISH", "INDEPENDENT", "JOIN_FENCES", "NEW_FENCE",
+           "PURE", "RECORD", "SUBMIT", "Export", "Traits",
            "build_module", "declare_traits", "ref_check_failed", "traits_of",
            "with_prologues"]
 
@@ -45,6 +46,13 @@ PURE = "pure"  # takes no command buffer and has no effect: its result depends o
 INDEPENDENT = "independent"  # takes no command buffer and records nothing: it may run
 # between a recording and its submit (a new fence, a join)
 
+# What a queue operation of a recurrent step is (`Traits.step`: `vm.record_blocks`'s
+# step runs): a new pending fence, a join of fences, a transient alloca, its dealloca.
+NEW_FENCE = "new_fence"
+JOIN_FENCES = "join_fences"
+ALLOCA = "alloca"
+DEALLOCA = "dealloca"
+
 
 class Traits(NamedTuple):
     """What an import does to a recording (the role constants above); `target` is the
@@ -56,6 +64,9 @@ class Traits(NamedTuple):
     target: int = -1
     buffers: tuple[tuple[int, int | None], ...] = ()
     lengths: tuple[tuple[int, int | None], ...] = ()
+    step: str = ""  # NEW_FENCE, JOIN_FENCES, ALLOCA, DEALLOCA or nothing
+    wait: int = -1  # the argument position of a queue operation's wait fence
+    signal: int = -1  # and of its signal fence
 
 
 class Export(NamedTuple):

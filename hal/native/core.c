@@ -2080,11 +2080,12 @@ static int check_registered(void)
     return 0;
 }
 
-static PyObject *core_pending_fence(PyObject *module, PyObject *unused)
+/* A fence of one new semaphore at `value`, reached at 1. */
+static PyObject *one_point_fence(unsigned long long value)
 {
     if (check_registered() < 0)
         return NULL;
-    PyObject *sem = semaphore_make(semaphore_class, 0, empty_str);
+    PyObject *sem = semaphore_make(semaphore_class, value, empty_str);
     if (sem == NULL)
         return NULL;
     PyObject *point = PyTuple_Pack(2, sem, one);
@@ -2096,6 +2097,16 @@ static PyObject *core_pending_fence(PyObject *module, PyObject *unused)
     if (points == NULL)
         return NULL;
     return fence_make(fence_class, points, NULL);
+}
+
+static PyObject *core_pending_fence(PyObject *module, PyObject *unused)
+{
+    return one_point_fence(0);
+}
+
+static PyObject *core_reached_fence(PyObject *module, PyObject *unused)
+{
+    return one_point_fence(1);
 }
 
 /* Merges the points of `fence` into `timeline` (largest value per semaphore). */
@@ -2217,6 +2228,49 @@ static int points_reached(PyObject *points)
     return 1;
 }
 
+/* Whether a buffer of `buffers` (a list) has released storage: False when every item is
+ * a Buffer whose storage's `released` is False, True otherwise (anything else counts, so
+ * that the caller takes the path that names it). */
+static PyObject *core_any_released(PyObject *module, PyObject *buffers)
+{
+    if (!PyList_CheckExact(buffers))
+        Py_RETURN_TRUE;
+    Py_ssize_t n = PyList_GET_SIZE(buffers);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *buffer = PyList_GET_ITEM(buffers, i);
+        if (!PyObject_TypeCheck(buffer, &BufferCoreType))
+            Py_RETURN_TRUE;
+        PyObject *storage = ((BufferObject *)buffer)->storage;
+        if (storage == NULL || !PyObject_TypeCheck(storage, &StorageCoreType)
+            || ((StorageObject *)storage)->released != Py_False)
+            Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
+/* Whether every fence of `fences` (a list or tuple of Fences and Nones) is reached with
+ * no semaphore failed: True or False; NotImplemented if an item is neither. */
+static PyObject *core_fences_reached(PyObject *module, PyObject *fences)
+{
+    if (check_registered() < 0)
+        return NULL;
+    if (!PyList_CheckExact(fences) && !PyTuple_CheckExact(fences))
+        Py_RETURN_NOTIMPLEMENTED;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fences);
+    PyObject **items = PySequence_Fast_ITEMS(fences);
+    int all = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *fence = items[i];
+        if (fence == Py_None)
+            continue;
+        if (!PyObject_TypeCheck(fence, &FenceCoreType))
+            Py_RETURN_NOTIMPLEMENTED;
+        if (all && points_reached(((FenceObject *)fence)->points) != 1)
+            all = 0;
+    }
+    return PyBool_FromLong(all);
+}
+
 static PyObject *core_normalize_wait_signal(PyObject *module, PyObject *const *args,
                                             Py_ssize_t nargs)
 {
@@ -2227,8 +2281,9 @@ static PyObject *core_normalize_wait_signal(PyObject *module, PyObject *const *a
     PyObject *wait = args[0], *signal = args[1];
     if (check_registered() < 0)
         return NULL;
-    if (Py_TYPE(signal) == fence_class) {
-        PyObject *signal_points = ((FenceObject *)signal)->points;
+    if (Py_TYPE(signal) == fence_class || signal == Py_None) {
+        PyObject *signal_points = signal == Py_None ? empty_tuple
+                                                    : ((FenceObject *)signal)->points;
         if (wait == Py_None)
             return PyTuple_Pack(3, empty_tuple, signal_points, Py_True);
         if (Py_TYPE(wait) == fence_class) {
@@ -2379,9 +2434,18 @@ static PyMethodDef core_methods[] = {
      "complete(signal, error): hal.queue.WorkQueue.complete, fast when nothing waits."},
     {"pending_fence", core_pending_fence, METH_NOARGS,
      "A fence of one new semaphore (at 0) reached at 1: what hal.fence.create makes."},
+    {"reached_fence", core_reached_fence, METH_NOARGS,
+     "A fence of one new semaphore already at 1: a queue operation that completed "
+     "before its caller returned signals it."},
     {"join_fences", core_join_fences, METH_O,
      "A fence of every point of the given fences (Nones skipped), largest value per "
      "semaphore."},
+    {"any_released", core_any_released, METH_O,
+     "any_released(buffers): whether a Buffer of the list has released storage (True "
+     "for anything that is not a Buffer)."},
+    {"fences_reached", core_fences_reached, METH_O,
+     "fences_reached(fences): whether every Fence (or None) of a list or tuple is reached "
+     "with no failure; NotImplemented if an item is neither."},
     {"join_fence_rows", core_join_fence_rows, METH_O,
      "hal.fence.join over the VM's rows of one fence or None (see core.c)."},
     {"normalize_wait_signal", (PyCFunction)(void (*)(void))core_normalize_wait_signal,

@@ -552,3 +552,38 @@ def test_bind_slots_refuses_a_range_whose_end_overflows():
             recording.bind([(table_buffer, 2**70, 0)], [direct], [], [])
     finally:
         device.close()
+
+
+def test_a_reached_fence_is_a_new_semaphore_at_its_point():
+    one, two = Fence.reached(), Fence.reached()
+    assert one.query() and two.query()
+    assert list(one.timeline) != list(two.timeline)  # each its own semaphore
+    assert [value for _sem, value in one.points] == [1]
+
+
+def test_fences_reached_is_the_reached_check_of_a_wait_on_all_of_them():
+    from tinyhal.hal.semaphore import fences_reached
+
+    done, pending, failed = Fence.reached(), Fence.pending(), Fence.pending()
+    failed.fail(errors.AbortedError("gone"))
+    assert fences_reached((done, None)) is True
+    assert fences_reached([]) is True
+    assert fences_reached((done, pending)) is False
+    assert fences_reached((failed,)) is False  # a failure is the waiter's to report
+    assert fences_reached((done, "not a fence")) is NotImplemented
+    assert fences_reached(iter([done])) is NotImplemented
+
+
+def test_any_released_reads_each_buffers_storage():
+    from tinyhal.hal.native import core
+
+    device = create_device("sync")
+    try:
+        buffers = [device.allocator.allocate(64), device.queue_alloca(64)]
+        assert core.any_released(buffers) is False
+        device.queue_dealloca(buffers[1])
+        assert core.any_released(buffers) is True
+        assert core.any_released([buffers[0], "not a buffer"]) is True
+        assert core.any_released(tuple(buffers[:1])) is True  # a list only
+    finally:
+        device.close()

@@ -22,7 +22,15 @@ from tinyhal import errors, hal
 from tinyhal.hal import BufferView
 from tinyhal.vm import isa
 from tinyhal.vm.hal_module import command_buffer_dispatch, create_hal_module
-from tinyhal.vm.record_blocks import RecordBlock, find_block, find_execute, replay
+from tinyhal.vm.record_blocks import (
+    AllocaRun,
+    RecordBlock,
+    find_allocas,
+    find_block,
+    find_execute,
+    find_tail,
+    replay,
+)
 
 F32 = 0x21000020
 TWO = int(np.array(2.0, np.float32).view(np.uint32))
@@ -76,13 +84,15 @@ def _run(device, cb, out):
     return BufferView(out, (16,), F32).to_numpy()
 
 
-def _calls_of(code, fn) -> int:
-    """How many times running `fn` enters a function whose code is `code`."""
+def _calls_of(code, fn, *more) -> int:
+    """How many times running `fn` enters a function whose code is `code` (or one of
+    `more`)."""
     calls = 0
+    codes = {code, *more}
 
     def profile(frame, event, arg):
         nonlocal calls
-        if event == "call" and frame.f_code is code:
+        if event == "call" and frame.f_code in codes:
             calls += 1
 
     sys.setprofile(profile)
@@ -425,3 +435,324 @@ def test_a_block_whose_last_operation_moves_the_command_buffer_fuses_with_nothin
     instrs = [_CREATE, _BARRIER, _call(2, [_MOVED_CB]), _execute()]
     assert find_block(instrs, 0, _IMPORTS) == 3
     assert find_execute(instrs, 0, 3, _IMPORTS) is None
+
+
+# -- a recurrent step's head and tail (`find_allocas`, `find_tail`, `hal_blocks`) ----------
+
+_STEP_IMPORTS = [_Import(n) for n in (
+    "hal.fence.join", "hal.fence.create", "hal.device.queue.alloca",
+    "hal.device.queue.execute", "hal.device.queue.dealloca")]
+_JOIN, _NEW, _ALLOCA, _EXEC, _FREE = range(5)
+_DEV = isa.REF_BIT | 1
+
+
+def _r(n, moved=False):
+    return isa.REF_BIT | n | (isa.MOVE_BIT if moved else 0)
+
+
+def _variadic(k: int, src: list, dst: list) -> isa.Instruction:
+    return isa.Instruction(0, 0, "call.variadic",
+                           [k | isa.IMPORT_BIT, [0, len(src) - 1], list(src), list(dst)], ())
+
+
+def _alloca(wait, signal, buffer):
+    return _call(_ALLOCA, [_DEV, 0, wait, signal, 0, 0, 0, 0, 0], [_r(buffer)])
+
+
+# GRU's head: join the step's waits into 7; per buffer (10, 12) a new fence (8, 11) and an
+# alloca waiting on 7 and signalling it; the join of 8 and 11 into 11
+_HEAD = [
+    _variadic(_JOIN, [0, _r(2), _r(3, True)], [_r(7)]),
+    _call(_NEW, [_DEV, 0], [_r(8)]), _alloca(_r(7), _r(8), 10),
+    _call(_NEW, [_DEV, 0], [_r(11)]), _alloca(_r(7, True), _r(11), 12),
+    _variadic(_JOIN, [0, _r(8, True), _r(11, True)], [_r(11)]),
+]
+
+
+@pytest.mark.parametrize("change, end", [
+    (lambda h: h, 6),
+    (lambda h: h[1:], 5),  # no join before: the allocas wait on one fence
+    (lambda h: h + [_ADD], 6),
+    (lambda h: h[:3] + h[5:], None),  # one alloca is not worth a site
+    (lambda h: h[:4] + [_alloca(_r(7), _r(11), 12)] + h[5:], None),  # the wait lives on
+    (lambda h: h[:5] + [_variadic(_JOIN, [0, _r(8), _r(11, True)], [_r(11)])], None),
+    (lambda h: h[:4] + [_alloca(_r(9, True), _r(11), 12)] + h[5:], None),  # another wait
+    (lambda h: h[:4] + [_call(_ALLOCA, [_r(10), 0, _r(7, True), _r(11), 0, 0, 0, 0, 0],
+                              [_r(12)])] + h[5:], None),  # reads a buffer the head made
+])
+def test_a_steps_head_runs_from_its_join_to_the_join_of_its_allocas_fences(change, end):
+    assert find_allocas(change(list(_HEAD)), 0, _STEP_IMPORTS) == end
+
+
+# GRU's tail: a new fence 8, the execute (waits 11, signals 8, moves the command buffer),
+# a new fence 7, the dealloca of 12 waiting on 8 (moved) and signalling 7
+_TAIL = [
+    _call(_NEW, [_DEV, 0], [_r(8)]),
+    _call(_EXEC, [_DEV, 0, _r(11, True), _r(8), _MOVED_CB, 0]),
+    _call(_NEW, [_DEV, 0], [_r(7)]),
+    _call(_FREE, [_DEV, 0, _r(8, True), _r(7), _r(12, True), 0]),
+]
+
+
+@pytest.mark.parametrize("change, found", [
+    (lambda t: t, True),
+    (lambda t: [_ADD] + t[1:], False),  # the signal was not made just before
+    (lambda t: t[:3] + [_call(_FREE, [_DEV, 0, _r(8), _r(7), _r(12, True), 0])], False),
+    (lambda t: t[:3] + [_call(_FREE, [_DEV, 0, _r(9, True), _r(7), _r(12, True), 0])], False),
+    (lambda t: t[:2] + [_ADD, t[3]], False),
+    (lambda t: t[:1] + [_call(_EXEC, [_DEV, 0, _r(8), _r(8), _MOVED_CB, 0])] + t[2:], False),
+])
+def test_a_steps_tail_is_the_new_fence_execute_new_fence_dealloca_around_it(change, found):
+    assert find_tail(change(list(_TAIL)), 1, _STEP_IMPORTS) is found
+
+
+_HEAD_NAMES = ["hal.fence.join", "hal.fence.create", "hal.device.queue.alloca",
+               "hal.fence.create", "hal.device.queue.alloca", "hal.fence.join"]
+
+
+def _o(index):
+    return ("o", index)
+
+
+# values: 0 device, 1 and 2 the fences joined, 3 the first buffer's size
+_HEAD_RUN = AllocaRun((
+    (0, (_k(0), ((_d(1),), (_d(2),)))),
+    (1, (_d(0), _k(0))),
+    (2, (_d(0), _k(-1), _o(0), _o(1), _k(0), _k(48), _k(3075), _d(3), _k(0))),
+    (1, (_d(0), _k(0))),
+    (2, (_d(0), _k(-1), _o(0), _o(3), _k(0), _k(48), _k(3075), _k(256), _k(0))),
+    (0, (_k(0), ((_o(1),), (_o(3),)))),
+), 4, (2, 4, 5))
+
+
+@pytest.fixture
+def hal_sites():
+    """A `hal` module over a sync device (a small ring), and a function making the
+    site of a step run: the module's (`block_recorder`) or the one calling its imports
+    one by one (`replay`)."""
+    device = hal.create_device("sync", transient_capacity=1 << 16)
+    module = create_hal_module(device)
+
+    def make(names, run, served=True):
+        functions = [module.functions[name].fn for name in names]
+        return module.block_recorder(names, run, functions) if served else replay(
+            run, functions)
+
+    yield device, make
+    module.on_close()
+    device.close()
+
+
+def _shim_calls(fn, *shims) -> int:
+    return _calls_of(*(shim.__code__ for shim in shims[:1]), fn,
+                     *(shim.__code__ for shim in shims[1:]))
+
+
+def test_a_steps_head_is_one_hal_operation_when_its_waits_are_reached(hal_sites):
+    """All waits reached on a device without a profile: the allocas are placed by one
+    `Device.queue_allocas` (no alloca or fence shim runs) and the fence the execute
+    would wait on is None, as there is nothing to wait for."""
+    from tinyhal.vm import hal_module
+
+    device, make = hal_sites
+    site = make(_HEAD_NAMES, _HEAD_RUN)
+    site((device, None, None, 64))  # the first places through the alloca's own path
+    reached = hal.Fence.pending()
+    reached.signal()
+    result = []
+    assert _shim_calls(lambda: result.extend(site((device, reached, None, 64))),
+                       hal_module.device_queue_alloca, hal_module.fence_create,
+                       hal_module.fence_join) == 0
+    first, second, fence = result
+    assert fence is None
+    assert (first.byte_length, second.byte_length) == (64, 256)
+    assert device.transient.owns(first.storage) and device.transient.owns(second.storage)
+
+
+def test_a_steps_head_waiting_on_a_fence_not_reached_takes_each_alloca_in_turn(hal_sites):
+    device, make = hal_sites
+    gate = hal.Fence.pending()
+    for served in (True, False):
+        first, second, fence = make(_HEAD_NAMES, _HEAD_RUN, served)((device, gate, None, 64))
+        assert not fence.query()
+        assert first.storage.block is None and second.storage.block is None
+    gate.signal()
+    assert fence.query() and first.storage.block is not None
+
+
+def test_a_steps_head_raises_at_the_alloca_that_its_ring_refuses(hal_sites):
+    """A size larger than the whole ring raises RESOURCE_EXHAUSTED at that alloca, as
+    the imports one by one do; a pool raises the alloca shim's UNIMPLEMENTED."""
+    device, make = hal_sites
+    messages = []
+    for served in (True, False):
+        with pytest.raises(errors.ResourceExhaustedError) as caught:
+            make(_HEAD_NAMES, _HEAD_RUN, served)((device, None, None, 1 << 20))
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1]
+    pooled = _HEAD_RUN._replace(ops=_HEAD_RUN.ops[:2] + (
+        (2, (_d(0), _k(-1), _o(0), _o(1), _k(1), _k(48), _k(3075), _d(3), _k(0))),)
+        + _HEAD_RUN.ops[3:])
+    with pytest.raises(errors.UnimplementedError):
+        make(_HEAD_NAMES, pooled)((device, None, None, 64))
+    with pytest.raises(errors.InvalidArgumentError, match="hal.device"):
+        make(_HEAD_NAMES, _HEAD_RUN)(("not a device", None, None, 64))
+
+
+def test_a_steps_head_under_a_profile_records_each_alloca(hal_sites):
+    device, make = hal_sites
+    site = make(_HEAD_NAMES, _HEAD_RUN)
+    with device.profiling("queue-events") as profile:
+        first, second, fence = site((device, None, None, 64))
+    assert profile.summary().queue_operations.get("alloca") == 2
+    fence.wait(timeout=60)
+
+
+_STEP_NAMES = FMA_NAMES + ["hal.device.queue.execute", "hal.fence.create",
+                           "hal.fence.create", "hal.device.queue.dealloca"]
+_X0 = ("x", 0)
+_STEP_BLOCK = FMA_BLOCK._replace(execute=(4, 4), after=(3, (
+    (5, (_X0, _k(0))), (5, (_X0, _k(0))),
+    (7, (_X0, ("x", 1), ("s", 0), ("s", 1), ("a", 0), _k(0))))))
+
+
+def _fma_values(device, exe, seed):
+    a, b, *buffers = _buffers(device, seed)
+    return a, b, buffers[2], (device, exe, 0, *buffers)
+
+
+def _step(fences, site, device, gate, values, scratch):
+    fences.append(site(device, -1, gate, None, values, 0, scratch))
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_steps_tail_submits_and_gives_the_scratch_buffer_back(hal_sites, gated):
+    """The block fused with its execute and the step's dealloca: its results, and the
+    scratch buffer's memory back in the ring once the fence it returns is reached; one
+    `Device.queue_execute_dealloca` when the wait is reached (the fence then already
+    is), the imports' path when it is not (the fence then waits for it)."""
+    from tinyhal.vm import hal_module
+
+    device, make = hal_sites
+    exe = device.load_executable(compile_executable("elementwise_3d", embedded=True))
+    site = make(_STEP_NAMES, _STEP_BLOCK)
+    for seed in range(3):
+        a, b, out, values = _fma_values(device, exe, seed)
+        scratch = device.queue_alloca(64)
+        gate = hal.Fence.pending() if gated else None
+        fences = []
+        step = functools.partial(_step, fences, site, device, gate, values, scratch)
+        assert _shim_calls(step, hal_module.device_queue_execute,
+                           hal_module.device_queue_dealloca, hal_module.fence_create) == 0
+        if gated:
+            assert not fences[0].query() and not scratch.storage.released
+            gate.signal()
+        fences[0].wait(timeout=60)
+        assert scratch.storage.released
+        assert BufferView(out, (16,), F32).to_numpy().tobytes() == (a * 2 + b).tobytes()
+
+
+def test_a_steps_tail_under_a_profile_records_the_execute_and_the_dealloca(hal_sites):
+    device, make = hal_sites
+    exe = device.load_executable(compile_executable("elementwise_3d", embedded=True))
+    site = make(_STEP_NAMES, _STEP_BLOCK)
+    site(device, -1, None, None, _fma_values(device, exe, 0)[3], 0, device.queue_alloca(64))
+    with device.profiling("queue-events") as profile:
+        scratch = device.queue_alloca(64)
+        a, b, out, values = _fma_values(device, exe, 1)
+        site(device, -1, None, None, values, 0, scratch).wait(timeout=60)
+    operations = profile.summary().queue_operations
+    assert operations.get("execute") == 1 and operations.get("dealloca") == 1
+    assert BufferView(out, (16,), F32).to_numpy().tobytes() == (a * 2 + b).tobytes()
+
+
+def test_the_generic_sites_of_a_steps_head_and_tail_call_the_imports_in_order():
+    calls = []
+
+    def recorder(name, result=None):
+        def fn(*args):
+            calls.append((name, args))
+            return result if result is not None else name
+        return fn
+
+    head = replay(_HEAD_RUN, [recorder(n, f"{n}#{i}") for i, n in enumerate(_HEAD_NAMES)])
+    assert head(("dev", "w1", "w2", 64)) == ("hal.device.queue.alloca#2",
+                                               "hal.device.queue.alloca#4",
+                                               "hal.fence.join#5")
+    assert [args for _, args in calls][2] == ("dev", -1, "hal.fence.join#0",
+                                              "hal.fence.create#1", 0, 48, 3075, 64, 0)
+    calls.clear()
+    names = [*_STEP_NAMES[:5], "ran", "freed", "dealloca"]
+    tail = replay(_STEP_BLOCK, [recorder(n) for n in names])
+    assert tail("dev", -1, "wait", None, ("dev", "exe", 7, "a", "b", "c"), 0,
+                "scratch") == "freed"
+    assert [name for name, _ in calls] == ["ran", *FMA_NAMES, "hal.device.queue.execute",
+                                           "freed", "dealloca"]
+    assert calls[-3][1] == ("dev", -1, "wait", "ran", "hal.command_buffer.create", 0)
+    assert calls[-1][1] == ("dev", -1, "ran", "freed", "scratch", 0)
+
+
+@pytest.mark.parametrize("driver", ["sync", "task"])
+@pytest.mark.parametrize("name", ["gru", "lstm"])
+def test_a_recurrent_models_steps_run_as_two_hal_operations_each(driver, name):
+    """Each time step of GRU and LSTM is translated into a head (`find_allocas`) and a
+    tail (`find_tail`): on a device that places its allocas at once no step calls the
+    alloca, dealloca or fence-create shims, only the step's two HAL operations (on
+    `task`, a step after one whose stream a worker finished takes the imports' path)."""
+    pytest.importorskip("onnx")
+    from support.zoo import ZOO, zoo_inputs, zoo_vmfb
+    from tinyhal.hal.device import Device
+    from tinyhal.vm import hal_module
+
+    with tinyhal.load(zoo_vmfb(name), device=driver) as module:
+        fn = getattr(module, ZOO[name].function)
+        args = zoo_inputs(name)
+        fn(*args)
+        run = functools.partial(fn, *args)
+        heads = _calls_of(Device.queue_allocas.__code__, run)
+        tails = _calls_of(Device.queue_execute_dealloca.__code__, run)
+        if driver == "sync":
+            assert heads >= 2 and tails == heads
+            once = _shim_calls(run, hal_module.device_queue_dealloca, hal_module.fence_create)
+            assert once < heads  # what the call does outside its loop
+        else:
+            assert heads >= 2 and tails >= 1
+
+
+def test_a_steps_head_and_tail_on_a_device_of_several_queues_take_the_imports_path():
+    """The queue an affinity picks is the shims' rule: a device of two queues calls the
+    imports one by one, with the same results."""
+    from tinyhal.hal.device import Device
+
+    device = hal.create_device("emu", queues=2)
+    module = create_hal_module(device)
+    try:
+        head = module.block_recorder(_HEAD_NAMES, _HEAD_RUN,
+                                     [module.functions[n].fn for n in _HEAD_NAMES])
+        first, second, fence = [], [], []
+
+        def run():
+            a, b, f = head((device, None, None, 64))
+            first.append(a), second.append(b), fence.append(f)
+
+        assert _calls_of(Device.queue_allocas.__code__, run) == 0
+        fence[0].wait(timeout=60)
+        assert (first[0].byte_length, second[0].byte_length) == (64, 256)
+    finally:
+        module.on_close()
+        device.close()
+
+
+def test_a_steps_tail_over_a_buffer_not_of_the_ring_only_orders_it(hal_sites):
+    """A dealloca of memory `queue_alloca` did not make only orders the queue (as the
+    shim does): the buffer lives on."""
+    device, make = hal_sites
+    exe = device.load_executable(compile_executable("elementwise_3d", embedded=True))
+    site = make(_STEP_NAMES, _STEP_BLOCK)
+    for seed in range(2):
+        a, b, out, values = _fma_values(device, exe, seed)
+        kept = device.allocator.allocate(64)
+        site(device, -1, None, None, values, 0, kept).wait(timeout=60)
+        assert not kept.storage.released
+        device.write_bytes(kept, bytes(64))
+        assert BufferView(out, (16,), F32).to_numpy().tobytes() == (a * 2 + b).tobytes()
