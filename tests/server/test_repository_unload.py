@@ -1,0 +1,75 @@
+"""An unloaded model version is freed by reference counting: the server never runs a
+collection of the whole heap (it holds the interpreter lock for tens of ms, the event
+loop's time), so nothing of a module may be left in a reference cycle once it unloaded.
+Checked in a child process (it freezes its heap as the server does), for the bundled
+samples: a stateless model on each device kind and a sequence model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from serve_helpers import SAMPLES
+
+pytestmark = pytest.mark.timeout(120)
+
+_CHILD = r"""
+import gc, json, shutil, sys, tempfile
+from pathlib import Path
+import trio
+from tinyhal.server.repository import ModelRepository
+
+samples, root = Path(sys.argv[1]), Path(tempfile.mkdtemp())
+for name in ("mlp_classifier", "saxpy", "gru_step"):
+    shutil.copytree(samples / name, root / name)
+(root / "saxpy" / "config.json").write_text(json.dumps(
+    {**json.loads((root / "saxpy" / "config.json").read_text()), "device": "sync"}))
+
+
+async def main():
+    repository = ModelRepository(root)
+    repository.token = trio.lowlevel.current_trio_token()
+    failed = await trio.to_thread.run_sync(repository.load_all)
+    assert not failed, [mv.reason for mv in failed]
+    report = {}
+    for name in ("saxpy", "mlp_classifier", "gru_step"):
+        await repository.unload_model(name)
+        del repository.models[name]
+        gc.unfreeze()  # what would be left to a collection of everything
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        garbage = list(gc.garbage)
+        gc.set_debug(0)
+        gc.garbage.clear()
+        report[name] = {
+            "objects": len(garbage),
+            "bytes": sum(sys.getsizeof(o) for o in garbage),
+            "runtime": sorted({type(o).__module__ + "." + type(o).__qualname__
+                               for o in garbage
+                               if type(o).__module__.startswith(("tinyhal.vm", "tinyhal.hal"))
+                               or type(o) in (memoryview, bytearray)}),
+        }
+        del garbage
+        gc.collect()
+        gc.freeze()
+    await trio.to_thread.run_sync(repository.close)
+    print(json.dumps(report))
+
+
+trio.run(main)
+"""
+
+
+def test_an_unloaded_version_leaves_no_reference_cycle_of_its_module():
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(SAMPLES)], capture_output=True,
+                          text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    for name, left in report.items():
+        # none of the module's objects (its buffers, functions, context)
+        assert left["runtime"] == [], (name, left)
+        # what is left is the scheduler's own small cycles (its dispatch and timer
+        # callbacks), a few KiB, never the module
+        assert left["bytes"] < 32 << 10, (name, left)
