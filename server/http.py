@@ -198,6 +198,7 @@ class _Callbacks:
         self.head_too_large = False
         self.malformed = ""  # why a callback stopped the parser (answered 400)
         self.chunks = 0  # chunks of the body in progress
+        self.chunk_from = -1  # where the chunk whose size line was just read starts
         self.trailer_bytes = 0  # trailer fields of the body in progress (dropped)
         self.head_raw = 0  # bytes received for the head in progress
         self.head_deadline = 0.0
@@ -315,6 +316,26 @@ class _Callbacks:
             self.malformed = (f"chunked request body exceeds {_MAX_CHUNKS} chunks; send "
                               f"fewer, larger chunks")
             raise httptools.HttpParserError(self.malformed)
+        self.chunk_from = self.current.size  # the body's size where this chunk starts
+
+    def on_chunk_complete(self) -> None:
+        self.chunk_from = -1
+
+    def chunk_declared_too_large(self, data: bytes) -> bool:
+        """Whether the chunk whose size line ended in `data` (the bytes just parsed) and
+        whose data is still arriving declared more than the body may hold: refused when
+        its size line is read, not once its bytes arrived (httptools does not pass the
+        size on; the line ends where the chunk's bytes received so far begin)."""
+        message, start = self.current, self.chunk_from
+        if start < 0 or message is None or message.refused:
+            return False
+        self.chunk_from = -1  # looked at once, in the read its size line ended in
+        end = len(data) - (message.size - start) - 2  # before its CRLF
+        line = data[data.rfind(b"\n", 0, end) + 1:end].split(b";", 1)[0].strip()
+        try:
+            return start + int(line, 16) > self.max_body
+        except ValueError:
+            return False
 
     def on_message_complete(self) -> None:
         message, self.current = self.current, None
@@ -643,6 +664,8 @@ class HttpServer:
                 await self._send_head_too_large(stream)
                 return False
         current = callbacks.current
+        if callbacks.chunk_from >= 0 and callbacks.chunk_declared_too_large(data):
+            current.too_large = True
         if current is not None and not current.head_done:
             if callbacks.head_raw == 0:
                 callbacks.head_deadline = callbacks.received + self.head_timeout
