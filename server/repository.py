@@ -243,6 +243,9 @@ class ModelVersion:
     sequence_config: SequenceConfig | None = None
     program_outputs: list[TensorSpec] = field(default_factory=list)  # clients see `outputs`
     _device_lock: threading.Lock | None = None
+    # what the scheduler holds each instance's module by (released by an unload)
+    _workers: list[Instance] = field(default_factory=list)
+    _step_programs: list[StepProgram] = field(default_factory=list)
     _unloaded: trio.Event | None = None  # made by the first `unload`, set when it ended
     # what `prepare` compares requests with, made once the signature is final (None: every
     # request takes the full check)
@@ -307,6 +310,7 @@ class ModelVersion:
         workers = [Instance(InstanceThread(f"{self.name}/{self.version}#{i}", token, cpu),
                             functools.partial(self._invoke_blocking, module))
                    for i, module in enumerate(modules)]
+        self._workers = workers
         memory = self.memory
         if self.sequence_config is not None:
             self.scheduler = self._sequence_batcher(workers, max_queue)
@@ -354,8 +358,8 @@ class ModelVersion:
         program_inputs = [s.name for s in self.inputs]
         self.inputs = [s for s in self.inputs if s.name not in hidden_in]
         self.outputs = [s for s in self.outputs if s.name not in hidden_out]
-        programs = [StepProgram(module, self.function, self._device_lock)
-                    for module in self.modules]
+        programs = self._step_programs = [
+            StepProgram(module, self.function, self._device_lock) for module in self.modules]
         return SequenceBatcher(
             self.name, config, self.max_batch_size, workers, programs, program_inputs,
             [(s.name, s.datatype) for s in self.program_outputs], max_queue,
@@ -551,7 +555,7 @@ class ModelVersion:
                 scheduler.stop()
                 self.scheduler = UnloadedScheduler(scheduler.max_concurrency,
                                                    scheduler.max_queue)
-                _release(scheduler)
+            self._release_modules()
             modules, self.modules, self.module = self.modules, [], None
             for module in modules:
                 await trio.to_thread.run_sync(module.close)
@@ -559,6 +563,18 @@ class ModelVersion:
             log.info("unloaded model %s version %s", self.name, self.version)
         finally:
             self._unloaded.set()
+
+    def _release_modules(self) -> None:
+        """Drops what the stopped scheduler holds the modules by. A scheduler is a
+        reference cycle (its dispatch and timer callbacks are its own bound methods) made
+        before the heap was last frozen, so no collection ever frees it (`freeze_heap`):
+        what it still holds stays; the modules, with their files' bytes, must not."""
+        for worker in self._workers:
+            worker.invoke = _unloaded_invoke
+        for program in self._step_programs:
+            program.module = None
+        self._workers, self._step_programs = [], []
+        self.request_gates = None
 
     def metadata(self, versions: list[str]) -> dict:
         return {
@@ -640,15 +656,8 @@ class UnloadedScheduler:
         pass
 
 
-def _release(scheduler: Scheduler) -> None:
-    """Drops everything a stopped scheduler holds (its instances, their modules, a
-    sequence batcher's device state and live sequences). A scheduler is a reference
-    cycle (its dispatch and timer callbacks are its own bound methods) made before the
-    heap was last frozen, so no collection would ever free it, nor what it holds
-    (`freeze_heap`); emptied, it keeps a few KiB."""
-    attributes = getattr(scheduler, "__dict__", None)
-    if attributes is not None:
-        attributes.clear()
+def _unloaded_invoke(args: list[Any]) -> Any:
+    raise Unavailable("the model version was unloaded")
 
 
 def _instance_count(settings: ModelConfig) -> int:
@@ -674,15 +683,17 @@ def file_fingerprint(path: Path) -> tuple:
 
 
 def freeze_heap() -> None:
-    """Keeps what is alive now out of the cyclic garbage collector's scans (`gc.freeze`):
-    a collection of everything walks every object of the process (every loaded module's
-    and every library's) and held the interpreter lock for 30-50 ms of CPU here, 0.2-2 s
-    of the event loop's time on a busy machine. Called whenever model versions loaded or
-    unloaded; what is not frozen yet (made since the last freeze: little) is collected
-    first. Frozen objects are never scanned again, so an unloaded version must be freed
-    by reference counting: closing a module breaks its reference cycles
-    (`vm.Context.close`) and an unload empties its stopped scheduler (`_release`)."""
-    gc.collect()  # the objects made since the last freeze, never the frozen ones
+    """Keeps what is alive now out of the cyclic garbage collector's scans (`gc.freeze`),
+    after model versions loaded (only the young generations are collected first): a
+    collection of the oldest generation otherwise walks every object of every loaded
+    module and paused the event loop for up to 25 ms under load (p99 at 64 connections).
+    Frozen objects are never scanned again, so an unloaded version's modules are freed
+    by reference counting alone: closing a module breaks its reference cycles
+    (`vm.Context.close`) and an unload drops what its stopped scheduler held them by
+    (`ModelVersion._release_modules`). (An unload once thawed and collected the whole
+    heap on the loop: 30-50 ms of CPU here, 0.2-2 s of the loop's time on a busy
+    machine.)"""
+    gc.collect(1)
     gc.freeze()
 
 
@@ -971,7 +982,6 @@ class ModelRepository:
         async with trio.open_nursery() as nursery:
             for mv in versions:
                 nursery.start_soon(mv.unload)
-        freeze_heap()
 
     async def unload_model(self, name: str) -> None:
         """Every version of `name` stops serving once what it admitted finished."""
@@ -990,7 +1000,6 @@ class ModelRepository:
                 await mv.unload()
             finally:
                 self.retiring.discard(mv)
-                freeze_heap()
 
         background.start_soon(retire)
 
