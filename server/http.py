@@ -198,6 +198,8 @@ class _Callbacks:
         self.head_too_large = False
         self.malformed = ""  # why a callback stopped the parser (answered 400)
         self.chunks = 0  # chunks of the body in progress
+        # the parser's error, kept until the complete requests before it were answered
+        self.failed: httptools.HttpParserError | None = None
         self.chunk_from = -1  # where the chunk whose size line was just read starts
         self.trailer_bytes = 0  # trailer fields of the body in progress (dropped)
         self.head_raw = 0  # bytes received for the head in progress
@@ -599,6 +601,9 @@ class HttpServer:
                        callbacks: _Callbacks, scope: trio.CancelScope) -> bool:
         """Feeds the parser what arrives next; False when the connection should close.
         `scope` is the connection's: cancelled while it waits idle, it closes it."""
+        if callbacks.failed is not None:  # the requests before it were answered
+            await self._send_parse_error(stream, callbacks, callbacks.failed)
+            return False
         current = callbacks.current
         if current is None:  # idle between requests: the idle sweep or drain closes it
             fd = callbacks.fd
@@ -647,13 +652,10 @@ class HttpServer:
             await self._send_error(stream, 400, "protocol upgrades are not supported")
             return False
         except httptools.HttpParserError as exc:
-            if callbacks.head_too_large:
-                await self._send_head_too_large(stream)
-            else:
-                await self._send_error(stream, 400, f"malformed HTTP request: "
-                                                    f"{callbacks.malformed or exc}")
-                if callbacks.malformed:  # refused mid-body: it may still be sending
-                    await _linger(stream)
+            if callbacks.done:  # pipelined requests before it are answered first
+                callbacks.failed = exc
+                return True
+            await self._send_parse_error(stream, callbacks, exc)
             return False
         if callbacks.raw_headers and (callbacks.current is None
                                       or callbacks.current.head_done):
@@ -683,11 +685,23 @@ class HttpServer:
                 await stream.send_all(_CONTINUE)
         return True
 
+    async def _send_parse_error(self, stream: trio.SocketStream, callbacks: _Callbacks,
+                                exc: httptools.HttpParserError) -> None:
+        if callbacks.head_too_large:
+            await self._send_head_too_large(stream)
+        else:
+            await self._send_error(stream, 400, f"malformed HTTP request: "
+                                                f"{callbacks.malformed or exc}")
+            if callbacks.malformed:  # refused mid-body: it may still be sending
+                await _linger(stream)
+
     async def _send_head_too_large(self, stream: trio.SocketStream) -> None:
         await self._send_error(stream, 431, f"request head exceeds {_MAX_HEAD_BYTES} bytes")
 
     def _request(self, message: _Message, fd: int) -> Request:
         target = message.target.decode("latin-1")
+        if target[:1] != "/":
+            target = _origin_form(target)
         if message.buffer is not None:
             body = message.buffer
         else:
@@ -779,6 +793,17 @@ def _release(message: _Message | None, request: Request | None) -> None:
 
 
 _METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS")}
+
+
+def _origin_form(target: str) -> str:
+    """The path and query of an absolute-form target ("http://host:port/path?query"),
+    which a server must accept (RFC 9112, 3.2.2; proxies send it); any other target as
+    it is (the router answers 404 for it)."""
+    scheme, sep, rest = target.partition("://")
+    if not sep or not scheme.isalpha():
+        return target
+    slash = rest.find("/")
+    return rest[slash:] if slash >= 0 else "/"
 
 
 def _header_dict(raw: list[bytes]) -> dict[str, str]:

@@ -242,3 +242,40 @@ def test_a_chunk_declared_over_the_limit_is_413_when_its_size_line_arrives(http_
         answer = _answer_while_open(sock)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     _assert_healthy(http_server)
+
+
+def _statuses(response: bytes) -> list[int]:
+    return [int(part.split(b" ", 1)[0]) for part in response.split(b"HTTP/1.1 ")[1:]]
+
+
+def test_pipelined_requests_before_a_malformed_one_are_answered_first(http_server):
+    """A malformed request closes the connection with 400; the complete requests sent
+    before it on the same connection were dropped unanswered."""
+    post = _INFER + b"Content-Length: %d\r\n\r\n" % len(_BODY) + _BODY
+    health = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    for sent, want in (
+            (health + b"GARBAGE\r\n\r\n" + health, [200, 400]),
+            (post + post + _INFER + b"Content-Length: -1\r\n\r\n" + post, [200, 200, 400]),
+            (post + _INFER + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", [200, 400])):
+        assert _statuses(_exchange(http_server, sent)) == want
+    _assert_healthy(http_server)
+
+
+def test_targets_as_triton_routes_them(http_server):
+    """The absolute form (RFC 9112 3.2.2: a server must accept it; libevhtp parses out
+    its path) is served; a percent-encoded name is not decoded and HEAD is not GET, as
+    in Triton's frontend (it matches the raw path and allows GET or POST only)."""
+    absolute = (b"POST http://127.0.0.1:%d/v2/models/mlp_classifier/infer HTTP/1.1\r\n"
+                b"Host: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                % (http_server.port, len(_BODY)) + _BODY)
+    assert _statuses(_exchange(http_server, absolute)) == [200]
+    for target, status in ((b"/v2/models/mlp%5Fclassifier/infer", 404),
+                           (b"/v2/models/mlp_classifier/versions/%31/infer", 404)):
+        got, _ = _status_and_error(_exchange(http_server, b"POST " + target + b" HTTP/1.1\r\n"
+                                             b"Host: x\r\nContent-Length: %d\r\nConnection: "
+                                             b"close\r\n\r\n" % len(_BODY) + _BODY))
+        assert got == status, target
+    head = _exchange(http_server, b"HEAD /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+                                  b"Connection: close\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 405") and b"allow: get" in head.lower(), head
+    assert head.endswith(b"\r\n\r\n"), head  # no body to a HEAD
