@@ -229,9 +229,11 @@ def _lag_over(metrics: dict, bound: str) -> float:
     return count - metrics[("tinyhal_event_loop_lag_seconds_bucket", (("le", bound),))]
 
 
-def test_a_large_model_loads_while_health_answers(tmp_path, start_server):
-    # ~0.4 MB of translated source: compile() of it held the interpreter ~0.1 s of CPU
-    vmfb = compile_mlir(large_function_mlir(1500), HOST_FLAGS)
+@pytest.mark.parametrize("ops", [250, 1500])
+def test_a_large_model_loads_while_health_answers(tmp_path, start_server, ops):
+    # ~0.12 and ~0.4 MB of translated source: compile() of them held the interpreter ~41
+    # and ~100 ms of CPU (now both compile in a child process)
+    vmfb = compile_mlir(large_function_mlir(ops), HOST_FLAGS)
     shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
     write_model(tmp_path, "big", vmfb, {"device": "sync"})
     server = start_server("--model-repository", str(tmp_path), "--model-control-mode",
@@ -250,7 +252,9 @@ def test_a_large_model_loads_while_health_answers(tmp_path, start_server):
     loader.join()
     assert loaded[0][0] == 200, loaded
     after = server.metrics()
-    assert answers > 10
+    # health was asked while the model loaded (how many times depends on the machine's
+    # speed and load: the bound is the lag monitor's, below)
+    assert answers >= 1
     # the loop never stalled 50 ms while the model was read, translated and compiled
     stalls = _lag_over(after, "0.05") - _lag_over(before, "0.05")
     assert stalls == 0, (after[("tinyhal_event_loop_lag_max_seconds", ())], stalls)
