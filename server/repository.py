@@ -557,8 +557,7 @@ class ModelVersion:
                                                    scheduler.max_queue)
             self._release_modules()
             modules, self.modules, self.module = self.modules, [], None
-            for module in modules:
-                await trio.to_thread.run_sync(module.close)
+            await trio.to_thread.run_sync(_close_modules, modules)
             self.state, self.reason, self.unloaded = "UNAVAILABLE", "unloaded", True
             log.info("unloaded model %s version %s", self.name, self.version)
         finally:
@@ -654,6 +653,14 @@ class UnloadedScheduler:
 
     def stop(self) -> None:
         pass
+
+
+def _close_modules(modules: list[Any]) -> None:
+    """Closes `modules` and drops the last references to them here, on a worker thread:
+    freeing a module (thousands of objects, its file's bytes) is then this thread's
+    time, not the event loop's."""
+    while modules:
+        modules.pop().close()
 
 
 def _unloaded_invoke(args: list[Any]) -> Any:
