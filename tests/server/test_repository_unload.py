@@ -17,10 +17,12 @@ from serve_helpers import SAMPLES
 pytestmark = pytest.mark.timeout(120)
 
 _CHILD = r"""
-import gc, json, shutil, sys, tempfile
+import gc, json, math, shutil, sys, tempfile
 from pathlib import Path
+import numpy as np
 import trio
 from tinyhal.server.repository import ModelRepository
+from tinyhal.server.scheduling import Unavailable
 
 samples, root = Path(sys.argv[1]), Path(tempfile.mkdtemp())
 for name in ("mlp_classifier", "saxpy", "gru_step"):
@@ -36,7 +38,13 @@ async def main():
     assert not failed, [mv.reason for mv in failed]
     report = {}
     for name in ("saxpy", "mlp_classifier", "gru_step"):
+        version = repository.get(name)
         await repository.unload_model(name)
+        try:  # a request checked against the version before it unloaded
+            await version.infer([np.zeros((1, 1), np.float32)], math.inf, "late")
+            late = "answered"
+        except Unavailable as exc:
+            late = str(exc)
         del repository.models[name]
         gc.unfreeze()  # what would be left to a collection of everything
         gc.set_debug(gc.DEBUG_SAVEALL)
@@ -49,6 +57,7 @@ async def main():
             "bytes": sum(sys.getsizeof(o) for o in garbage),
             "vm": sorted({type(o).__qualname__ for o in garbage
                           if type(o).__module__.startswith("tinyhal.vm")}),
+            "late": late,
             "device_bytes": sum(o.byte_length for o in garbage
                                 if type(o).__qualname__ == "Buffer"
                                 and type(o).__module__.startswith("tinyhal.hal")),
@@ -72,6 +81,8 @@ def test_an_unloaded_version_leaves_no_reference_cycle_of_its_module():
     for name, left in report.items():
         # none of the module's objects (its bytecode, rodata, functions, context)
         assert left["vm"] == [], (name, left)
+        # it admits nothing more: 503, not an error of a scheduler that is gone
+        assert left["late"] == "the model version was unloaded", (name, left)
         # what is left is the stopped scheduler's own cycle (its dispatch and timer
         # callbacks), a few KiB, and a sequence batcher's device state: the initial
         # state rows (4 KiB here)
