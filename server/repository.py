@@ -618,6 +618,9 @@ class ModelVersion:
         return config
 
 
+UNLOADED = "the model version was unloaded"
+
+
 class UnloadedScheduler:
     """The scheduler of a version that unloaded (`Scheduler`): it admits nothing (a
     request that was checked against the version before it unloaded gets 503) and holds
@@ -631,7 +634,7 @@ class UnloadedScheduler:
         self.max_queue = max_queue
 
     async def infer(self, *args: Any, **kwargs: Any) -> Any:
-        raise Unavailable("the model version was unloaded")
+        raise Unavailable(UNLOADED)
 
     def continues_work(self, parameters: dict) -> bool:
         return False
@@ -664,7 +667,7 @@ def _close_modules(modules: list[Any]) -> None:
 
 
 def _unloaded_invoke(args: list[Any]) -> Any:
-    raise Unavailable("the model version was unloaded")
+    raise Unavailable(UNLOADED)
 
 
 def _instance_count(settings: ModelConfig) -> int:
