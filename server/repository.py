@@ -564,10 +564,10 @@ class ModelVersion:
             self._unloaded.set()
 
     def _release_modules(self) -> None:
-        """Drops what the stopped scheduler holds the modules by. A scheduler is a
-        reference cycle (its dispatch and timer callbacks are its own bound methods) made
-        before the heap was last frozen, so no collection ever frees it (`freeze_heap`):
-        what it still holds stays; the modules, with their files' bytes, must not."""
+        """Drops what the stopped scheduler holds the modules by, so they are freed when
+        they close, on the worker thread (`_close_modules`), whoever still holds the
+        scheduler (a stopped scheduler detaches its callbacks: no reference cycle keeps
+        it either, `freeze_heap`)."""
         for worker in self._workers:
             worker.invoke = _unloaded_invoke
         for program in self._step_programs:
@@ -699,10 +699,11 @@ def freeze_heap() -> None:
     module and paused the event loop for up to 25 ms under load (p99 at 64 connections).
     Frozen objects are never scanned again, so an unloaded version's modules are freed
     by reference counting alone: closing a module breaks its reference cycles
-    (`vm.Context.close`) and an unload drops what its stopped scheduler held them by
-    (`ModelVersion._release_modules`). (An unload once thawed and collected the whole
-    heap on the loop: 30-50 ms of CPU here, 0.2-2 s of the loop's time on a busy
-    machine.)"""
+    (`vm.Context.close`), a stopped scheduler detaches its dispatch and client-watch
+    callbacks (its own bound methods), and an unload drops what the scheduler held the
+    modules by (`ModelVersion._release_modules`). (An unload once thawed and collected
+    the whole heap on the loop: 30-50 ms of CPU here, 0.2-2 s of the loop's time on a
+    busy machine.)"""
     gc.collect(1)
     gc.freeze()
 

@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from .http import client_gone_probe
+from .scheduling import nothing
 
 __all__ = ["ClientWatch"]
 
@@ -50,6 +51,13 @@ class ClientWatch:
         self._stopped = True
         if self._wake is not None:
             self._wake.set()
+
+    def detach(self) -> None:
+        """Calls nothing any more (its batcher stopped, idle): its callbacks were a
+        reference cycle through the batcher, which a frozen heap would never collect."""
+        self.stop()
+        self.watched.clear()  # `run` looks at none of them again, calls `after` at most
+        self._left = self._is_ended = self._after = nothing
 
     async def run(self) -> None:
         while not self._stopped:
