@@ -510,6 +510,7 @@ class Admission:
         for instance in self._instances:
             instance.thread.stop()
         self._timer.stop()
+        self._dispatch_after_pass.detach()  # no cycle left: freed by reference counting
 
 
 def _execute(invoke: Callable[[list[Any]], Results], batch: list[_Request],

@@ -198,6 +198,9 @@ class _Callbacks:
         self.head_too_large = False
         self.malformed = ""  # why a callback stopped the parser (answered 400)
         self.chunks = 0  # chunks of the body in progress
+        # the parser's error, kept until the complete requests before it were answered
+        self.failed: httptools.HttpParserError | None = None
+        self.chunk_from = -1  # where the chunk whose size line was just read starts
         self.trailer_bytes = 0  # trailer fields of the body in progress (dropped)
         self.head_raw = 0  # bytes received for the head in progress
         self.head_deadline = 0.0
@@ -315,6 +318,26 @@ class _Callbacks:
             self.malformed = (f"chunked request body exceeds {_MAX_CHUNKS} chunks; send "
                               f"fewer, larger chunks")
             raise httptools.HttpParserError(self.malformed)
+        self.chunk_from = self.current.size  # the body's size where this chunk starts
+
+    def on_chunk_complete(self) -> None:
+        self.chunk_from = -1
+
+    def chunk_declared_too_large(self, data: bytes) -> bool:
+        """Whether the chunk whose size line ended in `data` (the bytes just parsed) and
+        whose data is still arriving declared more than the body may hold: refused when
+        its size line is read, not once its bytes arrived (httptools does not pass the
+        size on; the line ends where the chunk's bytes received so far begin)."""
+        message, start = self.current, self.chunk_from
+        if start < 0 or message is None or message.refused:
+            return False
+        self.chunk_from = -1  # looked at once, in the read its size line ended in
+        end = len(data) - (message.size - start) - 2  # before its CRLF
+        line = data[data.rfind(b"\n", 0, end) + 1:end].split(b";", 1)[0].strip()
+        try:
+            return start + int(line, 16) > self.max_body
+        except ValueError:
+            return False
 
     def on_message_complete(self) -> None:
         message, self.current = self.current, None
@@ -578,6 +601,9 @@ class HttpServer:
                        callbacks: _Callbacks, scope: trio.CancelScope) -> bool:
         """Feeds the parser what arrives next; False when the connection should close.
         `scope` is the connection's: cancelled while it waits idle, it closes it."""
+        if callbacks.failed is not None:  # the requests before it were answered
+            await self._send_parse_error(stream, callbacks, callbacks.failed)
+            return False
         current = callbacks.current
         if current is None:  # idle between requests: the idle sweep or drain closes it
             fd = callbacks.fd
@@ -626,13 +652,10 @@ class HttpServer:
             await self._send_error(stream, 400, "protocol upgrades are not supported")
             return False
         except httptools.HttpParserError as exc:
-            if callbacks.head_too_large:
-                await self._send_head_too_large(stream)
-            else:
-                await self._send_error(stream, 400, f"malformed HTTP request: "
-                                                    f"{callbacks.malformed or exc}")
-                if callbacks.malformed:  # refused mid-body: it may still be sending
-                    await _linger(stream)
+            if callbacks.done:  # pipelined requests before it are answered first
+                callbacks.failed = exc
+                return True
+            await self._send_parse_error(stream, callbacks, exc)
             return False
         if callbacks.raw_headers and (callbacks.current is None
                                       or callbacks.current.head_done):
@@ -643,6 +666,8 @@ class HttpServer:
                 await self._send_head_too_large(stream)
                 return False
         current = callbacks.current
+        if callbacks.chunk_from >= 0 and callbacks.chunk_declared_too_large(data):
+            current.too_large = True
         if current is not None and not current.head_done:
             if callbacks.head_raw == 0:
                 callbacks.head_deadline = callbacks.received + self.head_timeout
@@ -660,11 +685,23 @@ class HttpServer:
                 await stream.send_all(_CONTINUE)
         return True
 
+    async def _send_parse_error(self, stream: trio.SocketStream, callbacks: _Callbacks,
+                                exc: httptools.HttpParserError) -> None:
+        if callbacks.head_too_large:
+            await self._send_head_too_large(stream)
+        else:
+            await self._send_error(stream, 400, f"malformed HTTP request: "
+                                                f"{callbacks.malformed or exc}")
+            if callbacks.malformed:  # refused mid-body: it may still be sending
+                await _linger(stream)
+
     async def _send_head_too_large(self, stream: trio.SocketStream) -> None:
         await self._send_error(stream, 431, f"request head exceeds {_MAX_HEAD_BYTES} bytes")
 
     def _request(self, message: _Message, fd: int) -> Request:
         target = message.target.decode("latin-1")
+        if target[:1] != "/":
+            target = _origin_form(target)
         if message.buffer is not None:
             body = message.buffer
         else:
@@ -756,6 +793,17 @@ def _release(message: _Message | None, request: Request | None) -> None:
 
 
 _METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS")}
+
+
+def _origin_form(target: str) -> str:
+    """The path and query of an absolute-form target ("http://host:port/path?query"),
+    which a server must accept (RFC 9112, 3.2.2; proxies send it); any other target as
+    it is (the router answers 404 for it)."""
+    scheme, sep, rest = target.partition("://")
+    if not sep or not scheme.isalpha():
+        return target
+    slash = rest.find("/")
+    return rest[slash:] if slash >= 0 else "/"
 
 
 def _header_dict(raw: list[bytes]) -> dict[str, str]:

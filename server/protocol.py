@@ -717,7 +717,8 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
             if binary is not None and type(binary) is not bool:
                 _bool(binary, "output '{}' parameter 'binary_data'", name)
             outputs.append(RequestedOutput(name, binary))
-    return _TensorPlan(inputs, datatypes, outputs, offset, all_binary)
+    # an empty list asks for no output in particular: every output, as Triton answers it
+    return _TensorPlan(inputs, datatypes, outputs or None, offset, all_binary)
 
 
 def build_infer_response(

@@ -70,7 +70,7 @@ from .. import load as load_module
 from ..errors import Error
 from ..hal import drivers
 from ..vm.loader import read_module_file
-from .admission import Admission, Instance
+from .admission import Admission, AdmissionStatistics, Instance
 from .batching import BatchingConfig
 from .config import (
     CONFIG_KEYS,
@@ -88,7 +88,7 @@ from .cpus import use_process_cpus
 from .instances import InstanceThread
 from .memory import DeviceMemory
 from .protocol import DATATYPES, InferRequest, ProtocolError, datatype_for_mlir
-from .scheduling import Scheduler
+from .scheduling import Scheduler, Unavailable
 from .sequences import SequenceBatcher, StepProgram
 from .stats import ModelStatistics
 
@@ -243,6 +243,9 @@ class ModelVersion:
     sequence_config: SequenceConfig | None = None
     program_outputs: list[TensorSpec] = field(default_factory=list)  # clients see `outputs`
     _device_lock: threading.Lock | None = None
+    # what the scheduler holds each instance's module by (released by an unload)
+    _workers: list[Instance] = field(default_factory=list)
+    _step_programs: list[StepProgram] = field(default_factory=list)
     _unloaded: trio.Event | None = None  # made by the first `unload`, set when it ended
     # what `prepare` compares requests with, made once the signature is final (None: every
     # request takes the full check)
@@ -307,6 +310,7 @@ class ModelVersion:
         workers = [Instance(InstanceThread(f"{self.name}/{self.version}#{i}", token, cpu),
                             functools.partial(self._invoke_blocking, module))
                    for i, module in enumerate(modules)]
+        self._workers = workers
         memory = self.memory
         if self.sequence_config is not None:
             self.scheduler = self._sequence_batcher(workers, max_queue)
@@ -354,8 +358,8 @@ class ModelVersion:
         program_inputs = [s.name for s in self.inputs]
         self.inputs = [s for s in self.inputs if s.name not in hidden_in]
         self.outputs = [s for s in self.outputs if s.name not in hidden_out]
-        programs = [StepProgram(module, self.function, self._device_lock)
-                    for module in self.modules]
+        programs = self._step_programs = [
+            StepProgram(module, self.function, self._device_lock) for module in self.modules]
         return SequenceBatcher(
             self.name, config, self.max_batch_size, workers, programs, program_inputs,
             [(s.name, s.datatype) for s in self.program_outputs], max_queue,
@@ -549,13 +553,27 @@ class ModelVersion:
             if scheduler is not None:
                 await scheduler.wait_idle()
                 scheduler.stop()
+                self.scheduler = UnloadedScheduler(scheduler.max_concurrency,
+                                                   scheduler.max_queue)
+            self._release_modules()
             modules, self.modules, self.module = self.modules, [], None
-            for module in modules:
-                await trio.to_thread.run_sync(module.close)
+            await trio.to_thread.run_sync(_close_modules, modules)
             self.state, self.reason, self.unloaded = "UNAVAILABLE", "unloaded", True
             log.info("unloaded model %s version %s", self.name, self.version)
         finally:
             self._unloaded.set()
+
+    def _release_modules(self) -> None:
+        """Drops what the stopped scheduler holds the modules by, so they are freed when
+        they close, on the worker thread (`_close_modules`), whoever still holds the
+        scheduler (a stopped scheduler detaches its callbacks: no reference cycle keeps
+        it either, `freeze_heap`)."""
+        for worker in self._workers:
+            worker.invoke = _unloaded_invoke
+        for program in self._step_programs:
+            program.module = None
+        self._workers, self._step_programs = [], []
+        self.request_gates = None
 
     def metadata(self, versions: list[str]) -> dict:
         return {
@@ -600,6 +618,58 @@ class ModelVersion:
         return config
 
 
+UNLOADED = "the model version was unloaded"
+
+
+class UnloadedScheduler:
+    """The scheduler of a version that unloaded (`Scheduler`): it admits nothing (a
+    request that was checked against the version before it unloaded gets 503) and holds
+    nothing."""
+
+    in_flight = 0
+    live_sequences = 0
+
+    def __init__(self, max_concurrency: int, max_queue: int) -> None:
+        self.max_concurrency = max_concurrency
+        self.max_queue = max_queue
+
+    async def infer(self, *args: Any, **kwargs: Any) -> Any:
+        raise Unavailable(UNLOADED)
+
+    def continues_work(self, parameters: dict) -> bool:
+        return False
+
+    def running_invocations(self) -> list:
+        return []
+
+    def statistics(self) -> AdmissionStatistics:
+        return AdmissionStatistics(0, 0, self.max_concurrency, self.max_queue, 0)
+
+    def close(self) -> None:
+        pass
+
+    def abandon(self, why: str) -> int:
+        return 0
+
+    async def wait_idle(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def _close_modules(modules: list[Any]) -> None:
+    """Closes `modules` and drops the last references to them here, on a worker thread:
+    freeing a module (thousands of objects, its file's bytes) is then this thread's
+    time, not the event loop's."""
+    while modules:
+        modules.pop().close()
+
+
+def _unloaded_invoke(args: list[Any]) -> Any:
+    raise Unavailable(UNLOADED)
+
+
 def _instance_count(settings: ModelConfig) -> int:
     """Executions a version runs at once: Triton's `instance_group` count (the sum over
     its groups), or `max_concurrency`, its older name here; default 1."""
@@ -622,19 +692,19 @@ def file_fingerprint(path: Path) -> tuple:
     return tuple(marks)
 
 
-def freeze_heap(collect_all: bool = True) -> None:
-    """Keeps what is alive now out of the cyclic garbage collector's scans (`gc.freeze`):
-    a full collection otherwise walks every object of every loaded module and paused the
-    event loop for up to 25 ms under load (p99 at 64 connections). Called whenever model
-    versions loaded or unloaded. After an unload (`collect_all`) it first thaws and
-    collects everything, so the cycles of the version that left are freed; after a load
-    only the young generations are collected (a full collection holds the interpreter
-    lock ~30 ms of CPU, longer than a loading server may stall its loop)."""
-    if collect_all:
-        gc.unfreeze()
-        gc.collect()
-    else:
-        gc.collect(1)
+def freeze_heap() -> None:
+    """Keeps what is alive now out of the cyclic garbage collector's scans (`gc.freeze`),
+    after model versions loaded (only the young generations are collected first): a
+    collection of the oldest generation otherwise walks every object of every loaded
+    module and paused the event loop for up to 25 ms under load (p99 at 64 connections).
+    Frozen objects are never scanned again, so an unloaded version's modules are freed
+    by reference counting alone: closing a module breaks its reference cycles
+    (`vm.Context.close`), a stopped scheduler detaches its dispatch and client-watch
+    callbacks (its own bound methods), and an unload drops what the scheduler held the
+    modules by (`ModelVersion._release_modules`). (An unload once thawed and collected
+    the whole heap on the loop: 30-50 ms of CPU here, 0.2-2 s of the loop's time on a
+    busy machine.)"""
+    gc.collect(1)
     gc.freeze()
 
 
@@ -710,6 +780,8 @@ class ModelRepository:
         # (model, version) -> the fingerprint of the files it failed to load from: a
         # poll tries it again only once they changed, as Triton's
         self._failed_files: dict[tuple[str, str], tuple] = {}
+        # model -> {version directory: why it was skipped}, as last logged
+        self._skipped: dict[str, dict[str, str]] = {}
         self._scan()
 
     def _scan(self) -> None:
@@ -741,6 +813,9 @@ class ModelRepository:
         for key in list(self._failed_files):
             if key[0] not in found:
                 self._failed_files.pop(key, None)
+        for name in list(self._skipped):
+            if name not in found:
+                self._skipped.pop(name, None)
         return sorted(found)
 
     def _scan_isolated(self, name: str, override: dict | None = None
@@ -778,18 +853,22 @@ class ModelRepository:
         except ConfigError as exc:  # each version is UNAVAILABLE with it (and logged)
             model_config, policy, model_problem = None, ("latest", 1), str(exc)
         found: dict[str, Path] = {}
+        skipped: dict[str, str] = {}  # version directory -> why it was skipped
         for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
             vmfb = version_dir / "model.vmfb"
             if not is_version_name(version_dir.name):
-                log.warning("model %s: skipping %s/: version directories are named by "
-                            "integers", name, display_name(version_dir.name))
+                skipped[version_dir.name] = (
+                    f"model {name}: skipping {display_name(version_dir.name)}/: version "
+                    f"directories are named by integers")
                 continue
             if not os.path.lexists(vmfb):
                 found_names = sorted(display_name(p.name) for p in version_dir.iterdir())
-                log.warning("model %s version %s: no model.vmfb (found: %s); skipped",
-                            name, version_dir.name, ", ".join(found_names[:20]) or "nothing")
+                skipped[version_dir.name] = (
+                    f"model {name} version {version_dir.name}: no model.vmfb (found: "
+                    f"{', '.join(found_names[:20]) or 'nothing'}); skipped")
                 continue
             found[str(int(version_dir.name))] = vmfb
+        self._log_skipped(name, skipped)
         versions: dict[str, ModelVersion] = {}
         for version in _select_versions(policy, list(found)):
             mv = ModelVersion(name, version, found[version], {}, self.default_device)
@@ -812,6 +891,18 @@ class ModelRepository:
                 mv.state, mv.reason = "UNAVAILABLE", str(exc)
             versions[version] = mv
         return versions
+
+    def _log_skipped(self, name: str, skipped: dict[str, str]) -> None:
+        """Logs each skipped version directory of `name` once per change (a poll meets
+        the same ones every few seconds): a reason not logged at the last scan."""
+        before = self._skipped.get(name, {})
+        for version_dir, why in skipped.items():
+            if before.get(version_dir) != why:
+                log.warning("%s", why)
+        if skipped:
+            self._skipped[name] = skipped
+        else:
+            self._skipped.pop(name, None)
 
     def scan_model(self, name: str, override: dict | None = None) -> dict[str, ModelVersion]:
         """`name`'s versions as its directory holds them now (blocking; not loaded).
@@ -902,7 +993,6 @@ class ModelRepository:
         async with trio.open_nursery() as nursery:
             for mv in versions:
                 nursery.start_soon(mv.unload)
-        freeze_heap()
 
     async def unload_model(self, name: str) -> None:
         """Every version of `name` stops serving once what it admitted finished."""
@@ -921,7 +1011,6 @@ class ModelRepository:
                 await mv.unload()
             finally:
                 self.retiring.discard(mv)
-                freeze_heap()
 
         background.start_soon(retire)
 
@@ -986,7 +1075,7 @@ class ModelRepository:
                      mv.name, mv.version, mv.function, len(mv.inputs), len(mv.outputs),
                      mv.device_name, mv.load_seconds)
         if versions:  # a poll that found nothing changed loads nothing: no collection
-            freeze_heap(collect_all=False)
+            freeze_heap()
         return failed
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:

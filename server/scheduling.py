@@ -42,7 +42,8 @@ from .batching import Results
 log = logging.getLogger("tinyhal.server")
 
 __all__ = ["DeadlineExceeded", "DispatchAfterPass", "InFlight", "Overloaded",
-           "QueueTimer", "RunningInvocation", "Scheduler", "Unavailable", "after_pass"]
+           "QueueTimer", "RunningInvocation", "Scheduler", "Unavailable", "after_pass",
+           "nothing"]
 
 
 class Overloaded(Exception):
@@ -197,6 +198,15 @@ class DispatchAfterPass:
     def _pass_ended(self) -> None:
         self._pending = False
         self._dispatch()
+
+    def detach(self) -> None:
+        """Calls nothing any more (its scheduler stopped): the scheduler's dispatch was a
+        reference cycle through it, which a frozen heap would never collect."""
+        self._dispatch = nothing
+
+
+def nothing(*args: Any) -> None:
+    """A callback that does nothing: what a stopped scheduler's callbacks become."""
 
 
 class _DelayTimer:

@@ -14,6 +14,8 @@ from typing import Any
 
 import trio
 
+from .scheduling import nothing
+
 __all__ = ["ClientWatch"]
 
 _CHECK_SECONDS = 0.02  # how often waiting steps' connections are looked at
@@ -47,6 +49,13 @@ class ClientWatch:
     def stop(self) -> None:
         self._stopped = True
         self.wake()
+
+    def detach(self) -> None:
+        """Calls nothing any more (its batcher stopped, idle): its callbacks were a
+        reference cycle through the batcher, which a frozen heap would never collect."""
+        self.stop()
+        self._waiting = tuple  # `run` looks at no step again, calls `after` at most once
+        self._left = self._is_ended = self._after = nothing
 
     async def run(self) -> None:
         while not self._stopped:

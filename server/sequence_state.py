@@ -21,7 +21,7 @@ __all__ = ["DeviceState", "StepProgram"]
 _STATE_USAGE = int(BufferUsage.DEFAULT | BufferUsage.MAPPING)
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: an unload drops `module` (a stopped scheduler outlives it)
 class StepProgram:
     """What executions run on one instance: its loaded module (`tinyhal.vm.Module`), the
     step function's name, and the lock a `sync` device needs (it runs work inline on

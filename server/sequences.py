@@ -954,3 +954,5 @@ class SequenceBatcher:
         for instance in self._instances:
             instance.thread.stop()
         self._timer.stop()
+        self._dispatch_after_pass.detach()  # no cycle left: freed by reference counting
+        self._clients.detach()

@@ -1420,8 +1420,10 @@ def generate_module(module, verified: list[VerifiedFunction],
 
 # Sources at least this large compile in a child process: CPython's `compile` holds the
 # interpreter lock throughout (0.6 s for a 1 MB module: a server's event loop would stall
-# that long), the child's work costs the parent one `marshal.loads` (under 1 ms).
-_CHILD_COMPILE_BYTES = 128 << 10
+# that long; 29 ms of CPU for 61 KiB, 41 ms for 122 KiB on the shared 2-core machine,
+# against a 50 ms bar for the loop), the child's work costs the parent one
+# `marshal.loads` (under 1 ms).
+_CHILD_COMPILE_BYTES = 48 << 10
 _CHILD_COMPILER = ("import marshal, sys; sys.stdout.buffer.write(marshal.dumps(compile("
                    "sys.stdin.buffer.read().decode(), sys.argv[1], 'exec')))")
 _CHILD_COMPILE_TIMEOUT = 300.0

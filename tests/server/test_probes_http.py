@@ -207,3 +207,75 @@ def test_a_body_in_small_chunks_across_the_64_kib_threshold_arrives_whole(http_s
     chunked = json.loads(response.split(b"\r\n\r\n", 1)[1])
     status, _, payload = http_server.request("POST", "/v2/models/mlp_classifier/infer", body)
     assert status == 200 and json.loads(payload)["outputs"] == chunked["outputs"]
+
+
+def _answer_while_open(sock: socket.socket) -> bytes:
+    """What the server answers while the client keeps its connection open and sends
+    nothing more (the answer must not wait for the body)."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+def test_a_chunk_declared_over_the_limit_is_413_when_its_size_line_arrives(http_server):
+    """It was refused only once --max-request-bytes of its data had arrived. The size
+    line alone, with or without the first bytes of its data, and after a first chunk
+    that fit, is answered now."""
+    over = (64 << 20) + 1
+    for sent in (b"%x\r\n" % over, b"%x\r\nabc" % over,
+                 b"10\r\n" + b"a" * 16 + b"\r\n" + b"%x;ext=1\r\n" % (over - 16) + b"x" * 5):
+        with socket.create_connection(("127.0.0.1", http_server.port), timeout=30) as sock:
+            sock.sendall(_INFER + b"Transfer-Encoding: chunked\r\n\r\n" + sent)
+            status, error = _status_and_error(_answer_while_open(sock))
+        assert status == 413 and "--max-request-bytes" in error, (sent[:20], error)
+    # a size line split across reads, and a chunk that fits: served
+    with socket.create_connection(("127.0.0.1", http_server.port), timeout=30) as sock:
+        sock.sendall(_INFER + b"Transfer-Encoding: chunked\r\n\r\n" + b"%x" % len(_BODY))
+        time.sleep(0.2)
+        sock.sendall(b"\r\n" + _BODY[:5])
+        time.sleep(0.2)
+        sock.sendall(_BODY[5:] + b"\r\n0\r\n\r\n")
+        answer = _answer_while_open(sock)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    _assert_healthy(http_server)
+
+
+def _statuses(response: bytes) -> list[int]:
+    return [int(part.split(b" ", 1)[0]) for part in response.split(b"HTTP/1.1 ")[1:]]
+
+
+def test_pipelined_requests_before_a_malformed_one_are_answered_first(http_server):
+    """A malformed request closes the connection with 400; the complete requests sent
+    before it on the same connection were dropped unanswered."""
+    post = _INFER + b"Content-Length: %d\r\n\r\n" % len(_BODY) + _BODY
+    health = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    for sent, want in (
+            (health + b"GARBAGE\r\n\r\n" + health, [200, 400]),
+            (post + post + _INFER + b"Content-Length: -1\r\n\r\n" + post, [200, 200, 400]),
+            (post + _INFER + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", [200, 400])):
+        assert _statuses(_exchange(http_server, sent)) == want
+    _assert_healthy(http_server)
+
+
+def test_targets_as_triton_routes_them(http_server):
+    """The absolute form (RFC 9112 3.2.2: a server must accept it; libevhtp parses out
+    its path) is served; a percent-encoded name is not decoded and HEAD is not GET, as
+    in Triton's frontend (it matches the raw path and allows GET or POST only)."""
+    absolute = (b"POST http://127.0.0.1:%d/v2/models/mlp_classifier/infer HTTP/1.1\r\n"
+                b"Host: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                % (http_server.port, len(_BODY)) + _BODY)
+    assert _statuses(_exchange(http_server, absolute)) == [200]
+    for target, status in ((b"/v2/models/mlp%5Fclassifier/infer", 404),
+                           (b"/v2/models/mlp_classifier/versions/%31/infer", 404)):
+        got, _ = _status_and_error(_exchange(http_server, b"POST " + target + b" HTTP/1.1\r\n"
+                                             b"Host: x\r\nContent-Length: %d\r\nConnection: "
+                                             b"close\r\n\r\n" % len(_BODY) + _BODY))
+        assert got == status, target
+    head = _exchange(http_server, b"HEAD /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+                                  b"Connection: close\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 405") and b"allow: get" in head.lower(), head
+    assert head.endswith(b"\r\n\r\n"), head  # no body to a HEAD

@@ -173,3 +173,19 @@ def test_many_small_tensors_in_a_large_body_are_refused_before_they_cost(probe_s
         grown = probe_server.status_bytes("VmHWM") - peak
         assert grown < 8 * len(body), f"peak RSS grew {grown >> 20} MB"
     _infer_ok(probe_server)
+
+
+def test_an_empty_outputs_list_asks_for_every_output_as_triton(probe_server):
+    """Triton's frontend requests each listed output and its core answers every output
+    when none was requested: `"outputs": []` was answered with no output at all."""
+    status, _, payload = probe_server.request("POST", _MLP, _request(outputs=[]))
+    assert status == 200, payload
+    assert [o["name"] for o in json.loads(payload)["outputs"]] == ["probabilities", "class"]
+    status, _, payload = probe_server.request(
+        "POST", _MLP, _request(outputs=[{"name": "class",
+                                          "parameters": {"binary_data": True}}]))
+    assert status == 200, payload
+    header, _, tail = payload.partition(b"}]}")  # a JSON header, then the output's bytes
+    out = json.loads(header + b"}]}")["outputs"]
+    assert [o["name"] for o in out] == ["class"] and len(tail) == 4, payload
+    assert out[0]["parameters"]["binary_data_size"] == 4

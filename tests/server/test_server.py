@@ -228,12 +228,13 @@ def test_deadline_gives_504_and_device_recovers(server, how):
         body, headers = _spin_body(3_000_000, timeout=200_000), {}
     else:
         body, headers = _spin_body(3_000_000), {"Inference-Timeout": "0.2"}
-    t0 = time.monotonic()
     status, _, payload = server.request("POST", "/v2/models/spin/infer", body, headers)
-    elapsed = time.monotonic() - t0
     assert status == 504, payload
     assert "deadline exceeded" in json.loads(payload)["error"]
-    assert elapsed < 1.5, elapsed  # answered at the deadline, not when the spin ended
+    # answered at the deadline, not when the spin ended: its execution still runs
+    # (counted, not timed by this process's clock, which a busy machine stretches)
+    detached = server.metrics()[("tinyhal_inference_detached", tuple(sorted(labels.items())))]
+    assert detached == 1, detached
     # the invocation runs to completion in the background; then the device is idle again,
     # holding no more than after the answered request
     _wait_metric(server, "tinyhal_inference_detached", labels, lambda v: v == 0)
