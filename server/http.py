@@ -415,10 +415,12 @@ class HttpServer:
         for event in waiters:
             event.set()
 
-    async def settle(self, timeout: float = 1.0) -> None:
+    async def settle(self, timeout: float = 5.0) -> None:
         """Returns once every answer an instance thread has written so far was finished on
         the loop too (its handler returned: metrics and statistics counted it), so what a
-        client already saw is in what it reads next; waits at most `timeout`."""
+        client already saw is in what it reads next; waits at most `timeout` (long enough
+        for a loop that a loaded machine slows many times over, short of a scrape's
+        timeout)."""
         with self._direct_lock:
             target = self._direct_written
         with trio.move_on_after(timeout):
