@@ -203,6 +203,21 @@ class _Scalar:
             self.op(pools, indent)
 
 
+def _permuted(rng: random.Random, values: list[str], types: list[str]) -> list[str]:
+    """`values` with those of each type shuffled among their places: a permutation of
+    same-typed loop-carried values makes the compiler shuffle registers (branch operand
+    lists that read slots they wrote). Types in first-seen order, so a seed gives the
+    same program in every process (a set's order follows the string hash seed)."""
+    out = list(values)
+    for t in dict.fromkeys(types):
+        slots = [k for k, ct in enumerate(types) if ct == t]
+        picked = [out[k] for k in slots]
+        rng.shuffle(picked)
+        for k, value in zip(slots, picked):
+            out[k] = value
+    return out
+
+
 def _scalar_function(rng: random.Random, name: str, traps: bool, floats: bool
                      ) -> tuple[str, list[str]]:
     """One function of (i32, i32, i64, i64, f32, f32, i32 trip count): straight-line ops,
@@ -252,14 +267,8 @@ def _scalar_function(rng: random.Random, name: str, traps: bool, floats: bool
         inner[t].append(n)
     inner["i32"].append("%i")
     g.ops(inner, 2, 2, 8)
-    nxt = [rng.choice(inner[t][-3:] + [n]) for n, t in zip(names, carried_types)]
-    # a permutation of same-typed carried values makes the compiler shuffle registers
-    for t in set(carried_types):
-        slots = [k for k, ct in enumerate(carried_types) if ct == t]
-        values = [nxt[k] for k in slots]
-        rng.shuffle(values)
-        for k, value in zip(slots, values):
-            nxt[k] = value
+    nxt = _permuted(rng, [rng.choice(inner[t][-3:] + [n]) for n, t in zip(names, carried_types)],
+                    carried_types)
     g.emit("%i1 = arith.addi %i, %step : i32", 2)
     g.emit(f"scf.yield %i1, {', '.join(nxt)} : {sig}", 2)
     g.emit("}", 1)
@@ -437,6 +446,22 @@ def host_program(seed: int, calls: int = 4) -> Program:
     pools["i64"].append("%loop#1")
     pools["i32"].append("%loop#2")
     pools["f32"].append("%loop#3")
+    # a loop shuffling f64s (two slots each) among i64s and 32-bit values
+    carried = [rng.choice(["f64", "f64", "i64", "f32", "i32"]) for _ in range(rng.randint(2, 6))]
+    binds = ", ".join(f"%s{k} = {rng.choice(pools[t])}" for k, t in enumerate(carried))
+    sig = ", ".join(carried)
+    g.emit(f"%shuf:{len(carried)} = scf.for %q = %c0 to %trips step %c1 iter_args({binds}) "
+           f"-> ({sig}) {{", 1)
+    inner = {k: list(v) for k, v in pools.items()}
+    for k, t in enumerate(carried):
+        inner[t].append(f"%s{k}")
+    g.ops(inner, 2, 0, 3)
+    nxt = _permuted(rng, [rng.choice(inner[t][-2:] + [f"%s{k}"]) for k, t in enumerate(carried)],
+                    carried)
+    g.emit(f"scf.yield {', '.join(nxt)} : {sig}", 2)
+    g.emit("}", 1)
+    for k, t in enumerate(carried):
+        pools[t].append(f"%shuf#{k}")
     g.emit("%list = util.list.create %c3 : !util.list<?>", 1)
     g.emit("util.list.resize %list, %c3 : !util.list<?>", 1)
     g.emit(f"util.list.set %list[%c0], {rng.choice(pools['f64'])} : f64 -> !util.list<?>", 1)
@@ -452,13 +477,15 @@ def host_program(seed: int, calls: int = 4) -> Program:
     g.emit(f"%lte = tensor.extract %lt[%c{rng.randrange(2)}] : tensor<2xf32>", 1)
     g.emit("%count = util.global.load @count : i64", 1)
     g.emit("%total = util.global.load @total : f64", 1)
-    outs = ["%lf64", "%total", rng.choice(pools["f64"])]
+    outs = ["%lf64", "%total", pools["f64"][-1]]
     for k, value in enumerate(outs):
         g.emit(f"%o{k} = arith.bitcast {value} : f64 to i64", 1)
     g.emit("%o3 = arith.bitcast %lte : f32 to i32", 1)
-    g.emit(f"%o4 = arith.bitcast {rng.choice(pools['f32'])} : f32 to i32", 1)
-    results = ["%o0", "%o1", "%o2", "%li64", "%count", "%o3", "%o4", rng.choice(pools["i32"])]
-    types = ["i64"] * 5 + ["i32"] * 3
+    g.emit(f"%o4 = arith.bitcast {pools['f32'][-1]} : f32 to i32", 1)
+    g.emit(f"%o5 = arith.bitcast {pools['f64'][-2]} : f64 to i64", 1)
+    results = ["%o0", "%o1", "%o2", "%o5", pools["i64"][-1], "%li64", "%count", "%o3", "%o4",
+               pools["i32"][-1]]
+    types = ["i64"] * 7 + ["i32"] * 3
     hbody = "\n".join(hb)
     body = "\n".join(g.lines)
     source = f"""util.global private mutable @count : i64 = 0 : i64
