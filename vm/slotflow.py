@@ -4,7 +4,7 @@ IREE copies a branch's operand list slot by slot, in order (`regflow.slot_hazard
 when the compiler emits a list that overwrites a slot a later pair still reads, the
 target registers get what the slots held at that moment: an i64's high half may come
 from an f32 or an i32, an f32 from an i64's half. The generator keeps an i64 whole in its
-first slot's local and an f32 as a float, so to give IREE's bits it must know, at the
+first slot's local, an f64 as a float there and an f32 as a float, so to give IREE's bits it must know, at the
 branch, what each source slot holds, and what each destination register is (the type
 of the value the list meant to move there).
 
@@ -75,18 +75,21 @@ def _edges(ins, block_of: dict, next_block: int | None) -> list[tuple[int, tuple
 
 def remapped(state: State, pairs) -> State:
     """`state` after the remap `pairs`: each destination slot holds the type of the value
-    the list meant to move there (the source's before the list, or, where that is
-    unknown, of what lands there), whatever bits IREE's ordered moves leave in it, as
+    the list meant to move there (the source's before the list, or as an earlier pair
+    of the list wrote it, or, where that is unknown, of what lands there), whatever bits IREE's ordered moves leave in it, as
     the generator keeps it (an i64 whole in its first slot's local, an f32 as a float)."""
     out = dict(state)
     moved = dict(state)  # what IREE's ordered moves leave in each slot
+    written: dict[int, str | None] = {}  # the intent of the list's own earlier writes
     for s, d in pairs:
         if not s & isa.REF_BIT:
             moved[d] = moved.get(s)
-            meant = state.get(s)
-            # unknown intent: the generator copies the bits that land (an i64's half as
-            # an i32)
-            out[d] = meant if meant is not None else _LANDED.get(moved[d], moved[d])
+            # a slot an earlier pair wrote (a temporary of a swap) carries that pair's
+            # intent; unknown intent: the generator copies the bits that land (an i64's
+            # half as an i32)
+            meant = written[s] if s in written else state.get(s)
+            out[d] = written[d] = (meant if meant is not None
+                                   else _LANDED.get(moved[d], moved[d]))
     return out
 
 
@@ -142,13 +145,18 @@ def slot_states(fn, blocks: list, functions, imports) -> dict[int, State] | None
 
 def source_kind(state: State, slot: int) -> tuple[str, int]:
     """What reading `slot` means for the generator's locals: ("lo", s) / ("hi", s) for a
-    half of the i64 whose local is `i<s>`, ("f32", s) for a float local, ("i32", s) for
-    an int local, ("?", s) when unknown (f64 halves included)."""
+    half of the i64 whose local is `i<s>`, ("dlo", s) / ("dhi", s) for a half of the
+    f64 (a float local) there, ("f32", s) for a float local, ("i32", s) for an int local,
+    ("?", s) when unknown."""
     t = state.get(slot)
     if t == "i64":
         return ("lo", slot)
     if t == "i64.hi":
         return ("hi", slot - 1)
+    if t == "f64":
+        return ("dlo", slot)
+    if t == "f64.hi":
+        return ("dhi", slot - 1)
     if t in ("i32", "f32"):
         return (t, slot)
     return ("?", slot)

@@ -42,7 +42,7 @@ VM_SEEDS = [2, 5, 9, 145]  # wrapping indices, ranges before a buffer (IREE dies
 TENSOR_SEEDS = [0]
 TYPED_SEEDS = [5, 17]  # VMVX f64; llvm-cpu bf16 (through f32)
 MODEL_SEEDS = [0, 2, 4]  # attention on VMVX, a grouped strided conv, int8 matmul on VMVX
-HOST_SEEDS = [0]  # f64, a kept call, mutable globals, a list holding a tensor
+HOST_SEEDS = [0, 224]  # f64, a kept call, globals, a list of refs; 224: an f64 swapped through a temporary
 
 GENERATORS = {"scalar": scalar_program,
               "integer": functools.partial(scalar_program, integers=True),
