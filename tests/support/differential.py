@@ -786,11 +786,15 @@ def _model_graph(rng: random.Random, seed: int) -> tuple[bytes, list[dict]]:
         for _ in range(rng.randint(1, 2)):
             k = rng.choice([1, 2, 3])
             out = groups * rng.choice([1, 2])
-            pad = rng.choice([0, 1, 2])
+            pad, stride, dilation = rng.choice([0, 1, 2]), rng.choice([1, 2]), rng.choice([1, 2])
+            reach = dilation * (k - 1) + 1
+            if min(h, w) + 2 * pad < reach:  # no output position: a kernel of one
+                k = reach = 1
+            h, w = ((size + 2 * pad - reach) // stride + 1 for size in (h, w))
             weight = g.weight((out, c // groups, k, k), 0.5)
             x = g.op("Conv", [x, weight, g.weight((out,), 0.1, "b")], kernel_shape=[k, k],
-                     pads=[pad, pad, pad, pad], strides=[rng.choice([1, 2])] * 2,
-                     dilations=[rng.choice([1, 2])] * 2, group=groups)
+                     pads=[pad, pad, pad, pad], strides=[stride] * 2,
+                     dilations=[dilation] * 2, group=groups)
             x = g.op(rng.choice(["Relu", "Sigmoid", "Tanh"]), [x])
             c = out
         pooled = g.op("Flatten", [g.op("GlobalAveragePool", [x])])
