@@ -452,9 +452,10 @@ def _int_rows(bits: int, base: dict[str, int]) -> None:
 
 
 def _float_rows(t: str, base: dict[str, int]) -> None:
-    """The float ops IREE has for both f32 and f64 (the C interpreter has f32's)."""
+    """The float ops IREE has for both f32 and f64 (the C interpreter has f32's: in
+    integer loops too, but buffer accesses only in workgroup functions)."""
     f32 = t == "f32"
-    native = ENTRY if f32 else 0
+    native = LOOP if f32 else 0
     w = f"r:{t}"
     two, one, cmp2 = f"{w} {w} w:{t}", f"{w} w:{t}", f"{w} {w} w:i32"
     nbytes = 4 if f32 else 8
@@ -521,7 +522,8 @@ def _float_rows(t: str, base: dict[str, int]) -> None:
     ops_ += [(f"{fn}.{t}", one, libm(fn)) for fn in LIBM_UNARY]
     for name, layout, form in ops_:
         _row(base[name], name, layout, form, native=0 if (
-            name.startswith(("global.", "list.", "switch.")) or name.endswith(".even")) else native,
+            name.startswith(("global.", "list.", "switch.")) or name.endswith(".even")) else
+            ENTRY if native and name.startswith("buffer.") else native,
             lists="result" if name.startswith("switch.") else "",
             constant=name.startswith("const."))
 
@@ -671,17 +673,17 @@ _float_rows("f32", {
     "round.f32": 0x36, "min.f32": 0x37, "max.f32": 0x38, "round.f32.even": 0x39,
 })
 for _opcode, _name, _layout, _form, _native in (
-    (0x14, "cast.si32.f32", "r:i32 w:f32", f32_arith("{s0}"), ENTRY),
-    (0x15, "cast.ui32.f32", "r:i32 w:f32", f32_arith("{u0}"), ENTRY),
+    (0x14, "cast.si32.f32", "r:i32 w:f32", f32_arith("{s0}"), LOOP),
+    (0x15, "cast.ui32.f32", "r:i32 w:f32", f32_arith("{u0}"), LOOP),
     # to the nearest integer, halves away from zero (the C library's lroundf / llroundf)
     (0x16, "cast.f32.si32", "r:f32 w:i32", helper(
-        "cast_f32_si32", "PUT32({w1}, ((long (*)(float))math_fns.lroundf)({0}))"), ENTRY),
+        "cast_f32_si32", "PUT32({w1}, ((long (*)(float))math_fns.lroundf)({0}))"), LOOP),
     (0x17, "cast.f32.ui32", "r:f32 w:i32", helper(
-        "cast_f32_ui32", "PUT32({w1}, ((long long (*)(float))math_fns.llroundf)({0}))"), ENTRY),
+        "cast_f32_ui32", "PUT32({w1}, ((long long (*)(float))math_fns.llroundf)({0}))"), LOOP),
     (0x18, "bitcast.i32.f32", "r:i32 w:f32", helper("bitcast_i32_f32", "PUT32({w1}, {b0})"),
-     ENTRY),
+     LOOP),
     (0x19, "bitcast.f32.i32", "r:f32 w:i32", helper("bitcast_f32_i32", "PUT32({w1}, {b0})"),
-     ENTRY),
+     LOOP),
     (0x3A, "cast.f32.si64", "r:f32 w:i64", helper("cast_f32_si64"), 0),
     (0x3B, "cast.f32.ui64", "r:f32 w:i64", helper("cast_f32_ui64"), 0),
     (0x3C, "cast.si64.f32", "r:i64 w:f32", helper("cast_si64_f32"), 0),
