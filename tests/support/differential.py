@@ -373,9 +373,12 @@ class _Host(_Scalar):
             return
         elif kind == "math":
             self.emit(f"{v} = math.{pick(_F64_MATH)} {pick(pools['f64'])} : f64", indent)
-        elif kind == "conv":  # IREE's VM conversion has f64 <-> i64 only
-            self.emit(f"{v} = arith.{pick(['sitofp', 'uitofp'])} {pick(pools['i64'])} : "
-                      "i64 to f64", indent)
+        elif kind == "conv":
+            # IREE's VM conversion has i64 -> f64 only, and the compiler narrows one of an
+            # extended i32 to i32 -> f64: from values no op here produced
+            wide = [x for x in pools["i64"] if not x.startswith("%v")]
+            self.emit(f"{v} = arith.{pick(['sitofp', 'uitofp'])} {pick(wide)} : i64 to f64",
+                      indent)
         elif kind == "select":
             self.emit(f"{v} = arith.select {pick(pools['i1'])}, {pick(pools['f64'])}, "
                       f"{pick(pools['f64'])} : f64", indent)
