@@ -22,10 +22,11 @@ so an integer division by zero (or INT_MIN / -1) kills its process with SIGFPE, 
 buffer fill, copy or clone whose element count wraps its u64 bounds check writes over
 memory (SIGSEGV, or SIGABRT from its heap); such a call is recorded (`Report.iree_died`)
 and IREE's run goes on from the next call in a new child. tinyhal must fail those calls
-with a `tinyhal.Error`. A call either side does not finish within the timeout (a loop
-whose trip count came from an edge value: ~2^31 trips) goes on likewise; where IREE gave
-no answer there is nothing to compare (`Report.too_slow`), where only tinyhal gave none
-it is a difference. Everything else must agree: the same bits, or errors of the same
+with a `tinyhal.Error`. A call either side does not finish within its timeout (a loop
+whose trip count came from an edge value: ~2^31 trips; tinyhal's is `SLACK` times
+IREE's) goes on likewise; where IREE gave no answer there is nothing to compare
+(`Report.too_slow`), where only tinyhal gave none it is a difference. A program the
+compiler refuses runs nothing (`Report.not_compiled`). Everything else must agree: the same bits, or errors of the same
 status.
 """
 
@@ -48,6 +49,9 @@ DRIVERS = ("sync", "task", "emu")
 SCALAR_FLAGS = ["--iree-hal-target-device=local",
                 "--iree-hal-local-target-device-backends=llvm-cpu"]
 CALL_TIMEOUT = 60.0
+# tinyhal's children get this many times IREE's timeout: a call IREE answers slowly (a loop
+# of ~2^31 trips: ~40 s) must not count as a hang where tinyhal is merely slower
+SLACK = 3.0
 
 I32_EDGES = [0, 1, -1, 2, 7, 31, 32, 33, 63, 64, 255, 65535, 2**31 - 1, -(2**31),
              -(2**31) + 1, 0x55555555, -12345]
@@ -1073,6 +1077,9 @@ class Report:
     # calls iree.runtime did not finish within the timeout (a loop of ~2^31 trips): no
     # answer to compare with, whatever tinyhal gave
     too_slow: int = 0
+    # iree-compile refused the program (a generator's edge the compiler rejects, such as
+    # a remainder it folds to one by a constant zero): nothing ran
+    not_compiled: str = ""
     differences: list[str] = field(default_factory=list)
 
 
@@ -1130,8 +1137,13 @@ def run_program(program: Program, drivers: Sequence[str] = DRIVERS,
                 timeout: float = CALL_TIMEOUT) -> Report:
     """Compiles `program` and runs its calls (see the module docstring)."""
     report = Report(program)
-    path = program.compile()
-    ours = {driver: _run_all(program, path, driver, timeout, report) for driver in drivers}
+    try:
+        path = program.compile()
+    except RuntimeError as e:  # e.g. a division the compiler folded to one by zero
+        report.not_compiled = str(e)[-500:]
+        return report
+    ours = {driver: _run_all(program, path, driver, timeout * SLACK, report)
+            for driver in drivers}
     theirs = _run_all(program, path, "iree", timeout, report)
     for k, (fn, args) in enumerate(program.calls):
         if k not in theirs:
