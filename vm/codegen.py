@@ -192,10 +192,10 @@ class _Gen:
     def remap_slots(self, ins, pairs, indent: int, target_pc: int) -> None:
         """An integer remap list that reads a slot an earlier pair of it wrote, run as
         IREE runs every list: 32-bit slot moves one after another, so a later pair sees
-        the earlier writes, halves of an i64 included (an i64 lives whole in its first
-        slot's local here, so its halves are split out and joined back as needed: where
-        both halves of an i64 move together, or where the target block reads the pair
-        written as one i64)."""
+        the earlier writes, halves of an i64 or f64 included (each lives whole in its
+        first slot's local here, an f64 as a float, so its halves are split out of its
+        bits and joined back as needed: where both halves move together, or where the
+        target block reads the pair written as one i64 or f64)."""
         for src, dst in pairs:
             self.ireg_name(src)
             self.ireg_name(dst)
@@ -223,20 +223,25 @@ class _Gen:
         meant: dict[int, str | None] = {}
         for src, dst in pairs:
             state[dst] = state.get(src) or initial(src)
-            meant[dst] = before.get(src)
+            meant[dst] = meant[src] if src in meant else before.get(src)
         wide_dst = {d for d, (kind, slot) in state.items()
                     if not d & 1 and kind == "lo" and state.get(d + 1) == ("hi", slot)}
-        wide_dst |= {d for d, t in meant.items() if t == "i64"}
-        wide_dst |= {d - 1 for d, t in meant.items() if t == "i64.hi"}
-        wide_dst |= {d for d in state if not d & 1 and d + 1 in state
-                     and self.first_read_wide(target_pc, d)}
+        wide_dst |= {d for d, t in meant.items() if t in ("i64", "f64")}
+        wide_dst |= {d - 1 for d, t in meant.items() if t in ("i64.hi", "f64.hi")}
+        read_as = {d: self.first_read_wide(target_pc, d) for d in state
+                   if not d & 1 and d + 1 in state}
+        wide_dst |= {d for d, t in read_as.items() if t}
+        double_dst = {d for d in wide_dst if meant.get(d) == "f64" or meant.get(d + 1) ==
+                      "f64.hi" or (meant.get(d) is None and read_as.get(d) == "f64")}
 
         def half(value: tuple[str, int]) -> str:
             kind, slot = value
             r = self.read(f"i{slot}")
-            if kind == "lo":
+            if kind in ("dlo", "dhi"):
+                r = f"_bitcast_f64_i64({r})"
+            if kind in ("lo", "dlo"):
                 return f"((({r} & {M32}) ^ {H32}) - {H32})"
-            if kind == "hi":
+            if kind in ("hi", "dhi"):
                 return f"({r} >> 32)"
             return r
 
@@ -255,10 +260,14 @@ class _Gen:
             if dst in wide_dst:
                 lo = state.get(dst) or initial(dst)
                 hi = state.get(dst + 1) or initial(dst + 1)
-                if lo[0] == "lo" and hi == ("hi", lo[1]):
-                    value = self.read(f"i{lo[1]}")
+                double = dst in double_dst
+                if (lo[0], hi) in ((("lo", ("hi", lo[1])), ("dlo", ("dhi", lo[1]))) if double
+                                   else (("lo", ("hi", lo[1])),)):
+                    value = self.read(f"i{lo[1]}")  # whole, of the type meant
                 else:
                     value = f"({bits(hi)} << 32) | ({bits(lo)} & {M32})"
+                    if double:
+                        value = f"_bitcast_i64_f64(({value}) & {M64})"
             elif meant[dst] == "f32" and state[dst][0] != "f32":
                 value = f"_bitcast_i32_f32({bits(state[dst])})"
             elif meant[dst] == "i32":
@@ -271,20 +280,20 @@ class _Gen:
         for k, (name, _) in enumerate(out):
             self.emit(indent, f"{name} = _m{k}", ins.pc)
 
-    def first_read_wide(self, target_pc: int, slot: int) -> bool:
-        """Whether the block at `target_pc` first reads `slot` as (the low half of) an
-        i64 or f64, before anything writes it; False when it writes it first, reads it as
-        32 bits, or passes it on in a register list or to another block."""
+    def first_read_wide(self, target_pc: int, slot: int) -> str | None:
+        """"i64" or "f64" when the block at `target_pc` first reads `slot` as (the low
+        half of) one, before anything writes it; None when it writes it first, reads it
+        as 32 bits, or passes it on in a register list or to another block."""
         for other in self.blocks[self.block(target_pc)][1:]:
             for (code, arg), val in zip(other.layout, other.fields):
                 if code == "r" and val == slot:
-                    return arg in ("i64", "f64")
+                    return arg if arg in ("i64", "f64") else None
                 if code in ("V", "O", "C"):
-                    return False
+                    return None
             if any(code == "w" and val <= slot <= val + (arg in ("i64", "f64"))
                    for (code, arg), val in zip(other.layout, other.fields)):
-                return False
-        return False
+                return None
+        return None
 
     def wide_slots(self, ins, held: str = "i64") -> set[int]:
         """First slots of the registers holding an i64 (or another type `held`) when

@@ -47,6 +47,8 @@ CORE_OPS: dict[int, tuple[str, str]] = {}
 EXT_F32_OPS: dict[int, tuple[str, str]] = {}
 EXT_F64_OPS: dict[int, tuple[str, str]] = {}
 TERMINATORS: set[str] = set()
+EFFECTS: dict[str, str] = {}  # op -> `optable.Op.effect` ("call", "output", "fail")
+COMPARES: set[str] = set()  # ops writing an i32 0/1 predicate (`optable.Op.compare`)
 
 OPSETS = {None: CORE_OPS, PREFIX_EXT_F32: EXT_F32_OPS, PREFIX_EXT_F64: EXT_F64_OPS}
 _PREFIX_NAME = {None: "", PREFIX_EXT_F32: "ext_f32 ", PREFIX_EXT_F64: "ext_f64 "}
@@ -61,6 +63,10 @@ def _derive(op: optable.Op) -> None:
         (code, arg) for code, _, arg in (f.partition(":") for f in op.layout.split())))
     if op.terminator:
         TERMINATORS.add(op.name)
+    if op.effect:
+        EFFECTS[op.name] = op.effect
+    if op.compare:
+        COMPARES.add(op.name)
 
 
 optable.on_row(_derive)

@@ -507,6 +507,12 @@ def buffer_alloc(length, alignment):
 
 def buffer_clone(src, offset, length, alignment):
     src = _buf(src, "source")
+    if src.mutable and src.head and any(src.head):
+        # IREE keeps its buffer object's own state in a VM-allocated buffer's 8 bytes
+        # before the data; clone reads it and crashes once a store or fill wrote there
+        raise OutOfRangeError(
+            "buffer.clone: the source's 8 bytes before its data were overwritten; IREE "
+            "keeps its buffer's own state there")
     if offset < 0 or length < 0 or offset + length > len(src.data):
         data = _read(byte_pieces(src, offset, length, "buffer.clone"))
         out = VMBuffer.allocate(len(data))

@@ -93,6 +93,10 @@ class Op(NamedTuple):
     lists: str = ""  # what its `V` register list holds: "result" (the result's bank),
     # "ref", "any", or "signature" (a call's or return's: the verifier checks it)
     constant: bool = False  # writes a literal (its first field, or zero) and reads nothing
+    effect: str = ""  # what it does beyond registers and memory, which ends a straight run
+    # of instructions (a recording block): "call", "output" (trace, print) or "fail"
+    compare: bool = False  # writes an i32 0/1 answering a predicate of its operands (a
+    # `pred` form, or spelled so): a branch may take it as its condition
 
 
 # -- forms ------------------------------------------------------------------------------
@@ -189,13 +193,15 @@ def ring(expr: str, positions: tuple[int, ...], bitwise: bool = False,
 
 
 def pred(cond: str, negated: bool = False) -> FormOf:
-    """An i32 0/1 answering `cond` (`negated`: answering its negation, as `0 if ...`)."""
+    """An i32 0/1 answering `cond` (`negated`: answering its negation, as `0 if ...`); its
+    row is a compare (`Op.compare`)."""
     def of(layout: str) -> Form:
         res = len(_fields(layout)) - 1
         py = "{%d} = %s if %s else %s" % (res, *(("0", _python(cond, layout), "1") if negated
                                                  else ("1", _python(cond, layout), "0")))
         c = _c(f"not ({cond})" if negated else cond, layout)
         return Form(py, _put(layout) % f"({c}) ? 1 : 0")
+    of.predicate = True  # type: ignore[attr-defined]
     return of
 
 
@@ -323,9 +329,12 @@ def _add(op: Op) -> None:
 
 def make(opset: int | None, opcode: int, name: str, layout: str, form: FormOf, *,
          native: int = 0, terminator: bool = False, lists: str = "",
-         constant: bool = False) -> Op:
-    """A row (for `extend`; the table's own are made alike)."""
-    return Op(name, opset, opcode, layout, form, native, terminator, lists, constant)
+         constant: bool = False, effect: str = "", compare: bool = False) -> Op:
+    """A row (for `extend`; the table's own are made alike). A `pred` form makes it a
+    compare."""
+    compare = compare or getattr(form, "predicate", False)
+    return Op(name, opset, opcode, layout, form, native, terminator, lists, constant, effect,
+              compare)
 
 
 _MEANINGS: dict[Op, Form] = {}
@@ -443,9 +452,10 @@ def _int_rows(bits: int, base: dict[str, int]) -> None:
 
 
 def _float_rows(t: str, base: dict[str, int]) -> None:
-    """The float ops IREE has for both f32 and f64 (the C interpreter has f32's)."""
+    """The float ops IREE has for both f32 and f64 (the C interpreter has f32's: in
+    integer loops too, but buffer accesses only in workgroup functions)."""
     f32 = t == "f32"
-    native = ENTRY if f32 else 0
+    native = LOOP if f32 else 0
     w = f"r:{t}"
     two, one, cmp2 = f"{w} {w} w:{t}", f"{w} w:{t}", f"{w} {w} w:i32"
     nbytes = 4 if f32 else 8
@@ -512,7 +522,8 @@ def _float_rows(t: str, base: dict[str, int]) -> None:
     ops_ += [(f"{fn}.{t}", one, libm(fn)) for fn in LIBM_UNARY]
     for name, layout, form in ops_:
         _row(base[name], name, layout, form, native=0 if (
-            name.startswith(("global.", "list.", "switch.")) or name.endswith(".even")) else native,
+            name.startswith(("global.", "list.", "switch.")) or name.endswith(".even")) else
+            ENTRY if native and name.startswith("buffer.") else native,
             lists="result" if name.startswith("switch.") else "",
             constant=name.startswith("const."))
 
@@ -600,18 +611,21 @@ _row(0x46, "ext.i16.i32.u", "r:i32 w:i32", value("{0} & 65535"), native=LOOP)
 _row(0x47, "ext.i32.i64.s", "r:i32 w:i64", value("{s0}"), native=LOOP)
 _row(0x48, "ext.i32.i64.u", "r:i32 w:i64", spelled("{1} = {0} & " + M32, "PUT64({w1}, {u0})"),
     native=LOOP)
-_row(0x53, "cmp.eq.ref", "r:ref r:ref w:i32", spelled("{2} = 1 if {0} is {1} else 0"))
-_row(0x54, "cmp.ne.ref", "r:ref r:ref w:i32", spelled("{2} = 0 if {0} is {1} else 1"))
+_row(0x53, "cmp.eq.ref", "r:ref r:ref w:i32", spelled("{2} = 1 if {0} is {1} else 0"),
+     compare=True)
+_row(0x54, "cmp.ne.ref", "r:ref r:ref w:i32", spelled("{2} = 0 if {0} is {1} else 1"),
+     compare=True)
 _row(0x55, "cmp.nz.ref", "r:ref w:i32", spelled("{1} = 0 if {0} is None else 1",
-                                                "PUT32({w1}, {0} != 0)"), native=ENTRY)
+                                                "PUT32({w1}, {0} != 0)"), native=ENTRY,
+     compare=True)
 # natively only a call of a `vmvx` operation (scalar.c's `call`)
-_row(0x58, "call", "F V V", HW, native=ENTRY, lists="signature")
-_row(0x59, "call.variadic", "F V V V", PY, lists="signature")
+_row(0x58, "call", "F V V", HW, native=ENTRY, lists="signature", effect="call")
+_row(0x59, "call.variadic", "F V V V", PY, lists="signature", effect="call")
 _row(0x5A, "return", "V", HW, native=LOOP, lists="signature", terminator=True)
-_row(0x5B, "fail", "r:i32 S", spelled("if {0}: raise _fail({0}, {1})"))
+_row(0x5B, "fail", "r:i32 S", spelled("if {0}: raise _fail({0}, {1})"), effect="fail")
 _row(0x5C, "import.resolved", "F w:i32", PY)
-_row(0x5E, "trace", "S V", PY, lists="any")
-_row(0x5F, "print", "S V", PY, lists="any")
+_row(0x5E, "trace", "S V", PY, lists="any", effect="output")
+_row(0x5F, "print", "S V", PY, lists="any", effect="output")
 _row(0x6C, "buffer.alloc", "r:i64 r:i32 w:ref", helper(
         "buffer_alloc", "{ int32_t handle = allocate(heap, {s0}); if (handle < 0) goto trap; "
                         "refs[{w2}] = handle; }"), native=ENTRY)
@@ -638,8 +652,9 @@ for _opcode, _name, _layout, _native in (
         (0x61, "break", "B O", 0), (0x83, "br_table", "r:i32 B O H C", 0),
         (0x87, "call.yieldable", "F V B V", 0), (0x88, "call.variadic.yieldable", "F V V B V", 0)):
     # a call that may yield resumes at a block of its own
+    _call = _name.startswith("call")
     _row(_opcode, _name, _layout, HW if _native else PY, native=_native, terminator=True,
-         lists="signature" if _name.startswith("call") else "")
+         lists="signature" if _call else "", effect="call" if _call else "")
 
 _opset = EXT_F32
 _float_rows("f32", {
@@ -658,17 +673,17 @@ _float_rows("f32", {
     "round.f32": 0x36, "min.f32": 0x37, "max.f32": 0x38, "round.f32.even": 0x39,
 })
 for _opcode, _name, _layout, _form, _native in (
-    (0x14, "cast.si32.f32", "r:i32 w:f32", f32_arith("{s0}"), ENTRY),
-    (0x15, "cast.ui32.f32", "r:i32 w:f32", f32_arith("{u0}"), ENTRY),
+    (0x14, "cast.si32.f32", "r:i32 w:f32", f32_arith("{s0}"), LOOP),
+    (0x15, "cast.ui32.f32", "r:i32 w:f32", f32_arith("{u0}"), LOOP),
     # to the nearest integer, halves away from zero (the C library's lroundf / llroundf)
     (0x16, "cast.f32.si32", "r:f32 w:i32", helper(
-        "cast_f32_si32", "PUT32({w1}, ((long (*)(float))math_fns.lroundf)({0}))"), ENTRY),
+        "cast_f32_si32", "PUT32({w1}, ((long (*)(float))math_fns.lroundf)({0}))"), LOOP),
     (0x17, "cast.f32.ui32", "r:f32 w:i32", helper(
-        "cast_f32_ui32", "PUT32({w1}, ((long long (*)(float))math_fns.llroundf)({0}))"), ENTRY),
+        "cast_f32_ui32", "PUT32({w1}, ((long long (*)(float))math_fns.llroundf)({0}))"), LOOP),
     (0x18, "bitcast.i32.f32", "r:i32 w:f32", helper("bitcast_i32_f32", "PUT32({w1}, {b0})"),
-     ENTRY),
+     LOOP),
     (0x19, "bitcast.f32.i32", "r:f32 w:i32", helper("bitcast_f32_i32", "PUT32({w1}, {b0})"),
-     ENTRY),
+     LOOP),
     (0x3A, "cast.f32.si64", "r:f32 w:i64", helper("cast_f32_si64"), 0),
     (0x3B, "cast.f32.ui64", "r:f32 w:i64", helper("cast_f32_ui64"), 0),
     (0x3C, "cast.si64.f32", "r:i64 w:f32", helper("cast_si64_f32"), 0),

@@ -72,8 +72,6 @@ _IN_BLOCK = frozenset({native_table.RECORD, native_table.FINISH})
 # Roles of imports that may run between a block and the submit it is fused with.
 _BEFORE_SUBMIT = frozenset({native_table.PURE, native_table.INDEPENDENT})
 # Instructions that end a block before them: control flow, calls, output, failure.
-_ENDS = frozenset({"fail", "trace", "print", "yield", "return", "break", "cond_break",
-                   "br", "cond_br", "br_table"})
 MIN_RECORD_OPS = 2  # fewer record operations are not worth a block
 
 
@@ -189,7 +187,7 @@ def find_block(instrs: Sequence[Any], start: int, imports: Sequence[Any]) -> int
                     and not _names_ref(dst, cb)):
                 continue
             break
-        if ins.name in _ENDS or ins.name.startswith("call") or _touches(ins, cb):
+        if ins.name in isa.TERMINATORS or ins.name in isa.EFFECTS or _touches(ins, cb):
             break
     if count < MIN_RECORD_OPS:
         return None
@@ -228,7 +226,7 @@ def find_execute(instrs: Sequence[Any], start: int, end: int,
             if role in _BEFORE_SUBMIT and not _names_ref(src, cb) and not _names_ref(dst, cb):
                 continue
             return None
-        if ins.name in _ENDS or ins.name.startswith("call") or _touches(ins, cb):
+        if ins.name in isa.TERMINATORS or ins.name in isa.EFFECTS or _touches(ins, cb):
             return None
     return None
 

@@ -540,7 +540,7 @@ def _block_facts(flow: Flow, row: list[_Ins], live_after: list[set], live_in) ->
         cond = last.reads[0]
         if (
             prev.ins is not None
-            and prev.ins.name.startswith("cmp.")
+            and prev.ins.name in isa.COMPARES
             and prev.writes and prev.writes[0][0] == cond
             and cond not in last.reads[1:]
             and cond not in live_after[-1]

@@ -4,7 +4,7 @@ IREE copies a branch's operand list slot by slot, in order (`regflow.slot_hazard
 when the compiler emits a list that overwrites a slot a later pair still reads, the
 target registers get what the slots held at that moment: an i64's high half may come
 from an f32 or an i32, an f32 from an i64's half. The generator keeps an i64 whole in its
-first slot's local and an f32 as a float, so to give IREE's bits it must know, at the
+first slot's local, an f64 as a float there and an f32 as a float, so to give IREE's bits it must know, at the
 branch, what each source slot holds, and what each destination register is (the type
 of the value the list meant to move there).
 
@@ -34,7 +34,7 @@ def _write(state: State, slot: int, t: str | None) -> None:
 def _typed_writes(ins, functions, imports) -> list[tuple[int, str | None]] | None:
     """(slot, type) of the integer registers `ins` writes; None if it cannot tell."""
     name, f = ins.name, ins.fields
-    if name.startswith("call"):
+    if isa.EFFECTS.get(name) == "call":
         ordinal, dst = f[0], f[-1]
         if ordinal & isa.IMPORT_BIT:
             k = ordinal & ~isa.IMPORT_BIT
@@ -45,9 +45,6 @@ def _typed_writes(ins, functions, imports) -> list[tuple[int, str | None]] | Non
             return None
         return [(raw, _CCONV.get(t)) for raw, t in zip(dst, callee.cconv.results)
                 if not raw & isa.REF_BIT]
-    if name.startswith("switch."):
-        t = name[7:]
-        return [] if t == "ref" else [(f[3], t)]
     out = []
     for (code, arg), val in zip(ins.layout, f):
         if code == "w" and arg != "ref":
@@ -56,37 +53,45 @@ def _typed_writes(ins, functions, imports) -> list[tuple[int, str | None]] | Non
 
 
 def _edges(ins, block_of: dict, next_block: int | None) -> list[tuple[int, tuple]]:
-    name, f = ins.name, ins.fields
-    if name in ("br", "break", "yield"):
+    """(target block, remap pairs) of each way out of `ins`, by its operand layout: "BO"
+    a jump, "rBOBO" a conditional branch, "rBO" a conditional break (or on), "rBOHC" a
+    table; a call that may yield resumes at its block; other terminators leave."""
+    f = ins.fields
+    fall = [(next_block, ())] if next_block is not None else []
+    if ins.name not in isa.TERMINATORS:
+        return fall
+    shape = "".join(code for code, _a in ins.layout)
+    if shape == "BO":
         return [(block_of[f[0]], f[1])]
-    if name == "cond_br":
+    if shape == "rBOBO":
         return [(block_of[f[1]], f[2]), (block_of[f[3]], f[4])]
-    if name == "cond_break":
-        out = [(block_of[f[1]], f[2])]
-        return out + ([(next_block, ())] if next_block is not None else [])
-    if name == "br_table":
+    if shape == "rBO":
+        return [(block_of[f[1]], f[2])] + fall
+    if shape == "rBOHC":
         return [(block_of[f[1]], f[2])] + [(block_of[t], p) for t, p in f[4]]
-    if name.endswith("yieldable"):
+    if isa.EFFECTS.get(ins.name) == "call":
         return [(block_of[f[-2]], ())]
-    if name == "return" or name in isa.TERMINATORS:
-        return []
-    return [(next_block, ())] if next_block is not None else []
+    return []
 
 
 def remapped(state: State, pairs) -> State:
     """`state` after the remap `pairs`: each destination slot holds the type of the value
-    the list meant to move there (the source's before the list, or, where that is
-    unknown, of what lands there), whatever bits IREE's ordered moves leave in it, as
-    the generator keeps it (an i64 whole in its first slot's local, an f32 as a float)."""
+    the list meant to move there (the source's before the list, or as an earlier pair
+    of the list wrote it, or, where that is unknown, of what lands there), whatever bits
+    IREE's ordered moves leave in it, as the generator keeps it (an i64 whole in its
+    first slot's local, an f32 as a float)."""
     out = dict(state)
     moved = dict(state)  # what IREE's ordered moves leave in each slot
+    written: dict[int, str | None] = {}  # the intent of the list's own earlier writes
     for s, d in pairs:
         if not s & isa.REF_BIT:
             moved[d] = moved.get(s)
-            meant = state.get(s)
-            # unknown intent: the generator copies the bits that land (an i64's half as
-            # an i32)
-            out[d] = meant if meant is not None else _LANDED.get(moved[d], moved[d])
+            # a slot an earlier pair wrote (a temporary of a swap) carries that pair's
+            # intent; unknown intent: the generator copies the bits that land (an i64's
+            # half as an i32)
+            meant = written[s] if s in written else state.get(s)
+            out[d] = written[d] = (meant if meant is not None
+                                   else _LANDED.get(moved[d], moved[d]))
     return out
 
 
@@ -124,12 +129,13 @@ def slot_states(fn, blocks: list, functions, imports) -> dict[int, State] | None
             writes = _typed_writes(ins, functions, imports)
             if writes is None:
                 return None
-            if not ins.name.startswith("call") or not ins.name.endswith("yieldable"):
+            resumes = ins.name in isa.TERMINATORS and isa.EFFECTS.get(ins.name) == "call"
+            if not resumes:  # a call that may yield writes its results where it resumes
                 for slot, t in writes:
                     _write(state, slot, t)
             for target, pairs in edges:
                 arriving = remapped(state, pairs)
-                if ins.name.endswith("yieldable"):
+                if resumes:
                     for slot, t in writes:
                         _write(arriving, slot, t)
                 before = ins_state[target]
@@ -142,13 +148,18 @@ def slot_states(fn, blocks: list, functions, imports) -> dict[int, State] | None
 
 def source_kind(state: State, slot: int) -> tuple[str, int]:
     """What reading `slot` means for the generator's locals: ("lo", s) / ("hi", s) for a
-    half of the i64 whose local is `i<s>`, ("f32", s) for a float local, ("i32", s) for
-    an int local, ("?", s) when unknown (f64 halves included)."""
+    half of the i64 whose local is `i<s>`, ("dlo", s) / ("dhi", s) for a half of the
+    f64 (a float local) there, ("f32", s) for a float local, ("i32", s) for an int local,
+    ("?", s) when unknown."""
     t = state.get(slot)
     if t == "i64":
         return ("lo", slot)
     if t == "i64.hi":
         return ("hi", slot - 1)
+    if t == "f64":
+        return ("dlo", slot)
+    if t == "f64.hi":
+        return ("dhi", slot - 1)
     if t in ("i32", "f32"):
         return (t, slot)
     return ("?", slot)

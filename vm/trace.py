@@ -145,6 +145,9 @@ def describe(module: Any, ins: Any, slot_kind: Callable[[int], str],
     raws = [v for (code, _a), v in zip(ins.layout, f) if code in ("r", "w")]
     codes = [code for code, _a in ins.layout if code in ("r", "w")]
     move_names = name in _MOVE_NAMED
+    effect = isa.EFFECTS.get(name)
+    # a branch by its operand layout: "BO" a jump, "rBO"/"rBOBO" conditional, "rBOHC" a table
+    branch = "".join(code for code, _a in ins.layout) if name in isa.TERMINATORS else ""
     reads = [(raw, bank) for raw, bank, code in zip(raws, banks, codes) if code == "r"]
     writes = [(raw, bank) for raw, bank, code in zip(raws, banks, codes) if code == "w"]
 
@@ -221,7 +224,7 @@ def describe(module: Any, ins: Any, slot_kind: Callable[[int], str],
         s.text("vm.cast.any.ref ")
         operands(reads)
         s.text(" : !vm.ref<?> -> " + module.types[f[1]])
-    elif name in ("call", "call.variadic", "call.yieldable", "call.variadic.yieldable"):
+    elif effect == "call":
         _call(s, module, name, f, arg_kinds)
     elif name == "return":
         s.text("vm.return")
@@ -231,11 +234,11 @@ def describe(module: Any, ins: Any, slot_kind: Callable[[int], str],
     elif name == "discard.refs":
         s.text("vm.discard.refs ")
         s.listed(f[0], ["ref"] * len(f[0]))
-    elif name in ("trace", "print"):
+    elif effect == "output":
         s.text(f'vm.{name} "{f[0].decode("utf-8", "replace")}"(')
         s.listed(f[1], [("ref" if r & isa.REF_BIT else slot_kind(r)) for r in f[1]])
         s.text(")")
-    elif name == "fail":
+    elif effect == "fail":
         s.text("vm.fail ")
         s.reg(*reads[0])
         s.text(f', "{f[1].decode("utf-8", "replace")}"')
@@ -243,20 +246,20 @@ def describe(module: Any, ins: Any, slot_kind: Callable[[int], str],
         results()
         s.text(f"vm.import.resolved @{_callee(module, f[0])}")
         s.parts.append(("resolved", f[0] & ~isa.IMPORT_BIT))
-    elif name in ("br", "yield", "break"):
+    elif branch == "BO":
         s.text(f"vm.{name} ^{f[0]:08X}(")
         s.remap(f[1], slot_kind)
         s.text(")")
-    elif name in ("cond_br", "cond_break"):
+    elif branch in ("rBO", "rBOBO"):
         s.text(f"vm.{name} ")
         s.reg(f[0], "i32")
         s.text(f", ^{f[1]:08X}(")
         s.remap(f[2], slot_kind)
-        if name == "cond_br":
+        if branch == "rBOBO":
             s.text(f"), ^{f[3]:08X}(")
             s.remap(f[4], slot_kind)
         s.text(")")
-    elif name == "br_table":
+    elif branch == "rBOHC":
         s.text("vm.br_table ")
         s.reg(f[0], "i32")
         s.text(f" {{ default: ^{f[1]:08X}(")

@@ -38,6 +38,8 @@ class VMBuffer:
     buffer the VM allocates, its header's zeroed padding (8 bytes; a store there stays),
     for rodata the module's bytes before the segment; None where the memory before the
     data is not the buffer's to model (host and device memory), and such an access fails.
+    The padding is IREE's buffer object's own state, which its clone reads: a clone of a
+    VM-allocated buffer whose head was written fails (IREE crashes there).
     """
 
     __slots__ = ("data", "mutable", "head", "__weakref__")

@@ -160,3 +160,49 @@ def test_every_supported_op_has_a_case_in_the_interpreter():
     spelled = {f"OP_{name.upper().replace('.', '_')}" for name in scalar.ENTRY_SUPPORTED}
     assert spelled <= cases, sorted(spelled - cases)
     assert scalar.SUPPORTED <= scalar.ENTRY_SUPPORTED
+
+
+F32_LOOP = """
+func.func @f32_loop(%x: f32, %y: f32, %n: i32) -> (f32, i32, f32) {
+  %c0 = arith.constant 0 : i32
+  %c1 = arith.constant 1 : i32
+  %r:4 = scf.while (%i = %c0, %f = %x, %g = %y, %h = %c0) : (i32, f32, f32, i32)
+      -> (i32, f32, f32, i32) {
+    %go = arith.cmpi slt, %i, %n : i32
+    scf.condition(%go) %i, %f, %g, %h : i32, f32, f32, i32
+  } do {
+  ^bb0(%i: i32, %f: f32, %g: f32, %h: i32):
+    %m = arith.mulf %f, %g : f32
+    %s = arith.sitofp %i : i32 to f32
+    %a = arith.addf %m, %s : f32
+    %d = arith.divf %a, %g : f32
+    %e = math.exp %d : f32
+    %lt = arith.cmpf ult, %e, %f : f32
+    %pick = arith.select %lt, %e, %d : f32
+    %mx = arith.maximumf %pick, %g : f32
+    %b = arith.bitcast %mx : f32 to i32
+    %t = arith.fptosi %a : f32 to i32
+    %h1 = arith.xori %h, %b : i32
+    %h2 = arith.addi %h1, %t : i32
+    %i1 = arith.addi %i, %c1 : i32
+    scf.yield %i1, %g, %pick, %h2 : i32, f32, f32, i32
+  }
+  return %r#1, %r#3, %r#2 : f32, i32, f32
+}
+"""
+
+F32_EDGES = [0.0, -0.0, 1.5, -2.5, 1e-45, -1e-40, 3.4e38, float("inf"), -float("inf"),
+             float("nan"), 0.1, 16777217.0]
+
+
+def test_loops_carrying_f32_values_qualify_and_match_iree(vm_pair, loop_mode):
+    """A loop mixing f32 arithmetic, C library math, NaN-aware compares and selects,
+    conversions and bitcasts with integers runs in C like an integer loop; f32
+    arguments enter as their bits (subnormals included) and results leave as register
+    values, all bit for bit IREE's."""
+    p = vm_pair(vm_compile_source(F32_LOOP))
+    assert _native_names(p) == (set() if loop_mode == "python loops" else {"f32_loop"})
+    for n in (0, 1, 3):
+        for x in F32_EDGES[::2]:
+            for y in F32_EDGES[1::2]:
+                p.check("f32_loop", x, y, n)

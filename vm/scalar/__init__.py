@@ -8,8 +8,11 @@ being Python. Such a function is re-laid once, at module load, as a word program
 
 A function qualifies when every instruction is in `SUPPORTED` (the rows of `optable`
 marked `LOOP`: integer constants, arithmetic, bitwise ops, shifts, casts, compares,
-select, ctlz/abs/min/max, `br`, `cond_br`, `return`), its arguments and results are i32/i64, and it loops (some branch
-goes back). A loop-free function runs a handful of instructions, for which crossing into C
+select, ctlz/abs/min/max, `br`, `cond_br`, `return`, and the f32 arithmetic, compares,
+selects, conversions, bitcasts and C library math), its arguments and results are
+i32/i64/f32, and it loops (some branch goes back). Host code runs under the caller's
+floating-point state (no denormals-are-zero: the HAL sets that only around dispatches),
+as the Python translation computes. A loop-free function runs a handful of instructions, for which crossing into C
 costs more than it saves, so it stays Python.
 
 A VMVX workgroup function (`encode_entry`; calling convention `0rrriiiiiiiii_v`: local
@@ -112,6 +115,7 @@ def _derive(op: optable.Op) -> None:
 
 optable.on_row(_derive)
 _INTEGER_TYPES = {"i": False, "I": True}  # cconv type -> is i64
+_LOOP_TYPES = {**_INTEGER_TYPES, "f": False}  # an integer loop's arguments and results
 _BUFFER_TYPES = ("vm.buffer", "variant")  # a `list.get.ref` of these yields the buffer
 BRANCH_BUDGET = 1 << 22
 _M32 = 0xFFFFFFFF
@@ -132,6 +136,8 @@ class ScalarProgram(NamedTuple):
     register_count: int
     arguments: tuple[tuple[int, bool], ...]  # (slot, is_i64) per argument
     result_count: int
+    float_arguments: tuple[bool, ...] = ()  # per argument: an f32 (passed as its bits)
+    float_results: tuple[bool, ...] = ()  # per result: an f32 (returned as its bits)
 
 
 class EntryProgram(NamedTuple):
@@ -153,7 +159,7 @@ def encode(instructions: Sequence, arg_types: Sequence[str], result_types: Seque
            argument_slots: Sequence[int], register_count: int) -> ScalarProgram | None:
     """The word program of one already-verified integer function, or None when it does
     not qualify (see the module docstring)."""
-    if any(t not in _INTEGER_TYPES for t in (*arg_types, *result_types)):
+    if any(t not in _LOOP_TYPES for t in (*arg_types, *result_types)):
         return None
     try:
         layout = _Encoder(register_count, SUPPORTED, 0, ()).encode(instructions, result_types)
@@ -162,9 +168,11 @@ def encode(instructions: Sequence, arg_types: Sequence[str], result_types: Seque
     words, loops, _ = layout
     if not loops:
         return None
-    arguments = tuple((_slot(raw, _INTEGER_TYPES[t], register_count), _INTEGER_TYPES[t])
+    arguments = tuple((_slot(raw, _LOOP_TYPES[t], register_count), _LOOP_TYPES[t])
                       for raw, t in zip(argument_slots, arg_types))
-    return ScalarProgram(words, register_count, arguments, len(result_types))
+    return ScalarProgram(words, register_count, arguments, len(result_types),
+                         tuple(t == "f" for t in arg_types),
+                         tuple(t == "f" for t in result_types))
 
 
 ENTRY_CCONV = "0rrriiiiiiiii_v"
@@ -275,7 +283,7 @@ class _Encoder:
                     raise ValueError(name)
                 words.append(len(regs))
                 for raw, t in zip(regs, result_types):
-                    wide = _INTEGER_TYPES[t]
+                    wide = _LOOP_TYPES[t]
                     words += (_slot(raw, wide, self.register_count), int(wide))
                 continue
             if name == "discard.refs":
@@ -320,14 +328,44 @@ class _Encoder:
 
 def entry(program: ScalarProgram, fallback: Callable) -> Callable:
     """A function with `fallback`'s signature that runs `program` natively; `fallback`
-    (the Python translation of the same VM function) runs only where a division faults."""
+    (the Python translation of the same VM function) runs only where a division faults.
+    f32 arguments enter as their bits and f32 results leave as register values."""
     code = _ffi.from_buffer("int32_t[]", program.words)
-    new = _ffi.new
     run = _lib.tinyhal_scalar_run
     count = program.register_count
     arguments = program.arguments
     results = program.result_count
     budget_ran_out, done = _lib.SCALAR_BUDGET, _lib.SCALAR_DONE
+    if any(program.float_arguments) or any(program.float_results):
+        from ..numbers import f32_bits, f32_from_bits
+
+        _set_math()
+        floats_in, floats_out = program.float_arguments, program.float_results
+        trapped = object()
+        native = _entry(code, run, count, arguments, results, budget_ran_out, done,
+                        lambda *_: trapped)
+
+        def with_floats(*args):
+            out = native(*(f32_bits(a) if f else a for f, a in zip(floats_in, args)))
+            if out is trapped:
+                return fallback(*args)
+            if results == 1:
+                return f32_from_bits(out) if floats_out[0] else out
+            if not results:
+                return out
+            return tuple(f32_from_bits(v) if f else v for f, v in zip(floats_out, out))
+
+        with_floats.__wrapped__ = fallback
+        return with_floats
+    call = _entry(code, run, count, arguments, results, budget_ran_out, done, fallback)
+    call.__wrapped__ = fallback
+    return call
+
+
+def _entry(code, run, count: int, arguments, results: int, budget_ran_out: int, done: int,
+           fallback: Callable) -> Callable:
+    """The native call over integer arguments and results (f32s as their bits)."""
+    new = _ffi.new
 
     def call(*args):
         regs = new("uint32_t[]", count)
