@@ -70,7 +70,7 @@ from .executable import (
     executable_formats,
     load_executable_data,
 )
-from .execution import RecordingCache, resolve_commands
+from .execution import RecordingCache, Submission, resolve_commands
 from .native import core as _core
 from .queue import Alloca, Capabilities, Dealloca, Driver, Operation, WorkQueue, no_work
 from .ringbuffer import DEFAULT_CAPACITY, TransientRingbuffer
@@ -331,6 +331,11 @@ class Device:
         Returns at once. Validation errors raise here; errors while running fail the
         signal semaphores. `queue` picks the device queue (0 .. `queue_count`-1); every
         queue operation takes it.
+
+        `batch` may also be the submission that `Recording.adopter` of one of this
+        device's recordings binding no table has just given (no `binding_table`): what
+        a submit of the command buffer adopting it would run, its buffers checked live
+        by that call. It runs once; a profile records it without command buffers.
         """
         wait_points, signal_points, reached = normalize_wait_signal(wait, signal)
         if type(queue) is not int or queue:  # queue 0 always exists
@@ -345,6 +350,8 @@ class Device:
             ops = batch.bound
             batch.bound = None  # its submission goes once
             batch.submitted = True
+        elif batch.__class__ is Submission and binding_table is None:
+            batch_list, ops = [], batch  # what `Recording.adopter` gave (see below)
         else:
             batch_list = [batch] if isinstance(batch, CommandBuffer) else list(batch)
             ops = resolve_commands(batch_list, binding_table, self.concurrency,
@@ -608,7 +615,7 @@ class Device:
             signals.append(signal)
         return buffers, Fence.join(signals)
 
-    def queue_execute_dealloca(self, batch: CommandBuffer, wait: SemaphoreList,
+    def queue_execute_dealloca(self, batch: CommandBuffer | Submission, wait: SemaphoreList,
                                buffer: Buffer, queue: int = 0) -> Fence:
         """Submits `batch` once `wait` is reached, then gives `buffer` back
         (`queue_dealloca`; for a buffer that is not `is_transient`, a `queue_barrier`)
@@ -620,7 +627,12 @@ class Device:
         theirs would. A ready `batch` that adopted a recording (`CommandBuffer.adopted`)
         is handed to the driver here, as `submit` would; if it has run when the driver
         returns (always, on a driver that `completes_inline`), the buffer's memory goes
-        back to the ring here too, and the fence returned is already reached."""
+        back to the ring here too, and the fence returned is already reached.
+
+        `batch` may instead be an adopted recording's submission, as `submit` takes it,
+        handed over without a command buffer built for it. A profile names the command
+        buffers it records: while one is attached the caller passes the command buffer
+        (one attached in between records this execute without it)."""
         work_queue = self.work_queue
         inline = work_queue.completes_inline
         # an inline driver's outcome comes back as the call's: `ran` is made only if needed
@@ -628,12 +640,17 @@ class Device:
         wait_points, ran_points, reached = normalize_wait_signal(wait, ran)
         quiet = (self.profile is None and work_queue.lost is None and queue.__class__ is int
                  and not queue)  # nothing records it, on queue 0
-        if (reached and quiet and batch.__class__ is CommandBuffer and batch.bound is not None
-                and not batch.submitted and batch.device is self
-                and not _any_released(batch.direct)):
-            ops = batch.bound
-            batch.bound = None  # its submission goes once
-            batch.submitted = True
+        ops = None
+        if reached and quiet:
+            if batch.__class__ is Submission:
+                ops = batch
+            elif (batch.__class__ is CommandBuffer and batch.bound is not None
+                    and not batch.submitted and batch.device is self
+                    and not _any_released(batch.direct)):
+                ops = batch.bound
+                batch.bound = None  # its submission goes once
+                batch.submitted = True
+        if ops is not None:
             outcome = work_queue.perform_ready(self.driver.execute, ops, wait_points,
                                                ran_points, 0)
             if ran is None and outcome is not None:

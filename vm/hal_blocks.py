@@ -119,11 +119,13 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
             _Aliasing(buffer_values, count), recording.adopter(),
             functools.partial(CommandBuffer.adopted, device, cb.mode, cb.binding_capacity,
                               recording.commands),
-            recording.table_slots, recording if cb.finalized else None))
+            recording.table_slots, recording if cb.finalized else None,
+            device if cb.finalized and not recording.table_slots
+            and recording.table_slots <= cb.binding_capacity else None))
 
-    def adopt(values: tuple[Any, ...]) -> CommandBuffer | None:
-        """A command buffer of the recording whose operands `values` equal, over the
-        direct buffers among them (`Recording.adopter`), or None: record them."""
+    def adopting(values: tuple[Any, ...]) -> tuple[_Adoption, list[Any], Any] | None:
+        """The adoption whose operands `values` equal, the direct buffers among them and
+        the submission that binds them (`Recording.adopter`), or None: record them."""
         try:
             adoptions = memo.get(scalars_of(values))
         except TypeError:  # an unhashable operand: not a buffer; its shim says so
@@ -147,9 +149,18 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
             bound = adoption.adopt(direct)
             if bound is None:
                 return None
-            return adoption.command_buffer(direct, adoption.table_slots, adoption.finalized,
-                                           bound)
+            return adoption, direct, bound
         return None
+
+    def adopt(values: tuple[Any, ...]) -> CommandBuffer | None:
+        """A command buffer of the recording whose operands `values` equal, over the
+        direct buffers among them, or None: record them."""
+        found = adopting(values)
+        if found is None:
+            return None
+        adoption, direct, bound = found
+        return adoption.command_buffer(direct, adoption.table_slots, adoption.finalized,
+                                       bound)
 
     def record_anew(values: tuple[Any, ...]) -> Any:
         cb = record(values)
@@ -177,7 +188,7 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
     position = submit.target
     if block.after is not None:
         return _execute_and_tail(block, names[len(block.ops):], functions[len(block.ops):],
-                                 adopt, record_anew)
+                                 adopting, adopt, record_anew)
 
     def execute_site(*args: Any) -> None:
         """The block recorded and submitted by the execute import, the values in its
@@ -244,6 +255,9 @@ class _Adoption(NamedTuple):
     command_buffer: Callable[..., CommandBuffer]
     table_slots: int
     finalized: Recording | None  # the recording, when the block finalized the command buffer
+    # the device, when the submission `adopt` gives is the whole of a submit of the command
+    # buffer (finalized, no binding table): `Device.queue_execute_dealloca` takes it as is
+    submits_bound_on: Device | None
 
 
 # The `hal` module's argument positions that the step sites read (its rows: device and
@@ -314,15 +328,18 @@ def _allocas(names: list[str], run: AllocaRun, functions: Sequence[Callable[...,
 
 
 def _execute_and_tail(block: RecordBlock, names: list[str],
-                      functions: Sequence[Callable[..., Any]], adopt: Callable[..., Any],
-                      record_anew: Callable[..., Any]) -> Callable[..., Any]:
+                      functions: Sequence[Callable[..., Any]], adopting: Callable[..., Any],
+                      adopt: Callable[..., Any], record_anew: Callable[..., Any]
+                      ) -> Callable[..., Any]:
     """The site of a block fused with its execute and the step's tail
     (`RecordBlock.after`): one `Device.queue_execute_dealloca` of the block's command
     buffer (adopted or recorded) and the dealloca's buffer, returning the fence it
     gives (for a buffer that is not the device's transient memory, it only orders the
     queue, as the dealloca shim does); the imports one by one (`after_replay`) when the
     device has several queues or an operand is not what its row declares (their shims
-    name it)."""
+    name it). An adopted recording that binds no table is handed over as the submission
+    its adoption gives, without a command buffer for it, while no profile records (a
+    profile names the command buffers it runs)."""
     execute = functions[0]
     position = block.execute[1]
     tail = after_replay(block, functions[1:])
@@ -345,9 +362,15 @@ def _execute_and_tail(block: RecordBlock, names: list[str],
              flags: Any, buffer: Any) -> Any:
         if (isinstance(device, Device) and device.queue_count == 1
                 and (wait is None or wait.__class__ is Fence) and buffer.__class__ is Buffer):
-            cb = adopt(values)
+            found = adopting(values)
+            if found is None:
+                return device.queue_execute_dealloca(record_anew(values), wait, buffer)
+            adoption, direct, bound = found
+            if adoption.submits_bound_on is device and device.profile is None:
+                return device.queue_execute_dealloca(bound, wait, buffer)
             return device.queue_execute_dealloca(
-                record_anew(values) if cb is None else cb, wait, buffer)
+                adoption.command_buffer(direct, adoption.table_slots, adoption.finalized,
+                                        bound), wait, buffer)
         return tail((device, affinity, wait, signal, values, flags, buffer), submit)
 
     return site

@@ -508,6 +508,43 @@ def test_adopt_takes_only_live_buffers_with_the_usage_and_bytes_the_commands_nee
         device.close()
 
 
+@pytest.mark.parametrize("driver", ["sync", "task"])
+def test_an_adopted_submission_runs_as_its_command_buffers_submit_would(driver):
+    """`Device.submit` and `Device.queue_execute_dealloca` take what
+    `Recording.adopter` gave for a recording binding no table: its fills run over the
+    buffer it adopted, ready or once a wait is reached, and the dealloca's block goes back
+    to the ring; a profile attached records the execute, without command buffers."""
+    from tinyhal.hal.execution import Recording
+
+    device = create_device(driver)
+    try:
+        cb = device.create_command_buffer()
+        cb.fill(device.allocator.allocate(64), 0, 64, b"\x05")
+        cb.finalize()
+        adopt = Recording(tuple(cb.commands), cb.max_slot + 1, len(cb.direct),
+                          device.concurrency).adopter()
+        for gated in (False, True):
+            target = device.allocator.allocate(64)
+            scratch = device.queue_alloca(64)
+            gate = Fence.pending() if gated else None
+            freed = device.queue_execute_dealloca(adopt([target]), gate, scratch)
+            if gated:
+                assert not freed.query() and not scratch.storage.released
+                gate.signal()
+            freed.wait(timeout=60)
+            assert scratch.storage.released
+            assert device.read_bytes(target) == b"\x05" * 64
+        target = device.allocator.allocate(64)
+        with device.profiling("queue-events") as profile:
+            done = Fence.pending()
+            device.submit(adopt([target]), None, done)
+            done.wait(timeout=60)
+        assert profile.summary().queue_operations.get("execute") == 1
+        assert device.read_bytes(target) == b"\x05" * 64
+    finally:
+        device.close()
+
+
 def test_bind_slots_checks_a_table_as_the_recording_needs_and_names_failures():
     from tinyhal.hal.execution import Range
 
