@@ -1002,10 +1002,16 @@ def vm_program(seed: int, functions: int = 4, calls: int = 6) -> Program:
 # -- running
 
 CHILD = r"""
-import json, os, sys
+import ctypes, json, os, signal, sys
 import numpy as np
 
 spec = json.loads(sys.argv[1])
+try:  # PR_SET_PDEATHSIG: a parent killed outright (no timeout of its own ran) takes this along
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+except (OSError, AttributeError):
+    pass
+if os.getppid() != spec["parent"]:  # it ended before the line above
+    sys.exit(3)
 path, calls, side, start = spec["path"], spec["calls"], spec["side"], spec["start"]
 UNDEFINED = spec["undefined"]
 
@@ -1102,7 +1108,7 @@ def _run_side(path: str, calls: list, side: str, start: int, timeout: float
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, env.get("PYTHONPATH")]))
     spec = json.dumps({"path": path, "calls": calls, "side": side, "start": start,
-                       "undefined": UNDEFINED})
+                       "undefined": UNDEFINED, "parent": os.getpid()})
     proc = subprocess.Popen([sys.executable, "-c", CHILD, spec], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
