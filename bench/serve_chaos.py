@@ -70,8 +70,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "server"))
 
 from _common import print_table, write_results  # noqa: E402
+from serve_helpers import saxpy_binary_request  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SAMPLES = HERE.parent / "server" / "models"
@@ -408,18 +411,9 @@ class Chaos:
 
     def non_reading(self) -> None:
         n = MB  # 4 MiB per input as binary, a JSON answer of about 10 MB
-        header = json.dumps({"inputs": [
-            {"name": "alpha", "datatype": "FP32", "shape": [1],
-             "parameters": {"binary_data_size": 4}},
-            {"name": "x", "datatype": "FP32", "shape": [n],
-             "parameters": {"binary_data_size": 4 * n}},
-            {"name": "y", "datatype": "FP32", "shape": [n],
-             "parameters": {"binary_data_size": 4 * n}}],
-            "outputs": [{"name": "z", "parameters": {"binary_data": False}}]}).encode()
-        tensor = bytes(range(256)) * (n // 64)
-        body = header + b"\0\0\xc0\x3f" + tensor + tensor
+        body, header_length = saxpy_binary_request(bytes(range(256)) * (n // 64), n)
         head = (f"POST /v2/models/saxpy/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
-                f"{len(body)}\r\nInference-Header-Content-Length: {len(header)}\r\n\r\n"
+                f"{len(body)}\r\nInference-Header-Content-Length: {header_length}\r\n\r\n"
                 ).encode()
         socks = []
         try:
