@@ -338,23 +338,9 @@ def find_tail(instrs: Sequence[Any], at: int, imports: Sequence[Any]) -> bool:
 
 
 def arguments(template: tuple[Any, ...], values: Sequence[Any], cb: Any) -> list[Any]:
-    """The arguments of one operation, its template filled from `values`."""
-
-    def leaf(item: tuple[Any, ...]) -> Any:
-        kind = item[0]
-        if kind == "k":
-            return item[1]
-        if kind == "d":
-            return values[item[1]]
-        return cb
-
-    out: list[Any] = []
-    for arg in template:
-        if arg and arg[0].__class__ is str:
-            out.append(leaf(arg))
-        else:
-            out.append([tuple(leaf(item) for item in entry) for entry in arg])
-    return out
+    """The arguments of one operation, its template filled from `values` (and `cb` for
+    the command buffer)."""
+    return filled(template, lambda item: values[item[1]] if item[0] == "d" else cb)
 
 
 def filled(template: tuple[Any, ...], leaf: Callable[[tuple[Any, ...]], Any]) -> list[Any]:
