@@ -120,8 +120,7 @@ def block_recorder(memos: list[dict], names: list[str], block: RecordBlock,
             functools.partial(CommandBuffer.adopted, device, cb.mode, cb.binding_capacity,
                               recording.commands),
             recording.table_slots, recording if cb.finalized else None,
-            device if cb.finalized and not recording.table_slots
-            and recording.table_slots <= cb.binding_capacity else None))
+            device if cb.finalized and not recording.table_slots else None))
 
     def adopting(values: tuple[Any, ...]) -> tuple[_Adoption, list[Any], Any] | None:
         """The adoption whose operands `values` equal, the direct buffers among them and
@@ -260,10 +259,11 @@ class _Adoption(NamedTuple):
     submits_bound_on: Device | None
 
 
-# The `hal` module's argument positions that the step sites read (its rows: device and
-# affinity first, then wait and signal fences; the execute's command buffer; the
-# alloca's pool, memory types, usage and size; the dealloca's buffer).
-_DEVICE, _WAIT, _SIGNAL, _COMMANDS = 0, 2, 3, 4
+# The `hal` module's argument positions that the step sites read where its rows declare
+# none (device first; the alloca's pool, memory types, usage and size; the dealloca's
+# buffer), and those of the execute that the tail's site, with its fixed parameters,
+# takes: its signal fence and command buffer (checked against what the rows declare).
+_DEVICE, _SIGNAL, _COMMANDS = 0, 3, 4
 _POOL, _MEMORY_TYPES, _USAGE, _SIZE = 4, 5, 6, 7
 _FREED_BUFFER = 4
 _U32 = 0xFFFFFFFF
@@ -278,12 +278,14 @@ def _allocas(names: list[str], run: AllocaRun, functions: Sequence[Callable[...,
     one (`replay`) when the device has several queues, an operand is not what its row
     declares (their shims name it) or a pool is asked for."""
     per_import = replay(run, functions)
-    steps = [traits_of(name).step for name in names]
+    traits = [traits_of(name) for name in names]
+    steps = [t.step for t in traits]
     allocas = [template for (_k, template), step in zip(run.ops, steps) if step == ALLOCA]
+    wait_at = traits[steps.index(ALLOCA)].wait
     device = allocas[0][_DEVICE]
     fences = [template for (_k, template), step in zip(run.ops, steps) if step == NEW_FENCE]
     if (device[0] != "d" or any(t[_DEVICE] != device for t in allocas + fences)
-            or any(t[_WAIT] != allocas[0][_WAIT] for t in allocas)):
+            or any(t[wait_at] != allocas[0][wait_at] for t in allocas)):
         return per_import
     pools = {t[_POOL] for t in allocas}
     memory_types = tuple(t[_MEMORY_TYPES] for t in allocas)
@@ -293,7 +295,7 @@ def _allocas(names: list[str], run: AllocaRun, functions: Sequence[Callable[...,
     memory_types = tuple(m[1] & _U32 for m in memory_types)
     usages = tuple(u[1] & _U32 for u in usages)
     at = device[1]
-    rows = run.ops[0][1][1] if steps[0] == JOIN_FENCES else [(allocas[0][_WAIT],)]
+    rows = run.ops[0][1][1] if steps[0] == JOIN_FENCES else [(allocas[0][wait_at],)]
     if any(leaf[0] != "d" for (leaf,) in rows):
         return per_import
     waits_of = _getter([leaf[1] for (leaf,) in rows])
