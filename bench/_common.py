@@ -31,6 +31,26 @@ def median_seconds(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> float
     return statistics.median(samples)
 
 
+def paired_ratios(ours: list[float], theirs: list[list[float]]) -> dict[str, float]:
+    """Round by round, `ours` over the best of `theirs` in the same round (one list per
+    other server, in round order): the median and range of those ratios.
+
+    Why paired: on a shared or virtual machine the speed of a CPU drifts over seconds
+    (docs/performance.md measured the same server's CPU per step move 1.8x with nothing
+    changed); cells of one round run back to back, so their ratio cancels most of that
+    drift, where the ratio of two medians taken over different moments keeps it."""
+    ratios = []
+    for index, value in enumerate(ours):
+        others = [runs[index] for runs in theirs
+                  if index < len(runs) and runs[index] == runs[index] and runs[index] > 0]
+        if others and value == value:
+            ratios.append(value / max(others))
+    if not ratios:
+        return {}
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "rounds": len(ratios)}
+
+
 def write_results(name: str, rows: list[dict[str, Any]], extra: dict[str, Any] | None = None
                   ) -> str:
     os.makedirs(RESULTS_DIR, exist_ok=True)

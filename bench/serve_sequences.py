@@ -49,9 +49,16 @@ microseconds per step, from the model's `sequence_stats`, wall time) and the sha
 executions whose state input was a view of the rows where they were (`in_place_pct`).
 Before any load, every server runs the same sequence and must answer with the same bits.
 
+The ratios at each N are those of the medians, and for steps/s also the median (and
+range) of the ratios within each round (`_paired`): the cells of a round run back to
+back, so their ratio is steadier than the medians' where the machine's speed drifts
+(on the 2-core VM of docs/performance.md it moves by up to 1.8x over seconds by itself).
+`--servers tinyhal-cell,triton` leaves the unbatched server out, for more rounds of the
+Triton ratio in the same time.
+
     pip install -e '.[bench-triton]'
     python bench/serve_sequences.py [--seconds 4] [--rounds 3] [--sequences 1,8,32,64]
-                                    [--steps 20] [--no-triton]
+                                    [--steps 20] [--no-triton] [--servers A,B]
                                     [--client epoll|asyncio|perf_analyzer]
 
 Writes bench/results/serve_sequences.json and prints a table and the ratios at each N.
@@ -96,6 +103,7 @@ from _common import (  # noqa: E402
     ServerProcess,
     cpu_seconds,
     free_port,
+    paired_ratios,
     print_table,
     write_results,
 )
@@ -107,6 +115,7 @@ MODEL = "gru_step"
 PATH = f"/v2/models/{MODEL}/infer"
 STATS = f"/v2/models/{MODEL}/stats"
 INPUT, HIDDEN = 8, 16
+SERVERS = ("tinyhal-cell", "tinyhal-1", "triton")
 
 TRITON_CONFIG = """\
 name: "{model}"
@@ -525,19 +534,28 @@ def _summarise(cells: dict[tuple, list[dict]]) -> list[dict]:
     return rows
 
 
-def ratio_table(rows: list[dict]) -> list[dict]:
+def ratio_table(rows: list[dict], cells: dict[tuple, list[dict]]) -> list[dict]:
+    """Cellular batching against sequence batching off and against Triton: the ratio of
+    the medians, and for steps/s also the median and range of the ratios within a round
+    (`paired_ratios`: the steadier figure where the machine's speed drifts)."""
     by = {(r["sequences"], r["server"]): r for r in rows}
     out = []
     for n in sorted({r["sequences"] for r in rows}):
-        cell, one, triton = by.get((n, "tinyhal-cell")), by.get((n, "tinyhal-1")), \
-            by.get((n, "triton"))
+        cell = by.get((n, "tinyhal-cell"))
         if cell is None:
             continue
         entry: dict[str, Any] = {"sequences": n}
-        for label, other in (("vs_unbatched", one), ("vs_triton", triton)):
-            if other is not None:
-                entry[f"{label}_steps"] = cell["steps_s"] / other["steps_s"]
-                entry[f"{label}_p99"] = cell["p99_ms"] / other["p99_ms"]
+        for label, name in (("vs_unbatched", "tinyhal-1"), ("vs_triton", "triton")):
+            other = by.get((n, name))
+            if other is None:
+                continue
+            entry[f"{label}_steps"] = cell["steps_s"] / other["steps_s"]
+            entry[f"{label}_p99"] = cell["p99_ms"] / other["p99_ms"]
+            paired = paired_ratios([r["steps_s"] for r in cells[(n, "tinyhal-cell")]],
+                                   [[r["steps_s"] for r in cells[(n, name)]]])
+            if paired:
+                entry[f"{label}_steps_paired"] = paired["median"]
+                entry[f"{label}_steps_range"] = f"{paired['min']:.2f}-{paired['max']:.2f}"
         out.append(entry)
     return out
 
@@ -624,6 +642,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequences", default="1,8,32,64")
     parser.add_argument("--steps", type=int, default=20, help="steps per sequence")
     parser.add_argument("--no-triton", action="store_true")
+    parser.add_argument("--servers", default=",".join(SERVERS),
+                        help="which of the three servers run (default all; e.g. "
+                             "tinyhal-cell,triton for more rounds of the Triton ratio in "
+                             "the same time)")
     parser.add_argument("--client", choices=CLIENTS, default="epoll",
                         help="the load generator (see the module doc); asyncio: this "
                              "bench's first one")
@@ -634,6 +656,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--b", metavar="PYTHON", help="interpreter of build B")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.sequences.split(",")]
+    chosen = {name for name in args.servers.split(",") if name}
+    if chosen - set(SERVERS) or not chosen:
+        parser.error(f"--servers: a comma-separated list of {', '.join(SERVERS)}")
+    if args.no_triton:
+        chosen.discard("triton")
     if args.a or args.b:
         if not (args.a and args.b):
             parser.error("--a and --b go together")
@@ -647,10 +674,12 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         try:
             for name, max_batch in (("tinyhal-cell", 64), ("tinyhal-1", 1)):
+                if name not in chosen:
+                    continue
                 servers.append(_tinyhal_server(name, sys.executable,
                                                _tinyhal_repo(work / name, max_batch),
                                                args.python_cpu))
-            if not args.no_triton:
+            if "triton" in chosen:
                 try:
                     install = TritonInstall(work)
                     port = free_port()
@@ -681,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
             for server in servers:
                 server.stop()
     rows = _summarise(cells)
-    ratios = ratio_table(rows)
+    ratios = ratio_table(rows, cells)
     path = write_results("serve_sequences", rows, {
         "ratios": ratios, "triton_skipped": skipped,
         "settings": {"seconds": args.seconds, "rounds": args.rounds, "steps": args.steps,
@@ -691,8 +720,9 @@ def main(argv: list[str] | None = None) -> int:
                        "respond_us",
                        "in_place_pct", "errors", "load1"])
     print()
-    print_table(ratios, ["sequences", "vs_unbatched_steps", "vs_unbatched_p99",
-                         "vs_triton_steps", "vs_triton_p99"])
+    print_table(ratios, ["sequences", "vs_unbatched_steps", "vs_unbatched_steps_paired",
+                         "vs_unbatched_steps_range", "vs_unbatched_p99", "vs_triton_steps",
+                         "vs_triton_steps_paired", "vs_triton_steps_range", "vs_triton_p99"])
     print(f"\nwrote {path}")
     return 0
 

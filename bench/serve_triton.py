@@ -20,6 +20,10 @@ server and every process it started: Triton's Python backend stub processes incl
 the load generator's own CPU per request (its rusage: whether a server's answers make the
 client work more), mean batch size and mean queue time (from each server's statistics endpoint, as deltas
 over the cell), and the 1-minute load average of the machine when the cell ended.
+Beside the ratio of the medians, the summary gives requests/s "paired by round": the
+median over rounds of tinyhal-serve's requests/s over the faster Triton's in the same
+round (cells of one round run back to back, so their ratio cancels most of a drift in
+the machine's speed; `_common.paired_ratios`).
 
     pip install -e '.[bench-triton]'   # nvidia-pytriton (tritonserver), numpy<2
     python bench/serve_triton.py [--seconds 5] [--rounds 3] [--concurrency 1,8,32,64]
@@ -77,7 +81,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import ServerProcess, free_port, hey, print_table, write_results  # noqa: E402
+from _common import (  # noqa: E402
+    ServerProcess,
+    free_port,
+    hey,
+    paired_ratios,
+    print_table,
+    write_results,
+)
 
 HERE = Path(__file__).resolve().parent
 SAMPLES = HERE.parent / "server" / "models"
@@ -413,6 +424,10 @@ def _summarise(cells: dict[tuple, list[dict]], names: list[str]) -> list[dict]:
             row["p99_x"] = row["p99_ms"] / best["p99_ms"]
             row["cpu_x"] = row["cpu_us"] / best["cpu_us"]
             row["client_cpu_x"] = row["client_cpu_us"] / best["client_cpu_us"]
+            paired = paired_ratios([r["rps"] for r in row["rounds"]],
+                                   [[r["rps"] for r in t["rounds"]] for t in tritons])
+            if paired:
+                row["rps_x_paired"] = paired["median"]
     return rows
 
 
@@ -424,8 +439,12 @@ def ratio_table(rows: list[dict]) -> list[dict]:
         if row["server"] != "tinyhal-serve" or "rps_x" not in row:
             continue
         column = f"{'pa ' if row['tool'] == 'perf_analyzer' else ''}c={row['concurrency']}"
-        for figure, key in (("requests/s", "rps_x"), ("p99", "p99_x"), ("cpu/request", "cpu_x"),
-                              ("load generator cpu/request", "client_cpu_x")):
+        for figure, key in (("requests/s", "rps_x"),
+                            ("requests/s, paired by round", "rps_x_paired"),
+                            ("p99", "p99_x"), ("cpu/request", "cpu_x"),
+                            ("load generator cpu/request", "client_cpu_x")):
+            if key not in row:
+                continue
             entry = table.setdefault((row["delay_us"], figure),
                                      {"delay_us": row["delay_us"], "tinyhal / triton": figure})
             entry[column] = f"{row[key]:.2f}x"
