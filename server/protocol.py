@@ -524,8 +524,12 @@ class _HeaderPlan:
     (`_TensorPlan`). A header whose inputs are all binary describes every request that
     sends the same header bytes, whatever their tensors hold: such plans are kept by those
     bytes (`_PLANS`), so a client repeating a header (most do: same shapes, same options)
-    pays neither the JSON parse nor the checks again. The parts a plan hands to requests
-    (the parameters, the outputs, the datatypes) are shared between them: read-only."""
+    pays neither the JSON parse nor the checks again. A header that opens with a plain
+    string id (`{"id": "42", ...`; tritonclient and perf_analyzer put it there, and many
+    clients send a new one with every request) is kept by the bytes after that id instead
+    (`_plan_key`): a new id still finds the plan, and unique ids do not push the plans of
+    other clients out. The parts a plan hands to requests (the parameters, the outputs,
+    the datatypes) are shared between them: read-only."""
 
     __slots__ = ("id", "parameters", "binary_output", "tensors")
 
@@ -536,9 +540,11 @@ class _HeaderPlan:
         self.binary_output = binary_output
         self.tensors = tensors
 
-    def request(self, tail: bytes | memoryview) -> InferRequest:
+    def request(self, tail: bytes | memoryview, request_id: str | None = None
+                ) -> InferRequest:
         """The request of this header whose binary tensors are `tail` (of exactly
-        `binary_bytes`): arrays viewing it, nothing copied."""
+        `binary_bytes`): arrays viewing it, nothing copied. `request_id` is its id when
+        the plan was found by the bytes after it (`_plan_key`); else the plan's own."""
         tensors = self.tensors
         inputs = {}
         for name, dtype, shape, offset, array in tensors.inputs:
@@ -547,8 +553,9 @@ class _HeaderPlan:
                 if dtype.kind == "b" and array.size and array.view(np.uint8).max() > 1:
                     raise _bad(f"input '{name}' is BOOL: binary bytes must be 0 or 1")
             inputs[name] = array
-        return InferRequest(self.id, inputs, tensors.datatypes, tensors.outputs,
-                            self.binary_output, self.parameters)
+        return InferRequest(self.id if request_id is None else request_id, inputs,
+                            tensors.datatypes, tensors.outputs, self.binary_output,
+                            self.parameters)
 
 
 _PLANS: dict[bytes, _HeaderPlan] = {}
@@ -582,17 +589,49 @@ def parse_infer_request(body: bytes | bytearray, header_length: str | None = Non
         head, tail = body, _EMPTY
     else:
         head, tail = split_body(body, header_length)
-    key = None
+    key = request_id = None
     if header_length is not None and len(head) <= _PLAN_HEAD_BYTES:
         key = bytes(head)
         plan = _PLANS.get(key)
+        if plan is None:
+            key, request_id = _plan_key(key)
+            if request_id is not None:
+                plan = _PLANS.get(key)
         if plan is not None and plan.tensors.binary_bytes == len(tail):
-            return plan.request(tail)
+            return plan.request(tail, request_id)
     plan = _plan_header(head, len(tail), check, charge)
     request = plan.request(tail)
     if key is not None and plan.tensors.reusable:
+        if request_id is not None:  # kept without its id: it serves every id
+            plan = _HeaderPlan(None, plan.parameters, plan.binary_output, plan.tensors)
         _keep(_PLANS, key, plan, _PLANS_KEPT)
     return request
+
+
+# a header opening with an id that is a plain JSON string (no escapes, no control
+# characters), then more members; the rest of the header after that id's comma
+_LEADING_ID = re.compile(rb'\{[ \t\r\n]*"id"[ \t\r\n]*:[ \t\r\n]*"([^"\\\x00-\x1f]*)"[ \t\r\n]*,')
+
+
+def _plan_key(head: bytes) -> tuple[bytes, str | None]:
+    """The key of a header's plan in `_PLANS` when its own bytes found none, and the
+    request id cut out of it (None: the key is the header's bytes). A leading plain,
+    non-empty string id is cut when nothing after it could name another id (JSON takes
+    the last of repeated names): the key is then a NUL byte, which no header that
+    parses begins with (so no header's own bytes are ever such a key), and the bytes
+    after the id. An empty id (perf_analyzer sends `"id":""` on every request) is the
+    same every time: such a header stays keyed by its bytes, found at the first look."""
+    found = _LEADING_ID.match(head)
+    if found is None:
+        return head, None
+    value, rest = found.group(1), head[found.end():]
+    if not value or b'"id"' in rest or b"\\u" in rest:  # "i\u0064" is "id" too
+        return head, None
+    try:
+        request_id = value.decode("utf-8")
+    except UnicodeDecodeError:  # refused by the full parse
+        return head, None
+    return b"\0" + rest, request_id
 
 
 def _plan_header(head: bytes | bytearray | memoryview, tail_bytes: int,

@@ -147,6 +147,80 @@ def test_headers_naming_the_same_tensors_keep_their_own_ids_and_parameters():
         parse_infer_request(head + x.tobytes(), str(len(head)))
 
 
+def _id_first(request_id: str, compact: bool = True, **extra) -> tuple[bytes, str]:
+    """A step header with the id first, as tritonclient and perf_analyzer write it, and
+    4 binary bytes after it."""
+    doc = {"id": request_id, "inputs": [{"name": "x", "datatype": "FP32", "shape": [1],
+                                         "parameters": {"binary_data_size": 4}}], **extra}
+    head = json.dumps(doc, separators=(",", ":") if compact else None,
+                      ensure_ascii=False).encode()
+    return head + b"\0" * 4, str(len(head))
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_a_new_request_id_each_time_finds_the_plan_and_keeps_its_own_id(compact):
+    """Clients that send a new id with every request (perf_analyzer on sequence models,
+    tritonclient with request_id) reuse the plan of the bytes after the id, and do not
+    fill the kept plans with one entry per id."""
+    protocol._PLANS.clear()
+    built = []
+    plan_header = protocol._plan_header
+
+    def counting(*args, **kwargs):
+        built.append(1)
+        return plan_header(*args, **kwargs)
+
+    protocol._plan_header = counting
+    try:
+        ids = [f"req-{i}" for i in range(50)] + ["caf\u00e9 \U0001f600"]
+        requests = [parse_infer_request(*_id_first(i, compact, parameters={"sequence_id": 9}))
+                    for i in ids]
+        assert len(built) == 1 and len(protocol._PLANS) == 1
+        # an empty id is the same every time (perf_analyzer's): kept by its own bytes
+        empty = [parse_infer_request(*_id_first("", compact, parameters={"sequence_id": 9}))
+                 for _ in range(3)]
+        assert len(built) == 2 and len(protocol._PLANS) == 2
+    finally:
+        protocol._plan_header = plan_header
+    assert [r.id for r in requests + empty] == ids + ["", "", ""]
+    assert all(r.parameters == {"sequence_id": 9} for r in requests + empty)
+    # the same bytes without an id are their own header, whose requests have no id
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1],
+                                   "parameters": {"binary_data_size": 4}}],
+                       "parameters": {"sequence_id": 9}}, separators=(",", ":")).encode()
+    assert parse_infer_request(head + b"\0" * 4, str(len(head))).id is None
+
+
+@pytest.mark.parametrize("head,request_id", [
+    # JSON takes the last of repeated names: these are parsed whole, never cut
+    (b'{"id":"a","id":"b",', "b"),
+    (b'{"id":"a","i\\u0064":"b",', "b"),
+    # an escape in the id: the parse decodes it
+    (b'{"id":"a\\"b",', 'a"b'),
+])
+def test_ids_that_only_a_full_parse_reads_right_are_not_cut(head, request_id):
+    tail = (b'"inputs":[{"name":"x","datatype":"FP32","shape":[1],'
+            b'"parameters":{"binary_data_size":4}}]}')
+    for _ in range(2):  # the second finds whatever the first kept
+        assert parse_infer_request(head + tail + b"\0" * 4, str(len(head + tail))).id \
+            == request_id
+
+
+@pytest.mark.parametrize("bad_id,message", [
+    (b'"\xff"', "not valid JSON"),  # not UTF-8
+    (b'"a\tb"', "not valid JSON"),  # a control character in a string
+    (b"null", "'id' must be a string"),
+    (b"7", "'id' must be a string"),
+])
+def test_a_bad_id_is_refused_even_when_its_plan_is_kept(bad_id, message):
+    parse_infer_request(*_id_first("ok"))  # the plan of the bytes after the id is kept
+    head, _ = _id_first("ok")
+    head = head[:-4].replace(b'"ok"', bad_id, 1)
+    with pytest.raises(ProtocolError, match=message) as info:
+        parse_infer_request(head + b"\0" * 4, str(len(head)))
+    assert info.value.status == 400
+
+
 @pytest.mark.parametrize("datatype,message", [("BYTES", "BYTES (string) tensors are not")])
 def test_unsupported_datatypes_are_named(datatype, message):
     with pytest.raises(ProtocolError, match=re.escape(message)) as info:
