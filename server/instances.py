@@ -8,6 +8,10 @@ splitting) and posts each outcome back with `TrioToken.run_sync_soon` as soon as
 calls the job's completion on the loop: the request tasks waiting for it are woken directly, with no
 task in between.
 
+A thread carries its instance's name in the system too (`top -H`, `ps -L`, profilers,
+`/proc`), cut to the 15 bytes Linux keeps; otherwise it would show the name of the
+model-loading worker that started it.
+
 A thread ends after `stop()` once its current job is done. Threads are daemons: a process
 that abandons running invocations (drain timeout, second signal) exits without joining
 them, as the drain contract says.
@@ -30,6 +34,16 @@ log = logging.getLogger("tinyhal.server")
 __all__ = ["InstanceThread"]
 
 _STOP = object()
+
+
+def _name_system_thread(name: str) -> None:
+    """Names the calling thread for the system (Linux; nothing elsewhere)."""
+    text = name.encode("utf-8", "backslashreplace")[:15].decode("utf-8", "ignore")
+    try:
+        with open("/proc/thread-self/comm", "w") as f:
+            f.write(text)
+    except OSError:
+        pass
 
 
 class InstanceThread:
@@ -55,6 +69,7 @@ class InstanceThread:
         self._jobs.put(_STOP)
 
     def _loop(self) -> None:
+        _name_system_thread(self.name)
         pin_current_thread(self._cpu)
         while True:
             jobs = self._jobs.get()

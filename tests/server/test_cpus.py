@@ -65,6 +65,26 @@ def test_an_instance_thread_runs_on_the_cpu_it_was_given():
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/comm"), reason="needs Linux")
+def test_an_instance_thread_shows_its_instance_name_to_the_system():
+    names = ["gru_step/1#0", "a_model_name_longer_than_fifteen/1#0", "\u00e9" * 8]
+    seen: list[str] = []
+
+    async def main() -> None:
+        for name in names:
+            instance = InstanceThread(name, trio.lowlevel.current_trio_token())
+            done = trio.Event()
+            instance.submit([(lambda: open("/proc/thread-self/comm").read().strip(),
+                              lambda r, done=done: (seen.append(r), done.set()))])
+            with trio.fail_after(30):
+                await done.wait()
+            instance.stop()
+
+    trio.run(main)
+    # Linux keeps 15 bytes: a character cut in two is dropped whole
+    assert seen == ["gru_step/1#0", "a_model_name_lo", "\u00e9" * 7]
+
+
 @needs_two
 def test_devices_made_for_a_pinned_loop_keep_every_cpu(start_server, repository):
     """The loop is pinned; the task device of `saxpy` (made on a helper thread the loop
