@@ -54,10 +54,11 @@ range) of the ratios within each round (`_paired`): the cells of a round run bac
 back, so their ratio is steadier than the medians' where the machine's speed drifts
 (on the 2-core VM of docs/performance.md it moves by up to 1.8x over seconds by itself).
 `--servers tinyhal-cell,triton` leaves the unbatched server out, for more rounds of the
-Triton ratio in the same time.
+Triton ratio in the same time. The defaults (5 rounds of 3 s) give the drift more rounds
+to even out than the 3 of 4 s used before.
 
     pip install -e '.[bench-triton]'
-    python bench/serve_sequences.py [--seconds 4] [--rounds 3] [--sequences 1,8,32,64]
+    python bench/serve_sequences.py [--seconds 3] [--rounds 5] [--sequences 1,8,32,64]
                                     [--steps 20] [--no-triton] [--servers A,B]
                                     [--client epoll|asyncio|perf_analyzer]
 
@@ -637,8 +638,8 @@ def compare_builds(builds: dict[str, str], counts: list[int], steps: int, second
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sequences", default="1,8,32,64")
     parser.add_argument("--steps", type=int, default=20, help="steps per sequence")
     parser.add_argument("--no-triton", action="store_true")
