@@ -128,6 +128,24 @@ class LocalSet:
                 out[m.group(1)] = int(m.group(2))
         return out
 
+    def server_state(self, replica: str) -> tuple[int, int]:
+        """HAProxy's view of `replica`'s server: (operational state: 0 down, 2 up;
+        administrative flags: 0x8 drain)."""
+        port = self.replicas[replica][0]
+        for fields in map(str.split, self.api("show servers state replicas").splitlines()):
+            if len(fields) > 18 and fields[0].isdigit() and fields[18] == str(port):
+                return int(fields[5]), int(fields[6])
+        raise AssertionError(f"HAProxy has no server for replica {replica} (port {port})")
+
+    def wait_server_state(self, replica: str, check, what: str, timeout: float = 30.0
+                          ) -> None:
+        """Waits until HAProxy's (operational, administrative) state of `replica`'s server
+        passes `check`."""
+        deadline = time.monotonic() + timeout
+        while not check(*self.server_state(replica)):
+            assert time.monotonic() < deadline, f"HAProxy never saw replica {replica} {what}"
+            time.sleep(0.05)
+
     def replica_of(self, port: int) -> str:
         return next(name for name, (p, _) in self.replicas.items() if p == port)
 
@@ -358,7 +376,7 @@ def test_scale_to_three_moves_no_sequence_and_a_drain_loses_no_step(local_set, r
     on_r3 = [i for i in range(SEQUENCES) if replicas.table()[str(6000 + i)] == r3_port]
     assert on_r3, "round robin over three replicas gave the new one no sequence"
     replicas.proc.send_signal(signal.SIGUSR2)  # drain the newest: r3
-    time.sleep(0.5)
+    replicas.wait_server_state("r3", lambda op, admin: admin & 0x8, "draining")
     assert "drained" not in "".join(replicas.output), "r3 left while holding sequences"
     # the rest of every sequence, r3's included, and new sequences meanwhile
     late = _inputs(7000)
@@ -387,6 +405,9 @@ def test_a_killed_replicas_sequences_get_a_clear_error_and_new_ones_go_elsewhere
     assert lost and len(lost) < 8
     os.kill(r2_pid, signal.SIGKILL)
     replicas.wait_line(r"replica r2 exited -9")
+    # down in HAProxy too: its steps are still sent there (force-persist, as to a
+    # draining replica), refused, and answered "gone"
+    replicas.wait_server_state("r2", lambda op, admin: op == 0, "down")
     _, errors = _run(replicas.url, inputs, 8000, False, steps=range(2, STEPS))
     assert {i for i, _ in errors} == lost
     assert all(GONE in e and e.startswith("[400]") for e in errors.values()), errors
@@ -395,7 +416,23 @@ def test_a_killed_replicas_sequences_get_a_clear_error_and_new_ones_go_elsewhere
     assert not errors, sorted(errors.items())[:3]
     r1_port = replicas.replicas["r1"][0]
     assert all(replicas.table()[str(9000 + i)] == r1_port for i in range(8))
+    # with no replica up, HAProxy's own 503 is a JSON error as the replicas' are
+    replicas.api(f"set server replicas/{_slot_of(replicas, 'r1')} state maint")
+    client = httpclient.InferenceServerClient(replicas.url)
+    tensor = httpclient.InferInput("features", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 16), np.float32))
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("mlp_classifier", [tensor])
+    client.close()
+    assert refused.value.status() == "503"
+    assert "no replica can take the request" in refused.value.message()
     assert replicas.stop() == 0
+
+
+def _slot_of(replicas: LocalSet, replica: str) -> str:
+    """The HAProxy server (slot) a replica fills, from local.sh's line."""
+    return next(line.rsplit("server replicas/", 1)[1].split(")")[0]
+                for line in replicas.output if f"replica {replica} ready on" in line)
 
 
 @needs_haproxy
@@ -477,8 +514,11 @@ def test_sigterm_to_a_replica_drains_its_sequences_and_new_work_goes_elsewhere(l
     for _ in range(6):  # new work is refused there (503) and retried on r1
         client.infer("mlp_classifier", [stateless])
     client.close()
+    # its readiness is 503 now: once HAProxy's check takes it down, its sequences'
+    # steps must still reach it (a loaded host used to get there before the steps did)
+    replicas.wait_server_state("r2", lambda op, admin: op == 0, "down")
     _, errors = _run(replicas.url, inputs, 10000, False, steps=range(2, STEPS))
-    assert not errors, sorted(errors.items())[:3]
+    assert not errors, (sorted(errors.items())[:3], "".join(replicas.output[-100:]))
     replicas.wait_line(r"replica r2 exited 0")
 
 
