@@ -1,0 +1,137 @@
+"""Probes of what a careless operator leaves in a model repository: symlink loops, a
+FIFO or a device where a file belongs, a version directory that is a file or a link to
+`/` or `..`, and a multi-gigabyte file that is not a module. Each is loaded through the
+repository API of one server child (explicit model control) and answered 400 naming the
+file and what is wrong, at once and without memory growth; the same repository in poll
+mode starts and serves its good model."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from serve_helpers import SAMPLES, ServerProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+_BODY = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                                "data": [0.5] * 16}]}).encode()
+_SPARSE_BYTES = 2 << 30  # all holes: nothing on disk
+
+
+def _version(root: Path, name: str) -> Path:
+    version = root / name / "1"
+    version.mkdir(parents=True)
+    return version
+
+
+def _module(root: Path, name: str) -> Path:
+    version = _version(root, name)
+    shutil.copyfile(SAMPLES / "mlp_classifier" / "1" / "model.vmfb", version / "model.vmfb")
+    return version
+
+
+def _build(root: Path) -> None:
+    shutil.copytree(SAMPLES / "mlp_classifier", root / "mlp_classifier")
+    os.symlink("loop", root / "loop")  # a model directory that is a symlink loop
+    (root / "file_model").write_text("x")  # a file where a model directory belongs
+    (root / "file_version").mkdir()
+    (root / "file_version" / "1").write_text("x")
+    (root / "root_version").mkdir()
+    os.symlink("/", root / "root_version" / "1")
+    os.symlink("..", _module(root, "parent_version").parent / "2")
+    os.symlink("model.vmfb", _version(root, "module_loop") / "model.vmfb")
+    os.symlink("/dev/zero", _version(root, "module_zero") / "model.vmfb")
+    os.mkfifo(_version(root, "module_fifo") / "model.vmfb")
+    with open(_version(root, "module_sparse") / "model.vmfb", "wb") as f:
+        f.truncate(_SPARSE_BYTES)
+    os.symlink("config.json", _module(root, "config_loop").parent / "config.json")
+    os.mkfifo(_module(root, "config_fifo").parent / "config.json")
+    os.symlink("/dev/zero", _module(root, "config_zero") / "config.json")
+
+
+# (model, status of its load, part of the error)
+_PROBES = [
+    ("loop", 400, "no such model directory"),
+    ("file_model", 400, "no such model directory"),
+    ("file_version", 400, "no version directory with a model.vmfb"),
+    ("root_version", 400, "no version directory with a model.vmfb"),
+    ("parent_version", 200, ""),  # version 2 (`..`) holds no model.vmfb: version 1 loads
+    ("module_loop", 400, "Too many levels of symbolic links"),
+    ("module_zero", 400, "module_zero/1/model.vmfb: module file: not a regular file"),
+    ("module_fifo", 400, "module_fifo/1/model.vmfb: module file: not a regular file"),
+    ("module_sparse", 400, "module_sparse/1/model.vmfb: not an IREE module"),
+    ("config_loop", 400, "config_loop/config.json: Too many levels of symbolic links"),
+    ("config_fifo", 400, "config_fifo/config.json: not a regular file"),
+    ("config_zero", 400, "config_zero/1/config.json: not a regular file"),
+]
+
+
+@pytest.fixture(scope="module")
+def careless_repository(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("repo")
+    _build(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def explicit_server(careless_repository):
+    server = ServerProcess("--model-repository", str(careless_repository),
+                           "--model-control-mode", "explicit", "--load-model",
+                           "mlp_classifier")
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("model,status,message", _PROBES, ids=[p[0] for p in _PROBES])
+def test_a_careless_repository_entry_is_refused_naming_it(explicit_server, model, status,
+                                                          message):
+    peak = explicit_server.status_bytes("VmHWM")
+    got, _, payload = explicit_server.request("POST", f"/v2/repository/models/{model}/load",
+                                              b"", timeout=120)
+    assert got == status, payload
+    if status != 200:
+        assert message in json.loads(payload)["error"], payload
+    # nothing was read into memory on its way to the refusal (the sparse file is 2 GiB)
+    assert explicit_server.status_bytes("VmHWM") - peak < 64 << 20
+    got, _, payload = explicit_server.request("POST", "/v2/models/mlp_classifier/infer",
+                                              _BODY)
+    assert got == 200, payload
+
+
+def test_a_large_file_that_is_not_a_module_is_refused_before_it_is_read(explicit_server):
+    """It was read whole first: a 3 GiB file of zeros took 37 s and 6.2 GB of memory
+    before "malformed module". Its head says it is no module; that is read alone."""
+    server = explicit_server
+    peak = server.status_bytes("VmHWM")
+    for _ in range(3):
+        got, _, payload = server.request("POST", "/v2/repository/models/module_sparse/load",
+                                         b"", timeout=120)
+        assert got == 400 and b"not an IREE module" in payload, payload
+    assert server.status_bytes("VmHWM") - peak < 64 << 20
+    index = {m["name"]: m for m in json.loads(server.request(
+        "POST", "/v2/repository/index", b"")[2])}
+    assert index["module_sparse"]["state"] == "UNAVAILABLE"
+    assert "not an IREE module" in index["module_sparse"]["reason"]
+
+
+def test_the_careless_repository_in_poll_mode_serves_its_good_models(careless_repository):
+    server = ServerProcess("--model-repository", str(careless_repository),
+                           "--model-control-mode", "poll", "--repository-poll-secs", "1",
+                           "--no-exit-on-error")
+    try:
+        server.start()
+        server.wait_stderr(r"module_sparse/1/model\.vmfb: not an IREE module")
+        for model in ("mlp_classifier", "parent_version"):
+            got, _, payload = server.request("POST", f"/v2/models/{model}/infer", _BODY)
+            assert got == 200, payload
+        assert server.status_bytes("VmHWM") < 1 << 30  # the 2 GiB file was not read
+        assert server.request("GET", "/metrics")[0] == 200
+        assert server.proc.poll() is None
+    finally:
+        server.stop()
