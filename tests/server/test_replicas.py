@@ -403,6 +403,11 @@ def test_a_killed_replicas_sequences_get_a_clear_error_and_new_ones_go_elsewhere
     table = replicas.table()
     lost = {i for i in range(8) if table[str(8000 + i)] == r2_port}
     assert lost and len(lost) < 8
+    # string ids the "gone" answer must quote as JSON (round robin puts two on r2)
+    client = httpclient.InferenceServerClient(replicas.url)
+    quoted = [f'q"\\{k}' for k in range(4)]
+    for sid in quoted:
+        _step(client, inputs[0][0], sid, False, start=True)
     os.kill(r2_pid, signal.SIGKILL)
     replicas.wait_line(r"replica r2 exited -9")
     # down in HAProxy too: its steps are still sent there (force-persist, as to a
@@ -411,6 +416,16 @@ def test_a_killed_replicas_sequences_get_a_clear_error_and_new_ones_go_elsewhere
     _, errors = _run(replicas.url, inputs, 8000, False, steps=range(2, STEPS))
     assert {i for i, _ in errors} == lost
     assert all(GONE in e and e.startswith("[400]") for e in errors.values()), errors
+    gone = []
+    for sid in quoted:
+        try:
+            _step(client, inputs[0][1], sid, False, end=True)
+        except InferenceServerException as exc:  # r1's may have idled out meanwhile
+            if GONE in exc.message():
+                assert exc.message().startswith(f"sequence {sid}: {GONE}"), exc.message()
+                gone.append(sid)
+    assert len(gone) == 2, gone  # a broken JSON answer would name no sequence
+    client.close()
     fresh = _inputs(9000, count=8)
     _, errors = _run(replicas.url, fresh, 9000, False)
     assert not errors, sorted(errors.items())[:3]
