@@ -329,16 +329,23 @@ class _Routes:
 
     async def model_stats(self, request: Request, name: str | None = None,
                           version: str | None = None) -> Response:
+        """Statistics of the ready versions only, as Triton's (a version's statistics go
+        with it when it unloads; a reload starts from zero): a model or version with
+        none ready is 404, as an unknown one."""
         if self.server.settle is not None:
             await self.server.settle()
         self.server.metrics.fold()
         if name is None:
-            versions = self.repo.all_versions()
-        elif version is None:
-            self.repo.get(name)  # 404 for an unknown model
-            versions = list(self.repo.models[name].values())
+            versions = [mv for mv in self.repo.all_versions() if mv.ready]
         else:
-            versions = [self.repo.get(name, version)]
+            self.repo.get(name, version)  # 404 for an unknown model or version
+            asked = [version] if version else list(self.repo.models[name])
+            versions = [mv for v in asked if (mv := self.repo.models[name][v]).ready]
+            if not versions:
+                what = f"version {version} of model '{name}' is" if version else \
+                    f"no version of model '{name}' is"
+                return error_response(404, f"{what} loaded: statistics are kept for "
+                                           f"loaded versions only")
         return json_response({"model_stats": [_stats_doc(mv) for mv in versions]})
 
     def _control(self, action: str) -> None:
