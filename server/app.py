@@ -342,7 +342,7 @@ class _Routes:
             asked = [version] if version else list(self.repo.models[name])
             versions = [mv for v in asked if (mv := self.repo.models[name][v]).ready]
             if not versions:
-                what = f"version {version} of model '{name}' is" if version else \
+                what = f"version {version} of model '{name}' is not" if version else \
                     f"no version of model '{name}' is"
                 return error_response(404, f"{what} loaded: statistics are kept for "
                                            f"loaded versions only")

@@ -283,7 +283,7 @@ def check_module_file(path: str | os.PathLike) -> None:
     try:
         flatbuffer, _ = _split_container(memoryview(head), st.st_size)
     except InvalidArgumentError as exc:
-        raise InvalidArgumentError(f"{origin}: not an IREE module: {exc}") from None
+        raise InvalidArgumentError(f"{origin}: not an IREE module: {exc.message}") from None
     if bytes(flatbuffer[4:8]) != b"IREE":
         raise InvalidArgumentError(f"{origin}: not an IREE module: its FlatBuffer's file "
                                    f"identifier is not 'IREE'")
