@@ -51,6 +51,9 @@ def _build(root: Path) -> None:
     os.symlink("config.json", _module(root, "config_loop").parent / "config.json")
     os.mkfifo(_module(root, "config_fifo").parent / "config.json")
     os.symlink("/dev/zero", _module(root, "config_zero") / "config.json")
+    shutil.copytree(_module(root, "removable"), root / "removable" / "2")
+    (root / "removable" / "config.json").write_text(json.dumps(
+        {"function": "predict", "max_batch_size": 64, "version_policy": {"all": {}}}))
 
 
 # (model, status of its load, part of the error)
@@ -135,3 +138,28 @@ def test_the_careless_repository_in_poll_mode_serves_its_good_models(careless_re
         assert server.proc.poll() is None
     finally:
         server.stop()
+
+
+def test_version_directories_removed_under_a_loaded_model(explicit_server,
+                                                          careless_repository):
+    """A loaded version runs from memory: removing its directory changes nothing until
+    the next load, which drops it; a load once the whole model directory is gone fails
+    naming that and keeps what serves (as a failed reload does)."""
+    server, root = explicit_server, careless_repository
+
+    def infer(version: str) -> int:
+        return server.request("POST", f"/v2/models/removable/versions/{version}/infer",
+                              _BODY)[0]
+
+    assert server.request("POST", "/v2/repository/models/removable/load", b"")[0] == 200
+    assert infer("1") == infer("2") == 200
+    shutil.rmtree(root / "removable" / "2")
+    assert infer("2") == 200
+    assert server.request("POST", "/v2/repository/models/removable/load", b"")[0] == 200
+    assert (infer("1"), infer("2")) == (200, 404)
+    shutil.rmtree(root / "removable")
+    status, _, payload = server.request("POST", "/v2/repository/models/removable/load", b"")
+    assert status == 400 and b"no such model directory" in payload, payload
+    assert infer("1") == 200
+    assert server.request("POST", "/v2/repository/models/removable/unload", b"")[0] == 200
+    assert infer("1") == 503
