@@ -470,7 +470,7 @@ class _Routes:
                 return self._failed(mv, series, request, error_response(
                     exc.status, exc.message, _RETRY if exc.status == 503 else None))
             if draining and not mv.scheduler.continues_work(req.parameters):
-                # the drain contract: only steps of sequences live here are still served
+                # the drain contract: no new work; steps without START are still taken
                 series.finished(503, self._now() - request.arrived)
                 return error_response(503, _DRAINING, _RETRY)
             compute_input = time.perf_counter() - t_input
