@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,58 @@ def test_version_directories_removed_under_a_loaded_model(explicit_server,
     assert infer("1") == 200
     assert server.request("POST", "/v2/repository/models/removable/unload", b"")[0] == 200
     assert infer("1") == 503
+
+
+def test_a_model_directory_swapped_under_a_poll_keeps_the_server_whole(tmp_path):
+    """An operator replacing a model's directory (rename away, copy in another model,
+    sometimes half-copied first) again and again while clients infer: every answer is
+    a 200 or a 4xx/503 naming why (never a 500 or a dropped connection), and once the
+    swaps stop the poll serves what the directory holds last."""
+    root, spare = tmp_path / "repo", tmp_path / "spare"
+    root.mkdir()
+    shutil.copytree(SAMPLES / "mlp_classifier", root / "m")
+    shutil.copytree(SAMPLES / "mlp_classifier", spare / "mlp")
+    shutil.copytree(SAMPLES / "saxpy", spare / "saxpy")
+    server = ServerProcess("--model-repository", str(root), "--model-control-mode", "poll",
+                           "--repository-poll-secs", "0.1", "--no-exit-on-error")
+    stop = threading.Event()
+    unexpected: list = []
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                status, _, payload = server.request("POST", "/v2/models/m/infer", _BODY)
+            except OSError as exc:
+                unexpected.append(repr(exc))
+                continue
+            if status not in (200, 400, 404, 503):
+                unexpected.append((status, payload[:200]))
+
+    try:
+        server.start()
+        clients = [threading.Thread(target=client) for _ in range(2)]
+        for c in clients:
+            c.start()
+        for n in range(150):
+            os.rename(root / "m", root / f".old{n}")
+            if n % 5 == 0:  # half-copied: a version directory without its model yet
+                (root / "m" / "1").mkdir(parents=True)
+                shutil.rmtree(root / "m")
+            shutil.copytree(spare / ("saxpy" if n % 3 else "mlp"), root / "m")
+            shutil.rmtree(root / f".old{n}")
+        stop.set()
+        for c in clients:
+            c.join(timeout=60)
+        assert unexpected == [], unexpected[:5]
+        # the last copy (n = 149) is saxpy: the poll ends up serving it
+        deadline = time.monotonic() + 60
+        while True:
+            status, _, payload = server.request("GET", "/v2/models/m")
+            if status == 200 and json.loads(payload)["inputs"][0]["name"] == "alpha":
+                break
+            assert time.monotonic() < deadline, payload
+            time.sleep(0.1)
+        assert server.proc.poll() is None
+    finally:
+        stop.set()
+        server.stop()
