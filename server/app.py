@@ -329,16 +329,23 @@ class _Routes:
 
     async def model_stats(self, request: Request, name: str | None = None,
                           version: str | None = None) -> Response:
+        """Statistics of the ready versions only, as Triton's (a version's statistics go
+        with it when it unloads; a reload starts from zero): a model or version with
+        none ready is 404, as an unknown one."""
         if self.server.settle is not None:
             await self.server.settle()
         self.server.metrics.fold()
         if name is None:
-            versions = self.repo.all_versions()
-        elif version is None:
-            self.repo.get(name)  # 404 for an unknown model
-            versions = list(self.repo.models[name].values())
+            versions = [mv for mv in self.repo.all_versions() if mv.ready]
         else:
-            versions = [self.repo.get(name, version)]
+            self.repo.get(name, version)  # 404 for an unknown model or version
+            asked = [version] if version else list(self.repo.models[name])
+            versions = [mv for v in asked if (mv := self.repo.models[name][v]).ready]
+            if not versions:
+                what = f"version {version} of model '{name}' is not" if version else \
+                    f"no version of model '{name}' is"
+                return error_response(404, f"{what} loaded: statistics are kept for "
+                                           f"loaded versions only")
         return json_response({"model_stats": [_stats_doc(mv) for mv in versions]})
 
     def _control(self, action: str) -> None:
@@ -463,7 +470,7 @@ class _Routes:
                 return self._failed(mv, series, request, error_response(
                     exc.status, exc.message, _RETRY if exc.status == 503 else None))
             if draining and not mv.scheduler.continues_work(req.parameters):
-                # the drain contract: only steps of sequences live here are still served
+                # the drain contract: no new work; steps without START are still taken
                 series.finished(503, self._now() - request.arrived)
                 return error_response(503, _DRAINING, _RETRY)
             compute_input = time.perf_counter() - t_input

@@ -98,8 +98,8 @@ class Scheduler(Protocol):
         `DeadlineExceeded`, a 400 for a bad request, or the invocation's own error."""
 
     def continues_work(self, parameters: dict) -> bool:
-        """Whether a request with these parameters continues work already here (a step
-        of a live sequence), which a draining server still serves."""
+        """Whether a request with these parameters continues work rather than starting
+        new work (a sequence step without START), which a draining server still takes."""
 
     def running_invocations(self) -> list[RunningInvocation]:
         """The executions running now, oldest first."""

@@ -464,13 +464,13 @@ class SequenceBatcher:
                                      f"({low}..{high})")
 
     def continues_work(self, parameters: dict) -> bool:
-        """A step without START of a sequence live here (what a draining server still
-        serves)."""
+        """A step without START (what a draining server still takes): one of a sequence
+        live here is served, any other gets the 400 it gets at any time ("must specify
+        the START flag", with why the sequence ended when that is known). A front end
+        sends such a step only to the replica its sequence is pinned to, so a 503 to
+        retry elsewhere would only repeat until the drain ended."""
         sid = parameters.get("sequence_id")
-        if type(sid) not in (int, str) or parameters.get("sequence_start"):
-            return False
-        seq = self._sequences.get((type(sid), sid))
-        return seq is not None and not seq.ending
+        return type(sid) in (int, str) and not parameters.get("sequence_start")
 
     def _abandon_step(self, step: _Step) -> None:
         """The step stops waiting (deadline, or its task was cancelled)."""

@@ -177,24 +177,27 @@ class BytecodeModule:
         return f"BytecodeModule({self.name!r}, {len(self.exports)} exports)"
 
 
-def _split_container(buf: memoryview) -> tuple[memoryview, int]:
-    """Returns (flatbuffer, rodata base offset) per IREE's archive layout."""
-    if len(buf) >= 30 and struct.unpack_from("<I", buf, 0)[0] == ZIP_LOCAL_HEADER:
+def _split_container(buf: memoryview, size: int | None = None) -> tuple[memoryview, int]:
+    """Returns (flatbuffer, rodata base offset) per IREE's archive layout. `size`: the
+    whole file's, when `buf` is only its head (the FlatBuffer returned is then cut
+    short)."""
+    total = len(buf) if size is None else size
+    if total >= 30 and struct.unpack_from("<I", buf, 0)[0] == ZIP_LOCAL_HEADER:
         name_len, extra_len = struct.unpack_from("<HH", buf, 26)
         start = 30 + name_len + extra_len
-        if start > len(buf):
+        if start > total:
             raise InvalidArgumentError(
                 "archive self-reports as a zip but does not have enough data to contain "
                 "a module"
             )
     else:
         start = 0
-    if len(buf) - start < 16:
+    if total - start < 16:
         raise InvalidArgumentError(
-            f"FlatBuffer data is not present or less than 16 bytes ({len(buf) - start} total)"
+            f"FlatBuffer data is not present or less than 16 bytes ({total - start} total)"
         )
     prefix = struct.unpack_from("<I", buf, start)[0]
-    remaining = len(buf) - start - 4
+    remaining = total - start - 4
     if prefix > remaining:
         raise InvalidArgumentError(
             f"FlatBuffer length prefix out of bounds (prefix is {prefix} but only "
@@ -256,6 +259,34 @@ def read_module_file(path: str | os.PathLike, *, limit: int | None = None) -> me
     finally:
         os.close(fd)
     return view.toreadonly()
+
+
+# a ZIP local header with the longest name and extra field, the size prefix, and the
+# FlatBuffer's root offset and file identifier
+_MODULE_HEAD_BYTES = 30 + 2 * 0xFFFF + 4 + 8
+
+
+def check_module_file(path: str | os.PathLike) -> None:
+    """Refuses at once, reading only its head (at most ~128 KiB), a file that cannot be
+    a module: no IREE FlatBuffer where the container puts one, or a size prefix past the
+    file's end. A wrong multi-gigabyte file (an archive, a disk image, zeros) is then not
+    read into memory before it is refused. INVALID_ARGUMENT naming the file."""
+    origin = os.fspath(path)
+    fd, st = open_regular_file(path, "module file")
+    try:
+        head = os.pread(fd, _MODULE_HEAD_BYTES, 0)
+    except OSError as exc:
+        raise InvalidArgumentError(f"{origin}: module file cannot be read: "
+                                   f"{exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    try:
+        flatbuffer, _ = _split_container(memoryview(head), st.st_size)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{origin}: not an IREE module: {exc.message}") from None
+    if bytes(flatbuffer[4:8]) != b"IREE":
+        raise InvalidArgumentError(f"{origin}: not an IREE module: its FlatBuffer's file "
+                                   f"identifier is not 'IREE'")
 
 
 def _to_view(source, origin: str, mapped: bool = False) -> tuple[memoryview, object]:

@@ -178,11 +178,13 @@ class ReplicaSet:
             say(f"runtime API: {command}: {exc}")
 
     def start(self, n: int) -> list[Replica]:
+        # a replica's own drain (SIGTERM from here, or from an operator) has the same bound
+        flags = ["--drain-timeout", f"{self.args.drain_timeout:g}", *self.flags]
         with self.lock:
             started = []
             for _ in range(n):
                 self.count += 1
-                started.append(Replica(f"r{self.count}", self.command, self.flags))
+                started.append(Replica(f"r{self.count}", self.command, flags))
             self.replicas.extend(started)
             return started
 
@@ -219,7 +221,7 @@ class ReplicaSet:
                     if replica.load() == 0:
                         break
                 except (OSError, urllib.error.URLError):
-                    break
+                    pass  # a slow or refused read on a loaded host: keep waiting
                 time.sleep(0.2)
         if replica.proc.poll() is None:
             replica.proc.send_signal(signal.SIGTERM)
@@ -263,7 +265,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="HAProxy's port, where clients connect")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="how long a replica leaving keeps serving its live sequences "
-                        "(default 30)")
+                        "(default 30); also each replica's own --drain-timeout, the bound "
+                        "of its drain on SIGTERM")
     p.add_argument("--max-replicas", type=int, default=16, metavar="N",
                    help="HAProxy's server slots: replicas at most (default 16)")
     p.add_argument("--run-dir", type=Path, default=None, metavar="DIR",

@@ -192,9 +192,10 @@ def test_sigterm_with_a_sequence_backlog_answers_it_and_exits_0(tmp_path):
 
 def test_drain_serves_live_sequences_and_refuses_new_work_with_503(tmp_path):
     """The drain contract: readiness 503 at once; the listener stays open while a
-    sequence lives here; its steps are served; a START, an unknown sequence and a
-    stateless request get 503 with Retry-After and "draining"; once the sequence ends
-    the process exits 0, well before the drain's bound."""
+    sequence lives here; its steps are served; a START and a stateless request get 503
+    with Retry-After and "draining"; a step of a sequence not live here gets the 400 it
+    gets at any time (its replica is this one: a retry elsewhere cannot help); once the
+    sequence ends the process exits 0, well before the drain's bound."""
     write_model(tmp_path, "gru", GRU, _gru_config(candidates=4))
     shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")
     server = ServerProcess("--model-repository", str(tmp_path), "--drain-timeout", "60")
@@ -205,8 +206,9 @@ def test_drain_serves_live_sequences_and_refuses_new_work_with_503(tmp_path):
         server.terminate()
         server.wait_stderr("SIGTERM: draining", 10)
         assert server.request("GET", "/v2/health/ready")[0] == 503
+        status, _, payload = server.request("POST", path, _step_body("unknown"))
+        assert status == 400 and "START flag" in json.loads(payload)["error"], payload
         for body, where in ((_step_body("new", start=True), path),
-                            (_step_body("unknown"), path),
                             (_step_body("live", start=True), path),
                             (_mlp_body(), "/v2/models/mlp_classifier/infer")):
             status, headers, payload = server.request("POST", where, body)

@@ -189,3 +189,31 @@ def test_an_empty_outputs_list_asks_for_every_output_as_triton(probe_server):
     out = json.loads(header + b"}]}")["outputs"]
     assert [o["name"] for o in out] == ["class"] and len(tail) == 4, payload
     assert out[0]["parameters"]["binary_data_size"] == 4
+
+
+def test_statistics_are_those_of_loaded_versions_as_triton(probe_server):
+    """Triton keeps a version's statistics with the loaded version (its L0_server_status
+    expects none for an unloaded one, and a reload starts from zero): they were served
+    for unloaded versions, frozen."""
+    server = probe_server
+    saxpy = json.dumps({"inputs": [
+        {"name": n, "datatype": "FP32", "shape": s, "data": [1.0] * s[0]}
+        for n, s in (("alpha", [1]), ("x", [4]), ("y", [4]))]}).encode()
+
+    def counts() -> dict:
+        status, _, payload = server.request("GET", "/v2/models/stats")
+        assert status == 200, payload
+        return {(m["name"], m["version"]): m["inference_count"]
+                for m in json.loads(payload)["model_stats"]}
+
+    assert server.request("POST", "/v2/repository/models/saxpy/load", b"")[0] == 200
+    assert server.request("POST", "/v2/models/saxpy/infer", saxpy)[0] == 200
+    assert counts()[("saxpy", "1")] >= 1
+    assert server.request("POST", "/v2/repository/models/saxpy/unload", b"")[0] == 200
+    assert ("saxpy", "1") not in counts()
+    for path in ("/v2/models/saxpy/stats", "/v2/models/saxpy/versions/1/stats"):
+        status, _, payload = server.request("GET", path)
+        assert status == 404 and b"loaded versions only" in payload, payload
+    assert server.request("POST", "/v2/repository/models/saxpy/load", b"")[0] == 200
+    assert counts()[("saxpy", "1")] == 0
+    _infer_ok(server)
