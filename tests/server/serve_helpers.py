@@ -118,6 +118,16 @@ def saxpy_binary_request(x: bytes, n: int) -> tuple[bytes, int]:
     return header + b"\0\0\xc0\x3f" + x + x, len(header)
 
 
+def receive_until(sock: socket.socket, marker: bytes, received: bytes = b"") -> bytes:
+    """What `sock` sends (after `received`) until `marker` is in it; fails if the peer
+    closes first (the socket's own timeout bounds each read)."""
+    while marker not in received:
+        chunk = sock.recv(65536)
+        assert chunk, received
+        received += chunk
+    return received
+
+
 def write_model(root: Path, name: str, vmfb: Path, config: dict | None = None) -> None:
     version = root / name / "1"
     version.mkdir(parents=True, exist_ok=True)

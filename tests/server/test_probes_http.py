@@ -11,7 +11,7 @@ import socket
 import time
 
 import pytest
-from serve_helpers import ServerProcess, sample_server
+from serve_helpers import ServerProcess, receive_until, sample_server
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -184,11 +184,7 @@ def test_a_pipelined_request_is_answered_while_the_next_body_stalls(http_server)
         first = sock.recv(65536)
         assert first.startswith(b"HTTP/1.1 200"), first[:100]
         sock.sendall(_BODY[10:])
-        second = b""
-        while b'"outputs"' not in second:
-            chunk = sock.recv(65536)
-            assert chunk, second
-            second += chunk
+        second = receive_until(sock, b'"outputs"')
         assert second.startswith(b"HTTP/1.1 200"), second[:100]
 
 

@@ -10,7 +10,7 @@ import json
 import socket
 
 import pytest
-from serve_helpers import ServerProcess, sample_server
+from serve_helpers import ServerProcess, receive_until, sample_server
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -90,11 +90,7 @@ def test_expect_100_continue_gets_its_interim_answer_before_the_body(split_serve
         interim = sock.recv(65536)  # the server must not wait for the body first
         assert interim.startswith(b"HTTP/1.1 100 Continue\r\n"), interim
         sock.sendall(_BODY)
-        answer = b""
-        while b'"outputs"' not in answer:
-            chunk = sock.recv(65536)
-            assert chunk, answer
-            answer += chunk
+        answer = receive_until(sock, b'"outputs"')
     assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
 
 
