@@ -310,11 +310,9 @@ class _Routes:
     async def model_metadata(self, request: Request, name: str, version: str | None
                              ) -> Response:
         mv = self.repo.get(name, version)
-        versions = list(self.repo.models[mv.name])
         if not mv.ready:
-            return error_response(503, f"model '{mv.name}' version {mv.version} is not "
-                                       f"ready: {mv.reason or mv.state}")
-        return json_response(mv.metadata(versions))
+            return _not_ready(mv)
+        return json_response(mv.metadata(list(self.repo.models[mv.name])))
 
     async def model_ready(self, request: Request, name: str, version: str | None
                           ) -> Response:
@@ -325,7 +323,13 @@ class _Routes:
 
     async def model_config(self, request: Request, name: str, version: str | None
                            ) -> Response:
-        return json_response(self.repo.get(name, version).describe_config())
+        """The loaded version's configuration, as Triton serves it: a version not loaded
+        answers as its metadata does (503 with its state or why it failed; the
+        repository index also gives the reason)."""
+        mv = self.repo.get(name, version)
+        if not mv.ready:
+            return _not_ready(mv)
+        return json_response(mv.describe_config())
 
     async def model_stats(self, request: Request, name: str | None = None,
                           version: str | None = None) -> Response:
@@ -533,6 +537,12 @@ class _Routes:
                 response: Response) -> Response:
         series.failed(mv.stats, response.status, self._now() - request.arrived)
         return response
+
+
+def _not_ready(mv: ModelVersion) -> Response:
+    """503 for a version that is not loaded, naming its state or why it failed."""
+    return error_response(503, f"model '{mv.name}' version {mv.version} is not ready: "
+                               f"{mv.reason or mv.state}")
 
 
 def _failure_response(server: Server, mv: ModelVersion, exc: Exception) -> Response | None:

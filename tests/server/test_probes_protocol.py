@@ -211,6 +211,10 @@ def test_statistics_are_those_of_loaded_versions_as_triton(probe_server):
     assert counts()[("saxpy", "1")] >= 1
     assert server.request("POST", "/v2/repository/models/saxpy/unload", b"")[0] == 200
     assert ("saxpy", "1") not in counts()
+    # nor its configuration and metadata, as Triton's
+    for path in ("/v2/models/saxpy/config", "/v2/models/saxpy", "/v2/models/saxpy/versions/1"):
+        status, _, payload = server.request("GET", path)
+        assert status == 503 and b"is not ready: unloaded" in payload, (path, payload)
     for path in ("/v2/models/saxpy/stats", "/v2/models/saxpy/versions/1/stats"):
         status, _, payload = server.request("GET", path)
         assert status == 404 and b"loaded versions only" in payload, payload
