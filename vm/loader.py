@@ -295,6 +295,7 @@ def _to_view(source, origin: str, mapped: bool = False) -> tuple[memoryview, obj
     changes of the file (a truncation makes reads of the lost pages fault)."""
     if isinstance(source, (str, os.PathLike)):
         if not mapped:
+            check_module_file(source)  # a wrong large file is refused before it is read
             return read_module_file(source), None
         try:
             with open(source, "rb") as f:

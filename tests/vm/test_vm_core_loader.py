@@ -77,6 +77,19 @@ def test_wrong_magic(good_bytes):
         load_module(b"PK\x03\x04" + b"\xff" * 40)
 
 
+def test_a_large_file_that_is_no_module_is_refused_by_its_head(tmp_path, good_bytes):
+    """Loading from a path looks at the file's head before reading it whole: a 2 GiB
+    file of zeros (sparse: it takes no disk) is refused without 2 GiB of memory."""
+    zeros = tmp_path / "zeros.vmfb"
+    with open(zeros, "wb") as f:
+        f.truncate(2 << 30)
+    with pytest.raises(InvalidArgumentError, match="zeros.vmfb: not an IREE module"):
+        load_module(str(zeros))
+    good = tmp_path / "good.vmfb"
+    good.write_bytes(good_bytes)
+    assert set(load_module(str(good)).exports) >= {"f", "g2"}
+
+
 @pytest.mark.parametrize("version", [0x00100000, 0x00110001, 0x00120000, 0])
 def test_wrong_bytecode_version(good_bytes, version):
     data = bytearray(good_bytes)
