@@ -280,13 +280,15 @@ def check_module_file(path: str | os.PathLike) -> None:
                                    f"{exc.strerror or exc}") from None
     finally:
         os.close(fd)
+    hint = _source_text_hint(memoryview(head))
     try:
         flatbuffer, _ = _split_container(memoryview(head), st.st_size)
     except InvalidArgumentError as exc:
-        raise InvalidArgumentError(f"{origin}: not an IREE module: {exc.message}") from None
+        raise InvalidArgumentError(f"{origin}: not an IREE module: {exc.message}{hint}"
+                                   ) from None
     if bytes(flatbuffer[4:8]) != b"IREE":
         raise InvalidArgumentError(f"{origin}: not an IREE module: its FlatBuffer's file "
-                                   f"identifier is not 'IREE'")
+                                   f"identifier is not 'IREE'{hint}")
 
 
 def _to_view(source, origin: str, mapped: bool = False) -> tuple[memoryview, object]:
