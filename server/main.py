@@ -18,8 +18,8 @@ finish, then the process exits 0. With sequence models the listener first stays 
 while sequences live here or requests are admitted: steps of live sequences are served
 until they end or idle out, new work (a stateless request, a START) is answered 503
 with Retry-After and "draining", a step of a sequence not live here the usual 400.
-Whatever the bound leaves
-unfinished is answered (503 queued, 504 running) with a log line each.
+Whatever the bound leaves unfinished is answered (503 queued, 504 running) with a log
+line each.
 
 Every other signal whose default action would end the process has a meaning of its own,
 so no signal kills it with a request in flight:
