@@ -50,7 +50,7 @@ executions whose state input was a view of the rows where they were (`in_place_p
 Before any load, every server runs the same sequence and must answer with the same bits.
 
 The ratios at each N are those of the medians, and for steps/s also the median (and
-range) of the ratios within each round (`_paired`): the cells of a round run back to
+range) of the ratios within each round (`paired_ratios`): the cells of a round run back to
 back, so their ratio is steadier than the medians' where the machine's speed drifts
 (on the 2-core VM of docs/performance.md it moves by up to 1.8x over seconds by itself).
 `--servers tinyhal-cell,triton` leaves the unbatched server out, for more rounds of the
