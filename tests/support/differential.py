@@ -226,6 +226,13 @@ def _permuted(rng: random.Random, values: list[str], types: list[str]) -> list[s
     return out
 
 
+def _emit_one_and_mask(g: _Scalar, t: str) -> None:
+    """`%one_<t>` and `%mask_<t>` (2^(width-2) - 1) for integer type `t`, which the
+    generators' ops read by name."""
+    g.emit(f"%one_{t} = arith.constant 1 : {t}", 1)
+    g.emit(f"%mask_{t} = arith.constant {2**(int(t[1:]) - 2) - 1} : {t}", 1)
+
+
 def _scalar_function(rng: random.Random, name: str, traps: bool, floats: bool
                      ) -> tuple[str, list[str]]:
     """One function of (i32, i32, i64, i64, f32, f32, i32 trip count): straight-line ops,
@@ -239,8 +246,7 @@ def _scalar_function(rng: random.Random, name: str, traps: bool, floats: bool
     pools: dict[str, list[str]] = {"i32": ["%a0", "%a1"], "i64": ["%a2", "%a3"],
                                    "f32": ["%a4", "%a5"] if floats else [], "i1": []}
     for t in ("i32", "i64"):
-        g.emit(f"%one_{t} = arith.constant 1 : {t}", 1)
-        g.emit(f"%mask_{t} = arith.constant {2**(int(t[1:]) - 2) - 1} : {t}", 1)
+        _emit_one_and_mask(g, t)
         for c in rng.sample(I32_EDGES if t == "i32" else I64_EDGES, 3):
             v = g.new()
             g.emit(f"{v} = arith.constant {c} : {t}", 1)
@@ -398,8 +404,7 @@ class _Host(_Scalar):
 def _host_pools(g: _Host, names: dict[str, list[str]]) -> dict[str, list[str]]:
     pools = {k: list(v) for k, v in names.items()}
     for t in ("i32", "i64"):
-        g.emit(f"%one_{t} = arith.constant 1 : {t}", 1)
-        g.emit(f"%mask_{t} = arith.constant {2**(int(t[1:]) - 2) - 1} : {t}", 1)
+        _emit_one_and_mask(g, t)
     for bits in g.rng.sample(F64_EDGE_BITS, 2):
         v = g.new()
         g.emit(f"{v} = arith.constant 0x{bits:016X} : f64", 1)
