@@ -53,7 +53,8 @@ from .protocol import DATATYPES
 
 __all__ = [
     "CONFIG_KEYS", "ConfigError", "ControlInput", "ModelConfig", "SequenceConfig", "StateSpec",
-    "display_name", "is_version_name", "parse_batching_config", "parse_json_config",
+    "MAX_VERSION_DIGITS", "display_name", "is_version_name", "parse_batching_config",
+    "parse_json_config",
     "parse_model_config", "parse_sequence_config", "read_config_file", "DEFAULT_IDLE_US",
     "MAX_CONFIG_BYTES",
 ]
@@ -68,6 +69,9 @@ MAX_NAMES = 4096  # inputs, outputs, states, parameter files
 MAX_DIMS = 8
 MAX_DIM = 1 << 24
 MAX_STATE_ROW_BYTES = 64 << 20  # one sequence's state of one kind
+# every state row a sequence model keeps on its device at once (its slots, or a batch's
+# rows when those are more), over all its states: allocated when the model loads
+MAX_STATE_BYTES = 1 << 30
 MAX_VERSION_DIGITS = 18  # versions fit an int64, as Triton's
 
 CONTROL_KINDS = ("CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_END",
@@ -197,11 +201,15 @@ class StateConfig(_Schema):
             if init.dims is not None and init.dims != self.dims:
                 raise ValueError(f"initial_state dims {init.dims} differ from the state's "
                                  f"{self.dims}")
-        row = DATATYPES[self.data_type[5:]].itemsize * math.prod(self.dims)
-        if row > MAX_STATE_ROW_BYTES:
-            raise ValueError(f"a state of {row} bytes per sequence is over "
+        if self.row_bytes > MAX_STATE_ROW_BYTES:
+            raise ValueError(f"a state of {self.row_bytes} bytes per sequence is over "
                              f"{MAX_STATE_ROW_BYTES}")
         return self
+
+    @property
+    def row_bytes(self) -> int:
+        """One sequence's bytes of this state."""
+        return DATATYPES[self.data_type[5:]].itemsize * math.prod(self.dims)
 
 
 class Oldest(_Schema):
@@ -262,10 +270,25 @@ class ModelConfig(_Schema):
     def _one_scheduler(self) -> ModelConfig:
         if self.dynamic_batching is not None and self.sequence_batching is not None:
             raise ValueError("takes one of 'dynamic_batching' and 'sequence_batching'")
-        if self.instance_group is not None and self.max_concurrency is not None and \
-                self.max_concurrency != sum(g.count for g in self.instance_group):
-            raise ValueError("'instance_group' and 'max_concurrency' are the same setting: "
-                             "keep one")
+        instances = self.max_concurrency or 1
+        if self.instance_group is not None:
+            instances = sum(g.count for g in self.instance_group)
+            if instances > MAX_INSTANCES:  # each is a module and a thread of its own
+                raise ValueError(f"'instance_group' counts add up to {instances} "
+                                 f"instances; at most {MAX_INSTANCES}")
+            if self.max_concurrency is not None and self.max_concurrency != instances:
+                raise ValueError("'instance_group' and 'max_concurrency' are the same "
+                                 "setting: keep one")
+        sequences = self.sequence_batching
+        if sequences is not None and sequences.state:
+            slots = self.max_batch_size * instances if sequences.oldest is None else \
+                sequences.oldest.max_candidate_sequences or self.max_batch_size
+            rows = max(slots, self.max_batch_size)
+            held = rows * sum(s.row_bytes for s in sequences.state)
+            if held > MAX_STATE_BYTES:
+                raise ValueError(f"'sequence_batching.state' holds {rows} rows of "
+                                 f"{held // rows} bytes ({held} bytes) on the device; at "
+                                 f"most {MAX_STATE_BYTES}")
         return self
 
 
@@ -343,6 +366,8 @@ def parse_json_config(text: bytes | str, where: str) -> dict:
     (ConfigError naming `where` otherwise). Nothing is validated here beyond JSON."""
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{where}: {len(text)} bytes, over the limit of {MAX_CONFIG_BYTES}")
+    # a byte order mark, as editors on Windows write it: RFC 8259 lets a parser ignore it
+    text = text.removeprefix(b"\xef\xbb\xbf" if isinstance(text, bytes) else "\ufeff")
     try:
         doc = pydantic_core.from_json(text, allow_inf_nan=False)
     except ValueError as exc:
