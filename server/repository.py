@@ -74,6 +74,7 @@ from .admission import Admission, AdmissionStatistics, Instance
 from .batching import BatchingConfig
 from .config import (
     CONFIG_KEYS,
+    MAX_VERSION_DIGITS,
     ConfigError,
     ModelConfig,
     SequenceConfig,
@@ -860,7 +861,8 @@ class ModelRepository:
             if not is_version_name(version_dir.name):
                 skipped[version_dir.name] = (
                     f"model {name}: skipping {display_name(version_dir.name)}/: version "
-                    f"directories are named by integers")
+                    f"directories are named by integers of at most {MAX_VERSION_DIGITS} "
+                    f"digits")
                 continue
             if not os.path.lexists(vmfb):
                 found_names = sorted(display_name(p.name) for p in version_dir.iterdir())
@@ -868,7 +870,15 @@ class ModelRepository:
                     f"model {name} version {version_dir.name}: no model.vmfb (found: "
                     f"{', '.join(found_names[:20]) or 'nothing'}); skipped")
                 continue
-            found[str(int(version_dir.name))] = vmfb
+            version = str(int(version_dir.name))
+            other = found.get(version)
+            if other is not None:  # `1/` and `01/`: the one named as the version serves
+                if version_dir.name != version:
+                    other, vmfb = vmfb, other
+                skipped[other.parent.name] = (
+                    f"model {name}: skipping {other.parent.name}/: {version}/ is the "
+                    f"same version")
+            found[version] = vmfb
         self._log_skipped(name, skipped)
         versions: dict[str, ModelVersion] = {}
         for version in _select_versions(policy, list(found)):
@@ -881,8 +891,13 @@ class ModelRepository:
                     raise ConfigError(model_problem)
                 config = dict(model_config)
                 if override is None:
-                    config.update(read_config_file(found[version].parent / "config.json",
-                                                   where))
+                    overrides = read_config_file(found[version].parent / "config.json",
+                                                 where)
+                    if "version_policy" in overrides:  # it would choose nothing there
+                        raise ConfigError(f"{where}: 'version_policy': chooses the "
+                                          f"versions of the model, so it belongs in "
+                                          f"{name}/config.json")
+                    config.update(overrides)
                 config.pop("version_policy", None)
                 mv.config = config
                 mv.settings = parse_model_config(config, where)
