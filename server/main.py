@@ -60,6 +60,7 @@ import argparse
 import logging
 import math
 import os
+import re
 import signal
 import sys
 from functools import partial
@@ -67,7 +68,9 @@ from pathlib import Path
 
 import trio
 
+from ..errors import Error
 from ..hal import available_drivers
+from ..vm.files import open_regular_file
 from ..vm.run_flags import UsageParser
 from . import cpus
 from .app import API_GROUPS, Server, error_response
@@ -91,6 +94,7 @@ EXIT_SECOND_SIGNAL = 4
 _DRAIN_POLL_SECONDS = 0.02  # how often a drain looks whether sequences and requests remain
 _ANSWER_GRACE_SECONDS = 1.0  # for the answers the drain's bound gave to reach clients
 _RESERVED_FDS = 64  # descriptors kept for model files, devices, threads, logs
+_MIN_POLL_SECONDS = 0.05
 _SWITCH_INTERVAL = 0.0005  # seconds; measured on the bundled models (docs/performance.md)
 
 
@@ -500,6 +504,10 @@ def _command_line_problem(args: argparse.Namespace) -> str | None:
         value = getattr(args, flag)
         if not (value > 0 and math.isfinite(value)):
             return f"--{flag.replace('_', '-')} must be a positive number"
+    if args.repository_poll_secs < _MIN_POLL_SECONDS:
+        return (f"--repository-poll-secs {args.repository_poll_secs:g} is below "
+                f"{_MIN_POLL_SECONDS:g}: each poll reads every model directory, so polls "
+                f"that close together only keep a CPU busy")
     if not (args.drain_timeout >= 0 and math.isfinite(args.drain_timeout)):
         return "--drain-timeout must be a number of seconds >= 0"
     if args.max_request_bytes < 1:
@@ -538,6 +546,8 @@ def _parse_restricted(values: list[str], read_secrets: bool = True
         header, eq, expected = rule.partition("=")
         if not sep or not eq or not header.strip() or not groups:
             raise ValueError(f"{value!r} is not API[,API...]:HEADER=VALUE")
+        if not _HEADER_NAME.fullmatch(header.strip()):
+            raise ValueError(f"{header.strip()!r} is not an HTTP header name")
         if read_secrets:
             expected = _secret(expected)
         for group in groups.split(","):
@@ -553,20 +563,47 @@ def _parse_restricted(values: list[str], read_secrets: bool = True
 def _secret(value: str) -> str:
     """A header value as given, or read from `@FILE` / `env:NAME` (see _parse_restricted)."""
     if value.startswith("@"):
-        try:
-            secret = Path(value[1:]).read_text().rstrip("\r\n")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"cannot read the header value from {value[1:]}: "
-                             f"{getattr(exc, 'strerror', None) or exc}") from None
+        secret = _secret_file(value[1:])
         where = f"the file {value[1:]}"
     elif value.startswith("env:"):
         secret = os.environ.get(value[4:], "").rstrip("\r\n")
         where = f"the environment variable {value[4:]}"
     else:
-        return value
-    if not secret:
+        secret, where = value, "the command line"
+    if not secret:  # an empty header would then open the API
         raise ValueError(f"the header value from {where} is empty (or unset)")
+    if not _HEADER_VALUE.fullmatch(secret):  # no request could ever carry it
+        raise ValueError(f"the header value from {where} is not one a request can carry: "
+                         f"visible ASCII characters, spaces only between them")
     return secret
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
+_HEADER_VALUE = re.compile(r"[!-~]+(?:[ \t]+[!-~]+)*")
+_MAX_SECRET_BYTES = 4096
+
+
+def _secret_file(path: str) -> str:
+    """The header value held by the file `path`: a regular file (a FIFO or a device is
+    refused without blocking) of at most `_MAX_SECRET_BYTES`, trailing newlines
+    dropped."""
+    try:
+        fd, st = open_regular_file(path, "header value file")
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(_MAX_SECRET_BYTES + 1)
+    except Error as exc:
+        raise ValueError(f"cannot read the header value: {exc.message}") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read the header value from {path}: "
+                         f"{exc.strerror or exc}") from None
+    if len(data) > _MAX_SECRET_BYTES:
+        raise ValueError(f"the header value file {path} is larger than "
+                         f"{_MAX_SECRET_BYTES} bytes")
+    try:
+        return data.decode("ascii").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise ValueError(f"the header value file {path} holds bytes that are not "
+                         f"ASCII") from None
 
 
 def _raise_open_files_limit() -> int | None:
