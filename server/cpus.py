@@ -42,6 +42,7 @@ Linux only (`os.sched_setaffinity`); elsewhere nothing is pinned.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 __all__ = ["LOCK_DIR_ENV", "PROCESS_CPUS", "choose", "pin_current_thread",
@@ -128,9 +129,18 @@ def _claim(cpu: int) -> bool | None:
         if not folder.is_dir():
             folder.mkdir(exist_ok=True)
             os.chmod(folder, 0o1777)  # every user's servers claim CPUs here (as /tmp)
-        fd = os.open(folder / f"cpu-{cpu}.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC,
-                     0o644)
+        # the directory is every user's: a FIFO or a link left there must neither block
+        # the start nor lead elsewhere
+        fd = os.open(folder / f"cpu-{cpu}.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC
+                     | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o644)
     except OSError:
+        return None
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        regular = False
+    if not regular:
+        os.close(fd)
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
