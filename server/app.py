@@ -389,6 +389,8 @@ class _Routes:
                     raise ProtocolError(400, f"failed to load '{name}': {exc}") from None
         server = self.server
         async with server.repository_lock:
+            if server.draining:  # what loads now would be closed before it served
+                return error_response(503, _DRAINING, _RETRY)
             failed = await self.repo.reload(name, server.background, override=override)
             for mv in self.repo.models.get(name, {}).values():
                 server.create_series(mv)
