@@ -288,7 +288,7 @@ def parse_shape_and_element_type(text: str) -> tuple[tuple[int, ...], int]:
     shape: list[int] = []
     if shape_text:
         for dim in shape_text.split("x"):
-            if not dim.isdigit() or not dim.isascii():
+            if not dim.isdigit() or not dim.isascii() or int(dim) >= 1 << 63:  # int64
                 raise InvalidArgumentError(
                     f"shape[{len(shape)}] invalid value '{dim}' of '{shape_text}'")
             shape.append(int(dim))

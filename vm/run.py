@@ -84,6 +84,7 @@ from ..errors import (
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
+    ResourceExhaustedError,
     UnimplementedError,
 )
 from ..hal.buffer_view import BufferView
@@ -366,6 +367,9 @@ def parse_tensor(text: str) -> Tensor:
     shape, element_type = parse_shape_and_element_type(meta)
     data = data.strip()
     nbytes = packed_byte_length(math.prod(shape), element_type)
+    if nbytes > _physical_memory():  # where iree-run-module's allocation fails
+        raise ResourceExhaustedError(f"{nbytes} bytes for one input are more than the "
+                                     f"memory of this machine")
     if data.startswith("@") or data.startswith("+"):
         try:
             with open(data[1:], "rb") as f:
@@ -385,6 +389,14 @@ def parse_tensor(text: str) -> Tensor:
         if m:
             raise InvalidArgumentError(f"invalid integer value '{m.group(2)}'") from None
         raise
+
+
+def _physical_memory() -> int:
+    """Bytes of memory of this machine (unbounded where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return 1 << 62
 
 
 def parse_value(text: str, spec: Any, streams: _NpyStreams) -> list[Any]:
@@ -926,6 +938,9 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
         return 1
     except (OSError, ValueError) as exc:
         stderr.write(f"tinyhal-run: {type(exc).__name__}: {exc}\n")
+        return 1
+    except MemoryError:  # as iree-run-module's allocator failing
+        stderr.write("tinyhal-run: RESOURCE_EXHAUSTED: out of memory\n")
         return 1
     finally:
         streams.close()
