@@ -394,17 +394,13 @@ async def poll_repository(server: Server, seconds: float,
             if server.draining:
                 return
             for name in names:
-                try:
-                    failed = await repository.reload(name, server.background,
-                                                     changed_only=True)
+                try:  # a version that fails is logged by the load itself
+                    await repository.reload(name, server.background, changed_only=True)
                 except ProtocolError:
                     continue  # nothing to load: `scan_model` logged why
                 except Exception:  # noqa: BLE001 - one model never ends the polls
                     log.exception("poll: model %s", name)
                     continue
-                for mv in failed:
-                    log.error("poll: model %s version %s failed to load: %s", mv.name,
-                              mv.version, mv.reason)
                 for mv in repository.models.get(name, {}).values():
                     server.create_series(mv)
             for name in [n for n in repository.models if n not in names]:

@@ -367,6 +367,8 @@ def parse_tensor(text: str) -> Tensor:
     shape, element_type = parse_shape_and_element_type(meta)
     data = data.strip()
     nbytes = packed_byte_length(math.prod(shape), element_type)
+    if nbytes >= 1 << 64:  # iree_device_size_t
+        raise OutOfRangeError("packed byte count overflows device size")
     if nbytes > _physical_memory():  # where iree-run-module's allocation fails
         raise ResourceExhaustedError(f"{nbytes} bytes for one input are more than the "
                                      f"memory of this machine")

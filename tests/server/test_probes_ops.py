@@ -1,0 +1,180 @@
+"""Probes of what a careless operator puts in a model repository and does to a running
+server, beyond test_probes_repository.py: configurations whose every field is within
+its own bound but whose whole is not (instance groups adding up to thousands of
+threads, sequence state rows adding up to more memory than the machine has), a
+`config.json` an editor wrote with a byte order mark, a `version_policy` put in a
+version's config.json, two directories naming one version, and a load while the server
+drains. Each is answered at once (200, or a 400/503 naming what is wrong) and leaves
+the server serving. Server children on 127.0.0.1, every wait bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from serve_helpers import SAMPLES, ServerProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+_MLP = json.loads((SAMPLES / "mlp_classifier" / "config.json").read_text())
+_GRU = json.loads((SAMPLES / "gru_step" / "config.json").read_text())
+_BODY = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                                "data": [0.5] * 16}]}).encode()
+_STEP = {"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 8],
+                     "data": [0.1] * 8}]}
+
+
+def _copy(root: Path, sample: str, name: str, config: dict | bytes | None = None,
+          versions: tuple[str, ...] = ("1",)) -> Path:
+    model = root / name
+    for version in versions:
+        shutil.copytree(SAMPLES / sample / "1", model / version)
+    if isinstance(config, bytes):
+        (model / "config.json").write_bytes(config)
+    elif config is not None:
+        (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def _with(base: dict, **changes) -> dict:
+    return {**json.loads(json.dumps(base)), **changes}
+
+
+def _sequence_rows(candidates: int) -> dict:
+    sequences = json.loads(json.dumps(_GRU["sequence_batching"]))
+    sequences["oldest"]["max_candidate_sequences"] = candidates
+    return _with(_GRU, max_batch_size=64, sequence_batching=sequences)
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("repo")
+    shutil.copytree(SAMPLES / "mlp_classifier", root / "mlp_classifier")
+    # 64 groups of 256: each count within its bound, 16,384 instances together
+    _copy(root, "mlp_classifier", "many_instances",
+          _with(_MLP, instance_group=[{"count": 256}] * 64))
+    # 65,536 slots of a 64 KiB state row: 4 GiB of device memory at load
+    wide = _sequence_rows(65536)
+    wide["sequence_batching"]["state"][0]["dims"] = [16384]
+    wide["sequence_batching"]["state"][0]["initial_state"][0]["dims"] = [16384]
+    _copy(root, "gru_step", "state_rows", wide)
+    _copy(root, "mlp_classifier", "bom",
+          b"\xef\xbb\xbf" + (SAMPLES / "mlp_classifier" / "config.json").read_bytes())
+    model = _copy(root, "mlp_classifier", "version_policy_below", _MLP)
+    (model / "1" / "config.json").write_text('{"version_policy": {"all": {}}}')
+    _copy(root, "mlp_classifier", "same_version", _MLP, versions=("01", "1"))
+    _copy(root, "mlp_classifier", "beyond_int64", _MLP, versions=(str(1 << 64),))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repository):
+    proc = ServerProcess("--model-repository", str(repository), "--model-control-mode",
+                         "explicit", "--load-model", "mlp_classifier")
+    try:
+        yield proc.start()
+    finally:
+        proc.stop()
+
+
+def _threads(server: ServerProcess) -> int:
+    return len(os.listdir(f"/proc/{server.proc.pid}/task"))
+
+
+# (model, status of its load, part of its answer)
+_LOADS = [
+    ("many_instances", 400, "'instance_group' counts add up to 16384 instances; at most 256"),
+    ("state_rows", 400, "'sequence_batching.state' holds 65536 rows of 65536 bytes"),
+    ("bom", 200, ""),
+    ("version_policy_below", 400, "'version_policy': chooses the versions of the model, "
+                                  "so it belongs in version_policy_below/config.json"),
+    ("same_version", 200, ""),
+    ("beyond_int64", 400, "no version directory"),
+]
+
+
+@pytest.mark.parametrize("model,status,message", _LOADS, ids=[c[0] for c in _LOADS])
+def test_a_configuration_beyond_its_whole_bound_is_refused_at_once(server, model, status,
+                                                                   message):
+    threads, peak = _threads(server), server.status_bytes("VmHWM")
+    got, _, payload = server.request("POST", f"/v2/repository/models/{model}/load", b"",
+                                     timeout=60)
+    assert got == status and message.encode() in payload, payload
+    # refused before any instance thread started or any state row was allocated
+    assert server.status_bytes("VmHWM") - peak < 64 << 20
+    assert _threads(server) <= threads + 8
+    if status == 200:
+        got, _, payload = server.request("POST", f"/v2/models/{model}/infer", _BODY)
+        assert got == 200, payload
+    got, _, payload = server.request("POST", "/v2/models/mlp_classifier/infer", _BODY)
+    assert got == 200, payload
+
+
+def test_the_directory_spelled_as_the_version_serves_and_the_other_is_logged(server):
+    assert server.request("POST", "/v2/repository/models/same_version/load", b"")[0] == 200
+    log = server.wait_stderr(r"model same_version: skipping 01/: 1/ is the same version")
+    assert "same_version version 1" in log
+    log = server.wait_stderr(r"skipping 18446744073709551616/: version directories are "
+                             r"named by integers of at most 18 digits")
+    status, _, payload = server.request("GET", "/v2/repository/index")
+    states = {(e["name"], e.get("version")): e.get("state") for e in json.loads(payload)}
+    assert states[("same_version", "1")] == "READY", states
+
+
+def test_a_load_while_the_server_drains_is_503_and_loads_nothing(tmp_path):
+    """A live sequence keeps the listener open while the server drains; a load then
+    would load a model only for the drain to close it: 503 "draining", as new work."""
+    shutil.copytree(SAMPLES / "gru_step", tmp_path / "gru_step")
+    shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
+    server = ServerProcess("--model-repository", str(tmp_path), "--model-control-mode",
+                           "explicit", "--load-model", "gru_step")
+    try:
+        server.start()
+        step = {**_STEP, "parameters": {"sequence_id": 5, "sequence_start": True}}
+        assert server.request("POST", "/v2/models/gru_step/infer", step)[0] == 200
+        server.proc.send_signal(signal.SIGTERM)
+        server.wait_stderr("SIGTERM: draining")
+        status, headers, payload = server.request(
+            "POST", "/v2/repository/models/saxpy/load", b"")
+        assert status == 503 and b"draining" in payload, payload
+        assert headers.get("retry-after") == "1"
+        assert "loading model saxpy" not in "".join(server.stderr)
+        step = {**_STEP, "parameters": {"sequence_id": 5, "sequence_end": True}}
+        assert server.request("POST", "/v2/models/gru_step/infer", step)[0] == 200
+        assert server.wait(30) == 0
+    finally:
+        server.stop()
+
+
+def test_a_poll_meets_a_model_being_copied_in_and_serves_it_once_whole(tmp_path):
+    """An operator copies a model into a polled repository file by file: the poll
+    sees its directory with no version, then a model file half written, then a config
+    that is not yet whole JSON. Each state is refused naming why (no 5xx, the server
+    keeps serving); once the copy is done the model serves."""
+    shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
+    server = ServerProcess("--model-repository", str(tmp_path), "--model-control-mode",
+                           "poll", "--repository-poll-secs", "0.1", "--no-exit-on-error")
+    try:
+        server.start()
+        model = tmp_path / "mlp"
+        (model / "1").mkdir(parents=True)
+        whole = (SAMPLES / "mlp_classifier" / "1" / "model.vmfb").read_bytes()
+        (model / "1" / "model.vmfb").write_bytes(whole[:len(whole) // 2])
+        server.wait_stderr(r"model mlp version 1 failed to load: mlp/1/model\.vmfb: ")
+        (model / "config.json").write_text(json.dumps(_MLP)[:40])
+        server.wait_stderr(r"mlp/config.json: not valid JSON")
+        (model / "config.json").write_text(json.dumps(_MLP))
+        (model / "1" / "model.vmfb").write_bytes(whole)
+        deadline = time.monotonic() + 60
+        while server.request("GET", "/v2/models/mlp/ready")[0] != 200:
+            assert time.monotonic() < deadline, "".join(server.stderr)[-3000:]
+            time.sleep(0.1)
+        assert server.request("POST", "/v2/models/mlp/infer", _BODY)[0] == 200
+        assert "Traceback" not in "".join(server.stderr)
+    finally:
+        server.stop()
