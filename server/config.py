@@ -237,6 +237,21 @@ class SequenceBatching(_Schema):
             raise ValueError("takes one of 'direct' and 'oldest'")
         return self
 
+    @model_validator(mode="after")
+    def _distinct_names(self) -> SequenceBatching:
+        """Each program input the server fills is filled one way: a name given twice
+        (two states, two controls, a control and a state) left one of them unfilled."""
+        inputs = [c.name for c in self.control_input] + [s.input_name for s in self.state]
+        for kind, names in (("input", inputs), ("output", [s.output_name for s in
+                                                             self.state])):
+            seen: set[str] = set()
+            for name in names:
+                if name in seen:
+                    raise ValueError(f"the program {kind} '{name}' is named twice by "
+                                     f"'control_input' and 'state'")
+                seen.add(name)
+        return self
+
 
 # a file of the version directory, maybe in a folder of it (`_parameter_files` checks that
 # it does not leave the directory)

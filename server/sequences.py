@@ -281,6 +281,7 @@ class SequenceBatcher:
         self._running: set[Execution] = set()
         self._detached = 0
         self._closed = False
+        self._closed_why = ""
         # steps that arrive in one wake-up of the loop, the next steps of sequences just
         # answered among them, run as one batch; the instance is woken just before the
         # loop waits for I/O, not while the loop still holds the interpreter
@@ -388,7 +389,7 @@ class SequenceBatcher:
         start = parameters.get("sequence_start", False)
         end = parameters.get("sequence_end", False)
         if self._closed:
-            raise Unavailable("the model version is unloading")
+            raise Unavailable(self._closed_why)
         if rows != 1:
             raise ProtocolError(400, f"inference request for sequence {sid} to model "
                                      f"'{self.model}' must have batch size 1, not {rows}")
@@ -449,8 +450,22 @@ class SequenceBatcher:
         batcher (`close`), not with a request."""
         self._tasks_started = True
         self._now = trio.lowlevel.current_clock().current_time  # one call per read
-        trio.lowlevel.spawn_system_task(self._expire_idle)
-        trio.lowlevel.spawn_system_task(self._clients.run)
+        trio.lowlevel.spawn_system_task(self._contained, self._expire_idle)
+        trio.lowlevel.spawn_system_task(self._contained, self._clients.run)
+
+    async def _contained(self, task: Callable[[], Awaitable[None]]) -> None:
+        """Runs a system task of this batcher so that a failure of it (a bug) fails this
+        model version, not the process (an exception in a system task ends trio's run):
+        it is logged, every admitted step is answered 503 and the version admits
+        nothing new, saying why."""
+        try:
+            await task()
+        except Exception as exc:  # noqa: BLE001 - contained to this model version
+            log.exception("model '%s': the sequence batcher failed; its steps are "
+                          "answered 503 and it takes no new ones", self.model)
+            why = f"the sequence batcher failed ({type(exc).__name__})"
+            self.close(why)
+            self.abandon(why)
 
     def _check_corrid(self, sid: int | str) -> None:
         """The id must be an integer the CORRID control's type holds (400 otherwise)."""
@@ -910,16 +925,17 @@ class SequenceBatcher:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Admits nothing new (the version unloads). The steps of sequences holding a slot
-        still run, without waiting out a queue delay; what could never run is answered
-        at once: the steps of sequences waiting for a slot get `Unavailable` (503, each
-        logged), and live sequences with nothing queued or running end."""
+    def close(self, why: str = "the model version is unloading") -> None:
+        """Admits nothing new (the version unloads; `why` says so to new steps). The
+        steps of sequences holding a slot still run, without waiting out a queue delay;
+        what could never run is answered at once: the steps of sequences waiting for a
+        slot get `Unavailable` (503, each logged), and live sequences with nothing
+        queued or running end."""
         if self._closed:
             return
         self._closed = True
+        self._closed_why = why
         self._clients.stop()
-        why = "the model version is unloading"
         for seq in list(self._backlog):
             for step in seq.steps:
                 log_abandoned(step, 503, f"{why}; it waited for a sequence slot")

@@ -3,8 +3,9 @@ server, beyond test_probes_repository.py: configurations whose every field is wi
 its own bound but whose whole is not (instance groups adding up to thousands of
 threads, sequence state rows adding up to more memory than the machine has), a
 `config.json` an editor wrote with a byte order mark, a `version_policy` put in a
-version's config.json, two directories naming one version, and a load while the server
-drains. Each is answered at once (200, or a 400/503 naming what is wrong) and leaves
+version's config.json, a state named twice (it loaded, and the idle expiry's failure
+on the half never filled ended the process), two directories naming one version, and a
+load while the server drains. Each is answered at once (200, or a 400/503 naming what is wrong) and leaves
 the server serving. Server children on 127.0.0.1, every wait bounded."""
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def repository(tmp_path_factory) -> Path:
     wide["sequence_batching"]["state"][0]["dims"] = [16384]
     wide["sequence_batching"]["state"][0]["initial_state"][0]["dims"] = [16384]
     _copy(root, "gru_step", "state_rows", wide)
+    twice = json.loads(json.dumps(_GRU))  # one state given twice: one half unfilled
+    twice["sequence_batching"]["state"] *= 2
+    _copy(root, "gru_step", "state_twice", twice)
     _copy(root, "mlp_classifier", "bom",
           b"\xef\xbb\xbf" + (SAMPLES / "mlp_classifier" / "config.json").read_bytes())
     model = _copy(root, "mlp_classifier", "version_policy_below", _MLP)
@@ -90,6 +94,8 @@ def _threads(server: ServerProcess) -> int:
 _LOADS = [
     ("many_instances", 400, "'instance_group' counts add up to 16384 instances; at most 256"),
     ("state_rows", 400, "'sequence_batching.state' holds 65536 rows of 65536 bytes"),
+    ("state_twice", 400, "'sequence_batching': the program input 'STATE_IN' is named "
+                         "twice"),
     ("bom", 200, ""),
     ("version_policy_below", 400, "'version_policy': chooses the versions of the model, "
                                   "so it belongs in version_policy_below/config.json"),
@@ -176,5 +182,44 @@ def test_a_poll_meets_a_model_being_copied_in_and_serves_it_once_whole(tmp_path)
             time.sleep(0.1)
         assert server.request("POST", "/v2/models/mlp/infer", _BODY)[0] == 200
         assert "Traceback" not in "".join(server.stderr)
+    finally:
+        server.stop()
+
+
+_FAILING_EXPIRY = """
+import tinyhal.server.sequences as sequences
+
+def _compact_states(self, idle_since):
+    raise RuntimeError("a bug in the idle expiry")
+
+sequences.SequenceBatcher._compact_states = _compact_states
+"""
+
+
+def test_a_failing_sequence_batcher_task_fails_its_model_not_the_server(tmp_path):
+    """A bug in a sequence batcher's background task (the idle expiry here, made to
+    fail by a `sitecustomize` of the server child) raised in a trio system task, which
+    ends the whole run (TrioInternalError, every model gone). It is contained to its
+    model version: logged, its steps answered 503 naming why, the other models serve."""
+    shutil.copytree(SAMPLES / "gru_step", tmp_path / "repo" / "gru_step")
+    shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "repo" / "mlp_classifier")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_FAILING_EXPIRY)
+    path = os.pathsep.join(p for p in (str(tmp_path / "site"), os.environ.get("PYTHONPATH"))
+                           if p)
+    server = ServerProcess("--model-repository", str(tmp_path / "repo"),
+                           env={"PYTHONPATH": path})
+    try:
+        server.start()
+        step = {**_STEP, "parameters": {"sequence_id": 1, "sequence_start": True}}
+        assert server.request("POST", "/v2/models/gru_step/infer", step)[0] == 200
+        server.wait_stderr(r"model 'gru_step': the sequence batcher failed")
+        step = {**_STEP, "parameters": {"sequence_id": 2, "sequence_start": True}}
+        status, _, payload = server.request("POST", "/v2/models/gru_step/infer", step)
+        assert status == 503 and b"the sequence batcher failed (RuntimeError)" in payload
+        assert server.request("POST", "/v2/models/mlp_classifier/infer", _BODY)[0] == 200
+        assert server.proc.poll() is None
+        server.terminate()
+        assert server.wait(30) == 0
     finally:
         server.stop()
