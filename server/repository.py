@@ -30,7 +30,7 @@ files only), so later writes, truncation or deletion of it change nothing it ser
     timeout_s         default deadline of a request in seconds (default: none)
     version_policy    Triton's {"latest": {"num_versions": N}} (default N = 1),
                       {"all": {}} or {"specific": {"versions": [...]}}: the versions
-                      served (model-level config.json only)
+                      served (model-level config.json only; refused in a version's)
     execution         accepted for older configs ("async" | "thread"); every execution
                       runs on an instance thread, never on the event loop
     input_names / output_names   rename the ABI's inputs/outputs (lists, in order)
