@@ -208,9 +208,16 @@ def read_npy(f: Any, path: str) -> tuple[tuple[int, ...], int, bytes]:
         raise UnimplementedError("fortran_order npy files are not supported")
     if not isinstance(descr, str):
         raise UnimplementedError(f"structured numpy dtypes are not supported ({path})")
+    for i, dim in enumerate(shape):
+        if not 0 <= dim < 1 << 63:  # int64, as iree-run-module reads them
+            raise InvalidArgumentError(f"invalid dimension {i} value {dim}")
     element_type = _npy_descr_element_type(descr)
     nbytes = math.prod(shape) * dense_byte_count(element_type)
-    data = f.read(nbytes)
+    try:  # a header may promise more than the file holds: not allocated for it
+        left = os.fstat(f.fileno()).st_size - f.tell()
+    except (AttributeError, OSError, ValueError):
+        left = nbytes
+    data = f.read(nbytes) if nbytes <= left else b""
     if len(data) < nbytes:
         raise OutOfRangeError(
             f"end-of-file encountered during read; failed to read npy contents of "
