@@ -131,9 +131,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="tinyhal-serve",
         description="Serve IREE-compiled .vmfb models over KServe V2 REST with tinyhal.",
     )
-    p.add_argument("--model-repository", type=Path, default=None, metavar="DIR",
+    p.add_argument("--model-repository", type=Path, action=_Once, default=None,
+                   metavar="DIR",
                    help="DIR/<model>/<version>/model.vmfb (+ config.json); default: the "
-                        "bundled sample models")
+                        "bundled sample models (one repository: give it once)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000,
                    help="port (default 8000; 0 picks a free one and prints it)")
@@ -196,6 +197,20 @@ def _parser() -> argparse.ArgumentParser:
                    choices=["debug", "info", "warning", "error"],
                    help="least severe log records written to stderr (default info)")
     return p
+
+
+class _Once(argparse.Action):
+    """A flag that may be given once: argparse would keep the last of several silently
+    (an operator giving two repositories would serve only the second's models)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        if getattr(namespace, self.dest) is not None:
+            raise argparse.ArgumentError(self, "is given twice; one repository is served "
+                                               "(Triton's several repositories are not "
+                                               "supported: put the model directories in "
+                                               "one)")
+        setattr(namespace, self.dest, values)
 
 
 def _size(text: str) -> int:
