@@ -295,9 +295,13 @@ class ModelConfig(_Schema):
                 raise ValueError("'instance_group' and 'max_concurrency' are the same "
                                  "setting: keep one")
         sequences = self.sequence_batching
-        if sequences is not None and sequences.state:
+        if sequences is not None:
             slots = self.max_batch_size * instances if sequences.oldest is None else \
                 sequences.oldest.max_candidate_sequences or self.max_batch_size
+            if slots > MAX_BATCH:  # each slot is kept, free or held, from the load on
+                raise ValueError(f"'sequence_batching.direct' holds max_batch_size x "
+                                 f"instances = {slots} sequence slots; at most {MAX_BATCH}")
+        if sequences is not None and sequences.state:
             rows = max(slots, self.max_batch_size)
             held = rows * sum(s.row_bytes for s in sequences.state)
             if held > MAX_STATE_BYTES:

@@ -1,7 +1,8 @@
 """Probes of what a careless operator puts in a model repository and does to a running
 server, beyond test_probes_repository.py: configurations whose every field is within
 its own bound but whose whole is not (instance groups adding up to thousands of
-threads, sequence state rows adding up to more memory than the machine has), a
+threads, sequence state rows adding up to more memory than the machine has, `direct`
+sequence slots adding up to millions), a
 `config.json` an editor wrote with a byte order mark, a `version_policy` put in a
 version's config.json, a state named twice (it loaded, and the idle expiry's failure
 on the half never filled ended the process), two directories naming one version, and a
@@ -64,6 +65,10 @@ def repository(tmp_path_factory) -> Path:
     wide["sequence_batching"]["state"][0]["dims"] = [16384]
     wide["sequence_batching"]["state"][0]["initial_state"][0]["dims"] = [16384]
     _copy(root, "gru_step", "state_rows", wide)
+    direct = json.loads(json.dumps(_GRU))  # 16.7 M slots: a 600 MB list of free ones
+    direct["sequence_batching"] = {"direct": {}}
+    _copy(root, "gru_step", "direct_slots",
+          _with(direct, max_batch_size=65536, instance_group=[{"count": 256}]))
     twice = json.loads(json.dumps(_GRU))  # one state given twice: one half unfilled
     twice["sequence_batching"]["state"] *= 2
     _copy(root, "gru_step", "state_twice", twice)
@@ -94,6 +99,7 @@ def _threads(server: ServerProcess) -> int:
 _LOADS = [
     ("many_instances", 400, "'instance_group' counts add up to 16384 instances; at most 256"),
     ("state_rows", 400, "'sequence_batching.state' holds 65536 rows of 65536 bytes"),
+    ("direct_slots", 400, "holds max_batch_size x instances = 16777216 sequence slots"),
     ("state_twice", 400, "'sequence_batching': the program input 'STATE_IN' is named "
                          "twice"),
     ("bom", 200, ""),
