@@ -387,6 +387,7 @@ async def poll_repository(server: Server, seconds: float,
     on with the others."""
     repository = server.repository
     unreadable = ""  # why the last poll could not list the repository (logged once)
+    seen: dict[str, tuple] = {}  # model -> its files' signature when last looked at
     while True:
         with trio.move_on_after(seconds):
             if poll_now is not None:
@@ -405,12 +406,17 @@ async def poll_repository(server: Server, seconds: float,
         if unreadable:
             log.info("poll: the model repository can be read again")
             unreadable = ""
+        signatures = await trio.to_thread.run_sync(repository.signatures, names)
         async with server.repository_lock:
             if server.draining:
                 return
             for name in names:
+                if name not in signatures or seen.get(name) == signatures[name]:
+                    continue  # its files are as they were: nothing to read again
+                seen[name] = signatures[name]
                 try:  # a version that fails is logged by the load itself
-                    await repository.reload(name, server.background, changed_only=True)
+                    await repository.reload(name, server.background, changed_only=True,
+                                            listed=True)
                 except ProtocolError:
                     continue  # nothing to load: `scan_model` logged why
                 except Exception:  # noqa: BLE001 - one model never ends the polls
@@ -421,6 +427,8 @@ async def poll_repository(server: Server, seconds: float,
             for name in [n for n in repository.models if n not in names]:
                 repository.retire_model(name, server.background)  # no wait under the lock
                 del repository.models[name]
+            for name in [n for n in seen if n not in signatures]:
+                del seen[name]
 
 
 class _SignalState:
