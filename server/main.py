@@ -525,8 +525,8 @@ def _command_line_problem(args: argparse.Namespace) -> str | None:
             return f"--{flag.replace('_', '-')} must be a positive number"
     if args.repository_poll_secs < _MIN_POLL_SECONDS:
         return (f"--repository-poll-secs {args.repository_poll_secs:g} is below "
-                f"{_MIN_POLL_SECONDS:g}: each poll lists the repository and stats every model, so polls "
-                f"that close together only keep a CPU busy")
+                f"{_MIN_POLL_SECONDS:g}: each poll lists the repository and stats every "
+                f"model, so polls that close together only keep a CPU busy")
     if not (args.drain_timeout >= 0 and math.isfinite(args.drain_timeout)):
         return "--drain-timeout must be a number of seconds >= 0"
     if args.max_request_bytes < 1:
