@@ -60,10 +60,12 @@ flagfile (`--flagfile=PATH`) written for iree-run-module runs unchanged.
 nothing here (tinyhal has neither layer: `run_flags.DEVICE_ALLOCATORS` says why each is
 not missed); other allocator names are refused.
 
-Errors print one line to stderr: a mistake on the command line (an unknown flag or
-driver, a bad flag value, a flag refused as meaningless here) exits with status 2, a run
-that fails (a missing or bad module file, inputs the function does not take) with 1, as
-iree-run-module's does.
+Errors print one line to stderr: a run that fails (a missing or bad module file, inputs
+the function does not take) exits with status 1, as iree-run-module's does; a mistake on
+the command line (an unknown flag or driver, a bad flag value, a flag refused as
+meaningless here) with 2, where iree-run-module 3.13 exits 1 for those too (a deliberate
+difference: a script can tell a wrong invocation from a failed run, as with argparse
+tools and tinyhal-serve).
 """
 
 from __future__ import annotations
