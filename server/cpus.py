@@ -123,12 +123,14 @@ def _claim(cpu: int) -> bool | None:
         import fcntl
     except ImportError:
         return None
-    folder = Path(os.environ.get(LOCK_DIR_ENV) or
-                  Path(os.environ.get("TMPDIR") or "/tmp") / "tinyhal-serve-cpus")
+    chosen = os.environ.get(LOCK_DIR_ENV)
+    folder = Path(chosen or Path(os.environ.get("TMPDIR") or "/tmp") / "tinyhal-serve-cpus")
     try:
         if not folder.is_dir():
             folder.mkdir(exist_ok=True)
             os.chmod(folder, 0o1777)  # every user's servers claim CPUs here (as /tmp)
+        if not chosen and stat.S_ISLNK(os.lstat(folder).st_mode):
+            return None  # another user's link in /tmp: lock files would be made there
         # the directory is every user's: a FIFO or a link left there must neither block
         # the start nor lead elsewhere
         fd = os.open(folder / f"cpu-{cpu}.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC

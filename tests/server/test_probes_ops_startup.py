@@ -100,3 +100,23 @@ def test_fifos_in_the_shared_cpu_lock_directory_do_not_block_the_start(tmp_path)
         assert server.request("GET", "/v2/health/ready")[0] == 200
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--python-cpu auto pins "
+                    "only with two CPUs or more")
+def test_a_link_as_the_default_cpu_lock_directory_makes_no_file_where_it_leads(tmp_path):
+    """The default lock directory is `tinyhal-serve-cpus` in the shared temporary
+    directory: another user can make it a link to a directory of theirs or of the
+    system's, where a server (maybe root) would then create its lock files. A link there
+    is not followed: nothing is claimed, the server serves."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "tinyhal-serve-cpus").symlink_to(elsewhere)
+    server = ServerProcess("--python-cpu", "auto", env={"TMPDIR": str(tmp_path),
+                                                        "TINYHAL_CPU_LOCK_DIR": ""})
+    try:
+        server.start()
+        assert server.request("GET", "/v2/health/ready")[0] == 200
+        assert list(elsewhere.iterdir()) == []
+    finally:
+        server.stop()
