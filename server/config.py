@@ -260,9 +260,32 @@ ParameterFile = Annotated[StrictStr, Field(min_length=1, max_length=1024,
 ParameterFiles = Annotated[list[ParameterFile], Field(min_length=1, max_length=MAX_NAMES)]
 
 
+class TensorShown(_Schema):
+    """An input or output as the config endpoint shows it."""
+
+    name: Name
+    datatype: Literal[tuple(DATATYPES)]  # type: ignore[valid-type]
+    shape: list[Annotated[StrictInt, Field(ge=-1, le=1 << 62)]] = Field(max_length=64)
+
+
 class ModelConfig(_Schema):
     """A model's `config.json` (model level and version level alike; see
-    repository.py for what each key means)."""
+    repository.py for what each key means).
+
+    It also takes what the config endpoint shows beside the settings, so that a
+    configuration read from it loads as it is (Triton's get config, edit, load with
+    `config`): `name` (the model's), `version` (the directory's: not a setting),
+    `platform`, `backend`, `peak_invocation_bytes` (measured: not a setting), `input`
+    and `output` (derived from the program: checked against it at load)."""
+
+    name: Name | None = None
+    version: Annotated[StrictStr, Field(pattern=r"^[0-9]{1,%d}$" % MAX_VERSION_DIGITS)] \
+        | None = None
+    platform: Literal["tinyhal_vmfb"] | None = None
+    backend: Literal["tinyhal"] | None = None
+    peak_invocation_bytes: Annotated[StrictInt, Field(ge=0, le=1 << 62)] | None = None
+    input: list[TensorShown] | None = Field(None, max_length=MAX_NAMES)
+    output: list[TensorShown] | None = Field(None, max_length=MAX_NAMES)
 
     function: Name | None = None
     device: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
@@ -447,6 +470,7 @@ class StateSpec:
     datatype: str  # V2 name, e.g. FP32
     dims: tuple[int, ...]
     initial: np.ndarray
+    data_file: str | None = None  # where `initial` came from (None: zeros)
 
     @property
     def row_bytes(self) -> int:
@@ -471,12 +495,24 @@ class SequenceConfig:
         return {
             "max_sequence_idle_microseconds": self.max_sequence_idle_us,
             self.strategy: strategy,
-            "control_input": [{"name": c.name, "control": [{"kind": c.kind}]}
+            "control_input": [{"name": c.name, "control": [_describe_control(c)]}
                               for c in self.controls],
             "state": [{"input_name": s.input_name, "output_name": s.output_name,
-                       "data_type": "TYPE_" + s.datatype, "dims": list(s.dims)}
+                       "data_type": "TYPE_" + s.datatype, "dims": list(s.dims),
+                       "initial_state": [{"data_file": s.data_file} if s.data_file else
+                                         {"zero_data": True}]}
                       for s in self.states],
         }
+
+
+def _describe_control(control: ControlInput) -> dict:
+    """A control as config.json gives it (what `parse_sequence_config` reads back)."""
+    if control.kind == "CONTROL_SEQUENCE_CORRID":
+        name = next(n for n, d in DATATYPES.items() if d == control.dtype)
+        return {"kind": control.kind, "data_type": "TYPE_" + name}
+    key = next(k for k, t in _FALSE_TRUE.items() if np.dtype(t) == control.dtype)
+    return {"kind": control.kind, key: [v.item() if hasattr(v, "item") else v
+                                        for v in control.false_true]}
 
 
 def parse_batching_config(value: Any, max_batch_size: int) -> BatchingConfig | None:
@@ -527,13 +563,16 @@ def parse_sequence_config(value: Any, max_batch_size: int, version_dir: Path
         datatype = item.data_type[5:]
         dims = tuple(item.dims)
         initial = np.zeros(dims, DATATYPES[datatype])
+        data_file = None
         for init in item.initial_state:
             if init.data_file is not None:
+                data_file = init.data_file
                 initial = _initial_from_file(
                     init.data_file, version_dir, initial,
                     f"sequence_batching.state[{i}].initial_state[0].data_file")
         initial.setflags(write=False)
-        states.append(StateSpec(item.input_name, item.output_name, datatype, dims, initial))
+        states.append(StateSpec(item.input_name, item.output_name, datatype, dims, initial,
+                                data_file))
     return SequenceConfig(doc.max_sequence_idle_microseconds, strategy, candidates,
                           body.max_queue_delay_microseconds, preferred, tuple(controls),
                           tuple(states))

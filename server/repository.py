@@ -41,6 +41,10 @@ files only), so later writes, truncation or deletion of it change nothing it ser
                       first holding a key wins); names may not leave the directory
     description       free text, shown by the config endpoint
 
+What the config endpoint shows beside these (`name`, `version`, `platform`, `backend`,
+`peak_invocation_bytes`, `input`, `output`) is taken too, so that a configuration read
+from it loads back as it is; `name`, `input` and `output` must be the model's.
+
 Every key, file and version directory name is checked by one declared schema
 (`config.py`: bounds, strict types, regular files of bounded size) before anything loads.
 
@@ -314,18 +318,47 @@ class ModelVersion:
                    for i, module in enumerate(modules)]
         self._workers = workers
         memory = self.memory
-        if self.sequence_config is not None:
-            self.scheduler = self._sequence_batcher(workers, max_queue)
-        else:
-            self.scheduler = Admission(
-                workers, max_queue, self.batching, executed=self.stats.executed,
-                begin=(lambda: memory.begin(self.device_name, device,
-                                            self.peak_invocation_bytes))
-                if memory else None,
-                end=self._memory_end if memory else None)
+        try:
+            if self.sequence_config is not None:
+                self.scheduler = self._sequence_batcher(workers, max_queue)
+            else:
+                self.scheduler = Admission(
+                    workers, max_queue, self.batching, executed=self.stats.executed,
+                    begin=(lambda: memory.begin(self.device_name, device,
+                                                self.peak_invocation_bytes))
+                    if memory else None,
+                    end=self._memory_end if memory else None)
+            self._check_described(settings)
+        except BaseException:  # the instance threads and modules of a failed load end
+            if self.scheduler is not None:
+                self.scheduler.stop()
+                self.scheduler = None
+            else:
+                for worker in workers:
+                    worker.thread.stop()
+            _close_modules(self.modules)
+            self.module = None
+            raise
         self.request_gates = RequestGates.of(self.inputs, self.outputs, self.max_batch_size)
         self.load_seconds = time.perf_counter() - start
         self.state = "READY"
+
+    def _check_described(self, settings: ModelConfig) -> None:
+        """A configuration read from the config endpoint names the model and shows its
+        signature (Triton's get config, edit, load with `config`): what it shows must be
+        this model's, or the load fails naming the first difference."""
+        if settings.name is not None and settings.name != self.name:
+            raise ConfigError(f"config 'name' {settings.name!r} is not the model's name "
+                              f"{self.name!r}")
+        for key, specs in (("input", self.inputs), ("output", self.outputs)):
+            described = getattr(settings, key)
+            if described is None:
+                continue
+            actual = [s.metadata() for s in specs]
+            shown = [t.model_dump() for t in described]
+            if shown != actual:
+                raise ConfigError(f"config '{key}' {shown} is not the program's {actual} "
+                                  f"(it is derived from the program; leave it out)")
 
     def _memory_end(self, watch: Any) -> None:
         held = self.memory.end(watch, self.device)

@@ -68,6 +68,12 @@ NUMERIC_FIELDS = [
      {"sequence_batching": {"direct": {}}}),
     ("sequence_batching.direct.minimum_slot_utilization",
      {"sequence_batching": {"direct": {}}}),
+    # shown by the config endpoint, taken back as they are shown
+    ("peak_invocation_bytes", {}),
+    ("input[0].shape[0]",
+     {"input": [{"name": "x", "datatype": "FP32", "shape": [4]}]}),
+    ("output[0].shape[0]",
+     {"output": [{"name": "y", "datatype": "FP32", "shape": [4]}]}),
 ]
 
 

@@ -56,7 +56,12 @@ def _sequence_rows(candidates: int) -> dict:
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("repo")
-    shutil.copytree(SAMPLES / "mlp_classifier", root / "mlp_classifier")
+    for sample in ("mlp_classifier", "saxpy", "gru_step"):
+        shutil.copytree(SAMPLES / sample, root / sample)
+    bad_control = json.loads(json.dumps(_GRU))  # no such program input
+    bad_control["sequence_batching"]["control_input"] = [{"name": "NOPE", "control": [
+        {"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}]
+    _copy(root, "gru_step", "bad_control", _with(bad_control, instance_group=[{"count": 4}]))
     # 64 groups of 256: each count within its bound, 16,384 instances together
     _copy(root, "mlp_classifier", "many_instances",
           _with(_MLP, instance_group=[{"count": 256}] * 64))
@@ -263,3 +268,50 @@ def test_an_idle_poll_of_many_models_reads_nothing_again(tmp_path):
         server.wait_stderr("loading model m007 version 1", timeout=30)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("model", ["saxpy", "gru_step", "mlp_classifier"])
+def test_a_configuration_read_from_the_server_loads_back_as_it_is(server, model):
+    """Triton's own pattern (its lifecycle tests, operators' scripts): get a model's
+    configuration, change a setting, load the model with it as `config`. What the config
+    endpoint shows was refused ('name': unknown key), and a sequence model's controls
+    were shown without their values. Now it loads back; what it shows of the model
+    (name, signature) must be the model's, or the load names the difference."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60.0)
+    try:
+        client.load_model(model)
+        config = client.get_model_config(model)
+        client.load_model(model, config=json.dumps(config))
+        assert client.get_model_config(model) == config
+        client.load_model(model, config=json.dumps({**config, "max_queue": 7}))
+        assert client.get_model_config(model)["max_queue"] == 7
+        for change, message in (({"name": "other"}, "config 'name' 'other' is not the "
+                                 "model's name"),
+                                ({"input": config["input"][:0]}, "config 'input' [] is not "
+                                 "the program's"),
+                                ({"platform": "onnxruntime_onnx"}, "'platform': must be "
+                                 "'tinyhal_vmfb'")):
+            with pytest.raises(InferenceServerException) as info:
+                client.load_model(model, config=json.dumps({**config, **change}))
+            assert message in str(info.value), str(info.value)
+        assert client.get_model_config(model)["max_queue"] == 7  # the last good load
+    finally:
+        client.close()
+
+
+def test_a_failed_load_ends_the_instance_threads_it_started(server):
+    """A sequence model whose control input the program lacks failed after its four
+    instance threads started and its modules loaded, and left both behind: 30 loads
+    left 121 threads. They end with the failed load."""
+    threads = _threads(server)
+    for _ in range(30):
+        status, _, payload = server.request("POST", "/v2/repository/models/bad_control/load",
+                                            b"")
+        assert status == 400 and b"control input 'NOPE'" in payload, payload
+    deadline = time.monotonic() + 30
+    while _threads(server) > threads + 4:
+        assert time.monotonic() < deadline, _threads(server) - threads
+        time.sleep(0.1)
