@@ -46,6 +46,7 @@ BACKEND = "replicas"
 # connection a replica is closing
 REPLICA_FLAGS = ["--keep-alive-timeout", "60"]
 START_TIMEOUT = 120.0
+MAX_SLOTS = 1024  # HAProxy server slots (--max-replicas) at most
 
 
 def say(line: str) -> None:
@@ -281,8 +282,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         p.error("--replicas must be at least 1")
     if args.max_replicas < args.replicas:
         p.error("--max-replicas must be at least --replicas")
+    if args.max_replicas > MAX_SLOTS:  # HAProxy fails to start with 100,000 slots
+        p.error(f"--max-replicas must be at most {MAX_SLOTS}")
     if not 1 <= args.port <= 65535:
         p.error("--port must be 1-65535")
+    if not 0 <= args.drain_timeout < float("inf"):  # NaN fails both
+        p.error("--drain-timeout must be a number of seconds >= 0")
     return args, flags
 
 

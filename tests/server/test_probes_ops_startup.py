@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from serve_helpers import ServerProcess
@@ -120,3 +121,22 @@ def test_a_link_as_the_default_cpu_lock_directory_makes_no_file_where_it_leads(t
         assert list(elsewhere.iterdir()) == []
     finally:
         server.stop()
+
+
+_LOCAL_SH = Path(__file__).resolve().parents[2] / "deploy" / "haproxy" / "local.sh"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--drain-timeout", "nan"], "--drain-timeout must be a number of seconds >= 0"),
+    (["--drain-timeout", "-1"], "--drain-timeout must be a number of seconds >= 0"),
+    (["--max-replicas", "100000"], "--max-replicas must be at most 1024"),
+])
+def test_local_sh_refuses_what_would_fail_after_haproxy_started(args, message):
+    """`--drain-timeout nan` started HAProxy, then its replica exited 2 "before it was
+    ready"; `--max-replicas 100000` made HAProxy die at start, reported as a busy port.
+    Both are refused on the command line (exit 2) before anything starts."""
+    done = subprocess.run([str(_LOCAL_SH), "--replicas", "1", "--port", "8000", *args],
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHON=sys.executable))
+    assert done.returncode == 2 and message in done.stderr, (done.stdout, done.stderr)
+    assert "ready" not in done.stdout
