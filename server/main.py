@@ -611,7 +611,8 @@ def _secret_file(path: str) -> str:
         with os.fdopen(fd, "rb") as f:
             data = f.read(_MAX_SECRET_BYTES + 1)
     except Error as exc:
-        raise ValueError(f"cannot read the header value: {exc.message}") from None
+        raise ValueError(f"cannot read the header value from {path}: "
+                         f"{exc.message.removeprefix(f'{path}: ')}") from None
     except OSError as exc:
         raise ValueError(f"cannot read the header value from {path}: "
                          f"{exc.strerror or exc}") from None

@@ -36,9 +36,11 @@ def files(tmp_path_factory):
 # (flag values, what the one-line refusal says)
 _BAD_FLAGS = [
     (["--http-restricted-api", "inference:x-key=@{root}/fifo"],
-     "{root}/fifo: header value file: not a regular file"),
+     "cannot read the header value from {root}/fifo: header value file: not a regular "
+     "file"),
     (["--http-restricted-api", "inference:x-key=@/dev/zero"],
-     "/dev/zero: header value file: not a regular file"),
+     "cannot read the header value from /dev/zero: header value file: not a regular "
+     "file"),
     (["--http-restricted-api", "inference:x-key=@{root}/large"],
      "is larger than 4096 bytes"),
     (["--http-restricted-api", "inference:x-key=@{root}/two_lines"],
