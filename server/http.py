@@ -122,7 +122,7 @@ class DirectReply:
             if not self._open:
                 return False
             self._server._count_direct()  # before the client can see it (see `settle`)
-            keep_alive = self._keep_alive and not self._server.draining
+            keep_alive = self._keep_alive if not self._server.draining else False
             data = _encode_head(response, keep_alive) + response.body
             try:
                 written = os.write(self._fd, data)
@@ -197,6 +197,7 @@ class _Callbacks:
         self.expect_continue = False
         self.head_too_large = False
         self.malformed = ""  # why a callback stopped the parser (answered 400)
+        self.unsupported_version = ""  # the request's, when not 1.x (answered 505)
         self.chunks = 0  # chunks of the body in progress
         # the parser's error, kept until the complete requests before it were answered
         self.failed: httptools.HttpParserError | None = None
@@ -211,6 +212,7 @@ class _Callbacks:
         self.last_raw: list[bytes] | None = None
         self.last_raw_bytes = 0
         self.last_headers: dict[str, str] = {}
+        self.says_connection = False  # whether the last head has a Connection header
         self.received = 0.0  # trio clock: when the bytes being parsed were read
 
     def on_message_begin(self) -> None:
@@ -250,6 +252,7 @@ class _Callbacks:
                                   f"(only chunked; compress with Content-Encoding)")
                 raise httptools.HttpParserError(self.malformed)
             self.last_raw, self.last_raw_bytes, self.last_headers = raw, raw_bytes, headers
+            self.says_connection = "connection" in headers  # the same for the same headers
         message.headers = headers
         method = self.parser.get_method()
         message.method = _METHODS.get(method) or method.decode("latin-1")
@@ -341,7 +344,18 @@ class _Callbacks:
 
     def on_message_complete(self) -> None:
         message, self.current = self.current, None
-        message.keep_alive = self.parser.should_keep_alive()
+        keep_alive = self.parser.should_keep_alive()
+        if keep_alive:
+            # an HTTP/1.0 client keeps the connection only when the answer says so
+            # (RFC 9112 9.3; it asked with `Connection: keep-alive`)
+            if self.says_connection and self.parser.get_http_version() == "1.0":
+                keep_alive = _KEEP_ALIVE_SAID
+        elif self.parser.get_http_version()[:2] != "1.":  # HTTP/2.0, HTTP/0.9...
+            self.unsupported_version = self.parser.get_http_version()
+            self.malformed = (f"HTTP/{self.unsupported_version} is not supported: this "
+                              f"server speaks HTTP/1.1 (and 1.0)")
+            raise httptools.HttpParserError(self.malformed)
+        message.keep_alive = keep_alive
         self.done.append(message)
 
 
@@ -691,6 +705,8 @@ class HttpServer:
                                 exc: httptools.HttpParserError) -> None:
         if callbacks.head_too_large:
             await self._send_head_too_large(stream)
+        elif callbacks.unsupported_version:
+            await self._send_error(stream, 505, callbacks.malformed)
         else:
             await self._send_error(stream, 400, f"malformed HTTP request: "
                                                 f"{callbacks.malformed or exc}")
@@ -722,7 +738,7 @@ class HttpServer:
             if direct.broken:
                 return False, []
             return direct.keep_alive, [direct.rest] if direct.rest else []
-        keep_alive = message.keep_alive and not self.draining
+        keep_alive = message.keep_alive if not self.draining else False
         head = _encode_head(response, keep_alive)
         body = response.body
         if message.method == "HEAD" or not body:
@@ -838,9 +854,16 @@ def _read_now(fd: int) -> bytes | None:
         return None
 
 
-def _encode_head(response: Response, keep_alive: bool) -> bytes:
+# the end of an answer's head by its connection's fate: False closes, True keeps it open
+# (HTTP/1.1's default), _KEEP_ALIVE_SAID keeps it open and says so (HTTP/1.0's keep-alive)
+_KEEP_ALIVE_SAID = 2
+_TAILS = (b"\r\nconnection: close\r\n\r\n", b"\r\n\r\n",
+          b"\r\nconnection: keep-alive\r\n\r\n")
+
+
+def _encode_head(response: Response, keep_alive: bool | int) -> bytes:
     """The status line and headers of `response` (the status line and content type
-    encoded once per pair)."""
+    encoded once per pair); `keep_alive` False, True or _KEEP_ALIVE_SAID (see `_TAILS`)."""
     key = (response.status, response.content_type)
     start = _HEAD_STARTS.get(key)
     if start is None:
@@ -852,7 +875,7 @@ def _encode_head(response: Response, keep_alive: bool) -> bytes:
                 f"{response.content_type}\r\ncontent-length: ".encode("latin-1")
         if len(_HEAD_STARTS) < 256:
             _HEAD_STARTS[key] = start
-    tail = b"\r\n\r\n" if keep_alive else b"\r\nconnection: close\r\n\r\n"
+    tail = _TAILS[keep_alive]
     if response.headers:
         key = tuple(response.headers)
         extra = _HEAD_EXTRAS.get(key)

@@ -74,12 +74,21 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _BOOL_TYPES = frozenset({bool})
 _INT_TYPES = frozenset({int})
 _NUMBER_TYPES = frozenset({int, float})
-# the largest finite value of each float datatype (numpy's finfo knows no bf16), and the
-# ones numpy converts Python floats to directly (the others go through float64)
+# per float datatype: its largest finite value, and the magnitude from which a JSON
+# number is refused. Numpy converts Python floats to FP16/FP32/FP64 directly, rounding
+# to nearest: a number rounds to infinity from the largest plus half its last step, and
+# below that to the largest (65519 is a valid FP16, 65504). BF16 goes through float32
+# (rounded twice), so only numbers up to its largest are taken. (finfo of ml_dtypes: numpy's
+# knows no bf16.)
 _LARGEST_FINITE = {name: float(ml_dtypes.finfo(dtype).max)
                    for name, dtype in DATATYPES.items() if dtype.kind in "fV"
                    or dtype.type.__module__.startswith("ml_dtypes")}
 _DIRECT_FLOATS = frozenset({"FP16", "FP32", "FP64"})
+_OVERFLOWS_FROM = {
+    name: largest + math.ldexp(1.0, ml_dtypes.finfo(DATATYPES[name]).maxexp - 2
+                               - ml_dtypes.finfo(DATATYPES[name]).nmant)
+    if name in _DIRECT_FLOATS else math.nextafter(largest, math.inf)
+    for name, largest in _LARGEST_FINITE.items()}
 
 _UNSUPPORTED = {
     "BYTES": "BYTES (string) tensors are not supported: tinyhal models take numeric tensors",
@@ -222,11 +231,11 @@ def _typed(name: str, datatype: str, flat: list, types: set) -> np.ndarray:
     if not types <= _NUMBER_TYPES:
         bad = next(x for x in flat if type(x) not in _NUMBER_TYPES)
         raise _bad(f"input '{name}' is {datatype}: 'data' must hold numbers, found {bad!r}")
-    largest = _LARGEST_FINITE[datatype]
-    if flat and not -largest <= min(flat) <= max(flat) <= largest:  # C-speed scans
-        bad = next(x for x in flat if not -largest <= x <= largest)
+    bound = _OVERFLOWS_FROM[datatype]
+    if flat and not -bound < min(flat) <= max(flat) < bound:  # C-speed scans
+        bad = next(x for x in flat if not -bound < x < bound)
         raise _bad(f"input '{name}' has the value {bad!r}, which does not fit {datatype} "
-                   f"(largest finite {largest!r})")
+                   f"(largest finite {_LARGEST_FINITE[datatype]!r})")
     if datatype in _DIRECT_FLOATS:  # numpy rounds each number once, straight to dtype
         return np.array(flat, dtype=dtype)
     return np.array(flat, dtype=np.float64).astype(dtype)
@@ -445,6 +454,21 @@ def _no_shared_memory(params: dict, kind: str, name: str) -> None:
                    f"shared-memory extensions are not supported; send the data in the body")
 
 
+def _no_classification(params: dict, name: str) -> None:
+    """Output `name`'s `classification` parameter as Triton reads it, a uint64 class
+    count (anything else, null too, is a 400), where 0 asks for the output as it is; a
+    count asks for Triton's classification extension, which is not offered (400 saying
+    so). JSON integers are within the uint64 range or negative (orjson)."""
+    count = params.get("classification", 0)
+    if type(count) is not int or count < 0:
+        raise _bad(f"output '{name}' parameter 'classification' must be a non-negative "
+                   f"integer (a class count), not {orjson.dumps(count).decode()[:40]}")
+    if count or params.get("class_count"):
+        raise _bad(f"output '{name}': the classification extension is not supported (it "
+                   f"is not in the server metadata's extensions); ask for the output "
+                   f"itself")
+
+
 def _bool(value: Any, what: str, name: str = "") -> bool | None:
     """`value` when it is None or a boolean; `what` (with `name` in place of `{}`) names
     it in the error."""
@@ -485,11 +509,11 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes | memoryvi
     """The JSON header and the binary tail of a request body (views: nothing copied)."""
     if header_length is None:
         return body, _EMPTY
-    try:
-        n = int(header_length)
-    except ValueError:
-        raise _bad(f"Inference-Header-Content-Length must be an integer, not "
-                   f"{header_length!r}") from None
+    text = header_length if header_length.isdecimal() else header_length.strip(" \t")
+    if not text.isdecimal() or len(text) > 20:  # int() takes '+5', '1_0' and '-1' too
+        raise _bad(f"Inference-Header-Content-Length must be an integer of at most 20 "
+                   f"decimal digits, not {header_length[:40]!r}")
+    n = int(text)
     if not 0 < n <= len(body):
         raise _bad(f"Inference-Header-Content-Length {n} is outside the body of "
                    f"{len(body)} bytes (it must be in (0, {len(body)}])")
@@ -746,9 +770,8 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
             if oparams is not None:
                 oparams = _as_dict(oparams, "output '{}' 'parameters'", name)
                 _no_shared_memory(oparams, "output", name)
-                if oparams.get("classification") or oparams.get("class_count"):
-                    raise _bad(f"output '{name}': the classification extension is not "
-                               "supported")
+                if "classification" in oparams or oparams.get("class_count"):
+                    _no_classification(oparams, name)
                 binary = oparams.get("binary_data")
             if name in seen:
                 raise _bad(f"output '{name}' is requested more than once")
