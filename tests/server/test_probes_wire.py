@@ -1,0 +1,388 @@
+"""Probes of the wire a hostile client or a peer's HTTP/1.1 and V2 tests control, against
+one server child (the samples mlp_classifier and saxpy, and the `dtypes` test model with
+one input per datatype): framing the other probe files do not send (Content-Length and
+chunk-size spellings, header bytes, request-line versions, targets with fragments,
+methods), HTTP/1.0 keep-alive, compressed bodies that end early or carry more, numeric
+headers Python would read too loosely, version forms in every model endpoint, JSON
+numbers at each datatype's edges on the small and the large (cut-out data) parse, empty
+tensors of every datatype and the classification parameter. Each is the 2xx the
+protocol gives or a 4xx/505 naming what was wrong, and the server keeps serving."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import socket
+import zlib
+
+import pytest
+from serve_helpers import (
+    SAMPLES,
+    ServerProcess,
+    exchange,
+    status_and_error,
+    write_model,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+_MLP = b"/v2/models/mlp_classifier/infer"
+_BODY = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                                "data": [0.5] * 16}]}).encode()
+_HEALTH = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+_V2 = {"b": "BOOL", "i8": "INT8", "i16": "INT16", "i32": "INT32", "i64": "INT64",
+       "f16": "FP16", "f32": "FP32", "f64": "FP64"}
+
+
+@pytest.fixture(scope="module")
+def wire_server(tmp_path_factory, dtypes_vmfb):
+    root = tmp_path_factory.mktemp("repo")
+    for sample in ("mlp_classifier", "saxpy"):
+        shutil.copytree(SAMPLES / sample, root / sample)
+    write_model(root, "dtypes", dtypes_vmfb)
+    server = ServerProcess("--model-repository", str(root))
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+def _post(target: bytes, body: bytes, *headers: bytes, length: bool = True) -> bytes:
+    head = b"POST " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    if length:
+        head += b"Content-Length: %d\r\n" % len(body)
+    return head + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body
+
+
+def _get(target: bytes, version: bytes = b"HTTP/1.1", method: bytes = b"GET") -> bytes:
+    return method + b" " + target + b" " + version + b"\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
+def _chunked(body: bytes, size_line: bytes = b"%x") -> bytes:
+    return (size_line % len(body)) + b"\r\n" + body + b"\r\n0\r\n\r\n"
+
+
+def _assert_healthy(server: ServerProcess) -> None:
+    status, _ = status_and_error(exchange(server, _HEALTH))
+    assert status == 200
+    status, error = status_and_error(exchange(server, _post(_MLP, _BODY)))
+    assert status == 200, error
+
+
+# (probe, bytes sent, status, part of the error)
+_FRAMING = [
+    ("Content-Length with leading zeros", _post(_MLP, _BODY, b"Content-Length: 0%d"
+                                               % len(_BODY), length=False), 200, ""),
+    ("Content-Length after spaces", _post(_MLP, _BODY, b"Content-Length:   %d"
+                                          % len(_BODY), length=False), 200, ""),
+    ("Content-Length with a sign", _post(_MLP, _BODY, b"Content-Length: +%d"
+                                         % len(_BODY), length=False), 400, "Content-Length"),
+    ("Content-Length as a list", _post(_MLP, _BODY, b"Content-Length: %d, %d"
+                                       % (len(_BODY), len(_BODY)), length=False), 400,
+     "Content-Length"),
+    ("conflicting Content-Lengths", _post(_MLP, _BODY, b"Content-Length: %d" % len(_BODY),
+                                          b"Content-Length: 5", length=False), 400,
+     "Content-Length"),
+    ("chunk size with leading zeros", _post(_MLP, _chunked(_BODY, b"000%x"),
+                                            b"Transfer-Encoding: chunked", length=False),
+     200, ""),
+    ("chunk extensions, one quoted", _post(_MLP, _chunked(_BODY, b'%x;a=b;c="d;e"'),
+                                           b"Transfer-Encoding: chunked", length=False),
+     200, ""),
+    ("Transfer-Encoding in capitals", _post(_MLP, _chunked(_BODY),
+                                            b"Transfer-Encoding: CHUNKED", length=False),
+     200, ""),
+    ("chunked twice", _post(_MLP, _chunked(_BODY), b"Transfer-Encoding: chunked",
+                            b"Transfer-Encoding: chunked", length=False), 400,
+     "Transfer-Encoding"),
+    ("chunked, then identity", _post(_MLP, _chunked(_BODY), b"Transfer-Encoding: chunked, "
+                                     b"identity", length=False), 400, "Transfer-Encoding"),
+    ("a space before a header's colon", b"GET /v2/health/live HTTP/1.1\r\nHost : x\r\n\r\n",
+     400, "malformed HTTP request"),
+    ("a non-ASCII header name", b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-\xc3\xa9: 1"
+     b"\r\n\r\n", 400, "malformed HTTP request"),
+    ("a bare CR in a header value", b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-A: a\rb"
+     b"\r\n\r\n", 400, "malformed HTTP request"),
+    ("a control byte in a header value", b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+     b"Content-Type: \x01\r\n\r\n", 400, "malformed HTTP request"),
+    ("Latin-1 bytes in a header value", b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-A: "
+     b"\xe9\xff\r\nConnection: close\r\n\r\n", 200, ""),
+    ("a non-ASCII byte in the target", _get(b"/v2/models/\xc3\xa9/ready"), 400,
+     "malformed HTTP request"),
+    ("a 70 KB target", _get(b"/v2/models/" + b"m" * 70_000 + b"/ready"), 431,
+     "request head exceeds"),
+    ("a fragment in the target", _get(b"/v2/health/live#x"), 400, "fragment"),
+    ("a fragment in a model path", _get(b"/v2/models/mlp_classifier#x/ready"), 400,
+     "fragment"),
+    ("the asterisk target", _get(b"*", method=b"OPTIONS"), 404, "no route"),
+    ("HTTP/2.0 in the request line", _get(b"/v2/health/live", b"HTTP/2.0"), 505,
+     "HTTP/2.0 is not supported"),
+    ("an HTTP/0.9 request line", b"GET /v2/health/live\r\n\r\n", 505,
+     "HTTP/0.9 is not supported"),
+    ("HTTP/1.2", _get(b"/v2/health/live", b"HTTP/1.2"), 400, "malformed HTTP request"),
+    ("a lower-case method", _get(b"/v2/health/live", method=b"get"), 400,
+     "malformed HTTP request"),
+    ("an unknown method", _get(b"/v2/health/live", method=b"BREW"), 400,
+     "malformed HTTP request"),
+    ("PATCH on infer", _get(_MLP, method=b"PATCH"), 405, "method PATCH not allowed"),
+    ("OPTIONS on a model", _get(b"/v2/models/mlp_classifier", method=b"OPTIONS"), 405,
+     "method OPTIONS not allowed"),
+    ("DELETE on metrics", _get(b"/metrics", method=b"DELETE"), 405, "not allowed"),
+]
+
+
+@pytest.mark.parametrize("data,status,message", [p[1:] for p in _FRAMING],
+                         ids=[p[0] for p in _FRAMING])
+def test_framing_and_request_lines(wire_server, data, status, message):
+    got, error = status_and_error(exchange(wire_server, data))
+    assert got == status and message in error, (got, error)
+    _assert_healthy(wire_server)
+
+
+def test_http_1_0_keep_alive_is_said_and_kept(wire_server):
+    """An HTTP/1.0 client keeps its connection only when the answer says `Connection:
+    keep-alive` (RFC 9112 9.3): the answer kept the connection open without saying so,
+    so the client closed it after every request; without keep-alive it closes."""
+    with socket.create_connection(("127.0.0.1", wire_server.port), timeout=30) as sock:
+        for _ in range(2):
+            sock.sendall(b"GET /v2/health/live HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"{\"live\":true}"):
+                chunk = sock.recv(65536)
+                assert chunk, answer
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200") and \
+                b"\r\nconnection: keep-alive\r\n" in answer, answer
+    answer = exchange(wire_server, b"GET /v2/health/live HTTP/1.0\r\n\r\n")
+    assert b"\r\nconnection: close\r\n" in answer, answer
+
+
+def test_connection_close_is_honoured_before_a_pipelined_request(wire_server):
+    answer = exchange(wire_server, _HEALTH + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert answer.count(b"HTTP/1.1 200") == 1, answer
+
+
+_JSON = json.dumps({"inputs": [
+    {"name": "alpha", "datatype": "FP32", "shape": [1], "data": [1.5]},
+    {"name": "x", "datatype": "FP32", "shape": [2], "data": [1, 2]},
+    {"name": "y", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}).encode()
+_SAXPY = b"/v2/models/saxpy/infer"
+_GZIP = gzip.compress(_JSON)
+
+# (probe, body, headers, status, part of the error)
+_ENCODED = [
+    ("gzip", _GZIP, [b"Content-Encoding: gzip"], 200, ""),
+    ("deflate (zlib)", zlib.compress(_JSON), [b"Content-Encoding: deflate"], 200, ""),
+    ("gzip in two members", gzip.compress(_JSON[:20]) + gzip.compress(_JSON[20:]),
+     [b"Content-Encoding: gzip"], 200, ""),
+    ("a gzip stream labelled deflate (read as Triton reads it)", _GZIP,
+     [b"Content-Encoding: deflate"], 200, ""),
+    ("gzip without its checksum", _GZIP[:-8], [b"Content-Encoding: gzip"], 400,
+     "truncated"),
+    ("gzip cut in its data", _GZIP[:len(_GZIP) // 2], [b"Content-Encoding: gzip"], 400,
+     "truncated"),
+    ("gzip, then other bytes", _GZIP + b"junk", [b"Content-Encoding: gzip"], 400,
+     "not valid gzip"),
+    ("deflate, then other bytes", zlib.compress(_JSON) + b"junk",
+     [b"Content-Encoding: deflate"], 400, "4 bytes after the end of its deflate stream"),
+    ("an empty gzip body", b"", [b"Content-Encoding: gzip"], 400, "truncated"),
+    ("raw deflate without a zlib header", zlib.compress(_JSON)[2:-4],
+     [b"Content-Encoding: deflate"], 400, "not valid deflate"),
+    ("codings stacked", gzip.compress(_GZIP), [b"Content-Encoding: gzip, gzip"], 415,
+     "not supported"),
+    ("x-gzip", _GZIP, [b"Content-Encoding: x-gzip"], 415, "not supported"),
+    ("Inference-Header-Content-Length with a sign", _JSON,
+     [b"Inference-Header-Content-Length: +%d" % len(_JSON)], 400, "must be an integer"),
+    ("Inference-Header-Content-Length with an underscore", _JSON,
+     [b"Inference-Header-Content-Length: 1_0"], 400, "must be an integer"),
+    ("Inference-Header-Content-Length negative", _JSON,
+     [b"Inference-Header-Content-Length: -1"], 400, "must be an integer"),
+    ("Inference-Header-Content-Length repeated", _JSON,
+     [b"Inference-Header-Content-Length: %d" % len(_JSON)] * 2, 400, "must be an integer"),
+    ("Inference-Header-Content-Length of 5,000 digits", _JSON,
+     [b"Inference-Header-Content-Length: " + b"9" * 5000], 400, "must be an integer"),
+    ("Inference-Header-Content-Length the whole body", _JSON,
+     [b"Inference-Header-Content-Length: %d" % len(_JSON)], 200, ""),
+    ("Inference-Timeout with an underscore", _JSON, [b"Inference-Timeout: 1_0"], 400,
+     "Inference-Timeout must be"),
+    ("Inference-Timeout infinity", _JSON, [b"Inference-Timeout: infinity"], 400,
+     "Inference-Timeout must be"),
+    ("Inference-Timeout 1e400", _JSON, [b"Inference-Timeout: 1e400"], 400,
+     "Inference-Timeout must be"),
+    ("Inference-Timeout in hex", _JSON, [b"Inference-Timeout: 0x10"], 400,
+     "Inference-Timeout must be"),
+    ("Inference-Timeout 2.5e1", _JSON, [b"Inference-Timeout: 2.5e1"], 200, ""),
+    ("an odd Content-Type", _JSON, [b"Content-Type: text/plain; charset=latin-1"], 200, ""),
+    ("Accept-Encoding gzip (answers are not compressed)", _JSON,
+     [b"Accept-Encoding: gzip"], 200, ""),
+]
+
+
+@pytest.mark.parametrize("body,headers,status,message", [p[1:] for p in _ENCODED],
+                         ids=[p[0] for p in _ENCODED])
+def test_encodings_and_numeric_headers(wire_server, body, headers, status, message):
+    answer = exchange(wire_server, _post(_SAXPY, body, *headers))
+    got, error = status_and_error(answer)
+    assert got == status and message in error, (got, error)
+    if got == 200:
+        out = json.loads(answer.split(b"\r\n\r\n", 1)[1])["outputs"]
+        assert out[0]["data"] == [2.5, 5.0] and b"content-encoding" not in answer.lower()
+    if got == 415:  # RFC 9110 15.5.16, as Triton's frontend: the codings it takes
+        assert b"\r\naccept-encoding: gzip, deflate\r\n" in answer, answer
+    _assert_healthy(wire_server)
+
+
+@pytest.mark.parametrize("version,status", [
+    (b"1", 200), (b"01", 200), (b"0001", 200),  # Triton reads the digits as an integer
+    (b"0", 404), (b"2", 404),
+    (b"99999999999999999999", 400),  # beyond int64: Triton's 400 too
+    (b"-1", 404), (b"+1", 404), (b"1.0", 404), (b"1e0", 404), (b"%31", 404), (b"", 404),
+])
+@pytest.mark.parametrize("endpoint", [b"", b"/ready", b"/config", b"/stats", b"/infer"])
+def test_every_version_form_in_every_model_endpoint(wire_server, version, status,
+                                                    endpoint):
+    target = b"/v2/models/mlp_classifier/versions/" + version + endpoint
+    data = _post(target, _BODY) if endpoint == b"/infer" else _get(target)
+    got, error = status_and_error(exchange(wire_server, data))
+    assert got == status, (target, got, error)
+    if status == 400:
+        assert "out of range" in error
+
+
+@pytest.mark.parametrize("target", [b"/v2/models/mlp_classifier/",
+                                    b"/v2/models/mlp_classifier/versions/1/",
+                                    b"/v2/models/mlp_classifier/ready/",
+                                    b"/v2/models/mlp_classifier//ready",
+                                    b"/v2/models/mlp_classifier/versions/1//ready",
+                                    b"/v2/models/mlp_classifier/versions",
+                                    b"//v2/health/live", b"/v2/health/live/", b"/v2/"])
+def test_a_trailing_or_doubled_slash_names_no_endpoint(wire_server, target):
+    """Triton matches the whole path: `/v2/models/m/` was this server's metadata."""
+    got, error = status_and_error(exchange(wire_server, _get(target)))
+    assert got == 404 and "no route" in error, (target, got, error)
+
+
+def _dtypes_request(overrides: dict[str, bytes], pad: int = 0, outputs: bytes = b"") -> bytes:
+    """A `dtypes` request: two values per datatype, `overrides` replacing an input's JSON
+    (by short name), the whole padded past `pad` bytes (a large request's JSON goes
+    through the cut-out data parse)."""
+    tensors = []
+    for short, datatype in _V2.items():
+        tensor = overrides.get(short)
+        if tensor is None:
+            data = b"[true, false]" if datatype == "BOOL" else b"[1, 2]"
+            tensor = b'{"shape": [2], "data": %s}' % data
+        tensors.append(b'{"name": "in_%s", "datatype": "%s", ' % (short.encode(),
+                                                                  datatype.encode())
+                       + tensor[1:])
+    body = b'{"inputs": [' + b", ".join(tensors) + b"]" + outputs
+    return body + b" " * max(0, pad - len(body)) + b"}"
+
+
+# (probe, the inputs changed, status, part of the error)
+_NUMBERS = [
+    ("INT8 128", {"i8": b'{"shape": [2], "data": [128, 1]}'}, 400, "outside INT8's range"),
+    ("INT8 -129", {"i8": b'{"shape": [2], "data": [-129, 1]}'}, 400, "outside INT8's range"),
+    ("INT64 2**63", {"i64": b'{"shape": [2], "data": [9223372036854775808, 1]}'}, 400,
+     "outside INT64's range"),
+    ("INT64 -2**63", {"i64": b'{"shape": [2], "data": [-9223372036854775808, 1]}'}, 200, ""),
+    ("INT64 2**64", {"i64": b'{"shape": [2], "data": [18446744073709551616, 1]}'}, 400,
+     "must hold integers"),
+    ("INT32 1.0", {"i32": b'{"shape": [2], "data": [1.0, 1]}'}, 400, "must hold integers"),
+    ("INT32 \"1\"", {"i32": b'{"shape": [2], "data": ["1", 1]}'}, 400, ""),
+    ("BOOL 2", {"b": b'{"shape": [2], "data": [2, 1]}'}, 400, "true/false"),
+    ("BOOL 1 and 0", {"b": b'{"shape": [2], "data": [1, 0]}'}, 400, "true/false"),
+    ("FP16 65519 (rounds to 65504)", {"f16": b'{"shape": [2], "data": [65519, -65519.9]}'},
+     200, ""),
+    ("FP16 65520 (rounds to infinity)", {"f16": b'{"shape": [2], "data": [65520, 1]}'}, 400,
+     "does not fit FP16"),
+    ("FP32 3.4028235e38", {"f32": b'{"shape": [2], "data": [3.4028235e38, 1]}'}, 200, ""),
+    ("FP32 3.5e38", {"f32": b'{"shape": [2], "data": [3.5e38, 1]}'}, 400,
+     "does not fit FP32"),
+    ("FP64 1e400", {"f64": b'{"shape": [2], "data": [1e400, 1]}'}, 400, "not valid JSON"),
+    ("FP32 NaN", {"f32": b'{"shape": [2], "data": [NaN, 1]}'}, 400, "not valid JSON"),
+    ("FP32 -Infinity", {"f32": b'{"shape": [2], "data": [-Infinity, 1]}'}, 400,
+     "not valid JSON"),
+    ("FP32 -0 and 1e-50", {"f32": b'{"shape": [2], "data": [-0, 1e-50]}'}, 200, ""),
+    ("FP32 null", {"f32": b'{"shape": [2], "data": [null, 1]}'}, 400, ""),
+    ("FP32 +1", {"f32": b'{"shape": [2], "data": [+1, 1]}'}, 400, "not valid JSON"),
+    ("INT32 01", {"i32": b'{"shape": [2], "data": [01, 1]}'}, 400, "not valid JSON"),
+    ("FP32 data nested deeper than its shape", {"f32": b'{"shape": [2], "data": [[1], [2]]}'},
+     400, "nested"),
+    ("FP32 data a string", {"f32": b'{"shape": [2], "data": "[1, 2]"}'}, 400,
+     "must be a list"),
+    ("FP32 data with a trailing comma", {"f32": b'{"shape": [2], "data": [1, 2,]}'}, 400,
+     "not valid JSON"),
+    ("too many values", {"f32": b'{"shape": [2], "data": [1, 2, 3]}'}, 400, "elements"),
+    ("every datatype empty", {s: b'{"shape": [0], "data": []}' for s in _V2}, 200, ""),
+    ("an empty tensor with a value", {"f32": b'{"shape": [0], "data": [1]}'}, 400,
+     "elements"),
+    ("an empty tensor nested", {"f32": b'{"shape": [0], "data": [[]]}'}, 400, ""),
+]
+
+
+@pytest.mark.parametrize("pad", [0, 80_000], ids=["small", "large"])
+@pytest.mark.parametrize("overrides,status,message", [p[1:] for p in _NUMBERS],
+                         ids=[p[0] for p in _NUMBERS])
+def test_numbers_at_each_datatypes_edge(wire_server, overrides, status, message, pad):
+    """The small parse (orjson whole) and the large one (each data array cut out and
+    parsed into its typed array) give the same answers."""
+    answer = exchange(wire_server, _post(b"/v2/models/dtypes/infer",
+                                         _dtypes_request(overrides, pad)))
+    got, error = status_and_error(answer)
+    assert got == status and message in error, (got, error)
+    if got == 200:
+        outputs = json.loads(answer.split(b"\r\n\r\n", 1)[1])["outputs"]
+        assert [o["name"] for o in outputs] == [f"out_{s}" for s in _V2]
+
+
+def test_empty_tensors_of_every_datatype_come_back_empty(wire_server):
+    for pad in (0, 80_000):
+        answer = exchange(wire_server, _post(b"/v2/models/dtypes/infer", _dtypes_request(
+            {s: b'{"shape": [0], "data": []}' for s in _V2}, pad)))
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        outputs = json.loads(answer.split(b"\r\n\r\n", 1)[1])["outputs"]
+        assert [(o["datatype"], o["shape"], o["data"]) for o in outputs] == \
+            [(t, [0], []) for t in _V2.values()]
+
+
+@pytest.mark.parametrize("parameters,status,message", [
+    (b'{"classification": 0}', 200, ""),  # Triton's "no classification"
+    (b'{"classification": 2}', 400, "classification extension is not supported"),
+    (b'{"classification": false}', 400, "must be a non-negative integer"),
+    (b'{"classification": "2"}', 400, "must be a non-negative integer"),
+    (b'{"classification": null}', 400, "must be a non-negative integer"),
+    (b'{"classification": -1}', 400, "must be a non-negative integer"),
+    (b'{"classification": 1.5}', 400, "must be a non-negative integer"),
+])
+def test_the_classification_parameter_is_read_as_triton_reads_it(wire_server, parameters,
+                                                                 status, message):
+    outputs = b', "outputs": [{"name": "out_f32", "parameters": %s}]' % parameters
+    answer = exchange(wire_server, _post(b"/v2/models/dtypes/infer",
+                                         _dtypes_request({}, outputs=outputs)))
+    got, error = status_and_error(answer)
+    assert got == status and message in error, (got, error)
+    if got == 200:
+        outputs = json.loads(answer.split(b"\r\n\r\n", 1)[1])["outputs"]
+        assert [(o["name"], o["data"]) for o in outputs] == [("out_f32", [3.0, 4.5])]
+
+
+def test_binary_outputs_of_every_datatype_and_one_asked_as_json(wire_server):
+    """`binary_data_output` makes every output binary, an output's own `binary_data:
+    false` wins for it; the bytes follow the JSON header in the order asked."""
+    asked = b', "parameters": {"binary_data_output": true}, "outputs": [' \
+            b'{"name": "out_f16", "parameters": {"binary_data": false}}, {"name": "out_b"},' \
+            b' {"name": "out_i64"}]'
+    answer = exchange(wire_server, _post(b"/v2/models/dtypes/infer",
+                                         _dtypes_request({}, outputs=asked)))
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200"), answer[:300]
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"inference-header-content-length")))
+    outputs = json.loads(body[:length])["outputs"]
+    assert outputs[0] == {"name": "out_f16", "datatype": "FP16", "shape": [2],
+                          "data": [3.0, 4.5]}
+    assert [o["parameters"]["binary_data_size"] for o in outputs[1:]] == [2, 16]
+    assert body[length:] == b"\x00\x01" + (0).to_bytes(8, "little", signed=True) + \
+        (3).to_bytes(8, "little", signed=True)
