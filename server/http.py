@@ -345,16 +345,20 @@ class _Callbacks:
     def on_message_complete(self) -> None:
         message, self.current = self.current, None
         keep_alive = self.parser.should_keep_alive()
-        if keep_alive:
-            # an HTTP/1.0 client keeps the connection only when the answer says so
-            # (RFC 9112 9.3; it asked with `Connection: keep-alive`)
-            if self.says_connection and self.parser.get_http_version() == "1.0":
-                keep_alive = _KEEP_ALIVE_SAID
-        elif self.parser.get_http_version()[:2] != "1.":  # HTTP/2.0, HTTP/0.9...
-            self.unsupported_version = self.parser.get_http_version()
-            self.malformed = (f"HTTP/{self.unsupported_version} is not supported: this "
-                              f"server speaks HTTP/1.1 (and 1.0)")
-            raise httptools.HttpParserError(self.malformed)
+        if not keep_alive or self.says_connection:  # (HTTP/1.1's default: neither)
+            version = self.parser.get_http_version()
+            if version == "1.0":
+                if "transfer-encoding" in message.headers:  # RFC 9112 6.1
+                    self.malformed = ("Transfer-Encoding in an HTTP/1.0 request: its "
+                                      "framing is faulty (HTTP/1.0 has no chunked bodies)")
+                    raise httptools.HttpParserError(self.malformed)
+                if keep_alive:  # a 1.0 client keeps the connection only when the answer
+                    keep_alive = _KEEP_ALIVE_SAID  # says so (RFC 9112 9.3)
+            elif version[:2] != "1.":  # HTTP/2.0, HTTP/0.9...
+                self.unsupported_version = version
+                self.malformed = (f"HTTP/{version} is not supported: this server speaks "
+                                  f"HTTP/1.1 (and 1.0)")
+                raise httptools.HttpParserError(self.malformed)
         message.keep_alive = keep_alive
         self.done.append(message)
 
