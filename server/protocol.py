@@ -164,9 +164,18 @@ def _shape(value: Any, name: str, itemsize: int) -> tuple[int, ...]:
         raise _bad(f"input '{name}' 'shape' {value} has a negative dimension")
     if value and (max(value) > _MAX_BYTES or
                   math.prod(filter(None, value)) * itemsize > _MAX_BYTES):
-        raise _bad(f"input '{name}' 'shape' {value} is too large: its elements' bytes do "
-                   f"not fit a 64-bit count")
+        _too_large(value, name)
     return tuple(value)
+
+
+def _too_large(shape: list[int], name: str) -> None:
+    """Raises the 400 for a shape whose elements or their bytes overflow a 64-bit
+    count, in the words of Triton's frontend (its L0_http test reads them)."""
+    if math.prod(filter(None, shape)) > _MAX_BYTES:
+        raise _bad(f"input '{name}' 'shape' {shape} causes total element count to exceed "
+                   f"maximum size of {_MAX_BYTES} (a 64-bit count)")
+    raise _bad(f"byte size overflow for input '{name}': the bytes of 'shape' {shape} do not "
+               f"fit a 64-bit count")
 
 
 def _flatten(data: Any, shape: tuple[int, ...], name: str) -> tuple[list, set]:
@@ -774,7 +783,8 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
                     _no_classification(oparams, name)
                 binary = oparams.get("binary_data")
             if name in seen:
-                raise _bad(f"output '{name}' is requested more than once")
+                raise _bad(f"output '{name}' already exists in request (requested more "
+                           f"than once)")
             seen.add(name)
             if binary is not None and type(binary) is not bool:
                 _bool(binary, "output '{}' parameter 'binary_data'", name)

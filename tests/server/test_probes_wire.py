@@ -405,3 +405,19 @@ def test_binary_outputs_of_every_datatype_and_one_asked_as_json(wire_server):
     assert [o["parameters"]["binary_data_size"] for o in outputs[1:]] == [2, 16]
     assert body[length:] == b"\x00\x01" + (0).to_bytes(8, "little", signed=True) + \
         (3).to_bytes(8, "little", signed=True)
+
+
+@pytest.mark.parametrize("doc,message", [
+    ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [2**4, 2**60 + 2],
+                  "data": [1.0]}]}, "causes total element count to exceed maximum size of"),
+    ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [2**2, 2**60 + 2],
+                  "data": [1.0]}]}, "byte size overflow for input"),
+    ({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                  "data": [0.5] * 16}], "outputs": [{"name": "class"}] * 2},
+     "output 'class' already exists in request"),
+])
+def test_triton_l0_http_cases_get_its_status_and_words(wire_server, doc, message):
+    """Triton's own L0_http cases (buffer size overflow, duplicate output names): the
+    400 and the words its test looks for."""
+    got, error = status_and_error(exchange(wire_server, _post(_MLP, json.dumps(doc).encode())))
+    assert got == 400 and message in error, (got, error)
