@@ -267,7 +267,8 @@ class _Callbacks:
             if not self._charge(message, size):
                 return
             message.buffer = bytearray(size)
-        if message.headers.get("expect", "").lower() == "100-continue":
+        if message.headers.get("expect", "").lower() == "100-continue" and \
+                self.parser.get_http_version() != "1.0":  # RFC 9110 10.1.1: 1.0 ignores it
             self.expect_continue = True
 
     def _charge(self, message: _Message, nbytes: int) -> bool:

@@ -177,6 +177,30 @@ def test_http_1_0_keep_alive_is_said_and_kept(wire_server):
     assert b"\r\nconnection: close\r\n" in answer, answer
 
 
+def test_http_1_0_keep_alive_infer_answers_say_keep_alive_and_no_100_continue(wire_server):
+    """Inference answers too (an instance thread writes them itself). And an HTTP/1.0
+    request's `Expect: 100-continue` is ignored (RFC 9110 10.1.1: a 1.0 client would
+    take the interim 100 for its answer); it was answered with one."""
+    post = b"POST " + _MLP + b" HTTP/1.0\r\nConnection: keep-alive\r\nExpect: 100-continue" \
+        b"\r\nContent-Length: %d\r\n\r\n" % len(_BODY)
+    with socket.create_connection(("127.0.0.1", wire_server.port), timeout=30) as sock:
+        for _ in range(3):
+            sock.sendall(post)
+            sock.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                early = sock.recv(65536)
+                pytest.fail(f"answered before the body was sent: {early!r}")
+            sock.settimeout(30)
+            sock.sendall(_BODY)
+            answer = b""
+            while not answer.endswith(b"}]}"):
+                chunk = sock.recv(65536)
+                assert chunk, answer
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200") and \
+                b"\r\nconnection: keep-alive\r\n" in answer, answer
+
+
 def test_connection_close_is_honoured_before_a_pipelined_request(wire_server):
     answer = exchange(wire_server, _HEALTH + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
     assert answer.count(b"HTTP/1.1 200") == 1, answer
