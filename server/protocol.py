@@ -478,14 +478,6 @@ def _no_classification(params: dict, name: str) -> None:
                    f"itself")
 
 
-def _bool(value: Any, what: str, name: str = "") -> bool | None:
-    """`value` when it is None or a boolean; `what` (with `name` in place of `{}`) names
-    it in the error."""
-    if value is None or type(value) is bool:
-        return value
-    raise _bad(f"{what.format(name)} must be true or false, not {value!r}")
-
-
 def _bad_datatype(name: str, datatype: Any) -> None:
     """Raises the 400 for an input whose datatype is missing or not one we take."""
     if not isinstance(datatype, str):
@@ -781,13 +773,16 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
                 _no_shared_memory(oparams, "output", name)
                 if "classification" in oparams or oparams.get("class_count"):
                     _no_classification(oparams, name)
-                binary = oparams.get("binary_data")
+                binary = oparams.get("binary_data", _ABSENT)
+                if binary is _ABSENT:
+                    binary = None
+                elif type(binary) is not bool:  # null too, as Triton's AsBool
+                    raise _bad(f"output '{name}' parameter 'binary_data' must be true or "
+                               f"false, not {orjson.dumps(binary).decode()[:40]}")
             if name in seen:
                 raise _bad(f"output '{name}' already exists in request (requested more "
                            f"than once)")
             seen.add(name)
-            if binary is not None and type(binary) is not bool:
-                _bool(binary, "output '{}' parameter 'binary_data'", name)
             outputs.append(RequestedOutput(name, binary))
     # an empty list asks for no output in particular: every output, as Triton answers it
     return _TensorPlan(inputs, datatypes, outputs or None, offset, all_binary)

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import shutil
 import socket
+import threading
+import time
 import zlib
 
 import pytest
@@ -411,6 +414,16 @@ def test_the_classification_parameter_is_read_as_triton_reads_it(wire_server, pa
         assert [(o["name"], o["data"]) for o in outputs] == [("out_f32", [3.0, 4.5])]
 
 
+@pytest.mark.parametrize("value", [b"null", b"1", b'"true"', b"[]"])
+def test_binary_data_of_an_output_is_a_boolean(wire_server, value):
+    """`"binary_data": null` was taken as absent (Triton's frontend reads it as a
+    boolean: 400)."""
+    outputs = b', "outputs": [{"name": "out_f32", "parameters": {"binary_data": %s}}]' % value
+    got, error = status_and_error(exchange(wire_server, _post(
+        b"/v2/models/dtypes/infer", _dtypes_request({}, outputs=outputs))))
+    assert got == 400 and "'binary_data' must be true or false" in error, (got, error)
+
+
 def test_binary_outputs_of_every_datatype_and_one_asked_as_json(wire_server):
     """`binary_data_output` makes every output binary, an output's own `binary_data:
     false` wins for it; the bytes follow the JSON header in the order asked."""
@@ -445,3 +458,67 @@ def test_triton_l0_http_cases_get_its_status_and_words(wire_server, doc, message
     400 and the words its test looks for."""
     got, error = status_and_error(exchange(wire_server, _post(_MLP, json.dumps(doc).encode())))
     assert got == 400 and message in error, (got, error)
+
+
+def _answers(stream: bytes) -> list[tuple[int, bytes]]:
+    """(status, body) of each answer on a connection (Content-Length framed)."""
+    out = []
+    while stream:
+        head, rest = stream.split(b"\r\n\r\n", 1)
+        length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                      if line.lower().startswith(b"content-length:"))
+        out.append((int(head.split(b" ", 2)[1]), rest[:length]))
+        stream = rest[length:]
+    return out
+
+
+def test_clients_splitting_pipelined_requests_at_odd_boundaries_all_at_once(wire_server):
+    """Eight connections at once, each pipelining a random mix of JSON, binary, chunked
+    and GET requests cut at random byte boundaries (1 byte to 4 KiB, small pauses):
+    every request gets the answer it gets whole, in order."""
+    header = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                                     "parameters": {"binary_data_size": 64}}]}).encode()
+    binary = header + bytes(64)
+    head = b"POST " + _MLP + b" HTTP/1.1\r\nHost: x\r\n"
+    requests = [
+        head + b"Content-Length: %d\r\n\r\n" % len(_BODY) + _BODY,
+        b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n",
+        head + b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+        % (len(header), len(binary)) + binary,
+        head + b"Transfer-Encoding: chunked\r\n\r\n" + b"20\r\n" + _BODY[:32] + b"\r\n" +
+        _chunked(_BODY[32:]),
+        b"GET /v2/models/mlp_classifier/versions/01/ready HTTP/1.1\r\nHost: x\r\n\r\n",
+    ]
+    last = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    whole = [_answers(exchange(wire_server, r + last))[0] for r in requests]
+    assert [status for status, _ in whole] == [200] * len(requests)
+    failures: list = []
+
+    def client(seed: int) -> None:
+        rnd = random.Random(seed)
+        for _ in range(8):
+            picked = [rnd.randrange(len(requests)) for _ in range(rnd.randrange(1, 7))]
+            stream = b"".join(requests[i] for i in picked) + last
+            with socket.create_connection(("127.0.0.1", wire_server.port), timeout=30) as sock:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                pos = 0
+                while pos < len(stream):
+                    step = rnd.choice((1, 2, 3, 7, 64, 500, 4096))
+                    sock.sendall(stream[pos:pos + step])
+                    pos += step
+                    if rnd.random() < 0.03:
+                        time.sleep(0.002)
+                received = b""
+                while chunk := sock.recv(65536):
+                    received += chunk
+            got = _answers(received)
+            if got[:-1] != [whole[i] for i in picked] or got[-1][0] != 200:
+                failures.append((picked, [status for status, _ in got]))
+
+    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failures, failures[:3]
+    _assert_healthy(wire_server)
