@@ -522,3 +522,28 @@ def test_clients_splitting_pipelined_requests_at_odd_boundaries_all_at_once(wire
         thread.join(timeout=120)
     assert not failures, failures[:3]
     _assert_healthy(wire_server)
+
+
+_ROUTES = {b"/v2/health/live": b"GET", b"/v2/health/ready": b"GET", b"/v2": b"GET",
+           b"/v2/models/mlp_classifier": b"GET", b"/v2/models/mlp_classifier/ready": b"GET",
+           b"/v2/models/mlp_classifier/versions/1/config": b"GET",
+           b"/v2/models/mlp_classifier/stats": b"GET", b"/v2/models/stats": b"GET",
+           b"/metrics": b"GET", _MLP: b"POST",
+           b"/v2/repository/models/mlp_classifier/load": b"POST"}
+
+
+@pytest.mark.parametrize("method", [b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"PATCH",
+                                    b"TRACE", b"GET", b"POST"])
+def test_every_method_on_every_route(wire_server, method):
+    """GET or POST per endpoint, as Triton's frontend; any other method 405 naming the
+    one allowed (a HEAD answer has no body)."""
+    for target, allowed in _ROUTES.items():
+        if method == allowed:
+            continue
+        data = method + _post(target, b"{}")[4:] if method in (b"POST", b"PUT", b"PATCH") \
+            else _get(target, method=method)
+        answer = exchange(wire_server, data)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 405") and \
+            b"\r\nallow: " + allowed.lower() in head.lower(), (method, target, answer)
+        assert (body == b"") == (method == b"HEAD"), (method, target, answer)
