@@ -118,6 +118,11 @@ _FRAMING = [
     ("a fragment in the target", _get(b"/v2/health/live#x"), 400, "fragment"),
     ("a fragment in a model path", _get(b"/v2/models/mlp_classifier#x/ready"), 400,
      "fragment"),
+    ("a percent-encoded name (not decoded, as Triton)",
+     _post(b"/v2/models/%6Dlp_classifier/infer", _BODY), 404, "unknown model"),
+    ("a percent-encoded slash", _get(b"/v2/models/mlp_classifier%2Fready"), 404,
+     "unknown model"),
+    ("dot segments", _get(b"/v2/models/x/../mlp_classifier/ready"), 404, "no route"),
     ("the asterisk target", _get(b"*", method=b"OPTIONS"), 404, "no route"),
     ("HTTP/2.0 in the request line", _get(b"/v2/health/live", b"HTTP/2.0"), 505,
      "HTTP/2.0 is not supported"),
@@ -259,6 +264,8 @@ _ENCODED = [
     ("Inference-Timeout in hex", _JSON, [b"Inference-Timeout: 0x10"], 400,
      "Inference-Timeout must be"),
     ("Inference-Timeout 2.5e1", _JSON, [b"Inference-Timeout: 2.5e1"], 200, ""),
+    ("Inference-Header-Content-Length past the body", _JSON,
+     [b"Inference-Header-Content-Length: %d" % (len(_JSON) + 1)], 400, "outside the body"),
     ("an odd Content-Type", _JSON, [b"Content-Type: text/plain; charset=latin-1"], 200, ""),
     ("Accept-Encoding gzip (answers are not compressed)", _JSON,
      [b"Accept-Encoding: gzip"], 200, ""),
@@ -547,3 +554,39 @@ def test_every_method_on_every_route(wire_server, method):
         assert head.startswith(b"HTTP/1.1 405") and \
             b"\r\nallow: " + allowed.lower() in head.lower(), (method, target, answer)
         assert (body == b"") == (method == b"HEAD"), (method, target, answer)
+
+
+def _binary(inputs: list[dict], tail: bytes) -> bytes:
+    header = json.dumps({"inputs": inputs}).encode()
+    return _post(_SAXPY, header + tail, b"Inference-Header-Content-Length: %d" % len(header))
+
+
+def _saxpy_inputs(alpha: dict) -> list[dict]:
+    return [alpha, *({"name": n, "datatype": "FP32", "shape": [1],
+                      "parameters": {"binary_data_size": 4}} for n in ("x", "y"))]
+
+
+@pytest.mark.parametrize("alpha,tail,message", [
+    ({"name": "alpha", "datatype": "BYTES", "shape": [1], "data": ["ab"]}, b"",
+     "BYTES (string) tensors are not supported"),
+    ({"name": "alpha", "datatype": "BYTES", "shape": [1],
+      "parameters": {"binary_data_size": 8}}, b"\xff\xff\xff\xffabcd",
+     "BYTES (string) tensors are not supported"),
+    ({"name": "alpha", "datatype": "FP32", "shape": [1],
+      "parameters": {"binary_data_size": -4}}, b"", "binary_data_size must be"),
+    ({"name": "alpha", "datatype": "FP32", "shape": [1],
+      "parameters": {"binary_data_size": 4.0}}, bytes(4), "binary_data_size must be"),
+    ({"name": "alpha", "datatype": "FP32", "shape": [1],
+      "parameters": {"binary_data_size": 8}}, bytes(8), "needs 4"),
+    ({"name": "alpha", "datatype": "FP32", "shape": [1], "data": [1.0],
+      "parameters": {"binary_data_size": 4}}, bytes(4), "both 'data' and binary_data_size"),
+    ({"name": "alpha", "datatype": "FP32", "shape": [1],
+      "parameters": {"binary_data_size": 4}}, bytes(3), "binary bytes"),
+    ({"name": "alpha", "datatype": "FP32", "shape": [1],
+      "parameters": {"binary_data_size": 4}}, bytes(5), "binary bytes"),
+])
+def test_binary_tensors_that_lie_about_their_bytes(wire_server, alpha, tail, message):
+    """The inputs x and y bring their 4 bytes each; alpha's declaration or bytes lie."""
+    got, error = status_and_error(exchange(wire_server, _binary(_saxpy_inputs(alpha),
+                                                                tail + bytes(8))))
+    assert got == 400 and message in error, (got, error)
