@@ -329,7 +329,7 @@ class _Routes:
         mv = self.repo.get(name, version)
         if mv.ready and not self.server.draining:
             return json_response({"name": mv.name, "ready": True})
-        return json_response({"name": mv.name, "ready": False}, 503)
+        return json_response({"name": mv.name, "ready": False}, 503, _RETRY)
 
     async def model_config(self, request: Request, name: str, version: str | None
                            ) -> Response:

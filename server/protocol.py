@@ -23,6 +23,7 @@ of the wrong JSON type; values that do not fit the datatype (an integer out of r
 finite number that overflows FP16/FP32); shapes with a negative dimension or an element
 count over 2**63 - 1; boolean parameters (`binary_data_output`, `binary_data`) that are
 not JSON booleans; request parameters Triton's frontend would refuse (`_check_parameters`);
+an object that repeats a key (`_no_repeated_keys`);
 tensors in shared-memory regions; `Inference-Header-Content-Length` outside (0, body
 length].
 
@@ -32,6 +33,7 @@ V2 error body `{"error": message}` with that status.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -693,7 +695,49 @@ def _plan_header(head: bytes | bytearray | memoryview, tail_bytes: int,
     binary_output = parameters.get("binary_data_output") is True
     tensors = _tensor_plan(raw_inputs, doc.get("outputs", _ABSENT), tail_bytes, spans,
                            check, charge)
+    _no_repeated_keys(head, doc, len(spans))
     return _HeaderPlan(request_id, parameters, binary_output, tensors)
+
+
+def _no_repeated_keys(head: bytes | bytearray | memoryview, doc: dict,
+                      placeholders: int) -> None:
+    """400 when an object of the request names a key twice. JSON parsers disagree on
+    which value wins (orjson the last, Triton's RapidJSON the first), so a proxy or
+    filter in front that reads one could pass a request that runs the other. Checked
+    after the rest (the request is otherwise valid): when the header's colons are as
+    many as the keys of the objects a request has (the top, its parameters, each tensor
+    and its parameters; each cut-out data placeholder holds one colon), no object
+    repeats one; otherwise (a colon inside a string, objects nested in parameters, or a
+    repeat) the header is parsed again keeping every key."""
+    if type(head) is memoryview:
+        head = head.tobytes()
+    keys = len(doc)
+    params = doc.get("parameters")
+    if type(params) is dict:
+        keys += len(params)
+    for member in ("inputs", "outputs"):
+        items = doc.get(member)
+        if type(items) is list:
+            for item in items:
+                keys += len(item)
+                params = item.get("parameters")
+                if type(params) is dict:
+                    keys += len(params)
+    if head.count(b":") - placeholders == keys:
+        return
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict:
+        obj = dict(items)
+        if len(obj) != len(items) and not repeated:
+            names = [name for name, _ in items]
+            repeated.append(next(n for n in names if names.count(n) > 1))
+        return obj
+
+    json.loads(head, object_pairs_hook=pairs)
+    if repeated:
+        raise _bad(f"request JSON repeats the key {repeated[0][:100]!r} in one object: "
+                   f"JSON parsers disagree on which value counts; send each key once")
 
 
 def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
