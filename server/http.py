@@ -831,14 +831,24 @@ def _origin_form(target: str) -> str:
 
 def _header_dict(raw: list[bytes]) -> dict[str, str]:
     """The headers of `raw` (name, value, name, value, ...) by lower-case name, the values
-    of a repeated name joined with ", ". Decoded in one pass over all of them when no
-    name repeats and nothing holds a line feed (the common case), else one by one."""
+    of a repeated name joined with ", ". Decoded in one pass over all of them when
+    nothing holds a line feed (always, from llhttp), else one by one; repeated names
+    are gathered and joined once each (joined as they came, 13,000 repeats of one name
+    in a 64 KiB head cost the loop 17 ms)."""
     parts = b"\n".join(raw).decode("latin-1").split("\n")
     if len(parts) == len(raw):
         names = "\n".join(parts[0::2]).lower().split("\n")
-        headers = dict(zip(names, parts[1::2]))
-        if len(headers) == len(names):
-            return headers
+        values = parts[1::2]
+    else:
+        names = [name.decode("latin-1").lower() for name in raw[0::2]]
+        values = [value.decode("latin-1") for value in raw[1::2]]
+    headers = dict(zip(names, values))
+    if len(headers) == len(names):
+        return headers
+    gathered: dict[str, list[str]] = {}
+    for name, value in zip(names, values):
+        gathered.setdefault(name, []).append(value)
+    return {name: ", ".join(found) for name, found in gathered.items()}
     headers = {}
     for i in range(0, len(raw), 2):
         key = raw[i].decode("latin-1").lower()
