@@ -621,6 +621,9 @@ _PARSE_ON_LOOP_BYTES = 64 << 10
 _INFLATE_CHUNK = 1 << 20  # inflated a megabyte at a time, counted against the limit
 _ZLIB_OR_GZIP = 32 + zlib.MAX_WBITS  # either header, told apart by its first bytes
 _GZIP = 16 + zlib.MAX_WBITS
+# members of one gzip body at most: each costs a decompressor (a 64 MiB body of empty
+# members would be millions); clients send one
+_MAX_GZIP_MEMBERS = 16
 
 
 def _control_body(request: Request, what: str) -> dict:
@@ -719,9 +722,12 @@ def _decode_body(request: Request, limit: int, charge: Any) -> bytes | bytearray
     # end, which would hold the body twice
     inflated = bytearray()
     pending = body
+    charged = members = 0
     try:
         while True:
-            charge(_INFLATE_CHUNK, "the inflated request body")
+            if len(inflated) + _INFLATE_CHUNK > charged:  # room for the next piece
+                charge(len(inflated) + _INFLATE_CHUNK - charged, "the inflated request body")
+                charged = len(inflated) + _INFLATE_CHUNK
             chunk = decompressor.decompress(pending, _INFLATE_CHUNK)
             if len(inflated) + len(chunk) > limit:
                 inflated = None
@@ -733,15 +739,22 @@ def _decode_body(request: Request, limit: int, charge: Any) -> bytes | bytearray
                 rest = len(decompressor.unused_data)
                 if not rest:
                     break
-                if encoding != "gzip":
+                members += 1
+                if encoding != "gzip" or members == _MAX_GZIP_MEMBERS:
                     raise ProtocolError(400, f"request body has {rest} bytes after the end "
-                                             f"of its {encoding} stream")
+                                             f"of its {encoding} stream" + (
+                                                 f" (at most {_MAX_GZIP_MEMBERS} gzip "
+                                                 f"members)" if members > 1 else ""))
                 pending = memoryview(body)[len(body) - rest:]  # the next gzip member
                 decompressor = zlib.decompressobj(wbits=_GZIP)
             elif not pending and len(chunk) < _INFLATE_CHUNK:
                 raise ProtocolError(400, f"request body is truncated: its {encoding} "
                                          f"stream ends before its end marker and checksum")
     except zlib.error as exc:
+        if members:
+            raise ProtocolError(400, f"request body has {rest} bytes after the end of its "
+                                     f"gzip stream that are not another gzip member "
+                                     f"({exc})") from None
         raise ProtocolError(400, f"request body is not valid {encoding}: {exc}") from None
     return inflated
 

@@ -227,6 +227,8 @@ _ENCODED = [
     ("deflate (zlib)", zlib.compress(_JSON), [b"Content-Encoding: deflate"], 200, ""),
     ("gzip in two members", gzip.compress(_JSON[:20]) + gzip.compress(_JSON[20:]),
      [b"Content-Encoding: gzip"], 200, ""),
+    ("gzip in 16 members", b"".join(gzip.compress(_JSON[i:i + 14]) for i in range(0, 210, 14))
+     + gzip.compress(_JSON[210:]), [b"Content-Encoding: gzip"], 200, ""),
     ("a gzip stream labelled deflate (read as Triton reads it)", _GZIP,
      [b"Content-Encoding: deflate"], 200, ""),
     ("gzip without its checksum", _GZIP[:-8], [b"Content-Encoding: gzip"], 400,
@@ -234,7 +236,12 @@ _ENCODED = [
     ("gzip cut in its data", _GZIP[:len(_GZIP) // 2], [b"Content-Encoding: gzip"], 400,
      "truncated"),
     ("gzip, then other bytes", _GZIP + b"junk", [b"Content-Encoding: gzip"], 400,
-     "not valid gzip"),
+     "4 bytes after the end of its gzip stream that are not another gzip member"),
+    ("gzip in 17 members", b"".join(gzip.compress(_JSON[i:i + 16])
+                                    for i in range(0, 256, 16)) + gzip.compress(_JSON[256:]),
+     [b"Content-Encoding: gzip"], 400, "at most 16 gzip members"),
+    ("100,000 empty gzip members", gzip.compress(_JSON) + gzip.compress(b"") * 100_000,
+     [b"Content-Encoding: gzip"], 400, "at most 16 gzip members"),
     ("deflate, then other bytes", zlib.compress(_JSON) + b"junk",
      [b"Content-Encoding: deflate"], 400, "4 bytes after the end of its deflate stream"),
     ("an empty gzip body", b"", [b"Content-Encoding: gzip"], 400, "truncated"),
