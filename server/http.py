@@ -710,11 +710,12 @@ class HttpServer:
                                 exc: httptools.HttpParserError) -> None:
         if callbacks.head_too_large:
             await self._send_head_too_large(stream)
-        elif callbacks.unsupported_version:
-            await self._send_error(stream, 505, callbacks.malformed)
         else:
-            await self._send_error(stream, 400, f"malformed HTTP request: "
-                                                f"{callbacks.malformed or exc}")
+            if callbacks.unsupported_version:
+                await self._send_error(stream, 505, callbacks.malformed)
+            else:
+                await self._send_error(stream, 400, f"malformed HTTP request: "
+                                                    f"{callbacks.malformed or exc}")
             if callbacks.malformed:  # refused mid-body: it may still be sending
                 await _linger(stream)
 
