@@ -554,15 +554,15 @@ _MAX_VERSION = 2**63 - 1
 
 def _version(text: str) -> str | None:
     """The version a path's `/versions/<text>` names, as Triton's frontend reads it:
-    ASCII digits only (else no route: None), an integer (`01` is version 1) that fits
-    int64 (else 400)."""
+    ASCII digits only (else no route: None), an integer (`01` is version 1, as the
+    repository names the directory `01`) that fits int64 (else 400)."""
     if not (text.isascii() and text.isdigit()):
         return None
-    value = int(text)
-    if value > _MAX_VERSION:
+    significant = text.lstrip("0")
+    if len(significant) > 19 or int(significant or "0") > _MAX_VERSION:
         raise ProtocolError(400, f"model version '{text[:40]}' is out of range: a version "
                                  f"is an integer in [0, {_MAX_VERSION}]")
-    return str(value)
+    return significant or "0"
 
 
 def _not_ready(mv: ModelVersion) -> Response:

@@ -44,6 +44,8 @@ def wire_server(tmp_path_factory, dtypes_vmfb):
     for sample in ("mlp_classifier", "saxpy"):
         shutil.copytree(SAMPLES / sample, root / sample)
     write_model(root, "dtypes", dtypes_vmfb)
+    shutil.copytree(SAMPLES / "saxpy", root / "padded")  # its version directory is 007
+    (root / "padded" / "1").rename(root / "padded" / "007")
     server = ServerProcess("--model-repository", str(root))
     try:
         yield server.start()
@@ -297,6 +299,7 @@ def test_encodings_and_numeric_headers(wire_server, body, headers, status, messa
     (b"1", 200), (b"01", 200), (b"0001", 200),  # Triton reads the digits as an integer
     (b"0", 404), (b"2", 404),
     (b"99999999999999999999", 400),  # beyond int64: Triton's 400 too
+    (b"9" * 5000, 400), (b"0" * 5000 + b"1", 200),  # no 4,300-digit int() limit
     (b"-1", 404), (b"+1", 404), (b"1.0", 404), (b"1e0", 404), (b"%31", 404), (b"", 404),
 ])
 @pytest.mark.parametrize("endpoint", [b"", b"/ready", b"/config", b"/stats", b"/infer"])
@@ -653,3 +656,13 @@ def test_repeated_header_names_are_joined_in_order():
     raw = [b"Accept", b"a", b"X-One", b"1", b"accept", b"b", b"ACCEPT", b"", b"Host", b"h"]
     assert _header_dict(raw) == {"accept": "a, b, ", "x-one": "1", "host": "h"}
     assert _header_dict([b"X", b"\xe9"]) == {"x": "\xe9"}
+
+
+@pytest.mark.parametrize("version", [b"007", b"7", b"0007"])
+def test_a_version_directory_with_leading_zeros_is_its_integer(wire_server, version):
+    """The directory `007` is version 7, as Triton parses directory names: any digits
+    of that integer find it."""
+    answer = exchange(wire_server, _get(b"/v2/models/padded/versions/" + version))
+    got, error = status_and_error(answer)
+    assert got == 200, (version, error)
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["versions"] == ["7"]
