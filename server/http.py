@@ -13,6 +13,11 @@ A handler that waits long can ask whether its client is still there: the functio
 without reading, whether the peer closed or reset the connection, which the loop itself
 only sees when it next reads.
 
+Versions: HTTP/1.1 and 1.0 (a request line of any other is answered 505). An HTTP/1.0
+client that asks for keep-alive is told so in the answer (`connection: keep-alive`); its
+`Expect: 100-continue` is ignored and a Transfer-Encoding in its request is faulty
+framing (400), as RFC 9110 and 9112 say.
+
 Draining (`HttpServer.drain()`): the listeners close at once (new connections are refused),
 connections idle between requests close, and a connection with a request in progress
 answers it with `Connection: close`.
