@@ -22,9 +22,10 @@ datatype/shape, unknown input/output, or the program rejecting its input (INVALI
 FAILED_PRECONDITION, OUT_OF_RANGE); 404 unknown model/version/route; 405 wrong method;
 403 an API group restricted by --http-restricted-api without its header, or model
 control refused by --model-control-mode; 408 request head or body too slow; 413 body
-over --max-request-bytes (also while inflating); 431 request head over 64 KiB; 415 unknown Content-Encoding; 429 model queue full and
-503 draining/not ready or the client memory budget full (--client-memory-limit; all with
-Retry-After); 504 deadline exceeded. A 500 is a bug of
+over --max-request-bytes (also while inflating); 431 request head over 64 KiB; 415 unknown
+Content-Encoding (with Accept-Encoding); 429 model queue full and 503 draining/not ready
+or the client memory budget full (--client-memory-limit; all with Retry-After); 504
+deadline exceeded; 505 a request line that is not HTTP/1.x. A 500 is a bug of
 the server or runtime, never an answer to bad input, or a model whose kernel faulted:
 that request gets the 500 and every model on the same device becomes UNAVAILABLE (503)
 until it is loaded again (on a fresh device); the process keeps serving the rest.
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 import zlib
 from collections.abc import Awaitable, Callable
@@ -202,6 +204,9 @@ def error_response(status: int, message: str,
 
 
 _RETRY = [("retry-after", "1")]
+# headers of a refused request, by status: a 503 says when to retry; a 415 for a
+# Content-Encoding names the codings taken (RFC 9110 15.5.16, as Triton's frontend)
+_ERROR_HEADERS = {503: _RETRY, 415: [("accept-encoding", "gzip, deflate")]}
 _DRAINING = "server is draining (shutting down): it takes no new work; retry on another " \
             "replica"
 _ROUTES_KEPT = 256  # paths whose route is remembered (forgotten all at once beyond)
@@ -276,6 +281,9 @@ class _Routes:
         methods = self.exact.get(path)
         if methods is not None:
             return methods, ()
+        if "#" in path:  # routes are remembered only once found: never on the hot path
+            raise ProtocolError(400, f"request target {path[:200]!r} has a fragment ('#'): "
+                                     f"a fragment is not sent to a server")
         parts = path.split("/")
         # ["", "v2", "repository", "models", name, "load" | "unload"]
         if len(parts) == 6 and parts[1:4] == ["v2", "repository", "models"] and parts[4]:
@@ -286,9 +294,11 @@ class _Routes:
             return None, ()
         name, rest = parts[3], parts[4:]
         version = None
-        if len(rest) >= 2 and rest[0] == "versions" and rest[1]:
-            version, rest = rest[1], rest[2:]
-        if len(rest) > 1:
+        if len(rest) >= 2 and rest[0] == "versions":
+            version, rest = _version(rest[1]), rest[2:]
+            if version is None:
+                return None, ()
+        if len(rest) > 1 or rest == [""]:  # a trailing '/' names no endpoint (Triton's)
             return None, ()
         methods = self.model_actions.get(rest[0] if rest else "")
         if methods is None:
@@ -319,7 +329,7 @@ class _Routes:
         mv = self.repo.get(name, version)
         if mv.ready and not self.server.draining:
             return json_response({"name": mv.name, "ready": True})
-        return json_response({"name": mv.name, "ready": False}, 503)
+        return json_response({"name": mv.name, "ready": False}, 503, _RETRY)
 
     async def model_config(self, request: Request, name: str, version: str | None
                            ) -> Response:
@@ -474,7 +484,7 @@ class _Routes:
                                      server.max_timeout, request.arrived)
             except ProtocolError as exc:
                 return self._failed(mv, series, request, error_response(
-                    exc.status, exc.message, _RETRY if exc.status == 503 else None))
+                    exc.status, exc.message, _ERROR_HEADERS.get(exc.status)))
             if draining and not mv.scheduler.continues_work(req.parameters):
                 # the drain contract: no new work; steps without START are still taken
                 series.finished(503, self._now() - request.arrived)
@@ -541,6 +551,22 @@ class _Routes:
         return response
 
 
+_MAX_VERSION = 2**63 - 1
+
+
+def _version(text: str) -> str | None:
+    """The version a path's `/versions/<text>` names, as Triton's frontend reads it:
+    ASCII digits only (else no route: None), an integer (`01` is version 1, as the
+    repository names the directory `01`) that fits int64 (else 400)."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    significant = text.lstrip("0")
+    if len(significant) > 19 or int(significant or "0") > _MAX_VERSION:
+        raise ProtocolError(400, f"model version '{text[:40]}' is out of range: a version "
+                                 f"is an integer in [0, {_MAX_VERSION}]")
+    return significant or "0"
+
+
 def _not_ready(mv: ModelVersion) -> Response:
     """503 for a version that is not loaded, naming its state or why it failed."""
     return error_response(503, f"model '{mv.name}' version {mv.version} is not ready: "
@@ -595,6 +621,11 @@ def _infer_response(server: Server, mv: ModelVersion, req: Any, results: list,
 
 _PARSE_ON_LOOP_BYTES = 64 << 10
 _INFLATE_CHUNK = 1 << 20  # inflated a megabyte at a time, counted against the limit
+_ZLIB_OR_GZIP = 32 + zlib.MAX_WBITS  # either header, told apart by its first bytes
+_GZIP = 16 + zlib.MAX_WBITS
+# members of one gzip body at most: each costs a decompressor (a 64 MiB body of empty
+# members would be millions); clients send one
+_MAX_GZIP_MEMBERS = 16
 
 
 def _control_body(request: Request, what: str) -> dict:
@@ -676,7 +707,11 @@ def _parse_large(request: Request, limit: int, mv: ModelVersion) -> Any:
 
 def _decode_body(request: Request, limit: int, charge: Any) -> bytes | bytearray:
     """The body after Content-Encoding (the HTTP layer already bounded its raw size),
-    each piece of an inflated one charged (`charge(nbytes, what)`) before it is made."""
+    each piece of an inflated one charged (`charge(nbytes, what)`) before it is made.
+    Either coding may carry a zlib or a gzip header, as Triton's frontend reads them; a
+    gzip body may hold several members (RFC 1952), read one after the other. A stream
+    that ends early (its checksum never arrived) or is followed by other bytes is a
+    400: its data cannot be trusted whole."""
     body = request.body
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("identity", ""):
@@ -684,14 +719,17 @@ def _decode_body(request: Request, limit: int, charge: Any) -> bytes | bytearray
     if encoding not in ("gzip", "deflate"):
         raise ProtocolError(415, f"Content-Encoding {encoding!r} is not supported "
                                  f"(gzip, deflate)")
-    decompressor = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    decompressor = zlib.decompressobj(wbits=_ZLIB_OR_GZIP)
     # grown in place (a large buffer is remapped, not copied): no pieces joined at the
     # end, which would hold the body twice
     inflated = bytearray()
     pending = body
+    charged = members = 0
     try:
         while True:
-            charge(_INFLATE_CHUNK, "the inflated request body")
+            if len(inflated) + _INFLATE_CHUNK > charged:  # room for the next piece
+                charge(len(inflated) + _INFLATE_CHUNK - charged, "the inflated request body")
+                charged = len(inflated) + _INFLATE_CHUNK
             chunk = decompressor.decompress(pending, _INFLATE_CHUNK)
             if len(inflated) + len(chunk) > limit:
                 inflated = None
@@ -699,21 +737,39 @@ def _decode_body(request: Request, limit: int, charge: Any) -> bytes | bytearray
                                          f"{limit} bytes (--max-request-bytes)")
             inflated += chunk
             pending = decompressor.unconsumed_tail
-            if not pending and len(chunk) < _INFLATE_CHUNK:
-                break  # all input read and no output held back
+            if decompressor.eof:
+                rest = len(decompressor.unused_data)
+                if not rest:
+                    break
+                members += 1
+                if encoding != "gzip" or members == _MAX_GZIP_MEMBERS:
+                    raise ProtocolError(400, f"request body has {rest} bytes after the end "
+                                             f"of its {encoding} stream" + (
+                                                 f" (at most {_MAX_GZIP_MEMBERS} gzip "
+                                                 f"members)" if members > 1 else ""))
+                pending = memoryview(body)[len(body) - rest:]  # the next gzip member
+                decompressor = zlib.decompressobj(wbits=_GZIP)
+            elif not pending and len(chunk) < _INFLATE_CHUNK:
+                raise ProtocolError(400, f"request body is truncated: its {encoding} "
+                                         f"stream ends before its end marker and checksum")
     except zlib.error as exc:
+        if members:
+            raise ProtocolError(400, f"request body has {rest} bytes after the end of its "
+                                     f"gzip stream that are not another gzip member "
+                                     f"({exc})") from None
         raise ProtocolError(400, f"request body is not valid {encoding}: {exc}") from None
     return inflated
+
+
+_SECONDS = re.compile(r"[ \t]*(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[ \t]*")
 
 
 def _deadline(header: str | None, timeout_us: float | None, mv: ModelVersion,
               max_timeout: float | None, arrived: float) -> float:
     limits = []
     if header is not None:
-        try:
-            seconds = float(header)
-        except ValueError:
-            seconds = -1.0
+        # a plain decimal number: float() would also take '1_0', 'inf' and 'nan'
+        seconds = float(header) if _SECONDS.fullmatch(header) else -1.0
         if not (seconds >= 0 and math.isfinite(seconds)):
             raise ProtocolError(400, f"Inference-Timeout must be a non-negative number of "
                                      f"seconds, not {header!r}")

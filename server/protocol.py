@@ -23,6 +23,7 @@ of the wrong JSON type; values that do not fit the datatype (an integer out of r
 finite number that overflows FP16/FP32); shapes with a negative dimension or an element
 count over 2**63 - 1; boolean parameters (`binary_data_output`, `binary_data`) that are
 not JSON booleans; request parameters Triton's frontend would refuse (`_check_parameters`);
+an object that repeats a key (`_no_repeated_keys`);
 tensors in shared-memory regions; `Inference-Header-Content-Length` outside (0, body
 length].
 
@@ -32,6 +33,7 @@ V2 error body `{"error": message}` with that status.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -74,12 +76,21 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _BOOL_TYPES = frozenset({bool})
 _INT_TYPES = frozenset({int})
 _NUMBER_TYPES = frozenset({int, float})
-# the largest finite value of each float datatype (numpy's finfo knows no bf16), and the
-# ones numpy converts Python floats to directly (the others go through float64)
+# per float datatype: its largest finite value, and the magnitude from which a JSON
+# number is refused. Numpy converts Python floats to FP16/FP32/FP64 directly, rounding
+# to nearest: a number rounds to infinity from the largest plus half its last step, and
+# below that to the largest (65519 is a valid FP16, 65504). BF16 goes through float32
+# (rounded twice), so only numbers up to its largest are taken. (finfo of ml_dtypes: numpy's
+# knows no bf16.)
 _LARGEST_FINITE = {name: float(ml_dtypes.finfo(dtype).max)
                    for name, dtype in DATATYPES.items() if dtype.kind in "fV"
                    or dtype.type.__module__.startswith("ml_dtypes")}
 _DIRECT_FLOATS = frozenset({"FP16", "FP32", "FP64"})
+_OVERFLOWS_FROM = {
+    name: largest + math.ldexp(1.0, ml_dtypes.finfo(DATATYPES[name]).maxexp - 2
+                               - ml_dtypes.finfo(DATATYPES[name]).nmant)
+    if name in _DIRECT_FLOATS else math.nextafter(largest, math.inf)
+    for name, largest in _LARGEST_FINITE.items()}
 
 _UNSUPPORTED = {
     "BYTES": "BYTES (string) tensors are not supported: tinyhal models take numeric tensors",
@@ -155,9 +166,18 @@ def _shape(value: Any, name: str, itemsize: int) -> tuple[int, ...]:
         raise _bad(f"input '{name}' 'shape' {value} has a negative dimension")
     if value and (max(value) > _MAX_BYTES or
                   math.prod(filter(None, value)) * itemsize > _MAX_BYTES):
-        raise _bad(f"input '{name}' 'shape' {value} is too large: its elements' bytes do "
-                   f"not fit a 64-bit count")
+        _too_large(value, name)
     return tuple(value)
+
+
+def _too_large(shape: list[int], name: str) -> None:
+    """Raises the 400 for a shape whose elements or their bytes overflow a 64-bit
+    count, in the words of Triton's frontend (its L0_http test reads them)."""
+    if math.prod(filter(None, shape)) > _MAX_BYTES:
+        raise _bad(f"input '{name}' 'shape' {shape} causes total element count to exceed "
+                   f"maximum size of {_MAX_BYTES} (a 64-bit count)")
+    raise _bad(f"byte size overflow for input '{name}': the bytes of 'shape' {shape} do not "
+               f"fit a 64-bit count")
 
 
 def _flatten(data: Any, shape: tuple[int, ...], name: str) -> tuple[list, set]:
@@ -222,11 +242,11 @@ def _typed(name: str, datatype: str, flat: list, types: set) -> np.ndarray:
     if not types <= _NUMBER_TYPES:
         bad = next(x for x in flat if type(x) not in _NUMBER_TYPES)
         raise _bad(f"input '{name}' is {datatype}: 'data' must hold numbers, found {bad!r}")
-    largest = _LARGEST_FINITE[datatype]
-    if flat and not -largest <= min(flat) <= max(flat) <= largest:  # C-speed scans
-        bad = next(x for x in flat if not -largest <= x <= largest)
+    bound = _OVERFLOWS_FROM[datatype]
+    if flat and not -bound < min(flat) <= max(flat) < bound:  # C-speed scans
+        bad = next(x for x in flat if not -bound < x < bound)
         raise _bad(f"input '{name}' has the value {bad!r}, which does not fit {datatype} "
-                   f"(largest finite {largest!r})")
+                   f"(largest finite {_LARGEST_FINITE[datatype]!r})")
     if datatype in _DIRECT_FLOATS:  # numpy rounds each number once, straight to dtype
         return np.array(flat, dtype=dtype)
     return np.array(flat, dtype=np.float64).astype(dtype)
@@ -445,12 +465,19 @@ def _no_shared_memory(params: dict, kind: str, name: str) -> None:
                    f"shared-memory extensions are not supported; send the data in the body")
 
 
-def _bool(value: Any, what: str, name: str = "") -> bool | None:
-    """`value` when it is None or a boolean; `what` (with `name` in place of `{}`) names
-    it in the error."""
-    if value is None or type(value) is bool:
-        return value
-    raise _bad(f"{what.format(name)} must be true or false, not {value!r}")
+def _no_classification(params: dict, name: str) -> None:
+    """Output `name`'s `classification` parameter as Triton reads it, a uint64 class
+    count (anything else, null too, is a 400), where 0 asks for the output as it is; a
+    count asks for Triton's classification extension, which is not offered (400 saying
+    so). JSON integers are within the uint64 range or negative (orjson)."""
+    count = params.get("classification", 0)
+    if type(count) is not int or count < 0:
+        raise _bad(f"output '{name}' parameter 'classification' must be a non-negative "
+                   f"integer (a class count), not {orjson.dumps(count).decode()[:40]}")
+    if count or params.get("class_count"):
+        raise _bad(f"output '{name}': the classification extension is not supported (it "
+                   f"is not in the server metadata's extensions); ask for the output "
+                   f"itself")
 
 
 def _bad_datatype(name: str, datatype: Any) -> None:
@@ -485,11 +512,11 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes | memoryvi
     """The JSON header and the binary tail of a request body (views: nothing copied)."""
     if header_length is None:
         return body, _EMPTY
-    try:
-        n = int(header_length)
-    except ValueError:
-        raise _bad(f"Inference-Header-Content-Length must be an integer, not "
-                   f"{header_length!r}") from None
+    text = header_length if header_length.isdecimal() else header_length.strip(" \t")
+    if not text.isdecimal() or len(text) > 20:  # int() takes '+5', '1_0' and '-1' too
+        raise _bad(f"Inference-Header-Content-Length must be an integer of at most 20 "
+                   f"decimal digits, not {header_length[:40]!r}")
+    n = int(text)
     if not 0 < n <= len(body):
         raise _bad(f"Inference-Header-Content-Length {n} is outside the body of "
                    f"{len(body)} bytes (it must be in (0, {len(body)}])")
@@ -668,7 +695,49 @@ def _plan_header(head: bytes | bytearray | memoryview, tail_bytes: int,
     binary_output = parameters.get("binary_data_output") is True
     tensors = _tensor_plan(raw_inputs, doc.get("outputs", _ABSENT), tail_bytes, spans,
                            check, charge)
+    _no_repeated_keys(head, doc, len(spans))
     return _HeaderPlan(request_id, parameters, binary_output, tensors)
+
+
+def _no_repeated_keys(head: bytes | bytearray | memoryview, doc: dict,
+                      placeholders: int) -> None:
+    """400 when an object of the request names a key twice. JSON parsers disagree on
+    which value wins (orjson the last, Triton's RapidJSON the first), so a proxy or
+    filter in front that reads one could pass a request that runs the other. Checked
+    after the rest (the request is otherwise valid): when the header's colons are as
+    many as the keys of the objects a request has (the top, its parameters, each tensor
+    and its parameters; each cut-out data placeholder holds one colon), no object
+    repeats one; otherwise (a colon inside a string, objects nested in parameters, or a
+    repeat) the header is parsed again keeping every key."""
+    if type(head) is memoryview:
+        head = head.tobytes()
+    keys = len(doc)
+    params = doc.get("parameters")
+    if type(params) is dict:
+        keys += len(params)
+    for member in ("inputs", "outputs"):
+        items = doc.get(member)
+        if type(items) is list:
+            for item in items:
+                keys += len(item)
+                params = item.get("parameters")
+                if type(params) is dict:
+                    keys += len(params)
+    if head.count(b":") - placeholders == keys:
+        return
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict:
+        obj = dict(items)
+        if len(obj) != len(items) and not repeated:
+            names = [name for name, _ in items]
+            repeated.append(next(n for n in names if names.count(n) > 1))
+        return obj
+
+    json.loads(head, object_pairs_hook=pairs)
+    if repeated:
+        raise _bad(f"request JSON repeats the key {repeated[0][:100]!r} in one object: "
+                   f"JSON parsers disagree on which value counts; send each key once")
 
 
 def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
@@ -746,15 +815,18 @@ def _tensor_plan(raw_inputs: list, raw_outputs: Any, tail_bytes: int,
             if oparams is not None:
                 oparams = _as_dict(oparams, "output '{}' 'parameters'", name)
                 _no_shared_memory(oparams, "output", name)
-                if oparams.get("classification") or oparams.get("class_count"):
-                    raise _bad(f"output '{name}': the classification extension is not "
-                               "supported")
-                binary = oparams.get("binary_data")
+                if "classification" in oparams or oparams.get("class_count"):
+                    _no_classification(oparams, name)
+                binary = oparams.get("binary_data", _ABSENT)
+                if binary is _ABSENT:
+                    binary = None
+                elif type(binary) is not bool:  # null too, as Triton's AsBool
+                    raise _bad(f"output '{name}' parameter 'binary_data' must be true or "
+                               f"false, not {orjson.dumps(binary).decode()[:40]}")
             if name in seen:
-                raise _bad(f"output '{name}' is requested more than once")
+                raise _bad(f"output '{name}' already exists in request (requested more "
+                           f"than once)")
             seen.add(name)
-            if binary is not None and type(binary) is not bool:
-                _bool(binary, "output '{}' parameter 'binary_data'", name)
             outputs.append(RequestedOutput(name, binary))
     # an empty list asks for no output in particular: every output, as Triton answers it
     return _TensorPlan(inputs, datatypes, outputs or None, offset, all_binary)

@@ -128,6 +128,33 @@ def receive_until(sock: socket.socket, marker: bytes, received: bytes = b"") -> 
     return received
 
 
+def exchange(server: ServerProcess, data: bytes, timeout: float = 30.0) -> bytes:
+    """Sends `data` on a fresh connection and reads until the server closes it (a reset
+    after the answer arrived ends the read too)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as sock:
+        try:
+            sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before it read everything: the answer is still to be read
+        received = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            received += chunk
+    return received
+
+
+def status_and_error(response: bytes) -> tuple[int, str]:
+    assert response, "the server closed the connection without an answer"
+    status = int(response.split(b" ", 2)[1])
+    body = response.split(b"\r\n\r\n", 1)[1]
+    return status, json.loads(body)["error"] if status >= 400 else ""
+
+
 def write_model(root: Path, name: str, vmfb: Path, config: dict | None = None) -> None:
     version = root / name / "1"
     version.mkdir(parents=True, exist_ok=True)

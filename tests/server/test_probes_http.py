@@ -11,7 +11,13 @@ import socket
 import time
 
 import pytest
-from serve_helpers import ServerProcess, receive_until, sample_server
+from serve_helpers import (
+    ServerProcess,
+    exchange,
+    receive_until,
+    sample_server,
+    status_and_error,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,33 +31,6 @@ _INFER = b"POST /v2/models/mlp_classifier/infer HTTP/1.1\r\nHost: x\r\n"
 def http_server(tmp_path_factory):
     with sample_server(tmp_path_factory.mktemp("repo"), ("mlp_classifier",)) as server:
         yield server
-
-
-def _exchange(server: ServerProcess, data: bytes, timeout: float = 30.0) -> bytes:
-    """Sends `data` on a fresh connection and reads until the server closes it (a reset
-    after the answer arrived ends the read too)."""
-    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as sock:
-        try:
-            sock.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # refused before it read everything: the answer is still to be read
-        received = b""
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            received += chunk
-    return received
-
-
-def _status_and_error(response: bytes) -> tuple[int, str]:
-    assert response, "the server closed the connection without an answer"
-    status = int(response.split(b" ", 2)[1])
-    body = response.split(b"\r\n\r\n", 1)[1]
-    return status, json.loads(body)["error"] if status >= 400 else ""
 
 
 def _chunked(*chunks: bytes, trailer: bytes = b"") -> bytes:
@@ -102,7 +81,7 @@ _FRAMING = [
 @pytest.mark.parametrize("data,status,message", [p[1:] for p in _FRAMING],
                          ids=[p[0] for p in _FRAMING])
 def test_framing_probes_are_4xx_naming_the_problem(http_server, data, status, message):
-    got, error = _status_and_error(_exchange(http_server, data))
+    got, error = status_and_error(exchange(http_server, data))
     assert got == status and message in error, (got, error)
     _assert_healthy(http_server)
 
@@ -139,11 +118,11 @@ def test_a_body_of_65537_chunks_is_400_and_the_client_reads_why(http_server):
     request like any other, one more is a 400 naming the bound, sent before the
     connection closes, and a million of them cost the server no more."""
     head = _INFER + b"Transfer-Encoding: chunked\r\n\r\n"
-    status, error = _status_and_error(_exchange(http_server, head + b"1\r\n \r\n" * 65536
+    status, error = status_and_error(exchange(http_server, head + b"1\r\n \r\n" * 65536
                                                 + b"0\r\n\r\n"))
     assert status == 400 and "not valid JSON" in error, error  # 64 KiB of spaces
     for count in (65537, 1_000_000):
-        status, error = _status_and_error(_exchange(http_server, head + b"1\r\n \r\n" * count
+        status, error = status_and_error(exchange(http_server, head + b"1\r\n \r\n" * count
                                                     + b"0\r\n\r\n"))
         assert status == 400 and "exceeds 65536 chunks" in error, error
     _assert_healthy(http_server)
@@ -197,7 +176,7 @@ def test_a_body_in_small_chunks_across_the_64_kib_threshold_arrives_whole(http_s
     body = body.replace(b", ", b"," + b" " * 100)  # past 64 KiB
     assert len(body) > 96 << 10
     chunks = [body[i:i + 97] for i in range(0, len(body), 97)]
-    response = _exchange(http_server, _INFER + b"Transfer-Encoding: chunked\r\n"
+    response = exchange(http_server, _INFER + b"Transfer-Encoding: chunked\r\n"
                          b"Connection: close\r\n\r\n" + _chunked(*chunks))
     assert response.startswith(b"HTTP/1.1 200"), response[:300]
     chunked = json.loads(response.split(b"\r\n\r\n", 1)[1])
@@ -226,7 +205,7 @@ def test_a_chunk_declared_over_the_limit_is_413_when_its_size_line_arrives(http_
                  b"10\r\n" + b"a" * 16 + b"\r\n" + b"%x;ext=1\r\n" % (over - 16) + b"x" * 5):
         with socket.create_connection(("127.0.0.1", http_server.port), timeout=30) as sock:
             sock.sendall(_INFER + b"Transfer-Encoding: chunked\r\n\r\n" + sent)
-            status, error = _status_and_error(_answer_while_open(sock))
+            status, error = status_and_error(_answer_while_open(sock))
         assert status == 413 and "--max-request-bytes" in error, (sent[:20], error)
     # a size line split across reads, and a chunk that fits: served
     with socket.create_connection(("127.0.0.1", http_server.port), timeout=30) as sock:
@@ -253,7 +232,7 @@ def test_pipelined_requests_before_a_malformed_one_are_answered_first(http_serve
             (health + b"GARBAGE\r\n\r\n" + health, [200, 400]),
             (post + post + _INFER + b"Content-Length: -1\r\n\r\n" + post, [200, 200, 400]),
             (post + _INFER + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", [200, 400])):
-        assert _statuses(_exchange(http_server, sent)) == want
+        assert _statuses(exchange(http_server, sent)) == want
     _assert_healthy(http_server)
 
 
@@ -264,14 +243,14 @@ def test_targets_as_triton_routes_them(http_server):
     absolute = (b"POST http://127.0.0.1:%d/v2/models/mlp_classifier/infer HTTP/1.1\r\n"
                 b"Host: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
                 % (http_server.port, len(_BODY)) + _BODY)
-    assert _statuses(_exchange(http_server, absolute)) == [200]
+    assert _statuses(exchange(http_server, absolute)) == [200]
     for target, status in ((b"/v2/models/mlp%5Fclassifier/infer", 404),
                            (b"/v2/models/mlp_classifier/versions/%31/infer", 404)):
-        got, _ = _status_and_error(_exchange(http_server, b"POST " + target + b" HTTP/1.1\r\n"
+        got, _ = status_and_error(exchange(http_server, b"POST " + target + b" HTTP/1.1\r\n"
                                              b"Host: x\r\nContent-Length: %d\r\nConnection: "
                                              b"close\r\n\r\n" % len(_BODY) + _BODY))
         assert got == status, target
-    head = _exchange(http_server, b"HEAD /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+    head = exchange(http_server, b"HEAD /v2/health/live HTTP/1.1\r\nHost: x\r\n"
                                   b"Connection: close\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 405") and b"allow: get" in head.lower(), head
     assert head.endswith(b"\r\n\r\n"), head  # no body to a HEAD

@@ -103,8 +103,8 @@ def test_a_binary_header_with_bad_parameters_is_refused_every_time(probe_server)
     ("/v2/models/" + "m" * 4000 + "/ready", 404),
     ("/v2/models/mlp_classifier/versions/0/ready", 404),
     ("/v2/models/mlp_classifier/versions/-1/ready", 404),
-    ("/v2/models/mlp_classifier/versions/99999999999999999999/ready", 404),
-    ("/v2/models/mlp_classifier/versions/01/ready", 404),
+    ("/v2/models/mlp_classifier/versions/99999999999999999999/ready", 400),  # as Triton
+    ("/v2/models/mlp_classifier/versions/01/ready", 200),  # version 1, as Triton reads it
     ("/v2/models/mlp_classifier/versions/7/stats", 404),
     ("/v2/models/mlp_classifier/versions/1/ready", 200),
     # extensions not offered (not in the server metadata's list): no such route
