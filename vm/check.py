@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Error, InvalidArgumentError
+from ..errors import Error, InvalidArgumentError, NotFoundError
 from ..hal.buffer_view import BufferView
 from ..hal.text import format_buffer_elements, format_shape_and_element_type
 from ..hal.types import ElementType, element_info, format_element_type, unpack_elements
@@ -303,7 +303,7 @@ def run(argv: Sequence[str], stdout=None, stderr=None) -> int:
     try:
         path = args.module[0]
         if not os.path.exists(path):
-            raise InvalidArgumentError(f"module file {path!r} does not exist")
+            raise NotFoundError(f"module file not found: {path}")  # as tinyhal-run
         device = device_name(args.device)
         native = [native_module_factory(s) for s in args.native_module]
         with Module(path, device,

@@ -86,3 +86,12 @@ def test_a_npy_header_promising_more_than_its_file_is_refused_unallocated(
     assert ours.returncode == 1, ours.stderr[-2000:]
     assert ours.stderr.startswith(f"tinyhal-run: {status}: {message}"), ours.stderr[-2000:]
     assert "Traceback" not in ours.stderr and ours.stderr.count("\n") == 1
+
+
+def test_tinyhal_check_names_a_missing_module_as_tinyhal_run_does(tmp_path):
+    missing = tmp_path / "missing.vmfb"
+    done = _tool("tinyhal-check", f"--module={missing}")
+    run = _tool("tinyhal-run", f"--module={missing}", "--function=main")
+    assert done.returncode == run.returncode == 1, (done.stderr, run.stderr)
+    line = f"NOT_FOUND: module file not found: {missing}"
+    assert line in done.stderr and line in run.stderr, (done.stderr, run.stderr)
