@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -315,3 +316,42 @@ def test_a_failed_load_ends_the_instance_threads_it_started(server):
     while _threads(server) > threads + 4:
         assert time.monotonic() < deadline, _threads(server) - threads
         time.sleep(0.1)
+
+
+def test_a_signal_while_a_model_loads_lets_the_load_finish_and_exits_0(tmp_path):
+    """SIGINT while an explicit load runs (256 instances: some tenths of a second), then
+    SIGTERM and a storm of SIGHUP while a poll loads: the load finishes and is answered,
+    the drain ends with exit 0, nothing is logged as a traceback."""
+    wide = {"function": "saxpy", "instance_group": [{"count": 256}]}
+    shutil.copytree(SAMPLES / "saxpy", tmp_path / "explicit" / "saxpy")
+    _copy(tmp_path / "explicit", "saxpy", "wide", wide)
+    server = ServerProcess("--model-repository", str(tmp_path / "explicit"),
+                           "--model-control-mode", "explicit", "--load-model", "saxpy")
+    answers: list = []
+    try:
+        server.start()
+        loader = threading.Thread(target=lambda: answers.append(server.request(
+            "POST", "/v2/repository/models/wide/load", b"", timeout=60)))
+        loader.start()
+        server.wait_stderr("loading model wide version 1")
+        server.proc.send_signal(signal.SIGINT)
+        loader.join(timeout=60)
+        assert answers and answers[0][0] == 200, answers
+        assert server.wait(60) == 0
+    finally:
+        server.stop()
+    (tmp_path / "polled").mkdir()
+    shutil.copytree(SAMPLES / "saxpy", tmp_path / "polled" / "saxpy")
+    server = ServerProcess("--model-repository", str(tmp_path / "polled"),
+                           "--model-control-mode", "poll", "--repository-poll-secs", "0.1")
+    try:
+        server.start()
+        _copy(tmp_path / "polled", "saxpy", "wide", wide)
+        server.wait_stderr("loading model wide version 1")
+        for _ in range(20):
+            server.proc.send_signal(signal.SIGHUP)
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.wait(60) == 0
+        assert "Traceback" not in "".join(server.stderr)
+    finally:
+        server.stop()
