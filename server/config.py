@@ -14,7 +14,11 @@ and the parser itself cannot be driven into recursion or unbounded numbers:
   integers beyond 4,300 digits, NaN and Infinity are refused as invalid JSON;
 - every number has a range (`le=`, `ge=`), every string and list a length, every
   float is finite; unknown keys are refused; types are strict (no "8" for 8, no true
-  for 1).
+  for 1);
+- the whole as well as each field: instances (summed over `instance_group`), a sequence
+  model's slots and its state rows on the device, and program inputs named once by
+  `control_input` and `state` (`ModelConfig._one_scheduler`,
+  `SequenceBatching._distinct_names`).
 
 A refusal is a `ConfigError` (a `ValueError`) on one line naming the file, the key and
 the reason, e.g. `m/config.json: 'sequence_batching.oldest.max_queue_delay_microseconds':
