@@ -103,7 +103,8 @@ _DEEP = "[" * 100_000 + "]" * 100_000
     ("/v2/models/mlp_classifier/infer", '{"inputs": [], "parameters": {"x": %s}}' % _DEEP,
      "nested deeper than"),
     ("/v2/models/mlp_classifier/infer", _DEEP, "nested deeper than"),
-    ("/v2/repository/index", '{"ready": %s}' % _DEEP, "not valid JSON"),
+    ("/v2/repository/index", '{"ready": %s}' % _DEEP,
+     "Invalid value for 'ready': expected a boolean"),
     ("/v2/repository/models/mlp_classifier/unload",
      '{"parameters": {"unload_dependents": %s}}' % _DEEP, "not valid JSON"),
     ("/v2/repository/models/mlp_classifier/load", '{"parameters": %s}' % _DEEP,
@@ -119,3 +120,13 @@ def test_json_nested_past_the_bound_is_400_in_every_endpoint(split_server, path,
     status, _, payload = split_server.request("POST", "/v2/models/mlp_classifier/infer",
                                               _BODY)
     assert status == 200, payload
+
+
+@pytest.mark.parametrize("ready", ["[true]", "1", '"true"', "null", "{}",
+                                   "[" * 250_000 + "true" + "]" * 250_000])
+def test_index_ready_that_is_not_a_boolean_is_400_in_tritons_words(split_server, ready):
+    """Triton's L0_http sends `ready` nested 250,000 deep and reads these words."""
+    status, _, payload = split_server.request("POST", "/v2/repository/index",
+                                              ('{"ready": %s}' % ready).encode())
+    assert status == 400, payload
+    assert "Invalid value for 'ready': expected a boolean" in json.loads(payload)["error"]
