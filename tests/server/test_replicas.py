@@ -323,6 +323,12 @@ def test_two_replicas_answer_sequences_bitwise_as_one_server(local_set, referenc
     ref = httpclient.InferenceServerClient(reference.url)
     assert tensors == [_step(ref, x[0], 3000, False, start=True),
                        _step(ref, x[1], 3000, False, end=True)]
+    # the string id "0" is a sequence (only the number 0 is none): pinned like the others
+    zero = [_step(client, x[k % 2], "0", False, start=k == 0, end=k == 5)
+            for k in range(6)]
+    assert zero == [_step(ref, x[k % 2], "0", False, start=k == 0, end=k == 5)
+                    for k in range(6)]
+    assert '"0"' in replicas.table()
     # requests of one keep-alive connection are balanced each on its own (both replicas
     # up first: a check that timed out on a loaded host takes one out for a moment)
     for name in replicas.replicas:
