@@ -855,12 +855,6 @@ def _header_dict(raw: list[bytes]) -> dict[str, str]:
     for name, value in zip(names, values):
         gathered.setdefault(name, []).append(value)
     return {name: ", ".join(found) for name, found in gathered.items()}
-    headers = {}
-    for i in range(0, len(raw), 2):
-        key = raw[i].decode("latin-1").lower()
-        text = raw[i + 1].decode("latin-1")
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    return headers
 
 
 def _read_now(fd: int) -> bytes | None:
