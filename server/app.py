@@ -470,10 +470,8 @@ class _Routes:
             draining = server.draining
             if (draining and mv.sequences is None) or not mv.ready:
                 series.finished(503, self._now() - request.arrived)
-                return error_response(
-                    503, _DRAINING if draining else f"model '{mv.name}' version "
-                                                    f"{mv.version} is not ready: "
-                                                    f"{mv.reason or mv.state}", _RETRY)
+                return error_response(503, _DRAINING, _RETRY) if draining else \
+                    _not_ready(mv, _RETRY)
             headers = request.headers
             t_input = time.perf_counter()
             try:
@@ -574,10 +572,11 @@ def _version(text: str) -> str | None:
     return significant or "0"
 
 
-def _not_ready(mv: ModelVersion) -> Response:
+def _not_ready(mv: ModelVersion, headers: list[tuple[str, str]] | None = None
+               ) -> Response:
     """503 for a version that is not loaded, naming its state or why it failed."""
     return error_response(503, f"model '{mv.name}' version {mv.version} is not ready: "
-                               f"{mv.reason or mv.state}")
+                               f"{mv.reason or mv.state}", headers)
 
 
 def _failure_response(server: Server, mv: ModelVersion, exc: Exception) -> Response | None:
