@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +11,14 @@ from ..errors import InvalidArgumentError, ResourceExhaustedError
 from .buffer import ALIGNMENT, Buffer, CountedStorage, Storage
 from .native import core as _core
 from .types import BufferUsage, MemoryAccess, MemoryType
+
+
+def physical_memory() -> int | None:
+    """Bytes of memory of this machine; None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 class Heap:

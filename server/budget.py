@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import threading
 
+from ..hal.allocator import physical_memory
 from ..hal.ringbuffer import give_back_all
 
 __all__ = ["BudgetExceeded", "Hold", "MemoryBudget", "SMALL_BYTES", "default_limit", "parse_size",
@@ -119,20 +119,13 @@ def default_limit() -> int:
     """A quarter of the memory this process may use (the cgroup's limit when it has one,
     else physical memory), at most 1 GiB: room for a dozen bodies of the default
     --max-request-bytes while leaving the rest to models and device memory."""
-    total = _physical_memory()
+    total = physical_memory() or 0
     cgroup = _cgroup_limit()
     if cgroup is not None:
         total = min(total, cgroup) if total else cgroup
     if not total:
         return 1 << 30
     return min(1 << 30, total // 4)
-
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 0
 
 
 def _cgroup_limit() -> int | None:

@@ -89,6 +89,7 @@ from ..errors import (
     ResourceExhaustedError,
     UnimplementedError,
 )
+from ..hal.allocator import physical_memory
 from ..hal.buffer_view import BufferView
 from ..hal.executable import EXECUTABLE_POLICIES
 from ..hal.text import (
@@ -378,7 +379,8 @@ def parse_tensor(text: str) -> Tensor:
     nbytes = packed_byte_length(math.prod(shape), element_type)
     if nbytes >= 1 << 64:  # iree_device_size_t
         raise OutOfRangeError("packed byte count overflows device size")
-    if nbytes > _physical_memory():  # where iree-run-module's allocation fails
+    memory = physical_memory()
+    if memory is not None and nbytes > memory:  # where iree-run-module's allocation fails
         raise ResourceExhaustedError(f"{nbytes} bytes for one input are more than the "
                                      f"memory of this machine")
     if data.startswith("@") or data.startswith("+"):
@@ -400,14 +402,6 @@ def parse_tensor(text: str) -> Tensor:
         if m:
             raise InvalidArgumentError(f"invalid integer value '{m.group(2)}'") from None
         raise
-
-
-def _physical_memory() -> int:
-    """Bytes of memory of this machine (unbounded where the system does not say)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return 1 << 62
 
 
 def parse_value(text: str, spec: Any, streams: _NpyStreams) -> list[Any]:
