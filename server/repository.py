@@ -73,7 +73,7 @@ import trio
 from .. import load as load_module
 from ..errors import Error
 from ..hal import drivers
-from ..vm.loader import check_module_file, read_module_file
+from ..vm.loader import read_checked_module
 from .admission import Admission, AdmissionStatistics, Instance
 from .batching import BatchingConfig
 from .config import (
@@ -293,8 +293,7 @@ class ModelVersion:
         self._device_lock = device_lock if device.capabilities.completes_inline else None
         self.device = device
         try:
-            check_module_file(self.path)  # a wrong large file is refused before it is read
-            data = read_module_file(self.path)
+            data = read_checked_module(self.path)
             self.fingerprint = file_fingerprint(self.path)
             parameters = _parameter_files(settings, self.path.parent)
             modules: list[Any] = []

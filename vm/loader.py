@@ -291,14 +291,20 @@ def check_module_file(path: str | os.PathLike) -> None:
                                    f"identifier is not 'IREE'{hint}")
 
 
+def read_checked_module(path: str | os.PathLike) -> memoryview:
+    """A module file's bytes (`read_module_file`), its head checked first
+    (`check_module_file`): a wrong multi-gigabyte file is refused before it is read."""
+    check_module_file(path)
+    return read_module_file(path)
+
+
 def _to_view(source, origin: str, mapped: bool = False) -> tuple[memoryview, object]:
     """A view of the module's bytes. A file is read into private memory unless `mapped`;
     then it is mapped privately (copy-on-write), zero-copy but not safe against later
     changes of the file (a truncation makes reads of the lost pages fault)."""
     if isinstance(source, (str, os.PathLike)):
         if not mapped:
-            check_module_file(source)  # a wrong large file is refused before it is read
-            return read_module_file(source), None
+            return read_checked_module(source), None
         try:
             with open(source, "rb") as f:
                 if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
