@@ -47,6 +47,15 @@ __all__ = ["DirectReply", "HttpServer", "Request", "Response", "client_gone_prob
 
 _READ_SIZE = 64 << 10
 _MAX_HEAD_BYTES = 64 << 10
+# requests parsed at most at once: a read of 64 KiB of tiny pipelined requests is
+# thousands of them (~8 bytes of objects per byte sent, milliseconds of the loop) made
+# before the first is answered. A read that holds more head ends than this is fed up to
+# the last one allowed; the rest waits, as bytes, until the requests before it were
+# answered (a read over `_COUNTED_BYTES` is searched for head ends unless it all belongs
+# to the body in progress)
+_MAX_PARSED = 32
+_COUNTED_BYTES = 4 << 10
+_HEAD_END = b"\r\n\r\n"
 # chunks of one chunked body at most (Triton's bound): llhttp calls back per chunk
 _MAX_CHUNKS = 65536
 # pieces of a small body kept apart at most: beyond, they are joined into one bytearray
@@ -219,6 +228,8 @@ class _Callbacks:
         self.last_headers: dict[str, str] = {}
         self.says_connection = False  # whether the last head has a Connection header
         self.received = 0.0  # trio clock: when the bytes being parsed were read
+        # bytes read but not parsed yet (see `_MAX_PARSED`): fed before reading more
+        self.unfed: bytes | None = None
 
     def on_message_begin(self) -> None:
         self.current = _Message()
@@ -631,7 +642,9 @@ class HttpServer:
             await self._send_parse_error(stream, callbacks, callbacks.failed)
             return False
         current = callbacks.current
-        if current is None:  # idle between requests: the idle sweep or drain closes it
+        if callbacks.unfed is not None:
+            data, callbacks.unfed = callbacks.unfed, None
+        elif current is None:  # idle between requests: the idle sweep or drain closes it
             fd = callbacks.fd
             data = _read_now(fd)
             if data is None:
@@ -672,6 +685,9 @@ class HttpServer:
             callbacks.received = self._now()
         if not data:
             return False
+        if len(data) > _COUNTED_BYTES and (current is None or current.buffer is None or
+                                           len(current.buffer) - current.size < len(data)):
+            data = _feed_first(data, callbacks)
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -804,6 +820,18 @@ async def _linger(stream: trio.SocketStream) -> None:
                 dropped += len(data)
     except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
         pass
+
+
+def _feed_first(data: bytes, callbacks: _Callbacks) -> bytes:
+    """What of `data` to parse now: all of it, or, when it holds more than `_MAX_PARSED`
+    head ends, up to the last of those (the rest kept in `callbacks.unfed`)."""
+    if data.count(_HEAD_END) <= _MAX_PARSED:
+        return data
+    end = -1
+    for _ in range(_MAX_PARSED):
+        end = data.find(_HEAD_END, end + 1)
+    callbacks.unfed = data[end + 4:]
+    return data[:end + 4]
 
 
 def _release(message: _Message | None, request: Request | None) -> None:

@@ -1,0 +1,267 @@
+"""Resources an unauthenticated client can make tinyhal-serve hold, probed as an attacker
+would: pipelining floods that never read, connections reset at every phase of a request,
+half-closed sockets, keep-alive connections idle at the connection cap, accept storms,
+and requests failing in every way the memory budget sees. Each probe reads what the
+server holds from inside it (RSS from /proc, the budget's held bytes and the event loop's
+longest stall from /metrics), never from a client's clock. One server for the file; every
+wait is bounded."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+from serve_helpers import HealthWatch, ServerProcess, sample_server, saxpy_binary_request
+
+pytestmark = pytest.mark.timeout(180)
+
+MB = 1 << 20
+HEALTH = b"GET /v2/health/live HTTP/1.1\r\n\r\n"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with sample_server(tmp_path_factory.mktemp("probes_hostile"), ("saxpy",),
+                       "--max-connections", "300", "--send-timeout", "2",
+                       "--request-body-timeout", "2", "--request-head-timeout", "3",
+                       "--client-memory-limit", "96M") as server:
+        yield server
+
+
+def _metric(server: ServerProcess, name: str) -> float:
+    return server.metrics()[(name, ())]
+
+
+def _held(server: ServerProcess) -> float:
+    return _metric(server, "tinyhal_client_memory_held_bytes")
+
+
+def _lag(server: ServerProcess) -> float:
+    return _metric(server, "tinyhal_event_loop_lag_max_seconds")
+
+
+def _wait_for(condition, timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _connect(server: ServerProcess, receive_buffer: int | None = None) -> socket.socket:
+    sock = socket.socket()
+    if receive_buffer:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.settimeout(30)
+    sock.connect(("127.0.0.1", server.port))
+    return sock
+
+
+def _reset(sock: socket.socket) -> None:
+    """Closes with a reset (RST) rather than a FIN."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def _read_answers(sock: socket.socket, count: int) -> list[int]:
+    """The statuses of the next `count` answers on `sock` (Content-Length framed)."""
+    statuses, buffer = [], b""
+    while len(statuses) < count:
+        end = buffer.find(b"\r\n\r\n")
+        if end < 0:
+            chunk = sock.recv(1 << 20)
+            assert chunk, f"closed after {len(statuses)} of {count} answers"
+            buffer += chunk
+            continue
+        head = buffer[:end].decode("latin-1").lower()
+        length = int(head.split("content-length: ", 1)[1].split("\r", 1)[0])
+        while len(buffer) < end + 4 + length:
+            chunk = sock.recv(1 << 20)
+            assert chunk, f"closed inside answer {len(statuses) + 1} of {count}"
+            buffer += chunk
+        statuses.append(int(head.split(" ", 2)[1]))
+        buffer = buffer[end + 4 + length:]
+    return statuses
+
+
+def _large_saxpy() -> bytes:
+    """A saxpy request of 1 Mi elements (8 MiB of binary inputs, a JSON answer of ~10 MB)."""
+    n = 1 << 20
+    body, header_length = saxpy_binary_request(
+        np.linspace(0.001, 1.0, n, dtype=np.float32).tobytes(), n)
+    return (f"POST /v2/models/saxpy/infer HTTP/1.1\r\nContent-Length: {len(body)}\r\n"
+            f"Inference-Header-Content-Length: {header_length}\r\n\r\n").encode() + body
+
+
+_SMALL_INFER = json.dumps({"inputs": [
+    {"name": "alpha", "datatype": "FP32", "shape": [1], "data": [2.0]},
+    {"name": "x", "datatype": "FP32", "shape": [3], "data": [1.0, 2.0, 3.0]},
+    {"name": "y", "datatype": "FP32", "shape": [3], "data": [1.0, 1.0, 1.0]}]}).encode()
+
+
+def test_thousands_of_pipelined_requests_in_one_segment_are_answered_in_order(server):
+    """Tiny requests, infer bodies (some chunked, some over 4 KiB) and heads cut at odd
+    places all in one stream: every one answered, in order, with its own status."""
+    infer = (b"POST /v2/models/saxpy/infer HTTP/1.1\r\nContent-Length: %d\r\n\r\n%b"
+             % (len(_SMALL_INFER), _SMALL_INFER))
+    chunked = (b"POST /v2/models/saxpy/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"%x\r\n%b\r\n0\r\n\r\n" % (len(_SMALL_INFER), _SMALL_INFER))
+    padded = b"GET /v2/health/live HTTP/1.1\r\nX-Pad: " + b"p" * 5000 + b"\r\n\r\n"
+    missing = b"GET /v2/models/nothing_here HTTP/1.1\r\n\r\n"
+    pattern = [HEALTH] * 40 + [infer, chunked, padded, missing]
+    expected = [200] * 40 + [200, 200, 200, 404]
+    stream = b"".join(pattern * 50)
+    with _connect(server) as sock:
+        sock.sendall(stream)
+        assert _read_answers(sock, len(expected) * 50) == expected * 50
+
+
+def test_non_reading_pipelining_clients_hold_a_few_requests_each(server):
+    """100 clients each pipeline 8,192 requests in 256 KiB and read nothing: a connection
+    parses a slice of what it read at a time, so it holds tens of KiB (not thousands of
+    parsed requests), the loop never stalls on a flood, health is served throughout and
+    the memory goes back once they leave."""
+    flood = HEALTH * ((256 << 10) // len(HEALTH))
+    baseline = server.settled_rss()
+    lag_before = _lag(server)
+    watch = HealthWatch(server, timeout=20, pause=0.05)
+    socks = []
+    try:
+        for _ in range(100):
+            sock = _connect(server, receive_buffer=4096)
+            sock.setblocking(False)
+            try:
+                sock.send(flood)
+            except BlockingIOError:
+                pass
+            socks.append(sock)
+        time.sleep(2)
+        held = server.rss() - baseline
+        lag = _lag(server)
+    finally:
+        for sock in socks:
+            sock.close()
+    watch.stop()
+    after = server.settled_rss(2.0) - baseline
+    # unbounded, each connection held ~2,000 parsed requests of ~250 bytes: +50 MB
+    # while they held on, never given back, and a loop stalled for hundreds of ms
+    assert held < 24 * MB, f"{held >> 20} MB held for 100 pipelining clients"
+    assert after < 16 * MB, f"{after >> 20} MB kept after they left"
+    assert lag == lag_before or lag < 0.05, f"the loop stalled {lag * 1e3:.0f} ms"
+
+
+def test_resets_at_every_phase_leave_nothing_held(server):
+    """Connections reset mid-head, mid-body (a large declared body is charged when its
+    head is read), while their request runs and mid-answer: the budget is back at zero
+    and the memory back within 16 MB of where it was."""
+    request = _large_saxpy()
+    head_end = request.index(b"\r\n\r\n") + 4
+    baseline = server.settled_rss()
+    for phase in ("head", "body", "executing", "answer"):
+        for _ in range(8):
+            sock = _connect(server)
+            if phase == "head":
+                sock.sendall(request[:head_end // 2])
+            elif phase == "body":
+                sock.sendall(request[:head_end + (len(request) - head_end) // 2])
+            else:
+                sock.sendall(request)
+                if phase == "answer":
+                    sock.recv(65536)
+            time.sleep(0.02)
+            _reset(sock)
+        _wait_for(lambda: _held(server) == 0, what=f"bytes held after resets ({phase})")
+    assert server.status_bytes("VmRSS") - baseline < 16 * MB or \
+        server.settled_rss(2.0) - baseline < 16 * MB
+    assert server.request("GET", "/v2/health/live")[0] == 200
+
+
+def test_half_closed_clients_get_their_answers(server):
+    """A client that shuts its sending side down after its request (as `nc -N` does)
+    still reads the answer, small or large."""
+    for request in (HEALTH, _large_saxpy()):
+        with _connect(server) as sock:
+            sock.sendall(request)
+            sock.shutdown(socket.SHUT_WR)
+            assert _read_answers(sock, 1) == [200]
+
+
+def test_idle_connections_at_the_cap_and_an_accept_storm_leave_clients_served(server):
+    """300 keep-alive connections idle at --max-connections, then connections opened and
+    reset as fast as one client can for two seconds: new clients are served all along
+    (the oldest idle connection makes way) and nothing is left held."""
+    idle = [_connect(server) for _ in range(300)]
+    try:
+        time.sleep(0.3)
+        for _ in range(5):
+            assert server.request("GET", "/v2/health/live", timeout=20)[0] == 200
+        watch = HealthWatch(server, timeout=20, pause=0.05)
+        stormed, deadline = 0, time.monotonic() + 2
+        while time.monotonic() < deadline:
+            sock = socket.socket()
+            sock.connect(("127.0.0.1", server.port))
+            _reset(sock)
+            stormed += 1
+        watch.stop()
+    finally:
+        for sock in idle:
+            sock.close()
+    assert stormed > 100
+    assert _held(server) == 0
+
+
+def test_every_failing_request_gives_its_charge_back(server):
+    """Requests that fail in each way the budget sees, many times over: 413 declared or
+    received over the limit, 503 beyond the budget, 400 for bad JSON, a shape the model
+    refuses and a malformed gzip body (all over 64 KiB, so charged), 415 for an unknown
+    coding, 408 for a stalled body. Afterwards nothing is held."""
+    refused_before = _metric(server, "tinyhal_client_memory_refused_total")
+    big_json = b'{"inputs": [' + b" " * (200 << 10) + b"}"
+    rows = ",".join(["0.5"] * 40000).encode()
+    bad_shape = (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [7, 7], '
+                 b'"data": [' + rows + b"]}]}")
+    bad_gzip = gzip.compress(b'{"inputs": []}' + b" " * (4 << 20))[:-9]
+
+    def post(body: bytes, extra: str = "") -> bytes:
+        return (f"POST /v2/models/saxpy/infer HTTP/1.1\r\nContent-Length: {len(body)}\r\n"
+                f"{extra}\r\n").encode() + body
+
+    cases = [
+        ((b"POST /v2/models/saxpy/infer HTTP/1.1\r\nContent-Length: %d\r\n\r\n"
+          % ((64 << 20) + 1)) + b"x" * 1000, 413),
+        ((b"POST /v2/models/saxpy/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+          b"4000001\r\n" + b"x" * (5 << 20)), 413),
+        (post(big_json), 400),
+        (post(bad_shape), 400),
+        (post(bad_gzip, "Content-Encoding: gzip\r\n"), 400),
+        (post(b"x" * (100 << 10), "Content-Encoding: br\r\n"), 415),
+    ]
+    for data, status in cases:
+        for _ in range(5):
+            with _connect(server) as sock:
+                try:
+                    sock.sendall(data)
+                except OSError:
+                    pass
+                answer = sock.recv(65536)
+            assert answer.split(b" ", 2)[1] == str(status).encode(), (status, answer[:300])
+    # two uploads declaring 40 MB stall (charged when their heads are read): a third
+    # is beyond the budget (503); the stalled ones get 408
+    declaring = b"POST /v2/models/saxpy/infer HTTP/1.1\r\nContent-Length: 40000000\r\n\r\n"
+    stalled = [_connect(server) for _ in range(2)]
+    for sock in stalled:
+        sock.sendall(declaring + b"x" * (1 << 20))
+    _wait_for(lambda: _held(server) >= 80e6, what="the stalled uploads to be charged")
+    for _ in range(5):
+        with _connect(server) as sock:
+            sock.sendall(declaring + b"x" * 1000)
+            assert sock.recv(65536).split(b" ", 2)[1] == b"503"
+    for sock in stalled:
+        assert sock.recv(65536).split(b" ", 2)[1] == b"408"
+        sock.close()
+    _wait_for(lambda: _held(server) == 0, what="every charge to be given back")
+    assert _metric(server, "tinyhal_client_memory_refused_total") >= refused_before + 5
