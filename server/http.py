@@ -47,15 +47,17 @@ __all__ = ["DirectReply", "HttpServer", "Request", "Response", "client_gone_prob
 
 _READ_SIZE = 64 << 10
 _MAX_HEAD_BYTES = 64 << 10
-# requests parsed at most at once: a read of 64 KiB of tiny pipelined requests is
-# thousands of them (~8 bytes of objects per byte sent, milliseconds of the loop) made
-# before the first is answered. A read that holds more head ends than this is fed up to
-# the last one allowed; the rest waits, as bytes, until the requests before it were
-# answered (a read over `_COUNTED_BYTES` is searched for head ends unless it all belongs
-# to the body in progress)
-_MAX_PARSED = 32
-_COUNTED_BYTES = 4 << 10
-_HEAD_END = b"\r\n\r\n"
+# What one turn of a connection parses is bounded: the parser's work, in Python
+# callbacks, is about one call per line (a request line, a header, a chunk's size line),
+# so a read of 64 KiB of tiny pipelined requests or 1-byte chunks was thousands of calls
+# (milliseconds of the loop in one step; for requests, ~8 bytes of objects per byte sent,
+# all made before the first is answered). A read is fed at most `_HEAD_SLICE_BYTES` at a
+# time where heads are parsed, and at most `_MAX_LINES` lines at a time of a chunked
+# body; the body of a declared length is fed at once up to its end (it costs one call).
+# The rest waits, as bytes, for the connection's next turn (after the requests parsed
+# before it were answered).
+_HEAD_SLICE_BYTES = 2 << 10
+_MAX_LINES = 256
 # chunks of one chunked body at most (Triton's bound): llhttp calls back per chunk
 _MAX_CHUNKS = 65536
 # pieces of a small body kept apart at most: beyond, they are joined into one bytearray
@@ -177,7 +179,7 @@ ErrorResponder = Callable[[int, str], Response]
 
 class _Message:
     __slots__ = ("method", "target", "headers", "body", "size", "too_large", "keep_alive",
-                 "arrived", "head_done", "read_on", "buffer", "held", "refused")
+                 "arrived", "head_done", "read_on", "buffer", "held", "refused", "declared")
 
     def __init__(self) -> None:
         self.method = ""
@@ -194,6 +196,7 @@ class _Message:
         self.keep_alive = True
         self.arrived = 0.0
         self.head_done = False
+        self.declared = -1  # its Content-Length, once its head is read (-1: none, chunked)
         self.read_on = False  # the rest of its body was read without waiting once
 
 
@@ -228,7 +231,7 @@ class _Callbacks:
         self.last_headers: dict[str, str] = {}
         self.says_connection = False  # whether the last head has a Connection header
         self.received = 0.0  # trio clock: when the bytes being parsed were read
-        # bytes read but not parsed yet (see `_MAX_PARSED`): fed before reading more
+        # bytes read but not parsed yet (see `_MAX_LINES`): fed before reading more
         self.unfed: bytes | None = None
 
     def on_message_begin(self) -> None:
@@ -275,14 +278,14 @@ class _Callbacks:
         message.arrived = self.received
         message.head_done = True
         length = message.headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.max_body:
+        declared = message.declared = int(length) if length.isdigit() else -1
+        if declared > self.max_body:
             message.too_large = True  # answered 413 at once, before any body is read
             return
-        if length.isdigit() and int(length) > SMALL_BYTES and self.budget is not None:
-            size = int(length)
-            if not self._charge(message, size):
+        if declared > SMALL_BYTES and self.budget is not None:
+            if not self._charge(message, declared):
                 return
-            message.buffer = bytearray(size)
+            message.buffer = bytearray(declared)
         if message.headers.get("expect", "").lower() == "100-continue" and \
                 self.parser.get_http_version() != "1.0":  # RFC 9110 10.1.1: 1.0 ignores it
             self.expect_continue = True
@@ -644,6 +647,8 @@ class HttpServer:
         current = callbacks.current
         if callbacks.unfed is not None:
             data, callbacks.unfed = callbacks.unfed, None
+            if current is None or current.declared < 0 or not current.head_done:
+                await trio.lowlevel.checkpoint()  # the other connections' turn first
         elif current is None:  # idle between requests: the idle sweep or drain closes it
             fd = callbacks.fd
             data = _read_now(fd)
@@ -685,9 +690,8 @@ class HttpServer:
             callbacks.received = self._now()
         if not data:
             return False
-        if len(data) > _COUNTED_BYTES and (current is None or current.buffer is None or
-                                           len(current.buffer) - current.size < len(data)):
-            data = _feed_first(data, callbacks)
+        if len(data) > _HEAD_SLICE_BYTES:
+            data = _feed_first(data, current, callbacks)
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -822,16 +826,24 @@ async def _linger(stream: trio.SocketStream) -> None:
         pass
 
 
-def _feed_first(data: bytes, callbacks: _Callbacks) -> bytes:
-    """What of `data` to parse now: all of it, or, when it holds more than `_MAX_PARSED`
-    head ends, up to the last of those (the rest kept in `callbacks.unfed`)."""
-    if data.count(_HEAD_END) <= _MAX_PARSED:
+def _feed_first(data: bytes, current: _Message | None, callbacks: _Callbacks) -> bytes:
+    """What of `data` to parse in this turn (see `_HEAD_SLICE_BYTES`); the rest is kept
+    in `callbacks.unfed`."""
+    if current is None or not current.head_done:
+        end = _HEAD_SLICE_BYTES
+    elif current.declared >= 0:
+        end = current.declared - current.size  # the rest of its body
+        if end >= len(data):
+            return data
+    elif data.count(b"\r\n") <= _MAX_LINES:  # a chunked body
         return data
-    end = -1
-    for _ in range(_MAX_PARSED):
-        end = data.find(_HEAD_END, end + 1)
-    callbacks.unfed = data[end + 4:]
-    return data[:end + 4]
+    else:
+        end = -1
+        for _ in range(_MAX_LINES):
+            end = data.find(b"\r\n", end + 1)
+        end += 2
+    callbacks.unfed = data[end:]
+    return data[:end]
 
 
 def _release(message: _Message | None, request: Request | None) -> None:
