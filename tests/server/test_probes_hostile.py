@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import socket
 import struct
 import threading
@@ -17,7 +18,13 @@ import time
 
 import numpy as np
 import pytest
-from serve_helpers import HealthWatch, ServerProcess, sample_server, saxpy_binary_request
+from serve_helpers import (
+    SAMPLES,
+    HealthWatch,
+    ServerProcess,
+    sample_server,
+    saxpy_binary_request,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -291,3 +298,65 @@ def test_every_failing_request_gives_its_charge_back(server):
         sock.close()
     _wait_for(lambda: _held(server) == 0, what="every charge to be given back")
     assert _metric(server, "tinyhal_client_memory_refused_total") >= refused_before + 5
+
+
+def test_evicting_non_reading_clients_gives_their_answers_memory_back(tmp_path):
+    """Eight clients that read nothing of their 10 MB answers, at --max-connections 9
+    (the send timeout is long): once the cap is reached, each new connection evicts
+    one, oldest first, and what the evicted held goes back to the budget at once, not
+    after the send timeout."""
+    with sample_server(tmp_path, ("saxpy",), "--max-connections", "9",
+                       "--send-timeout", "60") as server:
+        request = _large_saxpy()
+        stuck = [_connect(server, receive_buffer=4096) for _ in range(8)]
+        try:
+            for sock in stuck:
+                sock.sendall(request)
+            held = [0.0]
+
+            def settled() -> bool:  # every answer made and stuck: the figure stops moving
+                held.append(_held(server))
+                return held[-1] == held[-2] == held[-3] > 8 * 8 * MB
+
+            _wait_for(settled, what="the answers to be held")
+            newcomers = [_connect(server) for _ in range(9)]
+            _wait_for(lambda: _held(server) == 0, timeout=10, what="evicted answers' bytes")
+            for sock in newcomers:
+                sock.close()
+            assert server.request("GET", "/v2/health/live", timeout=20)[0] == 200
+        finally:
+            for sock in stuck:
+                sock.close()
+
+
+def test_pipelining_floods_at_the_descriptor_limit_leave_clients_served(tmp_path):
+    """At a limit of 128 open files, 200 clients pipelining floods they never read:
+    new clients are served (the oldest stuck connections make way) and nothing stays
+    held once the floods end."""
+    for sample in ("saxpy",):
+        shutil.copytree(SAMPLES / sample, tmp_path / sample)
+    server = ServerProcess("--model-repository", str(tmp_path), "--send-timeout", "3",
+                           open_files=128).start()
+    flood = HEALTH * 8192
+    socks = []
+    try:
+        for _ in range(200):
+            sock = _connect(server, receive_buffer=4096)
+            sock.setblocking(False)
+            try:
+                sock.send(flood)
+            except OSError:
+                pass
+            socks.append(sock)
+        for _ in range(10):
+            assert server.request("GET", "/v2/health/live", timeout=20)[0] == 200
+            status, _, _ = server.request("POST", "/v2/models/saxpy/infer", _SMALL_INFER,
+                                          timeout=20)
+            assert status == 200
+    finally:
+        for sock in socks:
+            sock.close()
+    try:
+        _wait_for(lambda: _held(server) == 0, what="the floods' bytes")
+    finally:
+        server.stop()
