@@ -16,7 +16,16 @@ models (figures read from /proc inside the server process, never a client's cloc
   answer (16 MiB binary bodies) under `--client-memory-limit 160M --send-timeout 2`; RSS
   while they hold on and after the send timeout dropped them.
 
-    python bench/serve_budgets.py [--only metrics,inflated,stalled,nonreading]
+- pipelined: 500 clients with a 4 KiB receive window each pipelining 256 KiB of
+  `GET /v2/health/live` (8,192 requests) and reading nothing, two rounds: RSS while they
+  hold on and after they closed, and the event loop's longest stall (its lag metric).
+- hotpath: CPU time of the event-loop thread per request, 10,000 requests one after
+  another on one keep-alive connection, for a small JSON `saxpy` request (under 4 KiB)
+  and a 16 KiB binary one (over 4 KiB: its head is parsed apart from the rest of the
+  read); run it with two interpreters for an A/B of a change on the read path.
+
+    python bench/serve_budgets.py [--only metrics,inflated,stalled,nonreading,pipelined,
+                                          hotpath]
 
 Writes bench/results/serve_budgets.json and prints one line per figure.
 """
@@ -225,8 +234,91 @@ def nonreading(tmp: Path) -> list[dict]:
         server.stop()
 
 
+def _lag_max(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("tinyhal_event_loop_lag_max_seconds "):
+                return float(line.split()[1])
+    raise RuntimeError("no tinyhal_event_loop_lag_max_seconds")
+
+
+def pipelined(tmp: Path) -> list[dict]:
+    shutil.copytree(SAMPLES / "saxpy", tmp / "saxpy")
+    server = _serve(tmp, "saxpy", "--send-timeout", "5")
+    pid = server.proc.pid
+    flood = b"GET /v2/health/live HTTP/1.1\r\n\r\n" * ((256 << 10) // 32)
+    rows = []
+    try:
+        time.sleep(1)
+        baseline = _status(pid, "VmRSS")
+        for round_ in range(2):
+            socks = []
+            try:
+                for _ in range(500):
+                    sock = socket.socket()
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                    sock.connect(("127.0.0.1", server.port))
+                    sock.setblocking(False)
+                    try:
+                        sock.send(flood)
+                    except BlockingIOError:
+                        pass
+                    socks.append(sock)
+                time.sleep(3)
+                held = _status(pid, "VmRSS")
+            finally:
+                for sock in socks:
+                    sock.close()
+            time.sleep(2)
+            rows.append({"scenario": f"500 non-reading clients pipelining 8,192 requests, "
+                                     f"round {round_ + 1}",
+                         "rss_while_held_mb": (held - baseline) / MB,
+                         "rss_after_close_mb": (_status(pid, "VmRSS") - baseline) / MB,
+                         "loop_lag_max_ms": _lag_max(server.port) * 1e3})
+        return rows
+    finally:
+        server.stop()
+
+
+def hotpath(tmp: Path) -> list[dict]:
+    shutil.copytree(SAMPLES / "saxpy", tmp / "saxpy")
+    server = _serve(tmp, "saxpy")
+    n = 2048
+    x = np.linspace(0.001, 1.0, n, dtype=np.float32).tobytes()
+    header = json.dumps({"inputs": [
+        {"name": "alpha", "datatype": "FP32", "shape": [1],
+         "parameters": {"binary_data_size": 4}},
+        {"name": "x", "datatype": "FP32", "shape": [n], "parameters": {"binary_data_size": 4 * n}},
+        {"name": "y", "datatype": "FP32", "shape": [n], "parameters": {"binary_data_size": 4 * n}}],
+        "outputs": [{"name": "z", "parameters": {"binary_data": True}}]}).encode()
+    binary = header + np.float32(1.5).tobytes() + x + x
+    kinds = {"small JSON": (_SAXPY, ""),
+             "16 KiB binary": (binary, f"Inference-Header-Content-Length: {len(header)}\r\n")}
+    rows = []
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+            for kind, (body, extra) in kinds.items():
+                request = (f"POST /v2/models/saxpy/infer HTTP/1.1\r\nHost: x\r\n"
+                           f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body
+                count = 10000
+                before = cpu_seconds(server.proc.pid, server.proc.pid)
+                for _ in range(count):
+                    sock.sendall(request)
+                    answer = sock.recv(1 << 20)
+                    length = int(answer.split(b"content-length: ", 1)[1].split(b"\r", 1)[0])
+                    while len(answer) - answer.index(b"\r\n\r\n") - 4 < length:
+                        answer += sock.recv(1 << 20)
+                    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+                loop = cpu_seconds(server.proc.pid, server.proc.pid) - before
+                rows.append({"scenario": f"{kind} request, one keep-alive connection",
+                             "requests": count, "loop_cpu_us_per_request": loop / count * 1e6})
+        return rows
+    finally:
+        server.stop()
+
+
 SCENARIOS = {"metrics": metrics, "inflated": inflated, "stalled": stalled,
-             "nonreading": nonreading}
+             "nonreading": nonreading, "pipelined": pipelined, "hotpath": hotpath}
 
 
 def main() -> None:

@@ -25,7 +25,9 @@ Meanwhile one chaos thread, in a seeded random order, again and again:
   place, polled (its version keeps serving), restored;
 - `add_remove`: a good model added, served once, removed;
 - `signal`: SIGHUP, SIGUSR1 or SIGUSR2 with requests in flight;
-- `hostile`: a gzip bomb, a 1 MB header, 200 slowloris sockets, malformed JSON, 65 dims.
+- `hostile`: a gzip bomb, a 1 MB header, 200 slowloris sockets, malformed JSON, 65 dims,
+  50 sockets with a 4 KiB receive window pipelining 8,192 requests each and reading
+  nothing, or 20 chunked bodies of 60,000 one-byte chunks sent at once (400 expected).
 
 A steady request *fails* when it gets anything but 200, 503 (refused, not admitted) or 504
 (the documented answer of a request the drain or a timeout gave up on), a wrong answer or a
@@ -438,7 +440,7 @@ class Chaos:
 
     def hostile(self) -> None:
         kind = self.rng.choice(["gzip_bomb", "huge_header", "slowloris", "bad_json",
-                                "65_dims"])
+                                "65_dims", "pipelining_flood", "tiny_chunks"])
         self.done[f"hostile {kind}"] += 1
         path = "/v2/models/mlp_classifier/infer"
         if kind == "gzip_bomb":
@@ -464,6 +466,42 @@ class Chaos:
                     socks.append(s)
                     s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
                 time.sleep(0.5)
+            finally:
+                for s in socks:
+                    s.close()
+        elif kind == "pipelining_flood":
+            flood = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n" * 8192
+            socks = []
+            try:
+                for _ in range(50):
+                    s = socket.socket()
+                    socks.append(s)
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                    s.settimeout(10)
+                    s.connect(("127.0.0.1", self.server.port))
+                    s.setblocking(False)
+                    try:
+                        s.send(flood)
+                    except BlockingIOError:
+                        pass
+                time.sleep(1.0)
+            finally:
+                for s in socks:
+                    s.close()
+        elif kind == "tiny_chunks":
+            body = (f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                    f"\r\n").encode() + b"1\r\n \r\n" * 60000 + b"0\r\n\r\n"
+            socks = [socket.create_connection(("127.0.0.1", self.server.port), timeout=30)
+                     for _ in range(20)]
+            try:
+                senders = [threading.Thread(target=s.sendall, args=(body,)) for s in socks]
+                for sender in senders:
+                    sender.start()
+                for sender in senders:
+                    sender.join(timeout=60)
+                for s in socks:
+                    answer = s.recv(4096)
+                    self.expect(kind, int(answer.split(b" ")[1]) if answer else -1, {400})
             finally:
                 for s in socks:
                     s.close()
