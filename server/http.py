@@ -386,7 +386,8 @@ class _Callbacks:
 class HttpServer:
     """Serves `handler` on trio listeners until `drain()`.
 
-    Work before a request reaches the handler is bounded: the head must arrive within
+    Work before a request reaches the handler is bounded: a connection's turn parses a
+    bounded part of what it read (see `_HEAD_SLICE_BYTES`), the head must arrive within
     `head_timeout` of its first byte and at most 64 KiB of it (431 beyond, counted while
     it arrives), a body may pause at most `body_timeout` (408 for either), a declared or
     received body over `max_body` is 413 at once (`Expect: 100-continue` included), a
