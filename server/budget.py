@@ -1,8 +1,10 @@
 """The memory budget of `tinyhal-serve`: bytes held on behalf of clients.
 
 Everything a client can make the server hold while a request is in progress is charged to
-one `MemoryBudget` before the bytes are taken: a request body being read (its declared
-Content-Length, or each piece of a chunked body as it arrives), an inflated body (each
+one `MemoryBudget` before the bytes are taken: a request body being read (each piece as
+it arrives past the first 64 KiB; a declared length the budget could not take now is
+refused before the client sends the body, but not charged: a head alone holds nothing,
+so heads declaring 60 MB each can pin neither memory nor the budget), an inflated body (each
 megabyte before it is inflated), the arrays parsed from JSON tensor data (their declared
 bytes, before they are made) and an answer until its client has read it (charged once it
 is encoded, before it is handed to the connection: one answer per model instance is
@@ -73,15 +75,25 @@ class MemoryBudget:
         """A new, empty group of charges (one request's)."""
         return Hold(self)
 
+    def check(self, nbytes: int, what: str) -> None:
+        """Raises BudgetExceeded (counted as refused) when `nbytes` more would not fit
+        now; charges nothing (bytes announced, not taken yet: a request body's declared
+        length, refused before the client sends it)."""
+        if self.held + nbytes > self.limit:
+            with self._lock:
+                self._refuse(nbytes, what)
+
+    def _refuse(self, nbytes: int, what: str) -> None:
+        self.refused += 1
+        raise BudgetExceeded(
+            f"server memory for client data is exhausted: {what} needs {nbytes} bytes, "
+            f"{self.held} of {self.limit} are held ({self.flag}); retry later")
+
     def _take(self, nbytes: int, what: str) -> None:
         with self._lock:
             held = self.held + nbytes
             if held > self.limit:
-                self.refused += 1
-                raise BudgetExceeded(
-                    f"server memory for client data is exhausted: {what} needs {nbytes} "
-                    f"bytes, {self.held} of {self.limit} are held ({self.flag}); retry "
-                    f"later")
+                self._refuse(nbytes, what)
             self.held = held
             if held > self.peak:
                 self.peak = held

@@ -188,8 +188,8 @@ class _Message:
         self.body: list[bytes] = []
         self.size = 0
         self.too_large = False
-        # a large declared body is read into one buffer of its size (charged to the
-        # budget by `held` before it is made): no pieces to join, one block to free
+        # a large body is read into one buffer grown as it arrives (charged to the
+        # budget by `held` before each piece is added): no pieces to join, one block
         self.buffer: bytearray | None = None
         self.held: Hold | None = None
         self.refused = ""  # why the memory budget refused its body (answered 503)
@@ -283,9 +283,13 @@ class _Callbacks:
             message.too_large = True  # answered 413 at once, before any body is read
             return
         if declared > SMALL_BYTES and self.budget is not None:
-            if not self._charge(message, declared):
+            # refused at once when the budget could not take it now (before the client
+            # sends it); charged as it arrives (see `on_body`)
+            try:
+                self.budget.check(declared - SMALL_BYTES, "the request body")
+            except BudgetExceeded as exc:
+                message.refused = str(exc)
                 return
-            message.buffer = bytearray(declared)
         if message.headers.get("expect", "").lower() == "100-continue" and \
                 self.parser.get_http_version() != "1.0":  # RFC 9110 10.1.1: 1.0 ignores it
             self.expect_continue = True
@@ -314,11 +318,11 @@ class _Callbacks:
             message.too_large = True
             message.body.clear()
             message.buffer = None
-        elif message.buffer is not None and len(message.buffer) >= end:
-            message.buffer[start:end] = body  # into the buffer of its declared length
         elif end > SMALL_BYTES and self.budget is not None:
-            # a chunked body beyond what every connection may hold: charged as it grows,
-            # grown in place (no pieces to join)
+            # a body beyond what every connection may hold: charged as it arrives (a
+            # head declaring 60 MB holds nothing until the bytes come), grown in place
+            # (one block: no pieces to join, unmapped when freed; glibc grows a mapped
+            # block by remapping it, without a copy)
             if not self._charge(message, end - max(start, SMALL_BYTES)):
                 return
             if message.buffer is None:

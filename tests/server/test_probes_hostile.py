@@ -213,6 +213,28 @@ def test_resets_at_every_phase_leave_nothing_held(server):
     assert server.request("GET", "/v2/health/live")[0] == 200
 
 
+def test_heads_declaring_large_bodies_hold_nothing_until_the_bytes_come(server):
+    """Twelve heads declaring 60 MB bodies (with Expect: 100-continue) and sending none:
+    only bytes that arrive are charged and allocated, so they hold neither memory nor
+    the budget (on the base commit: +480 MB of RSS and the budget, for the whole body
+    timeout), and a large request is served meanwhile."""
+    baseline = server.settled_rss()
+    heads = [_connect(server) for _ in range(12)]
+    try:
+        for sock in heads:
+            sock.sendall(b"POST /v2/models/saxpy/infer HTTP/1.1\r\nContent-Length: %d\r\n"
+                         b"Expect: 100-continue\r\n\r\n" % (60 * MB))
+        assert all(sock.recv(100).startswith(b"HTTP/1.1 100 Continue") for sock in heads)
+        assert _held(server) == 0
+        assert server.rss() - baseline < 16 * MB
+        with _connect(server) as sock:
+            sock.sendall(_large_saxpy())
+            assert _read_answers(sock, 1) == [200]
+    finally:
+        for sock in heads:
+            sock.close()
+
+
 def test_half_closed_clients_get_their_answers(server):
     """A client that shuts its sending side down after its request (as `nc -N` does)
     still reads the answer, small or large."""
@@ -282,13 +304,14 @@ def test_every_failing_request_gives_its_charge_back(server):
                     pass
                 answer = sock.recv(65536)
             assert answer.split(b" ", 2)[1] == str(status).encode(), (status, answer[:300])
-    # two uploads declaring 40 MB stall (charged when their heads are read): a third
-    # is beyond the budget (503); the stalled ones get 408
-    declaring = b"POST /v2/models/saxpy/infer HTTP/1.1\r\nContent-Length: 40000000\r\n\r\n"
+    # two uploads declaring 48 MB stall after 40 MB (charged as they arrive): a third
+    # declaring as much is beyond what the budget has left (503 at once); the stalled
+    # ones get 408
+    declaring = b"POST /v2/models/saxpy/infer HTTP/1.1\r\nContent-Length: 48000000\r\n\r\n"
     stalled = [_connect(server) for _ in range(2)]
     for sock in stalled:
-        sock.sendall(declaring + b"x" * (1 << 20))
-    _wait_for(lambda: _held(server) >= 80e6, what="the stalled uploads to be charged")
+        sock.sendall(declaring + b"x" * 40_000_000)
+    _wait_for(lambda: _held(server) >= 79e6, what="the stalled uploads to be charged")
     for _ in range(5):
         with _connect(server) as sock:
             sock.sendall(declaring + b"x" * 1000)
