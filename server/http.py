@@ -571,12 +571,6 @@ class HttpServer:
                     if unsent and not await self._send_rest(unsent, callbacks.fd, scope,
                                                             request):
                         break
-                    if direct is None or direct.sent is None:
-                        # the loop answered: the client sends its next request only now,
-                        # so the tasks already ready run first (other connections, the
-                        # batch that takes what this pass read) and the next read here
-                        # usually finds the request instead of waiting on epoll for it
-                        await trio.lowlevel.cancel_shielded_checkpoint()
                     if self.access_log:
                         self._log_access(stream, message, request, response, direct)
                     if request.held is not None:
@@ -584,6 +578,19 @@ class HttpServer:
                         _release(message, request)
                     if not keep_alive:
                         break
+                    if direct is None or direct.sent is None:
+                        # the loop answered: the client sends its next request only now,
+                        # so the tasks already ready run first (other connections, the
+                        # batch that takes what this pass read) and the next read here
+                        # usually finds the request instead of waiting on epoll for it.
+                        # Its request answered, the connection may be evicted meanwhile
+                        # (a client pipelining and reading as slowly as it may would
+                        # otherwise look busy whenever the cap is reached)
+                        self._waiting[scope] = None
+                        try:
+                            await trio.lowlevel.checkpoint()
+                        finally:
+                            self._waiting.pop(scope, None)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
             pass
         except Exception:  # a bug of ours must cost one connection, never the server
