@@ -58,13 +58,16 @@ _MAX_HEAD_BYTES = 64 << 10
 # before it were answered).
 _HEAD_SLICE_BYTES = 2 << 10
 _MAX_LINES = 256
-# A head arrives in one segment or a few; one that keeps coming a byte at a time costs
-# the loop a wake-up, a read and a timer per byte (200 clients dripping bytes took 43% of
-# it). Past `_HEAD_WAITS` waits for more of one head, each further read comes after a
-# pause, doubling from 50 ms up to 0.5 s, and takes whatever arrived meanwhile (a head
-# sent that slowly costs a dozen reads within the head timeout, not thousands).
-_HEAD_WAITS = 4
-_HEAD_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.5)
+# A request arrives in segments of hundreds of bytes or more; one that keeps coming a
+# byte at a time costs the loop a wake-up, a read and a timer per byte (200 clients
+# dripping their heads took a third of it). Past `_SLOW_READS` waits in a row for more of
+# one request that each brought less than `_SMALL_READ` bytes, each further read comes
+# after a pause, doubling from 50 ms up to 0.5 s, and takes whatever arrived meanwhile
+# (a head or body sent that slowly costs a few reads a second, not one per byte); a wait
+# that brings more ends the pauses.
+_SLOW_READS = 4
+_SMALL_READ = 1024
+_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.5)
 # chunks of one chunked body at most (Triton's bound): llhttp calls back per chunk
 _MAX_CHUNKS = 65536
 # pieces of a small body kept apart at most: beyond, they are joined into one bytearray
@@ -228,7 +231,7 @@ class _Callbacks:
         self.chunk_from = -1  # where the chunk whose size line was just read starts
         self.trailer_bytes = 0  # trailer fields of the body in progress (dropped)
         self.head_raw = 0  # bytes received for the head in progress
-        self.head_waits = 0  # times the loop waited for more of it (see _HEAD_WAITS)
+        self.slow_reads = 0  # waits in a row that brought little (see _SLOW_READS)
         self.head_deadline = 0.0
         self.raw_headers: list[bytes] = []  # name, value, name, ... of the head in progress
         # the last head's raw headers, their size and their dict: a keep-alive client
@@ -246,7 +249,7 @@ class _Callbacks:
         self.current = _Message()
         self.head_bytes = 0
         self.head_raw = 0
-        self.head_waits = 0
+        self.slow_reads = 0
         self.raw_headers = []
         self.chunks = self.trailer_bytes = 0
 
@@ -699,13 +702,12 @@ class HttpServer:
                 in_head = not current.head_done
                 deadline = callbacks.head_deadline if in_head else \
                     self._now() + self.body_timeout
+                slow = callbacks.slow_reads
                 with trio.move_on_at(deadline) as timer:
-                    if in_head:
-                        callbacks.head_waits += 1
-                        if callbacks.head_waits > _HEAD_WAITS:
-                            await trio.sleep(_HEAD_PAUSES[min(
-                                callbacks.head_waits - _HEAD_WAITS, len(_HEAD_PAUSES)) - 1])
+                    if slow > _SLOW_READS:
+                        await trio.sleep(_PAUSES[min(slow - _SLOW_READS, len(_PAUSES)) - 1])
                     data = await stream.receive_some(_READ_SIZE)
+                callbacks.slow_reads = slow + 1 if len(data or b"") < _SMALL_READ else 0
                 if timer.cancelled_caught:
                     what = (f"the request head did not arrive within {self.head_timeout:g} "
                             f"s (--request-head-timeout)" if in_head else
