@@ -68,6 +68,8 @@ _MAX_LINES = 256
 _SLOW_READS = 4
 _SMALL_READ = 1024
 _PAUSES = (0.05, 0.1, 0.2, 0.4, 0.5)
+# an upload that brought nothing for this long counts as stalled (see `_relieve`)
+_STALLED = 1.0
 # chunks of one chunked body at most (Triton's bound): llhttp calls back per chunk
 _MAX_CHUNKS = 65536
 # pieces of a small body kept apart at most: beyond, they are joined into one bytearray
@@ -213,9 +215,11 @@ class _Message:
 class _Callbacks:
     """httptools' parser callbacks: collect complete messages in `done`."""
 
-    def __init__(self, max_body: int, fd: int, budget: MemoryBudget | None) -> None:
+    def __init__(self, max_body: int, fd: int, budget: MemoryBudget | None,
+                 relieve: Callable[[_Callbacks], None] | None = None) -> None:
         self.max_body = max_body
         self.budget = budget
+        self.relieve = relieve  # told when the budget refused this connection's body
         self.fd = fd  # the connection's socket
         self.parser: httptools.HttpRequestParser | None = None
         self.current: _Message | None = None
@@ -301,6 +305,8 @@ class _Callbacks:
                 self.budget.check(declared - SMALL_BYTES, "the request body")
             except BudgetExceeded as exc:
                 message.refused = str(exc)
+                if self.relieve is not None:
+                    self.relieve(self)
                 return
         if message.headers.get("expect", "").lower() == "100-continue" and \
                 self.parser.get_http_version() != "1.0":  # RFC 9110 10.1.1: 1.0 ignores it
@@ -317,6 +323,8 @@ class _Callbacks:
             message.refused = str(exc)
             message.body.clear()
             message.buffer = None
+            if self.relieve is not None:
+                self.relieve(self)
             return False
         return True
 
@@ -438,8 +446,10 @@ class HttpServer:
         self._sweeping = trio.CancelScope()
         self._open = 0
         # connections idle, still sending their request or stuck writing an answer their
-        # client does not read, oldest first (evicted at the cap)
-        self._waiting: OrderedDict[trio.CancelScope, None] = OrderedDict()
+        # client does not read, the one waiting longest first (evicted at the cap); a
+        # connection reading its request maps to its parser's callbacks (see `_relieve`)
+        self._waiting: OrderedDict[trio.CancelScope, _Callbacks | None] = OrderedDict()
+        self._relieved_logged = -1e9  # trio clock: when eviction for the budget was logged
         self._at_cap_logged = False
         # answers instance threads wrote (under the lock) and those the loop has finished
         self._direct_lock = threading.Lock()
@@ -542,6 +552,32 @@ class HttpServer:
         oldest.cancel()
         return True
 
+    def _relieve(self, refused: _Callbacks) -> None:
+        """The memory budget refused a request body (503, Retry-After): closes, of the
+        connections waiting for more of their request, the one holding body bytes that
+        has waited longest among those that stalled (nothing for `_STALLED` seconds) or
+        trickle (their last reads all small, see `_SLOW_READS`), so an upload kept just
+        short of the body timeout does not keep the budget from every client for as
+        long as it keeps going; the refused client's retry finds room. Uploads that
+        arrive at speed are left alone (they are refused, not evicted)."""
+        stalled = self._now() - _STALLED
+        for scope, callbacks in self._waiting.items():
+            if callbacks is None or callbacks is refused:
+                continue
+            message = callbacks.current
+            if message is not None and message.held is not None and message.held.nbytes \
+                    and (callbacks.received <= stalled or
+                         callbacks.slow_reads > _SLOW_READS):
+                del self._waiting[scope]  # (the iteration ends here)
+                scope.cancel()
+                now = trio.current_time()
+                if now - self._relieved_logged > 10:
+                    self._relieved_logged = now
+                    log.warning("client memory budget exhausted: closing the upload that "
+                                "waited longest for its client (%d bytes held)",
+                                message.held.nbytes)
+                return
+
     async def _refuse(self, stream: trio.SocketStream) -> None:
         with trio.move_on_after(1):
             await self._send_error(stream, 503, "too many connections; retry later")
@@ -549,7 +585,8 @@ class HttpServer:
             await stream.aclose()
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        callbacks = _Callbacks(self.max_body, stream.socket.fileno(), self.budget)
+        callbacks = _Callbacks(self.max_body, stream.socket.fileno(), self.budget,
+                               self._relieve)
         parser = callbacks.parser = httptools.HttpRequestParser(callbacks)
         _client_gone.set(_gone_probe(stream))  # this task's context: its handlers see it
         self._open += 1
@@ -559,7 +596,7 @@ class HttpServer:
             with scope:
                 while not self.draining or callbacks.done:
                     if not callbacks.done:
-                        self._waiting[scope] = None
+                        self._waiting[scope] = callbacks
                         try:
                             if not await self._receive(stream, parser, callbacks, scope):
                                 break
