@@ -411,16 +411,18 @@ class HttpServer:
     """Serves `handler` on trio listeners until `drain()`.
 
     Work before a request reaches the handler is bounded: a connection's turn parses a
-    bounded part of what it read (see `_HEAD_SLICE_BYTES`), the head must arrive within
+    bounded part of what it read (see `_HEAD_SLICE_BYTES`), a request arriving in tiny
+    pieces is read after pauses (see `_SLOW_READS`), the head must arrive within
     `head_timeout` of its first byte and at most 64 KiB of it (431 beyond, counted while
     it arrives), a body may pause at most `body_timeout` (408 for either), a declared or
     received body over `max_body` is 413 at once (`Expect: 100-continue` included), a
-    large body the memory `budget` cannot take is 503, an answer its client reads nothing
-    of for `send_timeout` is dropped with the connection, and at most `max_connections`
-    are open: at the cap a new connection closes the oldest one that is idle, still
-    sending its request or waiting for its client to read (slowloris and non-reading
-    clients go first), or is refused with 503 when every connection has a request being
-    handled. Reaching the cap is logged.
+    large body the memory `budget` cannot take is 503 (and makes a stalled or trickling
+    upload make way, see `_relieve`), an answer its client reads nothing of for
+    `send_timeout` is dropped with the connection, and at most `max_connections` are
+    open: at the cap a new connection closes the oldest one that is idle, between
+    requests, still sending its request or waiting for its client to read (slowloris and
+    non-reading clients go first), or is refused with 503 when every connection has a
+    request being handled. Reaching the cap is logged.
     """
 
     def __init__(self, handler: Handler, error: ErrorResponder, *, max_body: int,
