@@ -12,7 +12,8 @@ worker thread and readiness turns 200. With --exit-on-error (default) a model th
 to load stops the server with exit code 1; with --no-exit-on-error it is served as
 unavailable and readiness stays 503.
 
-SIGTERM (or SIGINT) drains: readiness turns 503, the listener closes, requests in flight
+SIGTERM (or SIGINT) drains: readiness turns 503, the listener closes (a request already sent
+on an open connection is answered, 503 "draining" if it is new work), requests in flight
 finish (up to --drain-timeout seconds), invocations still running in the background
 finish, then the process exits 0. With sequence models the listener first stays open
 while sequences live here or requests are admitted: steps of live sequences are served
@@ -351,7 +352,8 @@ async def serve(args: argparse.Namespace) -> int:
                 with trio.move_on_at(drain_deadline):
                     while server.holds_work():
                         await trio.sleep(_DRAIN_POLL_SECONDS)
-            # the listener closes, idle connections close, requests in flight finish ...
+            # the listener closes, idle connections close after a grace, requests in
+            # flight finish ...
             http.drain()
             with trio.move_on_at(drain_deadline):
                 await http_done.wait()
