@@ -103,6 +103,8 @@ __all__ = ["CONFIG_KEYS", "NO_VERSIONS", "ModelRepository", "ModelVersion", "Req
            "TensorSpec", "bundled_models_dir"]
 
 DEFAULT_INSTANCES = 1
+# entries (directories and files) of one version directory a poll looks at, at most
+_MARKED_ENTRIES = 1024
 # why a model directory has nothing to load (a folder being filled, say): shown in the
 # index, not a failure of the model's at start-up
 NO_VERSIONS = "no version directory with a model.vmfb that its version policy selects"
@@ -728,11 +730,41 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
+def _is_real_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def version_marks(version_dir: str | Path) -> tuple:
+    """What changes when a file of a version directory (its program, config.json,
+    parameter archives, initial state files, in subdirectories too) is written, replaced,
+    added or removed: Triton's poll reloads a model when any of its files changed. Looks
+    at `_MARKED_ENTRIES` entries at most, in name order (a careless tree costs a poll no
+    more); symbolic links are followed to the file they name, never into a directory."""
+    marks: list = []
+    pending = [os.fspath(version_dir)]
+    while pending and len(marks) < _MARKED_ENTRIES:
+        top = pending.pop()
+        marks.append(top)
+        try:
+            with os.scandir(top) as entries:
+                listed = sorted((entry.path, _is_real_dir(entry)) for entry in entries)
+        except OSError:
+            continue
+        for path, is_dir in listed[:_MARKED_ENTRIES - len(marks)]:
+            if is_dir:
+                pending.append(path)
+            else:
+                marks.append((path, _file_mark(path)))
+    return tuple(marks)
+
+
 def file_fingerprint(path: Path) -> tuple:
-    """What tells a changed version from the one loaded (poll mode): its model file and
-    the config files beside it and above it."""
-    return tuple(_file_mark(file) for file in
-                 (path, path.parent / "config.json", path.parent.parent / "config.json"))
+    """What tells a changed version from the one loaded (poll mode): the files of its
+    directory (`version_marks`) and the model's config.json above it."""
+    return version_marks(path.parent), _file_mark(path.parent.parent / "config.json")
 
 
 def freeze_heap() -> None:
@@ -964,9 +996,9 @@ class ModelRepository:
     def signatures(self, names: list[str]) -> dict[str, tuple]:
         """What a poll compares to find the models whose files changed since it last
         looked (blocking): for each model of `names` (as `model_names` just listed
-        them), its config.json, its entries, and each one's model.vmfb and config.json.
-        A few stats per model, where reading a model's configuration again parses it:
-        an idle poll of 1,000 models took most of a CPU."""
+        them), its config.json, its entries, and the files of each version directory
+        (`version_marks`). A few stats per model, where reading a model's configuration
+        again parses it: an idle poll of 1,000 models took most of a CPU."""
         found = {}
         join = os.path.join
         for name in names:
@@ -980,9 +1012,7 @@ class ModelRepository:
                 found[name] = ("unreadable", exc.errno)
                 continue
             found[name] = (_file_mark(join(model_dir, "config.json")), *(
-                (path, _file_mark(join(path, "model.vmfb")),
-                 _file_mark(join(path, "config.json"))) if is_dir else path
-                for path, is_dir in listed))
+                version_marks(path) if is_dir else path for path, is_dir in listed))
         return found
 
     def scan_model(self, name: str, override: dict | None = None, *,
