@@ -135,3 +135,32 @@ def test_sigterm_to_a_replica_under_stateless_load_loses_no_request(tmp_path):
             statuses[status] = statuses.get(status, 0) + count
     unanswered = [what for client in clients for what in client.unanswered]
     assert set(statuses) == {200} and unanswered == [], (statuses, unanswered)
+
+
+def test_connections_made_while_the_server_was_stopped_get_answers_after_sigterm(tmp_path):
+    """Connections the kernel completed while the process did not run (SIGSTOP), each with
+    its request sent, then SIGTERM: each is accepted and answered before the listener
+    closes (closing it with them in its queue would reset them)."""
+    with sample_server(tmp_path, ("mlp_classifier",)) as server:
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        socks = []
+        try:
+            for _ in range(24):
+                sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+                sock.sendall(_request(server.port))
+                socks.append(sock)
+            os.kill(server.proc.pid, signal.SIGTERM)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        answers = []
+        for sock in socks:
+            with sock:
+                try:
+                    answer = _read_answer(sock, b"")
+                except OSError as exc:
+                    answer = type(exc).__name__
+                answers.append(answer if isinstance(answer, str) else
+                               answer and answer[:2])
+        assert server.wait(30) == 0
+    assert all(isinstance(a, tuple) and a[0] in (200, 503) for a in answers), answers
+    assert any(a == (503, True) for a in answers), answers  # the drain answered them
