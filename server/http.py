@@ -439,6 +439,10 @@ class HttpServer:
             task_status.started()
         # the accept loops ended (drain); connection tasks finished with the nursery
 
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
     def _count_direct(self) -> None:
         with self._direct_lock:
             self._direct_written += 1

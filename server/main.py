@@ -373,6 +373,10 @@ async def serve(args: argparse.Namespace) -> int:
             if server.running_invocations():
                 _abandon_and_exit(server, EXIT_DRAIN_TIMEOUT,
                                   f"drain timeout ({args.drain_timeout:g} s)")
+            if not http_done.is_set():
+                log.warning("drain: closing %d connection(s) the bound left open (a client "
+                            "not reading its answer, or a request still arriving)",
+                            http.open_connections)
             outer.cancel_scope.cancel()
     finally:
         await trio.to_thread.run_sync(repository.close)

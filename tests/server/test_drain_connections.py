@@ -164,3 +164,30 @@ def test_connections_made_while_the_server_was_stopped_get_answers_after_sigterm
         assert server.wait(30) == 0
     assert all(isinstance(a, tuple) and a[0] in (200, 503) for a in answers), answers
     assert any(a == (503, True) for a in answers), answers  # the drain answered them
+
+
+def test_a_drain_bound_cut_by_clients_not_reading_says_so(tmp_path):
+    """Clients that never read their large answers hold their connections to the drain's
+    bound; the server then closes them, says so, and exits 0 (no invocation runs)."""
+    n = 1_000_000
+    ones = ",".join(["1"] * n)
+    body = (f'{{"inputs":[{{"name":"alpha","shape":[1],"datatype":"FP32","data":[1.5]}},'
+            f'{{"name":"x","shape":[{n}],"datatype":"FP32","data":[{ones}]}},'
+            f'{{"name":"y","shape":[{n}],"datatype":"FP32","data":[{ones}]}}]}}').encode()
+    with sample_server(tmp_path, ("saxpy",), "--drain-timeout", "2") as server:
+        socks = []
+        for _ in range(2):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", server.port))
+            sock.sendall(f"POST /v2/models/saxpy/infer HTTP/1.1\r\nHost: x\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            socks.append(sock)
+        server.wait_stderr(r"saxpy", timeout=30)
+        time.sleep(1.0)  # the answers are being written
+        server.terminate()
+        assert server.wait(30) == 0
+        log = server.wait_stderr(r"drain: closing \d connection", timeout=10)
+        for sock in socks:
+            sock.close()
+    assert "not reading its answer" in log
