@@ -69,6 +69,7 @@ from pathlib import Path
 
 import trio
 
+from .. import __version__
 from ..errors import Error
 from ..hal import available_drivers
 from ..vm.files import open_regular_file
@@ -132,6 +133,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="tinyhal-serve",
         description="Serve IREE-compiled .vmfb models over KServe V2 REST with tinyhal.",
     )
+    p.add_argument("--version", action="version", version=f"tinyhal-serve {__version__}")
     p.add_argument("--model-repository", type=Path, action=_Once, default=None,
                    metavar="DIR",
                    help="DIR/<model>/<version>/model.vmfb (+ config.json); default: the "

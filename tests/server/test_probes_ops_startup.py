@@ -142,3 +142,10 @@ def test_local_sh_refuses_what_would_fail_after_haproxy_started(args, message):
                           env=dict(os.environ, PYTHON=sys.executable))
     assert done.returncode == 2 and message in done.stderr, (done.stdout, done.stderr)
     assert "ready" not in done.stdout
+
+
+def test_version_prints_the_package_version_and_exits_0():
+    from tinyhal import __version__
+
+    done = _start("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"tinyhal-serve {__version__}"
