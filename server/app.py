@@ -145,7 +145,9 @@ class Server:
         self.loaded = True
 
     def create_series(self, mv: ModelVersion) -> None:
-        self.metrics.series(mv.name, mv.version)
+        """Creates a (re)loaded version's series, counting its executions on top of those
+        counted under its labels before."""
+        self.metrics.series(mv.name, mv.version).count_from(mv.stats)
 
     @property
     def handle(self) -> Callable[[Request], Awaitable[Response]]:
@@ -248,7 +250,7 @@ class _Routes:
         try:
             methods, params = self._route(request.path)
             if methods is None:
-                return error_response(404, f"no route {request.path}")
+                return error_response(404, _no_route(request.path))
             handler = methods.get(request.method)
             if handler is None:
                 return error_response(
@@ -570,6 +572,21 @@ def _version(text: str) -> str | None:
         raise ProtocolError(400, f"model version '{text[:40]}' is out of range: a version "
                                  f"is an integer in [0, {_MAX_VERSION}]")
     return significant or "0"
+
+
+# Triton's endpoints of the extensions not offered (not in the server metadata's list)
+_NOT_OFFERED = (("/v2/systemsharedmemory", "system shared memory"),
+                ("/v2/cudasharedmemory", "CUDA shared memory"), ("/v2/trace", "trace"),
+                ("/v2/logging", "logging"))
+
+
+def _no_route(path: str) -> str:
+    """The 404's words for a path that names no endpoint; one of an extension not
+    offered says so (tritonclient shows only the message)."""
+    for prefix, extension in _NOT_OFFERED:
+        if path.startswith(prefix):
+            return f"no route {path}: the {extension} extension is not offered"
+    return f"no route {path}"
 
 
 def _not_ready(mv: ModelVersion, headers: list[tuple[str, str]] | None = None
