@@ -1170,7 +1170,7 @@ class ModelRepository:
         if none (naming only what was asked for)."""
         versions = self.models.get(name)
         if versions is None:
-            raise ProtocolError(404, f"unknown model '{name}'")
+            raise ProtocolError(404, f"Request for unknown model: '{name}' is not found")
         if not version:
             if len(versions) == 1:
                 for mv in versions.values():
@@ -1179,7 +1179,8 @@ class ModelRepository:
             return (ready or list(versions.values()))[-1]
         mv = versions.get(version)
         if mv is None:
-            raise ProtocolError(404, f"unknown version '{version}' of model '{name}'")
+            raise ProtocolError(404, f"Request for unknown model: '{name}' version {version} "
+                                     f"is not found")
         return mv
 
     def close(self) -> None:
