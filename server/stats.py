@@ -105,8 +105,10 @@ class ModelStatistics:
                 "cache_hit": {"count": 0, "ns": 0},
                 "cache_miss": {"count": 0, "ns": 0},
             },
+            "response_stats": {},  # per response of decoupled models: none here
             "batch_stats": [{"batch_size": rows, "compute_infer": d.doc()}
                             for rows, d in sorted(self.batches.items())],
+            "memory_usage": [],  # Triton's per-version allocations: see /metrics
         }
 
 
