@@ -192,9 +192,8 @@ async def wait_outcome(request: _Request, abandon: Callable[[_Request], None]
         if request.started:
             raise DeadlineExceeded(f"deadline exceeded after {waited:.3f} s; "
                                    f"{request.started_note}", started=True)
-        raise DeadlineExceeded(f"Request timeout expired (Triton's words): deadline "
-                               f"exceeded after {waited:.3f} s {request.queued_note}",
-                               started=False)
+        raise DeadlineExceeded(f"Request timeout expired: deadline exceeded after "
+                               f"{waited:.3f} s {request.queued_note}", started=False)
     results, error = outcome
     if error is not None:
         raise error

@@ -1,0 +1,468 @@
+"""Probes of stateless serving as Triton's own qa tests and clients see it: every method
+of `tritonclient.http.InferenceServerClient` and of its asyncio twin, `infer` with each
+of its options, `InferResult` for every datatype, the queue bound and deadlines in
+Triton's words (`qa/L0_model_queue`, `qa/L0_batcher`), the statistics extension field by
+field (Triton core's `TRITONSERVER_ServerModelStatistics`), and the metrics Triton's
+tests read (`nv_inference_*`). One server child (explicit model control, the samples plus
+a slow `spin` model and one of every datatype) for the module."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+from serve_helpers import SAMPLES, ServerProcess, write_model
+
+pytestmark = pytest.mark.timeout(240)
+
+_SPIN_BODY_LENGTH = 1024
+
+
+@pytest.fixture(scope="module")
+def peer_server(tmp_path_factory, spin_vmfb, dtypes_vmfb):
+    import shutil
+
+    root = tmp_path_factory.mktemp("repo")
+    for sample in ("mlp_classifier", "saxpy"):
+        shutil.copytree(SAMPLES / sample, root / sample)
+    write_model(root, "spin", spin_vmfb, {"max_concurrency": 1, "max_queue": 1})
+    write_model(root, "dtypes", dtypes_vmfb)
+    server = ServerProcess("--model-repository", str(root), "--model-control-mode",
+                           "explicit")
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def client(peer_server):
+    import tritonclient.http as httpclient
+
+    c = httpclient.InferenceServerClient(peer_server.url, concurrency=8,
+                                         network_timeout=60.0)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _saxpy_inputs(n: int = 4, binary: bool = True) -> list:
+    import tritonclient.http as httpclient
+
+    inputs = []
+    for name, shape in (("alpha", [1]), ("x", [n]), ("y", [n])):
+        tensor = httpclient.InferInput(name, shape, "FP32")
+        tensor.set_data_from_numpy(np.full(shape, 2.0, np.float32), binary_data=binary)
+        inputs.append(tensor)
+    return inputs
+
+
+def _mlp_inputs(rows: int) -> list:
+    import tritonclient.http as httpclient
+
+    tensor = httpclient.InferInput("features", [rows, 16], "FP32")
+    tensor.set_data_from_numpy(np.ones((rows, 16), np.float32))
+    return [tensor]
+
+
+def _spin_body(n: int, **parameters) -> dict:
+    return {"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [_SPIN_BODY_LENGTH],
+         "data": [1.0] * _SPIN_BODY_LENGTH},
+        {"name": "n", "datatype": "INT32", "shape": [], "data": [n]}],
+        **({"parameters": parameters} if parameters else {})}
+
+
+def _wait_idle(server: ServerProcess, model: str) -> None:
+    deadline = time.monotonic() + 60
+    key = ("tinyhal_inference_in_flight", (("model", model), ("version", "1")))
+    while server.metrics().get(key, 0) or server.metrics().get(
+            ("tinyhal_inference_detached", key[1]), 0):
+        assert time.monotonic() < deadline, f"{model} stayed busy"
+        time.sleep(0.05)
+
+
+# -- the client's methods --------------------------------------------------------------
+
+def test_every_client_method_reads_our_answers_as_tritons(client):
+    """Each getter returns what tritonclient parses from Triton; the extensions not
+    offered (shared memory, trace, logging) raise 404 naming the extension, and are not
+    in the server metadata."""
+    from tritonclient.utils import InferenceServerException
+
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("saxpy") and client.is_model_ready("saxpy", "1")
+    assert not client.is_model_ready("nosuch")
+    meta = client.get_server_metadata()
+    assert set(meta) >= {"name", "version", "extensions"}
+    model = client.get_model_metadata("saxpy")
+    assert model["name"] == "saxpy" and model["versions"] == ["1"]
+    assert {t["name"] for t in model["inputs"]} == {"alpha", "x", "y"}
+    assert all(set(t) == {"name", "datatype", "shape"} for t in model["inputs"]
+               + model["outputs"])
+    config = client.get_model_config("mlp_classifier")
+    assert config["name"] == "mlp_classifier" and config["max_batch_size"] == 64
+    index = client.get_model_repository_index()
+    assert {"name": "spin", "version": "1", "state": "READY"} in index
+    stats = client.get_inference_statistics("saxpy")
+    assert [s["name"] for s in stats["model_stats"]] == ["saxpy"]
+    not_offered = [
+        ("system shared memory", lambda: client.get_system_shared_memory_status()),
+        ("system shared memory", lambda: client.register_system_shared_memory("r", "/k",
+                                                                              16)),
+        ("system shared memory", lambda: client.unregister_system_shared_memory()),
+        ("CUDA shared memory", lambda: client.get_cuda_shared_memory_status()),
+        ("CUDA shared memory", lambda: client.register_cuda_shared_memory("r", b"h", 0,
+                                                                          16)),
+        ("CUDA shared memory", lambda: client.unregister_cuda_shared_memory()),
+        ("trace", lambda: client.get_trace_settings()),
+        ("trace", lambda: client.update_trace_settings(settings={"trace_rate": "1"})),
+        ("logging", lambda: client.get_log_settings()),
+        ("logging", lambda: client.update_log_settings({"log_info": True})),
+    ]
+    for extension, call in not_offered:
+        with pytest.raises(InferenceServerException) as raised:
+            call()
+        assert raised.value.status() == "404", (extension, raised.value)
+        assert f"the {extension} extension is not offered" in raised.value.message(), \
+            raised.value
+    for absent in ("system_shared_memory", "cuda_shared_memory", "trace", "logging",
+                   "classification"):
+        assert absent not in meta["extensions"]
+    assert client.is_server_live()
+
+
+def test_infer_with_every_option_of_the_client(client):
+    """`infer` with each option tritonclient offers gets Triton's answer: the id echoed,
+    schedule parameters taken, compression either way, custom parameters taken,
+    `class_count` a 400 naming the extension, and `get_response` shaped as Triton's."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    expected = np.full(4, 6.0, np.float32)
+    result = client.infer("saxpy", _saxpy_inputs(), request_id="req-7")
+    response = result.get_response()
+    assert response["model_name"] == "saxpy" and response["model_version"] == "1"
+    assert response["id"] == "req-7"
+    assert response["outputs"] == [{"name": "z", "datatype": "FP32", "shape": [4],
+                                    "parameters": {"binary_data_size": 16}}]
+    assert result.get_output("z")["name"] == "z" and result.get_output("nope") is None
+    assert result.as_numpy("nope") is None
+    np.testing.assert_array_equal(result.as_numpy("z"), expected)
+    options = [
+        {"priority": 1}, {"priority": 2**64 - 1}, {"timeout": 30_000_000},
+        {"headers": {"X-Caller": "probe"}}, {"query_params": {"probe": "1"}},
+        {"request_compression_algorithm": "gzip"},
+        {"request_compression_algorithm": "deflate"},
+        {"response_compression_algorithm": "gzip"},
+        {"response_compression_algorithm": "deflate"},
+        {"parameters": {"custom": "x", "count": 3, "flag": True}},
+        {"model_version": "1"},
+        # a stateless model ignores sequence controls, as Triton's dynamic batcher does
+        {"sequence_id": 9, "sequence_start": True, "sequence_end": True},
+        {"sequence_id": "text-id", "sequence_start": True},
+    ]
+    for option in options:
+        for binary in (True, False):
+            # a copy: tritonclient writes its own headers into the dict it is given
+            got = client.infer("saxpy", _saxpy_inputs(binary=binary), **copy.deepcopy(option))
+            np.testing.assert_array_equal(got.as_numpy("z"), expected, err_msg=str(option))
+    for binary in (True, False):
+        asked = [httpclient.InferRequestedOutput("z", binary_data=binary)]
+        got = client.infer("saxpy", _saxpy_inputs(), outputs=asked)
+        np.testing.assert_array_equal(got.as_numpy("z"), expected)
+        assert ("binary_data_size" in got.get_output("z").get("parameters", {})) == binary
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("saxpy", _saxpy_inputs(), outputs=[
+            httpclient.InferRequestedOutput("z", class_count=2)])
+    assert raised.value.status() == "400" and "classification" in raised.value.message()
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("saxpy", _saxpy_inputs(), model_version="2")
+    assert raised.value.status() == "404"
+    assert raised.value.message().startswith("Request for unknown model")
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("nosuch", _saxpy_inputs())
+    # Triton's L0_infer: ex.message().startswith("Request for unknown model")
+    assert raised.value.message().startswith("Request for unknown model: 'nosuch'")
+
+
+def test_as_numpy_of_every_datatype_binary_and_json(client):
+    """Every datatype a compiled program carries comes back through `as_numpy` with its
+    dtype and values, asked as binary and as JSON."""
+    import tritonclient.http as httpclient
+    from serve_helpers import DTYPES
+
+    names = {"b": ("BOOL", np.bool_), "i8": ("INT8", np.int8), "i16": ("INT16", np.int16),
+             "i32": ("INT32", np.int32), "i64": ("INT64", np.int64),
+             "f16": ("FP16", np.float16), "f32": ("FP32", np.float32),
+             "f64": ("FP64", np.float64)}
+    for binary in (True, False):
+        inputs, expected = [], {}
+        for short, _ in DTYPES:
+            datatype, dtype = names[short]
+            value = np.array([True, False, True] if dtype is np.bool_ else [1, -2, 3],
+                             dtype)
+            tensor = httpclient.InferInput(f"in_{short}", [3], datatype)
+            tensor.set_data_from_numpy(value, binary_data=binary)
+            inputs.append(tensor)
+            expected[f"out_{short}"] = ~value if dtype is np.bool_ else (
+                value * 3 - 3 if np.issubdtype(dtype, np.integer) else value * 1.5 + 1.5)
+        outputs = [httpclient.InferRequestedOutput(name, binary_data=binary)
+                   for name in expected]
+        result = client.infer("dtypes", inputs, outputs=outputs)
+        for name, value in expected.items():
+            got = result.as_numpy(name)
+            assert got.dtype == value.dtype, (name, got.dtype)
+            np.testing.assert_array_equal(got, value, err_msg=name)
+
+
+def test_async_infer_many_in_flight_each_gets_its_own_answer(client):
+    """64 `async_infer` calls in flight over the client's 8 connections: every result is
+    the one its request asked for (ids and values)."""
+    import tritonclient.http as httpclient
+
+    pending = []
+    for i in range(64):
+        tensor = httpclient.InferInput("features", [1 + i % 5, 16], "FP32")
+        tensor.set_data_from_numpy(np.full((1 + i % 5, 16), i / 64, np.float32))
+        pending.append((i, client.async_infer("mlp_classifier", [tensor],
+                                              request_id=f"r{i}")))
+    for i, request in pending:
+        result = request.get_result(timeout=60)
+        assert result.get_response()["id"] == f"r{i}"
+        assert result.as_numpy("probabilities").shape == (1 + i % 5, 4)
+
+
+def test_the_asyncio_client_reads_every_answer(peer_server):
+    """`tritonclient.http.aio`: its getters, `infer`, 32 requests gathered at once, and
+    the extensions not offered raising 404."""
+    import tritonclient.http.aio as aioclient
+    from tritonclient.utils import InferenceServerException
+
+    async def run() -> None:
+        client = aioclient.InferenceServerClient(peer_server.url, conn_timeout=60)
+        try:
+            assert await client.is_server_live() and await client.is_server_ready()
+            assert await client.is_model_ready("mlp_classifier")
+            assert (await client.get_server_metadata())["name"]
+            assert (await client.get_model_metadata("saxpy"))["name"] == "saxpy"
+            assert (await client.get_model_config("saxpy"))["name"] == "saxpy"
+            assert await client.get_model_repository_index()
+            assert (await client.get_inference_statistics("saxpy"))["model_stats"]
+            with pytest.raises(InferenceServerException) as raised:
+                await client.get_trace_settings()
+            assert raised.value.status() == "404"
+            results = await asyncio.gather(*[
+                client.infer("saxpy", _saxpy_inputs(n), request_id=str(n))
+                for n in range(1, 33)])
+            for n, result in zip(range(1, 33), results):
+                assert result.get_response()["id"] == str(n)
+                np.testing.assert_array_equal(result.as_numpy("z"),
+                                              np.full(n, 6.0, np.float32))
+        finally:
+            await client.close()
+
+    asyncio.run(asyncio.wait_for(run(), 120))
+
+
+# -- the queue and deadlines -----------------------------------------------------------
+
+def test_queue_full_and_queue_timeout_in_tritons_words(peer_server):
+    """spin runs one and queues one: beyond, 503 "Exceeds maximum queue size" with
+    Retry-After (L0_model_queue reads these words); a request whose `timeout` passes in
+    the queue leaves it unrun with "Request timeout expired" (504: see the deviation in
+    docs/architecture.md)."""
+    server = peer_server
+    _wait_idle(server, "spin")
+    results: list = []
+
+    def send(body: dict) -> None:
+        results.append(server.request("POST", "/v2/models/spin/infer", body))
+
+    first = threading.Thread(target=send, args=(_spin_body(2_000_000),))
+    first.start()
+    deadline = time.monotonic() + 30
+    while not server.metrics().get(("tinyhal_inference_in_flight",
+                                    (("model", "spin"), ("version", "1"))), 0):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    # queued behind the running one, with a deadline far shorter than its run
+    status, _, payload = server.request("POST", "/v2/models/spin/infer",
+                                        _spin_body(0, timeout=100_000))
+    assert status == 504, payload
+    assert "Request timeout expired" in json.loads(payload)["error"]
+    # the queue's one place taken, the next is refused at once
+    queued = threading.Thread(target=send, args=(_spin_body(0),))
+    queued.start()
+    deadline = time.monotonic() + 30
+    while not server.metrics().get(("tinyhal_inference_queued",
+                                    (("model", "spin"), ("version", "1"))), 0):
+        assert time.monotonic() < deadline and first.is_alive()
+        time.sleep(0.02)
+    status, headers, payload = server.request("POST", "/v2/models/spin/infer",
+                                              _spin_body(0))
+    assert status == 503 and int(headers["retry-after"]) >= 1, payload
+    assert "Exceeds maximum queue size" in json.loads(payload)["error"]
+    first.join(60)
+    queued.join(60)
+    assert sorted(s for s, _, _ in results) == [200, 200]
+    _wait_idle(server, "spin")
+    # read as L0_model_queue reads it: the exposition's line, Triton's name and labels
+    _, _, text = server.request("GET", "/metrics")
+    rejected = re.search(rb'\nnv_inference_request_failure\{model="spin",reason="REJECTED",'
+                         rb'version="1"\} (\d+)\n', text)
+    assert rejected and int(rejected.group(1)) >= 2, text[-2000:]
+
+
+def test_triton_queue_policy_settings_are_refused_naming_them(peer_server):
+    """Triton's queue policy (`default_queue_policy`, `priority_levels`) is not offered:
+    a configuration giving it is refused naming the key, never taken and ignored."""
+    server = peer_server
+    for batching in ({"default_queue_policy": {"timeout_action": "DELAY"}},
+                     {"priority_levels": 2, "default_priority_level": 1},
+                     {"preserve_ordering": True}):
+        config = json.dumps({"max_batch_size": 64, "function": "predict",
+                             "dynamic_batching": batching})
+        status, _, payload = server.request(
+            "POST", "/v2/repository/models/mlp_classifier/load",
+            {"parameters": {"config": config}})
+        key = next(iter(batching))
+        assert status == 400 and key in json.loads(payload)["error"], payload
+    status, _, payload = server.request("POST", "/v2/repository/models/mlp_classifier/load",
+                                        b"")
+    assert status == 200, payload
+
+
+# -- statistics and metrics ------------------------------------------------------------
+
+def _stats(client, model: str) -> dict:
+    (doc,) = client.get_inference_statistics(model)["model_stats"]
+    return doc
+
+
+def test_statistics_field_by_field_as_tritons(client, peer_server):
+    """Every field of Triton's statistics, with its meaning: requests and rows, executions
+    and their batch sizes, a failure counted in `fail` only, the phases counted once per
+    success, an unknown model in Triton's words."""
+    from tritonclient.utils import InferenceServerException
+
+    assert peer_server.request("POST", "/v2/repository/models/mlp_classifier/load",
+                               b"")[0] == 200
+    before = _stats(client, "mlp_classifier")
+    assert set(before) == {"name", "version", "last_inference", "inference_count",
+                           "execution_count", "inference_stats", "response_stats",
+                           "batch_stats", "memory_usage"}
+    assert set(before["inference_stats"]) == {"success", "fail", "queue", "compute_input",
+                                              "compute_infer", "compute_output",
+                                              "cache_hit", "cache_miss"}
+    assert before["inference_count"] == before["execution_count"] == 0
+    assert before["last_inference"] == 0 and before["batch_stats"] == []
+    started_ms = int(time.time() * 1000)
+    for rows in (1, 3, 3):
+        client.infer("mlp_classifier", _mlp_inputs(rows))
+    bad = _mlp_inputs(2)
+    bad[0]._shape = [2, 15]  # a shape the signature refuses: counted as a failure
+    with pytest.raises(InferenceServerException):
+        client.infer("mlp_classifier", bad)
+    doc = _stats(client, "mlp_classifier")
+    stats = doc["inference_stats"]
+    assert doc["inference_count"] == 7 and doc["execution_count"] == 3
+    assert stats["success"]["count"] == 3 and stats["fail"]["count"] == 1
+    for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert stats[phase]["count"] == 3, phase
+    assert stats["success"]["ns"] >= stats["compute_infer"]["ns"] > 0
+    assert stats["fail"]["ns"] > 0
+    assert stats["cache_hit"] == stats["cache_miss"] == {"count": 0, "ns": 0}
+    assert doc["last_inference"] >= started_ms - 1000
+    batches = {b["batch_size"]: b for b in doc["batch_stats"]}
+    assert set(batches) == {1, 3}
+    assert batches[1]["compute_infer"]["count"] == 1
+    assert batches[3]["compute_infer"]["count"] == 2
+    assert doc["response_stats"] == {} and doc["memory_usage"] == []
+    # per version, and all models
+    assert _stats(client, "mlp_classifier") == client.get_inference_statistics(
+        "mlp_classifier", "1")["model_stats"][0]
+    names = {s["name"] for s in client.get_inference_statistics()["model_stats"]}
+    assert names == {"mlp_classifier", "saxpy", "spin", "dtypes"}
+    for model, version in (("nosuch", ""), ("mlp_classifier", "9")):
+        with pytest.raises(InferenceServerException) as raised:
+            client.get_inference_statistics(model, version)
+        assert "Request for unknown model" in raised.value.message()
+
+
+def _reload(server: ServerProcess, model: str) -> None:
+    assert server.request("POST", f"/v2/repository/models/{model}/unload", b"")[0] == 200
+    assert server.request("POST", f"/v2/repository/models/{model}/load", b"")[0] == 200
+
+
+def test_counters_stay_monotone_across_unload_and_reload(client, peer_server):
+    """Prometheus counters of a version never go down while the process lives: what a
+    version counted before an unload is still counted after its reload, while its
+    statistics start again from zero, as Triton's."""
+    server = peer_server
+    labels = (("model", "saxpy"), ("version", "1"))
+    names = ("tinyhal_inference_count_total", "tinyhal_inference_exec_count_total",
+             "tinyhal_inference_requests_total")
+
+    def counters() -> dict:
+        metrics = server.metrics()
+        return {name: metrics[(name, (("code", "200"), *labels) if "requests" in name
+                               else labels)] for name in names}
+
+    for n in (2, 3):
+        client.infer("saxpy", _saxpy_inputs(n))
+    before = counters()
+    assert before["tinyhal_inference_count_total"] >= 2
+    _reload(server, "saxpy")
+    assert counters() == before
+    assert _stats(client, "saxpy")["inference_count"] == 0
+    client.infer("saxpy", _saxpy_inputs(1))
+    after = counters()
+    assert all(after[name] == before[name] + 1 for name in names), (before, after)
+
+
+def test_tritons_request_metrics_under_its_names(client, peer_server):
+    """Triton's request metrics as its qa tests read them from the exposition's text
+    (`nv_inference_request_success{model="m",version="1"} N`): successes, failures by
+    reason (every reason at zero from the start), rows, executions, cumulative phase
+    microseconds and pending requests; counters too stay monotone over a reload."""
+    server = peer_server
+
+    def triton_metrics() -> dict[str, float]:
+        _, _, text = server.request("GET", "/metrics")
+        found = re.findall(rb'\n(nv_inference_[a-z_]+)\{model="saxpy",(reason="[A-Z]+",)?'
+                           rb'version="1"\} ([0-9.e+]+)', text)
+        return {(name + (b":" + reason[8:-2] if reason else b"")).decode(): float(value)
+                for name, reason, value in found}
+
+    before = triton_metrics()
+    for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+        assert f"nv_inference_request_failure:{reason}" in before
+    assert {"nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count",
+            "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+            "nv_inference_compute_input_duration_us",
+            "nv_inference_compute_infer_duration_us",
+            "nv_inference_compute_output_duration_us",
+            "nv_inference_pending_request_count"} <= set(before)
+    client.infer("saxpy", _saxpy_inputs(3))
+    bad = _saxpy_inputs(3)
+    bad[1]._datatype = "INT32"  # refused by the signature: a failure of reason OTHER
+    bad[1]._raw_data = np.zeros(3, np.int32).tobytes()
+    with pytest.raises(Exception):  # noqa: B017 - the status is the server's business
+        client.infer("saxpy", bad)
+    after = triton_metrics()
+    assert after["nv_inference_request_success"] == before["nv_inference_request_success"] + 1
+    assert after["nv_inference_count"] == before["nv_inference_count"] + 1
+    assert after["nv_inference_request_failure:OTHER"] == \
+        before["nv_inference_request_failure:OTHER"] + 1
+    assert after["nv_inference_request_duration_us"] > before["nv_inference_request_duration_us"]
+    assert after["nv_inference_pending_request_count"] == 0
+    _reload(server, "saxpy")
+    assert triton_metrics() == after
