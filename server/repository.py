@@ -473,13 +473,14 @@ class ModelVersion:
         expected = {s.name for s in self.inputs}
         unknown = [n for n in request.inputs if n not in expected]
         if unknown:
-            raise ProtocolError(400, f"unknown input {unknown[0]!r} for model '{self.name}'; "
-                                     f"inputs: {', '.join(s.name for s in self.inputs)}")
+            raise self._unknown_input(unknown[0])
         missing = [s.name for s in self.inputs if s.name not in request.inputs]
         if missing:
-            raise ProtocolError(400, f"missing input{'s' if len(missing) > 1 else ''} "
-                                     f"{', '.join(repr(m) for m in missing)} for model "
-                                     f"'{self.name}'")
+            raise ProtocolError(400, f"expected {len(self.inputs)} inputs but got "
+                                     f"{len(request.inputs)} inputs for model '{self.name}'. "
+                                     f"Got input(s) {_names_list(request.inputs)}, but "
+                                     f"missing required input(s) {_names_list(missing)}. "
+                                     f"Please provide all required input(s).")
         return self._arguments(request)
 
     def _arguments(self, request: InferRequest) -> list[Any]:
@@ -489,8 +490,8 @@ class ModelVersion:
             names = {s.name for s in self.outputs}
             for o in request.outputs:
                 if o.name not in names:
-                    raise ProtocolError(400, f"unknown output {o.name!r} for model "
-                                             f"'{self.name}'; outputs: "
+                    raise ProtocolError(400, f"unexpected inference output '{o.name}' for "
+                                             f"model '{self.name}'; outputs: "
                                              f"{', '.join(s.name for s in self.outputs)}")
         args = []
         for spec in self.inputs:
@@ -506,26 +507,31 @@ class ModelVersion:
         for spec in self.inputs:
             if spec.name == name:
                 return self._check_input(spec, datatype, shape)
-        raise ProtocolError(400, f"unknown input {name!r} for model '{self.name}'; "
-                                 f"inputs: {', '.join(s.name for s in self.inputs)}")
+        raise self._unknown_input(name)
+
+    def _unknown_input(self, name: str) -> ProtocolError:
+        return ProtocolError(400, f"unexpected inference input '{name}' for model "
+                                  f"'{self.name}'; inputs: "
+                                  f"{', '.join(s.name for s in self.inputs)}")
 
     def _check_input(self, spec: TensorSpec, datatype: str, shape: tuple[int, ...]) -> None:
         if datatype != spec.datatype:
-            raise ProtocolError(400, f"input '{spec.name}' has datatype {datatype} but "
-                                     f"model '{self.name}' expects {spec.datatype}")
+            raise ProtocolError(400, f"inference input '{spec.name}' data-type is "
+                                     f"'{datatype}', but model '{self.name}' expects "
+                                     f"'{spec.datatype}'")
         if spec.scalar:
             if math.prod(shape) != 1 or len(shape) > 1:
                 raise ProtocolError(400, f"input '{spec.name}' is a scalar: shape [1] "
                                          f"(or []), not {list(shape)}")
             return
         if not spec.accepts(shape):
-            raise ProtocolError(400, f"input '{spec.name}' has shape {list(shape)} "
-                                     f"but model '{self.name}' expects "
-                                     f"{list(spec.shape)}")
+            raise ProtocolError(400, f"unexpected shape for input '{spec.name}' for model "
+                                     f"'{self.name}'. Expected {_dims(spec.shape)}, got "
+                                     f"{_dims(shape)}")
         if self.max_batch_size and shape[0] > self.max_batch_size:
-            raise ProtocolError(400, f"input '{spec.name}' has batch size "
-                                     f"{shape[0]}, over max_batch_size "
-                                     f"{self.max_batch_size} of model '{self.name}'")
+            raise ProtocolError(400, f"inference request batch-size must be <= "
+                                     f"{self.max_batch_size} for '{self.name}' (input "
+                                     f"'{spec.name}' has {shape[0]} rows, over its max_batch_size)")
 
     def infer(self, args: list[Any], deadline: float, label: str,
               parameters: dict | None = None, respond: Any = None
@@ -1199,3 +1205,13 @@ class ModelRepository:
             except Error:
                 pass
         self.devices.clear()
+
+
+def _names_list(names: Any) -> str:
+    """Names as Triton's validation messages list them: ['a','b']."""
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
+def _dims(shape: Any) -> str:
+    """A shape as Triton's messages write it: [-1,16]."""
+    return "[" + ",".join(str(d) for d in shape) + "]"

@@ -193,6 +193,44 @@ def test_infer_with_every_option_of_the_client(client):
     assert raised.value.message().startswith("Request for unknown model: 'nosuch'")
 
 
+def test_refused_inputs_in_tritons_words(client):
+    """A request the signature refuses is a 400 whose message starts as Triton core's
+    (its qa tests compare them: L0_input_validation, L0_output_name), followed by what
+    the model takes."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    def refusal(model: str, inputs: list, **options) -> str:
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer(model, inputs, **options)
+        assert raised.value.status() == "400", raised.value
+        return raised.value.message()
+
+    alpha, x, y = _saxpy_inputs()
+    assert refusal("saxpy", [alpha]).startswith(
+        "expected 3 inputs but got 1 inputs for model 'saxpy'. Got input(s) ['alpha'], "
+        "but missing required input(s) ['x','y']. Please provide all required input(s).")
+    assert refusal("saxpy", [alpha, x, y], outputs=[
+        httpclient.InferRequestedOutput("DUMMY")]).startswith(
+        "unexpected inference output 'DUMMY' for model 'saxpy'")
+    extra = httpclient.InferInput("w", [4], "FP32")
+    extra.set_data_from_numpy(np.zeros(4, np.float32))
+    assert refusal("saxpy", [alpha, x, extra]).startswith(
+        "unexpected inference input 'w' for model 'saxpy'")
+    wrong = httpclient.InferInput("features", [1, 16], "FP64")
+    wrong.set_data_from_numpy(np.zeros((1, 16)))
+    assert refusal("mlp_classifier", [wrong]).startswith(
+        "inference input 'features' data-type is 'FP64', but model 'mlp_classifier' "
+        "expects 'FP32'")
+    assert refusal("mlp_classifier", _mlp_inputs(65)).startswith(
+        "inference request batch-size must be <= 64 for 'mlp_classifier'")
+    flat = httpclient.InferInput("features", [16], "FP32")
+    flat.set_data_from_numpy(np.zeros(16, np.float32))
+    assert refusal("mlp_classifier", [flat]).startswith(
+        "unexpected shape for input 'features' for model 'mlp_classifier'. Expected "
+        "[-1,16], got [16]")
+
+
 def test_as_numpy_of_every_datatype_binary_and_json(client):
     """Every datatype a compiled program carries comes back through `as_numpy` with its
     dtype and values, asked as binary and as JSON."""
