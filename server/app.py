@@ -23,9 +23,10 @@ FAILED_PRECONDITION, OUT_OF_RANGE); 404 unknown model/version/route; 405 wrong m
 403 an API group restricted by --http-restricted-api without its header, or model
 control refused by --model-control-mode; 408 request head or body too slow; 413 body
 over --max-request-bytes (also while inflating); 431 request head over 64 KiB; 415 unknown
-Content-Encoding (with Accept-Encoding); 429 model queue full and 503 draining/not ready
-or the client memory budget full (--client-memory-limit; all with Retry-After); 504
-deadline exceeded; 505 a request line that is not HTTP/1.x. A 500 is a bug of
+Content-Encoding (with Accept-Encoding); 503 model queue full ("Exceeds maximum queue
+size", Triton's UNAVAILABLE), draining/not ready or the client memory budget full
+(--client-memory-limit; all with Retry-After); 504 deadline exceeded ("Request timeout
+expired" when it passed in the queue); 505 a request line that is not HTTP/1.x. A 500 is a bug of
 the server or runtime, never an answer to bad input, or a model whose kernel faulted:
 that request gets the 500 and every model on the same device becomes UNAVAILABLE (503)
 until it is loaded again (on a fresh device); the process keeps serving the rest.

@@ -421,8 +421,8 @@ def test_statistics_field_by_field_as_tritons(client, peer_server):
     assert doc["last_inference"] >= started_ms - 1000
     batches = {b["batch_size"]: b for b in doc["batch_stats"]}
     assert set(batches) == {1, 3}
-    assert batches[1]["compute_infer"]["count"] == 1
-    assert batches[3]["compute_infer"]["count"] == 2
+    for phase in ("compute_input", "compute_infer", "compute_output"):
+        assert batches[1][phase]["count"] == 1 and batches[3][phase]["count"] == 2
     assert doc["response_stats"] == {} and doc["memory_usage"] == []
     # per version, and all models
     assert _stats(client, "mlp_classifier") == client.get_inference_statistics(
