@@ -428,8 +428,8 @@ _PARAMETER_TYPES: dict[str, tuple[frozenset, str]] = {
     "sequence_end": (_BOOL_TYPES, "true or false"),
     "binary_data_output": (_BOOL_TYPES, "true or false"),
     "priority": (_INT_TYPES, "a uint64"),
-    "timeout": (_NUMBER_TYPES, f"a non-negative number of microseconds (at most "
-                               f"{_UINT64_MAX})"),
+    "timeout": (_INT_TYPES, f"a uint64 count of microseconds (an integer in [0, "
+                            f"{_UINT64_MAX}])"),
 }
 _PARAMETER_VALUE_TYPES = frozenset({str, int, float, bool})
 
@@ -438,7 +438,8 @@ def _check_parameters(parameters: dict) -> None:
     """A request's `parameters` as Triton's HTTP frontend reads them, or a 400 naming
     the parameter: those it reads itself have their types (`sequence_id` a uint64 or a
     string, `sequence_start`/`sequence_end`/`binary_data_output` booleans, `priority`
-    a uint64, `timeout` a number of microseconds in the uint64 range), every other value
+    a uint64, `timeout` a uint64 count of microseconds: Triton reads both with
+    `MemberAsUInt`, which refuses 1.5), every other value
     is a string, a number or a boolean (an object, a list or null is refused, so no
     nesting hides in it), and keys starting with `triton_` are reserved."""
     for key, value in parameters.items():

@@ -359,6 +359,29 @@ def test_queue_full_and_queue_timeout_in_tritons_words(peer_server):
     assert rejected and int(rejected.group(1)) >= 2, text[-2000:]
 
 
+def test_schedule_parameters_are_read_as_tritons_frontend_reads_them(peer_server):
+    """`priority` and `timeout` are uint64s in Triton's frontend (`MemberAsUInt`): a
+    fraction, a negative number, a string or a boolean is a 400 naming the parameter;
+    the integers at the range's ends are taken (priority beyond the levels is the
+    default level, as in Triton; the largest timeout is no bound in practice)."""
+    server = peer_server
+    rows = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                        "data": [0.5] * 16}]}
+    for parameters in ({"timeout": 1.5}, {"timeout": 1e7}, {"timeout": -1},
+                       {"timeout": "100"}, {"timeout": True}, {"priority": 1.0},
+                       {"priority": -3}, {"priority": False}):
+        status, _, payload = server.request("POST", "/v2/models/mlp_classifier/infer",
+                                            dict(rows, parameters=parameters))
+        key = next(iter(parameters))
+        assert status == 400 and f"parameter '{key}' must be" in json.loads(payload)[
+            "error"], (parameters, payload)
+    for parameters in ({"timeout": 0}, {"timeout": 2**64 - 1}, {"priority": 0},
+                       {"priority": 2**64 - 1}):
+        status, _, payload = server.request("POST", "/v2/models/mlp_classifier/infer",
+                                            dict(rows, parameters=parameters))
+        assert status == 200, (parameters, payload)
+
+
 def test_triton_queue_policy_settings_are_refused_naming_them(peer_server):
     """Triton's queue policy (`default_queue_policy`, `priority_levels`) is not offered:
     a configuration giving it is refused naming the key, never taken and ignored."""
