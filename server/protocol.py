@@ -862,7 +862,7 @@ def build_infer_response(
                          "data": flat})
         sliced = sliced or flat.size > JSON_SLICE_ELEMENTS
     response: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
-    if request.id is not None:
+    if request.id:  # an empty id is not echoed, as Triton's frontend
         response["id"] = request.id
     if sliced:
         head = _dumps_sliced(response, out_docs)

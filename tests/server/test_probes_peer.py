@@ -154,6 +154,8 @@ def test_infer_with_every_option_of_the_client(client):
     assert response["outputs"] == [{"name": "z", "datatype": "FP32", "shape": [4],
                                     "parameters": {"binary_data_size": 16}}]
     assert result.get_output("z")["name"] == "z" and result.get_output("nope") is None
+    # an empty id is not echoed, as Triton's frontend (perf_analyzer sends one each time)
+    assert "id" not in client.infer("saxpy", _saxpy_inputs(), request_id="").get_response()
     assert result.as_numpy("nope") is None
     np.testing.assert_array_equal(result.as_numpy("z"), expected)
     options = [
