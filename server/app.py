@@ -324,7 +324,7 @@ class _Routes:
                              ) -> Response:
         mv = self.repo.get(name, version)
         if not mv.ready:
-            return _not_ready(mv)
+            return _not_ready(mv, version)
         return json_response(mv.metadata(list(self.repo.models[mv.name])))
 
     async def model_ready(self, request: Request, name: str, version: str | None
@@ -341,7 +341,7 @@ class _Routes:
         repository index also gives the reason)."""
         mv = self.repo.get(name, version)
         if not mv.ready:
-            return _not_ready(mv)
+            return _not_ready(mv, version)
         return json_response(mv.describe_config())
 
     async def model_stats(self, request: Request, name: str | None = None,
@@ -474,7 +474,7 @@ class _Routes:
             if (draining and mv.sequences is None) or not mv.ready:
                 series.finished(503, self._now() - request.arrived)
                 return error_response(503, _DRAINING, _RETRY) if draining else \
-                    _not_ready(mv, _RETRY)
+                    _not_ready(mv, version, _RETRY)
             headers = request.headers
             t_input = time.perf_counter()
             try:
@@ -590,11 +590,19 @@ def _no_route(path: str) -> str:
     return f"no route {path}"
 
 
-def _not_ready(mv: ModelVersion, headers: list[tuple[str, str]] | None = None
-               ) -> Response:
-    """503 for a version that is not loaded, naming its state or why it failed."""
-    return error_response(503, f"model '{mv.name}' version {mv.version} is not ready: "
-                               f"{mv.reason or mv.state}", headers)
+def _not_ready(mv: ModelVersion, asked: str | None,
+               headers: list[tuple[str, str]] | None = None) -> Response:
+    """503 for a version that is not loaded, naming its state or why it failed, in
+    Triton core's words (its qa tests look for them) for a version `asked` by the path
+    or for a model asked without one."""
+    why = f"{mv.reason or mv.state}"
+    if asked is None:
+        return error_response(503, f"Request for unknown model: '{mv.name}' has no "
+                                   f"available versions (version {mv.version} is not "
+                                   f"ready: {why})", headers)
+    return error_response(503, f"Request for unknown model: '{mv.name}' version "
+                               f"{mv.version} is not at ready state (it is not ready: "
+                               f"{why})", headers)
 
 
 def _failure_response(server: Server, mv: ModelVersion, exc: Exception) -> Response | None:

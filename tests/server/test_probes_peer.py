@@ -233,6 +233,33 @@ def test_refused_inputs_in_tritons_words(client):
         "[-1,16], got [16]")
 
 
+def test_a_model_not_loaded_in_tritons_words(client, peer_server):
+    """A model whose versions are unloaded: inference, metadata and configuration are
+    503 in Triton core's words (L0_lifecycle looks for "has no available versions" and
+    "version 1 is not at ready state"), naming why; after a load it serves again."""
+    from tritonclient.utils import InferenceServerException
+
+    server = peer_server
+    assert server.request("POST", "/v2/repository/models/saxpy/unload", b"")[0] == 200
+    try:
+        for version, words in (("", "Request for unknown model: 'saxpy' has no available "
+                                    "versions"),
+                               ("1", "Request for unknown model: 'saxpy' version 1 is not "
+                                     "at ready state")):
+            calls = ((client.infer, ("saxpy", _saxpy_inputs()), {"model_version": version}),
+                     (client.get_model_metadata, ("saxpy", version), {}),
+                     (client.get_model_config, ("saxpy", version), {}))
+            for call, args, options in calls:
+                with pytest.raises(InferenceServerException) as raised:
+                    call(*args, **options)
+                assert raised.value.status() == "503", raised.value
+                assert words in raised.value.message(), raised.value
+                assert "unloaded" in raised.value.message()
+    finally:
+        assert server.request("POST", "/v2/repository/models/saxpy/load", b"")[0] == 200
+    assert client.infer("saxpy", _saxpy_inputs()).as_numpy("z") is not None
+
+
 def test_as_numpy_of_every_datatype_binary_and_json(client):
     """Every datatype a compiled program carries comes back through `as_numpy` with its
     dtype and values, asked as binary and as JSON."""
