@@ -260,8 +260,8 @@ class _Routes:
             if self.server.restricted:
                 need = self.server.restricted.get(api_group(request.path))
                 if need is not None and request.headers.get(need[0]) != need[1]:
-                    return error_response(403, f"this API is restricted: it needs the "
-                                               f"header '{need[0]}'")
+                    return error_response(403, f"This API is restricted, expecting "
+                                               f"header '{need[0]}'")  # Triton's words
             return await handler(request, *params)
         except ProtocolError as exc:
             return error_response(exc.status, exc.message)
@@ -369,9 +369,9 @@ class _Routes:
         mode = self.server.model_control_mode
         if mode != "explicit":
             raise ProtocolError(403 if mode == "none" else 400,
-                                f"explicit model {action} is not allowed: the server runs "
-                                f"with --model-control-mode {mode} (start it with "
-                                f"--model-control-mode explicit to load and unload models)")
+                                f"explicit model load / unload is not allowed: the server "
+                                f"runs with --model-control-mode {mode} (start it with "
+                                f"--model-control-mode explicit to {action} models)")
 
     async def load_model(self, request: Request, name: str) -> Response:
         """Triton's repository `load`: reads the model's directory again and loads the

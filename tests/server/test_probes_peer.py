@@ -556,3 +556,41 @@ def test_tritons_request_metrics_under_its_names(client, peer_server):
     assert after["nv_inference_pending_request_count"] == 0
     _reload(server, "saxpy")
     assert triton_metrics() == after
+
+
+def test_restricted_apis_as_tritons_l0_http_restricted_api(tmp_path):
+    """Triton's L0_http restricted-API case, run as its test.sh starts it: a restricted
+    group without its header is 403 "This API is restricted"; with the header the request
+    goes through (a model-control request then gets its own refusal, "explicit model load
+    / unload is not allowed")."""
+    import shutil
+
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
+    server = ServerProcess("--model-repository", str(tmp_path),
+                           "--http-restricted-api", "model-repository:admin-key=admin-value",
+                           "--http-restricted-api", "inference,metadata:infer-key=infer-value")
+    try:
+        server.start()
+        client = httpclient.InferenceServerClient(server.url, network_timeout=60.0)
+        try:
+            with pytest.raises(InferenceServerException, match="This API is restricted"):
+                client.unload_model("saxpy", headers={"infer-key": "infer-value"})
+            with pytest.raises(InferenceServerException,
+                               match="explicit model load / unload is not allowed"):
+                client.unload_model("saxpy", headers={"admin-key": "admin-value"})
+            with pytest.raises(InferenceServerException, match="This API is restricted"):
+                client.get_server_metadata()
+            assert client.get_server_metadata({"infer-key": "infer-value"})["name"]
+            with pytest.raises(InferenceServerException, match="This API is restricted"):
+                client.infer("saxpy", _saxpy_inputs(), headers={"test": "1"})
+            result = client.infer("saxpy", _saxpy_inputs(),
+                                  headers={"infer-key": "infer-value"})
+            np.testing.assert_array_equal(result.as_numpy("z"), np.full(4, 6.0, np.float32))
+            assert client.is_server_live()  # health is not restricted here
+        finally:
+            client.close()
+    finally:
+        server.stop()
