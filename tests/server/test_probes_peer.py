@@ -341,6 +341,12 @@ def test_the_asyncio_client_reads_every_answer(peer_server):
 
 # -- the queue and deadlines -----------------------------------------------------------
 
+def _spin_stats(server: ServerProcess) -> dict:
+    status, _, payload = server.request("GET", "/v2/models/spin/stats")
+    assert status == 200, payload
+    return json.loads(payload)["model_stats"][0]
+
+
 def test_queue_full_and_queue_timeout_in_tritons_words(peer_server):
     """spin runs one and queues one: beyond, 503 "Exceeds maximum queue size" with
     Retry-After (L0_model_queue reads these words); a request whose `timeout` passes in
@@ -348,6 +354,7 @@ def test_queue_full_and_queue_timeout_in_tritons_words(peer_server):
     docs/architecture.md)."""
     server = peer_server
     _wait_idle(server, "spin")
+    fail_before = _spin_stats(server)["inference_stats"]["fail"]["count"]
     results: list = []
 
     def send(body: dict) -> None:
@@ -381,6 +388,10 @@ def test_queue_full_and_queue_timeout_in_tritons_words(peer_server):
     queued.join(60)
     assert sorted(s for s, _, _ in results) == [200, 200]
     _wait_idle(server, "spin")
+    # the timed-out and the refused requests are failures of the version, as Triton's
+    stats = _spin_stats(server)["inference_stats"]
+    assert stats["fail"]["count"] == fail_before + 2
+    assert stats["success"]["count"] == stats["queue"]["count"]
     # read as L0_model_queue reads it: the exposition's line, Triton's name and labels
     _, _, text = server.request("GET", "/metrics")
     rejected = re.search(rb'\nnv_inference_request_failure\{model="spin",reason="REJECTED",'
