@@ -322,10 +322,14 @@ class _Routes:
 
     async def model_metadata(self, request: Request, name: str, version: str | None
                              ) -> Response:
+        """The version's inputs and outputs; `versions` as Triton lists them: the version
+        asked by the path, else every ready version of the model, in order."""
         mv = self.repo.get(name, version)
         if not mv.ready:
             return _not_ready(mv, version)
-        return json_response(mv.metadata(list(self.repo.models[mv.name])))
+        versions = [version] if version else [
+            v for v, other in self.repo.models[mv.name].items() if other.ready]
+        return json_response(mv.metadata(versions))
 
     async def model_ready(self, request: Request, name: str, version: str | None
                           ) -> Response:

@@ -33,6 +33,12 @@ def peer_server(tmp_path_factory, spin_vmfb, dtypes_vmfb):
         shutil.copytree(SAMPLES / sample, root / sample)
     write_model(root, "spin", spin_vmfb, {"max_concurrency": 1, "max_queue": 1})
     write_model(root, "dtypes", dtypes_vmfb)
+    # two versions served at once, numbered so that text order is not number order
+    for version in ("2", "10"):
+        shutil.copytree(SAMPLES / "mlp_classifier" / "1", root / "mlp2" / version)
+    config = json.loads((SAMPLES / "mlp_classifier" / "config.json").read_text())
+    (root / "mlp2" / "config.json").write_text(json.dumps(
+        dict(config, version_policy={"all": {}})))
     server = ServerProcess("--model-repository", str(root), "--model-control-mode",
                            "explicit")
     try:
@@ -258,6 +264,23 @@ def test_a_model_not_loaded_in_tritons_words(client, peer_server):
     finally:
         assert server.request("POST", "/v2/repository/models/saxpy/load", b"")[0] == 200
     assert client.infer("saxpy", _saxpy_inputs()).as_numpy("z") is not None
+
+
+def test_a_model_of_two_versions_as_triton_lists_and_serves_them(client):
+    """Metadata lists the ready versions in number order (the asked one alone when the
+    path names it), an inference without a version runs the highest, and statistics
+    come per version, as Triton's."""
+    assert client.get_model_metadata("mlp2")["versions"] == ["2", "10"]
+    assert client.get_model_metadata("mlp2", "2")["versions"] == ["2"]
+    assert client.get_model_metadata("mlp2", "10")["versions"] == ["10"]
+    assert client.is_model_ready("mlp2", "2") and client.is_model_ready("mlp2", "10")
+    assert client.infer("mlp2", _mlp_inputs(1)).get_response()["model_version"] == "10"
+    assert client.infer("mlp2", _mlp_inputs(2), model_version="2").get_response()[
+        "model_version"] == "2"
+    stats = {s["version"]: s for s in client.get_inference_statistics("mlp2")["model_stats"]}
+    assert stats["2"]["inference_count"] == 2 and stats["10"]["inference_count"] == 1
+    config = client.get_model_config("mlp2", "2")
+    assert config["name"] == "mlp2" and config["version"] == "2"
 
 
 def test_as_numpy_of_every_datatype_binary_and_json(client):
@@ -491,7 +514,7 @@ def test_statistics_field_by_field_as_tritons(client, peer_server):
     assert _stats(client, "mlp_classifier") == client.get_inference_statistics(
         "mlp_classifier", "1")["model_stats"][0]
     names = {s["name"] for s in client.get_inference_statistics()["model_stats"]}
-    assert names == {"mlp_classifier", "saxpy", "spin", "dtypes"}
+    assert names == {"mlp_classifier", "saxpy", "spin", "dtypes", "mlp2"}
     for model, version in (("nosuch", ""), ("mlp_classifier", "9")):
         with pytest.raises(InferenceServerException) as raised:
             client.get_inference_statistics(model, version)
