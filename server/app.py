@@ -494,9 +494,10 @@ class _Routes:
                 args = mv.prepare(req)
                 deadline = _deadline(headers.get("inference-timeout"), req.timeout_us, mv,
                                      server.max_timeout, request.arrived)
-            except ProtocolError as exc:
-                return self._failed(mv, series, request, error_response(
-                    exc.status, exc.message, _ERROR_HEADERS.get(exc.status)))
+            except ProtocolError as exc:  # refused before admission: no failure of the
+                series.finished(exc.status, self._now() - request.arrived)  # version's
+                return error_response(exc.status, exc.message,
+                                      _ERROR_HEADERS.get(exc.status))
             if draining and not mv.scheduler.continues_work(req.parameters):
                 # the drain contract: no new work; steps without START are still taken
                 series.finished(503, self._now() - request.arrived)
@@ -532,7 +533,11 @@ class _Routes:
                 response = _failure_response(server, mv, exc)
                 if response is None:
                     raise
-                return self._failed(mv, series, request, response)
+                reason = _failure_reason(exc)
+                if reason is None:  # refused at admission, as Triton's enqueue refuses
+                    series.finished(response.status, self._now() - request.arrived)
+                    return response
+                return self._failed(mv, series, request, response, reason)
             if answered:
                 response, compute_output = answered[0]
             else:
@@ -544,7 +549,7 @@ class _Routes:
                     response = _infer_response(server, mv, req, results, request)
                 compute_output = time.perf_counter() - t_output
             if response.status != 200:  # the memory budget could not take the answer
-                return self._failed(mv, series, request, response)
+                return self._failed(mv, series, request, response, "OTHER")
             return self._succeeded(mv, series, request, response,
                                    (queued, compute_input, compute_infer, compute_output))
         except BaseException:
@@ -558,8 +563,8 @@ class _Routes:
         return response
 
     def _failed(self, mv: ModelVersion, series: ModelSeries, request: Request,
-                response: Response) -> Response:
-        series.failed(mv.stats, response.status, self._now() - request.arrived)
+                response: Response, reason: str) -> Response:
+        series.failed(mv.stats, response.status, self._now() - request.arrived, reason)
         return response
 
 
@@ -607,6 +612,20 @@ def _not_ready(mv: ModelVersion, asked: str | None,
     return error_response(503, f"Request for unknown model: '{mv.name}' version "
                                f"{mv.version} is not at ready state (it is not ready: "
                                f"{why})", headers)
+
+
+def _failure_reason(exc: Exception) -> str | None:
+    """Triton's failure reason of an admitted request that failed with `exc` (its
+    statistics' `fail` and `nv_inference_request_failure{reason}`), or None for a
+    refusal at admission, which Triton's statistics do not count (its enqueue refuses
+    before the model sees the request): a full queue, a sequence's control flow."""
+    if isinstance(exc, (Overloaded, ProtocolError)):
+        return None
+    if isinstance(exc, DeadlineExceeded):  # Triton: "Request timeout expired"
+        return "REJECTED"
+    if isinstance(exc, Error):  # the program, the runtime or the device
+        return "BACKEND"
+    return "OTHER"  # unloading or drained before it ran
 
 
 def _failure_response(server: Server, mv: ModelVersion, exc: Exception) -> Response | None:

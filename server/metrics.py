@@ -267,11 +267,12 @@ class ModelSeries:
         if len(rows) >= _FOLD_VALUES:
             self.fold()
 
-    def failed(self, stats: ModelStatistics, status: int, seconds: float) -> None:
-        """A request the model version took and did not answer 200."""
+    def failed(self, stats: ModelStatistics, status: int, seconds: float, reason: str
+               ) -> None:
+        """A request the model version admitted and did not answer 200, for `reason`
+        (one of `FAILURE_REASONS`)."""
         self.finished(status, seconds)
         stats.fail.add(seconds)
-        reason = _FAILURE_REASON.get(status, "OTHER")
         self.failures[reason] += 1
 
     def fold(self) -> None:
@@ -406,10 +407,8 @@ class Metrics:
 
 
 # Triton's failure reasons (its `nv_inference_request_failure` label), each series made
-# at zero; a failed request's reason by its status: refused by the queue bound, the
-# deadline, a drain or the memory budget, or the program failing (the rest: OTHER)
+# at zero (the app says which a failed request's is)
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
-_FAILURE_REASON = {429: "REJECTED", 503: "REJECTED", 504: "REJECTED", 500: "BACKEND"}
 # Triton's request metric families: (name, type, help), the durations in the order of
 # `ModelSeries.success_ns`
 _TRITON_DURATIONS = ("nv_inference_request_duration_us", "nv_inference_queue_duration_us",

@@ -5,7 +5,9 @@ returns, per version: `inference_count` (inferences, i.e. batch rows served),
 `execution_count` (invocations of the program; with dynamic batching fewer than the
 requests, and inference_count / execution_count is the average batch size),
 `last_inference` (ms since the epoch), and `inference_stats` with a count and total
-nanoseconds for `success` and `fail` (end to end) and for each phase of a successful
+nanoseconds for `success` and `fail` (end to end; `fail` counts requests the version
+admitted, as Triton's: one refused before admission never reached it) and for each phase
+of a successful
 request: `queue` (waiting for an execution slot or a batch), `compute_input` (decoding the
 request into arrays), `compute_infer` (the invocation; with batching, its batch's) and
 `compute_output` (building the response). `batch_stats` counts executions by batch size
