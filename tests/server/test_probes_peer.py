@@ -446,6 +446,33 @@ def test_schedule_parameters_are_read_as_tritons_frontend_reads_them(peer_server
         assert status == 200, (parameters, payload)
 
 
+def test_a_client_that_leaves_mid_request_is_counted_as_tritons(peer_server):
+    """A stateless request whose client hangs up while it runs (L0_client_timeout's
+    client giving up) runs to its end and is counted a success, as in Triton, whose HTTP
+    frontend does not cancel it; the server keeps serving."""
+    import socket
+
+    server = peer_server
+    _wait_idle(server, "spin")
+    before = _spin_stats(server)["inference_stats"]["success"]["count"]
+    body = json.dumps(_spin_body(1_000_000)).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v2/models/spin/infer HTTP/1.1\r\nHost: t\r\n"
+                     b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        deadline = time.monotonic() + 30
+        while not server.metrics().get(("tinyhal_inference_in_flight",
+                                        (("model", "spin"), ("version", "1"))), 0):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    deadline = time.monotonic() + 60
+    while _spin_stats(server)["inference_stats"]["success"]["count"] != before + 1:
+        assert time.monotonic() < deadline, "the request of the client that left was lost"
+        time.sleep(0.05)
+    _wait_idle(server, "spin")
+    status, _, payload = server.request("POST", "/v2/models/spin/infer", _spin_body(0))
+    assert status == 200, payload
+
+
 def test_triton_queue_policy_settings_are_refused_naming_them(peer_server):
     """Triton's queue policy (`default_queue_policy`, `priority_levels`) is not offered:
     a configuration giving it is refused naming the key, never taken and ignored."""
