@@ -24,11 +24,23 @@ pytestmark = pytest.mark.timeout(240)
 _SPIN_BODY_LENGTH = 1024
 
 
+_BF16_ADD = """
+func.func @main(%x: tensor<?xbf16> {iree.abi.name = "x"}, %y: tensor<?xbf16> {iree.abi.name = "y"})
+    -> (tensor<?xbf16> {iree.abi.name = "sum"}) {
+  %0 = arith.addf %x, %y : tensor<?xbf16>
+  return %0 : tensor<?xbf16>
+}
+"""
+
+
 @pytest.fixture(scope="module")
 def peer_server(tmp_path_factory, spin_vmfb, dtypes_vmfb):
     import shutil
 
+    from support.iree_tools import HOST_FLAGS, compile_mlir
+
     root = tmp_path_factory.mktemp("repo")
+    write_model(root, "bf16_add", compile_mlir(_BF16_ADD, HOST_FLAGS))
     for sample in ("mlp_classifier", "saxpy"):
         shutil.copytree(SAMPLES / sample, root / sample)
     write_model(root, "spin", spin_vmfb, {"max_concurrency": 1, "max_queue": 1})
@@ -313,6 +325,30 @@ def test_as_numpy_of_every_datatype_binary_and_json(client):
             np.testing.assert_array_equal(got, value, err_msg=name)
 
 
+def test_bf16_through_tritonclients_own_conversion(client):
+    """BF16 as tritonclient sends and reads it (ml_dtypes.bfloat16 arrays, sent as their
+    binary bits: the client refuses BF16 as JSON): sums exact in bf16 come back exact and
+    bf16, their output asked binary and as JSON numbers."""
+    import ml_dtypes
+    import tritonclient.http as httpclient
+
+    bf16 = ml_dtypes.bfloat16
+    x = np.array([1.5, -2.25, 3.0, 2.0**100, -0.0, 256.0], bf16)
+    y = np.array([0.5, 0.25, -3.0, 2.0**100, 0.0, 16.0], bf16)
+    want = np.array([2.0, -2.0, 0.0, 2.0**101, 0.0, 272.0], bf16)
+    for binary in (True, False):
+        inputs = []
+        for name, value in (("x", x), ("y", y)):
+            tensor = httpclient.InferInput(name, [6], "BF16")
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        result = client.infer("bf16_add", inputs, outputs=[
+            httpclient.InferRequestedOutput("sum", binary_data=binary)])
+        assert result.get_output("sum")["datatype"] == "BF16"
+        got = result.as_numpy("sum")
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (binary, got)
+
+
 def test_async_infer_many_in_flight_each_gets_its_own_answer(client):
     """64 `async_infer` calls in flight over the client's 8 connections: every result is
     the one its request asked for (ids and values)."""
@@ -541,7 +577,7 @@ def test_statistics_field_by_field_as_tritons(client, peer_server):
     assert _stats(client, "mlp_classifier") == client.get_inference_statistics(
         "mlp_classifier", "1")["model_stats"][0]
     names = {s["name"] for s in client.get_inference_statistics()["model_stats"]}
-    assert names == {"mlp_classifier", "saxpy", "spin", "dtypes", "mlp2"}
+    assert names == {"mlp_classifier", "saxpy", "spin", "dtypes", "mlp2", "bf16_add"}
     for model, version in (("nosuch", ""), ("mlp_classifier", "9")):
         with pytest.raises(InferenceServerException) as raised:
             client.get_inference_statistics(model, version)
