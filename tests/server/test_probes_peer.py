@@ -385,13 +385,26 @@ def test_the_asyncio_client_reads_every_answer(peer_server):
             with pytest.raises(InferenceServerException) as raised:
                 await client.get_trace_settings()
             assert raised.value.status() == "404"
+            options = [{}, {"request_compression_algorithm": "gzip"},
+                       {"response_compression_algorithm": "deflate"},
+                       {"parameters": {"custom": "x"}, "priority": 1,
+                        "timeout": 30_000_000}]
             results = await asyncio.gather(*[
-                client.infer("saxpy", _saxpy_inputs(n), request_id=str(n))
+                client.infer("saxpy", _saxpy_inputs(n, binary=n % 2 == 0),
+                             request_id=str(n), **options[n % len(options)])
                 for n in range(1, 33)])
             for n, result in zip(range(1, 33), results):
                 assert result.get_response()["id"] == str(n)
                 np.testing.assert_array_equal(result.as_numpy("z"),
                                               np.full(n, 6.0, np.float32))
+            # failures come back each to its own call, the others unharmed
+            answers = await asyncio.gather(
+                client.infer("saxpy", _saxpy_inputs(2)),
+                client.infer("nosuch", _saxpy_inputs(2)),
+                client.infer("saxpy", _saxpy_inputs(2), model_version="9"),
+                return_exceptions=True)
+            assert answers[0].as_numpy("z").shape == (2,)
+            assert [a.status() for a in answers[1:]] == ["404", "404"]
         finally:
             await client.close()
 
