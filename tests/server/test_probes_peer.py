@@ -14,6 +14,7 @@ import json
 import re
 import threading
 import time
+import urllib.parse
 
 import numpy as np
 import pytest
@@ -712,5 +713,30 @@ def test_restricted_apis_as_tritons_l0_http_restricted_api(tmp_path):
             assert client.is_server_live()  # health is not restricted here
         finally:
             client.close()
+    finally:
+        server.stop()
+
+
+def test_triton_metrics_of_a_model_named_with_quotes_and_backslashes(tmp_path):
+    """Model names are label values: the hand-written `nv_inference_*` lines escape them
+    as the exposition format says, so a parser reads the name back whole."""
+    import shutil
+
+    name = 'q"uo\\te'
+    shutil.copytree(SAMPLES / "saxpy", tmp_path / name)
+    server = ServerProcess("--model-repository", str(tmp_path))
+    try:
+        server.start()
+        body = json.dumps({"inputs": [
+            {"name": n, "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}
+            for n in ("x", "y")] + [{"name": "alpha", "datatype": "FP32", "shape": [1],
+                                     "data": [1.0]}]})
+        path = "/v2/models/" + urllib.parse.quote(name, safe="") + "/infer"
+        assert server.request("POST", path, body.encode())[0] == 404  # not decoded
+        metrics = server.metrics()
+        labels = (("model", name), ("version", "1"))
+        assert metrics[("nv_inference_count_total", labels)] == 0
+        assert metrics[("nv_inference_request_failure_total",
+                        (("model", name), ("reason", "OTHER"), ("version", "1")))] == 0
     finally:
         server.stop()
