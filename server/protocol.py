@@ -451,7 +451,8 @@ def _check_parameters(parameters: dict) -> None:
                            f"number or a boolean, not "
                            f"{kind.__name__ if value is not None else 'null'}")
             if key.startswith("triton_"):
-                raise _bad(f"parameter '{key}': keys starting with 'triton_' are reserved")
+                raise _bad(f"parameter '{key}': parameter keys starting with 'triton_' "
+                           f"are reserved for Triton usage and should not be specified")
         elif kind not in rule[0] or kind in _NUMBER_TYPES and not 0 <= value <= _UINT64_MAX:
             raise _bad(f"parameter '{key}' must be {rule[1]}, not "
                        f"{orjson.dumps(value).decode()[:40]}")

@@ -523,6 +523,25 @@ def test_a_client_that_leaves_mid_request_is_counted_as_tritons(peer_server):
     assert status == 200, payload
 
 
+def test_reserved_parameters_in_tritons_words(peer_server):
+    """L0_parameters: a `triton_` parameter sent over raw HTTP is a 400 "reserved for
+    Triton usage"; custom parameters of every JSON scalar type are taken."""
+    server = peer_server
+    rows = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                        "data": [0.5] * 16}]}
+    for key in ("triton_enable_empty_final_response", "triton_final_response",
+                "triton_injected_via_header"):
+        status, _, payload = server.request("POST", "/v2/models/mlp_classifier/infer",
+                                            dict(rows, parameters={key: "dummy-value"}))
+        assert status == 400 and "reserved for Triton usage" in json.loads(payload)[
+            "error"], payload
+    for parameters in ({"key1": "value1", "key2": "value2"}, {"key1": 1, "key2": 2},
+                       {"key1": 123.123, "key2": 321.321}, {"key1": True, "key2": "v"}):
+        status, _, payload = server.request("POST", "/v2/models/mlp_classifier/infer",
+                                            dict(rows, parameters=parameters))
+        assert status == 200, (parameters, payload)
+
+
 def test_triton_queue_policy_settings_are_refused_naming_them(peer_server):
     """Triton's queue policy (`default_queue_policy`, `priority_levels`) is not offered:
     a configuration giving it is refused naming the key, never taken and ignored."""
