@@ -453,6 +453,9 @@ def test_queue_full_and_queue_timeout_in_tritons_words(peer_server):
                                     (("model", "spin"), ("version", "1"))), 0):
         assert time.monotonic() < deadline and first.is_alive()
         time.sleep(0.02)
+    # L0_metrics' queue size: requests waiting, not the one running
+    _, _, text = server.request("GET", "/metrics")
+    assert b'\nnv_inference_pending_request_count{model="spin",version="1"} 1\n' in text
     status, headers, payload = server.request("POST", "/v2/models/spin/infer",
                                               _spin_body(0))
     assert status == 503 and int(headers["retry-after"]) >= 1, payload
