@@ -362,11 +362,12 @@ class _Routes:
             self.repo.get(name, version)  # 404 for an unknown model or version
             asked = [version] if version else list(self.repo.models[name])
             versions = [mv for v in asked if (mv := self.repo.models[name][v]).ready]
-            if not versions:
-                what = f"version {version} of model '{name}' is not" if version else \
-                    f"no version of model '{name}' is"
-                return error_response(404, f"{what} loaded: statistics are kept for "
-                                           f"loaded versions only")
+            if not versions:  # Triton's words first (its status is 400)
+                what = f"requested model version is not available for model '{name}': " \
+                       f"version {version} is not" if version else \
+                    f"requested model '{name}' is not available: no version of it is"
+                return error_response(404, f"{what} loaded (statistics are kept for "
+                                           f"loaded versions only)")
         return json_response({"model_stats": [_stats_doc(mv) for mv in versions]})
 
     def _control(self, action: str) -> None:

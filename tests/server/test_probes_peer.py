@@ -261,6 +261,13 @@ def test_a_model_not_loaded_in_tritons_words(client, peer_server):
     server = peer_server
     assert server.request("POST", "/v2/repository/models/saxpy/unload", b"")[0] == 200
     try:
+        # statistics: 404 (see docs/architecture.md), in Triton's words
+        for version, words in (("", "requested model 'saxpy' is not available"),
+                               ("1", "requested model version is not available for "
+                                     "model 'saxpy'")):
+            with pytest.raises(InferenceServerException) as raised:
+                client.get_inference_statistics("saxpy", version)
+            assert raised.value.status() == "404" and words in raised.value.message()
         for version, words in (("", "Request for unknown model: 'saxpy' has no available "
                                     "versions"),
                                ("1", "Request for unknown model: 'saxpy' version 1 is not "
