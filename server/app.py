@@ -597,6 +597,8 @@ def _no_route(path: str) -> str:
     for prefix, extension in _NOT_OFFERED:
         if path.startswith(prefix):
             return f"no route {path}: the {extension} extension is not offered"
+    if path.startswith("/v2/models/") and path.endswith(("/generate", "/generate_stream")):
+        return f"no route {path}: the generate extension is not offered"
     return f"no route {path}"
 
 

@@ -110,7 +110,7 @@ def _wait_idle(server: ServerProcess, model: str) -> None:
 
 # -- the client's methods --------------------------------------------------------------
 
-def test_every_client_method_reads_our_answers_as_tritons(client):
+def test_every_client_method_reads_our_answers_as_tritons(client, peer_server):
     """Each getter returns what tritonclient parses from Triton; the extensions not
     offered (shared memory, trace, logging) raise 404 naming the extension, and are not
     in the server metadata."""
@@ -153,8 +153,11 @@ def test_every_client_method_reads_our_answers_as_tritons(client):
         assert f"the {extension} extension is not offered" in raised.value.message(), \
             raised.value
     for absent in ("system_shared_memory", "cuda_shared_memory", "trace", "logging",
-                   "classification"):
+                   "classification", "generate"):
         assert absent not in meta["extensions"]
+    for path in ("/v2/models/saxpy/generate", "/v2/models/saxpy/versions/1/generate_stream"):
+        status, _, payload = peer_server.request("POST", path, {"text_input": "x"})
+        assert status == 404 and b"the generate extension is not offered" in payload
     assert client.is_server_live()
 
 
