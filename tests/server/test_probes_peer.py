@@ -1,10 +1,13 @@
 """Probes of stateless serving as Triton's own qa tests and clients see it: every method
 of `tritonclient.http.InferenceServerClient` and of its asyncio twin, `infer` with each
-of its options, `InferResult` for every datatype, the queue bound and deadlines in
-Triton's words (`qa/L0_model_queue`, `qa/L0_batcher`), the statistics extension field by
-field (Triton core's `TRITONSERVER_ServerModelStatistics`), and the metrics Triton's
-tests read (`nv_inference_*`). One server child (explicit model control, the samples plus
-a slow `spin` model and one of every datatype) for the module."""
+of its options, `InferResult` for every datatype (BF16 too), a model of two versions, the
+refusals, the queue bound and deadlines in Triton's words (`qa/L0_model_queue`,
+`L0_input_validation`, `L0_output_name`, `L0_lifecycle`, `L0_parameters`,
+`L0_http` restricted APIs), the statistics extension field by field (Triton core's
+`TRITONSERVER_ServerModelStatistics`), and the metrics Triton's tests read
+(`nv_inference_*`, `L0_metrics`). One server child (explicit model control, the samples
+plus a slow `spin` model, one of every datatype, a BF16 one and one of versions 2 and 10)
+for the module; the restricted-API and label-escaping probes start their own."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import asyncio
 import copy
 import json
 import re
+import shutil
 import threading
 import time
 import urllib.parse
@@ -36,8 +40,6 @@ func.func @main(%x: tensor<?xbf16> {iree.abi.name = "x"}, %y: tensor<?xbf16> {ir
 
 @pytest.fixture(scope="module")
 def peer_server(tmp_path_factory, spin_vmfb, dtypes_vmfb):
-    import shutil
-
     from support.iree_tools import HOST_FLAGS, compile_mlir
 
     root = tmp_path_factory.mktemp("repo")
@@ -716,8 +718,6 @@ def test_restricted_apis_as_tritons_l0_http_restricted_api(tmp_path):
     group without its header is 403 "This API is restricted"; with the header the request
     goes through (a model-control request then gets its own refusal, "explicit model load
     / unload is not allowed")."""
-    import shutil
-
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
@@ -752,8 +752,6 @@ def test_restricted_apis_as_tritons_l0_http_restricted_api(tmp_path):
 def test_triton_metrics_of_a_model_named_with_quotes_and_backslashes(tmp_path):
     """Model names are label values: the hand-written `nv_inference_*` lines escape them
     as the exposition format says, so a parser reads the name back whole."""
-    import shutil
-
     name = 'q"uo\\te'
     shutil.copytree(SAMPLES / "saxpy", tmp_path / name)
     server = ServerProcess("--model-repository", str(tmp_path))
