@@ -473,7 +473,7 @@ class ModelVersion:
         expected = {s.name for s in self.inputs}
         unknown = [n for n in request.inputs if n not in expected]
         if unknown:
-            raise self._unknown_input(unknown[0])
+            raise self._unexpected("input", unknown[0])
         missing = [s.name for s in self.inputs if s.name not in request.inputs]
         if missing:
             raise ProtocolError(400, f"expected {len(self.inputs)} inputs but got "
@@ -490,9 +490,7 @@ class ModelVersion:
             names = {s.name for s in self.outputs}
             for o in request.outputs:
                 if o.name not in names:
-                    raise ProtocolError(400, f"unexpected inference output '{o.name}' for "
-                                             f"model '{self.name}'; outputs: "
-                                             f"{', '.join(s.name for s in self.outputs)}")
+                    raise self._unexpected("output", o.name)
         args = []
         for spec in self.inputs:
             array = request.inputs[spec.name]
@@ -507,12 +505,16 @@ class ModelVersion:
         for spec in self.inputs:
             if spec.name == name:
                 return self._check_input(spec, datatype, shape)
-        raise self._unknown_input(name)
+        raise self._unexpected("input", name)
 
-    def _unknown_input(self, name: str) -> ProtocolError:
-        return ProtocolError(400, f"unexpected inference input '{name}' for model "
-                                  f"'{self.name}'; inputs: "
-                                  f"{', '.join(s.name for s in self.inputs)}")
+    def _unexpected(self, kind: str, name: str) -> ProtocolError:
+        """A request's input or output the model does not have (a state or control
+        tensor included: the server fills those): 400 in Triton's words, which its L0
+        tests read, and the names the model has."""
+        specs = self.inputs if kind == "input" else self.outputs
+        return ProtocolError(400, f"unexpected inference {kind} {name!r} for model "
+                                  f"'{self.name}'; {kind}s: "
+                                  f"{', '.join(s.name for s in specs)}")
 
     def _check_input(self, spec: TensorSpec, datatype: str, shape: tuple[int, ...]) -> None:
         if datatype != spec.datatype:
@@ -531,7 +533,8 @@ class ModelVersion:
         if self.max_batch_size and shape[0] > self.max_batch_size:
             raise ProtocolError(400, f"inference request batch-size must be <= "
                                      f"{self.max_batch_size} for '{self.name}' (input "
-                                     f"'{spec.name}' has {shape[0]} rows, over its max_batch_size)")
+                                     f"'{spec.name}' has {shape[0]} rows, over its "
+                                     f"max_batch_size)")
 
     def infer(self, args: list[Any], deadline: float, label: str,
               parameters: dict | None = None, respond: Any = None
@@ -1175,7 +1178,7 @@ class ModelRepository:
         """The version (the highest ready one when `version` is None); ProtocolError 404
         if none (naming only what was asked for)."""
         versions = self.models.get(name)
-        if versions is None:
+        if versions is None:  # Triton's words (its L0 tests read them); 404 here
             raise ProtocolError(404, f"Request for unknown model: '{name}' is not found")
         if not version:
             if len(versions) == 1:
@@ -1185,8 +1188,8 @@ class ModelRepository:
             return (ready or list(versions.values()))[-1]
         mv = versions.get(version)
         if mv is None:
-            raise ProtocolError(404, f"Request for unknown model: '{name}' version {version} "
-                                     f"is not found")
+            raise ProtocolError(404, f"Request for unknown model: '{name}' version "
+                                     f"{version} is not found")
         return mv
 
     def close(self) -> None:
