@@ -475,13 +475,14 @@ class ModelVersion:
         expected = {s.name for s in self.inputs}
         unknown = [n for n in request.inputs if n not in expected]
         if unknown:
-            raise ProtocolError(400, f"unknown input {unknown[0]!r} for model '{self.name}'; "
-                                     f"inputs: {', '.join(s.name for s in self.inputs)}")
+            raise self._unexpected("input", unknown[0])
         missing = [s.name for s in self.inputs if s.name not in request.inputs]
         if missing:
-            raise ProtocolError(400, f"missing input{'s' if len(missing) > 1 else ''} "
-                                     f"{', '.join(repr(m) for m in missing)} for model "
-                                     f"'{self.name}'")
+            raise ProtocolError(400, f"expected {len(self.inputs)} inputs but got "
+                                     f"{len(request.inputs)} inputs for model '{self.name}'. "
+                                     f"Got input(s) {_names_list(request.inputs)}, but "
+                                     f"missing required input(s) {_names_list(missing)}. "
+                                     f"Please provide all required input(s).")
         return self._arguments(request)
 
     def _arguments(self, request: InferRequest) -> list[Any]:
@@ -491,9 +492,7 @@ class ModelVersion:
             names = {s.name for s in self.outputs}
             for o in request.outputs:
                 if o.name not in names:
-                    raise ProtocolError(400, f"unknown output {o.name!r} for model "
-                                             f"'{self.name}'; outputs: "
-                                             f"{', '.join(s.name for s in self.outputs)}")
+                    raise self._unexpected("output", o.name)
         args = []
         for spec in self.inputs:
             array = request.inputs[spec.name]
@@ -508,26 +507,36 @@ class ModelVersion:
         for spec in self.inputs:
             if spec.name == name:
                 return self._check_input(spec, datatype, shape)
-        raise ProtocolError(400, f"unknown input {name!r} for model '{self.name}'; "
-                                 f"inputs: {', '.join(s.name for s in self.inputs)}")
+        raise self._unexpected("input", name)
+
+    def _unexpected(self, kind: str, name: str) -> ProtocolError:
+        """A request's input or output the model does not have (a state or control
+        tensor included: the server fills those): 400 in Triton's words, which its L0
+        tests read, and the names the model has."""
+        specs = self.inputs if kind == "input" else self.outputs
+        return ProtocolError(400, f"unexpected inference {kind} {name!r} for model "
+                                  f"'{self.name}'; {kind}s: "
+                                  f"{', '.join(s.name for s in specs)}")
 
     def _check_input(self, spec: TensorSpec, datatype: str, shape: tuple[int, ...]) -> None:
         if datatype != spec.datatype:
-            raise ProtocolError(400, f"input '{spec.name}' has datatype {datatype} but "
-                                     f"model '{self.name}' expects {spec.datatype}")
+            raise ProtocolError(400, f"inference input '{spec.name}' data-type is "
+                                     f"'{datatype}', but model '{self.name}' expects "
+                                     f"'{spec.datatype}'")
         if spec.scalar:
             if math.prod(shape) != 1 or len(shape) > 1:
                 raise ProtocolError(400, f"input '{spec.name}' is a scalar: shape [1] "
                                          f"(or []), not {list(shape)}")
             return
         if not spec.accepts(shape):
-            raise ProtocolError(400, f"input '{spec.name}' has shape {list(shape)} "
-                                     f"but model '{self.name}' expects "
-                                     f"{list(spec.shape)}")
+            raise ProtocolError(400, f"unexpected shape for input '{spec.name}' for model "
+                                     f"'{self.name}'. Expected {_dims(spec.shape)}, got "
+                                     f"{_dims(shape)}")
         if self.max_batch_size and shape[0] > self.max_batch_size:
-            raise ProtocolError(400, f"input '{spec.name}' has batch size "
-                                     f"{shape[0]}, over max_batch_size "
-                                     f"{self.max_batch_size} of model '{self.name}'")
+            raise ProtocolError(400, f"inference request batch-size must be <= "
+                                     f"{self.max_batch_size} for '{self.name}' (input "
+                                     f"'{spec.name}' has {shape[0]} rows, over its "
+                                     f"max_batch_size)")
 
     def infer(self, args: list[Any], deadline: float, label: str,
               parameters: dict | None = None, respond: Any = None
@@ -1199,8 +1208,8 @@ class ModelRepository:
         """The version (the highest ready one when `version` is None); ProtocolError 404
         if none (naming only what was asked for)."""
         versions = self.models.get(name)
-        if versions is None:
-            raise ProtocolError(404, f"unknown model '{name}'")
+        if versions is None:  # Triton's words (its L0 tests read them); 404 here
+            raise ProtocolError(404, f"Request for unknown model: '{name}' is not found")
         if not version:
             if len(versions) == 1:
                 for mv in versions.values():
@@ -1209,7 +1218,8 @@ class ModelRepository:
             return (ready or list(versions.values()))[-1]
         mv = versions.get(version)
         if mv is None:
-            raise ProtocolError(404, f"unknown version '{version}' of model '{name}'")
+            raise ProtocolError(404, f"Request for unknown model: '{name}' version "
+                                     f"{version} is not found")
         return mv
 
     def close(self) -> None:
@@ -1228,3 +1238,13 @@ class ModelRepository:
             except Error:
                 pass
         self.devices.clear()
+
+
+def _names_list(names: Any) -> str:
+    """Names as Triton's validation messages list them: ['a','b']."""
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
+def _dims(shape: Any) -> str:
+    """A shape as Triton's messages write it: [-1,16]."""
+    return "[" + ",".join(str(d) for d in shape) + "]"

@@ -144,7 +144,7 @@ def test_inflated_json_costs_under_twice_its_tensor_bytes(tmp_path):
                                          gzip.compress(data), {"Content-Encoding": "gzip"},
                                          timeout=120)
         # y is refused by the signature once x was parsed: x's array was made
-        assert status == 400 and b"'y' has datatype INT32" in body, body
+        assert status == 400 and b"'y' data-type is 'INT32'" in body, body
         assert server.status_bytes("VmHWM") - before < 2 * (8 * n)
         assert server.settled_rss() - before < 20 * MB
     finally:

@@ -132,7 +132,8 @@ def test_inference_statistics(server, client):
     inference = stats["inference_stats"]
     was = before["inference_stats"]
     assert inference["success"]["count"] == was["success"]["count"] + 1
-    assert inference["fail"]["count"] == was["fail"]["count"] + 1
+    # refused by the signature before admission: not a failure of the version (Triton)
+    assert inference["fail"]["count"] == was["fail"]["count"]
     assert stats["inference_count"] == before["inference_count"] + 2
     assert stats["execution_count"] == before["execution_count"] + 1
     for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
