@@ -228,8 +228,8 @@ class Direct(_Schema):
 
 
 class SequenceBatching(_Schema):
-    max_sequence_idle_microseconds: Annotated[StrictInt, Field(ge=1, le=MAX_MICROSECONDS)] \
-        = DEFAULT_IDLE_US
+    # 0 is Triton's unset (proto3): its default, DEFAULT_IDLE_US
+    max_sequence_idle_microseconds: Micros = DEFAULT_IDLE_US
     direct: Direct | None = None
     oldest: Oldest | None = None
     control_input: list[ControlInputConfig] = Field(default_factory=list, max_length=8)
@@ -577,7 +577,8 @@ def parse_sequence_config(value: Any, max_batch_size: int, version_dir: Path
         initial.setflags(write=False)
         states.append(StateSpec(item.input_name, item.output_name, datatype, dims, initial,
                                 data_file))
-    return SequenceConfig(doc.max_sequence_idle_microseconds, strategy, candidates,
+    return SequenceConfig(doc.max_sequence_idle_microseconds or DEFAULT_IDLE_US, strategy,
+                          candidates,
                           body.max_queue_delay_microseconds, preferred, tuple(controls),
                           tuple(states))
 

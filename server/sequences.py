@@ -79,7 +79,9 @@ step is done (the connections of waiting steps are looked at every 20 ms, see
 idle expiry: the next step may come over another connection, as HTTP allows.
 A request whose deadline passes while queued leaves its sequence with 504 (nothing ran,
 the state did not change); one whose step already runs gets its 504 and the step still
-updates the state.
+updates the state. An END that leaves the queue so still ends its sequence, as Triton's
+(which frees the slot when it takes the END from the sequence's queue): the slot is
+free once no step of it runs, not when the sequence idles out.
 
 Everything happens on the event loop except the execution (gather, invoke, scatter),
 which runs on the version's instance threads, as with `admission.Admission`.
@@ -799,7 +801,7 @@ class SequenceBatcher:
                 self._detached -= 1
             seq.running = False
             seq.last_used = now
-            if seq.gone or (step.end and not seq.steps):  # not started anew meanwhile
+            if seq.gone or (seq.ending and not seq.steps):  # its END came (and went)
                 self._release(seq)
             else:
                 self._mark_ready(seq)

@@ -669,7 +669,7 @@ def test_a_bad_step_fails_alone_and_keeps_its_state(seq_server):
 
 @pytest.mark.parametrize("change, message", [
     ({"oldest": {}, "direct": {}}, "one of 'direct' and 'oldest'"),
-    ({"max_sequence_idle_microseconds": 0}, "max_sequence_idle_microseconds"),
+    ({"max_sequence_idle_microseconds": -1}, "max_sequence_idle_microseconds': must be >= 0"),
     ({"bogus": 1}, "'sequence_batching.bogus': unknown key"),
     ({"state": [{"input_name": "a", "output_name": "b", "data_type": "FP32", "dims": [2]}]},
      "'sequence_batching.state[0].data_type': must be 'TYPE_BOOL'"),

@@ -1,0 +1,364 @@
+"""Probes of stateful models as Triton's own sequence tests drive them and as operators
+change them while they serve (server/sequences.py, repository.py, config.py): an END that
+leaves the queue while its sequence's step runs, `max_sequence_idle_microseconds` 0
+(Triton's default), a START on a live id, steps of one sequence pipelined on one
+connection, more sequences than slots, a reload and an unload under sequence load, and a
+broken new version beside a serving one. Every answer is a 200 or a 4xx/503 naming why,
+at once; nothing hangs, nothing is a 500. One server child (explicit model control) for
+the file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from serve_helpers import SAMPLES, ServerProcess, receive_until, write_model
+from test_drain import SPIN_STEP_CONFIG, SPIN_STEP_MLIR, _spin_step
+from test_sequences import CORRID32_MLIR
+
+from support.iree_tools import HOST_FLAGS, compile_mlir
+
+pytestmark = pytest.mark.timeout(120)
+
+GRU = SAMPLES / "gru_step" / "1" / "model.vmfb"
+_GRU = json.loads((SAMPLES / "gru_step" / "config.json").read_text())
+
+
+def _acc_config(slots: int, max_queue: int = 64) -> dict:
+    """Y = S + X with an INT32 CORRID control, `slots` sequences at once."""
+    return {
+        "function": "f", "device": "sync", "max_batch_size": 4, "max_queue": max_queue,
+        "sequence_batching": {
+            "max_sequence_idle_microseconds": 60_000_000,
+            "oldest": {"max_candidate_sequences": slots},
+            "control_input": [{"name": "CORRID", "control": [
+                {"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_INT32"}]}],
+            "state": [{"input_name": "S_IN", "output_name": "S_OUT",
+                       "data_type": "TYPE_FP32", "dims": [1],
+                       "initial_state": [{"zero_data": True, "name": "z"}]}],
+        },
+    }
+
+
+def _gru(**sequence_changes) -> dict:
+    config = json.loads(json.dumps(_GRU))
+    config["sequence_batching"].update(sequence_changes)
+    return config
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("repo")
+    acc = compile_mlir(CORRID32_MLIR, HOST_FLAGS)
+    write_model(root, "acc", acc, _acc_config(4))
+    write_model(root, "acc_one", acc, _acc_config(1, max_queue=16))
+    write_model(root, "acc_v", acc, _acc_config(4))
+    one_slot = {**SPIN_STEP_CONFIG, "max_batch_size": 1, "max_queue": 8}
+    write_model(root, "spin_one", compile_mlir(SPIN_STEP_MLIR, HOST_FLAGS), one_slot)
+    write_model(root, "gru_idle0", GRU, _gru(max_sequence_idle_microseconds=0))
+    write_model(root, "gru_reload", GRU, _GRU)
+    write_model(root, "gru_unload", GRU, _GRU)
+    shutil.copytree(SAMPLES / "mlp_classifier", root / "mlp")
+    return root
+
+
+_LOADED = ("acc", "acc_one", "acc_v", "spin_one", "gru_reload", "gru_unload", "mlp")
+
+
+@pytest.fixture(scope="module")
+def server(repository):
+    loads = [arg for name in _LOADED for arg in ("--load-model", name)]
+    proc = ServerProcess("--model-repository", str(repository), "--model-control-mode",
+                         "explicit", *loads)
+    try:
+        yield proc.start()
+    finally:
+        proc.stop()
+
+
+def _acc_body(sid, x: float, start: bool = False, end: bool = False, **parameters) -> dict:
+    return {"parameters": {"sequence_id": sid, "sequence_start": start,
+                           "sequence_end": end, **parameters},
+            "inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [x]}]}
+
+
+def _gru_body(sid, start: bool = False, end: bool = False) -> dict:
+    return {"parameters": {"sequence_id": sid, "sequence_start": start,
+                           "sequence_end": end},
+            "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 8],
+                        "data": [0.1] * 8}]}
+
+
+def _infer(server: ServerProcess, model: str, body: dict, path: str = "") -> tuple[int, str]:
+    status, _, payload = server.request("POST", path or f"/v2/models/{model}/infer", body,
+                                        timeout=60)
+    return status, payload.decode(errors="replace")
+
+
+def _y(payload: str) -> float:
+    outputs = {o["name"]: o["data"] for o in json.loads(payload)["outputs"]}
+    return outputs["Y"][0]
+
+
+def _sequence_stats(server: ServerProcess, model: str) -> dict:
+    status, _, body = server.request("GET", f"/v2/models/{model}/stats")
+    assert status == 200, body
+    return json.loads(body)["model_stats"][0]["sequence_stats"]
+
+
+def _wait_for(what: str, condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} never happened"
+        time.sleep(0.02)
+
+
+def _in_background(fn) -> tuple[threading.Thread, list]:
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_an_end_that_left_the_queue_frees_the_slot_once_its_running_step_ends(server):
+    """One slot. Sequence 1's step runs (about a second); its END waits behind it and
+    leaves the queue at its 100 ms timeout (504, nothing ran). As Triton, whose slot is
+    released once the END is taken, the sequence is over: its slot is free as soon as
+    the running step ends, so sequence 2's START is served then, not after sequence 1
+    idles out (60 s)."""
+    running, first = _in_background(lambda: _infer(
+        server, "spin_one", _spin_step(1, 1_000_000, start=True)))
+    _wait_for("the step running", lambda: _sequence_stats(server, "spin_one")
+              ["slots_in_use"] == 1 and _sequence_stats(server, "spin_one")
+              ["queued_steps"] == 0)
+    status, payload = _infer(server, "spin_one", _spin_step(1, 1, end=True, timeout=100_000))
+    assert status == 504, payload
+    running.join(timeout=60)
+    assert first and first[0][0] == 200, first
+    status, payload = _infer(server, "spin_one", _spin_step(1, 1))
+    assert status == 400 and "must specify the START flag" in payload, payload
+    _wait_for("the slot freed", lambda: _sequence_stats(server, "spin_one")
+              ["slots_in_use"] == 0, timeout=5)
+    status, payload = _infer(server, "spin_one", _spin_step(2, 1, start=True, end=True))
+    assert status == 200, payload
+
+
+def test_an_end_that_left_the_queue_of_an_idle_sequence_ends_it(server):
+    """The same END timing out while nothing of its sequence runs (it waits for the
+    busy slot... here: behind a long step of its own sequence is the case above; a
+    sequence waiting for a slot has its END leave the backlog) ends the sequence."""
+    running, first = _in_background(lambda: _infer(
+        server, "spin_one", _spin_step(10, 1_000_000, start=True, end=True)))
+    _wait_for("the step running", lambda: _sequence_stats(server, "spin_one")
+              ["slots_in_use"] == 1 and _sequence_stats(server, "spin_one")
+              ["queued_steps"] == 0)
+    status, payload = _infer(server, "spin_one",
+                             _spin_step(11, 1, start=True, end=True, timeout=100_000))
+    assert status == 504, payload
+    running.join(timeout=60)
+    assert first and first[0][0] == 200, first
+    assert _sequence_stats(server, "spin_one")["waiting_for_slot"] == 0
+    status, payload = _infer(server, "spin_one", _spin_step(11, 1))
+    assert status == 400 and "must specify the START flag" in payload, payload
+
+
+def test_idle_time_0_is_tritons_default_of_a_second(server):
+    """Triton reads `max_sequence_idle_microseconds` 0 (proto3's unset) as its default,
+    one second; a Triton configuration that spells it out loads as there."""
+    status, _, body = server.request("POST", "/v2/repository/models/gru_idle0/load", b"")
+    assert status == 200, body
+    status, _, body = server.request("GET", "/v2/models/gru_idle0/config")
+    assert status == 200, body
+    sequences = json.loads(body)["sequence_batching"]
+    assert sequences["max_sequence_idle_microseconds"] == 1_000_000, sequences
+
+
+def test_a_start_on_a_live_id_begins_again_from_the_initial_state(server):
+    assert _y(_infer(server, "acc", _acc_body(7, 1.0, start=True))[1]) == 1.0
+    assert _y(_infer(server, "acc", _acc_body(7, 2.0))[1]) == 3.0
+    assert _y(_infer(server, "acc", _acc_body(7, 5.0, start=True))[1]) == 5.0
+    assert _y(_infer(server, "acc", _acc_body(7, 1.0, end=True))[1]) == 6.0
+    status, payload = _infer(server, "acc", _acc_body(7, 1.0))
+    assert status == 400 and "must specify the START flag" in payload, payload
+
+
+def _http_post(path: str, body: dict) -> bytes:
+    data = json.dumps(body).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+
+
+def test_steps_of_one_sequence_pipelined_on_one_connection_run_in_order(server):
+    """20 steps sent at once on one connection (HTTP/1.1 pipelining, as an asynchronous
+    client may): answered in order, each the running sum of the steps before it."""
+    count = 20
+    steps = [_acc_body(30, float(k + 1), start=k == 0, end=k == count - 1)
+             for k in range(count)]
+    data = b"".join(_http_post("/v2/models/acc/infer", step) for step in steps)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(data)
+        received = b""
+        answers = []
+        while len(answers) < count:
+            received = receive_until(sock, b"\r\n\r\n", received)
+            head, rest = received.split(b"\r\n\r\n", 1)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            while len(rest) < length:
+                chunk = sock.recv(65536)
+                assert chunk
+                rest += chunk
+            answers.append(_y(rest[:length].decode()))
+            received = rest[length:]
+    assert answers == [float(sum(range(1, k + 2))) for k in range(count)], answers
+
+
+def test_more_sequences_than_slots_are_served_in_turn_each_as_alone(server):
+    """One slot, six clients each running a four-step sequence at once: the STARTs wait
+    for the slot (the backlog), every sequence is served whole in turn and each answer is
+    its own running sum (no state crosses sequences)."""
+    results: dict[int, list] = {}
+
+    def run(sid: int) -> None:
+        got = []
+        for k in range(4):
+            status, payload = _infer(server, "acc_one", _acc_body(
+                sid, float(sid * 10 + k), start=k == 0, end=k == 3))
+            got.append(_y(payload) if status == 200 else (status, payload))
+        results[sid] = got
+
+    threads = [threading.Thread(target=run, args=(sid,)) for sid in range(1, 7)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    for sid in range(1, 7):
+        xs = [sid * 10 + k for k in range(4)]
+        assert results.get(sid) == [float(sum(xs[:k + 1])) for k in range(4)], results
+    assert _sequence_stats(server, "acc_one")["live_sequences"] == 0
+
+
+def _storm(server: ServerProcess, model: str, clients: int, stop: threading.Event,
+           answers: list) -> list[threading.Thread]:
+    """`clients` threads running 5-step gru sequences on `model` until `stop`; every
+    (status, payload) lands in `answers`."""
+    def run(client: int) -> None:
+        sid = client * 1_000_000
+        while not stop.is_set():
+            sid += 1
+            for k in range(5):
+                try:
+                    status, payload = _infer(server, model, _gru_body(
+                        sid, start=k == 0, end=k == 4))
+                except OSError as exc:  # no answer at all: what the probe rules out
+                    status, payload = None, repr(exc)
+                answers.append((status, payload))
+                if status != 200:
+                    break
+
+    threads = [threading.Thread(target=run, args=(c + 1,), daemon=True)
+               for c in range(clients)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _check_answers(answers: list, allowed: dict[int, tuple[str, ...]]) -> None:
+    assert answers, "no answer at all"
+    for status, payload in answers:
+        assert status in allowed, (status, payload)
+        if status != 200:
+            assert any(word in payload for word in allowed[status]), (status, payload)
+
+
+def test_a_reload_under_sequence_load_answers_every_step(server):
+    """Four clients run sequences while the model is loaded again three times. The new
+    version knows none of the old one's sequences (as Triton), so a step may get 400
+    "must specify the START flag" or 503 (its version stopped admitting); nothing hangs,
+    nothing is a 500, and sequences started on the new version are served whole."""
+    stop = threading.Event()
+    answers: list = []
+    threads = _storm(server, "gru_reload", 4, stop, answers)
+    try:
+        for _ in range(3):
+            time.sleep(0.3)
+            status, _, body = server.request("POST", "/v2/repository/models/gru_reload/load",
+                                             b"", timeout=60)
+            assert status == 200, body
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    _check_answers(answers, {200: (), 400: ("must specify the START flag",),
+                             503: ("unloading", "not ready", "Retry")})
+    assert [s for s, _ in answers].count(200) > 20
+    for k in range(3):
+        status, payload = _infer(server, "gru_reload", _gru_body(99, k == 0, k == 2))
+        assert status == 200, payload
+    assert "Traceback" not in "".join(server.stderr)
+
+
+def test_an_unload_under_sequence_and_stateless_load_answers_everyone(server):
+    """Sequence clients on one model and stateless clients on another while the first
+    unloads: the unload returns, each step is 200, 400 (its sequence was ended) or 503
+    naming why; the stateless model serves on throughout."""
+    stop = threading.Event()
+    answers: list = []
+    threads = _storm(server, "gru_unload", 4, stop, answers)
+    mlp: list = []
+    body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                        "data": [0.5] * 16}]}
+
+    def stateless() -> None:
+        while not stop.is_set():
+            mlp.append(_infer(server, "mlp", body))
+
+    other = threading.Thread(target=stateless, daemon=True)
+    other.start()
+    try:
+        time.sleep(0.5)
+        status, _, payload = server.request("POST",
+                                            "/v2/repository/models/gru_unload/unload", b"",
+                                            timeout=60)
+        assert status == 200, payload
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in [*threads, other]:
+            thread.join(timeout=60)
+    _check_answers(answers, {200: (), 400: ("must specify the START flag", "was ended"),
+                             503: ("unloading", "not ready", "unloaded")})
+    assert {status for status, _ in mlp} == {200}
+    index = json.loads(server.request("POST", "/v2/repository/index", b"")[2])
+    entry = next(e for e in index if e["name"] == "gru_unload")
+    assert entry.get("state") in (None, "UNAVAILABLE"), entry
+
+
+def test_a_broken_new_version_leaves_the_old_one_serving_its_live_sequence(server,
+                                                                          repository):
+    """Version 2 appears with a file that is no module while a sequence lives on
+    version 1 (policy: latest 1). The load answers 400 naming version 2; version 1 keeps
+    serving and the live sequence continues from its state, as Triton keeps the
+    serving version when its replacement fails."""
+    assert _y(_infer(server, "acc_v", _acc_body(5, 2.0, start=True))[1]) == 2.0
+    broken = repository / "acc_v" / "2"
+    broken.mkdir()
+    (broken / "model.vmfb").write_bytes(b"not a module at all" * 100)
+    try:
+        status, _, body = server.request("POST", "/v2/repository/models/acc_v/load", b"")
+        assert status == 400 and b"version 2" in body, body
+        assert _y(_infer(server, "acc_v", _acc_body(5, 3.0))[1]) == 5.0
+        index = json.loads(server.request("POST", "/v2/repository/index", b"")[2])
+        states = {e.get("version"): e.get("state") for e in index if e["name"] == "acc_v"}
+        assert states.get("1") == "READY", index
+    finally:
+        shutil.rmtree(broken)
+    assert _y(_infer(server, "acc_v", _acc_body(5, 4.0, end=True))[1]) == 9.0
