@@ -64,6 +64,9 @@ def repository(tmp_path_factory) -> Path:
     write_model(root, "gru_reload", GRU, _GRU)
     write_model(root, "gru_unload", GRU, _GRU)
     shutil.copytree(SAMPLES / "mlp_classifier", root / "mlp")
+    warmup = json.loads((SAMPLES / "mlp_classifier" / "config.json").read_text())
+    warmup["model_warmup"] = [{"name": "w", "batch_size": 1}]
+    write_model(root, "mlp_warmup", SAMPLES / "mlp_classifier" / "1" / "model.vmfb", warmup)
     return root
 
 
@@ -362,3 +365,59 @@ def test_a_broken_new_version_leaves_the_old_one_serving_its_live_sequence(serve
     finally:
         shutil.rmtree(broken)
     assert _y(_infer(server, "acc_v", _acc_body(5, 4.0, end=True))[1]) == 9.0
+
+
+_MLP = json.loads((SAMPLES / "mlp_classifier" / "config.json").read_text())
+_TRITON_CONFIGS = [  # (what changes in the model's config, status, part of the answer)
+    ({"model_warmup": [{"name": "w", "batch_size": 1}]}, 400,
+     "'model_warmup': a Triton setting not offered here: no warm-up requests"),
+    ({"optimization": {"input_pinned_memory": {"enable": True}}}, 400,
+     "'optimization': a Triton setting not offered here"),
+    ({"response_cache": {"enable": True}}, 400, "no response cache"),
+    ({"model_transaction_policy": {"decoupled": True}}, 400, "no decoupled models"),
+    ({"ensemble_scheduling": {"step": []}}, 400, "no ensembles"),
+    ({"instance_group": [{"kind": "KIND_GPU", "count": 1}]}, 400,
+     "KIND_GPU is not offered here: this server has no GPUs"),
+    ({"instance_group": [{"count": 1, "gpus": [0]}]}, 400,
+     "'instance_group[0].gpus': a Triton setting not offered here: this server has no GPUs"),
+    ({"instance_group": [{"name": "mlp_0", "kind": "KIND_MODEL", "count": 2}]}, 200, ""),
+    ({"dynamic_batching": {"priority_levels": 2}}, 400, "requests are not prioritised"),
+    ({"dynamic_batching": {"default_queue_policy": {"max_queue_size": 4}}}, 400,
+     "bounded by 'max_queue'"),
+    ({"input": [{"name": "features", "data_type": "TYPE_FP32", "dims": [16]}]}, 400,
+     "Triton's form of a tensor"),
+    ({"name": "other"}, 400, "config 'name' 'other' is not the model's name 'mlp'"),
+    ({"platform": "onnxruntime_onnx"}, 400, "'platform': must be 'tinyhal_vmfb'"),
+    ({"backend": "python"}, 400, "'backend': must be 'tinyhal'"),
+    ({"parameters": {"EXECUTION_ENV_PATH": {"string_value": "x"}}}, 400, "'parameters"),
+    ({"version_policy": {"specific": {"versions": []}}}, 400,
+     "'version_policy.specific.versions'"),
+    ({"version_policy": {"latest": {"num_versions": 1}, "all": {}}}, 400,
+     "give one of 'latest', 'all' and 'specific'"),
+    ({"version_policy": {"all": None}}, 200, ""),
+]
+
+
+@pytest.mark.parametrize("change,status,message", _TRITON_CONFIGS,
+                         ids=[next(iter(c[0])) + str(i) for i, c in
+                              enumerate(_TRITON_CONFIGS)])
+def test_a_triton_configuration_is_taken_or_refused_naming_why(server, change, status,
+                                                               message):
+    """Triton's configuration keys, loaded as a repository `load`'s `config`: what this
+    server does not offer is a 400 naming the key and why (not a bare "unknown key"),
+    and the model that served keeps serving."""
+    config = json.dumps({**_MLP, **change})
+    got, _, body = server.request("POST", "/v2/repository/models/mlp/load",
+                                  {"parameters": {"config": config}})
+    assert got == status and message in body.decode(), body
+    assert server.request("GET", "/v2/models/mlp/ready")[0] == 200
+
+
+def test_a_triton_key_in_config_json_is_unavailable_with_its_reason_in_index_and_log(
+        server):
+    status, _, body = server.request("POST", "/v2/repository/models/mlp_warmup/load", b"")
+    assert status == 400 and b"no warm-up requests" in body, body
+    index = json.loads(server.request("POST", "/v2/repository/index", b"")[2])
+    entry = next(e for e in index if e["name"] == "mlp_warmup")
+    assert entry["state"] == "UNAVAILABLE" and "no warm-up requests" in entry["reason"], entry
+    server.wait_stderr("mlp_warmup.*no warm-up requests", timeout=10)
