@@ -421,3 +421,24 @@ def test_a_triton_key_in_config_json_is_unavailable_with_its_reason_in_index_and
     entry = next(e for e in index if e["name"] == "mlp_warmup")
     assert entry["state"] == "UNAVAILABLE" and "no warm-up requests" in entry["reason"], entry
     server.wait_stderr("mlp_warmup.*no warm-up requests", timeout=10)
+
+
+@pytest.mark.parametrize("datatype", ["TYPE_UINT32", "TYPE_INT64", "TYPE_UINT64"])
+def test_a_corrid_control_of_another_type_than_the_program_input(server, repository,
+                                                                  datatype):
+    """The CORRID control's `data_type` against the program input it fills (INT32): the
+    same width, unsigned, is the program's values bit for bit; a wider type does not fit
+    the program. Either way the load or each step answers at once, never a 500."""
+    config = _acc_config(4)
+    config["sequence_batching"]["control_input"][0]["control"][0]["data_type"] = datatype
+    status, _, body = server.request("POST", "/v2/repository/models/acc_v/load",
+                                     {"parameters": {"config": json.dumps(config)}})
+    text = body.decode()
+    if status == 400:
+        assert "CORRID" in text, text
+        return
+    assert status == 200, text
+    top = {"TYPE_UINT32": (1 << 32) - 1, "TYPE_INT64": (1 << 63) - 1,
+           "TYPE_UINT64": (1 << 64) - 1}[datatype]
+    got, payload = _infer(server, "acc_v", _acc_body(top, 1.0, start=True, end=True))
+    assert got in (200, 400), payload
