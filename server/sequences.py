@@ -68,7 +68,9 @@ request of an unknown (never started, ended or expired) sequence without
 `MAX_SEQUENCE_ID_LENGTH` characters. A `sequence_start` for a sequence still live ends
 it and starts it anew (its queued steps run first; Triton's "previous sequence will be
 terminated early"). A sequence whose START left the queue unrun (its deadline) is ended,
-as one that expired. Ended sequences are remembered (why they ended, for the next
+as one that expired. A sequence waiting for a slot expires whole at the earliest
+deadline of its steps, as Triton's backlog: each of its steps is answered 504 "timeout
+of the corresponding sequence has been expired" (Triton's words). Ended sequences are remembered (why they ended, for the next
 step's 400) by a 16-byte digest of their id, 4,096 at most. A sequence that received
 nothing for `max_sequence_idle_microseconds` (none queued or running) is ended and its
 slot freed. A client that closes its connection while a step of its sequence waits or
@@ -121,6 +123,7 @@ from .config import (  # the configuration's schema; importable from here as bef
 from .http import client_gone_probe
 from .protocol import DATATYPES, ProtocolError
 from .scheduling import (
+    DeadlineExceeded,
     DispatchAfterPass,
     InFlight,
     Overloaded,
@@ -153,7 +156,6 @@ class _Step(PendingRequest):
 
     started_note = "the step started and still updates its state (its result is " \
                    "discarded)"
-    queued_note = "in the queue of its sequence (nothing ran; its state is unchanged)"
     __slots__ = ("start", "end", "sequence", "probe")
 
     def __init__(self, args: list[Any], start: bool, end: bool, deadline: float,
@@ -165,10 +167,22 @@ class _Step(PendingRequest):
         self.sequence = sequence
         self.probe = client_gone_probe()
 
+    @property
+    def queued_note(self) -> str:
+        """What a step that left the queue at its deadline is told (see `_expire_waiting`
+        for a sequence that waited for a slot)."""
+        if self.sequence.expired_waiting:
+            return f"waiting for a sequence slot: {_WAITING_EXPIRED} (nothing ran)"
+        return "in the queue of its sequence (nothing ran; its state is unchanged)"
+
+
+# Triton's words for a sequence that waited for a slot past a request's deadline
+_WAITING_EXPIRED = "timeout of the corresponding sequence has been expired"
+
 
 class _Sequence:
     __slots__ = ("id", "slot", "home", "steps", "running", "ending", "gone", "ready",
-                 "last_used")
+                 "last_used", "expired_waiting")
 
     def __init__(self, sid: int | str, now: float) -> None:
         self.id = sid
@@ -180,6 +194,7 @@ class _Sequence:
         self.gone = False  # ended because a client went away: freed when nothing runs
         self.ready = False  # in the ready queue
         self.last_used = now
+        self.expired_waiting = False  # ended by a deadline while it waited for a slot
 
 
 def _digest(key: tuple[type, int | str]) -> bytes:
@@ -496,6 +511,9 @@ class SequenceBatcher:
             step.detached = True
             self._detached += 1
             return
+        if seq.slot is None:
+            self._expire_waiting(seq, step)
+            return
         steps = seq.steps
         at = steps.index(step)
         del steps[at]
@@ -505,6 +523,22 @@ class SequenceBatcher:
             self._start_lost(seq, at)
         elif step.end and not steps and not seq.running:
             self._release(seq)
+        self._dispatch()
+
+    def _expire_waiting(self, seq: _Sequence, step: _Step) -> None:
+        """A step of a sequence waiting for a slot left the queue at its deadline: as
+        Triton's backlog, whose deadline is its earliest request's, the whole sequence
+        expires. Every step it queued is answered 504 with Triton's words ("timeout of
+        the corresponding sequence has been expired"), and its next step without START is
+        refused (400) saying so."""
+        seq.steps.remove(step)
+        self._queued -= 1
+        self._in_flight.left(1)
+        seq.expired_waiting = True
+        why = f"{_WAITING_EXPIRED} (it waited for a sequence slot past a request's deadline)"
+        self._end_early(seq, why, DeadlineExceeded(
+            f"sequence {seq.id} of model '{self.model}': {why}; nothing ran",
+            started=False))
         self._dispatch()
 
     def _start_lost(self, seq: _Sequence, at: int) -> None:

@@ -442,3 +442,58 @@ def test_a_corrid_control_of_another_type_than_the_program_input(server, reposit
            "TYPE_UINT64": (1 << 64) - 1}[datatype]
     got, payload = _infer(server, "acc_v", _acc_body(top, 1.0, start=True, end=True))
     assert got in (200, 400), payload
+
+
+_SEQUENCE_EXPIRED = "timeout of the corresponding sequence has been expired"
+
+
+def _hold_the_slot(server: ServerProcess, sid: int) -> tuple[threading.Thread, list]:
+    """Sequence `sid` runs a long step (about a second) in spin_one's only slot."""
+    running = _in_background(lambda: _infer(
+        server, "spin_one", _spin_step(sid, 1_000_000, start=True, end=True)))
+    _wait_for("the step running", lambda: _sequence_stats(server, "spin_one")
+              ["slots_in_use"] == 1 and _sequence_stats(server, "spin_one")
+              ["queued_steps"] == 0)
+    return running
+
+
+def test_a_sequence_waiting_for_a_slot_expires_whole_at_its_first_deadline(server):
+    """Triton's L0_sequence_batcher test_request_timeout over HTTP: sequence 21 waits for
+    the only slot (its START, a step and its END queued, each with a 300 ms timeout)
+    while a long step runs. At the first deadline the whole sequence expires, as Triton's
+    backlog: each of its requests is answered with Triton's words, and its next step
+    without START is refused as a sequence not started (test_send_request_after_timeout)."""
+    running, first = _hold_the_slot(server, 20)
+    start, started = _in_background(lambda: _infer(
+        server, "spin_one", _spin_step(21, 1, start=True, timeout=300_000)))
+    _wait_for("a sequence waiting for a slot", lambda: _sequence_stats(
+        server, "spin_one")["waiting_for_slot"] == 1)
+    rest = [_in_background(lambda end=end: _infer(
+        server, "spin_one", _spin_step(21, 1, end=end, timeout=300_000 + 500_000 * end)))
+        for end in (False, True)]
+    for thread, _ in [(start, None), *rest]:
+        thread.join(timeout=30)
+    for status, payload in [*started, *(out[0] for _, out in rest)]:
+        assert status == 504 and _SEQUENCE_EXPIRED in payload, payload
+    running.join(timeout=60)
+    assert first and first[0][0] == 200, first
+    status, payload = _infer(server, "spin_one", _spin_step(21, 1))
+    assert status == 400 and "must specify the START flag on the first request" in payload
+    assert _SEQUENCE_EXPIRED in payload, payload
+
+
+def test_a_step_with_a_short_timeout_expires_its_waiting_sequence_at_once(server):
+    """The backlog's deadline is its earliest request's (Triton's `expiration_timestamp_`
+    is the minimum): a step with a 200 ms timeout behind a START allowed 30 s expires
+    the whole waiting sequence then, its START too, not 30 s later."""
+    running, first = _hold_the_slot(server, 22)
+    start, started = _in_background(lambda: _infer(
+        server, "spin_one", _spin_step(23, 1, start=True, timeout=30_000_000)))
+    _wait_for("a sequence waiting for a slot", lambda: _sequence_stats(
+        server, "spin_one")["waiting_for_slot"] == 1)
+    status, payload = _infer(server, "spin_one", _spin_step(23, 1, timeout=200_000))
+    assert status == 504 and _SEQUENCE_EXPIRED in payload, payload
+    start.join(timeout=5)
+    assert started and started[0][0] == 504 and _SEQUENCE_EXPIRED in started[0][1], started
+    running.join(timeout=60)
+    assert first and first[0][0] == 200, first
