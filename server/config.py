@@ -561,12 +561,17 @@ class SequenceConfig:
     preferred_batch_sizes: tuple[int, ...]
     controls: tuple[ControlInput, ...]
     states: tuple[StateSpec, ...]
+    # `direct`: the share of an instance's slots with a step ready at which a batch
+    # runs without waiting out the queue delay (0: at once, as Triton's)
+    minimum_slot_utilization: float = 0.0
 
     def describe(self) -> dict:
-        strategy: dict[str, Any] = {"max_queue_delay_microseconds": self.max_queue_delay_us,
-                                    "preferred_batch_size": list(self.preferred_batch_sizes)}
+        strategy: dict[str, Any] = {"max_queue_delay_microseconds": self.max_queue_delay_us}
         if self.strategy == "oldest":
             strategy["max_candidate_sequences"] = self.max_candidate_sequences
+            strategy["preferred_batch_size"] = list(self.preferred_batch_sizes)
+        else:
+            strategy["minimum_slot_utilization"] = self.minimum_slot_utilization
         return {
             "max_sequence_idle_microseconds": self.max_sequence_idle_us,
             self.strategy: strategy,
@@ -651,7 +656,7 @@ def parse_sequence_config(value: Any, max_batch_size: int, version_dir: Path
     return SequenceConfig(doc.max_sequence_idle_microseconds or DEFAULT_IDLE_US, strategy,
                           candidates,
                           body.max_queue_delay_microseconds, preferred, tuple(controls),
-                          tuple(states))
+                          tuple(states), getattr(body, "minimum_slot_utilization", 0.0))
 
 
 def _initial_from_file(name: str, version_dir: Path, like: np.ndarray, what: str

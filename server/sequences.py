@@ -60,7 +60,10 @@ With `direct`, as in Triton, slot s is row s % max_batch_size of instance
 s // max_batch_size for the sequence's whole life: an execution takes the ready
 sequences of one instance and covers its rows up to the highest ready one; the rows in
 between are null (zero inputs, READY false, START/END false, CORRID 0, the state of the
-slot's idle sequence or the initial one), and their outputs are dropped.
+slot's idle sequence or the initial one), and their outputs are dropped. Its
+`max_queue_delay_microseconds` is waited out, as Triton's, only with a
+`minimum_slot_utilization` above 0, and only until that share of `max_batch_size`
+sequences is ready (counted over the model's instances); with 0 a ready step runs at once.
 
 Triton's semantics and errors (400): a request without `sequence_id` (or 0, or ""); a
 request of an unknown (never started, ended or expired) sequence without
@@ -307,6 +310,12 @@ class SequenceBatcher:
         # timer (with its lead correction)
         self._policy = BatchingConfig(max_batch_size, config.max_queue_delay_us,
                                       config.preferred_batch_sizes)
+        self._target_rows = self._policy.target_rows  # ready at which the delay ends
+        if self._direct:  # as Triton's: the delay waits for a share of the slots only
+            utilization = config.minimum_slot_utilization
+            self._policy = BatchingConfig(
+                max_batch_size, config.max_queue_delay_us if utilization else 0)
+            self._target_rows = max(1, math.ceil(utilization * max_batch_size - 1e-9))
         self._timer = QueueTimer(self._policy.delay, self._dispatch_after_pass)
         self._tasks_started = False
         self._now: Callable[[], float] = trio.current_time  # the run's clock (see `infer`)
@@ -633,7 +642,7 @@ class SequenceBatcher:
         while self._idle and self._ready:
             now = self._now()
             if policy.delay and not self._closed:
-                target = policy.target_rows
+                target = self._target_rows
                 oldest = min((s.steps[0].arrived for s in self._ready if s.steps),
                              default=now) \
                     if len(self._ready) < target else now

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from serve_helpers import SAMPLES, ServerProcess, receive_until, write_model
 from test_drain import SPIN_STEP_CONFIG, SPIN_STEP_MLIR, _spin_step
-from test_sequences import CORRID32_MLIR
+from test_sequences import CORRID32_MLIR, DIRECT_CONFIG, DIRECT_MLIR
 
 from support.iree_tools import HOST_FLAGS, compile_mlir
 
@@ -63,6 +63,14 @@ def repository(tmp_path_factory) -> Path:
     write_model(root, "gru_idle0", GRU, _gru(max_sequence_idle_microseconds=0))
     write_model(root, "gru_reload", GRU, _GRU)
     write_model(root, "gru_unload", GRU, _GRU)
+    direct = compile_mlir(DIRECT_MLIR, HOST_FLAGS)
+    for name, delay_us, utilization in (("direct_now", 2_000_000, 0.0),
+                                        ("direct_half", 2_000_000, 0.5)):
+        config = json.loads(json.dumps(DIRECT_CONFIG))
+        config["sequence_batching"]["direct"] = {
+            "max_queue_delay_microseconds": delay_us,
+            "minimum_slot_utilization": utilization}
+        write_model(root, name, direct, config)
     shutil.copytree(SAMPLES / "mlp_classifier", root / "mlp")
     warmup = json.loads((SAMPLES / "mlp_classifier" / "config.json").read_text())
     warmup["model_warmup"] = [{"name": "w", "batch_size": 1}]
@@ -70,7 +78,8 @@ def repository(tmp_path_factory) -> Path:
     return root
 
 
-_LOADED = ("acc", "acc_one", "acc_v", "spin_one", "gru_reload", "gru_unload", "mlp")
+_LOADED = ("acc", "acc_one", "acc_v", "spin_one", "gru_reload", "gru_unload", "mlp",
+           "direct_now", "direct_half")
 
 
 @pytest.fixture(scope="module")
@@ -497,3 +506,64 @@ def test_a_step_with_a_short_timeout_expires_its_waiting_sequence_at_once(server
     assert started and started[0][0] == 504 and _SEQUENCE_EXPIRED in started[0][1], started
     running.join(timeout=60)
     assert first and first[0][0] == 200, first
+
+
+def _queue_wait(server: ServerProcess, model: str) -> tuple[int, float]:
+    """(steps, their mean seconds waiting in the queue), as the server measured them."""
+    wait = _sequence_stats(server, model)["queue_wait"]
+    return wait["count"], wait["ns"] / 1e9 / max(wait["count"], 1)
+
+
+def _direct_body(sid, start: bool = False, end: bool = False) -> dict:
+    return {"parameters": {"sequence_id": sid, "sequence_start": start,
+                           "sequence_end": end},
+            "inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}
+
+
+def test_direct_without_a_slot_utilization_runs_at_once(server):
+    """Triton's direct batcher waits out `max_queue_delay_microseconds` only for a
+    `minimum_slot_utilization` above 0 (its default, 0, runs a ready slot at once): a
+    lone step of `direct_now` (delay 2 s, utilization 0) waits nothing, by the server's
+    own measure of its queue time."""
+    for k in range(3):
+        status, payload = _infer(server, "direct_now", _direct_body(1, k == 0, k == 2))
+        assert status == 200, payload
+    count, mean = _queue_wait(server, "direct_now")
+    assert count == 3 and mean < 1.0, (count, mean)
+
+
+def test_direct_runs_once_its_slot_utilization_is_reached(server):
+    """`direct_half`: 4 slots, utilization 0.5, delay 2 s. Two sequences stepping
+    together reach it (2 of 4 slots ready) and run at once, in one execution of their
+    two rows; a lone step waits out the delay (by the server's measure)."""
+    for sid in (1, 2):  # each START alone: waits out the delay
+        assert _infer(server, "direct_half", _direct_body(sid, start=True))[0] == 200
+    count, lone = _queue_wait(server, "direct_half")
+    assert count == 2 and lone > 1.0, (count, lone)
+    barrier = threading.Barrier(2)
+
+    def step(sid: int):
+        barrier.wait(timeout=30)
+        return _infer(server, "direct_half", _direct_body(sid, end=True))
+
+    pair = [_in_background(lambda sid=sid: step(sid)) for sid in (1, 2)]
+    rows = []
+    for thread, out in pair:
+        thread.join(timeout=30)
+        assert out and out[0][0] == 200, out
+        rows.append({o["name"]: o["data"] for o in json.loads(out[0][1])["outputs"]}["N"])
+    assert rows == [[2.0], [2.0]], rows
+    count, mean = _queue_wait(server, "direct_half")
+    assert count == 4 and (mean * 4 - lone * 2) / 2 < 1.0, (count, mean)
+
+
+@pytest.mark.parametrize("model", ["direct_half", "acc", "spin_one"])
+def test_a_sequence_models_config_loads_back_as_it_is(server, model):
+    """Triton's get config, edit, load with `config`: what the config endpoint shows of
+    a sequence model (`direct` and `oldest`) loads back unchanged."""
+    status, _, shown = server.request("GET", f"/v2/models/{model}/config")
+    assert status == 200, shown
+    status, _, body = server.request("POST", f"/v2/repository/models/{model}/load",
+                                     {"parameters": {"config": shown.decode()}})
+    assert status == 200, body
+    assert server.request("GET", f"/v2/models/{model}/config")[2] == shown
