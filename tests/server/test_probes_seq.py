@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -58,6 +59,13 @@ def repository(tmp_path_factory) -> Path:
     write_model(root, "acc", acc, _acc_config(4))
     write_model(root, "acc_one", acc, _acc_config(1, max_queue=16))
     write_model(root, "acc_v", acc, _acc_config(4))
+    from_file = _acc_config(4)
+    from_file["sequence_batching"]["state"][0]["initial_state"] = [
+        {"data_type": "TYPE_FP32", "dims": [1], "data_file": "hundred", "name": "h"}]
+    write_model(root, "acc_file", acc, from_file)
+    (root / "acc_file" / "1" / "initial_state").mkdir()
+    (root / "acc_file" / "1" / "initial_state" / "hundred").write_bytes(
+        struct.pack("<f", 100.0))
     one_slot = {**SPIN_STEP_CONFIG, "max_batch_size": 1, "max_queue": 8}
     write_model(root, "spin_one", compile_mlir(SPIN_STEP_MLIR, HOST_FLAGS), one_slot)
     write_model(root, "gru_idle0", GRU, _gru(max_sequence_idle_microseconds=0))
@@ -78,7 +86,7 @@ def repository(tmp_path_factory) -> Path:
     return root
 
 
-_LOADED = ("acc", "acc_one", "acc_v", "spin_one", "gru_reload", "gru_unload", "mlp",
+_LOADED = ("acc", "acc_file", "acc_one", "acc_v", "spin_one", "gru_reload", "gru_unload", "mlp",
            "direct_now", "direct_half")
 
 
@@ -197,6 +205,20 @@ def test_a_start_on_a_live_id_begins_again_from_the_initial_state(server):
     assert _y(_infer(server, "acc", _acc_body(7, 1.0, end=True))[1]) == 6.0
     status, payload = _infer(server, "acc", _acc_body(7, 1.0))
     assert status == 400 and "must specify the START flag" in payload, payload
+
+
+def test_a_start_on_a_live_id_begins_again_from_the_initial_state_file(server):
+    """The same with the initial state read from `initial_state/<data_file>` (100): a
+    START on a live id, and one on an id that ended, each begin from 100 again, also
+    while other sequences of the batch carry on."""
+    assert _y(_infer(server, "acc_file", _acc_body(8, 1.0, start=True))[1]) == 101.0
+    assert _y(_infer(server, "acc_file", _acc_body(9, 2.0, start=True))[1]) == 102.0
+    assert _y(_infer(server, "acc_file", _acc_body(8, 1.0))[1]) == 102.0
+    assert _y(_infer(server, "acc_file", _acc_body(8, 5.0, start=True))[1]) == 105.0
+    assert _y(_infer(server, "acc_file", _acc_body(9, 2.0, end=True))[1]) == 104.0
+    assert _y(_infer(server, "acc_file", _acc_body(9, 3.0, start=True, end=True))[1]) \
+        == 103.0
+    assert _y(_infer(server, "acc_file", _acc_body(8, 1.0, end=True))[1]) == 106.0
 
 
 def _http_post(path: str, body: dict) -> bytes:
