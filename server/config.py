@@ -24,7 +24,8 @@ A refusal is a `ConfigError` (a `ValueError`) on one line naming the file, the k
 the reason, e.g. `m/config.json: 'sequence_batching.oldest.max_queue_delay_microseconds':
 must be <= 3600000000 (an integer of 401 digits)`.
 
-Version directories are named by decimal integers (ASCII digits, at most 18 of them:
+Version directories are named by decimal integers (ASCII digits, at most 18 of them; the
+repository ignores those with leading zeros, as Triton:
 `²` or `٣` are not versions).
 """
 

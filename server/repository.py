@@ -911,18 +911,25 @@ class ModelRepository:
                     f"model {name} version {version_dir.name}: no model.vmfb (found: "
                     f"{', '.join(found_names[:20]) or 'nothing'}); skipped")
                 continue
-            version = str(int(version_dir.name))
-            other = found.get(version)
-            if other is not None:  # `1/` and `01/`: the one named as the version serves
-                if version_dir.name != version:
-                    other, vmfb = vmfb, other
-                skipped[other.parent.name] = (
-                    f"model {name}: skipping {other.parent.name}/: {version}/ is the "
-                    f"same version")
-            found[version] = vmfb
+            if version_dir.name[0] == "0" and len(version_dir.name) > 1:
+                skipped[version_dir.name] = (  # Triton's words
+                    f"model {name}: ignore version directory '{version_dir.name}' which "
+                    f"contains leading zeros in its directory name")
+                continue
+            found[version_dir.name] = vmfb
+        selected = _select_versions(policy, list(found))
+        if policy[0] == "specific":
+            for version in sorted(policy[1] - set(found), key=_version_key):
+                skipped[f"policy {version}"] = (
+                    f"version {version} is specified for model '{name}', but the version "
+                    f"directory is not present")
         self._log_skipped(name, skipped)
+        if found and not selected:
+            raise ConfigError(f"at least one version must be available under the version "
+                              f"policy of model '{name}' (it selects none of the versions "
+                              f"{', '.join(sorted(found, key=_version_key)[:20])})")
         versions: dict[str, ModelVersion] = {}
-        for version in _select_versions(policy, list(found)):
+        for version in selected:
             mv = ModelVersion(name, version, found[version], {}, self.default_device)
             mv.fingerprint = file_fingerprint(found[version])
             if override is None:

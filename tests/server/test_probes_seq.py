@@ -71,6 +71,11 @@ def repository(tmp_path_factory) -> Path:
     write_model(root, "gru_idle0", GRU, _gru(max_sequence_idle_microseconds=0))
     write_model(root, "gru_reload", GRU, _GRU)
     write_model(root, "gru_unload", GRU, _GRU)
+    padded = root / "padded"  # Triton's test_parse_ignore_zero_prefixed_version
+    for version in ("1", "003"):
+        shutil.copytree(SAMPLES / "mlp_classifier" / "1", padded / version)
+    (padded / "config.json").write_text((SAMPLES / "mlp_classifier" / "config.json")
+                                        .read_text())
     direct = compile_mlir(DIRECT_MLIR, HOST_FLAGS)
     for name, delay_us, utilization in (("direct_now", 2_000_000, 0.0),
                                         ("direct_half", 2_000_000, 0.5)):
@@ -425,6 +430,9 @@ _TRITON_CONFIGS = [  # (what changes in the model's config, status, part of the 
      "'version_policy.specific.versions'"),
     ({"version_policy": {"latest": {"num_versions": 1}, "all": {}}}, 400,
      "give one of 'latest', 'all' and 'specific'"),
+    ({"version_policy": {"specific": {"versions": [5]}}}, 400,
+     "at least one version must be available under the version policy of model 'mlp'"),
+    ({"version_policy": {"latest": {"num_versions": 3}}}, 200, ""),
     ({"version_policy": {"all": None}}, 200, ""),
 ]
 
@@ -589,3 +597,37 @@ def test_a_sequence_models_config_loads_back_as_it_is(server, model):
                                      {"parameters": {"config": shown.decode()}})
     assert status == 200, body
     assert server.request("GET", f"/v2/models/{model}/config")[2] == shown
+
+
+def test_a_version_directory_with_leading_zeros_is_ignored_as_triton_ignores_it(server):
+    """Triton's test_parse_ignore_zero_prefixed_version: `003/` beside `1/` is not
+    version 3 (Triton ignores it, logging why), so version 1 is the latest and serves."""
+    status, _, body = server.request("POST", "/v2/repository/models/padded/load", b"")
+    assert status == 200, body
+    server.wait_stderr("model padded: ignore version directory '003' which contains "
+                       "leading zeros in its directory name", timeout=10)
+    index = _index_states(server)
+    assert index.get(("padded", "1")) == "READY" and ("padded", "3") not in index, index
+    assert server.request("GET", "/v2/models/padded/versions/3/ready")[0] != 200
+
+
+def _index_states(server: ServerProcess) -> dict:
+    status, _, body = server.request("POST", "/v2/repository/index", b"")
+    assert status == 200, body
+    return {(e["name"], e.get("version")): e.get("state") for e in json.loads(body)}
+
+
+def test_a_specific_version_not_present_is_logged_and_none_is_a_failure(server):
+    """Triton's VersionsToLoad: a `specific` version without its directory is logged and
+    the others load; a policy that selects none fails the load naming why."""
+    config = json.dumps({**_MLP, "version_policy": {"specific": {"versions": [1, 9]}}})
+    status, _, body = server.request("POST", "/v2/repository/models/padded/load",
+                                     {"parameters": {"config": config}})
+    assert status == 200, body
+    server.wait_stderr("version 9 is specified for model 'padded', but the version "
+                       "directory is not present", timeout=10)
+    config = json.dumps({**_MLP, "version_policy": {"specific": {"versions": [3]}}})
+    status, _, body = server.request("POST", "/v2/repository/models/padded/load",
+                                     {"parameters": {"config": config}})
+    assert status == 400 and b"at least one version must be available" in body, body
+    assert _index_states(server).get(("padded", "1")) == "READY"  # it keeps serving
