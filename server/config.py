@@ -24,9 +24,9 @@ A refusal is a `ConfigError` (a `ValueError`) on one line naming the file, the k
 the reason, e.g. `m/config.json: 'sequence_batching.oldest.max_queue_delay_microseconds':
 must be <= 3600000000 (an integer of 401 digits)`.
 
-Version directories are named by decimal integers (ASCII digits, at most 18 of them; the
-repository ignores those with leading zeros, as Triton:
-`²` or `٣` are not versions).
+Version directories are named by decimal integers (ASCII digits, at most 18 of them:
+`²` or `٣` are not versions); the repository ignores those with leading zeros, as
+Triton does.
 """
 
 from __future__ import annotations
