@@ -535,6 +535,8 @@ def _command_line_problem(args: argparse.Namespace) -> str | None:
         return "--max-connections must be >= 1"
     if args.load_model and args.model_control_mode != "explicit":
         return "--load-model needs --model-control-mode explicit"
+    if args.load_model and "*" in args.load_model and len(args.load_model) > 1:
+        return "--load-model '*' (every model) must be the only --load-model, as Triton's"
     try:
         args.restricted = _parse_restricted(args.http_restricted_api)
     except ValueError as exc:
