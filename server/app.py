@@ -135,7 +135,7 @@ class Server:
         with no model to serve is not ready: it would only answer 404s)."""
         versions = [mv for mv in self.repository.all_versions() if not mv.unloaded]
         return self.loaded and not self.draining and bool(versions) and all(
-            mv.ready for mv in versions)
+            mv.ready for mv in versions) and not self.repository.unavailable_models()
 
     def models_loaded(self) -> None:
         """Marks loading done and creates every model's request series at zero, so
@@ -421,6 +421,7 @@ class _Routes:
         async with self.server.repository_lock:  # never held across the wait below
             versions = (self.repo.stop_admitting(name) if name in self.repo.models
                         else [])
+            self.repo.forget_problem(name)  # a model that failed to load is unloaded too
         await self.repo.unload_versions(versions)
         return json_response({})
 

@@ -813,6 +813,10 @@ class ModelRepository:
         self.models: dict[str, dict[str, ModelVersion]] = {}
         # models of the repository with no version to show: name -> why
         self.problems: dict[str, str] = {}
+        # of those, the ones without any version when the server started (a failure, as
+        # Triton's); one found so by a poll is a directory being filled, not a failure
+        self._empty_at_start: set[str] = set()
+        self.started = False  # set by the server once its first models loaded
         self.devices: dict[str, Any] = {}
         self.memory = DeviceMemory()
         self.retiring: set[ModelVersion] = set()  # replaced, finishing what they admitted
@@ -852,7 +856,7 @@ class ModelRepository:
         self._dirs = found
         for name in list(self.problems):  # a copy: scans on other threads may add to it
             if name not in found:
-                self.problems.pop(name, None)
+                self.forget_problem(name)
         for key in list(self._failed_files):
             if key[0] not in found:
                 self._failed_files.pop(key, None)
@@ -875,12 +879,28 @@ class ModelRepository:
             return {}
         if versions:
             self.problems.pop(name, None)
+            self._empty_at_start.discard(name)
         else:
             reason = NO_VERSIONS
             if self.problems.get(name) != reason:
                 log.warning("model %s: %s; skipped", name, reason)
             self.problems[name] = reason
+            if not self.started:
+                self._empty_at_start.add(name)
         return versions
+
+    def unavailable_models(self) -> list[str]:
+        """The models of the repository that failed with no version to show (a
+        configuration or directory that cannot be read, a version policy that selects
+        none, no version at all at start): each keeps the server from being ready, as
+        Triton's strict readiness, until it loads, unloads or leaves the repository."""
+        return sorted(name for name, why in self.problems.items()
+                      if why != NO_VERSIONS or name in self._empty_at_start)
+
+    def forget_problem(self, name: str) -> None:
+        """`name` was unloaded: what failed of it is no longer a model of the server."""
+        self.problems.pop(name, None)
+        self._empty_at_start.discard(name)
 
     def _scan_model(self, name: str, model_dir: Path, override: dict | None
                     ) -> dict[str, ModelVersion]:
