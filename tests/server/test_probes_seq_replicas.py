@@ -3,14 +3,19 @@ replica is told to stop as Kubernetes tells a pod (SIGTERM): HAProxy's health ch
 the server's drain contract together must lose no admitted request. Eight clients
 (stateless requests, and sequences of six steps) run through HAProxy throughout; every
 answer is a 200, the sequences' outputs are bitwise those of one plain server, and the
-drained replica exits 0. Skipped without `haproxy`, as test_replicas.py."""
+drained replica exits 0. And a replica that drops a request is a JSON 502 saying the
+request may have run. Skipped without `haproxy`, as test_replicas.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -74,4 +79,85 @@ def test_sigterm_to_a_replica_under_load_loses_no_admitted_request(local_set, re
     x = np.zeros((1, 8), np.float32)
     _step(client, x, 13000, True, start=True, end=True)
     client.close()
+    assert replicas.stop() == 0
+
+
+class _ClosingReplica:
+    """A replica that passes HAProxy's readiness check and closes every other request's
+    connection without an answer (as one killed mid-request)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.closed = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            try:
+                while True:
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            return
+                        head += chunk
+                    if not head.startswith(b"GET /v2/health/ready"):
+                        self.closed += 1
+                        return  # closes without an answer
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: 14\r\n\r\n{\"ready\":true}")
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_replica_that_drops_a_request_is_a_json_502_saying_it_may_have_run(local_set):
+    """HAProxy's own 502 (a replica closed the connection before its answer) is a JSON
+    error as the replicas' are, saying the request may have run; it is not retried
+    elsewhere (a step would run twice)."""
+    replicas = local_set(1)
+    fake = _ClosingReplica()
+    try:
+        replicas.api(f"set server replicas/slot9 addr 127.0.0.1 port {fake.port}")
+        replicas.api("set server replicas/slot9 state ready")
+        deadline = time.monotonic() + 30
+        while True:
+            states = {f[3]: f[5] for f in map(str.split, replicas.api(
+                "show servers state replicas").splitlines()) if len(f) > 5}
+            if states.get("slot9") == "2":
+                break
+            assert time.monotonic() < deadline, states
+            time.sleep(0.1)
+        answers = []
+        for _ in range(6):  # round robin: every other one reaches the fake replica
+            req = urllib.request.Request(
+                f"http://{replicas.url}/v2/models/mlp_classifier/infer", method="POST",
+                data=json.dumps({"inputs": [{"name": "features", "datatype": "FP32",
+                                             "shape": [1, 16], "data": [0.5] * 16}]})
+                .encode(), headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    answers.append((resp.status, resp.read()))
+            except urllib.error.HTTPError as err:
+                answers.append((err.code, err.read()))
+        dropped = [body for status, body in answers if status == 502]
+        assert dropped and fake.closed == len(dropped), answers
+        assert {status for status, _ in answers} == {200, 502}, answers
+        for body in dropped:
+            assert "the request may have run" in json.loads(body)["error"], body
+    finally:
+        replicas.api("set server replicas/slot9 state maint")
+        fake.close()
     assert replicas.stop() == 0
