@@ -442,6 +442,11 @@ def _error_line(where: str, error: dict) -> str:
     if kind == "extra_forbidden":
         why = TRITON_NOT_OFFERED.get(path)
         message = f"a Triton setting not offered here: {why}" if why else "unknown key"
+    elif path.startswith("parameters.") and isinstance(error.get("input"), dict) \
+            and "string_value" in error["input"]:
+        message = ("a Triton backend parameter ({'string_value': ...}) is not taken: "
+                   "'parameters' names the program's parameter files (a file, or a list "
+                   "of files per scope)")
     elif kind == "literal_error" and (path, error.get("input")) in _VALUES_NOT_OFFERED:
         message = (f"{error['input']} is not offered here: "
                    f"{_VALUES_NOT_OFFERED[path, error['input']]}; "
