@@ -20,7 +20,15 @@ import urllib.request
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from test_replicas import _inputs, _run, _step, local_set, needs_haproxy, reference
+from test_replicas import (
+    _inputs,
+    _run,
+    _step,
+    local_set,
+    needs_haproxy,
+    reference,
+    sequence_key,
+)
 from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.timeout(240), needs_haproxy]
@@ -58,7 +66,7 @@ def test_sigterm_to_a_replica_under_load_loses_no_admitted_request(local_set, re
         def pause(i: int, k: int) -> None:
             if k == half and i == 0:
                 # the replica holding sequence 0 is told to stop mid-sequence
-                port = replicas.table()[str(12000)]
+                port = replicas.table()[sequence_key("12000")]
                 pid = replicas.replicas[replicas.replica_of(port)][1]
                 os.kill(pid, signal.SIGTERM)
             time.sleep(0.05)
@@ -160,4 +168,35 @@ def test_a_replica_that_drops_a_request_is_a_json_502_saying_it_may_have_run(loc
     finally:
         replicas.api("set server replicas/slot9 state maint")
         fake.close()
+    assert replicas.stop() == 0
+
+
+def test_long_sequence_ids_that_share_a_prefix_keep_their_own_replicas(local_set,
+                                                                        reference):
+    """Sequence ids up to the server's 1,024 characters: two that share their first 64
+    (a stick table keyed by the id itself cuts it there) are pinned each to its own
+    replica, so each sequence's steps reach its state and answer as one plain server
+    does."""
+    replicas = local_set(2)
+    prefix = "projects/p/locations/l/sessions/" + "s" * 40
+    ids = [prefix + "-a", prefix + "-b"]
+    inputs = _inputs(14000, count=2)
+    want = {}
+    got = {}
+    ref = httpclient.InferenceServerClient(reference.url)
+    client = httpclient.InferenceServerClient(replicas.url)
+    try:
+        for k in range(4):  # interleaved: a's START, b's START (the other replica), ...
+            for i, sid in enumerate(ids):
+                want[(i, k)] = _step(ref, inputs[i][k], sid, True, start=k == 0,
+                                     end=k == 3)
+                try:
+                    got[(i, k)] = _step(client, inputs[i][k], sid, True, start=k == 0,
+                                        end=k == 3)
+                except InferenceServerException as exc:
+                    got[(i, k)] = f"[{exc.status()}] {exc.message()}"
+    finally:
+        ref.close()
+        client.close()
+    assert got == want
     assert replicas.stop() == 0
