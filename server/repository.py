@@ -893,9 +893,12 @@ class ModelRepository:
         """The models of the repository that failed with no version to show (a
         configuration or directory that cannot be read, a version policy that selects
         none, no version at all at start): each keeps the server from being ready, as
-        Triton's strict readiness, until it loads, unloads or leaves the repository."""
+        Triton's strict readiness, until it loads, unloads or leaves the repository. A
+        model whose versions still serve (a poll that could not read it again) is not
+        one of them: its versions decide."""
         return sorted(name for name, why in self.problems.items()
-                      if why != NO_VERSIONS or name in self._empty_at_start)
+                      if (why != NO_VERSIONS or name in self._empty_at_start)
+                      and not self.models.get(name))
 
     def forget_problem(self, name: str) -> None:
         """`name` was unloaded: what failed of it is no longer a model of the server."""

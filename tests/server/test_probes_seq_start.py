@@ -99,3 +99,23 @@ def test_a_failed_explicit_load_keeps_the_server_not_ready_until_unloaded(tmp_pa
         assert _ready(server) == 200
     finally:
         server.stop()
+
+
+def test_a_serving_model_a_poll_cannot_read_again_keeps_the_server_ready(tmp_path):
+    """Its config.json turns into a version policy that selects none of its versions:
+    the poll logs why and the version that served keeps serving, so the server stays
+    ready (its versions decide, as for a failed reload)."""
+    shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp")
+    server = ServerProcess("--model-repository", str(tmp_path), "--model-control-mode",
+                           "poll", "--repository-poll-secs", "3600")
+    try:
+        server.start()
+        config = json.loads((SAMPLES / "mlp_classifier" / "config.json").read_text())
+        config["version_policy"] = {"specific": {"versions": [7]}}
+        (tmp_path / "mlp" / "config.json").write_text(json.dumps(config))
+        server.proc.send_signal(signal.SIGHUP)
+        server.wait_stderr("at least one version must be available", timeout=30)
+        assert _ready(server) == 200
+        assert server.request("POST", "/v2/models/mlp/infer", _BODY)[0] == 200
+    finally:
+        server.stop()
