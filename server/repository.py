@@ -473,8 +473,7 @@ class ModelVersion:
         expected = {s.name for s in self.inputs}
         unknown = [n for n in request.inputs if n not in expected]
         if unknown:
-            raise ProtocolError(400, f"unknown input {unknown[0]!r} for model '{self.name}'; "
-                                     f"inputs: {', '.join(s.name for s in self.inputs)}")
+            raise self._unexpected("input", unknown[0])
         missing = [s.name for s in self.inputs if s.name not in request.inputs]
         if missing:
             raise ProtocolError(400, f"missing input{'s' if len(missing) > 1 else ''} "
@@ -489,9 +488,7 @@ class ModelVersion:
             names = {s.name for s in self.outputs}
             for o in request.outputs:
                 if o.name not in names:
-                    raise ProtocolError(400, f"unknown output {o.name!r} for model "
-                                             f"'{self.name}'; outputs: "
-                                             f"{', '.join(s.name for s in self.outputs)}")
+                    raise self._unexpected("output", o.name)
         args = []
         for spec in self.inputs:
             array = request.inputs[spec.name]
@@ -506,8 +503,16 @@ class ModelVersion:
         for spec in self.inputs:
             if spec.name == name:
                 return self._check_input(spec, datatype, shape)
-        raise ProtocolError(400, f"unknown input {name!r} for model '{self.name}'; "
-                                 f"inputs: {', '.join(s.name for s in self.inputs)}")
+        raise self._unexpected("input", name)
+
+    def _unexpected(self, kind: str, name: str) -> ProtocolError:
+        """A request's input or output the model does not have (a state or control
+        tensor included: the server fills those): 400 in Triton's words, which its L0
+        tests read, and the names the model has."""
+        specs = self.inputs if kind == "input" else self.outputs
+        return ProtocolError(400, f"unexpected inference {kind} {name!r} for model "
+                                  f"'{self.name}'; {kind}s: "
+                                  f"{', '.join(s.name for s in specs)}")
 
     def _check_input(self, spec: TensorSpec, datatype: str, shape: tuple[int, ...]) -> None:
         if datatype != spec.datatype:

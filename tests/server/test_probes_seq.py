@@ -632,3 +632,19 @@ def test_a_specific_version_not_present_is_logged_and_none_is_a_failure(server):
                                      {"parameters": {"config": config}})
     assert status == 400 and b"at least one version must be available" in body, body
     assert _index_states(server).get(("padded", "1")) == "READY"  # it keeps serving
+
+
+def test_state_and_control_tensors_are_not_a_clients_in_tritons_words(server):
+    """Triton's L0_implicit_state test_request_output_not_allowed: asking for a state
+    output (or sending a state or control input) is a 400 "unexpected inference
+    output/input" naming it: the server fills and keeps those."""
+    body = {**_gru_body(40, start=True, end=True), "outputs": [{"name": "STATE_OUT"}]}
+    status, payload = _infer(server, "gru_reload", body)
+    assert status == 400, payload
+    assert "unexpected inference output 'STATE_OUT' for model 'gru_reload'" in payload
+    body = _acc_body(41, 1.0, start=True, end=True)
+    for name in ("S_IN", "CORRID"):
+        extra = {"name": name, "datatype": "FP32", "shape": [1, 1], "data": [0.0]}
+        status, payload = _infer(server, "acc", {**body, "inputs": [*body["inputs"], extra]})
+        assert status == 400, payload
+        assert f"unexpected inference input '{name}' for model 'acc'" in payload

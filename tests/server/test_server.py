@@ -277,7 +277,7 @@ BAD = [
     ("not json", b"{nope", 400, "not valid JSON"),
     ("not an object", b"[1, 2]", 400, "JSON object"),
     ("no inputs", {"inputs": []}, 400, "non-empty 'inputs'"),
-    ("unknown input", _saxpy(_A, _X, _Y, {**_X, "name": "w"}), 400, "unknown input 'w'"),
+    ("unknown input", _saxpy(_A, _X, _Y, {**_X, "name": "w"}), 400, "unexpected inference input 'w'"),
     ("missing input", _saxpy(_A, _X), 400, "missing input 'y'"),
     ("wrong datatype", _saxpy(_A, _X, {**_Y, "datatype": "FP64"}), 400,
      "has datatype FP64 but model 'saxpy' expects FP32"),
@@ -293,7 +293,7 @@ BAD = [
     ("program check", _saxpy(_A, _X, {**_Y, "shape": [3], "data": [1, 2, 3]}), 400,
      "x and y must have the same length"),
     ("duplicate input", _saxpy(_A, _X, _X, _Y), 400, "more than once"),
-    ("unknown output", _saxpy(_A, _X, _Y, outputs=[{"name": "q"}]), 400, "unknown output 'q'"),
+    ("unknown output", _saxpy(_A, _X, _Y, outputs=[{"name": "q"}]), 400, "unexpected inference output 'q'"),
     ("bad timeout", _saxpy(_A, _X, _Y, parameters={"timeout": "soon"}), 400, "'timeout'"),
     ("bad id", _saxpy(_A, _X, _Y, id=5), 400, "'id' must be a string"),
 ]
