@@ -417,8 +417,9 @@ class SequenceBatcher:
         if self._closed:
             raise Unavailable(self._closed_why)
         if rows != 1:
-            raise ProtocolError(400, f"inference request for sequence {sid} to model "
-                                     f"'{self.model}' must have batch size 1, not {rows}")
+            raise ProtocolError(400, f"inference request to model '{self.model}' must "
+                                     f"specify batch-size 1 due to requirements of sequence "
+                                     f"batcher (sequence {sid} sent {rows} rows)")
         if not self._tasks_started:
             self._start_tasks()
         if self._corrid is not None:

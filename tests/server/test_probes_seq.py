@@ -648,3 +648,25 @@ def test_state_and_control_tensors_are_not_a_clients_in_tritons_words(server):
         status, payload = _infer(server, "acc", {**body, "inputs": [*body["inputs"], extra]})
         assert status == 400, payload
         assert f"unexpected inference input '{name}' for model 'acc'" in payload
+
+
+_TRITON_SEQUENCE_ERRORS = [  # Triton's L0_sequence_batcher reads how each message starts
+    ({"sequence_id": 50, "sequence_start": True}, 2,
+     "inference request to model 'acc' must specify batch-size 1 due to requirements of "
+     "sequence batcher"),
+    ({"sequence_start": True}, 1,
+     "inference request to model 'acc' must specify a non-zero or non-empty correlation "
+     "ID"),
+    ({"sequence_id": 3}, 1,
+     "inference request for sequence 3 to model 'acc' must specify the START flag on the "
+     "first request of the sequence"),
+]
+
+
+@pytest.mark.parametrize("parameters,rows,start", _TRITON_SEQUENCE_ERRORS,
+                         ids=["batch_size", "no_correlation_id", "no_sequence_start"])
+def test_sequence_errors_begin_with_tritons_words(server, parameters, rows, start):
+    body = {"parameters": parameters, "inputs": [
+        {"name": "X", "datatype": "FP32", "shape": [rows, 1], "data": [1.0] * rows}]}
+    status, payload = _infer(server, "acc", body)
+    assert status == 400 and json.loads(payload)["error"].startswith(start), payload
