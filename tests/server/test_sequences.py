@@ -459,7 +459,7 @@ def test_control_flow_errors_are_400_with_triton_messages(seq_server):
     assert "must specify the START flag" in message
     message = _error(lambda: _step(client, "gru_step", np.zeros((2, 8), np.float32),
                                    sequence_id=78, sequence_start=True))
-    assert "batch size 1" in message
+    assert "must specify batch-size 1 due to requirements of sequence batcher" in message
     status, _, body = seq_server.request("POST", "/v2/models/gru_step/infer", {
         "parameters": {"sequence_id": 5, "sequence_start": "yes"},
         "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 8],
