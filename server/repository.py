@@ -1204,8 +1204,8 @@ class ModelRepository:
         """The version (the highest ready one when `version` is None); ProtocolError 404
         if none (naming only what was asked for)."""
         versions = self.models.get(name)
-        if versions is None:
-            raise ProtocolError(404, f"unknown model '{name}'")
+        if versions is None:  # Triton's words (its L0 tests read them); 404 here
+            raise ProtocolError(404, f"Request for unknown model: '{name}' is not found")
         if not version:
             if len(versions) == 1:
                 for mv in versions.values():
@@ -1214,7 +1214,8 @@ class ModelRepository:
             return (ready or list(versions.values()))[-1]
         mv = versions.get(version)
         if mv is None:
-            raise ProtocolError(404, f"unknown version '{version}' of model '{name}'")
+            raise ProtocolError(404, f"Request for unknown model: '{name}' version "
+                                     f"{version} is not found")
         return mv
 
     def close(self) -> None:

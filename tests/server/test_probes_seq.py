@@ -670,3 +670,15 @@ def test_sequence_errors_begin_with_tritons_words(server, parameters, rows, star
         {"name": "X", "datatype": "FP32", "shape": [rows, 1], "data": [1.0] * rows}]}
     status, payload = _infer(server, "acc", body)
     assert status == 400 and json.loads(payload)["error"].startswith(start), payload
+
+
+def test_an_unknown_model_or_version_is_named_in_tritons_words(server):
+    """Triton's L0_lifecycle reads "Request for unknown model: 'm' is not found" (and
+    "... version N is not found"); the status here stays 404."""
+    status, payload = _infer(server, "nope", _acc_body(1, 1.0, start=True))
+    assert status == 404, payload
+    assert "Request for unknown model: 'nope' is not found" in payload
+    status, payload = _infer(server, "acc", _acc_body(1, 1.0, start=True),
+                             "/v2/models/acc/versions/9/infer")
+    assert status == 404, payload
+    assert "Request for unknown model: 'acc' version 9 is not found" in payload

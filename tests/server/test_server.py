@@ -88,7 +88,7 @@ def test_unknown_model_and_version_are_404(server):
         assert status == 404, path
         assert "unknown" in json.loads(body)["error"]
     status, _, body = server.request("POST", "/v2/models/nope/infer", {"inputs": []})
-    assert status == 404 and "unknown model 'nope'" in json.loads(body)["error"]
+    assert status == 404 and "unknown model: 'nope' is not found" in json.loads(body)["error"]
     status, _, body = server.request("GET", "/v2/models/saxpy/infer")
     assert status == 405 and "error" in json.loads(body)
     status, _, body = server.request("GET", "/no/such/route")
