@@ -404,9 +404,10 @@ class _Routes:
             failed = await self.repo.reload(name, server.background, override=override)
             for mv in self.repo.models.get(name, {}).values():
                 server.create_series(mv)
-        if failed:
-            return error_response(400, f"failed to load '{name}': " + "; ".join(
-                f"version {mv.version}: {mv.reason}" for mv in failed))
+        if failed:  # Triton's words (its L0 lifecycle tests read them)
+            return error_response(400, f"load failed for model '{name}': " + "; ".join(
+                f"version {mv.version} is at UNAVAILABLE state: {mv.reason}"
+                for mv in failed))
         return json_response({})
 
     async def unload_model(self, request: Request, name: str) -> Response:

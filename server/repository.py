@@ -1032,8 +1032,8 @@ class ModelRepository:
             raise ProtocolError(400, f"failed to load '{name}': the model repository "
                                      f"cannot be read: {exc.strerror or exc}") from None
         if name not in self._dirs:
-            raise ProtocolError(400, f"failed to load '{name}': no such model directory "
-                                     f"in the model repository")
+            raise ProtocolError(400, f"failed to load '{name}', failed to poll from model "
+                                     f"repository: no such model directory in it")
         fresh = self._scan_isolated(name, override)
         if not fresh:
             raise ProtocolError(400, f"failed to load '{name}': {self.problems.get(name)}")

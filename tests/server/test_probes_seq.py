@@ -682,3 +682,12 @@ def test_an_unknown_model_or_version_is_named_in_tritons_words(server):
                              "/v2/models/acc/versions/9/infer")
     assert status == 404, payload
     assert "Request for unknown model: 'acc' version 9 is not found" in payload
+
+
+def test_load_failures_are_named_in_tritons_words(server, repository):
+    status, _, body = server.request("POST", "/v2/repository/models/nowhere/load", b"")
+    assert status == 400 and b"failed to load 'nowhere', failed to poll from model " \
+        b"repository" in body, body
+    status, _, body = server.request("POST", "/v2/repository/models/mlp_warmup/load", b"")
+    assert status == 400 and b"load failed for model 'mlp_warmup': version 1 is at " \
+        b"UNAVAILABLE state: " in body, body
