@@ -41,6 +41,9 @@ def repository(tmp_path_factory, acc_vmfb) -> Path:
     root = tmp_path_factory.mktemp("repo")
     for name in ("acc", "acc_versions", "acc_still"):
         write_model(root, name, acc_vmfb, _acc_config(4))
+    both = {**_acc_config(4), "version_policy": {"all": {}}}
+    write_model(root, "acc_both", acc_vmfb, both)
+    shutil.copytree(root / "acc_both" / "1", root / "acc_both" / "2")
     write_model(root, "mlp", MLP, _MLP)
     return root
 
@@ -186,3 +189,22 @@ def test_version_policy_changes_under_stateless_load(server, repository):
         (model / "config.json").write_text(json.dumps(_MLP))
     assert answers and {s for s, _ in answers} == {200}, \
         [a for a in answers if a[0] != 200][:3]
+
+
+def test_a_changed_version_reloads_alone_and_the_others_sequences_keep_their_state(
+        server, repository):
+    """Policy all, versions 1 and 2, a sequence on each. Version 2's file changes: the
+    poll reloads version 2 alone (its sequence is gone: 400), and the sequence on
+    version 1 goes on from its state."""
+    one, two = ("/v2/models/acc_both/versions/%d/infer" % v for v in (1, 2))
+    assert _y(_infer(server, "", _acc_body(1, 1.0, start=True), one)[1]) == 1.0
+    assert _y(_infer(server, "", _acc_body(2, 5.0, start=True), two)[1]) == 5.0
+    vmfb = repository / "acc_both" / "2" / "model.vmfb"
+    vmfb.write_bytes(vmfb.read_bytes())  # the same bytes, a new file: a change
+    reloaded = "".join(server.stderr).count("loaded model acc_both version 2")
+    _poll(server)
+    _wait_index(server, "version 2 loaded again", lambda i: "".join(server.stderr).count(
+        "loaded model acc_both version 2") > reloaded)
+    status, payload = _infer(server, "", _acc_body(2, 1.0), two)
+    assert status == 400 and "must specify the START flag" in payload, payload
+    assert _y(_infer(server, "", _acc_body(1, 2.0, end=True), one)[1]) == 3.0
