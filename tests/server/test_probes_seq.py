@@ -320,10 +320,20 @@ def test_a_reload_under_sequence_load_answers_every_step(server):
     """Four clients run sequences while the model is loaded again three times. The new
     version knows none of the old one's sequences (as Triton), so a step may get 400
     "must specify the START flag" or 503 (its version stopped admitting); nothing hangs,
-    nothing is a 500, and sequences started on the new version are served whole."""
+    nothing is a 500, the model is ready throughout, and sequences started on the new
+    version are served whole."""
     stop = threading.Event()
     answers: list = []
     threads = _storm(server, "gru_reload", 4, stop, answers)
+    readiness: list[int] = []  # the model stays available: the old version serves
+
+    def ready() -> None:  # until the new one loaded (Triton's availability on reload)
+        while not stop.is_set():
+            readiness.append(server.request("GET", "/v2/models/gru_reload/ready")[0])
+            time.sleep(0.01)
+
+    threads.append(threading.Thread(target=ready, daemon=True))
+    threads[-1].start()
     try:
         for _ in range(3):
             time.sleep(0.3)
@@ -336,6 +346,7 @@ def test_a_reload_under_sequence_load_answers_every_step(server):
         for thread in threads:
             thread.join(timeout=60)
     assert not any(thread.is_alive() for thread in threads)
+    assert readiness and set(readiness) == {200}, readiness
     _check_answers(answers, {200: (), 400: ("must specify the START flag",),
                              503: ("unloading", "not ready", "Retry")})
     assert [s for s, _ in answers].count(200) > 20
