@@ -59,6 +59,7 @@ def repository(tmp_path_factory) -> Path:
     write_model(root, "acc", acc, _acc_config(4))
     write_model(root, "acc_one", acc, _acc_config(1, max_queue=16))
     write_model(root, "acc_v", acc, _acc_config(4))
+    write_model(root, "acc_two", acc, {**_acc_config(8), "instance_group": [{"count": 2}]})
     from_file = _acc_config(4)
     from_file["sequence_batching"]["state"][0]["initial_state"] = [
         {"data_type": "TYPE_FP32", "dims": [1], "data_file": "hundred", "name": "h"}]
@@ -84,6 +85,9 @@ def repository(tmp_path_factory) -> Path:
             "max_queue_delay_microseconds": delay_us,
             "minimum_slot_utilization": utilization}
         write_model(root, name, direct, config)
+    two = json.loads(json.dumps(DIRECT_CONFIG))  # 2 instances x 2 rows: 4 slots
+    write_model(root, "direct_two", direct,
+                {**two, "max_batch_size": 2, "instance_group": [{"count": 2}]})
     shutil.copytree(SAMPLES / "mlp_classifier", root / "mlp")
     warmup = json.loads((SAMPLES / "mlp_classifier" / "config.json").read_text())
     warmup["model_warmup"] = [{"name": "w", "batch_size": 1}]
@@ -91,7 +95,7 @@ def repository(tmp_path_factory) -> Path:
     return root
 
 
-_LOADED = ("acc", "acc_file", "acc_one", "acc_v", "spin_one", "gru_reload", "gru_unload", "mlp",
+_LOADED = ("acc", "acc_file", "acc_one", "acc_two", "direct_two", "acc_v", "spin_one", "gru_reload", "gru_unload", "mlp",
            "direct_now", "direct_half")
 
 
@@ -232,13 +236,15 @@ def _http_post(path: str, body: dict) -> bytes:
             f"Content-Length: {len(data)}\r\n\r\n").encode() + data
 
 
-def test_steps_of_one_sequence_pipelined_on_one_connection_run_in_order(server):
+@pytest.mark.parametrize("model", ["acc", "acc_two"])
+def test_steps_of_one_sequence_pipelined_on_one_connection_run_in_order(server, model):
     """20 steps sent at once on one connection (HTTP/1.1 pipelining, as an asynchronous
-    client may): answered in order, each the running sum of the steps before it."""
+    client may), with one instance and with two: answered in order, each the running sum
+    of the steps before it (a sequence never has two steps running)."""
     count = 20
     steps = [_acc_body(30, float(k + 1), start=k == 0, end=k == count - 1)
              for k in range(count)]
-    data = b"".join(_http_post("/v2/models/acc/infer", step) for step in steps)
+    data = b"".join(_http_post(f"/v2/models/{model}/infer", step) for step in steps)
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(data)
         received = b""
@@ -258,18 +264,22 @@ def test_steps_of_one_sequence_pipelined_on_one_connection_run_in_order(server):
     assert answers == [float(sum(range(1, k + 2))) for k in range(count)], answers
 
 
-def test_more_sequences_than_slots_are_served_in_turn_each_as_alone(server):
-    """One slot, six clients each running a four-step sequence at once: the STARTs wait
-    for the slot (the backlog), every sequence is served whole in turn and each answer is
-    its own running sum (no state crosses sequences)."""
+@pytest.mark.parametrize("model", ["acc_one", "acc_two", "direct_two"])
+def test_more_sequences_than_slots_are_served_in_turn_each_as_alone(server, model):
+    """Six clients each running a four-step sequence at once on one slot (`acc_one`: the
+    STARTs wait for it), on two instances (`acc_two`) and on `direct` slots of two
+    instances (4 slots): every sequence is served whole and each answer is its own
+    running sum (no state crosses sequences or instances)."""
     results: dict[int, list] = {}
+    name = "Y"
 
     def run(sid: int) -> None:
         got = []
         for k in range(4):
-            status, payload = _infer(server, "acc_one", _acc_body(
-                sid, float(sid * 10 + k), start=k == 0, end=k == 3))
-            got.append(_y(payload) if status == 200 else (status, payload))
+            body = _acc_body(sid, float(sid * 10 + k), start=k == 0, end=k == 3)
+            status, payload = _infer(server, model, body)
+            got.append({o["name"]: o["data"] for o in json.loads(payload)["outputs"]}
+                       [name][0] if status == 200 else (status, payload))
         results[sid] = got
 
     threads = [threading.Thread(target=run, args=(sid,)) for sid in range(1, 7)]
@@ -280,7 +290,7 @@ def test_more_sequences_than_slots_are_served_in_turn_each_as_alone(server):
     for sid in range(1, 7):
         xs = [sid * 10 + k for k in range(4)]
         assert results.get(sid) == [float(sum(xs[:k + 1])) for k in range(4)], results
-    assert _sequence_stats(server, "acc_one")["live_sequences"] == 0
+    assert _sequence_stats(server, model)["live_sequences"] == 0
 
 
 def _storm(server: ServerProcess, model: str, clients: int, stop: threading.Event,
