@@ -36,31 +36,46 @@ pytestmark = [pytest.mark.timeout(240), needs_haproxy]
 __all__ = ["local_set", "reference"]  # fixtures of test_replicas.py, used here
 
 
-def test_sigterm_to_a_replica_under_load_loses_no_admitted_request(local_set, reference):
-    replicas = local_set(2, "--drain-timeout", "60")
-    stop = threading.Event()
-    failures: list[str] = []
-    served = [0]
+class _StatelessLoad:
+    """Four tritonclient callers of `mlp_classifier` through the front end until
+    `stop()`: how many were served, and every failure (an error answer or none at all)."""
 
-    def stateless() -> None:
-        client = httpclient.InferenceServerClient(replicas.url, network_timeout=60)
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.served = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(4)]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self) -> None:
+        client = httpclient.InferenceServerClient(self.url, network_timeout=60)
         tensor = httpclient.InferInput("features", [1, 16], "FP32")
         tensor.set_data_from_numpy(np.full((1, 16), 0.5, np.float32))
         try:
-            while not stop.is_set():
+            while not self._stop.is_set():
                 try:
                     client.infer("mlp_classifier", [tensor])
-                    served[0] += 1
+                    self.served += 1
                 except InferenceServerException as exc:
-                    failures.append(f"[{exc.status()}] {exc.message()}")
+                    self.failures.append(f"[{exc.status()}] {exc.message()}")
                 except Exception as exc:  # noqa: BLE001 - no answer at all: a failure
-                    failures.append(repr(exc))
+                    self.failures.append(repr(exc))
         finally:
             client.close()
 
-    clients = [threading.Thread(target=stateless, daemon=True) for _ in range(4)]
-    for client in clients:
-        client.start()
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+        assert not self.failures, self.failures[:3]
+        assert self.served > 20
+
+
+def test_sigterm_to_a_replica_under_load_loses_no_admitted_request(local_set, reference):
+    replicas = local_set(2, "--drain-timeout", "60")
+    load = _StatelessLoad(replicas.url)
     try:
         inputs = _inputs(12000, count=4)
         want, _ = _run(reference.url, inputs, 12000, True)
@@ -80,16 +95,27 @@ def test_sigterm_to_a_replica_under_load_loses_no_admitted_request(local_set, re
         replicas.wait_line(r"replica r\d exited 0")
         time.sleep(0.5)  # stateless load on the one replica left
     finally:
-        stop.set()
-        for client in clients:
-            client.join(timeout=60)
-    assert not failures, failures[:3]
-    assert served[0] > 20
+        load.stop()
     # a sequence started now goes to the replica left
     client = httpclient.InferenceServerClient(replicas.url)
     x = np.zeros((1, 8), np.float32)
     _step(client, x, 13000, True, start=True, end=True)
     client.close()
+    assert replicas.stop() == 0
+
+
+def test_sigterm_to_a_replica_without_sequences_under_load_loses_nothing(local_set):
+    """No sequence lives on it: its listener and its idle connections close at once,
+    while the front end still sends it requests (its check has not seen the drain yet)."""
+    replicas = local_set(2, "--drain-timeout", "60")
+    load = _StatelessLoad(replicas.url)
+    try:
+        time.sleep(0.5)
+        os.kill(replicas.replicas["r2"][1], signal.SIGTERM)
+        replicas.wait_line(r"replica r2 exited 0")
+        time.sleep(0.5)
+    finally:
+        load.stop()
     assert replicas.stop() == 0
 
 
