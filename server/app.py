@@ -136,7 +136,7 @@ class Server:
         with no model to serve is not ready: it would only answer 404s)."""
         versions = [mv for mv in self.repository.all_versions() if not mv.unloaded]
         return self.loaded and not self.draining and bool(versions) and all(
-            mv.ready for mv in versions)
+            mv.ready for mv in versions) and not self.repository.unavailable_models()
 
     def models_loaded(self) -> None:
         """Marks loading done and creates every model's request series at zero, so
@@ -412,9 +412,10 @@ class _Routes:
             failed = await self.repo.reload(name, server.background, override=override)
             for mv in self.repo.models.get(name, {}).values():
                 server.create_series(mv)
-        if failed:
-            return error_response(400, f"failed to load '{name}': " + "; ".join(
-                f"version {mv.version}: {mv.reason}" for mv in failed))
+        if failed:  # Triton's words (its L0 lifecycle tests read them)
+            return error_response(400, f"load failed for model '{name}': " + "; ".join(
+                f"version {mv.version} is at UNAVAILABLE state: {mv.reason}"
+                for mv in failed))
         return json_response({})
 
     async def unload_model(self, request: Request, name: str) -> Response:
@@ -429,6 +430,7 @@ class _Routes:
         async with self.server.repository_lock:  # never held across the wait below
             versions = (self.repo.stop_admitting(name) if name in self.repo.models
                         else [])
+            self.repo.forget_problem(name)  # a model that failed to load is unloaded too
         await self.repo.unload_versions(versions)
         return json_response({})
 

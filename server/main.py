@@ -80,7 +80,7 @@ from .budget import MemoryBudget, default_limit, parse_size
 from .http import HttpServer
 from .lag import LagMonitor
 from .protocol import ProtocolError
-from .repository import NO_VERSIONS, ModelRepository, bundled_models_dir
+from .repository import ModelRepository, bundled_models_dir
 
 log = logging.getLogger("tinyhal.server")
 
@@ -238,13 +238,17 @@ async def serve(args: argparse.Namespace) -> int:
                            f"{exc.strerror or exc}") from None
     if args.model_control_mode == "explicit" and args.load_model and \
             "*" not in args.load_model:
-        unknown = sorted(set(args.load_model) - set(repository.models))
+        unknown = sorted(set(args.load_model) - set(repository.models)
+                         - set(repository.problems))
         if unknown:
             raise StartupError(f"--load-model: no model {', '.join(unknown)} in the "
                                f"repository")
         for name in list(repository.models):
             if name not in args.load_model:
                 del repository.models[name]
+        for name in list(repository.problems):  # not to load: not a failure here
+            if name not in args.load_model:
+                repository.forget_problem(name)
     budget = MemoryBudget(args.client_memory_limit or default_limit())
     server = Server(repository, max_request_bytes=args.max_request_bytes,
                     max_timeout=args.max_timeout, model_control_mode=args.model_control_mode,
@@ -323,8 +327,8 @@ async def serve(args: argparse.Namespace) -> int:
                 say(f"tinyhal-serve: listening on http://{host}:{port}")
             failed = [f"{mv.name}/{mv.version}" for mv in
                       await trio.to_thread.run_sync(repository.load_all)]
-            failed += sorted(name for name, why in repository.problems.items()
-                             if why != NO_VERSIONS)
+            failed += repository.unavailable_models()
+            repository.started = True
             server.models_loaded()
             if failed and args.exit_on_error:
                 log.error("%d model(s) or version(s) failed to load; exiting "
@@ -543,6 +547,8 @@ def _command_line_problem(args: argparse.Namespace) -> str | None:
         return "--max-connections must be >= 1"
     if args.load_model and args.model_control_mode != "explicit":
         return "--load-model needs --model-control-mode explicit"
+    if args.load_model and "*" in args.load_model and len(args.load_model) > 1:
+        return "--load-model '*' (every model) must be the only --load-model, as Triton's"
     try:
         args.restricted = _parse_restricted(args.http_restricted_api)
     except ValueError as exc:

@@ -854,6 +854,10 @@ class ModelRepository:
         self.models: dict[str, dict[str, ModelVersion]] = {}
         # models of the repository with no version to show: name -> why
         self.problems: dict[str, str] = {}
+        # of those, the ones without any version when the server started (a failure, as
+        # Triton's); one found so by a poll is a directory being filled, not a failure
+        self._empty_at_start: set[str] = set()
+        self.started = False  # set by the server once its first models loaded
         self.devices: dict[str, Any] = {}
         self.memory = DeviceMemory()
         self.retiring: set[ModelVersion] = set()  # replaced, finishing what they admitted
@@ -893,7 +897,7 @@ class ModelRepository:
         self._dirs = found
         for name in list(self.problems):  # a copy: scans on other threads may add to it
             if name not in found:
-                self.problems.pop(name, None)
+                self.forget_problem(name)
         for key in list(self._failed_files):
             if key[0] not in found:
                 self._failed_files.pop(key, None)
@@ -916,12 +920,31 @@ class ModelRepository:
             return {}
         if versions:
             self.problems.pop(name, None)
+            self._empty_at_start.discard(name)
         else:
             reason = NO_VERSIONS
             if self.problems.get(name) != reason:
                 log.warning("model %s: %s; skipped", name, reason)
             self.problems[name] = reason
+            if not self.started:
+                self._empty_at_start.add(name)
         return versions
+
+    def unavailable_models(self) -> list[str]:
+        """The models of the repository that failed with no version to show (a
+        configuration or directory that cannot be read, a version policy that selects
+        none, no version at all at start): each keeps the server from being ready, as
+        Triton's strict readiness, until it loads, unloads or leaves the repository. A
+        model whose versions still serve (a poll that could not read it again) is not
+        one of them: its versions decide."""
+        return sorted(name for name, why in self.problems.items()
+                      if (why != NO_VERSIONS or name in self._empty_at_start)
+                      and not self.models.get(name))
+
+    def forget_problem(self, name: str) -> None:
+        """`name` was unloaded: what failed of it is no longer a model of the server."""
+        self.problems.pop(name, None)
+        self._empty_at_start.discard(name)
 
     def _scan_model(self, name: str, model_dir: Path, override: dict | None
                     ) -> dict[str, ModelVersion]:
@@ -952,18 +975,25 @@ class ModelRepository:
                     f"model {name} version {version_dir.name}: no model.vmfb (found: "
                     f"{', '.join(found_names[:20]) or 'nothing'}); skipped")
                 continue
-            version = str(int(version_dir.name))
-            other = found.get(version)
-            if other is not None:  # `1/` and `01/`: the one named as the version serves
-                if version_dir.name != version:
-                    other, vmfb = vmfb, other
-                skipped[other.parent.name] = (
-                    f"model {name}: skipping {other.parent.name}/: {version}/ is the "
-                    f"same version")
-            found[version] = vmfb
+            if version_dir.name[0] == "0" and len(version_dir.name) > 1:
+                skipped[version_dir.name] = (  # Triton's words
+                    f"model {name}: ignore version directory '{version_dir.name}' which "
+                    f"contains leading zeros in its directory name")
+                continue
+            found[version_dir.name] = vmfb
+        selected = _select_versions(policy, list(found))
+        if policy[0] == "specific":
+            for version in sorted(policy[1] - set(found), key=_version_key):
+                skipped[f"policy {version}"] = (
+                    f"version {version} is specified for model '{name}', but the version "
+                    f"directory is not present")
         self._log_skipped(name, skipped)
+        if found and not selected:
+            raise ConfigError(f"at least one version must be available under the version "
+                              f"policy of model '{name}' (it selects none of the versions "
+                              f"{', '.join(sorted(found, key=_version_key)[:20])})")
         versions: dict[str, ModelVersion] = {}
-        for version in _select_versions(policy, list(found)):
+        for version in selected:
             mv = ModelVersion(name, version, found[version], {}, self.default_device)
             mv.fingerprint = file_fingerprint(found[version])
             if override is None:
@@ -1036,8 +1066,8 @@ class ModelRepository:
             raise ProtocolError(400, f"failed to load '{name}': the model repository "
                                      f"cannot be read: {exc.strerror or exc}") from None
         if name not in self._dirs:
-            raise ProtocolError(400, f"failed to load '{name}': no such model directory "
-                                     f"in the model repository")
+            raise ProtocolError(400, f"failed to load '{name}', failed to poll from model "
+                                     f"repository: no such model directory in it")
         fresh = self._scan_isolated(name, override)
         if not fresh:
             raise ProtocolError(400, f"failed to load '{name}': {self.problems.get(name)}")

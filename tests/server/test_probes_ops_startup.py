@@ -59,6 +59,8 @@ _BAD_FLAGS = [
     (["--python-cpu", "-1"], "--python-cpu: CPU -1 is not one this process may use"),
     (["--client-memory-limit", "1e400"], "is not a positive size in bytes"),
     (["--model-repository", "/dev/null"], "--model-repository /dev/null is not a directory"),
+    (["--model-control-mode", "explicit", "--load-model", "*", "--load-model", "m"],
+     "--load-model '*' (every model) must be the only --load-model"),
     (["--model-repository", "{root}", "--model-repository", "{root}"],
      "argument --model-repository: is given twice; one repository is served"),
 ]
