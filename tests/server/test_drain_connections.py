@@ -14,7 +14,6 @@ import time
 
 import pytest
 from serve_helpers import sample_server
-from test_replicas import LocalSet, needs_haproxy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -106,35 +105,6 @@ def test_sigterm_answers_every_request_sent_on_a_kept_alive_connection(tmp_path)
     assert statuses.get(200, 0) > 100, statuses
     assert set(statuses) <= {200, 503}, statuses
     assert unanswered == [], (unanswered, statuses)
-
-
-@needs_haproxy
-def test_sigterm_to_a_replica_under_stateless_load_loses_no_request(tmp_path):
-    """Behind the shipped HAProxy front end, kept-alive clients never see a replica's
-    drain: what it answers 503 "draining" is retried on the other (`retry-on 503`); a
-    reset there would reach the client as a 502."""
-    replicas = LocalSet(tmp_path, 2).start()
-    try:
-        stop = threading.Event()
-        port = int(replicas.url.rsplit(":", 1)[1])
-        clients = [_Client(port, stop) for _ in range(8)]
-        for client in clients:
-            client.start()
-        time.sleep(1.0)
-        os.kill(replicas.replicas["r2"][1], signal.SIGTERM)
-        replicas.wait_line(r"replica r2 exited 0")
-        time.sleep(0.5)
-        stop.set()
-        for client in clients:
-            client.join(15)
-    finally:
-        replicas.stop()
-    statuses: dict[int, int] = {}
-    for client in clients:
-        for status, count in client.statuses.items():
-            statuses[status] = statuses.get(status, 0) + count
-    unanswered = [what for client in clients for what in client.unanswered]
-    assert set(statuses) == {200} and unanswered == [], (statuses, unanswered)
 
 
 def test_connections_made_while_the_server_was_stopped_get_answers_after_sigterm(tmp_path):
