@@ -442,7 +442,7 @@ class SequenceBatcher:
                                      f"first request of the sequence"
                                      f"{f' ({why})' if why else ''}")
         if self._queued >= self._capacity:
-            raise Overloaded(f"exceeds maximum queue size: {self._queued} sequence "
+            raise Overloaded(f"Exceeds maximum queue size: {self._queued} sequence "
                              f"requests queued (max_queue {self.max_queue})", 1)
         if seq is None:
             seq = _Sequence(sid, now)
