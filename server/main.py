@@ -185,8 +185,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS",
                    help="poll interval of --model-control-mode poll (default 15)")
     p.add_argument("--load-model", action="append", default=None, metavar="NAME",
-                   help="with explicit control: load only these models at start (repeat; "
-                        "'*' for all, the default)")
+                   help="with explicit control: the models to load at start (repeat; "
+                        "'*' for every one; none by default, as Triton's)")
     p.add_argument("--http-restricted-api", action="append", default=[],
                    metavar="API[,API...]:HEADER=VALUE",
                    help="these API groups (" + ", ".join(API_GROUPS) + ") answer 403 "
@@ -236,18 +236,18 @@ async def serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise StartupError(f"cannot read the model repository {root}: "
                            f"{exc.strerror or exc}") from None
-    if args.model_control_mode == "explicit" and args.load_model and \
-            "*" not in args.load_model:
-        unknown = sorted(set(args.load_model) - set(repository.models)
+    if args.model_control_mode == "explicit" and "*" not in (args.load_model or ()):
+        wanted = set(args.load_model or ())  # none by default, as Triton's
+        unknown = sorted(wanted - set(repository.models)
                          - set(repository.problems))
         if unknown:
             raise StartupError(f"--load-model: no model {', '.join(unknown)} in the "
                                f"repository")
         for name in list(repository.models):
-            if name not in args.load_model:
+            if name not in wanted:
                 del repository.models[name]
         for name in list(repository.problems):  # not to load: not a failure here
-            if name not in args.load_model:
+            if name not in wanted:
                 repository.forget_problem(name)
     budget = MemoryBudget(args.client_memory_limit or default_limit())
     server = Server(repository, max_request_bytes=args.max_request_bytes,

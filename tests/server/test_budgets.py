@@ -174,7 +174,7 @@ def test_stalled_uploads_give_their_memory_back_round_after_round(tmp_path):
 
 def test_overflowing_shapes_and_null_members_are_400(tmp_path):
     server = ServerProcess("--model-repository", str(_samples(tmp_path)),
-                           "--model-control-mode", "explicit").start()
+                           "--model-control-mode", "explicit", "--load-model", "*").start()
     try:
         for shape in ([2 ** 31, 0, 2 ** 31], [0, 2 ** 62], [0, 2 ** 63 - 1], [-1],
                       [2 ** 62, 4]):

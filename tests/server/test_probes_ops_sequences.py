@@ -30,7 +30,7 @@ def server(tmp_path_factory):
     config["max_queue"] = 4
     shutil.copytree(SAMPLES / "gru_step", root / "two_slots")
     (root / "two_slots" / "config.json").write_text(json.dumps(config))
-    proc = ServerProcess("--model-repository", str(root), "--model-control-mode", "explicit")
+    proc = ServerProcess("--model-repository", str(root), "--model-control-mode", "explicit", "--load-model", "*")
     try:
         yield proc.start()
     finally:

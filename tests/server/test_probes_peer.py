@@ -55,7 +55,7 @@ def peer_server(tmp_path_factory, spin_vmfb, dtypes_vmfb):
     (root / "mlp2" / "config.json").write_text(json.dumps(
         dict(config, version_policy={"all": {}})))
     server = ServerProcess("--model-repository", str(root), "--model-control-mode",
-                           "explicit")
+                           "explicit", "--load-model", "*")
     try:
         yield server.start()
     finally:

@@ -41,7 +41,7 @@ def test_perf_analyzer_modes_against_the_server(tmp_path):
     modes = [*_MODES, ("JSON input data", ["-m", "mlp_classifier", "--input-data",
                                            str(data)])]
     with sample_server(tmp_path / "repo", ("mlp_classifier", "saxpy"),
-                       "--model-control-mode", "explicit") as server:
+                       "--model-control-mode", "explicit", "--load-model", "*") as server:
         # collecting metrics from our /metrics: it warns that there is no GPU, and runs
         modes.append(("metrics collected from /metrics",
                       ["-m", "mlp_classifier", "--collect-metrics", "--metrics-url",
