@@ -192,8 +192,8 @@ async def wait_outcome(request: _Request, abandon: Callable[[_Request], None]
         if request.started:
             raise DeadlineExceeded(f"deadline exceeded after {waited:.3f} s; "
                                    f"{request.started_note}", started=True)
-        raise DeadlineExceeded(f"deadline exceeded after {waited:.3f} s "
-                               f"{request.queued_note}", started=False)
+        raise DeadlineExceeded(f"Request timeout expired: deadline exceeded after "
+                               f"{waited:.3f} s {request.queued_note}", started=False)
     results, error = outcome
     if error is not None:
         raise error
@@ -348,7 +348,7 @@ class Admission:
         queue = self._queue
         if len(queue) >= self._capacity and (queue or not self._idle):
             raise Overloaded(
-                f"exceeds maximum queue size: {len(self._running)} executions running and "
+                f"Exceeds maximum queue size: {len(self._running)} executions running and "
                 f"{len(queue)} requests queued (instances {self.max_concurrency}, "
                 f"max_queue {self.max_queue})", self.retry_after())
         now = self._now()

@@ -23,9 +23,10 @@ FAILED_PRECONDITION, OUT_OF_RANGE); 404 unknown model/version/route; 405 wrong m
 403 an API group restricted by --http-restricted-api without its header, or model
 control refused by --model-control-mode; 408 request head or body too slow; 413 body
 over --max-request-bytes (also while inflating); 431 request head over 64 KiB; 415 unknown
-Content-Encoding (with Accept-Encoding); 429 model queue full and 503 draining/not ready
-or the client memory budget full (--client-memory-limit; all with Retry-After); 504
-deadline exceeded; 505 a request line that is not HTTP/1.x. A 500 is a bug of
+Content-Encoding (with Accept-Encoding); 503 model queue full ("Exceeds maximum queue
+size", Triton's UNAVAILABLE), draining/not ready or the client memory budget full
+(--client-memory-limit; all with Retry-After); 504 deadline exceeded ("Request timeout
+expired" when it passed in the queue); 505 a request line that is not HTTP/1.x. A 500 is a bug of
 the server or runtime, never an answer to bad input, or a model whose kernel faulted:
 that request gets the 500 and every model on the same device becomes UNAVAILABLE (503)
 until it is loaded again (on a fresh device); the process keeps serving the rest.
@@ -135,7 +136,7 @@ class Server:
         with no model to serve is not ready: it would only answer 404s)."""
         versions = [mv for mv in self.repository.all_versions() if not mv.unloaded]
         return self.loaded and not self.draining and bool(versions) and all(
-            mv.ready for mv in versions)
+            mv.ready for mv in versions) and not self.repository.unavailable_models()
 
     def models_loaded(self) -> None:
         """Marks loading done and creates every model's request series at zero, so
@@ -145,7 +146,9 @@ class Server:
         self.loaded = True
 
     def create_series(self, mv: ModelVersion) -> None:
-        self.metrics.series(mv.name, mv.version)
+        """Creates a (re)loaded version's series, counting its executions on top of those
+        counted under its labels before."""
+        self.metrics.series(mv.name, mv.version).count_from(mv.stats)
 
     @property
     def handle(self) -> Callable[[Request], Awaitable[Response]]:
@@ -248,7 +251,7 @@ class _Routes:
         try:
             methods, params = self._route(request.path)
             if methods is None:
-                return error_response(404, f"no route {request.path}")
+                return error_response(404, _no_route(request.path))
             handler = methods.get(request.method)
             if handler is None:
                 return error_response(
@@ -257,8 +260,8 @@ class _Routes:
             if self.server.restricted:
                 need = self.server.restricted.get(api_group(request.path))
                 if need is not None and request.headers.get(need[0]) != need[1]:
-                    return error_response(403, f"this API is restricted: it needs the "
-                                               f"header '{need[0]}'")
+                    return error_response(403, f"This API is restricted, expecting "
+                                               f"header '{need[0]}'")  # Triton's words
             return await handler(request, *params)
         except ProtocolError as exc:
             return error_response(exc.status, exc.message)
@@ -319,10 +322,14 @@ class _Routes:
 
     async def model_metadata(self, request: Request, name: str, version: str | None
                              ) -> Response:
+        """The version's inputs and outputs; `versions` as Triton lists them: the version
+        asked by the path, else every ready version of the model, in order."""
         mv = self.repo.get(name, version)
         if not mv.ready:
-            return _not_ready(mv)
-        return json_response(mv.metadata(list(self.repo.models[mv.name])))
+            return _not_ready(mv, version)
+        versions = [version] if version else [
+            v for v, other in self.repo.models[mv.name].items() if other.ready]
+        return json_response(mv.metadata(versions))
 
     async def model_ready(self, request: Request, name: str, version: str | None
                           ) -> Response:
@@ -338,7 +345,7 @@ class _Routes:
         repository index also gives the reason)."""
         mv = self.repo.get(name, version)
         if not mv.ready:
-            return _not_ready(mv)
+            return _not_ready(mv, version)
         return json_response(mv.describe_config())
 
     async def model_stats(self, request: Request, name: str | None = None,
@@ -355,20 +362,21 @@ class _Routes:
             self.repo.get(name, version)  # 404 for an unknown model or version
             asked = [version] if version else list(self.repo.models[name])
             versions = [mv for v in asked if (mv := self.repo.models[name][v]).ready]
-            if not versions:
-                what = f"version {version} of model '{name}' is not" if version else \
-                    f"no version of model '{name}' is"
-                return error_response(404, f"{what} loaded: statistics are kept for "
-                                           f"loaded versions only")
+            if not versions:  # Triton's words first (its status is 400)
+                what = f"requested model version is not available for model '{name}': " \
+                       f"version {version} is not" if version else \
+                    f"requested model '{name}' is not available: no version of it is"
+                return error_response(404, f"{what} loaded (statistics are kept for "
+                                           f"loaded versions only)")
         return json_response({"model_stats": [_stats_doc(mv) for mv in versions]})
 
     def _control(self, action: str) -> None:
         mode = self.server.model_control_mode
         if mode != "explicit":
             raise ProtocolError(403 if mode == "none" else 400,
-                                f"explicit model {action} is not allowed: the server runs "
-                                f"with --model-control-mode {mode} (start it with "
-                                f"--model-control-mode explicit to load and unload models)")
+                                f"explicit model load / unload is not allowed: the server "
+                                f"runs with --model-control-mode {mode} (start it with "
+                                f"--model-control-mode explicit to {action} models)")
 
     async def load_model(self, request: Request, name: str) -> Response:
         """Triton's repository `load`: reads the model's directory again and loads the
@@ -404,9 +412,10 @@ class _Routes:
             failed = await self.repo.reload(name, server.background, override=override)
             for mv in self.repo.models.get(name, {}).values():
                 server.create_series(mv)
-        if failed:
-            return error_response(400, f"failed to load '{name}': " + "; ".join(
-                f"version {mv.version}: {mv.reason}" for mv in failed))
+        if failed:  # Triton's words (its L0 lifecycle tests read them)
+            return error_response(400, f"load failed for model '{name}': " + "; ".join(
+                f"version {mv.version} is at UNAVAILABLE state: {mv.reason}"
+                for mv in failed))
         return json_response({})
 
     async def unload_model(self, request: Request, name: str) -> Response:
@@ -421,6 +430,7 @@ class _Routes:
         async with self.server.repository_lock:  # never held across the wait below
             versions = (self.repo.stop_admitting(name) if name in self.repo.models
                         else [])
+            self.repo.forget_problem(name)  # a model that failed to load is unloaded too
         await self.repo.unload_versions(versions)
         return json_response({})
 
@@ -471,7 +481,7 @@ class _Routes:
             if (draining and mv.sequences is None) or not mv.ready:
                 series.finished(503, self._now() - request.arrived)
                 return error_response(503, _DRAINING, _RETRY) if draining else \
-                    _not_ready(mv, _RETRY)
+                    _not_ready(mv, version, _RETRY)
             headers = request.headers
             t_input = time.perf_counter()
             try:
@@ -487,9 +497,10 @@ class _Routes:
                 args = mv.prepare(req)
                 deadline = _deadline(headers.get("inference-timeout"), req.timeout_us, mv,
                                      server.max_timeout, request.arrived)
-            except ProtocolError as exc:
-                return self._failed(mv, series, request, error_response(
-                    exc.status, exc.message, _ERROR_HEADERS.get(exc.status)))
+            except ProtocolError as exc:  # refused before admission: no failure of the
+                series.finished(exc.status, self._now() - request.arrived)  # version's
+                return error_response(exc.status, exc.message,
+                                      _ERROR_HEADERS.get(exc.status))
             if draining and not mv.scheduler.continues_work(req.parameters):
                 # the drain contract: no new work; steps without START are still taken
                 series.finished(503, self._now() - request.arrived)
@@ -525,7 +536,11 @@ class _Routes:
                 response = _failure_response(server, mv, exc)
                 if response is None:
                     raise
-                return self._failed(mv, series, request, response)
+                reason = _failure_reason(exc)
+                if reason is None:  # refused at admission, as Triton's enqueue refuses
+                    series.finished(response.status, self._now() - request.arrived)
+                    return response
+                return self._failed(mv, series, request, response, reason)
             if answered:
                 response, compute_output = answered[0]
             else:
@@ -537,7 +552,7 @@ class _Routes:
                     response = _infer_response(server, mv, req, results, request)
                 compute_output = time.perf_counter() - t_output
             if response.status != 200:  # the memory budget could not take the answer
-                return self._failed(mv, series, request, response)
+                return self._failed(mv, series, request, response, "OTHER")
             return self._succeeded(mv, series, request, response,
                                    (queued, compute_input, compute_infer, compute_output))
         except BaseException:
@@ -551,8 +566,8 @@ class _Routes:
         return response
 
     def _failed(self, mv: ModelVersion, series: ModelSeries, request: Request,
-                response: Response) -> Response:
-        series.failed(mv.stats, response.status, self._now() - request.arrived)
+                response: Response, reason: str) -> Response:
+        series.failed(mv.stats, response.status, self._now() - request.arrived, reason)
         return response
 
 
@@ -572,11 +587,50 @@ def _version(text: str) -> str | None:
     return significant or "0"
 
 
-def _not_ready(mv: ModelVersion, headers: list[tuple[str, str]] | None = None
-               ) -> Response:
-    """503 for a version that is not loaded, naming its state or why it failed."""
-    return error_response(503, f"model '{mv.name}' version {mv.version} is not ready: "
-                               f"{mv.reason or mv.state}", headers)
+# Triton's endpoints of the extensions not offered (not in the server metadata's list)
+_NOT_OFFERED = (("/v2/systemsharedmemory", "system shared memory"),
+                ("/v2/cudasharedmemory", "CUDA shared memory"), ("/v2/trace", "trace"),
+                ("/v2/logging", "logging"))
+
+
+def _no_route(path: str) -> str:
+    """The 404's words for a path that names no endpoint; one of an extension not
+    offered says so (tritonclient shows only the message)."""
+    for prefix, extension in _NOT_OFFERED:
+        if path.startswith(prefix):
+            return f"no route {path}: the {extension} extension is not offered"
+    if path.startswith("/v2/models/") and path.endswith(("/generate", "/generate_stream")):
+        return f"no route {path}: the generate extension is not offered"
+    return f"no route {path}"
+
+
+def _not_ready(mv: ModelVersion, asked: str | None,
+               headers: list[tuple[str, str]] | None = None) -> Response:
+    """503 for a version that is not loaded, naming its state or why it failed, in
+    Triton core's words (its qa tests look for them) for a version `asked` by the path
+    or for a model asked without one."""
+    why = f"{mv.reason or mv.state}"
+    if asked is None:
+        return error_response(503, f"Request for unknown model: '{mv.name}' has no "
+                                   f"available versions (version {mv.version} is not "
+                                   f"ready: {why})", headers)
+    return error_response(503, f"Request for unknown model: '{mv.name}' version "
+                               f"{mv.version} is not at ready state (it is not ready: "
+                               f"{why})", headers)
+
+
+def _failure_reason(exc: Exception) -> str | None:
+    """Triton's failure reason of an admitted request that failed with `exc` (its
+    statistics' `fail` and `nv_inference_request_failure{reason}`), or None for a
+    refusal at admission, which Triton's statistics do not count (its enqueue refuses
+    before the model sees the request): a full queue, a sequence's control flow."""
+    if isinstance(exc, (Overloaded, ProtocolError)):
+        return None
+    if isinstance(exc, DeadlineExceeded):  # Triton: "Request timeout expired"
+        return "REJECTED"
+    if isinstance(exc, Error):  # the program, the runtime or the device
+        return "BACKEND"
+    return "OTHER"  # unloading or drained before it ran
 
 
 def _failure_response(server: Server, mv: ModelVersion, exc: Exception) -> Response | None:

@@ -25,7 +25,8 @@ the reason, e.g. `m/config.json: 'sequence_batching.oldest.max_queue_delay_micro
 must be <= 3600000000 (an integer of 401 digits)`.
 
 Version directories are named by decimal integers (ASCII digits, at most 18 of them:
-`²` or `٣` are not versions).
+`²` or `٣` are not versions); the repository ignores those with leading zeros, as
+Triton does.
 """
 
 from __future__ import annotations
@@ -114,8 +115,13 @@ class DynamicBatching(_Schema):
 
 
 class InstanceGroup(_Schema):
+    """Triton's `instance_group`: `count` instances on the model's device. `name` is
+    taken as Triton's config shows it (a label); KIND_MODEL, which leaves placement to
+    the model, is the model's `device` as KIND_CPU and KIND_AUTO are."""
+
+    name: Annotated[StrictStr, Field(max_length=256)] = ""
     count: Annotated[StrictInt, Field(ge=1, le=MAX_INSTANCES)] = 1
-    kind: Literal["KIND_CPU", "KIND_AUTO"] = "KIND_CPU"
+    kind: Literal["KIND_CPU", "KIND_AUTO", "KIND_MODEL"] = "KIND_CPU"
 
 
 class _LatestVersions(_Schema):
@@ -228,8 +234,8 @@ class Direct(_Schema):
 
 
 class SequenceBatching(_Schema):
-    max_sequence_idle_microseconds: Annotated[StrictInt, Field(ge=1, le=MAX_MICROSECONDS)] \
-        = DEFAULT_IDLE_US
+    # 0 is Triton's unset (proto3): its default, DEFAULT_IDLE_US
+    max_sequence_idle_microseconds: Micros = DEFAULT_IDLE_US
     direct: Direct | None = None
     oldest: Oldest | None = None
     control_input: list[ControlInputConfig] = Field(default_factory=list, max_length=8)
@@ -361,11 +367,69 @@ def is_version_name(name: str) -> bool:
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "tuple", "none"})
 
+_ONE_FILE = "the program is always <version>/model.vmfb"
+_NO_PRIORITIES = "requests are not prioritised: one queue per version, bounded by 'max_queue'"
+# Triton's configuration keys this server does not take, by their path (list indices
+# left out), and why: a Triton configuration carried over is refused naming the reason,
+# not an "unknown key"
+TRITON_NOT_OFFERED = {
+    "model_warmup": "no warm-up requests: a version serves once its program loaded",
+    "optimization": "Triton's optimization settings are for its GPU and accelerator "
+                    "backends",
+    "response_cache": "no response cache: every request runs",
+    "model_transaction_policy": "no decoupled models: one answer per request",
+    "ensemble_scheduling": "no ensembles",
+    "default_model_filename": _ONE_FILE,
+    "cc_model_filenames": _ONE_FILE,
+    "metric_tags": "metrics are labelled by model and version",
+    "model_repository_agents": "no repository agents",
+    "model_operations": "no operation settings",
+    "model_metrics": "no custom metrics",
+    "runtime": "the runtime is tinyhal's",
+    "batch_input": "no batch inputs: a request's inputs are the program's",
+    "batch_output": "no batch outputs: a request's outputs are the program's",
+    "dynamic_batching.priority_levels": _NO_PRIORITIES,
+    "dynamic_batching.default_priority_level": _NO_PRIORITIES,
+    "dynamic_batching.priority_queue_policy": _NO_PRIORITIES,
+    "dynamic_batching.default_queue_policy": "the queue is bounded by 'max_queue' and "
+                                             "requests by 'timeout_s'",
+    "dynamic_batching.preserve_ordering": "each request is answered when its execution "
+                                          "ends",
+    "instance_group.gpus": "this server has no GPUs",
+    "instance_group.secondary_devices": "this server has no GPUs",
+    "instance_group.rate_limiter": "no rate limiter: an instance runs one execution at a "
+                                   "time",
+    "instance_group.host_policy": "no host policies",
+    "instance_group.profile": "no TensorRT profiles",
+    "instance_group.passive": "every instance serves",
+    "sequence_batching.iterative_sequence": "no iterative sequences",
+    "sequence_batching.generative_sequence": "no generative sequences",
+    "sequence_batching.oldest.preserve_ordering": "a sequence's steps always run in order",
+    **{f"{key}.{field}": "Triton's form of a tensor; here inputs and outputs are the "
+                         "program's, shown as {name, datatype, shape} by the config "
+                         "endpoint (leave them out)"
+       for key in ("input", "output")
+       for field in ("data_type", "dims", "format", "reshape", "optional",
+                     "is_shape_tensor", "allow_ragged_batch", "label_filename")},
+}
+# values of a key Triton takes that this server does not, and why
+_VALUES_NOT_OFFERED = {
+    ("instance_group.kind", "KIND_GPU"): "this server has no GPUs",
+    ("sequence_batching.control_input.control.data_type", "TYPE_STRING"):
+        "a compiled program takes no string tensors (a model without a CORRID control "
+        "takes string sequence ids)",
+}
+
 
 def _is_type_tag(part: object) -> bool:
     """Whether a part of a pydantic error location names a member of a union (a type,
     e.g. `constrained-str` or `list[...]`) rather than a key."""
     return isinstance(part, str) and ("[" in part or "-" in part or part in _TYPE_TAGS)
+
+
+def _key_path(error: dict) -> str:
+    """The keys of a pydantic error's location, without list indices and union tags."""
+    return ".".join(p for p in error["loc"] if isinstance(p, str) and not _is_type_tag(p))
 
 
 def _error_line(where: str, error: dict) -> str:
@@ -374,8 +438,19 @@ def _error_line(where: str, error: dict) -> str:
     loc = loc.replace(".[", "[")
     kind = error["type"]
     message = error["msg"]
+    path = _key_path(error)
     if kind == "extra_forbidden":
-        message = "unknown key"
+        why = TRITON_NOT_OFFERED.get(path)
+        message = f"a Triton setting not offered here: {why}" if why else "unknown key"
+    elif path.startswith("parameters.") and isinstance(error.get("input"), dict) \
+            and "string_value" in error["input"]:
+        message = ("a Triton backend parameter ({'string_value': ...}) is not taken: "
+                   "'parameters' names the program's parameter files (a file, or a list "
+                   "of files per scope)")
+    elif kind == "literal_error" and (path, error.get("input")) in _VALUES_NOT_OFFERED:
+        message = (f"{error['input']} is not offered here: "
+                   f"{_VALUES_NOT_OFFERED[path, error['input']]}; "
+                   f"{message.replace('Input should be', 'must be')}")
     elif kind in ("less_than_equal", "greater_than_equal", "greater_than", "less_than"):
         bound = next(iter(error.get("ctx", {}).values()), "")
         sign = {"less_than_equal": "<=", "greater_than_equal": ">=", "greater_than": ">",
@@ -400,8 +475,10 @@ def _validate(schema: type[BaseModel], doc: Any, where: str, key: str = "") -> A
         return schema.model_validate(doc)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        # pydantic tries each member of a union: the deepest error says most
-        first = max(errors, key=lambda e: len(e["loc"]))
+        # pydantic tries each member of a union: the deepest error says most, and of
+        # those a Triton key this server does not take (its reason) says more
+        first = max(errors, key=lambda e: (len(e["loc"]),
+                                           _key_path(e) in TRITON_NOT_OFFERED))
         if key:
             first = {**first, "loc": (key, *first["loc"])}
         raise ConfigError(_error_line(where, first)) from None
@@ -490,12 +567,17 @@ class SequenceConfig:
     preferred_batch_sizes: tuple[int, ...]
     controls: tuple[ControlInput, ...]
     states: tuple[StateSpec, ...]
+    # `direct`: the share of an instance's slots with a step ready at which a batch
+    # runs without waiting out the queue delay (0: at once, as Triton's)
+    minimum_slot_utilization: float = 0.0
 
     def describe(self) -> dict:
-        strategy: dict[str, Any] = {"max_queue_delay_microseconds": self.max_queue_delay_us,
-                                    "preferred_batch_size": list(self.preferred_batch_sizes)}
+        strategy: dict[str, Any] = {"max_queue_delay_microseconds": self.max_queue_delay_us}
         if self.strategy == "oldest":
             strategy["max_candidate_sequences"] = self.max_candidate_sequences
+            strategy["preferred_batch_size"] = list(self.preferred_batch_sizes)
+        else:
+            strategy["minimum_slot_utilization"] = self.minimum_slot_utilization
         return {
             "max_sequence_idle_microseconds": self.max_sequence_idle_us,
             self.strategy: strategy,
@@ -577,9 +659,10 @@ def parse_sequence_config(value: Any, max_batch_size: int, version_dir: Path
         initial.setflags(write=False)
         states.append(StateSpec(item.input_name, item.output_name, datatype, dims, initial,
                                 data_file))
-    return SequenceConfig(doc.max_sequence_idle_microseconds, strategy, candidates,
+    return SequenceConfig(doc.max_sequence_idle_microseconds or DEFAULT_IDLE_US, strategy,
+                          candidates,
                           body.max_queue_delay_microseconds, preferred, tuple(controls),
-                          tuple(states))
+                          tuple(states), getattr(body, "minimum_slot_utilization", 0.0))
 
 
 def _initial_from_file(name: str, version_dir: Path, like: np.ndarray, what: str

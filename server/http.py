@@ -18,9 +18,13 @@ client that asks for keep-alive is told so in the answer (`connection: keep-aliv
 `Expect: 100-continue` is ignored and a Transfer-Encoding in its request is faulty
 framing (400), as RFC 9110 and 9112 say.
 
-Draining (`HttpServer.drain()`): the listeners close at once (new connections are refused),
-connections idle between requests close, and a connection with a request in progress
-answers it with `Connection: close`.
+Draining (`HttpServer.drain()`): connections already made but not yet accepted are
+accepted, then the listeners close (new connections are refused); every answer from then
+on says `Connection: close`, and a connection idle between requests closes once it has
+stayed idle for `_DRAIN_IDLE_GRACE` seconds since the drain began. A request a client sent
+before it could see the drain is so read and answered (by the handler, which knows the
+server drains), never cut by a reset: closing a socket with unread bytes resets it, and a
+client whose request met a reset cannot tell whether it ran.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import errno
 import logging
 import os
 import select
+import socket
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
@@ -79,6 +84,9 @@ _COALESCE_BYTES = 64 << 10
 _LINGER_SECONDS = 1.0
 _LINGER_BYTES = 16 << 20
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# how long a connection idle during a drain may still bring a request: a client that sent
+# one just as the drain began has it answered (the answer closes the connection)
+_DRAIN_IDLE_GRACE = 1.0
 # peer closed (its FIN: POLLRDHUP, Linux), reset or failed; data waiting is not "gone"
 _GONE_EVENTS = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
 _client_gone: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
@@ -445,7 +453,8 @@ class HttpServer:
         # connections waiting for their next request -> since when (trio clock): the
         # idle sweep closes those idle longer than keep_alive_timeout, drain all of them
         self._idle: dict[trio.CancelScope, float] = {}
-        self._sweeping = trio.CancelScope()
+        self._sweep_wait = trio.CancelScope()  # the idle sweep's sleep (drain cuts it short)
+        self._nursery: trio.Nursery | None = None  # the connections' (see `serve`)
         self._open = 0
         # connections idle, still sending their request or stuck writing an answer their
         # client does not read, the one waiting longest first (evicted at the cap); a
@@ -466,11 +475,16 @@ class HttpServer:
         self._listeners = listeners
         self._now = trio.lowlevel.current_clock().current_time  # read once per request
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             for listener in listeners:
                 nursery.start_soon(self._accept, listener, nursery)
             nursery.start_soon(self._sweep_idle)
             task_status.started()
         # the accept loops ended (drain); connection tasks finished with the nursery
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
 
     def _count_direct(self) -> None:
         with self._direct_lock:
@@ -496,29 +510,57 @@ class HttpServer:
                 self._settle_waiters.append(event)
                 await event.wait()
 
+    def _idle_limit(self) -> float:
+        return min(self.keep_alive_timeout, _DRAIN_IDLE_GRACE) if self.draining else \
+            self.keep_alive_timeout
+
     async def _sweep_idle(self) -> None:
-        """Closes keep-alive connections idle for `keep_alive_timeout` (checked four
-        times per timeout, so one closes after 1 to 1.25 times it): a connection waiting
-        for its next request then needs no timer of its own, which would cost a cancel
-        scope per request."""
-        period = self.keep_alive_timeout / 4
-        with self._sweeping:
-            while not self.draining:
-                await trio.sleep(period)
-                expired = trio.current_time() - self.keep_alive_timeout
-                for scope, since in list(self._idle.items()):
-                    if since <= expired:
-                        scope.cancel()
+        """Closes connections idle for longer than they may be: `keep_alive_timeout`, in
+        a drain `_DRAIN_IDLE_GRACE` (checked four times per limit, so one closes after 1 to
+        1.25 times it): a connection waiting for its next request then needs no timer of
+        its own, which would cost a cancel scope per request. Ends once a drain has seen
+        every connection close."""
+        while not self.draining or self._open:
+            self._sweep_wait = trio.CancelScope()
+            with self._sweep_wait:
+                await trio.sleep(self._idle_limit() / 4)
+            expired = trio.current_time() - self._idle_limit()
+            for scope, since in list(self._idle.items()):
+                if since <= expired:
+                    scope.cancel()
 
     def drain(self) -> None:
-        """Stops accepting, closes idle connections; busy ones close after their answer."""
+        """Stops accepting (what the kernel already accepted for us is taken first);
+        from now on every answer closes its connection, and idle connections close
+        after the drain's idle grace counted from now (see the module's docstring)."""
         self.draining = True
-        self._sweeping.cancel()
         for listener in self._listeners:
+            self._accept_backlog(listener)
             # closing the socket outright frees the port at once (no new SYN is accepted)
             listener.socket.close()
-        for scope in list(self._idle):
-            scope.cancel()
+        began = trio.current_time()
+        for scope in self._idle:
+            self._idle[scope] = began
+        self._sweep_wait.cancel()
+
+    def _accept_backlog(self, listener: trio.SocketListener) -> None:
+        """Starts a connection task for every connection waiting in `listener`'s accept
+        queue (closing the listener would reset them, requests already sent included)."""
+        if self._nursery is None:
+            return
+        try:
+            backlog = socket.socket(fileno=os.dup(listener.socket.fileno()))
+        except OSError:
+            return
+        with backlog:
+            backlog.setblocking(False)
+            while True:
+                try:
+                    accepted, _ = backlog.accept()
+                except OSError:  # empty (EAGAIN), or out of descriptors: the rest reset
+                    return
+                self._admit(trio.SocketStream(trio.socket.from_stdlib_socket(accepted)),
+                            self._nursery)
 
     async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         while not self.draining:
@@ -531,14 +573,20 @@ class HttpServer:
                     self._evict_oldest(f"out of file descriptors ({exc.strerror})")
                 await trio.sleep(0.01)  # back off, keep serving
                 continue
-            if self._open >= self.max_connections:
-                if not self._evict_oldest(f"{self._open} connections open "
-                                          f"(--max-connections)"):
-                    nursery.start_soon(self._refuse, stream)
-                    continue
-            elif self._open < self.max_connections * 9 // 10:
-                self._at_cap_logged = False
-            nursery.start_soon(self._connection, stream)
+            self._admit(stream, nursery)
+
+    def _admit(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+        """Serves an accepted connection, or at the cap evicts the oldest idle/slow one
+        for it, or refuses it (503) when every connection is busy."""
+        if self._open >= self.max_connections:
+            if not self._evict_oldest(f"{self._open} connections open "
+                                      f"(--max-connections)"):
+                nursery.start_soon(self._refuse, stream)
+                return
+        elif self._open < self.max_connections * 9 // 10:
+            self._at_cap_logged = False
+        self._open += 1  # counted now: the next accept may come before the task starts
+        nursery.start_soon(self._connection, stream)
 
     def _evict_oldest(self, why: str) -> bool:
         """Closes the oldest connection that is idle, still sending its request or waiting
@@ -591,12 +639,11 @@ class HttpServer:
                                self._relieve)
         parser = callbacks.parser = httptools.HttpRequestParser(callbacks)
         _client_gone.set(_gone_probe(stream))  # this task's context: its handlers see it
-        self._open += 1
         scope = trio.CancelScope()
         request = message = response = unsent = None
         try:
             with scope:
-                while not self.draining or callbacks.done:
+                while True:  # until an answer closes it, or its client or a timeout does
                     if not callbacks.done:
                         self._waiting[scope] = callbacks
                         try:
@@ -648,6 +695,8 @@ class HttpServer:
             log.exception("connection failed")
         finally:
             self._open -= 1
+            if self.draining and not self._open:
+                self._sweep_wait.cancel()  # the drain is over: the sweep ends now
             self._waiting.pop(scope, None)
             # whatever ended it (an answer, a timeout, a client gone, eviction), what its
             # requests held goes back to the budget

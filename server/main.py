@@ -12,7 +12,8 @@ worker thread and readiness turns 200. With --exit-on-error (default) a model th
 to load stops the server with exit code 1; with --no-exit-on-error it is served as
 unavailable and readiness stays 503.
 
-SIGTERM (or SIGINT) drains: readiness turns 503, the listener closes, requests in flight
+SIGTERM (or SIGINT) drains: readiness turns 503, the listener closes (a request already sent
+on an open connection is answered, 503 "draining" if it is new work), requests in flight
 finish (up to --drain-timeout seconds), invocations still running in the background
 finish, then the process exits 0. With sequence models the listener first stays open
 while sequences live here or requests are admitted: steps of live sequences are served
@@ -68,6 +69,7 @@ from pathlib import Path
 
 import trio
 
+from .. import __version__
 from ..errors import Error
 from ..hal import available_drivers
 from ..vm.files import open_regular_file
@@ -78,7 +80,7 @@ from .budget import MemoryBudget, default_limit, parse_size
 from .http import HttpServer
 from .lag import LagMonitor
 from .protocol import ProtocolError
-from .repository import NO_VERSIONS, ModelRepository, bundled_models_dir
+from .repository import ModelRepository, bundled_models_dir
 
 log = logging.getLogger("tinyhal.server")
 
@@ -131,6 +133,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="tinyhal-serve",
         description="Serve IREE-compiled .vmfb models over KServe V2 REST with tinyhal.",
     )
+    p.add_argument("--version", action="version", version=f"tinyhal-serve {__version__}")
     p.add_argument("--model-repository", type=Path, action=_Once, default=None,
                    metavar="DIR",
                    help="DIR/<model>/<version>/model.vmfb (+ config.json); default: the "
@@ -182,8 +185,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS",
                    help="poll interval of --model-control-mode poll (default 15)")
     p.add_argument("--load-model", action="append", default=None, metavar="NAME",
-                   help="with explicit control: load only these models at start (repeat; "
-                        "'*' for all, the default)")
+                   help="with explicit control: the models to load at start (repeat; "
+                        "'*' for every one; none by default, as Triton's)")
     p.add_argument("--http-restricted-api", action="append", default=[],
                    metavar="API[,API...]:HEADER=VALUE",
                    help="these API groups (" + ", ".join(API_GROUPS) + ") answer 403 "
@@ -233,15 +236,19 @@ async def serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise StartupError(f"cannot read the model repository {root}: "
                            f"{exc.strerror or exc}") from None
-    if args.model_control_mode == "explicit" and args.load_model and \
-            "*" not in args.load_model:
-        unknown = sorted(set(args.load_model) - set(repository.models))
+    if args.model_control_mode == "explicit" and "*" not in (args.load_model or ()):
+        wanted = set(args.load_model or ())  # none by default, as Triton's
+        unknown = sorted(wanted - set(repository.models)
+                         - set(repository.problems))
         if unknown:
             raise StartupError(f"--load-model: no model {', '.join(unknown)} in the "
                                f"repository")
         for name in list(repository.models):
-            if name not in args.load_model:
+            if name not in wanted:
                 del repository.models[name]
+        for name in list(repository.problems):  # not to load: not a failure here
+            if name not in wanted:
+                repository.forget_problem(name)
     budget = MemoryBudget(args.client_memory_limit or default_limit())
     server = Server(repository, max_request_bytes=args.max_request_bytes,
                     max_timeout=args.max_timeout, model_control_mode=args.model_control_mode,
@@ -320,8 +327,8 @@ async def serve(args: argparse.Namespace) -> int:
                 say(f"tinyhal-serve: listening on http://{host}:{port}")
             failed = [f"{mv.name}/{mv.version}" for mv in
                       await trio.to_thread.run_sync(repository.load_all)]
-            failed += sorted(name for name, why in repository.problems.items()
-                             if why != NO_VERSIONS)
+            failed += repository.unavailable_models()
+            repository.started = True
             server.models_loaded()
             if failed and args.exit_on_error:
                 log.error("%d model(s) or version(s) failed to load; exiting "
@@ -351,7 +358,8 @@ async def serve(args: argparse.Namespace) -> int:
                 with trio.move_on_at(drain_deadline):
                     while server.holds_work():
                         await trio.sleep(_DRAIN_POLL_SECONDS)
-            # the listener closes, idle connections close, requests in flight finish ...
+            # the listener closes, idle connections close after a grace, requests in
+            # flight finish ...
             http.drain()
             with trio.move_on_at(drain_deadline):
                 await http_done.wait()
@@ -371,6 +379,10 @@ async def serve(args: argparse.Namespace) -> int:
             if server.running_invocations():
                 _abandon_and_exit(server, EXIT_DRAIN_TIMEOUT,
                                   f"drain timeout ({args.drain_timeout:g} s)")
+            if not http_done.is_set():
+                log.warning("drain: closing %d connection(s) the bound left open (a client "
+                            "not reading its answer, or a request still arriving)",
+                            http.open_connections)
             outer.cancel_scope.cancel()
     finally:
         await trio.to_thread.run_sync(repository.close)
@@ -535,6 +547,8 @@ def _command_line_problem(args: argparse.Namespace) -> str | None:
         return "--max-connections must be >= 1"
     if args.load_model and args.model_control_mode != "explicit":
         return "--load-model needs --model-control-mode explicit"
+    if args.load_model and "*" in args.load_model and len(args.load_model) > 1:
+        return "--load-model '*' (every model) must be the only --load-model, as Triton's"
     try:
         args.restricted = _parse_restricted(args.http_restricted_api)
     except ValueError as exc:

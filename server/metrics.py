@@ -145,12 +145,6 @@ class _StateCollector:
                                  labels=["model", "version", "function", "device", "execution"])
         ready = GaugeMetricFamily("tinyhal_model_ready", "1 when the model version is ready",
                                   labels=["model", "version"])
-        inferences = CounterMetricFamily("tinyhal_inference_count",
-                                         "Inferences served (batch rows)",
-                                         labels=["model", "version"])
-        executions = CounterMetricFamily("tinyhal_inference_exec_count",
-                                         "Invocations of the program (one per batch)",
-                                         labels=["model", "version"])
         model_peak = GaugeMetricFamily(
             "tinyhal_model_memory_peak_bytes",
             "Most device memory one invocation of the model version held (transients "
@@ -172,8 +166,6 @@ class _StateCollector:
             ready.add_metric(labels, 1 if mv.ready else 0)
             if mv.peak_invocation_bytes is not None:
                 model_peak.add_metric([*labels, mv.device_name], mv.peak_invocation_bytes)
-            inferences.add_metric(labels, mv.stats.inference_count)
-            executions.add_metric(labels, mv.stats.execution_count)
             if mv.scheduler is not None:
                 st = mv.scheduler.statistics()
                 in_flight.add_metric(labels, st.running)
@@ -202,8 +194,8 @@ class _StateCollector:
         yield CounterMetricFamily("tinyhal_client_memory_refused",
                                   "Requests refused (503) because the client memory budget "
                                   "could not take them", value=budget.refused)
-        yield from (in_flight, queued, detached, info, ready, load, draining, inferences,
-                    executions, model_peak, parameters, parameters_peak)
+        yield from (in_flight, queued, detached, info, ready, load, draining, model_peak,
+                    parameters, parameters_peak)
 
 
 class ModelSeries:
@@ -219,14 +211,44 @@ class ModelSeries:
     every request answered before it. A fold of 512 takes about 0.1 ms of the loop (one
     `Latency` pass each took 0.3 ms for 256: a stall every request in flight felt)."""
 
-    __slots__ = ("by_code", "duration", "phases", "_rows", "_rows_stats")
+    __slots__ = ("by_code", "failures", "success_ns", "duration", "phases", "_rows",
+                 "_rows_stats", "_counted", "_earlier", "_retired")
 
     def __init__(self) -> None:
         self.by_code: dict[int, int] = {200: 0}  # exposed at zero before the first request
+        self.failures = dict.fromkeys(FAILURE_REASONS, 0)  # Triton's reasons
+        # nanoseconds of the successes, end to end then by phase (`PHASES`)
+        self.success_ns = [0] * (1 + len(PHASES))
         self.duration = Latency(_LATENCY_BUCKETS)
         self.phases = tuple(Latency(_LATENCY_BUCKETS) for _ in PHASES)
         self._rows = array("d")  # (seconds, *phases) of each unfolded success, flat
         self._rows_stats: ModelStatistics | None = None  # the statistics they go into
+        # the executions counted: the loaded version's statistics, the one it replaced
+        # (whose detached executions may still end) and the sum of those before
+        self._counted: ModelStatistics | None = None
+        self._earlier: ModelStatistics | None = None
+        self._retired = (0, 0)
+
+    def count_from(self, stats: ModelStatistics) -> None:
+        """Counts the executions of a version (re)loaded under this series' labels on top
+        of those counted before: its statistics start from zero, as Triton's, while the
+        series' counters never go down in the life of the process."""
+        if stats is self._counted:
+            return
+        earlier = self._earlier
+        if earlier is not None:
+            self._retired = (self._retired[0] + earlier.inference_count,
+                             self._retired[1] + earlier.execution_count)
+        self._earlier, self._counted = self._counted, stats
+
+    def executions(self) -> tuple[int, int]:
+        """(inferences, executions) under these labels since the process started."""
+        inferences, executions = self._retired
+        for stats in (self._earlier, self._counted):
+            if stats is not None:
+                inferences += stats.inference_count
+                executions += stats.execution_count
+        return inferences, executions
 
     def finished(self, status: int, seconds: float) -> None:
         """A request answered before it reached the model (counted by status only)."""
@@ -245,9 +267,13 @@ class ModelSeries:
         if len(rows) >= _FOLD_VALUES:
             self.fold()
 
-    def failed(self, stats: ModelStatistics, status: int, seconds: float) -> None:
+    def failed(self, stats: ModelStatistics, status: int, seconds: float, reason: str
+               ) -> None:
+        """A request the model version admitted and did not answer 200, for `reason`
+        (one of `FAILURE_REASONS`)."""
         self.finished(status, seconds)
         stats.fail.add(seconds)
+        self.failures[reason] += 1
 
     def fold(self) -> None:
         """Records the successes kept as rows into the histograms and statistics."""
@@ -259,6 +285,7 @@ class ModelSeries:
         ns, buckets = fold_latencies(table, _LATENCY_BUCKETS)
         stats = self._rows_stats
         self.by_code[200] = self.by_code.get(200, 0) + count
+        self.success_ns = [a + b for a, b in zip(self.success_ns, ns)]
         for i, (histogram, latency) in enumerate(zip((self.duration, *self.phases),
                                                      (stats.success, *stats.phase_list))):
             histogram.add_counts(count, ns[i], buckets[i])
@@ -297,6 +324,7 @@ class Metrics:
         self.registry.register(_StateCollector(server))
         self.registry.register(_RequestCollector(self))
         self.registry.register(SequenceCollector(lambda: server.repository.all_versions()))
+        self._server = server
 
     def series(self, model: str, version: str) -> ModelSeries:
         """The series of one model version, created at zero on first use."""
@@ -322,10 +350,42 @@ class Metrics:
 
         for _ in range(_RENDER_TRIES):
             try:
-                return generate_latest(self.registry)
+                return generate_latest(self.registry) + self._triton_families()
             except RuntimeError:  # a dict of the server's changed while it was read
                 continue
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + self._triton_families()
+
+    def _triton_families(self) -> bytes:
+        """Triton's request metrics under its own names and labels (`nv_inference_*`,
+        counters without a `_total` suffix, as Triton's exposition writes them), from the
+        same series as ours: dashboards, alerts and tests written against Triton read
+        them unchanged. Written here rather than through prometheus_client, which would
+        append `_total` to every counter's name."""
+        series = dict(self._series)
+        pending = {}
+        for mv in self._server.repository.all_versions():
+            if mv.scheduler is not None:
+                pending[(mv.name, mv.version)] = mv.scheduler.statistics().queued
+        rows: dict[str, list[str]] = {name: [] for name, _, _ in _TRITON_FAMILIES}
+        for (model, version), s in series.items():
+            labels = f'model="{_label(model)}",version="{_label(version)}"'
+            rows["nv_inference_request_success"].append(f"{{{labels}}} {s.by_code[200]}")
+            failure = rows["nv_inference_request_failure"]
+            for reason, n in s.failures.items():
+                failure.append(f'{{model="{_label(model)}",reason="{reason}",'
+                               f'version="{_label(version)}"}} {n}')
+            inferences, executions = s.executions()
+            rows["nv_inference_count"].append(f"{{{labels}}} {inferences}")
+            rows["nv_inference_exec_count"].append(f"{{{labels}}} {executions}")
+            for name, ns in zip(_TRITON_DURATIONS, s.success_ns):
+                rows[name].append(f"{{{labels}}} {ns // 1000}")
+            rows["nv_inference_pending_request_count"].append(
+                f"{{{labels}}} {pending.get((model, version), 0)}")
+        out = []
+        for name, kind, documentation in _TRITON_FAMILIES:
+            out.append(f"# HELP {name} {documentation}\n# TYPE {name} {kind}\n")
+            out.extend(f"{name}{row}\n" for row in rows[name])
+        return "".join(out).encode()
 
     async def scrape(self) -> bytes:
         """The exposition for a scrape that arrives now (see the class)."""
@@ -344,6 +404,34 @@ class Metrics:
             self._render_seconds = trio.current_time() - began
             self.renders += 1
             return self._rendered
+
+
+# Triton's failure reasons (its `nv_inference_request_failure` label), each series made
+# at zero (the app says which a failed request's is)
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+# Triton's request metric families: (name, type, help), the durations in the order of
+# `ModelSeries.success_ns`
+_TRITON_DURATIONS = ("nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+                     "nv_inference_compute_input_duration_us",
+                     "nv_inference_compute_infer_duration_us",
+                     "nv_inference_compute_output_duration_us")
+_TRITON_FAMILIES = (
+    ("nv_inference_request_success", "counter", "Inference requests answered 200"),
+    ("nv_inference_request_failure", "counter",
+     "Inference requests a model version took and failed, by reason"),
+    ("nv_inference_count", "counter", "Inferences served (batch rows)"),
+    ("nv_inference_exec_count", "counter", "Invocations of the program (one per batch)"),
+    *((name, "counter", f"Microseconds of successful requests, {what}") for name, what in
+      zip(_TRITON_DURATIONS, ("end to end", "queued", "decoding the request",
+                              "in the invocation", "building the response"))),
+    ("nv_inference_pending_request_count", "gauge",
+     "Requests admitted and waiting for an execution"),
+)
+
+
+def _label(value: str) -> str:
+    """A label value as the exposition format escapes it."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 _RENDER_SPACING = 5.0
@@ -381,6 +469,17 @@ class _RequestCollector:
         for code, n in sorted(self.metrics._unknown_model.items()):
             requests.add_metric(["", "", str(code)], n)
         yield requests
+        inferences = CounterMetricFamily("tinyhal_inference_count",
+                                         "Inferences served (batch rows)",
+                                         labels=["model", "version"])
+        executions = CounterMetricFamily("tinyhal_inference_exec_count",
+                                         "Invocations of the program (one per batch)",
+                                         labels=["model", "version"])
+        for labels, s in series.items():
+            counts = s.executions()
+            inferences.add_metric(list(labels), counts[0])
+            executions.add_metric(list(labels), counts[1])
+        yield from (inferences, executions)
         yield _histogram("tinyhal_inference_request_duration_seconds",
                          "Inference request latency, end to end", series,
                          lambda s: s.duration)

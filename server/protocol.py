@@ -428,8 +428,8 @@ _PARAMETER_TYPES: dict[str, tuple[frozenset, str]] = {
     "sequence_end": (_BOOL_TYPES, "true or false"),
     "binary_data_output": (_BOOL_TYPES, "true or false"),
     "priority": (_INT_TYPES, "a uint64"),
-    "timeout": (_NUMBER_TYPES, f"a non-negative number of microseconds (at most "
-                               f"{_UINT64_MAX})"),
+    "timeout": (_INT_TYPES, f"a uint64 count of microseconds (an integer in [0, "
+                            f"{_UINT64_MAX}])"),
 }
 _PARAMETER_VALUE_TYPES = frozenset({str, int, float, bool})
 
@@ -438,7 +438,8 @@ def _check_parameters(parameters: dict) -> None:
     """A request's `parameters` as Triton's HTTP frontend reads them, or a 400 naming
     the parameter: those it reads itself have their types (`sequence_id` a uint64 or a
     string, `sequence_start`/`sequence_end`/`binary_data_output` booleans, `priority`
-    a uint64, `timeout` a number of microseconds in the uint64 range), every other value
+    a uint64, `timeout` a uint64 count of microseconds: Triton reads both with
+    `MemberAsUInt`, which refuses 1.5), every other value
     is a string, a number or a boolean (an object, a list or null is refused, so no
     nesting hides in it), and keys starting with `triton_` are reserved."""
     for key, value in parameters.items():
@@ -450,7 +451,8 @@ def _check_parameters(parameters: dict) -> None:
                            f"number or a boolean, not "
                            f"{kind.__name__ if value is not None else 'null'}")
             if key.startswith("triton_"):
-                raise _bad(f"parameter '{key}': keys starting with 'triton_' are reserved")
+                raise _bad(f"parameter '{key}': parameter keys starting with 'triton_' "
+                           f"are reserved for Triton usage and should not be specified")
         elif kind not in rule[0] or kind in _NUMBER_TYPES and not 0 <= value <= _UINT64_MAX:
             raise _bad(f"parameter '{key}' must be {rule[1]}, not "
                        f"{orjson.dumps(value).decode()[:40]}")
@@ -861,7 +863,7 @@ def build_infer_response(
                          "data": flat})
         sliced = sliced or flat.size > JSON_SLICE_ELEMENTS
     response: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
-    if request.id is not None:
+    if request.id:  # an empty id is not echoed, as Triton's frontend
         response["id"] = request.id
     if sliced:
         head = _dumps_sliced(response, out_docs)

@@ -103,6 +103,8 @@ __all__ = ["CONFIG_KEYS", "NO_VERSIONS", "ModelRepository", "ModelVersion", "Req
            "TensorSpec", "bundled_models_dir"]
 
 DEFAULT_INSTANCES = 1
+# entries (directories and files) of one version directory a poll looks at, at most
+_MARKED_ENTRIES = 1024
 # why a model directory has nothing to load (a folder being filled, say): shown in the
 # index, not a failure of the model's at start-up
 NO_VERSIONS = "no version directory with a model.vmfb that its version policy selects"
@@ -473,13 +475,14 @@ class ModelVersion:
         expected = {s.name for s in self.inputs}
         unknown = [n for n in request.inputs if n not in expected]
         if unknown:
-            raise ProtocolError(400, f"unknown input {unknown[0]!r} for model '{self.name}'; "
-                                     f"inputs: {', '.join(s.name for s in self.inputs)}")
+            raise self._unexpected("input", unknown[0])
         missing = [s.name for s in self.inputs if s.name not in request.inputs]
         if missing:
-            raise ProtocolError(400, f"missing input{'s' if len(missing) > 1 else ''} "
-                                     f"{', '.join(repr(m) for m in missing)} for model "
-                                     f"'{self.name}'")
+            raise ProtocolError(400, f"expected {len(self.inputs)} inputs but got "
+                                     f"{len(request.inputs)} inputs for model '{self.name}'. "
+                                     f"Got input(s) {_names_list(request.inputs)}, but "
+                                     f"missing required input(s) {_names_list(missing)}. "
+                                     f"Please provide all required input(s).")
         return self._arguments(request)
 
     def _arguments(self, request: InferRequest) -> list[Any]:
@@ -489,9 +492,7 @@ class ModelVersion:
             names = {s.name for s in self.outputs}
             for o in request.outputs:
                 if o.name not in names:
-                    raise ProtocolError(400, f"unknown output {o.name!r} for model "
-                                             f"'{self.name}'; outputs: "
-                                             f"{', '.join(s.name for s in self.outputs)}")
+                    raise self._unexpected("output", o.name)
         args = []
         for spec in self.inputs:
             array = request.inputs[spec.name]
@@ -506,26 +507,36 @@ class ModelVersion:
         for spec in self.inputs:
             if spec.name == name:
                 return self._check_input(spec, datatype, shape)
-        raise ProtocolError(400, f"unknown input {name!r} for model '{self.name}'; "
-                                 f"inputs: {', '.join(s.name for s in self.inputs)}")
+        raise self._unexpected("input", name)
+
+    def _unexpected(self, kind: str, name: str) -> ProtocolError:
+        """A request's input or output the model does not have (a state or control
+        tensor included: the server fills those): 400 in Triton's words, which its L0
+        tests read, and the names the model has."""
+        specs = self.inputs if kind == "input" else self.outputs
+        return ProtocolError(400, f"unexpected inference {kind} {name!r} for model "
+                                  f"'{self.name}'; {kind}s: "
+                                  f"{', '.join(s.name for s in specs)}")
 
     def _check_input(self, spec: TensorSpec, datatype: str, shape: tuple[int, ...]) -> None:
         if datatype != spec.datatype:
-            raise ProtocolError(400, f"input '{spec.name}' has datatype {datatype} but "
-                                     f"model '{self.name}' expects {spec.datatype}")
+            raise ProtocolError(400, f"inference input '{spec.name}' data-type is "
+                                     f"'{datatype}', but model '{self.name}' expects "
+                                     f"'{spec.datatype}'")
         if spec.scalar:
             if math.prod(shape) != 1 or len(shape) > 1:
                 raise ProtocolError(400, f"input '{spec.name}' is a scalar: shape [1] "
                                          f"(or []), not {list(shape)}")
             return
         if not spec.accepts(shape):
-            raise ProtocolError(400, f"input '{spec.name}' has shape {list(shape)} "
-                                     f"but model '{self.name}' expects "
-                                     f"{list(spec.shape)}")
+            raise ProtocolError(400, f"unexpected shape for input '{spec.name}' for model "
+                                     f"'{self.name}'. Expected {_dims(spec.shape)}, got "
+                                     f"{_dims(shape)}")
         if self.max_batch_size and shape[0] > self.max_batch_size:
-            raise ProtocolError(400, f"input '{spec.name}' has batch size "
-                                     f"{shape[0]}, over max_batch_size "
-                                     f"{self.max_batch_size} of model '{self.name}'")
+            raise ProtocolError(400, f"inference request batch-size must be <= "
+                                     f"{self.max_batch_size} for '{self.name}' (input "
+                                     f"'{spec.name}' has {shape[0]} rows, over its "
+                                     f"max_batch_size)")
 
     def infer(self, args: list[Any], deadline: float, label: str,
               parameters: dict | None = None, respond: Any = None
@@ -728,11 +739,41 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
+def _is_real_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def version_marks(version_dir: str | Path) -> tuple:
+    """What changes when a file of a version directory (its program, config.json,
+    parameter archives, initial state files, in subdirectories too) is written, replaced,
+    added or removed: Triton's poll reloads a model when any of its files changed. Looks
+    at `_MARKED_ENTRIES` entries at most, in name order (a careless tree costs a poll no
+    more); symbolic links are followed to the file they name, never into a directory."""
+    marks: list = []
+    pending = [os.fspath(version_dir)]
+    while pending and len(marks) < _MARKED_ENTRIES:
+        top = pending.pop()
+        marks.append(top)
+        try:
+            with os.scandir(top) as entries:
+                listed = sorted((entry.path, _is_real_dir(entry)) for entry in entries)
+        except OSError:
+            continue
+        for path, is_dir in listed[:_MARKED_ENTRIES - len(marks)]:
+            if is_dir:
+                pending.append(path)
+            else:
+                marks.append((path, _file_mark(path)))
+    return tuple(marks)
+
+
 def file_fingerprint(path: Path) -> tuple:
-    """What tells a changed version from the one loaded (poll mode): its model file and
-    the config files beside it and above it."""
-    return tuple(_file_mark(file) for file in
-                 (path, path.parent / "config.json", path.parent.parent / "config.json"))
+    """What tells a changed version from the one loaded (poll mode): the files of its
+    directory (`version_marks`) and the model's config.json above it."""
+    return version_marks(path.parent), _file_mark(path.parent.parent / "config.json")
 
 
 def freeze_heap() -> None:
@@ -813,6 +854,10 @@ class ModelRepository:
         self.models: dict[str, dict[str, ModelVersion]] = {}
         # models of the repository with no version to show: name -> why
         self.problems: dict[str, str] = {}
+        # of those, the ones without any version when the server started (a failure, as
+        # Triton's); one found so by a poll is a directory being filled, not a failure
+        self._empty_at_start: set[str] = set()
+        self.started = False  # set by the server once its first models loaded
         self.devices: dict[str, Any] = {}
         self.memory = DeviceMemory()
         self.retiring: set[ModelVersion] = set()  # replaced, finishing what they admitted
@@ -852,7 +897,7 @@ class ModelRepository:
         self._dirs = found
         for name in list(self.problems):  # a copy: scans on other threads may add to it
             if name not in found:
-                self.problems.pop(name, None)
+                self.forget_problem(name)
         for key in list(self._failed_files):
             if key[0] not in found:
                 self._failed_files.pop(key, None)
@@ -875,12 +920,31 @@ class ModelRepository:
             return {}
         if versions:
             self.problems.pop(name, None)
+            self._empty_at_start.discard(name)
         else:
             reason = NO_VERSIONS
             if self.problems.get(name) != reason:
                 log.warning("model %s: %s; skipped", name, reason)
             self.problems[name] = reason
+            if not self.started:
+                self._empty_at_start.add(name)
         return versions
+
+    def unavailable_models(self) -> list[str]:
+        """The models of the repository that failed with no version to show (a
+        configuration or directory that cannot be read, a version policy that selects
+        none, no version at all at start): each keeps the server from being ready, as
+        Triton's strict readiness, until it loads, unloads or leaves the repository. A
+        model whose versions still serve (a poll that could not read it again) is not
+        one of them: its versions decide."""
+        return sorted(name for name, why in self.problems.items()
+                      if (why != NO_VERSIONS or name in self._empty_at_start)
+                      and not self.models.get(name))
+
+    def forget_problem(self, name: str) -> None:
+        """`name` was unloaded: what failed of it is no longer a model of the server."""
+        self.problems.pop(name, None)
+        self._empty_at_start.discard(name)
 
     def _scan_model(self, name: str, model_dir: Path, override: dict | None
                     ) -> dict[str, ModelVersion]:
@@ -911,18 +975,25 @@ class ModelRepository:
                     f"model {name} version {version_dir.name}: no model.vmfb (found: "
                     f"{', '.join(found_names[:20]) or 'nothing'}); skipped")
                 continue
-            version = str(int(version_dir.name))
-            other = found.get(version)
-            if other is not None:  # `1/` and `01/`: the one named as the version serves
-                if version_dir.name != version:
-                    other, vmfb = vmfb, other
-                skipped[other.parent.name] = (
-                    f"model {name}: skipping {other.parent.name}/: {version}/ is the "
-                    f"same version")
-            found[version] = vmfb
+            if version_dir.name[0] == "0" and len(version_dir.name) > 1:
+                skipped[version_dir.name] = (  # Triton's words
+                    f"model {name}: ignore version directory '{version_dir.name}' which "
+                    f"contains leading zeros in its directory name")
+                continue
+            found[version_dir.name] = vmfb
+        selected = _select_versions(policy, list(found))
+        if policy[0] == "specific":
+            for version in sorted(policy[1] - set(found), key=_version_key):
+                skipped[f"policy {version}"] = (
+                    f"version {version} is specified for model '{name}', but the version "
+                    f"directory is not present")
         self._log_skipped(name, skipped)
+        if found and not selected:
+            raise ConfigError(f"at least one version must be available under the version "
+                              f"policy of model '{name}' (it selects none of the versions "
+                              f"{', '.join(sorted(found, key=_version_key)[:20])})")
         versions: dict[str, ModelVersion] = {}
-        for version in _select_versions(policy, list(found)):
+        for version in selected:
             mv = ModelVersion(name, version, found[version], {}, self.default_device)
             mv.fingerprint = file_fingerprint(found[version])
             if override is None:
@@ -964,9 +1035,9 @@ class ModelRepository:
     def signatures(self, names: list[str]) -> dict[str, tuple]:
         """What a poll compares to find the models whose files changed since it last
         looked (blocking): for each model of `names` (as `model_names` just listed
-        them), its config.json, its entries, and each one's model.vmfb and config.json.
-        A few stats per model, where reading a model's configuration again parses it:
-        an idle poll of 1,000 models took most of a CPU."""
+        them), its config.json, its entries, and the files of each version directory
+        (`version_marks`). A few stats per model, where reading a model's configuration
+        again parses it: an idle poll of 1,000 models took most of a CPU."""
         found = {}
         join = os.path.join
         for name in names:
@@ -980,9 +1051,7 @@ class ModelRepository:
                 found[name] = ("unreadable", exc.errno)
                 continue
             found[name] = (_file_mark(join(model_dir, "config.json")), *(
-                (path, _file_mark(join(path, "model.vmfb")),
-                 _file_mark(join(path, "config.json"))) if is_dir else path
-                for path, is_dir in listed))
+                version_marks(path) if is_dir else path for path, is_dir in listed))
         return found
 
     def scan_model(self, name: str, override: dict | None = None, *,
@@ -997,8 +1066,8 @@ class ModelRepository:
             raise ProtocolError(400, f"failed to load '{name}': the model repository "
                                      f"cannot be read: {exc.strerror or exc}") from None
         if name not in self._dirs:
-            raise ProtocolError(400, f"failed to load '{name}': no such model directory "
-                                     f"in the model repository")
+            raise ProtocolError(400, f"failed to load '{name}', failed to poll from model "
+                                     f"repository: no such model directory in it")
         fresh = self._scan_isolated(name, override)
         if not fresh:
             raise ProtocolError(400, f"failed to load '{name}': {self.problems.get(name)}")
@@ -1169,8 +1238,8 @@ class ModelRepository:
         """The version (the highest ready one when `version` is None); ProtocolError 404
         if none (naming only what was asked for)."""
         versions = self.models.get(name)
-        if versions is None:
-            raise ProtocolError(404, f"unknown model '{name}'")
+        if versions is None:  # Triton's words (its L0 tests read them); 404 here
+            raise ProtocolError(404, f"Request for unknown model: '{name}' is not found")
         if not version:
             if len(versions) == 1:
                 for mv in versions.values():
@@ -1179,7 +1248,8 @@ class ModelRepository:
             return (ready or list(versions.values()))[-1]
         mv = versions.get(version)
         if mv is None:
-            raise ProtocolError(404, f"unknown version '{version}' of model '{name}'")
+            raise ProtocolError(404, f"Request for unknown model: '{name}' version "
+                                     f"{version} is not found")
         return mv
 
     def close(self) -> None:
@@ -1198,3 +1268,13 @@ class ModelRepository:
             except Error:
                 pass
         self.devices.clear()
+
+
+def _names_list(names: Any) -> str:
+    """Names as Triton's validation messages list them: ['a','b']."""
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
+def _dims(shape: Any) -> str:
+    """A shape as Triton's messages write it: [-1,16]."""
+    return "[" + ",".join(str(d) for d in shape) + "]"

@@ -60,7 +60,10 @@ With `direct`, as in Triton, slot s is row s % max_batch_size of instance
 s // max_batch_size for the sequence's whole life: an execution takes the ready
 sequences of one instance and covers its rows up to the highest ready one; the rows in
 between are null (zero inputs, READY false, START/END false, CORRID 0, the state of the
-slot's idle sequence or the initial one), and their outputs are dropped.
+slot's idle sequence or the initial one), and their outputs are dropped. Its
+`max_queue_delay_microseconds` is waited out, as Triton's, only with a
+`minimum_slot_utilization` above 0, and only until that share of `max_batch_size`
+sequences is ready (counted over the model's instances); with 0 a ready step runs at once.
 
 Triton's semantics and errors (400): a request without `sequence_id` (or 0, or ""); a
 request of an unknown (never started, ended or expired) sequence without
@@ -68,7 +71,9 @@ request of an unknown (never started, ended or expired) sequence without
 `MAX_SEQUENCE_ID_LENGTH` characters. A `sequence_start` for a sequence still live ends
 it and starts it anew (its queued steps run first; Triton's "previous sequence will be
 terminated early"). A sequence whose START left the queue unrun (its deadline) is ended,
-as one that expired. Ended sequences are remembered (why they ended, for the next
+as one that expired. A sequence waiting for a slot expires whole at the earliest
+deadline of its steps, as Triton's backlog: each of its steps is answered 504 "timeout
+of the corresponding sequence has been expired" (Triton's words). Ended sequences are remembered (why they ended, for the next
 step's 400) by a 16-byte digest of their id, 4,096 at most. A sequence that received
 nothing for `max_sequence_idle_microseconds` (none queued or running) is ended and its
 slot freed. A client that closes its connection while a step of its sequence waits or
@@ -79,7 +84,9 @@ step is done (the connections of waiting steps are looked at every 20 ms, see
 idle expiry: the next step may come over another connection, as HTTP allows.
 A request whose deadline passes while queued leaves its sequence with 504 (nothing ran,
 the state did not change); one whose step already runs gets its 504 and the step still
-updates the state.
+updates the state. An END that leaves the queue so still ends its sequence, as Triton's
+(which frees the slot when it takes the END from the sequence's queue): the slot is
+free once no step of it runs, not when the sequence idles out.
 
 Everything happens on the event loop except the execution (gather, invoke, scatter),
 which runs on the version's instance threads, as with `admission.Admission`.
@@ -119,6 +126,7 @@ from .config import (  # the configuration's schema; importable from here as bef
 from .http import client_gone_probe
 from .protocol import DATATYPES, ProtocolError
 from .scheduling import (
+    DeadlineExceeded,
     DispatchAfterPass,
     InFlight,
     Overloaded,
@@ -151,7 +159,6 @@ class _Step(PendingRequest):
 
     started_note = "the step started and still updates its state (its result is " \
                    "discarded)"
-    queued_note = "in the queue of its sequence (nothing ran; its state is unchanged)"
     __slots__ = ("start", "end", "sequence", "probe")
 
     def __init__(self, args: list[Any], start: bool, end: bool, deadline: float,
@@ -163,10 +170,22 @@ class _Step(PendingRequest):
         self.sequence = sequence
         self.probe = client_gone_probe()
 
+    @property
+    def queued_note(self) -> str:
+        """What a step that left the queue at its deadline is told (see `_expire_waiting`
+        for a sequence that waited for a slot)."""
+        if self.sequence.expired_waiting:
+            return f"waiting for a sequence slot: {_WAITING_EXPIRED} (nothing ran)"
+        return "in the queue of its sequence (nothing ran; its state is unchanged)"
+
+
+# Triton's words for a sequence that waited for a slot past a request's deadline
+_WAITING_EXPIRED = "timeout of the corresponding sequence has been expired"
+
 
 class _Sequence:
     __slots__ = ("id", "slot", "home", "steps", "running", "ending", "gone", "ready",
-                 "last_used")
+                 "last_used", "expired_waiting")
 
     def __init__(self, sid: int | str, now: float) -> None:
         self.id = sid
@@ -178,6 +197,7 @@ class _Sequence:
         self.gone = False  # ended because a client went away: freed when nothing runs
         self.ready = False  # in the ready queue
         self.last_used = now
+        self.expired_waiting = False  # ended by a deadline while it waited for a slot
 
 
 def _digest(key: tuple[type, int | str]) -> bytes:
@@ -290,6 +310,12 @@ class SequenceBatcher:
         # timer (with its lead correction)
         self._policy = BatchingConfig(max_batch_size, config.max_queue_delay_us,
                                       config.preferred_batch_sizes)
+        self._target_rows = self._policy.target_rows  # ready at which the delay ends
+        if self._direct:  # as Triton's: the delay waits for a share of the slots only
+            utilization = config.minimum_slot_utilization
+            self._policy = BatchingConfig(
+                max_batch_size, config.max_queue_delay_us if utilization else 0)
+            self._target_rows = max(1, math.ceil(utilization * max_batch_size - 1e-9))
         self._timer = QueueTimer(self._policy.delay, self._dispatch_after_pass)
         self._tasks_started = False
         self._now: Callable[[], float] = trio.current_time  # the run's clock (see `infer`)
@@ -391,8 +417,9 @@ class SequenceBatcher:
         if self._closed:
             raise Unavailable(self._closed_why)
         if rows != 1:
-            raise ProtocolError(400, f"inference request for sequence {sid} to model "
-                                     f"'{self.model}' must have batch size 1, not {rows}")
+            raise ProtocolError(400, f"inference request to model '{self.model}' must "
+                                     f"specify batch-size 1 due to requirements of sequence "
+                                     f"batcher (sequence {sid} sent {rows} rows)")
         if not self._tasks_started:
             self._start_tasks()
         if self._corrid is not None:
@@ -415,7 +442,7 @@ class SequenceBatcher:
                                      f"first request of the sequence"
                                      f"{f' ({why})' if why else ''}")
         if self._queued >= self._capacity:
-            raise Overloaded(f"exceeds maximum queue size: {self._queued} sequence "
+            raise Overloaded(f"Exceeds maximum queue size: {self._queued} sequence "
                              f"requests queued (max_queue {self.max_queue})", 1)
         if seq is None:
             seq = _Sequence(sid, now)
@@ -494,6 +521,9 @@ class SequenceBatcher:
             step.detached = True
             self._detached += 1
             return
+        if seq.slot is None:
+            self._expire_waiting(seq, step)
+            return
         steps = seq.steps
         at = steps.index(step)
         del steps[at]
@@ -503,6 +533,22 @@ class SequenceBatcher:
             self._start_lost(seq, at)
         elif step.end and not steps and not seq.running:
             self._release(seq)
+        self._dispatch()
+
+    def _expire_waiting(self, seq: _Sequence, step: _Step) -> None:
+        """A step of a sequence waiting for a slot left the queue at its deadline: as
+        Triton's backlog, whose deadline is its earliest request's, the whole sequence
+        expires. Every step it queued is answered 504 with Triton's words ("timeout of
+        the corresponding sequence has been expired"), and its next step without START is
+        refused (400) saying so."""
+        seq.steps.remove(step)
+        self._queued -= 1
+        self._in_flight.left(1)
+        seq.expired_waiting = True
+        why = f"{_WAITING_EXPIRED} (it waited for a sequence slot past a request's deadline)"
+        self._end_early(seq, why, DeadlineExceeded(
+            f"sequence {seq.id} of model '{self.model}': {why}; nothing ran",
+            started=False))
         self._dispatch()
 
     def _start_lost(self, seq: _Sequence, at: int) -> None:
@@ -597,7 +643,7 @@ class SequenceBatcher:
         while self._idle and self._ready:
             now = self._now()
             if policy.delay and not self._closed:
-                target = policy.target_rows
+                target = self._target_rows
                 oldest = min((s.steps[0].arrived for s in self._ready if s.steps),
                              default=now) \
                     if len(self._ready) < target else now
@@ -799,7 +845,7 @@ class SequenceBatcher:
                 self._detached -= 1
             seq.running = False
             seq.last_used = now
-            if seq.gone or (step.end and not seq.steps):  # not started anew meanwhile
+            if seq.gone or (seq.ending and not seq.steps):  # its END came (and went)
                 self._release(seq)
             else:
                 self._mark_ready(seq)

@@ -5,10 +5,16 @@ returns, per version: `inference_count` (inferences, i.e. batch rows served),
 `execution_count` (invocations of the program; with dynamic batching fewer than the
 requests, and inference_count / execution_count is the average batch size),
 `last_inference` (ms since the epoch), and `inference_stats` with a count and total
-nanoseconds for `success` and `fail` (end to end) and for each phase of a successful
+nanoseconds for `success` and `fail` (end to end; `fail` counts requests the version
+admitted, as Triton's: one refused before admission never reached it) and for each phase
+of a successful
 request: `queue` (waiting for an execution slot or a batch), `compute_input` (decoding the
 request into arrays), `compute_infer` (the invocation; with batching, its batch's) and
-`compute_output` (building the response). `batch_stats` counts executions by batch size.
+`compute_output` (building the response). `batch_stats` counts executions by batch size
+(Triton's three phases per batch size; the concatenation and split of a batch are part of
+its `compute_infer`, so its `compute_input` and `compute_output` are 0 ns). As Triton's,
+every version also has `response_stats` (empty: no model here is decoupled) and
+`memory_usage` (empty: device memory per version is in /metrics).
 
 `PHASES` is the one list of a request's phases, and `Latency` the one accumulator of
 durations: `metrics.ModelSeries` records each finished request into these statistics and
@@ -105,8 +111,15 @@ class ModelStatistics:
                 "cache_hit": {"count": 0, "ns": 0},
                 "cache_miss": {"count": 0, "ns": 0},
             },
-            "batch_stats": [{"batch_size": rows, "compute_infer": d.doc()}
+            "response_stats": {},  # per response of decoupled models: none here
+            # an execution's concatenation and split are timed within its invocation
+            # here: Triton's per-batch input and output phases are present, at 0 ns
+            "batch_stats": [{"batch_size": rows,
+                             "compute_input": {"count": d.count, "ns": 0},
+                             "compute_infer": d.doc(),
+                             "compute_output": {"count": d.count, "ns": 0}}
                             for rows, d in sorted(self.batches.items())],
+            "memory_usage": [],  # Triton's per-version allocations: see /metrics
         }
 
 

@@ -240,7 +240,7 @@ def test_queue_bound_holds_while_the_instance_waits_out_a_delay(tmp_path):
             ("tinyhal_inference_queued", (("model", "mlp"), ("version", "1")))) == 2)
         status, headers, body = server.request("POST", "/v2/models/mlp/infer", _mlp_body())
         assert status == 503, body
-        assert "exceeds maximum queue size" in json.loads(body)["error"]
+        assert "Exceeds maximum queue size" in json.loads(body)["error"]
         assert int(headers["retry-after"]) >= 1
         for thread, answer in waiting:
             thread.join(timeout=30)

@@ -235,7 +235,7 @@ def test_control_mode_none_refuses_load_and_unload(hostile_server):
 def test_restricted_api_and_explicit_control(tmp_path):
     shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
     server = ServerProcess("--model-repository", str(tmp_path), "--model-control-mode",
-                           "explicit", "--http-restricted-api",
+                           "explicit", "--load-model", "*", "--http-restricted-api",
                            "model-repository,statistics:x-admin-key=s3cret").start()
     client = httpclient.InferenceServerClient(server.url)
     try:

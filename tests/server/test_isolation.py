@@ -117,8 +117,9 @@ def test_a_bad_directory_leaves_the_others_serving(tmp_path, start_server, mode)
                            "SIGHUP: reading")
     else:
         bad = _bad_models(tmp_path)
+        loads = ("--load-model", "*") if mode == "explicit" else ()
         server = start_server("--model-repository", str(tmp_path), "--model-control-mode",
-                              mode, "--no-exit-on-error")
+                              mode, *loads, "--no-exit-on-error")
         assert "unavailable: " in server.stdout[-1]
     _assert_serving(server, bad)
     if mode == "explicit":  # loading one of them again fails alone, with 400
@@ -155,7 +156,7 @@ MALFORMED = [
 def test_malformed_configs_loaded_through_the_api_are_400(tmp_path, start_server):
     shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
     server = start_server("--model-repository", str(tmp_path), "--model-control-mode",
-                          "explicit")
+                          "explicit", "--load-model", "*")
     for config, reason in MALFORMED:
         status, _, body = server.request(
             "POST", "/v2/repository/models/saxpy/load", {"parameters": {"config": config}})

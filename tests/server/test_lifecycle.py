@@ -297,7 +297,7 @@ def test_a_faulting_kernel_takes_down_its_device_not_the_server(tmp_path, start_
         json.dumps({"function": "main", "device": "task"}))
     shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")  # on sync
     server = start_server("--model-repository", str(tmp_path), "--model-control-mode",
-                          "explicit")
+                          "explicit", "--load-model", "*")
     status, _, body = server.request("GET", "/v2/models/corrupt")
     request = {"inputs": [{"name": spec["name"], "datatype": "FP32", "shape": [4],
                            "data": [1.0, 2.0, 3.0, 4.0]} for spec in json.loads(body)["inputs"]]}

@@ -89,3 +89,34 @@ def test_parameterized_model_served_with_parameter_memory_metric(tmp_path, start
         assert metrics[("tinyhal_model_parameter_peak_bytes", labels)] == held
         peak = metrics.get(("tinyhal_model_memory_peak_bytes", labels))
         assert peak is None or peak < held + 4096  # invocations do not hold the weights
+
+
+def test_poll_reloads_a_model_whose_parameter_file_was_replaced(tmp_path, start_server):
+    """Triton's poll reloads a model when any file of it changed: here the weights
+    beside an unchanged model.vmfb and config.json, written again in place."""
+    from safetensors.numpy import save_file
+
+    vmfb = compile_mlir(AFFINE, HOST_FLAGS)
+    version = tmp_path / "affine" / "1"
+    version.mkdir(parents=True)
+    shutil.copyfile(vmfb, version / "model.vmfb")
+    weights = version / "weights.safetensors"
+    w = np.ones((16, 8), np.float32)
+    save_file({"w": w, "b": np.zeros(8, np.float32)}, str(weights))
+    (tmp_path / "affine" / "config.json").write_text(json.dumps(
+        {"parameters": {"model": "weights.safetensors"}}))
+    server = start_server("--model-repository", str(tmp_path), "--model-control-mode",
+                          "poll", "--repository-poll-secs", "0.1")
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60.0)
+    x = np.ones((2, 16), np.float32)
+
+    def infer() -> np.ndarray:
+        inp = httpclient.InferInput("x", [2, 16], "FP32")
+        inp.set_data_from_numpy(x)
+        return client.infer("affine", [inp]).as_numpy("y")
+
+    assert (infer() == 16).all()
+    save_file({"w": w, "b": np.full(8, 0.5, np.float32)}, str(weights))
+    server.wait_stderr(r"loaded model affine version 1.*\n(.|\n)*loaded model affine "
+                       r"version 1", timeout=30)
+    assert (infer() == 16.5).all()

@@ -78,7 +78,7 @@ def test_a_storm_of_load_unload_and_requests_on_one_model(tmp_path):
     for sample in ("saxpy", "gru_step"):
         shutil.copytree(SAMPLES / sample, tmp_path / sample)
     server = ServerProcess("--model-repository", str(tmp_path), "--model-control-mode",
-                           "explicit")
+                           "explicit", "--load-model", "*")
     statuses: Counter = Counter()
     unexpected: list = []
     stop = time.monotonic() + 6

@@ -135,7 +135,8 @@ def test_a_configuration_beyond_its_whole_bound_is_refused_at_once(server, model
 
 def test_the_directory_spelled_as_the_version_serves_and_the_other_is_logged(server):
     assert server.request("POST", "/v2/repository/models/same_version/load", b"")[0] == 200
-    log = server.wait_stderr(r"model same_version: skipping 01/: 1/ is the same version")
+    log = server.wait_stderr(r"model same_version: ignore version directory '01' which "
+                             r"contains leading zeros")
     assert "same_version version 1" in log
     log = server.wait_stderr(r"skipping 18446744073709551616/: version directories are "
                              r"named by integers of at most 18 digits")

@@ -30,7 +30,7 @@ def server(tmp_path_factory):
     config["max_queue"] = 4
     shutil.copytree(SAMPLES / "gru_step", root / "two_slots")
     (root / "two_slots" / "config.json").write_text(json.dumps(config))
-    proc = ServerProcess("--model-repository", str(root), "--model-control-mode", "explicit")
+    proc = ServerProcess("--model-repository", str(root), "--model-control-mode", "explicit", "--load-model", "*")
     try:
         yield proc.start()
     finally:
@@ -94,7 +94,7 @@ def test_a_flood_of_starts_beyond_the_slots_is_bounded_and_served(server):
     # queued as the flood arrives); every START is answered
     assert len(statuses) == 12 and set(statuses) <= {200, 503}, results
     assert 2 <= statuses.count(200) <= 6, results
-    assert all("exceeds maximum queue size" in p for s, p in results if s == 503)
+    assert all("Exceeds maximum queue size" in p for s, p in results if s == 503)
 
 
 def test_a_sequence_across_an_unload_and_a_reload(server):

@@ -59,6 +59,8 @@ _BAD_FLAGS = [
     (["--python-cpu", "-1"], "--python-cpu: CPU -1 is not one this process may use"),
     (["--client-memory-limit", "1e400"], "is not a positive size in bytes"),
     (["--model-repository", "/dev/null"], "--model-repository /dev/null is not a directory"),
+    (["--model-control-mode", "explicit", "--load-model", "*", "--load-model", "m"],
+     "--load-model '*' (every model) must be the only --load-model"),
     (["--model-repository", "{root}", "--model-repository", "{root}"],
      "argument --model-repository: is given twice; one repository is served"),
 ]
@@ -142,3 +144,10 @@ def test_local_sh_refuses_what_would_fail_after_haproxy_started(args, message):
                           env=dict(os.environ, PYTHON=sys.executable))
     assert done.returncode == 2 and message in done.stderr, (done.stdout, done.stderr)
     assert "ready" not in done.stdout
+
+
+def test_version_prints_the_package_version_and_exits_0():
+    from tinyhal import __version__
+
+    done = _start("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"tinyhal-serve {__version__}"

@@ -22,7 +22,7 @@ _MLP = "/v2/models/mlp_classifier/infer"
 @pytest.fixture(scope="module")
 def probe_server(tmp_path_factory):
     with sample_server(tmp_path_factory.mktemp("repo"), ("mlp_classifier", "saxpy", "gru_step"),
-                       "--model-control-mode", "explicit") as server:
+                       "--model-control-mode", "explicit", "--load-model", "*") as server:
         yield server
 
 

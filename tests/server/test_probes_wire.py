@@ -44,8 +44,8 @@ def wire_server(tmp_path_factory, dtypes_vmfb):
     for sample in ("mlp_classifier", "saxpy"):
         shutil.copytree(SAMPLES / sample, root / sample)
     write_model(root, "dtypes", dtypes_vmfb)
-    shutil.copytree(SAMPLES / "saxpy", root / "padded")  # its version directory is 007
-    (root / "padded" / "1").rename(root / "padded" / "007")
+    shutil.copytree(SAMPLES / "saxpy", root / "padded")  # its version directory is 7
+    (root / "padded" / "1").rename(root / "padded" / "7")
     server = ServerProcess("--model-repository", str(root))
     try:
         yield server.start()
@@ -659,9 +659,10 @@ def test_repeated_header_names_are_joined_in_order():
 
 
 @pytest.mark.parametrize("version", [b"007", b"7", b"0007"])
-def test_a_version_directory_with_leading_zeros_is_its_integer(wire_server, version):
-    """The directory `007` is version 7, as Triton parses directory names: any digits
-    of that integer find it."""
+def test_a_version_in_the_path_with_leading_zeros_is_its_integer(wire_server, version):
+    """A version in the path is read as an integer, as Triton's frontend reads it: any
+    digits of 7 find version 7 (a version directory with leading zeros is ignored, as
+    Triton ignores it: test_probes_seq.py)."""
     answer = exchange(wire_server, _get(b"/v2/models/padded/versions/" + version))
     got, error = status_and_error(answer)
     assert got == 200, (version, error)

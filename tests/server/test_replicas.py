@@ -13,6 +13,7 @@ the reason (.ci/run installs it where it can).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
@@ -49,6 +50,12 @@ needs_haproxy = pytest.mark.skipif(
 GONE = "the replica that held its state is gone"
 STEPS = 6
 SEQUENCES = 15
+
+
+def sequence_key(sid: str) -> str:
+    """The stick table's key of a sequence id as HAProxy reads it (the string id "0" is
+    read with its quotes): its SHA-256 in upper-case hex (deploy/haproxy/haproxy.cfg)."""
+    return hashlib.sha256(sid.encode()).hexdigest().upper()
 
 
 def _free_port() -> int:
@@ -120,7 +127,7 @@ class LocalSet:
         return _runtime_api(self.socket, command)
 
     def table(self) -> dict[str, int]:
-        """{sequence id: port of the replica it is pinned to}."""
+        """{sequence key (`sequence_key`): port of the replica it is pinned to}."""
         out = {}
         for line in self.api("show table replicas").splitlines():
             m = re.search(r"key=(\S+) .*server_key=127\.0\.0\.1:(\d+)", line)
@@ -306,7 +313,7 @@ def test_two_replicas_answer_sequences_bitwise_as_one_server(local_set, referenc
         assert not errors, sorted(errors.items())[:3]
         assert got == want  # every step's bytes, JSON and binary alike
         pinned = replicas.table()
-        ids = [str(first + i) for i in range(SEQUENCES)]
+        ids = [sequence_key(str(first + i)) for i in range(SEQUENCES)]
         assert set(ids) <= set(pinned)
         assert len({pinned[i] for i in ids}) == 2, "sequences should spread over both"
     # a `sequence-id` header pins as well (clients that cannot have the body read)
@@ -328,7 +335,7 @@ def test_two_replicas_answer_sequences_bitwise_as_one_server(local_set, referenc
             for k in range(6)]
     assert zero == [_step(ref, x[k % 2], "0", False, start=k == 0, end=k == 5)
                     for k in range(6)]
-    assert '"0"' in replicas.table()
+    assert sequence_key('"0"') in replicas.table()
     # requests of one keep-alive connection are balanced each on its own (both replicas
     # up first: a check that timed out on a loaded host takes one out for a moment)
     for name in replicas.replicas:
@@ -383,7 +390,8 @@ def test_scale_to_three_moves_no_sequence_and_a_drain_loses_no_step(local_set, r
     got, errors = _run(replicas.url, fresh, 6000, True, steps=range(2))
     assert not errors
     r3_port = replicas.replicas["r3"][0]
-    on_r3 = [i for i in range(SEQUENCES) if replicas.table()[str(6000 + i)] == r3_port]
+    on_r3 = [i for i in range(SEQUENCES) if replicas.table()[sequence_key(str(6000 + i))]
+             == r3_port]
     assert on_r3, "round robin over three replicas gave the new one no sequence"
     replicas.proc.send_signal(signal.SIGUSR2)  # drain the newest: r3
     replicas.wait_server_state("r3", lambda op, admin: admin & 0x8, "draining")
@@ -397,7 +405,7 @@ def test_scale_to_three_moves_no_sequence_and_a_drain_loses_no_step(local_set, r
     assert not errors
     replicas.wait_line(r"replica r3 drained \(exit 0; 2 replicas\)")
     table = replicas.table()
-    assert all(table[str(7000 + i)] != r3_port for i in range(SEQUENCES)), \
+    assert all(table[sequence_key(str(7000 + i))] != r3_port for i in range(SEQUENCES)), \
         "a draining replica took a new sequence"
     assert replicas.stop() == 0
 
@@ -411,7 +419,7 @@ def test_a_killed_replicas_sequences_get_a_clear_error_and_new_ones_go_elsewhere
     assert not errors
     r2_port, r2_pid = replicas.replicas["r2"]
     table = replicas.table()
-    lost = {i for i in range(8) if table[str(8000 + i)] == r2_port}
+    lost = {i for i in range(8) if table[sequence_key(str(8000 + i))] == r2_port}
     assert lost and len(lost) < 8
     # string ids the "gone" answer must quote as JSON (round robin puts two on r2)
     client = httpclient.InferenceServerClient(replicas.url)
@@ -440,7 +448,7 @@ def test_a_killed_replicas_sequences_get_a_clear_error_and_new_ones_go_elsewhere
     _, errors = _run(replicas.url, fresh, 9000, False)
     assert not errors, sorted(errors.items())[:3]
     r1_port = replicas.replicas["r1"][0]
-    assert all(replicas.table()[str(9000 + i)] == r1_port for i in range(8))
+    assert all(replicas.table()[sequence_key(str(9000 + i))] == r1_port for i in range(8))
     # with no replica up, HAProxy's own 503 is a JSON error as the replicas' are
     replicas.api(f"set server replicas/{_slot_of(replicas, 'r1')} state maint")
     client = httpclient.InferenceServerClient(replicas.url)

@@ -32,7 +32,7 @@ def test_load_unload_and_new_versions(tmp_path, start_server, spin_vmfb):
     shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
     write_model(tmp_path, "spin", spin_vmfb, {"max_concurrency": 1})
     server = start_server("--model-repository", str(tmp_path), "--model-control-mode",
-                          "explicit")
+                          "explicit", "--load-model", "*")
     client = httpclient.InferenceServerClient(server.url, network_timeout=60.0)
     try:
         assert {"model_repository", "statistics"} <= set(
@@ -90,7 +90,7 @@ def test_unload_waits_for_a_running_invocation(tmp_path, start_server, spin_vmfb
     write_model(tmp_path, "spin", spin_vmfb, {"max_concurrency": 1})
     shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
     server = start_server("--model-repository", str(tmp_path), "--model-control-mode",
-                          "explicit")
+                          "explicit", "--load-model", "*")
     body = {"inputs": [
         {"name": "x", "datatype": "FP32", "shape": [1024], "data": [1.0] * 1024},
         {"name": "n", "datatype": "INT32", "shape": [1], "data": [1_000_000]}]}
@@ -132,7 +132,8 @@ def test_inference_statistics(server, client):
     inference = stats["inference_stats"]
     was = before["inference_stats"]
     assert inference["success"]["count"] == was["success"]["count"] + 1
-    assert inference["fail"]["count"] == was["fail"]["count"] + 1
+    # refused by the signature before admission: not a failure of the version (Triton)
+    assert inference["fail"]["count"] == was["fail"]["count"]
     assert stats["inference_count"] == before["inference_count"] + 2
     assert stats["execution_count"] == before["execution_count"] + 1
     for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
@@ -143,3 +144,25 @@ def test_inference_statistics(server, client):
     with pytest.raises(InferenceServerException) as info:
         client.get_inference_statistics("nope")
     assert info.value.status() == "404"
+
+
+def test_explicit_control_without_load_model_starts_with_no_model_loaded(tmp_path,
+                                                                         start_server):
+    """As Triton's: `--model-control-mode explicit` loads only what `--load-model` names,
+    none without it; the repository index lists every model, and a load serves it."""
+    shutil.copytree(SAMPLES / "saxpy", tmp_path / "saxpy")
+    shutil.copytree(SAMPLES / "mlp_classifier", tmp_path / "mlp_classifier")
+    server = start_server("--model-repository", str(tmp_path), "--model-control-mode",
+                          "explicit")
+    assert "serving no models" in server.stdout[-1]
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60.0)
+    try:
+        assert not client.is_model_ready("saxpy")
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        assert set(index) == {"saxpy", "mlp_classifier"}
+        assert all(m.get("state") != "READY" for m in index.values()), index
+        client.load_model("saxpy")
+        np.testing.assert_array_equal(_saxpy(client), [1, 3, 5])
+        assert not client.is_model_ready("mlp_classifier")
+    finally:
+        client.close()

@@ -459,7 +459,7 @@ def test_control_flow_errors_are_400_with_triton_messages(seq_server):
     assert "must specify the START flag" in message
     message = _error(lambda: _step(client, "gru_step", np.zeros((2, 8), np.float32),
                                    sequence_id=78, sequence_start=True))
-    assert "batch size 1" in message
+    assert "must specify batch-size 1 due to requirements of sequence batcher" in message
     status, _, body = seq_server.request("POST", "/v2/models/gru_step/infer", {
         "parameters": {"sequence_id": 5, "sequence_start": "yes"},
         "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 8],
@@ -669,7 +669,7 @@ def test_a_bad_step_fails_alone_and_keeps_its_state(seq_server):
 
 @pytest.mark.parametrize("change, message", [
     ({"oldest": {}, "direct": {}}, "one of 'direct' and 'oldest'"),
-    ({"max_sequence_idle_microseconds": 0}, "max_sequence_idle_microseconds"),
+    ({"max_sequence_idle_microseconds": -1}, "max_sequence_idle_microseconds': must be >= 0"),
     ({"bogus": 1}, "'sequence_batching.bogus': unknown key"),
     ({"state": [{"input_name": "a", "output_name": "b", "data_type": "FP32", "dims": [2]}]},
      "'sequence_batching.state[0].data_type': must be 'TYPE_BOOL'"),

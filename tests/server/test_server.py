@@ -88,7 +88,7 @@ def test_unknown_model_and_version_are_404(server):
         assert status == 404, path
         assert "unknown" in json.loads(body)["error"]
     status, _, body = server.request("POST", "/v2/models/nope/infer", {"inputs": []})
-    assert status == 404 and "unknown model 'nope'" in json.loads(body)["error"]
+    assert status == 404 and "unknown model: 'nope' is not found" in json.loads(body)["error"]
     status, _, body = server.request("GET", "/v2/models/saxpy/infer")
     assert status == 405 and "error" in json.loads(body)
     status, _, body = server.request("GET", "/no/such/route")
@@ -207,7 +207,7 @@ def test_overload_answers_503_with_retry_after(server):
     for status, headers, body in results:
         if status == 503:
             assert int(headers["retry-after"]) >= 1
-            assert "exceeds maximum queue size" in json.loads(body)["error"]
+            assert "Exceeds maximum queue size" in json.loads(body)["error"]
     _wait_metric(server, "tinyhal_inference_in_flight", {"model": "spin", "version": "1"},
                  lambda v: v == 0)
     m = server.metrics()
@@ -277,14 +277,16 @@ BAD = [
     ("not json", b"{nope", 400, "not valid JSON"),
     ("not an object", b"[1, 2]", 400, "JSON object"),
     ("no inputs", {"inputs": []}, 400, "non-empty 'inputs'"),
-    ("unknown input", _saxpy(_A, _X, _Y, {**_X, "name": "w"}), 400, "unknown input 'w'"),
-    ("missing input", _saxpy(_A, _X), 400, "missing input 'y'"),
+    ("unknown input", _saxpy(_A, _X, _Y, {**_X, "name": "w"}), 400, "unexpected inference input 'w'"),
+    ("missing input", _saxpy(_A, _X), 400,
+     "missing required input(s) ['y']"),
     ("wrong datatype", _saxpy(_A, _X, {**_Y, "datatype": "FP64"}), 400,
-     "has datatype FP64 but model 'saxpy' expects FP32"),
+     "data-type is 'FP64', but model 'saxpy' expects 'FP32'"),
     ("unknown datatype", _saxpy(_A, _X, {**_Y, "datatype": "FP8"}), 400, "unknown datatype"),
     ("bytes", _saxpy(_A, _X, {**_Y, "datatype": "BYTES", "data": ["a", "b"]}), 400,
      "BYTES (string) tensors are not supported"),
-    ("wrong rank", _saxpy(_A, _X, {**_Y, "shape": [1, 2]}), 400, "has shape [1, 2] but"),
+    ("wrong rank", _saxpy(_A, _X, {**_Y, "shape": [1, 2]}), 400,
+     "Expected [-1], got [1,2]"),
     ("count mismatch", _saxpy(_A, _X, {**_Y, "shape": [3]}), 400, "has 2 elements"),
     ("negative dim", _saxpy(_A, _X, {**_Y, "shape": [-2]}), 400, "negative dimension"),
     ("non-number", _saxpy(_A, _X, {**_Y, "data": [1, "2"]}), 400, "must hold numbers"),
@@ -293,7 +295,7 @@ BAD = [
     ("program check", _saxpy(_A, _X, {**_Y, "shape": [3], "data": [1, 2, 3]}), 400,
      "x and y must have the same length"),
     ("duplicate input", _saxpy(_A, _X, _X, _Y), 400, "more than once"),
-    ("unknown output", _saxpy(_A, _X, _Y, outputs=[{"name": "q"}]), 400, "unknown output 'q'"),
+    ("unknown output", _saxpy(_A, _X, _Y, outputs=[{"name": "q"}]), 400, "unexpected inference output 'q'"),
     ("bad timeout", _saxpy(_A, _X, _Y, parameters={"timeout": "soon"}), 400, "'timeout'"),
     ("bad id", _saxpy(_A, _X, _Y, id=5), 400, "'id' must be a string"),
 ]
@@ -321,10 +323,10 @@ def test_bad_binary_and_model_limits(server):
          "8 binary bytes that no input claims"),
         (json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [65, 16],
                                  "data": [0.0] * 65 * 16}]}).encode(), {}, 400,
-         "over max_batch_size 64"),
+         "batch-size must be <= 64 for 'mlp_classifier'"),
         (json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 15],
                                  "data": [0.0] * 15}]}).encode(), {}, 400,
-         "expects [-1, 16]"),
+         "Expected [-1,16], got [1,15]"),
         (bytes(2 << 20), {}, 413, "exceeds the limit"),
         (b"{}", {"Content-Encoding": "br"}, 415, "not supported"),
     ]
@@ -349,7 +351,7 @@ def test_tritonclient_sees_the_error_message(client):
     with pytest.raises(InferenceServerException) as info:
         client.infer("mlp_classifier", [_input("features", x, "FP32")])
     assert info.value.status() == "400"
-    assert "expects [-1, 16]" in info.value.message()
+    assert "Expected [-1,16], got [1,15]" in info.value.message()
 
 
 # -- metrics ---------------------------------------------------------------------------

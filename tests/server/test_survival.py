@@ -119,7 +119,7 @@ def test_model_file_changes_under_load_keep_the_loaded_version(tmp_path):
     vmfb = tmp_path / "mlp" / "1" / "model.vmfb"
     original = vmfb.read_bytes()
     server = ServerProcess("--model-repository", str(tmp_path), "--model-control-mode",
-                           "explicit").start()
+                           "explicit", "--load-model", "*").start()
     try:
         expect = _mlp_answer(server)
         traffic = Traffic(server, "/v2/models/mlp/infer", MLP_BODY, expect=expect)
@@ -161,7 +161,7 @@ def spin_repository(tmp_path_factory, spin_vmfb) -> Path:
 
 def test_unload_returns_once_more_admitted_than_instances_finished(spin_repository):
     server = ServerProcess("--model-repository", str(spin_repository),
-                           "--model-control-mode", "explicit").start()
+                           "--model-control-mode", "explicit", "--load-model", "*").start()
     try:
         body = json.dumps({"inputs": [
             {"name": "x", "datatype": "FP32", "shape": [256], "data": [1.0] * 256},
@@ -197,7 +197,7 @@ def test_unload_returns_once_more_admitted_than_instances_finished(spin_reposito
 def test_load_unload_cycles_under_batching_load_fail_nothing_admitted(tmp_path):
     shutil.copytree(MLP, tmp_path / "mlp")
     server = ServerProcess("--model-repository", str(tmp_path), "--model-control-mode",
-                           "explicit").start()
+                           "explicit", "--load-model", "*").start()
     try:
         expect = _mlp_answer(server)
         traffic = Traffic(server, "/v2/models/mlp/infer", MLP_BODY, threads=4, expect=expect)
@@ -337,7 +337,7 @@ def test_fifo_model_file_is_refused_and_index_reasons_name_no_absolute_path(tmp_
     (tmp_path / "broken" / "1").mkdir(parents=True)
     (tmp_path / "broken" / "1" / "model.vmfb").write_bytes(b"not a module" * 100)
     server = ServerProcess("--model-repository", str(tmp_path), "--model-control-mode",
-                           "explicit", "--no-exit-on-error").start()
+                           "explicit", "--load-model", "*", "--no-exit-on-error").start()
     try:
         status, _, body = server.request("POST", "/v2/repository/index", b"")
         (broken,) = [m for m in json.loads(body) if m["name"] == "broken"]
