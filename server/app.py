@@ -39,6 +39,7 @@ Triton).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -240,7 +241,12 @@ class _Routes:
         }
         # path -> its route (the routes are fixed: a model's name is looked up later)
         self._routed: dict[str, tuple[dict, tuple]] = {}
-        self._reports = trio.Lock()  # one report (index, statistics) built at a time
+        # the reports of every model, each built once for all who asked meanwhile
+        self._index = {only_ready: _SharedReport(functools.partial(self._index_doc,
+                                                                   only_ready))
+                       for only_ready in (False, True)}
+        self._all_stats = _SharedReport(lambda: {"model_stats": [
+            _stats_doc(mv) for mv in self.repo.all_versions() if mv.ready]})
         # the run's clock reader (one call, where `trio.current_time()` is three frames);
         # routes made outside a run read the clock of whichever run calls them
         try:
@@ -358,19 +364,17 @@ class _Routes:
             await self.server.settle()
         self.server.metrics.fold()
         if name is None:
-            versions = [mv for mv in self.repo.all_versions() if mv.ready]
-        else:
-            self.repo.get(name, version)  # 404 for an unknown model or version
-            asked = [version] if version else list(self.repo.models[name])
-            versions = [mv for v in asked if (mv := self.repo.models[name][v]).ready]
-            if not versions:  # Triton's words first (its status is 400)
-                what = f"requested model version is not available for model '{name}': " \
-                       f"version {version} is not" if version else \
-                    f"requested model '{name}' is not available: no version of it is"
-                return error_response(404, f"{what} loaded (statistics are kept for "
-                                           f"loaded versions only)")
-        return await self._report(
-            lambda: {"model_stats": [_stats_doc(mv) for mv in versions]})
+            return await self._all_stats.answer()
+        self.repo.get(name, version)  # 404 for an unknown model or version
+        asked = [version] if version else list(self.repo.models[name])
+        versions = [mv for v in asked if (mv := self.repo.models[name][v]).ready]
+        if not versions:  # Triton's words first (its status is 400)
+            what = f"requested model version is not available for model '{name}': " \
+                   f"version {version} is not" if version else \
+                f"requested model '{name}' is not available: no version of it is"
+            return error_response(404, f"{what} loaded (statistics are kept for "
+                                       f"loaded versions only)")
+        return json_response({"model_stats": [_stats_doc(mv) for mv in versions]})
 
     def _control(self, action: str) -> None:
         mode = self.server.model_control_mode
@@ -451,29 +455,20 @@ class _Routes:
             if type(only_ready) is not bool:  # Triton's words (its L0_http test reads them)
                 raise ProtocolError(400, "Invalid value for 'ready': expected a boolean "
                                          "(true or false)")
+        return await self._index[only_ready].answer()
+
+    def _index_doc(self, only_ready: bool) -> list[dict]:
+        """The repository index as the repository's directory holds it now (blocking)."""
         try:
-            names = await trio.to_thread.run_sync(self.repo.model_names)
+            names = self.repo.model_names()
         except OSError as exc:
             log.error("repository index: cannot read the model repository: %s",
                       exc.strerror or exc)
             names = []
-        def build() -> list[dict]:
-            index = self.repo.index(names)
-            if only_ready:
-                index = [entry for entry in index if entry.get("state") == "READY"]
-            return index
-
-        return await self._report(build)
-
-    async def _report(self, build: Callable[[], Any]) -> Response:
-        """The JSON answer of `build()`, a report of every model (the repository index,
-        statistics), made on a worker thread, one at a time: with many models it is
-        milliseconds of Python, and on the loop a few dozen clients asking for it stalled
-        every other request (40 clients asking three each of 1,000 models: 364 ms). The
-        loop serves between its slices of the interpreter. What the loop changes while
-        the thread reads it is read again (a dict resized under iteration)."""
-        async with self._reports:
-            return await trio.to_thread.run_sync(_built_report, build)
+        index = self.repo.index(names)
+        if only_ready:
+            index = [entry for entry in index if entry.get("state") == "READY"]
+        return index
 
     async def metrics(self, request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
@@ -733,7 +728,53 @@ def _control_parameters(request: Request, what: str) -> dict:
 _REPORT_TRIES = 3
 
 
+class _PendingReport:
+    __slots__ = ("done", "response", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.response: Response | None = None
+        self.error: Exception | None = None
+
+
+class _SharedReport:
+    """A report of every model (the repository index, statistics): built on a worker
+    thread, one build at a time, and each build's answer given to every request that
+    arrived before it began. However many clients ask at once, one build runs and one
+    more waits, and each answer is as new as its request. (Built on the loop, each was
+    milliseconds of Python with 1,000 models: 40 clients asking for three each stalled
+    every other request 364 ms.)"""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build = build
+        self._lock = trio.Lock()
+        self._next: _PendingReport | None = None  # the build not begun yet
+
+    async def answer(self) -> Response:
+        pending = self._next
+        if pending is not None:
+            await pending.done.wait()
+        else:
+            pending = self._next = _PendingReport()
+            # not cancelled once others joined it: the wait is one build at most
+            with trio.CancelScope(shield=True):
+                async with self._lock:
+                    self._next = None  # who asks from now on waits for a later build
+                    try:
+                        pending.response = await trio.to_thread.run_sync(
+                            _built_report, self._build)
+                    except Exception as exc:  # noqa: BLE001 - every waiter raises it
+                        pending.error = exc
+                    finally:
+                        pending.done.set()
+        if pending.error is not None:
+            raise pending.error
+        return pending.response
+
+
 def _built_report(build: Callable[[], Any]) -> Response:
+    """The JSON answer of `build()` (on a worker thread); what the loop changed while it
+    was read (a dict resized under iteration) is read again."""
     for _ in range(_REPORT_TRIES - 1):
         try:
             return json_response(build())
