@@ -195,14 +195,7 @@ def nonreading(tmp: Path) -> list[dict]:
     server = _serve(tmp, "saxpy", "--client-memory-limit", "160M", "--send-timeout", "2")
     pid = server.proc.pid
     n = 2 * MB
-    x = np.linspace(0.001, 1.0, n, dtype=np.float32).tobytes()
-    header = json.dumps({"inputs": [
-        {"name": "alpha", "datatype": "FP32", "shape": [1],
-         "parameters": {"binary_data_size": 4}},
-        {"name": "x", "datatype": "FP32", "shape": [n], "parameters": {"binary_data_size": 4 * n}},
-        {"name": "y", "datatype": "FP32", "shape": [n], "parameters": {"binary_data_size": 4 * n}}],
-        "outputs": [{"name": "z", "parameters": {"binary_data": False}}]}).encode()
-    body = header + np.float32(1.5).tobytes() + x + x
+    header, body = _saxpy_binary(n, binary_answer=False)
     head = (f"POST /v2/models/saxpy/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
             f"\r\nInference-Header-Content-Length: {len(header)}\r\n\r\n").encode()
     socks = []
@@ -280,18 +273,24 @@ def pipelined(tmp: Path) -> list[dict]:
         server.stop()
 
 
-def hotpath(tmp: Path) -> list[dict]:
-    shutil.copytree(SAMPLES / "saxpy", tmp / "saxpy")
-    server = _serve(tmp, "saxpy")
-    n = 2048
+def _saxpy_binary(n: int, binary_answer: bool) -> tuple[bytes, bytes]:
+    """A `saxpy` request of `n` values in the binary extension: (its JSON header, the
+    whole body)."""
     x = np.linspace(0.001, 1.0, n, dtype=np.float32).tobytes()
     header = json.dumps({"inputs": [
         {"name": "alpha", "datatype": "FP32", "shape": [1],
          "parameters": {"binary_data_size": 4}},
         {"name": "x", "datatype": "FP32", "shape": [n], "parameters": {"binary_data_size": 4 * n}},
         {"name": "y", "datatype": "FP32", "shape": [n], "parameters": {"binary_data_size": 4 * n}}],
-        "outputs": [{"name": "z", "parameters": {"binary_data": True}}]}).encode()
-    binary = header + np.float32(1.5).tobytes() + x + x
+        "outputs": [{"name": "z", "parameters": {"binary_data": binary_answer}}]}).encode()
+    return header, header + np.float32(1.5).tobytes() + x + x
+
+
+def hotpath(tmp: Path) -> list[dict]:
+    shutil.copytree(SAMPLES / "saxpy", tmp / "saxpy")
+    server = _serve(tmp, "saxpy")
+    n = 2048
+    header, binary = _saxpy_binary(n, binary_answer=True)
     kinds = {"small JSON": (_SAXPY, ""),
              "16 KiB binary": (binary, f"Inference-Header-Content-Length: {len(header)}\r\n")}
     rows = []

@@ -72,6 +72,20 @@ def _connect(server: ServerProcess, receive_buffer: int | None = None) -> socket
     return sock
 
 
+def _flood_without_reading(server: ServerProcess, count: int, flood: bytes,
+                           socks: list[socket.socket]) -> None:
+    """`count` connections (appended to `socks`) that each send as much of `flood` as the
+    socket takes at once and never read (a 4 KiB receive buffer)."""
+    for _ in range(count):
+        sock = _connect(server, receive_buffer=4096)
+        sock.setblocking(False)
+        try:
+            sock.send(flood)
+        except OSError:
+            pass
+        socks.append(sock)
+
+
 def _reset(sock: socket.socket) -> None:
     """Closes with a reset (RST) rather than a FIN."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -140,16 +154,9 @@ def test_non_reading_pipelining_clients_hold_a_few_requests_each(server):
     baseline = server.settled_rss()
     stalls = _stalls(server)
     watch = HealthWatch(server, timeout=20, pause=0.05)
-    socks = []
+    socks: list[socket.socket] = []
     try:
-        for _ in range(100):
-            sock = _connect(server, receive_buffer=4096)
-            sock.setblocking(False)
-            try:
-                sock.send(flood)
-            except BlockingIOError:
-                pass
-            socks.append(sock)
+        _flood_without_reading(server, 100, flood, socks)
         time.sleep(2)
         held = server.rss() - baseline
     finally:
@@ -445,16 +452,9 @@ def test_pipelining_floods_at_the_descriptor_limit_leave_clients_served(tmp_path
     server = ServerProcess("--model-repository", str(tmp_path), "--send-timeout", "3",
                            open_files=128).start()
     flood = HEALTH * 8192
-    socks = []
+    socks: list[socket.socket] = []
     try:
-        for _ in range(200):
-            sock = _connect(server, receive_buffer=4096)
-            sock.setblocking(False)
-            try:
-                sock.send(flood)
-            except OSError:
-                pass
-            socks.append(sock)
+        _flood_without_reading(server, 200, flood, socks)
         for _ in range(10):
             assert server.request("GET", "/v2/health/live", timeout=20)[0] == 200
             status, _, _ = server.request("POST", "/v2/models/saxpy/infer", _SMALL_INFER,
