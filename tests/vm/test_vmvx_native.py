@@ -217,7 +217,7 @@ def test_ctrl_c_stops_a_long_native_workgroup():
         from support.iree_tools import compile_mlir
         from support.vmvx_programs import VMVX
 
-        n = 640
+        n = 1280
         source = f'''
         func.func @matmul(%a: tensor<{n}x{n}xf32>, %b: tensor<{n}x{n}xf32>) -> tensor<{n}x{n}xf32> {{
           %z = arith.constant 0.0 : f32
